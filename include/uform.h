@@ -1,0 +1,662 @@
+/* UForm: a multimodal embedding engine. The whole public C interface.
+ *
+ * One model maps texts, images, video clips and sounds into one embedding space. Every verb is a
+ * submission to an executor's event loop, and every verb can run three ways through one calling
+ * convention:
+ *
+ *   - on the calling thread:       `args.executor = NULL`, `args.outcome = NULL`;
+ *   - blocking on an executor:     `args.executor = e`,    `args.outcome = NULL`;
+ *   - deferred on an executor:     `args.executor = e`,    `args.outcome = o`: the function returns as
+ *                                  soon as the call is submitted, and `o` says the rest.
+ *
+ * A blocking call is literally submit-then-wait on an outcome of its own. Validation that needs no
+ * I/O happens before submission, so a bad argument fails at once with the same status whichever
+ * receiver was chosen; with an outcome, that outcome is then already final with the same status.
+ *
+ * Conventions that hold for every function below unless its comment says otherwise:
+ *   - Statuses: every fallible function answers a `uform_status_t`. A failure also records a
+ *     `uform_error_t` (status, entry point, static message) readable with `uform_last_error` on the
+ *     thread that got it, and, for verbs with an outcome, with `uform_outcome_error`.
+ *   - Ownership: the caller owns every input; the engine reads inputs only until the call is final
+ *     (blocking: until the function returns; deferred: until the outcome is final). Handles returned
+ *     through `**` arguments are owned by the caller and released with their `_free` function.
+ *   - Threads: handles are not locked; an executor runs one call at a time and answers
+ *     `UFORM_CONTENDED` to a second one; a model may be used by several executors at once.
+ *   - Nothing in the library calls abort() or exit(), and bad input leaves every other item, the
+ *     model, the executor and the arena usable.
+ *
+ * Verbs marked "UNSUPPORTED in this build" validate their arguments and then answer
+ * `UFORM_UNSUPPORTED`; later versions build them without changing these declarations. */
+#ifndef UFORM_H
+#define UFORM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(UFORM_BUILDING)
+#define UFORM_EXPORT __attribute__((visibility("default")))
+#else
+#define UFORM_EXPORT
+#endif
+
+#define UFORM_VERSION_MAJOR 4
+#define UFORM_VERSION_MINOR 0
+#define UFORM_VERSION_PATCH 0
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Statuses and errors                                                                            */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* One enumeration shared by every layer. Values are stable across versions. */
+typedef enum uform_status {
+    UFORM_OK = 0,
+    UFORM_PENDING = 1,          /* an outcome whose call is not final yet; never a final status */
+    UFORM_CANCELLED = 2,        /* a progress handler answered UFORM_CANCEL */
+    UFORM_CONTENDED = 3,        /* the executor (or arena) is held by another call */
+    UFORM_INVALID_ARGUMENT = 4, /* a bad argument, a stale view, offsets out of order, ... */
+    UFORM_IO = 5,               /* a file could not be opened, read or written */
+    UFORM_FORMAT = 6,           /* a checkpoint, image, clip or sound is malformed */
+    UFORM_OUT_OF_MEMORY = 7,    /* host or device memory, or threads, could not be had */
+    UFORM_DEVICE = 8,           /* no such device, a device fault, or a host accessor on device memory */
+    UFORM_UNSUPPORTED = 9,      /* not built in, a tower the model lacks, or a verb not built yet */
+    UFORM_INTERNAL = 10,        /* an invariant of the engine broke: please report it */
+    UFORM_MISSING_SYMBOL = 11,  /* bindings only: the loaded library lacks an entry point */
+} uform_status_t;
+
+/* The short lowercase name of a status: "ok", "io", "format", ...; "unknown" for other values.
+ * Static storage; never fails. */
+UFORM_EXPORT char const *uform_status_name(uform_status_t status);
+
+/* A failure: its status, the public entry point that failed, and a static message. Nothing is ever
+ * allocated to report an error, and both strings have static storage. */
+typedef struct uform_error {
+    uform_status_t status;
+    char const *entry;   /* "uform_model_load_ram"; never NULL */
+    char const *message; /* "cannot open checkpoint"; never NULL */
+} uform_error_t;
+
+/* The last failure recorded on the calling thread (status UFORM_OK with empty strings if none).
+ * A successful call does not clear it. Thread-local; never fails. */
+UFORM_EXPORT uform_error_t uform_last_error(void);
+
+/* Renders `UForm: io [uform_model_load_ram]: cannot open checkpoint` into `buffer` (NUL-terminated,
+ * truncated to `capacity`). Answers the length the full text needs, excluding the NUL, as snprintf. */
+UFORM_EXPORT size_t uform_error_render(uform_error_t const *error, char *buffer, size_t capacity);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* The library                                                                                    */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* Optional features this build has. A missing one turns its verbs into UFORM_UNSUPPORTED. */
+typedef enum uform_feature {
+    UFORM_FEATURE_URING = 1u << 0,      /* io_uring loop backend (liburing) */
+    UFORM_FEATURE_HWLOC = 1u << 1,      /* topology, NUMA domains, pinning (hwloc) */
+    UFORM_FEATURE_JPEG = 1u << 2,       /* libjpeg-turbo */
+    UFORM_FEATURE_SPNG = 1u << 3,       /* libspng */
+    UFORM_FEATURE_FFMPEG = 1u << 4,     /* video and audio decoding */
+    UFORM_FEATURE_CUDA = 1u << 5,       /* VRAM executors */
+    UFORM_FEATURE_NCCL = 1u << 6,       /* device collectives */
+    UFORM_FEATURE_MPI = 1u << 7,        /* mesh bootstrap, host collectives */
+    UFORM_FEATURE_MICROHTTPD = 1u << 8, /* the embedding server */
+    UFORM_FEATURE_FORK_UNION = 1u << 9, /* executors over fork_union pools */
+} uform_feature_t;
+
+/* A bitwise OR of uform_feature_t. Never fails. */
+UFORM_EXPORT uint32_t uform_features(void);
+
+/* The library's version, for bindings that load it at run time. Never fails. */
+UFORM_EXPORT void uform_version(int *major, int *minor, int *patch);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Outcomes                                                                                       */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* An outcome is caller-owned memory of this size and alignment, holding a 32-bit status word (pending,
+ * then one final status), the failure if any, and what the call produced. It must stay at the same
+ * address while its call is pending. Nothing is allocated per call. */
+#define UFORM_OUTCOME_SIZE 512
+#define UFORM_OUTCOME_ALIGNMENT 64
+typedef struct uform_outcome {
+    _Alignas(UFORM_OUTCOME_ALIGNMENT) unsigned char opaque[UFORM_OUTCOME_SIZE];
+} uform_outcome_t;
+
+/* Prepares an outcome for its first call: no notification, status UFORM_OK, no products. An outcome
+ * is reused by passing it to another call once final; its notification targets are kept. Never fails. */
+UFORM_EXPORT void uform_outcome_init(uform_outcome_t *outcome);
+
+/* Waits for a pending call (as uform_outcome_wait), then forgets the outcome; the memory may then be
+ * freed or reused after uform_outcome_init. Products not yet taken (a loaded model) are released. */
+UFORM_EXPORT void uform_outcome_destroy(uform_outcome_t *outcome);
+
+/* The status word, read without blocking: UFORM_PENDING, or the final status. Never blocks. */
+UFORM_EXPORT uform_status_t uform_outcome_status(uform_outcome_t const *outcome);
+
+/* Blocks until the call is final (briefly spinning, then a futex) and answers its final status; a
+ * failure is also recorded as the calling thread's last error. May be asked any number of times from
+ * any number of threads. Answers at once for a final outcome; UFORM_INVALID_ARGUMENT for a NULL or
+ * uninitialized one. */
+UFORM_EXPORT uform_status_t uform_outcome_wait(uform_outcome_t *outcome);
+
+/* The failure of a final outcome (status UFORM_OK and empty strings for a success; UFORM_PENDING while
+ * pending). Never blocks. */
+UFORM_EXPORT uform_error_t uform_outcome_error(uform_outcome_t const *outcome);
+
+/* Notification of an external loop when the outcome turns final, set before submission and kept for
+ * later calls on the same outcome. The status word is final before the notification is sent, so the
+ * notified loop can read it at once.
+ *
+ * `eventfd`: the engine writes 1 to it (an eventfd(2) counter, for epoll or kqueue servers); -1 turns
+ * it off. Answers UFORM_OK, or UFORM_INVALID_ARGUMENT for a NULL outcome.
+ *
+ * `ring_fd`: a completion {user_data, res = final status} is posted into that io_uring with
+ * IORING_OP_MSG_RING; -1 turns it off. Answers UFORM_OK, UFORM_INVALID_ARGUMENT, or UFORM_UNSUPPORTED
+ * when io_uring is not available in this process. A failed post (a ring closed meanwhile) does not
+ * change the outcome's status. */
+UFORM_EXPORT uform_status_t uform_outcome_notify_eventfd(uform_outcome_t *outcome, int eventfd);
+UFORM_EXPORT uform_status_t uform_outcome_notify_ring(uform_outcome_t *outcome, int ring_fd, uint64_t user_data);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Progress handlers and continuations                                                            */
+/* ---------------------------------------------------------------------------------------------- */
+
+typedef enum uform_continuation {
+    UFORM_CONTINUE = 0,
+    UFORM_CANCEL = 1, /* the call ends with UFORM_CANCELLED once in-flight work drains */
+} uform_continuation_t;
+
+/* Called on the executor's loop thread between completions, `steps` times over a call (or fewer when
+ * the work has fewer units), with `completed` of `total` units done (bytes for loads, items for
+ * encodes, batches for training). It must not call into the engine on the same executor. */
+typedef uform_continuation_t (*uform_progress_handler_t)(void *state, size_t completed, size_t total);
+
+typedef struct uform_progress {
+    uform_progress_handler_t handler; /* NULL: no progress reports */
+    void *state;                      /* passed through; must outlive the call */
+    size_t steps;                     /* 0 takes 100 */
+} uform_progress_t;
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Executors                                                                                      */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* An executor owns where a call runs and one event loop. It runs one call at a time: a call finding
+ * another one holding it finishes at once with UFORM_CONTENDED. Freeing an executor with a call in
+ * flight waits for that call; arenas and models made on it keep it alive until they are freed. */
+typedef struct uform_executor uform_executor_t;
+
+typedef enum uform_executor_kind {
+    UFORM_EXECUTOR_INLINE = 0, /* the calling thread */
+    UFORM_EXECUTOR_RAM = 1,    /* worker threads of its own, pinned, over NUMA domains */
+    UFORM_EXECUTOR_POOL = 2,   /* a caller's thread pool */
+    UFORM_EXECUTOR_VRAM = 3,   /* one host thread, one CUDA stream per device */
+} uform_executor_kind_t;
+
+typedef enum uform_mood {
+    UFORM_SLEEPING = 0, /* idle workers sleep (futex or ring wait): no CPU, wake-up latency */
+    UFORM_SPINNING = 1, /* idle workers poll for `spin_ns` after each call before sleeping */
+} uform_mood_t;
+
+/* Creates an executor with no threads: every call handed to it, blocking or deferred, runs to
+ * completion on the calling thread, so a deferred call's outcome is final when the verb returns.
+ * Answers UFORM_OK, UFORM_INVALID_ARGUMENT (NULL), UFORM_OUT_OF_MEMORY. */
+UFORM_EXPORT uform_status_t uform_executor_create_inline(uform_executor_t **executor);
+
+typedef struct uform_ram_options {
+    size_t const *domains; /* NUMA node indices (hwloc logical) to run and place memory on; NULL: all */
+    size_t domains_count;
+    size_t threads;   /* 0 takes 7/8 of the cores in the domains, at least 1 */
+    uint64_t spin_ns; /* how long idle workers poll in UFORM_SPINNING; 0 takes 100 ms */
+    bool pin;         /* pin each thread to one core (needs hwloc); the default options pin */
+} uform_ram_options_t;
+
+/* The defaults: every domain, threads = 0, spin 100 ms, pinned, sleeping. */
+UFORM_EXPORT uform_ram_options_t uform_ram_options_default(void);
+
+/* Creates an executor of `threads` worker threads; the first one also runs the executor's loop. Memory
+ * it hands out (arenas, model weights) is bound to its domains. `options` may be NULL for defaults.
+ * May block while the threads start. Answers UFORM_OK, UFORM_INVALID_ARGUMENT (no such domain, NULL
+ * executor), UFORM_UNSUPPORTED (domains asked without hwloc), UFORM_OUT_OF_MEMORY (memory or threads),
+ * UFORM_IO (the loop could not be created). */
+UFORM_EXPORT uform_status_t uform_executor_create_ram(uform_ram_options_t const *options,
+                                                      uform_executor_t **executor);
+
+/* A thread pool of the caller's, for executors that must start no threads of their own. */
+typedef struct uform_pool_vtable {
+    /* The number of threads `for_threads` runs on, the calling one included. */
+    size_t (*count_threads)(void *pool);
+    /* Runs `work(context, thread)` once for every thread in [0, count_threads) and returns when all
+     * have returned. Called from the thread that runs the call. */
+    void (*for_threads)(void *pool, void (*work)(void *context, size_t thread), void *context);
+} uform_pool_vtable_t;
+
+/* Creates an executor over a caller's pool. It starts no thread, so, like the inline executor, a call
+ * runs its loop on the calling thread and fans compute out through `for_threads`; a deferred call's
+ * outcome is final when the verb returns. The vtable and pool must outlive the executor.
+ * Answers UFORM_OK, UFORM_INVALID_ARGUMENT, UFORM_OUT_OF_MEMORY. */
+UFORM_EXPORT uform_status_t uform_executor_create_pool(uform_pool_vtable_t const *vtable, void *pool,
+                                                       uform_executor_t **executor);
+
+/* The same over a fork_union `fu_pool_t *`. UNSUPPORTED in builds without fork_union. */
+UFORM_EXPORT uform_status_t uform_executor_create_fork_union(void *fu_pool, uform_executor_t **executor);
+
+typedef struct uform_vram_options {
+    size_t const *devices; /* CUDA device ordinals; NULL: device 0 */
+    size_t devices_count;
+} uform_vram_options_t;
+
+/* Creates an executor with one host thread and one CUDA stream per device. UNSUPPORTED in this build
+ * (the CUDA issue builds it); DEVICE where CUDA is built but no such device exists. */
+UFORM_EXPORT uform_status_t uform_executor_create_vram(uform_vram_options_t const *options,
+                                                       uform_executor_t **executor);
+
+/* Releases the caller's reference. Waits for a call in flight (blocking, with no timeout), then stops
+ * and joins the threads once no arena or model still refers to the executor. NULL is ignored. */
+UFORM_EXPORT void uform_executor_free(uform_executor_t *executor);
+
+/* Waits until no call holds the executor, then leaves idle workers in `mood` for later calls.
+ * Blocks. Answers UFORM_OK or UFORM_INVALID_ARGUMENT. */
+UFORM_EXPORT uform_status_t uform_executor_drain(uform_executor_t *executor, uform_mood_t mood);
+
+typedef struct uform_executor_info {
+    uform_executor_kind_t kind;
+    size_t threads;         /* threads a call fans out to (1 for inline) */
+    size_t domains_count;   /* NUMA domains it runs on (0 when unknown) */
+    bool uring;             /* its loop runs on io_uring (false: the portable backend) */
+} uform_executor_info_t;
+
+/* Never blocks. Answers UFORM_OK or UFORM_INVALID_ARGUMENT. */
+UFORM_EXPORT uform_status_t uform_executor_info(uform_executor_t const *executor, uform_executor_info_t *info);
+
+/* The empty verb: one trip through the executor's loop, after at least `delay_ns` (a ring timer) when
+ * it is not 0. For health checks, latency benchmarks and tests of contention. Answers UFORM_OK,
+ * UFORM_CONTENDED, UFORM_INVALID_ARGUMENT. */
+typedef struct uform_executor_nop_args {
+    uform_executor_t *executor; /* NULL: the calling thread */
+    uint64_t delay_ns;
+    uform_outcome_t *outcome; /* NULL: blocking */
+} uform_executor_nop_args_t;
+UFORM_EXPORT uform_status_t uform_executor_nop(uform_executor_nop_args_t const *args);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Arenas and views                                                                               */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* An arena holds every output whose size only the call knows. Each call rewinds the arena it is given
+ * and bumps its generation, so the views of the previous call die; a steady loop allocates once
+ * (growth during a call adds blocks and never moves what was written; the next rewind coalesces).
+ * An arena is used by one call at a time (a second finds UFORM_CONTENDED) and keeps its executor
+ * alive. */
+typedef struct uform_arena uform_arena_t;
+
+/* An arena placed where `executor` computes: host pages bound to a RAM executor's domains, or device
+ * memory for a VRAM executor (serving only that executor's calls). Answers UFORM_OK,
+ * UFORM_INVALID_ARGUMENT, UFORM_OUT_OF_MEMORY. */
+UFORM_EXPORT uform_status_t uform_arena_create(uform_executor_t *executor, uform_arena_t **arena);
+
+/* An arena of host pages for the calling thread alone: serves calls of any host executor. */
+UFORM_EXPORT uform_status_t uform_arena_create_host(uform_arena_t **arena);
+
+/* Reserves `bytes` now so that the first calls need no growth. Answers UFORM_OK,
+ * UFORM_INVALID_ARGUMENT, UFORM_CONTENDED (a call holds the arena), UFORM_OUT_OF_MEMORY. */
+UFORM_EXPORT uform_status_t uform_arena_reserve(uform_arena_t *arena, size_t bytes);
+
+/* Bytes the arena holds now. */
+UFORM_EXPORT size_t uform_arena_capacity(uform_arena_t const *arena);
+
+/* The arena's generation, bumped by every call that rewinds it. */
+UFORM_EXPORT uint64_t uform_arena_generation(uform_arena_t const *arena);
+
+/* Frees the arena; views into it must not be used after. Waits for a pending call that writes into it.
+ * NULL is ignored. */
+UFORM_EXPORT void uform_arena_free(uform_arena_t *arena);
+
+typedef enum uform_scalar {
+    UFORM_F32 = 0,
+    UFORM_BF16 = 1,
+    UFORM_F16 = 2,
+    UFORM_I8 = 3, /* scaled per row: value = q * scale, with the scale in `scales` */
+} uform_scalar_t;
+
+/* Size in bytes of one scalar of a kind (0 for an unknown kind). */
+UFORM_EXPORT size_t uform_scalar_size(uform_scalar_t scalar);
+
+/* A matrix of `rows` x `columns` scalars in an arena, row-major. When `item_offsets` is not NULL the
+ * rows are grouped per item (token vectors, choice probabilities): item i owns rows
+ * [item_offsets[i], item_offsets[i + 1]). A view is valid until its arena is rewound by the next call
+ * (its generation changes) or freed. */
+typedef struct uform_view {
+    void *data;                 /* rows * row_stride bytes; device memory for device arenas */
+    float const *scales;        /* I8 only: one scale per row, else NULL */
+    size_t const *item_offsets; /* items + 1 host offsets, or NULL for one row per item */
+    size_t rows;
+    size_t columns;
+    size_t items;
+    size_t row_stride; /* bytes between rows */
+    uform_scalar_t scalar;
+    bool device;
+    uform_arena_t *arena;
+    uint64_t generation;
+} uform_view_t;
+
+/* UFORM_OK while the view is readable from the host; UFORM_INVALID_ARGUMENT once stale (or NULL);
+ * UFORM_DEVICE for a view of device memory. Never blocks. */
+UFORM_EXPORT uform_status_t uform_view_check(uform_view_t const *view);
+
+/* The address of row `row` for host reading, after the same checks as uform_view_check, plus
+ * UFORM_INVALID_ARGUMENT for a row out of range. */
+UFORM_EXPORT uform_status_t uform_view_row(uform_view_t const *view, size_t row, void const **data);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Tapes                                                                                          */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* Every list input: items end to end plus `count + 1` offsets, in elements of the tape (bytes for
+ * texts, paths and encoded files; F32 samples for sounds; RGB8 bytes for pixels). Offsets must be
+ * non-decreasing (else UFORM_INVALID_ARGUMENT, "offsets out of order"); offsets[0] need not be 0.
+ * `data` may be host or device memory (classified through the CUDA driver where present); `offsets`
+ * are host memory. */
+typedef struct uform_tape {
+    void const *data;
+    size_t const *offsets;
+    size_t count;
+} uform_tape_t;
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Models                                                                                         */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* A model owns its weights (BF16, as the checkpoint stores them), placed where the executor that
+ * loaded it computes. It may be used by any number of executors of its residency at once; a call
+ * keeps it alive until final. */
+typedef struct uform_model uform_model_t;
+
+typedef struct uform_load_config {
+    uform_progress_t progress; /* completed and total are bytes of tensor data */
+    bool map;                  /* mmap the file instead of reading it through the ring */
+} uform_load_config_t;
+
+typedef struct uform_model_load_args {
+    uform_executor_t *executor; /* where the weights go and the reads run; NULL: the calling thread */
+    char const *path;           /* a format-4 safetensors checkpoint; read until the call is final */
+    uform_load_config_t const *config; /* NULL: defaults */
+    uform_model_t **model;      /* blocking calls: receives the model; deferred: see uform_outcome_model */
+    uform_outcome_t *outcome;   /* NULL: blocking */
+} uform_model_load_args_t;
+
+/* Loads a checkpoint into host memory: opens, stats and reads it through the executor's loop,
+ * validating the header (JSON, dtypes, shapes, offsets, the format-4 metadata, every tensor each
+ * tower needs) before reading any tensor byte. Reports progress in bytes; a handler answering
+ * UFORM_CANCEL ends the call with UFORM_CANCELLED once in-flight reads drain, freeing everything.
+ * Answers UFORM_OK, UFORM_INVALID_ARGUMENT, UFORM_CONTENDED, UFORM_IO (cannot open or read),
+ * UFORM_FORMAT (any malformation), UFORM_OUT_OF_MEMORY, UFORM_CANCELLED. */
+UFORM_EXPORT uform_status_t uform_model_load_ram(uform_model_load_args_t const *args);
+
+/* The same into device memory of a VRAM executor. UNSUPPORTED in this build. */
+UFORM_EXPORT uform_status_t uform_model_load_vram(uform_model_load_args_t const *args);
+
+/* Takes the model a final, successful load produced: the caller then owns it. Answers NULL if the
+ * outcome is pending, failed, held another verb, or its model was already taken. */
+UFORM_EXPORT uform_model_t *uform_outcome_model(uform_outcome_t *outcome);
+
+/* Releases the caller's reference; weights are freed once no pending call uses them. NULL is ignored. */
+UFORM_EXPORT void uform_model_free(uform_model_t *model);
+
+#define UFORM_MATRYOSHKA_MAX 16
+
+typedef struct uform_transformer_info {
+    size_t depth, hidden, heads, mlp; /* heads * 64 == hidden */
+} uform_transformer_info_t;
+
+typedef struct uform_model_info {
+    size_t dims; /* the shared embedding width */
+    size_t matryoshka[UFORM_MATRYOSHKA_MAX];
+    size_t matryoshka_count; /* ascending widths, each a valid embedding prefix */
+    size_t parameters;       /* scalars in every tensor */
+    size_t bytes;            /* bytes of tensor data */
+    bool has_text, has_image, has_video, has_audio, has_logit;
+    struct {
+        uform_transformer_info_t transformer;
+        size_t context; /* bytes at most, BOS excluded */
+    } text;
+    struct {
+        uform_transformer_info_t transformer;
+        size_t size, patch; /* square input side and patch side, in pixels */
+        float mean[3], std[3];
+    } image;
+    struct {
+        size_t frames; /* sampled per clip; uses the image tower's weights */
+    } video;
+    struct {
+        uform_transformer_info_t transformer;
+        size_t rate, mels, window, hop, patch_frames, max_patches;
+        double seconds;
+    } audio;
+} uform_model_info_t;
+
+/* Answers UFORM_OK or UFORM_INVALID_ARGUMENT. Never blocks. */
+UFORM_EXPORT uform_status_t uform_model_info(uform_model_t const *model, uform_model_info_t *info);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Encoding                                                                                       */
+/* ---------------------------------------------------------------------------------------------- */
+
+typedef enum uform_outputs {
+    UFORM_OUTPUT_EMBEDDINGS = 1u << 0,    /* one row of `dims` (or the matryoshka width) per item */
+    UFORM_OUTPUT_TOKEN_VECTORS = 1u << 1, /* per item, one projected row per kept byte, patch or frame */
+    UFORM_OUTPUT_STATES = 1u << 2,        /* per item, the final hidden state (text: the last position) */
+} uform_outputs_t;
+
+typedef struct uform_encode_stats {
+    size_t items, failed;   /* items asked, items whose status is not UFORM_OK */
+    size_t bytes;           /* input bytes (text bytes, file bytes, or samples * 4) */
+    size_t truncated;       /* texts longer than `context`, clips longer than `seconds` */
+    uint64_t read_ns, decode_ns, compute_ns, convert_ns, total_ns; /* time per stage */
+} uform_encode_stats_t;
+
+typedef struct uform_encode_config {
+    uform_scalar_t outputs_scalar; /* the kind outputs land as; F32 by default */
+    size_t matryoshka;             /* 0: full `dims`; else one of the model's matryoshka widths */
+    uform_progress_t progress;     /* completed and total are items */
+    uform_encode_stats_t *stats;   /* written when the call is final; may be NULL */
+} uform_encode_config_t;
+
+/* What an encode produced, views into the arena. Unrequested outputs have data == NULL. `statuses`
+ * holds one status per item: a failed item's rows are zero and the rest of the batch is encoded. */
+typedef struct uform_encoded {
+    uform_view_t embeddings, token_vectors, states;
+    uform_status_t const *statuses;
+    size_t items;
+} uform_encoded_t;
+
+/* Reads the products of a final, successful encode outcome. Answers UFORM_OK, UFORM_PENDING, the
+ * call's failure, or UFORM_INVALID_ARGUMENT if the outcome held another verb. */
+UFORM_EXPORT uform_status_t uform_outcome_encoded(uform_outcome_t const *outcome, uform_encoded_t *encoded);
+
+/* Where encoded media come from. */
+typedef enum uform_source {
+    UFORM_SOURCE_FILES = 0,  /* the tape holds file paths (bytes, no NUL needed), read through the ring */
+    UFORM_SOURCE_MEMORY = 1, /* the tape holds encoded files (JPEG, PNG, MP4, WAV, ...) */
+} uform_source_t;
+
+/* Shared by every encode verb. `model` and `arena` are required; `encoded` receives the views of a
+ * blocking call (deferred: uform_outcome_encoded). Inputs are read until the call is final. */
+#define UFORM_ENCODE_COMMON                                                                          \
+    uform_model_t *model;                                                                            \
+    uform_executor_t *executor; /* NULL: the calling thread */                                       \
+    uform_outputs_t outputs;                                                                         \
+    uform_arena_t *arena;                                                                            \
+    uform_encode_config_t const *config; /* NULL: defaults */                                        \
+    uform_encoded_t *encoded;                                                                        \
+    uform_outcome_t *outcome /* NULL: blocking */
+
+/* Texts as bytes, no tokenizer. UNSUPPORTED in this build (the text tower issue builds it). */
+typedef struct uform_text_encode_args {
+    UFORM_ENCODE_COMMON;
+    uform_tape_t texts; /* bytes */
+} uform_text_encode_args_t;
+UFORM_EXPORT uform_status_t uform_text_encode(uform_text_encode_args_t const *args);
+
+/* Images from files or encoded bytes (JPEG, PNG). UNSUPPORTED in this build. */
+typedef struct uform_image_encode_args {
+    UFORM_ENCODE_COMMON;
+    uform_tape_t images;
+    uform_source_t source;
+} uform_image_encode_args_t;
+UFORM_EXPORT uform_status_t uform_image_encode(uform_image_encode_args_t const *args);
+
+/* Interleaved RGB8 pixels in memory, item i of heights[i] x widths[i]. UNSUPPORTED in this build. */
+typedef struct uform_image_encode_pixels_args {
+    UFORM_ENCODE_COMMON;
+    uform_tape_t pixels; /* bytes; item i holds heights[i] * widths[i] * 3 */
+    size_t const *heights;
+    size_t const *widths;
+} uform_image_encode_pixels_args_t;
+UFORM_EXPORT uform_status_t uform_image_encode_pixels(uform_image_encode_pixels_args_t const *args);
+
+/* Video clips from files or encoded bytes. UNSUPPORTED in this build. */
+typedef struct uform_video_encode_args {
+    UFORM_ENCODE_COMMON;
+    uform_tape_t videos;
+    uform_source_t source;
+} uform_video_encode_args_t;
+UFORM_EXPORT uform_status_t uform_video_encode(uform_video_encode_args_t const *args);
+
+/* Sound files or encoded sounds. UNSUPPORTED in this build. */
+typedef struct uform_audio_encode_args {
+    UFORM_ENCODE_COMMON;
+    uform_tape_t sounds;
+    uform_source_t source;
+} uform_audio_encode_args_t;
+UFORM_EXPORT uform_status_t uform_audio_encode(uform_audio_encode_args_t const *args);
+
+/* F32 PCM samples, mono, at `rate` Hz. UNSUPPORTED in this build. */
+typedef struct uform_audio_encode_samples_args {
+    UFORM_ENCODE_COMMON;
+    uform_tape_t samples; /* floats */
+    size_t rate;
+} uform_audio_encode_samples_args_t;
+UFORM_EXPORT uform_status_t uform_audio_encode_samples(uform_audio_encode_samples_args_t const *args);
+
+/* Per item, the softmax over only that item's legal next bytes, through the tied byte table: one F32
+ * per legal byte, grouped per item (view.item_offsets). `states` are text STATES of this model.
+ * UNSUPPORTED in this build. */
+typedef struct uform_text_choose_args {
+    uform_model_t *model;
+    uform_executor_t *executor; /* NULL: the calling thread */
+    uform_view_t const *states; /* F32 or BF16 rows of `hidden` */
+    uform_tape_t choices;       /* bytes: the legal next bytes of each item */
+    uform_arena_t *arena;
+    uform_progress_t const *progress;
+    uform_view_t *probabilities; /* blocking calls: receives the view */
+    uform_outcome_t *outcome;    /* NULL: blocking */
+} uform_text_choose_args_t;
+UFORM_EXPORT uform_status_t uform_text_choose(uform_text_choose_args_t const *args);
+
+/* Reads the probabilities of a final, successful text_choose outcome. As uform_outcome_encoded. */
+UFORM_EXPORT uform_status_t uform_outcome_probabilities(uform_outcome_t const *outcome, uform_view_t *view);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Mesh and trainer                                                                               */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* A mesh joins the processes of one run (launched by mpirun or Slurm). UNSUPPORTED in this build. */
+typedef struct uform_mesh uform_mesh_t;
+
+typedef struct uform_mesh_options {
+    int (*unused_reserved)(void); /* must be NULL; options are added by the mesh issue */
+} uform_mesh_options_t;
+
+typedef struct uform_mesh_bootstrap_args {
+    uform_executor_t *executor;
+    uform_mesh_options_t const *options;
+    uform_mesh_t **mesh;
+    uform_outcome_t *outcome;
+} uform_mesh_bootstrap_args_t;
+UFORM_EXPORT uform_status_t uform_mesh_bootstrap(uform_mesh_bootstrap_args_t const *args);
+UFORM_EXPORT void uform_mesh_free(uform_mesh_t *mesh);
+/* Rank and size of this process; 0 and 1 for NULL. */
+UFORM_EXPORT size_t uform_mesh_rank(uform_mesh_t const *mesh);
+UFORM_EXPORT size_t uform_mesh_size(uform_mesh_t const *mesh);
+
+typedef struct uform_trainer uform_trainer_t;
+
+typedef enum uform_modality {
+    UFORM_MODALITY_TEXT = 0,
+    UFORM_MODALITY_IMAGE = 1, /* an encoded image */
+    UFORM_MODALITY_VIDEO = 2, /* an encoded clip */
+    UFORM_MODALITY_AUDIO = 3, /* an encoded sound */
+} uform_modality_t;
+
+typedef struct uform_trainer_config {
+    size_t depth, hidden; /* of every tower; heads = hidden / 64, mlp = 4 * hidden; 0 takes tiny sizes */
+    size_t dims;          /* 0 takes hidden */
+    double learning_rate, weight_decay, beta1, beta2, epsilon, lm_weight;
+    size_t warmup_steps, total_steps;
+    uint64_t seed;
+    char const *resume_path;  /* a checkpoint saved by uform_trainer_save, or NULL */
+    uform_mesh_t *mesh;       /* NULL: one process */
+} uform_trainer_config_t;
+
+typedef struct uform_trainer_init_args {
+    uform_executor_t *executor;
+    uform_trainer_config_t const *config;
+    uform_trainer_t **trainer;
+    uform_outcome_t *outcome;
+} uform_trainer_init_args_t;
+
+/* UNSUPPORTED in this build (the training issues build them). */
+UFORM_EXPORT uform_status_t uform_trainer_init_ram(uform_trainer_init_args_t const *args);
+UFORM_EXPORT uform_status_t uform_trainer_init_vram(uform_trainer_init_args_t const *args);
+UFORM_EXPORT void uform_trainer_free(uform_trainer_t *trainer);
+
+typedef struct uform_trainer_step_stats {
+    double loss, contrastive_loss, lm_loss, learning_rate;
+    size_t step;
+} uform_trainer_step_stats_t;
+
+typedef struct uform_trainer_step_args {
+    uform_trainer_t *trainer;
+    uform_executor_t *executor;        /* required: a trainer runs on the executor it was made on */
+    uform_modality_t const *modalities; /* one per item */
+    uform_tape_t contents;              /* bytes per item, interpreted per modality */
+    uint32_t const *relations;          /* pairs (i, j) of related items, 2 * relations_count values */
+    size_t relations_count;
+    uform_progress_t const *progress;
+    uform_trainer_step_stats_t *stats;  /* written when final; may be NULL */
+    uform_outcome_t *outcome;
+} uform_trainer_step_args_t;
+UFORM_EXPORT uform_status_t uform_trainer_step(uform_trainer_step_args_t const *args);
+
+typedef struct uform_trainer_save_args {
+    uform_trainer_t *trainer;
+    uform_executor_t *executor;
+    char const *path; /* the inference checkpoint; the optimizer state goes beside it */
+    uform_outcome_t *outcome;
+} uform_trainer_save_args_t;
+UFORM_EXPORT uform_status_t uform_trainer_save(uform_trainer_save_args_t const *args);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Checkpoint tools                                                                               */
+/* ---------------------------------------------------------------------------------------------- */
+
+typedef struct uform_tiny_checkpoint_args {
+    char const *path; /* written atomically: a temporary file, fsync, rename */
+    uint64_t seed;    /* the same seed writes the same bytes */
+    size_t depth;     /* of every tower; 0 takes 2 */
+    size_t hidden;    /* of every tower, a multiple of 64; 0 takes 64 */
+} uform_tiny_checkpoint_args_t;
+
+/* Writes a small, seeded, fully valid format-4 checkpoint with every tower (text, image, video,
+ * audio) and the logit parameters. Blocks on file writes. Answers UFORM_OK, UFORM_INVALID_ARGUMENT,
+ * UFORM_IO, UFORM_OUT_OF_MEMORY. */
+UFORM_EXPORT uform_status_t uform_tiny_checkpoint(uform_tiny_checkpoint_args_t const *args);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* UFORM_H */

@@ -1,0 +1,796 @@
+/* Checkpoints: parsing and validating a safetensors header with format-4 metadata, and writing one.
+ * See checkpoint.h for what is checked. Every fault answers a static message; nothing here calls
+ * fail(): the public verbs that use this module record the failure under their own name. */
+#include "checkpoint.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define CHECKPOINT_NAME_LIMIT  255
+#define CHECKPOINT_PREFIX_SIZE 8
+#define CHECKPOINT_ALIGNMENT   8
+#define METADATA_KEY           "__metadata__"
+#define MODEL_KEY              "uform"
+#define MODEL_FORMAT           4
+#define LOGIT_SCALE            "logit.scale"
+#define LOGIT_BIAS             "logit.bias"
+
+static struct {
+    char const *name;
+    size_t size;
+} const dtypes[] = {
+    [CHECKPOINT_BF16] = {"BF16", 2}, [CHECKPOINT_F16] = {"F16", 2}, [CHECKPOINT_F32] = {"F32", 4},
+    [CHECKPOINT_F64] = {"F64", 8},   [CHECKPOINT_I8] = {"I8", 1},   [CHECKPOINT_U8] = {"U8", 1},
+    [CHECKPOINT_I16] = {"I16", 2},   [CHECKPOINT_I32] = {"I32", 4}, [CHECKPOINT_I64] = {"I64", 8},
+    [CHECKPOINT_BOOL] = {"BOOL", 1},
+};
+#define DTYPES_COUNT (sizeof dtypes / sizeof dtypes[0])
+
+size_t checkpoint_dtype_size(checkpoint_dtype_t dtype) {
+    return (size_t)dtype < DTYPES_COUNT ? dtypes[dtype].size : 0;
+}
+
+/* NULL for a value outside the enumeration. */
+char const *checkpoint_dtype_name(checkpoint_dtype_t dtype) {
+    return (size_t)dtype < DTYPES_COUNT ? dtypes[dtype].name : NULL;
+}
+
+static uform_status_t answer(uform_status_t status, char const **message, char const *text) {
+    *message = text;
+    return status;
+}
+
+static uform_status_t malformed(char const **message, char const *text) {
+    return answer(UFORM_FORMAT, message, text);
+}
+
+/* Elements and bytes of a shape; false when either overflows 64 bits. A zero dimension makes the
+ * product zero whatever the others are. */
+static bool count_shape(size_t rank, uint64_t const *shape, size_t dtype_size, uint64_t *elements,
+                        uint64_t *bytes) {
+    uint64_t product = 1;
+    bool overflow = false;
+    for (size_t i = 0; i < rank; i++) {
+        if (shape[i] == 0) {
+            product = 0;
+            overflow = false;
+            break;
+        }
+        overflow |= __builtin_mul_overflow(product, shape[i], &product);
+    }
+    if (overflow || __builtin_mul_overflow(product, (uint64_t)dtype_size, bytes)) return false;
+    *elements = product;
+    return true;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* The prefix and the tensor entries                                                              */
+/* ---------------------------------------------------------------------------------------------- */
+
+uform_status_t checkpoint_prefix(uint8_t const *prefix, size_t prefix_length, uint64_t file_size,
+                                 uint64_t *header_length, char const **message) {
+    *header_length = 0;
+    if (prefix_length < CHECKPOINT_PREFIX_SIZE || file_size < CHECKPOINT_PREFIX_SIZE)
+        return malformed(message, "file too short for a checkpoint");
+    uint64_t length = 0;
+    for (size_t i = 0; i < CHECKPOINT_PREFIX_SIZE; i++)
+        length |= (uint64_t)prefix[i] << (8 * i);
+    if (length == 0) return malformed(message, "checkpoint header is empty");
+    if (length > CHECKPOINT_HEADER_LIMIT) return malformed(message, "checkpoint header over 100 MiB");
+    if (length > file_size - CHECKPOINT_PREFIX_SIZE)
+        return malformed(message, "header length beyond the file");
+    *header_length = length;
+    return UFORM_OK;
+}
+
+/* Parses JSON text, rejecting duplicate keys; `not_json` names any fault other than those two. */
+static uform_status_t load_json(char const *text, size_t length, char const *not_json, json_t **value,
+                                char const **message) {
+    json_error_t error;
+    *value = json_loadb(text, length, JSON_REJECT_DUPLICATES, &error);
+    if (*value) return UFORM_OK;
+    switch (json_error_code(&error)) {
+    case json_error_out_of_memory:
+        return answer(UFORM_OUT_OF_MEMORY, message, "out of memory parsing checkpoint JSON");
+    case json_error_duplicate_key:
+        return malformed(message, "duplicate key in checkpoint JSON");
+    default:
+        return malformed(message, not_json);
+    }
+}
+
+static bool read_offset(json_t const *value, uint64_t *offset) {
+    if (!json_is_integer(value) || json_integer_value(value) < 0) return false;
+    *offset = (uint64_t)json_integer_value(value);
+    return true;
+}
+
+static uform_status_t parse_dtype(json_t const *value, checkpoint_dtype_t *dtype, char const **message) {
+    if (!json_is_string(value)) return malformed(message, "tensor dtype is not a string");
+    for (size_t i = 0; i < DTYPES_COUNT; i++) {
+        if (strcmp(json_string_value(value), dtypes[i].name) == 0) {
+            *dtype = (checkpoint_dtype_t)i;
+            return UFORM_OK;
+        }
+    }
+    return malformed(message, "unknown tensor dtype");
+}
+
+static uform_status_t parse_shape(json_t const *value, checkpoint_tensor_t *tensor, char const **message) {
+    if (!json_is_array(value)) return malformed(message, "tensor shape malformed");
+    if (json_array_size(value) > CHECKPOINT_RANK_LIMIT) return malformed(message, "tensor rank over 4");
+    tensor->rank = json_array_size(value);
+    for (size_t i = 0; i < tensor->rank; i++)
+        if (!read_offset(json_array_get(value, i), &tensor->shape[i]))
+            return malformed(message, "tensor shape malformed");
+    return UFORM_OK;
+}
+
+/* One entry {"dtype", "shape", "data_offsets"}; `data_limit` is the size of the data section. */
+static uform_status_t parse_tensor(json_t const *entry, uint64_t data_limit, checkpoint_tensor_t *tensor,
+                                   char const **message) {
+    if (!json_is_object(entry)) return malformed(message, "tensor entry is not an object");
+    uform_status_t status = parse_dtype(json_object_get(entry, "dtype"), &tensor->dtype, message);
+    if (status != UFORM_OK) return status;
+    status = parse_shape(json_object_get(entry, "shape"), tensor, message);
+    if (status != UFORM_OK) return status;
+    json_t const *offsets = json_object_get(entry, "data_offsets");
+    if (!json_is_array(offsets) || json_array_size(offsets) != 2 ||
+        !read_offset(json_array_get(offsets, 0), &tensor->begin) ||
+        !read_offset(json_array_get(offsets, 1), &tensor->end))
+        return malformed(message, "tensor data_offsets malformed");
+    if (tensor->end < tensor->begin) return malformed(message, "tensor data ends before it begins");
+    uint64_t elements = 0, bytes = 0;
+    if (!count_shape(tensor->rank, tensor->shape, dtypes[tensor->dtype].size, &elements, &bytes))
+        return malformed(message, "tensor shape overflows");
+    if (tensor->end - tensor->begin != bytes)
+        return malformed(message, "tensor bytes do not match its shape");
+    if (tensor->end > data_limit) return malformed(message, "tensor data beyond the file");
+    return UFORM_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* The tensor table                                                                               */
+/* ---------------------------------------------------------------------------------------------- */
+
+static int compare_by_begin(void const *left, void const *right) {
+    checkpoint_tensor_t const *a = left, *b = right;
+    if (a->begin != b->begin) return a->begin < b->begin ? -1 : 1;
+    if (a->end != b->end) return a->end < b->end ? -1 : 1;
+    return 0;
+}
+
+static int compare_by_name(void const *left, void const *right) {
+    checkpoint_tensor_t const *a = left, *b = right;
+    return strcmp(a->name, b->name);
+}
+
+/* Sizes the table and the name storage from the root object's keys. */
+static uform_status_t allocate_table(json_t *root, checkpoint_header_t *header, char const **message) {
+    size_t count = 0, names_size = 0;
+    char const *key;
+    json_t *value;
+    json_object_foreach(root, key, value) {
+        if (strcmp(key, METADATA_KEY) == 0) continue;
+        size_t length = strlen(key);
+        if (length == 0 || length > CHECKPOINT_NAME_LIMIT)
+            return malformed(message, "tensor name empty or over 255 bytes");
+        count++;
+        names_size += length + 1;
+    }
+    if (count == 0) return malformed(message, "checkpoint has no tensors");
+    header->tensors = calloc(count, sizeof *header->tensors);
+    header->names = malloc(names_size);
+    if (!header->tensors || !header->names) return answer(UFORM_OUT_OF_MEMORY, message, "out of memory");
+    return UFORM_OK;
+}
+
+/* Fills the table from every entry but the metadata, sums the sizes, and rejects overlaps. The table
+ * ends sorted by name. */
+static uform_status_t collect_tensors(json_t *root, uint64_t data_limit, checkpoint_header_t *header,
+                                      char const **message) {
+    uform_status_t status = allocate_table(root, header, message);
+    if (status != UFORM_OK) return status;
+    char *names = header->names;
+    char const *key;
+    json_t *value;
+    json_object_foreach(root, key, value) {
+        if (strcmp(key, METADATA_KEY) == 0) continue;
+        checkpoint_tensor_t *tensor = &header->tensors[header->tensors_count];
+        status = parse_tensor(value, data_limit, tensor, message);
+        if (status != UFORM_OK) return status;
+        size_t length = strlen(key) + 1;
+        tensor->name = memcpy(names, key, length);
+        names += length;
+        header->tensors_count++;
+    }
+    qsort(header->tensors, header->tensors_count, sizeof *header->tensors, compare_by_begin);
+    /* Once no two tensors overlap, neither sum can exceed the data section. */
+    uint64_t parameters = 0, bytes = 0;
+    for (size_t i = 0; i < header->tensors_count; i++) {
+        checkpoint_tensor_t const *tensor = &header->tensors[i];
+        if (i > 0 && tensor->begin < header->tensors[i - 1].end) return malformed(message, "tensors overlap");
+        bytes += tensor->end - tensor->begin;
+        parameters += (tensor->end - tensor->begin) / dtypes[tensor->dtype].size;
+    }
+    header->data_size = header->tensors[header->tensors_count - 1].end;
+    header->info.parameters = (size_t)parameters;
+    header->info.bytes = (size_t)bytes;
+    qsort(header->tensors, header->tensors_count, sizeof *header->tensors, compare_by_name);
+    return UFORM_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Format-4 metadata                                                                              */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* An integer field of the metadata and the range it must lie in. */
+typedef struct size_rule {
+    char const *key;
+    size_t low, high;
+    size_t *value;
+    char const *message;
+} size_rule_t;
+
+static uform_status_t read_sizes(json_t const *object, size_rule_t const *rules, size_t count,
+                                 char const **message) {
+    for (size_t i = 0; i < count; i++) {
+        json_t const *value = json_object_get(object, rules[i].key);
+        if (!json_is_integer(value) || json_integer_value(value) < 0)
+            return malformed(message, rules[i].message);
+        uint64_t number = (uint64_t)json_integer_value(value);
+        if (number < rules[i].low || number > rules[i].high) return malformed(message, rules[i].message);
+        *rules[i].value = (size_t)number;
+    }
+    return UFORM_OK;
+}
+
+#define ARRAY_COUNT(array) (sizeof(array) / sizeof((array)[0]))
+
+/* depth, hidden, heads, mlp: the four numbers every transformer tower shares. */
+static uform_status_t parse_transformer(json_t const *tower, uform_transformer_info_t *info,
+                                        char const **message) {
+    size_rule_t const rules[] = {
+        {"depth", 1, 1024, &info->depth, "tower depth out of range"},
+        {"hidden", 64, 65536, &info->hidden, "tower hidden out of range"},
+        {"heads", 1, 1024, &info->heads, "tower heads out of range"},
+        {"mlp", 1, 1u << 20, &info->mlp, "tower mlp out of range"},
+    };
+    uform_status_t status = read_sizes(tower, rules, ARRAY_COUNT(rules), message);
+    if (status != UFORM_OK) return status;
+    if (info->hidden % 64 != 0) return malformed(message, "tower hidden is not a multiple of 64");
+    if (info->heads * 64 != info->hidden) return malformed(message, "tower heads * 64 is not hidden");
+    return UFORM_OK;
+}
+
+static uform_status_t parse_text(json_t const *tower, uform_model_info_t *info, char const **message) {
+    uform_status_t status = parse_transformer(tower, &info->text.transformer, message);
+    if (status != UFORM_OK) return status;
+    size_rule_t const rules[] = {{"context", 1, 1u << 24, &info->text.context, "text context out of range"}};
+    return read_sizes(tower, rules, ARRAY_COUNT(rules), message);
+}
+
+/* Three finite numbers; each also positive when `positive`. */
+static bool read_triple(json_t const *value, bool positive, float triple[3]) {
+    if (!json_is_array(value) || json_array_size(value) != 3) return false;
+    for (size_t i = 0; i < 3; i++) {
+        json_t const *number = json_array_get(value, i);
+        if (!json_is_number(number)) return false;
+        triple[i] = (float)json_number_value(number);
+        if (!isfinite(triple[i]) || (positive && !(triple[i] > 0))) return false;
+    }
+    return true;
+}
+
+static uform_status_t parse_image(json_t const *tower, uform_model_info_t *info, char const **message) {
+    uform_status_t status = parse_transformer(tower, &info->image.transformer, message);
+    if (status != UFORM_OK) return status;
+    size_rule_t const rules[] = {
+        {"size", 1, 8192, &info->image.size, "image size out of range"},
+        {"patch", 1, 8192, &info->image.patch, "image patch out of range"},
+    };
+    status = read_sizes(tower, rules, ARRAY_COUNT(rules), message);
+    if (status != UFORM_OK) return status;
+    if (info->image.size % info->image.patch != 0)
+        return malformed(message, "image size is not a multiple of patch");
+    if (!read_triple(json_object_get(tower, "mean"), false, info->image.mean))
+        return malformed(message, "image mean malformed");
+    if (!read_triple(json_object_get(tower, "std"), true, info->image.std))
+        return malformed(message, "image std malformed");
+    return UFORM_OK;
+}
+
+static uform_status_t parse_video(json_t const *tower, uform_model_info_t *info, char const **message) {
+    size_rule_t const rules[] = {{"frames", 1, 1024, &info->video.frames, "video frames out of range"}};
+    return read_sizes(tower, rules, ARRAY_COUNT(rules), message);
+}
+
+/* `seconds` is capped at a day so that rate * seconds stays far from overflowing. */
+static uform_status_t parse_audio(json_t const *tower, uform_model_info_t *info, char const **message) {
+    uform_status_t status = parse_transformer(tower, &info->audio.transformer, message);
+    if (status != UFORM_OK) return status;
+    size_rule_t const rules[] = {
+        {"rate", 1, 1u << 20, &info->audio.rate, "audio rate out of range"},
+        {"mels", 1, 1024, &info->audio.mels, "audio mels out of range"},
+        {"window", 2, 1u << 16, &info->audio.window, "audio window out of range"},
+        {"hop", 1, 1u << 16, &info->audio.hop, "audio hop out of range"},
+        {"patch_frames", 1, 1u << 16, &info->audio.patch_frames, "audio patch_frames out of range"},
+        {"max_patches", 1, 1u << 20, &info->audio.max_patches, "audio max_patches out of range"},
+    };
+    status = read_sizes(tower, rules, ARRAY_COUNT(rules), message);
+    if (status != UFORM_OK) return status;
+    json_t const *seconds = json_object_get(tower, "seconds");
+    if (!json_is_number(seconds)) return malformed(message, "audio seconds out of range");
+    info->audio.seconds = json_number_value(seconds);
+    if (!(info->audio.seconds > 0 && info->audio.seconds <= 86400))
+        return malformed(message, "audio seconds out of range");
+    return UFORM_OK;
+}
+
+static uform_status_t parse_matryoshka(json_t const *value, uform_model_info_t *info, char const **message) {
+    if (!json_is_array(value) || json_array_size(value) == 0 || json_array_size(value) > UFORM_MATRYOSHKA_MAX)
+        return malformed(message, "matryoshka malformed");
+    info->matryoshka_count = json_array_size(value);
+    for (size_t i = 0; i < info->matryoshka_count; i++) {
+        json_t const *width = json_array_get(value, i);
+        if (!json_is_integer(width) || json_integer_value(width) < 1 ||
+            (uint64_t)json_integer_value(width) > info->dims)
+            return malformed(message, "matryoshka width out of range");
+        info->matryoshka[i] = (size_t)json_integer_value(width);
+        if (i > 0 && info->matryoshka[i] <= info->matryoshka[i - 1])
+            return malformed(message, "matryoshka widths not ascending");
+    }
+    return UFORM_OK;
+}
+
+/* A tower's entry: absent, or an object handed to its parser. */
+static uform_status_t parse_tower(json_t const *model, char const *key, bool *present,
+                                  uform_status_t (*parse)(json_t const *, uform_model_info_t *,
+                                                          char const **),
+                                  uform_model_info_t *info, char const **message) {
+    json_t const *tower = json_object_get(model, key);
+    *present = tower != NULL;
+    if (!tower) return UFORM_OK;
+    if (!json_is_object(tower)) return malformed(message, "tower metadata is not an object");
+    return parse(tower, info, message);
+}
+
+static uform_status_t parse_model(json_t const *model, uform_model_info_t *info, char const **message) {
+    if (!json_is_object(model)) return malformed(message, "uform metadata is not an object");
+    json_t const *format = json_object_get(model, "format");
+    if (!json_is_integer(format) || json_integer_value(format) != MODEL_FORMAT)
+        return malformed(message, "metadata of another format");
+    size_rule_t const rules[] = {{"dims", 1, 65536, &info->dims, "dims out of range"}};
+    uform_status_t status = read_sizes(model, rules, ARRAY_COUNT(rules), message);
+    if (status == UFORM_OK) status = parse_matryoshka(json_object_get(model, "matryoshka"), info, message);
+    if (status == UFORM_OK) status = parse_tower(model, "text", &info->has_text, parse_text, info, message);
+    if (status == UFORM_OK)
+        status = parse_tower(model, "image", &info->has_image, parse_image, info, message);
+    if (status == UFORM_OK)
+        status = parse_tower(model, "video", &info->has_video, parse_video, info, message);
+    if (status == UFORM_OK)
+        status = parse_tower(model, "audio", &info->has_audio, parse_audio, info, message);
+    if (status != UFORM_OK) return status;
+    if (info->has_video && !info->has_image) return malformed(message, "video needs the image tower");
+    if (!info->has_text && !info->has_image && !info->has_audio)
+        return malformed(message, "model has no tower");
+    return UFORM_OK;
+}
+
+/* `__metadata__` is an object of strings (safetensors); its "uform" entry is the model, as a string
+ * holding a JSON object or, leniently, as the object itself. */
+static uform_status_t parse_metadata(json_t *metadata, uform_model_info_t *info, char const **message) {
+    if (!metadata) return malformed(message, "missing uform metadata");
+    if (!json_is_object(metadata)) return malformed(message, "metadata is not an object of strings");
+    char const *key;
+    json_t *value;
+    json_object_foreach(metadata, key, value) {
+        if (!json_is_string(value) && strcmp(key, MODEL_KEY) != 0)
+            return malformed(message, "metadata is not an object of strings");
+    }
+    json_t *model = json_object_get(metadata, MODEL_KEY);
+    if (!model) return malformed(message, "missing uform metadata");
+    if (!json_is_string(model)) return parse_model(model, info, message);
+    json_t *loaded = NULL;
+    uform_status_t status = load_json(json_string_value(model), json_string_length(model),
+                                      "uform metadata is not JSON", &loaded, message);
+    if (status != UFORM_OK) return status;
+    status = parse_model(loaded, info, message);
+    json_decref(loaded);
+    return status;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* The tensors each tower needs                                                                   */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* The name and shape of one tensor the metadata asks for. */
+typedef struct expected_tensor {
+    char const *suffix;
+    size_t rank;
+    uint64_t shape[2];
+} expected_tensor_t;
+
+/* Finds `name` with that shape, BF16 (or F32 where `f32_allowed`), and counts it in `*matched`. */
+static uform_status_t expect_tensor(checkpoint_header_t const *header, char const *name,
+                                    expected_tensor_t const *expected, bool f32_allowed, size_t *matched,
+                                    char const **message) {
+    checkpoint_tensor_t const *tensor = checkpoint_find(header, name);
+    if (!tensor) return malformed(message, "missing tensor");
+    if (tensor->dtype != CHECKPOINT_BF16 && !(f32_allowed && tensor->dtype == CHECKPOINT_F32))
+        return malformed(message,
+                         f32_allowed ? "tensor dtype is not BF16 or F32" : "tensor dtype is not BF16");
+    if (tensor->rank != expected->rank) return malformed(message, "tensor shape does not match the metadata");
+    for (size_t i = 0; i < expected->rank; i++)
+        if (tensor->shape[i] != expected->shape[i])
+            return malformed(message, "tensor shape does not match the metadata");
+    (*matched)++;
+    return UFORM_OK;
+}
+
+/* Every `{prefix}.{suffix}` of a list. */
+static uform_status_t expect_tensors(checkpoint_header_t const *header, char const *prefix,
+                                     expected_tensor_t const *list, size_t count, size_t *matched,
+                                     char const **message) {
+    for (size_t i = 0; i < count; i++) {
+        char name[CHECKPOINT_NAME_LIMIT + 1];
+        snprintf(name, sizeof name, "%s.%s", prefix, list[i].suffix);
+        uform_status_t status = expect_tensor(header, name, &list[i], false, matched, message);
+        if (status != UFORM_OK) return status;
+    }
+    return UFORM_OK;
+}
+
+/* The blocks, the final norm and the projection of one tower, plus its own `extras`. */
+static uform_status_t expect_tower(checkpoint_header_t const *header, char const *tower,
+                                   uform_transformer_info_t const *transformer,
+                                   expected_tensor_t const *extras, size_t extras_count, size_t *matched,
+                                   char const **message) {
+    uint64_t const hidden = transformer->hidden, mlp = transformer->mlp;
+    expected_tensor_t const block[] = {
+        {"norm1.weight", 1, {hidden}},
+        {"norm2.weight", 1, {hidden}},
+        {"attn.qkv.weight", 2, {3 * hidden, hidden}},
+        {"attn.qkv.bias", 1, {3 * hidden}},
+        {"attn.out.weight", 2, {hidden, hidden}},
+        {"attn.out.bias", 1, {hidden}},
+        {"mlp.up.weight", 2, {mlp, hidden}},
+        {"mlp.up.bias", 1, {mlp}},
+        {"mlp.down.weight", 2, {hidden, mlp}},
+        {"mlp.down.bias", 1, {hidden}},
+    };
+    expected_tensor_t const ends[] = {
+        {"norm.weight", 1, {hidden}},
+        {"proj.weight", 2, {header->info.dims, hidden}},
+    };
+    uform_status_t status = UFORM_OK;
+    for (size_t i = 0; i < transformer->depth && status == UFORM_OK; i++) {
+        char prefix[64];
+        snprintf(prefix, sizeof prefix, "%s.blocks.%zu", tower, i);
+        status = expect_tensors(header, prefix, block, ARRAY_COUNT(block), matched, message);
+    }
+    if (status == UFORM_OK) status = expect_tensors(header, tower, ends, ARRAY_COUNT(ends), matched, message);
+    if (status == UFORM_OK) status = expect_tensors(header, tower, extras, extras_count, matched, message);
+    return status;
+}
+
+/* logit.scale and logit.bias: both or neither. */
+static uform_status_t expect_logit(checkpoint_header_t *header, size_t *matched, char const **message) {
+    bool scale = checkpoint_find(header, LOGIT_SCALE) != NULL,
+         bias = checkpoint_find(header, LOGIT_BIAS) != NULL;
+    if (scale != bias) return malformed(message, "logit.scale and logit.bias go together");
+    header->info.has_logit = scale;
+    if (!scale) return UFORM_OK;
+    expected_tensor_t const one = {"", 1, {1}};
+    uform_status_t status = expect_tensor(header, LOGIT_SCALE, &one, true, matched, message);
+    if (status != UFORM_OK) return status;
+    return expect_tensor(header, LOGIT_BIAS, &one, true, matched, message);
+}
+
+/* Every tensor the metadata implies is there, and nothing else: names are unique, so the matches
+ * must account for the whole table. */
+static uform_status_t check_tensors(checkpoint_header_t *header, char const **message) {
+    uform_model_info_t const *info = &header->info;
+    size_t matched = 0;
+    uform_status_t status = UFORM_OK;
+    if (info->has_text) {
+        expected_tensor_t const extras[] = {{"embed", 2, {257, info->text.transformer.hidden}}};
+        status = expect_tower(header, "text", &info->text.transformer, extras, 1, &matched, message);
+    }
+    if (status == UFORM_OK && info->has_image) {
+        uint64_t const hidden = info->image.transformer.hidden, side = info->image.size / info->image.patch;
+        uint64_t const patch = info->image.patch;
+        expected_tensor_t const extras[] = {
+            {"patch.weight", 2, {hidden, 3 * patch * patch}},
+            {"patch.bias", 1, {hidden}},
+            {"cls", 1, {hidden}},
+            {"pos", 2, {1 + side * side, hidden}},
+        };
+        status = expect_tower(header, "image", &info->image.transformer, extras, 4, &matched, message);
+    }
+    if (status == UFORM_OK && info->has_audio) {
+        uint64_t const hidden = info->audio.transformer.hidden;
+        expected_tensor_t const extras[] = {
+            {"patch.weight", 2, {hidden, (uint64_t)info->audio.mels * info->audio.patch_frames}},
+            {"patch.bias", 1, {hidden}},
+            {"cls", 1, {hidden}},
+            {"pos", 2, {1 + (uint64_t)info->audio.max_patches, hidden}},
+        };
+        status = expect_tower(header, "audio", &info->audio.transformer, extras, 4, &matched, message);
+    }
+    if (status == UFORM_OK) status = expect_logit(header, &matched, message);
+    if (status == UFORM_OK && matched != header->tensors_count)
+        return malformed(message, "unexpected tensor");
+    return status;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Parsing                                                                                        */
+/* ---------------------------------------------------------------------------------------------- */
+
+uform_status_t checkpoint_parse(char const *json, size_t length, uint64_t file_size,
+                                checkpoint_header_t *header, char const **message) {
+    checkpoint_header_t parsed = {0};
+    json_t *root = NULL;
+    uform_status_t status = UFORM_OK;
+    memset(header, 0, sizeof *header);
+    if (file_size < CHECKPOINT_PREFIX_SIZE || length > file_size - CHECKPOINT_PREFIX_SIZE) {
+        status = malformed(message, "header length beyond the file");
+        goto fail;
+    }
+    parsed.data_offset = CHECKPOINT_PREFIX_SIZE + (uint64_t)length;
+    status = load_json(json, length, "header is not JSON", &root, message);
+    if (status != UFORM_OK) goto fail;
+    if (!json_is_object(root)) {
+        status = malformed(message, "header is not a JSON object");
+        goto fail;
+    }
+    status = collect_tensors(root, file_size - parsed.data_offset, &parsed, message);
+    if (status != UFORM_OK) goto fail;
+    status = parse_metadata(json_object_get(root, METADATA_KEY), &parsed.info, message);
+    if (status != UFORM_OK) goto fail;
+    status = check_tensors(&parsed, message);
+    if (status != UFORM_OK) goto fail;
+    json_decref(root);
+    *header = parsed;
+    return UFORM_OK;
+fail:
+    json_decref(root);
+    checkpoint_header_free(&parsed);
+    return status;
+}
+
+void checkpoint_header_free(checkpoint_header_t *header) {
+    if (!header) return;
+    free(header->tensors);
+    free(header->names);
+    memset(header, 0, sizeof *header);
+}
+
+checkpoint_tensor_t const *checkpoint_find(checkpoint_header_t const *header, char const *name) {
+    if (!header || !name || header->tensors_count == 0) return NULL;
+    checkpoint_tensor_t const key = {.name = name};
+    return bsearch(&key, header->tensors, header->tensors_count, sizeof key, compare_by_name);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Writing                                                                                        */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* Tensor names written here are printable ASCII, which JSON takes as is. */
+static bool valid_name(char const *name) {
+    if (!name || name[0] == '\0' || strlen(name) > CHECKPOINT_NAME_LIMIT || strcmp(name, METADATA_KEY) == 0)
+        return false;
+    for (char const *c = name; *c; c++)
+        if (*c < 0x20 || *c > 0x7e) return false;
+    return true;
+}
+
+/* Checks a source and answers its byte count. */
+static uform_status_t check_source(checkpoint_source_t const *source, uint64_t *bytes, char const **message) {
+    if (!valid_name(source->name)) return answer(UFORM_INVALID_ARGUMENT, message, "tensor name invalid");
+    if (checkpoint_dtype_size(source->dtype) == 0)
+        return answer(UFORM_INVALID_ARGUMENT, message, "tensor dtype invalid");
+    if (source->rank > CHECKPOINT_RANK_LIMIT)
+        return answer(UFORM_INVALID_ARGUMENT, message, "tensor rank over 4");
+    uint64_t elements = 0;
+    if (!count_shape(source->rank, source->shape, checkpoint_dtype_size(source->dtype), &elements, bytes) ||
+        (uint64_t)(size_t)*bytes != *bytes || *bytes > (uint64_t)INT64_MAX)
+        return answer(UFORM_INVALID_ARGUMENT, message, "tensor shape overflows");
+    for (size_t i = 0; i < source->rank; i++)
+        if (source->shape[i] > (uint64_t)INT64_MAX)
+            return answer(UFORM_INVALID_ARGUMENT, message, "tensor shape overflows");
+    if (*bytes > 0 && !source->data) return answer(UFORM_INVALID_ARGUMENT, message, "tensor data is NULL");
+    return UFORM_OK;
+}
+
+/* {"dtype", "shape", "data_offsets"} of one source placed at `begin`. */
+static json_t *tensor_entry(checkpoint_source_t const *source, uint64_t begin, uint64_t end) {
+    json_t *shape = json_array();
+    for (size_t i = 0; shape && i < source->rank; i++) {
+        if (json_array_append_new(shape, json_integer((json_int_t)source->shape[i])) != 0) {
+            json_decref(shape);
+            shape = NULL;
+        }
+    }
+    if (!shape) return NULL;
+    return json_pack("{s:s, s:o, s:[I, I]}", "dtype", checkpoint_dtype_name(source->dtype), "shape", shape,
+                     "data_offsets", (json_int_t)begin, (json_int_t)end);
+}
+
+/* The metadata must itself be a JSON object: it is stored as a string and parsed back on load. */
+static uform_status_t metadata_entry(char const *metadata, json_t **entry, char const **message) {
+    json_t *parsed = NULL;
+    uform_status_t status = load_json(metadata, strlen(metadata), "metadata is not JSON", &parsed, message);
+    if (status == UFORM_FORMAT) status = UFORM_INVALID_ARGUMENT;
+    if (status != UFORM_OK) return status;
+    bool object = json_is_object(parsed);
+    json_decref(parsed);
+    if (!object) return answer(UFORM_INVALID_ARGUMENT, message, "metadata is not a JSON object");
+    *entry = json_pack("{s:s}", MODEL_KEY, metadata);
+    if (!*entry) return answer(UFORM_OUT_OF_MEMORY, message, "out of memory");
+    return UFORM_OK;
+}
+
+/* The header object: tensors in the order given with consecutive offsets, then the metadata. */
+static uform_status_t header_object(char const *metadata, checkpoint_source_t const *tensors, size_t count,
+                                    json_t **header, char const **message) {
+    json_t *root = json_object();
+    uform_status_t status = root ? UFORM_OK : answer(UFORM_OUT_OF_MEMORY, message, "out of memory");
+    uint64_t offset = 0;
+    for (size_t i = 0; i < count && status == UFORM_OK; i++) {
+        uint64_t bytes = 0;
+        status = check_source(&tensors[i], &bytes, message);
+        if (status != UFORM_OK) break;
+        if (json_object_get(root, tensors[i].name)) {
+            status = answer(UFORM_INVALID_ARGUMENT, message, "duplicate tensor name");
+        } else if (bytes > (uint64_t)INT64_MAX - offset) {
+            status = answer(UFORM_INVALID_ARGUMENT, message, "tensors too large");
+        } else if (json_object_set_new(root, tensors[i].name,
+                                       tensor_entry(&tensors[i], offset, offset + bytes))) {
+            status = answer(UFORM_OUT_OF_MEMORY, message, "out of memory");
+        }
+        offset += bytes;
+    }
+    json_t *entry = NULL;
+    if (status == UFORM_OK && metadata) status = metadata_entry(metadata, &entry, message);
+    if (status == UFORM_OK && entry && json_object_set_new(root, METADATA_KEY, entry) != 0)
+        status = answer(UFORM_OUT_OF_MEMORY, message, "out of memory");
+    if (status != UFORM_OK) {
+        json_decref(root);
+        return status;
+    }
+    *header = root;
+    return UFORM_OK;
+}
+
+/* The header text padded with spaces so that the data section starts 8-byte aligned. */
+static uform_status_t header_text(json_t const *header, char **text, size_t *length, char const **message) {
+    char *dumped = json_dumps(header, JSON_COMPACT);
+    if (!dumped) return answer(UFORM_OUT_OF_MEMORY, message, "out of memory");
+    size_t dumped_length = strlen(dumped);
+    size_t padded = (dumped_length + CHECKPOINT_ALIGNMENT - 1) / CHECKPOINT_ALIGNMENT * CHECKPOINT_ALIGNMENT;
+    if (padded > CHECKPOINT_HEADER_LIMIT) {
+        free(dumped);
+        return answer(UFORM_INVALID_ARGUMENT, message, "checkpoint header over 100 MiB");
+    }
+    char *grown = realloc(dumped, padded + 1);
+    if (!grown) {
+        free(dumped);
+        return answer(UFORM_OUT_OF_MEMORY, message, "out of memory");
+    }
+    memset(grown + dumped_length, ' ', padded - dumped_length);
+    grown[padded] = '\0';
+    *text = grown;
+    *length = padded;
+    return UFORM_OK;
+}
+
+/* Writes all of `data`, resuming after short writes and interruptions. */
+static bool write_all(int fd, void const *data, size_t size) {
+    unsigned char const *cursor = data;
+    while (size > 0) {
+        ssize_t written = write(fd, cursor, size < (1u << 30) ? size : (1u << 30));
+        if (written < 0 && errno == EINTR) continue;
+        if (written <= 0) return false;
+        cursor += written;
+        size -= (size_t)written;
+    }
+    return true;
+}
+
+static bool write_contents(int fd, char const *header, size_t header_length,
+                           checkpoint_source_t const *tensors, size_t count) {
+    uint8_t prefix[CHECKPOINT_PREFIX_SIZE];
+    for (size_t i = 0; i < CHECKPOINT_PREFIX_SIZE; i++)
+        prefix[i] = (uint8_t)((uint64_t)header_length >> (8 * i));
+    if (!write_all(fd, prefix, sizeof prefix) || !write_all(fd, header, header_length)) return false;
+    for (size_t i = 0; i < count; i++) {
+        uint64_t elements = 0, bytes = 0;
+        count_shape(tensors[i].rank, tensors[i].shape, checkpoint_dtype_size(tensors[i].dtype), &elements,
+                    &bytes);
+        if (!write_all(fd, tensors[i].data, (size_t)bytes)) return false;
+    }
+    return true;
+}
+
+/* Makes the rename durable. Filesystems that cannot sync a directory answer EINVAL; that is no fault. */
+static bool sync_directory(char const *path) {
+    char const *slash = strrchr(path, '/');
+    char *directory = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
+    if (!directory) return false;
+    int fd = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    free(directory);
+    if (fd < 0) return false;
+    bool synced = fsync(fd) == 0 || errno == EINVAL;
+    return (close(fd) == 0 || errno == EINTR) && synced;
+}
+
+static uform_status_t write_file(char const *path, char const *header, size_t header_length,
+                                 checkpoint_source_t const *tensors, size_t count, char const **message) {
+    static char const suffix[] = ".tmp.XXXXXX";
+    uform_status_t status = UFORM_IO;
+    bool created = false;
+    size_t path_length = strlen(path);
+    char *temporary = malloc(path_length + sizeof suffix);
+    if (!temporary) return answer(UFORM_OUT_OF_MEMORY, message, "out of memory");
+    memcpy(temporary, path, path_length);
+    memcpy(temporary + path_length, suffix, sizeof suffix);
+    int fd = mkostemp(temporary, O_CLOEXEC);
+    if (fd < 0) {
+        *message = "cannot create a temporary checkpoint";
+        goto fail;
+    }
+    created = true;
+    /* mkostemp creates the file 0600; a checkpoint is meant to be read by others, as a plain file is. */
+    if (fchmod(fd, 0644) != 0 || !write_contents(fd, header, header_length, tensors, count)) {
+        *message = "cannot write checkpoint";
+        goto fail;
+    }
+    if (fsync(fd) != 0) {
+        *message = "cannot sync checkpoint";
+        goto fail;
+    }
+    int closed = close(fd);
+    fd = -1;
+    /* After EINTR the descriptor is closed on Linux, and the data was already synced. */
+    if (closed != 0 && errno != EINTR) {
+        *message = "cannot close checkpoint";
+        goto fail;
+    }
+    if (rename(temporary, path) != 0) {
+        *message = "cannot rename checkpoint into place";
+        goto fail;
+    }
+    status = sync_directory(path) ? UFORM_OK : answer(UFORM_IO, message, "cannot sync checkpoint directory");
+    free(temporary);
+    return status;
+fail:
+    if (fd >= 0) close(fd);
+    if (created) unlink(temporary);
+    free(temporary);
+    return status;
+}
+
+uform_status_t checkpoint_write(char const *path, char const *metadata, checkpoint_source_t const *tensors,
+                                size_t count, char const **message) {
+    if (!path || path[0] == '\0') return answer(UFORM_INVALID_ARGUMENT, message, "checkpoint path is empty");
+    if (!tensors && count > 0) return answer(UFORM_INVALID_ARGUMENT, message, "tensors are NULL");
+    json_t *header = NULL;
+    char *text = NULL;
+    size_t length = 0;
+    uform_status_t status = header_object(metadata, tensors, count, &header, message);
+    if (status == UFORM_OK) status = header_text(header, &text, &length, message);
+    if (status == UFORM_OK) status = write_file(path, text, length, tensors, count, message);
+    json_decref(header);
+    free(text);
+    return status;
+}

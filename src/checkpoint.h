@@ -1,0 +1,89 @@
+/* Checkpoints: the safetensors container and the format-4 model metadata.
+ *
+ * This module does no file I/O for reading: the load verb reads the file through the executor's ring
+ * and hands the bytes here. Parsing validates everything before a tensor byte is read:
+ *   - the 8-byte little-endian header length against the file size (and a 100 MiB cap);
+ *   - the header is a JSON object (jansson); each tensor entry has a known dtype, a shape of
+ *     non-negative integers whose product does not overflow, and data_offsets [begin, end] inside the
+ *     data section, with end - begin == elements * dtype size; no two tensors overlap;
+ *   - `__metadata__["uform"]` is the format-4 metadata (a JSON object, or a string holding one, as
+ *     safetensors requires metadata values to be strings), with sane values;
+ *   - every tensor that each present tower needs is there with the right shape and dtype BF16 (or F32
+ *     for `logit.*`), and no tensor is unknown.
+ * A malformation answers UFORM_FORMAT with a static message naming it. */
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "uform.h"
+
+#define CHECKPOINT_HEADER_LIMIT (100u << 20)
+#define CHECKPOINT_RANK_LIMIT 4
+
+typedef enum checkpoint_dtype {
+    CHECKPOINT_BF16 = 0,
+    CHECKPOINT_F16,
+    CHECKPOINT_F32,
+    CHECKPOINT_F64,
+    CHECKPOINT_I8,
+    CHECKPOINT_U8,
+    CHECKPOINT_I16,
+    CHECKPOINT_I32,
+    CHECKPOINT_I64,
+    CHECKPOINT_BOOL,
+} checkpoint_dtype_t;
+
+/* Bytes per element, and the safetensors name ("BF16", ...). */
+size_t checkpoint_dtype_size(checkpoint_dtype_t dtype);
+char const *checkpoint_dtype_name(checkpoint_dtype_t dtype);
+
+typedef struct checkpoint_tensor {
+    char const *name; /* points into the header's string storage */
+    checkpoint_dtype_t dtype;
+    size_t rank;
+    uint64_t shape[CHECKPOINT_RANK_LIMIT];
+    uint64_t begin, end; /* byte offsets within the data section */
+} checkpoint_tensor_t;
+
+typedef struct checkpoint_header {
+    uform_model_info_t info;
+    checkpoint_tensor_t *tensors; /* sorted by name */
+    size_t tensors_count;
+    char *names;          /* storage for every tensor name */
+    uint64_t data_offset; /* 8 + header length: where the data section starts in the file */
+    uint64_t data_size;   /* bytes the tensors span: the largest `end` */
+} checkpoint_header_t;
+
+/* Reads the 8-byte prefix of a file of `file_size` bytes. Answers UFORM_OK with the JSON header's
+ * length, or UFORM_FORMAT (file shorter than 8 bytes, header beyond the file or over the cap). */
+uform_status_t checkpoint_prefix(uint8_t const *prefix, size_t prefix_length, uint64_t file_size,
+                                 uint64_t *header_length, char const **message);
+
+/* Parses and validates the JSON header (`json` of `length` bytes, not NUL-terminated) of a file of
+ * `file_size` bytes. On UFORM_OK, `header` is filled and owns its memory (checkpoint_header_free);
+ * on failure nothing is allocated and `*message` names the fault. Answers UFORM_OK, UFORM_FORMAT,
+ * UFORM_OUT_OF_MEMORY. */
+uform_status_t checkpoint_parse(char const *json, size_t length, uint64_t file_size,
+                                checkpoint_header_t *header, char const **message);
+
+void checkpoint_header_free(checkpoint_header_t *header);
+
+/* The tensor of that name, or NULL. Binary search. */
+checkpoint_tensor_t const *checkpoint_find(checkpoint_header_t const *header, char const *name);
+
+/* One tensor to write. */
+typedef struct checkpoint_source {
+    char const *name;
+    checkpoint_dtype_t dtype;
+    size_t rank;
+    uint64_t shape[CHECKPOINT_RANK_LIMIT];
+    void const *data; /* elements * dtype size bytes */
+} checkpoint_source_t;
+
+/* Writes a safetensors file atomically: a temporary file beside `path`, fsync, rename, fsync of the
+ * directory. `metadata` (may be NULL) is the format-4 object, stored as the string value of
+ * `__metadata__["uform"]`. Tensors are laid out in the order given, 8-byte aligned data section.
+ * Answers UFORM_OK, UFORM_IO, UFORM_OUT_OF_MEMORY, UFORM_INVALID_ARGUMENT. */
+uform_status_t checkpoint_write(char const *path, char const *metadata, checkpoint_source_t const *tensors,
+                                size_t count, char const **message);

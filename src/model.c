@@ -1,0 +1,329 @@
+/* Models: loading a checkpoint through the executor's ring, and what a model tells about itself.
+ *
+ * The load is a state machine of loop callbacks:
+ *   open -> statx -> read the 8-byte prefix -> read the JSON header -> validate everything
+ *        -> allocate the weights where the executor computes -> LOAD_READS chunked reads in flight
+ *        -> progress after each chunk -> the model, or CANCELLED / IO / FORMAT once reads drain. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "engine.h"
+
+#define LOAD_CHUNK (1u << 20)
+#define LOAD_READS 4
+
+typedef struct load_call load_call_t;
+
+typedef struct load_read {
+    loop_op_t op;
+    load_call_t *load;
+    bool busy;
+} load_read_t;
+
+struct load_call {
+    call_t call;
+    char const *path;
+    uform_progress_t progress;
+    size_t next_step;
+    bool map;
+    int fd;
+    struct statx statx;
+    loop_op_t step; /* open, statx, prefix and header reads, one at a time */
+    uint8_t prefix[8];
+    char *json;
+    uint64_t header_length;
+    uform_model_t *model;
+    load_read_t reads[LOAD_READS];
+    uint64_t issued, done;
+    size_t in_flight;
+    uform_status_t failure; /* once set, no read is issued and the call ends when in-flight ones drain */
+    char const *message;
+};
+
+/* ---- Model lifetime ----------------------------------------------------------------------------- */
+
+void model_retain(uform_model_t *model) {
+    atomic_fetch_add_explicit(&model->references, 1, memory_order_relaxed);
+}
+
+static void model_destroy(uform_model_t *model) {
+    if (model->mapping) munmap(model->mapping, model->mapping_size);
+    else executor_deallocate(model->executor, model->data, model->data_size);
+    checkpoint_header_free(&model->header);
+    if (model->executor) executor_release(model->executor);
+    free(model);
+}
+
+UFORM_EXPORT void uform_model_free(uform_model_t *model) {
+    if (!model) return;
+    if (atomic_fetch_sub_explicit(&model->references, 1, memory_order_acq_rel) == 1) model_destroy(model);
+}
+
+UFORM_EXPORT uform_status_t uform_model_info(uform_model_t const *model, uform_model_info_t *info) {
+    if (!model || !info) return failed(UFORM_INVALID_ARGUMENT, "uform_model_info", "model or info is NULL");
+    *info = model->header.info;
+    return UFORM_OK;
+}
+
+void const *model_tensor(uform_model_t const *model, char const *name, checkpoint_tensor_t const **tensor) {
+    checkpoint_tensor_t const *found = checkpoint_find(&model->header, name);
+    if (tensor) *tensor = found;
+    return found ? model->data + found->begin : NULL;
+}
+
+/* ---- The load state machine --------------------------------------------------------------------- */
+
+static void load_finish(load_call_t *load) {
+    uform_status_t status = load->failure;
+    if (load->fd >= 0) close(load->fd);
+    free(load->json);
+    outcome_t *outcome = load->call.outcome;
+    if (status == UFORM_OK) {
+        outcome->product = OUTCOME_PRODUCT_MODEL;
+        outcome->model = load->model;
+    } else if (load->model) {
+        uform_model_free(load->model);
+    }
+    call_t *call = &load->call;
+    char const *message = load->message;
+    /* call_finish ends the call; the state goes first, as nothing may touch it after. */
+    call_t ending = *call;
+    free(load);
+    call_finish(&ending, status, message);
+}
+
+/* Records the first failure; the call ends once nothing is in flight. */
+static void load_stop(load_call_t *load, uform_status_t status, char const *message) {
+    if (load->failure == UFORM_OK) {
+        load->failure = status;
+        load->message = message;
+    }
+}
+
+static void load_fail(load_call_t *load, uform_status_t status, char const *message) {
+    load_stop(load, status, message);
+    load_finish(load);
+}
+
+static void load_read_done(loop_op_t *op);
+
+static void load_issue_reads(load_call_t *load) {
+    uform_model_t *model = load->model;
+    loop_t *loop = load->call.executor->loop;
+    for (size_t i = 0; i < LOAD_READS && load->failure == UFORM_OK && load->issued < model->data_size; ++i) {
+        load_read_t *read = &load->reads[i];
+        if (read->busy) continue;
+        size_t length = model->data_size - load->issued < LOAD_CHUNK ? (size_t)(model->data_size - load->issued) : LOAD_CHUNK;
+        read->busy = true;
+        read->load = load;
+        read->op.callback = load_read_done;
+        load->in_flight++;
+        loop_read(loop, &read->op, load->fd, model->data + load->issued, length, model->header.data_offset + load->issued);
+        load->issued += length;
+    }
+    if (load->in_flight == 0) load_finish(load);
+}
+
+static void load_read_done(loop_op_t *op) {
+    load_read_t *read = container_of(op, load_read_t, op);
+    load_call_t *load = read->load;
+    read->busy = false;
+    load->in_flight--;
+    if (op->result < 0) load_stop(load, UFORM_IO, "cannot read checkpoint");
+    else if ((size_t)op->result < op->length) load_stop(load, UFORM_FORMAT, "checkpoint truncated while reading");
+    else {
+        load->done += (uint64_t)op->result;
+        if (load->failure == UFORM_OK &&
+            progress_report(&load->progress, &load->next_step, load->done, load->model->data_size))
+            load_stop(load, UFORM_CANCELLED, "cancelled by the progress handler");
+    }
+    load_issue_reads(load);
+}
+
+/* The header is valid: make the model, then read its tensors, or map them. */
+static void load_weights(load_call_t *load, checkpoint_header_t *header, void *mapping) {
+    uform_executor_t *executor = load->call.executor;
+    uform_model_t *model = calloc(1, sizeof *model);
+    if (!model) {
+        checkpoint_header_free(header);
+        if (mapping) munmap(mapping, load->statx.stx_size);
+        load_fail(load, UFORM_OUT_OF_MEMORY, "cannot allocate the model");
+        return;
+    }
+    atomic_init(&model->references, 1);
+    model->header = *header;
+    model->data_size = header->data_size;
+    load->model = model;
+    if (mapping) {
+        model->mapping = mapping;
+        model->mapping_size = load->statx.stx_size;
+        model->data = (uint8_t *)mapping + header->data_offset;
+        progress_report(&load->progress, &load->next_step, model->data_size, model->data_size);
+        load_finish(load);
+        return;
+    }
+    model->executor = executor;
+    executor_retain(executor);
+    model->data = executor_allocate(executor, model->data_size);
+    if (!model->data) {
+        load_fail(load, UFORM_OUT_OF_MEMORY, "cannot allocate the weights");
+        return;
+    }
+    load_issue_reads(load);
+}
+
+static void load_header_done(loop_op_t *op) {
+    load_call_t *load = container_of(op, load_call_t, step);
+    if (op->result < 0) {
+        load_fail(load, UFORM_IO, "cannot read checkpoint");
+        return;
+    }
+    if ((uint64_t)op->result < load->header_length)
+        {
+        load_fail(load, UFORM_FORMAT, "checkpoint truncated in its header");
+        return;
+    }
+    checkpoint_header_t header;
+    char const *message = NULL;
+    uform_status_t status = checkpoint_parse(load->json, load->header_length, load->statx.stx_size, &header, &message);
+    free(load->json);
+    load->json = NULL;
+    if (status != UFORM_OK) {
+        load_fail(load, status, message);
+        return;
+    }
+    load_weights(load, &header, NULL);
+}
+
+static void load_prefix_done(loop_op_t *op) {
+    load_call_t *load = container_of(op, load_call_t, step);
+    if (op->result < 0) {
+        load_fail(load, UFORM_IO, "cannot read checkpoint");
+        return;
+    }
+    char const *message = NULL;
+    uform_status_t status =
+        checkpoint_prefix(load->prefix, (size_t)op->result, load->statx.stx_size, &load->header_length, &message);
+    if (status != UFORM_OK) {
+        load_fail(load, status, message);
+        return;
+    }
+    load->json = malloc(load->header_length);
+    if (!load->json) {
+        load_fail(load, UFORM_OUT_OF_MEMORY, "cannot allocate the header");
+        return;
+    }
+    load->step.callback = load_header_done;
+    loop_read(load->call.executor->loop, &load->step, load->fd, load->json, load->header_length, 8);
+}
+
+static void load_map(load_call_t *load) {
+    uint64_t size = load->statx.stx_size;
+    char const *message = "file too short for a checkpoint";
+    uform_status_t status = UFORM_FORMAT;
+    if (size < 8) {
+        load_fail(load, status, message);
+        return;
+    }
+    void *mapping = mmap(NULL, size, PROT_READ, MAP_PRIVATE, load->fd, 0);
+    if (mapping == MAP_FAILED) {
+        load_fail(load, UFORM_IO, "cannot map checkpoint");
+        return;
+    }
+    uint64_t header_length = 0;
+    checkpoint_header_t header;
+    status = checkpoint_prefix(mapping, 8, size, &header_length, &message);
+    if (status == UFORM_OK) status = checkpoint_parse((char const *)mapping + 8, header_length, size, &header, &message);
+    if (status != UFORM_OK) {
+        munmap(mapping, size);
+        {
+        load_fail(load, status, message);
+        return;
+    }
+    }
+    load_weights(load, &header, mapping);
+}
+
+static void load_statx_done(loop_op_t *op) {
+    load_call_t *load = container_of(op, load_call_t, step);
+    if (op->result < 0) {
+        load_fail(load, UFORM_IO, "cannot stat checkpoint");
+        return;
+    }
+    if (!S_ISREG(load->statx.stx_mode))
+        {
+        load_fail(load, UFORM_IO, "checkpoint is not a regular file");
+        return;
+    }
+    if (load->map) {
+        load_map(load);
+        return;
+    }
+    load->step.callback = load_prefix_done;
+    size_t length = load->statx.stx_size < 8 ? (size_t)load->statx.stx_size : 8;
+    loop_read(load->call.executor->loop, &load->step, load->fd, load->prefix, length, 0);
+}
+
+static void load_open_done(loop_op_t *op) {
+    load_call_t *load = container_of(op, load_call_t, step);
+    if (op->result < 0) {
+        load_fail(load, UFORM_IO, "cannot open checkpoint");
+        return;
+    }
+    load->fd = (int)op->result;
+    load->step.callback = load_statx_done;
+    loop_statx(load->call.executor->loop, &load->step, load->fd, &load->statx);
+}
+
+static void load_start(call_t *call) {
+    load_call_t *load = container_of(call, load_call_t, call);
+    load->step.callback = load_open_done;
+    loop_open(call->executor->loop, &load->step, load->path, O_RDONLY);
+}
+
+UFORM_EXPORT uform_status_t uform_model_load_ram(uform_model_load_args_t const *args) {
+    static char const entry[] = "uform_model_load_ram";
+    if (!args) return failed(UFORM_INVALID_ARGUMENT, entry, "args is NULL");
+    uform_outcome_t *outcome = args->outcome;
+    if (!args->path || !args->path[0]) return call_refuse(outcome, UFORM_INVALID_ARGUMENT, entry, "path is NULL or empty");
+    if (!outcome && !args->model) return call_refuse(outcome, UFORM_INVALID_ARGUMENT, entry, "model is NULL");
+    if (args->executor && args->executor->kind == UFORM_EXECUTOR_VRAM)
+        return call_refuse(outcome, UFORM_INVALID_ARGUMENT, entry, "a VRAM executor loads with uform_model_load_vram");
+    uform_executor_t *executor = call_executor(args->executor);
+    if (!executor) return call_refuse(outcome, UFORM_OUT_OF_MEMORY, entry, "cannot make the calling thread's executor");
+
+    load_call_t *load = calloc(1, sizeof *load);
+    if (!load) return call_refuse(outcome, UFORM_OUT_OF_MEMORY, entry, "cannot allocate the load");
+    load->path = args->path;
+    load->fd = -1;
+    load->next_step = 1;
+    if (args->config) {
+        load->progress = args->config->progress;
+        load->map = args->config->map;
+    }
+    uform_outcome_t own;
+    if (!outcome) uform_outcome_init(&own);
+    uform_status_t status = call_begin(&load->call, executor, outcome_of(outcome ? outcome : &own), entry);
+    if (status != UFORM_OK) {
+        free(load);
+        return status;
+    }
+    load->call.start = load_start;
+    call_submit(&load->call);
+    if (outcome) return UFORM_OK;
+    status = call_wait(outcome_of(&own));
+    *args->model = uform_outcome_model(&own);
+    return status;
+}
+
+UFORM_EXPORT uform_status_t uform_model_load_vram(uform_model_load_args_t const *args) {
+    static char const entry[] = "uform_model_load_vram";
+    if (!args) return failed(UFORM_INVALID_ARGUMENT, entry, "args is NULL");
+    if (!args->path || !args->path[0])
+        return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry, "path is NULL or empty");
+    return call_refuse(args->outcome, UFORM_UNSUPPORTED, entry, "VRAM models are not built yet");
+}

@@ -1,0 +1,291 @@
+/* uform_tiny_checkpoint: a small, seeded, fully valid format-4 checkpoint with every tower.
+ *
+ * Weights are drawn from a splitmix64 stream in the order the tensors are written, as
+ * N(0, 0.02) approximated by a scaled sum of four uniforms (pure double arithmetic, no libm, so the
+ * same seed writes the same bytes on every platform); norm weights are 1. Values are rounded to BF16
+ * to nearest, ties to even. */
+#include "checkpoint.h"
+#include "errors.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TINY_ENTRY      "uform_tiny_checkpoint"
+#define TINY_NAME_SIZE  64
+#define TINY_DEPTH      2
+#define TINY_HIDDEN     64
+#define TINY_DIMS       64
+#define TINY_STD        0.02f
+#define TINY_LOG_10     2.302585092994045684f /* logit.scale: exp(scale) = 10 */
+#define TINY_LOGIT_BIAS (-10.0f)
+
+/* The shapes of every tower, from the arguments. */
+typedef struct tiny_sizes {
+    size_t depth, hidden, heads, mlp, dims;
+    size_t context;                                            /* text */
+    size_t size, patch;                                        /* image */
+    size_t frames;                                             /* video */
+    size_t rate, mels, window, hop, patch_frames, max_patches; /* audio */
+    double seconds;
+} tiny_sizes_t;
+
+/* Tensors gathered before writing: sources, their names and their BF16 buffers. */
+typedef struct tiny_builder {
+    checkpoint_source_t *sources;
+    char (*names)[TINY_NAME_SIZE];
+    uint16_t **buffers;
+    size_t count, capacity;
+    uint64_t random;
+} tiny_builder_t;
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Numbers                                                                                        */
+/* ---------------------------------------------------------------------------------------------- */
+
+static uint64_t splitmix64(uint64_t *state) {
+    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* Irwin-Hall: four uniforms in [0, 1) sum to mean 2, variance 1/3; recentred and scaled by sqrt(3). */
+static double standard_normal(uint64_t *state) {
+    double sum = 0;
+    for (int i = 0; i < 4; i++)
+        sum += (double)(splitmix64(state) >> 11) * 0x1p-53;
+    return (sum - 2.0) * 1.7320508075688772;
+}
+
+static uint16_t bf16_from_f32(float value) {
+    uint32_t bits;
+    memcpy(&bits, &value, sizeof bits);
+    if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((bits >> 16) | 0x0040u); /* quiet NaN */
+    bits += 0x7FFFu + ((bits >> 16) & 1u);
+    return (uint16_t)(bits >> 16);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Tensors                                                                                        */
+/* ---------------------------------------------------------------------------------------------- */
+
+static uform_status_t builder_init(tiny_builder_t *builder, size_t capacity, uint64_t seed) {
+    memset(builder, 0, sizeof *builder);
+    builder->sources = calloc(capacity, sizeof *builder->sources);
+    builder->names = calloc(capacity, sizeof *builder->names);
+    builder->buffers = calloc(capacity, sizeof *builder->buffers);
+    builder->capacity = capacity;
+    builder->random = seed;
+    if (!builder->sources || !builder->names || !builder->buffers)
+        return failed(UFORM_OUT_OF_MEMORY, TINY_ENTRY, "out of memory");
+    return UFORM_OK;
+}
+
+static void builder_free(tiny_builder_t *builder) {
+    for (size_t i = 0; builder->buffers && i < builder->count; i++)
+        free(builder->buffers[i]);
+    free(builder->sources);
+    free(builder->names);
+    free(builder->buffers);
+    memset(builder, 0, sizeof *builder);
+}
+
+/* A BF16 tensor of shape [rows] (columns == 0) or [rows, columns], each value
+ * `offset + scale * N(0, 1)`; no draws when `scale` is 0. */
+static uform_status_t builder_add(tiny_builder_t *builder, char const *name, size_t rows, size_t columns,
+                                  float offset, float scale) {
+    if (builder->count == builder->capacity)
+        return failed(UFORM_INTERNAL, TINY_ENTRY, "tensor count miscounted");
+    size_t elements = 0, bytes = 0;
+    uint16_t *buffer = NULL;
+    if (!__builtin_mul_overflow(rows, columns ? columns : 1, &elements) &&
+        !__builtin_mul_overflow(elements, sizeof *buffer, &bytes))
+        buffer = malloc(bytes);
+    if (!buffer) return failed(UFORM_OUT_OF_MEMORY, TINY_ENTRY, "out of memory");
+    for (size_t i = 0; i < elements; i++) {
+        double noise = scale != 0 ? standard_normal(&builder->random) : 0;
+        buffer[i] = bf16_from_f32((float)(offset + scale * noise));
+    }
+    size_t index = builder->count++;
+    builder->buffers[index] = buffer;
+    snprintf(builder->names[index], TINY_NAME_SIZE, "%s", name);
+    builder->sources[index] = (checkpoint_source_t){
+        .name = builder->names[index],
+        .dtype = CHECKPOINT_BF16,
+        .rank = columns ? 2 : 1,
+        .shape = {rows, columns},
+        .data = buffer,
+    };
+    return UFORM_OK;
+}
+
+static uform_status_t add_random(tiny_builder_t *builder, char const *name, size_t rows, size_t columns) {
+    return builder_add(builder, name, rows, columns, 0, TINY_STD);
+}
+
+/* The blocks, final norm and projection of one tower. Norm weights are 1, everything else is noise. */
+static uform_status_t add_tower(tiny_builder_t *builder, char const *tower, tiny_sizes_t const *sizes) {
+    size_t const hidden = sizes->hidden, mlp = sizes->mlp;
+    struct {
+        char const *suffix;
+        size_t rows, columns;
+        float offset, scale;
+    } const block[] = {
+        {"norm1.weight", hidden, 0, 1, 0},
+        {"norm2.weight", hidden, 0, 1, 0},
+        {"attn.qkv.weight", 3 * hidden, hidden, 0, TINY_STD},
+        {"attn.qkv.bias", 3 * hidden, 0, 0, TINY_STD},
+        {"attn.out.weight", hidden, hidden, 0, TINY_STD},
+        {"attn.out.bias", hidden, 0, 0, TINY_STD},
+        {"mlp.up.weight", mlp, hidden, 0, TINY_STD},
+        {"mlp.up.bias", mlp, 0, 0, TINY_STD},
+        {"mlp.down.weight", hidden, mlp, 0, TINY_STD},
+        {"mlp.down.bias", hidden, 0, 0, TINY_STD},
+    };
+    char name[TINY_NAME_SIZE];
+    uform_status_t status = UFORM_OK;
+    for (size_t i = 0; i < sizes->depth; i++) {
+        for (size_t j = 0; j < sizeof block / sizeof block[0] && status == UFORM_OK; j++) {
+            snprintf(name, sizeof name, "%s.blocks.%zu.%s", tower, i, block[j].suffix);
+            status =
+                builder_add(builder, name, block[j].rows, block[j].columns, block[j].offset, block[j].scale);
+        }
+    }
+    snprintf(name, sizeof name, "%s.norm.weight", tower);
+    if (status == UFORM_OK) status = builder_add(builder, name, hidden, 0, 1, 0);
+    snprintf(name, sizeof name, "%s.proj.weight", tower);
+    if (status == UFORM_OK) status = add_random(builder, name, sizes->dims, hidden);
+    return status;
+}
+
+/* The patch embedding, class token and positions of the image and audio towers. */
+static uform_status_t add_patches(tiny_builder_t *builder, char const *tower, size_t hidden,
+                                  size_t patch_size, size_t positions) {
+    char name[TINY_NAME_SIZE];
+    snprintf(name, sizeof name, "%s.patch.weight", tower);
+    uform_status_t status = add_random(builder, name, hidden, patch_size);
+    snprintf(name, sizeof name, "%s.patch.bias", tower);
+    if (status == UFORM_OK) status = add_random(builder, name, hidden, 0);
+    snprintf(name, sizeof name, "%s.cls", tower);
+    if (status == UFORM_OK) status = add_random(builder, name, hidden, 0);
+    snprintf(name, sizeof name, "%s.pos", tower);
+    if (status == UFORM_OK) status = add_random(builder, name, positions, hidden);
+    return status;
+}
+
+static uform_status_t add_tensors(tiny_builder_t *builder, tiny_sizes_t const *sizes) {
+    size_t const side = sizes->size / sizes->patch;
+    uform_status_t status = add_tower(builder, "text", sizes);
+    if (status == UFORM_OK) status = add_random(builder, "text.embed", 257, sizes->hidden);
+    if (status == UFORM_OK) status = add_tower(builder, "image", sizes);
+    if (status == UFORM_OK)
+        status =
+            add_patches(builder, "image", sizes->hidden, 3 * sizes->patch * sizes->patch, 1 + side * side);
+    if (status == UFORM_OK) status = add_tower(builder, "audio", sizes);
+    if (status == UFORM_OK)
+        status = add_patches(builder, "audio", sizes->hidden, sizes->mels * sizes->patch_frames,
+                             1 + sizes->max_patches);
+    if (status == UFORM_OK) status = builder_add(builder, "logit.scale", 1, 0, TINY_LOG_10, 0);
+    if (status == UFORM_OK) status = builder_add(builder, "logit.bias", 1, 0, TINY_LOGIT_BIAS, 0);
+    return status;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Metadata                                                                                       */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* {depth, hidden, heads, mlp} plus a tower's own sizes, packed by `format` after the first four. */
+#define TRANSFORMER_FORMAT "s:I, s:I, s:I, s:I"
+#define TRANSFORMER_VALUES(sizes)                                                                            \
+    "depth", (json_int_t)(sizes)->depth, "hidden", (json_int_t)(sizes)->hidden, "heads",                     \
+        (json_int_t)(sizes)->heads, "mlp", (json_int_t)(sizes)->mlp
+
+/* The format-4 object as compact JSON text (malloc'ed), or NULL when out of memory. json_pack takes
+ * the references of "o" values whether or not it succeeds, so a failed tower leaks nothing. */
+static char *metadata_text(tiny_sizes_t const *sizes) {
+    json_t *text = json_pack("{" TRANSFORMER_FORMAT ", s:I}", TRANSFORMER_VALUES(sizes), "context",
+                             (json_int_t)sizes->context);
+    json_t *image =
+        json_pack("{" TRANSFORMER_FORMAT ", s:I, s:I, s:[f, f, f], s:[f, f, f]}", TRANSFORMER_VALUES(sizes),
+                  "size", (json_int_t)sizes->size, "patch", (json_int_t)sizes->patch, "mean", 0.48145466,
+                  0.4578275, 0.40821073, "std", 0.26862954, 0.26130258, 0.27577711);
+    json_t *video = json_pack("{s:I}", "frames", (json_int_t)sizes->frames);
+    json_t *audio = json_pack("{" TRANSFORMER_FORMAT ", s:I, s:I, s:I, s:I, s:I, s:f, s:I}",
+                              TRANSFORMER_VALUES(sizes), "rate", (json_int_t)sizes->rate, "mels",
+                              (json_int_t)sizes->mels, "window", (json_int_t)sizes->window, "hop",
+                              (json_int_t)sizes->hop, "patch_frames", (json_int_t)sizes->patch_frames,
+                              "seconds", sizes->seconds, "max_patches", (json_int_t)sizes->max_patches);
+    json_t *model =
+        json_pack("{s:i, s:I, s:[I, I], s:o, s:o, s:o, s:o}", "format", 4, "dims", (json_int_t)sizes->dims,
+                  "matryoshka", (json_int_t)(sizes->dims / 2), (json_int_t)sizes->dims, "text", text, "image",
+                  image, "video", video, "audio", audio);
+    if (!model) return NULL;
+    char *dumped = json_dumps(model, JSON_COMPACT | JSON_REAL_PRECISION(9));
+    json_decref(model);
+    return dumped;
+}
+
+#undef TRANSFORMER_FORMAT
+#undef TRANSFORMER_VALUES
+
+/* ---------------------------------------------------------------------------------------------- */
+/* The verb                                                                                       */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* Every tower shares depth and hidden; the rest are the tiny model's fixed sizes. */
+static tiny_sizes_t tiny_sizes(size_t depth, size_t hidden) {
+    tiny_sizes_t sizes = {
+        .depth = depth,
+        .hidden = hidden,
+        .heads = hidden / 64,
+        .mlp = 2 * hidden,
+        .dims = TINY_DIMS,
+        .context = 64,
+        .size = 32,
+        .patch = 8,
+        .frames = 4,
+        .rate = 16000,
+        .mels = 32,
+        .window = 400,
+        .hop = 160,
+        .patch_frames = 4,
+        .seconds = 2,
+    };
+    size_t const samples = (size_t)((double)sizes.rate * sizes.seconds);
+    sizes.max_patches = (1 + (samples - sizes.window) / sizes.hop) / sizes.patch_frames;
+    return sizes;
+}
+
+UFORM_EXPORT uform_status_t uform_tiny_checkpoint(uform_tiny_checkpoint_args_t const *args) {
+    if (!args) return failed(UFORM_INVALID_ARGUMENT, TINY_ENTRY, "args is NULL");
+    if (!args->path || args->path[0] == '\0')
+        return failed(UFORM_INVALID_ARGUMENT, TINY_ENTRY, "path is empty");
+    size_t const depth = args->depth ? args->depth : TINY_DEPTH,
+                 hidden = args->hidden ? args->hidden : TINY_HIDDEN;
+    if (hidden % 64 != 0) return failed(UFORM_INVALID_ARGUMENT, TINY_ENTRY, "hidden is not a multiple of 64");
+    if (hidden > 65536) return failed(UFORM_INVALID_ARGUMENT, TINY_ENTRY, "hidden over 65536");
+    if (depth > 1024) return failed(UFORM_INVALID_ARGUMENT, TINY_ENTRY, "depth over 1024");
+
+    tiny_sizes_t const sizes = tiny_sizes(depth, hidden);
+    size_t const towers = 3, per_tower = 10 * depth + 2, extras = 1 + 4 + 4 + 2;
+    tiny_builder_t builder;
+    char *metadata = NULL;
+    char const *message = NULL;
+    uform_status_t status = builder_init(&builder, towers * per_tower + extras, args->seed);
+    if (status != UFORM_OK) goto fail;
+    status = add_tensors(&builder, &sizes);
+    if (status != UFORM_OK) goto fail;
+    metadata = metadata_text(&sizes);
+    if (!metadata) {
+        status = failed(UFORM_OUT_OF_MEMORY, TINY_ENTRY, "out of memory");
+        goto fail;
+    }
+    status = checkpoint_write(args->path, metadata, builder.sources, builder.count, &message);
+    if (status != UFORM_OK) failed(status, TINY_ENTRY, message);
+fail:
+    free(metadata);
+    builder_free(&builder);
+    return status;
+}

@@ -1,0 +1,160 @@
+/* The verbs that later issues build. Each validates its arguments exactly as the built verb will, so
+ * that callers see the final behaviour for bad input today, then answers UFORM_UNSUPPORTED (through
+ * its outcome too, when one is given). */
+#include "engine.h"
+
+static uform_status_t encode_validate(uform_model_t const *model, uform_outputs_t outputs, uform_arena_t const *arena,
+                                      uform_encode_config_t const *config, uform_encoded_t const *encoded,
+                                      uform_outcome_t const *outcome, uform_tape_t const *tape, char const **message) {
+    if (!model) return *message = "model is NULL", UFORM_INVALID_ARGUMENT;
+    if (!arena) return *message = "arena is NULL", UFORM_INVALID_ARGUMENT;
+    uint32_t known = UFORM_OUTPUT_EMBEDDINGS | UFORM_OUTPUT_TOKEN_VECTORS | UFORM_OUTPUT_STATES;
+    if (outputs == 0 || ((uint32_t)outputs & ~known)) return *message = "outputs is empty or unknown", UFORM_INVALID_ARGUMENT;
+    if (!outcome && !encoded) return *message = "encoded is NULL", UFORM_INVALID_ARGUMENT;
+    if (config) {
+        if (uform_scalar_size(config->outputs_scalar) == 0)
+            return *message = "unknown outputs scalar", UFORM_INVALID_ARGUMENT;
+        if (config->matryoshka) {
+            uform_model_info_t const *info = &model->header.info;
+            bool listed = config->matryoshka == info->dims;
+            for (size_t i = 0; i < info->matryoshka_count; ++i) listed |= info->matryoshka[i] == config->matryoshka;
+            if (!listed) return *message = "matryoshka width is not one of the model's", UFORM_INVALID_ARGUMENT;
+        }
+    }
+    return tape_validate(tape, message);
+}
+
+/* The shared tail of every encode verb not built yet. */
+static uform_status_t encode_refuse(char const *entry, uform_model_t const *model, uform_outputs_t outputs,
+                                    uform_arena_t const *arena, uform_encode_config_t const *config,
+                                    uform_encoded_t const *encoded, uform_outcome_t *outcome, uform_tape_t const *tape,
+                                    bool has_tower, char const *no_tower) {
+    char const *message = NULL;
+    uform_status_t status = encode_validate(model, outputs, arena, config, encoded, outcome, tape, &message);
+    if (status != UFORM_OK) return call_refuse(outcome, status, entry, message);
+    if (!has_tower) return call_refuse(outcome, UFORM_UNSUPPORTED, entry, no_tower);
+    return call_refuse(outcome, UFORM_UNSUPPORTED, entry, "this verb is not built yet");
+}
+
+#define ENCODE_REFUSE(entry, args, tape, tower, no_tower)                                                        \
+    encode_refuse(entry, (args)->model, (args)->outputs, (args)->arena, (args)->config, (args)->encoded,        \
+                  (args)->outcome, tape, (args)->model && (args)->model->header.info.tower, no_tower)
+
+UFORM_EXPORT uform_status_t uform_text_encode(uform_text_encode_args_t const *args) {
+    static char const entry[] = "uform_text_encode";
+    if (!args) return failed(UFORM_INVALID_ARGUMENT, entry, "args is NULL");
+    return ENCODE_REFUSE(entry, args, &args->texts, has_text, "the model has no text tower");
+}
+
+UFORM_EXPORT uform_status_t uform_image_encode(uform_image_encode_args_t const *args) {
+    static char const entry[] = "uform_image_encode";
+    if (!args) return failed(UFORM_INVALID_ARGUMENT, entry, "args is NULL");
+    if (args->source != UFORM_SOURCE_FILES && args->source != UFORM_SOURCE_MEMORY)
+        return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry, "unknown source");
+    return ENCODE_REFUSE(entry, args, &args->images, has_image, "the model has no image tower");
+}
+
+UFORM_EXPORT uform_status_t uform_image_encode_pixels(uform_image_encode_pixels_args_t const *args) {
+    static char const entry[] = "uform_image_encode_pixels";
+    if (!args) return failed(UFORM_INVALID_ARGUMENT, entry, "args is NULL");
+    if (args->pixels.count && (!args->heights || !args->widths))
+        return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry, "heights or widths is NULL");
+    return ENCODE_REFUSE(entry, args, &args->pixels, has_image, "the model has no image tower");
+}
+
+UFORM_EXPORT uform_status_t uform_video_encode(uform_video_encode_args_t const *args) {
+    static char const entry[] = "uform_video_encode";
+    if (!args) return failed(UFORM_INVALID_ARGUMENT, entry, "args is NULL");
+    if (args->source != UFORM_SOURCE_FILES && args->source != UFORM_SOURCE_MEMORY)
+        return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry, "unknown source");
+    return ENCODE_REFUSE(entry, args, &args->videos, has_video, "the model has no video tower");
+}
+
+UFORM_EXPORT uform_status_t uform_audio_encode(uform_audio_encode_args_t const *args) {
+    static char const entry[] = "uform_audio_encode";
+    if (!args) return failed(UFORM_INVALID_ARGUMENT, entry, "args is NULL");
+    if (args->source != UFORM_SOURCE_FILES && args->source != UFORM_SOURCE_MEMORY)
+        return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry, "unknown source");
+    return ENCODE_REFUSE(entry, args, &args->sounds, has_audio, "the model has no audio tower");
+}
+
+UFORM_EXPORT uform_status_t uform_audio_encode_samples(uform_audio_encode_samples_args_t const *args) {
+    static char const entry[] = "uform_audio_encode_samples";
+    if (!args) return failed(UFORM_INVALID_ARGUMENT, entry, "args is NULL");
+    if (args->rate == 0) return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry, "rate is 0");
+    return ENCODE_REFUSE(entry, args, &args->samples, has_audio, "the model has no audio tower");
+}
+
+UFORM_EXPORT uform_status_t uform_text_choose(uform_text_choose_args_t const *args) {
+    static char const entry[] = "uform_text_choose";
+    if (!args) return failed(UFORM_INVALID_ARGUMENT, entry, "args is NULL");
+    uform_outcome_t *outcome = args->outcome;
+    if (!args->model || !args->states || !args->arena)
+        return call_refuse(outcome, UFORM_INVALID_ARGUMENT, entry, "model, states or arena is NULL");
+    if (!outcome && !args->probabilities) return call_refuse(outcome, UFORM_INVALID_ARGUMENT, entry, "probabilities is NULL");
+    char const *message = NULL;
+    uform_status_t status = tape_validate(&args->choices, &message);
+    if (status != UFORM_OK) return call_refuse(outcome, status, entry, message);
+    if (!args->model->header.info.has_text) return call_refuse(outcome, UFORM_UNSUPPORTED, entry, "the model has no text tower");
+    return call_refuse(outcome, UFORM_UNSUPPORTED, entry, "this verb is not built yet");
+}
+
+/* ---- Mesh and trainer --------------------------------------------------------------------------- */
+
+UFORM_EXPORT uform_status_t uform_mesh_bootstrap(uform_mesh_bootstrap_args_t const *args) {
+    static char const entry[] = "uform_mesh_bootstrap";
+    if (!args) return failed(UFORM_INVALID_ARGUMENT, entry, "args is NULL");
+    if (!args->executor || (!args->outcome && !args->mesh))
+        return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry, "executor or mesh is NULL");
+    return call_refuse(args->outcome, UFORM_UNSUPPORTED, entry, "meshes are not built yet");
+}
+
+UFORM_EXPORT void uform_mesh_free(uform_mesh_t *mesh) {
+    (void)mesh; /* no mesh can exist in this build */
+}
+
+UFORM_EXPORT size_t uform_mesh_rank(uform_mesh_t const *mesh) {
+    (void)mesh;
+    return 0;
+}
+
+UFORM_EXPORT size_t uform_mesh_size(uform_mesh_t const *mesh) {
+    (void)mesh;
+    return 1;
+}
+
+static uform_status_t trainer_init_refuse(uform_trainer_init_args_t const *args, char const *entry) {
+    if (!args) return failed(UFORM_INVALID_ARGUMENT, entry, "args is NULL");
+    if (!args->executor || !args->config || (!args->outcome && !args->trainer))
+        return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry, "executor, config or trainer is NULL");
+    if (args->config->hidden % 64) return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry, "hidden is not a multiple of 64");
+    return call_refuse(args->outcome, UFORM_UNSUPPORTED, entry, "trainers are not built yet");
+}
+
+UFORM_EXPORT uform_status_t uform_trainer_init_ram(uform_trainer_init_args_t const *args) {
+    return trainer_init_refuse(args, "uform_trainer_init_ram");
+}
+
+UFORM_EXPORT uform_status_t uform_trainer_init_vram(uform_trainer_init_args_t const *args) {
+    return trainer_init_refuse(args, "uform_trainer_init_vram");
+}
+
+UFORM_EXPORT void uform_trainer_free(uform_trainer_t *trainer) {
+    (void)trainer; /* no trainer can exist in this build */
+}
+
+UFORM_EXPORT uform_status_t uform_trainer_step(uform_trainer_step_args_t const *args) {
+    static char const entry[] = "uform_trainer_step";
+    if (!args) return failed(UFORM_INVALID_ARGUMENT, entry, "args is NULL");
+    if (!args->trainer || !args->executor)
+        return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry, "trainer or executor is NULL");
+    return call_refuse(args->outcome, UFORM_UNSUPPORTED, entry, "trainers are not built yet");
+}
+
+UFORM_EXPORT uform_status_t uform_trainer_save(uform_trainer_save_args_t const *args) {
+    static char const entry[] = "uform_trainer_save";
+    if (!args) return failed(UFORM_INVALID_ARGUMENT, entry, "args is NULL");
+    if (!args->trainer || !args->executor || !args->path)
+        return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry, "trainer, executor or path is NULL");
+    return call_refuse(args->outcome, UFORM_UNSUPPORTED, entry, "trainers are not built yet");
+}

@@ -1,0 +1,316 @@
+/* The load verb end to end: every receiver gives the same model, deferred or blocking, read through
+ * the ring or mapped; progress and cancellation; bad checkpoints answer FORMAT or IO and leave the
+ * executor usable. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "bad_checkpoints.h"
+#include "engine.h"
+
+static char directory[256];
+static char tiny_path[300];
+static char large_path[300];
+
+static int setup(void **state) {
+    (void)state;
+    char const *base = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    snprintf(directory, sizeof directory, "%s/uform-load-XXXXXX", base);
+    if (!mkdtemp(directory)) return -1;
+    snprintf(tiny_path, sizeof tiny_path, "%s/tiny.safetensors", directory);
+    snprintf(large_path, sizeof large_path, "%s/large.safetensors", directory);
+    uform_tiny_checkpoint_args_t tiny = {.path = tiny_path, .seed = 7};
+    if (uform_tiny_checkpoint(&tiny) != UFORM_OK) return -1;
+    /* Depth 4, hidden 256: about 30 MB, so a load takes many chunks and progress steps. */
+    uform_tiny_checkpoint_args_t large = {.path = large_path, .seed = 8, .depth = 4, .hidden = 256};
+    if (uform_tiny_checkpoint(&large) != UFORM_OK) return -1;
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    unlink(tiny_path);
+    unlink(large_path);
+    rmdir(directory);
+    return 0;
+}
+
+/* The whole file, to compare the weights a load produced with the bytes on disk. */
+static unsigned char *read_file(char const *path, size_t *size) {
+    FILE *file = fopen(path, "rb");
+    assert_non_null(file);
+    fseek(file, 0, SEEK_END);
+    long length = ftell(file);
+    fseek(file, 0, SEEK_SET);
+    unsigned char *bytes = malloc((size_t)length);
+    assert_non_null(bytes);
+    assert_int_equal(fread(bytes, 1, (size_t)length, file), (size_t)length);
+    fclose(file);
+    *size = (size_t)length;
+    return bytes;
+}
+
+static void assert_model_matches_file(uform_model_t *model, char const *path) {
+    size_t size = 0;
+    unsigned char *bytes = read_file(path, &size);
+    checkpoint_header_t const *header = &model->header;
+    assert_int_equal(header->data_offset + header->data_size, size);
+    assert_memory_equal(model->data, bytes + header->data_offset, header->data_size);
+    free(bytes);
+}
+
+static void assert_same_info(uform_model_info_t const *a, uform_model_info_t const *b) {
+    assert_memory_equal(a, b, sizeof *a);
+}
+
+enum { RECEIVER_THREAD, RECEIVER_INLINE, RECEIVER_RAM, RECEIVER_POOL, RECEIVER_COUNT };
+
+static size_t one_thread(void *pool) {
+    (void)pool;
+    return 1;
+}
+
+static void run_on_caller(void *pool, void (*work)(void *, size_t), void *context) {
+    (void)pool;
+    work(context, 0);
+}
+
+static uform_pool_vtable_t const pool_vtable = {one_thread, run_on_caller};
+
+static uform_executor_t *make_receiver(int receiver) {
+    uform_executor_t *executor = NULL;
+    switch (receiver) {
+    case RECEIVER_THREAD:
+        return NULL;
+    case RECEIVER_INLINE:
+        assert_int_equal(uform_executor_create_inline(&executor), UFORM_OK);
+        break;
+    case RECEIVER_RAM:
+        assert_int_equal(uform_executor_create_ram(NULL, &executor), UFORM_OK);
+        break;
+    case RECEIVER_POOL:
+        assert_int_equal(uform_executor_create_pool(&pool_vtable, NULL, &executor), UFORM_OK);
+        break;
+    }
+    return executor;
+}
+
+static void blocking_and_deferred_agree(void **state) {
+    (void)state;
+    uform_model_info_t reference;
+    memset(&reference, 0, sizeof reference);
+    for (int receiver = 0; receiver < RECEIVER_COUNT; ++receiver) {
+        for (int map = 0; map < 2; ++map) {
+            uform_executor_t *executor = make_receiver(receiver);
+            uform_load_config_t config = {.map = map};
+            uform_model_t *blocking = NULL;
+            uform_model_load_args_t args = {
+                .executor = executor, .path = large_path, .config = &config, .model = &blocking};
+            assert_int_equal(uform_model_load_ram(&args), UFORM_OK);
+            assert_non_null(blocking);
+
+            uform_outcome_t outcome;
+            uform_outcome_init(&outcome);
+            args = (uform_model_load_args_t){
+                .executor = executor, .path = large_path, .config = &config, .outcome = &outcome};
+            assert_int_equal(uform_model_load_ram(&args), UFORM_OK);
+            assert_int_equal(uform_outcome_wait(&outcome), UFORM_OK);
+            uform_model_t *deferred = uform_outcome_model(&outcome);
+            assert_non_null(deferred);
+            assert_null(uform_outcome_model(&outcome)); /* taken once */
+
+            uform_model_info_t a, b;
+            assert_int_equal(uform_model_info(blocking, &a), UFORM_OK);
+            assert_int_equal(uform_model_info(deferred, &b), UFORM_OK);
+            assert_same_info(&a, &b);
+            if (receiver == 0 && map == 0) reference = a;
+            assert_same_info(&a, &reference);
+            assert_model_matches_file(blocking, large_path);
+            assert_model_matches_file(deferred, large_path);
+            assert_true(a.has_text && a.has_image && a.has_video && a.has_audio && a.has_logit);
+            assert_int_equal(a.text.transformer.hidden, 256);
+            assert_int_equal(a.text.transformer.depth, 4);
+
+            uform_outcome_destroy(&outcome);
+            uform_model_free(blocking);
+            /* The model outlives the executor it was loaded on. */
+            uform_executor_free(executor);
+            checkpoint_tensor_t const *tensor = NULL;
+            assert_non_null(model_tensor(deferred, "text.embed", &tensor));
+            assert_int_equal(tensor->shape[0], 257);
+            uform_model_free(deferred);
+        }
+    }
+}
+
+typedef struct canceller {
+    size_t calls, last_completed, total;
+} canceller_t;
+
+static uform_continuation_t cancel_halfway(void *state, size_t completed, size_t total) {
+    canceller_t *canceller = state;
+    canceller->calls++;
+    canceller->last_completed = completed;
+    canceller->total = total;
+    return 2 * completed >= total ? UFORM_CANCEL : UFORM_CONTINUE;
+}
+
+static uform_continuation_t count_steps(void *state, size_t completed, size_t total) {
+    canceller_t *counter = state;
+    assert_true(completed >= counter->last_completed && completed <= total);
+    counter->calls++;
+    counter->last_completed = completed;
+    counter->total = total;
+    return UFORM_CONTINUE;
+}
+
+static void progress_and_cancellation(void **state) {
+    (void)state;
+    for (int receiver = 0; receiver < RECEIVER_COUNT; ++receiver) {
+        uform_executor_t *executor = make_receiver(receiver);
+        /* Progress: `steps` reports at most, ending at the total. */
+        canceller_t counter = {0};
+        uform_load_config_t config = {.progress = {count_steps, &counter, 10}};
+        uform_model_t *model = NULL;
+        uform_model_load_args_t args = {
+            .executor = executor, .path = large_path, .config = &config, .model = &model};
+        assert_int_equal(uform_model_load_ram(&args), UFORM_OK);
+        assert_true(counter.calls >= 2 && counter.calls <= 10);
+        assert_int_equal(counter.last_completed, counter.total);
+        uform_model_free(model);
+
+        /* Cancellation halfway: CANCELLED, no model, nothing leaked, the executor usable. */
+        canceller_t canceller = {0};
+        config.progress = (uform_progress_t){cancel_halfway, &canceller, 10};
+        uform_outcome_t outcome;
+        uform_outcome_init(&outcome);
+        args = (uform_model_load_args_t){
+            .executor = executor, .path = large_path, .config = &config, .outcome = &outcome};
+        assert_int_equal(uform_model_load_ram(&args), UFORM_OK);
+        assert_int_equal(uform_outcome_wait(&outcome), UFORM_CANCELLED);
+        assert_null(uform_outcome_model(&outcome));
+        assert_int_equal(uform_outcome_error(&outcome).status, UFORM_CANCELLED);
+        assert_string_equal(uform_outcome_error(&outcome).entry, "uform_model_load_ram");
+        assert_true(canceller.last_completed < canceller.total);
+        assert_true(2 * canceller.last_completed >= canceller.total);
+
+        /* Blocking: the same status and the thread's last error. */
+        model = (uform_model_t *)&model;
+        args = (uform_model_load_args_t){
+            .executor = executor, .path = large_path, .config = &config, .model = &model};
+        assert_int_equal(uform_model_load_ram(&args), UFORM_CANCELLED);
+        assert_null(model);
+        assert_int_equal(uform_last_error().status, UFORM_CANCELLED);
+
+        args = (uform_model_load_args_t){.executor = executor, .path = tiny_path, .model = &model};
+        assert_int_equal(uform_model_load_ram(&args), UFORM_OK);
+        uform_model_free(model);
+        uform_outcome_destroy(&outcome);
+        uform_executor_free(executor);
+    }
+}
+
+static void bad_checkpoints_answer_format(void **state) {
+    (void)state;
+    bad_checkpoint_t bad[BAD_CHECKPOINTS_MAX];
+    size_t count = bad_checkpoints_write(directory, bad, BAD_CHECKPOINTS_MAX);
+    assert_true(count >= 20 && count <= BAD_CHECKPOINTS_MAX);
+    for (int receiver = 0; receiver < RECEIVER_COUNT; ++receiver) {
+        uform_executor_t *executor = make_receiver(receiver);
+        for (size_t i = 0; i < count; ++i) {
+            for (int map = 0; map < 2; ++map) {
+                uform_load_config_t config = {.map = map};
+                uform_model_t *model = NULL;
+                uform_model_load_args_t args = {
+                    .executor = executor, .path = bad[i].path, .config = &config, .model = &model};
+                uform_status_t status = uform_model_load_ram(&args);
+                if (status != bad[i].expected)
+                    fail_msg("%s (%s): got %s, expected %s", bad[i].what, bad[i].path,
+                             uform_status_name(status), uform_status_name(bad[i].expected));
+                if (status == UFORM_OK) {
+                    uform_model_free(model);
+                    continue;
+                }
+                assert_null(model);
+                uform_error_t error = uform_last_error();
+                assert_string_equal(error.entry, "uform_model_load_ram");
+                if (bad[i].message) assert_string_equal(error.message, bad[i].message);
+            }
+        }
+        /* The executor is still usable. */
+        uform_model_t *model = NULL;
+        uform_model_load_args_t args = {.executor = executor, .path = tiny_path, .model = &model};
+        assert_int_equal(uform_model_load_ram(&args), UFORM_OK);
+        uform_model_free(model);
+        uform_executor_free(executor);
+    }
+    for (size_t i = 0; i < count; ++i)
+        unlink(bad[i].path);
+}
+
+static void missing_files_answer_io(void **state) {
+    (void)state;
+    char missing[400];
+    snprintf(missing, sizeof missing, "%s/missing.safetensors", directory);
+    for (int receiver = 0; receiver < RECEIVER_COUNT; ++receiver) {
+        uform_executor_t *executor = make_receiver(receiver);
+        uform_model_t *model = NULL;
+        uform_model_load_args_t args = {.executor = executor, .path = missing, .model = &model};
+        assert_int_equal(uform_model_load_ram(&args), UFORM_IO);
+        uform_error_t error = uform_last_error();
+        char text[200];
+        uform_error_render(&error, text, sizeof text);
+        assert_string_equal(text, "UForm: io [uform_model_load_ram]: cannot open checkpoint");
+        /* A directory is no checkpoint either. */
+        args.path = directory;
+        assert_int_equal(uform_model_load_ram(&args), UFORM_IO);
+        assert_string_equal(uform_last_error().message, "checkpoint is not a regular file");
+        uform_executor_free(executor);
+    }
+}
+
+static void wrong_arguments(void **state) {
+    (void)state;
+    uform_model_t *model = NULL;
+    assert_int_equal(uform_model_load_ram(NULL), UFORM_INVALID_ARGUMENT);
+    uform_model_load_args_t args = {.path = NULL, .model = &model};
+    assert_int_equal(uform_model_load_ram(&args), UFORM_INVALID_ARGUMENT);
+    args.path = "";
+    assert_int_equal(uform_model_load_ram(&args), UFORM_INVALID_ARGUMENT);
+    args = (uform_model_load_args_t){.path = tiny_path, .model = NULL};
+    assert_int_equal(uform_model_load_ram(&args), UFORM_INVALID_ARGUMENT);
+    /* An outcome that was never initialized is refused, and left alone. */
+    uform_outcome_t outcome;
+    memset(&outcome, 0xab, sizeof outcome);
+    args = (uform_model_load_args_t){.path = tiny_path, .outcome = &outcome};
+    assert_int_equal(uform_model_load_ram(&args), UFORM_INVALID_ARGUMENT);
+    assert_int_equal(uform_outcome_status(&outcome), UFORM_INVALID_ARGUMENT);
+    /* An outcome whose model is never taken releases it (LeakSanitizer checks). */
+    uform_outcome_init(&outcome);
+    assert_int_equal(uform_model_load_ram(&args), UFORM_OK);
+    assert_int_equal(uform_outcome_wait(&outcome), UFORM_OK);
+    assert_int_equal(uform_model_load_ram(&args), UFORM_OK); /* reused: the first model is released */
+    assert_int_equal(uform_outcome_wait(&outcome), UFORM_OK);
+    uform_outcome_destroy(&outcome);
+    assert_int_equal(uform_model_info(NULL, NULL), UFORM_INVALID_ARGUMENT);
+    assert_int_equal(uform_model_load_vram(&args), UFORM_UNSUPPORTED);
+}
+
+int main(void) {
+    struct CMUnitTest const tests[] = {
+        cmocka_unit_test(blocking_and_deferred_agree),
+        cmocka_unit_test(progress_and_cancellation),
+        cmocka_unit_test(bad_checkpoints_answer_format),
+        cmocka_unit_test(missing_files_answer_io),
+        cmocka_unit_test(wrong_arguments),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

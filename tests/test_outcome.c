@@ -1,0 +1,469 @@
+/* Outcomes, calls and executors: the three receivers, contention, waiting, notification of external
+ * loops, draining, and freeing an executor with a call in flight. */
+#include <setjmp.h>
+#include <stdio.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "engine.h"
+
+#if UFORM_WITH_URING
+#include <liburing.h>
+#endif
+
+/* ---- Executors made every way ------------------------------------------------------------------ */
+
+typedef struct test_pool {
+    size_t threads;
+    _Atomic size_t calls;
+} test_pool_t;
+
+static size_t test_pool_count(void *pool) {
+    return ((test_pool_t *)pool)->threads;
+}
+
+/* A "pool" that runs every thread's share on the calling thread, in order: enough to check that the
+ * executor fans out through the vtable and never starts threads. */
+static void test_pool_for_threads(void *pool, void (*work)(void *, size_t), void *context) {
+    test_pool_t *test = pool;
+    atomic_fetch_add(&test->calls, 1);
+    for (size_t thread = 0; thread < test->threads; ++thread)
+        work(context, thread);
+}
+
+static uform_pool_vtable_t const test_pool_vtable = {test_pool_count, test_pool_for_threads};
+static test_pool_t test_pool = {.threads = 3};
+
+enum { KIND_INLINE, KIND_RAM, KIND_RAM_TWO, KIND_POOL, KIND_COUNT };
+
+static uform_executor_t *make_executor(int kind) {
+    uform_executor_t *executor = NULL;
+    uform_ram_options_t options = uform_ram_options_default();
+    switch (kind) {
+    case KIND_INLINE:
+        assert_int_equal(uform_executor_create_inline(&executor), UFORM_OK);
+        break;
+    case KIND_RAM:
+        assert_int_equal(uform_executor_create_ram(NULL, &executor), UFORM_OK);
+        break;
+    case KIND_RAM_TWO:
+        options.threads = 2;
+        assert_int_equal(uform_executor_create_ram(&options, &executor), UFORM_OK);
+        break;
+    case KIND_POOL:
+        assert_int_equal(uform_executor_create_pool(&test_pool_vtable, &test_pool, &executor), UFORM_OK);
+        break;
+    }
+    assert_non_null(executor);
+    return executor;
+}
+
+/* ---- Tests -------------------------------------------------------------------------------------- */
+
+static void nop_on_every_receiver(void **state) {
+    (void)state;
+    /* The calling thread. */
+    uform_executor_nop_args_t args = {.executor = NULL};
+    assert_int_equal(uform_executor_nop(&args), UFORM_OK);
+    args.delay_ns = 1000000;
+    assert_int_equal(uform_executor_nop(&args), UFORM_OK);
+
+    for (int kind = 0; kind < KIND_COUNT; ++kind) {
+        uform_executor_t *executor = make_executor(kind);
+        /* Blocking. */
+        args = (uform_executor_nop_args_t){.executor = executor};
+        assert_int_equal(uform_executor_nop(&args), UFORM_OK);
+        /* Deferred, on the same outcome many times. */
+        uform_outcome_t outcome;
+        uform_outcome_init(&outcome);
+        args.outcome = &outcome;
+        for (int round = 0; round < 100; ++round) {
+            args.delay_ns = round % 10 == 0 ? 100000 : 0;
+            assert_int_equal(uform_executor_nop(&args), UFORM_OK);
+            assert_int_equal(uform_outcome_wait(&outcome), UFORM_OK);
+            assert_int_equal(uform_outcome_status(&outcome), UFORM_OK);
+        }
+        uform_outcome_destroy(&outcome);
+        uform_executor_free(executor);
+    }
+}
+
+static void timer_delay_is_respected(void **state) {
+    (void)state;
+    for (int kind = 0; kind < KIND_COUNT; ++kind) {
+        uform_executor_t *executor = make_executor(kind);
+        uint64_t start = loop_now_ns();
+        uform_executor_nop_args_t args = {.executor = executor, .delay_ns = 20000000};
+        assert_int_equal(uform_executor_nop(&args), UFORM_OK);
+        assert_true(loop_now_ns() - start >= 20000000);
+        uform_executor_free(executor);
+    }
+}
+
+static void pending_then_final_and_wait_three_times(void **state) {
+    (void)state;
+    uform_executor_t *executor = make_executor(KIND_RAM);
+    uform_outcome_t outcome;
+    uform_outcome_init(&outcome);
+    uform_executor_nop_args_t args = {.executor = executor, .delay_ns = 50000000, .outcome = &outcome};
+    assert_int_equal(uform_executor_nop(&args), UFORM_OK);
+    /* The timer holds the call for 50 ms: the word is pending now. */
+    assert_int_equal(uform_outcome_status(&outcome), UFORM_PENDING);
+    assert_int_equal(uform_outcome_error(&outcome).status, UFORM_PENDING);
+    for (int i = 0; i < 3; ++i)
+        assert_int_equal(uform_outcome_wait(&outcome), UFORM_OK);
+    assert_int_equal(uform_outcome_status(&outcome), UFORM_OK);
+    assert_int_equal(uform_outcome_error(&outcome).status, UFORM_OK);
+    uform_outcome_destroy(&outcome);
+    uform_executor_free(executor);
+}
+
+typedef struct waiter {
+    uform_outcome_t *outcome;
+    uform_status_t seen;
+} waiter_t;
+
+static void *waiter_main(void *argument) {
+    waiter_t *waiter = argument;
+    waiter->seen = uform_outcome_wait(waiter->outcome);
+    return NULL;
+}
+
+static void many_threads_wait_one_outcome(void **state) {
+    (void)state;
+    uform_executor_t *executor = make_executor(KIND_RAM);
+    uform_outcome_t outcome;
+    uform_outcome_init(&outcome);
+    uform_executor_nop_args_t args = {.executor = executor, .delay_ns = 30000000, .outcome = &outcome};
+    assert_int_equal(uform_executor_nop(&args), UFORM_OK);
+    pthread_t threads[4];
+    waiter_t waiters[4];
+    for (int i = 0; i < 4; ++i) {
+        waiters[i] = (waiter_t){&outcome, UFORM_PENDING};
+        assert_int_equal(pthread_create(&threads[i], NULL, waiter_main, &waiters[i]), 0);
+    }
+    for (int i = 0; i < 4; ++i) {
+        pthread_join(threads[i], NULL);
+        assert_int_equal(waiters[i].seen, UFORM_OK);
+    }
+    uform_outcome_destroy(&outcome);
+    uform_executor_free(executor);
+}
+
+static void second_call_is_contended(void **state) {
+    (void)state;
+    uform_executor_t *executor = make_executor(KIND_RAM);
+    uform_outcome_t first, second;
+    uform_outcome_init(&first);
+    uform_outcome_init(&second);
+    uform_executor_nop_args_t args = {.executor = executor, .delay_ns = 100000000, .outcome = &first};
+    assert_int_equal(uform_executor_nop(&args), UFORM_OK);
+    /* Deferred: finishes at once with CONTENDED, in the return value and in the outcome. */
+    args = (uform_executor_nop_args_t){.executor = executor, .outcome = &second};
+    assert_int_equal(uform_executor_nop(&args), UFORM_CONTENDED);
+    assert_int_equal(uform_outcome_status(&second), UFORM_CONTENDED);
+    assert_string_equal(uform_outcome_error(&second).entry, "uform_executor_nop");
+    /* Blocking: the same. */
+    args.outcome = NULL;
+    assert_int_equal(uform_executor_nop(&args), UFORM_CONTENDED);
+    assert_int_equal(uform_last_error().status, UFORM_CONTENDED);
+    /* Reusing a pending outcome is refused without touching it. */
+    args.outcome = &first;
+    assert_int_equal(uform_executor_nop(&args), UFORM_INVALID_ARGUMENT);
+    assert_int_equal(uform_outcome_wait(&first), UFORM_OK);
+    /* Once final, the executor takes calls again. */
+    args.outcome = &second;
+    assert_int_equal(uform_executor_nop(&args), UFORM_OK);
+    assert_int_equal(uform_outcome_wait(&second), UFORM_OK);
+    uform_executor_free(executor);
+}
+
+/* Two threads on an inline executor: the first holds it inside a call (its timer), the second finds
+ * it held. The holder is observed through the executor's word, so the order is not left to timing. */
+typedef struct contender {
+    uform_executor_t *executor;
+    uform_status_t status;
+} contender_t;
+
+static void *contender_main(void *argument) {
+    contender_t *contender = argument;
+    uform_executor_nop_args_t args = {.executor = contender->executor, .delay_ns = 200000000};
+    contender->status = uform_executor_nop(&args);
+    return NULL;
+}
+
+static void two_threads_on_one_executor(void **state) {
+    (void)state;
+    for (int kind = 0; kind < KIND_COUNT; ++kind) {
+        uform_executor_t *executor = make_executor(kind);
+        contender_t holder = {executor, UFORM_PENDING};
+        pthread_t thread;
+        assert_int_equal(pthread_create(&thread, NULL, contender_main, &holder), 0);
+        while (!atomic_load(&executor->holder))
+            sched_yield();
+        uform_executor_nop_args_t args = {.executor = executor};
+        assert_int_equal(uform_executor_nop(&args), UFORM_CONTENDED);
+        pthread_join(thread, NULL);
+        assert_int_equal(holder.status, UFORM_OK);
+        assert_int_equal(uform_executor_nop(&args), UFORM_OK);
+        uform_executor_free(executor);
+    }
+}
+
+static void free_waits_for_call_in_flight(void **state) {
+    (void)state;
+    uform_outcome_t outcome;
+    uform_outcome_init(&outcome);
+    uform_executor_t *executor = make_executor(KIND_RAM_TWO);
+    uform_executor_nop_args_t args = {.executor = executor, .delay_ns = 50000000, .outcome = &outcome};
+    assert_int_equal(uform_executor_nop(&args), UFORM_OK);
+    assert_int_equal(uform_outcome_status(&outcome), UFORM_PENDING);
+    uform_executor_free(executor);
+    /* Freeing waited: the call is final without asking the outcome to wait. */
+    assert_int_equal(uform_outcome_status(&outcome), UFORM_OK);
+    uform_outcome_destroy(&outcome);
+}
+
+static void drain_moods(void **state) {
+    (void)state;
+    uform_ram_options_t options = uform_ram_options_default();
+    options.threads = 2;
+    options.spin_ns = 5000000;
+    uform_executor_t *executor = NULL;
+    assert_int_equal(uform_executor_create_ram(&options, &executor), UFORM_OK);
+    uform_outcome_t outcome;
+    uform_outcome_init(&outcome);
+    uform_executor_nop_args_t args = {.executor = executor, .delay_ns = 20000000, .outcome = &outcome};
+    assert_int_equal(uform_executor_nop(&args), UFORM_OK);
+    /* Drain waits for the call, then the mood holds for the next calls. */
+    assert_int_equal(uform_executor_drain(executor, UFORM_SPINNING), UFORM_OK);
+    assert_int_equal(uform_outcome_status(&outcome), UFORM_OK);
+    args = (uform_executor_nop_args_t){.executor = executor};
+    for (int i = 0; i < 1000; ++i)
+        assert_int_equal(uform_executor_nop(&args), UFORM_OK);
+    assert_int_equal(uform_executor_drain(executor, UFORM_SLEEPING), UFORM_OK);
+    for (int i = 0; i < 100; ++i)
+        assert_int_equal(uform_executor_nop(&args), UFORM_OK);
+    assert_int_equal(uform_executor_drain(executor, (uform_mood_t)7), UFORM_INVALID_ARGUMENT);
+    assert_int_equal(uform_executor_drain(NULL, UFORM_SLEEPING), UFORM_INVALID_ARGUMENT);
+    uform_executor_free(executor);
+}
+
+static void eventfd_notification(void **state) {
+    (void)state;
+    for (int kind = 0; kind < KIND_COUNT; ++kind) {
+        uform_executor_t *executor = make_executor(kind);
+        int fd = eventfd(0, EFD_CLOEXEC);
+        assert_true(fd >= 0);
+        uform_outcome_t outcome;
+        uform_outcome_init(&outcome);
+        assert_int_equal(uform_outcome_notify_eventfd(&outcome, fd), UFORM_OK);
+        for (int round = 0; round < 3; ++round) {
+            uform_executor_nop_args_t args = {.executor = executor, .delay_ns = 5000000, .outcome = &outcome};
+            assert_int_equal(uform_executor_nop(&args), UFORM_OK);
+            /* Read the counter as an epoll server would, without waiting on the outcome itself. */
+            struct pollfd poller = {.fd = fd, .events = POLLIN};
+            assert_int_equal(poll(&poller, 1, 10000), 1);
+            uint64_t count = 0;
+            assert_int_equal(read(fd, &count, sizeof count), (ssize_t)sizeof count);
+            assert_int_equal(count, 1);
+            /* The word was final before the notification. */
+            assert_int_equal(uform_outcome_status(&outcome), UFORM_OK);
+        }
+        /* Failures at submission notify too: CONTENDED while another call holds a RAM executor. */
+        if (kind == KIND_RAM || kind == KIND_RAM_TWO) {
+            uform_outcome_t holder;
+            uform_outcome_init(&holder);
+            uform_executor_nop_args_t hold = {.executor = executor, .delay_ns = 50000000, .outcome = &holder};
+            assert_int_equal(uform_executor_nop(&hold), UFORM_OK);
+            uform_executor_nop_args_t args = {.executor = executor, .outcome = &outcome};
+            assert_int_equal(uform_executor_nop(&args), UFORM_CONTENDED);
+            uint64_t count = 0;
+            assert_int_equal(read(fd, &count, sizeof count), (ssize_t)sizeof count);
+            assert_int_equal(count, 1);
+            assert_int_equal(uform_outcome_wait(&holder), UFORM_OK);
+        }
+        uform_outcome_destroy(&outcome);
+        close(fd);
+        uform_executor_free(executor);
+    }
+}
+
+static void ring_notification(void **state) {
+    (void)state;
+#if UFORM_WITH_URING
+    if (!loop_uring_available()) {
+        uform_outcome_t outcome;
+        uform_outcome_init(&outcome);
+        assert_int_equal(uform_outcome_notify_ring(&outcome, 3, 1), UFORM_UNSUPPORTED);
+        skip();
+    }
+    struct io_uring ring;
+    assert_int_equal(io_uring_queue_init(8, &ring, 0), 0);
+    for (int kind = 0; kind < KIND_COUNT; ++kind) {
+        uform_executor_t *executor = make_executor(kind);
+        uform_outcome_t outcome;
+        uform_outcome_init(&outcome);
+        uint64_t const user_data = 0xfeedface00000000ull | (uint64_t)kind;
+        assert_int_equal(uform_outcome_notify_ring(&outcome, ring.ring_fd, user_data), UFORM_OK);
+        uform_executor_nop_args_t args = {.executor = executor, .delay_ns = 5000000, .outcome = &outcome};
+        assert_int_equal(uform_executor_nop(&args), UFORM_OK);
+        struct io_uring_cqe *cqe = NULL;
+        assert_int_equal(io_uring_wait_cqe(&ring, &cqe), 0);
+        assert_int_equal(cqe->user_data, user_data);
+        assert_int_equal(cqe->res, UFORM_OK);
+        io_uring_cqe_seen(&ring, cqe);
+        assert_int_equal(uform_outcome_status(&outcome), UFORM_OK);
+
+        /* A failure carries its status: CONTENDED at submission, from the submitting thread. */
+        uform_outcome_t holder;
+        uform_outcome_init(&holder);
+        uform_executor_nop_args_t hold = {.executor = executor, .delay_ns = 50000000, .outcome = &holder};
+        if (kind == KIND_RAM || kind == KIND_RAM_TWO) {
+            assert_int_equal(uform_executor_nop(&hold), UFORM_OK);
+            args.delay_ns = 0;
+            assert_int_equal(uform_executor_nop(&args), UFORM_CONTENDED);
+            assert_int_equal(io_uring_wait_cqe(&ring, &cqe), 0);
+            assert_int_equal(cqe->user_data, user_data);
+            assert_int_equal(cqe->res, UFORM_CONTENDED);
+            io_uring_cqe_seen(&ring, cqe);
+            assert_int_equal(uform_outcome_wait(&holder), UFORM_OK);
+        }
+        uform_outcome_destroy(&outcome);
+        uform_executor_free(executor);
+    }
+    io_uring_queue_exit(&ring);
+#else
+    uform_outcome_t outcome;
+    uform_outcome_init(&outcome);
+    assert_int_equal(uform_outcome_notify_ring(&outcome, 3, 1), UFORM_UNSUPPORTED);
+    skip();
+#endif
+}
+
+/* ---- Fork-join through every executor ---------------------------------------------------------- */
+
+typedef struct visits {
+    _Atomic size_t count[8];
+} visits_t;
+
+static void visit(void *context, size_t thread) {
+    visits_t *visits = context;
+    if (thread < 8) atomic_fetch_add(&visits->count[thread], 1);
+}
+
+typedef struct fork_call {
+    call_t call;
+    visits_t visits;
+    size_t rounds;
+} fork_call_t;
+
+static void fork_start(call_t *call) {
+    fork_call_t *fork = container_of(call, fork_call_t, call);
+    for (size_t i = 0; i < fork->rounds; ++i)
+        executor_for_threads(call->executor, visit, &fork->visits);
+    call_finish(call, UFORM_OK, NULL);
+}
+
+static void for_threads_reaches_every_thread(void **state) {
+    (void)state;
+    for (int kind = 0; kind < KIND_COUNT; ++kind) {
+        uform_executor_t *executor = make_executor(kind);
+        uform_executor_info_t info;
+        assert_int_equal(uform_executor_info(executor, &info), UFORM_OK);
+        fork_call_t fork = {.rounds = 1000};
+        uform_outcome_t outcome;
+        uform_outcome_init(&outcome);
+        assert_int_equal(call_begin(&fork.call, executor, outcome_of(&outcome), "test"), UFORM_OK);
+        fork.call.start = fork_start;
+        call_submit(&fork.call);
+        assert_int_equal(uform_outcome_wait(&outcome), UFORM_OK);
+        for (size_t thread = 0; thread < 8; ++thread)
+            assert_int_equal(atomic_load(&fork.visits.count[thread]), thread < info.threads ? 1000 : 0);
+        uform_executor_free(executor);
+    }
+}
+
+static void executor_info_and_options(void **state) {
+    (void)state;
+    uform_executor_t *executor = make_executor(KIND_RAM_TWO);
+    uform_executor_info_t info;
+    assert_int_equal(uform_executor_info(executor, &info), UFORM_OK);
+    assert_int_equal(info.kind, UFORM_EXECUTOR_RAM);
+    assert_int_equal(info.threads, 2);
+    assert_int_equal(info.uring, loop_default_backend() == LOOP_BACKEND_URING);
+    uform_executor_free(executor);
+
+    /* Zero threads takes 7/8 of the cores, at least one. */
+    assert_int_equal(uform_executor_create_ram(NULL, &executor), UFORM_OK);
+    assert_int_equal(uform_executor_info(executor, &info), UFORM_OK);
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    assert_true(info.threads >= 1 && info.threads <= (size_t)(cores > 0 ? cores : 1));
+    uform_executor_free(executor);
+
+#if UFORM_WITH_HWLOC
+    size_t domain = 0;
+    uform_ram_options_t options = uform_ram_options_default();
+    options.domains = &domain;
+    options.domains_count = 1;
+    assert_int_equal(uform_executor_create_ram(&options, &executor), UFORM_OK);
+    assert_int_equal(uform_executor_info(executor, &info), UFORM_OK);
+    assert_int_equal(info.domains_count, 1);
+    uform_executor_nop_args_t args = {.executor = executor};
+    assert_int_equal(uform_executor_nop(&args), UFORM_OK);
+    uform_executor_free(executor);
+    domain = 4096;
+    assert_int_equal(uform_executor_create_ram(&options, &executor), UFORM_INVALID_ARGUMENT);
+    assert_null(executor);
+#endif
+    assert_int_equal(uform_executor_info(NULL, &info), UFORM_INVALID_ARGUMENT);
+}
+
+static void *calling_thread_main(void *argument) {
+    (void)argument;
+    uform_executor_nop_args_t args = {.executor = NULL, .delay_ns = 1000};
+    for (int i = 0; i < 10; ++i)
+        if (uform_executor_nop(&args) != UFORM_OK) return (void *)1;
+    return NULL;
+}
+
+static void thread_exit_frees_its_executor(void **state) {
+    (void)state;
+    /* Each thread's own inline executor is released when the thread exits (LeakSanitizer checks). */
+    for (int i = 0; i < 8; ++i) {
+        pthread_t thread;
+        void *result = (void *)1;
+        assert_int_equal(pthread_create(&thread, NULL, calling_thread_main, NULL), 0);
+        pthread_join(thread, &result);
+        assert_null(result);
+    }
+}
+
+int main(void) {
+    struct CMUnitTest const tests[] = {
+        cmocka_unit_test(nop_on_every_receiver),
+        cmocka_unit_test(timer_delay_is_respected),
+        cmocka_unit_test(pending_then_final_and_wait_three_times),
+        cmocka_unit_test(many_threads_wait_one_outcome),
+        cmocka_unit_test(second_call_is_contended),
+        cmocka_unit_test(two_threads_on_one_executor),
+        cmocka_unit_test(free_waits_for_call_in_flight),
+        cmocka_unit_test(drain_moods),
+        cmocka_unit_test(eventfd_notification),
+        cmocka_unit_test(ring_notification),
+        cmocka_unit_test(for_threads_reaches_every_thread),
+        cmocka_unit_test(executor_info_and_options),
+        cmocka_unit_test(thread_exit_frees_its_executor),
+    };
+    printf("loop backend: %s\n", loop_default_backend() == LOOP_BACKEND_URING ? "io_uring" : "portable");
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,333 @@
+/* Every status a public function can answer, function by function, for the functions whose other
+ * suites do not already cover them (outcomes and executors: test_outcome; arenas and views:
+ * test_arena; loads: test_model_load). Verbs not built yet must validate exactly, then answer
+ * UNSUPPORTED through the return value and through their outcome. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+
+static void names_and_rendering(void **state) {
+    (void)state;
+    struct {
+        uform_status_t status;
+        char const *name;
+    } const names[] = {
+        {UFORM_OK, "ok"},
+        {UFORM_PENDING, "pending"},
+        {UFORM_CANCELLED, "cancelled"},
+        {UFORM_CONTENDED, "contended"},
+        {UFORM_INVALID_ARGUMENT, "invalid_argument"},
+        {UFORM_IO, "io"},
+        {UFORM_FORMAT, "format"},
+        {UFORM_OUT_OF_MEMORY, "out_of_memory"},
+        {UFORM_DEVICE, "device"},
+        {UFORM_UNSUPPORTED, "unsupported"},
+        {UFORM_INTERNAL, "internal"},
+        {UFORM_MISSING_SYMBOL, "missing_symbol"},
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; ++i) {
+        assert_int_equal(names[i].status, (int)i); /* values are stable and dense */
+        assert_string_equal(uform_status_name(names[i].status), names[i].name);
+    }
+    assert_string_equal(uform_status_name((uform_status_t)1000), "unknown");
+
+    uform_error_t error = {UFORM_IO, "uform_model_load_ram", "cannot open checkpoint"};
+    char text[128];
+    size_t length = uform_error_render(&error, text, sizeof text);
+    assert_string_equal(text, "UForm: io [uform_model_load_ram]: cannot open checkpoint");
+    assert_int_equal(length, strlen(text));
+    char small[10];
+    assert_int_equal(uform_error_render(&error, small, sizeof small), length); /* as snprintf */
+    assert_string_equal(small, "UForm: io");
+    assert_int_equal(uform_error_render(&error, NULL, 0), length);
+
+    int major = 0, minor = -1, patch = -1;
+    uform_version(&major, &minor, &patch);
+    assert_int_equal(major, UFORM_VERSION_MAJOR);
+    assert_int_equal(minor, UFORM_VERSION_MINOR);
+    uint32_t features = uform_features();
+    assert_int_equal(!!(features & UFORM_FEATURE_HWLOC), UFORM_WITH_HWLOC);
+    assert_int_equal(!!(features & UFORM_FEATURE_URING), UFORM_WITH_URING && loop_uring_available());
+}
+
+static void outcome_arguments(void **state) {
+    (void)state;
+    assert_int_equal(uform_outcome_status(NULL), UFORM_INVALID_ARGUMENT);
+    assert_int_equal(uform_outcome_wait(NULL), UFORM_INVALID_ARGUMENT);
+    assert_int_equal(uform_outcome_error(NULL).status, UFORM_INVALID_ARGUMENT);
+    assert_int_equal(uform_outcome_notify_eventfd(NULL, 3), UFORM_INVALID_ARGUMENT);
+    assert_int_equal(uform_outcome_notify_ring(NULL, 3, 0), UFORM_INVALID_ARGUMENT);
+    assert_null(uform_outcome_model(NULL));
+    uform_encoded_t encoded;
+    uform_view_t view;
+    assert_int_equal(uform_outcome_encoded(NULL, &encoded), UFORM_INVALID_ARGUMENT);
+    assert_int_equal(uform_outcome_probabilities(NULL, &view), UFORM_INVALID_ARGUMENT);
+    uform_outcome_destroy(NULL);
+    uform_outcome_init(NULL);
+
+    uform_outcome_t outcome;
+    memset(&outcome, 0, sizeof outcome);
+    assert_int_equal(uform_outcome_status(&outcome), UFORM_INVALID_ARGUMENT); /* not initialized */
+    assert_int_equal(uform_outcome_wait(&outcome), UFORM_INVALID_ARGUMENT);
+    uform_outcome_init(&outcome);
+    assert_int_equal(uform_outcome_status(&outcome), UFORM_OK);
+    assert_int_equal(uform_outcome_notify_eventfd(&outcome, -1), UFORM_OK);
+    assert_int_equal(uform_outcome_notify_ring(&outcome, -1, 0), UFORM_OK);
+    /* A final outcome of another verb holds no encoded results. */
+    uform_executor_nop_args_t nop = {.outcome = &outcome};
+    assert_int_equal(uform_executor_nop(&nop), UFORM_OK);
+    assert_int_equal(uform_outcome_encoded(&outcome, &encoded), UFORM_INVALID_ARGUMENT);
+    assert_int_equal(uform_outcome_probabilities(&outcome, &view), UFORM_INVALID_ARGUMENT);
+    assert_null(uform_outcome_model(&outcome));
+    assert_int_equal(uform_executor_nop(NULL), UFORM_INVALID_ARGUMENT);
+    uform_outcome_destroy(&outcome);
+}
+
+static void executor_constructors(void **state) {
+    (void)state;
+    uform_executor_t *executor = (uform_executor_t *)&executor;
+    assert_int_equal(uform_executor_create_inline(NULL), UFORM_INVALID_ARGUMENT);
+    assert_int_equal(uform_executor_create_ram(NULL, NULL), UFORM_INVALID_ARGUMENT);
+    uform_ram_options_t options = uform_ram_options_default();
+    options.threads = 5000;
+    assert_int_equal(uform_executor_create_ram(&options, &executor), UFORM_INVALID_ARGUMENT);
+    assert_null(executor);
+    options = uform_ram_options_default();
+    options.domains_count = 1;
+    assert_int_equal(uform_executor_create_ram(&options, &executor), UFORM_INVALID_ARGUMENT);
+#if !UFORM_WITH_HWLOC
+    size_t domain = 0;
+    options.domains = &domain;
+    assert_int_equal(uform_executor_create_ram(&options, &executor), UFORM_UNSUPPORTED);
+#endif
+
+    uform_pool_vtable_t vtable = {NULL, NULL};
+    assert_int_equal(uform_executor_create_pool(&vtable, NULL, &executor), UFORM_INVALID_ARGUMENT);
+    assert_int_equal(uform_executor_create_pool(NULL, NULL, &executor), UFORM_INVALID_ARGUMENT);
+    assert_int_equal(uform_executor_create_pool(&vtable, NULL, NULL), UFORM_INVALID_ARGUMENT);
+
+    int pool = 0;
+    assert_int_equal(uform_executor_create_fork_union(NULL, &executor), UFORM_INVALID_ARGUMENT);
+#if !UFORM_WITH_FORK_UNION
+    assert_int_equal(uform_executor_create_fork_union(&pool, &executor), UFORM_UNSUPPORTED);
+#endif
+    (void)pool;
+    assert_int_equal(uform_executor_create_vram(NULL, NULL), UFORM_INVALID_ARGUMENT);
+    uform_vram_options_t vram = {.devices = NULL, .devices_count = 2};
+    assert_int_equal(uform_executor_create_vram(&vram, &executor), UFORM_INVALID_ARGUMENT);
+    assert_int_equal(uform_executor_create_vram(NULL, &executor), UFORM_UNSUPPORTED);
+    assert_null(executor);
+    assert_string_equal(uform_last_error().entry, "uform_executor_create_vram");
+    uform_executor_free(NULL);
+}
+
+/* A model made by hand, with only the towers a test wants: the verbs below read nothing else. */
+static uform_model_t *fake_model(bool text, bool image, bool audio) {
+    uform_model_t *model = calloc(1, sizeof *model);
+    assert_non_null(model);
+    atomic_init(&model->references, 1);
+    model->header.info.dims = 64;
+    model->header.info.matryoshka[0] = 32;
+    model->header.info.matryoshka[1] = 64;
+    model->header.info.matryoshka_count = 2;
+    model->header.info.has_text = text;
+    model->header.info.has_image = model->header.info.has_video = image;
+    model->header.info.has_audio = audio;
+    return model;
+}
+
+static void encode_verbs_validate_then_refuse(void **state) {
+    (void)state;
+    uform_model_t *model = fake_model(true, true, true);
+    uform_model_t *empty = fake_model(false, false, false);
+    uform_arena_t *arena = NULL;
+    assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
+    char const text[] = "a cata dog";
+    size_t offsets[] = {0, 5, 10}, backwards[] = {0, 6, 5}, sides[] = {1, 1};
+    uform_tape_t good = {text, offsets, 2}, bad = {text, backwards, 2};
+    uform_encoded_t encoded;
+    uform_outcome_t outcome;
+    uform_outcome_init(&outcome);
+
+    uform_text_encode_args_t args = {.model = model,
+                                     .outputs = UFORM_OUTPUT_EMBEDDINGS,
+                                     .arena = arena,
+                                     .encoded = &encoded,
+                                     .texts = good};
+    assert_int_equal(uform_text_encode(NULL), UFORM_INVALID_ARGUMENT);
+    assert_int_equal(uform_text_encode(&args), UFORM_UNSUPPORTED);
+    args.texts = bad;
+    assert_int_equal(uform_text_encode(&args), UFORM_INVALID_ARGUMENT);
+    assert_string_equal(uform_last_error().message, "tape offsets out of order");
+    args.texts = good;
+    args.outputs = 0;
+    assert_int_equal(uform_text_encode(&args), UFORM_INVALID_ARGUMENT);
+    args.outputs = (uform_outputs_t)(1u << 7);
+    assert_int_equal(uform_text_encode(&args), UFORM_INVALID_ARGUMENT);
+    args.outputs = UFORM_OUTPUT_EMBEDDINGS;
+    uform_encode_config_t config = {.outputs_scalar = (uform_scalar_t)9};
+    args.config = &config;
+    assert_int_equal(uform_text_encode(&args), UFORM_INVALID_ARGUMENT);
+    config = (uform_encode_config_t){.outputs_scalar = UFORM_BF16, .matryoshka = 48};
+    assert_int_equal(uform_text_encode(&args), UFORM_INVALID_ARGUMENT);
+    config.matryoshka = 32;
+    assert_int_equal(uform_text_encode(&args), UFORM_UNSUPPORTED);
+    args.arena = NULL;
+    assert_int_equal(uform_text_encode(&args), UFORM_INVALID_ARGUMENT);
+    args.arena = arena;
+    args.model = NULL;
+    assert_int_equal(uform_text_encode(&args), UFORM_INVALID_ARGUMENT);
+    args.model = empty;
+    assert_int_equal(uform_text_encode(&args), UFORM_UNSUPPORTED);
+    assert_string_equal(uform_last_error().message, "the model has no text tower");
+    args.model = model;
+    args.encoded = NULL;
+    assert_int_equal(uform_text_encode(&args), UFORM_INVALID_ARGUMENT);
+    /* Deferred: the same status, and the outcome is final with it. */
+    args.outcome = &outcome;
+    assert_int_equal(uform_text_encode(&args), UFORM_UNSUPPORTED);
+    assert_int_equal(uform_outcome_status(&outcome), UFORM_UNSUPPORTED);
+    assert_string_equal(uform_outcome_error(&outcome).entry, "uform_text_encode");
+    args.texts = bad;
+    assert_int_equal(uform_text_encode(&args), UFORM_INVALID_ARGUMENT);
+    assert_int_equal(uform_outcome_wait(&outcome), UFORM_INVALID_ARGUMENT);
+
+    uform_image_encode_args_t image = {.model = model,
+                                       .outputs = UFORM_OUTPUT_EMBEDDINGS,
+                                       .arena = arena,
+                                       .encoded = &encoded,
+                                       .images = good,
+                                       .source = UFORM_SOURCE_FILES};
+    assert_int_equal(uform_image_encode(&image), UFORM_UNSUPPORTED);
+    image.source = (uform_source_t)5;
+    assert_int_equal(uform_image_encode(&image), UFORM_INVALID_ARGUMENT);
+    image.source = UFORM_SOURCE_MEMORY;
+    image.model = empty;
+    assert_int_equal(uform_image_encode(&image), UFORM_UNSUPPORTED);
+    assert_int_equal(uform_image_encode(NULL), UFORM_INVALID_ARGUMENT);
+
+    uform_image_encode_pixels_args_t pixels = {.model = model,
+                                               .outputs = UFORM_OUTPUT_EMBEDDINGS,
+                                               .arena = arena,
+                                               .encoded = &encoded,
+                                               .pixels = good,
+                                               .heights = sides,
+                                               .widths = sides};
+    assert_int_equal(uform_image_encode_pixels(&pixels), UFORM_UNSUPPORTED);
+    pixels.widths = NULL;
+    assert_int_equal(uform_image_encode_pixels(&pixels), UFORM_INVALID_ARGUMENT);
+    assert_int_equal(uform_image_encode_pixels(NULL), UFORM_INVALID_ARGUMENT);
+
+    uform_video_encode_args_t video = {.model = model,
+                                       .outputs = UFORM_OUTPUT_TOKEN_VECTORS,
+                                       .arena = arena,
+                                       .encoded = &encoded,
+                                       .videos = good};
+    assert_int_equal(uform_video_encode(&video), UFORM_UNSUPPORTED);
+    video.videos = bad;
+    assert_int_equal(uform_video_encode(&video), UFORM_INVALID_ARGUMENT);
+    assert_int_equal(uform_video_encode(NULL), UFORM_INVALID_ARGUMENT);
+
+    uform_audio_encode_args_t audio = {
+        .model = model, .outputs = UFORM_OUTPUT_STATES, .arena = arena, .encoded = &encoded, .sounds = good};
+    assert_int_equal(uform_audio_encode(&audio), UFORM_UNSUPPORTED);
+    audio.model = empty;
+    assert_int_equal(uform_audio_encode(&audio), UFORM_UNSUPPORTED);
+    assert_string_equal(uform_last_error().message, "the model has no audio tower");
+    assert_int_equal(uform_audio_encode(NULL), UFORM_INVALID_ARGUMENT);
+
+    float samples[4] = {0};
+    size_t sample_offsets[] = {0, 4};
+    uform_audio_encode_samples_args_t sound = {.model = model,
+                                               .outputs = UFORM_OUTPUT_EMBEDDINGS,
+                                               .arena = arena,
+                                               .encoded = &encoded,
+                                               .samples = {samples, sample_offsets, 1},
+                                               .rate = 16000};
+    assert_int_equal(uform_audio_encode_samples(&sound), UFORM_UNSUPPORTED);
+    sound.rate = 0;
+    assert_int_equal(uform_audio_encode_samples(&sound), UFORM_INVALID_ARGUMENT);
+    assert_int_equal(uform_audio_encode_samples(NULL), UFORM_INVALID_ARGUMENT);
+
+    uform_view_t states = {0}, probabilities;
+    uform_text_choose_args_t choose = {
+        .model = model, .states = &states, .choices = good, .arena = arena, .probabilities = &probabilities};
+    assert_int_equal(uform_text_choose(&choose), UFORM_UNSUPPORTED);
+    choose.choices = bad;
+    assert_int_equal(uform_text_choose(&choose), UFORM_INVALID_ARGUMENT);
+    choose.choices = good;
+    choose.model = empty;
+    assert_int_equal(uform_text_choose(&choose), UFORM_UNSUPPORTED);
+    choose.states = NULL;
+    assert_int_equal(uform_text_choose(&choose), UFORM_INVALID_ARGUMENT);
+    assert_int_equal(uform_text_choose(NULL), UFORM_INVALID_ARGUMENT);
+
+    uform_outcome_destroy(&outcome);
+    uform_arena_free(arena);
+    uform_model_free(model);
+    uform_model_free(empty);
+}
+
+static void mesh_and_trainer_refuse(void **state) {
+    (void)state;
+    uform_executor_t *executor = NULL;
+    assert_int_equal(uform_executor_create_inline(&executor), UFORM_OK);
+    uform_mesh_t *mesh = NULL;
+    uform_mesh_bootstrap_args_t bootstrap = {.executor = executor, .mesh = &mesh};
+    assert_int_equal(uform_mesh_bootstrap(&bootstrap), UFORM_UNSUPPORTED);
+    bootstrap.executor = NULL;
+    assert_int_equal(uform_mesh_bootstrap(&bootstrap), UFORM_INVALID_ARGUMENT);
+    assert_int_equal(uform_mesh_bootstrap(NULL), UFORM_INVALID_ARGUMENT);
+    assert_int_equal(uform_mesh_rank(NULL), 0);
+    assert_int_equal(uform_mesh_size(NULL), 1);
+    uform_mesh_free(NULL);
+
+    uform_trainer_t *trainer = NULL;
+    uform_trainer_config_t config = {.depth = 2, .hidden = 64};
+    uform_trainer_init_args_t init = {.executor = executor, .config = &config, .trainer = &trainer};
+    assert_int_equal(uform_trainer_init_ram(&init), UFORM_UNSUPPORTED);
+    assert_int_equal(uform_trainer_init_vram(&init), UFORM_UNSUPPORTED);
+    config.hidden = 65;
+    assert_int_equal(uform_trainer_init_ram(&init), UFORM_INVALID_ARGUMENT);
+    init.config = NULL;
+    assert_int_equal(uform_trainer_init_ram(&init), UFORM_INVALID_ARGUMENT);
+    assert_int_equal(uform_trainer_init_ram(NULL), UFORM_INVALID_ARGUMENT);
+
+    uform_trainer_step_args_t step = {.trainer = NULL, .executor = executor};
+    assert_int_equal(uform_trainer_step(&step), UFORM_INVALID_ARGUMENT);
+    assert_int_equal(uform_trainer_step(NULL), UFORM_INVALID_ARGUMENT);
+    step.trainer = (uform_trainer_t *)&step; /* never dereferenced before the refusal */
+    assert_int_equal(uform_trainer_step(&step), UFORM_UNSUPPORTED);
+    uform_trainer_save_args_t save = {.trainer = step.trainer, .executor = executor, .path = NULL};
+    assert_int_equal(uform_trainer_save(&save), UFORM_INVALID_ARGUMENT);
+    save.path = "x.safetensors";
+    assert_int_equal(uform_trainer_save(&save), UFORM_UNSUPPORTED);
+    assert_int_equal(uform_trainer_save(NULL), UFORM_INVALID_ARGUMENT);
+    uform_trainer_free(NULL);
+    uform_executor_free(executor);
+}
+
+static void tiny_checkpoint_arguments(void **state) {
+    (void)state;
+    assert_int_equal(uform_tiny_checkpoint(NULL), UFORM_INVALID_ARGUMENT);
+    uform_tiny_checkpoint_args_t args = {.path = NULL};
+    assert_int_equal(uform_tiny_checkpoint(&args), UFORM_INVALID_ARGUMENT);
+    args = (uform_tiny_checkpoint_args_t){.path = "/nonexistent-directory/tiny.safetensors"};
+    assert_int_equal(uform_tiny_checkpoint(&args), UFORM_IO);
+    assert_string_equal(uform_last_error().entry, "uform_tiny_checkpoint");
+}
+
+int main(void) {
+    struct CMUnitTest const tests[] = {
+        cmocka_unit_test(names_and_rendering),     cmocka_unit_test(outcome_arguments),
+        cmocka_unit_test(executor_constructors),   cmocka_unit_test(encode_verbs_validate_then_refuse),
+        cmocka_unit_test(mesh_and_trainer_refuse), cmocka_unit_test(tiny_checkpoint_arguments),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
