@@ -81,7 +81,8 @@ static uint64_t (*volatile empty_pointer)(uint64_t) = empty_function;
 
 static void plain_round(void *context, size_t iterations) {
     uint64_t value = 0;
-    for (size_t i = 0; i < iterations; ++i) value = empty_pointer(value);
+    for (size_t i = 0; i < iterations; ++i)
+        value = empty_pointer(value);
     *(uint64_t volatile *)context = value;
 }
 
@@ -186,9 +187,11 @@ static void *producer_main(void *argument) {
     producer_t *producer = argument;
     post_bench_t *bench = producer->bench;
     pin_to_cpu((int)producer->index % (last_cpu() + 1));
-    while (!atomic_load_explicit(&bench->go, memory_order_acquire)) sched_yield();
+    while (!atomic_load_explicit(&bench->go, memory_order_acquire))
+        sched_yield();
     loop_op_t *ops = bench->ops + producer->index * POSTS_PER_PRODUCER;
-    for (size_t i = 0; i < POSTS_PER_PRODUCER; ++i) loop_post(bench->loop, &ops[i]);
+    for (size_t i = 0; i < POSTS_PER_PRODUCER; ++i)
+        loop_post(bench->loop, &ops[i]);
     return NULL;
 }
 
@@ -205,12 +208,15 @@ static double posts_per_second(loop_backend_t backend) {
     }
     pthread_t threads[2];
     producer_t producers[2] = {{&bench, 0}, {&bench, 1}};
-    for (int i = 0; i < 2; ++i) pthread_create(&threads[i], NULL, producer_main, &producers[i]);
+    for (int i = 0; i < 2; ++i)
+        pthread_create(&threads[i], NULL, producer_main, &producers[i]);
     uint64_t start = loop_now_ns();
     atomic_store_explicit(&bench.go, true, memory_order_release);
-    while (bench.delivered < 2 * POSTS_PER_PRODUCER) loop_run(bench.loop, true, 1000000);
+    while (bench.delivered < 2 * POSTS_PER_PRODUCER)
+        loop_run(bench.loop, true, 1000000);
     uint64_t elapsed = loop_now_ns() - start;
-    for (int i = 0; i < 2; ++i) pthread_join(threads[i], NULL);
+    for (int i = 0; i < 2; ++i)
+        pthread_join(threads[i], NULL);
     loop_destroy(bench.loop);
     free(bench.ops);
     return 2.0 * POSTS_PER_PRODUCER / ((double)elapsed / 1e9);
@@ -219,7 +225,8 @@ static double posts_per_second(loop_backend_t backend) {
 int main(int argc, char **argv) {
     if (argc > 1) seconds_per_figure = atof(argv[1]) > 0 ? atof(argv[1]) : 1.0;
     pin_to_cpu(last_cpu());
-    printf("UForm loop benchmark: %ld CPUs, loop backend %s, medians of %d rounds\n\n", sysconf(_SC_NPROCESSORS_ONLN),
+    printf("UForm loop benchmark: %ld CPUs, loop backend %s, medians of %d rounds\n\n",
+           sysconf(_SC_NPROCESSORS_ONLN),
            loop_default_backend() == LOOP_BACKEND_URING ? "io_uring" : "portable", ROUNDS);
 
     uint64_t sink = 0;
@@ -229,7 +236,8 @@ int main(int argc, char **argv) {
     uform_executor_t *inline_executor = NULL, *ram = NULL;
     uform_ram_options_t options = uform_ram_options_default();
     options.threads = 1;
-    if (uform_executor_create_inline(&inline_executor) != UFORM_OK || uform_executor_create_ram(&options, &ram) != UFORM_OK) {
+    if (uform_executor_create_inline(&inline_executor) != UFORM_OK ||
+        uform_executor_create_ram(&options, &ram) != UFORM_OK) {
         fprintf(stderr, "cannot create the executors\n");
         return 1;
     }
@@ -247,10 +255,11 @@ int main(int argc, char **argv) {
     printf("%-52s %12.1f %10.1f  (goal < 2000)\n", "empty deferred call, RAM executor, spinning", on_spinning,
            on_spinning / plain);
     printf("%-52s %12.1f %10s\n", "futex ping-pong round trip across CPUs", ping, "");
-    printf("%-52s %12.1f %10.2f  (x futex ping-pong)\n", "empty deferred call, RAM executor, sleeping", on_sleeping,
-           on_sleeping / ping);
+    printf("%-52s %12.1f %10.2f  (x futex ping-pong)\n", "empty deferred call, RAM executor, sleeping",
+           on_sleeping, on_sleeping / ping);
     printf("\n%-52s %12s\n", "completions posted by two worker threads", "per second");
-    printf("%-52s %12.3g\n", "  io_uring loop", loop_uring_available() ? posts_per_second(LOOP_BACKEND_URING) : 0.0);
+    printf("%-52s %12.3g\n", "  io_uring loop",
+           loop_uring_available() ? posts_per_second(LOOP_BACKEND_URING) : 0.0);
     printf("%-52s %12.3g\n", "  portable loop", posts_per_second(LOOP_BACKEND_PORTABLE));
     return 0;
 }

@@ -119,7 +119,7 @@ UFORM_EXPORT void uform_version(int *major, int *minor, int *patch);
 /* An outcome is caller-owned memory of this size and alignment, holding a 32-bit status word (pending,
  * then one final status), the failure if any, and what the call produced. It must stay at the same
  * address while its call is pending. Nothing is allocated per call. */
-#define UFORM_OUTCOME_SIZE 512
+#define UFORM_OUTCOME_SIZE      512
 #define UFORM_OUTCOME_ALIGNMENT 64
 typedef struct uform_outcome {
     _Alignas(UFORM_OUTCOME_ALIGNMENT) unsigned char opaque[UFORM_OUTCOME_SIZE];
@@ -158,7 +158,8 @@ UFORM_EXPORT uform_error_t uform_outcome_error(uform_outcome_t const *outcome);
  * when io_uring is not available in this process. A failed post (a ring closed meanwhile) does not
  * change the outcome's status. */
 UFORM_EXPORT uform_status_t uform_outcome_notify_eventfd(uform_outcome_t *outcome, int eventfd);
-UFORM_EXPORT uform_status_t uform_outcome_notify_ring(uform_outcome_t *outcome, int ring_fd, uint64_t user_data);
+UFORM_EXPORT uform_status_t uform_outcome_notify_ring(uform_outcome_t *outcome, int ring_fd,
+                                                      uint64_t user_data);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Progress handlers and continuations                                                            */
@@ -241,7 +242,8 @@ typedef struct uform_pool_vtable {
 UFORM_EXPORT uform_status_t uform_executor_create_pool(uform_pool_vtable_t const *vtable, void *pool,
                                                        uform_executor_t **executor);
 
-/* The same over a fork_union `fu_pool_t *`. UNSUPPORTED in builds without fork_union. */
+/* The same over a fork_union `fu_pool_t *` (fork_union 2.x C interface): calls fan out through
+ * fu_pool_for_threads. UNSUPPORTED in builds without fork_union. */
 UFORM_EXPORT uform_status_t uform_executor_create_fork_union(void *fu_pool, uform_executor_t **executor);
 
 typedef struct uform_vram_options {
@@ -264,13 +266,14 @@ UFORM_EXPORT uform_status_t uform_executor_drain(uform_executor_t *executor, ufo
 
 typedef struct uform_executor_info {
     uform_executor_kind_t kind;
-    size_t threads;         /* threads a call fans out to (1 for inline) */
-    size_t domains_count;   /* NUMA domains it runs on (0 when unknown) */
-    bool uring;             /* its loop runs on io_uring (false: the portable backend) */
+    size_t threads;       /* threads a call fans out to (1 for inline) */
+    size_t domains_count; /* NUMA domains it runs on (0 when unknown) */
+    bool uring;           /* its loop runs on io_uring (false: the portable backend) */
 } uform_executor_info_t;
 
 /* Never blocks. Answers UFORM_OK or UFORM_INVALID_ARGUMENT. */
-UFORM_EXPORT uform_status_t uform_executor_info(uform_executor_t const *executor, uform_executor_info_t *info);
+UFORM_EXPORT uform_status_t uform_executor_info(uform_executor_t const *executor,
+                                                uform_executor_info_t *info);
 
 /* The empty verb: one trip through the executor's loop, after at least `delay_ns` (a ring timer) when
  * it is not 0. For health checks, latency benchmarks and tests of contention. Answers UFORM_OK,
@@ -381,11 +384,11 @@ typedef struct uform_load_config {
 } uform_load_config_t;
 
 typedef struct uform_model_load_args {
-    uform_executor_t *executor; /* where the weights go and the reads run; NULL: the calling thread */
-    char const *path;           /* a format-4 safetensors checkpoint; read until the call is final */
+    uform_executor_t *executor;        /* where the weights go and the reads run; NULL: the calling thread */
+    char const *path;                  /* a format-4 safetensors checkpoint; read until the call is final */
     uform_load_config_t const *config; /* NULL: defaults */
-    uform_model_t **model;      /* blocking calls: receives the model; deferred: see uform_outcome_model */
-    uform_outcome_t *outcome;   /* NULL: blocking */
+    uform_model_t **model;    /* blocking calls: receives the model; deferred: see uform_outcome_model */
+    uform_outcome_t *outcome; /* NULL: blocking */
 } uform_model_load_args_t;
 
 /* Loads a checkpoint into host memory: opens, stats and reads it through the executor's loop,
@@ -452,9 +455,9 @@ typedef enum uform_outputs {
 } uform_outputs_t;
 
 typedef struct uform_encode_stats {
-    size_t items, failed;   /* items asked, items whose status is not UFORM_OK */
-    size_t bytes;           /* input bytes (text bytes, file bytes, or samples * 4) */
-    size_t truncated;       /* texts longer than `context`, clips longer than `seconds` */
+    size_t items, failed; /* items asked, items whose status is not UFORM_OK */
+    size_t bytes;         /* input bytes (text bytes, file bytes, or samples * 4) */
+    size_t truncated;     /* texts longer than `context`, clips longer than `seconds` */
     uint64_t read_ns, decode_ns, compute_ns, convert_ns, total_ns; /* time per stage */
 } uform_encode_stats_t;
 
@@ -485,13 +488,13 @@ typedef enum uform_source {
 
 /* Shared by every encode verb. `model` and `arena` are required; `encoded` receives the views of a
  * blocking call (deferred: uform_outcome_encoded). Inputs are read until the call is final. */
-#define UFORM_ENCODE_COMMON                                                                          \
-    uform_model_t *model;                                                                            \
-    uform_executor_t *executor; /* NULL: the calling thread */                                       \
-    uform_outputs_t outputs;                                                                         \
-    uform_arena_t *arena;                                                                            \
-    uform_encode_config_t const *config; /* NULL: defaults */                                        \
-    uform_encoded_t *encoded;                                                                        \
+#define UFORM_ENCODE_COMMON                                                                                  \
+    uform_model_t *model;                                                                                    \
+    uform_executor_t *executor; /* NULL: the calling thread */                                               \
+    uform_outputs_t outputs;                                                                                 \
+    uform_arena_t *arena;                                                                                    \
+    uform_encode_config_t const *config; /* NULL: defaults */                                                \
+    uform_encoded_t *encoded;                                                                                \
     uform_outcome_t *outcome /* NULL: blocking */
 
 /* Texts as bytes, no tokenizer. UNSUPPORTED in this build (the text tower issue builds it). */
@@ -598,8 +601,8 @@ typedef struct uform_trainer_config {
     double learning_rate, weight_decay, beta1, beta2, epsilon, lm_weight;
     size_t warmup_steps, total_steps;
     uint64_t seed;
-    char const *resume_path;  /* a checkpoint saved by uform_trainer_save, or NULL */
-    uform_mesh_t *mesh;       /* NULL: one process */
+    char const *resume_path; /* a checkpoint saved by uform_trainer_save, or NULL */
+    uform_mesh_t *mesh;      /* NULL: one process */
 } uform_trainer_config_t;
 
 typedef struct uform_trainer_init_args {
@@ -621,13 +624,13 @@ typedef struct uform_trainer_step_stats {
 
 typedef struct uform_trainer_step_args {
     uform_trainer_t *trainer;
-    uform_executor_t *executor;        /* required: a trainer runs on the executor it was made on */
+    uform_executor_t *executor;         /* required: a trainer runs on the executor it was made on */
     uform_modality_t const *modalities; /* one per item */
     uform_tape_t contents;              /* bytes per item, interpreted per modality */
     uint32_t const *relations;          /* pairs (i, j) of related items, 2 * relations_count values */
     size_t relations_count;
     uform_progress_t const *progress;
-    uform_trainer_step_stats_t *stats;  /* written when final; may be NULL */
+    uform_trainer_step_stats_t *stats; /* written when final; may be NULL */
     uform_outcome_t *outcome;
 } uform_trainer_step_args_t;
 UFORM_EXPORT uform_status_t uform_trainer_step(uform_trainer_step_args_t const *args);

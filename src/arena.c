@@ -110,7 +110,8 @@ uform_status_t arena_begin(uform_arena_t *arena, uform_executor_t *executor) {
     atomic_fetch_add_explicit(&arena->generation, 1, memory_order_release);
     /* The last call outgrew one block: replace them by one of the total, or keep them on failure. */
     if (arena->blocks && arena->blocks->next) arena_coalesce(arena, arena->used_total);
-    for (arena_block_t *block = arena->blocks; block; block = block->next) block->used = 0;
+    for (arena_block_t *block = arena->blocks; block; block = block->next)
+        block->used = 0;
     arena->used_total = 0;
     return UFORM_OK;
 }
@@ -128,7 +129,8 @@ void *arena_allocate(uform_arena_t *arena, size_t bytes, size_t alignment) {
     size_t start = block ? (block->used + alignment - 1) & ~(alignment - 1) : 0;
     if (!block || start + bytes > block->size) {
         size_t size = arena->capacity > bytes ? arena->capacity : bytes;
-        arena_block_t *grown = arena_block_new(arena, size < ARENA_MINIMUM_BLOCK ? ARENA_MINIMUM_BLOCK : size);
+        arena_block_t *grown =
+            arena_block_new(arena, size < ARENA_MINIMUM_BLOCK ? ARENA_MINIMUM_BLOCK : size);
         if (!grown) return NULL;
         grown->next = arena->blocks;
         arena->blocks = grown;
@@ -141,7 +143,8 @@ void *arena_allocate(uform_arena_t *arena, size_t bytes, size_t alignment) {
     return block->bytes + start;
 }
 
-uform_view_t arena_view(uform_arena_t *arena, void *data, size_t rows, size_t columns, uform_scalar_t scalar) {
+uform_view_t arena_view(uform_arena_t *arena, void *data, size_t rows, size_t columns,
+                        uform_scalar_t scalar) {
     return (uform_view_t){
         .data = data,
         .rows = rows,
@@ -159,10 +162,14 @@ uform_view_t arena_view(uform_arena_t *arena, void *data, size_t rows, size_t co
 
 UFORM_EXPORT size_t uform_scalar_size(uform_scalar_t scalar) {
     switch (scalar) {
-    case UFORM_F32: return 4;
-    case UFORM_BF16: return 2;
-    case UFORM_F16: return 2;
-    case UFORM_I8: return 1;
+    case UFORM_F32:
+        return 4;
+    case UFORM_BF16:
+        return 2;
+    case UFORM_F16:
+        return 2;
+    case UFORM_I8:
+        return 1;
     }
     return 0;
 }
@@ -193,7 +200,8 @@ uform_status_t tape_validate(uform_tape_t const *tape, char const **message) {
     if (tape->count == 0) return UFORM_OK;
     if (!tape->offsets) return *message = "tape offsets are NULL", UFORM_INVALID_ARGUMENT;
     for (size_t i = 0; i < tape->count; ++i)
-        if (tape->offsets[i + 1] < tape->offsets[i]) return *message = "tape offsets out of order", UFORM_INVALID_ARGUMENT;
+        if (tape->offsets[i + 1] < tape->offsets[i])
+            return *message = "tape offsets out of order", UFORM_INVALID_ARGUMENT;
     if (!tape->data && tape->offsets[tape->count] != tape->offsets[0])
         return *message = "tape data is NULL", UFORM_INVALID_ARGUMENT;
     return UFORM_OK;

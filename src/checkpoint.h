@@ -19,7 +19,7 @@
 #include "uform.h"
 
 #define CHECKPOINT_HEADER_LIMIT (100u << 20)
-#define CHECKPOINT_RANK_LIMIT 4
+#define CHECKPOINT_RANK_LIMIT   4
 
 typedef enum checkpoint_dtype {
     CHECKPOINT_BF16 = 0,

@@ -31,8 +31,8 @@ void futex_wake_one(_Atomic uint32_t *word);
 
 /* ---- Outcomes ----------------------------------------------------------------------------------- */
 
-#define OUTCOME_MAGIC 0x75666f72u     /* "ufor": set by uform_outcome_init */
-#define OUTCOME_WAITERS (1u << 31)    /* a thread sleeps on the word: the finisher must wake it */
+#define OUTCOME_MAGIC       0x75666f72u /* "ufor": set by uform_outcome_init */
+#define OUTCOME_WAITERS     (1u << 31)  /* a thread sleeps on the word: the finisher must wake it */
 #define OUTCOME_STATUS_MASK 0xffffu
 
 typedef enum outcome_product {
@@ -45,8 +45,8 @@ typedef enum outcome_product {
 typedef struct outcome {
     _Atomic uint32_t word; /* uform_status_t | OUTCOME_WAITERS */
     uint32_t magic;
-    int notify_eventfd;   /* -1: none */
-    int notify_ring_fd;   /* -1: none */
+    int notify_eventfd; /* -1: none */
+    int notify_ring_fd; /* -1: none */
     uint64_t notify_user_data;
     uform_error_t error;
     outcome_product_t product;
@@ -68,11 +68,11 @@ static inline outcome_t *outcome_of(uform_outcome_t *outcome) {
 
 typedef struct call call_t;
 struct call {
-    loop_op_t op;           /* the post that starts the call on the loop thread */
+    loop_op_t op; /* the post that starts the call on the loop thread */
     void (*start)(call_t *call);
     uform_executor_t *executor;
     outcome_t *outcome;
-    char const *entry;      /* the public entry point, for errors */
+    char const *entry; /* the public entry point, for errors */
 };
 
 /* The executor a verb runs on: `executor`, or the calling thread's own inline executor for NULL.
@@ -97,7 +97,8 @@ void call_finish(call_t *call, uform_status_t status, char const *message);
 
 /* A verb's failure before submission: records it and, when an initialized outcome was given, makes
  * that outcome final with it (with notifications). Answers `status`. */
-uform_status_t call_refuse(uform_outcome_t *outcome, uform_status_t status, char const *entry, char const *message);
+uform_status_t call_refuse(uform_outcome_t *outcome, uform_status_t status, char const *entry,
+                           char const *message);
 
 /* A blocking call's tail: waits on its own outcome and records a failure on the calling thread. */
 uform_status_t call_wait(outcome_t *outcome);
@@ -119,7 +120,7 @@ struct uform_executor {
     uint64_t spin_ns;
     size_t threads;
     size_t domains_count;
-    loop_t *loop; /* inline and pool: created by the first call, driven by the calling thread */
+    loop_t *loop;  /* inline and pool: created by the first call, driven by the calling thread */
     bool threaded; /* the loop has a thread of its own (RAM) */
 
     /* RAM */
@@ -159,7 +160,8 @@ void executor_settle(uform_executor_t *executor);
 
 /* Runs work(context, thread) once for every thread of the executor, the calling (loop) thread as
  * thread 0, and returns when all have. */
-void executor_for_threads(uform_executor_t *executor, void (*work)(void *context, size_t thread), void *context);
+void executor_for_threads(uform_executor_t *executor, void (*work)(void *context, size_t thread),
+                          void *context);
 
 /* Host memory placed where the executor computes: 64-byte aligned, bound to its NUMA domains. NULL
  * executor: plain host memory. Answers NULL when out of memory. */
@@ -173,7 +175,7 @@ typedef struct arena_block arena_block_t;
 struct uform_arena {
     uform_executor_t *executor; /* NULL for host arenas */
     _Atomic uint64_t generation;
-    _Atomic bool busy; /* a call writes into it */
+    _Atomic bool busy;     /* a call writes into it */
     arena_block_t *blocks; /* newest first */
     size_t capacity;       /* bytes in every block */
     size_t used_total;     /* bytes handed out since the rewind, for coalescing */
@@ -197,9 +199,9 @@ struct uform_model {
     _Atomic size_t references;
     uform_executor_t *executor; /* owns the placement of `data`; NULL: plain host memory */
     checkpoint_header_t header;
-    uint8_t *data;      /* the data section: tensor t spans data + begin .. data + end */
+    uint8_t *data; /* the data section: tensor t spans data + begin .. data + end */
     size_t data_size;
-    void *mapping;      /* when mapped: the whole file */
+    void *mapping; /* when mapped: the whole file */
     size_t mapping_size;
 };
 

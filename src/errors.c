@@ -12,18 +12,30 @@ uform_status_t failed(uform_status_t status, char const *entry, char const *mess
 
 UFORM_EXPORT char const *uform_status_name(uform_status_t status) {
     switch (status) {
-    case UFORM_OK: return "ok";
-    case UFORM_PENDING: return "pending";
-    case UFORM_CANCELLED: return "cancelled";
-    case UFORM_CONTENDED: return "contended";
-    case UFORM_INVALID_ARGUMENT: return "invalid_argument";
-    case UFORM_IO: return "io";
-    case UFORM_FORMAT: return "format";
-    case UFORM_OUT_OF_MEMORY: return "out_of_memory";
-    case UFORM_DEVICE: return "device";
-    case UFORM_UNSUPPORTED: return "unsupported";
-    case UFORM_INTERNAL: return "internal";
-    case UFORM_MISSING_SYMBOL: return "missing_symbol";
+    case UFORM_OK:
+        return "ok";
+    case UFORM_PENDING:
+        return "pending";
+    case UFORM_CANCELLED:
+        return "cancelled";
+    case UFORM_CONTENDED:
+        return "contended";
+    case UFORM_INVALID_ARGUMENT:
+        return "invalid_argument";
+    case UFORM_IO:
+        return "io";
+    case UFORM_FORMAT:
+        return "format";
+    case UFORM_OUT_OF_MEMORY:
+        return "out_of_memory";
+    case UFORM_DEVICE:
+        return "device";
+    case UFORM_UNSUPPORTED:
+        return "unsupported";
+    case UFORM_INTERNAL:
+        return "internal";
+    case UFORM_MISSING_SYMBOL:
+        return "missing_symbol";
     }
     return "unknown";
 }
@@ -35,8 +47,9 @@ UFORM_EXPORT uform_error_t uform_last_error(void) {
 UFORM_EXPORT size_t uform_error_render(uform_error_t const *error, char *buffer, size_t capacity) {
     static uform_error_t const none = {UFORM_OK, "", ""};
     if (!error) error = &none;
-    int length = snprintf(buffer, buffer ? capacity : 0, "UForm: %s [%s]: %s", uform_status_name(error->status),
-                          error->entry ? error->entry : "", error->message ? error->message : "");
+    int length =
+        snprintf(buffer, buffer ? capacity : 0, "UForm: %s [%s]: %s", uform_status_name(error->status),
+                 error->entry ? error->entry : "", error->message ? error->message : "");
     return length < 0 ? 0 : (size_t)length;
 }
 
@@ -46,6 +59,7 @@ UFORM_EXPORT uint32_t uform_features(void) {
     uint32_t features = 0;
     if (UFORM_WITH_URING && loop_uring_available()) features |= UFORM_FEATURE_URING;
     if (UFORM_WITH_HWLOC) features |= UFORM_FEATURE_HWLOC;
+    if (UFORM_WITH_FORK_UNION) features |= UFORM_FEATURE_FORK_UNION;
     return features;
 }
 

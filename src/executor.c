@@ -12,6 +12,9 @@
 #if UFORM_WITH_HWLOC
 #include <hwloc.h>
 #endif
+#if UFORM_WITH_FORK_UNION
+#include <fork_union.h>
+#endif
 
 #define DEFAULT_SPIN_NS 100000000ull /* 100 ms, like OpenMP runtimes' block time */
 
@@ -29,7 +32,7 @@ struct team {
     uform_executor_t *executor;
     size_t count; /* threads, the loop thread included */
     pthread_t *workers;
-    size_t started; /* workers created, for teardown after a partial start */
+    size_t started;              /* workers created, for teardown after a partial start */
     _Atomic uint32_t generation; /* bumped for every fork; workers wait for it to change */
     _Atomic uint32_t sleepers;   /* workers asleep on `generation` */
     _Atomic uint32_t pending;    /* workers still running the current fork */
@@ -50,7 +53,8 @@ static void thread_pin(uform_executor_t *executor, size_t index) {
     hwloc_const_cpuset_t cpuset = executor->cpuset;
     int cores = hwloc_get_nbobjs_inside_cpuset_by_type(topology, cpuset, HWLOC_OBJ_CORE);
     if (cores <= 0) return;
-    hwloc_obj_t core = hwloc_get_obj_inside_cpuset_by_type(topology, cpuset, HWLOC_OBJ_CORE, (unsigned)(index % (size_t)cores));
+    hwloc_obj_t core = hwloc_get_obj_inside_cpuset_by_type(topology, cpuset, HWLOC_OBJ_CORE,
+                                                           (unsigned)(index % (size_t)cores));
     if (!core || !core->cpuset) return;
     /* A failed pin leaves the thread floating: slower, never wrong. */
     hwloc_set_cpubind(topology, core->cpuset, HWLOC_CPUBIND_THREAD);
@@ -94,7 +98,8 @@ static void *team_worker(void *argument) {
         seen = team_await(team, &team->generation, seen);
         if (atomic_load_explicit(&team->stopping, memory_order_acquire)) break;
         team->work(team->context, start.index);
-        if (atomic_fetch_sub_explicit(&team->pending, 1, memory_order_acq_rel) == 1) futex_wake_all(&team->pending);
+        if (atomic_fetch_sub_explicit(&team->pending, 1, memory_order_acq_rel) == 1)
+            futex_wake_all(&team->pending);
     }
     return NULL;
 }
@@ -108,7 +113,8 @@ static void team_stop(team_t *team) {
     if (!team) return;
     atomic_store_explicit(&team->stopping, true, memory_order_release);
     team_fork(team);
-    for (size_t i = 0; i < team->started; ++i) pthread_join(team->workers[i], NULL);
+    for (size_t i = 0; i < team->started; ++i)
+        pthread_join(team->workers[i], NULL);
     free(team->workers);
     free(team);
 }
@@ -139,7 +145,8 @@ fail:
     return UFORM_OUT_OF_MEMORY;
 }
 
-void executor_for_threads(uform_executor_t *executor, void (*work)(void *context, size_t thread), void *context) {
+void executor_for_threads(uform_executor_t *executor, void (*work)(void *context, size_t thread),
+                          void *context) {
     if (executor->kind == UFORM_EXECUTOR_POOL) {
         executor->pool_vtable.for_threads(executor->pool, work, context);
         return;
@@ -219,7 +226,8 @@ void executor_retain(uform_executor_t *executor) {
 }
 
 void executor_release(uform_executor_t *executor) {
-    if (atomic_fetch_sub_explicit(&executor->references, 1, memory_order_acq_rel) == 1) executor_destroy(executor);
+    if (atomic_fetch_sub_explicit(&executor->references, 1, memory_order_acq_rel) == 1)
+        executor_destroy(executor);
 }
 
 static uform_executor_t *executor_new(uform_executor_kind_t kind) {
@@ -244,7 +252,8 @@ UFORM_EXPORT void uform_executor_free(uform_executor_t *executor) {
 UFORM_EXPORT uform_status_t uform_executor_drain(uform_executor_t *executor, uform_mood_t mood) {
     static char const entry[] = "uform_executor_drain";
     if (!executor) return failed(UFORM_INVALID_ARGUMENT, entry, "executor is NULL");
-    if (mood != UFORM_SLEEPING && mood != UFORM_SPINNING) return failed(UFORM_INVALID_ARGUMENT, entry, "unknown mood");
+    if (mood != UFORM_SLEEPING && mood != UFORM_SPINNING)
+        return failed(UFORM_INVALID_ARGUMENT, entry, "unknown mood");
     executor_await_idle(executor);
     atomic_store_explicit(&executor->mood, (uint32_t)mood, memory_order_relaxed);
     /* A loop thread asleep in the old mood picks the new one up on its next round. */
@@ -252,7 +261,8 @@ UFORM_EXPORT uform_status_t uform_executor_drain(uform_executor_t *executor, ufo
     return UFORM_OK;
 }
 
-UFORM_EXPORT uform_status_t uform_executor_info(uform_executor_t const *executor, uform_executor_info_t *info) {
+UFORM_EXPORT uform_status_t uform_executor_info(uform_executor_t const *executor,
+                                                uform_executor_info_t *info) {
     static char const entry[] = "uform_executor_info";
     if (!executor || !info) return failed(UFORM_INVALID_ARGUMENT, entry, "executor or info is NULL");
     info->kind = executor->kind;
@@ -314,14 +324,46 @@ UFORM_EXPORT uform_status_t uform_executor_create_pool(uform_pool_vtable_t const
     return UFORM_OK;
 }
 
+#if UFORM_WITH_FORK_UNION
+/* fork_union's callbacks also name the thread's colocation, which executors do not use. */
+typedef struct fork_union_work {
+    void (*work)(void *context, size_t thread);
+    void *context;
+} fork_union_work_t;
+
+static void fork_union_trampoline(void *context, size_t thread, size_t colocation) {
+    (void)colocation;
+    fork_union_work_t const *work = context;
+    work->work(work->context, thread);
+}
+
+static size_t fork_union_count_threads(void *pool) {
+    return fu_pool_count_threads(pool);
+}
+
+static void fork_union_for_threads(void *pool, void (*work)(void *context, size_t thread), void *context) {
+    fork_union_work_t forwarded = {work, context};
+    fu_pool_for_threads(pool, fork_union_trampoline, &forwarded);
+}
+
+static uform_pool_vtable_t const fork_union_vtable = {fork_union_count_threads, fork_union_for_threads};
+#endif
+
 UFORM_EXPORT uform_status_t uform_executor_create_fork_union(void *fu_pool, uform_executor_t **out) {
     static char const entry[] = "uform_executor_create_fork_union";
     if (out) *out = NULL;
     if (!fu_pool || !out) return failed(UFORM_INVALID_ARGUMENT, entry, "pool or executor is NULL");
-    return failed(UFORM_UNSUPPORTED, entry, "built without fork_union; wrap the pool with uform_executor_create_pool");
+#if UFORM_WITH_FORK_UNION
+    uform_status_t status = uform_executor_create_pool(&fork_union_vtable, fu_pool, out);
+    return status == UFORM_OK ? status : failed(status, entry, uform_last_error().message);
+#else
+    return failed(UFORM_UNSUPPORTED, entry,
+                  "built without fork_union; wrap the pool with uform_executor_create_pool");
+#endif
 }
 
-UFORM_EXPORT uform_status_t uform_executor_create_vram(uform_vram_options_t const *options, uform_executor_t **out) {
+UFORM_EXPORT uform_status_t uform_executor_create_vram(uform_vram_options_t const *options,
+                                                       uform_executor_t **out) {
     static char const entry[] = "uform_executor_create_vram";
     if (out) *out = NULL;
     if (!out) return failed(UFORM_INVALID_ARGUMENT, entry, "executor is NULL");
@@ -333,7 +375,8 @@ UFORM_EXPORT uform_status_t uform_executor_create_vram(uform_vram_options_t cons
 /* ---- RAM ----------------------------------------------------------------------------------------- */
 
 UFORM_EXPORT uform_ram_options_t uform_ram_options_default(void) {
-    return (uform_ram_options_t){.domains = NULL, .domains_count = 0, .threads = 0, .spin_ns = 0, .pin = true};
+    return (uform_ram_options_t){
+        .domains = NULL, .domains_count = 0, .threads = 0, .spin_ns = 0, .pin = true};
 }
 
 static void *ram_loop_main(void *argument) {
@@ -355,11 +398,12 @@ static void *ram_loop_main(void *argument) {
 }
 
 /* Resolves the domains into where threads run and where memory binds, and the default thread count. */
-static uform_status_t ram_topology(uform_executor_t *executor, uform_ram_options_t const *options, size_t *cores,
-                                   char const **message) {
+static uform_status_t ram_topology(uform_executor_t *executor, uform_ram_options_t const *options,
+                                   size_t *cores, char const **message) {
 #if UFORM_WITH_HWLOC
     hwloc_topology_t topology;
-    if (hwloc_topology_init(&topology) != 0) return *message = "cannot read the topology", UFORM_OUT_OF_MEMORY;
+    if (hwloc_topology_init(&topology) != 0)
+        return *message = "cannot read the topology", UFORM_OUT_OF_MEMORY;
     executor->topology = topology;
     if (hwloc_topology_load(topology) != 0) return *message = "cannot read the topology", UFORM_OUT_OF_MEMORY;
     hwloc_bitmap_t cpuset = hwloc_bitmap_alloc();
@@ -374,8 +418,10 @@ static uform_status_t ram_topology(uform_executor_t *executor, uform_ram_options
         executor->nodeset = nodeset;
         if (!nodeset) return *message = "cannot allocate a nodeset", UFORM_OUT_OF_MEMORY;
         for (size_t i = 0; i < options->domains_count; ++i) {
-            hwloc_obj_t node = hwloc_get_obj_by_type(topology, HWLOC_OBJ_NUMANODE, (unsigned)options->domains[i]);
-            if (!node || options->domains[i] > UINT32_MAX) return *message = "no such NUMA domain", UFORM_INVALID_ARGUMENT;
+            hwloc_obj_t node =
+                hwloc_get_obj_by_type(topology, HWLOC_OBJ_NUMANODE, (unsigned)options->domains[i]);
+            if (!node || options->domains[i] > UINT32_MAX)
+                return *message = "no such NUMA domain", UFORM_INVALID_ARGUMENT;
             hwloc_bitmap_or(cpuset, cpuset, node->cpuset);
             hwloc_bitmap_or(nodeset, nodeset, node->nodeset);
         }
@@ -387,7 +433,8 @@ static uform_status_t ram_topology(uform_executor_t *executor, uform_ram_options
     *cores = (size_t)count;
     return UFORM_OK;
 #else
-    if (options->domains_count) return *message = "NUMA domains need hwloc, which this build lacks", UFORM_UNSUPPORTED;
+    if (options->domains_count)
+        return *message = "NUMA domains need hwloc, which this build lacks", UFORM_UNSUPPORTED;
     long online = sysconf(_SC_NPROCESSORS_ONLN);
     *cores = online > 0 ? (size_t)online : 1;
     executor->domains_count = 0;
@@ -395,7 +442,8 @@ static uform_status_t ram_topology(uform_executor_t *executor, uform_ram_options
 #endif
 }
 
-UFORM_EXPORT uform_status_t uform_executor_create_ram(uform_ram_options_t const *options, uform_executor_t **out) {
+UFORM_EXPORT uform_status_t uform_executor_create_ram(uform_ram_options_t const *options,
+                                                      uform_executor_t **out) {
     static char const entry[] = "uform_executor_create_ram";
     if (!out) return failed(UFORM_INVALID_ARGUMENT, entry, "executor is NULL");
     *out = NULL;
@@ -426,7 +474,8 @@ UFORM_EXPORT uform_status_t uform_executor_create_ram(uform_ram_options_t const 
         goto fail;
     }
     uint32_t started;
-    while ((started = atomic_load_explicit(&executor->started, memory_order_acquire)) == 0) futex_wait(&executor->started, 0);
+    while ((started = atomic_load_explicit(&executor->started, memory_order_acquire)) == 0)
+        futex_wait(&executor->started, 0);
     if (started != 1) {
         pthread_join(executor->loop_thread, NULL);
         status = UFORM_IO, message = "cannot create the executor's event loop";
@@ -493,7 +542,8 @@ UFORM_EXPORT uform_status_t uform_executor_nop(uform_executor_nop_args_t const *
     if (!outcome) uform_outcome_init(outcome = &own);
     uform_executor_t *executor = call_executor(args->executor);
     /* The state lives in the executor: call_begin writes it only once the executor is held. */
-    if (!executor) return call_refuse(outcome, UFORM_OUT_OF_MEMORY, entry, "cannot make the calling thread's executor");
+    if (!executor)
+        return call_refuse(outcome, UFORM_OUT_OF_MEMORY, entry, "cannot make the calling thread's executor");
     uform_status_t status = call_begin(&executor->nop.call, executor, outcome_of(outcome), entry);
     if (status != UFORM_OK) return status;
     executor->nop.call.start = nop_start;

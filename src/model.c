@@ -51,8 +51,10 @@ void model_retain(uform_model_t *model) {
 }
 
 static void model_destroy(uform_model_t *model) {
-    if (model->mapping) munmap(model->mapping, model->mapping_size);
-    else executor_deallocate(model->executor, model->data, model->data_size);
+    if (model->mapping)
+        munmap(model->mapping, model->mapping_size);
+    else
+        executor_deallocate(model->executor, model->data, model->data_size);
     checkpoint_header_free(&model->header);
     if (model->executor) executor_release(model->executor);
     free(model);
@@ -117,12 +119,15 @@ static void load_issue_reads(load_call_t *load) {
     for (size_t i = 0; i < LOAD_READS && load->failure == UFORM_OK && load->issued < model->data_size; ++i) {
         load_read_t *read = &load->reads[i];
         if (read->busy) continue;
-        size_t length = model->data_size - load->issued < LOAD_CHUNK ? (size_t)(model->data_size - load->issued) : LOAD_CHUNK;
+        size_t length = model->data_size - load->issued < LOAD_CHUNK
+                            ? (size_t)(model->data_size - load->issued)
+                            : LOAD_CHUNK;
         read->busy = true;
         read->load = load;
         read->op.callback = load_read_done;
         load->in_flight++;
-        loop_read(loop, &read->op, load->fd, model->data + load->issued, length, model->header.data_offset + load->issued);
+        loop_read(loop, &read->op, load->fd, model->data + load->issued, length,
+                  model->header.data_offset + load->issued);
         load->issued += length;
     }
     if (load->in_flight == 0) load_finish(load);
@@ -133,8 +138,10 @@ static void load_read_done(loop_op_t *op) {
     load_call_t *load = read->load;
     read->busy = false;
     load->in_flight--;
-    if (op->result < 0) load_stop(load, UFORM_IO, "cannot read checkpoint");
-    else if ((size_t)op->result < op->length) load_stop(load, UFORM_FORMAT, "checkpoint truncated while reading");
+    if (op->result < 0)
+        load_stop(load, UFORM_IO, "cannot read checkpoint");
+    else if ((size_t)op->result < op->length)
+        load_stop(load, UFORM_FORMAT, "checkpoint truncated while reading");
     else {
         load->done += (uint64_t)op->result;
         if (load->failure == UFORM_OK &&
@@ -182,14 +189,14 @@ static void load_header_done(loop_op_t *op) {
         load_fail(load, UFORM_IO, "cannot read checkpoint");
         return;
     }
-    if ((uint64_t)op->result < load->header_length)
-        {
+    if ((uint64_t)op->result < load->header_length) {
         load_fail(load, UFORM_FORMAT, "checkpoint truncated in its header");
         return;
     }
     checkpoint_header_t header;
     char const *message = NULL;
-    uform_status_t status = checkpoint_parse(load->json, load->header_length, load->statx.stx_size, &header, &message);
+    uform_status_t status =
+        checkpoint_parse(load->json, load->header_length, load->statx.stx_size, &header, &message);
     free(load->json);
     load->json = NULL;
     if (status != UFORM_OK) {
@@ -206,8 +213,8 @@ static void load_prefix_done(loop_op_t *op) {
         return;
     }
     char const *message = NULL;
-    uform_status_t status =
-        checkpoint_prefix(load->prefix, (size_t)op->result, load->statx.stx_size, &load->header_length, &message);
+    uform_status_t status = checkpoint_prefix(load->prefix, (size_t)op->result, load->statx.stx_size,
+                                              &load->header_length, &message);
     if (status != UFORM_OK) {
         load_fail(load, status, message);
         return;
@@ -237,13 +244,14 @@ static void load_map(load_call_t *load) {
     uint64_t header_length = 0;
     checkpoint_header_t header;
     status = checkpoint_prefix(mapping, 8, size, &header_length, &message);
-    if (status == UFORM_OK) status = checkpoint_parse((char const *)mapping + 8, header_length, size, &header, &message);
+    if (status == UFORM_OK)
+        status = checkpoint_parse((char const *)mapping + 8, header_length, size, &header, &message);
     if (status != UFORM_OK) {
         munmap(mapping, size);
         {
-        load_fail(load, status, message);
-        return;
-    }
+            load_fail(load, status, message);
+            return;
+        }
     }
     load_weights(load, &header, mapping);
 }
@@ -254,8 +262,7 @@ static void load_statx_done(loop_op_t *op) {
         load_fail(load, UFORM_IO, "cannot stat checkpoint");
         return;
     }
-    if (!S_ISREG(load->statx.stx_mode))
-        {
+    if (!S_ISREG(load->statx.stx_mode)) {
         load_fail(load, UFORM_IO, "checkpoint is not a regular file");
         return;
     }
@@ -289,12 +296,15 @@ UFORM_EXPORT uform_status_t uform_model_load_ram(uform_model_load_args_t const *
     static char const entry[] = "uform_model_load_ram";
     if (!args) return failed(UFORM_INVALID_ARGUMENT, entry, "args is NULL");
     uform_outcome_t *outcome = args->outcome;
-    if (!args->path || !args->path[0]) return call_refuse(outcome, UFORM_INVALID_ARGUMENT, entry, "path is NULL or empty");
+    if (!args->path || !args->path[0])
+        return call_refuse(outcome, UFORM_INVALID_ARGUMENT, entry, "path is NULL or empty");
     if (!outcome && !args->model) return call_refuse(outcome, UFORM_INVALID_ARGUMENT, entry, "model is NULL");
     if (args->executor && args->executor->kind == UFORM_EXECUTOR_VRAM)
-        return call_refuse(outcome, UFORM_INVALID_ARGUMENT, entry, "a VRAM executor loads with uform_model_load_vram");
+        return call_refuse(outcome, UFORM_INVALID_ARGUMENT, entry,
+                           "a VRAM executor loads with uform_model_load_vram");
     uform_executor_t *executor = call_executor(args->executor);
-    if (!executor) return call_refuse(outcome, UFORM_OUT_OF_MEMORY, entry, "cannot make the calling thread's executor");
+    if (!executor)
+        return call_refuse(outcome, UFORM_OUT_OF_MEMORY, entry, "cannot make the calling thread's executor");
 
     load_call_t *load = calloc(1, sizeof *load);
     if (!load) return call_refuse(outcome, UFORM_OUT_OF_MEMORY, entry, "cannot allocate the load");

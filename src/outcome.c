@@ -98,7 +98,8 @@ UFORM_EXPORT uform_status_t uform_outcome_wait(uform_outcome_t *public_outcome) 
     static char const entry[] = "uform_outcome_wait";
     if (!public_outcome) return failed(UFORM_INVALID_ARGUMENT, entry, "outcome is NULL");
     outcome_t *outcome = outcome_of(public_outcome);
-    if (!outcome_is_initialized(outcome)) return failed(UFORM_INVALID_ARGUMENT, entry, "outcome was not initialized");
+    if (!outcome_is_initialized(outcome))
+        return failed(UFORM_INVALID_ARGUMENT, entry, "outcome was not initialized");
     uform_status_t status = outcome_await(outcome);
     /* The thread that sees a failure can say what it was, as after a blocking call. */
     if (status != UFORM_OK) failed(status, outcome->error.entry, outcome->error.message);
@@ -107,11 +108,13 @@ UFORM_EXPORT uform_status_t uform_outcome_wait(uform_outcome_t *public_outcome) 
 
 UFORM_EXPORT uform_error_t uform_outcome_error(uform_outcome_t const *public_outcome) {
     static char const empty[] = "";
-    if (!public_outcome) return (uform_error_t){UFORM_INVALID_ARGUMENT, "uform_outcome_error", "outcome is NULL"};
+    if (!public_outcome)
+        return (uform_error_t){UFORM_INVALID_ARGUMENT, "uform_outcome_error", "outcome is NULL"};
     outcome_t const *outcome = (outcome_t const *)(void const *)public_outcome->opaque;
     if (!outcome_is_initialized(outcome))
         return (uform_error_t){UFORM_INVALID_ARGUMENT, "uform_outcome_error", "outcome was not initialized"};
-    uform_status_t status = outcome_word_status(atomic_load_explicit(&((outcome_t *)outcome)->word, memory_order_acquire));
+    uform_status_t status =
+        outcome_word_status(atomic_load_explicit(&((outcome_t *)outcome)->word, memory_order_acquire));
     if (status == UFORM_PENDING) return (uform_error_t){UFORM_PENDING, empty, empty};
     return outcome->error;
 }
@@ -129,18 +132,21 @@ UFORM_EXPORT uform_status_t uform_outcome_notify_eventfd(uform_outcome_t *public
     static char const entry[] = "uform_outcome_notify_eventfd";
     if (!public_outcome) return failed(UFORM_INVALID_ARGUMENT, entry, "outcome is NULL");
     outcome_t *outcome = outcome_of(public_outcome);
-    if (!outcome_is_initialized(outcome)) return failed(UFORM_INVALID_ARGUMENT, entry, "outcome was not initialized");
+    if (!outcome_is_initialized(outcome))
+        return failed(UFORM_INVALID_ARGUMENT, entry, "outcome was not initialized");
     if (outcome_word_status(atomic_load(&outcome->word)) == UFORM_PENDING)
         return failed(UFORM_INVALID_ARGUMENT, entry, "outcome is pending");
     outcome->notify_eventfd = eventfd < 0 ? -1 : eventfd;
     return UFORM_OK;
 }
 
-UFORM_EXPORT uform_status_t uform_outcome_notify_ring(uform_outcome_t *public_outcome, int ring_fd, uint64_t user_data) {
+UFORM_EXPORT uform_status_t uform_outcome_notify_ring(uform_outcome_t *public_outcome, int ring_fd,
+                                                      uint64_t user_data) {
     static char const entry[] = "uform_outcome_notify_ring";
     if (!public_outcome) return failed(UFORM_INVALID_ARGUMENT, entry, "outcome is NULL");
     outcome_t *outcome = outcome_of(public_outcome);
-    if (!outcome_is_initialized(outcome)) return failed(UFORM_INVALID_ARGUMENT, entry, "outcome was not initialized");
+    if (!outcome_is_initialized(outcome))
+        return failed(UFORM_INVALID_ARGUMENT, entry, "outcome was not initialized");
     if (outcome_word_status(atomic_load(&outcome->word)) == UFORM_PENDING)
         return failed(UFORM_INVALID_ARGUMENT, entry, "outcome is pending");
     if (ring_fd >= 0 && !loop_uring_available())
@@ -154,7 +160,8 @@ UFORM_EXPORT uform_model_t *uform_outcome_model(uform_outcome_t *public_outcome)
     if (!public_outcome) return NULL;
     outcome_t *outcome = outcome_of(public_outcome);
     if (!outcome_is_initialized(outcome)) return NULL;
-    if (outcome_word_status(atomic_load_explicit(&outcome->word, memory_order_acquire)) != UFORM_OK) return NULL;
+    if (outcome_word_status(atomic_load_explicit(&outcome->word, memory_order_acquire)) != UFORM_OK)
+        return NULL;
     if (outcome->product != OUTCOME_PRODUCT_MODEL) return NULL;
     uform_model_t *model = outcome->model;
     outcome->model = NULL;
@@ -164,12 +171,14 @@ UFORM_EXPORT uform_model_t *uform_outcome_model(uform_outcome_t *public_outcome)
 
 static uform_status_t outcome_product_status(outcome_t const *outcome, outcome_product_t product) {
     if (!outcome_is_initialized(outcome)) return UFORM_INVALID_ARGUMENT;
-    uform_status_t status = outcome_word_status(atomic_load_explicit(&((outcome_t *)outcome)->word, memory_order_acquire));
+    uform_status_t status =
+        outcome_word_status(atomic_load_explicit(&((outcome_t *)outcome)->word, memory_order_acquire));
     if (status != UFORM_OK) return status;
     return outcome->product == product ? UFORM_OK : UFORM_INVALID_ARGUMENT;
 }
 
-UFORM_EXPORT uform_status_t uform_outcome_encoded(uform_outcome_t const *public_outcome, uform_encoded_t *encoded) {
+UFORM_EXPORT uform_status_t uform_outcome_encoded(uform_outcome_t const *public_outcome,
+                                                  uform_encoded_t *encoded) {
     if (!public_outcome || !encoded) return UFORM_INVALID_ARGUMENT;
     outcome_t const *outcome = (outcome_t const *)(void const *)public_outcome->opaque;
     uform_status_t status = outcome_product_status(outcome, OUTCOME_PRODUCT_ENCODED);
@@ -177,7 +186,8 @@ UFORM_EXPORT uform_status_t uform_outcome_encoded(uform_outcome_t const *public_
     return status;
 }
 
-UFORM_EXPORT uform_status_t uform_outcome_probabilities(uform_outcome_t const *public_outcome, uform_view_t *view) {
+UFORM_EXPORT uform_status_t uform_outcome_probabilities(uform_outcome_t const *public_outcome,
+                                                        uform_view_t *view) {
     if (!public_outcome || !view) return UFORM_INVALID_ARGUMENT;
     outcome_t const *outcome = (outcome_t const *)(void const *)public_outcome->opaque;
     uform_status_t status = outcome_product_status(outcome, OUTCOME_PRODUCT_PROBABILITIES);
@@ -199,7 +209,8 @@ static void outcome_finalize(outcome_t *outcome, uform_status_t status, bool fro
     if (eventfd >= 0) {
         uint64_t one = 1;
         ssize_t written;
-        do written = write(eventfd, &one, sizeof one);
+        do
+            written = write(eventfd, &one, sizeof one);
         while (written < 0 && errno == EINTR);
     }
     if (ring_fd >= 0) loop_msg_ring(from_loop_thread ? loop : NULL, ring_fd, (int32_t)status, user_data);
@@ -211,7 +222,8 @@ uform_status_t call_refuse(uform_outcome_t *public_outcome, uform_status_t statu
     if (!public_outcome) return status;
     outcome_t *outcome = outcome_of(public_outcome);
     if (!outcome_is_initialized(outcome)) return status;
-    if (outcome_word_status(atomic_load(&outcome->word)) == UFORM_PENDING) return status; /* not ours to end */
+    if (outcome_word_status(atomic_load(&outcome->word)) == UFORM_PENDING)
+        return status; /* not ours to end */
     outcome->error = (uform_error_t){status, entry, message};
     outcome_drop_product(outcome);
     outcome_finalize(outcome, status, false, NULL);
@@ -224,7 +236,8 @@ uform_status_t call_begin(call_t *call, uform_executor_t *executor, outcome_t *o
     if (outcome_word_status(atomic_load(&outcome->word)) == UFORM_PENDING)
         return failed(UFORM_INVALID_ARGUMENT, entry, "outcome is still pending with another call");
     if (!executor) {
-        uform_status_t status = failed(UFORM_OUT_OF_MEMORY, entry, "cannot make the calling thread's executor");
+        uform_status_t status =
+            failed(UFORM_OUT_OF_MEMORY, entry, "cannot make the calling thread's executor");
         outcome->error = uform_last_error();
         outcome_finalize(outcome, status, false, NULL);
         return status;
@@ -271,7 +284,8 @@ void call_submit(call_t *call) {
     }
     if (executor->loop) {
         call->start(call);
-        while (outcome_word_status(atomic_load_explicit(&outcome->word, memory_order_acquire)) == UFORM_PENDING)
+        while (outcome_word_status(atomic_load_explicit(&outcome->word, memory_order_acquire)) ==
+               UFORM_PENDING)
             loop_run(executor->loop, true, 0);
     } else {
         call_finish(call, UFORM_IO, "cannot create the executor's event loop");
@@ -306,6 +320,7 @@ bool progress_report(uform_progress_t const *progress, size_t *next_step, size_t
     /* Threshold of step k: the first `completed` at or beyond k/steps of the total. */
     __uint128_t threshold = (__uint128_t)total * *next_step / steps;
     if ((__uint128_t)completed < threshold) return false;
-    while (*next_step <= steps && (__uint128_t)completed >= (__uint128_t)total * *next_step / steps) ++*next_step;
+    while (*next_step <= steps && (__uint128_t)completed >= (__uint128_t)total * *next_step / steps)
+        ++*next_step;
     return progress->handler(progress->state, completed, total) == UFORM_CANCEL;
 }

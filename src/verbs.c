@@ -3,13 +3,15 @@
  * its outcome too, when one is given). */
 #include "engine.h"
 
-static uform_status_t encode_validate(uform_model_t const *model, uform_outputs_t outputs, uform_arena_t const *arena,
-                                      uform_encode_config_t const *config, uform_encoded_t const *encoded,
-                                      uform_outcome_t const *outcome, uform_tape_t const *tape, char const **message) {
+static uform_status_t encode_validate(uform_model_t const *model, uform_outputs_t outputs,
+                                      uform_arena_t const *arena, uform_encode_config_t const *config,
+                                      uform_encoded_t const *encoded, uform_outcome_t const *outcome,
+                                      uform_tape_t const *tape, char const **message) {
     if (!model) return *message = "model is NULL", UFORM_INVALID_ARGUMENT;
     if (!arena) return *message = "arena is NULL", UFORM_INVALID_ARGUMENT;
     uint32_t known = UFORM_OUTPUT_EMBEDDINGS | UFORM_OUTPUT_TOKEN_VECTORS | UFORM_OUTPUT_STATES;
-    if (outputs == 0 || ((uint32_t)outputs & ~known)) return *message = "outputs is empty or unknown", UFORM_INVALID_ARGUMENT;
+    if (outputs == 0 || ((uint32_t)outputs & ~known))
+        return *message = "outputs is empty or unknown", UFORM_INVALID_ARGUMENT;
     if (!outcome && !encoded) return *message = "encoded is NULL", UFORM_INVALID_ARGUMENT;
     if (config) {
         if (uform_scalar_size(config->outputs_scalar) == 0)
@@ -17,8 +19,10 @@ static uform_status_t encode_validate(uform_model_t const *model, uform_outputs_
         if (config->matryoshka) {
             uform_model_info_t const *info = &model->header.info;
             bool listed = config->matryoshka == info->dims;
-            for (size_t i = 0; i < info->matryoshka_count; ++i) listed |= info->matryoshka[i] == config->matryoshka;
-            if (!listed) return *message = "matryoshka width is not one of the model's", UFORM_INVALID_ARGUMENT;
+            for (size_t i = 0; i < info->matryoshka_count; ++i)
+                listed |= info->matryoshka[i] == config->matryoshka;
+            if (!listed)
+                return *message = "matryoshka width is not one of the model's", UFORM_INVALID_ARGUMENT;
         }
     }
     return tape_validate(tape, message);
@@ -27,8 +31,8 @@ static uform_status_t encode_validate(uform_model_t const *model, uform_outputs_
 /* The shared tail of every encode verb not built yet. */
 static uform_status_t encode_refuse(char const *entry, uform_model_t const *model, uform_outputs_t outputs,
                                     uform_arena_t const *arena, uform_encode_config_t const *config,
-                                    uform_encoded_t const *encoded, uform_outcome_t *outcome, uform_tape_t const *tape,
-                                    bool has_tower, char const *no_tower) {
+                                    uform_encoded_t const *encoded, uform_outcome_t *outcome,
+                                    uform_tape_t const *tape, bool has_tower, char const *no_tower) {
     char const *message = NULL;
     uform_status_t status = encode_validate(model, outputs, arena, config, encoded, outcome, tape, &message);
     if (status != UFORM_OK) return call_refuse(outcome, status, entry, message);
@@ -36,8 +40,8 @@ static uform_status_t encode_refuse(char const *entry, uform_model_t const *mode
     return call_refuse(outcome, UFORM_UNSUPPORTED, entry, "this verb is not built yet");
 }
 
-#define ENCODE_REFUSE(entry, args, tape, tower, no_tower)                                                        \
-    encode_refuse(entry, (args)->model, (args)->outputs, (args)->arena, (args)->config, (args)->encoded,        \
+#define ENCODE_REFUSE(entry, args, tape, tower, no_tower)                                                    \
+    encode_refuse(entry, (args)->model, (args)->outputs, (args)->arena, (args)->config, (args)->encoded,     \
                   (args)->outcome, tape, (args)->model && (args)->model->header.info.tower, no_tower)
 
 UFORM_EXPORT uform_status_t uform_text_encode(uform_text_encode_args_t const *args) {
@@ -91,11 +95,13 @@ UFORM_EXPORT uform_status_t uform_text_choose(uform_text_choose_args_t const *ar
     uform_outcome_t *outcome = args->outcome;
     if (!args->model || !args->states || !args->arena)
         return call_refuse(outcome, UFORM_INVALID_ARGUMENT, entry, "model, states or arena is NULL");
-    if (!outcome && !args->probabilities) return call_refuse(outcome, UFORM_INVALID_ARGUMENT, entry, "probabilities is NULL");
+    if (!outcome && !args->probabilities)
+        return call_refuse(outcome, UFORM_INVALID_ARGUMENT, entry, "probabilities is NULL");
     char const *message = NULL;
     uform_status_t status = tape_validate(&args->choices, &message);
     if (status != UFORM_OK) return call_refuse(outcome, status, entry, message);
-    if (!args->model->header.info.has_text) return call_refuse(outcome, UFORM_UNSUPPORTED, entry, "the model has no text tower");
+    if (!args->model->header.info.has_text)
+        return call_refuse(outcome, UFORM_UNSUPPORTED, entry, "the model has no text tower");
     return call_refuse(outcome, UFORM_UNSUPPORTED, entry, "this verb is not built yet");
 }
 
@@ -126,8 +132,10 @@ UFORM_EXPORT size_t uform_mesh_size(uform_mesh_t const *mesh) {
 static uform_status_t trainer_init_refuse(uform_trainer_init_args_t const *args, char const *entry) {
     if (!args) return failed(UFORM_INVALID_ARGUMENT, entry, "args is NULL");
     if (!args->executor || !args->config || (!args->outcome && !args->trainer))
-        return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry, "executor, config or trainer is NULL");
-    if (args->config->hidden % 64) return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry, "hidden is not a multiple of 64");
+        return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry,
+                           "executor, config or trainer is NULL");
+    if (args->config->hidden % 64)
+        return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry, "hidden is not a multiple of 64");
     return call_refuse(args->outcome, UFORM_UNSUPPORTED, entry, "trainers are not built yet");
 }
 

@@ -71,7 +71,7 @@ static void assert_same_info(uform_model_info_t const *a, uform_model_info_t con
     assert_memory_equal(a, b, sizeof *a);
 }
 
-enum { RECEIVER_THREAD, RECEIVER_INLINE, RECEIVER_RAM, RECEIVER_POOL, RECEIVER_COUNT };
+enum { RECEIVER_THREAD, RECEIVER_INLINE, RECEIVER_RAM, RECEIVER_POOL, RECEIVER_RAM_DOMAIN, RECEIVER_COUNT };
 
 static size_t one_thread(void *pool) {
     (void)pool;
@@ -87,6 +87,8 @@ static uform_pool_vtable_t const pool_vtable = {one_thread, run_on_caller};
 
 static uform_executor_t *make_receiver(int receiver) {
     uform_executor_t *executor = NULL;
+    size_t domain = 0;
+    uform_ram_options_t options = uform_ram_options_default();
     switch (receiver) {
     case RECEIVER_THREAD:
         return NULL;
@@ -98,6 +100,11 @@ static uform_executor_t *make_receiver(int receiver) {
         break;
     case RECEIVER_POOL:
         assert_int_equal(uform_executor_create_pool(&pool_vtable, NULL, &executor), UFORM_OK);
+        break;
+    case RECEIVER_RAM_DOMAIN: /* weights bound to NUMA domain 0 through hwloc, where built */
+        options.domains = &domain;
+        options.domains_count = UFORM_WITH_HWLOC ? 1 : 0;
+        assert_int_equal(uform_executor_create_ram(&options, &executor), UFORM_OK);
         break;
     }
     return executor;

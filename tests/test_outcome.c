@@ -19,6 +19,9 @@
 #if UFORM_WITH_URING
 #include <liburing.h>
 #endif
+#if UFORM_WITH_FORK_UNION
+#include <fork_union.h>
+#endif
 
 /* ---- Executors made every way ------------------------------------------------------------------ */
 
@@ -448,6 +451,37 @@ static void thread_exit_frees_its_executor(void **state) {
     }
 }
 
+static void fork_union_pool(void **state) {
+    (void)state;
+#if UFORM_WITH_FORK_UNION
+    fu_pool_t *pool = fu_pool_new("uform-test");
+    assert_non_null(pool);
+    assert_true(fu_pool_spawn(pool, 2, fu_caller_inclusive_k));
+    uform_executor_t *executor = NULL;
+    assert_int_equal(uform_executor_create_fork_union(pool, &executor), UFORM_OK);
+    uform_executor_info_t info;
+    assert_int_equal(uform_executor_info(executor, &info), UFORM_OK);
+    assert_int_equal(info.kind, UFORM_EXECUTOR_POOL);
+    assert_int_equal(info.threads, 2);
+    fork_call_t fork = {.rounds = 100};
+    uform_outcome_t outcome;
+    uform_outcome_init(&outcome);
+    assert_int_equal(call_begin(&fork.call, executor, outcome_of(&outcome), "test"), UFORM_OK);
+    fork.call.start = fork_start;
+    call_submit(&fork.call);
+    assert_int_equal(uform_outcome_wait(&outcome), UFORM_OK);
+    assert_int_equal(atomic_load(&fork.visits.count[0]), 100);
+    assert_int_equal(atomic_load(&fork.visits.count[1]), 100);
+    uform_executor_free(executor);
+    fu_pool_delete(pool);
+#else
+    int pool = 0;
+    uform_executor_t *executor = NULL;
+    assert_int_equal(uform_executor_create_fork_union(&pool, &executor), UFORM_UNSUPPORTED);
+    skip();
+#endif
+}
+
 int main(void) {
     struct CMUnitTest const tests[] = {
         cmocka_unit_test(nop_on_every_receiver),
@@ -463,6 +497,7 @@ int main(void) {
         cmocka_unit_test(for_threads_reaches_every_thread),
         cmocka_unit_test(executor_info_and_options),
         cmocka_unit_test(thread_exit_frees_its_executor),
+        cmocka_unit_test(fork_union_pool),
     };
     printf("loop backend: %s\n", loop_default_backend() == LOOP_BACKEND_URING ? "io_uring" : "portable");
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -28,9 +28,12 @@ int main(int argc, char **argv) {
         uint64_t value = 0;
         if (!strcmp(argv[i], "--seed") || !strcmp(argv[i], "--depth") || !strcmp(argv[i], "--hidden")) {
             if (i + 1 >= argc || parse_number(argv[i + 1], &value) != 0) return usage(argv[0]);
-            if (!strcmp(argv[i], "--seed")) args.seed = value;
-            else if (!strcmp(argv[i], "--depth")) args.depth = (size_t)value;
-            else args.hidden = (size_t)value;
+            if (!strcmp(argv[i], "--seed"))
+                args.seed = value;
+            else if (!strcmp(argv[i], "--depth"))
+                args.depth = (size_t)value;
+            else
+                args.hidden = (size_t)value;
             ++i;
         } else if (argv[i][0] == '-' || args.path) {
             return usage(argv[0]);
