@@ -359,14 +359,16 @@ UFORM_EXPORT uform_status_t uform_view_row(uform_view_t const *view, size_t row,
 /* ---------------------------------------------------------------------------------------------- */
 
 /* Every list input: items end to end plus `count + 1` offsets, in elements of the tape (bytes for
- * texts, paths and encoded files; F32 samples for sounds; RGB8 bytes for pixels). Offsets must be
- * non-decreasing (else UFORM_INVALID_ARGUMENT, "offsets out of order"); offsets[0] need not be 0.
- * `data` may be host or device memory (classified through the CUDA driver where present); `offsets`
- * are host memory. */
+ * texts, paths and encoded files; F32 samples for sounds; RGB8 bytes for pixels). Item i spans
+ * [offsets[i], offsets[i + 1]). Offsets must be non-decreasing ("offsets out of order") and at most
+ * `length` ("offsets past the end of the tape"), else UFORM_INVALID_ARGUMENT; offsets[0] need not be
+ * 0. `data` may be host or device memory (classified through the CUDA driver where present);
+ * `offsets` are host memory. */
 typedef struct uform_tape {
     void const *data;
     size_t const *offsets;
-    size_t count;
+    size_t count;  /* items */
+    size_t length; /* elements `data` holds */
 } uform_tape_t;
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -463,7 +465,8 @@ typedef struct uform_encode_stats {
 
 typedef struct uform_encode_config {
     uform_scalar_t outputs_scalar; /* the kind outputs land as; F32 by default */
-    size_t matryoshka;             /* 0: full `dims`; else one of the model's matryoshka widths */
+    size_t matryoshka;             /* 0: full `dims`; else one of the model's matryoshka widths, which
+                                      narrows embeddings and token vectors alike */
     uform_progress_t progress;     /* completed and total are items */
     uform_encode_stats_t *stats;   /* written when the call is final; may be NULL */
 } uform_encode_config_t;
@@ -497,7 +500,16 @@ typedef enum uform_source {
     uform_encoded_t *encoded;                                                                                \
     uform_outcome_t *outcome /* NULL: blocking */
 
-/* Texts as bytes, no tokenizer. UNSUPPORTED in this build (the text tower issue builds it). */
+/* Texts as bytes, no tokenizer: BOS, then at most `context` bytes of each text (longer ones are cut
+ * and counted in stats.truncated; an empty text is valid, BOS alone), packed end to end without
+ * padding and split over the executor's threads. EMBEDDINGS: one row per text; TOKEN_VECTORS: one row
+ * per kept byte, grouped per text by item_offsets; STATES: the final state of each text's last
+ * position, `hidden` wide. Results are bitwise identical whatever the receiver and thread count, and
+ * a text's vectors do not depend on the other texts of the batch. Progress counts texts, reported
+ * between chunks of at most 2048 tokens. Answers UFORM_OK, UFORM_INVALID_ARGUMENT (a NULL or empty
+ * tape, offsets out of order or past the tape, an arena of another executor, a bad config),
+ * UFORM_CONTENDED (executor or arena held), UFORM_UNSUPPORTED (no text tower), UFORM_OUT_OF_MEMORY,
+ * UFORM_CANCELLED. */
 typedef struct uform_text_encode_args {
     UFORM_ENCODE_COMMON;
     uform_tape_t texts; /* bytes */
@@ -545,9 +557,13 @@ typedef struct uform_audio_encode_samples_args {
 } uform_audio_encode_samples_args_t;
 UFORM_EXPORT uform_status_t uform_audio_encode_samples(uform_audio_encode_samples_args_t const *args);
 
-/* Per item, the softmax over only that item's legal next bytes, through the tied byte table: one F32
- * per legal byte, grouped per item (view.item_offsets). `states` are text STATES of this model.
- * UNSUPPORTED in this build. */
+/* Per item, the softmax over only that item's legal next bytes, through the tied byte table. The view
+ * has one row of one F32 per legal byte, in the order each item lists them, grouped per item by
+ * `item_offsets`. `states` is a STATES view of this model produced by text_encode into another arena
+ * (this call rewinds its own), F32 or BF16, one row per item. An item with no legal byte or with a
+ * repeated one, a count of items other than the states' rows, or states in `arena` itself answer
+ * UFORM_INVALID_ARGUMENT. Answers UFORM_OK, UFORM_INVALID_ARGUMENT, UFORM_CONTENDED, UFORM_UNSUPPORTED
+ * (no text tower), UFORM_OUT_OF_MEMORY, UFORM_CANCELLED. */
 typedef struct uform_text_choose_args {
     uform_model_t *model;
     uform_executor_t *executor; /* NULL: the calling thread */
@@ -652,6 +668,8 @@ typedef struct uform_tiny_checkpoint_args {
     uint64_t seed;    /* the same seed writes the same bytes */
     size_t depth;     /* of every tower; 0 takes 2 */
     size_t hidden;    /* of every tower, a multiple of 64; 0 takes 64 */
+    size_t mlp;       /* of every tower; 0 takes 2 * hidden */
+    size_t context;   /* of the text tower, in bytes; 0 takes 64 */
 } uform_tiny_checkpoint_args_t;
 
 /* Writes a small, seeded, fully valid format-4 checkpoint with every tower (text, image, video,

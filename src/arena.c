@@ -102,9 +102,7 @@ UFORM_EXPORT uform_status_t uform_arena_reserve(uform_arena_t *arena, size_t byt
     return status == UFORM_OK ? status : failed(status, entry, "cannot allocate the arena's memory");
 }
 
-uform_status_t arena_begin(uform_arena_t *arena, uform_executor_t *executor) {
-    if (arena->executor && arena->executor->kind == UFORM_EXECUTOR_VRAM && arena->executor != executor)
-        return UFORM_INVALID_ARGUMENT;
+uform_status_t arena_begin(uform_arena_t *arena) {
     bool expected = false;
     if (!atomic_compare_exchange_strong(&arena->busy, &expected, true)) return UFORM_CONTENDED;
     atomic_fetch_add_explicit(&arena->generation, 1, memory_order_release);
@@ -202,7 +200,19 @@ uform_status_t tape_validate(uform_tape_t const *tape, char const **message) {
     for (size_t i = 0; i < tape->count; ++i)
         if (tape->offsets[i + 1] < tape->offsets[i])
             return *message = "tape offsets out of order", UFORM_INVALID_ARGUMENT;
+    if (tape->offsets[tape->count] > tape->length)
+        return *message = "tape offsets past the end of the tape", UFORM_INVALID_ARGUMENT;
     if (!tape->data && tape->offsets[tape->count] != tape->offsets[0])
         return *message = "tape data is NULL", UFORM_INVALID_ARGUMENT;
+    return UFORM_OK;
+}
+
+uform_status_t arena_check(uform_arena_t const *arena, uform_executor_t const *executor, char const **message) {
+    uform_executor_t const *owner = arena->executor;
+    if (!owner) return UFORM_OK;
+    if (executor && owner != executor)
+        return *message = "the arena belongs to another executor", UFORM_INVALID_ARGUMENT;
+    if (!executor && owner->kind == UFORM_EXECUTOR_VRAM)
+        return *message = "a device arena serves only its executor's calls", UFORM_INVALID_ARGUMENT;
     return UFORM_OK;
 }

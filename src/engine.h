@@ -111,6 +111,8 @@ bool progress_report(uform_progress_t const *progress, size_t *next_step, size_t
 
 typedef struct team team_t;
 
+#define EXECUTOR_CALL_STORAGE 1024
+
 struct uform_executor {
     uform_executor_kind_t kind;
     _Atomic size_t references;
@@ -137,7 +139,13 @@ struct uform_executor {
     uform_pool_vtable_t pool_vtable;
     void *pool;
 
-    /* The empty verb's state: one call at a time, so it lives here and nothing is allocated. */
+    /* One call at a time: the state of the verb in flight and its scratch live here, so a steady loop
+     * of calls allocates nothing. */
+    alignas(64) unsigned char call_storage[EXECUTOR_CALL_STORAGE];
+    void *scratch;
+    size_t scratch_bytes;
+
+    /* The empty verb's state. */
     struct {
         call_t call;
         loop_op_t timer;
@@ -168,6 +176,13 @@ void executor_for_threads(uform_executor_t *executor, void (*work)(void *context
 void *executor_allocate(uform_executor_t *executor, size_t bytes);
 void executor_deallocate(uform_executor_t *executor, void *memory, size_t bytes);
 
+/* The held executor's scratch, grown to at least `bytes` (its contents are not kept); NULL when out
+ * of memory. Valid until the next call on the executor. */
+void *executor_scratch(uform_executor_t *executor, size_t bytes);
+
+/* A verb whose state lives in `call_storage` asserts that it fits:
+ * _Static_assert(sizeof(state) <= EXECUTOR_CALL_STORAGE, ...). */
+
 /* ---- Arenas ------------------------------------------------------------------------------------- */
 
 typedef struct arena_block arena_block_t;
@@ -183,7 +198,7 @@ struct uform_arena {
 
 /* Takes the arena for one call (UFORM_CONTENDED when another call has it), rewinds it (coalescing
  * its blocks into one when the last call needed several) and bumps its generation. */
-uform_status_t arena_begin(uform_arena_t *arena, uform_executor_t *executor);
+uform_status_t arena_begin(uform_arena_t *arena);
 void arena_end(uform_arena_t *arena);
 
 /* Aligned memory for this call's outputs; never moves what was handed out earlier in the call.
@@ -195,8 +210,11 @@ uform_view_t arena_view(uform_arena_t *arena, void *data, size_t rows, size_t co
 
 /* ---- Models ------------------------------------------------------------------------------------- */
 
+struct tower;
+
 struct uform_model {
     _Atomic size_t references;
+    struct tower *text; /* prepared for the kernels when the model has a text tower */
     uform_executor_t *executor; /* owns the placement of `data`; NULL: plain host memory */
     checkpoint_header_t header;
     uint8_t *data; /* the data section: tensor t spans data + begin .. data + end */
@@ -207,8 +225,22 @@ struct uform_model {
 
 void model_retain(uform_model_t *model);
 
+/* Arenas of an executor serve its calls and calling-thread calls; host arenas serve any host call.
+ * UFORM_OK, or UFORM_INVALID_ARGUMENT with a message. */
+uform_status_t arena_check(uform_arena_t const *arena, uform_executor_t const *executor, char const **message);
+
 /* The bytes of a tensor, or NULL when absent. */
 void const *model_tensor(uform_model_t const *model, char const *name, checkpoint_tensor_t const **tensor);
+
+/* ---- Encode verbs ------------------------------------------------------------------------------ */
+
+/* The checks every encode verb makes before submission: model, arena (and its executor), outputs,
+ * config (scalar, matryoshka width), the results slot of a blocking call, and a non-empty, ordered
+ * tape. UFORM_OK, or UFORM_INVALID_ARGUMENT with a message. */
+uform_status_t encode_check(uform_model_t const *model, uform_executor_t const *executor, uform_outputs_t outputs,
+                            uform_arena_t const *arena, uform_encode_config_t const *config,
+                            uform_encoded_t const *encoded, uform_outcome_t const *outcome, uform_tape_t const *tape,
+                            char const **message);
 
 /* ---- Tapes -------------------------------------------------------------------------------------- */
 

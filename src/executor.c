@@ -213,6 +213,7 @@ static void executor_destroy(uform_executor_t *executor) {
         loop_destroy(executor->loop);
     }
     team_stop(executor->team);
+    executor_deallocate(executor, executor->scratch, executor->scratch_bytes);
 #if UFORM_WITH_HWLOC
     if (executor->cpuset) hwloc_bitmap_free(executor->cpuset);
     if (executor->nodeset) hwloc_bitmap_free(executor->nodeset);
@@ -515,6 +516,18 @@ void executor_deallocate(uform_executor_t *executor, void *memory, size_t bytes)
 #endif
     (void)bytes;
     free(memory);
+}
+
+void *executor_scratch(uform_executor_t *executor, size_t bytes) {
+    if (executor->scratch_bytes >= bytes) return executor->scratch;
+    /* Grow by half again, so that slowly growing batches settle after a few calls. */
+    size_t grown = bytes + bytes / 2;
+    void *scratch = executor_allocate(executor, grown);
+    if (!scratch) return NULL;
+    executor_deallocate(executor, executor->scratch, executor->scratch_bytes);
+    executor->scratch = scratch;
+    executor->scratch_bytes = grown;
+    return scratch;
 }
 
 /* ---- The empty verb ------------------------------------------------------------------------------ */

@@ -11,7 +11,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "engine.h"
+#include "tower.h"
 
 #define LOAD_CHUNK (1u << 20)
 #define LOAD_READS 4
@@ -51,6 +51,8 @@ void model_retain(uform_model_t *model) {
 }
 
 static void model_destroy(uform_model_t *model) {
+    if (model->text) tower_release(model->text);
+    free(model->text);
     if (model->mapping)
         munmap(model->mapping, model->mapping_size);
     else
@@ -79,7 +81,20 @@ void const *model_tensor(uform_model_t const *model, char const *name, checkpoin
 
 /* ---- The load state machine --------------------------------------------------------------------- */
 
+/* Packs the weights of every tower the engine runs for the active kernel path. */
+static uform_status_t model_prepare(uform_model_t *model) {
+    uform_model_info_t const *info = &model->header.info;
+    if (!info->has_text) return UFORM_OK;
+    model->text = calloc(1, sizeof *model->text);
+    if (!model->text) return UFORM_OUT_OF_MEMORY;
+    return tower_prepare(model->text, model, "text", &info->text.transformer);
+}
+
 static void load_finish(load_call_t *load) {
+    if (load->failure == UFORM_OK && model_prepare(load->model) != UFORM_OK) {
+        load->failure = UFORM_OUT_OF_MEMORY;
+        load->message = "cannot allocate the prepared weights";
+    }
     uform_status_t status = load->failure;
     if (load->fd >= 0) close(load->fd);
     free(load->json);

@@ -234,15 +234,15 @@ static char *metadata_text(tiny_sizes_t const *sizes) {
 /* The verb                                                                                       */
 /* ---------------------------------------------------------------------------------------------- */
 
-/* Every tower shares depth and hidden; the rest are the tiny model's fixed sizes. */
-static tiny_sizes_t tiny_sizes(size_t depth, size_t hidden) {
+/* Every tower shares depth, hidden and mlp; the rest are the tiny model's fixed sizes. */
+static tiny_sizes_t tiny_sizes(size_t depth, size_t hidden, size_t mlp, size_t context) {
     tiny_sizes_t sizes = {
         .depth = depth,
         .hidden = hidden,
         .heads = hidden / 64,
-        .mlp = 2 * hidden,
+        .mlp = mlp,
         .dims = TINY_DIMS,
-        .context = 64,
+        .context = context,
         .size = 32,
         .patch = 8,
         .frames = 4,
@@ -263,12 +263,15 @@ UFORM_EXPORT uform_status_t uform_tiny_checkpoint(uform_tiny_checkpoint_args_t c
     if (!args->path || args->path[0] == '\0')
         return failed(UFORM_INVALID_ARGUMENT, TINY_ENTRY, "path is empty");
     size_t const depth = args->depth ? args->depth : TINY_DEPTH,
-                 hidden = args->hidden ? args->hidden : TINY_HIDDEN;
+                 hidden = args->hidden ? args->hidden : TINY_HIDDEN, mlp = args->mlp ? args->mlp : 2 * hidden,
+                 context = args->context ? args->context : 64;
     if (hidden % 64 != 0) return failed(UFORM_INVALID_ARGUMENT, TINY_ENTRY, "hidden is not a multiple of 64");
     if (hidden > 65536) return failed(UFORM_INVALID_ARGUMENT, TINY_ENTRY, "hidden over 65536");
     if (depth > 1024) return failed(UFORM_INVALID_ARGUMENT, TINY_ENTRY, "depth over 1024");
+    if (mlp > (1u << 20)) return failed(UFORM_INVALID_ARGUMENT, TINY_ENTRY, "mlp over 1048576");
+    if (context > (1u << 24)) return failed(UFORM_INVALID_ARGUMENT, TINY_ENTRY, "context over 16777216");
 
-    tiny_sizes_t const sizes = tiny_sizes(depth, hidden);
+    tiny_sizes_t const sizes = tiny_sizes(depth, hidden, mlp, context);
     size_t const towers = 3, per_tower = 10 * depth + 2, extras = 1 + 4 + 4 + 2;
     tiny_builder_t builder;
     char *metadata = NULL;

@@ -1,54 +1,52 @@
-/* The verbs that later issues build. Each validates its arguments exactly as the built verb will, so
+/* The verbs that later issues build, and the validation every encode verb shares. Each stub validates its arguments exactly as the built verb will, so
  * that callers see the final behaviour for bad input today, then answers UFORM_UNSUPPORTED (through
  * its outcome too, when one is given). */
 #include "engine.h"
 
-static uform_status_t encode_validate(uform_model_t const *model, uform_outputs_t outputs,
-                                      uform_arena_t const *arena, uform_encode_config_t const *config,
-                                      uform_encoded_t const *encoded, uform_outcome_t const *outcome,
-                                      uform_tape_t const *tape, char const **message) {
+uform_status_t encode_check(uform_model_t const *model, uform_executor_t const *executor, uform_outputs_t outputs,
+                            uform_arena_t const *arena, uform_encode_config_t const *config,
+                            uform_encoded_t const *encoded, uform_outcome_t const *outcome, uform_tape_t const *tape,
+                            char const **message) {
     if (!model) return *message = "model is NULL", UFORM_INVALID_ARGUMENT;
     if (!arena) return *message = "arena is NULL", UFORM_INVALID_ARGUMENT;
     uint32_t known = UFORM_OUTPUT_EMBEDDINGS | UFORM_OUTPUT_TOKEN_VECTORS | UFORM_OUTPUT_STATES;
     if (outputs == 0 || ((uint32_t)outputs & ~known))
         return *message = "outputs is empty or unknown", UFORM_INVALID_ARGUMENT;
     if (!outcome && !encoded) return *message = "encoded is NULL", UFORM_INVALID_ARGUMENT;
+    if (executor && executor->kind == UFORM_EXECUTOR_VRAM)
+        return *message = "a host model runs on host executors", UFORM_INVALID_ARGUMENT;
     if (config) {
         if (uform_scalar_size(config->outputs_scalar) == 0)
             return *message = "unknown outputs scalar", UFORM_INVALID_ARGUMENT;
         if (config->matryoshka) {
             uform_model_info_t const *info = &model->header.info;
             bool listed = config->matryoshka == info->dims;
-            for (size_t i = 0; i < info->matryoshka_count; ++i)
-                listed |= info->matryoshka[i] == config->matryoshka;
-            if (!listed)
-                return *message = "matryoshka width is not one of the model's", UFORM_INVALID_ARGUMENT;
+            for (size_t i = 0; i < info->matryoshka_count; ++i) listed |= info->matryoshka[i] == config->matryoshka;
+            if (!listed) return *message = "matryoshka width is not one of the model's", UFORM_INVALID_ARGUMENT;
         }
     }
+    uform_status_t status = arena_check(arena, executor, message);
+    if (status != UFORM_OK) return status;
+    if (tape->count == 0) return *message = "the tape holds no items", UFORM_INVALID_ARGUMENT;
     return tape_validate(tape, message);
 }
 
 /* The shared tail of every encode verb not built yet. */
-static uform_status_t encode_refuse(char const *entry, uform_model_t const *model, uform_outputs_t outputs,
-                                    uform_arena_t const *arena, uform_encode_config_t const *config,
-                                    uform_encoded_t const *encoded, uform_outcome_t *outcome,
-                                    uform_tape_t const *tape, bool has_tower, char const *no_tower) {
+static uform_status_t encode_refuse(char const *entry, uform_model_t const *model, uform_executor_t const *executor,
+                                    uform_outputs_t outputs, uform_arena_t const *arena,
+                                    uform_encode_config_t const *config, uform_encoded_t const *encoded,
+                                    uform_outcome_t *outcome, uform_tape_t const *tape, bool has_tower,
+                                    char const *no_tower) {
     char const *message = NULL;
-    uform_status_t status = encode_validate(model, outputs, arena, config, encoded, outcome, tape, &message);
+    uform_status_t status = encode_check(model, executor, outputs, arena, config, encoded, outcome, tape, &message);
     if (status != UFORM_OK) return call_refuse(outcome, status, entry, message);
     if (!has_tower) return call_refuse(outcome, UFORM_UNSUPPORTED, entry, no_tower);
     return call_refuse(outcome, UFORM_UNSUPPORTED, entry, "this verb is not built yet");
 }
 
 #define ENCODE_REFUSE(entry, args, tape, tower, no_tower)                                                    \
-    encode_refuse(entry, (args)->model, (args)->outputs, (args)->arena, (args)->config, (args)->encoded,     \
-                  (args)->outcome, tape, (args)->model && (args)->model->header.info.tower, no_tower)
-
-UFORM_EXPORT uform_status_t uform_text_encode(uform_text_encode_args_t const *args) {
-    static char const entry[] = "uform_text_encode";
-    if (!args) return failed(UFORM_INVALID_ARGUMENT, entry, "args is NULL");
-    return ENCODE_REFUSE(entry, args, &args->texts, has_text, "the model has no text tower");
-}
+    encode_refuse(entry, (args)->model, (args)->executor, (args)->outputs, (args)->arena, (args)->config,    \
+                  (args)->encoded, (args)->outcome, tape, (args)->model && (args)->model->header.info.tower, no_tower)
 
 UFORM_EXPORT uform_status_t uform_image_encode(uform_image_encode_args_t const *args) {
     static char const entry[] = "uform_image_encode";
@@ -87,22 +85,6 @@ UFORM_EXPORT uform_status_t uform_audio_encode_samples(uform_audio_encode_sample
     if (!args) return failed(UFORM_INVALID_ARGUMENT, entry, "args is NULL");
     if (args->rate == 0) return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry, "rate is 0");
     return ENCODE_REFUSE(entry, args, &args->samples, has_audio, "the model has no audio tower");
-}
-
-UFORM_EXPORT uform_status_t uform_text_choose(uform_text_choose_args_t const *args) {
-    static char const entry[] = "uform_text_choose";
-    if (!args) return failed(UFORM_INVALID_ARGUMENT, entry, "args is NULL");
-    uform_outcome_t *outcome = args->outcome;
-    if (!args->model || !args->states || !args->arena)
-        return call_refuse(outcome, UFORM_INVALID_ARGUMENT, entry, "model, states or arena is NULL");
-    if (!outcome && !args->probabilities)
-        return call_refuse(outcome, UFORM_INVALID_ARGUMENT, entry, "probabilities is NULL");
-    char const *message = NULL;
-    uform_status_t status = tape_validate(&args->choices, &message);
-    if (status != UFORM_OK) return call_refuse(outcome, status, entry, message);
-    if (!args->model->header.info.has_text)
-        return call_refuse(outcome, UFORM_UNSUPPORTED, entry, "the model has no text tower");
-    return call_refuse(outcome, UFORM_UNSUPPORTED, entry, "this verb is not built yet");
 }
 
 /* ---- Mesh and trainer --------------------------------------------------------------------------- */

@@ -14,7 +14,7 @@ static void stale_view_is_refused(void **state) {
     (void)state;
     uform_arena_t *arena = NULL;
     assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
-    assert_int_equal(arena_begin(arena, NULL), UFORM_OK);
+    assert_int_equal(arena_begin(arena), UFORM_OK);
     float *rows = arena_allocate(arena, 4 * 8 * sizeof(float), 64);
     assert_non_null(rows);
     for (int i = 0; i < 32; ++i)
@@ -31,7 +31,7 @@ static void stale_view_is_refused(void **state) {
 
     /* The next call rewinds the arena: the old view is stale, whatever its memory now holds. */
     uint64_t generation = uform_arena_generation(arena);
-    assert_int_equal(arena_begin(arena, NULL), UFORM_OK);
+    assert_int_equal(arena_begin(arena), UFORM_OK);
     assert_int_equal(uform_arena_generation(arena), generation + 1);
     arena_end(arena);
     assert_int_equal(uform_view_check(&view), UFORM_INVALID_ARGUMENT);
@@ -46,7 +46,7 @@ static void device_view_refuses_host_access(void **state) {
     (void)state;
     uform_arena_t *arena = NULL;
     assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
-    assert_int_equal(arena_begin(arena, NULL), UFORM_OK);
+    assert_int_equal(arena_begin(arena), UFORM_OK);
     uform_view_t view = arena_view(arena, arena_allocate(arena, 64, 64), 1, 16, UFORM_F32);
     arena_end(arena);
     view.device = true; /* as a VRAM executor's arena marks them */
@@ -66,7 +66,7 @@ static void growth_never_moves_outputs(void **state) {
 
     for (int call = 0; call < 3; ++call) {
         size_t capacity_before = uform_arena_capacity(arena);
-        assert_int_equal(arena_begin(arena, NULL), UFORM_OK);
+        assert_int_equal(arena_begin(arena), UFORM_OK);
         size_t capacity_rewound = uform_arena_capacity(arena);
         unsigned char *pieces[16];
         size_t const size = 100000; /* 16 of these outgrow the first block several times */
@@ -94,14 +94,14 @@ static void arena_contention_and_reserve(void **state) {
     assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
     assert_int_equal(uform_arena_reserve(arena, 1 << 20), UFORM_OK);
     assert_true(uform_arena_capacity(arena) >= (1 << 20));
-    assert_int_equal(arena_begin(arena, NULL), UFORM_OK);
-    assert_int_equal(arena_begin(arena, NULL), UFORM_CONTENDED);
+    assert_int_equal(arena_begin(arena), UFORM_OK);
+    assert_int_equal(arena_begin(arena), UFORM_CONTENDED);
     assert_int_equal(uform_arena_reserve(arena, 2 << 20), UFORM_CONTENDED);
     arena_end(arena);
     assert_int_equal(uform_arena_reserve(arena, SIZE_MAX / 4), UFORM_OUT_OF_MEMORY);
     assert_int_equal(uform_last_error().status, UFORM_OUT_OF_MEMORY);
     /* Still usable after the failure. */
-    assert_int_equal(arena_begin(arena, NULL), UFORM_OK);
+    assert_int_equal(arena_begin(arena), UFORM_OK);
     assert_non_null(arena_allocate(arena, 1000, 16));
     arena_end(arena);
     uform_arena_free(arena);
@@ -124,7 +124,7 @@ static void arena_on_a_domain(void **state) {
     uform_arena_t *arena = NULL;
     assert_int_equal(uform_arena_create(executor, &arena), UFORM_OK);
     assert_int_equal(uform_arena_reserve(arena, 3 << 20), UFORM_OK);
-    assert_int_equal(arena_begin(arena, executor), UFORM_OK);
+    assert_int_equal(arena_begin(arena), UFORM_OK);
     unsigned char *bytes = arena_allocate(arena, 5 << 20, 64);
     assert_non_null(bytes);
     memset(bytes, 7, 5 << 20);
@@ -141,15 +141,19 @@ static void tapes_are_validated(void **state) {
     char const text[] = "a cata dog";
     size_t offsets[] = {0, 5, 10};
     char const *message = NULL;
-    uform_tape_t tape = {text, offsets, 2};
+    uform_tape_t tape = {text, offsets, 2, 10};
     assert_int_equal(tape_validate(&tape, &message), UFORM_OK);
     size_t backwards[] = {0, 6, 5};
     tape.offsets = backwards;
     assert_int_equal(tape_validate(&tape, &message), UFORM_INVALID_ARGUMENT);
     assert_string_equal(message, "tape offsets out of order");
-    tape = (uform_tape_t){NULL, offsets, 2};
+    size_t beyond[] = {0, 5, 11};
+    tape.offsets = beyond;
     assert_int_equal(tape_validate(&tape, &message), UFORM_INVALID_ARGUMENT);
-    tape = (uform_tape_t){text, NULL, 2};
+    assert_string_equal(message, "tape offsets past the end of the tape");
+    tape = (uform_tape_t){NULL, offsets, 2, 10};
+    assert_int_equal(tape_validate(&tape, &message), UFORM_INVALID_ARGUMENT);
+    tape = (uform_tape_t){text, NULL, 2, 10};
     assert_int_equal(tape_validate(&tape, &message), UFORM_INVALID_ARGUMENT);
     tape = (uform_tape_t){NULL, NULL, 0};
     assert_int_equal(tape_validate(&tape, &message), UFORM_OK);

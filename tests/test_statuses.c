@@ -150,7 +150,7 @@ static void encode_verbs_validate_then_refuse(void **state) {
     assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
     char const text[] = "a cata dog";
     size_t offsets[] = {0, 5, 10}, backwards[] = {0, 6, 5}, sides[] = {1, 1};
-    uform_tape_t good = {text, offsets, 2}, bad = {text, backwards, 2};
+    uform_tape_t good = {text, offsets, 2, 10}, bad = {text, backwards, 2, 10};
     uform_encoded_t encoded;
     uform_outcome_t outcome;
     uform_outcome_init(&outcome);
@@ -161,7 +161,7 @@ static void encode_verbs_validate_then_refuse(void **state) {
                                      .encoded = &encoded,
                                      .texts = good};
     assert_int_equal(uform_text_encode(NULL), UFORM_INVALID_ARGUMENT);
-    assert_int_equal(uform_text_encode(&args), UFORM_UNSUPPORTED);
+    assert_int_equal(uform_text_encode(&args), UFORM_UNSUPPORTED); /* no prepared text tower */
     args.texts = bad;
     assert_int_equal(uform_text_encode(&args), UFORM_INVALID_ARGUMENT);
     assert_string_equal(uform_last_error().message, "tape offsets out of order");
@@ -248,20 +248,30 @@ static void encode_verbs_validate_then_refuse(void **state) {
                                                .outputs = UFORM_OUTPUT_EMBEDDINGS,
                                                .arena = arena,
                                                .encoded = &encoded,
-                                               .samples = {samples, sample_offsets, 1},
+                                               .samples = {samples, sample_offsets, 1, 4},
                                                .rate = 16000};
     assert_int_equal(uform_audio_encode_samples(&sound), UFORM_UNSUPPORTED);
     sound.rate = 0;
     assert_int_equal(uform_audio_encode_samples(&sound), UFORM_INVALID_ARGUMENT);
     assert_int_equal(uform_audio_encode_samples(NULL), UFORM_INVALID_ARGUMENT);
 
-    uform_view_t states = {0}, probabilities;
+    /* States in an arena of their own; the fake model has no prepared tower to read them with. */
+    uform_arena_t *states_arena = NULL;
+    assert_int_equal(uform_arena_create_host(&states_arena), UFORM_OK);
+    assert_int_equal(arena_begin(states_arena), UFORM_OK);
+    uform_view_t states = arena_view(states_arena, arena_allocate(states_arena, 2 * 64 * sizeof(float), 64), 2, 64,
+                                     UFORM_F32),
+                 probabilities;
+    arena_end(states_arena);
+    char const legal[] = "abcdef";
+    size_t legal_offsets[] = {0, 3, 6};
+    uform_tape_t distinct = {legal, legal_offsets, 2, 6};
     uform_text_choose_args_t choose = {
-        .model = model, .states = &states, .choices = good, .arena = arena, .probabilities = &probabilities};
+        .model = model, .states = &states, .choices = distinct, .arena = arena, .probabilities = &probabilities};
     assert_int_equal(uform_text_choose(&choose), UFORM_UNSUPPORTED);
     choose.choices = bad;
     assert_int_equal(uform_text_choose(&choose), UFORM_INVALID_ARGUMENT);
-    choose.choices = good;
+    choose.choices = distinct;
     choose.model = empty;
     assert_int_equal(uform_text_choose(&choose), UFORM_UNSUPPORTED);
     choose.states = NULL;
@@ -270,6 +280,7 @@ static void encode_verbs_validate_then_refuse(void **state) {
 
     uform_outcome_destroy(&outcome);
     uform_arena_free(arena);
+    uform_arena_free(states_arena);
     uform_model_free(model);
     uform_model_free(empty);
 }

@@ -1,4 +1,4 @@
-/* uform_tiny_checkpoint <path> [--seed N] [--depth N] [--hidden N]
+/* uform_tiny_checkpoint <path> [--seed N] [--depth N] [--hidden N] [--mlp N] [--context N]
  * Writes a small, seeded, valid format-4 checkpoint with every tower. */
 #include <errno.h>
 #include <inttypes.h>
@@ -9,7 +9,7 @@
 #include <uform.h>
 
 static int usage(char const *program) {
-    fprintf(stderr, "usage: %s <path> [--seed N] [--depth N] [--hidden N]\n", program);
+    fprintf(stderr, "usage: %s <path> [--seed N] [--depth N] [--hidden N] [--mlp N] [--context N]\n", program);
     return 2;
 }
 
@@ -26,14 +26,19 @@ int main(int argc, char **argv) {
     uform_tiny_checkpoint_args_t args = {.path = NULL, .seed = 42};
     for (int i = 1; i < argc; ++i) {
         uint64_t value = 0;
-        if (!strcmp(argv[i], "--seed") || !strcmp(argv[i], "--depth") || !strcmp(argv[i], "--hidden")) {
+        if (!strcmp(argv[i], "--seed") || !strcmp(argv[i], "--depth") || !strcmp(argv[i], "--hidden") ||
+            !strcmp(argv[i], "--mlp") || !strcmp(argv[i], "--context")) {
             if (i + 1 >= argc || parse_number(argv[i + 1], &value) != 0) return usage(argv[0]);
             if (!strcmp(argv[i], "--seed"))
                 args.seed = value;
             else if (!strcmp(argv[i], "--depth"))
                 args.depth = (size_t)value;
-            else
+            else if (!strcmp(argv[i], "--hidden"))
                 args.hidden = (size_t)value;
+            else if (!strcmp(argv[i], "--mlp"))
+                args.mlp = (size_t)value;
+            else
+                args.context = (size_t)value;
             ++i;
         } else if (argv[i][0] == '-' || args.path) {
             return usage(argv[0]);

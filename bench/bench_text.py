@@ -1,0 +1,295 @@
+#!/usr/bin/env python3
+"""Texts per second of the C engine beside PyTorch and ONNX Runtime, and BF16 GEMM beside PyTorch.
+
+    python3 bench/bench_text.py --build build [--threads 2] [--texts 256] [--batch 64]
+
+On one base-sized checkpoint written by the tiny checkpoint tool (depth 12, hidden 768, mlp 3072,
+seed 3), with the same weights and the same number of threads everywhere, on seeded random texts of
+64 to 256 printable bytes (cut to the model's `context`, as every engine does):
+  (a) the C engine through ctypes: a RAM executor of `--threads` threads, embeddings, F32 output;
+  (b) PyTorch eager, the independent reference (tests/reference/uform_reference.py) in bfloat16
+      (and float32 with --torch-f32: Debian's PyTorch has no optimized float32 BLAS, about 4 GFLOP/s,
+      while its bfloat16 goes through oneDNN), torch.set_num_threads(threads);
+  (c) ONNX Runtime (pip package onnxruntime) on the reference exported to ONNX (opset 17) in
+      float32, intra_op_num_threads = threads; bfloat16 is attempted and its failure reported.
+Every engine gets the same batches, one warm-up batch first, then whole passes over the texts
+until --min-seconds have passed (at least one pass). Then BF16 GEMM: `<build>/bench/bench_gemm --json` beside
+torch.matmul in bfloat16 at the same shapes (m = 512) and threads, with both as a share of the
+peak bench_gemm measures.
+
+It prints figures and ratios and never fails on time: a missing piece (onnxruntime, bench_gemm,
+a verb that answers UNSUPPORTED) is printed as such and the rest still runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPOSITORY = HERE.parent
+REFERENCE = REPOSITORY / "tests" / "reference"
+GEMM_SHAPES = [(2304, 768), (768, 768), (3072, 768), (768, 3072)]  # (n, k): qkv, out, up, down of the base model
+GEMM_M = 512
+
+
+def _interpreter_with_torch() -> None:
+    """Re-runs under the project's .venv or Debian's python3 when this one has no PyTorch."""
+    try:
+        import torch  # noqa: F401
+        return
+    except ImportError:
+        pass
+    if not os.environ.get("UFORM_REFERENCE_REEXEC"):
+        here = os.path.realpath(sys.executable)
+        for candidate in (REPOSITORY / ".venv" / "bin" / "python3", Path("/usr/bin/python3")):
+            if candidate.exists() and os.path.realpath(candidate) != here and \
+                    subprocess.run([str(candidate), "-c", "import torch"], capture_output=True).returncode == 0:
+                os.execve(str(candidate), [str(candidate), *sys.argv], {**os.environ, "UFORM_REFERENCE_REEXEC": "1"})
+    print("PyTorch cannot be imported: nothing to compare with")
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    _interpreter_with_torch()
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+sys.path.insert(0, str(REFERENCE))
+import export_onnx  # noqa: E402
+import test_text_reference as harness  # noqa: E402  (its ctypes mirror of uform.h)
+import uform_reference as ref  # noqa: E402
+
+
+def measure(run, min_seconds: float, warm_up=None) -> float:
+    """Seconds per call of `run`, after one call of `warm_up` (default: `run`), over at least
+    `min_seconds` (at least one call)."""
+    (warm_up or run)()
+    calls, start = 0, time.perf_counter()
+    while True:
+        run()
+        calls += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= min_seconds:
+            return elapsed / calls
+
+
+def make_texts(count: int, seed: int) -> list:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(32, 127, size=int(rng.integers(64, 257)), dtype=np.uint8).tobytes() for _ in range(count)]
+
+
+def write_checkpoint(tool: str, path: Path, depth: int, hidden: int, mlp: int, context: int, seed: int) -> str:
+    """The base checkpoint, written by the tool. Answers the command, as a note."""
+    flags = ["--depth", str(depth), "--hidden", str(hidden), "--mlp", str(mlp), "--context", str(context),
+             "--seed", str(seed)]
+    subprocess.run([tool, str(path), *flags], check=True, capture_output=True)
+    return f"{Path(tool).name} {' '.join(flags)}"
+
+
+def batches(texts: list, size: int) -> list:
+    return [texts[i : i + size] for i in range(0, len(texts), size)]
+
+
+# ------------------------------------------------------------------------------------------------
+# The engines
+# ------------------------------------------------------------------------------------------------
+
+
+def bench_uform(library: str, checkpoint: Path, texts: list, batch: int, threads: int, min_seconds: float):
+    """Answers (texts per second or None, a note, the embeddings of the first batch or None)."""
+    try:
+        engine = harness.Engine(library)
+    except OSError as error:
+        return None, f"cannot load {library}: {error}", None
+    executor = arena = model = None
+    try:
+        executor = engine.ram_executor(threads)
+        arena = engine.arena(executor)
+        model = engine.load(str(checkpoint), executor)
+        groups = batches(texts, batch)
+
+        def encode(group):
+            return engine.encode(model, group, harness.OUTPUT_EMBEDDINGS, arena, executor)["embeddings"]["values"]
+
+        first = encode(groups[0])  # the warm-up
+        seconds = measure(lambda: [encode(g) for g in groups], min_seconds, warm_up=lambda: None)
+        return len(texts) / seconds, "", first
+    except harness.EngineError as error:
+        return None, str(error), None
+    finally:
+        if model:
+            engine.library.uform_model_free(model)
+        if arena:
+            engine.library.uform_arena_free(arena)
+        if executor:
+            engine.library.uform_executor_free(executor)
+
+
+def bench_torch(checkpoint: Path, texts: list, batch: int, threads: int, min_seconds: float, dtype):
+    torch.set_num_threads(threads)
+    model = ref.Reference(str(checkpoint), dtype)
+    embedder = export_onnx.TextEmbedder(model.text).eval()
+    inputs = [tuple(torch.from_numpy(a) for a in export_onnx.make_batch(g, model.text.context)) for g in batches(texts, batch)]
+    with torch.inference_mode():
+        first = embedder(*inputs[0]).float().numpy()  # the warm-up
+        seconds = measure(lambda: [embedder(*i) for i in inputs], min_seconds, warm_up=lambda: None)
+    return len(texts) / seconds, first
+
+
+def bench_ort(checkpoint: Path, workdir: Path, texts: list, batch: int, threads: int, min_seconds: float):
+    """Answers (float32 texts per second or None, note, bf16 note)."""
+    try:
+        import onnxruntime
+    except ImportError:
+        return None, "not installed (pip install onnxruntime)", "not installed"
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
+    path = workdir / f"{checkpoint.stem}.onnx"
+    embedder = export_onnx.export(str(checkpoint), str(path))
+    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    feeds = [dict(zip(("ids", "last"), export_onnx.make_batch(g, embedder.tower.context))) for g in batches(texts, batch)]
+    seconds = measure(lambda: [session.run(None, f) for f in feeds], min_seconds, warm_up=lambda: session.run(None, feeds[0]))
+    bf16_note = "not supported by ONNX Runtime's CPU provider"
+    bf16_path = workdir / f"{checkpoint.stem}-bf16.onnx"
+    try:
+        export_onnx.export(str(checkpoint), str(bf16_path), torch.bfloat16)
+        onnxruntime.InferenceSession(str(bf16_path), options, providers=["CPUExecutionProvider"])
+        bf16_note = "a session was created; not timed"
+    except Exception as error:  # the reason, shortened: ORT names the first node it has no kernel for
+        reason = str(error).strip().splitlines()[-1]
+        bf16_note += f" ({reason[reason.find('Could not'):] if 'Could not' in reason else reason[:120]})"
+    return len(texts) / seconds, "", bf16_note
+
+
+# ------------------------------------------------------------------------------------------------
+# GEMM
+# ------------------------------------------------------------------------------------------------
+
+
+def gemm_uform(build: Path) -> tuple[list, dict, str]:
+    """Runs bench_gemm --json: answers (records, peak GFLOP/s per thread count, note)."""
+    exe = build / "bench" / "bench_gemm"
+    if not exe.exists():
+        return [], {}, f"{exe} not built"
+    ran = subprocess.run([str(exe), "--json"], capture_output=True, text=True)
+    if ran.returncode != 0:
+        return [], {}, f"bench_gemm exited {ran.returncode}: {ran.stderr.strip()[:200]}"
+    records, peaks = [], {}
+    for line in ran.stdout.splitlines():
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if "peak_gflops" in item:
+            peaks[int(item.get("threads", 0))] = float(item["peak_gflops"])
+        elif "gflops" in item:
+            records.append(item)
+    return records, peaks, ""
+
+
+def gemm_torch(n: int, k: int, m: int, threads: int, min_seconds: float) -> float:
+    torch.set_num_threads(threads)
+    generator = torch.Generator().manual_seed(0)
+    a = torch.randn(m, k, generator=generator).to(torch.bfloat16)
+    w = torch.randn(n, k, generator=generator).to(torch.bfloat16)  # [out, in], as a linear layer
+    with torch.inference_mode():
+        seconds = measure(lambda: torch.matmul(a, w.t()), min_seconds)
+    return 2.0 * m * n * k / seconds / 1e9
+
+
+def ratio(a, b) -> str:
+    return f"{a / b:.2f}" if a and b else "n/a"
+
+
+def figure(x, unit="") -> str:
+    return f"{x:.1f}{unit}" if x else "n/a"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--build", default=str(REPOSITORY / "build"), help="the meson build folder")
+    parser.add_argument("--library", help="libuform.so (default: <build>/libuform.so)")
+    parser.add_argument("--tiny-checkpoint-tool", help="default: <build>/src/tools/uform_tiny_checkpoint")
+    parser.add_argument("--workdir", help="checkpoint and ONNX files (default: <build>/bench-text)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--texts", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=64, help="texts per call, for every engine")
+    parser.add_argument("--seed", type=int, default=3)
+    parser.add_argument("--min-seconds", type=float, default=3.0, help="timed at least this long, per engine")
+    parser.add_argument("--torch-f32", action="store_true",
+                        help="also PyTorch in float32 (slow where PyTorch has no optimized BLAS, as Debian's)")
+    parser.add_argument("--no-gemm", action="store_true")
+    args = parser.parse_args(argv)
+
+    build = Path(args.build)
+    library = args.library or str(build / "libuform.so")
+    tool = args.tiny_checkpoint_tool or str(build / "src" / "tools" / "uform_tiny_checkpoint")
+    workdir = Path(args.workdir or build / "bench-text")
+    workdir.mkdir(parents=True, exist_ok=True)
+    checkpoint = workdir / "base-d12-h768-m3072-c256-s3.safetensors"
+    made, text = "reused", None
+    if checkpoint.exists():
+        text = json.loads(ref.read_safetensors(str(checkpoint), prefixes=("none.",))[1]["uform"])["text"]
+    if not text or (text["depth"], text["hidden"], text["mlp"], text["context"]) != (12, 768, 3072, 256):
+        made = write_checkpoint(tool, checkpoint, 12, 768, 3072, 256, args.seed)
+        text = json.loads(ref.read_safetensors(str(checkpoint), prefixes=("none.",))[1]["uform"])["text"]
+    texts = make_texts(args.texts, args.seed)
+
+    print(f"checkpoint {checkpoint} ({made}): text depth {text['depth']}, hidden {text['hidden']}, mlp {text['mlp']}, "
+          f"context {text['context']}")
+    cut = sum(len(t) > int(text["context"]) for t in texts)
+    print(f"{len(texts)} texts of 64..256 printable bytes (seed {args.seed}); {cut} longer than context "
+          f"{text['context']} are cut to it by every engine; batches of {args.batch}; {args.threads} threads; "
+          f"PyTorch {torch.__version__}")
+
+    rows = []
+    uform_rate, note, uform_first = bench_uform(library, checkpoint, texts, args.batch, args.threads, args.min_seconds)
+    rows.append(("uform (C, RAM executor, F32 out)", uform_rate, note))
+    torch_bf16, torch_first = bench_torch(checkpoint, texts, args.batch, args.threads, args.min_seconds, torch.bfloat16)
+    rows.append(("PyTorch eager, bfloat16", torch_bf16, ""))
+    torch_f32 = None
+    if args.torch_f32:
+        torch_f32, reference_first = bench_torch(checkpoint, texts, args.batch, args.threads, args.min_seconds, torch.float32)
+        rows.append(("PyTorch eager, float32", torch_f32, ""))
+    ort_rate, ort_note, bf16_note = bench_ort(checkpoint, workdir, texts, args.batch, args.threads, args.min_seconds)
+    rows.append(("ONNX Runtime, float32", ort_rate, ort_note))
+    rows.append(("ONNX Runtime, bfloat16", None, bf16_note))
+
+    print(f"\n{'engine':36s} {'texts/s':>10s} {'uform/it':>9s}  note")
+    for name, rate, note in rows:
+        print(f"{name:36s} {figure(rate):>10s} {ratio(uform_rate, rate) if not name.startswith('uform') else '':>9s}  {note}")
+    print(f"uform/torch (bf16): {ratio(uform_rate, torch_bf16)}   uform/ort (f32): {ratio(uform_rate, ort_rate)}")
+    if uform_first is not None:
+        compare = reference_first if torch_f32 else torch_first
+        cosine = ref._cosines(uform_first, compare).min()
+        print(f"first batch, uform vs the reference in {'float32' if torch_f32 else 'bfloat16 (a sanity check only)'}: "
+              f"min cosine {cosine:.5f}")
+
+    if args.no_gemm:
+        return 0
+    records, peaks, note = gemm_uform(build)
+    print(f"\nBF16 GEMM, m = {GEMM_M}, {args.threads} threads" + (f"; uform: {note}" if note else ""))
+    peak = peaks.get(args.threads)
+    print(f"measured peak ({args.threads} threads): {figure(peak, ' GFLOP/s')}")
+    print(f"{'n x k':>12s} {'uform path':>12s} {'uform':>9s} {'torch':>9s} {'ratio':>6s} {'uform/peak':>10s} {'torch/peak':>10s}")
+    for n, k in GEMM_SHAPES:
+        theirs = gemm_torch(n, k, GEMM_M, args.threads, min(args.min_seconds, 1.0))
+        ours = [r for r in records if r.get("shape") == f"{n} x {k}" and int(r.get("m", 0)) == GEMM_M
+                and int(r.get("threads", 0)) == args.threads] or [{"path": "n/a", "gflops": None}]
+        for r in ours:
+            gflops = r["gflops"]
+            print(f"{f'{n} x {k}':>12s} {r['path']:>12s} {figure(gflops):>9s} {figure(theirs):>9s} {ratio(gflops, theirs):>6s} "
+                  f"{ratio(gflops, peak):>10s} {ratio(theirs, peak):>10s}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,203 @@
+/* BF16-weight GEMM with AVX-512 F32 FMAs, for CPUs without AVX512-BF16: weights are widened to F32
+ * on the fly (a BF16 is the high half of an F32), activations stay F32.
+ *
+ * Blocking, for y[m, n] = x[m, k] . w[n, k]^T:
+ *   - a tile of ROWS x COLUMNS outputs lives in 24 zmm accumulators over a whole depth block (FMA
+ *     latency 4 at 2 per cycle needs 8 or more independent chains; the rest hides the widening);
+ *   - the activations of the tile's rows over one depth block are copied into `a_block`
+ *     [ROWS][DEPTH] F32 (18 KiB, in L1), so that every row is at a constant offset from one pointer,
+ *     and reused by every tile of the column block;
+ *   - a column block of packed weights is sized to stay in the caches while every row block of x
+ *     walks over it.
+ * Each output is the same chain of FMAs over k in order, whatever tile, block or thread computes it,
+ * so splitting the columns between threads never changes a bit. */
+#include <immintrin.h>
+#include <stdbool.h>
+
+#include "paths.h"
+
+enum {
+    ROWS = 12,       /* rows of x per tile */
+    COLUMNS = 32,    /* outputs per tile row: two zmm of F32 */
+    DEPTH = 384,     /* k values per depth block (a multiple of 16, for the copy loop) */
+    BLOCK_MAX = 512, /* columns per column block at most */
+};
+
+/* Bytes of packed weights per column block: past L2, they come from L3 at a rate the FMAs hide. */
+#define BYTES_PER_BLOCK (2u * 1024u * 1024u)
+
+/* ---- Packing ----------------------------------------------------------------------------------- */
+
+/* Panel p holds columns [p * COLUMNS, (p + 1) * COLUMNS) as [k][16] uint32: lane i of row k pairs
+ * w[c0 + i][k] (low half) with w[c0 + 16 + i][k] (high half), so that one shift and one mask widen a
+ * row of the panel into two vectors of F32. Columns past n are zero. */
+static size_t panels_of(size_t n) {
+    return (n + COLUMNS - 1) / COLUMNS;
+}
+
+size_t kernel_gemm_packed_size_avx512(size_t n, size_t k) {
+    return panels_of(n) * k * COLUMNS * sizeof(uint16_t);
+}
+
+void kernel_gemm_pack_avx512(void *packed, uint16_t const *w, size_t n, size_t k) {
+    uint32_t *out = packed;
+    for (size_t panel = 0; panel < panels_of(n); ++panel)
+        for (size_t i = 0; i < k; ++i)
+            for (size_t lane = 0; lane < 16; ++lane, ++out) {
+                size_t low = panel * COLUMNS + lane, high = low + 16;
+                *out = (low < n ? w[low * k + i] : 0u) | (high < n ? (uint32_t)w[high * k + i] << 16 : 0u);
+            }
+}
+
+/* ---- Epilogue ---------------------------------------------------------------------------------- */
+
+/* exp(t) for t in [-100, 100]: 2^i * e^f with |f| <= ln2 / 2, e^f by its Taylor series to degree 6
+ * (relative error below 2e-7); `scalef` gives 0 and infinity past the F32 range. */
+static inline __m512 exp_ps(__m512 t) {
+    t = _mm512_min_ps(_mm512_max_ps(t, _mm512_set1_ps(-100.0f)), _mm512_set1_ps(100.0f));
+    __m512 i = _mm512_roundscale_ps(_mm512_mul_ps(t, _mm512_set1_ps(1.44269504f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 f = _mm512_fnmadd_ps(i, _mm512_set1_ps(0.693145752f), t); /* ln2 in two parts (Cody-Waite) */
+    f = _mm512_fnmadd_ps(i, _mm512_set1_ps(1.42860677e-6f), f);
+    __m512 p = _mm512_set1_ps(1.0f / 720.0f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, i);
+}
+
+/* 0.5x(1 + tanh(u)) = x / (1 + exp(-2u)), u = sqrt(2/pi)(x + 0.044715x^3): no cancellation near 0. */
+static inline __m512 gelu_ps(__m512 x) {
+    __m512 x2 = _mm512_mul_ps(x, x);
+    __m512 u = _mm512_mul_ps(x, _mm512_fmadd_ps(x2, _mm512_set1_ps(0.0356774081f), _mm512_set1_ps(0.797884561f)));
+    __m512 e = exp_ps(_mm512_mul_ps(u, _mm512_set1_ps(-2.0f)));
+    return _mm512_div_ps(x, _mm512_add_ps(e, _mm512_set1_ps(1.0f)));
+}
+
+/* y = residual + epilogue(sum + bias) for 16 outputs of one row, `mask` selecting those below n. */
+static inline void store_outputs(kernel_gemm_t const *g, size_t row, size_t column, __mmask16 mask, __m512 sum) {
+    if (g->bias) sum = _mm512_add_ps(sum, _mm512_maskz_loadu_ps(mask, g->bias + column));
+    if (g->epilogue == KERNEL_EPILOGUE_GELU) sum = gelu_ps(sum);
+    if (g->residual)
+        sum = _mm512_add_ps(sum, _mm512_maskz_loadu_ps(mask, g->residual + row * g->residual_stride + column));
+    _mm512_mask_storeu_ps(g->y + row * g->y_stride + column, mask, sum);
+}
+
+static inline __mmask16 columns_mask(size_t column, size_t n) {
+    return column >= n ? 0 : n - column >= 16 ? 0xffff : (__mmask16)((1u << (n - column)) - 1);
+}
+
+/* ---- Microkernel -------------------------------------------------------------------------------- */
+
+/* One tile: `rows` (<= ROWS) rows of a_block [ROWS][DEPTH] times one panel's `depth` rows [depth][16]
+ * uint32. Partial sums of a depth block that is not the last go to `partial` [ROWS][COLUMNS] and come
+ * back for the next one. Always inlined with a constant `rows` so the accumulators stay in registers. */
+static inline __attribute__((always_inline)) void tile(size_t rows, float const *a, uint32_t const *b,
+                                                        size_t depth, float *partial, bool first, bool last,
+                                                        kernel_gemm_t const *g, size_t row, size_t column) {
+    __m512 sum[ROWS][2];
+#pragma GCC unroll 12
+    for (size_t r = 0; r < rows; ++r) {
+        sum[r][0] = first ? _mm512_setzero_ps() : _mm512_load_ps(partial + r * COLUMNS);
+        sum[r][1] = first ? _mm512_setzero_ps() : _mm512_load_ps(partial + r * COLUMNS + 16);
+    }
+    __m512i const high_half = _mm512_set1_epi32((int)0xffff0000u);
+#pragma GCC unroll 2
+    for (size_t i = 0; i < depth; ++i, b += 16) {
+        __m512i pairs = _mm512_load_si512(b);
+        __m512 w0 = _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16));
+        __m512 w1 = _mm512_castsi512_ps(_mm512_and_si512(pairs, high_half));
+#pragma GCC unroll 12
+        for (size_t r = 0; r < rows; ++r) {
+            __m512 x = _mm512_set1_ps(a[r * DEPTH + i]);
+            sum[r][0] = _mm512_fmadd_ps(x, w0, sum[r][0]);
+            sum[r][1] = _mm512_fmadd_ps(x, w1, sum[r][1]);
+        }
+    }
+    if (!last) {
+#pragma GCC unroll 12
+        for (size_t r = 0; r < rows; ++r) {
+            _mm512_store_ps(partial + r * COLUMNS, sum[r][0]);
+            _mm512_store_ps(partial + r * COLUMNS + 16, sum[r][1]);
+        }
+        return;
+    }
+    __mmask16 mask0 = columns_mask(column, g->n), mask1 = columns_mask(column + 16, g->n);
+    for (size_t r = 0; r < rows; ++r) {
+        store_outputs(g, row + r, column, mask0, sum[r][0]);
+        store_outputs(g, row + r, column + 16, mask1, sum[r][1]);
+    }
+}
+
+/* The same tile for any `rows`, each count compiled on its own. */
+static void tile_rows(size_t rows, float const *a, uint32_t const *b, size_t depth, float *partial, bool first,
+                      bool last, kernel_gemm_t const *g, size_t row, size_t column) {
+    switch (rows) {
+#define TILE_CASE(count)                                                                                     \
+    case count: tile(count, a, b, depth, partial, first, last, g, row, column); break;
+        TILE_CASE(1)
+        TILE_CASE(2)
+        TILE_CASE(3)
+        TILE_CASE(4)
+        TILE_CASE(5)
+        TILE_CASE(6)
+        TILE_CASE(7)
+        TILE_CASE(8)
+        TILE_CASE(9)
+        TILE_CASE(10)
+        TILE_CASE(11)
+        TILE_CASE(12)
+#undef TILE_CASE
+    default: break;
+    }
+}
+
+/* ---- Driver ------------------------------------------------------------------------------------- */
+
+/* a_block[r] = x[row + r][k0, k0 + depth) in F32. */
+static void load_rows(float *a_block, kernel_gemm_t const *g, size_t row, size_t rows, size_t k0, size_t depth) {
+    for (size_t r = 0; r < rows; ++r) {
+        float *to = a_block + r * DEPTH;
+        for (size_t i = 0; i < depth; i += 16, to += 16) {
+            size_t left = depth - i;
+            __mmask16 mask = left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1);
+            __m512 values;
+            if (g->x_bf16) {
+                __m256i bf16 = _mm256_maskz_loadu_epi16(mask, g->x_bf16 + (row + r) * g->x_stride + k0 + i);
+                values = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bf16), 16));
+            } else {
+                values = _mm512_maskz_loadu_ps(mask, g->x + (row + r) * g->x_stride + k0 + i);
+            }
+            _mm512_store_ps(to, values);
+        }
+    }
+}
+
+void kernel_gemm_avx512(kernel_gemm_t const *g, size_t n_begin, size_t n_end) {
+    _Alignas(64) float a_block[ROWS * DEPTH];
+    _Alignas(64) float partial[BLOCK_MAX * ROWS];
+    size_t panel_bytes = g->k * COLUMNS * sizeof(uint16_t);
+    size_t block = panel_bytes ? BYTES_PER_BLOCK / panel_bytes * COLUMNS : BLOCK_MAX;
+    block = block < COLUMNS ? COLUMNS : block > BLOCK_MAX ? BLOCK_MAX : block;
+    uint32_t const *w = g->w;
+    for (size_t n0 = n_begin; n0 < n_end; n0 += block) {
+        size_t n1 = n_end - n0 < block ? n_end : n0 + block;
+        for (size_t row = 0; row < g->m; row += ROWS) {
+            size_t rows = g->m - row < ROWS ? g->m - row : ROWS;
+            size_t k0 = 0;
+            do { /* at least once, so that k = 0 still writes residual + epilogue(bias) */
+                size_t depth = g->k - k0 < DEPTH ? g->k - k0 : DEPTH;
+                load_rows(a_block, g, row, rows, k0, depth);
+                bool first = k0 == 0, last = k0 + depth == g->k;
+                for (size_t column = n0; column < n1; column += COLUMNS) {
+                    uint32_t const *b = w + (column / COLUMNS * g->k + k0) * 16;
+                    tile_rows(rows, a_block, b, depth, partial + (column - n0) * ROWS, first, last, g, row, column);
+                }
+                k0 += depth;
+            } while (k0 < g->k);
+        }
+    }
+}

@@ -1,0 +1,140 @@
+/* Compute kernels behind one dispatch table, chosen once per process from the CPU's features and
+ * overridable with UFORM_KERNELS=scalar|avx2|avx512|avx512bf16 (a path the CPU lacks is refused and
+ * the best available one is used).
+ *
+ * The scalar path defines the numbers: every other path is tested against it, within the tolerances
+ * written next to each function below. Every kernel is deterministic: for the same inputs it gives the
+ * same bits whatever range of the work a thread is handed (ranges split at KERNEL_GEMM_TILE columns).
+ *
+ * Conventions: matrices are row-major with explicit strides in elements; weights are BF16 stored
+ * `[out, in]` as in checkpoints, and a linear layer computes `x W^T + b`. BF16 values are uint16_t. */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "uform.h"
+
+/* GEMM work is split between threads at multiples of this many output columns, so that each column
+ * is always computed by the same code whatever the thread count. */
+#define KERNEL_GEMM_TILE 64
+
+typedef enum kernel_epilogue {
+    KERNEL_EPILOGUE_NONE = 0,
+    KERNEL_EPILOGUE_GELU, /* tanh approximation: 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3))) */
+} kernel_epilogue_t;
+
+/* y[m, n] = residual[m, n] + epilogue(x[m, k] . w[n, k]^T + bias[n])
+ * - x: F32 activations, or BF16 when `x_bf16` is set (then `x` is NULL), row stride `x_stride`;
+ * - w: weights packed by the same path's `gemm_pack` (its layout is the path's own business);
+ * - bias: F32 [n] or NULL; residual: F32 with row stride `residual_stride`, or NULL; it may be `y`;
+ * - y: F32, row stride `y_stride`, never overlapping x.
+ * Paths may round F32 activations to BF16 before multiplying (avx512bf16 does), like PyTorch's bf16.
+ * Tolerance against scalar: |y - y_scalar| <= 1e-2 * (|bias| + sum_k |x w|) + 1e-6 per element. */
+typedef struct kernel_gemm {
+    size_t m, n, k;
+    float const *x;
+    uint16_t const *x_bf16;
+    size_t x_stride;
+    void const *w; /* packed */
+    float const *bias;
+    float const *residual;
+    size_t residual_stride;
+    float *y;
+    size_t y_stride;
+    kernel_epilogue_t epilogue;
+} kernel_gemm_t;
+
+/* Rotary positions on one head's vector of 64: pairs (i, i + 32) rotated by p * 10000^(-2i/64). */
+#define KERNEL_HEAD 64
+
+/* Attention over a batch of items packed end to end, for one head.
+ * - q, k, v: F32 rows of KERNEL_HEAD at row stride `stride`; item i owns rows
+ *   [offsets[i], offsets[i + 1]);
+ * - out: F32 rows of KERNEL_HEAD at row stride `out_stride`;
+ * - causal: row r of an item attends to rows <= r of that item; else to every row of the item;
+ * - scale: 1/sqrt(64) for every tower.
+ * The softmax is computed online over tiles of keys (no [L, L] matrix is formed).
+ * Tolerance against scalar: 1e-4 relative to max|v| per element. */
+typedef struct kernel_attention {
+    float const *q, *k, *v;
+    size_t stride;
+    float *out;
+    size_t out_stride;
+    size_t const *offsets;
+    size_t items;
+    bool causal;
+    float scale;
+} kernel_attention_t;
+
+typedef struct kernels {
+    char const *name; /* "scalar", "avx2", "avx512", "avx512bf16" */
+
+    /* GEMM over output columns [n_begin, n_end), n_begin a multiple of KERNEL_GEMM_TILE. */
+    void (*gemm)(kernel_gemm_t const *gemm, size_t n_begin, size_t n_end);
+    /* Bytes `gemm_pack` writes for a [n, k] weight, and the packing itself (any alignment of `w`;
+     * `packed` 64-byte aligned). */
+    size_t (*gemm_packed_size)(size_t n, size_t k);
+    void (*gemm_pack)(void *packed, uint16_t const *w, size_t n, size_t k);
+
+    /* y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight, for `rows` rows of n (strides in elements).
+     * y may be x. Tolerance: 1e-5 relative. */
+    void (*rmsnorm)(float *y, size_t y_stride, float const *x, size_t x_stride, float const *weight, size_t rows,
+                    size_t n, float eps);
+
+    /* Rotates `heads` consecutive head vectors of 64 in place, at `position`. Tolerance: 1e-5 absolute
+     * for |x| <= 1 (angles are computed in double, then rounded to F32, on every path). */
+    void (*rope)(float *x, size_t heads, size_t position);
+
+    /* One head of attention over every item of the batch. */
+    void (*attention)(kernel_attention_t const *attention, size_t item_begin, size_t item_end);
+
+    /* In place: x = softmax(x) over n values, computed as exp(x - max) / sum. Tolerance 1e-6 absolute. */
+    void (*softmax)(float *x, size_t n);
+
+    /* Scales x to unit L2 norm (a zero vector stays zero). Tolerance 1e-6 relative. */
+    void (*normalize)(float *x, size_t n);
+
+    /* Writes n F32 values as `scalar`: BF16 and F16 round to nearest even; I8 is per row with
+     * scale = max|x| / 127 (0 for a zero row) and q = round(x / scale) half away from zero, the scale
+     * stored in *scale. Bitwise equal to scalar on every path. */
+    void (*convert)(void *out, float const *x, size_t n, uform_scalar_t scalar, float *scale);
+
+    /* BF16 -> F32 and F32 -> BF16 (round to nearest even, NaN kept quiet) of n values. Exact. */
+    void (*bf16_to_f32)(float *out, uint16_t const *x, size_t n);
+    void (*f32_to_bf16)(uint16_t *out, float const *x, size_t n);
+} kernels_t;
+
+/* The table this process uses: chosen once, on first use (thread-safe). */
+kernels_t const *kernels_active(void);
+
+/* A path by name, when this CPU and build can run it; NULL otherwise. For tests and benchmarks. */
+kernels_t const *kernels_named(char const *name);
+
+/* The paths, for tests that compare each against scalar. Any of them may be NULL when not built or
+ * not supported by this CPU (scalar never is). */
+kernels_t const *kernels_scalar(void);
+kernels_t const *kernels_avx2(void);
+kernels_t const *kernels_avx512(void);
+kernels_t const *kernels_avx512bf16(void);
+
+/* Scalar helpers every path shares. */
+static inline float bf16_to_f32(uint16_t value) {
+    union {
+        uint32_t bits;
+        float value;
+    } converted = {.bits = (uint32_t)value << 16};
+    return converted.value;
+}
+
+static inline uint16_t f32_to_bf16(float value) {
+    union {
+        float value;
+        uint32_t bits;
+    } converted = {.value = value};
+    uint32_t bits = converted.bits;
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40u); /* quiet NaN */
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return (uint16_t)(bits >> 16);
+}

@@ -1,0 +1,36 @@
+/* The functions each dispatch path is assembled from (see kernels.h for their contracts). A path
+ * without its own version of a function uses the scalar one; dispatch.c assembles the tables. */
+#pragma once
+
+#include "kernels.h"
+
+#define KERNEL_GEMM_FUNCTIONS(path)                                                                          \
+    void kernel_gemm_##path(kernel_gemm_t const *gemm, size_t n_begin, size_t n_end);                        \
+    size_t kernel_gemm_packed_size_##path(size_t n, size_t k);                                               \
+    void kernel_gemm_pack_##path(void *packed, uint16_t const *w, size_t n, size_t k);
+
+#define KERNEL_VECTOR_FUNCTIONS(path)                                                                        \
+    void kernel_rmsnorm_##path(float *y, size_t y_stride, float const *x, size_t x_stride, float const *weight, \
+                               size_t rows, size_t n, float eps);                                            \
+    void kernel_attention_##path(kernel_attention_t const *attention, size_t item_begin, size_t item_end);   \
+    void kernel_softmax_##path(float *x, size_t n);                                                          \
+    void kernel_normalize_##path(float *x, size_t n);                                                        \
+    void kernel_bf16_to_f32_##path(float *out, uint16_t const *x, size_t n);                                 \
+    void kernel_f32_to_bf16_##path(uint16_t *out, float const *x, size_t n);
+
+/* scalar: gemm_scalar.c and vector_scalar.c */
+KERNEL_GEMM_FUNCTIONS(scalar)
+KERNEL_VECTOR_FUNCTIONS(scalar)
+void kernel_rope_scalar(float *x, size_t heads, size_t position);
+void kernel_convert_scalar(void *out, float const *x, size_t n, uform_scalar_t scalar, float *scale);
+
+#if defined(__x86_64__)
+/* avx2 (with FMA and F16C): gemm_avx2.c and vector_avx2.c */
+KERNEL_GEMM_FUNCTIONS(avx2)
+KERNEL_VECTOR_FUNCTIONS(avx2)
+/* avx512 (F, BW, DQ, VL): gemm_avx512.c and vector_avx512.c; avx512bf16 adds its GEMM */
+KERNEL_GEMM_FUNCTIONS(avx512)
+KERNEL_VECTOR_FUNCTIONS(avx512)
+void kernel_convert_avx512(void *out, float const *x, size_t n, uform_scalar_t scalar, float *scale);
+KERNEL_GEMM_FUNCTIONS(avx512bf16)
+#endif

@@ -1,0 +1,375 @@
+/* The AVX-512 (F, BW, DQ, VL) path of the non-GEMM kernels, 16 F32 lanes per vector; tails are handled
+ * with lane masks, never by reading or writing past `n`. Sums of squares and softmax denominators are
+ * accumulated in double as on the scalar path.
+ *
+ * Attention takes a block of 16 queries at a time with one lane per query: the block's queries are
+ * transposed once, so that the scores of a key against all 16 queries, the running max, the running sum
+ * and the rescaling of the online softmax are plain lane-wise vector operations, and the weighted sum of
+ * values is kept transposed too ([64 dims][16 queries]) until the block's rows are written out.
+ *
+ * The loops marked `#pragma GCC unroll` run over a fixed number of vectors: unrolled, their arrays of
+ * vectors stay in registers (gcc -O2 would keep them in memory). */
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "paths.h"
+
+#define LANES          16
+#define ATTENTION_TILE 64 /* keys per tile of the online softmax */
+#define SCORE_GROUP    8  /* keys scored together: independent FMA chains hide the FMA latency */
+
+static inline __mmask16 tail_mask(size_t left) {
+    return left >= LANES ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
+}
+
+/* exp(x) within 1e-7 relative for x <= 88, and exactly 0 below ln(FLT_MIN) (-inf included): Cody-Waite
+ * reduction x = n ln2 + r with |r| <= ln2 / 2, then Cephes' polynomial for e^r, scaled by 2^n. */
+static inline __m512 exp_ps(__m512 x) {
+    __m512 const lowest = _mm512_set1_ps(-87.336544f);
+    __mmask16 vanishing = _mm512_cmp_ps_mask(x, lowest, _CMP_LT_OQ);
+    x = _mm512_min_ps(_mm512_max_ps(x, lowest), _mm512_set1_ps(88.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+    y = _mm512_add_ps(_mm512_fmadd_ps(y, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+    __m512i exponent = _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127));
+    return _mm512_maskz_mul_ps(~vanishing, y, _mm512_castsi512_ps(_mm512_slli_epi32(exponent, 23)));
+}
+
+static double sum_squares(float const *x, size_t n) {
+    __m512d low = _mm512_setzero_pd(), high = _mm512_setzero_pd();
+    for (size_t i = 0; i < n; i += LANES) {
+        __m512 v = _mm512_maskz_loadu_ps(tail_mask(n - i), x + i);
+        __m512d first = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
+        __m512d second = _mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1));
+        low = _mm512_fmadd_pd(first, first, low);
+        high = _mm512_fmadd_pd(second, second, high);
+    }
+    return _mm512_reduce_add_pd(_mm512_add_pd(low, high));
+}
+
+/* x[0, n) *= factor */
+static void scale_in_place(float *x, size_t n, float factor) {
+    __m512 by = _mm512_set1_ps(factor);
+    for (size_t i = 0; i < n; i += LANES) {
+        __mmask16 mask = tail_mask(n - i);
+        _mm512_mask_storeu_ps(x + i, mask, _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, x + i), by));
+    }
+}
+
+void kernel_rmsnorm_avx512(float *y, size_t y_stride, float const *x, size_t x_stride, float const *weight,
+                           size_t rows, size_t n, float eps) {
+    for (size_t r = 0; r < rows; ++r, y += y_stride, x += x_stride) {
+        __m512 inverse = _mm512_set1_ps((float)(1.0 / sqrt(sum_squares(x, n) / (double)n + eps)));
+        for (size_t i = 0; i < n; i += LANES) {
+            __mmask16 mask = tail_mask(n - i);
+            __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, x + i), inverse);
+            _mm512_mask_storeu_ps(y + i, mask, _mm512_mul_ps(v, _mm512_maskz_loadu_ps(mask, weight + i)));
+        }
+    }
+}
+
+/* ---- Attention ---------------------------------------------------------------------------------- */
+
+/* In-register transpose of a 16 x 16 block held as 16 rows: interleave pairs of rows, then pairs of
+ * pairs within 128-bit lanes, then exchange 128-bit lanes twice. */
+static inline void transpose(__m512 rows[LANES]) {
+    __m512 t[LANES];
+#pragma GCC unroll 16
+    for (size_t k = 0; k < LANES; k += 2) {
+        t[k] = _mm512_unpacklo_ps(rows[k], rows[k + 1]);
+        t[k + 1] = _mm512_unpackhi_ps(rows[k], rows[k + 1]);
+    }
+#pragma GCC unroll 16
+    for (size_t k = 0; k < LANES; k += 4) {
+        rows[k] = _mm512_shuffle_ps(t[k], t[k + 2], 0x44);
+        rows[k + 1] = _mm512_shuffle_ps(t[k], t[k + 2], 0xee);
+        rows[k + 2] = _mm512_shuffle_ps(t[k + 1], t[k + 3], 0x44);
+        rows[k + 3] = _mm512_shuffle_ps(t[k + 1], t[k + 3], 0xee);
+    }
+#pragma GCC unroll 16
+    for (size_t k = 0; k < LANES; k += 8) {
+#pragma GCC unroll 16
+        for (size_t c = 0; c < 4; ++c) {
+            t[k + c] = _mm512_shuffle_f32x4(rows[k + c], rows[k + 4 + c], 0x88);
+            t[k + 4 + c] = _mm512_shuffle_f32x4(rows[k + c], rows[k + 4 + c], 0xdd);
+        }
+    }
+#pragma GCC unroll 16
+    for (size_t c = 0; c < LANES / 2; ++c) {
+        rows[c] = _mm512_shuffle_f32x4(t[c], t[c + 8], 0x88);
+        rows[c + 8] = _mm512_shuffle_f32x4(t[c], t[c + 8], 0xdd);
+    }
+}
+
+/* The queries of one block, transposed and scaled: [64 dims][16 queries], lanes past `rows` zero. */
+static void load_queries(float queries[KERNEL_HEAD][LANES], float const *q, size_t stride, size_t rows,
+                         float scale) {
+    __m512 by = _mm512_set1_ps(scale);
+    for (size_t chunk = 0; chunk < KERNEL_HEAD; chunk += LANES) {
+        __m512 block[LANES];
+#pragma GCC unroll 16
+        for (size_t i = 0; i < LANES; ++i)
+            block[i] =
+                i < rows ? _mm512_mul_ps(_mm512_loadu_ps(q + i * stride + chunk), by) : _mm512_setzero_ps();
+        transpose(block);
+#pragma GCC unroll 16
+        for (size_t d = 0; d < LANES; ++d)
+            _mm512_store_ps(queries[chunk + d], block[d]);
+    }
+}
+
+/* scores[j][i] = queries[.][i] . k[j] for the SCORE_GROUP keys j whose rows are `keys[j]`. */
+static inline void score_group(float scores[SCORE_GROUP][LANES], float const queries[KERNEL_HEAD][LANES],
+                               float const *const keys[SCORE_GROUP]) {
+    __m512 sums[SCORE_GROUP];
+#pragma GCC unroll 16
+    for (size_t j = 0; j < SCORE_GROUP; ++j)
+        sums[j] = _mm512_setzero_ps();
+    for (size_t d = 0; d < KERNEL_HEAD; ++d) {
+        __m512 query = _mm512_load_ps(queries[d]);
+#pragma GCC unroll 16
+        for (size_t j = 0; j < SCORE_GROUP; ++j)
+            sums[j] = _mm512_fmadd_ps(_mm512_set1_ps(keys[j][d]), query, sums[j]);
+    }
+#pragma GCC unroll 16
+    for (size_t j = 0; j < SCORE_GROUP; ++j)
+        _mm512_store_ps(scores[j], sums[j]);
+}
+
+/* Scores of the tile's `count` keys (rows of k at `stride`) against the block's queries: [64 keys][16].
+ * A last, partial group repeats the tile's last key; those extra scores are never read. */
+static void tile_scores(float scores[ATTENTION_TILE][LANES], float const queries[KERNEL_HEAD][LANES],
+                        float const *k, size_t stride, size_t count) {
+    for (size_t j = 0; j < count; j += SCORE_GROUP) {
+        float const *keys[SCORE_GROUP];
+        for (size_t g = 0; g < SCORE_GROUP; ++g)
+            keys[g] = k + (j + g < count ? j + g : count - 1) * stride;
+        score_group(scores + j, queries, keys);
+    }
+}
+
+/* Causal attention: query lane i of a block starting at row `first_query` sees key `first_key + j` only
+ * when first_key + j <= first_query + i; the other scores become -inf. */
+static void mask_future(float scores[ATTENTION_TILE][LANES], size_t count, size_t first_key,
+                        size_t first_query) {
+    __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (size_t j = 0; j < count; ++j) {
+        if (first_key + j <= first_query) continue;
+        __mmask16 future =
+            _mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32((int)(first_key + j - first_query)));
+        _mm512_store_ps(scores[j],
+                        _mm512_mask_mov_ps(_mm512_load_ps(scores[j]), future, _mm512_set1_ps(-INFINITY)));
+    }
+}
+
+/* Online softmax state of a block: per query lane the running max and sum of exp(score - max), and the
+ * exp-weighted sum of values, transposed [64 dims][16 queries]. */
+typedef struct online_block {
+    __m512 max, sum;
+    _Alignas(64) float values[KERNEL_HEAD][LANES];
+} online_block_t;
+
+/* Turns the tile's scores into weights exp(score - new max) in place, raising the running max; answers
+ * the factor exp(old max - new max) that rescales what was accumulated before. */
+static __m512 tile_weights(online_block_t *state, float scores[ATTENTION_TILE][LANES], size_t count) {
+    __m512 max = state->max;
+    for (size_t j = 0; j < count; ++j)
+        max = _mm512_max_ps(max, _mm512_load_ps(scores[j]));
+    __m512 correction = exp_ps(_mm512_sub_ps(state->max, max));
+    __m512 sum = _mm512_mul_ps(state->sum, correction);
+    for (size_t j = 0; j < count; ++j) {
+        __m512 weight = exp_ps(_mm512_sub_ps(_mm512_load_ps(scores[j]), max));
+        _mm512_store_ps(scores[j], weight);
+        sum = _mm512_add_ps(sum, weight);
+    }
+    state->max = max;
+    state->sum = sum;
+    return correction;
+}
+
+/* values[d][i] = values[d][i] * correction[i] + sum_j weights[j][i] * v[j][d], 16 dims at a time. */
+static void accumulate_values(online_block_t *state, __m512 correction,
+                              float const weights[ATTENTION_TILE][LANES], float const *v, size_t stride,
+                              size_t count) {
+    for (size_t chunk = 0; chunk < KERNEL_HEAD; chunk += LANES) {
+        __m512 sums[LANES];
+#pragma GCC unroll 16
+        for (size_t d = 0; d < LANES; ++d)
+            sums[d] = _mm512_mul_ps(_mm512_load_ps(state->values[chunk + d]), correction);
+        for (size_t j = 0; j < count; ++j) {
+            __m512 weight = _mm512_load_ps(weights[j]);
+            float const *value = v + j * stride + chunk;
+#pragma GCC unroll 16
+            for (size_t d = 0; d < LANES; ++d)
+                sums[d] = _mm512_fmadd_ps(_mm512_set1_ps(value[d]), weight, sums[d]);
+        }
+#pragma GCC unroll 16
+        for (size_t d = 0; d < LANES; ++d)
+            _mm512_store_ps(state->values[chunk + d], sums[d]);
+    }
+}
+
+/* out rows [0, rows) = values / sum, transposed back. */
+static void store_block(float *out, size_t out_stride, online_block_t const *state, size_t rows) {
+    __m512 inverse = _mm512_div_ps(_mm512_set1_ps(1.0f), state->sum);
+    for (size_t chunk = 0; chunk < KERNEL_HEAD; chunk += LANES) {
+        __m512 block[LANES];
+#pragma GCC unroll 16
+        for (size_t d = 0; d < LANES; ++d)
+            block[d] = _mm512_mul_ps(_mm512_load_ps(state->values[chunk + d]), inverse);
+        transpose(block);
+#pragma GCC unroll 16
+        for (size_t i = 0; i < LANES; ++i)
+            if (i < rows) _mm512_storeu_ps(out + i * out_stride + chunk, block[i]);
+    }
+}
+
+/* Queries [first_query, first_query + rows) of the item whose keys are rows [first_key, end_key). */
+static void attend_block(kernel_attention_t const *a, size_t first_query, size_t rows, size_t first_key,
+                         size_t end_key) {
+    _Alignas(64) float queries[KERNEL_HEAD][LANES];
+    _Alignas(64) float scores[ATTENTION_TILE][LANES];
+    online_block_t state = {.max = _mm512_set1_ps(-INFINITY), .sum = _mm512_setzero_ps()};
+    memset(state.values, 0, sizeof state.values);
+    load_queries(queries, a->q + first_query * a->stride, a->stride, rows, a->scale);
+    for (size_t tile = first_key; tile < end_key; tile += ATTENTION_TILE) {
+        size_t count = end_key - tile < ATTENTION_TILE ? end_key - tile : ATTENTION_TILE;
+        tile_scores(scores, queries, a->k + tile * a->stride, a->stride, count);
+        if (a->causal) mask_future(scores, count, tile, first_query);
+        __m512 correction = tile_weights(&state, scores, count);
+        accumulate_values(&state, correction, scores, a->v + tile * a->stride, a->stride, count);
+    }
+    store_block(a->out + first_query * a->out_stride, a->out_stride, &state, rows);
+}
+
+/* Blocks start at the item's first row, so a causal block's tiles (multiples of 64 rows from there) all
+ * begin at or before its first query: every lane sees at least one key in every tile. */
+void kernel_attention_avx512(kernel_attention_t const *attention, size_t item_begin, size_t item_end) {
+    for (size_t item = item_begin; item < item_end; ++item) {
+        size_t first = attention->offsets[item], end = attention->offsets[item + 1];
+        for (size_t block = first; block < end; block += LANES) {
+            size_t rows = end - block < LANES ? end - block : LANES;
+            attend_block(attention, block, rows, first, attention->causal ? block + rows : end);
+        }
+    }
+}
+
+/* ---- Softmax, normalize ------------------------------------------------------------------------- */
+
+void kernel_softmax_avx512(float *x, size_t n) {
+    __m512 const empty = _mm512_set1_ps(-INFINITY);
+    __m512 max = empty;
+    for (size_t i = 0; i < n; i += LANES)
+        max = _mm512_max_ps(max, _mm512_mask_loadu_ps(empty, tail_mask(n - i), x + i));
+    max = _mm512_set1_ps(_mm512_reduce_max_ps(max));
+    __m512d low = _mm512_setzero_pd(), high = _mm512_setzero_pd();
+    for (size_t i = 0; i < n; i += LANES) {
+        __mmask16 mask = tail_mask(n - i);
+        __m512 weight = exp_ps(_mm512_sub_ps(_mm512_mask_loadu_ps(empty, mask, x + i), max));
+        _mm512_mask_storeu_ps(x + i, mask, weight);
+        low = _mm512_add_pd(low, _mm512_cvtps_pd(_mm512_castps512_ps256(weight)));
+        high = _mm512_add_pd(high, _mm512_cvtps_pd(_mm512_extractf32x8_ps(weight, 1)));
+    }
+    scale_in_place(x, n, (float)(1.0 / _mm512_reduce_add_pd(_mm512_add_pd(low, high))));
+}
+
+void kernel_normalize_avx512(float *x, size_t n) {
+    double squares = sum_squares(x, n);
+    if (squares == 0.0) return;
+    scale_in_place(x, n, (float)(1.0 / sqrt(squares)));
+}
+
+/* ---- Conversions -------------------------------------------------------------------------------- */
+
+void kernel_bf16_to_f32_avx512(float *out, uint16_t const *x, size_t n) {
+    for (size_t i = 0; i < n; i += LANES) {
+        __mmask16 mask = tail_mask(n - i);
+        __m512i wide = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, x + i));
+        _mm512_mask_storeu_ps(out + i, mask, _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16)));
+    }
+}
+
+/* The bits of f32_to_bf16 (kernels.h) for 16 values: round to nearest even, a NaN kept quiet. */
+static inline __m256i bf16_of(__m512 x) {
+    __m512i bits = _mm512_castps_si512(x);
+    __m512i high = _mm512_srli_epi32(bits, 16);
+    __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff)),
+                                            _mm512_set1_epi32(0x7f800000));
+    __m512i bias = _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(high, _mm512_set1_epi32(1)));
+    __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, bias), 16);
+    __m512i quiet = _mm512_or_si512(high, _mm512_set1_epi32(0x40));
+    return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rounded, nan, quiet));
+}
+
+void kernel_f32_to_bf16_avx512(uint16_t *out, float const *x, size_t n) {
+    for (size_t i = 0; i < n; i += LANES) {
+        __mmask16 mask = tail_mask(n - i);
+        _mm256_mask_storeu_epi16(out + i, mask, bf16_of(_mm512_maskz_loadu_ps(mask, x + i)));
+    }
+}
+
+/* F16C rounds to nearest even, subnormal halves included, exactly as the scalar converter. */
+static void convert_f16(uint16_t *out, float const *x, size_t n) {
+    for (size_t i = 0; i < n; i += LANES) {
+        __mmask16 mask = tail_mask(n - i);
+        __m256i half = _mm512_cvtps_ph(_mm512_maskz_loadu_ps(mask, x + i),
+                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        _mm256_mask_storeu_epi16(out + i, mask, half);
+    }
+}
+
+/* round(x) half away from zero, for |x| < 2^23: the fraction |x| - trunc|x| is exact. */
+static inline __m512 round_half_away(__m512 x) {
+    __m512 magnitude = _mm512_abs_ps(x);
+    __m512 whole = _mm512_roundscale_ps(magnitude, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    __mmask16 up = _mm512_cmp_ps_mask(_mm512_sub_ps(magnitude, whole), _mm512_set1_ps(0.5f), _CMP_GE_OQ);
+    whole = _mm512_mask_add_ps(whole, up, whole, _mm512_set1_ps(1.0f));
+    __m512i sign = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32((int)0x80000000u));
+    return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(whole), sign));
+}
+
+/* Per-row I8 as kernel_convert_scalar: scale = max|x| / 127, q = round(x / scale), a zero row all 0. */
+static void convert_i8(int8_t *out, float const *x, size_t n, float *scale) {
+    __m512 max = _mm512_setzero_ps();
+    for (size_t i = 0; i < n; i += LANES)
+        max = _mm512_max_ps(max, _mm512_abs_ps(_mm512_maskz_loadu_ps(tail_mask(n - i), x + i)));
+    float largest = _mm512_reduce_max_ps(max);
+    *scale = largest / 127.0f;
+    if (largest == 0.0f) {
+        memset(out, 0, n);
+        return;
+    }
+    __m512 by = _mm512_set1_ps(*scale);
+    for (size_t i = 0; i < n; i += LANES) {
+        __mmask16 mask = tail_mask(n - i);
+        __m512 q = round_half_away(_mm512_div_ps(_mm512_maskz_loadu_ps(mask, x + i), by));
+        _mm_mask_storeu_epi8(out + i, mask, _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(q)));
+    }
+}
+
+/* `scale` is written for I8 only. */
+void kernel_convert_avx512(void *out, float const *x, size_t n, uform_scalar_t scalar, float *scale) {
+    switch (scalar) {
+    case UFORM_F32:
+        memcpy(out, x, n * sizeof(float));
+        break;
+    case UFORM_BF16:
+        kernel_f32_to_bf16_avx512(out, x, n);
+        break;
+    case UFORM_F16:
+        convert_f16(out, x, n);
+        break;
+    case UFORM_I8:
+        convert_i8(out, x, n, scale);
+        break;
+    }
+}

@@ -1,0 +1,188 @@
+/* The scalar path of the non-GEMM kernels: plain loops that define the numbers every SIMD path is tested
+ * against (kernels.h gives the tolerances). Sums of squares and softmax denominators are accumulated in
+ * double here and on every SIMD path, so that only the order of the additions differs between paths. */
+#include <math.h>
+#include <string.h>
+
+#include "paths.h"
+
+/* Keys per tile of the online softmax, as the SIMD paths tile them. */
+#define ATTENTION_TILE 64
+
+void kernel_rmsnorm_scalar(float *y, size_t y_stride, float const *x, size_t x_stride, float const *weight,
+                           size_t rows, size_t n, float eps) {
+    for (size_t r = 0; r < rows; ++r, y += y_stride, x += x_stride) {
+        double squares = 0.0;
+        for (size_t i = 0; i < n; ++i)
+            squares += (double)x[i] * x[i];
+        float inverse = (float)(1.0 / sqrt(squares / (double)n + eps));
+        for (size_t i = 0; i < n; ++i)
+            y[i] = x[i] * inverse * weight[i];
+    }
+}
+
+/* Rotary embedding of `heads` head vectors [heads, 64] in place: pair (i, i + 32) turns by
+ * p * 10000^(-2i/64); the angles are computed in double and rounded to F32 once. */
+void kernel_rope_scalar(float *x, size_t heads, size_t position) {
+    float cosines[KERNEL_HEAD / 2], sines[KERNEL_HEAD / 2];
+    for (size_t i = 0; i < KERNEL_HEAD / 2; ++i) {
+        double angle = (double)position * pow(10000.0, -2.0 * (double)i / KERNEL_HEAD);
+        cosines[i] = (float)cos(angle);
+        sines[i] = (float)sin(angle);
+    }
+    for (size_t h = 0; h < heads; ++h, x += KERNEL_HEAD) {
+        for (size_t i = 0; i < KERNEL_HEAD / 2; ++i) {
+            float first = x[i], second = x[i + KERNEL_HEAD / 2];
+            x[i] = first * cosines[i] - second * sines[i];
+            x[i + KERNEL_HEAD / 2] = second * cosines[i] + first * sines[i];
+        }
+    }
+}
+
+static float dot_head(float const *a, float const *b) {
+    float sum = 0.0f;
+    for (size_t d = 0; d < KERNEL_HEAD; ++d)
+        sum += a[d] * b[d];
+    return sum;
+}
+
+/* Running state of one query's online softmax: max of the scores so far, sum of exp(score - max), and
+ * the exp-weighted sum of values [64]. */
+typedef struct online_row {
+    float max, sum;
+    float values[KERNEL_HEAD];
+} online_row_t;
+
+/* Folds keys [0, keys) of one tile (rows of `k` and `v` at `stride`) into `row`: the tile's scores raise
+ * the running max, and what was accumulated under the old max is rescaled by exp(old - new). */
+static void attend_tile(online_row_t *row, float const *query, float const *k, float const *v, size_t stride,
+                        size_t keys, float scale) {
+    float scores[ATTENTION_TILE];
+    float max = row->max;
+    for (size_t j = 0; j < keys; ++j) {
+        scores[j] = scale * dot_head(query, k + j * stride);
+        max = fmaxf(max, scores[j]);
+    }
+    float correction = expf(row->max - max);
+    row->max = max;
+    row->sum *= correction;
+    for (size_t d = 0; d < KERNEL_HEAD; ++d)
+        row->values[d] *= correction;
+    for (size_t j = 0; j < keys; ++j) {
+        float weight = expf(scores[j] - max);
+        row->sum += weight;
+        for (size_t d = 0; d < KERNEL_HEAD; ++d)
+            row->values[d] += weight * v[j * stride + d];
+    }
+}
+
+/* One query row of the item whose keys are rows [first, end) of k and v. */
+static void attend_row(kernel_attention_t const *a, size_t row, size_t first, size_t end) {
+    online_row_t state = {.max = -INFINITY, .sum = 0.0f};
+    float const *query = a->q + row * a->stride;
+    for (size_t tile = first; tile < end; tile += ATTENTION_TILE) {
+        size_t keys = end - tile < ATTENTION_TILE ? end - tile : ATTENTION_TILE;
+        attend_tile(&state, query, a->k + tile * a->stride, a->v + tile * a->stride, a->stride, keys,
+                    a->scale);
+    }
+    float *out = a->out + row * a->out_stride;
+    for (size_t d = 0; d < KERNEL_HEAD; ++d)
+        out[d] = state.values[d] / state.sum;
+}
+
+void kernel_attention_scalar(kernel_attention_t const *attention, size_t item_begin, size_t item_end) {
+    for (size_t item = item_begin; item < item_end; ++item) {
+        size_t first = attention->offsets[item], end = attention->offsets[item + 1];
+        for (size_t row = first; row < end; ++row)
+            attend_row(attention, row, first, attention->causal ? row + 1 : end);
+    }
+}
+
+void kernel_softmax_scalar(float *x, size_t n) {
+    float max = -INFINITY;
+    for (size_t i = 0; i < n; ++i)
+        max = fmaxf(max, x[i]);
+    double sum = 0.0;
+    for (size_t i = 0; i < n; ++i) {
+        x[i] = expf(x[i] - max);
+        sum += x[i];
+    }
+    float inverse = (float)(1.0 / sum);
+    for (size_t i = 0; i < n; ++i)
+        x[i] *= inverse;
+}
+
+void kernel_normalize_scalar(float *x, size_t n) {
+    double squares = 0.0;
+    for (size_t i = 0; i < n; ++i)
+        squares += (double)x[i] * x[i];
+    if (squares == 0.0) return;
+    float inverse = (float)(1.0 / sqrt(squares));
+    for (size_t i = 0; i < n; ++i)
+        x[i] *= inverse;
+}
+
+void kernel_bf16_to_f32_scalar(float *out, uint16_t const *x, size_t n) {
+    for (size_t i = 0; i < n; ++i)
+        out[i] = bf16_to_f32(x[i]);
+}
+
+void kernel_f32_to_bf16_scalar(uint16_t *out, float const *x, size_t n) {
+    for (size_t i = 0; i < n; ++i)
+        out[i] = f32_to_bf16(x[i]);
+}
+
+/* F32 -> F16 rounding to nearest even, bit-exact with F16C's vcvtps2ph: subnormal halves are rounded like
+ * normal ones, magnitudes from 65520 up become infinity, and a NaN keeps its sign and the top of its
+ * payload with the quiet bit set. */
+static uint16_t f32_to_f16(float value) {
+    uint32_t bits;
+    memcpy(&bits, &value, sizeof bits);
+    uint16_t sign = (uint16_t)((bits >> 16) & 0x8000u);
+    uint32_t magnitude = bits & 0x7fffffffu;
+    if (magnitude > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((magnitude >> 13) & 0x3ffu));
+    if (magnitude >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* 65520: the tie above 65504 */
+    if (magnitude >= 0x38800000u) {                                  /* 2^-14: normal halves */
+        uint32_t rebiased = magnitude - 0x38000000u;                 /* exponent bias 127 -> 15 */
+        rebiased += 0xfffu + ((rebiased >> 13) & 1u);
+        return (uint16_t)(sign | (rebiased >> 13));
+    }
+    /* Subnormal halves count units of 2^-24: the 24-bit significand shifted right by 126 - exponent. */
+    uint32_t exponent = magnitude >> 23;
+    if (exponent < 102) return sign; /* below 2^-25: rounds to zero */
+    uint32_t significand = (magnitude & 0x7fffffu) | 0x800000u, shift = 126 - exponent;
+    uint32_t units = significand >> shift, rest = significand & ((1u << shift) - 1u),
+             half = 1u << (shift - 1);
+    if (rest > half || (rest == half && (units & 1u))) ++units;
+    return (uint16_t)(sign | units);
+}
+
+/* Per-row I8: scale = max|x| / 127, q = round(x / scale) half away from zero; a zero row gets scale 0.
+ * `x` must be finite. */
+static void convert_i8(int8_t *out, float const *x, size_t n, float *scale) {
+    float max = 0.0f;
+    for (size_t i = 0; i < n; ++i)
+        max = fmaxf(max, fabsf(x[i]));
+    *scale = max / 127.0f;
+    for (size_t i = 0; i < n; ++i)
+        out[i] = max == 0.0f ? 0 : (int8_t)roundf(x[i] / *scale);
+}
+
+/* `scale` is written for I8 only. */
+void kernel_convert_scalar(void *out, float const *x, size_t n, uform_scalar_t scalar, float *scale) {
+    switch (scalar) {
+    case UFORM_F32:
+        memcpy(out, x, n * sizeof(float));
+        break;
+    case UFORM_BF16:
+        kernel_f32_to_bf16_scalar(out, x, n);
+        break;
+    case UFORM_F16:
+        for (size_t i = 0; i < n; ++i)
+            ((uint16_t *)out)[i] = f32_to_f16(x[i]);
+        break;
+    case UFORM_I8:
+        convert_i8(out, x, n, scale);
+        break;
+    }
+}

@@ -1,0 +1,431 @@
+/* The text tower's verbs: text_encode and text_choose.
+ *
+ * text_encode packs texts end to end without padding (BOS, then at most `context` bytes each), in
+ * chunks of at most TEXT_CHUNK_TOKENS tokens (a longer text is a chunk of its own), runs the tower on
+ * each chunk, and writes the requested outputs into the arena. One chunk runs per loop turn, so
+ * progress reports, cancellation and other completions are served between chunks. */
+#include <string.h>
+#include <time.h>
+
+#include "tower.h"
+
+#define TEXT_CHUNK_TOKENS 2048
+#define TEXT_BOS 256
+
+typedef struct text_call {
+    call_t call;
+    uform_model_t *model;
+    uform_arena_t *arena;
+    uform_tape_t texts;
+    uform_outputs_t outputs;
+    uform_scalar_t scalar;
+    size_t width; /* embedding and token-vector columns: dims or a matryoshka width */
+    uform_progress_t progress;
+    size_t next_step;
+    uform_encode_stats_t *stats_out;
+    uform_encode_stats_t stats;
+    size_t next_item;
+    uint64_t started_ns;
+    uform_encoded_t encoded;
+} text_call_t;
+
+_Static_assert(sizeof(text_call_t) <= EXECUTOR_CALL_STORAGE, "text_call_t outgrew the call storage");
+
+/* ---- Outputs ------------------------------------------------------------------------------------ */
+
+/* A view of `rows` x `columns` in the requested scalar, with I8 scales beside it. */
+static bool output_view(uform_arena_t *arena, size_t rows, size_t columns, uform_scalar_t scalar, uform_view_t *view) {
+    void *data = arena_allocate(arena, rows * columns * uform_scalar_size(scalar) + 1, 64);
+    if (!data) return false;
+    *view = arena_view(arena, data, rows, columns, scalar);
+    if (scalar == UFORM_I8) {
+        float *scales = arena_allocate(arena, rows * sizeof(float) + 1, 16);
+        if (!scales) return false;
+        view->scales = scales;
+    }
+    return true;
+}
+
+/* Writes one F32 row into row `row` of an output view, converting to its scalar. */
+static void output_row(kernels_t const *kernels, uform_view_t *view, size_t row, float const *values) {
+    void *target = (unsigned char *)view->data + row * view->row_stride;
+    float *scale = view->scales ? (float *)view->scales + row : NULL;
+    float ignored;
+    kernels->convert(target, values, view->columns, view->scalar, scale ? scale : &ignored);
+}
+
+/* ---- text_encode -------------------------------------------------------------------------------- */
+
+static size_t text_kept(text_call_t const *text, size_t item) {
+    size_t length = text->texts.offsets[item + 1] - text->texts.offsets[item];
+    size_t context = text->model->header.info.text.context;
+    return length < context ? length : context;
+}
+
+static void text_end(text_call_t *text, uform_status_t status, char const *message) {
+    text->stats.total_ns = loop_now_ns() - text->started_ns;
+    if (text->stats_out) *text->stats_out = text->stats;
+    if (status == UFORM_OK) {
+        text->call.outcome->product = OUTCOME_PRODUCT_ENCODED;
+        text->call.outcome->encoded = text->encoded;
+    }
+    arena_end(text->arena);
+    uform_model_free(text->model);
+    call_finish(&text->call, status, message);
+}
+
+static void text_chunk(loop_op_t *op);
+
+/* Allocates every output in the arena, then starts the first chunk. */
+static void text_start(call_t *call) {
+    text_call_t *text = container_of(call, text_call_t, call);
+    uform_arena_t *arena = text->arena;
+    tower_t const *tower = text->model->text;
+    size_t items = text->texts.count, kept_total = 0;
+    for (size_t item = 0; item < items; ++item) {
+        size_t kept = text_kept(text, item);
+        kept_total += kept;
+        text->stats.truncated += kept < text->texts.offsets[item + 1] - text->texts.offsets[item];
+    }
+    text->stats.items = items;
+    text->stats.bytes = text->texts.offsets[items] - text->texts.offsets[0];
+
+    uform_encoded_t *encoded = &text->encoded;
+    memset(encoded, 0, sizeof *encoded);
+    encoded->items = items;
+    uform_status_t *statuses = arena_allocate(arena, items * sizeof *statuses, 16);
+    bool ok = statuses != NULL;
+    if (ok) {
+        memset(statuses, 0, items * sizeof *statuses);
+        encoded->statuses = statuses;
+    }
+    if (ok && (text->outputs & UFORM_OUTPUT_EMBEDDINGS))
+        ok = output_view(arena, items, text->width, text->scalar, &encoded->embeddings);
+    if (ok && (text->outputs & UFORM_OUTPUT_STATES))
+        ok = output_view(arena, items, tower->hidden, text->scalar, &encoded->states);
+    if (ok && (text->outputs & UFORM_OUTPUT_TOKEN_VECTORS)) {
+        ok = output_view(arena, kept_total, text->width, text->scalar, &encoded->token_vectors);
+        size_t *offsets = ok ? arena_allocate(arena, (items + 1) * sizeof(size_t), 16) : NULL;
+        if ((ok = offsets != NULL)) {
+            offsets[0] = 0;
+            for (size_t item = 0; item < items; ++item) offsets[item + 1] = offsets[item] + text_kept(text, item);
+            encoded->token_vectors.item_offsets = offsets;
+            encoded->token_vectors.items = items;
+        }
+    }
+    if (!ok) {
+        text_end(text, UFORM_OUT_OF_MEMORY, "cannot allocate the outputs in the arena");
+        return;
+    }
+    text->call.op.callback = text_chunk;
+    text_chunk(&text->call.op);
+}
+
+/* The chunk's scratch: the tower's, then x [tokens, hidden], token offsets [items + 1], rows to
+ * project [tokens, hidden] and their projections [tokens, dims]. */
+typedef struct text_scratch {
+    void *tower;
+    float *x, *rows, *projected;
+    size_t *offsets;
+} text_scratch_t;
+
+static size_t round64(size_t bytes) {
+    return (bytes + 63) & ~(size_t)63;
+}
+
+static bool text_scratch(text_call_t *text, size_t tokens, text_scratch_t *scratch) {
+    tower_t const *tower = text->model->text;
+    size_t sizes[] = {
+        round64(tower_scratch_bytes(tower, tokens)),
+        round64(tokens * tower->hidden * sizeof(float)),
+        round64(tokens * tower->hidden * sizeof(float)),
+        round64(tokens * tower->dims * sizeof(float)),
+        round64((tokens + 1) * sizeof(size_t)),
+    };
+    size_t total = 0;
+    for (size_t i = 0; i < 5; ++i) total += sizes[i];
+    char *base = executor_scratch(text->call.executor, total);
+    if (!base) return false;
+    scratch->tower = base;
+    scratch->x = (float *)(base += sizes[0]);
+    scratch->rows = (float *)(base += sizes[1]);
+    scratch->projected = (float *)(base += sizes[2]);
+    scratch->offsets = (size_t *)(base + sizes[3]);
+    return true;
+}
+
+/* Projects `count` rows of the final states, normalizes them (at the output width) and writes them to
+ * rows [first_row, first_row + count) of `view`. */
+static void text_project(text_call_t *text, text_scratch_t *scratch, float const *rows, size_t count,
+                         uform_view_t *view, size_t first_row) {
+    tower_t const *tower = text->model->text;
+    uform_executor_t *executor = text->call.executor;
+    if (count == 0) return;
+    tower_linear(tower, executor, &tower->proj, rows, tower->hidden, count, text->width, scratch->projected,
+                 text->width);
+    uint64_t converting = loop_now_ns();
+    for (size_t row = 0; row < count; ++row) {
+        float *values = scratch->projected + row * text->width;
+        tower->kernels->normalize(values, text->width);
+        output_row(tower->kernels, view, first_row + row, values);
+    }
+    text->stats.convert_ns += loop_now_ns() - converting;
+}
+
+static void text_chunk(loop_op_t *op) {
+    text_call_t *text = container_of(op, text_call_t, call.op);
+    tower_t const *tower = text->model->text;
+    kernels_t const *kernels = tower->kernels;
+    uform_executor_t *executor = text->call.executor;
+    size_t hidden = tower->hidden, items = text->texts.count;
+
+    /* The chunk: items [first, last), at least one. */
+    size_t first = text->next_item, last = first, tokens = 0;
+    while (last < items && (last == first || tokens + text_kept(text, last) + 1 <= TEXT_CHUNK_TOKENS))
+        tokens += text_kept(text, last++) + 1;
+    text_scratch_t scratch;
+    if (!text_scratch(text, tokens, &scratch)) {
+        text_end(text, UFORM_OUT_OF_MEMORY, "cannot allocate the executor's scratch");
+        return;
+    }
+    uint64_t computing = loop_now_ns();
+
+    /* x = the byte table's rows: BOS, then the kept bytes of each text.        [tokens, hidden] */
+    uint16_t const *embed = model_tensor(text->model, "text.embed", NULL);
+    uint8_t const *bytes = text->texts.data;
+    size_t row = 0;
+    for (size_t item = first; item < last; ++item) {
+        scratch.offsets[item - first] = row;
+        kernels->bf16_to_f32(scratch.x + row++ * hidden, embed + TEXT_BOS * hidden, hidden);
+        uint8_t const *item_bytes = bytes + text->texts.offsets[item];
+        for (size_t i = 0, kept = text_kept(text, item); i < kept; ++i)
+            kernels->bf16_to_f32(scratch.x + row++ * hidden, embed + (size_t)item_bytes[i] * hidden, hidden);
+    }
+    scratch.offsets[last - first] = row;
+
+    tower_batch_t batch = {
+        .tokens = tokens,
+        .items = last - first,
+        .offsets = scratch.offsets,
+        .causal = true,
+        .rotary = true,
+        .x = scratch.x,
+        .scratch = scratch.tower,
+    };
+    tower_forward(tower, executor, &batch);
+
+    /* The state of an item is its last position; token vectors are every position but BOS. */
+    uform_encoded_t *encoded = &text->encoded;
+    for (size_t item = first; item < last; ++item) {
+        float const *state = scratch.x + (scratch.offsets[item - first + 1] - 1) * hidden;
+        memcpy(scratch.rows + (item - first) * hidden, state, hidden * sizeof(float));
+        if (text->outputs & UFORM_OUTPUT_STATES) output_row(kernels, &encoded->states, item, state);
+    }
+    if (text->outputs & UFORM_OUTPUT_EMBEDDINGS)
+        text_project(text, &scratch, scratch.rows, last - first, &encoded->embeddings, first);
+    if (text->outputs & UFORM_OUTPUT_TOKEN_VECTORS) {
+        size_t kept_rows = 0;
+        for (size_t item = first; item < last; ++item) {
+            size_t kept = text_kept(text, item);
+            memcpy(scratch.rows + kept_rows * hidden, scratch.x + (scratch.offsets[item - first] + 1) * hidden,
+                   kept * hidden * sizeof(float));
+            kept_rows += kept;
+        }
+        text_project(text, &scratch, scratch.rows, kept_rows, &encoded->token_vectors,
+                     encoded->token_vectors.item_offsets[first]);
+    }
+    text->stats.compute_ns += loop_now_ns() - computing;
+    text->next_item = last;
+
+    if (progress_report(&text->progress, &text->next_step, last, items)) {
+        text_end(text, UFORM_CANCELLED, "cancelled by the progress handler");
+        return;
+    }
+    if (last == items) {
+        text_end(text, UFORM_OK, NULL);
+        return;
+    }
+    /* The next chunk runs on the next loop turn. */
+    loop_post(executor->loop, &text->call.op);
+}
+
+UFORM_EXPORT uform_status_t uform_text_encode(uform_text_encode_args_t const *args) {
+    static char const entry[] = "uform_text_encode";
+    if (!args) return failed(UFORM_INVALID_ARGUMENT, entry, "args is NULL");
+    uform_outcome_t *outcome = args->outcome;
+    char const *message = NULL;
+    uform_status_t status = encode_check(args->model, args->executor, args->outputs, args->arena, args->config,
+                                         args->encoded, outcome, &args->texts, &message);
+    if (status != UFORM_OK) return call_refuse(outcome, status, entry, message);
+    if (!args->model->text) return call_refuse(outcome, UFORM_UNSUPPORTED, entry, "the model has no text tower");
+    uform_executor_t *executor = call_executor(args->executor);
+    if (!executor) return call_refuse(outcome, UFORM_OUT_OF_MEMORY, entry, "cannot make the calling thread's executor");
+
+    /* The arena first, then the executor: the call holds both until it is final. */
+    if (arena_begin(args->arena) != UFORM_OK)
+        return call_refuse(outcome, UFORM_CONTENDED, entry, "another call holds the arena");
+    uform_outcome_t own;
+    if (!outcome) uform_outcome_init(&own);
+    text_call_t *text = (text_call_t *)(void *)executor->call_storage;
+    status = call_begin(&text->call, executor, outcome_of(outcome ? outcome : &own), entry);
+    if (status != UFORM_OK) {
+        arena_end(args->arena);
+        return status;
+    }
+    /* Held: the executor's call storage is ours; call_begin filled its `call`. */
+    memset((char *)text + sizeof text->call, 0, sizeof *text - sizeof text->call);
+    text->call.start = text_start;
+    uform_encode_config_t const *config = args->config;
+    text->model = args->model;
+    model_retain(text->model);
+    text->arena = args->arena;
+    text->texts = args->texts;
+    text->outputs = args->outputs;
+    text->scalar = config ? config->outputs_scalar : UFORM_F32;
+    text->width = config && config->matryoshka ? config->matryoshka : args->model->header.info.dims;
+    if (config) text->progress = config->progress;
+    text->next_step = 1;
+    text->stats_out = config ? config->stats : NULL;
+    text->started_ns = loop_now_ns();
+    call_submit(&text->call);
+    if (outcome) return UFORM_OK;
+    status = call_wait(outcome_of(&own));
+    if (status == UFORM_OK) uform_outcome_encoded(&own, args->encoded);
+    return status;
+}
+
+/* ---- text_choose -------------------------------------------------------------------------------- */
+
+typedef struct choose_call {
+    call_t call;
+    uform_model_t *model;
+    uform_arena_t *arena;
+    uform_view_t states;
+    uform_tape_t choices;
+    uform_progress_t progress;
+    size_t next_step;
+    uform_view_t probabilities;
+} choose_call_t;
+
+_Static_assert(sizeof(choose_call_t) <= EXECUTOR_CALL_STORAGE, "choose_call_t outgrew the call storage");
+
+static void choose_end(choose_call_t *choose, uform_status_t status, char const *message) {
+    if (status == UFORM_OK) {
+        choose->call.outcome->product = OUTCOME_PRODUCT_PROBABILITIES;
+        choose->call.outcome->probabilities = choose->probabilities;
+    }
+    arena_end(choose->arena);
+    uform_model_free(choose->model);
+    call_finish(&choose->call, status, message);
+}
+
+/* Per item: logits = state . embed[legal]^T through the tied byte table, then the softmax over them.
+ * One F32 per legal byte, in the order the item lists them. */
+static void choose_start(call_t *call) {
+    choose_call_t *choose = container_of(call, choose_call_t, call);
+    tower_t const *tower = choose->model->text;
+    kernels_t const *kernels = tower->kernels;
+    size_t hidden = tower->hidden, items = choose->choices.count;
+    size_t const *offsets = choose->choices.offsets;
+    size_t total = offsets[items] - offsets[0];
+    float *probabilities = arena_allocate(choose->arena, total * sizeof(float) + 1, 64);
+    size_t *item_offsets = arena_allocate(choose->arena, (items + 1) * sizeof(size_t), 16);
+    float *state = executor_scratch(call->executor, 2 * hidden * sizeof(float));
+    if (!probabilities || !item_offsets || !state) {
+        choose_end(choose, UFORM_OUT_OF_MEMORY, "cannot allocate the probabilities");
+        return;
+    }
+    float *row = state + hidden;
+    uint16_t const *embed = model_tensor(choose->model, "text.embed", NULL);
+    uint8_t const *legal = choose->choices.data;
+    for (size_t item = 0; item < items; ++item) {
+        item_offsets[item] = offsets[item] - offsets[0];
+        void const *source = (unsigned char const *)choose->states.data + item * choose->states.row_stride;
+        if (choose->states.scalar == UFORM_BF16) kernels->bf16_to_f32(state, source, hidden);
+        else memcpy(state, source, hidden * sizeof(float));
+        float *logits = probabilities + item_offsets[item];
+        for (size_t i = offsets[item]; i < offsets[item + 1]; ++i) {
+            kernels->bf16_to_f32(row, embed + (size_t)legal[i] * hidden, hidden);
+            float sum = 0;
+            for (size_t j = 0; j < hidden; ++j) sum += state[j] * row[j];
+            logits[i - offsets[item]] = sum;
+        }
+        kernels->softmax(logits, offsets[item + 1] - offsets[item]);
+        if (progress_report(&choose->progress, &choose->next_step, item + 1, items)) {
+            choose_end(choose, UFORM_CANCELLED, "cancelled by the progress handler");
+            return;
+        }
+    }
+    item_offsets[items] = total;
+    choose->probabilities = arena_view(choose->arena, probabilities, total, 1, UFORM_F32);
+    choose->probabilities.item_offsets = item_offsets;
+    choose->probabilities.items = items;
+    choose_end(choose, UFORM_OK, NULL);
+}
+
+static uform_status_t check_choose(uform_text_choose_args_t const *args, char const **message) {
+    uform_model_t const *model = args->model;
+    if (!model || !args->states || !args->arena)
+        return *message = "model, states or arena is NULL", UFORM_INVALID_ARGUMENT;
+    if (!args->outcome && !args->probabilities) return *message = "probabilities is NULL", UFORM_INVALID_ARGUMENT;
+    if (args->executor && args->executor->kind == UFORM_EXECUTOR_VRAM)
+        return *message = "a host model runs on host executors", UFORM_INVALID_ARGUMENT;
+    uform_tape_t const *choices = &args->choices;
+    if (choices->count == 0) return *message = "the tape holds no items", UFORM_INVALID_ARGUMENT;
+    uform_status_t status = tape_validate(choices, message);
+    if (status != UFORM_OK) return status;
+    for (size_t item = 0; item < choices->count; ++item) {
+        uint8_t const *legal = (uint8_t const *)choices->data + choices->offsets[item];
+        size_t count = choices->offsets[item + 1] - choices->offsets[item];
+        bool seen[256] = {false};
+        if (count == 0) return *message = "an item has no legal byte", UFORM_INVALID_ARGUMENT;
+        for (size_t i = 0; i < count; seen[legal[i++]] = true)
+            if (seen[legal[i]]) return *message = "an item repeats a legal byte", UFORM_INVALID_ARGUMENT;
+    }
+    if ((status = arena_check(args->arena, args->executor, message)) != UFORM_OK) return status;
+    uform_view_t const *states = args->states;
+    if (states->arena == args->arena)
+        return *message = "states live in the arena this call rewinds: pass another arena", UFORM_INVALID_ARGUMENT;
+    if ((status = uform_view_check(states)) != UFORM_OK) return *message = uform_last_error().message, status;
+    if (!model->text) return *message = "the model has no text tower", UFORM_UNSUPPORTED;
+    if (states->columns != model->text->hidden || (states->scalar != UFORM_F32 && states->scalar != UFORM_BF16))
+        return *message = "states are not F32 or BF16 rows of the model's hidden width", UFORM_INVALID_ARGUMENT;
+    if (choices->count != states->rows)
+        return *message = "choices and states hold different counts of items", UFORM_INVALID_ARGUMENT;
+    return UFORM_OK;
+}
+
+UFORM_EXPORT uform_status_t uform_text_choose(uform_text_choose_args_t const *args) {
+    static char const entry[] = "uform_text_choose";
+    if (!args) return failed(UFORM_INVALID_ARGUMENT, entry, "args is NULL");
+    uform_outcome_t *outcome = args->outcome;
+    char const *message = NULL;
+    uform_status_t status = check_choose(args, &message);
+    if (status != UFORM_OK) return call_refuse(outcome, status, entry, message);
+    uform_executor_t *executor = call_executor(args->executor);
+    if (!executor) return call_refuse(outcome, UFORM_OUT_OF_MEMORY, entry, "cannot make the calling thread's executor");
+    if (arena_begin(args->arena) != UFORM_OK)
+        return call_refuse(outcome, UFORM_CONTENDED, entry, "another call holds the arena");
+    uform_outcome_t own;
+    if (!outcome) uform_outcome_init(&own);
+    choose_call_t *choose = (choose_call_t *)(void *)executor->call_storage;
+    status = call_begin(&choose->call, executor, outcome_of(outcome ? outcome : &own), entry);
+    if (status != UFORM_OK) {
+        arena_end(args->arena);
+        return status;
+    }
+    memset((char *)choose + sizeof choose->call, 0, sizeof *choose - sizeof choose->call);
+    choose->call.start = choose_start;
+    choose->model = args->model;
+    model_retain(choose->model);
+    choose->arena = args->arena;
+    choose->states = *args->states;
+    choose->choices = args->choices;
+    if (args->progress) choose->progress = *args->progress;
+    choose->next_step = 1;
+    call_submit(&choose->call);
+    if (outcome) return UFORM_OK;
+    status = call_wait(outcome_of(&own));
+    if (status == UFORM_OK) uform_outcome_probabilities(&own, args->probabilities);
+    return status;
+}

@@ -1,0 +1,272 @@
+/* The shared transformer: preparing weights for the kernel path, and the forward pass. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tower.h"
+
+/* ---- Preparation -------------------------------------------------------------------------------- */
+
+/* A BF16 vector of the checkpoint as F32, in memory placed like the tower. */
+static float *prepare_vector(tower_t *tower, uform_model_t const *model, char const *name, size_t n) {
+    checkpoint_tensor_t const *tensor = NULL;
+    uint16_t const *values = model_tensor(model, name, &tensor);
+    if (!values || tensor->dtype != CHECKPOINT_BF16) return NULL;
+    float *vector = executor_allocate(tower->placement, n * sizeof(float));
+    if (!vector) return NULL;
+    tower->kernels->bf16_to_f32(vector, values, n);
+    tower->bytes += n * sizeof(float);
+    return vector;
+}
+
+static bool prepare_linear(tower_t *tower, uform_model_t const *model, char const *weight, char const *bias,
+                           tower_linear_t *layer) {
+    checkpoint_tensor_t const *tensor = NULL;
+    uint16_t const *values = model_tensor(model, weight, &tensor);
+    if (!values || tensor->rank != 2) return false;
+    layer->n = (size_t)tensor->shape[0];
+    layer->k = (size_t)tensor->shape[1];
+    size_t bytes = tower->kernels->gemm_packed_size(layer->n, layer->k);
+    layer->packed = executor_allocate(tower->placement, bytes);
+    if (!layer->packed) return false;
+    tower->kernels->gemm_pack(layer->packed, values, layer->n, layer->k);
+    tower->bytes += bytes;
+    if (bias && !(layer->bias = prepare_vector(tower, model, bias, layer->n))) return false;
+    return true;
+}
+
+static void release_linear(tower_t *tower, tower_linear_t *layer) {
+    executor_deallocate(tower->placement, layer->packed, tower->kernels->gemm_packed_size(layer->n, layer->k));
+    executor_deallocate(tower->placement, layer->bias, layer->n * sizeof(float));
+}
+
+void tower_release(tower_t *tower) {
+    if (!tower->kernels) return;
+    for (size_t i = 0; tower->blocks && i < tower->depth; ++i) {
+        tower_block_t *block = &tower->blocks[i];
+        executor_deallocate(tower->placement, block->norm1, tower->hidden * sizeof(float));
+        executor_deallocate(tower->placement, block->norm2, tower->hidden * sizeof(float));
+        release_linear(tower, &block->qkv);
+        release_linear(tower, &block->out);
+        release_linear(tower, &block->up);
+        release_linear(tower, &block->down);
+    }
+    free(tower->blocks);
+    executor_deallocate(tower->placement, tower->norm, tower->hidden * sizeof(float));
+    release_linear(tower, &tower->proj);
+    memset(tower, 0, sizeof *tower);
+}
+
+uform_status_t tower_prepare(tower_t *tower, uform_model_t const *model, char const *name,
+                             uform_transformer_info_t const *info) {
+    memset(tower, 0, sizeof *tower);
+    tower->kernels = kernels_active();
+    tower->placement = model->executor;
+    tower->depth = info->depth;
+    tower->hidden = info->hidden;
+    tower->heads = info->heads;
+    tower->mlp = info->mlp;
+    tower->dims = model->header.info.dims;
+    tower->blocks = calloc(tower->depth, sizeof *tower->blocks);
+    if (!tower->blocks) goto fail;
+    /* Names are checked by the checkpoint parser; a miss here can only be memory. */
+    char weight[96], bias[96];
+    for (size_t i = 0; i < tower->depth; ++i) {
+        tower_block_t *block = &tower->blocks[i];
+        snprintf(weight, sizeof weight, "%s.blocks.%zu.norm1.weight", name, i);
+        if (!(block->norm1 = prepare_vector(tower, model, weight, tower->hidden))) goto fail;
+        snprintf(weight, sizeof weight, "%s.blocks.%zu.norm2.weight", name, i);
+        if (!(block->norm2 = prepare_vector(tower, model, weight, tower->hidden))) goto fail;
+        static char const *const layers[] = {"attn.qkv", "attn.out", "mlp.up", "mlp.down"};
+        tower_linear_t *targets[] = {&block->qkv, &block->out, &block->up, &block->down};
+        for (size_t j = 0; j < 4; ++j) {
+            snprintf(weight, sizeof weight, "%s.blocks.%zu.%s.weight", name, i, layers[j]);
+            snprintf(bias, sizeof bias, "%s.blocks.%zu.%s.bias", name, i, layers[j]);
+            if (!prepare_linear(tower, model, weight, bias, targets[j])) goto fail;
+        }
+    }
+    snprintf(weight, sizeof weight, "%s.norm.weight", name);
+    if (!(tower->norm = prepare_vector(tower, model, weight, tower->hidden))) goto fail;
+    snprintf(weight, sizeof weight, "%s.proj.weight", name);
+    if (!prepare_linear(tower, model, weight, NULL, &tower->proj)) goto fail;
+    return UFORM_OK;
+fail:
+    tower_release(tower);
+    return UFORM_OUT_OF_MEMORY;
+}
+
+/* ---- Scratch ------------------------------------------------------------------------------------ */
+
+static size_t align64(size_t bytes) {
+    return (bytes + 63) & ~(size_t)63;
+}
+
+typedef struct scratch_layout {
+    float *h;            /* [tokens, hidden]: norm outputs and attention outputs */
+    float *qkv;          /* [tokens, 3 * hidden] */
+    float *mlp;          /* [tokens, mlp] */
+    uint32_t *positions; /* [tokens]: the position of each token within its item */
+} scratch_layout_t;
+
+static scratch_layout_t scratch_layout(tower_t const *tower, void *scratch, size_t tokens, size_t *bytes) {
+    size_t h = align64(tokens * tower->hidden * sizeof(float));
+    size_t qkv = align64(tokens * 3 * tower->hidden * sizeof(float));
+    size_t mlp = align64(tokens * tower->mlp * sizeof(float));
+    size_t positions = align64(tokens * sizeof(uint32_t));
+    *bytes = h + qkv + mlp + positions;
+    char *base = scratch;
+    if (!base) return (scratch_layout_t){0};
+    return (scratch_layout_t){
+        .h = (float *)base,
+        .qkv = (float *)(base + h),
+        .mlp = (float *)(base + h + qkv),
+        .positions = (uint32_t *)(base + h + qkv + mlp),
+    };
+}
+
+size_t tower_scratch_bytes(tower_t const *tower, size_t tokens) {
+    size_t bytes = 0;
+    scratch_layout(tower, NULL, tokens, &bytes);
+    return bytes;
+}
+
+/* ---- Work split over threads -------------------------------------------------------------------- */
+
+/* The share [first, last) of `count` units that thread `thread` of `threads` takes. */
+static void share(size_t count, size_t thread, size_t threads, size_t *first, size_t *last) {
+    *first = count * thread / threads;
+    *last = count * (thread + 1) / threads;
+}
+
+typedef struct gemm_job {
+    kernels_t const *kernels;
+    kernel_gemm_t gemm;
+    size_t threads;
+} gemm_job_t;
+
+static void gemm_work(void *context, size_t thread) {
+    gemm_job_t const *job = context;
+    size_t tiles = (job->gemm.n + KERNEL_GEMM_TILE - 1) / KERNEL_GEMM_TILE, first, last;
+    share(tiles, thread, job->threads, &first, &last);
+    if (first == last) return;
+    size_t end = last * KERNEL_GEMM_TILE < job->gemm.n ? last * KERNEL_GEMM_TILE : job->gemm.n;
+    job->kernels->gemm(&job->gemm, first * KERNEL_GEMM_TILE, end);
+}
+
+static void run_gemm(tower_t const *tower, uform_executor_t *executor, kernel_gemm_t const *gemm) {
+    gemm_job_t job = {tower->kernels, *gemm, executor->threads};
+    executor_for_threads(executor, gemm_work, &job);
+}
+
+void tower_linear(tower_t const *tower, uform_executor_t *executor, tower_linear_t const *layer, float const *x,
+                  size_t x_stride, size_t m, size_t n_out, float *y, size_t y_stride) {
+    kernel_gemm_t gemm = {
+        .m = m,
+        .n = n_out,
+        .k = layer->k,
+        .x = x,
+        .x_stride = x_stride,
+        .w = layer->packed,
+        .bias = layer->bias,
+        .y = y,
+        .y_stride = y_stride,
+    };
+    run_gemm(tower, executor, &gemm);
+}
+
+typedef struct rows_job {
+    tower_t const *tower;
+    tower_batch_t const *batch;
+    scratch_layout_t const *scratch;
+    float const *norm; /* rmsnorm: the weight; NULL for rope */
+    float const *from;
+    float *to;
+    size_t threads;
+} rows_job_t;
+
+static void rmsnorm_work(void *context, size_t thread) {
+    rows_job_t const *job = context;
+    size_t first, last, hidden = job->tower->hidden;
+    share(job->batch->tokens, thread, job->threads, &first, &last);
+    if (first == last) return;
+    job->tower->kernels->rmsnorm(job->to + first * hidden, hidden, job->from + first * hidden, hidden, job->norm,
+                                 last - first, hidden, 1e-6f);
+}
+
+static void rope_work(void *context, size_t thread) {
+    rows_job_t const *job = context;
+    size_t first, last, hidden = job->tower->hidden, heads = job->tower->heads;
+    share(job->batch->tokens, thread, job->threads, &first, &last);
+    for (size_t row = first; row < last; ++row) {
+        float *q = job->scratch->qkv + row * 3 * hidden;
+        job->tower->kernels->rope(q, heads, job->scratch->positions[row]);          /* queries */
+        job->tower->kernels->rope(q + hidden, heads, job->scratch->positions[row]); /* keys */
+    }
+}
+
+/* Attention: the (head, item) pairs are split between threads, each pair computed whole. */
+static void attention_work(void *context, size_t thread) {
+    rows_job_t const *job = context;
+    tower_batch_t const *batch = job->batch;
+    size_t hidden = job->tower->hidden, items = batch->items, first, last;
+    share(job->tower->heads * items, thread, job->threads, &first, &last);
+    while (first < last) {
+        size_t head = first / items, item = first % items;
+        size_t end = last - head * items < items ? last - head * items : items;
+        float const *qkv = job->scratch->qkv + head * KERNEL_HEAD;
+        kernel_attention_t attention = {
+            .q = qkv,
+            .k = qkv + hidden,
+            .v = qkv + 2 * hidden,
+            .stride = 3 * hidden,
+            .out = job->scratch->h + head * KERNEL_HEAD,
+            .out_stride = hidden,
+            .offsets = batch->offsets,
+            .items = items,
+            .causal = batch->causal,
+            .scale = 0.125f, /* 1 / sqrt(64) */
+        };
+        job->tower->kernels->attention(&attention, item, end);
+        first += end - item;
+    }
+}
+
+/* ---- Forward ------------------------------------------------------------------------------------ */
+
+void tower_forward(tower_t const *tower, uform_executor_t *executor, tower_batch_t const *batch) {
+    size_t bytes = 0, hidden = tower->hidden, tokens = batch->tokens;
+    scratch_layout_t scratch = scratch_layout(tower, batch->scratch, tokens, &bytes);
+    for (size_t item = 0; item < batch->items; ++item)
+        for (size_t row = batch->offsets[item]; row < batch->offsets[item + 1]; ++row)
+            scratch.positions[row] = (uint32_t)(row - batch->offsets[item]);
+
+    rows_job_t rows = {tower, batch, &scratch, NULL, NULL, NULL, executor->threads};
+    for (size_t i = 0; i < tower->depth; ++i) {
+        tower_block_t const *block = &tower->blocks[i];
+        /* h = rms1(x); qkv = h Wqkv^T + b                                   [tokens, 3 * hidden] */
+        rows.norm = block->norm1, rows.from = batch->x, rows.to = scratch.h;
+        executor_for_threads(executor, rmsnorm_work, &rows);
+        tower_linear(tower, executor, &block->qkv, scratch.h, hidden, tokens, block->qkv.n, scratch.qkv,
+                     3 * hidden);
+        if (batch->rotary) executor_for_threads(executor, rope_work, &rows);
+        /* h = attention(q, k, v); x += h Wout^T + b                          [tokens, hidden] */
+        executor_for_threads(executor, attention_work, &rows);
+        kernel_gemm_t out = {.m = tokens, .n = hidden, .k = hidden, .x = scratch.h, .x_stride = hidden,
+                             .w = block->out.packed, .bias = block->out.bias, .residual = batch->x,
+                             .residual_stride = hidden, .y = batch->x, .y_stride = hidden};
+        run_gemm(tower, executor, &out);
+        /* h = rms2(x); mlp = gelu(h Wup^T + b); x += mlp Wdown^T + b          [tokens, mlp] */
+        rows.norm = block->norm2, rows.from = batch->x, rows.to = scratch.h;
+        executor_for_threads(executor, rmsnorm_work, &rows);
+        kernel_gemm_t up = {.m = tokens, .n = tower->mlp, .k = hidden, .x = scratch.h, .x_stride = hidden,
+                            .w = block->up.packed, .bias = block->up.bias, .y = scratch.mlp,
+                            .y_stride = tower->mlp, .epilogue = KERNEL_EPILOGUE_GELU};
+        run_gemm(tower, executor, &up);
+        kernel_gemm_t down = {.m = tokens, .n = hidden, .k = tower->mlp, .x = scratch.mlp, .x_stride = tower->mlp,
+                              .w = block->down.packed, .bias = block->down.bias, .residual = batch->x,
+                              .residual_stride = hidden, .y = batch->x, .y_stride = hidden};
+        run_gemm(tower, executor, &down);
+    }
+    rows.norm = tower->norm, rows.from = batch->x, rows.to = batch->x;
+    executor_for_threads(executor, rmsnorm_work, &rows);
+}

@@ -1,0 +1,62 @@
+/* The transformer every tower shares: weights prepared once for the active kernel path, and a forward
+ * pass over a batch of items packed end to end, split over the executor's threads.
+ *
+ * Per block (DESIGN.md, pre-norm):  x += out(attention(rope(qkv(rms1(x)))))
+ *                                   x += down(gelu(up(rms2(x))))
+ * then x = rms(x) with the final norm. Shapes: x [tokens, hidden], qkv [tokens, 3 * hidden] (q, k, v
+ * each [tokens, heads * 64]), mlp [tokens, mlp].
+ *
+ * Determinism: every GEMM is split at KERNEL_GEMM_TILE columns, rmsnorm and rope by rows, attention by
+ * (head, item); each value is computed by the same code whatever the thread count. */
+#pragma once
+
+#include "engine.h"
+#include "kernels.h"
+
+/* A linear layer `x W^T + b`: W packed for the kernel path, the bias in F32. */
+typedef struct tower_linear {
+    void *packed;
+    float *bias; /* NULL when the layer has none */
+    size_t n, k; /* out, in */
+} tower_linear_t;
+
+typedef struct tower_block {
+    float *norm1, *norm2; /* [hidden] */
+    tower_linear_t qkv, out, up, down;
+} tower_block_t;
+
+typedef struct tower {
+    kernels_t const *kernels; /* the path the weights were packed for */
+    uform_executor_t *placement; /* where its memory lives (NULL: plain host memory) */
+    size_t depth, hidden, heads, mlp, dims;
+    tower_block_t *blocks;
+    float *norm;          /* [hidden] */
+    tower_linear_t proj;  /* [dims, hidden], no bias */
+    size_t bytes;         /* memory it holds */
+} tower_t;
+
+/* Prepares tower `name` ("text", "image", "audio") of a loaded model: packs every weight and converts
+ * norms and biases to F32. Answers UFORM_OK or UFORM_OUT_OF_MEMORY (with nothing held). */
+uform_status_t tower_prepare(tower_t *tower, uform_model_t const *model, char const *name,
+                             uform_transformer_info_t const *info);
+void tower_release(tower_t *tower);
+
+/* Scratch a forward pass over up to `tokens` tokens needs, in bytes. */
+size_t tower_scratch_bytes(tower_t const *tower, size_t tokens);
+
+typedef struct tower_batch {
+    size_t tokens;         /* rows of x */
+    size_t items;
+    size_t const *offsets; /* items + 1 token offsets into x; positions restart at 0 for each item */
+    bool causal, rotary;
+    float *x;              /* [tokens, hidden]: the input embeddings; the final-normed states on return */
+    void *scratch;         /* tower_scratch_bytes(tokens), 64-byte aligned */
+} tower_batch_t;
+
+/* Runs every block and the final norm over the batch, on the executor's threads. */
+void tower_forward(tower_t const *tower, uform_executor_t *executor, tower_batch_t const *batch);
+
+/* y[m, n_out] = x[m, k] . W^T (+ bias) for one prepared linear layer, over the executor's threads,
+ * using only its first `n_out` output columns (n_out <= layer.n): matryoshka projections. */
+void tower_linear(tower_t const *tower, uform_executor_t *executor, tower_linear_t const *layer, float const *x,
+                  size_t x_stride, size_t m, size_t n_out, float *y, size_t y_stride);

@@ -1,0 +1,737 @@
+/* The vector kernels (everything but GEMM): the scalar path against independent double-precision formulas
+ * and known bit patterns, then every SIMD path this CPU runs against the scalar path within the
+ * tolerances of kernels.h (bitwise where it says so), on random inputs from a fixed seed and on sizes
+ * around the vector widths. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+
+#define COUNT(array) (sizeof(array) / sizeof((array)[0]))
+#define SENTINEL     12345.0f /* written around outputs: a kernel must leave it alone */
+
+static size_t const sizes[] = {1, 3, 15, 16, 17, 63, 64, 65, 100, 768, 1000};
+
+/* ---- Helpers ------------------------------------------------------------------------------------ */
+
+static uint64_t random_state;
+
+static void random_seed(uint64_t seed) {
+    random_state = seed;
+}
+
+/* splitmix64 */
+static uint64_t random_bits(void) {
+    uint64_t z = (random_state += 0x9e3779b97f4a7c15u);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
+    return z ^ (z >> 31);
+}
+
+static float random_uniform(float low, float high) {
+    return low + (high - low) * (float)((double)(random_bits() >> 40) * 0x1p-24);
+}
+
+static float *floats_uniform(size_t n, float low, float high) {
+    float *x = test_malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; ++i)
+        x[i] = random_uniform(low, high);
+    return x;
+}
+
+static float *floats_filled(size_t n, float value) {
+    float *x = test_malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; ++i)
+        x[i] = value;
+    return x;
+}
+
+static float float_of(uint32_t bits) {
+    float value;
+    memcpy(&value, &bits, sizeof value);
+    return value;
+}
+
+static uint32_t bits_of(float value) {
+    uint32_t bits;
+    memcpy(&bits, &value, sizeof bits);
+    return bits;
+}
+
+static void check_near(double actual, double expected, double tolerance, char const *what, size_t index) {
+    if (fabs(actual - expected) <= tolerance) return;
+    fail_msg("%s[%zu] = %.9g, expected %.9g within %.3g", what, index, actual, expected, tolerance);
+}
+
+/* The SIMD paths this CPU and build run; skips the test when there are none. */
+static size_t simd_paths(kernels_t const *paths[3]) {
+    kernels_t const *candidates[] = {kernels_avx2(), kernels_avx512(), kernels_avx512bf16()};
+    size_t count = 0;
+    for (size_t i = 0; i < COUNT(candidates); ++i)
+        if (candidates[i]) paths[count++] = candidates[i];
+    if (!count) {
+        print_message("[  SKIP    ] no SIMD path runs on this CPU\n");
+        skip();
+    }
+    return count;
+}
+
+/* The value of an F16 bit pattern (exponent 31 read as a normal one, so 0x7c00 gives 65536). */
+static double half_value(uint16_t half) {
+    int exponent = (half >> 10) & 0x1f, mantissa = half & 0x3ff;
+    double magnitude = exponent ? ldexp(1024 + mantissa, exponent - 25) : ldexp(mantissa, -24);
+    return half & 0x8000 ? -magnitude : magnitude;
+}
+
+/* ---- Scalar path against formulas --------------------------------------------------------------- */
+
+static void scalar_rmsnorm_matches_formula(void **state) {
+    (void)state;
+    kernels_t const *scalar = kernels_scalar();
+    random_seed(1);
+    for (size_t s = 0; s < COUNT(sizes); ++s) {
+        size_t n = sizes[s], rows = 3;
+        float *x = floats_uniform(rows * n, -2.0f, 2.0f), *weight = floats_uniform(n, 0.5f, 1.5f);
+        float *y = floats_filled(rows * n, 0.0f);
+        scalar->rmsnorm(y, n, x, n, weight, rows, n, 1e-6f);
+        for (size_t r = 0; r < rows; ++r) {
+            double squares = 0.0;
+            for (size_t i = 0; i < n; ++i)
+                squares += (double)x[r * n + i] * x[r * n + i];
+            double inverse = 1.0 / sqrt(squares / (double)n + (double)1e-6f);
+            for (size_t i = 0; i < n; ++i) {
+                double expected = x[r * n + i] * inverse * weight[i];
+                check_near(y[r * n + i], expected, 1e-6 * fabs(expected), "rmsnorm", r * n + i);
+            }
+        }
+        scalar->rmsnorm(x, n, x, n, weight, rows, n, 1e-6f); /* in place: the same bits */
+        assert_memory_equal(x, y, rows * n * sizeof(float));
+        test_free(x), test_free(weight), test_free(y);
+    }
+}
+
+static void scalar_rope_matches_formula(void **state) {
+    (void)state;
+    size_t const positions[] = {0, 1, 1000}, heads = 3;
+    random_seed(2);
+    float *x = floats_uniform(heads * KERNEL_HEAD, -1.0f, 1.0f), rotated[3 * KERNEL_HEAD];
+    for (size_t p = 0; p < COUNT(positions); ++p) {
+        memcpy(rotated, x, sizeof rotated);
+        kernels_scalar()->rope(rotated, heads, positions[p]);
+        for (size_t h = 0; h < heads; ++h) {
+            for (size_t i = 0; i < KERNEL_HEAD / 2; ++i) {
+                double angle = (double)positions[p] * exp(-2.0 * (double)i / KERNEL_HEAD * log(10000.0));
+                size_t first = h * KERNEL_HEAD + i, second = first + KERNEL_HEAD / 2;
+                double c = cos(angle), s = sin(angle);
+                check_near(rotated[first], x[first] * c - x[second] * s, 1e-6, "rope", first);
+                check_near(rotated[second], x[second] * c + x[first] * s, 1e-6, "rope", second);
+            }
+        }
+        if (positions[p] == 0) assert_memory_equal(rotated, x, sizeof rotated);
+    }
+    test_free(x);
+}
+
+/* A batch of items of these lengths packed end to end in qkv rows [tokens, 3 * HIDDEN], as the towers
+ * lay them out: q, then k, then v, head h at columns h * 64 of each. */
+#define HEADS  3
+#define HIDDEN (HEADS * KERNEL_HEAD)
+static size_t const item_lengths[] = {0, 1, 2, 17, 64, 65, 130};
+#define ITEMS COUNT(item_lengths)
+
+typedef struct batch {
+    size_t offsets[ITEMS + 1];
+    size_t tokens;
+    float *qkv;
+} batch_t;
+
+/* Values in [-1, 1]; queries and keys in [-amplitude, amplitude] (large ones make peaked softmaxes whose
+ * max moves from tile to tile). */
+static batch_t batch_make(float amplitude) {
+    batch_t batch = {.offsets = {0}};
+    for (size_t i = 0; i < ITEMS; ++i)
+        batch.offsets[i + 1] = batch.offsets[i] + item_lengths[i];
+    batch.tokens = batch.offsets[ITEMS];
+    batch.qkv = floats_uniform(batch.tokens * 3 * HIDDEN, -1.0f, 1.0f);
+    for (size_t row = 0; row < batch.tokens; ++row)
+        for (size_t i = 0; i < 2 * HIDDEN; ++i)
+            batch.qkv[row * 3 * HIDDEN + i] *= amplitude;
+    return batch;
+}
+
+static kernel_attention_t batch_head(batch_t const *batch, size_t head, bool causal, float *out) {
+    float const *qkv = batch->qkv + head * KERNEL_HEAD;
+    return (kernel_attention_t){
+        .q = qkv,
+        .k = qkv + HIDDEN,
+        .v = qkv + 2 * HIDDEN,
+        .stride = 3 * HIDDEN,
+        .out = out + head * KERNEL_HEAD,
+        .out_stride = HIDDEN,
+        .offsets = batch->offsets,
+        .items = ITEMS,
+        .causal = causal,
+        .scale = 0.125f,
+    };
+}
+
+/* Every output column outside head `head` still holds the sentinel. */
+static void check_other_heads_untouched(float const *out, size_t tokens, size_t head) {
+    for (size_t row = 0; row < tokens; ++row)
+        for (size_t i = 0; i < HIDDEN; ++i)
+            if (i / KERNEL_HEAD != head && out[row * HIDDEN + i] != SENTINEL)
+                fail_msg("attention wrote column %zu of row %zu, outside head %zu", i, row, head);
+}
+
+/* Full softmax over keys [first, end) for one query row, in double. */
+static void attention_naive(kernel_attention_t const *a, size_t row, size_t first, size_t end,
+                            double out[KERNEL_HEAD]) {
+    double scores[256], max = -INFINITY, sum = 0.0;
+    for (size_t j = first; j < end; ++j) {
+        double dot = 0.0;
+        for (size_t d = 0; d < KERNEL_HEAD; ++d)
+            dot += (double)a->q[row * a->stride + d] * a->k[j * a->stride + d];
+        scores[j - first] = dot * a->scale;
+        max = fmax(max, scores[j - first]);
+    }
+    for (size_t d = 0; d < KERNEL_HEAD; ++d)
+        out[d] = 0.0;
+    for (size_t j = first; j < end; ++j) {
+        double weight = exp(scores[j - first] - max);
+        sum += weight;
+        for (size_t d = 0; d < KERNEL_HEAD; ++d)
+            out[d] += weight * a->v[j * a->stride + d];
+    }
+    for (size_t d = 0; d < KERNEL_HEAD; ++d)
+        out[d] /= sum;
+}
+
+static void scalar_attention_matches_naive(void **state) {
+    (void)state;
+    float const amplitudes[] = {1.0f, 6.0f};
+    random_seed(3);
+    for (size_t m = 0; m < COUNT(amplitudes); ++m) {
+        batch_t batch = batch_make(amplitudes[m]);
+        for (int causal = 0; causal < 2; ++causal) {
+            float *out = floats_filled(batch.tokens * HIDDEN, SENTINEL);
+            kernel_attention_t a = batch_head(&batch, 1, causal, out);
+            kernels_scalar()->attention(&a, 0, ITEMS);
+            check_other_heads_untouched(out, batch.tokens, 1);
+            for (size_t item = 0; item < ITEMS; ++item) {
+                for (size_t row = batch.offsets[item]; row < batch.offsets[item + 1]; ++row) {
+                    double expected[KERNEL_HEAD];
+                    attention_naive(&a, row, batch.offsets[item], causal ? row + 1 : batch.offsets[item + 1],
+                                    expected);
+                    for (size_t d = 0; d < KERNEL_HEAD; ++d)
+                        check_near(a.out[row * HIDDEN + d], expected[d], 1e-5, "attention",
+                                   row * KERNEL_HEAD + d);
+                }
+            }
+            test_free(out);
+        }
+        test_free(batch.qkv);
+    }
+}
+
+static void scalar_softmax_matches_formula(void **state) {
+    (void)state;
+    random_seed(4);
+    for (size_t s = 0; s < COUNT(sizes); ++s) {
+        size_t n = sizes[s];
+        float *x = floats_uniform(n, -10.0f, 10.0f), *y = test_malloc(n * sizeof(float));
+        memcpy(y, x, n * sizeof(float));
+        kernels_scalar()->softmax(y, n);
+        double max = -INFINITY, sum = 0.0;
+        for (size_t i = 0; i < n; ++i)
+            max = fmax(max, x[i]);
+        for (size_t i = 0; i < n; ++i)
+            sum += exp(x[i] - max);
+        for (size_t i = 0; i < n; ++i)
+            check_near(y[i], exp(x[i] - max) / sum, 1e-7, "softmax", i);
+        test_free(x), test_free(y);
+    }
+}
+
+static void scalar_normalize_matches_formula(void **state) {
+    (void)state;
+    random_seed(5);
+    for (size_t s = 0; s < COUNT(sizes); ++s) {
+        size_t n = sizes[s];
+        float *x = floats_uniform(n, -3.0f, 3.0f), *y = test_malloc(n * sizeof(float));
+        memcpy(y, x, n * sizeof(float));
+        kernels_scalar()->normalize(y, n);
+        double squares = 0.0;
+        for (size_t i = 0; i < n; ++i)
+            squares += (double)x[i] * x[i];
+        for (size_t i = 0; i < n; ++i)
+            check_near(y[i], x[i] / sqrt(squares), 1e-6 * fabs(x[i] / sqrt(squares)), "normalize", i);
+        memset(y, 0, n * sizeof(float));
+        kernels_scalar()->normalize(y, n);
+        for (size_t i = 0; i < n; ++i)
+            assert_true(bits_of(y[i]) == 0);
+        test_free(x), test_free(y);
+    }
+}
+
+/* ---- Scalar conversions: known bits ------------------------------------------------------------- */
+
+typedef struct known_bits {
+    uint32_t from;
+    uint16_t to;
+} known_bits_t;
+
+static void scalar_bf16_known_bits(void **state) {
+    (void)state;
+    known_bits_t const known[] = {
+        {0x3f800000u, 0x3f80}, /* 1 */
+        {0xc0000000u, 0xc000}, /* -2 */
+        {0x00000000u, 0x0000}, /* 0 */
+        {0x80000000u, 0x8000}, /* -0 */
+        {0x7f800000u, 0x7f80}, /* infinity */
+        {0xff800000u, 0xff80}, /* -infinity */
+        {0x7fc00000u, 0x7fc0}, /* quiet NaN */
+        {0x7f800001u, 0x7fc0}, /* signaling NaN: quieted */
+        {0x7f810000u, 0x7fc1}, /* signaling NaN: quieted, the payload's top kept */
+        {0xff800001u, 0xffc0}, /* negative signaling NaN */
+        {0x7fffffffu, 0x7fff}, /* NaN whose payload is all ones: not rounded into the sign */
+        {0x3f808000u, 0x3f80}, /* tie, down to even */
+        {0x3f818000u, 0x3f82}, /* tie, up to even */
+        {0x3f808001u, 0x3f81}, /* just above a tie */
+        {0x3f807fffu, 0x3f80}, /* just below a tie */
+        {0x7f7fffffu, 0x7f80}, /* FLT_MAX rounds to infinity */
+        {0x00000001u, 0x0000}, /* the smallest F32 subnormal */
+        {0x00008000u, 0x0000}, /* subnormal tie, down to even */
+        {0x00018000u, 0x0002}, /* subnormal tie, up to even */
+    };
+    for (size_t i = 0; i < COUNT(known); ++i) {
+        uint16_t half = 0;
+        float value = float_of(known[i].from);
+        kernels_scalar()->f32_to_bf16(&half, &value, 1);
+        if (half != known[i].to)
+            fail_msg("bf16(0x%08x) = 0x%04x, expected 0x%04x", known[i].from, half, known[i].to);
+        kernels_scalar()->convert(&half, &value, 1, UFORM_BF16, NULL);
+        assert_int_equal(half, known[i].to);
+    }
+    uint16_t const halves[] = {0x3f80, 0xc000, 0x7f80, 0x0001};
+    float values[4];
+    kernels_scalar()->bf16_to_f32(values, halves, 4);
+    assert_true(values[0] == 1.0f && values[1] == -2.0f && isinf(values[2]) && values[3] == 0x1p-133f);
+}
+
+static void scalar_f16_known_bits(void **state) {
+    (void)state;
+    known_bits_t const known[] = {
+        {0x3f800000u, 0x3c00}, /* 1 */
+        {0xc0000000u, 0xc000}, /* -2 */
+        {0x3dcccccdu, 0x2e66}, /* 0.1 */
+        {0x3eaaaaabu, 0x3555}, /* 1/3 */
+        {0x00000000u, 0x0000}, /* 0 */
+        {0x80000000u, 0x8000}, /* -0 */
+        {0x477fe000u, 0x7bff}, /* 65504, the largest half */
+        {0x477fefffu, 0x7bff}, /* just below 65520 */
+        {0x477ff000u, 0x7c00}, /* 65520 ties to infinity */
+        {0x7f7fffffu, 0x7c00}, /* FLT_MAX overflows */
+        {0xff7fffffu, 0xfc00}, /* -FLT_MAX overflows */
+        {0x7f800000u, 0x7c00}, /* infinity */
+        {0xff800000u, 0xfc00}, /* -infinity */
+        {0x7fc00000u, 0x7e00}, /* quiet NaN */
+        {0x7f800001u, 0x7e00}, /* signaling NaN: quieted */
+        {0xffffe000u, 0xffff}, /* negative NaN: the payload's top kept */
+        {0x38800000u, 0x0400}, /* 2^-14, the smallest normal half */
+        {0x387fc000u, 0x03ff}, /* the largest subnormal half */
+        {0x387fe000u, 0x0400}, /* the tie between them goes to even */
+        {0x33800000u, 0x0001}, /* 2^-24, the smallest subnormal half */
+        {0x33000000u, 0x0000}, /* 2^-25 ties to zero */
+        {0x33000001u, 0x0001}, /* just above 2^-25 */
+        {0x33c00000u, 0x0002}, /* 1.5 * 2^-24 ties to even */
+        {0x00800000u, 0x0000}, /* FLT_MIN */
+        {0x00000001u, 0x0000}, /* the smallest F32 subnormal */
+        {0x80000001u, 0x8000}, /* its negative */
+        {0x3f801000u, 0x3c00}, /* tie above 1, down to even */
+        {0x3f803000u, 0x3c02}, /* tie, up to even */
+        {0x3f801001u, 0x3c01}, /* just above a tie */
+    };
+    for (size_t i = 0; i < COUNT(known); ++i) {
+        uint16_t half = 0;
+        float value = float_of(known[i].from);
+        kernels_scalar()->convert(&half, &value, 1, UFORM_F16, NULL);
+        if (half != known[i].to)
+            fail_msg("f16(0x%08x) = 0x%04x, expected 0x%04x", known[i].from, half, known[i].to);
+    }
+}
+
+/* The F32 values around every F16 rounding boundary, both signs: the half itself, the midpoint to the
+ * next half, and the F32 neighbours of the midpoint; `expected` receives the correctly rounded half. */
+static size_t f16_boundaries(float *values, uint16_t *expected) {
+    size_t count = 0;
+    for (uint16_t half = 0; half <= 0x7bff; ++half) {
+        for (uint32_t sign = 0; sign <= 0x8000; sign += 0x8000) {
+            uint16_t low = (uint16_t)(sign | half), high = (uint16_t)(sign | (half + 1));
+            float middle = (float)((half_value(low) + half_value(high)) / 2);
+            float toward_zero = nextafterf(middle, 0.0f),
+                  away = nextafterf(middle, sign ? -INFINITY : INFINITY);
+            float const cases[] = {(float)half_value(low), middle, toward_zero, away};
+            uint16_t const rounded[] = {low, half & 1 ? high : low, low, high};
+            for (size_t c = 0; c < 4; ++c, ++count)
+                values[count] = cases[c], expected[count] = rounded[c];
+        }
+    }
+    return count;
+}
+
+#define F16_BOUNDARIES (0x7c00 * 2 * 4)
+
+static void scalar_f16_rounds_every_boundary(void **state) {
+    (void)state;
+    float *values = test_malloc(F16_BOUNDARIES * sizeof(float));
+    uint16_t *expected = test_malloc(F16_BOUNDARIES * sizeof(uint16_t));
+    uint16_t *halves = test_malloc(F16_BOUNDARIES * sizeof(uint16_t));
+    size_t count = f16_boundaries(values, expected);
+    kernels_scalar()->convert(halves, values, count, UFORM_F16, NULL);
+    for (size_t i = 0; i < count; ++i)
+        if (halves[i] != expected[i])
+            fail_msg("f16(%a) = 0x%04x, expected 0x%04x", (double)values[i], halves[i], expected[i]);
+    test_free(values), test_free(expected), test_free(halves);
+}
+
+static void scalar_i8_known_rows(void **state) {
+    (void)state;
+    float const unit[] = {127.0f, 63.5f, -63.5f, 0.5f, -0.5f, 1.4999999f, -126.5f, 0.0f, 2.5f};
+    int8_t const unit_q[] = {127, 64, -64, 1, -1, 1, -127, 0, 3};
+    float const twice[] = {-254.0f, 1.0f, -1.0f, 3.0f, -3.0f, 2.9999998f, 5.0f};
+    int8_t const twice_q[] = {-127, 1, -1, 2, -2, 1, 3};
+    int8_t q[COUNT(unit)];
+    float scale = -1.0f;
+    kernels_scalar()->convert(q, unit, COUNT(unit), UFORM_I8, &scale);
+    assert_true(scale == 1.0f);
+    assert_memory_equal(q, unit_q, sizeof unit_q);
+    kernels_scalar()->convert(q, twice, COUNT(twice), UFORM_I8, &scale);
+    assert_true(scale == 2.0f);
+    assert_memory_equal(q, twice_q, sizeof twice_q);
+    float const zeros[3] = {0.0f, -0.0f, 0.0f};
+    memset(q, 1, sizeof q);
+    kernels_scalar()->convert(q, zeros, 3, UFORM_I8, &scale);
+    assert_true(scale == 0.0f && q[0] == 0 && q[1] == 0 && q[2] == 0);
+}
+
+static void scalar_i8_matches_formula(void **state) {
+    (void)state;
+    random_seed(6);
+    for (size_t s = 0; s < COUNT(sizes); ++s) {
+        size_t n = sizes[s];
+        float *x = floats_uniform(n, -3.0f, 3.0f), scale = 0.0f;
+        int8_t *q = test_malloc(n);
+        kernels_scalar()->convert(q, x, n, UFORM_I8, &scale);
+        double max = 0.0;
+        for (size_t i = 0; i < n; ++i)
+            max = fmax(max, fabs(x[i]));
+        check_near(scale, max / 127.0, 1e-7 * max, "scale", 0);
+        for (size_t i = 0; i < n; ++i)
+            check_near(q[i], x[i] / (max / 127.0), 0.5 + 1e-4, "i8", i);
+        test_free(x), test_free(q);
+    }
+}
+
+/* ---- SIMD paths against scalar ------------------------------------------------------------------ */
+
+static void paths_rmsnorm_match_scalar(void **state) {
+    (void)state;
+    kernels_t const *paths[3];
+    size_t path_count = simd_paths(paths), rows = 4;
+    random_seed(7);
+    for (size_t s = 0; s < COUNT(sizes); ++s) {
+        size_t n = sizes[s], x_stride = n + 5, y_stride = n + 3;
+        float *x = floats_uniform(rows * x_stride, -2.0f, 2.0f), *weight = floats_uniform(n, 0.5f, 1.5f);
+        float *expected = floats_filled(rows * y_stride, SENTINEL);
+        float *y = test_malloc(rows * y_stride * sizeof(float));
+        float *in_place = test_malloc(rows * x_stride * sizeof(float));
+        kernels_scalar()->rmsnorm(expected, y_stride, x, x_stride, weight, rows, n, 1e-6f);
+        for (size_t p = 0; p < path_count; ++p) {
+            for (size_t i = 0; i < rows * y_stride; ++i)
+                y[i] = SENTINEL;
+            paths[p]->rmsnorm(y, y_stride, x, x_stride, weight, rows, n, 1e-6f);
+            memcpy(in_place, x, rows * x_stride * sizeof(float));
+            paths[p]->rmsnorm(in_place, x_stride, in_place, x_stride, weight, rows, n, 1e-6f);
+            for (size_t r = 0; r < rows; ++r) {
+                for (size_t i = 0; i < n; ++i) {
+                    float e = expected[r * y_stride + i];
+                    check_near(y[r * y_stride + i], e, 1e-5 * fabsf(e), paths[p]->name, r * n + i);
+                    check_near(in_place[r * x_stride + i], e, 1e-5 * fabsf(e), paths[p]->name, r * n + i);
+                }
+                for (size_t i = n; i < y_stride; ++i)
+                    assert_true(y[r * y_stride + i] == SENTINEL);
+                assert_memory_equal(in_place + r * x_stride + n, x + r * x_stride + n, 5 * sizeof(float));
+            }
+        }
+        test_free(x), test_free(weight), test_free(expected), test_free(y), test_free(in_place);
+    }
+}
+
+static void paths_rope_match_scalar(void **state) {
+    (void)state;
+    kernels_t const *paths[3];
+    size_t path_count = simd_paths(paths), heads = 5;
+    random_seed(8);
+    float *x = floats_uniform(heads * KERNEL_HEAD, -1.0f, 1.0f);
+    float expected[5 * KERNEL_HEAD], rotated[5 * KERNEL_HEAD];
+    for (size_t position = 0; position < 300; position += 37) {
+        memcpy(expected, x, sizeof expected);
+        kernels_scalar()->rope(expected, heads, position);
+        for (size_t p = 0; p < path_count; ++p) {
+            memcpy(rotated, x, sizeof rotated);
+            paths[p]->rope(rotated, heads, position);
+            for (size_t i = 0; i < heads * KERNEL_HEAD; ++i)
+                check_near(rotated[i], expected[i], 1e-5, paths[p]->name, i);
+        }
+    }
+    test_free(x);
+}
+
+/* One path's attention over the whole batch, and again over ranges of items: the same bits. */
+static void check_attention_path(kernels_t const *path, batch_t const *batch, bool causal,
+                                 float const *expected) {
+    size_t const cuts[] = {0, 2, 3, 3, 5, ITEMS};
+    size_t floats = batch->tokens * HIDDEN;
+    float *whole = floats_filled(floats, SENTINEL), *pieces = floats_filled(floats, SENTINEL);
+    kernel_attention_t a = batch_head(batch, 2, causal, whole);
+    path->attention(&a, 0, ITEMS);
+    check_other_heads_untouched(whole, batch->tokens, 2);
+    for (size_t i = 0; i < floats; ++i)
+        check_near(whole[i], expected[i], 1e-4, path->name, i); /* max|v| is 1 */
+    a.out = pieces + 2 * KERNEL_HEAD;
+    for (size_t c = 0; c + 1 < COUNT(cuts); ++c)
+        path->attention(&a, cuts[c], cuts[c + 1]);
+    assert_memory_equal(pieces, whole, floats * sizeof(float));
+    test_free(whole), test_free(pieces);
+}
+
+static void paths_attention_match_scalar(void **state) {
+    (void)state;
+    kernels_t const *paths[3];
+    size_t path_count = simd_paths(paths);
+    float const amplitudes[] = {1.0f, 6.0f};
+    random_seed(9);
+    for (size_t m = 0; m < COUNT(amplitudes); ++m) {
+        batch_t batch = batch_make(amplitudes[m]);
+        for (int causal = 0; causal < 2; ++causal) {
+            float *expected = floats_filled(batch.tokens * HIDDEN, SENTINEL);
+            kernel_attention_t a = batch_head(&batch, 2, causal, expected);
+            kernels_scalar()->attention(&a, 0, ITEMS);
+            for (size_t p = 0; p < path_count; ++p)
+                check_attention_path(paths[p], &batch, causal, expected);
+            test_free(expected);
+        }
+        test_free(batch.qkv);
+    }
+}
+
+static void paths_softmax_match_scalar(void **state) {
+    (void)state;
+    kernels_t const *paths[3];
+    size_t path_count = simd_paths(paths);
+    float const spreads[] = {10.0f, 200.0f}; /* the wide one underflows most weights */
+    random_seed(10);
+    for (size_t w = 0; w < COUNT(spreads); ++w) {
+        for (size_t s = 0; s < COUNT(sizes); ++s) {
+            size_t n = sizes[s];
+            float *x = floats_uniform(n + 1, -spreads[w], spreads[w]),
+                  *expected = test_malloc(n * sizeof(float));
+            float *y = test_malloc((n + 1) * sizeof(float));
+            memcpy(expected, x, n * sizeof(float));
+            kernels_scalar()->softmax(expected, n);
+            for (size_t p = 0; p < path_count; ++p) {
+                memcpy(y, x, (n + 1) * sizeof(float));
+                paths[p]->softmax(y, n);
+                for (size_t i = 0; i < n; ++i)
+                    check_near(y[i], expected[i], 1e-6, paths[p]->name, i);
+                assert_true(y[n] == x[n]);
+            }
+            test_free(x), test_free(expected), test_free(y);
+        }
+    }
+}
+
+static void paths_normalize_match_scalar(void **state) {
+    (void)state;
+    kernels_t const *paths[3];
+    size_t path_count = simd_paths(paths);
+    random_seed(11);
+    for (size_t s = 0; s < COUNT(sizes); ++s) {
+        size_t n = sizes[s];
+        float *x = floats_uniform(n + 1, -3.0f, 3.0f), *expected = test_malloc(n * sizeof(float));
+        float *y = test_malloc((n + 1) * sizeof(float));
+        memcpy(expected, x, n * sizeof(float));
+        kernels_scalar()->normalize(expected, n);
+        for (size_t p = 0; p < path_count; ++p) {
+            memcpy(y, x, (n + 1) * sizeof(float));
+            paths[p]->normalize(y, n);
+            for (size_t i = 0; i < n; ++i)
+                check_near(y[i], expected[i], 1e-6 * fabsf(expected[i]), paths[p]->name, i);
+            assert_true(y[n] == x[n]);
+            memset(y, 0, n * sizeof(float));
+            paths[p]->normalize(y, n);
+            for (size_t i = 0; i < n; ++i)
+                assert_true(bits_of(y[i]) == 0);
+        }
+        test_free(x), test_free(expected), test_free(y);
+    }
+}
+
+/* Floats that exercise conversions: special values first, then a mix of any bit pattern (NaNs,
+ * infinities, subnormals), magnitudes around the F16 range, and exact F16 and BF16 rounding ties. */
+static void conversion_inputs(float *x, size_t n) {
+    uint32_t const specials[] = {
+        0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u,
+        0xffc00001u, 0x7fffffffu, 0x7f7fffffu, 0xff7fffffu, 0x00800000u, 0x00000001u,
+        0x807fffffu, 0x477fe000u, 0x477fefffu, 0x477ff000u, 0x33800000u, 0x33000000u,
+        0x33c00000u, 0x387fe000u, 0x3f808000u, 0x3f818000u, 0x3f801000u, 0x3f803000u,
+    };
+    for (size_t i = 0; i < n; ++i) {
+        uint32_t bits = (uint32_t)random_bits(), sign = bits & 0x80000000u;
+        switch (random_bits() % 4) {
+        case 0:
+            break;
+        case 1:
+            bits = sign | (uint32_t)(96 + random_bits() % 50) << 23 | (bits & 0x7fffffu);
+            break;
+        case 2:
+            bits = sign | (uint32_t)(102 + random_bits() % 40) << 23 | (bits & 0x7fe000u) | 0x1000u;
+            break;
+        default:
+            bits = (bits & 0xffff0000u) | 0x8000u;
+            break;
+        }
+        x[i] = float_of(i < COUNT(specials) ? specials[i] : bits);
+    }
+}
+
+static void paths_bf16_match_scalar(void **state) {
+    (void)state;
+    kernels_t const *paths[3];
+    size_t path_count = simd_paths(paths), count = 65536 + 7;
+    uint16_t *halves = test_malloc(count * sizeof(uint16_t));
+    uint16_t *expected_halves = test_malloc(count * sizeof(uint16_t)),
+             *actual_halves = test_malloc(count * sizeof(uint16_t));
+    float *values = test_malloc(count * sizeof(float)), *expected = test_malloc(count * sizeof(float));
+    float *actual = test_malloc(count * sizeof(float));
+    random_seed(12);
+    for (size_t i = 0; i < count; ++i)
+        halves[i] = (uint16_t)i;
+    conversion_inputs(values, count);
+    kernels_scalar()->bf16_to_f32(expected, halves, count);
+    kernels_scalar()->f32_to_bf16(expected_halves, values, count);
+    for (size_t p = 0; p < path_count; ++p) {
+        for (size_t s = 0; s <= COUNT(sizes); ++s) { /* every size from an unaligned start, then all */
+            size_t offset = s < COUNT(sizes) ? s + 1 : 0, n = s < COUNT(sizes) ? sizes[s] : count;
+            memset(actual, 0xff, count * sizeof(float));
+            memset(actual_halves, 0xff, count * sizeof(uint16_t));
+            paths[p]->bf16_to_f32(actual + offset, halves + offset, n);
+            paths[p]->f32_to_bf16(actual_halves + offset, values + offset, n);
+            assert_memory_equal(actual + offset, expected + offset, n * sizeof(float));
+            assert_memory_equal(actual_halves + offset, expected_halves + offset, n * sizeof(uint16_t));
+            if (offset + n < count) assert_true(bits_of(actual[offset + n]) == 0xffffffffu);
+            if (offset + n < count) assert_true(actual_halves[offset + n] == 0xffff);
+        }
+    }
+    test_free(halves), test_free(expected_halves), test_free(actual_halves);
+    test_free(values), test_free(expected), test_free(actual);
+}
+
+/* One conversion of n values by one path against scalar: the same bytes, the same I8 scale, and nothing
+ * written past the row. */
+static void check_convert(kernels_t const *path, float const *x, size_t n, uform_scalar_t scalar) {
+    size_t bytes = n * uform_scalar_size(scalar);
+    unsigned char *expected = test_malloc(bytes + 16), *actual = test_malloc(bytes + 16);
+    memset(expected, 0xa5, bytes + 16), memset(actual, 0xa5, bytes + 16);
+    float expected_scale = -1.0f, actual_scale = -2.0f;
+    kernels_scalar()->convert(expected, x, n, scalar, scalar == UFORM_I8 ? &expected_scale : NULL);
+    path->convert(actual, x, n, scalar, scalar == UFORM_I8 ? &actual_scale : NULL);
+    if (memcmp(expected, actual, bytes + 16)) {
+        for (size_t i = 0; i < bytes + 16; ++i)
+            if (expected[i] != actual[i])
+                fail_msg("%s convert to %d, n %zu: byte %zu is 0x%02x, expected 0x%02x", path->name,
+                         (int)scalar, n, i, actual[i], expected[i]);
+    }
+    if (scalar == UFORM_I8) assert_true(bits_of(actual_scale) == bits_of(expected_scale));
+    test_free(expected), test_free(actual);
+}
+
+/* Rows for I8: random values, half-integers under scale 1 (every rounding tie), and a zero row. */
+static void i8_rows(float *random, float *ties, float *zeros, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+        random[i] = random_uniform(-3.0f, 3.0f);
+        ties[i] = i == 0 ? -127.0f : (float)((int)(random_bits() % 509) - 254) / 2.0f;
+        zeros[i] = i % 2 ? -0.0f : 0.0f;
+    }
+}
+
+static void paths_convert_match_scalar(void **state) {
+    (void)state;
+    kernels_t const *paths[3];
+    size_t path_count = simd_paths(paths), largest = sizes[COUNT(sizes) - 1];
+    float *x = test_malloc(largest * sizeof(float)), *ties = test_malloc(largest * sizeof(float));
+    float *zeros = test_malloc(largest * sizeof(float));
+    random_seed(13);
+    for (size_t s = 0; s < COUNT(sizes); ++s) {
+        size_t n = sizes[s];
+        for (size_t p = 0; p < path_count; ++p) {
+            conversion_inputs(x, n);
+            check_convert(paths[p], x, n, UFORM_F32);
+            check_convert(paths[p], x, n, UFORM_BF16);
+            check_convert(paths[p], x, n, UFORM_F16);
+            i8_rows(x, ties, zeros, n);
+            check_convert(paths[p], x, n, UFORM_I8);
+            check_convert(paths[p], ties, n, UFORM_I8);
+            check_convert(paths[p], zeros, n, UFORM_I8);
+        }
+    }
+    test_free(x), test_free(ties), test_free(zeros);
+}
+
+static void paths_f16_round_every_boundary(void **state) {
+    (void)state;
+    kernels_t const *paths[3];
+    size_t path_count = simd_paths(paths);
+    float *values = test_malloc(F16_BOUNDARIES * sizeof(float));
+    uint16_t *expected = test_malloc(F16_BOUNDARIES * sizeof(uint16_t));
+    size_t count = f16_boundaries(values, expected);
+    for (size_t p = 0; p < path_count; ++p)
+        check_convert(paths[p], values, count, UFORM_F16);
+    test_free(values), test_free(expected);
+}
+
+int main(void) {
+    kernels_t const *candidates[] = {kernels_avx2(), kernels_avx512(), kernels_avx512bf16()};
+    char const *names[] = {"avx2", "avx512", "avx512bf16"};
+    for (size_t i = 0; i < COUNT(candidates); ++i)
+        print_message("path %s: %s\n", names[i],
+                      candidates[i] ? "compared with scalar" : "not run on this CPU");
+    struct CMUnitTest const tests[] = {
+        cmocka_unit_test(scalar_rmsnorm_matches_formula),
+        cmocka_unit_test(scalar_rope_matches_formula),
+        cmocka_unit_test(scalar_attention_matches_naive),
+        cmocka_unit_test(scalar_softmax_matches_formula),
+        cmocka_unit_test(scalar_normalize_matches_formula),
+        cmocka_unit_test(scalar_bf16_known_bits),
+        cmocka_unit_test(scalar_f16_known_bits),
+        cmocka_unit_test(scalar_f16_rounds_every_boundary),
+        cmocka_unit_test(scalar_i8_known_rows),
+        cmocka_unit_test(scalar_i8_matches_formula),
+        cmocka_unit_test(paths_rmsnorm_match_scalar),
+        cmocka_unit_test(paths_rope_match_scalar),
+        cmocka_unit_test(paths_attention_match_scalar),
+        cmocka_unit_test(paths_softmax_match_scalar),
+        cmocka_unit_test(paths_normalize_match_scalar),
+        cmocka_unit_test(paths_bf16_match_scalar),
+        cmocka_unit_test(paths_convert_match_scalar),
+        cmocka_unit_test(paths_f16_round_every_boundary),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

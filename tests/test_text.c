@@ -1,0 +1,418 @@
+/* text_encode and text_choose through the public interface: outputs and their shapes, bitwise
+ * determinism across thread counts and receivers, conversions, matryoshka widths, truncation, progress,
+ * and bad input that leaves the model, executor and arena usable. Numbers against PyTorch are checked
+ * by tests/reference/test_text_reference.py. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine.h"
+#include "kernels.h"
+
+static char directory[256], checkpoint[300];
+static uform_model_t *model;
+static uform_model_info_t info;
+
+/* A batch of texts: empty, short, UTF-8, one longer than the tiny model's context (64). */
+static char const *const samples[] = {
+    "",
+    "a",
+    "a cat",
+    "a dog on a sofa, sleeping",
+    "\xd0\xba\xd0\xbe\xd1\x82 \xe7\x8c\xab \xf0\x9f\x90\x88",
+    "The quick brown fox jumps over the lazy dog, and then it jumps over the lazy dog once more again.",
+};
+#define SAMPLES (sizeof samples / sizeof samples[0])
+
+static char tape_bytes[4096];
+static size_t tape_offsets[SAMPLES + 1];
+
+static uform_tape_t sample_tape(void) {
+    size_t used = 0;
+    for (size_t i = 0; i < SAMPLES; ++i) {
+        tape_offsets[i] = used;
+        memcpy(tape_bytes + used, samples[i], strlen(samples[i]));
+        used += strlen(samples[i]);
+    }
+    tape_offsets[SAMPLES] = used;
+    return (uform_tape_t){tape_bytes, tape_offsets, SAMPLES, used};
+}
+
+static int setup(void **state) {
+    (void)state;
+    snprintf(directory, sizeof directory, "%s/uform-text-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+    if (!mkdtemp(directory)) return -1;
+    snprintf(checkpoint, sizeof checkpoint, "%s/tiny.safetensors", directory);
+    uform_tiny_checkpoint_args_t tiny = {.path = checkpoint, .seed = 11, .depth = 2, .hidden = 128};
+    if (uform_tiny_checkpoint(&tiny) != UFORM_OK) return -1;
+    uform_model_load_args_t load = {.path = checkpoint, .model = &model};
+    if (uform_model_load_ram(&load) != UFORM_OK) return -1;
+    return uform_model_info(model, &info) == UFORM_OK ? 0 : -1;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    uform_model_free(model);
+    unlink(checkpoint);
+    rmdir(directory);
+    return 0;
+}
+
+static double norm_of(float const *x, size_t n) {
+    double sum = 0;
+    for (size_t i = 0; i < n; ++i) sum += (double)x[i] * x[i];
+    return sqrt(sum);
+}
+
+static void outputs_have_their_shapes(void **state) {
+    (void)state;
+    uform_arena_t *arena = NULL;
+    assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
+    uform_encoded_t encoded;
+    uform_encode_stats_t stats;
+    uform_encode_config_t config = {.stats = &stats};
+    uform_text_encode_args_t args = {
+        .model = model,
+        .outputs = UFORM_OUTPUT_EMBEDDINGS | UFORM_OUTPUT_TOKEN_VECTORS | UFORM_OUTPUT_STATES,
+        .arena = arena,
+        .config = &config,
+        .encoded = &encoded,
+        .texts = sample_tape(),
+    };
+    assert_int_equal(uform_text_encode(&args), UFORM_OK);
+    assert_int_equal(encoded.items, SAMPLES);
+    assert_int_equal(encoded.embeddings.rows, SAMPLES);
+    assert_int_equal(encoded.embeddings.columns, info.dims);
+    assert_int_equal(encoded.states.columns, info.text.transformer.hidden);
+    size_t kept = 0;
+    for (size_t i = 0; i < SAMPLES; ++i) {
+        size_t length = strlen(samples[i]);
+        size_t item_kept = length < info.text.context ? length : info.text.context;
+        assert_int_equal(encoded.token_vectors.item_offsets[i], kept);
+        kept += item_kept;
+        assert_int_equal(encoded.statuses[i], UFORM_OK);
+        void const *row = NULL;
+        assert_int_equal(uform_view_row(&encoded.embeddings, i, &row), UFORM_OK);
+        assert_true(fabs(norm_of(row, info.dims) - 1.0) < 1e-4);
+    }
+    assert_int_equal(encoded.token_vectors.rows, kept);
+    for (size_t row = 0; row < kept; ++row) {
+        void const *values = NULL;
+        assert_int_equal(uform_view_row(&encoded.token_vectors, row, &values), UFORM_OK);
+        assert_true(fabs(norm_of(values, info.dims) - 1.0) < 1e-4);
+    }
+    /* Stats: one text is longer than the context. */
+    assert_int_equal(stats.items, SAMPLES);
+    assert_int_equal(stats.truncated, 1);
+    assert_int_equal(stats.bytes, tape_offsets[SAMPLES]);
+    assert_true(stats.total_ns >= stats.compute_ns);
+    /* Different texts give different embeddings. */
+    assert_memory_not_equal(encoded.embeddings.data, (char *)encoded.embeddings.data + encoded.embeddings.row_stride,
+                            encoded.embeddings.row_stride);
+    uform_arena_free(arena);
+}
+
+/* Encodes the sample batch on `executor` (NULL: the calling thread), blocking or deferred, and copies
+ * every output to `copy` (embeddings, then token vectors, then states, as F32). */
+static size_t encode_copy(uform_executor_t *executor, bool deferred, float *copy) {
+    uform_arena_t *arena = NULL;
+    assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
+    uform_encoded_t encoded;
+    uform_outcome_t outcome;
+    uform_outcome_init(&outcome);
+    uform_text_encode_args_t args = {
+        .model = model,
+        .executor = executor,
+        .outputs = UFORM_OUTPUT_EMBEDDINGS | UFORM_OUTPUT_TOKEN_VECTORS | UFORM_OUTPUT_STATES,
+        .arena = arena,
+        .encoded = &encoded,
+        .outcome = deferred ? &outcome : NULL,
+        .texts = sample_tape(),
+    };
+    assert_int_equal(uform_text_encode(&args), UFORM_OK);
+    if (deferred) {
+        assert_int_equal(uform_outcome_wait(&outcome), UFORM_OK);
+        assert_int_equal(uform_outcome_encoded(&outcome, &encoded), UFORM_OK);
+    }
+    size_t floats = 0;
+    uform_view_t const *views[] = {&encoded.embeddings, &encoded.token_vectors, &encoded.states};
+    for (size_t v = 0; v < 3; ++v) {
+        memcpy(copy + floats, views[v]->data, views[v]->rows * views[v]->row_stride);
+        floats += views[v]->rows * views[v]->columns;
+    }
+    uform_outcome_destroy(&outcome);
+    uform_arena_free(arena);
+    return floats;
+}
+
+static void bitwise_identical_across_receivers(void **state) {
+    (void)state;
+    size_t capacity = 1 << 20;
+    float *reference = malloc(capacity * sizeof(float)), *other = malloc(capacity * sizeof(float));
+    assert_non_null(reference);
+    assert_non_null(other);
+    size_t floats = encode_copy(NULL, false, reference);
+    assert_true(floats < capacity);
+    for (size_t threads = 1; threads <= 3; ++threads) {
+        uform_ram_options_t options = uform_ram_options_default();
+        options.threads = threads;
+        uform_executor_t *executor = NULL;
+        assert_int_equal(uform_executor_create_ram(&options, &executor), UFORM_OK);
+        for (int deferred = 0; deferred < 2; ++deferred) {
+            assert_int_equal(encode_copy(executor, deferred, other), floats);
+            assert_memory_equal(reference, other, floats * sizeof(float));
+        }
+        uform_executor_free(executor);
+    }
+    uform_executor_t *executor = NULL;
+    assert_int_equal(uform_executor_create_inline(&executor), UFORM_OK);
+    assert_int_equal(encode_copy(executor, true, other), floats);
+    assert_memory_equal(reference, other, floats * sizeof(float));
+    uform_executor_free(executor);
+    free(reference);
+    free(other);
+}
+
+static void a_text_does_not_depend_on_its_batch(void **state) {
+    (void)state;
+    uform_arena_t *batch_arena = NULL, *single_arena = NULL;
+    assert_int_equal(uform_arena_create_host(&batch_arena), UFORM_OK);
+    assert_int_equal(uform_arena_create_host(&single_arena), UFORM_OK);
+    uform_encoded_t batch, single;
+    uform_text_encode_args_t args = {.model = model, .outputs = UFORM_OUTPUT_EMBEDDINGS, .arena = batch_arena,
+                                     .encoded = &batch, .texts = sample_tape()};
+    assert_int_equal(uform_text_encode(&args), UFORM_OK);
+    for (size_t i = 0; i < SAMPLES; ++i) {
+        size_t offsets[2] = {0, strlen(samples[i])};
+        args.arena = single_arena;
+        args.encoded = &single;
+        args.texts = (uform_tape_t){samples[i], offsets, 1, offsets[1]};
+        assert_int_equal(uform_text_encode(&args), UFORM_OK);
+        assert_memory_equal(single.embeddings.data, (char *)batch.embeddings.data + i * batch.embeddings.row_stride,
+                            batch.embeddings.row_stride);
+    }
+    uform_arena_free(batch_arena);
+    uform_arena_free(single_arena);
+}
+
+static void conversions_and_matryoshka(void **state) {
+    (void)state;
+    uform_arena_t *full_arena = NULL, *arena = NULL;
+    assert_int_equal(uform_arena_create_host(&full_arena), UFORM_OK);
+    assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
+    uform_encoded_t full, converted;
+    uform_text_encode_args_t args = {.model = model, .outputs = UFORM_OUTPUT_EMBEDDINGS, .arena = full_arena,
+                                     .encoded = &full, .texts = sample_tape()};
+    assert_int_equal(uform_text_encode(&args), UFORM_OK);
+    kernels_t const *kernels = kernels_scalar();
+
+    /* BF16, F16 and I8 outputs are the F32 output converted. */
+    uform_scalar_t const kinds[] = {UFORM_BF16, UFORM_F16, UFORM_I8};
+    for (size_t k = 0; k < 3; ++k) {
+        uform_encode_config_t config = {.outputs_scalar = kinds[k]};
+        args.config = &config;
+        args.arena = arena;
+        args.encoded = &converted;
+        assert_int_equal(uform_text_encode(&args), UFORM_OK);
+        assert_int_equal(converted.embeddings.scalar, kinds[k]);
+        assert_true(kinds[k] != UFORM_I8 || converted.embeddings.scalar == UFORM_I8);
+        for (size_t row = 0; row < SAMPLES; ++row) {
+            unsigned char expected[256 * 4];
+            float scale = 0;
+            kernels->convert(expected, (float const *)((char *)full.embeddings.data + row * full.embeddings.row_stride),
+                             info.dims, kinds[k], &scale);
+            assert_memory_equal((char *)converted.embeddings.data + row * converted.embeddings.row_stride, expected,
+                                converted.embeddings.row_stride);
+            if (kinds[k] == UFORM_I8) assert_true(converted.embeddings.scales[row] == scale);
+        }
+    }
+    /* A matryoshka width: the prefix of the full embedding, renormalized. */
+    for (size_t m = 0; m < info.matryoshka_count; ++m) {
+        size_t width = info.matryoshka[m];
+        uform_encode_config_t config = {.matryoshka = width};
+        args.config = &config;
+        assert_int_equal(uform_text_encode(&args), UFORM_OK);
+        assert_int_equal(converted.embeddings.columns, width);
+        for (size_t row = 0; row < SAMPLES; ++row) {
+            float const *prefix = (float const *)((char *)full.embeddings.data + row * full.embeddings.row_stride);
+            float const *short_row = (float const *)((char *)converted.embeddings.data + row * converted.embeddings.row_stride);
+            double prefix_norm = norm_of(prefix, width);
+            for (size_t j = 0; j < width; ++j) assert_true(fabs(prefix[j] / prefix_norm - short_row[j]) < 1e-5);
+        }
+    }
+    uform_arena_free(full_arena);
+    uform_arena_free(arena);
+}
+
+typedef struct counter {
+    size_t calls, last;
+    size_t cancel_at;
+} counter_t;
+
+static uform_continuation_t count_items(void *state, size_t completed, size_t total) {
+    counter_t *counter = state;
+    counter->calls++;
+    counter->last = completed;
+    (void)total;
+    return counter->cancel_at && completed >= counter->cancel_at ? UFORM_CANCEL : UFORM_CONTINUE;
+}
+
+static void progress_and_cancel(void **state) {
+    (void)state;
+    /* Many texts over several chunks: 300 texts of 200 bytes are 60300 tokens. */
+    size_t const count = 300, length = 200;
+    char *bytes = malloc(count * length);
+    size_t *offsets = malloc((count + 1) * sizeof(size_t));
+    assert_non_null(bytes);
+    assert_non_null(offsets);
+    for (size_t i = 0; i < count * length; ++i) bytes[i] = (char)('a' + i % 26);
+    for (size_t i = 0; i <= count; ++i) offsets[i] = i * length;
+    uform_arena_t *arena = NULL;
+    assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
+    counter_t counter = {0};
+    uform_encode_config_t config = {.progress = {count_items, &counter, 4}};
+    uform_encoded_t encoded;
+    uform_text_encode_args_t args = {.model = model, .outputs = UFORM_OUTPUT_EMBEDDINGS, .arena = arena,
+                                     .config = &config, .encoded = &encoded, .texts = {bytes, offsets, count, count * length}};
+    assert_int_equal(uform_text_encode(&args), UFORM_OK);
+    assert_true(counter.calls >= 2 && counter.calls <= 4);
+    assert_int_equal(counter.last, count);
+    counter = (counter_t){.cancel_at = 1};
+    assert_int_equal(uform_text_encode(&args), UFORM_CANCELLED);
+    assert_true(counter.last < count);
+    /* Usable afterwards. */
+    config.progress.handler = NULL;
+    assert_int_equal(uform_text_encode(&args), UFORM_OK);
+    uform_arena_free(arena);
+    free(bytes);
+    free(offsets);
+}
+
+static void bad_input_leaves_everything_usable(void **state) {
+    (void)state;
+    uform_executor_t *executor = NULL, *other = NULL;
+    assert_int_equal(uform_executor_create_ram(NULL, &executor), UFORM_OK);
+    assert_int_equal(uform_executor_create_inline(&other), UFORM_OK);
+    uform_arena_t *arena = NULL, *foreign = NULL;
+    assert_int_equal(uform_arena_create(executor, &arena), UFORM_OK);
+    assert_int_equal(uform_arena_create(other, &foreign), UFORM_OK);
+    uform_encoded_t encoded;
+    uform_text_encode_args_t good = {.model = model, .executor = executor, .outputs = UFORM_OUTPUT_EMBEDDINGS,
+                                     .arena = arena, .encoded = &encoded, .texts = sample_tape()};
+    size_t backwards[] = {0, 4, 2}, beyond[] = {0, 4, 5000};
+    struct {
+        char const *what;
+        uform_text_encode_args_t args;
+        uform_status_t expected;
+    } cases[] = {
+        {"offsets out of order", good, UFORM_INVALID_ARGUMENT},
+        {"offsets past the tape", good, UFORM_INVALID_ARGUMENT},
+        {"no items", good, UFORM_INVALID_ARGUMENT},
+        {"an arena of another executor", good, UFORM_INVALID_ARGUMENT},
+    };
+    cases[0].args.texts = (uform_tape_t){tape_bytes, backwards, 2, 100};
+    cases[1].args.texts = (uform_tape_t){tape_bytes, beyond, 2, 100};
+    cases[2].args.texts = (uform_tape_t){tape_bytes, tape_offsets, 0, 0};
+    cases[3].args.arena = foreign;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
+        uform_status_t status = uform_text_encode(&cases[i].args);
+        if (status != cases[i].expected) fail_msg("%s: %s", cases[i].what, uform_status_name(status));
+        assert_int_equal(uform_text_encode(&good), UFORM_OK);
+    }
+    /* Deferred after all that: fine. */
+    uform_outcome_t outcome;
+    uform_outcome_init(&outcome);
+    uform_text_encode_args_t deferred = good;
+    deferred.outcome = &outcome;
+    assert_int_equal(uform_text_encode(&deferred), UFORM_OK);
+    assert_int_equal(uform_outcome_wait(&outcome), UFORM_OK);
+    uform_outcome_destroy(&outcome);
+    uform_arena_free(arena);
+    uform_arena_free(foreign);
+    uform_executor_free(executor);
+    uform_executor_free(other);
+}
+
+static void choose_gives_probabilities(void **state) {
+    (void)state;
+    uform_arena_t *states_arena = NULL, *arena = NULL;
+    assert_int_equal(uform_arena_create_host(&states_arena), UFORM_OK);
+    assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
+    uform_encoded_t encoded;
+    uform_text_encode_args_t encode = {.model = model, .outputs = UFORM_OUTPUT_STATES, .arena = states_arena,
+                                       .encoded = &encoded, .texts = sample_tape()};
+    assert_int_equal(uform_text_encode(&encode), UFORM_OK);
+
+    /* Legal bytes per item: one, two, ten, every byte, three, one. */
+    uint8_t legal[300];
+    size_t offsets[SAMPLES + 1], used = 0, sizes[SAMPLES] = {1, 2, 10, 256, 3, 1};
+    for (size_t item = 0; item < SAMPLES; ++item) {
+        offsets[item] = used;
+        for (size_t i = 0; i < sizes[item]; ++i) legal[used++] = (uint8_t)((i * 37 + item) % 256);
+    }
+    offsets[SAMPLES] = used;
+    uform_view_t probabilities;
+    uform_text_choose_args_t choose = {.model = model, .states = &encoded.states,
+                                       .choices = {legal, offsets, SAMPLES, used}, .arena = arena,
+                                       .probabilities = &probabilities};
+    assert_int_equal(uform_text_choose(&choose), UFORM_OK);
+    assert_int_equal(probabilities.rows, used);
+    for (size_t item = 0; item < SAMPLES; ++item) {
+        double sum = 0;
+        for (size_t i = probabilities.item_offsets[item]; i < probabilities.item_offsets[item + 1]; ++i) {
+            float p = ((float const *)probabilities.data)[i];
+            assert_true(p >= 0 && p <= 1);
+            sum += p;
+        }
+        assert_true(fabs(sum - 1) < 1e-5);
+    }
+    assert_true(((float const *)probabilities.data)[0] == 1.0f); /* one legal byte: certain */
+
+    /* Bad choices: an item without a legal byte, a repeated byte, a count mismatch, the states' arena. */
+    uint8_t repeated[] = {'a', 'a'};
+    size_t empty_offsets[SAMPLES + 1] = {0};
+    uform_text_choose_args_t bad = choose;
+    bad.choices = (uform_tape_t){legal, empty_offsets, SAMPLES, used};
+    assert_int_equal(uform_text_choose(&bad), UFORM_INVALID_ARGUMENT);
+    assert_string_equal(uform_last_error().message, "an item has no legal byte");
+    size_t repeat_offsets[SAMPLES + 1] = {0, 2, 2, 2, 2, 2, 2};
+    repeat_offsets[1] = 2;
+    bad.choices = (uform_tape_t){repeated, repeat_offsets, SAMPLES, 2};
+    assert_int_equal(uform_text_choose(&bad), UFORM_INVALID_ARGUMENT);
+    bad.choices = (uform_tape_t){legal, offsets, SAMPLES - 1, used};
+    assert_int_equal(uform_text_choose(&bad), UFORM_INVALID_ARGUMENT);
+    bad = choose;
+    bad.arena = states_arena;
+    assert_int_equal(uform_text_choose(&bad), UFORM_INVALID_ARGUMENT);
+    assert_int_equal(uform_text_choose(&choose), UFORM_OK);
+
+    /* States of an older generation are stale. */
+    assert_int_equal(uform_text_encode(&encode), UFORM_OK);
+    uform_view_t stale = encoded.states;
+    assert_int_equal(uform_text_encode(&encode), UFORM_OK);
+    choose.states = &stale;
+    assert_int_equal(uform_text_choose(&choose), UFORM_INVALID_ARGUMENT);
+    uform_arena_free(states_arena);
+    uform_arena_free(arena);
+}
+
+int main(void) {
+    struct CMUnitTest const tests[] = {
+        cmocka_unit_test(outputs_have_their_shapes),
+        cmocka_unit_test(bitwise_identical_across_receivers),
+        cmocka_unit_test(a_text_does_not_depend_on_its_batch),
+        cmocka_unit_test(conversions_and_matryoshka),
+        cmocka_unit_test(progress_and_cancel),
+        cmocka_unit_test(bad_input_leaves_everything_usable),
+        cmocka_unit_test(choose_gives_probabilities),
+    };
+    printf("kernels: %s\n", kernels_active()->name);
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
