@@ -4,6 +4,7 @@
 int main(int argc, char **argv) {
     char const *path = argc > 1 ? argv[1] : "tiny.safetensors";
     uform_executor_t *executor = NULL;
+    uform_arena_t *arena = NULL;
     uform_model_t *model = NULL, *again = NULL;
     uform_outcome_t outcome;
     uform_outcome_init(&outcome);
@@ -13,6 +14,7 @@ int main(int argc, char **argv) {
         if (uform_tiny_checkpoint(&tiny) != UFORM_OK) goto fail;
     }
     if (uform_executor_create_ram(NULL, &executor) != UFORM_OK) goto fail; /* 7/8 of the cores */
+    if (uform_arena_create(executor, &arena) != UFORM_OK) goto fail;
 
     /* Blocking: submit, then wait on the executor. */
     uform_model_load_args_t load = {.executor = executor, .path = path, .model = &model};
@@ -23,6 +25,26 @@ int main(int argc, char **argv) {
            info.has_text ? " text" : "", info.has_image ? " image" : "", info.has_video ? " video" : "",
            info.has_audio ? " audio" : "");
 
+    /* Two texts end to end, with one more offset than texts. */
+    char const texts[] = "a cata dog";
+    size_t offsets[] = {0, 5, 10};
+    uform_encoded_t encoded;
+    uform_text_encode_args_t encode = {
+        .model = model,
+        .executor = executor,
+        .outputs = UFORM_OUTPUT_EMBEDDINGS,
+        .arena = arena,
+        .encoded = &encoded,
+        .texts = {.data = texts, .offsets = offsets, .count = 2, .length = 10},
+    };
+    if (uform_text_encode(&encode) != UFORM_OK) goto fail;
+    for (size_t i = 0; i < encoded.items; ++i) {
+        float const *row = NULL;
+        if (uform_view_row(&encoded.embeddings, i, (void const **)&row) != UFORM_OK) goto fail;
+        printf("text %zu: [%+.4f %+.4f %+.4f ...] of %zu\n", i, row[0], row[1], row[2],
+               encoded.embeddings.columns);
+    }
+
     /* Deferred: the same verb with an outcome; the call runs while this thread does something else. */
     load.outcome = &outcome;
     if (uform_model_load_ram(&load) != UFORM_OK) goto fail;
@@ -32,6 +54,7 @@ int main(int argc, char **argv) {
 
     uform_model_free(again);
     uform_model_free(model);
+    uform_arena_free(arena);
     uform_executor_free(executor);
     return 0;
 
@@ -41,6 +64,7 @@ fail:;
     uform_error_render(&error, text, sizeof text);
     fprintf(stderr, "%s\n", text);
     uform_model_free(model);
+    uform_arena_free(arena);
     uform_executor_free(executor);
     return 1;
 }

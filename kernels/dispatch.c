@@ -131,7 +131,8 @@ static void kernels_choose(void) {
     active = kernels_named(getenv("UFORM_KERNELS"));
     if (active) return;
     kernels_t const *(*const best_first[])(void) = {kernels_avx512bf16, kernels_avx512, kernels_avx2};
-    for (size_t i = 0; i < sizeof best_first / sizeof best_first[0] && !active; ++i) active = best_first[i]();
+    for (size_t i = 0; i < sizeof best_first / sizeof best_first[0] && !active; ++i)
+        active = best_first[i]();
     if (!active) active = kernels_scalar();
 }
 

@@ -80,8 +80,8 @@ typedef struct kernels {
 
     /* y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight, for `rows` rows of n (strides in elements).
      * y may be x. Tolerance: 1e-5 relative. */
-    void (*rmsnorm)(float *y, size_t y_stride, float const *x, size_t x_stride, float const *weight, size_t rows,
-                    size_t n, float eps);
+    void (*rmsnorm)(float *y, size_t y_stride, float const *x, size_t x_stride, float const *weight,
+                    size_t rows, size_t n, float eps);
 
     /* Rotates `heads` consecutive head vectors of 64 in place, at `position`. Tolerance: 1e-5 absolute
      * for |x| <= 1 (angles are computed in double, then rounded to F32, on every path). */

@@ -207,7 +207,8 @@ uform_status_t tape_validate(uform_tape_t const *tape, char const **message) {
     return UFORM_OK;
 }
 
-uform_status_t arena_check(uform_arena_t const *arena, uform_executor_t const *executor, char const **message) {
+uform_status_t arena_check(uform_arena_t const *arena, uform_executor_t const *executor,
+                           char const **message) {
     uform_executor_t const *owner = arena->executor;
     if (!owner) return UFORM_OK;
     if (executor && owner != executor)

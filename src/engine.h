@@ -214,7 +214,7 @@ struct tower;
 
 struct uform_model {
     _Atomic size_t references;
-    struct tower *text; /* prepared for the kernels when the model has a text tower */
+    struct tower *text;         /* prepared for the kernels when the model has a text tower */
     uform_executor_t *executor; /* owns the placement of `data`; NULL: plain host memory */
     checkpoint_header_t header;
     uint8_t *data; /* the data section: tensor t spans data + begin .. data + end */
@@ -227,7 +227,8 @@ void model_retain(uform_model_t *model);
 
 /* Arenas of an executor serve its calls and calling-thread calls; host arenas serve any host call.
  * UFORM_OK, or UFORM_INVALID_ARGUMENT with a message. */
-uform_status_t arena_check(uform_arena_t const *arena, uform_executor_t const *executor, char const **message);
+uform_status_t arena_check(uform_arena_t const *arena, uform_executor_t const *executor,
+                           char const **message);
 
 /* The bytes of a tensor, or NULL when absent. */
 void const *model_tensor(uform_model_t const *model, char const *name, checkpoint_tensor_t const **tensor);
@@ -237,10 +238,10 @@ void const *model_tensor(uform_model_t const *model, char const *name, checkpoin
 /* The checks every encode verb makes before submission: model, arena (and its executor), outputs,
  * config (scalar, matryoshka width), the results slot of a blocking call, and a non-empty, ordered
  * tape. UFORM_OK, or UFORM_INVALID_ARGUMENT with a message. */
-uform_status_t encode_check(uform_model_t const *model, uform_executor_t const *executor, uform_outputs_t outputs,
-                            uform_arena_t const *arena, uform_encode_config_t const *config,
-                            uform_encoded_t const *encoded, uform_outcome_t const *outcome, uform_tape_t const *tape,
-                            char const **message);
+uform_status_t encode_check(uform_model_t const *model, uform_executor_t const *executor,
+                            uform_outputs_t outputs, uform_arena_t const *arena,
+                            uform_encode_config_t const *config, uform_encoded_t const *encoded,
+                            uform_outcome_t const *outcome, uform_tape_t const *tape, char const **message);
 
 /* ---- Tapes -------------------------------------------------------------------------------------- */
 

@@ -10,7 +10,7 @@
 #include "tower.h"
 
 #define TEXT_CHUNK_TOKENS 2048
-#define TEXT_BOS 256
+#define TEXT_BOS          256
 
 typedef struct text_call {
     call_t call;
@@ -34,7 +34,8 @@ _Static_assert(sizeof(text_call_t) <= EXECUTOR_CALL_STORAGE, "text_call_t outgre
 /* ---- Outputs ------------------------------------------------------------------------------------ */
 
 /* A view of `rows` x `columns` in the requested scalar, with I8 scales beside it. */
-static bool output_view(uform_arena_t *arena, size_t rows, size_t columns, uform_scalar_t scalar, uform_view_t *view) {
+static bool output_view(uform_arena_t *arena, size_t rows, size_t columns, uform_scalar_t scalar,
+                        uform_view_t *view) {
     void *data = arena_allocate(arena, rows * columns * uform_scalar_size(scalar) + 1, 64);
     if (!data) return false;
     *view = arena_view(arena, data, rows, columns, scalar);
@@ -108,7 +109,8 @@ static void text_start(call_t *call) {
         size_t *offsets = ok ? arena_allocate(arena, (items + 1) * sizeof(size_t), 16) : NULL;
         if ((ok = offsets != NULL)) {
             offsets[0] = 0;
-            for (size_t item = 0; item < items; ++item) offsets[item + 1] = offsets[item] + text_kept(text, item);
+            for (size_t item = 0; item < items; ++item)
+                offsets[item + 1] = offsets[item] + text_kept(text, item);
             encoded->token_vectors.item_offsets = offsets;
             encoded->token_vectors.items = items;
         }
@@ -136,14 +138,13 @@ static size_t round64(size_t bytes) {
 static bool text_scratch(text_call_t *text, size_t tokens, text_scratch_t *scratch) {
     tower_t const *tower = text->model->text;
     size_t sizes[] = {
-        round64(tower_scratch_bytes(tower, tokens)),
-        round64(tokens * tower->hidden * sizeof(float)),
-        round64(tokens * tower->hidden * sizeof(float)),
-        round64(tokens * tower->dims * sizeof(float)),
+        round64(tower_scratch_bytes(tower, tokens)),     round64(tokens * tower->hidden * sizeof(float)),
+        round64(tokens * tower->hidden * sizeof(float)), round64(tokens * tower->dims * sizeof(float)),
         round64((tokens + 1) * sizeof(size_t)),
     };
     size_t total = 0;
-    for (size_t i = 0; i < 5; ++i) total += sizes[i];
+    for (size_t i = 0; i < 5; ++i)
+        total += sizes[i];
     char *base = executor_scratch(text->call.executor, total);
     if (!base) return false;
     scratch->tower = base;
@@ -227,8 +228,8 @@ static void text_chunk(loop_op_t *op) {
         size_t kept_rows = 0;
         for (size_t item = first; item < last; ++item) {
             size_t kept = text_kept(text, item);
-            memcpy(scratch.rows + kept_rows * hidden, scratch.x + (scratch.offsets[item - first] + 1) * hidden,
-                   kept * hidden * sizeof(float));
+            memcpy(scratch.rows + kept_rows * hidden,
+                   scratch.x + (scratch.offsets[item - first] + 1) * hidden, kept * hidden * sizeof(float));
             kept_rows += kept;
         }
         text_project(text, &scratch, scratch.rows, kept_rows, &encoded->token_vectors,
@@ -254,12 +255,14 @@ UFORM_EXPORT uform_status_t uform_text_encode(uform_text_encode_args_t const *ar
     if (!args) return failed(UFORM_INVALID_ARGUMENT, entry, "args is NULL");
     uform_outcome_t *outcome = args->outcome;
     char const *message = NULL;
-    uform_status_t status = encode_check(args->model, args->executor, args->outputs, args->arena, args->config,
-                                         args->encoded, outcome, &args->texts, &message);
+    uform_status_t status = encode_check(args->model, args->executor, args->outputs, args->arena,
+                                         args->config, args->encoded, outcome, &args->texts, &message);
     if (status != UFORM_OK) return call_refuse(outcome, status, entry, message);
-    if (!args->model->text) return call_refuse(outcome, UFORM_UNSUPPORTED, entry, "the model has no text tower");
+    if (!args->model->text)
+        return call_refuse(outcome, UFORM_UNSUPPORTED, entry, "the model has no text tower");
     uform_executor_t *executor = call_executor(args->executor);
-    if (!executor) return call_refuse(outcome, UFORM_OUT_OF_MEMORY, entry, "cannot make the calling thread's executor");
+    if (!executor)
+        return call_refuse(outcome, UFORM_OUT_OF_MEMORY, entry, "cannot make the calling thread's executor");
 
     /* The arena first, then the executor: the call holds both until it is final. */
     if (arena_begin(args->arena) != UFORM_OK)
@@ -341,13 +344,16 @@ static void choose_start(call_t *call) {
     for (size_t item = 0; item < items; ++item) {
         item_offsets[item] = offsets[item] - offsets[0];
         void const *source = (unsigned char const *)choose->states.data + item * choose->states.row_stride;
-        if (choose->states.scalar == UFORM_BF16) kernels->bf16_to_f32(state, source, hidden);
-        else memcpy(state, source, hidden * sizeof(float));
+        if (choose->states.scalar == UFORM_BF16)
+            kernels->bf16_to_f32(state, source, hidden);
+        else
+            memcpy(state, source, hidden * sizeof(float));
         float *logits = probabilities + item_offsets[item];
         for (size_t i = offsets[item]; i < offsets[item + 1]; ++i) {
             kernels->bf16_to_f32(row, embed + (size_t)legal[i] * hidden, hidden);
             float sum = 0;
-            for (size_t j = 0; j < hidden; ++j) sum += state[j] * row[j];
+            for (size_t j = 0; j < hidden; ++j)
+                sum += state[j] * row[j];
             logits[i - offsets[item]] = sum;
         }
         kernels->softmax(logits, offsets[item + 1] - offsets[item]);
@@ -367,7 +373,8 @@ static uform_status_t check_choose(uform_text_choose_args_t const *args, char co
     uform_model_t const *model = args->model;
     if (!model || !args->states || !args->arena)
         return *message = "model, states or arena is NULL", UFORM_INVALID_ARGUMENT;
-    if (!args->outcome && !args->probabilities) return *message = "probabilities is NULL", UFORM_INVALID_ARGUMENT;
+    if (!args->outcome && !args->probabilities)
+        return *message = "probabilities is NULL", UFORM_INVALID_ARGUMENT;
     if (args->executor && args->executor->kind == UFORM_EXECUTOR_VRAM)
         return *message = "a host model runs on host executors", UFORM_INVALID_ARGUMENT;
     uform_tape_t const *choices = &args->choices;
@@ -385,11 +392,14 @@ static uform_status_t check_choose(uform_text_choose_args_t const *args, char co
     if ((status = arena_check(args->arena, args->executor, message)) != UFORM_OK) return status;
     uform_view_t const *states = args->states;
     if (states->arena == args->arena)
-        return *message = "states live in the arena this call rewinds: pass another arena", UFORM_INVALID_ARGUMENT;
+        return *message = "states live in the arena this call rewinds: pass another arena",
+               UFORM_INVALID_ARGUMENT;
     if ((status = uform_view_check(states)) != UFORM_OK) return *message = uform_last_error().message, status;
     if (!model->text) return *message = "the model has no text tower", UFORM_UNSUPPORTED;
-    if (states->columns != model->text->hidden || (states->scalar != UFORM_F32 && states->scalar != UFORM_BF16))
-        return *message = "states are not F32 or BF16 rows of the model's hidden width", UFORM_INVALID_ARGUMENT;
+    if (states->columns != model->text->hidden ||
+        (states->scalar != UFORM_F32 && states->scalar != UFORM_BF16))
+        return *message = "states are not F32 or BF16 rows of the model's hidden width",
+               UFORM_INVALID_ARGUMENT;
     if (choices->count != states->rows)
         return *message = "choices and states hold different counts of items", UFORM_INVALID_ARGUMENT;
     return UFORM_OK;
@@ -403,7 +413,8 @@ UFORM_EXPORT uform_status_t uform_text_choose(uform_text_choose_args_t const *ar
     uform_status_t status = check_choose(args, &message);
     if (status != UFORM_OK) return call_refuse(outcome, status, entry, message);
     uform_executor_t *executor = call_executor(args->executor);
-    if (!executor) return call_refuse(outcome, UFORM_OUT_OF_MEMORY, entry, "cannot make the calling thread's executor");
+    if (!executor)
+        return call_refuse(outcome, UFORM_OUT_OF_MEMORY, entry, "cannot make the calling thread's executor");
     if (arena_begin(args->arena) != UFORM_OK)
         return call_refuse(outcome, UFORM_CONTENDED, entry, "another call holds the arena");
     uform_outcome_t own;

@@ -36,7 +36,8 @@ static bool prepare_linear(tower_t *tower, uform_model_t const *model, char cons
 }
 
 static void release_linear(tower_t *tower, tower_linear_t *layer) {
-    executor_deallocate(tower->placement, layer->packed, tower->kernels->gemm_packed_size(layer->n, layer->k));
+    executor_deallocate(tower->placement, layer->packed,
+                        tower->kernels->gemm_packed_size(layer->n, layer->k));
     executor_deallocate(tower->placement, layer->bias, layer->n * sizeof(float));
 }
 
@@ -158,8 +159,8 @@ static void run_gemm(tower_t const *tower, uform_executor_t *executor, kernel_ge
     executor_for_threads(executor, gemm_work, &job);
 }
 
-void tower_linear(tower_t const *tower, uform_executor_t *executor, tower_linear_t const *layer, float const *x,
-                  size_t x_stride, size_t m, size_t n_out, float *y, size_t y_stride) {
+void tower_linear(tower_t const *tower, uform_executor_t *executor, tower_linear_t const *layer,
+                  float const *x, size_t x_stride, size_t m, size_t n_out, float *y, size_t y_stride) {
     kernel_gemm_t gemm = {
         .m = m,
         .n = n_out,
@@ -189,8 +190,8 @@ static void rmsnorm_work(void *context, size_t thread) {
     size_t first, last, hidden = job->tower->hidden;
     share(job->batch->tokens, thread, job->threads, &first, &last);
     if (first == last) return;
-    job->tower->kernels->rmsnorm(job->to + first * hidden, hidden, job->from + first * hidden, hidden, job->norm,
-                                 last - first, hidden, 1e-6f);
+    job->tower->kernels->rmsnorm(job->to + first * hidden, hidden, job->from + first * hidden, hidden,
+                                 job->norm, last - first, hidden, 1e-6f);
 }
 
 static void rope_work(void *context, size_t thread) {
@@ -251,20 +252,43 @@ void tower_forward(tower_t const *tower, uform_executor_t *executor, tower_batch
         if (batch->rotary) executor_for_threads(executor, rope_work, &rows);
         /* h = attention(q, k, v); x += h Wout^T + b                          [tokens, hidden] */
         executor_for_threads(executor, attention_work, &rows);
-        kernel_gemm_t out = {.m = tokens, .n = hidden, .k = hidden, .x = scratch.h, .x_stride = hidden,
-                             .w = block->out.packed, .bias = block->out.bias, .residual = batch->x,
-                             .residual_stride = hidden, .y = batch->x, .y_stride = hidden};
+        kernel_gemm_t out = {.m = tokens,
+                             .n = hidden,
+                             .k = hidden,
+                             .x = scratch.h,
+                             .x_stride = hidden,
+                             .w = block->out.packed,
+                             .bias = block->out.bias,
+                             .residual = batch->x,
+                             .residual_stride = hidden,
+                             .y = batch->x,
+                             .y_stride = hidden};
         run_gemm(tower, executor, &out);
         /* h = rms2(x); mlp = gelu(h Wup^T + b); x += mlp Wdown^T + b          [tokens, mlp] */
         rows.norm = block->norm2, rows.from = batch->x, rows.to = scratch.h;
         executor_for_threads(executor, rmsnorm_work, &rows);
-        kernel_gemm_t up = {.m = tokens, .n = tower->mlp, .k = hidden, .x = scratch.h, .x_stride = hidden,
-                            .w = block->up.packed, .bias = block->up.bias, .y = scratch.mlp,
-                            .y_stride = tower->mlp, .epilogue = KERNEL_EPILOGUE_GELU};
+        kernel_gemm_t up = {.m = tokens,
+                            .n = tower->mlp,
+                            .k = hidden,
+                            .x = scratch.h,
+                            .x_stride = hidden,
+                            .w = block->up.packed,
+                            .bias = block->up.bias,
+                            .y = scratch.mlp,
+                            .y_stride = tower->mlp,
+                            .epilogue = KERNEL_EPILOGUE_GELU};
         run_gemm(tower, executor, &up);
-        kernel_gemm_t down = {.m = tokens, .n = hidden, .k = tower->mlp, .x = scratch.mlp, .x_stride = tower->mlp,
-                              .w = block->down.packed, .bias = block->down.bias, .residual = batch->x,
-                              .residual_stride = hidden, .y = batch->x, .y_stride = hidden};
+        kernel_gemm_t down = {.m = tokens,
+                              .n = hidden,
+                              .k = tower->mlp,
+                              .x = scratch.mlp,
+                              .x_stride = tower->mlp,
+                              .w = block->down.packed,
+                              .bias = block->down.bias,
+                              .residual = batch->x,
+                              .residual_stride = hidden,
+                              .y = batch->x,
+                              .y_stride = hidden};
         run_gemm(tower, executor, &down);
     }
     rows.norm = tower->norm, rows.from = batch->x, rows.to = batch->x;

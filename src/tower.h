@@ -26,13 +26,13 @@ typedef struct tower_block {
 } tower_block_t;
 
 typedef struct tower {
-    kernels_t const *kernels; /* the path the weights were packed for */
+    kernels_t const *kernels;    /* the path the weights were packed for */
     uform_executor_t *placement; /* where its memory lives (NULL: plain host memory) */
     size_t depth, hidden, heads, mlp, dims;
     tower_block_t *blocks;
-    float *norm;          /* [hidden] */
-    tower_linear_t proj;  /* [dims, hidden], no bias */
-    size_t bytes;         /* memory it holds */
+    float *norm;         /* [hidden] */
+    tower_linear_t proj; /* [dims, hidden], no bias */
+    size_t bytes;        /* memory it holds */
 } tower_t;
 
 /* Prepares tower `name` ("text", "image", "audio") of a loaded model: packs every weight and converts
@@ -45,12 +45,12 @@ void tower_release(tower_t *tower);
 size_t tower_scratch_bytes(tower_t const *tower, size_t tokens);
 
 typedef struct tower_batch {
-    size_t tokens;         /* rows of x */
+    size_t tokens; /* rows of x */
     size_t items;
     size_t const *offsets; /* items + 1 token offsets into x; positions restart at 0 for each item */
     bool causal, rotary;
-    float *x;              /* [tokens, hidden]: the input embeddings; the final-normed states on return */
-    void *scratch;         /* tower_scratch_bytes(tokens), 64-byte aligned */
+    float *x;      /* [tokens, hidden]: the input embeddings; the final-normed states on return */
+    void *scratch; /* tower_scratch_bytes(tokens), 64-byte aligned */
 } tower_batch_t;
 
 /* Runs every block and the final norm over the batch, on the executor's threads. */
@@ -58,5 +58,5 @@ void tower_forward(tower_t const *tower, uform_executor_t *executor, tower_batch
 
 /* y[m, n_out] = x[m, k] . W^T (+ bias) for one prepared linear layer, over the executor's threads,
  * using only its first `n_out` output columns (n_out <= layer.n): matryoshka projections. */
-void tower_linear(tower_t const *tower, uform_executor_t *executor, tower_linear_t const *layer, float const *x,
-                  size_t x_stride, size_t m, size_t n_out, float *y, size_t y_stride);
+void tower_linear(tower_t const *tower, uform_executor_t *executor, tower_linear_t const *layer,
+                  float const *x, size_t x_stride, size_t m, size_t n_out, float *y, size_t y_stride);

@@ -1,12 +1,12 @@
-/* The verbs that later issues build, and the validation every encode verb shares. Each stub validates its arguments exactly as the built verb will, so
- * that callers see the final behaviour for bad input today, then answers UFORM_UNSUPPORTED (through
- * its outcome too, when one is given). */
+/* The verbs that later issues build, and the validation every encode verb shares. Each stub validates its
+ * arguments exactly as the built verb will, so that callers see the final behaviour for bad input today, then
+ * answers UFORM_UNSUPPORTED (through its outcome too, when one is given). */
 #include "engine.h"
 
-uform_status_t encode_check(uform_model_t const *model, uform_executor_t const *executor, uform_outputs_t outputs,
-                            uform_arena_t const *arena, uform_encode_config_t const *config,
-                            uform_encoded_t const *encoded, uform_outcome_t const *outcome, uform_tape_t const *tape,
-                            char const **message) {
+uform_status_t encode_check(uform_model_t const *model, uform_executor_t const *executor,
+                            uform_outputs_t outputs, uform_arena_t const *arena,
+                            uform_encode_config_t const *config, uform_encoded_t const *encoded,
+                            uform_outcome_t const *outcome, uform_tape_t const *tape, char const **message) {
     if (!model) return *message = "model is NULL", UFORM_INVALID_ARGUMENT;
     if (!arena) return *message = "arena is NULL", UFORM_INVALID_ARGUMENT;
     uint32_t known = UFORM_OUTPUT_EMBEDDINGS | UFORM_OUTPUT_TOKEN_VECTORS | UFORM_OUTPUT_STATES;
@@ -21,8 +21,10 @@ uform_status_t encode_check(uform_model_t const *model, uform_executor_t const *
         if (config->matryoshka) {
             uform_model_info_t const *info = &model->header.info;
             bool listed = config->matryoshka == info->dims;
-            for (size_t i = 0; i < info->matryoshka_count; ++i) listed |= info->matryoshka[i] == config->matryoshka;
-            if (!listed) return *message = "matryoshka width is not one of the model's", UFORM_INVALID_ARGUMENT;
+            for (size_t i = 0; i < info->matryoshka_count; ++i)
+                listed |= info->matryoshka[i] == config->matryoshka;
+            if (!listed)
+                return *message = "matryoshka width is not one of the model's", UFORM_INVALID_ARGUMENT;
         }
     }
     uform_status_t status = arena_check(arena, executor, message);
@@ -32,13 +34,14 @@ uform_status_t encode_check(uform_model_t const *model, uform_executor_t const *
 }
 
 /* The shared tail of every encode verb not built yet. */
-static uform_status_t encode_refuse(char const *entry, uform_model_t const *model, uform_executor_t const *executor,
-                                    uform_outputs_t outputs, uform_arena_t const *arena,
-                                    uform_encode_config_t const *config, uform_encoded_t const *encoded,
-                                    uform_outcome_t *outcome, uform_tape_t const *tape, bool has_tower,
-                                    char const *no_tower) {
+static uform_status_t encode_refuse(char const *entry, uform_model_t const *model,
+                                    uform_executor_t const *executor, uform_outputs_t outputs,
+                                    uform_arena_t const *arena, uform_encode_config_t const *config,
+                                    uform_encoded_t const *encoded, uform_outcome_t *outcome,
+                                    uform_tape_t const *tape, bool has_tower, char const *no_tower) {
     char const *message = NULL;
-    uform_status_t status = encode_check(model, executor, outputs, arena, config, encoded, outcome, tape, &message);
+    uform_status_t status =
+        encode_check(model, executor, outputs, arena, config, encoded, outcome, tape, &message);
     if (status != UFORM_OK) return call_refuse(outcome, status, entry, message);
     if (!has_tower) return call_refuse(outcome, UFORM_UNSUPPORTED, entry, no_tower);
     return call_refuse(outcome, UFORM_UNSUPPORTED, entry, "this verb is not built yet");
@@ -46,7 +49,8 @@ static uform_status_t encode_refuse(char const *entry, uform_model_t const *mode
 
 #define ENCODE_REFUSE(entry, args, tape, tower, no_tower)                                                    \
     encode_refuse(entry, (args)->model, (args)->executor, (args)->outputs, (args)->arena, (args)->config,    \
-                  (args)->encoded, (args)->outcome, tape, (args)->model && (args)->model->header.info.tower, no_tower)
+                  (args)->encoded, (args)->outcome, tape, (args)->model && (args)->model->header.info.tower, \
+                  no_tower)
 
 UFORM_EXPORT uform_status_t uform_image_encode(uform_image_encode_args_t const *args) {
     static char const entry[] = "uform_image_encode";

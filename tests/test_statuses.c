@@ -259,15 +259,18 @@ static void encode_verbs_validate_then_refuse(void **state) {
     uform_arena_t *states_arena = NULL;
     assert_int_equal(uform_arena_create_host(&states_arena), UFORM_OK);
     assert_int_equal(arena_begin(states_arena), UFORM_OK);
-    uform_view_t states = arena_view(states_arena, arena_allocate(states_arena, 2 * 64 * sizeof(float), 64), 2, 64,
-                                     UFORM_F32),
+    uform_view_t states = arena_view(states_arena, arena_allocate(states_arena, 2 * 64 * sizeof(float), 64),
+                                     2, 64, UFORM_F32),
                  probabilities;
     arena_end(states_arena);
     char const legal[] = "abcdef";
     size_t legal_offsets[] = {0, 3, 6};
     uform_tape_t distinct = {legal, legal_offsets, 2, 6};
-    uform_text_choose_args_t choose = {
-        .model = model, .states = &states, .choices = distinct, .arena = arena, .probabilities = &probabilities};
+    uform_text_choose_args_t choose = {.model = model,
+                                       .states = &states,
+                                       .choices = distinct,
+                                       .arena = arena,
+                                       .probabilities = &probabilities};
     assert_int_equal(uform_text_choose(&choose), UFORM_UNSUPPORTED);
     choose.choices = bad;
     assert_int_equal(uform_text_choose(&choose), UFORM_INVALID_ARGUMENT);

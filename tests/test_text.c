@@ -47,7 +47,8 @@ static uform_tape_t sample_tape(void) {
 
 static int setup(void **state) {
     (void)state;
-    snprintf(directory, sizeof directory, "%s/uform-text-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+    snprintf(directory, sizeof directory, "%s/uform-text-XXXXXX",
+             getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
     if (!mkdtemp(directory)) return -1;
     snprintf(checkpoint, sizeof checkpoint, "%s/tiny.safetensors", directory);
     uform_tiny_checkpoint_args_t tiny = {.path = checkpoint, .seed = 11, .depth = 2, .hidden = 128};
@@ -67,7 +68,8 @@ static int teardown(void **state) {
 
 static double norm_of(float const *x, size_t n) {
     double sum = 0;
-    for (size_t i = 0; i < n; ++i) sum += (double)x[i] * x[i];
+    for (size_t i = 0; i < n; ++i)
+        sum += (double)x[i] * x[i];
     return sqrt(sum);
 }
 
@@ -114,7 +116,8 @@ static void outputs_have_their_shapes(void **state) {
     assert_int_equal(stats.bytes, tape_offsets[SAMPLES]);
     assert_true(stats.total_ns >= stats.compute_ns);
     /* Different texts give different embeddings. */
-    assert_memory_not_equal(encoded.embeddings.data, (char *)encoded.embeddings.data + encoded.embeddings.row_stride,
+    assert_memory_not_equal(encoded.embeddings.data,
+                            (char *)encoded.embeddings.data + encoded.embeddings.row_stride,
                             encoded.embeddings.row_stride);
     uform_arena_free(arena);
 }
@@ -186,8 +189,11 @@ static void a_text_does_not_depend_on_its_batch(void **state) {
     assert_int_equal(uform_arena_create_host(&batch_arena), UFORM_OK);
     assert_int_equal(uform_arena_create_host(&single_arena), UFORM_OK);
     uform_encoded_t batch, single;
-    uform_text_encode_args_t args = {.model = model, .outputs = UFORM_OUTPUT_EMBEDDINGS, .arena = batch_arena,
-                                     .encoded = &batch, .texts = sample_tape()};
+    uform_text_encode_args_t args = {.model = model,
+                                     .outputs = UFORM_OUTPUT_EMBEDDINGS,
+                                     .arena = batch_arena,
+                                     .encoded = &batch,
+                                     .texts = sample_tape()};
     assert_int_equal(uform_text_encode(&args), UFORM_OK);
     for (size_t i = 0; i < SAMPLES; ++i) {
         size_t offsets[2] = {0, strlen(samples[i])};
@@ -195,7 +201,8 @@ static void a_text_does_not_depend_on_its_batch(void **state) {
         args.encoded = &single;
         args.texts = (uform_tape_t){samples[i], offsets, 1, offsets[1]};
         assert_int_equal(uform_text_encode(&args), UFORM_OK);
-        assert_memory_equal(single.embeddings.data, (char *)batch.embeddings.data + i * batch.embeddings.row_stride,
+        assert_memory_equal(single.embeddings.data,
+                            (char *)batch.embeddings.data + i * batch.embeddings.row_stride,
                             batch.embeddings.row_stride);
     }
     uform_arena_free(batch_arena);
@@ -208,8 +215,11 @@ static void conversions_and_matryoshka(void **state) {
     assert_int_equal(uform_arena_create_host(&full_arena), UFORM_OK);
     assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
     uform_encoded_t full, converted;
-    uform_text_encode_args_t args = {.model = model, .outputs = UFORM_OUTPUT_EMBEDDINGS, .arena = full_arena,
-                                     .encoded = &full, .texts = sample_tape()};
+    uform_text_encode_args_t args = {.model = model,
+                                     .outputs = UFORM_OUTPUT_EMBEDDINGS,
+                                     .arena = full_arena,
+                                     .encoded = &full,
+                                     .texts = sample_tape()};
     assert_int_equal(uform_text_encode(&args), UFORM_OK);
     kernels_t const *kernels = kernels_scalar();
 
@@ -226,10 +236,11 @@ static void conversions_and_matryoshka(void **state) {
         for (size_t row = 0; row < SAMPLES; ++row) {
             unsigned char expected[256 * 4];
             float scale = 0;
-            kernels->convert(expected, (float const *)((char *)full.embeddings.data + row * full.embeddings.row_stride),
+            kernels->convert(expected,
+                             (float const *)((char *)full.embeddings.data + row * full.embeddings.row_stride),
                              info.dims, kinds[k], &scale);
-            assert_memory_equal((char *)converted.embeddings.data + row * converted.embeddings.row_stride, expected,
-                                converted.embeddings.row_stride);
+            assert_memory_equal((char *)converted.embeddings.data + row * converted.embeddings.row_stride,
+                                expected, converted.embeddings.row_stride);
             if (kinds[k] == UFORM_I8) assert_true(converted.embeddings.scales[row] == scale);
         }
     }
@@ -241,10 +252,13 @@ static void conversions_and_matryoshka(void **state) {
         assert_int_equal(uform_text_encode(&args), UFORM_OK);
         assert_int_equal(converted.embeddings.columns, width);
         for (size_t row = 0; row < SAMPLES; ++row) {
-            float const *prefix = (float const *)((char *)full.embeddings.data + row * full.embeddings.row_stride);
-            float const *short_row = (float const *)((char *)converted.embeddings.data + row * converted.embeddings.row_stride);
+            float const *prefix =
+                (float const *)((char *)full.embeddings.data + row * full.embeddings.row_stride);
+            float const *short_row =
+                (float const *)((char *)converted.embeddings.data + row * converted.embeddings.row_stride);
             double prefix_norm = norm_of(prefix, width);
-            for (size_t j = 0; j < width; ++j) assert_true(fabs(prefix[j] / prefix_norm - short_row[j]) < 1e-5);
+            for (size_t j = 0; j < width; ++j)
+                assert_true(fabs(prefix[j] / prefix_norm - short_row[j]) < 1e-5);
         }
     }
     uform_arena_free(full_arena);
@@ -272,15 +286,21 @@ static void progress_and_cancel(void **state) {
     size_t *offsets = malloc((count + 1) * sizeof(size_t));
     assert_non_null(bytes);
     assert_non_null(offsets);
-    for (size_t i = 0; i < count * length; ++i) bytes[i] = (char)('a' + i % 26);
-    for (size_t i = 0; i <= count; ++i) offsets[i] = i * length;
+    for (size_t i = 0; i < count * length; ++i)
+        bytes[i] = (char)('a' + i % 26);
+    for (size_t i = 0; i <= count; ++i)
+        offsets[i] = i * length;
     uform_arena_t *arena = NULL;
     assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
     counter_t counter = {0};
     uform_encode_config_t config = {.progress = {count_items, &counter, 4}};
     uform_encoded_t encoded;
-    uform_text_encode_args_t args = {.model = model, .outputs = UFORM_OUTPUT_EMBEDDINGS, .arena = arena,
-                                     .config = &config, .encoded = &encoded, .texts = {bytes, offsets, count, count * length}};
+    uform_text_encode_args_t args = {.model = model,
+                                     .outputs = UFORM_OUTPUT_EMBEDDINGS,
+                                     .arena = arena,
+                                     .config = &config,
+                                     .encoded = &encoded,
+                                     .texts = {bytes, offsets, count, count * length}};
     assert_int_equal(uform_text_encode(&args), UFORM_OK);
     assert_true(counter.calls >= 2 && counter.calls <= 4);
     assert_int_equal(counter.last, count);
@@ -304,8 +324,12 @@ static void bad_input_leaves_everything_usable(void **state) {
     assert_int_equal(uform_arena_create(executor, &arena), UFORM_OK);
     assert_int_equal(uform_arena_create(other, &foreign), UFORM_OK);
     uform_encoded_t encoded;
-    uform_text_encode_args_t good = {.model = model, .executor = executor, .outputs = UFORM_OUTPUT_EMBEDDINGS,
-                                     .arena = arena, .encoded = &encoded, .texts = sample_tape()};
+    uform_text_encode_args_t good = {.model = model,
+                                     .executor = executor,
+                                     .outputs = UFORM_OUTPUT_EMBEDDINGS,
+                                     .arena = arena,
+                                     .encoded = &encoded,
+                                     .texts = sample_tape()};
     size_t backwards[] = {0, 4, 2}, beyond[] = {0, 4, 5000};
     struct {
         char const *what;
@@ -346,8 +370,11 @@ static void choose_gives_probabilities(void **state) {
     assert_int_equal(uform_arena_create_host(&states_arena), UFORM_OK);
     assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
     uform_encoded_t encoded;
-    uform_text_encode_args_t encode = {.model = model, .outputs = UFORM_OUTPUT_STATES, .arena = states_arena,
-                                       .encoded = &encoded, .texts = sample_tape()};
+    uform_text_encode_args_t encode = {.model = model,
+                                       .outputs = UFORM_OUTPUT_STATES,
+                                       .arena = states_arena,
+                                       .encoded = &encoded,
+                                       .texts = sample_tape()};
     assert_int_equal(uform_text_encode(&encode), UFORM_OK);
 
     /* Legal bytes per item: one, two, ten, every byte, three, one. */
@@ -355,12 +382,15 @@ static void choose_gives_probabilities(void **state) {
     size_t offsets[SAMPLES + 1], used = 0, sizes[SAMPLES] = {1, 2, 10, 256, 3, 1};
     for (size_t item = 0; item < SAMPLES; ++item) {
         offsets[item] = used;
-        for (size_t i = 0; i < sizes[item]; ++i) legal[used++] = (uint8_t)((i * 37 + item) % 256);
+        for (size_t i = 0; i < sizes[item]; ++i)
+            legal[used++] = (uint8_t)((i * 37 + item) % 256);
     }
     offsets[SAMPLES] = used;
     uform_view_t probabilities;
-    uform_text_choose_args_t choose = {.model = model, .states = &encoded.states,
-                                       .choices = {legal, offsets, SAMPLES, used}, .arena = arena,
+    uform_text_choose_args_t choose = {.model = model,
+                                       .states = &encoded.states,
+                                       .choices = {legal, offsets, SAMPLES, used},
+                                       .arena = arena,
                                        .probabilities = &probabilities};
     assert_int_equal(uform_text_choose(&choose), UFORM_OK);
     assert_int_equal(probabilities.rows, used);

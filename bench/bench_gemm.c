@@ -1,0 +1,261 @@
+/* GEMM throughput of every kernel path at the text tower's shapes (m = 512 tokens, hidden 768, MLP 3072):
+ *   qkv (n, k) = (2304, 768), out (768, 768), up (3072, 768), down (768, 3072),
+ * with bias, on one thread and on two threads splitting n at KERNEL_GEMM_TILE multiples, in GFLOP/s
+ * (2 m n k / time, median of several runs), beside the machine's BF16 dot-product peak: independent
+ * `vdpbf16ps` chains in registers, on one core and on two at once. It prints figures; it never fails
+ * on time.
+ * Usage: bench_gemm [--json] [path...]   (paths: scalar avx2 avx512 avx512bf16; default all)
+ * --json prints one object per line: {"path", "shape": "n x k", "m", "threads", "gflops",
+ * "ratio_to_peak"} per figure, and {"peak_gflops", "threads"} for 1 and 2 threads (none, and ratios 0,
+ * without AVX512-BF16). */
+#include <immintrin.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kernels.h"
+
+#define TOKENS      512
+#define MIN_RUNS    5
+#define MAX_RUNS    51
+#define MIN_SECONDS 0.3 /* per figure, unless MIN_RUNS take longer */
+#define THREADS_MAX 2
+
+static double now_seconds(void) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (double)now.tv_sec + 1e-9 * (double)now.tv_nsec;
+}
+
+static int compare_doubles(void const *a, void const *b) {
+    double x = *(double const *)a, y = *(double const *)b;
+    return (x > y) - (x < y);
+}
+
+static void pin_to_cpu(int cpu) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+}
+
+/* ---- Two threads, woken by spinning on a round counter (a sleeping hand-off would cost more than
+ * the noise we measure) ------------------------------------------------------------------------ */
+
+typedef struct team team_t;
+typedef void (*team_work_t)(team_t *team, size_t thread);
+
+struct team {
+    atomic_size_t round, done; /* rounds started by the main thread, finished by the helper */
+    atomic_bool quit;
+    team_work_t work;
+    size_t threads;
+    /* what the work reads */
+    kernels_t const *path;
+    kernel_gemm_t gemm;
+};
+
+static void *helper_main(void *context) {
+    team_t *team = context;
+    pin_to_cpu(1);
+    size_t seen = 0;
+    for (;;) {
+        size_t round;
+        while ((round = atomic_load_explicit(&team->round, memory_order_acquire)) == seen) {
+            if (atomic_load_explicit(&team->quit, memory_order_relaxed)) return NULL;
+            _mm_pause();
+        }
+        seen = round;
+        team->work(team, 1);
+        atomic_store_explicit(&team->done, round, memory_order_release);
+    }
+}
+
+/* Runs `work` on `threads` (1 or 2) threads and answers the wall time. */
+static double team_run(team_t *team, team_work_t work, size_t threads) {
+    team->work = work;
+    team->threads = threads;
+    double start = now_seconds();
+    size_t round = 0;
+    if (threads > 1) round = atomic_fetch_add_explicit(&team->round, 1, memory_order_acq_rel) + 1;
+    work(team, 0);
+    if (threads > 1)
+        while (atomic_load_explicit(&team->done, memory_order_acquire) != round)
+            _mm_pause();
+    return now_seconds() - start;
+}
+
+/* Median seconds of `work` over enough runs, after one to warm caches. */
+static double measure(team_t *team, team_work_t work, size_t threads) {
+    double times[MAX_RUNS], total = 0.0;
+    size_t runs = 0;
+    team_run(team, work, threads);
+    while (runs < MAX_RUNS && (runs < MIN_RUNS || total < MIN_SECONDS)) {
+        times[runs] = team_run(team, work, threads);
+        total += times[runs++];
+    }
+    qsort(times, runs, sizeof *times, compare_doubles);
+    return times[runs / 2];
+}
+
+/* ---- Peak ---------------------------------------------------------------------------------------- */
+
+enum { PEAK_CHAINS = 24, PEAK_STEPS = 20000000 };
+
+/* PEAK_CHAINS independent accumulators (the latency of about 6 cycles at 2 per cycle needs 12 or more),
+ * all in registers. Compiled for AVX512-BF16 only here, and called only when the CPU has it. */
+__attribute__((target("avx512f,avx512bf16"))) static double peak_loop(void) {
+    __m512 sums[PEAK_CHAINS];
+    for (int i = 0; i < PEAK_CHAINS; ++i)
+        sums[i] = _mm512_setzero_ps();
+    __m512bh a = (__m512bh)_mm512_set1_epi32(0x3f803f80), b = a; /* pairs of 1.0: no denormals */
+    for (long step = 0; step < PEAK_STEPS; ++step) {
+#pragma GCC unroll 24
+        for (int i = 0; i < PEAK_CHAINS; ++i)
+            sums[i] = _mm512_dpbf16_ps(sums[i], a, b);
+    }
+    float total = 0.0f;
+    for (int i = 0; i < PEAK_CHAINS; ++i)
+        total += _mm512_reduce_add_ps(sums[i]);
+    return (double)total;
+}
+
+static double volatile peak_sink; /* keeps the loop's result, so that the loop is not removed */
+
+static void peak_work(team_t *team, size_t thread) {
+    (void)team;
+    (void)thread;
+    peak_sink = peak_loop();
+}
+
+/* ---- GEMM ---------------------------------------------------------------------------------------- */
+
+static void gemm_work(team_t *team, size_t thread) {
+    size_t tiles = (team->gemm.n + KERNEL_GEMM_TILE - 1) / KERNEL_GEMM_TILE;
+    size_t first = tiles * thread / team->threads, last = tiles * (thread + 1) / team->threads;
+    size_t end = last * KERNEL_GEMM_TILE < team->gemm.n ? last * KERNEL_GEMM_TILE : team->gemm.n;
+    if (first < last) team->path->gemm(&team->gemm, first * KERNEL_GEMM_TILE, end);
+}
+
+static uint32_t random_state = 12345;
+
+static float random_value(void) { /* uniform in [-1, 1) */
+    random_state = random_state * 1664525u + 1013904223u;
+    return (float)(random_state >> 8) / 8388608.0f - 1.0f;
+}
+
+static bool wanted(int argc, char **argv, char const *name) {
+    bool any = false;
+    for (int i = 1; i < argc; ++i) {
+        if (argv[i][0] == '-') continue;
+        any = true;
+        if (!strcmp(argv[i], name)) return true;
+    }
+    return !any;
+}
+
+int main(int argc, char **argv) {
+    bool json = false;
+    for (int i = 1; i < argc; ++i)
+        json |= !strcmp(argv[i], "--json");
+    static size_t const shapes[][2] = {{2304, 768}, {768, 768}, {3072, 768}, {768, 3072}}; /* (n, k) */
+    static char const *const shape_names[] = {"qkv", "out", "up", "down"};
+    static char const *const path_names[] = {"scalar", "avx2", "avx512", "avx512bf16"};
+
+    team_t team = {0};
+    pthread_t helper;
+    size_t threads_max = sysconf(_SC_NPROCESSORS_ONLN) >= 2 ? 2 : 1;
+    pin_to_cpu(0);
+    if (threads_max > 1 && pthread_create(&helper, NULL, helper_main, &team) != 0) threads_max = 1;
+
+    double peak[THREADS_MAX + 1] = {0};
+    __builtin_cpu_init();
+    bool has_peak = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
+    for (size_t threads = 1; has_peak && threads <= threads_max; ++threads) {
+        double flops = (double)PEAK_STEPS * PEAK_CHAINS * 64.0; /* 16 lanes x 2 products x 2 flops */
+        peak[threads] = flops * (double)threads / measure(&team, peak_work, threads) / 1e9;
+        if (json)
+            printf("{\"peak_gflops\": %.1f, \"threads\": %zu}\n", peak[threads], threads);
+        else
+            printf("BF16 dot-product peak (%d vdpbf16ps chains), %zu thread%s: %.1f GFLOP/s\n", PEAK_CHAINS,
+                   threads, threads > 1 ? "s" : "", peak[threads]);
+    }
+    if (!has_peak && !json) printf("BF16 dot-product peak: this CPU has no AVX512-BF16\n");
+    if (!json)
+        printf("\n%-11s %-5s %-12s %7s %10s %8s\n", "path", "layer", "n x k", "threads", "GFLOP/s", "peak");
+
+    size_t k_max = 3072, n_max = 3072;
+    float *x = aligned_alloc(64, TOKENS * k_max * sizeof(float));
+    float *bias = aligned_alloc(64, n_max * sizeof(float));
+    float *y = aligned_alloc(64, TOKENS * n_max * sizeof(float));
+    uint16_t *w = aligned_alloc(64, n_max * k_max * sizeof(uint16_t));
+    int status = 0;
+    if (!x || !bias || !y || !w) {
+        fprintf(stderr, "bench_gemm: out of memory\n");
+        status = 1;
+        goto done;
+    }
+    for (size_t i = 0; i < TOKENS * k_max; ++i)
+        x[i] = random_value();
+    for (size_t i = 0; i < n_max; ++i)
+        bias[i] = random_value();
+    for (size_t i = 0; i < n_max * k_max; ++i)
+        w[i] = f32_to_bf16(0.05f * random_value());
+
+    for (size_t p = 0; p < sizeof path_names / sizeof path_names[0]; ++p) {
+        kernels_t const *path = kernels_named(path_names[p]);
+        if (!path || !wanted(argc, argv, path_names[p])) continue;
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; ++s) {
+            size_t n = shapes[s][0], k = shapes[s][1];
+            size_t bytes = (path->gemm_packed_size(n, k) + 63) / 64 * 64;
+            void *packed = aligned_alloc(64, bytes);
+            if (!packed) {
+                fprintf(stderr, "bench_gemm: out of memory\n");
+                status = 1;
+                goto done;
+            }
+            path->gemm_pack(packed, w, n, k);
+            team.path = path;
+            team.gemm = (kernel_gemm_t){.m = TOKENS,
+                                        .n = n,
+                                        .k = k,
+                                        .x = x,
+                                        .x_stride = k,
+                                        .w = packed,
+                                        .bias = bias,
+                                        .y = y,
+                                        .y_stride = n};
+            for (size_t threads = 1; threads <= threads_max; ++threads) {
+                double gflops =
+                    2.0 * TOKENS * (double)n * (double)k / measure(&team, gemm_work, threads) / 1e9;
+                double ratio = peak[threads] > 0 ? gflops / peak[threads] : 0.0;
+                if (json)
+                    printf("{\"path\": \"%s\", \"shape\": \"%zu x %zu\", \"m\": %d, \"threads\": %zu, "
+                           "\"gflops\": %.1f, \"ratio_to_peak\": %.3f}\n",
+                           path->name, n, k, TOKENS, threads, gflops, ratio);
+                else
+                    printf("%-11s %-5s %4zu x %-5zu %7zu %10.1f %7.1f%%\n", path->name, shape_names[s], n, k,
+                           threads, gflops, 100.0 * ratio);
+                fflush(stdout);
+            }
+            free(packed);
+        }
+    }
+
+done:
+    if (threads_max > 1) {
+        atomic_store(&team.quit, true);
+        pthread_join(helper, NULL);
+    }
+    free(x);
+    free(bias);
+    free(y);
+    free(w);
+    return status;
+}
