@@ -22,6 +22,15 @@
 
 #define container_of(pointer, type, member) ((type *)((char *)(pointer)-offsetof(type, member)))
 
+/* A pause in a spin loop, so that the sibling hyperthread and the memory system get a turn. */
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
 /* ---- Futex words -------------------------------------------------------------------------------- */
 
 /* Blocks while *word == expected (private futex); spurious returns are possible. */
@@ -84,6 +93,14 @@ uform_executor_t *call_executor(uform_executor_t *executor);
  * outcome (when initialized) is made final with the same status, the failure is recorded, and the
  * status is answered. */
 uform_status_t call_begin(call_t *call, uform_executor_t *executor, outcome_t *outcome, char const *entry);
+
+/* The common opening of a verb whose state lives in the executor's call storage: resolves the
+ * executor (NULL: the calling thread's), takes `arena` (when not NULL; UFORM_CONTENDED if held), then
+ * the executor (call_begin), on `outcome`, or on `own` (initialized here) for a blocking call. On
+ * UFORM_OK, `*call` is the call at the start of the storage and the `state_size - sizeof(call_t)` bytes
+ * after it are zeroed; on failure nothing is held and the failure is recorded. */
+uform_status_t call_open(uform_executor_t *executor, uform_arena_t *arena, uform_outcome_t *outcome,
+                         uform_outcome_t *own, size_t state_size, char const *entry, call_t **call);
 
 /* Hands a begun call to its executor: its `start` runs on the loop thread. Inline and pool executors
  * run the loop on the calling thread until the outcome is final, then release the executor. */

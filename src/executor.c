@@ -18,14 +18,6 @@
 
 #define DEFAULT_SPIN_NS 100000000ull /* 100 ms, like OpenMP runtimes' block time */
 
-static inline void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield");
-#endif
-}
-
 /* ---- Fork-join team ----------------------------------------------------------------------------- */
 
 struct team {

@@ -25,14 +25,6 @@ void futex_wake_one(_Atomic uint32_t *word) {
     syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
 }
 
-static inline void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield");
-#endif
-}
-
 static bool outcome_is_initialized(outcome_t const *outcome) {
     return outcome && outcome->magic == OUTCOME_MAGIC;
 }
@@ -128,14 +120,21 @@ UFORM_EXPORT void uform_outcome_destroy(uform_outcome_t *public_outcome) {
     outcome->magic = 0;
 }
 
-UFORM_EXPORT uform_status_t uform_outcome_notify_eventfd(uform_outcome_t *public_outcome, int eventfd) {
-    static char const entry[] = "uform_outcome_notify_eventfd";
-    if (!public_outcome) return failed(UFORM_INVALID_ARGUMENT, entry, "outcome is NULL");
+/* The outcome behind `public_outcome` when its notification targets may change (initialized, not
+ * pending); NULL after recording why not. */
+static outcome_t *outcome_settable(uform_outcome_t *public_outcome, char const *entry) {
+    if (!public_outcome) return failed(UFORM_INVALID_ARGUMENT, entry, "outcome is NULL"), NULL;
     outcome_t *outcome = outcome_of(public_outcome);
     if (!outcome_is_initialized(outcome))
-        return failed(UFORM_INVALID_ARGUMENT, entry, "outcome was not initialized");
+        return failed(UFORM_INVALID_ARGUMENT, entry, "outcome was not initialized"), NULL;
     if (outcome_word_status(atomic_load(&outcome->word)) == UFORM_PENDING)
-        return failed(UFORM_INVALID_ARGUMENT, entry, "outcome is pending");
+        return failed(UFORM_INVALID_ARGUMENT, entry, "outcome is pending"), NULL;
+    return outcome;
+}
+
+UFORM_EXPORT uform_status_t uform_outcome_notify_eventfd(uform_outcome_t *public_outcome, int eventfd) {
+    outcome_t *outcome = outcome_settable(public_outcome, "uform_outcome_notify_eventfd");
+    if (!outcome) return UFORM_INVALID_ARGUMENT;
     outcome->notify_eventfd = eventfd < 0 ? -1 : eventfd;
     return UFORM_OK;
 }
@@ -143,12 +142,8 @@ UFORM_EXPORT uform_status_t uform_outcome_notify_eventfd(uform_outcome_t *public
 UFORM_EXPORT uform_status_t uform_outcome_notify_ring(uform_outcome_t *public_outcome, int ring_fd,
                                                       uint64_t user_data) {
     static char const entry[] = "uform_outcome_notify_ring";
-    if (!public_outcome) return failed(UFORM_INVALID_ARGUMENT, entry, "outcome is NULL");
-    outcome_t *outcome = outcome_of(public_outcome);
-    if (!outcome_is_initialized(outcome))
-        return failed(UFORM_INVALID_ARGUMENT, entry, "outcome was not initialized");
-    if (outcome_word_status(atomic_load(&outcome->word)) == UFORM_PENDING)
-        return failed(UFORM_INVALID_ARGUMENT, entry, "outcome is pending");
+    outcome_t *outcome = outcome_settable(public_outcome, entry);
+    if (!outcome) return UFORM_INVALID_ARGUMENT;
     if (ring_fd >= 0 && !loop_uring_available())
         return failed(UFORM_UNSUPPORTED, entry, "io_uring is not available in this process");
     outcome->notify_ring_fd = ring_fd < 0 ? -1 : ring_fd;
@@ -258,6 +253,26 @@ uform_status_t call_begin(call_t *call, uform_executor_t *executor, outcome_t *o
     outcome->error = (uform_error_t){UFORM_OK, "", ""};
     outcome_drop_product(outcome);
     atomic_store_explicit(&outcome->word, UFORM_PENDING, memory_order_release);
+    return UFORM_OK;
+}
+
+uform_status_t call_open(uform_executor_t *executor, uform_arena_t *arena, uform_outcome_t *outcome,
+                         uform_outcome_t *own, size_t state_size, char const *entry, call_t **call) {
+    executor = call_executor(executor);
+    if (!executor)
+        return call_refuse(outcome, UFORM_OUT_OF_MEMORY, entry, "cannot make the calling thread's executor");
+    if (arena && arena_begin(arena) != UFORM_OK)
+        return call_refuse(outcome, UFORM_CONTENDED, entry, "another call holds the arena");
+    if (!outcome) uform_outcome_init(outcome = own);
+    call_t *opened = (call_t *)(void *)executor->call_storage;
+    uform_status_t status = call_begin(opened, executor, outcome_of(outcome), entry);
+    if (status != UFORM_OK) {
+        if (arena) arena_end(arena);
+        return status;
+    }
+    /* Held: the storage is this call's; call_begin filled its header. */
+    memset((char *)opened + sizeof *opened, 0, state_size - sizeof *opened);
+    *call = opened;
     return UFORM_OK;
 }
 

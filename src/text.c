@@ -260,23 +260,12 @@ UFORM_EXPORT uform_status_t uform_text_encode(uform_text_encode_args_t const *ar
     if (status != UFORM_OK) return call_refuse(outcome, status, entry, message);
     if (!args->model->text)
         return call_refuse(outcome, UFORM_UNSUPPORTED, entry, "the model has no text tower");
-    uform_executor_t *executor = call_executor(args->executor);
-    if (!executor)
-        return call_refuse(outcome, UFORM_OUT_OF_MEMORY, entry, "cannot make the calling thread's executor");
-
     /* The arena first, then the executor: the call holds both until it is final. */
-    if (arena_begin(args->arena) != UFORM_OK)
-        return call_refuse(outcome, UFORM_CONTENDED, entry, "another call holds the arena");
     uform_outcome_t own;
-    if (!outcome) uform_outcome_init(&own);
-    text_call_t *text = (text_call_t *)(void *)executor->call_storage;
-    status = call_begin(&text->call, executor, outcome_of(outcome ? outcome : &own), entry);
-    if (status != UFORM_OK) {
-        arena_end(args->arena);
-        return status;
-    }
-    /* Held: the executor's call storage is ours; call_begin filled its `call`. */
-    memset((char *)text + sizeof text->call, 0, sizeof *text - sizeof text->call);
+    call_t *call = NULL;
+    status = call_open(args->executor, args->arena, outcome, &own, sizeof(text_call_t), entry, &call);
+    if (status != UFORM_OK) return status;
+    text_call_t *text = container_of(call, text_call_t, call);
     text->call.start = text_start;
     uform_encode_config_t const *config = args->config;
     text->model = args->model;
@@ -412,20 +401,11 @@ UFORM_EXPORT uform_status_t uform_text_choose(uform_text_choose_args_t const *ar
     char const *message = NULL;
     uform_status_t status = check_choose(args, &message);
     if (status != UFORM_OK) return call_refuse(outcome, status, entry, message);
-    uform_executor_t *executor = call_executor(args->executor);
-    if (!executor)
-        return call_refuse(outcome, UFORM_OUT_OF_MEMORY, entry, "cannot make the calling thread's executor");
-    if (arena_begin(args->arena) != UFORM_OK)
-        return call_refuse(outcome, UFORM_CONTENDED, entry, "another call holds the arena");
     uform_outcome_t own;
-    if (!outcome) uform_outcome_init(&own);
-    choose_call_t *choose = (choose_call_t *)(void *)executor->call_storage;
-    status = call_begin(&choose->call, executor, outcome_of(outcome ? outcome : &own), entry);
-    if (status != UFORM_OK) {
-        arena_end(args->arena);
-        return status;
-    }
-    memset((char *)choose + sizeof choose->call, 0, sizeof *choose - sizeof choose->call);
+    call_t *call = NULL;
+    status = call_open(args->executor, args->arena, outcome, &own, sizeof(choose_call_t), entry, &call);
+    if (status != UFORM_OK) return status;
+    choose_call_t *choose = container_of(call, choose_call_t, call);
     choose->call.start = choose_start;
     choose->model = args->model;
     model_retain(choose->model);
