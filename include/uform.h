@@ -382,7 +382,9 @@ typedef struct uform_model uform_model_t;
 
 typedef struct uform_load_config {
     uform_progress_t progress; /* completed and total are bytes of tensor data */
-    bool map;                  /* mmap the file instead of reading it through the ring */
+    bool map; /* mmap the file instead of reading it through the ring: the weights stay in the page
+                 cache, and the file must not shrink while the model lives (the kernel would answer
+                 a read past its end with SIGBUS) */
 } uform_load_config_t;
 
 typedef struct uform_model_load_args {
