@@ -1,0 +1,129 @@
+/* Errors, flags and the default model, shared by every subcommand of `uform`. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "uform_command.h"
+
+static char const default_model_name[] = "tiny-42.safetensors";
+
+char const command_default_model_help[] =
+    "Without --model, the default model is the tiny seeded checkpoint (uform_tiny_checkpoint, seed 42,\n"
+    "default sizes: every tower, 64-wide embeddings), written once to\n"
+    "$XDG_CACHE_HOME/uform/tiny-42.safetensors (or $HOME/.cache/uform/tiny-42.safetensors) and reused.\n"
+    "Its weights are random: it is for trying the command and for tests, and its vectors mean nothing.\n";
+
+int command_fail(char const *format, ...) {
+    va_list arguments;
+    va_start(arguments, format);
+    fputs("uform: ", stderr);
+    vfprintf(stderr, format, arguments);
+    fputc('\n', stderr);
+    va_end(arguments);
+    return COMMAND_RUNTIME;
+}
+
+int command_usage(char const *command, char const *format, ...) {
+    va_list arguments;
+    va_start(arguments, format);
+    fputs("uform: ", stderr);
+    vfprintf(stderr, format, arguments);
+    fprintf(stderr, " (see 'uform %s%s--help')\n", command ? command : "", command ? " " : "");
+    va_end(arguments);
+    return COMMAND_USAGE;
+}
+
+int command_fail_engine(void) {
+    uform_error_t error = uform_last_error();
+    char text[512];
+    uform_error_render(&error, text, sizeof text);
+    fprintf(stderr, "%s\n", text);
+    return COMMAND_RUNTIME;
+}
+
+bool command_is_help(char const *argument) {
+    return !strcmp(argument, "-h") || !strcmp(argument, "--help");
+}
+
+int command_option(int argc, char **argv, int *i, char const *command, char const *name, char const **value) {
+    size_t length = strlen(name);
+    char const *argument = argv[*i];
+    if (strncmp(argument, name, length) != 0) return 0;
+    if (argument[length] == '=') {
+        *value = argument + length + 1;
+        return 1;
+    }
+    if (argument[length] != '\0') return 0;
+    if (*i + 1 >= argc) {
+        command_usage(command, "%s needs a value", name);
+        return -1;
+    }
+    *value = argv[++*i];
+    return 1;
+}
+
+int command_parse_u64(char const *text, uint64_t *value) {
+    if (text[0] < '0' || text[0] > '9') return -1; /* strtoull would take a sign or spaces */
+    char *end = NULL;
+    errno = 0;
+    unsigned long long parsed = strtoull(text, &end, 10);
+    if (errno || *end) return -1;
+    *value = parsed;
+    return 0;
+}
+
+int command_parse_size(char const *text, size_t *value) {
+    uint64_t parsed = 0;
+    if (command_parse_u64(text, &parsed) != 0 || parsed > SIZE_MAX) return -1;
+    *value = (size_t)parsed;
+    return 0;
+}
+
+/* `mkdir -p`: every missing directory of `path`, which is modified in place and restored. */
+static int make_directories(char *path) {
+    for (char *slash = path + 1;; ++slash) {
+        bool last = *slash == '\0';
+        if (*slash != '/' && !last) continue;
+        *slash = '\0';
+        int made = mkdir(path, 0755);
+        int error = errno;
+        if (!last) *slash = '/';
+        if (made != 0 && error != EEXIST) return command_fail("cannot create %s: %s", path, strerror(error));
+        if (last) return COMMAND_OK;
+    }
+}
+
+int command_model_path(char const *given, char *buffer, size_t capacity, char const **path) {
+    if (given) {
+        *path = given;
+        return COMMAND_OK;
+    }
+    /* The XDG base directory specification ignores relative paths in its variables. */
+    char const *cache = getenv("XDG_CACHE_HOME");
+    char const *home = getenv("HOME");
+    int length = 0;
+    if (cache && cache[0] == '/')
+        length = snprintf(buffer, capacity, "%s/uform", cache);
+    else if (home && home[0] == '/')
+        length = snprintf(buffer, capacity, "%s/.cache/uform", home);
+    else
+        return command_fail("neither XDG_CACHE_HOME nor HOME is an absolute path: pass --model");
+    if (length < 0 || (size_t)length + sizeof default_model_name + 1 > capacity)
+        return command_fail("the cache directory's path is too long: pass --model");
+    int code = make_directories(buffer);
+    if (code != COMMAND_OK) return code;
+    snprintf(buffer + length, capacity - (size_t)length, "/%s", default_model_name);
+    *path = buffer;
+
+    struct stat status;
+    if (stat(buffer, &status) == 0) return COMMAND_OK;
+    /* The writer renames a complete file into place, so concurrent first uses cannot see half of one. */
+    uform_tiny_checkpoint_args_t tiny = {.path = buffer, .seed = 42};
+    if (uform_tiny_checkpoint(&tiny) != UFORM_OK) return command_fail_engine();
+    if (isatty(STDERR_FILENO)) fprintf(stderr, "uform: wrote the default model to %s\n", buffer);
+    return COMMAND_OK;
+}

@@ -1,0 +1,182 @@
+/* uform info [--model PATH] [--json]: what a checkpoint holds, read from its validated header. */
+#include <stdio.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "uform_command.h"
+
+static char const help[] =
+    "usage: uform info [--model PATH] [--json]\n"
+    "\n"
+    "Describes a checkpoint: its embedding width, matryoshka widths, parameters and bytes of\n"
+    "weights, and per tower (text, image, video, audio) the transformer's depth, hidden width,\n"
+    "heads and MLP width with the tower's own sizes.\n"
+    "\n"
+    "  --model PATH  the checkpoint (format-4 safetensors); default: the default model\n"
+    "  --json        one JSON object instead of text\n"
+    "\n";
+
+/* ---- text ------------------------------------------------------------------------------------- */
+
+static void print_transformer(char const *tower, uform_transformer_info_t const *transformer) {
+    printf("%-11s depth %zu, hidden %zu, heads %zu, mlp %zu;", tower, transformer->depth, transformer->hidden,
+           transformer->heads, transformer->mlp);
+}
+
+static void print_text(char const *path, uform_model_info_t const *info) {
+    printf("%-11s %s\n%-11s %zu\n%-11s", "model", path, "dims", info->dims, "matryoshka");
+    for (size_t i = 0; i < info->matryoshka_count; ++i)
+        printf(" %zu", info->matryoshka[i]);
+    printf("\n%-11s %zu\n%-11s %zu\n%-11s %s\n", "parameters", info->parameters, "bytes", info->bytes,
+           "logit", info->has_logit ? "yes" : "no");
+    if (info->has_text) {
+        print_transformer("text", &info->text.transformer);
+        printf(" context %zu bytes\n", info->text.context);
+    }
+    if (info->has_image) {
+        print_transformer("image", &info->image.transformer);
+        printf(" %zu px square, %zu px patches, mean %.4g %.4g %.4g, std %.4g %.4g %.4g\n", info->image.size,
+               info->image.patch, info->image.mean[0], info->image.mean[1], info->image.mean[2],
+               info->image.std[0], info->image.std[1], info->image.std[2]);
+    }
+    if (info->has_video)
+        printf("%-11s %zu frames per clip, through the image tower\n", "video", info->video.frames);
+    if (info->has_audio) {
+        print_transformer("audio", &info->audio.transformer);
+        printf(" %zu Hz, %zu mels, window %zu, hop %zu, %zu frames per patch, at most %zu patches, %.9g s\n",
+               info->audio.rate, info->audio.mels, info->audio.window, info->audio.hop,
+               info->audio.patch_frames, info->audio.max_patches, info->audio.seconds);
+    }
+}
+
+/* ---- JSON ------------------------------------------------------------------------------------- */
+
+/* jansson's setters release the value when they fail, and refuse a NULL value or container, so a
+ * chain of them needs one check at its end: any allocation failure shows up as a non-zero sum. */
+static int set(json_t *object, char const *key, json_t *value) {
+    return json_object_set_new(object, key, value) != 0;
+}
+
+static int set_size(json_t *object, char const *key, size_t value) {
+    return set(object, key, json_integer((json_int_t)value));
+}
+
+/* `object` if nothing failed while filling it, else NULL with the object released. */
+static json_t *checked(json_t *object, int failures) {
+    if (!failures) return object;
+    json_decref(object);
+    return NULL;
+}
+
+static json_t *floats_json(float const *values, size_t count) {
+    json_t *array = json_array();
+    int failures = 0;
+    for (size_t i = 0; i < count; ++i)
+        failures += json_array_append_new(array, json_real(values[i])) != 0;
+    return checked(array, failures);
+}
+
+static json_t *transformer_json(uform_transformer_info_t const *transformer) {
+    json_t *object = json_object();
+    return checked(object, set_size(object, "depth", transformer->depth) +
+                               set_size(object, "hidden", transformer->hidden) +
+                               set_size(object, "heads", transformer->heads) +
+                               set_size(object, "mlp", transformer->mlp));
+}
+
+static json_t *text_json(uform_model_info_t const *info) {
+    json_t *tower = transformer_json(&info->text.transformer);
+    return checked(tower, set_size(tower, "context", info->text.context));
+}
+
+static json_t *image_json(uform_model_info_t const *info) {
+    json_t *tower = transformer_json(&info->image.transformer);
+    return checked(tower, set_size(tower, "size", info->image.size) +
+                              set_size(tower, "patch", info->image.patch) +
+                              set(tower, "mean", floats_json(info->image.mean, 3)) +
+                              set(tower, "std", floats_json(info->image.std, 3)));
+}
+
+static json_t *video_json(uform_model_info_t const *info) {
+    json_t *tower = json_object();
+    return checked(tower, set_size(tower, "frames", info->video.frames));
+}
+
+static json_t *audio_json(uform_model_info_t const *info) {
+    json_t *tower = transformer_json(&info->audio.transformer);
+    return checked(
+        tower, set_size(tower, "rate", info->audio.rate) + set_size(tower, "mels", info->audio.mels) +
+                   set_size(tower, "window", info->audio.window) + set_size(tower, "hop", info->audio.hop) +
+                   set_size(tower, "patch_frames", info->audio.patch_frames) +
+                   set_size(tower, "max_patches", info->audio.max_patches) +
+                   set(tower, "seconds", json_real(info->audio.seconds)));
+}
+
+static json_t *info_json(char const *path, uform_model_info_t const *info) {
+    json_t *root = json_object(), *towers = json_object(), *matryoshka = json_array();
+    int failures = 0;
+    for (size_t i = 0; i < info->matryoshka_count; ++i)
+        failures += json_array_append_new(matryoshka, json_integer((json_int_t)info->matryoshka[i])) != 0;
+    if (info->has_text) failures += set(towers, "text", text_json(info));
+    if (info->has_image) failures += set(towers, "image", image_json(info));
+    if (info->has_video) failures += set(towers, "video", video_json(info));
+    if (info->has_audio) failures += set(towers, "audio", audio_json(info));
+    failures += set(root, "path", json_string(path)) + set_size(root, "dims", info->dims) +
+                set(root, "matryoshka", matryoshka) + set_size(root, "parameters", info->parameters) +
+                set_size(root, "bytes", info->bytes) + set(root, "logit", json_boolean(info->has_logit)) +
+                set(root, "towers", towers);
+    return checked(root, failures);
+}
+
+/* ---- the command ------------------------------------------------------------------------------ */
+
+int command_info(int argc, char **argv) {
+    char const *given = NULL;
+    bool json = false;
+    for (int i = 1; i < argc; ++i) {
+        int matched = 0;
+        if (command_is_help(argv[i])) {
+            printf("%s%s", help, command_default_model_help);
+            return COMMAND_OK;
+        }
+        if ((matched = command_option(argc, argv, &i, "info", "--model", &given)) != 0) {
+            if (matched < 0) return COMMAND_USAGE;
+        } else if (!strcmp(argv[i], "--json")) {
+            json = true;
+        } else {
+            return command_usage("info", "unexpected argument '%s'", argv[i]);
+        }
+    }
+
+    char buffer[4096];
+    char const *path = NULL;
+    int code = command_model_path(given, buffer, sizeof buffer, &path);
+    if (code != COMMAND_OK) return code;
+    /* Mapped: the header is validated in full, and no weight needs to be read to describe them. */
+    uform_model_t *model = NULL;
+    uform_load_config_t config = {.map = true};
+    uform_model_load_args_t load = {.path = path, .config = &config, .model = &model};
+    if (uform_model_load_ram(&load) != UFORM_OK) return command_fail_engine();
+    uform_model_info_t info;
+    if (uform_model_info(model, &info) != UFORM_OK) {
+        code = command_fail_engine();
+        goto done;
+    }
+    if (!json) {
+        print_text(path, &info);
+        goto done;
+    }
+    json_t *root = info_json(path, &info);
+    if (!root) {
+        code = command_fail("cannot build the JSON: out of memory, or a path that is not UTF-8");
+        goto done;
+    }
+    if (json_dumpf(root, stdout, JSON_INDENT(2) | JSON_REAL_PRECISION(9)) != 0 || fputc('\n', stdout) == EOF)
+        code = command_fail("cannot write the standard output");
+    json_decref(root);
+done:
+    uform_model_free(model);
+    if (fflush(stdout) != 0 && code == COMMAND_OK) code = command_fail("cannot write the standard output");
+    return code;
+}
