@@ -9,7 +9,8 @@
 #include <uform.h>
 
 static int usage(char const *program) {
-    fprintf(stderr, "usage: %s <path> [--seed N] [--depth N] [--hidden N] [--mlp N] [--context N]\n", program);
+    fprintf(stderr, "usage: %s <path> [--seed N] [--depth N] [--hidden N] [--mlp N] [--context N]\n",
+            program);
     return 2;
 }
 
