@@ -115,12 +115,43 @@ kernels_t const *kernels_avx512bf16(void) {
 
 #endif
 
+#if defined(__aarch64__)
+
+/* Advanced SIMD is part of every ARMv8-A CPU that runs Linux: no run-time check. */
+static kernels_t const neon_path = {
+    .name = "neon",
+    .gemm = kernel_gemm_neon,
+    .gemm_packed_size = kernel_gemm_packed_size_neon,
+    .gemm_pack = kernel_gemm_pack_neon,
+    .rmsnorm = kernel_rmsnorm_neon,
+    .rope = kernel_rope_scalar,
+    .attention = kernel_attention_neon,
+    .softmax = kernel_softmax_neon,
+    .normalize = kernel_normalize_neon,
+    .convert = kernel_convert_scalar,
+    .bf16_to_f32 = kernel_bf16_to_f32_neon,
+    .f32_to_bf16 = kernel_f32_to_bf16_neon,
+};
+
+kernels_t const *kernels_neon(void) {
+    return &neon_path;
+}
+
+#else
+
+kernels_t const *kernels_neon(void) {
+    return NULL;
+}
+
+#endif
+
 kernels_t const *kernels_named(char const *name) {
     if (!name) return NULL;
     if (!strcmp(name, "scalar")) return kernels_scalar();
     if (!strcmp(name, "avx2")) return kernels_avx2();
     if (!strcmp(name, "avx512")) return kernels_avx512();
     if (!strcmp(name, "avx512bf16")) return kernels_avx512bf16();
+    if (!strcmp(name, "neon")) return kernels_neon();
     return NULL;
 }
 
@@ -130,7 +161,8 @@ static pthread_once_t active_once = PTHREAD_ONCE_INIT;
 static void kernels_choose(void) {
     active = kernels_named(getenv("UFORM_KERNELS"));
     if (active) return;
-    kernels_t const *(*const best_first[])(void) = {kernels_avx512bf16, kernels_avx512, kernels_avx2};
+    kernels_t const *(*const best_first[])(void) = {kernels_avx512bf16, kernels_avx512, kernels_avx2,
+                                                    kernels_neon};
     for (size_t i = 0; i < sizeof best_first / sizeof best_first[0] && !active; ++i)
         active = best_first[i]();
     if (!active) active = kernels_scalar();

@@ -1,6 +1,6 @@
 /* Compute kernels behind one dispatch table, chosen once per process from the CPU's features and
- * overridable with UFORM_KERNELS=scalar|avx2|avx512|avx512bf16 (a path the CPU lacks is refused and
- * the best available one is used).
+ * overridable with UFORM_KERNELS=scalar|avx2|avx512|avx512bf16|neon (a path the CPU lacks is refused
+ * and the best available one is used).
  *
  * The scalar path defines the numbers: every other path is tested against it, within the tolerances
  * written next to each function below. Every kernel is deterministic: for the same inputs it gives the
@@ -69,7 +69,7 @@ typedef struct kernel_attention {
 } kernel_attention_t;
 
 typedef struct kernels {
-    char const *name; /* "scalar", "avx2", "avx512", "avx512bf16" */
+    char const *name; /* "scalar", "avx2", "avx512", "avx512bf16", "neon" */
 
     /* GEMM over output columns [n_begin, n_end), n_begin a multiple of KERNEL_GEMM_TILE. */
     void (*gemm)(kernel_gemm_t const *gemm, size_t n_begin, size_t n_end);
@@ -118,6 +118,7 @@ kernels_t const *kernels_scalar(void);
 kernels_t const *kernels_avx2(void);
 kernels_t const *kernels_avx512(void);
 kernels_t const *kernels_avx512bf16(void);
+kernels_t const *kernels_neon(void); /* every AArch64 CPU; NULL elsewhere */
 
 /* Scalar helpers every path shares. */
 static inline float bf16_to_f32(uint16_t value) {

@@ -34,3 +34,9 @@ KERNEL_VECTOR_FUNCTIONS(avx512)
 void kernel_convert_avx512(void *out, float const *x, size_t n, uform_scalar_t scalar, float *scale);
 KERNEL_GEMM_FUNCTIONS(avx512bf16)
 #endif
+
+#if defined(__aarch64__)
+/* neon (baseline ARMv8-A Advanced SIMD): gemm_neon.c and vector_neon.c */
+KERNEL_GEMM_FUNCTIONS(neon)
+KERNEL_VECTOR_FUNCTIONS(neon)
+#endif

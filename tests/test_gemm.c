@@ -163,12 +163,15 @@ static void check_against_scalar(problem_t const *p, char const *name) {
     }
 }
 
-static kernels_t const *simd_paths[3];
+#define SIMD_PATHS 4 /* avx2, avx512, avx512bf16, neon */
+
+static kernels_t const *simd_paths[SIMD_PATHS];
 
 static size_t simd_paths_available(void) {
-    kernels_t const *all[] = {kernels_avx2(), kernels_avx512(), kernels_avx512bf16()};
+    kernels_t const *all[SIMD_PATHS] = {kernels_avx2(), kernels_avx512(), kernels_avx512bf16(),
+                                        kernels_neon()};
     size_t count = 0;
-    for (size_t i = 0; i < 3; ++i)
+    for (size_t i = 0; i < SIMD_PATHS; ++i)
         if (all[i]) simd_paths[count++] = all[i];
     return count;
 }
@@ -372,7 +375,8 @@ static void check_splits(kernels_t const *path, size_t m, size_t n, size_t k, op
 static void test_splits_are_bitwise_identical(void **state) {
     (void)state;
     random_state = 3;
-    kernels_t const *paths[] = {kernels_scalar(), kernels_avx2(), kernels_avx512(), kernels_avx512bf16()};
+    kernels_t const *paths[] = {kernels_scalar(), kernels_avx2(), kernels_avx512(), kernels_avx512bf16(),
+                                kernels_neon()};
     /* m, n, k and the combination: bias and GELU with the residual in y, separate, or none */
     static size_t const cases[][4] = {
         {13, 200, 127, 19}, {100, 330, 65, 11}, {7, 517, 1601, 23}, {3, 129, 768, 7}, {2, 1100, 65, 13}};

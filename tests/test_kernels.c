@@ -16,6 +16,7 @@
 
 #define COUNT(array) (sizeof(array) / sizeof((array)[0]))
 #define SENTINEL     12345.0f /* written around outputs: a kernel must leave it alone */
+#define SIMD_PATHS   4        /* avx2, avx512, avx512bf16, neon */
 
 static size_t const sizes[] = {1, 3, 15, 16, 17, 63, 64, 65, 100, 768, 1000};
 
@@ -71,8 +72,9 @@ static void check_near(double actual, double expected, double tolerance, char co
 }
 
 /* The SIMD paths this CPU and build run; skips the test when there are none. */
-static size_t simd_paths(kernels_t const *paths[3]) {
-    kernels_t const *candidates[] = {kernels_avx2(), kernels_avx512(), kernels_avx512bf16()};
+static size_t simd_paths(kernels_t const *paths[SIMD_PATHS]) {
+    kernels_t const *candidates[SIMD_PATHS] = {kernels_avx2(), kernels_avx512(), kernels_avx512bf16(),
+                                               kernels_neon()};
     size_t count = 0;
     for (size_t i = 0; i < COUNT(candidates); ++i)
         if (candidates[i]) paths[count++] = candidates[i];
@@ -443,7 +445,7 @@ static void scalar_i8_matches_formula(void **state) {
 
 static void paths_rmsnorm_match_scalar(void **state) {
     (void)state;
-    kernels_t const *paths[3];
+    kernels_t const *paths[SIMD_PATHS];
     size_t path_count = simd_paths(paths), rows = 4;
     random_seed(7);
     for (size_t s = 0; s < COUNT(sizes); ++s) {
@@ -476,7 +478,7 @@ static void paths_rmsnorm_match_scalar(void **state) {
 
 static void paths_rope_match_scalar(void **state) {
     (void)state;
-    kernels_t const *paths[3];
+    kernels_t const *paths[SIMD_PATHS];
     size_t path_count = simd_paths(paths), heads = 5;
     random_seed(8);
     float *x = floats_uniform(heads * KERNEL_HEAD, -1.0f, 1.0f);
@@ -514,7 +516,7 @@ static void check_attention_path(kernels_t const *path, batch_t const *batch, bo
 
 static void paths_attention_match_scalar(void **state) {
     (void)state;
-    kernels_t const *paths[3];
+    kernels_t const *paths[SIMD_PATHS];
     size_t path_count = simd_paths(paths);
     float const amplitudes[] = {1.0f, 6.0f};
     random_seed(9);
@@ -534,7 +536,7 @@ static void paths_attention_match_scalar(void **state) {
 
 static void paths_softmax_match_scalar(void **state) {
     (void)state;
-    kernels_t const *paths[3];
+    kernels_t const *paths[SIMD_PATHS];
     size_t path_count = simd_paths(paths);
     float const spreads[] = {10.0f, 200.0f}; /* the wide one underflows most weights */
     random_seed(10);
@@ -560,7 +562,7 @@ static void paths_softmax_match_scalar(void **state) {
 
 static void paths_normalize_match_scalar(void **state) {
     (void)state;
-    kernels_t const *paths[3];
+    kernels_t const *paths[SIMD_PATHS];
     size_t path_count = simd_paths(paths);
     random_seed(11);
     for (size_t s = 0; s < COUNT(sizes); ++s) {
@@ -614,7 +616,7 @@ static void conversion_inputs(float *x, size_t n) {
 
 static void paths_bf16_match_scalar(void **state) {
     (void)state;
-    kernels_t const *paths[3];
+    kernels_t const *paths[SIMD_PATHS];
     size_t path_count = simd_paths(paths), count = 65536 + 7;
     uint16_t *halves = test_malloc(count * sizeof(uint16_t));
     uint16_t *expected_halves = test_malloc(count * sizeof(uint16_t)),
@@ -674,7 +676,7 @@ static void i8_rows(float *random, float *ties, float *zeros, size_t n) {
 
 static void paths_convert_match_scalar(void **state) {
     (void)state;
-    kernels_t const *paths[3];
+    kernels_t const *paths[SIMD_PATHS];
     size_t path_count = simd_paths(paths), largest = sizes[COUNT(sizes) - 1];
     float *x = test_malloc(largest * sizeof(float)), *ties = test_malloc(largest * sizeof(float));
     float *zeros = test_malloc(largest * sizeof(float));
@@ -697,7 +699,7 @@ static void paths_convert_match_scalar(void **state) {
 
 static void paths_f16_round_every_boundary(void **state) {
     (void)state;
-    kernels_t const *paths[3];
+    kernels_t const *paths[SIMD_PATHS];
     size_t path_count = simd_paths(paths);
     float *values = test_malloc(F16_BOUNDARIES * sizeof(float));
     uint16_t *expected = test_malloc(F16_BOUNDARIES * sizeof(uint16_t));
@@ -708,8 +710,9 @@ static void paths_f16_round_every_boundary(void **state) {
 }
 
 int main(void) {
-    kernels_t const *candidates[] = {kernels_avx2(), kernels_avx512(), kernels_avx512bf16()};
-    char const *names[] = {"avx2", "avx512", "avx512bf16"};
+    kernels_t const *candidates[SIMD_PATHS] = {kernels_avx2(), kernels_avx512(), kernels_avx512bf16(),
+                                               kernels_neon()};
+    char const *names[SIMD_PATHS] = {"avx2", "avx512", "avx512bf16", "neon"};
     for (size_t i = 0; i < COUNT(candidates); ++i)
         print_message("path %s: %s\n", names[i],
                       candidates[i] ? "compared with scalar" : "not run on this CPU");

@@ -1,0 +1,340 @@
+/* The NEON path of the non-GEMM kernels (baseline ARMv8-A Advanced SIMD), 4 F32 lanes per vector; F32
+ * tails go through a padded copy (NEON has no masked loads or stores), 16-bit tails through the exact
+ * scalar helpers. Sums of squares and softmax denominators are accumulated in double as on the scalar
+ * path.
+ *
+ * Attention takes a block of 8 queries at a time, in two vectors with one lane per query: the block's
+ * queries are transposed once, so that the scores of a key against all 8 queries, the running max, the
+ * running sum and the rescaling of the online softmax are plain lane-wise vector operations, and the
+ * weighted sum of values is kept transposed too ([64 dims][8 queries]) until the block's rows are
+ * written out.
+ *
+ * The loops marked `#pragma GCC unroll` run over a fixed number of vectors: unrolled, their arrays of
+ * vectors stay in registers. */
+#include <arm_neon.h>
+#include <math.h>
+#include <string.h>
+
+#include "paths.h"
+
+#define LANES          4
+#define QUERIES        8  /* queries per attention block: two vectors */
+#define ATTENTION_TILE 64 /* keys per tile of the online softmax */
+#define SCORE_GROUP    8  /* keys scored together: 16 independent FMA chains hide the FMA latency */
+
+/* x[0, left) in the first lanes (all 4 when left >= 4), `fill` in the others. */
+static inline float32x4_t load_tail(float const *x, size_t left, float fill) {
+    if (left >= LANES) return vld1q_f32(x);
+    float padded[LANES] = {fill, fill, fill, fill};
+    memcpy(padded, x, left * sizeof(float));
+    return vld1q_f32(padded);
+}
+
+/* x[0, left) = the first lanes of v (all 4 when left >= 4). */
+static inline void store_tail(float *x, size_t left, float32x4_t v) {
+    if (left >= LANES) {
+        vst1q_f32(x, v);
+        return;
+    }
+    float padded[LANES];
+    vst1q_f32(padded, v);
+    memcpy(x, padded, left * sizeof(float));
+}
+
+/* exp(x) within 1e-7 relative for x <= 88, and exactly 0 below ln(FLT_MIN) (-inf and NaN included):
+ * Cody-Waite reduction x = n ln2 + r with |r| <= ln2 / 2, then Cephes' polynomial for e^r, scaled by
+ * 2^n. */
+static inline float32x4_t exp_ps(float32x4_t x) {
+    float32x4_t const lowest = vdupq_n_f32(-87.336544f);
+    uint32x4_t kept = vcgeq_f32(x, lowest);
+    x = vminq_f32(vmaxq_f32(x, lowest), vdupq_n_f32(88.0f));
+    float32x4_t n = vrndnq_f32(vmulq_n_f32(x, 1.44269504f));
+    float32x4_t r = vfmsq_f32(x, n, vdupq_n_f32(0.693359375f));
+    r = vfmsq_f32(r, n, vdupq_n_f32(-2.12194440e-4f));
+    float32x4_t y = vdupq_n_f32(1.9875691500e-4f);
+    y = vfmaq_f32(vdupq_n_f32(1.3981999507e-3f), y, r);
+    y = vfmaq_f32(vdupq_n_f32(8.3334519073e-3f), y, r);
+    y = vfmaq_f32(vdupq_n_f32(4.1665795894e-2f), y, r);
+    y = vfmaq_f32(vdupq_n_f32(1.6666665459e-1f), y, r);
+    y = vfmaq_f32(vdupq_n_f32(5.0000001201e-1f), y, r);
+    y = vaddq_f32(vfmaq_f32(r, y, vmulq_f32(r, r)), vdupq_n_f32(1.0f));
+    int32x4_t exponent = vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127));
+    float32x4_t power = vreinterpretq_f32_s32(vshlq_n_s32(exponent, 23));
+    return vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(vmulq_f32(y, power)), kept));
+}
+
+/* Accumulates x^2 for 4 values into two double vectors. */
+static inline void add_squares(float32x4_t x, float64x2_t *low, float64x2_t *high) {
+    float64x2_t first = vcvt_f64_f32(vget_low_f32(x)), second = vcvt_high_f64_f32(x);
+    *low = vfmaq_f64(*low, first, first);
+    *high = vfmaq_f64(*high, second, second);
+}
+
+static double sum_squares(float const *x, size_t n) {
+    float64x2_t low = vdupq_n_f64(0.0), high = vdupq_n_f64(0.0);
+    for (size_t i = 0; i < n; i += LANES)
+        add_squares(load_tail(x + i, n - i, 0.0f), &low, &high);
+    return vaddvq_f64(vaddq_f64(low, high));
+}
+
+/* x[0, n) *= factor */
+static void scale_in_place(float *x, size_t n, float factor) {
+    for (size_t i = 0; i < n; i += LANES)
+        store_tail(x + i, n - i, vmulq_n_f32(load_tail(x + i, n - i, 0.0f), factor));
+}
+
+void kernel_rmsnorm_neon(float *y, size_t y_stride, float const *x, size_t x_stride, float const *weight,
+                         size_t rows, size_t n, float eps) {
+    for (size_t r = 0; r < rows; ++r, y += y_stride, x += x_stride) {
+        float inverse = (float)(1.0 / sqrt(sum_squares(x, n) / (double)n + eps));
+        for (size_t i = 0; i < n; i += LANES) {
+            float32x4_t v = vmulq_n_f32(load_tail(x + i, n - i, 0.0f), inverse);
+            store_tail(y + i, n - i, vmulq_f32(v, load_tail(weight + i, n - i, 0.0f)));
+        }
+    }
+}
+
+/* ---- Attention ---------------------------------------------------------------------------------- */
+
+/* In-register transpose of a 4 x 4 block held as 4 rows: interleave pairs of rows by lanes, then the
+ * pairs by 64-bit halves. */
+static inline void transpose(float32x4_t rows[LANES]) {
+    float32x4_t t0 = vtrn1q_f32(rows[0], rows[1]), t1 = vtrn2q_f32(rows[0], rows[1]);
+    float32x4_t t2 = vtrn1q_f32(rows[2], rows[3]), t3 = vtrn2q_f32(rows[2], rows[3]);
+    float64x2_t d0 = vreinterpretq_f64_f32(t0), d1 = vreinterpretq_f64_f32(t1);
+    float64x2_t d2 = vreinterpretq_f64_f32(t2), d3 = vreinterpretq_f64_f32(t3);
+    rows[0] = vreinterpretq_f32_f64(vtrn1q_f64(d0, d2));
+    rows[1] = vreinterpretq_f32_f64(vtrn1q_f64(d1, d3));
+    rows[2] = vreinterpretq_f32_f64(vtrn2q_f64(d0, d2));
+    rows[3] = vreinterpretq_f32_f64(vtrn2q_f64(d1, d3));
+}
+
+/* The queries of one block, transposed and scaled: [64 dims][8 queries], lanes past `rows` zero. */
+static void load_queries(float queries[KERNEL_HEAD][QUERIES], float const *q, size_t stride, size_t rows,
+                         float scale) {
+    for (size_t chunk = 0; chunk < KERNEL_HEAD; chunk += LANES)
+        for (size_t half = 0; half < QUERIES; half += LANES) {
+            float32x4_t block[LANES];
+#pragma GCC unroll 4
+            for (size_t i = 0; i < LANES; ++i)
+                block[i] = half + i < rows ? vmulq_n_f32(vld1q_f32(q + (half + i) * stride + chunk), scale)
+                                           : vdupq_n_f32(0.0f);
+            transpose(block);
+#pragma GCC unroll 4
+            for (size_t d = 0; d < LANES; ++d)
+                vst1q_f32(queries[chunk + d] + half, block[d]);
+        }
+}
+
+/* scores[j][i] = queries[.][i] . k[j] for the SCORE_GROUP keys j whose rows are `keys[j]`. */
+static inline void score_group(float scores[SCORE_GROUP][QUERIES], float const queries[KERNEL_HEAD][QUERIES],
+                               float const *const keys[SCORE_GROUP]) {
+    float32x4_t sums[SCORE_GROUP][2];
+#pragma GCC unroll 8
+    for (size_t j = 0; j < SCORE_GROUP; ++j)
+        sums[j][0] = sums[j][1] = vdupq_n_f32(0.0f);
+    for (size_t d = 0; d < KERNEL_HEAD; ++d) {
+        float32x4_t low = vld1q_f32(queries[d]), high = vld1q_f32(queries[d] + LANES);
+#pragma GCC unroll 8
+        for (size_t j = 0; j < SCORE_GROUP; ++j) {
+            float key = keys[j][d];
+            sums[j][0] = vfmaq_n_f32(sums[j][0], low, key);
+            sums[j][1] = vfmaq_n_f32(sums[j][1], high, key);
+        }
+    }
+#pragma GCC unroll 8
+    for (size_t j = 0; j < SCORE_GROUP; ++j) {
+        vst1q_f32(scores[j], sums[j][0]);
+        vst1q_f32(scores[j] + LANES, sums[j][1]);
+    }
+}
+
+/* Scores of the tile's `count` keys (rows of k at `stride`) against the block's queries: [64 keys][8].
+ * A last, partial group repeats the tile's last key; those extra scores are never read. */
+static void tile_scores(float scores[ATTENTION_TILE][QUERIES], float const queries[KERNEL_HEAD][QUERIES],
+                        float const *k, size_t stride, size_t count) {
+    for (size_t j = 0; j < count; j += SCORE_GROUP) {
+        float const *keys[SCORE_GROUP];
+        for (size_t g = 0; g < SCORE_GROUP; ++g)
+            keys[g] = k + (j + g < count ? j + g : count - 1) * stride;
+        score_group(scores + j, queries, keys);
+    }
+}
+
+/* Causal attention: query lane i of a block starting at row `first_query` sees key `first_key + j` only
+ * when first_key + j <= first_query + i; the other scores become -inf. */
+static void mask_future(float scores[ATTENTION_TILE][QUERIES], size_t count, size_t first_key,
+                        size_t first_query) {
+    static uint32_t const lane_of[QUERIES] = {0, 1, 2, 3, 4, 5, 6, 7};
+    float32x4_t const hidden = vdupq_n_f32(-INFINITY);
+    for (size_t j = 0; j < count; ++j) {
+        if (first_key + j <= first_query) continue;
+        uint32x4_t ahead = vdupq_n_u32((uint32_t)(first_key + j - first_query));
+        for (size_t half = 0; half < QUERIES; half += LANES) {
+            uint32x4_t future = vcltq_u32(vld1q_u32(lane_of + half), ahead);
+            vst1q_f32(scores[j] + half, vbslq_f32(future, hidden, vld1q_f32(scores[j] + half)));
+        }
+    }
+}
+
+/* Online softmax state of a block: per query lane the running max and sum of exp(score - max), and the
+ * exp-weighted sum of values, transposed [64 dims][8 queries]. */
+typedef struct online_block {
+    float32x4_t max[2], sum[2];
+    _Alignas(16) float values[KERNEL_HEAD][QUERIES];
+} online_block_t;
+
+/* Turns the tile's scores into weights exp(score - new max) in place, raising the running max; answers
+ * in `correction` the factor exp(old max - new max) that rescales what was accumulated before. */
+static void tile_weights(online_block_t *state, float scores[ATTENTION_TILE][QUERIES], size_t count,
+                         float32x4_t correction[2]) {
+    for (size_t h = 0; h < 2; ++h) {
+        float32x4_t max = state->max[h];
+        for (size_t j = 0; j < count; ++j)
+            max = vmaxq_f32(max, vld1q_f32(scores[j] + LANES * h));
+        correction[h] = exp_ps(vsubq_f32(state->max[h], max));
+        float32x4_t sum = vmulq_f32(state->sum[h], correction[h]);
+        for (size_t j = 0; j < count; ++j) {
+            float32x4_t weight = exp_ps(vsubq_f32(vld1q_f32(scores[j] + LANES * h), max));
+            vst1q_f32(scores[j] + LANES * h, weight);
+            sum = vaddq_f32(sum, weight);
+        }
+        state->max[h] = max;
+        state->sum[h] = sum;
+    }
+}
+
+/* values[d][i] = values[d][i] * correction[i] + sum_j weights[j][i] * v[j][d], 8 dims at a time. */
+static void accumulate_values(online_block_t *state, float32x4_t const correction[2],
+                              float const weights[ATTENTION_TILE][QUERIES], float const *v, size_t stride,
+                              size_t count) {
+    for (size_t chunk = 0; chunk < KERNEL_HEAD; chunk += 8) {
+        float32x4_t sums[8][2];
+#pragma GCC unroll 8
+        for (size_t d = 0; d < 8; ++d)
+#pragma GCC unroll 2
+            for (size_t h = 0; h < 2; ++h)
+                sums[d][h] = vmulq_f32(vld1q_f32(state->values[chunk + d] + LANES * h), correction[h]);
+        for (size_t j = 0; j < count; ++j) {
+            float32x4_t low = vld1q_f32(weights[j]), high = vld1q_f32(weights[j] + LANES);
+            float const *value = v + j * stride + chunk;
+#pragma GCC unroll 8
+            for (size_t d = 0; d < 8; ++d) {
+                sums[d][0] = vfmaq_n_f32(sums[d][0], low, value[d]);
+                sums[d][1] = vfmaq_n_f32(sums[d][1], high, value[d]);
+            }
+        }
+#pragma GCC unroll 8
+        for (size_t d = 0; d < 8; ++d)
+#pragma GCC unroll 2
+            for (size_t h = 0; h < 2; ++h)
+                vst1q_f32(state->values[chunk + d] + LANES * h, sums[d][h]);
+    }
+}
+
+/* out rows [0, rows) = values / sum, transposed back. */
+static void store_block(float *out, size_t out_stride, online_block_t const *state, size_t rows) {
+    for (size_t half = 0; half < QUERIES && half < rows; half += LANES) {
+        float32x4_t inverse = vdivq_f32(vdupq_n_f32(1.0f), state->sum[half / LANES]);
+        for (size_t chunk = 0; chunk < KERNEL_HEAD; chunk += LANES) {
+            float32x4_t block[LANES];
+#pragma GCC unroll 4
+            for (size_t d = 0; d < LANES; ++d)
+                block[d] = vmulq_f32(vld1q_f32(state->values[chunk + d] + half), inverse);
+            transpose(block);
+#pragma GCC unroll 4
+            for (size_t i = 0; i < LANES; ++i)
+                if (half + i < rows) vst1q_f32(out + (half + i) * out_stride + chunk, block[i]);
+        }
+    }
+}
+
+/* Queries [first_query, first_query + rows) of the item whose keys are rows [first_key, end_key). */
+static void attend_block(kernel_attention_t const *a, size_t first_query, size_t rows, size_t first_key,
+                         size_t end_key) {
+    _Alignas(16) float queries[KERNEL_HEAD][QUERIES];
+    _Alignas(16) float scores[ATTENTION_TILE][QUERIES];
+    online_block_t state;
+    for (size_t h = 0; h < 2; ++h) {
+        state.max[h] = vdupq_n_f32(-INFINITY);
+        state.sum[h] = vdupq_n_f32(0.0f);
+    }
+    memset(state.values, 0, sizeof state.values);
+    load_queries(queries, a->q + first_query * a->stride, a->stride, rows, a->scale);
+    for (size_t tile = first_key; tile < end_key; tile += ATTENTION_TILE) {
+        size_t count = end_key - tile < ATTENTION_TILE ? end_key - tile : ATTENTION_TILE;
+        tile_scores(scores, queries, a->k + tile * a->stride, a->stride, count);
+        if (a->causal) mask_future(scores, count, tile, first_query);
+        float32x4_t correction[2];
+        tile_weights(&state, scores, count, correction);
+        accumulate_values(&state, correction, scores, a->v + tile * a->stride, a->stride, count);
+    }
+    store_block(a->out + first_query * a->out_stride, a->out_stride, &state, rows);
+}
+
+/* Blocks start at the item's first row, so a causal block's tiles (multiples of 64 rows from there) all
+ * begin at or before its first query: every lane sees at least one key in every tile. */
+void kernel_attention_neon(kernel_attention_t const *attention, size_t item_begin, size_t item_end) {
+    for (size_t item = item_begin; item < item_end; ++item) {
+        size_t first = attention->offsets[item], end = attention->offsets[item + 1];
+        for (size_t block = first; block < end; block += QUERIES) {
+            size_t rows = end - block < QUERIES ? end - block : QUERIES;
+            attend_block(attention, block, rows, first, attention->causal ? block + rows : end);
+        }
+    }
+}
+
+/* ---- Softmax, normalize ------------------------------------------------------------------------- */
+
+/* The max ignores NaN like the scalar path's fmaxf; lanes past n are -inf, whose weight is exactly 0. */
+void kernel_softmax_neon(float *x, size_t n) {
+    float32x4_t max = vdupq_n_f32(-INFINITY);
+    for (size_t i = 0; i < n; i += LANES)
+        max = vmaxnmq_f32(max, load_tail(x + i, n - i, -INFINITY));
+    float32x4_t largest = vdupq_n_f32(vmaxnmvq_f32(max));
+    float64x2_t low = vdupq_n_f64(0.0), high = vdupq_n_f64(0.0);
+    for (size_t i = 0; i < n; i += LANES) {
+        float32x4_t weight = exp_ps(vsubq_f32(load_tail(x + i, n - i, -INFINITY), largest));
+        store_tail(x + i, n - i, weight);
+        low = vaddq_f64(low, vcvt_f64_f32(vget_low_f32(weight)));
+        high = vaddq_f64(high, vcvt_high_f64_f32(weight));
+    }
+    scale_in_place(x, n, (float)(1.0 / vaddvq_f64(vaddq_f64(low, high))));
+}
+
+void kernel_normalize_neon(float *x, size_t n) {
+    double squares = sum_squares(x, n);
+    if (squares == 0.0) return;
+    scale_in_place(x, n, (float)(1.0 / sqrt(squares)));
+}
+
+/* ---- Conversions -------------------------------------------------------------------------------- */
+
+void kernel_bf16_to_f32_neon(float *out, uint16_t const *x, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint16x8_t halves = vld1q_u16(x + i);
+        vst1q_f32(out + i, vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(halves), 16)));
+        vst1q_f32(out + i + 4, vreinterpretq_f32_u32(vshll_high_n_u16(halves, 16)));
+    }
+    for (; i < n; ++i)
+        out[i] = bf16_to_f32(x[i]);
+}
+
+/* The bits of f32_to_bf16 (kernels.h) for 4 values: round to nearest even, a NaN kept quiet. */
+static inline uint16x4_t bf16_of(float32x4_t x) {
+    uint32x4_t bits = vreinterpretq_u32_f32(x);
+    uint32x4_t nan = vcgtq_u32(vandq_u32(bits, vdupq_n_u32(0x7fffffffu)), vdupq_n_u32(0x7f800000u));
+    uint32x4_t bias = vaddq_u32(vdupq_n_u32(0x7fffu), vandq_u32(vshrq_n_u32(bits, 16), vdupq_n_u32(1u)));
+    uint16x4_t rounded = vshrn_n_u32(vaddq_u32(bits, bias), 16); /* no carry out of a non-NaN */
+    uint16x4_t quiet = vorr_u16(vshrn_n_u32(bits, 16), vdup_n_u16(0x40u));
+    return vbsl_u16(vmovn_u32(nan), quiet, rounded);
+}
+
+void kernel_f32_to_bf16_neon(uint16_t *out, float const *x, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        vst1q_u16(out + i, vcombine_u16(bf16_of(vld1q_f32(x + i)), bf16_of(vld1q_f32(x + i + 4))));
+    for (; i < n; ++i)
+        out[i] = f32_to_bf16(x[i]);
+}
