@@ -222,7 +222,7 @@ int output_open(output_format_t format, char const *path, uform_scalar_t scalar,
         output->header_at = regular && flags >= 0 && !(flags & O_APPEND) ? ftello(output->file) : -1;
         output->patch = output->header_at >= 0;
     }
-    if (output->patch) { /* a placeholder of the final header's size, for npy_finish to overwrite */
+    if (output->patch) { /* a header of the final size now; npy_finish rewrites it with the row count */
         char header[NPY_HEADER_SIZE];
         npy_header(output, header);
         if (fwrite(header, 1, sizeof header, output->file) != sizeof header) {
