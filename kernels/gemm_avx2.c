@@ -15,6 +15,7 @@
 #include <immintrin.h>
 #include <stdbool.h>
 
+#include "math_avx2.h"
 #include "paths.h"
 
 enum {
@@ -61,34 +62,6 @@ void kernel_gemm_pack_avx2(void *packed, uint16_t const *w, size_t n, size_t k) 
 }
 
 /* ---- Epilogue ---------------------------------------------------------------------------------- */
-
-/* exp(t) for t in [-87, 88] (clamped): 2^i * e^f with |f| <= ln2 / 2, e^f by its Taylor series to
- * degree 6 (relative error below 2e-7), 2^i built in the exponent field (i stays in [-126, 127]). */
-static inline __m256 exp_ps(__m256 t) {
-    t = _mm256_min_ps(_mm256_max_ps(t, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
-    __m256 i = _mm256_round_ps(_mm256_mul_ps(t, _mm256_set1_ps(1.44269504f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 f = _mm256_fnmadd_ps(i, _mm256_set1_ps(0.693145752f), t); /* ln2 in two parts (Cody-Waite) */
-    f = _mm256_fnmadd_ps(i, _mm256_set1_ps(1.42860677e-6f), f);
-    __m256 p = _mm256_set1_ps(1.0f / 720.0f);
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 120.0f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 24.0f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 6.0f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
-    __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(i), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(scale));
-}
-
-/* 0.5x(1 + tanh(u)) = x / (1 + exp(-2u)), u = sqrt(2/pi)(x + 0.044715x^3): no cancellation near 0. */
-static inline __m256 gelu_ps(__m256 x) {
-    __m256 x2 = _mm256_mul_ps(x, x);
-    __m256 u =
-        _mm256_mul_ps(x, _mm256_fmadd_ps(x2, _mm256_set1_ps(0.0356774081f), _mm256_set1_ps(0.797884561f)));
-    __m256 e = exp_ps(_mm256_mul_ps(u, _mm256_set1_ps(-2.0f)));
-    return _mm256_div_ps(x, _mm256_add_ps(e, _mm256_set1_ps(1.0f)));
-}
 
 /* Lanes [0, count) set, for masked loads and stores of the last columns. */
 static inline __m256i columns_mask(size_t column, size_t n) {

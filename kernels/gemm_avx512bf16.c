@@ -22,6 +22,7 @@
 #include <immintrin.h>
 #include <stdbool.h>
 
+#include "math_avx512.h"
 #include "paths.h"
 
 enum {
@@ -73,37 +74,6 @@ void kernel_gemm_pack_avx512bf16(void *packed, uint16_t const *w, size_t n, size
 }
 
 /* ---- Epilogue ---------------------------------------------------------------------------------- */
-
-/* exp(t) for t in [-100, 100]: 2^i * e^f with |f| <= ln2 / 2, e^f by its Taylor series to degree 6
- * (relative error below 2e-7); `scalef` gives 0 and infinity past the F32 range. */
-static inline __m512 exp_ps(__m512 t) {
-    t = _mm512_min_ps(_mm512_max_ps(t, _mm512_set1_ps(-100.0f)), _mm512_set1_ps(100.0f));
-    __m512 i = _mm512_roundscale_ps(_mm512_mul_ps(t, _mm512_set1_ps(1.44269504f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 f = _mm512_fnmadd_ps(i, _mm512_set1_ps(0.693145752f), t); /* ln2 in two parts (Cody-Waite) */
-    f = _mm512_fnmadd_ps(i, _mm512_set1_ps(1.42860677e-6f), f);
-    __m512 p = _mm512_set1_ps(1.0f / 720.0f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 120.0f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 24.0f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 6.0f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, i);
-}
-
-/* 0.5x(1 + tanh(u)) = x / (1 + exp(-2u)), u = sqrt(2/pi)(x + 0.044715x^3): no cancellation near 0. */
-static inline __m512 gelu_ps(__m512 x) {
-    __m512 x2 = _mm512_mul_ps(x, x);
-    __m512 u =
-        _mm512_mul_ps(x, _mm512_fmadd_ps(x2, _mm512_set1_ps(0.0356774081f), _mm512_set1_ps(0.797884561f)));
-    __m512 e = exp_ps(_mm512_mul_ps(u, _mm512_set1_ps(-2.0f)));
-    return _mm512_div_ps(x, _mm512_add_ps(e, _mm512_set1_ps(1.0f)));
-}
-
-static inline __mmask16 columns_mask(size_t column, size_t n) {
-    return column >= n ? 0 : n - column >= 16 ? 0xffff : (__mmask16)((1u << (n - column)) - 1);
-}
 
 /* ---- Microkernel -------------------------------------------------------------------------------- */
 

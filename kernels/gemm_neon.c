@@ -17,6 +17,7 @@
 #include <stdbool.h>
 #include <string.h>
 
+#include "math_neon.h"
 #include "paths.h"
 
 enum {
@@ -63,32 +64,6 @@ void kernel_gemm_pack_neon(void *packed, uint16_t const *w, size_t n, size_t k) 
 }
 
 /* ---- Epilogue ---------------------------------------------------------------------------------- */
-
-/* exp(t) for t in [-87, 88] (clamped): 2^i * e^f with |f| <= ln2 / 2, e^f by its Taylor series to
- * degree 6 (relative error below 2e-7), 2^i built in the exponent field (i stays in [-126, 127]). */
-static inline float32x4_t exp_ps(float32x4_t t) {
-    t = vminq_f32(vmaxq_f32(t, vdupq_n_f32(-87.0f)), vdupq_n_f32(88.0f));
-    float32x4_t i = vrndnq_f32(vmulq_n_f32(t, 1.44269504f));
-    float32x4_t f = vfmsq_f32(t, i, vdupq_n_f32(0.693145752f)); /* ln2 in two parts (Cody-Waite) */
-    f = vfmsq_f32(f, i, vdupq_n_f32(1.42860677e-6f));
-    float32x4_t p = vdupq_n_f32(1.0f / 720.0f);
-    p = vfmaq_f32(vdupq_n_f32(1.0f / 120.0f), p, f);
-    p = vfmaq_f32(vdupq_n_f32(1.0f / 24.0f), p, f);
-    p = vfmaq_f32(vdupq_n_f32(1.0f / 6.0f), p, f);
-    p = vfmaq_f32(vdupq_n_f32(0.5f), p, f);
-    p = vfmaq_f32(vdupq_n_f32(1.0f), p, f);
-    p = vfmaq_f32(vdupq_n_f32(1.0f), p, f);
-    int32x4_t scale = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(i), vdupq_n_s32(127)), 23);
-    return vmulq_f32(p, vreinterpretq_f32_s32(scale));
-}
-
-/* 0.5x(1 + tanh(u)) = x / (1 + exp(-2u)), u = sqrt(2/pi)(x + 0.044715x^3): no cancellation near 0. */
-static inline float32x4_t gelu_ps(float32x4_t x) {
-    float32x4_t x2 = vmulq_f32(x, x);
-    float32x4_t u = vmulq_f32(x, vfmaq_n_f32(vdupq_n_f32(0.797884561f), x2, 0.0356774081f));
-    float32x4_t e = exp_ps(vmulq_n_f32(u, -2.0f));
-    return vdivq_f32(x, vaddq_f32(e, vdupq_n_f32(1.0f)));
-}
 
 /* v = from[0, count) as vectors of F32, zero past count (count <= COLUMNS): NEON has no masked loads. */
 static inline void load_columns(float32x4_t v[VECTORS], float const *from, size_t count) {

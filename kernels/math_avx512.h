@@ -1,0 +1,42 @@
+/* Vector math shared by the avx512 kernels: one exp and the GELU built on it, and the column mask, so that
+ * attention, softmax and the GEMM epilogue round alike. Included by the avx512 kernel files only (compiled
+ * with their flags). */
+#pragma once
+
+#include <immintrin.h>
+#include <stddef.h>
+
+/* exp(x) within 1e-7 relative for x <= 88, and exactly 0 below ln(FLT_MIN) (-inf included): Cody-Waite
+ * reduction x = n ln2 + r with |r| <= ln2 / 2, then Cephes' polynomial for e^r, scaled by 2^n. */
+static inline __m512 exp_ps(__m512 x) {
+    __m512 const lowest = _mm512_set1_ps(-87.336544f);
+    __mmask16 vanishing = _mm512_cmp_ps_mask(x, lowest, _CMP_LT_OQ);
+    x = _mm512_min_ps(_mm512_max_ps(x, lowest), _mm512_set1_ps(88.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+    y = _mm512_add_ps(_mm512_fmadd_ps(y, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+    __m512i exponent = _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127));
+    return _mm512_maskz_mul_ps(~vanishing, y, _mm512_castsi512_ps(_mm512_slli_epi32(exponent, 23)));
+}
+
+/* 0.5x(1 + tanh(u)) = x / (1 + exp(-2u)), u = sqrt(2/pi)(x + 0.044715x^3): no cancellation near 0. */
+static inline __m512 gelu_ps(__m512 x) {
+    __m512 x2 = _mm512_mul_ps(x, x);
+    __m512 u =
+        _mm512_mul_ps(x, _mm512_fmadd_ps(x2, _mm512_set1_ps(0.0356774081f), _mm512_set1_ps(0.797884561f)));
+    __m512 e = exp_ps(_mm512_mul_ps(u, _mm512_set1_ps(-2.0f)));
+    return _mm512_div_ps(x, _mm512_add_ps(e, _mm512_set1_ps(1.0f)));
+}
+
+/* Lanes of columns [column, min(column + 16, n)), for masked loads and stores of the last columns. */
+static inline __mmask16 columns_mask(size_t column, size_t n) {
+    return column >= n ? 0 : n - column >= 16 ? 0xffff : (__mmask16)((1u << (n - column)) - 1);
+}

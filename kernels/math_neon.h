@@ -1,0 +1,35 @@
+/* Vector math shared by the neon kernels: one exp and the GELU built on it, so that attention, softmax
+ * and the GEMM epilogue round alike. Included by the neon kernel files only (compiled with their flags). */
+#pragma once
+
+#include <arm_neon.h>
+
+/* exp(x) within 1e-7 relative for x <= 88, and exactly 0 below ln(FLT_MIN) (-inf and NaN included):
+ * Cody-Waite reduction x = n ln2 + r with |r| <= ln2 / 2, then Cephes' polynomial for e^r, scaled by
+ * 2^n. */
+static inline float32x4_t exp_ps(float32x4_t x) {
+    float32x4_t const lowest = vdupq_n_f32(-87.336544f);
+    uint32x4_t kept = vcgeq_f32(x, lowest);
+    x = vminq_f32(vmaxq_f32(x, lowest), vdupq_n_f32(88.0f));
+    float32x4_t n = vrndnq_f32(vmulq_n_f32(x, 1.44269504f));
+    float32x4_t r = vfmsq_f32(x, n, vdupq_n_f32(0.693359375f));
+    r = vfmsq_f32(r, n, vdupq_n_f32(-2.12194440e-4f));
+    float32x4_t y = vdupq_n_f32(1.9875691500e-4f);
+    y = vfmaq_f32(vdupq_n_f32(1.3981999507e-3f), y, r);
+    y = vfmaq_f32(vdupq_n_f32(8.3334519073e-3f), y, r);
+    y = vfmaq_f32(vdupq_n_f32(4.1665795894e-2f), y, r);
+    y = vfmaq_f32(vdupq_n_f32(1.6666665459e-1f), y, r);
+    y = vfmaq_f32(vdupq_n_f32(5.0000001201e-1f), y, r);
+    y = vaddq_f32(vfmaq_f32(r, y, vmulq_f32(r, r)), vdupq_n_f32(1.0f));
+    int32x4_t exponent = vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127));
+    float32x4_t power = vreinterpretq_f32_s32(vshlq_n_s32(exponent, 23));
+    return vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(vmulq_f32(y, power)), kept));
+}
+
+/* 0.5x(1 + tanh(u)) = x / (1 + exp(-2u)), u = sqrt(2/pi)(x + 0.044715x^3): no cancellation near 0. */
+static inline float32x4_t gelu_ps(float32x4_t x) {
+    float32x4_t x2 = vmulq_f32(x, x);
+    float32x4_t u = vmulq_f32(x, vfmaq_n_f32(vdupq_n_f32(0.797884561f), x2, 0.0356774081f));
+    float32x4_t e = exp_ps(vmulq_n_f32(u, -2.0f));
+    return vdivq_f32(x, vaddq_f32(e, vdupq_n_f32(1.0f)));
+}
