@@ -31,6 +31,11 @@ static inline void cpu_relax(void) {
 #endif
 }
 
+/* Bytes rounded up to a multiple of 64: cache lines, and the alignment of scratch carved in pieces. */
+static inline size_t round_up_64(size_t bytes) {
+    return (bytes + 63) & ~(size_t)63;
+}
+
 /* ---- Futex words -------------------------------------------------------------------------------- */
 
 /* Blocks while *word == expected (private futex); spurious returns are possible. */

@@ -493,7 +493,7 @@ void *executor_allocate(uform_executor_t *executor, size_t bytes) {
     (void)executor;
 #endif
     if (bytes > SIZE_MAX - 63) return NULL;
-    return aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    return aligned_alloc(64, round_up_64(bytes));
 }
 
 void executor_deallocate(uform_executor_t *executor, void *memory, size_t bytes) {

@@ -131,16 +131,14 @@ typedef struct text_scratch {
     size_t *offsets;
 } text_scratch_t;
 
-static size_t round64(size_t bytes) {
-    return (bytes + 63) & ~(size_t)63;
-}
-
 static bool text_scratch(text_call_t *text, size_t tokens, text_scratch_t *scratch) {
     tower_t const *tower = text->model->text;
     size_t sizes[] = {
-        round64(tower_scratch_bytes(tower, tokens)),     round64(tokens * tower->hidden * sizeof(float)),
-        round64(tokens * tower->hidden * sizeof(float)), round64(tokens * tower->dims * sizeof(float)),
-        round64((tokens + 1) * sizeof(size_t)),
+        round_up_64(tower_scratch_bytes(tower, tokens)),
+        round_up_64(tokens * tower->hidden * sizeof(float)),
+        round_up_64(tokens * tower->hidden * sizeof(float)),
+        round_up_64(tokens * tower->dims * sizeof(float)),
+        round_up_64((tokens + 1) * sizeof(size_t)),
     };
     size_t total = 0;
     for (size_t i = 0; i < 5; ++i)

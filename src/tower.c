@@ -98,10 +98,6 @@ fail:
 
 /* ---- Scratch ------------------------------------------------------------------------------------ */
 
-static size_t align64(size_t bytes) {
-    return (bytes + 63) & ~(size_t)63;
-}
-
 typedef struct scratch_layout {
     float *h;            /* [tokens, hidden]: norm outputs and attention outputs */
     float *qkv;          /* [tokens, 3 * hidden] */
@@ -110,10 +106,10 @@ typedef struct scratch_layout {
 } scratch_layout_t;
 
 static scratch_layout_t scratch_layout(tower_t const *tower, void *scratch, size_t tokens, size_t *bytes) {
-    size_t h = align64(tokens * tower->hidden * sizeof(float));
-    size_t qkv = align64(tokens * 3 * tower->hidden * sizeof(float));
-    size_t mlp = align64(tokens * tower->mlp * sizeof(float));
-    size_t positions = align64(tokens * sizeof(uint32_t));
+    size_t h = round_up_64(tokens * tower->hidden * sizeof(float));
+    size_t qkv = round_up_64(tokens * 3 * tower->hidden * sizeof(float));
+    size_t mlp = round_up_64(tokens * tower->mlp * sizeof(float));
+    size_t positions = round_up_64(tokens * sizeof(uint32_t));
     *bytes = h + qkv + mlp + positions;
     char *base = scratch;
     if (!base) return (scratch_layout_t){0};
