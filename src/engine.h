@@ -237,6 +237,9 @@ struct tower;
 struct uform_model {
     _Atomic size_t references;
     struct tower *text;         /* prepared for the kernels when the model has a text tower */
+    struct tower *image;        /* the image tower (video uses it too), when present */
+    struct tower *audio;        /* the audio tower, when present */
+    struct vram_model *device;  /* VRAM models: the weights on each device (src/vram.h); NULL on host */
     uform_executor_t *executor; /* owns the placement of `data`; NULL: plain host memory */
     checkpoint_header_t header;
     uint8_t *data; /* the data section: tensor t spans data + begin .. data + end */

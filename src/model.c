@@ -51,8 +51,11 @@ void model_retain(uform_model_t *model) {
 }
 
 static void model_destroy(uform_model_t *model) {
-    if (model->text) tower_release(model->text);
-    free(model->text);
+    struct tower *towers[] = {model->text, model->image, model->audio};
+    for (size_t i = 0; i < 3; ++i) {
+        if (towers[i]) tower_release(towers[i]);
+        free(towers[i]);
+    }
     if (model->mapping)
         munmap(model->mapping, model->mapping_size);
     else
@@ -82,12 +85,22 @@ void const *model_tensor(uform_model_t const *model, char const *name, checkpoin
 /* ---- The load state machine --------------------------------------------------------------------- */
 
 /* Packs the weights of every tower the engine runs for the active kernel path. */
+static uform_status_t model_prepare_tower(uform_model_t *model, struct tower **tower, char const *name,
+                                          uform_transformer_info_t const *info) {
+    *tower = calloc(1, sizeof **tower);
+    if (!*tower) return UFORM_OUT_OF_MEMORY;
+    return tower_prepare(*tower, model, name, info);
+}
+
 static uform_status_t model_prepare(uform_model_t *model) {
     uform_model_info_t const *info = &model->header.info;
-    if (!info->has_text) return UFORM_OK;
-    model->text = calloc(1, sizeof *model->text);
-    if (!model->text) return UFORM_OUT_OF_MEMORY;
-    return tower_prepare(model->text, model, "text", &info->text.transformer);
+    uform_status_t status = UFORM_OK;
+    if (info->has_text) status = model_prepare_tower(model, &model->text, "text", &info->text.transformer);
+    if (status == UFORM_OK && info->has_image)
+        status = model_prepare_tower(model, &model->image, "image", &info->image.transformer);
+    if (status == UFORM_OK && info->has_audio)
+        status = model_prepare_tower(model, &model->audio, "audio", &info->audio.transformer);
+    return status;
 }
 
 static void load_finish(load_call_t *load) {
