@@ -354,6 +354,13 @@ UFORM_EXPORT uform_status_t uform_view_check(uform_view_t const *view);
  * UFORM_INVALID_ARGUMENT for a row out of range. */
 UFORM_EXPORT uform_status_t uform_view_row(uform_view_t const *view, size_t row, void const **data);
 
+/* Copies a view's rows into host memory, from device memory (views of VRAM arenas) or host memory
+ * alike: `data` receives rows * columns scalars, packed row after row, and `scales` (I8 views only;
+ * ignored otherwise) one F32 per row. Blocks until copied. Answers UFORM_OK, UFORM_INVALID_ARGUMENT
+ * (a NULL or stale view, NULL data, `capacity` bytes too few, NULL scales for an I8 view),
+ * UFORM_DEVICE (the copy failed). */
+UFORM_EXPORT uform_status_t uform_view_copy(uform_view_t const *view, void *data, size_t capacity, float *scales);
+
 /* ---------------------------------------------------------------------------------------------- */
 /* Tapes                                                                                          */
 /* ---------------------------------------------------------------------------------------------- */
@@ -518,7 +525,62 @@ typedef struct uform_text_encode_args {
 } uform_text_encode_args_t;
 UFORM_EXPORT uform_status_t uform_text_encode(uform_text_encode_args_t const *args);
 
-/* Images from files or encoded bytes (JPEG, PNG). UNSUPPORTED in this build. */
+/* The image verbs. Each image is independent of its batch (bitwise: the same pixels give the same
+ * rows whatever the batch, receiver and thread count), and goes through these steps:
+ *
+ *   - decode (uform_image_encode only), chosen by content, never by file name: JPEG (FF D8 FF) through
+ *     libjpeg-turbo with its defaults (accurate integer DCT, smooth chroma upsampling: the pixels
+ *     Pillow decodes), PNG (its 8-byte signature) through libspng, any colour type and depth, alpha
+ *     dropped, 16-bit samples reduced to their high byte. No gamma, colour profile or EXIF orientation
+ *     is applied. Anything else answers UFORM_FORMAT for that item;
+ *   - resize, antialiased bilinear, so that the short side is the model's `size` and the long one
+ *     floor(long * size / short); per axis, from `in` to `out` samples: scale = in / out, support =
+ *     max(scale, 1), output o centred at c = (o + 0.5) * scale averages input samples j in
+ *     [max(trunc(c - support + 0.5), 0), min(trunc(c + support + 0.5), in)) with weights
+ *     max(0, 1 - |j + 0.5 - c| / support), normalized to sum 1. This is PyTorch's
+ *     F.interpolate(mode="bilinear", align_corners=False, antialias=True) and Pillow's
+ *     resize(BILINEAR) (half-pixel centres, a triangle filter widened when shrinking), computed in
+ *     float without rounding to 8 bits between the horizontal and the vertical pass;
+ *   - centre crop to size x size, starting at floor((out - size) / 2) on each axis;
+ *   - value = (sample / 255 - mean[c]) / std[c]; patch x patch patches, row-major, each flattened
+ *     channel, row, column; the class token first; learned positions; bidirectional attention.
+ *
+ * Outputs: EMBEDDINGS, one row per image, the projection of the class token's final state; STATES,
+ * that state (`hidden` wide); TOKEN_VECTORS, the projections of the (size / patch)^2 patch states,
+ * normalized like embeddings, item i owning rows [i * patches, (i + 1) * patches) (`item_offsets`),
+ * failed items included.
+ *
+ * Per-item failure: an item that cannot be encoded gets its status in `encoded.statuses[i]` and zero
+ * rows in every output (I8 scales 0) and is counted in stats.failed; the call still answers UFORM_OK
+ * and the other items are encoded as if alone. Item statuses: UFORM_INVALID_ARGUMENT (pixels: a span
+ * other than heights[i] * widths[i] * 3 bytes, a zero side; files: an empty path or one holding a NUL
+ * byte), UFORM_IO (a file that cannot be opened, stat'ed or read, or is not a regular file),
+ * UFORM_FORMAT (not JPEG or PNG by content, malformed, truncated, any libjpeg-turbo warning, a CRC error
+ * in a critical PNG chunk, an empty file, or past the limits below), UFORM_UNSUPPORTED (a JPEG in a
+ * build without libjpeg-turbo, a PNG without libspng, a CMYK or YCCK JPEG), UFORM_OUT_OF_MEMORY.
+ *
+ * Limits against hostile files, checked against the header's dimensions before any pixel memory is
+ * allocated: at most UFORM_IMAGE_MAX_PIXELS decoded pixels per image, at most UFORM_IMAGE_MAX_BYTES per
+ * encoded image (a file's size is checked before it is read), and at most 16 MiB of ancillary PNG
+ * chunks; progressive JPEGs of more than 500 scans are refused. Pixels handed to
+ * uform_image_encode_pixels have no limit beyond the caller's memory.
+ *
+ * Execution: images go in chunks of about 2048 tokens (at least one image per executor thread, at most
+ * 64 images), one chunk per loop turn. Files of the next chunk are opened, stat'ed and read through
+ * the executor's ring while the current chunk is decoded and computed; a chunk's images are decoded and
+ * resized in parallel over the executor's threads, then run through the tower together. Progress
+ * counts images, reported between chunks. stats.bytes counts pixel bytes, encoded bytes or file bytes
+ * read; read_ns is the time spent waiting for reads not hidden behind compute; decode_ns covers
+ * decoding and resizing.
+ *
+ * Call statuses: UFORM_OK, UFORM_INVALID_ARGUMENT (a NULL or empty tape, offsets out of order or past
+ * the tape, NULL heights or widths, an unknown source, an arena of another executor, a bad config),
+ * UFORM_CONTENDED, UFORM_UNSUPPORTED (no image tower), UFORM_OUT_OF_MEMORY, UFORM_CANCELLED. */
+#define UFORM_IMAGE_MAX_PIXELS ((size_t)1 << 26) /* 64 Mi pixels: 192 MiB of RGB8 */
+#define UFORM_IMAGE_MAX_BYTES  ((size_t)1 << 28) /* 256 MiB */
+
+/* Images from files (`source` UFORM_SOURCE_FILES: the tape holds paths, without NUL) or encoded images
+ * in memory (UFORM_SOURCE_MEMORY: the tape holds the files' bytes), JPEG or PNG. */
 typedef struct uform_image_encode_args {
     UFORM_ENCODE_COMMON;
     uform_tape_t images;
@@ -526,7 +588,8 @@ typedef struct uform_image_encode_args {
 } uform_image_encode_args_t;
 UFORM_EXPORT uform_status_t uform_image_encode(uform_image_encode_args_t const *args);
 
-/* Interleaved RGB8 pixels in memory, item i of heights[i] x widths[i]. UNSUPPORTED in this build. */
+/* Interleaved RGB8 pixels in memory (row-major, 3 bytes per pixel, no padding between rows), item i of
+ * heights[i] x widths[i]; `heights` and `widths` hold one value per item. */
 typedef struct uform_image_encode_pixels_args {
     UFORM_ENCODE_COMMON;
     uform_tape_t pixels; /* bytes; item i holds heights[i] * widths[i] * 3 */
@@ -535,7 +598,65 @@ typedef struct uform_image_encode_pixels_args {
 } uform_image_encode_pixels_args_t;
 UFORM_EXPORT uform_status_t uform_image_encode_pixels(uform_image_encode_pixels_args_t const *args);
 
-/* Video clips from files or encoded bytes. UNSUPPORTED in this build. */
+/* Video clips from files (`source` UFORM_SOURCE_FILES: the tape holds paths, without NUL) or encoded clips
+ * in memory (UFORM_SOURCE_MEMORY: the tape holds the files' bytes), in any container and codec the
+ * FFmpeg libraries of the build know. Each clip goes through these steps, on host executors:
+ *
+ *   - demux and decode (libavformat, libavcodec) its first video stream that is not cover art. Times
+ *     come from that stream's packets: `start` is the smallest packet time (pts, else dts), `end` the
+ *     latest end of a packet, its time plus its duration (where the container gives none, the frame
+ *     period 1 / average frame rate, else the gap between the two latest packet times), and
+ *     duration = end - start;
+ *   - sample F = the model's `video.frames` frames: sample k is the frame shown at time
+ *     start + (k + 0.5) * duration / F, a frame being shown from its presentation time until the next
+ *     frame's (the last until `end`; a time before every frame takes the first). Frames are decoded
+ *     sequentially from the start, without seeking, and decoding stops after the last sample; a clip with
+ *     fewer frames than F repeats frames by the same rule;
+ *   - convert each sample to RGB8 with libswscale at its own size (YUV with the frame's matrix, BT.601
+ *     where unspecified, and range; bit-exact mode), ignoring sample aspect ratio, rotation metadata and
+ *     interlacing; then each goes through the image tower exactly as uform_image_encode_pixels takes it.
+ *
+ * Outputs, with f_k the image embedding of sample k at the full `dims` (normalized projection of its
+ * class token's final state) and s_k that state:
+ *   EMBEDDINGS, one row per clip: e = normalize(mean_k f_k); at a matryoshka width w, the first w values
+ *     of e, renormalized (the prefix rule of every embedding);
+ *   TOKEN_VECTORS, F rows per clip, clip i owning rows [i * F, (i + 1) * F) (`item_offsets`), failed
+ *     clips included: row k is f_k at the output width, what uform_image_encode_pixels answers for that
+ *     frame's pixels;
+ *   STATES, one row per clip: mean_k s_k (`hidden` wide).
+ *
+ * Per-item failure, as for images: the item's status in `encoded.statuses[i]`, zero rows, counted in
+ * stats.failed, the rest encoded as if alone. Item statuses: UFORM_INVALID_ARGUMENT (an empty path or one
+ * holding a NUL byte), UFORM_IO (a file that cannot be opened, stat'ed or read, or is not a regular file),
+ * UFORM_FORMAT (an empty file, not a container FFmpeg knows, no video stream (an audio-only file), no
+ * frames (a zero-length clip), a demuxer read error other than the end of the file, a packet flagged
+ * corrupt, a decoder error (decoders run with AV_EF_EXPLODE; frames flagged corrupt are refused), or past
+ * the limits below; a file that simply ends early, where neither its container nor its codec can tell,
+ * is encoded from the frames it holds), UFORM_UNSUPPORTED (a codec or pixel format this FFmpeg lacks),
+ * UFORM_OUT_OF_MEMORY.
+ *
+ * Limits against hostile files: at most UFORM_VIDEO_MAX_BYTES per encoded clip (a file's size is
+ * checked before it is read, and it is held in memory whole while decoded), at most
+ * UFORM_VIDEO_MAX_PACKETS packets demuxed (of every stream) in each of the two passes over a clip (one
+ * finds its span, one decodes) and frames decoded, and UFORM_IMAGE_MAX_PIXELS per frame (checked on the
+ * stream's parameters and on every frame, and enforced inside the decoders). Nested opens that a
+ * demuxer may attempt (playlists, concat lists, image sequences) are refused: a clip reads only its own
+ * bytes. FFmpeg's own log messages go through av_log at the level the application sets.
+ *
+ * Execution: clips go in chunks of about 2048 tokens (F frames of 1 + patches tokens each; at least one
+ * clip per executor thread while that stays within 32768 tokens, at least one clip, at most 64 clips).
+ * Files of the next chunk are read through the executor's ring while the current chunk is decoded and
+ * computed, so the files of two chunks are held in memory whole; each clip is decoded on one executor
+ * thread (FFmpeg single-threaded inside), the clips of a chunk in parallel, then every frame of the
+ * chunk runs through the image tower together. Results are bitwise identical whatever the receiver and thread
+ * count. Progress counts clips, reported between chunks. stats.bytes counts encoded or file bytes;
+ * decode_ns covers demuxing, decoding, conversion and resizing.
+ *
+ * Call statuses: UFORM_OK, UFORM_INVALID_ARGUMENT (as uform_image_encode), UFORM_CONTENDED,
+ * UFORM_UNSUPPORTED (no video entry in the model, a build without FFmpeg, a VRAM model: video is not
+ * built on VRAM executors yet), UFORM_OUT_OF_MEMORY, UFORM_CANCELLED. */
+#define UFORM_VIDEO_MAX_BYTES   ((size_t)1 << 30) /* 1 GiB */
+#define UFORM_VIDEO_MAX_PACKETS ((size_t)1 << 18) /* 262144: over two hours at 30 frames per second */
 typedef struct uform_video_encode_args {
     UFORM_ENCODE_COMMON;
     uform_tape_t videos;
@@ -543,7 +664,78 @@ typedef struct uform_video_encode_args {
 } uform_video_encode_args_t;
 UFORM_EXPORT uform_status_t uform_video_encode(uform_video_encode_args_t const *args);
 
-/* Sound files or encoded sounds. UNSUPPORTED in this build. */
+/* The audio verbs. Each clip is independent of its batch (bitwise: the same samples give the same rows
+ * whatever the batch, receiver and thread count), and goes through these steps:
+ *
+ *   - decode (uform_audio_encode only): FFmpeg's libavformat recognizes the format by content, never by
+ *     file name, and demuxes the first audio stream; libavcodec decodes it on one thread; libswresample
+ *     converts it to F32 and downmixes it to mono as the mean of all channels. Decoding stops once the
+ *     samples the model reads are in hand. Demuxers that would open other files or URLs (playlists,
+ *     concat lists) are refused. FFmpeg logs through av_log, whose level and callback stay the
+ *     application's: the engine does not change them;
+ *   - resample to the model's `rate` with libswresample's defaults (the SWR engine: a windowed-sinc filter
+ *     of 32 taps, 1024 phases linearly interpolated, Kaiser window of beta 9, cutoff 0.97 of Nyquist,
+ *     exact rational ratios, flushed at the end of the clip), mono F32 in and out: n samples at rate r
+ *     give floor(n * rate / r) samples, those produced past the filter's flush being zero. When r equals
+ *     `rate` the samples are used as they stand, with no filter;
+ *   - cut: the model reads at most reach = min(floor(seconds * rate), window + (max_patches *
+ *     patch_frames - 1) * hop) samples; a longer clip is cut there and counted in stats.truncated. Only
+ *     the input the reach needs (plus the filter's span) is resampled and, for sounds, decoded;
+ *   - log-mel: a periodic Hann window of `window` samples every `hop` samples, no centre padding
+ *     (1 + (n - window) / hop frames), the DFT of `window` points through libavutil's FFT (av_tx; by
+ *     Bluestein's chirp-z over a power-of-two FFT when `window` is not a power of two), the unscaled power
+ *     spectrum of bins 0 .. window / 2 (bin k at k * rate / window Hz), `mels` triangular filters of peak
+ *     1 whose mels + 2 edges are spaced evenly in HTK mel, 2595 log10(1 + hz / 700), over 0 .. rate / 2,
+ *     then log10(max(mel, 1e-10));
+ *   - patches of `patch_frames` consecutive frames of every band, flattened frame-major (frame * mels +
+ *     band), trailing frames dropped, at most max_patches; the class token first, with row 0 of
+ *     audio.pos, and row j + 1 added to patch j; bidirectional attention.
+ *
+ * Outputs: EMBEDDINGS, one row per clip, the projection of the class token's final state; STATES, that
+ * state (`hidden` wide); TOKEN_VECTORS, the projections of the clip's patch states, normalized like
+ * embeddings and packed: item i owns rows [item_offsets[i], item_offsets[i + 1]), one per patch, none for
+ * a failed item. The arena holds room for the most patches each clip could have (max_patches for each
+ * encoded sound).
+ *
+ * Per-item failure, as with the image verbs: the status in `encoded.statuses[i]`, zero embedding and
+ * state rows (I8 scales 0), no token vector, counted in stats.failed; the call still answers UFORM_OK.
+ * Item statuses: UFORM_INVALID_ARGUMENT (samples: a NaN or infinite sample anywhere in the item, more
+ * than UFORM_AUDIO_MAX_SAMPLES samples, fewer samples at the model's rate than one patch spans, window +
+ * (patch_frames - 1) * hop; files: an empty path or one holding a NUL byte), UFORM_IO (a file that
+ * cannot be opened, stat'ed or read, or is not a regular file), UFORM_FORMAT (sounds: an empty file, more
+ * than UFORM_AUDIO_MAX_BYTES, a format FFmpeg does not recognize, demuxing or decoding that reports an
+ * error or a corrupt packet, no audio stream, a rate of 0 or over UFORM_AUDIO_MAX_RATE, no channel or more
+ * than 64, a rate, sample format or channel count changing within the stream, a NaN or infinite decoded
+ * sample, more than 2^20 packets before the samples the model reads, and a clip, zero-length included,
+ * shorter than one patch), UFORM_UNSUPPORTED (a codec this FFmpeg cannot decode), UFORM_OUT_OF_MEMORY. A
+ * file cut within its samples answers UFORM_FORMAT when the demuxer finds its last packet short (FFmpeg
+ * marks it corrupt: a WAV whose data chunk lost its end), and is otherwise the shorter clip it holds.
+ *
+ * Limits against hostile inputs: UFORM_AUDIO_MAX_BYTES per encoded sound (a file's size is checked before
+ * it is read), UFORM_AUDIO_MAX_SAMPLES per item of samples, input rates up to UFORM_AUDIO_MAX_RATE. Past
+ * those, the work a clip costs is bounded by the model's reach whatever its length: an item of samples
+ * is scanned once for NaN and infinities, and only its first samples are read beyond that.
+ *
+ * Execution: clips go in chunks of about 2048 tokens counted at max_patches (at least one clip per
+ * executor thread, at most 64 clips), one chunk per loop turn. Files of the next chunk are opened,
+ * stat'ed and read through the executor's ring while the current chunk is decoded and computed; a
+ * chunk's clips are decoded, resampled and turned into patches in parallel over the executor's threads,
+ * then run through the tower together. Progress counts clips, reported between chunks. stats.bytes
+ * counts samples * 4, encoded bytes or file bytes read; read_ns is the time spent waiting for reads not
+ * hidden behind compute; decode_ns covers decoding, resampling and the log-mel front end.
+ *
+ * Call statuses: UFORM_OK, UFORM_INVALID_ARGUMENT (a NULL or empty tape, offsets out of order or past the
+ * tape, an unknown source, a rate of 0 or over UFORM_AUDIO_MAX_RATE, samples not aligned to a float, an
+ * arena of another executor, a bad config), UFORM_CONTENDED, UFORM_UNSUPPORTED (no audio tower; a VRAM
+ * model, as the audio tower runs on host executors only; a build without FFmpeg, where the verbs
+ * validate their arguments, then answer UFORM_UNSUPPORTED), UFORM_OUT_OF_MEMORY, UFORM_CANCELLED. */
+#define UFORM_AUDIO_MAX_BYTES   ((size_t)1 << 28) /* 256 MiB per encoded sound */
+#define UFORM_AUDIO_MAX_SAMPLES ((size_t)1 << 31) /* per item of samples: 12 hours at 48 kHz */
+#define UFORM_AUDIO_MAX_RATE    ((size_t)1 << 20) /* Hz, of samples and of decoded streams */
+
+/* Sound files (`source` UFORM_SOURCE_FILES: the tape holds paths, without NUL) or encoded sounds in
+ * memory (UFORM_SOURCE_MEMORY: the tape holds the files' bytes), in any format and codec FFmpeg decodes
+ * (WAV, FLAC, MP3, Ogg, MP4/AAC, ...). */
 typedef struct uform_audio_encode_args {
     UFORM_ENCODE_COMMON;
     uform_tape_t sounds;
@@ -551,7 +743,8 @@ typedef struct uform_audio_encode_args {
 } uform_audio_encode_args_t;
 UFORM_EXPORT uform_status_t uform_audio_encode(uform_audio_encode_args_t const *args);
 
-/* F32 PCM samples, mono, at `rate` Hz. UNSUPPORTED in this build. */
+/* F32 PCM samples, mono, at `rate` Hz (1 .. UFORM_AUDIO_MAX_RATE, one rate for the whole call): the tape's
+ * elements are floats, `data` aligned to a float. */
 typedef struct uform_audio_encode_samples_args {
     UFORM_ENCODE_COMMON;
     uform_tape_t samples; /* floats */
@@ -672,6 +865,8 @@ typedef struct uform_tiny_checkpoint_args {
     size_t hidden;    /* of every tower, a multiple of 64; 0 takes 64 */
     size_t mlp;       /* of every tower; 0 takes 2 * hidden */
     size_t context;   /* of the text tower, in bytes; 0 takes 64 */
+    size_t image_size;  /* the image tower's input side in pixels; 0 takes 32 */
+    size_t image_patch; /* its patch side, dividing image_size; 0 takes 8 */
 } uform_tiny_checkpoint_args_t;
 
 /* Writes a small, seeded, fully valid format-4 checkpoint with every tower (text, image, video,

@@ -124,6 +124,7 @@ void loop_destroy(loop_t *loop) {
 #endif
     /* Nothing can be done about a failed close here: the descriptor is released either way. */
     (void)close(loop->doorbell_fd);
+    free(loop->poll_fds);
     free(loop);
 }
 
@@ -180,6 +181,24 @@ void loop_timer(loop_t *loop, loop_op_t *op, uint64_t nanoseconds) {
     uint64_t now = loop_now_ns();
     op->deadline_ns = nanoseconds > UINT64_MAX - now ? UINT64_MAX : now + nanoseconds;
     loop_submit(loop, op);
+}
+
+void loop_poll(loop_t *loop, loop_op_t *op, int fd, short events) {
+    op->kind = LOOP_OP_POLL;
+    op->fd = fd;
+    op->flags = (unsigned short)events;
+    loop_submit(loop, op);
+}
+
+void loop_cancel(loop_t *loop, loop_op_t *op) {
+    if (op->kind != LOOP_OP_POLL && op->kind != LOOP_OP_TIMER) return;
+#if UFORM_WITH_URING
+    if (loop->backend == LOOP_BACKEND_URING) {
+        loop_uring_cancel(loop, op);
+        return;
+    }
+#endif
+    loop_portable_cancel(loop, op);
 }
 
 size_t loop_in_flight(loop_t const *loop) {

@@ -6,12 +6,13 @@
  * these callbacks.
  *
  * Backends:
- * - io_uring (liburing): opens, statx, reads and timers are ring operations; posts from other threads
- *   go to an intrusive lock-free stack whose doorbell is an eventfd read kept armed in the ring, and
- *   the doorbell is rung only when the loop has announced that it is about to sleep.
+ * - io_uring (liburing): opens, statx, reads, timers and polls are ring operations; posts from other
+ *   threads go to an intrusive lock-free stack whose doorbell is an eventfd read kept armed in the ring,
+ *   and the doorbell is rung only when the loop has announced that it is about to sleep.
  * - portable: the same operations are done with plain syscalls when submitted, and their completions
  *   are delivered by the next `loop_run`, never from inside the submitting call; the loop sleeps in
- *   poll(2) on the doorbell eventfd with the nearest timer as its timeout.
+ *   poll(2) on the doorbell eventfd and the descriptors of pending polls, with the nearest timer as
+ *   its timeout.
  * `LOOP_BACKEND_AUTO` reads UFORM_LOOP ("uring" or "portable"), then probes io_uring once per process
  * (setup, a NOP, the opcodes needed) and falls back to the portable backend on any failure.
  *
@@ -36,6 +37,7 @@ typedef enum loop_op_kind {
     LOOP_OP_STATX,
     LOOP_OP_READ,
     LOOP_OP_TIMER,
+    LOOP_OP_POLL,
 } loop_op_kind_t;
 
 typedef struct loop loop_t;
@@ -51,7 +53,7 @@ struct loop_op {
     loop_op_t *next;          /* intrusive link, owned by the loop while the op is in flight */
     loop_op_kind_t kind;
     int fd;
-    int flags;
+    int flags; /* open: the open(2) flags; poll: the poll(2) events asked */
     char const *path;
     void *buffer;
     size_t length; /* read: bytes wanted */
@@ -96,6 +98,18 @@ void loop_statx(loop_t *loop, loop_op_t *op, int fd, struct statx *out);
 void loop_read(loop_t *loop, loop_op_t *op, int fd, void *buffer, size_t length, uint64_t offset);
 /* Completes after `nanoseconds` with result -ETIME. */
 void loop_timer(loop_t *loop, loop_op_t *op, uint64_t nanoseconds);
+/* Completes once `fd` is ready for any of `events` (POLLIN, POLLOUT, ...: poll(2) bits), with result =
+ * the ready events (POLLERR and POLLHUP come unasked), or -errno (-EBADF for a descriptor that is not
+ * open). One-shot and level-triggered: an fd already ready completes in the next loop_run, and a
+ * callback resubmits to keep watching. `fd` must stay open until the callback. This is how a loop
+ * watches descriptors it does not own: an epoll set, an eventfd, a signalfd, a socket. */
+void loop_poll(loop_t *loop, loop_op_t *op, int fd, short events);
+
+/* Loop thread: asks a pending poll or timer to end early. Its callback still runs exactly once, from a
+ * later loop_run: with -ECANCELED, or with its own result when it was final already. Operations of
+ * other kinds cannot be cancelled and are left to finish. Used to shorten a timer (cancel, then
+ * resubmit from the callback) and to end watches before loop_destroy, which wants nothing in flight. */
+void loop_cancel(loop_t *loop, loop_op_t *op);
 
 /* From any thread: queues `op` (with its callback and result already set) to run on the loop
  * thread. Lock-free; makes a syscall only when the loop is asleep. */

@@ -5,6 +5,7 @@
 #include "loop.h"
 #include "uform_config.h"
 
+#include <poll.h>
 #include <stdalign.h>
 #include <stdatomic.h>
 
@@ -18,7 +19,7 @@ enum {
     LOOP_TAG_DOORBELL = 1, /* the eventfd read that wakes a sleeping loop */
     LOOP_TAG_MESSAGE = 2,  /* an IORING_OP_MSG_RING send; a CQE arrives only when it failed */
     LOOP_TAG_FENCE = 3,    /* the NOP linked after a send; completes with 0 only if the send succeeded */
-    LOOP_TAG_CANCEL = 4,   /* the cancel of the doorbell read on destroy */
+    LOOP_TAG_CANCEL = 4,   /* a cancel (the doorbell read's on destroy, loop_cancel's): its CQE is ignored */
 };
 
 /* Both backends fill a statx with the same fields. */
@@ -47,6 +48,10 @@ struct loop {
     loop_op_t *ready_head; /* final, callback not yet run; FIFO through op->next */
     loop_op_t *ready_tail;
     loop_op_t *timers; /* portable: pending timers sorted by deadline_ns, earliest first */
+    loop_op_t *polls;  /* portable: pending polls, through op->next, newest first */
+    size_t polls_count;
+    struct pollfd *poll_fds; /* portable: room for the doorbell and every pending poll */
+    size_t poll_fds_capacity;
 #if UFORM_WITH_URING
     struct io_uring ring;
     bool defer_taskrun;      /* completions appear only when the loop thread enters with GETEVENTS */
@@ -65,6 +70,7 @@ void loop_portable_submit(loop_t *loop, loop_op_t *op);
 void loop_portable_collect(loop_t *loop);
 bool loop_portable_pending(loop_t *loop);
 int loop_portable_wait(loop_t *loop);
+void loop_portable_cancel(loop_t *loop, loop_op_t *op);
 
 #if UFORM_WITH_URING
 /* io_uring backend (uring.c). */
@@ -72,6 +78,7 @@ bool loop_uring_probe(void);
 int loop_uring_create(loop_t *loop, loop_options_t const *options);
 void loop_uring_destroy(loop_t *loop);
 void loop_uring_submit(loop_t *loop, loop_op_t *op);
+void loop_uring_cancel(loop_t *loop, loop_op_t *op);
 void loop_uring_collect(loop_t *loop);
 bool loop_uring_pending(loop_t *loop);
 int loop_uring_wait(loop_t *loop);

@@ -1,12 +1,13 @@
 /* The portable backend: operations run as plain syscalls when submitted and are delivered by the
- * next loop_run; timers wait in a list sorted by deadline, and the loop sleeps in ppoll(2) on the
- * doorbell eventfd until the nearest one. */
+ * next loop_run; timers wait in a list sorted by deadline, polls in a list of their own, and the loop
+ * sleeps in ppoll(2) on the doorbell eventfd and the polled descriptors until the nearest timer. */
 #include "loop_internal.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
+#include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -56,9 +57,67 @@ static void portable_timer_insert(loop_t *loop, loop_op_t *op) {
     *link = op;
 }
 
+/* Keeps room in poll_fds for the doorbell and every pending poll; a poll that finds none fails. */
+static void portable_poll_insert(loop_t *loop, loop_op_t *op) {
+    if (op->fd < 0) {
+        op->result = -EBADF; /* poll(2) would skip it silently; the ring answers EBADF */
+        loop_ready_push(loop, op);
+        return;
+    }
+    if (loop->polls_count + 2 > loop->poll_fds_capacity) {
+        size_t capacity = loop->poll_fds_capacity ? 2 * loop->poll_fds_capacity : 8;
+        struct pollfd *grown = realloc(loop->poll_fds, capacity * sizeof *grown);
+        if (!grown) {
+            op->result = -ENOMEM;
+            loop_ready_push(loop, op);
+            return;
+        }
+        loop->poll_fds = grown;
+        loop->poll_fds_capacity = capacity;
+    }
+    op->next = loop->polls;
+    loop->polls = op;
+    loop->polls_count++;
+}
+
+/* ppoll(2) over the doorbell (first, when `doorbell`) and every pending poll for up to `timeout`
+ * (NULL: no limit); the polls found ready move to the ready list with their events as result.
+ * Answers 0 or -errno, and whether the doorbell is readable in *rang. */
+static int portable_scan(loop_t *loop, bool doorbell, struct timespec const *timeout, bool *rang) {
+    struct pollfd single;
+    struct pollfd *fds = loop->polls_count ? loop->poll_fds : &single;
+    nfds_t count = 0;
+    *rang = false;
+    if (doorbell) fds[count++] = (struct pollfd){.fd = loop->doorbell_fd, .events = POLLIN, .revents = 0};
+    for (loop_op_t *op = loop->polls; op; op = op->next)
+        fds[count++] = (struct pollfd){.fd = op->fd, .events = (short)op->flags, .revents = 0};
+    if (count == 0) return 0;
+    int ready = ppoll(fds, count, timeout, NULL);
+    if (ready < 0) return -errno;
+    if (ready == 0) return 0;
+    *rang = doorbell && (fds[0].revents & POLLIN);
+    struct pollfd const *polled = doorbell ? fds + 1 : fds;
+    for (loop_op_t **link = &loop->polls; *link; polled++) {
+        loop_op_t *op = *link;
+        if (!polled->revents) {
+            link = &op->next;
+            continue;
+        }
+        *link = op->next;
+        loop->polls_count--;
+        op->result = polled->revents & POLLNVAL ? -EBADF : (int64_t)(unsigned short)polled->revents;
+        loop_ready_push(loop, op);
+    }
+    return 0;
+}
+
 void loop_portable_submit(loop_t *loop, loop_op_t *op) {
     if (op->kind == LOOP_OP_TIMER) {
         portable_timer_insert(loop, op);
+        return;
+    }
+    if (op->kind == LOOP_OP_POLL) {
+        portable_poll_insert(loop, op);
         return;
     }
     if (op->kind == LOOP_OP_OPEN)
@@ -71,6 +130,12 @@ void loop_portable_submit(loop_t *loop, loop_op_t *op) {
 }
 
 void loop_portable_collect(loop_t *loop) {
+    if (loop->polls) {
+        /* Without waiting: a failure (EINTR, ENOMEM) leaves them for the next look. */
+        struct timespec const now = {0, 0};
+        bool rang;
+        (void)portable_scan(loop, false, &now, &rang);
+    }
     if (!loop->timers) return;
     uint64_t now = loop_now_ns();
     while (loop->timers && loop->timers->deadline_ns <= now) {
@@ -86,7 +151,6 @@ bool loop_portable_pending(loop_t *loop) {
 }
 
 int loop_portable_wait(loop_t *loop) {
-    struct pollfd doorbell = {.fd = loop->doorbell_fd, .events = POLLIN, .revents = 0};
     struct timespec timeout;
     struct timespec *until = NULL;
     if (loop->timers) {
@@ -96,14 +160,27 @@ int loop_portable_wait(loop_t *loop) {
         timeout.tv_nsec = (long)(left % 1000000000u);
         until = &timeout;
     }
-    int ready = ppoll(&doorbell, 1, until, NULL);
-    if (ready < 0) return errno == EINTR ? 0 : -errno;
-    if (ready == 0 || !(doorbell.revents & POLLIN)) return 0;
+    bool rang = false;
+    int ret = portable_scan(loop, true, until, &rang);
+    if (ret < 0) return ret == -EINTR ? 0 : ret;
+    if (!rang) return 0;
     /* Resets the counter. Only this thread reads it and poll saw it non-zero, so this cannot block. */
     uint64_t count;
     for (;;) {
         ssize_t got = read(loop->doorbell_fd, &count, sizeof count);
         if (got >= 0) return 0;
         if (errno != EINTR) return -errno;
+    }
+}
+
+void loop_portable_cancel(loop_t *loop, loop_op_t *op) {
+    bool poll = op->kind == LOOP_OP_POLL;
+    for (loop_op_t **link = poll ? &loop->polls : &loop->timers; *link; link = &(*link)->next) {
+        if (*link != op) continue;
+        *link = op->next;
+        if (poll) loop->polls_count--;
+        op->result = -ECANCELED;
+        loop_ready_push(loop, op);
+        return;
     }
 }

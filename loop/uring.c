@@ -1,5 +1,5 @@
-/* The io_uring backend: opens, statx, reads and timers are ring operations whose user_data is the
- * loop_op_t; the doorbell is an eventfd read kept armed in the same ring, so one wait covers both. */
+/* The io_uring backend: opens, statx, reads, timers and polls are ring operations whose user_data is
+ * the loop_op_t; the doorbell is an eventfd read kept armed in the same ring, so one wait covers both. */
 #include "loop_internal.h"
 
 #if UFORM_WITH_URING
@@ -29,7 +29,8 @@ _Static_assert(sizeof(struct __kernel_timespec) == 2 * sizeof(int64_t), "unexpec
 /* ---- Probe ----------------------------------------------------------------------------------- */
 
 bool loop_uring_probe(void) {
-    static int const needed[] = {IORING_OP_OPENAT, IORING_OP_STATX, IORING_OP_READ, IORING_OP_TIMEOUT,
+    static int const needed[] = {IORING_OP_OPENAT,  IORING_OP_STATX,    IORING_OP_READ,
+                                 IORING_OP_TIMEOUT, IORING_OP_POLL_ADD, IORING_OP_ASYNC_CANCEL,
                                  IORING_OP_MSG_RING};
     struct io_uring ring;
     struct io_uring_probe *probe = NULL;
@@ -126,6 +127,8 @@ static void uring_queue(loop_t *loop, loop_op_t *op) {
         uint64_t offset = op->offset == UINT64_MAX ? UINT64_MAX : op->offset + op->done;
         void *into = op->done ? (char *)op->buffer + op->done : op->buffer;
         io_uring_prep_read(sqe, op->fd, into, chunk, offset);
+    } else if (op->kind == LOOP_OP_POLL) {
+        io_uring_prep_poll_add(sqe, op->fd, (unsigned)op->flags); /* one-shot without IORING_POLL_ADD_MULTI */
     } else {
         io_uring_prep_timeout(sqe, (struct __kernel_timespec *)(void *)&op->timeout_sec, 0, 0);
     }
@@ -258,6 +261,17 @@ void loop_uring_destroy(loop_t *loop) {
 
 void loop_uring_submit(loop_t *loop, loop_op_t *op) {
     uring_queue(loop, op);
+}
+
+/* The cancel's own CQE is ignored; the op's CQE (-ECANCELED, or its result if it was final already)
+ * is delivered as usual. The cancel is queued ahead of anything a callback resubmits with the same op,
+ * and the ring handles a submission in order, so it cannot reach a later use of the op. Without an
+ * SQE the op is left to finish by itself. */
+void loop_uring_cancel(loop_t *loop, loop_op_t *op) {
+    struct io_uring_sqe *sqe;
+    if (uring_get_sqe(&loop->ring, &sqe) < 0) return;
+    io_uring_prep_cancel(sqe, op, 0);
+    io_uring_sqe_set_data64(sqe, LOOP_TAG_CANCEL);
 }
 
 void loop_uring_collect(loop_t *loop) {

@@ -6,30 +6,54 @@
 #include <string.h>
 
 #include "engine.h"
+#include "vram.h"
 
 struct arena_block {
     arena_block_t *next;
-    size_t size; /* usable bytes after the header */
+    size_t size; /* usable bytes */
     size_t used;
+    unsigned char *base; /* `bytes` on the host, or device memory */
     alignas(64) unsigned char bytes[];
 };
 
 #define ARENA_MINIMUM_BLOCK (64u << 10)
 
-static arena_block_t *arena_block_new(uform_arena_t *arena, size_t size) {
+static arena_block_t *arena_block_new(uform_arena_t *arena, arena_pool_t const *pool, size_t size) {
     if (size > SIZE_MAX - sizeof(arena_block_t)) return NULL;
-    arena_block_t *block = executor_allocate(arena->executor, sizeof(arena_block_t) + size);
+    arena_block_t *block;
+#if UFORM_WITH_CUDA
+    if (pool->device) {
+        if (!(block = calloc(1, sizeof *block))) return NULL;
+        if (!(block->base = vram_allocate(arena->executor, size))) {
+            free(block);
+            return NULL;
+        }
+        block->size = size;
+        return block;
+    }
+#endif
+    block = executor_allocate(pool->device ? NULL : arena->executor, sizeof(arena_block_t) + size);
     if (!block) return NULL;
     block->next = NULL;
     block->size = size;
     block->used = 0;
+    block->base = block->bytes;
     return block;
 }
 
-static void arena_blocks_free(uform_arena_t *arena, arena_block_t *block) {
+static void arena_blocks_free(uform_arena_t *arena, arena_pool_t const *pool, arena_block_t *block) {
     while (block) {
         arena_block_t *next = block->next;
-        executor_deallocate(arena->executor, block, sizeof(arena_block_t) + block->size);
+#if UFORM_WITH_CUDA
+        if (pool->device) {
+            vram_deallocate(arena->executor, block->base);
+            free(block);
+            block = next;
+            continue;
+        }
+#endif
+        executor_deallocate(pool == &arena->host && arena->outputs.device ? NULL : arena->executor, block,
+                            sizeof(arena_block_t) + block->size);
         block = next;
     }
 }
@@ -43,6 +67,7 @@ static uform_status_t arena_new(uform_executor_t *executor, uform_arena_t **out,
     if (executor) executor_retain(executor);
     atomic_init(&arena->generation, 1);
     atomic_init(&arena->busy, false);
+    arena->outputs.device = executor && executor->kind == UFORM_EXECUTOR_VRAM;
     *out = arena;
     return UFORM_OK;
 }
@@ -65,29 +90,30 @@ UFORM_EXPORT void uform_arena_free(uform_arena_t *arena) {
         expected = false;
         sched_yield();
     }
-    arena_blocks_free(arena, arena->blocks);
+    arena_blocks_free(arena, &arena->outputs, arena->outputs.blocks);
+    arena_blocks_free(arena, &arena->host, arena->host.blocks);
     uform_executor_t *executor = arena->executor;
     free(arena);
     if (executor) executor_release(executor);
 }
 
 UFORM_EXPORT size_t uform_arena_capacity(uform_arena_t const *arena) {
-    return arena ? arena->capacity : 0;
+    return arena ? arena->outputs.capacity : 0;
 }
 
 UFORM_EXPORT uint64_t uform_arena_generation(uform_arena_t const *arena) {
     return arena ? atomic_load(&((uform_arena_t *)arena)->generation) : 0;
 }
 
-/* Makes the arena one block of at least `size` bytes, keeping the current one when it is enough. */
-static uform_status_t arena_coalesce(uform_arena_t *arena, size_t size) {
-    if (arena->blocks && !arena->blocks->next && arena->blocks->size >= size) return UFORM_OK;
+/* Makes the pool one block of at least `size` bytes, keeping the current one when it is enough. */
+static uform_status_t arena_coalesce(uform_arena_t *arena, arena_pool_t *pool, size_t size) {
+    if (pool->blocks && !pool->blocks->next && pool->blocks->size >= size) return UFORM_OK;
     if (size < ARENA_MINIMUM_BLOCK) size = ARENA_MINIMUM_BLOCK;
-    arena_block_t *block = arena_block_new(arena, size);
+    arena_block_t *block = arena_block_new(arena, pool, size);
     if (!block) return UFORM_OUT_OF_MEMORY;
-    arena_blocks_free(arena, arena->blocks);
-    arena->blocks = block;
-    arena->capacity = size;
+    arena_blocks_free(arena, pool, pool->blocks);
+    pool->blocks = block;
+    pool->capacity = size;
     return UFORM_OK;
 }
 
@@ -97,7 +123,8 @@ UFORM_EXPORT uform_status_t uform_arena_reserve(uform_arena_t *arena, size_t byt
     bool expected = false;
     if (!atomic_compare_exchange_strong(&arena->busy, &expected, true))
         return failed(UFORM_CONTENDED, entry, "a call holds the arena");
-    uform_status_t status = arena->capacity >= bytes ? UFORM_OK : arena_coalesce(arena, bytes);
+    uform_status_t status =
+        arena->outputs.capacity >= bytes ? UFORM_OK : arena_coalesce(arena, &arena->outputs, bytes);
     atomic_store(&arena->busy, false);
     return status == UFORM_OK ? status : failed(status, entry, "cannot allocate the arena's memory");
 }
@@ -107,10 +134,14 @@ uform_status_t arena_begin(uform_arena_t *arena) {
     if (!atomic_compare_exchange_strong(&arena->busy, &expected, true)) return UFORM_CONTENDED;
     atomic_fetch_add_explicit(&arena->generation, 1, memory_order_release);
     /* The last call outgrew one block: replace them by one of the total, or keep them on failure. */
-    if (arena->blocks && arena->blocks->next) arena_coalesce(arena, arena->used_total);
-    for (arena_block_t *block = arena->blocks; block; block = block->next)
-        block->used = 0;
-    arena->used_total = 0;
+    arena_pool_t *pools[] = {&arena->outputs, &arena->host};
+    for (size_t i = 0; i < 2; ++i) {
+        arena_pool_t *pool = pools[i];
+        if (pool->blocks && pool->blocks->next) arena_coalesce(arena, pool, pool->used_total);
+        for (arena_block_t *block = pool->blocks; block; block = block->next)
+            block->used = 0;
+        pool->used_total = 0;
+    }
     return UFORM_OK;
 }
 
@@ -118,27 +149,34 @@ void arena_end(uform_arena_t *arena) {
     atomic_store_explicit(&arena->busy, false, memory_order_release);
 }
 
-void *arena_allocate(uform_arena_t *arena, size_t bytes, size_t alignment) {
+static void *pool_allocate(uform_arena_t *arena, arena_pool_t *pool, size_t bytes, size_t alignment) {
     if (alignment < 16) alignment = 16;
     if (alignment > 64 || (alignment & (alignment - 1))) return NULL;
     if (bytes > SIZE_MAX / 2) return NULL;
     /* Earlier blocks are full or too small: only the newest one is bumped. */
-    arena_block_t *block = arena->blocks;
+    arena_block_t *block = pool->blocks;
     size_t start = block ? (block->used + alignment - 1) & ~(alignment - 1) : 0;
     if (!block || start + bytes > block->size) {
-        size_t size = arena->capacity > bytes ? arena->capacity : bytes;
-        arena_block_t *grown =
-            arena_block_new(arena, size < ARENA_MINIMUM_BLOCK ? ARENA_MINIMUM_BLOCK : size);
+        size_t size = pool->capacity > bytes ? pool->capacity : bytes;
+        arena_block_t *grown = arena_block_new(arena, pool, size < ARENA_MINIMUM_BLOCK ? ARENA_MINIMUM_BLOCK : size);
         if (!grown) return NULL;
-        grown->next = arena->blocks;
-        arena->blocks = grown;
-        arena->capacity += grown->size;
+        grown->next = pool->blocks;
+        pool->blocks = grown;
+        pool->capacity += grown->size;
         block = grown;
         start = 0;
     }
     block->used = start + bytes;
-    arena->used_total += bytes + alignment;
-    return block->bytes + start;
+    pool->used_total += bytes + alignment;
+    return block->base + start;
+}
+
+void *arena_allocate(uform_arena_t *arena, size_t bytes, size_t alignment) {
+    return pool_allocate(arena, &arena->outputs, bytes, alignment);
+}
+
+void *arena_allocate_host(uform_arena_t *arena, size_t bytes, size_t alignment) {
+    return pool_allocate(arena, arena->outputs.device ? &arena->host : &arena->outputs, bytes, alignment);
 }
 
 uform_view_t arena_view(uform_arena_t *arena, void *data, size_t rows, size_t columns,
@@ -150,7 +188,7 @@ uform_view_t arena_view(uform_arena_t *arena, void *data, size_t rows, size_t co
         .items = rows,
         .row_stride = columns * uform_scalar_size(scalar),
         .scalar = scalar,
-        .device = arena->executor && arena->executor->kind == UFORM_EXECUTOR_VRAM,
+        .device = arena->outputs.device,
         .arena = arena,
         .generation = atomic_load_explicit(&arena->generation, memory_order_acquire),
     };
@@ -192,6 +230,36 @@ UFORM_EXPORT uform_status_t uform_view_row(uform_view_t const *view, size_t row,
     return UFORM_OK;
 }
 
+UFORM_EXPORT uform_status_t uform_view_copy(uform_view_t const *view, void *data, size_t capacity, float *scales) {
+    static char const entry[] = "uform_view_copy";
+    if (!view || !view->arena || !data) return failed(UFORM_INVALID_ARGUMENT, entry, "view or data is NULL");
+    if (view->generation != atomic_load_explicit(&view->arena->generation, memory_order_acquire))
+        return failed(UFORM_INVALID_ARGUMENT, entry, "stale view: its arena was rewound by a later call");
+    size_t row_bytes = view->columns * uform_scalar_size(view->scalar);
+    if (view->rows && capacity / view->rows < row_bytes)
+        return failed(UFORM_INVALID_ARGUMENT, entry, "capacity is smaller than the view");
+    if (view->scalar == UFORM_I8 && !scales) return failed(UFORM_INVALID_ARGUMENT, entry, "scales is NULL");
+    if (view->rows == 0) return UFORM_OK;
+    if (!view->device) {
+        for (size_t row = 0; row < view->rows; ++row)
+            memcpy((unsigned char *)data + row * row_bytes, (unsigned char const *)view->data + row * view->row_stride,
+                   row_bytes);
+        if (view->scalar == UFORM_I8) memcpy(scales, view->scales, view->rows * sizeof(float));
+        return UFORM_OK;
+    }
+#if UFORM_WITH_CUDA
+    if (vram_copy_to_host(view->arena->executor, data, row_bytes, view->data, view->row_stride, row_bytes,
+                          view->rows) != UFORM_OK ||
+        (view->scalar == UFORM_I8 &&
+         vram_copy_to_host(view->arena->executor, scales, view->rows * sizeof(float), view->scales,
+                           view->rows * sizeof(float), view->rows * sizeof(float), 1) != UFORM_OK))
+        return failed(UFORM_DEVICE, entry, "cannot copy from the device");
+    return UFORM_OK;
+#else
+    return failed(UFORM_DEVICE, entry, "a device view in a build without CUDA");
+#endif
+}
+
 /* ---- Tapes -------------------------------------------------------------------------------------- */
 
 uform_status_t tape_validate(uform_tape_t const *tape, char const **message) {
@@ -210,6 +278,8 @@ uform_status_t tape_validate(uform_tape_t const *tape, char const **message) {
 uform_status_t arena_check(uform_arena_t const *arena, uform_executor_t const *executor,
                            char const **message) {
     uform_executor_t const *owner = arena->executor;
+    if (executor && executor->kind == UFORM_EXECUTOR_VRAM && owner != executor)
+        return *message = "a VRAM executor writes into an arena made on it", UFORM_INVALID_ARGUMENT;
     if (!owner) return UFORM_OK;
     if (executor && owner != executor)
         return *message = "the arena belongs to another executor", UFORM_INVALID_ARGUMENT;

@@ -161,6 +161,9 @@ struct uform_executor {
     uform_pool_vtable_t pool_vtable;
     void *pool;
 
+    /* VRAM: the devices, their streams and buffers (src/vram.h) */
+    struct vram *vram;
+
     /* One call at a time: the state of the verb in flight and its scratch live here, so a steady loop
      * of calls allocates nothing. */
     alignas(64) unsigned char call_storage[EXECUTOR_CALL_STORAGE];
@@ -209,13 +212,20 @@ void *executor_scratch(uform_executor_t *executor, size_t bytes);
 
 typedef struct arena_block arena_block_t;
 
-struct uform_arena {
-    uform_executor_t *executor; /* NULL for host arenas */
-    _Atomic uint64_t generation;
-    _Atomic bool busy;     /* a call writes into it */
+/* Blocks of one kind of memory, bumped newest first. */
+typedef struct arena_pool {
     arena_block_t *blocks; /* newest first */
     size_t capacity;       /* bytes in every block */
     size_t used_total;     /* bytes handed out since the rewind, for coalescing */
+    bool device;           /* blocks of device memory (headers stay on the host) */
+} arena_pool_t;
+
+struct uform_arena {
+    uform_executor_t *executor; /* NULL for host arenas */
+    _Atomic uint64_t generation;
+    _Atomic bool busy; /* a call writes into it */
+    arena_pool_t outputs;
+    arena_pool_t host; /* device arenas: what the host reads (statuses, item offsets) */
 };
 
 /* Takes the arena for one call (UFORM_CONTENDED when another call has it), rewinds it (coalescing
@@ -223,9 +233,11 @@ struct uform_arena {
 uform_status_t arena_begin(uform_arena_t *arena);
 void arena_end(uform_arena_t *arena);
 
-/* Aligned memory for this call's outputs; never moves what was handed out earlier in the call.
- * Answers NULL when out of memory. */
+/* Aligned memory for this call's outputs (device memory in device arenas); never moves what was
+ * handed out earlier in the call. Answers NULL when out of memory. */
 void *arena_allocate(uform_arena_t *arena, size_t bytes, size_t alignment);
+/* The same in host memory, whatever the arena: per-item statuses and item offsets. */
+void *arena_allocate_host(uform_arena_t *arena, size_t bytes, size_t alignment);
 
 /* A view over `rows` x `columns` of `scalar` at `data`, in the arena's current generation. */
 uform_view_t arena_view(uform_arena_t *arena, void *data, size_t rows, size_t columns, uform_scalar_t scalar);
@@ -257,6 +269,11 @@ uform_status_t arena_check(uform_arena_t const *arena, uform_executor_t const *e
 
 /* The bytes of a tensor, or NULL when absent. */
 void const *model_tensor(uform_model_t const *model, char const *name, checkpoint_tensor_t const **tensor);
+
+/* A VRAM model runs on the VRAM executor that loaded it; a host model on host executors.
+ * UFORM_OK, or UFORM_INVALID_ARGUMENT with a message. */
+uform_status_t model_residency(uform_model_t const *model, uform_executor_t const *executor,
+                               char const **message);
 
 /* ---- Encode verbs ------------------------------------------------------------------------------ */
 

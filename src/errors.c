@@ -54,12 +54,17 @@ UFORM_EXPORT size_t uform_error_render(uform_error_t const *error, char *buffer,
 }
 
 UFORM_EXPORT uint32_t uform_features(void) {
-    /* A feature is reported once its verbs are wired, not merely found: the codec, device, mesh and
-     * server dependencies are detected by the build today and reported by the issues that use them. */
+    /* A feature is reported once its verbs are wired, not merely found: the mesh dependencies (NCCL,
+     * MPI) are detected by the build and reported by the issue that uses them; the server is the
+     * `uform` command's, not the library's. */
     uint32_t features = 0;
     if (UFORM_WITH_URING && loop_uring_available()) features |= UFORM_FEATURE_URING;
     if (UFORM_WITH_HWLOC) features |= UFORM_FEATURE_HWLOC;
     if (UFORM_WITH_FORK_UNION) features |= UFORM_FEATURE_FORK_UNION;
+    if (UFORM_WITH_JPEG) features |= UFORM_FEATURE_JPEG;
+    if (UFORM_WITH_SPNG) features |= UFORM_FEATURE_SPNG;
+    if (UFORM_WITH_FFMPEG) features |= UFORM_FEATURE_FFMPEG;
+    if (UFORM_WITH_CUDA) features |= UFORM_FEATURE_CUDA;
     return features;
 }
 

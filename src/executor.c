@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "engine.h"
+#include "vram.h"
 
 #if UFORM_WITH_HWLOC
 #include <hwloc.h>
@@ -195,6 +196,7 @@ static void executor_await_idle(uform_executor_t *executor) {
 }
 
 static void *ram_loop_main(void *argument);
+static uform_status_t executor_start_loop(uform_executor_t *executor, char const **message);
 
 static void executor_destroy(uform_executor_t *executor) {
     if (executor->threaded && atomic_load(&executor->started) == 1) {
@@ -206,6 +208,9 @@ static void executor_destroy(uform_executor_t *executor) {
     }
     team_stop(executor->team);
     executor_deallocate(executor, executor->scratch, executor->scratch_bytes);
+#if UFORM_WITH_CUDA
+    if (executor->vram) vram_close(executor);
+#endif
 #if UFORM_WITH_HWLOC
     if (executor->cpuset) hwloc_bitmap_free(executor->cpuset);
     if (executor->nodeset) hwloc_bitmap_free(executor->nodeset);
@@ -362,7 +367,22 @@ UFORM_EXPORT uform_status_t uform_executor_create_vram(uform_vram_options_t cons
     if (!out) return failed(UFORM_INVALID_ARGUMENT, entry, "executor is NULL");
     if (options && options->devices_count && !options->devices)
         return failed(UFORM_INVALID_ARGUMENT, entry, "devices is NULL with a non-zero count");
-    return failed(UFORM_UNSUPPORTED, entry, "VRAM executors are not built yet");
+#if UFORM_WITH_CUDA
+    uform_executor_t *executor = executor_new(UFORM_EXECUTOR_VRAM);
+    if (!executor) return failed(UFORM_OUT_OF_MEMORY, entry, "cannot allocate the executor");
+    executor->threaded = true;
+    char const *message = NULL;
+    uform_status_t status = vram_open(executor, options, &message);
+    if (status == UFORM_OK && (status = executor_start_loop(executor, &message)) != UFORM_OK) {}
+    if (status != UFORM_OK) {
+        executor_destroy(executor);
+        return failed(status, entry, message);
+    }
+    *out = executor;
+    return UFORM_OK;
+#else
+    return failed(UFORM_UNSUPPORTED, entry, "built without CUDA");
+#endif
 }
 
 /* ---- RAM ----------------------------------------------------------------------------------------- */
@@ -388,6 +408,20 @@ static void *ram_loop_main(void *argument) {
     loop_destroy(executor->loop);
     executor->loop = NULL;
     return NULL;
+}
+
+static uform_status_t executor_start_loop(uform_executor_t *executor, char const **message) {
+    if (pthread_create(&executor->loop_thread, NULL, ram_loop_main, executor) != 0)
+        return *message = "cannot start the loop thread", UFORM_OUT_OF_MEMORY;
+    uint32_t started;
+    while ((started = atomic_load_explicit(&executor->started, memory_order_acquire)) == 0)
+        futex_wait(&executor->started, 0);
+    if (started != 1) {
+        pthread_join(executor->loop_thread, NULL);
+        atomic_store_explicit(&executor->started, 0, memory_order_relaxed);
+        return *message = "cannot create the executor's event loop", UFORM_IO;
+    }
+    return UFORM_OK;
 }
 
 /* Resolves the domains into where threads run and where memory binds, and the default thread count. */
@@ -462,18 +496,7 @@ UFORM_EXPORT uform_status_t uform_executor_create_ram(uform_ram_options_t const 
         message = "cannot start the worker threads";
         goto fail;
     }
-    if (pthread_create(&executor->loop_thread, NULL, ram_loop_main, executor) != 0) {
-        status = UFORM_OUT_OF_MEMORY, message = "cannot start the loop thread";
-        goto fail;
-    }
-    uint32_t started;
-    while ((started = atomic_load_explicit(&executor->started, memory_order_acquire)) == 0)
-        futex_wait(&executor->started, 0);
-    if (started != 1) {
-        pthread_join(executor->loop_thread, NULL);
-        status = UFORM_IO, message = "cannot create the executor's event loop";
-        goto fail;
-    }
+    if ((status = executor_start_loop(executor, &message)) != UFORM_OK) goto fail;
     *out = executor;
     return UFORM_OK;
 fail:

@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "tower.h"
+#include "vram.h"
 
 #define TEXT_CHUNK_TOKENS 2048
 #define TEXT_BOS          256
@@ -256,8 +257,12 @@ UFORM_EXPORT uform_status_t uform_text_encode(uform_text_encode_args_t const *ar
     uform_status_t status = encode_check(args->model, args->executor, args->outputs, args->arena,
                                          args->config, args->encoded, outcome, &args->texts, &message);
     if (status != UFORM_OK) return call_refuse(outcome, status, entry, message);
-    if (!args->model->text)
+    /* A host model runs its prepared tower; a VRAM model, its replicas' */
+    if (!(args->model->device ? args->model->header.info.has_text : args->model->text != NULL))
         return call_refuse(outcome, UFORM_UNSUPPORTED, entry, "the model has no text tower");
+#if UFORM_WITH_CUDA
+    if (args->model->device) return vram_text_encode(args);
+#endif
     /* The arena first, then the executor: the call holds both until it is final. */
     uform_outcome_t own;
     call_t *call = NULL;
@@ -362,11 +367,11 @@ static uform_status_t check_choose(uform_text_choose_args_t const *args, char co
         return *message = "model, states or arena is NULL", UFORM_INVALID_ARGUMENT;
     if (!args->outcome && !args->probabilities)
         return *message = "probabilities is NULL", UFORM_INVALID_ARGUMENT;
-    if (args->executor && args->executor->kind == UFORM_EXECUTOR_VRAM)
-        return *message = "a host model runs on host executors", UFORM_INVALID_ARGUMENT;
+    uform_status_t status = model_residency(model, args->executor, message);
+    if (status != UFORM_OK) return status;
     uform_tape_t const *choices = &args->choices;
     if (choices->count == 0) return *message = "the tape holds no items", UFORM_INVALID_ARGUMENT;
-    uform_status_t status = tape_validate(choices, message);
+    status = tape_validate(choices, message);
     if (status != UFORM_OK) return status;
     for (size_t item = 0; item < choices->count; ++item) {
         uint8_t const *legal = (uint8_t const *)choices->data + choices->offsets[item];
@@ -381,9 +386,15 @@ static uform_status_t check_choose(uform_text_choose_args_t const *args, char co
     if (states->arena == args->arena)
         return *message = "states live in the arena this call rewinds: pass another arena",
                UFORM_INVALID_ARGUMENT;
-    if ((status = uform_view_check(states)) != UFORM_OK) return *message = uform_last_error().message, status;
-    if (!model->text) return *message = "the model has no text tower", UFORM_UNSUPPORTED;
-    if (states->columns != model->text->hidden ||
+    /* A VRAM call reads states where they are: device views of its own executor's arenas, or host views. */
+    bool device_states = states->device && model->device && states->arena && states->arena->executor == args->executor;
+    if (!device_states && (status = uform_view_check(states)) != UFORM_OK)
+        return *message = uform_last_error().message, status;
+    if (device_states && states->generation != atomic_load(&states->arena->generation))
+        return *message = "stale view: its arena was rewound by a later call", UFORM_INVALID_ARGUMENT;
+    if (!(model->device ? model->header.info.has_text : model->text != NULL))
+        return *message = "the model has no text tower", UFORM_UNSUPPORTED;
+    if (states->columns != model->header.info.text.transformer.hidden ||
         (states->scalar != UFORM_F32 && states->scalar != UFORM_BF16))
         return *message = "states are not F32 or BF16 rows of the model's hidden width",
                UFORM_INVALID_ARGUMENT;
@@ -399,6 +410,9 @@ UFORM_EXPORT uform_status_t uform_text_choose(uform_text_choose_args_t const *ar
     char const *message = NULL;
     uform_status_t status = check_choose(args, &message);
     if (status != UFORM_OK) return call_refuse(outcome, status, entry, message);
+#if UFORM_WITH_CUDA
+    if (args->model->device) return vram_text_choose(args);
+#endif
     uform_outcome_t own;
     call_t *call = NULL;
     status = call_open(args->executor, args->arena, outcome, &own, sizeof(choose_call_t), entry, &call);

@@ -235,7 +235,7 @@ static char *metadata_text(tiny_sizes_t const *sizes) {
 /* ---------------------------------------------------------------------------------------------- */
 
 /* Every tower shares depth, hidden and mlp; the rest are the tiny model's fixed sizes. */
-static tiny_sizes_t tiny_sizes(size_t depth, size_t hidden, size_t mlp, size_t context) {
+static tiny_sizes_t tiny_sizes(size_t depth, size_t hidden, size_t mlp, size_t context, size_t size, size_t patch) {
     tiny_sizes_t sizes = {
         .depth = depth,
         .hidden = hidden,
@@ -243,8 +243,8 @@ static tiny_sizes_t tiny_sizes(size_t depth, size_t hidden, size_t mlp, size_t c
         .mlp = mlp,
         .dims = TINY_DIMS,
         .context = context,
-        .size = 32,
-        .patch = 8,
+        .size = size,
+        .patch = patch,
         .frames = 4,
         .rate = 16000,
         .mels = 32,
@@ -264,14 +264,18 @@ UFORM_EXPORT uform_status_t uform_tiny_checkpoint(uform_tiny_checkpoint_args_t c
         return failed(UFORM_INVALID_ARGUMENT, TINY_ENTRY, "path is empty");
     size_t const depth = args->depth ? args->depth : TINY_DEPTH,
                  hidden = args->hidden ? args->hidden : TINY_HIDDEN, mlp = args->mlp ? args->mlp : 2 * hidden,
-                 context = args->context ? args->context : 64;
+                 context = args->context ? args->context : 64,
+                 image_size = args->image_size ? args->image_size : 32,
+                 image_patch = args->image_patch ? args->image_patch : 8;
     if (hidden % 64 != 0) return failed(UFORM_INVALID_ARGUMENT, TINY_ENTRY, "hidden is not a multiple of 64");
     if (hidden > 65536) return failed(UFORM_INVALID_ARGUMENT, TINY_ENTRY, "hidden over 65536");
     if (depth > 1024) return failed(UFORM_INVALID_ARGUMENT, TINY_ENTRY, "depth over 1024");
     if (mlp > (1u << 20)) return failed(UFORM_INVALID_ARGUMENT, TINY_ENTRY, "mlp over 1048576");
     if (context > (1u << 24)) return failed(UFORM_INVALID_ARGUMENT, TINY_ENTRY, "context over 16777216");
+    if (image_size > 4096 || image_size % image_patch != 0)
+        return failed(UFORM_INVALID_ARGUMENT, TINY_ENTRY, "image_size over 4096 or not a multiple of image_patch");
 
-    tiny_sizes_t const sizes = tiny_sizes(depth, hidden, mlp, context);
+    tiny_sizes_t const sizes = tiny_sizes(depth, hidden, mlp, context, image_size, image_patch);
     size_t const towers = 3, per_tower = 10 * depth + 2, extras = 1 + 4 + 4 + 2;
     tiny_builder_t builder;
     char *metadata = NULL;

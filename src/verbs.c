@@ -3,6 +3,18 @@
  * answers UFORM_UNSUPPORTED (through its outcome too, when one is given). */
 #include "engine.h"
 
+uform_status_t model_residency(uform_model_t const *model, uform_executor_t const *executor,
+                               char const **message) {
+    bool device_executor = executor && executor->kind == UFORM_EXECUTOR_VRAM;
+    if (model->device && !device_executor)
+        return *message = "a VRAM model runs on the VRAM executor that loaded it", UFORM_INVALID_ARGUMENT;
+    if (!model->device && device_executor)
+        return *message = "a host model runs on host executors", UFORM_INVALID_ARGUMENT;
+    if (model->device && model->executor != executor)
+        return *message = "a VRAM model runs on the VRAM executor that loaded it", UFORM_INVALID_ARGUMENT;
+    return UFORM_OK;
+}
+
 uform_status_t encode_check(uform_model_t const *model, uform_executor_t const *executor,
                             uform_outputs_t outputs, uform_arena_t const *arena,
                             uform_encode_config_t const *config, uform_encoded_t const *encoded,
@@ -13,8 +25,8 @@ uform_status_t encode_check(uform_model_t const *model, uform_executor_t const *
     if (outputs == 0 || ((uint32_t)outputs & ~known))
         return *message = "outputs is empty or unknown", UFORM_INVALID_ARGUMENT;
     if (!outcome && !encoded) return *message = "encoded is NULL", UFORM_INVALID_ARGUMENT;
-    if (executor && executor->kind == UFORM_EXECUTOR_VRAM)
-        return *message = "a host model runs on host executors", UFORM_INVALID_ARGUMENT;
+    uform_status_t residency = model_residency(model, executor, message);
+    if (residency != UFORM_OK) return residency;
     if (config) {
         if (uform_scalar_size(config->outputs_scalar) == 0)
             return *message = "unknown outputs scalar", UFORM_INVALID_ARGUMENT;
@@ -31,64 +43,6 @@ uform_status_t encode_check(uform_model_t const *model, uform_executor_t const *
     if (status != UFORM_OK) return status;
     if (tape->count == 0) return *message = "the tape holds no items", UFORM_INVALID_ARGUMENT;
     return tape_validate(tape, message);
-}
-
-/* The shared tail of every encode verb not built yet. */
-static uform_status_t encode_refuse(char const *entry, uform_model_t const *model,
-                                    uform_executor_t const *executor, uform_outputs_t outputs,
-                                    uform_arena_t const *arena, uform_encode_config_t const *config,
-                                    uform_encoded_t const *encoded, uform_outcome_t *outcome,
-                                    uform_tape_t const *tape, bool has_tower, char const *no_tower) {
-    char const *message = NULL;
-    uform_status_t status =
-        encode_check(model, executor, outputs, arena, config, encoded, outcome, tape, &message);
-    if (status != UFORM_OK) return call_refuse(outcome, status, entry, message);
-    if (!has_tower) return call_refuse(outcome, UFORM_UNSUPPORTED, entry, no_tower);
-    return call_refuse(outcome, UFORM_UNSUPPORTED, entry, "this verb is not built yet");
-}
-
-#define ENCODE_REFUSE(entry, args, tape, tower, no_tower)                                                    \
-    encode_refuse(entry, (args)->model, (args)->executor, (args)->outputs, (args)->arena, (args)->config,    \
-                  (args)->encoded, (args)->outcome, tape, (args)->model && (args)->model->header.info.tower, \
-                  no_tower)
-
-UFORM_EXPORT uform_status_t uform_image_encode(uform_image_encode_args_t const *args) {
-    static char const entry[] = "uform_image_encode";
-    if (!args) return failed(UFORM_INVALID_ARGUMENT, entry, "args is NULL");
-    if (args->source != UFORM_SOURCE_FILES && args->source != UFORM_SOURCE_MEMORY)
-        return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry, "unknown source");
-    return ENCODE_REFUSE(entry, args, &args->images, has_image, "the model has no image tower");
-}
-
-UFORM_EXPORT uform_status_t uform_image_encode_pixels(uform_image_encode_pixels_args_t const *args) {
-    static char const entry[] = "uform_image_encode_pixels";
-    if (!args) return failed(UFORM_INVALID_ARGUMENT, entry, "args is NULL");
-    if (args->pixels.count && (!args->heights || !args->widths))
-        return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry, "heights or widths is NULL");
-    return ENCODE_REFUSE(entry, args, &args->pixels, has_image, "the model has no image tower");
-}
-
-UFORM_EXPORT uform_status_t uform_video_encode(uform_video_encode_args_t const *args) {
-    static char const entry[] = "uform_video_encode";
-    if (!args) return failed(UFORM_INVALID_ARGUMENT, entry, "args is NULL");
-    if (args->source != UFORM_SOURCE_FILES && args->source != UFORM_SOURCE_MEMORY)
-        return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry, "unknown source");
-    return ENCODE_REFUSE(entry, args, &args->videos, has_video, "the model has no video tower");
-}
-
-UFORM_EXPORT uform_status_t uform_audio_encode(uform_audio_encode_args_t const *args) {
-    static char const entry[] = "uform_audio_encode";
-    if (!args) return failed(UFORM_INVALID_ARGUMENT, entry, "args is NULL");
-    if (args->source != UFORM_SOURCE_FILES && args->source != UFORM_SOURCE_MEMORY)
-        return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry, "unknown source");
-    return ENCODE_REFUSE(entry, args, &args->sounds, has_audio, "the model has no audio tower");
-}
-
-UFORM_EXPORT uform_status_t uform_audio_encode_samples(uform_audio_encode_samples_args_t const *args) {
-    static char const entry[] = "uform_audio_encode_samples";
-    if (!args) return failed(UFORM_INVALID_ARGUMENT, entry, "args is NULL");
-    if (args->rate == 0) return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry, "rate is 0");
-    return ENCODE_REFUSE(entry, args, &args->samples, has_audio, "the model has no audio tower");
 }
 
 /* ---- Mesh and trainer --------------------------------------------------------------------------- */

@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """Drives the real `uform` command: checkpoint tiny, info, encode in every format, scalar and width,
-bad flags and bad paths, and the default model.
+images by path and in a manifest, search (index a folder, query it), bad flags and bad paths, and the
+default model.
 
     test_command.py --uform build/src/tools/uform --workdir build/tests/command
 
-The standard library only; the .npy file is also loaded with NumPy where it imports."""
+The standard library only; the .npy file is also loaded with NumPy where it imports, and a JPEG is
+written with Pillow where this interpreter, .venv/bin/python3 or /usr/bin/python3 has it."""
 import argparse
 import json
 import math
@@ -13,6 +15,11 @@ import shutil
 import struct
 import subprocess
 import sys
+import wave
+import zlib
+from pathlib import Path
+
+REPOSITORY = Path(__file__).resolve().parents[1]
 
 TEXTS = ["a cat", "a dog"]
 
@@ -53,6 +60,78 @@ def read_npy(path):
     assert (10 + length) % 64 == 0, length
     header = eval(data[10 : 10 + length].decode("latin1"), {}, {})  # a Python dict literal, by the format
     return header, data[10 + length :]
+
+
+def write_png(path, width, height, seed):
+    """An RGB8 PNG, written with the standard library."""
+    rows = b"".join(b"\x00" + bytes((x * 7 + y * 3 + c * 50 + seed) % 256 for x in range(width) for c in range(3))
+                    for y in range(height))
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    with open(path, "wb") as file:
+        file.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+                   + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+
+
+def write_jpeg(path, width, height, color):
+    """A JPEG of one colour with a diagonal band, written by Pillow in this interpreter or another one that
+    has it. Answers False where none has Pillow."""
+    script = ("import sys\nfrom PIL import Image, ImageDraw\n"
+              "path, width, height, r, g, b = sys.argv[1], *map(int, sys.argv[2:])\n"
+              "image = Image.new('RGB', (width, height), (r, g, b))\n"
+              "ImageDraw.Draw(image).line((0, 0, width, height), fill=(255 - r, 255 - g, 255 - b), width=5)\n"
+              "image.save(path, quality=90)\n")
+    arguments = [path, str(width), str(height), *map(str, color)]
+    for interpreter in (sys.executable, str(REPOSITORY / ".venv" / "bin" / "python3"), "/usr/bin/python3"):
+        if os.path.exists(interpreter) and subprocess.run([interpreter, "-c", script, *arguments],
+                                                          capture_output=True).returncode == 0:
+            return True
+    return False
+
+
+def write_wav(path, frequency, seconds=1.0, rate=16000):
+    """A mono 16-bit sine: long enough for the tiny model's audio tower."""
+    with wave.open(path, "wb") as file:
+        file.setnchannels(1)
+        file.setsampwidth(2)
+        file.setframerate(rate)
+        file.writeframes(b"".join(struct.pack("<h", int(12000 * math.sin(2 * math.pi * frequency * i / rate)))
+                                  for i in range(int(seconds * rate))))
+
+
+def check_images(uform, model, workdir):
+    """Image paths as arguments (by extension) and in a manifest; `--` keeps a .png name a text; a
+    broken image ends the run naming it and its status."""
+    first, second = os.path.join(workdir, "first.png"), os.path.join(workdir, "second.PNG")
+    write_png(first, 40, 30, 1)
+    write_png(second, 17, 64, 2)
+    if encode_status(uform, model, "image", first) == "unsupported":
+        print("this build decodes no PNG: the image checks are skipped")
+        return
+    rows = rows_of(run(uform, "encode", "--model", model, first, "a cat", second, "--tokens")[0])
+    assert len(rows) == 3
+    for row in rows:
+        assert_unit(row["embedding"], 64)
+    assert len(rows[0]["tokens"]) == 16 and len(rows[1]["tokens"]) == 5, (len(rows[0]["tokens"]), len(rows[1]["tokens"]))
+    assert rows[0]["embedding"] != rows[2]["embedding"]
+    manifest = os.path.join(workdir, "images.jsonl")
+    with open(manifest, "w") as file:
+        file.write(json.dumps({"image": first}) + "\n" + json.dumps({"image": second}) + "\n")
+    listed = rows_of(run(uform, "encode", "--model", model, "--manifest", manifest)[0])
+    assert [row["embedding"] for row in listed] == [rows[0]["embedding"], rows[2]["embedding"]]
+    literal = rows_of(run(uform, "encode", "--model", model, "--", first)[0])
+    text = rows_of(run(uform, "encode", "--model", model, "--manifest", "-",
+                       stdin=json.dumps({"text": first}).encode() + b"\n")[0])
+    assert literal[0]["embedding"] == text[0]["embedding"] != rows[0]["embedding"]
+    broken = os.path.join(workdir, "broken.jpg")
+    with open(broken, "wb") as file:
+        file.write(b"not a JPEG at all\n")
+    _, stderr = run(uform, "encode", "--model", model, first, broken, expect=1)
+    assert stderr.startswith("uform: item 1: image") and "broken.jpg" in stderr and stderr.endswith(": format\n"), stderr
+    _, stderr = run(uform, "encode", "--model", model, os.path.join(workdir, "missing.png"), expect=1)
+    assert stderr.startswith("uform: item 0: image") and stderr.endswith(": io\n"), stderr
 
 
 def check_checkpoint_and_info(uform, workdir):
@@ -153,8 +232,198 @@ def check_encode(uform, model, workdir):
     assert rows_of(one)[299]["embedding"] == alone[0]["embedding"]
 
 
+def read_index(path):
+    """A `uform search index` file, parsed by the layout its --help documents."""
+    with open(path, "rb") as file:
+        data = file.read()
+    assert data[:8] == b"UFORMIDX", data[:8]
+    version, dims, items, model_bytes, paths_bytes = struct.unpack("<IIQQQ", data[8:40])
+    assert version == 1 and data[40:64] == bytes(24), (version, data[40:64])
+    at = 64
+    vectors = [list(struct.unpack(f"<{dims}f", data[at + 4 * dims * i : at + 4 * dims * (i + 1)])) for i in range(items)]
+    at += 4 * dims * items
+    model = data[at : at + model_bytes].decode()
+    at += model_bytes
+    modalities = [("text", "image", "video", "audio")[m] for m in data[at : at + items]]
+    at += items
+    offsets = struct.unpack(f"<{items + 1}Q", data[at : at + 8 * (items + 1)])
+    at += 8 * (items + 1)
+    assert offsets[0] == 0 and offsets[-1] == paths_bytes and at + paths_bytes == len(data), (offsets, at, len(data))
+    paths = [data[at + offsets[i] : at + offsets[i + 1]].decode() for i in range(items)]
+    return {"dims": dims, "model": model, "items": dict(zip(paths, zip(modalities, vectors)))}
+
+
+def write_index(path, model, dims, items):
+    """An index written by hand, by the same layout: [(path, modality number, vector)]."""
+    paths = b"".join(item[0].encode() for item in items)
+    offsets, at = [0], 0
+    for item in items:
+        at += len(item[0].encode())
+        offsets.append(at)
+    with open(path, "wb") as file:
+        file.write(b"UFORMIDX" + struct.pack("<IIQQQ", 1, dims, len(items), len(model.encode()), len(paths))
+                   + bytes(24) + b"".join(struct.pack(f"<{dims}f", *item[2]) for item in items) + model.encode()
+                   + bytes(item[1] for item in items) + struct.pack(f"<{len(offsets)}Q", *offsets) + paths)
+
+
+def encode_status(uform, model, modality, path):
+    """How `uform encode` ends a run of one media file: "ok", or the engine's status for it, the item's
+    (`uform: item 0: image 'x.jpg': format`) or the whole call's (`UForm: unsupported [uform_...]: ...`)."""
+    done = subprocess.run([uform, "encode", "--model", model, "--manifest", "-"], capture_output=True, timeout=120,
+                          input=json.dumps({modality: path}).encode() + b"\n")
+    if done.returncode == 0:
+        return "ok"
+    stderr = done.stderr.decode().rstrip("\n")
+    return stderr.split(" ", 2)[1] if stderr.startswith("UForm: ") else stderr.rsplit(": ", 1)[-1]
+
+
+def ranking(stdout):
+    """`search query`'s text lines: (rank, score, path)."""
+    rows = [line.split(" ", 2) for line in stdout.decode().splitlines()]
+    return [(int(rank), float(score), path) for rank, score, path in rows]
+
+
+def check_search(uform, model, workdir):
+    """Index a folder of images, sounds and texts with a broken file among them, then query it: a planted
+    duplicate of the query ranks first with a score of 1; the index holds what `uform encode` answers."""
+    folder = os.path.join(workdir, "media")
+    os.makedirs(os.path.join(folder, "sub"))
+    os.makedirs(os.path.join(folder, ".hidden"))
+    for i, (width, height) in enumerate(((40, 30), (17, 64), (64, 64))):
+        write_png(os.path.join(folder, f"image{i}.png"), width, height, 40 * i + 3)
+    write_png(os.path.join(folder, "sub", "deep.png"), 33, 20, 99)
+    expected = {f"image{i}.png": "image" for i in range(3)}
+    if write_jpeg(os.path.join(folder, "photo.JPG"), 48, 36, (20, 120, 220)):
+        expected["photo.JPG"] = "image"
+    else:
+        print("no interpreter here imports Pillow: the search index holds no JPEG")
+    write_wav(os.path.join(folder, "low.wav"), 220)
+    write_wav(os.path.join(folder, "high.wav"), 1760, seconds=1.5)
+    expected.update({"low.wav": "audio", "high.wav": "audio"})
+    texts = {"cat.txt": "a cat on a mat\n", "dog.txt": "a dog", "bird.txt": "a bird\r\n", "empty.txt": ""}
+    for name, text in texts.items():
+        with open(os.path.join(folder, name), "w", newline="") as file:
+            file.write(text)
+        expected[name] = "text"
+    with open(os.path.join(folder, "broken.jpg"), "wb") as file:
+        file.write(b"not a JPEG at all\n")
+    with open(os.path.join(folder, "clip.mp4"), "wb") as file:  # format, or unsupported where video is not built
+        file.write(b"not a clip either")
+    for name in ("notes.md", os.path.join(".hidden", "secret.txt"), ".dot.txt"):
+        with open(os.path.join(folder, name), "w") as file:
+            file.write("passed over")
+
+    # What the index should take and skip: each media file alone through `uform encode` (a build without
+    # a decoder answers unsupported for its files).
+    skipped = {}
+    for name in sorted(expected) + ["broken.jpg", "clip.mp4"]:
+        modality = expected.get(name) or {"jpg": "image", "mp4": "video"}[name.rsplit(".", 1)[1]]
+        if modality != "text":
+            status = encode_status(uform, model, modality, os.path.join(folder, name))
+            if status != "ok":
+                skipped[name] = (modality, status)
+                expected.pop(name, None)
+    assert "broken.jpg" in skipped and "clip.mp4" in skipped, skipped
+    if "image0.png" in expected:  # where images decode, a broken one is malformed, not unsupported
+        assert skipped["broken.jpg"] == ("image", "format"), skipped
+
+    index = os.path.join(workdir, "media.index")
+    _, stderr = run(uform, "search", "index", folder, "--output", index, "--model", model, "--threads", "2")
+    lines = stderr.splitlines()
+    total = len(expected) + len(skipped)
+    assert lines[-1] == f"uform search: indexed {len(expected)} of {total} files into {index} (64 dims); {len(skipped)} skipped", stderr
+    assert len(lines) == len(skipped) + 1, stderr
+    for name, (modality, status) in skipped.items():
+        assert [line for line in lines if line.startswith(f"uform: warning: skipping '{name}' ({modality}): {status}")], (name, status, stderr)
+    built = read_index(index)
+    assert built["dims"] == 64 and built["model"] == os.path.realpath(model), built["model"]
+    assert {path: item[0] for path, item in built["items"].items()} == expected, built["items"].keys()
+    for _, vector in built["items"].values():
+        assert_unit(vector, 64)
+    assert not [name for name in os.listdir(workdir) if name.startswith("media.index.")]  # no temporary left
+
+    # The index holds the vectors `uform encode` gives: a text file is its text without its line end.
+    direct = rows_of(run(uform, "encode", "--model", model, "a cat on a mat", "a bird", "",
+                         os.path.join(folder, "image1.png"))[0] if "image1.png" in expected else
+                     run(uform, "encode", "--model", model, "a cat on a mat", "a bird", "")[0])
+    for name, row in zip(("cat.txt", "bird.txt", "empty.txt", "image1.png"), direct):
+        assert built["items"][name][1] == as_f32(row["embedding"]), name
+
+    # A planted duplicate of the query ranks first, with a score of 1.
+    top = ranking(run(uform, "search", "query", index, "a cat on a mat")[0])
+    assert [row[0] for row in top] == list(range(1, min(10, len(expected)) + 1)), top
+    assert top[0][2] == "cat.txt" and abs(top[0][1] - 1) < 1e-5 and top[1][1] < 1 - 1e-3, top
+    assert [row[1] for row in top] == sorted((row[1] for row in top), reverse=True), top
+    for name in [name for name in ("image2.png", "high.wav", "dog.txt", "photo.JPG") if name in expected]:
+        rows = [json.loads(line) for line in run(uform, "search", "query", index, "--file", os.path.join(folder, name),
+                                                 "--format", "jsonl", "--top", "3")[0].decode().splitlines()]
+        assert len(rows) == 3 and rows[0]["path"] == name and rows[0]["modality"] == expected[name], rows
+        assert abs(rows[0]["score"] - 1) < 1e-5 and rows[1]["score"] < rows[0]["score"], rows
+        assert [row["rank"] for row in rows] == [1, 2, 3], rows
+    everything = ranking(run(uform, "search", "query", index, "--top", "100", "--", "-a text with a dash")[0])
+    assert sorted(row[2] for row in everything) == sorted(expected), everything
+
+    # --recursive reaches sub/, --dims narrows the vectors, and the query follows the index's width;
+    # the same folder indexes to the same bytes.
+    narrow = os.path.join(workdir, "narrow.index")
+    run(uform, "search", "index", folder + "/", "--output", narrow, "--model", model, "--dims", "32", "--recursive")
+    built = read_index(narrow)
+    deep = "image0.png" in expected  # PNG decodes in this build
+    assert built["dims"] == 32 and ("sub/deep.png" in built["items"]) == deep
+    assert len(built["items"]) == len(expected) + deep
+    planted = os.path.join(folder, "sub", "deep.png") if deep else os.path.join(folder, "dog.txt")
+    top = ranking(run(uform, "search", "query", narrow, "--file", planted)[0])
+    assert top[0][2] == os.path.relpath(planted, folder) and abs(top[0][1] - 1) < 1e-5, top
+    with open(narrow, "rb") as file:
+        before = file.read()
+    run(uform, "search", "index", folder, "--output", narrow, "--model", model, "--dims", "32", "--recursive")
+    with open(narrow, "rb") as file:
+        assert file.read() == before
+
+    # Errors: one line each, exit 1 for what failed and 2 for a wrong command line. An index whose width
+    # the model lacks, a damaged one, and a failed run that leaves nothing behind.
+    odd = os.path.join(workdir, "odd.index")
+    write_index(odd, os.path.realpath(model), 48, [("x.txt", 0, [1.0] + [0.0] * 47)])
+    damaged = os.path.join(workdir, "damaged.index")
+    with open(index, "rb") as source, open(damaged, "wb") as file:
+        file.write(source.read()[:-3])
+    failed = os.path.join(workdir, "failed.index")
+    cases = [
+        (1, ["search", "query", os.path.join(workdir, "missing.index"), "a cat"], "No such file"),
+        (1, ["search", "query", model, "a cat"], "not a uform search index"),
+        (1, ["search", "query", os.path.join(folder, "cat.txt"), "a cat"], "not a uform search index"),
+        (1, ["search", "query", damaged, "a cat"], "damaged index"),
+        (1, ["search", "query", odd, "a cat"], "the index's dims 48: not a width of the model"),
+        (1, ["search", "query", index, "--file", os.path.join(folder, "broken.jpg")], f": {skipped['broken.jpg'][1]}"),
+        (1, ["search", "query", index, "--file", os.path.join(folder, "missing.txt")], ": io"),
+        (2, ["search", "query", index, "--file", os.path.join(folder, "notes.md")], "extension"),
+        (2, ["search", "query", index, "a cat", "--top", "zero"], "--top"),
+        (2, ["search", "query", index, "a cat", "--format", "csv"], "--format"),
+        (2, ["search", "query", index, "a cat", "--frobnicate"], "unknown flag"),
+        (2, ["search", "query", index], "TEXT"),
+        (2, ["search", "query", index, "a", "cat"], "one TEXT"),
+        (1, ["search", "index", os.path.join(workdir, "missing"), "--output", failed, "--model", model], "No such file"),
+        (1, ["search", "index", os.path.join(folder, "cat.txt"), "--output", failed, "--model", model], "Not a directory"),
+        (1, ["search", "index", folder, "--output", failed, "--model", model, "--dims", "7"], "--dims 7"),
+        (1, ["search", "index", folder, "--output", os.path.join(workdir, "no", "such.index"), "--model", model], "cannot create"),
+        (2, ["search", "index", folder, "--model", model], "--output"),
+        (2, ["search", "index", folder, "--output", failed, "--dims", "many"], "--dims"),
+        (2, ["search", "index", folder, "--output", failed, "--frobnicate"], "unknown flag"),
+        (2, ["search", "frobnicate"], "index or query"),
+        (2, ["search"], "index or query"),
+    ]
+    for status, arguments, needle in cases:
+        stdout, stderr = run(uform, *arguments, expect=status)
+        assert stdout == b"" and stderr.count("\n") == 1 and stderr.startswith("uform: ") and needle in stderr, (arguments, stderr)
+    assert not os.path.exists(failed) and not [name for name in os.listdir(workdir) if name.startswith("failed.index")]
+    for arguments in (["search", "--help"], ["search", "index", "--help"], ["search", "query", "-h"]):
+        assert run(uform, *arguments)[0].startswith(b"usage: uform search"), arguments
+
+
 def check_errors(uform, model, workdir):
     """Each bad command line or path: its exit status and one line on stderr."""
+    # Without libmicrohttpd, `serve` only says it is not built, with status 1, whatever its flags.
+    serve_built = subprocess.run([uform, "serve", "--help"], capture_output=True, timeout=120).returncode == 0
     cases = [
         (2, ["encode", "--model", model, "--unknown", "x"]),
         (1, ["encode", "--model", model, "--dims", "7", "x"]),
@@ -173,8 +442,9 @@ def check_errors(uform, model, workdir):
         (2, ["checkpoint", "huge", "x"]),
         (1, ["checkpoint", "tiny", os.path.join(workdir, "missing", "x.safetensors")]),
         (2, ["frobnicate"]),
-        (1, ["search", "x"]),
-        (1, ["serve"]),
+        (2, ["search", "x"]),
+        (1, ["serve", "--model", os.path.join(workdir, "missing.safetensors")]),
+        (2 if serve_built else 1, ["serve", "--port", "70000"]),
         (1, ["encode", "--model", model, "--manifest", os.path.join(workdir, "missing.jsonl")]),
     ]
     for status, arguments in cases:
@@ -182,13 +452,15 @@ def check_errors(uform, model, workdir):
         lines = stderr.splitlines()
         assert len(lines) == 1 and lines[0].startswith(("uform:", "UForm:")), (arguments, stderr)
 
-    # Media items answer the engine's UNSUPPORTED, naming their modality; a bad manifest line says where.
-    for modality in ("image", "video", "audio"):
+    # A missing media file is one line naming the item, its modality and the engine's status (an
+    # image's failures are checked by check_images); a bad manifest line says where.
+    for modality in ("audio",):
         manifest = os.path.join(workdir, f"{modality}.jsonl")
         with open(manifest, "w") as file:
             file.write(json.dumps({modality: "missing.file"}) + "\n")
         _, stderr = run(uform, "encode", "--model", model, "--manifest", manifest, expect=1)
-        assert stderr.startswith("UForm: unsupported") and modality in stderr, stderr
+        built = not stderr.startswith(f"UForm: unsupported [uform_{modality}_encode]")  # no FFmpeg in this build
+        assert not built or (stderr.startswith("uform: item 0:") and modality in stderr and ": io" in stderr), stderr
         assert stderr.count("\n") == 1, stderr
     for line in (b"{not json", b"[1]", b'{"text": 1}', b'{"text": "a", "image": "b"}', b'{"id": 1}'):
         _, stderr = run(uform, "encode", "--model", model, "--manifest", "-", stdin=line + b"\n", expect=1)
@@ -202,10 +474,9 @@ def check_errors(uform, model, workdir):
 
     # Help: every subcommand has one, on stdout, with status 0.
     for arguments in (["--help"], ["encode", "--help"], ["info", "-h"], ["checkpoint", "--help"],
-                      ["checkpoint", "tiny", "--help"]):
+                      ["checkpoint", "tiny", "--help"], ["search", "--help"]) + ((["serve", "--help"],) if serve_built else ()):
         text, _ = run(uform, *arguments)
         assert text.startswith(b"usage: uform"), (arguments, text)
-    assert b"not built yet" in run(uform, "--help")[0]
 
 
 def check_default_model(uform, model, workdir):
@@ -221,6 +492,12 @@ def check_default_model(uform, model, workdir):
     with open(path, "rb") as cached, open(seeded, "rb") as written:
         assert cached.read() == written.read()
     assert json.loads(run(uform, "info", "--json", env=env)[0])["path"] == path
+    # An index made with the default model records its path, and its queries load it from there.
+    index = os.path.join(workdir, "default.index")
+    run(uform, "search", "index", os.path.join(workdir, "media"), "--output", index, env=env)
+    assert read_index(index)["model"] == os.path.realpath(path)
+    top = ranking(run(uform, "search", "query", index, "a dog")[0])
+    assert top[0][2] == "dog.txt" and abs(top[0][1] - 1) < 1e-5, top
 
 
 def main():
@@ -232,6 +509,8 @@ def main():
     os.makedirs(options.workdir)
     model = check_checkpoint_and_info(options.uform, options.workdir)
     check_encode(options.uform, model, options.workdir)
+    check_images(options.uform, model, options.workdir)
+    check_search(options.uform, model, options.workdir)
     check_errors(options.uform, model, options.workdir)
     check_default_model(options.uform, model, options.workdir)
     print("uform command: all checks passed")

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/eventfd.h>
 #include <time.h>
 #include <unistd.h>
@@ -674,6 +675,168 @@ static void test_backend_choice(void **state) {
     }
 }
 
+/* ---- Polls and cancels ------------------------------------------------------------------------ */
+
+typedef struct poll_writer {
+    int fd;
+    char byte;
+} poll_writer_t;
+
+static void *poll_writer_main(void *argument) {
+    poll_writer_t *writer = argument;
+    test_sleep_ms(20); /* most likely after the loop fell asleep in its wait */
+    ssize_t written = write(writer->fd, &writer->byte, 1);
+    (void)written; /* checked by the reader */
+    return NULL;
+}
+
+static void test_poll(void **state) {
+    loop_t *loop = test_loop_new(state, true);
+    int fds[2];
+    assert_int_equal(pipe2(fds, O_CLOEXEC | O_NONBLOCK), 0);
+
+    /* Nothing to read: the poll stays pending through runs that do not block. */
+    test_op_t readable;
+    test_op_init(&readable);
+    loop_poll(loop, &readable.op, fds[0], POLLIN);
+    assert_int_equal(loop_in_flight(loop), 1);
+    for (int i = 0; i < 3; i++)
+        loop_run(loop, false, 0);
+    assert_int_equal(readable.calls, 0);
+
+    /* A write from another thread ends the loop's sleep and completes it, once. */
+    poll_writer_t writer = {.fd = fds[1], .byte = 'x'};
+    pthread_t thread;
+    assert_int_equal(pthread_create(&thread, NULL, poll_writer_main, &writer), 0);
+    test_run_until(loop, &readable.calls, 1);
+    assert_int_equal(pthread_join(thread, NULL), 0);
+    assert_true(readable.result > 0);
+    assert_true(readable.result & POLLIN);
+    assert_int_equal(loop_in_flight(loop), 0);
+
+    /* Level-triggered: the unread byte completes a second poll at once, but not inside the submit. */
+    loop_poll(loop, &readable.op, fds[0], POLLIN);
+    assert_int_equal(readable.calls, 1);
+    test_run_until(loop, &readable.calls, 2);
+    assert_true(readable.result & POLLIN);
+
+    /* A writable end completes a POLLOUT poll; closing the writer hangs the reader up. */
+    test_op_t writable, hangup;
+    test_op_init(&writable);
+    test_op_init(&hangup);
+    loop_poll(loop, &writable.op, fds[1], POLLOUT);
+    test_run_until(loop, &writable.calls, 1);
+    assert_true(writable.result & POLLOUT);
+    char byte;
+    assert_int_equal(read(fds[0], &byte, 1), 1);
+    loop_poll(loop, &hangup.op, fds[0], POLLIN);
+    loop_run(loop, false, 0);
+    assert_int_equal(hangup.calls, 0);
+    assert_int_equal(close(fds[1]), 0);
+    test_run_until(loop, &hangup.calls, 1);
+    assert_true(hangup.result & POLLHUP);
+    assert_int_equal(close(fds[0]), 0);
+
+    /* A descriptor that is not open fails the poll rather than waiting forever. */
+    test_op_t closed;
+    test_op_init(&closed);
+    loop_poll(loop, &closed.op, -1, POLLIN);
+    test_run_until(loop, &closed.calls, 1);
+    assert_int_equal(closed.result, -EBADF);
+    assert_int_equal(loop_in_flight(loop), 0);
+    loop_destroy(loop);
+}
+
+typedef struct cancel_pair cancel_pair_t;
+
+typedef struct pair_op {
+    loop_op_t op;
+    cancel_pair_t *pair;
+    int index;
+} pair_op_t;
+
+struct cancel_pair {
+    loop_t *loop;
+    pair_op_t ops[2];
+    int calls[2];
+    int64_t results[2][2];
+    bool cancelled;
+};
+
+static void cancel_pair_done(loop_op_t *op) {
+    pair_op_t *own = TEST_CONTAINER_OF(op, pair_op_t, op);
+    cancel_pair_t *pair = own->pair;
+    int index = own->index;
+    pair->results[index][pair->calls[index]++] = op->result;
+    if (!pair->cancelled) {
+        pair->cancelled = true;
+        loop_cancel(pair->loop, &pair->ops[1 - index].op);
+    }
+    if (pair->calls[index] == 1) loop_poll(pair->loop, op, op->fd, POLLIN);
+}
+
+static void test_cancel(void **state) {
+    loop_t *loop = test_loop_new(state, true);
+    int fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    assert_true(fd >= 0);
+
+    /* A pending poll and a far timer end with -ECANCELED, each callback once, nothing left in flight. */
+    test_op_t watch, timer, near;
+    test_op_init(&watch);
+    test_op_init(&timer);
+    test_op_init(&near);
+    loop_poll(loop, &watch.op, fd, POLLIN);
+    loop_timer(loop, &timer.op, 3600ull * 1000000000u);
+    loop_run(loop, false, 0);
+    loop_cancel(loop, &watch.op);
+    loop_cancel(loop, &timer.op);
+    assert_int_equal(watch.calls + timer.calls, 0); /* never inside the call */
+    while (watch.calls + timer.calls < 2)
+        loop_run(loop, true, 0);
+    assert_int_equal(watch.calls, 1);
+    assert_int_equal(timer.calls, 1);
+    assert_int_equal(watch.result, -ECANCELED);
+    assert_int_equal(timer.result, -ECANCELED);
+    assert_int_equal(loop_in_flight(loop), 0);
+
+    /* A timer that fired already keeps its own result; so does a poll whose fd was ready. */
+    loop_timer(loop, &near.op, 0);
+    test_sleep_ms(2);
+    uint64_t one = 1;
+    assert_int_equal(write(fd, &one, sizeof one), (ssize_t)sizeof one);
+    loop_poll(loop, &watch.op, fd, POLLIN);
+    test_run_until(loop, &near.calls, 1);
+    test_run_until(loop, &watch.calls, 2);
+    loop_cancel(loop, &near.op);
+    loop_cancel(loop, &watch.op);
+    assert_int_equal(near.result, -ETIME);
+    assert_true(watch.result & POLLIN);
+
+    /* Cancelled at once: the poll's own result if the backend saw it ready first, else -ECANCELED. */
+    loop_poll(loop, &watch.op, fd, POLLIN);
+    loop_cancel(loop, &watch.op);
+    test_run_until(loop, &watch.calls, 3);
+    assert_true(watch.result == -ECANCELED || (watch.result & POLLIN));
+
+    /* A cancel of an op that is final but not yet delivered does not reach its resubmission: the first
+     * of two ready polls to run cancels the other, and both resubmit themselves once. */
+    cancel_pair_t pair = {.loop = loop};
+    for (int i = 0; i < 2; i++) {
+        pair.ops[i] = (pair_op_t){.op = {.callback = cancel_pair_done}, .pair = &pair, .index = i};
+        loop_poll(loop, &pair.ops[i].op, fd, POLLIN);
+    }
+    while (pair.calls[0] + pair.calls[1] < 4)
+        loop_run(loop, true, 0);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(pair.calls[i], 2);
+        for (int call = 0; call < 2; call++)
+            assert_true(pair.results[i][call] & POLLIN);
+    }
+    assert_int_equal(loop_in_flight(loop), 0);
+    assert_int_equal(close(fd), 0);
+    loop_destroy(loop);
+}
+
 /* ---- Main ------------------------------------------------------------------------------------ */
 
 /* Each backend is a test of its own, named after it. */
@@ -698,6 +861,8 @@ int main(void) {
         TEST_BOTH(test_single_issuer),
         TEST_BOTH(test_resubmit),
         TEST_BOTH(test_lifetime),
+        TEST_BOTH(test_poll),
+        TEST_BOTH(test_cancel),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -54,6 +54,11 @@ static void names_and_rendering(void **state) {
     uint32_t features = uform_features();
     assert_int_equal(!!(features & UFORM_FEATURE_HWLOC), UFORM_WITH_HWLOC);
     assert_int_equal(!!(features & UFORM_FEATURE_URING), UFORM_WITH_URING && loop_uring_available());
+    assert_int_equal(!!(features & UFORM_FEATURE_JPEG), UFORM_WITH_JPEG);
+    assert_int_equal(!!(features & UFORM_FEATURE_SPNG), UFORM_WITH_SPNG);
+    assert_int_equal(!!(features & UFORM_FEATURE_FFMPEG), UFORM_WITH_FFMPEG);
+    assert_int_equal(!!(features & UFORM_FEATURE_CUDA), UFORM_WITH_CUDA);
+    assert_false(features & (UFORM_FEATURE_NCCL | UFORM_FEATURE_MPI | UFORM_FEATURE_MICROHTTPD));
 }
 
 static void outcome_arguments(void **state) {
@@ -121,7 +126,16 @@ static void executor_constructors(void **state) {
     assert_int_equal(uform_executor_create_vram(NULL, NULL), UFORM_INVALID_ARGUMENT);
     uform_vram_options_t vram = {.devices = NULL, .devices_count = 2};
     assert_int_equal(uform_executor_create_vram(&vram, &executor), UFORM_INVALID_ARGUMENT);
-    assert_int_equal(uform_executor_create_vram(NULL, &executor), UFORM_UNSUPPORTED);
+    /* Built with CUDA: DEVICE where no device is present; without: UNSUPPORTED (tests/test_vram.c
+     * checks a VRAM executor where a device is present). */
+    uform_status_t vram_status = uform_executor_create_vram(NULL, &executor);
+    if (vram_status == UFORM_OK) {
+        uform_executor_free(executor);
+        executor = NULL;
+        vram_status = uform_executor_create_vram(&(uform_vram_options_t){.devices = (size_t[]){4096}, .devices_count = 1},
+                                                 &executor);
+    }
+    assert_int_equal(vram_status, UFORM_WITH_CUDA ? UFORM_DEVICE : UFORM_UNSUPPORTED);
     assert_null(executor);
     assert_string_equal(uform_last_error().entry, "uform_executor_create_vram");
     uform_executor_free(NULL);

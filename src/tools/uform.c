@@ -7,7 +7,7 @@
 
 typedef struct command {
     char const *name;
-    int (*run)(int argc, char **argv); /* NULL: listed, but not built yet */
+    int (*run)(int argc, char **argv);
     char const *summary;
 } command_t;
 
@@ -15,8 +15,8 @@ static command_t const commands[] = {
     {"encode", command_encode, "embed texts from arguments, standard input or a JSONL manifest"},
     {"info", command_info, "describe a checkpoint: towers, sizes, matryoshka widths, parameters"},
     {"checkpoint", command_checkpoint, "checkpoint tools: 'checkpoint tiny' writes a small seeded model"},
-    {"search", NULL, "index a folder of media into a file, then query it (not built yet)"},
-    {"serve", NULL, "an OpenAI-compatible embedding server (not built yet)"},
+    {"search", command_search, "index a folder of media into a file, then query it by a text or a file"},
+    {"serve", command_serve, "an OpenAI-compatible embedding server over HTTP"},
 };
 
 static void print_help(FILE *stream) {
@@ -57,7 +57,6 @@ int main(int argc, char **argv) {
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; ++i) {
         if (strcmp(argv[1], commands[i].name) != 0) continue;
-        if (!commands[i].run) return command_fail("%s is not built yet", commands[i].name);
         /* Each subcommand sees itself as argv[0]. */
         return commands[i].run(argc - 1, argv + 1);
     }

@@ -14,7 +14,7 @@ static char const help[] = "usage: uform checkpoint <tool> [options]\n"
                            "'uform checkpoint <tool> --help' describes a tool.\n";
 
 static char const tiny_help[] =
-    "usage: uform checkpoint tiny PATH [--seed N] [--depth N] [--hidden N] [--mlp N] [--context N]\n"
+    "usage: uform checkpoint tiny PATH [--seed N] [--depth N] [--hidden N] [--mlp N] [--context N]\n                        [--image-size N] [--image-patch N]\n"
     "\n"
     "Writes a small, seeded, fully valid format-4 checkpoint with every tower (text, image, video,\n"
     "audio) and the logit parameters, atomically (a temporary file, then a rename). The same seed\n"
@@ -24,11 +24,14 @@ static char const tiny_help[] =
     "  --depth N    layers of every tower (default 2)\n"
     "  --hidden N   hidden width of every tower, a multiple of 64 (default 64)\n"
     "  --mlp N      MLP width of every tower (default 2 * hidden)\n"
-    "  --context N  the text tower's context, in bytes (default 64)\n";
+    "  --context N  the text tower's context, in bytes (default 64)\n"
+    "  --image-size N   the image tower's input side, in pixels (default 32)\n"
+    "  --image-patch N  the image tower's patch side, dividing --image-size (default 8)\n";
 
 static int checkpoint_tiny(int argc, char **argv) {
     static char const command[] = "checkpoint tiny";
-    static char const *const names[] = {"--seed", "--depth", "--hidden", "--mlp", "--context"};
+    static char const *const names[] = {"--seed", "--depth", "--hidden", "--mlp", "--context", "--image-size",
+                                        "--image-patch"};
     uform_tiny_checkpoint_args_t args = {.seed = 42};
     for (int i = 1; i < argc; ++i) {
         if (command_is_help(argv[i])) {
@@ -46,7 +49,8 @@ static int checkpoint_tiny(int argc, char **argv) {
             uint64_t number = 0;
             if (command_parse_u64(value, &number) != 0 || number > SIZE_MAX)
                 return command_usage(command, "%s takes a number, not '%s'", names[name], value);
-            size_t *sizes[] = {NULL, &args.depth, &args.hidden, &args.mlp, &args.context}; /* as names */
+            size_t *sizes[] = {NULL,          &args.depth,      &args.hidden,     &args.mlp,
+                               &args.context, &args.image_size, &args.image_patch}; /* as names */
             if (name == 0)
                 args.seed = number;
             else

@@ -7,6 +7,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #include <uform.h>
 
@@ -44,7 +45,87 @@ int command_model_path(char const *given, char *buffer, size_t capacity, char co
 /* The text of the default model's paragraph in every --help. */
 extern char const command_default_model_help[];
 
-/* ---- what `encode` reads: uform_inputs.c -------------------------------------------------------- */
+/* "text", "image", "video", "audio", by uform_modality_t. */
+extern char const *const command_modality_names[4];
+
+/* ---- the engine a command holds, and batches through it: uform_batch.c ----------------------------- */
+
+/* A RAM executor, a model loaded on it, an arena for its outputs, and what the model is. */
+typedef struct command_engine {
+    uform_executor_t *executor;
+    uform_model_t *model;
+    uform_arena_t *arena;
+    uform_model_info_t info;
+} command_engine_t;
+
+/* Loads the checkpoint at `path` on an executor of `threads` threads (0: 7/8 of the cores). On
+ * failure, prints the engine's error and answers COMMAND_RUNTIME, having released what it made. */
+int command_engine_open(char const *path, size_t threads, command_engine_t *engine);
+
+/* Releases what command_engine_open made; a zeroed engine is ignored. */
+void command_engine_close(command_engine_t *engine);
+
+/* The matryoshka width to ask the engine for vectors `dims` wide: 0 for the model's full width, else
+ * one of its matryoshka widths. Prints an error naming `what` (where the width came from: "--dims")
+ * and answers COMMAND_RUNTIME when the model has no such width. */
+int command_matryoshka(command_engine_t const *engine, size_t dims, char const *what, size_t *matryoshka);
+
+/* Bounds of one engine call: enough items to keep the threads busy, and bounded memory per batch. */
+enum { ENCODE_BATCH_ITEMS = 256, ENCODE_BATCH_BYTES = 1 << 20 };
+
+/* Items of one modality end to end, texts or media paths: the tape of one engine call. */
+typedef struct encode_batch {
+    uform_modality_t modality;
+    char *bytes;
+    size_t length, capacity, count;
+    size_t offsets[ENCODE_BATCH_ITEMS + 1];
+} encode_batch_t;
+
+/* Appends an item; the first item of an empty batch sets its modality, and later ones must share it.
+ * Answers an exit code (out of memory). */
+int encode_batch_add(encode_batch_t *batch, uform_modality_t modality, char const *bytes, size_t length);
+
+/* Whether the batch holds as many items or bytes as one call should take. */
+bool encode_batch_full(encode_batch_t const *batch);
+
+/* Runs the verb of the batch's modality, media read from their paths, blocking, into the engine's
+ * arena: the views in *encoded live until the next call. Answers the verb's status. */
+uform_status_t encode_batch_run(command_engine_t *engine, uform_outputs_t outputs,
+                                uform_encode_config_t const *config, encode_batch_t const *batch,
+                                uform_encoded_t *encoded);
+
+/* Empties the batch, keeping its memory; encode_batch_release frees it. */
+void encode_batch_clear(encode_batch_t *batch);
+void encode_batch_release(encode_batch_t *batch);
+
+/* ---- the progress line of long work: uform_progress.c ---------------------------------------------- */
+
+/* Drawn on stderr only when it is a terminal, at most ten times a second. */
+typedef struct progress {
+    char const *label, *unit; /* "encode", "items" */
+    bool enabled, drawn;
+    double drawn_at; /* seconds after `started` */
+    size_t total;    /* 0 when unknown */
+    struct timespec started;
+} progress_t;
+
+void progress_start(progress_t *progress, char const *label, char const *unit, size_t total);
+
+/* Redraws with `done` units done; `last` draws even when the previous draw is recent. */
+void progress_draw(progress_t *progress, size_t done, bool last);
+
+/* Erases a drawn line, so that a warning printed next has a line of its own. */
+void progress_clear(progress_t *progress);
+
+/* The final count after a success; after a failure, the line ends so that the error starts its own. */
+void progress_end(progress_t *progress, size_t done, bool succeeded);
+
+/* ---- what `encode` and `search` read: uform_inputs.c --------------------------------------------- */
+
+/* The modality of a file by its name's extension, in any case: images .jpg, .jpeg, .png; audio .wav,
+ * .flac, .mp3, .ogg; video .mp4, .mkv, .avi, .webm, .mov; and UFORM_MODALITY_TEXT for .txt, a file whose
+ * content is a text. Answers false for any other name. */
+bool input_file_modality(char const *path, size_t length, uform_modality_t *modality);
 
 /* One item to encode: text bytes, or the path of a media file. Valid until the next input_next. */
 typedef struct input_item {
@@ -55,9 +136,11 @@ typedef struct input_item {
 
 typedef struct input input_t;
 
-/* Items from `texts` when `count` is not 0; else from the JSONL manifest at `manifest` (`-` for standard
- * input) when it is not NULL; else one text per line of standard input. Answers an exit code. */
-int input_open(char **texts, size_t count, char const *manifest, input_t **input);
+/* Items from `arguments` when `count` is not 0: an argument ending in .jpg, .jpeg or .png (any case) is
+ * the path of an image, any other a text, and those from index `literal_from` on (after `--`) are texts
+ * whatever they end with; else from the JSONL manifest at `manifest` (`-` for standard input) when it
+ * is not NULL; else one text per line of standard input. Answers an exit code. */
+int input_open(char **arguments, size_t count, size_t literal_from, char const *manifest, input_t **input);
 
 /* The next item into *item, or *done at the end. Answers an exit code, after printing the error. */
 int input_next(input_t *input, input_item_t *item, bool *done);
@@ -98,5 +181,7 @@ int output_close(output_t *output, bool complete);
 int command_info(int argc, char **argv);
 int command_checkpoint(int argc, char **argv);
 int command_encode(int argc, char **argv);
+int command_serve(int argc, char **argv);
+int command_search(int argc, char **argv);
 
 #endif /* UFORM_COMMAND_H */

@@ -1,10 +1,12 @@
 /* What `uform encode` reads, one item at a time so that a stream of any length needs bounded memory:
- * texts given as arguments, one text per line of standard input, or a JSONL manifest of objects
- * {"text": ...}, {"image": PATH}, {"video": PATH} or {"audio": PATH}. */
+ * texts and image paths given as arguments, one text per line of standard input, or a JSONL manifest
+ * of objects {"text": ...}, {"image": PATH}, {"video": PATH} or {"audio": PATH}; and the modality of a
+ * file by its name, which `search` also goes by. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 
 #include <jansson.h>
@@ -19,8 +21,8 @@ typedef enum input_kind {
 
 struct input {
     input_kind_t kind;
-    char **texts; /* INPUT_ARGUMENTS */
-    size_t count, next;
+    char **arguments; /* INPUT_ARGUMENTS */
+    size_t count, next, literal_from;
     FILE *file;       /* INPUT_LINES and INPUT_MANIFEST */
     char const *name; /* for errors: the manifest's path, or "standard input" */
     char *line;
@@ -49,12 +51,16 @@ static int count_manifest(input_t *input) {
     return COMMAND_OK;
 }
 
-int input_open(char **texts, size_t count, char const *manifest, input_t **opened) {
+int input_open(char **arguments, size_t count, size_t literal_from, char const *manifest, input_t **opened) {
     input_t *input = calloc(1, sizeof *input);
     if (!input) return command_fail("out of memory");
     int code = COMMAND_OK;
     if (count) {
-        *input = (input_t){.kind = INPUT_ARGUMENTS, .texts = texts, .count = count, .total = count};
+        *input = (input_t){.kind = INPUT_ARGUMENTS,
+                           .arguments = arguments,
+                           .count = count,
+                           .literal_from = literal_from,
+                           .total = count};
     } else if (manifest && strcmp(manifest, "-") != 0) {
         *input = (input_t){.kind = INPUT_MANIFEST, .name = manifest, .file = fopen(manifest, "r")};
         if (!input->file) {
@@ -101,13 +107,42 @@ static int manifest_item(input_t *input, size_t length, input_item_t *item) {
     return COMMAND_OK;
 }
 
+bool input_file_modality(char const *path, size_t length, uform_modality_t *modality) {
+    static struct {
+        char const *extension;
+        uform_modality_t modality;
+    } const kinds[] = {
+        {".jpg", UFORM_MODALITY_IMAGE}, {".jpeg", UFORM_MODALITY_IMAGE}, {".png", UFORM_MODALITY_IMAGE},
+        {".wav", UFORM_MODALITY_AUDIO}, {".flac", UFORM_MODALITY_AUDIO}, {".mp3", UFORM_MODALITY_AUDIO},
+        {".ogg", UFORM_MODALITY_AUDIO}, {".mp4", UFORM_MODALITY_VIDEO},  {".mkv", UFORM_MODALITY_VIDEO},
+        {".avi", UFORM_MODALITY_VIDEO}, {".webm", UFORM_MODALITY_VIDEO}, {".mov", UFORM_MODALITY_VIDEO},
+        {".txt", UFORM_MODALITY_TEXT},
+    };
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; ++i) {
+        size_t extension = strlen(kinds[i].extension);
+        if (length > extension &&
+            strncasecmp(path + length - extension, kinds[i].extension, extension) == 0) {
+            *modality = kinds[i].modality;
+            return true;
+        }
+    }
+    return false;
+}
+
 int input_next(input_t *input, input_item_t *item, bool *done) {
     *done = false;
     if (input->kind == INPUT_ARGUMENTS) {
         *done = input->next == input->count;
         if (!*done) {
-            char const *text = input->texts[input->next++];
-            *item = (input_item_t){UFORM_MODALITY_TEXT, text, strlen(text)};
+            bool literal = input->next >= input->literal_from;
+            char const *argument = input->arguments[input->next++];
+            size_t length = strlen(argument);
+            /* Arguments name images only: "notes.txt" or "song.mp3" given as an argument is a text. */
+            uform_modality_t modality = UFORM_MODALITY_TEXT;
+            if (literal || !input_file_modality(argument, length, &modality) ||
+                modality != UFORM_MODALITY_IMAGE)
+                modality = UFORM_MODALITY_TEXT;
+            *item = (input_item_t){modality, argument, length};
         }
         return COMMAND_OK;
     }

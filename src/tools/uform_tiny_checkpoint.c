@@ -1,4 +1,4 @@
-/* uform_tiny_checkpoint <path> [--seed N] [--depth N] [--hidden N] [--mlp N] [--context N]
+/* uform_tiny_checkpoint <path> [--seed N] [--depth N] [--hidden N] [--mlp N] [--context N] [--image-size N] [--image-patch N]
  * Writes a small, seeded, valid format-4 checkpoint with every tower. */
 #include <errno.h>
 #include <inttypes.h>
@@ -9,7 +9,7 @@
 #include <uform.h>
 
 static int usage(char const *program) {
-    fprintf(stderr, "usage: %s <path> [--seed N] [--depth N] [--hidden N] [--mlp N] [--context N]\n",
+    fprintf(stderr, "usage: %s <path> [--seed N] [--depth N] [--hidden N] [--mlp N] [--context N] [--image-size N] [--image-patch N]\n",
             program);
     return 2;
 }
@@ -28,7 +28,8 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; ++i) {
         uint64_t value = 0;
         if (!strcmp(argv[i], "--seed") || !strcmp(argv[i], "--depth") || !strcmp(argv[i], "--hidden") ||
-            !strcmp(argv[i], "--mlp") || !strcmp(argv[i], "--context")) {
+            !strcmp(argv[i], "--mlp") || !strcmp(argv[i], "--context") || !strcmp(argv[i], "--image-size") ||
+            !strcmp(argv[i], "--image-patch")) {
             if (i + 1 >= argc || parse_number(argv[i + 1], &value) != 0) return usage(argv[0]);
             if (!strcmp(argv[i], "--seed"))
                 args.seed = value;
@@ -38,6 +39,10 @@ int main(int argc, char **argv) {
                 args.hidden = (size_t)value;
             else if (!strcmp(argv[i], "--mlp"))
                 args.mlp = (size_t)value;
+            else if (!strcmp(argv[i], "--image-size"))
+                args.image_size = (size_t)value;
+            else if (!strcmp(argv[i], "--image-patch"))
+                args.image_patch = (size_t)value;
             else
                 args.context = (size_t)value;
             ++i;

@@ -225,7 +225,7 @@ class uform_model_load_args_t(Struct):
 class uform_tiny_checkpoint_args_t(Struct):
     c_name = "uform_tiny_checkpoint_args_t"
     _fields_ = [("path", ctypes.c_char_p), ("seed", ctypes.c_uint64), ("depth", c_size), ("hidden", c_size), ("mlp", c_size),
-                ("context", c_size)]
+                ("context", c_size), ("image_size", c_size), ("image_patch", c_size)]
 
 
 MIRRORED = [uform_error_t, uform_progress_t, uform_outcome_t, uform_ram_options_t, uform_tape_t, uform_view_t,

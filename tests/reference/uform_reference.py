@@ -8,11 +8,16 @@ fast and does not try to be.
 
 The towers share one pre-norm trunk, `Transformer`, that takes `causal` and `rotary` flags and owns
 `blocks`, `norm` and `proj` exactly as the checkpoint names them under `{tower}.`: a tower is the
-trunk plus its front end (the text tower adds the byte table `embed`). The image and audio towers
-are not written yet; they would subclass `Transformer` (bidirectional, no rotary, learned positions
-and a class token) the same way.
+trunk plus its front end (the text tower adds the byte table `embed`; the image tower adds the
+pixel front end, the patch layer `patch`, the class token `cls` and the learned positions `pos`, and
+runs the trunk bidirectionally without rotary positions). The audio tower is not written yet.
+
+The image front end resizes with PyTorch's `F.interpolate(mode="bilinear", align_corners=False,
+antialias=True)` (the engine's convention, pinned in include/uform.h and checked here against a
+direct numpy transcription of its formula); images are decoded by Pillow.
 
     python3 tests/reference/uform_reference.py CHECKPOINT [TEXT ...]   # prints embeddings
+    python3 tests/reference/uform_reference.py CHECKPOINT --image FILE  # prints an image embedding
     python3 tests/reference/uform_reference.py --self-check           # checks the pieces
 """
 
@@ -392,15 +397,160 @@ class TextTower(Transformer):
 
 
 # ------------------------------------------------------------------------------------------------
+# The image tower
+# ------------------------------------------------------------------------------------------------
+
+
+def resized_size(height: int, width: int, size: int) -> tuple[int, int]:
+    """The short side becomes `size`, the long one floor(long * size / short), in integers."""
+    if height < width:
+        return size, width * size // height
+    if width < height:
+        return height * size // width, size
+    return size, size
+
+
+def resize_weights(source: int, target: int, first: int, count: int) -> np.ndarray:
+    """The resampling matrix [count, source] of outputs first .. first + count - 1 from `source` to
+    `target` samples, transcribed from the formula in include/uform.h (float64): scale = source /
+    target, support = max(scale, 1), output o centred at c = (o + 0.5) scale reads inputs j in
+    [max(trunc(c - support + 0.5), 0), min(trunc(c + support + 0.5), source)) with weights
+    max(0, 1 - |j + 0.5 - c| / max(scale, 1)), normalized. The self-check compares it with
+    F.interpolate(antialias=True), which the reference uses."""
+    scale = source / target
+    support = max(scale, 1.0)
+    matrix = np.zeros((count, source))
+    for row, o in enumerate(range(first, first + count)):
+        center = (o + 0.5) * scale
+        low, high = max(int(center - support + 0.5), 0), min(int(center + support + 0.5), source)
+        j = np.arange(low, high)
+        w = np.maximum(0.0, 1.0 - np.abs(j + 0.5 - center) / support)
+        matrix[row, low:high] = w / w.sum()
+    return matrix
+
+
+@dataclass
+class ImageEncoding:
+    """What `ImageTower.encode` answers, as float64 numpy arrays computed in the tower's dtype."""
+
+    embeddings: np.ndarray  # [items, dims], from the class token
+    states: np.ndarray  # [items, hidden], the class token's final-normed state
+    token_vectors: np.ndarray  # [items, patches, dims], the patches' projections, normalized
+
+    def matryoshka(self, width: int) -> np.ndarray:
+        prefix = self.embeddings[:, :width]
+        return prefix / np.maximum(np.linalg.norm(prefix, axis=1, keepdims=True), np.finfo(np.float64).tiny)
+
+    def stacked_token_vectors(self) -> np.ndarray:
+        return self.token_vectors.reshape(-1, self.token_vectors.shape[-1])
+
+
+class ImageTower(Transformer):
+    """RGB8 pixels: the short side resized to `size` (antialiased bilinear), a centre crop, values
+    scaled to [0, 1] and normalized by `mean` / `std`, `patch` x `patch` patches flattened channel,
+    row, column; `patch` embeds them, `cls` leads, `pos` is added to every token (class token
+    first, patches row-major); bidirectional attention, no rotary positions."""
+
+    def __init__(self, config: TransformerConfig, dims: int, size: int, patch: int, mean, std):
+        super().__init__(config, dims, causal=False, rotary=False)
+        self.size, self.patch_size = size, patch
+        self.side = size // patch
+        self.patch = BF16Inputs(3 * patch * patch, config.hidden, bias=True)  # [hidden, 3 patch^2]
+        self.cls = torch.nn.Parameter(torch.zeros(config.hidden), requires_grad=False)  # [hidden]
+        self.pos = torch.nn.Parameter(torch.zeros(1 + self.side**2, config.hidden), requires_grad=False)
+        self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32), persistent=False)
+        self.register_buffer("std", torch.tensor(std, dtype=torch.float32), persistent=False)
+
+    @property
+    def patches(self) -> int:
+        return self.side * self.side
+
+    def preprocess(self, rgb: np.ndarray) -> torch.Tensor:
+        """uint8 [height, width, 3] -> normalized [3, size, size] in the tower's dtype (computed in
+        float32, or float64 for a float64 tower: PyTorch's antialiased resize has no bfloat16)."""
+        rgb = np.array(rgb, dtype=np.uint8)  # a writable copy: Pillow's arrays are read-only
+        height, width = rgb.shape[:2]
+        out_height, out_width = resized_size(height, width, self.size)
+        wide = torch.float64 if self.cls.dtype == torch.float64 else torch.float32
+        x = torch.from_numpy(rgb).permute(2, 0, 1)[None].to(wide) / 255.0
+        x = F.interpolate(x, size=(out_height, out_width), mode="bilinear", align_corners=False, antialias=True)
+        top, left = (out_height - self.size) // 2, (out_width - self.size) // 2
+        x = x[0, :, top : top + self.size, left : left + self.size]
+        mean, std = self.mean.to(x.dtype)[:, None, None], self.std.to(x.dtype)[:, None, None]
+        return ((x - mean) / std).to(self.cls.dtype)
+
+    def patchify(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, 3, size, size] -> [B, side^2, 3 patch^2]: patch (py, px) is row py * side + px, and
+        within it index c * patch^2 + dy * patch + dx."""
+        batch, p, side = x.shape[0], self.patch_size, self.side
+        return x.reshape(batch, 3, side, p, side, p).permute(0, 2, 4, 1, 3, 5).reshape(batch, side * side, 3 * p * p)
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        """Normalized pixels [B, 3, size, size] -> final-normed states [B, 1 + patches, hidden]."""
+        tokens = self.patch(self.patchify(pixels))  # [B, patches, hidden]
+        cls = self.cls.expand(pixels.shape[0], 1, -1)
+        return self.trunk(torch.cat((cls, tokens), dim=1) + self.pos)
+
+    @torch.no_grad()
+    def encode(self, images, batch: int = 16) -> ImageEncoding:
+        """`images`: uint8 arrays [height, width, 3] of any sizes."""
+        embeddings, states, vectors = [], [], []
+        for start in range(0, len(images), batch):
+            pixels = torch.stack([self.preprocess(image) for image in images[start : start + batch]])
+            hidden = self.forward(pixels)  # [B, 1 + patches, hidden]
+            projected = self.embed_states(hidden)  # [B, 1 + patches, dims]
+            states.append(hidden[:, 0].double().numpy())
+            embeddings.append(projected[:, 0].double().numpy())
+            vectors.append(projected[:, 1:].double().numpy())
+        return ImageEncoding(
+            embeddings=np.concatenate(embeddings) if embeddings else np.zeros((0, self.dims)),
+            states=np.concatenate(states) if states else np.zeros((0, self.config.hidden)),
+            token_vectors=np.concatenate(vectors) if vectors else np.zeros((0, self.patches, self.dims)),
+        )
+
+
+def video_samples(times, end, frames: int) -> list:
+    """DESIGN.md: sample k of F is the frame shown at time start + (k + 0.5) * duration / F, where
+    frame i (presentation `times`, ascending) is shown until the next one's time and the last until
+    `end`; a time before every frame takes the first. Answers the F frame indices."""
+    start = times[0]
+    picks = []
+    for k in range(frames):
+        time = start + (k + 0.5) * (end - start) / frames
+        picks.append(max([i for i, shown in enumerate(times) if shown <= time], default=0))
+    return picks
+
+
+def pool_video(frames: ImageEncoding, per_clip: int) -> ImageEncoding:
+    """Clips from the image encodings of their sampled frames, `per_clip` consecutive frames each: the
+    embedding is the normalized mean of the frames' embeddings (at the full dims; matryoshka prefixes
+    then follow the usual rule), the token vectors are the frames' embeddings, the state their mean."""
+    embeddings = frames.embeddings.reshape(-1, per_clip, frames.embeddings.shape[-1])
+    pooled = l2_normalize(torch.from_numpy(embeddings.mean(axis=1))).numpy()
+    states = frames.states.reshape(-1, per_clip, frames.states.shape[-1]).mean(axis=1)
+    return ImageEncoding(embeddings=pooled, states=states, token_vectors=embeddings)
+
+
+def pillow_rgb(source) -> np.ndarray:
+    """Pillow's decode of a file path or encoded bytes, as uint8 RGB [height, width, 3]."""
+    import io
+
+    from PIL import Image
+
+    with Image.open(io.BytesIO(source) if isinstance(source, (bytes, bytearray)) else source) as image:
+        return np.asarray(image.convert("RGB"))
+
+
+# ------------------------------------------------------------------------------------------------
 # The model
 # ------------------------------------------------------------------------------------------------
 
 
 class Reference:
-    """A format-4 checkpoint in PyTorch: `text` is the text tower (None when absent)."""
+    """A format-4 checkpoint in PyTorch: `text` and `image` are its towers (None when absent)."""
 
     def __init__(self, path: str, dtype: torch.dtype = torch.float32):
-        tensors, metadata = read_safetensors(path, prefixes=("text.",))
+        tensors, metadata = read_safetensors(path, prefixes=("text.", "image."))
         if "uform" not in metadata:
             raise ValueError(f"{path}: no __metadata__['uform']")
         self.config = json.loads(metadata["uform"])
@@ -414,6 +564,12 @@ class Reference:
             text = self.config["text"]
             tower = TextTower(TransformerConfig.from_json(text), self.dims, int(text["context"]))
             self.text = tower.load(tensors, "text.", dtype).eval()
+        self.image = None
+        if "image" in self.config:
+            image = self.config["image"]
+            tower = ImageTower(TransformerConfig.from_json(image), self.dims, int(image["size"]), int(image["patch"]),
+                               [float(v) for v in image["mean"]], [float(v) for v in image["std"]])
+            self.image = tower.load(tensors, "image.", dtype).eval()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -484,6 +640,23 @@ def random_text_tower(depth=2, hidden=128, mlp=256, dims=64, context=32, seed=0,
             value = torch.randn(parameter.shape, generator=generator) / math.sqrt(parameter.shape[-1])
         tensors["text." + name] = to_bf16(value.numpy())  # BF16-representable, like a checkpoint
     return tower.load(tensors, "text.", dtype).eval()
+
+
+def random_image_tower(depth=2, hidden=128, mlp=256, dims=64, size=32, patch=8, seed=0, dtype=torch.float32):
+    """An image tower with random weights of realistic scale, for checks that need no checkpoint."""
+    generator = torch.Generator().manual_seed(seed)
+    tower = ImageTower(TransformerConfig(depth, hidden, hidden // HEAD, mlp), dims, size, patch,
+                       [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711])
+    tensors = {}
+    for name, parameter in tower.named_parameters():
+        if name.endswith("norm1.weight") or name.endswith("norm2.weight") or name == "norm.weight":
+            value = 1.0 + 0.1 * torch.randn(parameter.shape, generator=generator)
+        elif name.endswith("bias") or name in ("cls", "pos"):
+            value = 0.02 * torch.randn(parameter.shape, generator=generator)
+        else:
+            value = torch.randn(parameter.shape, generator=generator) / math.sqrt(parameter.shape[-1])
+        tensors["image." + name] = to_bf16(value.numpy())
+    return tower.load(tensors, "image.", dtype).eval()
 
 
 def self_check(verbose: bool = True) -> list:
@@ -607,6 +780,42 @@ def self_check(verbose: bool = True) -> list:
     pair = full0[[ord("a"), ord("b")]]
     check("choose over a subset == renormalized full softmax", np.abs(probabilities[0] - pair / pair.sum()).max() < 1e-6)
 
+    # The image front end: F.interpolate(antialias=True) is the formula of include/uform.h, shrinking
+    # and growing, odd sizes, crops on either axis; patches are flattened channel, row, column.
+    rng = np.random.default_rng(3)
+    for height, width in [(1, 1), (3, 2), (7, 300), (300, 7), (45, 100), (97, 61), (480, 640), (32, 32)]:
+        image = rng.integers(0, 256, size=(height, width, 3), dtype=np.uint8)
+        size = 32
+        out_height, out_width = resized_size(height, width, size)
+        top, left = (out_height - size) // 2, (out_width - size) // 2
+        rows, columns = resize_weights(height, out_height, top, size), resize_weights(width, out_width, left, size)
+        expected = np.einsum("yh,hwc,xw->yxc", rows, image.astype(np.float64), columns)
+        x = torch.from_numpy(image).permute(2, 0, 1)[None].double()
+        got = F.interpolate(x, size=(out_height, out_width), mode="bilinear", align_corners=False, antialias=True)
+        got = got[0, :, top : top + size, left : left + size].permute(1, 2, 0).numpy()
+        error = np.abs(got - expected).max()
+        check(f"resize {height}x{width} -> short side {size}, centre crop: F.interpolate == the formula", error < 1e-9,
+              f"max abs {error:.2e} (of 255)")
+    tower = random_image_tower()
+    grid = torch.arange(3 * 32 * 32, dtype=torch.float32).reshape(1, 3, 32, 32)
+    rows = tower.patchify(grid)[0]
+    c, py, px, dy, dx = 2, 1, 3, 5, 6
+    check("patch (py, px) is row py * side + px, index c p^2 + dy p + dx",
+          rows[py * 4 + px, c * 64 + dy * 8 + dx].item() == grid[0, c, py * 8 + dy, px * 8 + dx].item())
+    images = [rng.integers(0, 256, size=shape, dtype=np.uint8) for shape in [(1, 1, 3), (40, 30, 3), (32, 32, 3), (9, 70, 3)]]
+    together = tower.encode(images)
+    alone = [tower.encode([image]) for image in images]
+    error = max(np.abs(together.embeddings[i] - a.embeddings[0]).max() for i, a in enumerate(alone))
+    check("image batch == one at a time", error < 1e-5, f"max abs {error:.2e}")
+    wide = random_image_tower(dtype=torch.float64).encode(images)
+    cosine = _cosines(together.embeddings, wide.embeddings).min()
+    check("image float32 vs float64", cosine > 1 - 1e-9, f"min cosine {cosine:.12f}")
+    check("image token vectors are unit rows",
+          np.abs(np.linalg.norm(together.stacked_token_vectors(), axis=1) - 1).max() < 1e-6)
+    flipped = tower.encode([np.ascontiguousarray(images[1][:, ::-1])])
+    check("bidirectional: a mirrored image changes the embedding",
+          np.abs(flipped.embeddings[0] - together.embeddings[1]).max() > 1e-4)
+
     # Output kinds.
     values = np.array([1.0, 1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8), 65504.0, 1e-40, 3.0e38], dtype=np.float32)
     expected = np.array([1.0, 1.0, 1 + 2**-6, -1.0, 65536.0], dtype=np.float32)
@@ -635,6 +844,7 @@ def main(argv=None) -> int:
     parser.add_argument("texts", nargs="*")
     parser.add_argument("--float64", action="store_true", help="compute in float64")
     parser.add_argument("--self-check", action="store_true")
+    parser.add_argument("--image", action="append", default=[], help="an image file to encode (repeatable)")
     args = parser.parse_args(argv)
     if args.self_check:
         failures = self_check()
@@ -643,6 +853,15 @@ def main(argv=None) -> int:
     if not args.checkpoint:
         parser.error("a checkpoint, or --self-check")
     model = Reference(args.checkpoint, torch.float64 if args.float64 else torch.float32)
+    if args.image:
+        if model.image is None:
+            print("no image tower")
+            return 1
+        encoding = model.image.encode([pillow_rgb(path) for path in args.image])
+        np.set_printoptions(precision=5, suppress=True, linewidth=140)
+        for path, embedding in zip(args.image, encoding.embeddings):
+            print(path, embedding[:8], "...")
+        return 0
     if model.text is None:
         print("no text tower")
         return 1

@@ -1,0 +1,284 @@
+/* Fused attention over items packed end to end (cuda_attention in cuda_kernels.h).
+ *
+ * One block of 4 warps per (query tile of 64 rows, item, head). The block walks the item's keys in tiles
+ * of 64: K and V tiles go to shared memory (k rotated on the way when `rotary`), and each warp owns 16
+ * query rows:
+ *   S [16 x 64] = Q K^T       BF16 tensor cores (nvcuda::wmma 16x16x16, F32 accumulation), to shared;
+ *   online softmax            SIMT over S: two lanes per row, running max and sum in F32, P = exp2(S - max)
+ *                             rounded to BF16 (the sum adds the rounded values, so the weights sum to 1);
+ *   O [16 x 64] = O c + P V   O stays in accumulator fragments; the per-row rescale c = exp2(old - new max)
+ *                             reaches each fragment element through a "row probe" fragment, loaded once
+ *                             from a matrix whose every element is its own row index, which tells which
+ *                             row each element of this lane's fragments belongs to (whatever the
+ *                             architecture's fragment layout is).
+ * Keys past the item's length (and past the query, when causal) score -inf; their K and V rows are
+ * zeros, never read from memory. Query rows past the length are computed on zeros and not written.
+ *
+ * Shared memory (static, 45.5 KiB): the Q tile, whose rows become each warp's P rows once the warp holds
+ * its Q fragments; K and V tiles; each warp's F32 scores; the per-row corrections; the rotary
+ * frequencies. Rows of the BF16 tiles are 72 wide (144 bytes) and the F32 ones 68: the 16-byte accesses
+ * of 8 consecutive lanes and the fragment loads then fall on distinct banks, and every fragment pointer
+ * stays 32-byte aligned as wmma requires. */
+#include <climits>
+#include <mma.h>
+
+#include <cuda_bf16.h>
+
+#include "cuda_common.cuh"
+
+using namespace nvcuda;
+
+#define TILE    64 /* query rows per block, keys per tile */
+#define WARPS   4  /* each warp owns 16 query rows */
+#define THREADS (WARPS * 32)
+#define HEAD    CUDA_KERNELS_HEAD
+#define LD      72 /* row stride of the BF16 tiles, elements */
+#define LD_F32  68 /* row stride of the F32 score tiles, elements */
+#define LOG2E   1.4426950408889634f
+
+static_assert(HEAD == 64, "the tiles below are written for heads of 64");
+
+struct __align__(128) attention_shared {
+    __nv_bfloat16 qp[TILE * LD];  /* the Q tile [64][LD]; then warp w's P rows are its rows 16w .. 16w + 15 */
+    __nv_bfloat16 k[TILE * LD];   /* [64 keys][LD] */
+    __nv_bfloat16 v[TILE * LD];   /* [64 keys][LD] */
+    float s[WARPS * 16 * LD_F32]; /* per warp [16][LD_F32]: scores, the row probe, the output */
+    float correction[WARPS * 16]; /* per query row: exp2(old max - new max) of the current tile */
+    double frequencies[HEAD / 2]; /* rotary_frequencies */
+};
+
+/* 10000^(-2i/64) for i = 0 .. 31, as glibc's pow computes it for the scalar rope (exact round trips). */
+/* clang-format off */
+__constant__ double rotary_frequencies[HEAD / 2] = {
+    1, 0.74989420933245587, 0.56234132519034907, 0.42169650342858223,
+    0.31622776601683794, 0.23713737056616552, 0.17782794100389229, 0.1333521432163324,
+    0.10000000000000001, 0.074989420933245579, 0.056234132519034911, 0.042169650342858224,
+    0.031622776601683791, 0.023713737056616554, 0.017782794100389229, 0.013335214321633241,
+    0.01, 0.0074989420933245579, 0.005623413251903491, 0.0042169650342858229,
+    0.0031622776601683794, 0.0023713737056616554, 0.0017782794100389228, 0.0013335214321633241,
+    0.001, 0.00074989420933245586, 0.0005623413251903491, 0.00042169650342858224,
+    0.00031622776601683794, 0.00023713737056616554, 0.00017782794100389227, 0.0001333521432163324,
+};
+/* clang-format on */
+
+typedef union eight_bf16 {
+    uint4 vector;
+    uint16_t bits[8];
+} eight_bf16_t;
+
+/* 8 consecutive BF16 values: one 16-byte load when the addresses allow it. */
+static __device__ __forceinline__ eight_bf16_t load_eight(uint16_t const *at, bool vector) {
+    eight_bf16_t values;
+    if (vector) {
+        values.vector = *(uint4 const *)at;
+    } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+            values.bits[e] = at[e];
+    }
+    return values;
+}
+
+/* Rotary positions on pairs (i, i + 32), i = first .. first + 7: low holds elements i, high elements i + 32.
+ * The angle p * 10000^(-2i/64) is formed in double like the scalar rope and reduced to [-pi, pi] in
+ * double; only then is it rounded to F32 for the hardware's __sincosf (absolute error under 4e-7 there),
+ * so cos and sin stay within 1e-6 of the scalar path's whatever the position, far below the BF16
+ * rounding of the rotated values. */
+static __device__ __forceinline__ void rotate_eight(eight_bf16_t *low, eight_bf16_t *high, int position,
+                                                    double const *frequencies) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+        double angle = (double)position * frequencies[e];
+        double turns = rint(angle * 0.15915494309189535); /* 1 / (2 pi) */
+        float reduced = (float)fma(-turns, 6.283185307179586, angle);
+        float sine, cosine;
+        __sincosf(reduced, &sine, &cosine);
+        float first = bf16_value(low->bits[e]), second = bf16_value(high->bits[e]);
+        low->bits[e] = bf16_bits(__fsub_rn(__fmul_rn(first, cosine), __fmul_rn(second, sine)));
+        high->bits[e] = bf16_bits(__fadd_rn(__fmul_rn(second, cosine), __fmul_rn(first, sine)));
+    }
+}
+
+/* Rows [first, first + 64) of one head's q, k or v into a shared tile [64][LD]: `source` is the item's
+ * row 0 at the head's first column, rows `stride` elements apart. Rows from `length` on are zeros. Each
+ * thread moves units of 8 columns together with the 8 columns 32 further, the rotary pairs. */
+static __device__ __forceinline__ void load_tile(__nv_bfloat16 *tile, uint16_t const *source, size_t stride,
+                                                 int first, int length, bool rotate, bool vector,
+                                                 double const *frequencies) {
+    for (int unit = threadIdx.x; unit < TILE * 4; unit += THREADS) {
+        int row = unit >> 2, chunk = unit & 3, position = first + row;
+        eight_bf16_t low, high;
+        low.vector = high.vector = make_uint4(0, 0, 0, 0);
+        if (position < length) {
+            uint16_t const *at = source + (size_t)position * stride + 8 * chunk;
+            low = load_eight(at, vector);
+            high = load_eight(at + HEAD / 2, vector);
+            if (rotate) rotate_eight(&low, &high, position, frequencies + 8 * chunk);
+        }
+        *(uint4 *)(tile + row * LD + 8 * chunk) = low.vector;
+        *(uint4 *)(tile + row * LD + HEAD / 2 + 8 * chunk) = high.vector;
+    }
+}
+
+typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fragment_a;
+typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fragment_b_transposed;
+typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> fragment_b;
+typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> fragment_accumulator;
+
+/* qkv [tokens][3 * heads * 64], out [tokens][heads * 64], both BF16. Block (x, y, z): query tile
+ * gridDim.x - 1 - x (the long causal tiles start first), items y, y + gridDim.y, ..., head z.
+ * 4 blocks per SM, as many as the shared memory allows: 128 registers (a few bytes spill), which ran
+ * about 10% faster on an H200 than the 158 the compiler takes unbounded. */
+static __global__ void __launch_bounds__(THREADS, 4)
+    attention_kernel(uint16_t *out, uint16_t const *qkv, int32_t const *offsets, size_t items, int heads,
+                     bool causal, bool rotary, float scale_log2, bool vector) {
+    __shared__ attention_shared shared;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int row = lane & 15, half = lane >> 4; /* this lane's row of its warp's 16, and half of the 64 columns */
+    int head = blockIdx.z, q_first = (gridDim.x - 1 - blockIdx.x) * TILE;
+    size_t qkv_stride = (size_t)3 * heads * HEAD, out_stride = (size_t)heads * HEAD;
+    float *scores = shared.s + warp * 16 * LD_F32;      /* [16][LD_F32] */
+    __nv_bfloat16 *p_rows = shared.qp + warp * 16 * LD; /* [16][LD] */
+    if (threadIdx.x < HEAD / 2) shared.frequencies[threadIdx.x] = rotary_frequencies[threadIdx.x];
+
+    for (size_t item = blockIdx.y; item < items; item += gridDim.y) {
+        int first = offsets[item], length = offsets[item + 1] - first;
+        if (q_first >= length) continue; /* the same for the whole block */
+        __syncthreads(); /* the previous item is done with the shared tiles; the frequencies are written */
+        uint16_t const *q_source = qkv + (size_t)first * qkv_stride + (size_t)head * HEAD;
+        uint16_t const *k_source = q_source + out_stride, *v_source = q_source + 2 * out_stride;
+        load_tile(shared.qp, q_source, qkv_stride, q_first, length, rotary, vector, shared.frequencies);
+        __syncthreads();
+
+        fragment_a q[HEAD / 16]; /* this warp's 16 query rows, by 16 columns */
+#pragma unroll
+        for (int d = 0; d < HEAD / 16; ++d)
+            wmma::load_matrix_sync(q[d], p_rows + 16 * d, LD);
+        for (int e = lane; e < 256; e += 32)
+            scores[(e >> 4) * LD_F32 + (e & 15)] = (float)(e >> 4);
+        __syncwarp();
+        fragment_accumulator rows; /* rows.x[i]: the row of element i of any accumulator fragment */
+        wmma::load_matrix_sync(rows, scores, LD_F32, wmma::mem_row_major);
+        fragment_accumulator o[HEAD / 16]; /* [16 rows][64 columns] by 16 columns */
+#pragma unroll
+        for (int f = 0; f < HEAD / 16; ++f)
+            wmma::fill_fragment(o[f], 0.0f);
+
+        int q_index = q_first + warp * 16 + row;                               /* position in the item */
+        int key_limit = causal && q_index + 1 < length ? q_index + 1 : length; /* keys [0, key_limit) */
+        int key_end = causal && q_first + TILE < length ? q_first + TILE : length;
+        bool active = q_first + warp * 16 < length;
+        float max = -INFINITY, sum = 0.0f; /* this lane's row: log2-scaled running max, sum of weights */
+
+        for (int k_first = 0; k_first < key_end; k_first += TILE) {
+            __syncthreads(); /* every warp is done with the previous K and V */
+            load_tile(shared.k, k_source, qkv_stride, k_first, length, rotary, vector, shared.frequencies);
+            load_tile(shared.v, v_source, qkv_stride, k_first, length, false, vector, shared.frequencies);
+            __syncthreads();
+            if (!active) continue;
+
+            /* S = Q K^T: K [keys][64] row-major is K^T column-major. */
+            __syncwarp();
+#pragma unroll
+            for (int f = 0; f < TILE / 16; ++f) {
+                fragment_accumulator s;
+                wmma::fill_fragment(s, 0.0f);
+#pragma unroll
+                for (int d = 0; d < HEAD / 16; ++d) {
+                    fragment_b_transposed k;
+                    wmma::load_matrix_sync(k, shared.k + 16 * f * LD + 16 * d, LD);
+                    wmma::mma_sync(s, q[d], k, s);
+                }
+                wmma::store_matrix_sync(scores + 16 * f, s, LD_F32, wmma::mem_row_major);
+            }
+            __syncwarp();
+
+            /* Online softmax of this lane's 32 scores: row `row`, columns 32 half .. 32 half + 31. */
+            float const *mine = scores + row * LD_F32 + 32 * half;
+            int key = k_first + 32 * half;
+            float tile_max = -INFINITY;
+#pragma unroll
+            for (int c = 0; c < 32; ++c)
+                if (key + c < key_limit) tile_max = fmaxf(tile_max, mine[c] * scale_log2);
+            tile_max = fmaxf(tile_max, __shfl_xor_sync(CUDA_FULL_MASK, tile_max, 16));
+            float new_max = fmaxf(max, tile_max);
+            float base = new_max == -INFINITY ? 0.0f : new_max; /* a row with no key yet stays at zero */
+            float correction = exp2f(max - base), tile_sum = 0.0f;
+            eight_bf16_t weights[4];
+#pragma unroll
+            for (int c = 0; c < 32; ++c) {
+                float weight = key + c < key_limit ? exp2f(mine[c] * scale_log2 - base) : 0.0f;
+                uint16_t bits = bf16_bits(weight);
+                weights[c >> 3].bits[c & 7] = bits;
+                tile_sum += bf16_value(bits);
+            }
+            tile_sum += __shfl_xor_sync(CUDA_FULL_MASK, tile_sum, 16);
+            sum = sum * correction + tile_sum;
+            max = new_max;
+#pragma unroll
+            for (int c = 0; c < 4; ++c)
+                *(uint4 *)(p_rows + row * LD + 32 * half + 8 * c) = weights[c].vector;
+            if (half == 0) shared.correction[warp * 16 + row] = correction;
+            __syncwarp();
+
+            /* O = O correction + P V */
+#pragma unroll
+            for (int f = 0; f < HEAD / 16; ++f)
+#pragma unroll
+                for (int i = 0; i < o[f].num_elements; ++i)
+                    o[f].x[i] *= shared.correction[warp * 16 + (int)rows.x[i]];
+#pragma unroll
+            for (int j = 0; j < TILE / 16; ++j) {
+                fragment_a p;
+                wmma::load_matrix_sync(p, p_rows + 16 * j, LD);
+#pragma unroll
+                for (int f = 0; f < HEAD / 16; ++f) {
+                    fragment_b v;
+                    wmma::load_matrix_sync(v, shared.v + 16 * j * LD + 16 * f, LD);
+                    wmma::mma_sync(o[f], p, v, o[f]);
+                }
+            }
+        }
+        if (!active) continue;
+
+        /* out = O / sum, through this warp's score rows. A row that is the item's has seen its max key,
+         * whose weight is 1, so its sum is at least 1. */
+        __syncwarp();
+#pragma unroll
+        for (int f = 0; f < HEAD / 16; ++f)
+            wmma::store_matrix_sync(scores + 16 * f, o[f], LD_F32, wmma::mem_row_major);
+        __syncwarp();
+        if (q_index < length) {
+            float const *values = scores + row * LD_F32 + 32 * half;
+            float inverse = 1.0f / sum;
+            uint16_t *target = out + (size_t)(first + q_index) * out_stride + (size_t)head * HEAD + 32 * half;
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                eight_bf16_t packed;
+#pragma unroll
+                for (int e = 0; e < 8; ++e)
+                    packed.bits[e] = bf16_bits(values[8 * c + e] * inverse);
+                if (vector) {
+                    *(uint4 *)(target + 8 * c) = packed.vector;
+                } else {
+#pragma unroll
+                    for (int e = 0; e < 8; ++e)
+                        target[8 * c + e] = packed.bits[e];
+                }
+            }
+        }
+    }
+}
+
+extern "C" cudaError_t cuda_attention(uint16_t *out, uint16_t const *qkv, int32_t const *offsets,
+                                      size_t items, size_t heads, size_t max_length, bool causal, bool rotary,
+                                      float scale, cudaStream_t stream) {
+    if (items == 0 || heads == 0 || max_length == 0) return cudaSuccess;
+    if (heads > 65535 || max_length > (size_t)INT_MAX - TILE || !(scale > 0.0f)) return cudaErrorInvalidValue;
+    size_t tiles = (max_length + TILE - 1) / TILE;
+    bool vector = (uintptr_t)qkv % 16 == 0 && (uintptr_t)out % 16 == 0;
+    dim3 grid((unsigned)tiles, (unsigned)(items < 65535 ? items : 65535), (unsigned)heads);
+    attention_kernel<<<grid, THREADS, 0, stream>>>(out, qkv, offsets, items, (int)heads, causal, rotary,
+                                                   scale * LOG2E, vector);
+    return cuda_launched();
+}

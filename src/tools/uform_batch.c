@@ -1,0 +1,110 @@
+/* The engine a subcommand holds (a RAM executor, a model, an arena) and the batches it sends through
+ * the verbs: what `encode` and `search` share. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "uform_command.h"
+
+char const *const command_modality_names[4] = {"text", "image", "video", "audio"}; /* by uform_modality_t */
+
+/* ---- the engine ------------------------------------------------------------------------------- */
+
+int command_engine_open(char const *path, size_t threads, command_engine_t *engine) {
+    *engine = (command_engine_t){0};
+    uform_ram_options_t options = uform_ram_options_default();
+    options.threads = threads;
+    if (uform_executor_create_ram(&options, &engine->executor) != UFORM_OK) goto fail;
+    uform_model_load_args_t load = {.executor = engine->executor, .path = path, .model = &engine->model};
+    if (uform_model_load_ram(&load) != UFORM_OK) goto fail;
+    if (uform_arena_create(engine->executor, &engine->arena) != UFORM_OK) goto fail;
+    if (uform_model_info(engine->model, &engine->info) != UFORM_OK) goto fail;
+    return COMMAND_OK;
+fail:;
+    int code = command_fail_engine(); /* before freeing, which could record errors of its own */
+    command_engine_close(engine);
+    return code;
+}
+
+void command_engine_close(command_engine_t *engine) {
+    uform_arena_free(engine->arena);
+    uform_model_free(engine->model);
+    uform_executor_free(engine->executor);
+    *engine = (command_engine_t){0};
+}
+
+int command_matryoshka(command_engine_t const *engine, size_t dims, char const *what, size_t *matryoshka) {
+    uform_model_info_t const *info = &engine->info;
+    *matryoshka = 0;
+    if (dims == info->dims) return COMMAND_OK;
+    for (size_t i = 0; i < info->matryoshka_count; ++i)
+        if (info->matryoshka[i] == dims) {
+            *matryoshka = dims;
+            return COMMAND_OK;
+        }
+    char widths[UFORM_MATRYOSHKA_MAX * 21] = "";
+    size_t used = 0;
+    for (size_t i = 0; i < info->matryoshka_count && used < sizeof widths; ++i)
+        used += (size_t)snprintf(widths + used, sizeof widths - used, "%s%zu", i ? ", " : "",
+                                 info->matryoshka[i]);
+    return command_fail("%s %zu: not a width of the model (%zu; matryoshka: %s)", what, dims, info->dims,
+                        info->matryoshka_count ? widths : "none");
+}
+
+/* ---- batches ---------------------------------------------------------------------------------- */
+
+int encode_batch_add(encode_batch_t *batch, uform_modality_t modality, char const *bytes, size_t length) {
+    if (batch->length + length > batch->capacity) {
+        size_t capacity = batch->capacity ? batch->capacity : ENCODE_BATCH_BYTES;
+        while (capacity < batch->length + length)
+            capacity *= 2;
+        char *grown = realloc(batch->bytes, capacity);
+        if (!grown) return command_fail("out of memory for an item of %zu bytes", length);
+        batch->bytes = grown;
+        batch->capacity = capacity;
+    }
+    if (!batch->count) batch->modality = modality;
+    memcpy(batch->bytes + batch->length, bytes, length);
+    batch->length += length;
+    batch->offsets[++batch->count] = batch->length;
+    return COMMAND_OK;
+}
+
+bool encode_batch_full(encode_batch_t const *batch) {
+    return batch->count == ENCODE_BATCH_ITEMS || batch->length >= ENCODE_BATCH_BYTES;
+}
+
+uform_status_t encode_batch_run(command_engine_t *engine, uform_outputs_t outputs,
+                                uform_encode_config_t const *config, encode_batch_t const *batch,
+                                uform_encoded_t *encoded) {
+    uform_tape_t tape = {
+        .data = batch->bytes, .offsets = batch->offsets, .count = batch->count, .length = batch->length};
+#define COMMON_ARGS                                                                                          \
+    .model = engine->model, .executor = engine->executor, .outputs = outputs, .arena = engine->arena,        \
+    .config = config, .encoded = encoded
+    switch (batch->modality) {
+    case UFORM_MODALITY_TEXT:
+        return uform_text_encode(&(uform_text_encode_args_t){COMMON_ARGS, .texts = tape});
+    case UFORM_MODALITY_IMAGE:
+        return uform_image_encode(
+            &(uform_image_encode_args_t){COMMON_ARGS, .images = tape, .source = UFORM_SOURCE_FILES});
+    case UFORM_MODALITY_VIDEO:
+        return uform_video_encode(
+            &(uform_video_encode_args_t){COMMON_ARGS, .videos = tape, .source = UFORM_SOURCE_FILES});
+    case UFORM_MODALITY_AUDIO:
+        return uform_audio_encode(
+            &(uform_audio_encode_args_t){COMMON_ARGS, .sounds = tape, .source = UFORM_SOURCE_FILES});
+    }
+#undef COMMON_ARGS
+    return UFORM_INVALID_ARGUMENT;
+}
+
+void encode_batch_clear(encode_batch_t *batch) {
+    batch->length = batch->count = 0;
+}
+
+void encode_batch_release(encode_batch_t *batch) {
+    free(batch->bytes);
+    batch->bytes = NULL;
+    batch->length = batch->capacity = batch->count = 0;
+}

@@ -1,0 +1,639 @@
+/* uform serve: an OpenAI-compatible embedding server on the engine's own event loop. This file holds
+ * the command's flags, libmicrohttpd driven from the loop, the routes, signals and the shutdown; the
+ * bodies are in uform_serve_api.c, the batcher in uform_serve_batch.c, the metrics in
+ * uform_serve_metrics.c, and uform_serve.h tells how they fit. */
+#include <errno.h>
+#include <netdb.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "uform_serve.h"
+
+static char const help[] =
+    "usage: uform serve [options]\n"
+    "\n"
+    "Serves the model's text embeddings over HTTP/1.1 with OpenAI's embeddings API, so that OpenAI's\n"
+    "clients work against it with base_url http://HOST:PORT/v1. Concurrent requests are gathered into\n"
+    "one engine call; a vector never depends on what it was batched with, and equals what\n"
+    "'uform encode' writes for the same text and width.\n"
+    "\n"
+    "  --model PATH          the checkpoint; default: the default model (below)\n"
+    "  --name NAME           the model's name in requests and in /v1/models; default: the checkpoint's\n"
+    "                        file name without .safetensors (tiny-42 for the default model)\n"
+    "  --threads N           the executor's worker threads; 0 (the default) takes 7/8 of the cores\n"
+    "  --host ADDRESS        the address to listen on (default 127.0.0.1; 0.0.0.0 or :: for all)\n"
+    "  --port N              the TCP port (default 8080); 0 picks a free one\n"
+    "  --batch-bytes N       the input bytes one engine call gathers at most (default 262144); a request\n"
+    "                        is never split, so a larger one goes alone\n"
+    "  --batch-delay-us N    how long the oldest queued request may wait for others to join its batch\n"
+    "                        while the executor is idle (default 0: at once; requests arriving while it\n"
+    "                        computes are batched anyway)\n"
+    "  --queue N             requests waiting for the executor at most (default 1024); more are answered\n"
+    "                        429 with Retry-After\n"
+    "  --body-limit N        request bodies over N bytes are answered 413 without being read (default\n"
+    "                        16777216)\n"
+    "  --timeout SECONDS     idle connections are closed after this (default 60)\n"
+    "\n"
+    "Once it listens it prints one line on standard output:\n"
+    "  uform serve: listening on http://HOST:PORT (model NAME)\n"
+    "\n"
+    "Endpoints:\n"
+    "  POST /v1/embeddings   OpenAI's request: \"input\" (a string or a list of up to 2048 strings; token\n"
+    "                        ids are refused), \"model\" (the served name, or absent), \"dimensions\" (a\n"
+    "                        matryoshka width of the model, see 'uform info'), \"encoding_format\"\n"
+    "                        (\"float\", or \"base64\": little-endian F32), \"user\" (ignored); and\n"
+    "                        \"truncate\" (default true: texts longer than the model's context are cut\n"
+    "                        to it and flagged \"truncated\": true in their data item; false answers 400\n"
+    "                        context_length_exceeded instead). usage.prompt_tokens counts the bytes the\n"
+    "                        model read plus one per input. Errors are OpenAI's {\"error\": {\"message\",\n"
+    "                        \"type\", \"param\", \"code\"}} with 400, 404 (another model), 413, 429, 503.\n"
+    "                        Multimodal extension: a list item may be {\"text\": ...} or {\"image\" |\n"
+    "                        \"audio\" | \"video\": \"data:<mime type>;base64,<bytes>\"}; media items are\n"
+    "                        answered 400 unsupported_modality until the engine's media encoders are built.\n"
+    "  GET /v1/models        the served model (also GET /v1/models/NAME)\n"
+    "  GET /health           200 while the process serves\n"
+    "  GET /ready            200 while it takes requests, 503 once it shuts down\n"
+    "  GET /metrics          Prometheus text: answers by route and status; seconds per stage (queue,\n"
+    "                        decode, compute, encode, serialize, request); requests per batch; the queue\n"
+    "\n"
+    "SIGTERM or SIGINT stops it gracefully: no new connections, every request in flight is answered, and\n"
+    "it exits 0 (a second signal, or 30 seconds, cuts the rest short and answers what is queued 503).\n"
+    "\n";
+
+enum { SERVE_DRAIN_SECONDS = 30 };
+
+/* ---- flags ------------------------------------------------------------------------------------- */
+
+static int parse_number(char const *flag, char const *value, uint64_t maximum, uint64_t *number) {
+    if (command_parse_u64(value, number) != 0 || *number > maximum)
+        return command_usage("serve", "%s takes a number up to %llu, not '%s'", flag,
+                             (unsigned long long)maximum, value);
+    return COMMAND_OK;
+}
+
+static int parse_flags(int argc, char **argv, serve_flags_t *flags) {
+    for (int i = 1; i < argc; ++i) {
+        char const *value = NULL;
+        int matched = 0, code = COMMAND_OK;
+        uint64_t number = 0;
+        if (command_is_help(argv[i])) {
+            printf("%s%s", help, command_default_model_help);
+            flags->help = true;
+            return COMMAND_OK;
+        } else if ((matched = command_option(argc, argv, &i, "serve", "--model", &value)) != 0) {
+            flags->model = value;
+        } else if ((matched = command_option(argc, argv, &i, "serve", "--name", &value)) != 0) {
+            flags->name = value;
+        } else if ((matched = command_option(argc, argv, &i, "serve", "--host", &value)) != 0) {
+            flags->host = value;
+        } else if ((matched = command_option(argc, argv, &i, "serve", "--threads", &value)) != 0) {
+            if (matched > 0 && (code = parse_number("--threads", value, 4096, &number)) == COMMAND_OK)
+                flags->threads = (size_t)number;
+        } else if ((matched = command_option(argc, argv, &i, "serve", "--port", &value)) != 0) {
+            if (matched > 0 && (code = parse_number("--port", value, 65535, &number)) == COMMAND_OK)
+                flags->port = (unsigned)number;
+        } else if ((matched = command_option(argc, argv, &i, "serve", "--batch-bytes", &value)) != 0) {
+            if (matched > 0 &&
+                (code = parse_number("--batch-bytes", value, SIZE_MAX / 2, &number)) == COMMAND_OK)
+                flags->batch_bytes = (size_t)number;
+        } else if ((matched = command_option(argc, argv, &i, "serve", "--batch-delay-us", &value)) != 0) {
+            if (matched > 0 &&
+                (code = parse_number("--batch-delay-us", value, 60000000, &number)) == COMMAND_OK)
+                flags->batch_delay_us = number;
+        } else if ((matched = command_option(argc, argv, &i, "serve", "--queue", &value)) != 0) {
+            if (matched > 0 && (code = parse_number("--queue", value, 1000000, &number)) == COMMAND_OK)
+                flags->queue = (size_t)number;
+        } else if ((matched = command_option(argc, argv, &i, "serve", "--body-limit", &value)) != 0) {
+            if (matched > 0 &&
+                (code = parse_number("--body-limit", value, (uint64_t)1 << 40, &number)) == COMMAND_OK)
+                flags->body_limit = (size_t)number;
+        } else if ((matched = command_option(argc, argv, &i, "serve", "--timeout", &value)) != 0) {
+            if (matched > 0 && (code = parse_number("--timeout", value, 86400, &number)) == COMMAND_OK)
+                flags->timeout_s = (unsigned)number;
+        } else {
+            return command_usage("serve", "%s '%s'",
+                                 argv[i][0] == '-' ? "unknown flag" : "unexpected argument", argv[i]);
+        }
+        if (matched < 0) return COMMAND_USAGE;
+        if (code != COMMAND_OK) return code;
+    }
+    if (flags->batch_bytes == 0) return command_usage("serve", "--batch-bytes must be at least 1");
+    if (flags->queue == 0) return command_usage("serve", "--queue must be at least 1");
+    return COMMAND_OK;
+}
+
+/* ---- timers and libmicrohttpd on the loop ------------------------------------------------------ */
+
+static void timer_done(loop_op_t *op) {
+    serve_timer_t *timer = SERVE_CONTAINER_OF(op, serve_timer_t, op);
+    timer->armed = false;
+    timer->cancelling = false;
+    /* A cancelled timer was shortened: `fire` works out what is due and arms it again. */
+    if (!timer->server->stopping) timer->fire(timer->server);
+}
+
+void serve_timer_want(serve_t *server, serve_timer_t *timer, uint64_t deadline_ns) {
+    if (server->stopping) return;
+    if (!timer->armed) {
+        uint64_t now = loop_now_ns();
+        timer->deadline_ns = deadline_ns;
+        timer->armed = true;
+        loop_timer(server->loop, &timer->op, deadline_ns > now ? deadline_ns - now : 0);
+        return;
+    }
+    /* An armed timer due by then (within 100 us) serves; an earlier deadline cancels it. */
+    if (timer->cancelling || deadline_ns + 100000 >= timer->deadline_ns) return;
+    timer->cancelling = true;
+    loop_cancel(server->loop, &timer->op);
+}
+
+static void serve_post_pump(serve_t *server) {
+    if (server->pump_posted || server->stopping) return;
+    server->pump_posted = true;
+    loop_post(server->loop, &server->pump);
+}
+
+static void serve_stop(serve_t *server);
+
+/* Lets libmicrohttpd do what it can without blocking, then arranges to be called again when its
+ * timeout says: at once (a post to the loop) or by a timer. Its epoll descriptor's poll covers the rest. */
+static void serve_pump(serve_t *server) {
+    if (server->stopping) return;
+    MHD_run(server->daemon);
+    if (server->finishing) {
+        serve_stop(server);
+        return;
+    }
+    MHD_UNSIGNED_LONG_LONG milliseconds = 0;
+    if (server->stopping || MHD_get_timeout(server->daemon, &milliseconds) != MHD_YES) return;
+    if (milliseconds == 0)
+        serve_post_pump(server);
+    else
+        serve_timer_want(server, &server->http_timer, loop_now_ns() + milliseconds * 1000000u);
+}
+
+static void pump_done(loop_op_t *op) {
+    serve_t *server = SERVE_CONTAINER_OF(op, serve_t, pump);
+    server->pump_posted = false;
+    serve_pump(server);
+}
+
+static void http_watch_done(loop_op_t *op) {
+    serve_t *server = SERVE_CONTAINER_OF(op, serve_t, http_watch);
+    server->http_armed = false;
+    if (server->stopping) return;
+    if (op->result < 0 && op->result != -ECANCELED)
+        fprintf(stderr, "uform: cannot watch the server's sockets: %s\n", strerror((int)-op->result));
+    serve_pump(server);
+    if (server->stopping) return;
+    loop_poll(server->loop, &server->http_watch, server->epoll_fd, POLLIN);
+    server->http_armed = true;
+}
+
+static void http_timer_fire(serve_t *server) {
+    serve_pump(server);
+}
+
+/* ---- requests ---------------------------------------------------------------------------------- */
+
+static enum MHD_Result request_queue(serve_request_t *request) {
+    serve_t *server = request->server;
+    struct MHD_Response *response = request->response;
+    request->response = NULL;
+    if (!response) return MHD_NO; /* not even a static answer could be made: drop the connection */
+    if (server->draining) MHD_add_response_header(response, MHD_HTTP_HEADER_CONNECTION, "close");
+    request->answered = true;
+    enum MHD_Result queued = MHD_queue_response(request->connection, request->status, response);
+    MHD_destroy_response(response);
+    metrics_count(&server->metrics, request->route, request->status);
+    if (request->route == ROUTE_EMBEDDINGS)
+        metrics_observe(&server->metrics, STAGE_REQUEST, loop_now_ns() - request->started_ns);
+    return queued;
+}
+
+void serve_request_resume(serve_request_t *request) {
+    if (!request->suspended) return;
+    request->suspended = false;
+    MHD_resume_connection(request->connection);
+    serve_post_pump(request->server);
+}
+
+/* A plain JSON body, for the small answers. */
+static void answer_json(serve_request_t *request, unsigned status, char const *body) {
+    serve_text_t text = {0};
+    text_puts(&text, body);
+    api_answer_text(request, status, &text, "application/json");
+}
+
+static void answer_metrics(serve_t *server, serve_request_t *request) {
+    serve_text_t text = {0};
+    metrics_render(server, &text);
+    api_answer_text(request, MHD_HTTP_OK, &text, "text/plain; version=0.0.4; charset=utf-8");
+}
+
+static bool is_get(char const *method) {
+    return !strcmp(method, MHD_HTTP_METHOD_GET) || !strcmp(method, MHD_HTTP_METHOD_HEAD);
+}
+
+/* The first call of a request, with its headers: answers at once, or returns MHD_YES to take its body. */
+static enum MHD_Result route_request(serve_t *server, serve_request_t *request, char const *url,
+                                     char const *method) {
+    static char const models[] = "/v1/models";
+    bool post = !strcmp(method, MHD_HTTP_METHOD_POST);
+    char const *allowed = NULL;
+    if (!strcmp(url, "/v1/embeddings")) {
+        request->route = ROUTE_EMBEDDINGS;
+        if (!post) {
+            allowed = "POST";
+        } else if (server->draining) {
+            api_error(request, MHD_HTTP_SERVICE_UNAVAILABLE, "server_error", NULL, "shutting_down",
+                      "the server is shutting down");
+            return request_queue(request); /* at once, without reading the body */
+        } else if (server->queued >= server->flags.queue) {
+            server->metrics.rejected_full++;
+            api_error(request, MHD_HTTP_TOO_MANY_REQUESTS, "rate_limit_error", NULL, "queue_full",
+                      "the queue is full (%zu requests): retry later", server->queued);
+            if (request->response)
+                MHD_add_response_header(request->response, MHD_HTTP_HEADER_RETRY_AFTER, "1");
+            return request_queue(request);
+        } else {
+            char const *length = MHD_lookup_connection_value(request->connection, MHD_HEADER_KIND,
+                                                             MHD_HTTP_HEADER_CONTENT_LENGTH);
+            uint64_t bytes = 0;
+            if (length && command_parse_u64(length, &bytes) == 0 && bytes > server->flags.body_limit) {
+                api_error(request, MHD_HTTP_CONTENT_TOO_LARGE, "invalid_request_error", NULL,
+                          "body_too_large",
+                          "the body is %llu bytes; this server takes at most %zu (--body-limit)",
+                          (unsigned long long)bytes, server->flags.body_limit);
+                return request_queue(request);
+            } else {
+                /* Room for what the client announced, up to 1 MiB; more grows as it comes. */
+                size_t reserve = bytes < ((size_t)1 << 20) ? (size_t)bytes : (size_t)1 << 20;
+                if (length && reserve > 0) {
+                    request->body = malloc(reserve);
+                    request->body_capacity = request->body ? reserve : 0;
+                }
+                return MHD_YES; /* the body comes in the next calls */
+            }
+        }
+    } else if (!strcmp(url, "/health")) {
+        request->route = ROUTE_HEALTH;
+        if (!is_get(method))
+            allowed = "GET, HEAD";
+        else
+            answer_json(request, MHD_HTTP_OK, "{\"status\":\"ok\"}");
+    } else if (!strcmp(url, "/ready")) {
+        request->route = ROUTE_READY;
+        if (!is_get(method))
+            allowed = "GET, HEAD";
+        else if (server->draining)
+            answer_json(request, MHD_HTTP_SERVICE_UNAVAILABLE, "{\"status\":\"shutting down\"}");
+        else
+            answer_json(request, MHD_HTTP_OK, "{\"status\":\"ready\"}");
+    } else if (!strcmp(url, "/metrics")) {
+        request->route = ROUTE_METRICS;
+        if (!is_get(method))
+            allowed = "GET, HEAD";
+        else
+            answer_metrics(server, request);
+    } else if (!strncmp(url, models, sizeof models - 1) &&
+               (url[sizeof models - 1] == '\0' || url[sizeof models - 1] == '/')) {
+        request->route = ROUTE_MODELS;
+        char const *name = url[sizeof models - 1] == '/' ? url + sizeof models : NULL;
+        if (!is_get(method))
+            allowed = "GET, HEAD";
+        else
+            api_answer_models(server, request, name);
+    } else {
+        request->route = ROUTE_OTHER;
+        api_error(request, MHD_HTTP_NOT_FOUND, "invalid_request_error", NULL, "not_found",
+                  "no such endpoint: %s %s (see 'uform serve --help')", method, url);
+    }
+    if (allowed) {
+        api_error(request, MHD_HTTP_METHOD_NOT_ALLOWED, "invalid_request_error", NULL, "method_not_allowed",
+                  "%s takes %s, not %s", url, allowed, method);
+        if (request->response) MHD_add_response_header(request->response, MHD_HTTP_HEADER_ALLOW, allowed);
+    }
+    /* Queued on the next call, once the request is whole: an answer queued with the headers alone
+     * would close a keep-alive connection. */
+    return MHD_YES;
+}
+
+/* A piece of the body: kept up to the limit; past it, the rest is read and dropped, and the answer is
+ * 413 (a body whose Content-Length says too much is refused before any of it is read). */
+static void take_body(serve_t *server, serve_request_t *request, char const *data, size_t size) {
+    if (request->oversize) return;
+    if (size > server->flags.body_limit - request->body_length) {
+        request->oversize = true;
+        free(request->body);
+        request->body = NULL;
+        request->body_length = request->body_capacity = 0;
+        return;
+    }
+    if (request->body_length + size > request->body_capacity) {
+        size_t capacity = request->body_capacity ? request->body_capacity : 4096;
+        while (capacity < request->body_length + size)
+            capacity *= 2;
+        if (capacity > server->flags.body_limit) capacity = server->flags.body_limit;
+        char *grown = realloc(request->body, capacity);
+        if (!grown) {
+            request->oversize = true; /* answered 413 all the same: the server cannot hold it */
+            return;
+        }
+        request->body = grown;
+        request->body_capacity = capacity;
+    }
+    memcpy(request->body + request->body_length, data, size);
+    request->body_length += size;
+}
+
+/* The body is complete: answer at once, or queue it and suspend the connection until it is encoded. */
+static enum MHD_Result finish_body(serve_t *server, serve_request_t *request) {
+    if (request->oversize) {
+        api_error(request, MHD_HTTP_CONTENT_TOO_LARGE, "invalid_request_error", NULL, "body_too_large",
+                  "the body is larger than this server takes: %zu bytes (--body-limit)",
+                  server->flags.body_limit);
+        return request_queue(request);
+    }
+    /* A request begun before a shutdown is answered in full, unless the shutdown was cut short. */
+    if (server->forced) {
+        api_error(request, MHD_HTTP_SERVICE_UNAVAILABLE, "server_error", NULL, "shutting_down",
+                  "the server is shutting down");
+        return request_queue(request);
+    }
+    if (!api_parse_embeddings(server, request)) return request_queue(request);
+    if (!batch_enqueue(server, request)) {
+        server->metrics.rejected_full++;
+        api_error(request, MHD_HTTP_TOO_MANY_REQUESTS, "rate_limit_error", NULL, "queue_full",
+                  "the queue is full (%zu requests): retry later", server->queued);
+        if (request->response) MHD_add_response_header(request->response, MHD_HTTP_HEADER_RETRY_AFTER, "1");
+        return request_queue(request);
+    }
+    request->suspended = true;
+    MHD_suspend_connection(request->connection);
+    batch_kick(server);
+    return MHD_YES;
+}
+
+static enum MHD_Result serve_access(void *cls, struct MHD_Connection *connection, char const *url,
+                                    char const *method, char const *version, char const *upload_data,
+                                    size_t *upload_data_size, void **state) {
+    (void)version;
+    serve_t *server = cls;
+    serve_request_t *request = *state;
+    if (!request) {
+        request = calloc(1, sizeof *request);
+        if (!request) return MHD_NO;
+        request->server = server;
+        request->connection = connection;
+        request->started_ns = loop_now_ns();
+        *state = request;
+        server->requests++;
+        return route_request(server, request, url, method);
+    }
+    if (request->answered) {
+        *upload_data_size = 0;
+        return MHD_YES;
+    }
+    if (*upload_data_size > 0) {
+        /* Only embeddings take a body; another route's is read and dropped. */
+        if (!request->response) take_body(server, request, upload_data, *upload_data_size);
+        *upload_data_size = 0;
+        return MHD_YES;
+    }
+    if (request->response) return request_queue(request); /* a route's answer, or resumed with one */
+    return finish_body(server, request);
+}
+
+/* libmicrohttpd is done with a request: answered and sent, or its connection failed or timed out. */
+static void serve_completed(void *cls, struct MHD_Connection *connection, void **state,
+                            enum MHD_RequestTerminationCode reason) {
+    (void)connection;
+    (void)reason;
+    serve_t *server = cls;
+    serve_request_t *request = *state;
+    if (!request) return;
+    *state = NULL;
+    if (request->response) MHD_destroy_response(request->response);
+    json_decref(request->json);
+    free(request->inputs);
+    free(request->body);
+    free(request);
+    server->requests--;
+    serve_drain_check(server);
+}
+
+static void serve_log(void *cls, char const *format, va_list arguments) {
+    (void)cls;
+    fputs("uform: http: ", stderr);
+    vfprintf(stderr, format, arguments);
+}
+
+/* ---- signals and shutdown ---------------------------------------------------------------------- */
+
+/* Ends every watch; the loop runs until their callbacks have come, then the command returns. */
+static void serve_stop(serve_t *server) {
+    if (server->stopping) return;
+    server->stopping = true;
+    if (server->http_armed) loop_cancel(server->loop, &server->http_watch);
+    if (server->encoded_armed) loop_cancel(server->loop, &server->encoded_watch);
+    if (server->signal_armed) loop_cancel(server->loop, &server->signal_watch);
+    serve_timer_t *timers[] = {&server->http_timer, &server->batch_timer, &server->drain_timer};
+    for (size_t i = 0; i < sizeof timers / sizeof timers[0]; ++i)
+        if (timers[i]->armed && !timers[i]->cancelling) loop_cancel(server->loop, &timers[i]->op);
+}
+
+void serve_drain_check(serve_t *server) {
+    if (!server->draining || server->stopping || server->finishing) return;
+    if (server->forced) {
+        if (server->encoding) return; /* its answers come first */
+        batch_refuse_queued(server, MHD_HTTP_SERVICE_UNAVAILABLE, "the server is shutting down");
+        /* This may run inside libmicrohttpd's callbacks: the next pump sends what the sockets take at
+         * once, then stops. */
+        server->finishing = true;
+        serve_post_pump(server);
+        return;
+    }
+    if (server->requests == 0 && !server->encoding && !server->queue_head) serve_stop(server);
+}
+
+static void drain_timer_fire(serve_t *server) {
+    server->forced = true;
+    serve_drain_check(server);
+}
+
+static void serve_drain(serve_t *server, int signal) {
+    if (server->draining) {
+        fprintf(stderr, "uform: SIG%s again: stopping now\n", sigabbrev_np(signal));
+        server->forced = true;
+        serve_drain_check(server);
+        return;
+    }
+    server->draining = true;
+    fprintf(stderr, "uform: SIG%s: answering %zu requests in flight, then stopping\n", sigabbrev_np(signal),
+            server->requests);
+    /* No new connections; those open finish what they asked. */
+    MHD_socket listening = MHD_quiesce_daemon(server->daemon);
+    if (listening != MHD_INVALID_SOCKET) (void)close(listening);
+    serve_timer_want(server, &server->drain_timer,
+                     loop_now_ns() + (uint64_t)SERVE_DRAIN_SECONDS * 1000000000u);
+    batch_kick(server); /* the queue goes without waiting for its delay */
+    serve_drain_check(server);
+    serve_post_pump(server);
+}
+
+static void signal_watch_done(loop_op_t *op) {
+    serve_t *server = SERVE_CONTAINER_OF(op, serve_t, signal_watch);
+    server->signal_armed = false;
+    if (server->stopping) return;
+    struct signalfd_siginfo info;
+    while (op->result > 0 && read(server->signal_fd, &info, sizeof info) == (ssize_t)sizeof info) {
+        serve_drain(server, (int)info.ssi_signo);
+        if (server->stopping) return;
+    }
+    loop_poll(server->loop, &server->signal_watch, server->signal_fd, POLLIN);
+    server->signal_armed = true;
+}
+
+/* ---- setup ------------------------------------------------------------------------------------- */
+
+/* The checkpoint's file name without its directory and .safetensors. */
+static char *default_name(char const *path) {
+    char const *slash = strrchr(path, '/');
+    char const *base = slash ? slash + 1 : path;
+    size_t length = strlen(base);
+    static char const suffix[] = ".safetensors";
+    if (length > sizeof suffix - 1 && !strcmp(base + length - (sizeof suffix - 1), suffix))
+        length -= sizeof suffix - 1;
+    return strndup(base, length);
+}
+
+static int serve_listen(serve_t *server, struct addrinfo **address) {
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE};
+    char port[16];
+    snprintf(port, sizeof port, "%u", server->flags.port);
+    int found = getaddrinfo(server->flags.host, port, &hints, address);
+    if (found != 0)
+        return command_fail("cannot resolve --host %s: %s", server->flags.host, gai_strerror(found));
+    unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+    if ((*address)->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
+    server->daemon = MHD_start_daemon(
+        flags, (uint16_t)server->flags.port, NULL, NULL, serve_access, server, MHD_OPTION_EXTERNAL_LOGGER,
+        serve_log, server, MHD_OPTION_NOTIFY_COMPLETED, serve_completed, server,
+        MHD_OPTION_CONNECTION_TIMEOUT, server->flags.timeout_s, MHD_OPTION_SOCK_ADDR, (*address)->ai_addr,
+        MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u, MHD_OPTION_END);
+    if (!server->daemon)
+        return command_fail("cannot listen on %s port %u: %s", server->flags.host, server->flags.port,
+                            errno ? strerror(errno) : "libmicrohttpd refused");
+    union MHD_DaemonInfo const *epoll = MHD_get_daemon_info(server->daemon, MHD_DAEMON_INFO_EPOLL_FD);
+    union MHD_DaemonInfo const *bound = MHD_get_daemon_info(server->daemon, MHD_DAEMON_INFO_BIND_PORT);
+    if (!epoll || !bound) return command_fail("libmicrohttpd gives no epoll descriptor or port");
+    server->epoll_fd = epoll->epoll_fd;
+    server->flags.port = bound->port;
+    bool six = (*address)->ai_family == AF_INET6;
+    printf("uform serve: listening on http://%s%s%s:%u (model %s)\n", six ? "[" : "", server->flags.host,
+           six ? "]" : "", server->flags.port, server->name);
+    fflush(stdout);
+    return COMMAND_OK;
+}
+
+static int serve_run(serve_t *server, sigset_t const *signals) {
+    char buffer[4096];
+    char const *path = NULL;
+    struct addrinfo *address = NULL;
+    int code = command_model_path(server->flags.model, buffer, sizeof buffer, &path);
+    if (code != COMMAND_OK) return code;
+
+    server->signal_fd = signalfd(-1, signals, SFD_NONBLOCK | SFD_CLOEXEC);
+    if (server->signal_fd < 0) return command_fail("cannot create a signalfd: %s", strerror(errno));
+    uform_ram_options_t options = uform_ram_options_default();
+    options.threads = server->flags.threads;
+    if (uform_executor_create_ram(&options, &server->executor) != UFORM_OK) return command_fail_engine();
+    uform_model_load_args_t load = {.executor = server->executor, .path = path, .model = &server->model};
+    if (uform_model_load_ram(&load) != UFORM_OK) return command_fail_engine();
+    if (uform_model_info(server->model, &server->info) != UFORM_OK) return command_fail_engine();
+    if (!server->info.has_text) return command_fail("%s has no text tower: nothing to serve yet", path);
+    server->created = (long long)time(NULL);
+    server->name = server->flags.name ? strdup(server->flags.name) : default_name(path);
+    json_t *name = server->name ? json_string(server->name) : NULL;
+    server->name_json = name ? json_dumps(name, JSON_ENCODE_ANY) : NULL;
+    json_decref(name);
+    if (!server->name_json) return command_fail("--name must be UTF-8 text");
+
+    loop_options_t loop_options = {.backend = LOOP_BACKEND_AUTO, .single_issuer = true, .entries = 0};
+    int created = loop_create(&loop_options, &server->loop);
+    if (created < 0) return command_fail("cannot create the server's event loop: %s", strerror(-created));
+    if ((code = batch_open(server)) != COMMAND_OK) return code;
+    code = serve_listen(server, &address);
+    if (address) freeaddrinfo(address);
+    if (code != COMMAND_OK) return code;
+
+    server->pump.callback = pump_done;
+    server->http_watch.callback = http_watch_done;
+    server->signal_watch.callback = signal_watch_done;
+    serve_timer_t *timers[] = {&server->http_timer, &server->batch_timer, &server->drain_timer};
+    void (*fires[])(serve_t *) = {http_timer_fire, batch_kick, drain_timer_fire};
+    for (size_t i = 0; i < 3; ++i)
+        *timers[i] = (serve_timer_t){.op.callback = timer_done, .server = server, .fire = fires[i]};
+    loop_poll(server->loop, &server->http_watch, server->epoll_fd, POLLIN);
+    server->http_armed = true;
+    loop_poll(server->loop, &server->signal_watch, server->signal_fd, POLLIN);
+    server->signal_armed = true;
+    serve_pump(server);
+
+    while (!server->stopping || loop_in_flight(server->loop) > 0 || server->pump_posted)
+        loop_run(server->loop, true, 0);
+    return COMMAND_OK;
+}
+
+int command_serve(int argc, char **argv) {
+    serve_t server = {
+        .flags = {.host = "127.0.0.1",
+                  .port = 8080,
+                  .batch_bytes = 262144,
+                  .queue = 1024,
+                  .body_limit = 16u << 20,
+                  .timeout_s = 60},
+        .epoll_fd = -1,
+        .encoded_fd = -1,
+        .signal_fd = -1,
+    };
+    int code = parse_flags(argc, argv, &server.flags);
+    if (code != COMMAND_OK || server.flags.help) return code;
+
+    /* Blocked before any thread starts, so that every thread inherits the mask and the signals reach
+     * only the signalfd. Peers that go away must not kill the process. */
+    sigset_t signals;
+    sigemptyset(&signals);
+    sigaddset(&signals, SIGTERM);
+    sigaddset(&signals, SIGINT);
+    if (pthread_sigmask(SIG_BLOCK, &signals, NULL) != 0)
+        return command_fail("cannot block SIGTERM and SIGINT");
+    signal(SIGPIPE, SIG_IGN);
+
+    code = serve_run(&server, &signals);
+
+    /* After a failure too, every watch ends before the loop goes (a success has ended them already). */
+    if (server.loop) {
+        serve_stop(&server);
+        while (loop_in_flight(server.loop) > 0 || server.pump_posted)
+            loop_run(server.loop, true, 0);
+    }
+    if (server.daemon) MHD_stop_daemon(server.daemon);
+    batch_close(&server);
+    loop_destroy(server.loop);
+    if (server.signal_fd >= 0) (void)close(server.signal_fd);
+    uform_model_free(server.model);
+    uform_executor_free(server.executor);
+    free(server.name);
+    free(server.name_json);
+    return code;
+}

@@ -1,0 +1,253 @@
+/* uform serve: what its files share.
+ *
+ * One thread runs all of it: the loop (loop/loop.h), libmicrohttpd's callbacks, the batcher and the
+ * serializer. libmicrohttpd runs without threads of its own: its one epoll descriptor is polled on the
+ * loop and MHD_run is called when it is readable or when its timeout is due. A request for embeddings
+ * is parsed when its body is complete, queued, and its connection suspended; the batcher gathers
+ * queued requests into one uform_text_encode on the RAM executor, whose outcome notifies an eventfd
+ * polled on the loop; the answers are then written and the connections resumed.
+ *
+ *   uform_serve.c          flags, the loop, libmicrohttpd, routes, signals and shutdown
+ *   uform_serve_api.c      the OpenAI-compatible bodies: requests parsed, answers and errors written
+ *   uform_serve_batch.c    the queue, the batches and the executor
+ *   uform_serve_metrics.c  counters and histograms, rendered for Prometheus */
+#ifndef UFORM_SERVE_H
+#define UFORM_SERVE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+#include <microhttpd.h>
+
+#include "loop.h"
+#include "uform_command.h"
+
+/* OpenAI's own bound on the items of one request. */
+enum { SERVE_MAX_ITEMS = 2048 };
+
+#define SERVE_CONTAINER_OF(pointer, type, member) ((type *)(void *)((char *)(pointer)-offsetof(type, member)))
+
+typedef struct serve serve_t;
+typedef struct serve_request serve_request_t;
+
+/* ---- text: a growable byte buffer for bodies (uform_serve_api.c) ------------------------------ */
+
+/* A failed allocation sets `failed` and makes every later append a no-op, so a body is built without
+ * checks at each step and checked once. */
+typedef struct serve_text {
+    char *data;
+    size_t length, capacity;
+    bool failed;
+} serve_text_t;
+
+void text_append(serve_text_t *text, char const *bytes, size_t length);
+void text_puts(serve_text_t *text, char const *string);
+__attribute__((format(printf, 2, 3))) void text_printf(serve_text_t *text, char const *format, ...);
+void text_free(serve_text_t *text);
+
+/* ---- metrics (uform_serve_metrics.c) ---------------------------------------------------------- */
+
+typedef enum serve_route {
+    ROUTE_EMBEDDINGS = 0,
+    ROUTE_MODELS,
+    ROUTE_HEALTH,
+    ROUTE_READY,
+    ROUTE_METRICS,
+    ROUTE_OTHER,
+    ROUTE_COUNT,
+} serve_route_t;
+
+/* Stages timed per request (queue, serialize, request) or per batch (decode, compute, encode). */
+typedef enum serve_stage {
+    STAGE_QUEUE = 0, /* queued until its batch was submitted */
+    STAGE_DECODE,    /* the engine's read and decode time of a batch (media; 0 for texts) */
+    STAGE_COMPUTE,   /* the engine's compute time of a batch (uform_encode_stats_t) */
+    STAGE_ENCODE,    /* a batch from submission to its outcome's notification */
+    STAGE_SERIALIZE, /* one answer written */
+    STAGE_REQUEST,   /* one embeddings request from its headers to its answer */
+    STAGE_COUNT,
+} serve_stage_t;
+
+enum { METRICS_BUCKETS = 20, METRICS_STATUSES = 24 };
+
+typedef struct serve_histogram {
+    uint64_t buckets[METRICS_BUCKETS]; /* not cumulative; the last one is +Inf */
+    uint64_t count;
+    uint64_t sum_ns;
+} serve_histogram_t;
+
+typedef struct serve_metrics {
+    struct {
+        unsigned status;
+        uint64_t counts[ROUTE_COUNT];
+    } statuses[METRICS_STATUSES];
+    size_t statuses_count;
+    serve_histogram_t stages[STAGE_COUNT];
+    serve_histogram_t batch_requests; /* requests per batch, buckets by count */
+    uint64_t batches, items, bytes, tokens, truncated, rejected_full;
+} serve_metrics_t;
+
+void metrics_count(serve_metrics_t *metrics, serve_route_t route, unsigned status);
+void metrics_observe(serve_metrics_t *metrics, serve_stage_t stage, uint64_t nanoseconds);
+void metrics_observe_batch(serve_metrics_t *metrics, size_t requests);
+/* The Prometheus text exposition format, version 0.0.4. */
+void metrics_render(serve_t const *server, serve_text_t *text);
+
+/* ---- the server (uform_serve.c) ---------------------------------------------------------------- */
+
+typedef struct serve_flags {
+    char const *model, *name, *host;
+    size_t threads;
+    unsigned port;
+    size_t batch_bytes;
+    uint64_t batch_delay_us;
+    size_t queue;
+    size_t body_limit;
+    unsigned timeout_s;
+    bool help;
+} serve_flags_t;
+
+/* One text of a request: bytes inside the request's parsed JSON. */
+typedef struct serve_input {
+    char const *bytes;
+    size_t length;
+} serve_input_t;
+
+struct serve_request {
+    serve_t *server;
+    struct MHD_Connection *connection;
+    serve_route_t route;
+    uint64_t started_ns, queued_ns;
+    /* The body, gathered until complete; `oversize` discards the rest of one past the limit. */
+    char *body;
+    size_t body_length, body_capacity;
+    bool oversize;
+    /* The parsed request (uform_serve_api.c); `json` keeps the inputs' bytes alive. */
+    json_t *json;
+    serve_input_t *inputs;
+    size_t count;
+    size_t bytes;      /* bytes the model reads: each input up to the context */
+    size_t tokens;     /* usage: those bytes plus one BOS per input */
+    size_t truncated;  /* inputs longer than the context */
+    size_t dimensions; /* the matryoshka width asked; 0 for the model's full width */
+    bool base64;
+    /* Queued, then batched: `next` links the queue and then the batch, `first_row` is the row of its
+     * first input in the batch's embeddings. */
+    serve_request_t *next;
+    size_t first_row;
+    bool suspended;
+    bool answered; /* its answer is queued: later calls only drain what the client still sends */
+    /* The answer, queued on the connection when the access handler next runs. */
+    unsigned status;
+    struct MHD_Response *response;
+};
+
+/* A deadline on the loop: armed once, shortened by cancelling and re-arming. */
+typedef struct serve_timer {
+    loop_op_t op;
+    serve_t *server;
+    void (*fire)(serve_t *server);
+    uint64_t deadline_ns;
+    bool armed, cancelling;
+} serve_timer_t;
+
+/* One engine call: its outcome, its arena and its tape. Two alternate, so that the next batch computes
+ * in one while the answers of the last are written from the other's views. */
+typedef struct serve_batch {
+    uform_outcome_t outcome;
+    uform_arena_t *arena;
+    uform_encode_stats_t stats;
+    uform_encode_config_t config;
+    char *bytes;
+    size_t bytes_capacity, length;
+    size_t *offsets;
+    size_t offsets_capacity, items;
+    serve_request_t *requests; /* in row order, through next */
+    size_t requests_count;
+    uint64_t submitted_ns;
+} serve_batch_t;
+
+struct serve {
+    serve_flags_t flags;
+    loop_t *loop;
+    struct MHD_Daemon *daemon;
+    uform_executor_t *executor;
+    uform_model_t *model;
+    uform_model_info_t info;
+    char *name;        /* the served model's name */
+    char *name_json;   /* the same as a JSON string, quoted and escaped */
+    long long created; /* when it was loaded, Unix seconds, for /v1/models */
+
+    /* Requests waiting for the executor, oldest first. */
+    serve_request_t *queue_head, *queue_tail;
+    size_t queued, queued_bytes;
+    serve_batch_t batches[2];
+    serve_batch_t *encoding; /* the batch the executor runs; NULL when idle */
+    size_t next_batch;       /* which of `batches` the next call uses */
+
+    /* What the loop watches. */
+    int epoll_fd, encoded_fd, signal_fd;
+    loop_op_t http_watch, encoded_watch, signal_watch, pump;
+    bool http_armed, encoded_armed, signal_armed, pump_posted;
+    serve_timer_t http_timer, batch_timer, drain_timer;
+
+    size_t requests; /* in flight: from their headers until libmicrohttpd is done with them */
+    bool draining;   /* a signal came: no new connections, the rest answered */
+    bool forced;     /* the drain's deadline passed, or a second signal came */
+    bool finishing;  /* forced: the queue was refused; the next pump sends what it can and stops */
+    bool stopping;   /* everything answered: the watches are being ended */
+    serve_metrics_t metrics;
+};
+
+/* Arms `timer` to fire by `deadline_ns` (an earlier one than armed cancels and re-arms). */
+void serve_timer_want(serve_t *server, serve_timer_t *timer, uint64_t deadline_ns);
+
+/* Resumes a request's suspended connection once its answer is ready, and lets libmicrohttpd run. */
+void serve_request_resume(serve_request_t *request);
+
+/* After any change that may end a drain: stops the server once nothing is left to answer. */
+void serve_drain_check(serve_t *server);
+
+/* ---- the API (uform_serve_api.c) --------------------------------------------------------------- */
+
+/* Parses a complete POST /v1/embeddings body into the request's inputs and options. Answers true, or
+ * false after setting the request's error answer (400, 404). */
+bool api_parse_embeddings(serve_t *server, serve_request_t *request);
+
+/* Sets the request's answer to an error in OpenAI's shape, {"error": {"message", "type", "param",
+ * "code"}}; `param` and `code` may be NULL (JSON null). */
+__attribute__((format(printf, 6, 7))) void api_error(serve_request_t *request, unsigned status,
+                                                     char const *type, char const *param, char const *code,
+                                                     char const *format, ...);
+
+/* Sets the request's answer to its embeddings, rows [first_row, first_row + count) of `embeddings`. */
+void api_answer_embeddings(serve_t *server, serve_request_t *request, uform_view_t const *embeddings);
+
+/* Sets the request's answer to `text` (taken: freed by libmicrohttpd) as `content_type`. */
+void api_answer_text(serve_request_t *request, unsigned status, serve_text_t *text, char const *content_type);
+
+/* The bodies of GET /v1/models and GET /v1/models/{name}. */
+void api_answer_models(serve_t *server, serve_request_t *request, char const *name);
+
+/* ---- the batcher (uform_serve_batch.c) --------------------------------------------------------- */
+
+/* Prepares the arenas and the eventfd the outcomes notify. Answers an exit code. */
+int batch_open(serve_t *server);
+void batch_close(serve_t *server);
+
+/* Queues a parsed request; false when the queue is full. */
+bool batch_enqueue(serve_t *server, serve_request_t *request);
+
+/* Starts the next engine call when the executor is idle and the queue's head has waited its delay, or
+ * the queue holds a batch's worth of bytes, or the server drains; else arms the batch timer. */
+void batch_kick(serve_t *server);
+
+/* The eventfd's poll: a finished call's requests are answered and the next call started. */
+void batch_encoded(serve_t *server);
+
+/* Answers every queued request with `status` (a forced shutdown). */
+void batch_refuse_queued(serve_t *server, unsigned status, char const *message);
+
+#endif /* UFORM_SERVE_H */

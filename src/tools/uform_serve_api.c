@@ -1,0 +1,472 @@
+/* The OpenAI-compatible bodies of `uform serve`: POST /v1/embeddings parsed and answered, the model
+ * list, and errors in OpenAI's shape. Answers are built in a serve_text_t and handed to libmicrohttpd,
+ * which frees them once sent. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "uform_serve.h"
+
+/* ---- text -------------------------------------------------------------------------------------- */
+
+static bool text_reserve(serve_text_t *text, size_t more) {
+    if (text->failed) return false;
+    if (text->length + more + 1 <= text->capacity) return true;
+    size_t capacity = text->capacity ? text->capacity : 1024;
+    while (capacity < text->length + more + 1)
+        capacity *= 2;
+    char *grown = realloc(text->data, capacity);
+    if (!grown) {
+        text->failed = true;
+        return false;
+    }
+    text->data = grown;
+    text->capacity = capacity;
+    return true;
+}
+
+void text_append(serve_text_t *text, char const *bytes, size_t length) {
+    if (!text_reserve(text, length)) return;
+    memcpy(text->data + text->length, bytes, length);
+    text->length += length;
+    text->data[text->length] = '\0';
+}
+
+void text_puts(serve_text_t *text, char const *string) {
+    text_append(text, string, strlen(string));
+}
+
+void text_printf(serve_text_t *text, char const *format, ...) {
+    if (!text_reserve(text, 64)) return;
+    for (;;) {
+        va_list arguments;
+        va_start(arguments, format);
+        size_t room = text->capacity - text->length;
+        int length = vsnprintf(text->data + text->length, room, format, arguments);
+        va_end(arguments);
+        if (length < 0) {
+            text->failed = true;
+            return;
+        }
+        if ((size_t)length < room) {
+            text->length += (size_t)length;
+            return;
+        }
+        if (!text_reserve(text, (size_t)length)) return;
+    }
+}
+
+void text_free(serve_text_t *text) {
+    free(text->data);
+    *text = (serve_text_t){0};
+}
+
+/* ---- answers ----------------------------------------------------------------------------------- */
+
+/* Said when even an error's body cannot be allocated. */
+static char const out_of_memory_body[] =
+    "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,\"code\":null}}";
+
+static void answer_static(serve_request_t *request, unsigned status, char const *body,
+                          char const *content_type) {
+    struct MHD_Response *response =
+        MHD_create_response_from_buffer(strlen(body), (void *)(uintptr_t)body, MHD_RESPMEM_PERSISTENT);
+    if (response) MHD_add_response_header(response, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
+    request->status = status;
+    request->response = response;
+}
+
+void api_answer_text(serve_request_t *request, unsigned status, serve_text_t *text,
+                     char const *content_type) {
+    if (request->response) MHD_destroy_response(request->response);
+    request->response = NULL;
+    if (text->failed || !text->data) {
+        text_free(text);
+        answer_static(request, MHD_HTTP_INTERNAL_SERVER_ERROR, out_of_memory_body, "application/json");
+        return;
+    }
+    /* MHD_RESPMEM_MUST_FREE hands the buffer to libmicrohttpd, which calls free() once it is sent. */
+    struct MHD_Response *response =
+        MHD_create_response_from_buffer(text->length, text->data, MHD_RESPMEM_MUST_FREE);
+    if (!response) {
+        text_free(text);
+        answer_static(request, MHD_HTTP_INTERNAL_SERVER_ERROR, out_of_memory_body, "application/json");
+        return;
+    }
+    *text = (serve_text_t){0};
+    MHD_add_response_header(response, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
+    request->status = status;
+    request->response = response;
+}
+
+/* Replaces each byte that does not begin a well-formed UTF-8 sequence (RFC 3629: no overlong forms, no
+ * surrogates, nothing past U+10FFFF) with '?': messages quote a client's bytes (a URL, a model name, a
+ * parser's excerpt) and may cut a sequence short, and JSON strings must be UTF-8. */
+static void utf8_sanitize(char *text) {
+    unsigned char *at = (unsigned char *)text;
+    while (*at) {
+        size_t length = *at < 0x80             ? 1
+                        : (*at & 0xE0) == 0xC0 ? 2
+                        : (*at & 0xF0) == 0xE0 ? 3
+                        : (*at & 0xF8) == 0xF0 ? 4
+                                               : 0;
+        bool valid = length > 0;
+        uint32_t point = length == 1   ? *at
+                         : length == 2 ? *at & 0x1Fu
+                         : length == 3 ? *at & 0x0Fu
+                                       : *at & 0x07u;
+        for (size_t i = 1; valid && i < length; ++i) {
+            valid = (at[i] & 0xC0) == 0x80; /* the terminating NUL fails this too */
+            point = point << 6 | (at[i] & 0x3Fu);
+        }
+        if (valid && length > 1) {
+            static uint32_t const smallest[] = {0, 0, 0x80, 0x800, 0x10000};
+            valid = point >= smallest[length] && point <= 0x10FFFF && (point < 0xD800 || point > 0xDFFF);
+        }
+        if (!valid) {
+            *at++ = '?';
+            continue;
+        }
+        at += length;
+    }
+}
+
+void api_error(serve_request_t *request, unsigned status, char const *type, char const *param,
+               char const *code, char const *format, ...) {
+    char message[512];
+    va_list arguments;
+    va_start(arguments, format);
+    vsnprintf(message, sizeof message, format, arguments);
+    va_end(arguments);
+    utf8_sanitize(message);
+    /* "s?" packs NULL as JSON null. */
+    json_t *body = json_pack("{s:{s:s, s:s, s:s?, s:s?}}", "error", "message", message, "type", type, "param",
+                             param, "code", code);
+    char *dumped = body ? json_dumps(body, JSON_COMPACT) : NULL;
+    json_decref(body);
+    serve_text_t text = {.data = dumped, .length = dumped ? strlen(dumped) : 0};
+    text.capacity = text.length + 1;
+    api_answer_text(request, status, &text, "application/json");
+}
+
+/* A 400 for the request's body, as OpenAI words its type. */
+#define INVALID(request, param, code, ...)                                                                   \
+    api_error(request, MHD_HTTP_BAD_REQUEST, "invalid_request_error", param, code, __VA_ARGS__)
+
+/* ---- POST /v1/embeddings: the request ---------------------------------------------------------- */
+
+static char const *const media[] = {"image", "audio", "video"};
+
+/* The multimodal extension: {"image" | "audio" | "video": "data:<mime>;base64,<bytes>"}. The engine's
+ * media verbs are not built yet, so a well-formed item is refused with unsupported_modality. */
+static bool parse_media_item(serve_t *server, serve_request_t *request, json_t *item, size_t index,
+                             char const *modality) {
+    json_t *value = json_object_get(item, modality);
+    char const *url = json_string_value(value);
+    char const *comma = url ? strchr(url, ',') : NULL;
+    if (!url || strncmp(url, "data:", 5) != 0 || !comma || comma - url < 12 ||
+        strncmp(comma - 7, ";base64", 7) != 0) {
+        INVALID(request, "input", "invalid_value",
+                "input[%zu].%s must be a base64 data URL: data:<mime type>;base64,<bytes>", index, modality);
+        return false;
+    }
+    bool present = !strcmp(modality, "image")   ? server->info.has_image
+                   : !strcmp(modality, "audio") ? server->info.has_audio
+                                                : server->info.has_video;
+    if (!present)
+        INVALID(request, "input", "unsupported_modality",
+                "input[%zu]: %s inputs are not supported by this model: it has no %s tower", index, modality,
+                modality);
+    else
+        INVALID(request, "input", "unsupported_modality",
+                "input[%zu]: %s inputs are not supported by this build yet: the engine's %s encoder is not "
+                "built; send text",
+                index, modality, modality);
+    return false;
+}
+
+/* One item of an input list: a string, or an object of the multimodal extension. */
+static bool parse_item(serve_t *server, serve_request_t *request, json_t *item, size_t index) {
+    if (json_is_object(item)) {
+        for (size_t m = 0; m < sizeof media / sizeof media[0]; ++m)
+            if (json_object_get(item, media[m]))
+                return parse_media_item(server, request, item, index, media[m]);
+        json_t *text = json_object_get(item, "text");
+        if (!text) {
+            INVALID(request, "input", "invalid_value",
+                    "input[%zu] is an object without \"text\", \"image\", \"audio\" or \"video\"", index);
+            return false;
+        }
+        item = text;
+    }
+    if (!json_is_string(item)) {
+        INVALID(request, "input", "invalid_type", "input[%zu] must be a string", index);
+        return false;
+    }
+    size_t length = json_string_length(item);
+    if (length == 0) {
+        INVALID(request, "input", "invalid_value", "input[%zu] is empty", index);
+        return false;
+    }
+    request->inputs[index] = (serve_input_t){.bytes = json_string_value(item), .length = length};
+    return true;
+}
+
+static bool parse_input(serve_t *server, serve_request_t *request, json_t *input, bool truncate) {
+    if (!input || json_is_null(input)) {
+        INVALID(request, "input", "missing_required_parameter",
+                "input is required: a string or a list of strings");
+        return false;
+    }
+    if (json_is_string(input)) {
+        if (json_string_length(input) == 0) {
+            INVALID(request, "input", "invalid_value", "input is empty");
+            return false;
+        }
+        request->count = 1;
+    } else if (json_is_array(input)) {
+        request->count = json_array_size(input);
+        if (request->count == 0) {
+            INVALID(request, "input", "invalid_value", "input is an empty list");
+            return false;
+        }
+        /* OpenAI also takes token ids: a list of integers, or a list of such lists. */
+        json_t *first = json_array_get(input, 0);
+        if (json_is_integer(first) || json_is_array(first)) {
+            INVALID(request, "input", "unsupported_input",
+                    "token ids are not supported: this model reads the bytes of texts; send strings");
+            return false;
+        }
+        if (request->count > SERVE_MAX_ITEMS) {
+            INVALID(request, "input", "invalid_value", "input has %zu items; at most %d are taken at once",
+                    request->count, SERVE_MAX_ITEMS);
+            return false;
+        }
+    } else {
+        INVALID(request, "input", "invalid_type", "input must be a string or a list of strings");
+        return false;
+    }
+    request->inputs = calloc(request->count, sizeof *request->inputs);
+    if (!request->inputs) {
+        api_error(request, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", NULL, NULL, "out of memory");
+        return false;
+    }
+    if (json_is_string(input)) {
+        request->inputs[0] =
+            (serve_input_t){.bytes = json_string_value(input), .length = json_string_length(input)};
+    } else {
+        for (size_t i = 0; i < request->count; ++i)
+            if (!parse_item(server, request, json_array_get(input, i), i)) return false;
+    }
+    size_t context = server->info.text.context;
+    for (size_t i = 0; i < request->count; ++i) {
+        size_t length = request->inputs[i].length;
+        if (length > context) {
+            if (!truncate) {
+                INVALID(request, "input", "context_length_exceeded",
+                        "input[%zu] is %zu bytes and the model reads at most %zu: shorten it, or leave "
+                        "\"truncate\" "
+                        "true to embed its first %zu bytes",
+                        i, length, context, context);
+                return false;
+            }
+            request->truncated++;
+            length = context;
+        }
+        request->bytes += length;
+        request->tokens += length + 1; /* the model's BOS */
+    }
+    return true;
+}
+
+static bool parse_dimensions(serve_t *server, serve_request_t *request, json_t *value) {
+    if (!value || json_is_null(value)) return true;
+    uform_model_info_t const *info = &server->info;
+    char widths[256] = "";
+    size_t used = 0;
+    for (size_t i = 0; i < info->matryoshka_count && used < sizeof widths; ++i)
+        used += (size_t)snprintf(widths + used, sizeof widths - used, "%s%zu", i ? ", " : "",
+                                 info->matryoshka[i]);
+    if (!json_is_integer(value)) {
+        INVALID(request, "dimensions", "invalid_type", "dimensions must be an integer, one of %s", widths);
+        return false;
+    }
+    json_int_t asked = json_integer_value(value);
+    if (asked > 0 && (size_t)asked == info->dims) return true;
+    for (size_t i = 0; i < info->matryoshka_count; ++i) {
+        if (asked <= 0 || (size_t)asked != info->matryoshka[i]) continue;
+        request->dimensions = (size_t)asked;
+        return true;
+    }
+    INVALID(request, "dimensions", "invalid_value", "dimensions %lld is not a width of this model: one of %s",
+            (long long)asked, widths);
+    return false;
+}
+
+bool api_parse_embeddings(serve_t *server, serve_request_t *request) {
+    json_error_t error;
+    request->json =
+        json_loadb(request->body ? request->body : "", request->body_length, JSON_ALLOW_NUL, &error);
+    free(request->body);
+    request->body = NULL;
+    json_t *root = request->json;
+    if (!root) {
+        INVALID(request, NULL, "invalid_json", "the body is not valid JSON: %s (line %d, column %d)",
+                error.text, error.line, error.column);
+        return false;
+    }
+    if (!json_is_object(root)) {
+        INVALID(request, NULL, "invalid_type", "the body must be a JSON object");
+        return false;
+    }
+
+    json_t *model = json_object_get(root, "model");
+    if (model && !json_is_null(model)) {
+        if (!json_is_string(model)) {
+            INVALID(request, "model", "invalid_type", "model must be a string: this server serves '%s'",
+                    server->name);
+            return false;
+        }
+        if (strcmp(json_string_value(model), server->name) != 0) {
+            api_error(request, MHD_HTTP_NOT_FOUND, "invalid_request_error", "model", "model_not_found",
+                      "the model '%s' does not exist: this server serves '%s'", json_string_value(model),
+                      server->name);
+            return false;
+        }
+    }
+
+    json_t *format = json_object_get(root, "encoding_format");
+    if (format && !json_is_null(format)) {
+        char const *name = json_string_value(format);
+        if (!name || (strcmp(name, "float") != 0 && strcmp(name, "base64") != 0)) {
+            INVALID(request, "encoding_format", "invalid_value",
+                    "encoding_format must be \"float\" or \"base64\"");
+            return false;
+        }
+        request->base64 = !strcmp(name, "base64");
+    }
+
+    json_t *truncate = json_object_get(root, "truncate");
+    if (truncate && !json_is_null(truncate) && !json_is_boolean(truncate)) {
+        INVALID(request, "truncate", "invalid_type", "truncate must be true or false");
+        return false;
+    }
+    json_t *user = json_object_get(root, "user");
+    if (user && !json_is_null(user) && !json_is_string(user)) {
+        INVALID(request, "user", "invalid_type", "user must be a string");
+        return false;
+    }
+    if (!parse_dimensions(server, request, json_object_get(root, "dimensions"))) return false;
+    return parse_input(server, request, json_object_get(root, "input"),
+                       !truncate || !json_is_false(truncate));
+}
+
+/* ---- POST /v1/embeddings: the answer ----------------------------------------------------------- */
+
+/* %.9g prints every float so that it reads back to the same float, as `uform encode` writes them; JSON
+ * has no NaN or infinity. */
+static void text_float(serve_text_t *text, float value) {
+    if (value - value == 0)
+        text_printf(text, "%.9g", (double)value);
+    else
+        text_puts(text, "null");
+}
+
+/* The row's F32 values as little-endian bytes in standard base64, as OpenAI's "base64" format. */
+static void text_base64(serve_text_t *text, float const *row, size_t columns) {
+    static char const alphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    size_t bytes = columns * sizeof(float);
+    if (!text_reserve(text, (bytes + 2) / 3 * 4)) return;
+    unsigned char const *data = (unsigned char const *)row;
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    unsigned char swapped[4 * 4096];
+    if (bytes > sizeof swapped) {
+        text->failed = true;
+        return;
+    }
+    for (size_t i = 0; i < bytes; ++i)
+        swapped[i] = data[(i & ~(size_t)3) + 3 - (i & 3)];
+    data = swapped;
+#endif
+    char *out = text->data + text->length;
+    size_t i = 0;
+    for (; i + 3 <= bytes; i += 3) {
+        uint32_t triple = (uint32_t)data[i] << 16 | (uint32_t)data[i + 1] << 8 | data[i + 2];
+        *out++ = alphabet[triple >> 18 & 63];
+        *out++ = alphabet[triple >> 12 & 63];
+        *out++ = alphabet[triple >> 6 & 63];
+        *out++ = alphabet[triple & 63];
+    }
+    if (i < bytes) {
+        uint32_t triple = (uint32_t)data[i] << 16 | (i + 1 < bytes ? (uint32_t)data[i + 1] << 8 : 0);
+        *out++ = alphabet[triple >> 18 & 63];
+        *out++ = alphabet[triple >> 12 & 63];
+        *out++ = i + 1 < bytes ? alphabet[triple >> 6 & 63] : '=';
+        *out++ = '=';
+    }
+    text->length = (size_t)(out - text->data);
+    text->data[text->length] = '\0';
+}
+
+void api_answer_embeddings(serve_t *server, serve_request_t *request, uform_view_t const *embeddings) {
+    serve_text_t text = {0};
+    size_t context = server->info.text.context;
+    text_puts(&text, "{\"object\":\"list\",\"data\":[");
+    for (size_t i = 0; i < request->count; ++i) {
+        void const *row = NULL;
+        if (uform_view_row(embeddings, request->first_row + i, &row) != UFORM_OK ||
+            embeddings->scalar != UFORM_F32) {
+            text_free(&text);
+            api_error(request, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", NULL, "engine_error",
+                      "the engine's embeddings could not be read");
+            return;
+        }
+        text_printf(&text, "%s{\"object\":\"embedding\",\"index\":%zu,\"embedding\":", i ? "," : "", i);
+        float const *values = row;
+        if (request->base64) {
+            text_puts(&text, "\"");
+            text_base64(&text, values, embeddings->columns);
+            text_puts(&text, "\"");
+        } else {
+            text_puts(&text, "[");
+            for (size_t column = 0; column < embeddings->columns; ++column) {
+                if (column) text_puts(&text, ",");
+                text_float(&text, values[column]);
+            }
+            text_puts(&text, "]");
+        }
+        text_printf(&text, ",\"truncated\":%s}", request->inputs[i].length > context ? "true" : "false");
+    }
+    text_printf(&text, "],\"model\":%s,\"usage\":{\"prompt_tokens\":%zu,\"total_tokens\":%zu}}",
+                server->name_json, request->tokens, request->tokens);
+    api_answer_text(request, MHD_HTTP_OK, &text, "application/json");
+}
+
+/* ---- GET /v1/models ---------------------------------------------------------------------------- */
+
+static void text_model(serve_text_t *text, serve_t const *server) {
+    text_printf(text,
+                "{\"id\":%s,\"object\":\"model\",\"created\":%lld,\"owned_by\":\"uform\",\"dims\":%zu,"
+                "\"context\":%zu,\"matryoshka\":[",
+                server->name_json, server->created, server->info.dims, server->info.text.context);
+    for (size_t i = 0; i < server->info.matryoshka_count; ++i)
+        text_printf(text, "%s%zu", i ? "," : "", server->info.matryoshka[i]);
+    text_puts(text, "]}");
+}
+
+void api_answer_models(serve_t *server, serve_request_t *request, char const *name) {
+    serve_text_t text = {0};
+    if (!name) {
+        text_puts(&text, "{\"object\":\"list\",\"data\":[");
+        text_model(&text, server);
+        text_puts(&text, "]}");
+    } else if (!strcmp(name, server->name)) {
+        text_model(&text, server);
+    } else {
+        api_error(request, MHD_HTTP_NOT_FOUND, "invalid_request_error", "model", "model_not_found",
+                  "the model '%s' does not exist: this server serves '%s'", name, server->name);
+        return;
+    }
+    api_answer_text(request, MHD_HTTP_OK, &text, "application/json");
+}

@@ -1,0 +1,428 @@
+/* VRAM executors: devices, streams, memory, events; models' weights on devices; the tower forward on a
+ * device through kernels/cuda. See vram.h. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "vram.h"
+
+#if UFORM_WITH_CUDA
+
+/* ---- Devices ------------------------------------------------------------------------------------ */
+
+uform_status_t vram_use(vram_device_t const *device) {
+    return cudaSetDevice(device->ordinal) == cudaSuccess ? UFORM_OK : UFORM_DEVICE;
+}
+
+uform_status_t vram_open(uform_executor_t *executor, uform_vram_options_t const *options,
+                         char const **message) {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count <= 0) {
+        cudaGetLastError(); /* the error is reported here; leave none sticky for the caller */
+        return *message = "no CUDA device is present (or no driver)", UFORM_DEVICE;
+    }
+    size_t wanted = options && options->devices_count ? options->devices_count : 1;
+    if (wanted > VRAM_MAX_DEVICES) return *message = "more than 16 devices", UFORM_INVALID_ARGUMENT;
+    for (size_t i = 0; options && i < options->devices_count; ++i) {
+        if (options->devices[i] >= (size_t)count) return *message = "no such CUDA device", UFORM_DEVICE;
+        for (size_t j = 0; j < i; ++j)
+            if (options->devices[j] == options->devices[i])
+                return *message = "a device is listed twice", UFORM_INVALID_ARGUMENT;
+    }
+    vram_t *vram = calloc(1, sizeof *vram);
+    if (!vram) return *message = "cannot allocate the executor", UFORM_OUT_OF_MEMORY;
+    executor->vram = vram;
+    int previous = 0;
+    cudaGetDevice(&previous);
+    for (size_t i = 0; i < wanted; ++i) {
+        vram_device_t *device = &vram->devices[i];
+        device->ordinal = options && options->devices_count ? (int)options->devices[i] : 0;
+        vram->count = i + 1; /* vram_close frees what was made, also after a partial open */
+        if (cudaSetDevice(device->ordinal) != cudaSuccess ||
+            cudaStreamCreateWithFlags(&device->stream, cudaStreamNonBlocking) != cudaSuccess) {
+            cudaSetDevice(previous);
+            return *message = "cannot create a stream on the device", UFORM_DEVICE;
+        }
+        for (size_t s = 0; s < VRAM_SLOTS; ++s)
+            if (cudaEventCreateWithFlags(&device->slots[s].done, cudaEventDisableTiming) != cudaSuccess) {
+                cudaSetDevice(previous);
+                return *message = "cannot create an event on the device", UFORM_DEVICE;
+            }
+        if (cuda_gemm_create(&device->gemm, device->stream) != cudaSuccess) {
+            cudaSetDevice(previous);
+            return *message = "cannot create the cuBLASLt handle", UFORM_DEVICE;
+        }
+    }
+    cudaSetDevice(previous);
+    executor->threads = 1;
+    return UFORM_OK;
+}
+
+void vram_close(uform_executor_t *executor) {
+    vram_t *vram = executor->vram;
+    for (size_t i = 0; i < vram->count; ++i) {
+        vram_device_t *device = &vram->devices[i];
+        if (vram_use(device) != UFORM_OK) continue;
+        if (device->stream) cudaStreamSynchronize(device->stream);
+        if (device->gemm) cuda_gemm_destroy(device->gemm);
+        cudaFree(device->scratch);
+        for (size_t s = 0; s < VRAM_SLOTS; ++s) {
+            cudaFreeHost(device->slots[s].staging);
+            if (device->slots[s].done) cudaEventDestroy(device->slots[s].done);
+        }
+        if (device->stream) cudaStreamDestroy(device->stream);
+    }
+    free(vram);
+    executor->vram = NULL;
+}
+
+void *vram_allocate(uform_executor_t *executor, size_t bytes) {
+    int previous = 0;
+    cudaGetDevice(&previous);
+    void *memory = NULL;
+    if (vram_use(&executor->vram->devices[0]) != UFORM_OK || cudaMalloc(&memory, bytes ? bytes : 1) != cudaSuccess)
+        memory = NULL;
+    cudaGetLastError();
+    cudaSetDevice(previous);
+    return memory;
+}
+
+void vram_deallocate(uform_executor_t *executor, void *memory) {
+    if (!memory) return;
+    int previous = 0;
+    cudaGetDevice(&previous);
+    vram_use(&executor->vram->devices[0]);
+    cudaFree(memory);
+    cudaSetDevice(previous);
+}
+
+uform_status_t vram_copy_to_host(uform_executor_t *executor, void *host, size_t host_pitch, void const *device,
+                                 size_t device_pitch, size_t width, size_t rows) {
+    int previous = 0;
+    cudaGetDevice(&previous);
+    bool ok = vram_use(&executor->vram->devices[0]) == UFORM_OK &&
+              cudaMemcpy2D(host, host_pitch, device, device_pitch, width, rows, cudaMemcpyDeviceToHost) == cudaSuccess;
+    cudaGetLastError();
+    cudaSetDevice(previous);
+    return ok ? UFORM_OK : UFORM_DEVICE;
+}
+
+void *vram_scratch(vram_device_t *device, size_t bytes) {
+    if (device->scratch_bytes >= bytes) return device->scratch;
+    cudaStreamSynchronize(device->stream); /* work in flight may still use the old scratch */
+    cudaFree(device->scratch);
+    device->scratch = NULL;
+    device->scratch_bytes = 0;
+    size_t grown = bytes + bytes / 4;
+    if (cudaMalloc(&device->scratch, grown) != cudaSuccess) {
+        cudaGetLastError();
+        device->scratch = NULL;
+        return NULL;
+    }
+    device->scratch_bytes = grown;
+    return device->scratch;
+}
+
+void *vram_staging(vram_slot_t *slot, size_t bytes) {
+    if (slot->staging_bytes >= bytes) return slot->staging;
+    cudaFreeHost(slot->staging);
+    slot->staging = NULL;
+    slot->staging_bytes = 0;
+    size_t grown = bytes + bytes / 4;
+    if (cudaHostAlloc(&slot->staging, grown, cudaHostAllocDefault) != cudaSuccess) {
+        cudaGetLastError();
+        slot->staging = NULL;
+        return NULL;
+    }
+    slot->staging_bytes = grown;
+    return slot->staging;
+}
+
+uform_status_t vram_event_done(cudaEvent_t event, bool *done) {
+    cudaError_t error = cudaEventQuery(event);
+    *done = error == cudaSuccess;
+    if (error == cudaSuccess || error == cudaErrorNotReady) return UFORM_OK;
+    cudaGetLastError();
+    return UFORM_DEVICE;
+}
+
+uint64_t vram_poll_ns(uint64_t elapsed_ns) {
+    uint64_t period = elapsed_ns / 16;
+    if (period < 5000) period = 5000;
+    if (period > 200000) period = 200000;
+    return period;
+}
+
+/* ---- Weights on devices ------------------------------------------------------------------------- */
+
+/* Carves one device allocation: a sizing pass (base 0) measures it, a second pass fills it. */
+typedef struct carve {
+    uintptr_t base; /* 0 while sizing */
+    size_t used;
+    uint8_t const *raw; /* the checkpoint's data section on the device */
+    checkpoint_header_t const *header;
+    cudaStream_t stream;
+    bool failed;
+} carve_t;
+
+static void *carve_take(carve_t *carve, size_t bytes) {
+    size_t at = (carve->used + 255) & ~(size_t)255;
+    carve->used = at + bytes;
+    return (void *)(carve->base + at);
+}
+
+static checkpoint_tensor_t const *carve_tensor(carve_t *carve, char const *name, size_t count) {
+    checkpoint_tensor_t const *tensor = checkpoint_find(carve->header, name);
+    if (!tensor || tensor->dtype != CHECKPOINT_BF16 || tensor->end - tensor->begin != count * 2) {
+        carve->failed = true;
+        return NULL;
+    }
+    return tensor;
+}
+
+static uint16_t const *carve_bf16(carve_t *carve, char const *name, size_t count) {
+    checkpoint_tensor_t const *tensor = carve_tensor(carve, name, count);
+    void *target = carve_take(carve, count * 2);
+    if (carve->base && tensor &&
+        cudaMemcpyAsync(target, carve->raw + tensor->begin, count * 2, cudaMemcpyDeviceToDevice, carve->stream) !=
+            cudaSuccess)
+        carve->failed = true;
+    return target;
+}
+
+static float const *carve_f32(carve_t *carve, char const *name, size_t count) {
+    checkpoint_tensor_t const *tensor = carve_tensor(carve, name, count);
+    float *target = carve_take(carve, count * sizeof(float));
+    if (carve->base && tensor &&
+        cuda_bf16_to_f32(target, (uint16_t const *)(carve->raw + tensor->begin), count, carve->stream) != cudaSuccess)
+        carve->failed = true;
+    return target;
+}
+
+static void carve_linear(carve_t *carve, vram_linear_t *layer, char const *weight, char const *bias, size_t n,
+                         size_t k) {
+    layer->n = n;
+    layer->k = k;
+    layer->w = carve_bf16(carve, weight, n * k);
+    layer->bias = bias ? carve_f32(carve, bias, n) : NULL;
+}
+
+static bool carve_tower(carve_t *carve, vram_tower_t *tower, char const *name, uform_transformer_info_t const *info,
+                        size_t dims) {
+    tower->depth = info->depth;
+    tower->hidden = info->hidden;
+    tower->heads = info->heads;
+    tower->mlp = info->mlp;
+    tower->dims = dims;
+    if (!tower->blocks && !(tower->blocks = calloc(info->depth ? info->depth : 1, sizeof *tower->blocks)))
+        return false;
+    size_t hidden = info->hidden, mlp = info->mlp;
+    char weight[96], bias[96];
+    for (size_t i = 0; i < info->depth; ++i) {
+        vram_block_t *block = &tower->blocks[i];
+        snprintf(weight, sizeof weight, "%s.blocks.%zu.norm1.weight", name, i);
+        block->norm1 = carve_f32(carve, weight, hidden);
+        snprintf(weight, sizeof weight, "%s.blocks.%zu.norm2.weight", name, i);
+        block->norm2 = carve_f32(carve, weight, hidden);
+        static char const *const layers[] = {"attn.qkv", "attn.out", "mlp.up", "mlp.down"};
+        vram_linear_t *targets[] = {&block->qkv, &block->out, &block->up, &block->down};
+        size_t const shapes[][2] = {{3 * hidden, hidden}, {hidden, hidden}, {mlp, hidden}, {hidden, mlp}};
+        for (size_t j = 0; j < 4; ++j) {
+            snprintf(weight, sizeof weight, "%s.blocks.%zu.%s.weight", name, i, layers[j]);
+            snprintf(bias, sizeof bias, "%s.blocks.%zu.%s.bias", name, i, layers[j]);
+            carve_linear(carve, targets[j], weight, bias, shapes[j][0], shapes[j][1]);
+        }
+    }
+    snprintf(weight, sizeof weight, "%s.norm.weight", name);
+    tower->norm = carve_f32(carve, weight, hidden);
+    snprintf(weight, sizeof weight, "%s.proj.weight", name);
+    carve_linear(carve, &tower->proj, weight, NULL, dims, hidden);
+    return true;
+}
+
+/* The media towers' inputs: patch projection, class token, positions. */
+static void carve_patches(carve_t *carve, vram_tower_t *tower, char const *name, size_t inputs, size_t positions) {
+    char weight[96], bias[96];
+    snprintf(weight, sizeof weight, "%s.patch.weight", name);
+    snprintf(bias, sizeof bias, "%s.patch.bias", name);
+    carve_linear(carve, &tower->patch, weight, bias, tower->hidden, inputs);
+    snprintf(weight, sizeof weight, "%s.cls", name);
+    tower->cls = carve_f32(carve, weight, tower->hidden);
+    snprintf(weight, sizeof weight, "%s.pos", name);
+    tower->pos = carve_f32(carve, weight, positions * tower->hidden);
+    tower->positions = positions;
+}
+
+static bool carve_model(carve_t *carve, vram_replica_t *replica, uform_model_info_t const *info) {
+    bool ok = true;
+    if ((replica->has_text = info->has_text)) {
+        ok = ok && carve_tower(carve, &replica->text, "text", &info->text.transformer, info->dims);
+        replica->text.embed = carve_bf16(carve, "text.embed", 257 * info->text.transformer.hidden);
+    }
+    if ((replica->has_image = info->has_image)) {
+        ok = ok && carve_tower(carve, &replica->image, "image", &info->image.transformer, info->dims);
+        size_t side = info->image.size / info->image.patch;
+        if (ok)
+            carve_patches(carve, &replica->image, "image", 3 * info->image.patch * info->image.patch,
+                          1 + side * side);
+    }
+    if ((replica->has_audio = info->has_audio)) {
+        ok = ok && carve_tower(carve, &replica->audio, "audio", &info->audio.transformer, info->dims);
+        if (ok)
+            carve_patches(carve, &replica->audio, "audio", info->audio.mels * info->audio.patch_frames,
+                          1 + info->audio.max_patches);
+    }
+    return ok && !carve->failed;
+}
+
+static void replica_release(vram_replica_t *replica) {
+    cudaFree(replica->weights);
+    free(replica->text.blocks);
+    free(replica->image.blocks);
+    free(replica->audio.blocks);
+    memset(replica, 0, sizeof *replica);
+}
+
+uform_status_t vram_model_prepare(uform_model_t *model, uform_executor_t *executor, void *const *raw,
+                                  char const **message) {
+    vram_t *vram = executor->vram;
+    struct vram_model *prepared = calloc(1, sizeof *prepared);
+    if (!prepared) return *message = "cannot allocate the model", UFORM_OUT_OF_MEMORY;
+    model->device = prepared;
+    for (size_t d = 0; d < vram->count; ++d) {
+        vram_device_t *device = &vram->devices[d];
+        vram_replica_t *replica = &prepared->replicas[d];
+        prepared->count = d + 1;
+        if (vram_use(device) != UFORM_OK) return *message = "cannot use the device", UFORM_DEVICE;
+        carve_t carve = {.raw = raw[d], .header = &model->header, .stream = device->stream};
+        if (!carve_model(&carve, replica, &model->header.info))
+            return *message = "a tower's tensor has an unexpected shape", UFORM_FORMAT;
+        if (cudaMalloc(&replica->weights, carve.used) != cudaSuccess) {
+            cudaGetLastError();
+            replica->weights = NULL;
+            return *message = "cannot allocate the weights on the device", UFORM_OUT_OF_MEMORY;
+        }
+        replica->bytes = carve.used;
+        carve = (carve_t){.base = (uintptr_t)replica->weights, .raw = raw[d], .header = &model->header,
+                          .stream = device->stream};
+        bool ok = carve_model(&carve, replica, &model->header.info);
+        if (cudaStreamSynchronize(device->stream) != cudaSuccess || !ok || carve.failed) {
+            cudaGetLastError();
+            return *message = "cannot prepare the weights on the device", UFORM_DEVICE;
+        }
+    }
+    return UFORM_OK;
+}
+
+void vram_model_release(uform_model_t *model) {
+    struct vram_model *prepared = model->device;
+    if (!prepared) return;
+    uform_executor_t *executor = model->executor;
+    int previous = 0;
+    cudaGetDevice(&previous);
+    for (size_t d = 0; d < prepared->count; ++d) {
+        if (executor && executor->vram) vram_use(&executor->vram->devices[d]);
+        replica_release(&prepared->replicas[d]);
+    }
+    cudaSetDevice(previous);
+    free(prepared);
+    model->device = NULL;
+}
+
+/* ---- The forward pass --------------------------------------------------------------------------- */
+
+typedef struct forward_layout {
+    uint16_t *h;   /* [tokens, hidden]: norm outputs, then attention outputs */
+    uint16_t *qkv; /* [tokens, 3 * hidden] */
+    uint16_t *mlp; /* [tokens, mlp] */
+} forward_layout_t;
+
+static size_t round_up_256(size_t bytes) {
+    return (bytes + 255) & ~(size_t)255;
+}
+
+static forward_layout_t forward_layout(vram_tower_t const *tower, void *scratch, size_t tokens, size_t *bytes) {
+    size_t h = round_up_256(tokens * tower->hidden * 2);
+    size_t qkv = round_up_256(tokens * 3 * tower->hidden * 2);
+    size_t mlp = round_up_256(tokens * tower->mlp * 2);
+    *bytes = h + qkv + mlp;
+    char *base = scratch;
+    if (!base) return (forward_layout_t){0};
+    return (forward_layout_t){(uint16_t *)base, (uint16_t *)(base + h), (uint16_t *)(base + h + qkv)};
+}
+
+size_t vram_forward_scratch(vram_tower_t const *tower, size_t tokens) {
+    size_t bytes = 0;
+    forward_layout(tower, NULL, tokens, &bytes);
+    return bytes;
+}
+
+static uform_status_t linear(vram_device_t *device, vram_linear_t const *layer, size_t m, uint16_t const *x,
+                             void *y, size_t y_stride, cuda_linear_kind_t kind, char const **message) {
+    cuda_linear_t job = {
+        .m = m, .n = layer->n, .k = layer->k, .x = x, .x_stride = layer->k, .w = layer->w,
+        .bias = layer->bias, .y = y, .y_stride = y_stride, .kind = kind,
+    };
+    return cuda_linear(device->gemm, &job, message) == cudaSuccess ? UFORM_OK : UFORM_DEVICE;
+}
+
+#define LAUNCH(call, what)                                                                                   \
+    do {                                                                                                     \
+        if ((call) != cudaSuccess) {                                                                         \
+            cudaGetLastError();                                                                              \
+            *message = what;                                                                                 \
+            return UFORM_DEVICE;                                                                             \
+        }                                                                                                    \
+    } while (0)
+
+uform_status_t vram_forward(vram_device_t *device, vram_tower_t const *tower, float *x, size_t tokens,
+                            int32_t const *offsets, size_t items, size_t max_length, bool causal, bool rotary,
+                            void *scratch, char const **message) {
+    size_t hidden = tower->hidden, bytes = 0;
+    forward_layout_t layout = forward_layout(tower, scratch, tokens, &bytes);
+    cudaStream_t stream = device->stream;
+    uform_status_t status = UFORM_OK;
+    for (size_t i = 0; i < tower->depth; ++i) {
+        vram_block_t const *block = &tower->blocks[i];
+        LAUNCH(cuda_rmsnorm(layout.h, hidden, NULL, 0, x, hidden, block->norm1, tokens, hidden, 1e-6f, stream),
+               "cannot launch rmsnorm");
+        if ((status = linear(device, &block->qkv, tokens, layout.h, layout.qkv, 3 * hidden, CUDA_LINEAR_BF16,
+                             message)) != UFORM_OK)
+            return status;
+        LAUNCH(cuda_attention(layout.h, layout.qkv, offsets, items, tower->heads, max_length, causal, rotary,
+                              0.125f, stream),
+               "cannot launch attention");
+        if ((status = linear(device, &block->out, tokens, layout.h, x, hidden, CUDA_LINEAR_RESIDUAL, message)) !=
+            UFORM_OK)
+            return status;
+        LAUNCH(cuda_rmsnorm(layout.h, hidden, NULL, 0, x, hidden, block->norm2, tokens, hidden, 1e-6f, stream),
+               "cannot launch rmsnorm");
+        if ((status = linear(device, &block->up, tokens, layout.h, layout.mlp, tower->mlp, CUDA_LINEAR_GELU_BF16,
+                             message)) != UFORM_OK)
+            return status;
+        if ((status = linear(device, &block->down, tokens, layout.mlp, x, hidden, CUDA_LINEAR_RESIDUAL,
+                             message)) != UFORM_OK)
+            return status;
+    }
+    LAUNCH(cuda_rmsnorm(NULL, 0, x, hidden, x, hidden, tower->norm, tokens, hidden, 1e-6f, stream),
+           "cannot launch rmsnorm");
+    return UFORM_OK;
+}
+
+uform_status_t vram_project(vram_device_t *device, vram_tower_t const *tower, uint16_t const *x_bf16,
+                            size_t m, size_t width, float *projected, uform_view_t const *view, size_t first,
+                            char const **message) {
+    if (m == 0) return UFORM_OK;
+    vram_linear_t narrowed = tower->proj;
+    narrowed.n = width; /* a matryoshka width: the first rows of the projection */
+    uform_status_t status = linear(device, &narrowed, m, x_bf16, projected, width, CUDA_LINEAR_F32, message);
+    if (status != UFORM_OK) return status;
+    LAUNCH(cuda_normalize(projected, width, m, width, device->stream), "cannot launch normalize");
+    float *scales = view->scales ? (float *)view->scales + first : NULL;
+    LAUNCH(cuda_convert((unsigned char *)view->data + first * view->row_stride, view->row_stride, scales, projected,
+                        width, m, width, (int)view->scalar, device->stream),
+           "cannot launch convert");
+    return UFORM_OK;
+}
+
+#endif /* UFORM_WITH_CUDA */

@@ -1,0 +1,425 @@
+/* The image tower's verbs on a VRAM executor: image_encode_pixels, and image_encode of encoded images
+ * in memory.
+ *
+ * The host (the executor's one thread) checks each item, decodes encoded ones (JPEG, PNG: src/image_
+ * decode.h), and copies each chunk's RGB8 pixels into a pinned staging slot; the device does the rest:
+ * resize, crop and normalize into BF16 patch rows (kernels/cuda/cuda_image.h, the host's convention),
+ * the patch GEMM, class token and positions, the tower (bidirectional, no rotary), the projections and
+ * the outputs, written into the device arena. Two slots: the host fills one while the device runs the
+ * other. A chunk is a run of consecutive good items (at most VRAM_IMAGE_CHUNK, or VRAM_IMAGE_BYTES of
+ * pixels unless one image alone is larger); failed items keep their status and zero rows, as on host
+ * executors. Files (UFORM_SOURCE_FILES) are not read on VRAM executors yet: they answer UNSUPPORTED. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "image_decode.h"
+#include "vram.h"
+
+#if UFORM_WITH_CUDA
+#include "cuda/cuda_image.h"
+
+#define VRAM_IMAGE_CHUNK 256
+#define VRAM_IMAGE_BYTES ((size_t)256 << 20)
+
+typedef struct vram_image_call {
+    call_t call;    /* a copy of the call in the executor's storage, for its fields */
+    call_t *origin; /* that call, which call_finish ends */
+    uform_model_t *model;
+    uform_arena_t *arena;
+    vram_image_request_t request;
+    uform_scalar_t scalar;
+    size_t width;
+    size_t patches; /* per image */
+    uform_progress_t progress;
+    size_t next_step;
+    uform_encode_stats_t *stats_out;
+    uform_encode_stats_t stats;
+    uint64_t started_ns;
+    size_t next_item, done_items, next_slot;
+    struct {
+        size_t first, last;
+        bool busy;
+    } chunks[VRAM_SLOTS];
+    image_rgb_t decoded[VRAM_IMAGE_CHUNK]; /* the current run's decoded images (memory source) */
+    image_rgb_t run[VRAM_IMAGE_CHUNK];     /* the current run's pixels */
+    loop_op_t poll;
+    uform_status_t failure;
+    char const *message;
+    uform_status_t *statuses;
+    uform_encoded_t encoded;
+} vram_image_call_t;
+
+/* The call's state is larger than the executor's call storage (the decoded images): it is allocated. */
+
+static size_t round_up_256(size_t bytes) {
+    return (bytes + 255) & ~(size_t)255;
+}
+
+static void image_end(vram_image_call_t *image) {
+    image->stats.total_ns = loop_now_ns() - image->started_ns;
+    image->stats.compute_ns = image->stats.total_ns - image->stats.decode_ns;
+    for (size_t i = 0; i < image->stats.items; ++i)
+        image->stats.failed += image->statuses && image->statuses[i] != UFORM_OK;
+    if (image->stats_out) *image->stats_out = image->stats;
+    if (image->failure == UFORM_OK) {
+        image->call.outcome->product = OUTCOME_PRODUCT_ENCODED;
+        image->call.outcome->encoded = image->encoded;
+    }
+    arena_end(image->arena);
+    uform_model_free(image->model);
+    for (size_t i = 0; i < VRAM_IMAGE_CHUNK; ++i)
+        free(image->decoded[i].pixels);
+    call_t *origin = image->origin;
+    uform_status_t status = image->failure;
+    char const *message = image->message;
+    free(image);
+    call_finish(origin, status, message);
+}
+
+static void image_stop(vram_image_call_t *image, uform_status_t status, char const *message) {
+    if (image->failure != UFORM_OK) return;
+    image->failure = status;
+    image->message = message;
+}
+
+/* The pixels of item `item` (decoding it for the memory source), or a status for it. */
+static uform_status_t image_pixels(vram_image_call_t *image, size_t item, size_t slot_index, image_rgb_t *rgb) {
+    vram_image_request_t const *request = &image->request;
+    uint8_t const *data = (uint8_t const *)request->tape.data + request->tape.offsets[item];
+    size_t size = request->tape.offsets[item + 1] - request->tape.offsets[item];
+    if (request->pixels) {
+        size_t height = request->heights[item], width = request->widths[item], pixels = 0, bytes = 0;
+        if (height == 0 || width == 0 || __builtin_mul_overflow(height, width, &pixels) || pixels > UFORM_IMAGE_MAX_PIXELS ||
+            height > INT32_MAX || width > INT32_MAX || __builtin_mul_overflow(pixels, (size_t)3, &bytes) ||
+            bytes != size)
+            return UFORM_INVALID_ARGUMENT;
+        *rgb = (image_rgb_t){.pixels = (uint8_t *)data, .height = height, .width = width};
+        return UFORM_OK;
+    }
+    uint64_t decoding = loop_now_ns();
+    image_rgb_t *decoded = &image->decoded[slot_index];
+    free(decoded->pixels);
+    memset(decoded, 0, sizeof *decoded);
+    uform_status_t status = image_decode(data, size, decoded);
+    image->stats.decode_ns += loop_now_ns() - decoding;
+    if (status != UFORM_OK) return status;
+    if (decoded->height > INT32_MAX || decoded->width > INT32_MAX) return UFORM_FORMAT;
+    *rgb = *decoded;
+    return UFORM_OK;
+}
+
+/* Finds the next chunk from `next_item`: skips failed items (recording their statuses) and gathers a
+ * run of good ones. Answers the run [*first, *last) (empty when none is left). */
+static void image_next_run(vram_image_call_t *image, size_t *first, size_t *last) {
+    size_t items = image->request.tape.count, bytes = 0;
+    *first = *last = image->next_item;
+    for (size_t item = image->next_item; item < items && *last - *first < VRAM_IMAGE_CHUNK; ++item) {
+        image_rgb_t rgb;
+        uform_status_t status = image_pixels(image, item, item - *first, &rgb);
+        if (status == UFORM_OK) image->run[item - *first] = rgb;
+        if (status != UFORM_OK) {
+            image->statuses[item] = status;
+            if (*last == *first) {
+                *first = *last = item + 1; /* nothing gathered yet: skip it */
+                continue;
+            }
+            break; /* the run ends; this item is checked again (and fails again) by the next one */
+        }
+        size_t size = rgb.height * rgb.width * 3;
+        if (*last > *first && bytes + size > VRAM_IMAGE_BYTES) break;
+        bytes += size;
+        *last = item + 1;
+    }
+}
+
+static uform_status_t image_issue(vram_image_call_t *image, size_t s, size_t first, size_t last,
+                                  char const **message) {
+    vram_device_t *device = &image->call.executor->vram->devices[0];
+    vram_tower_t const *tower = &image->model->device->replicas[0].image;
+    uform_model_info_t const *info = &image->model->header.info;
+    size_t items = last - first, patches = image->patches, hidden = tower->hidden;
+    size_t size = info->image.size, patch = info->image.patch, inputs = 3 * patch * patch;
+    size_t tokens = items * (patches + 1);
+
+    /* Host staging: pixel offsets int64 [items], heights and widths int32 [items], token offsets
+     * int32 [items + 1], patch offsets int32 [items + 1], class rows int32 [items], patch rows int32
+     * [items * patches], then the pixels. */
+    size_t pixel_bytes = 0, taps = 1;
+    image_rgb_t const *rgbs = image->run;
+    for (size_t item = first; item < last; ++item) {
+        pixel_bytes += rgbs[item - first].height * rgbs[item - first].width * 3;
+        size_t height = rgbs[item - first].height, width = rgbs[item - first].width;
+        size_t out_height = height < width ? size : height * size / width;
+        size_t out_width = width < height ? size : width * size / height;
+        size_t a = cuda_image_taps(height, out_height), b = cuda_image_taps(width, out_width);
+        taps = a > taps ? a : taps;
+        taps = b > taps ? b : taps;
+    }
+    size_t index_bytes = round_up_256(items * 8 + items * 4 * 2 + (items + 1) * 4 * 2 + items * 4 + items * patches * 4);
+    vram_slot_t *slot = &device->slots[s];
+    char *staging = vram_staging(slot, index_bytes + pixel_bytes);
+    if (!staging) return *message = "cannot allocate pinned staging memory", UFORM_OUT_OF_MEMORY;
+    int64_t *pixel_offsets = (int64_t *)staging;
+    int32_t *heights = (int32_t *)(pixel_offsets + items), *widths = heights + items;
+    int32_t *token_offsets = widths + items, *patch_offsets = token_offsets + items + 1;
+    int32_t *class_rows = patch_offsets + items + 1, *patch_rows = class_rows + items;
+    size_t at = 0;
+    for (size_t i = 0; i < items; ++i) {
+        pixel_offsets[i] = (int64_t)at;
+        heights[i] = (int32_t)rgbs[i].height;
+        widths[i] = (int32_t)rgbs[i].width;
+        memcpy(staging + index_bytes + at, rgbs[i].pixels, rgbs[i].height * rgbs[i].width * 3);
+        at += rgbs[i].height * rgbs[i].width * 3;
+        token_offsets[i] = (int32_t)(i * (patches + 1));
+        patch_offsets[i] = (int32_t)(i * patches);
+        class_rows[i] = (int32_t)(i * (patches + 1));
+        for (size_t p = 0; p < patches; ++p)
+            patch_rows[i * patches + p] = (int32_t)(i * (patches + 1) + 1 + p);
+    }
+    token_offsets[items] = (int32_t)tokens;
+    patch_offsets[items] = (int32_t)(items * patches);
+
+    /* Device scratch: the staged bytes, the axes, patch rows BF16 [items * patches, inputs], their
+     * projection F32 [items * patches, hidden], x F32 [tokens, hidden], the forward's, gathered rows
+     * F32 and BF16 [rows, hidden], projections [rows, width]. */
+    size_t rows = items * patches;
+    size_t sizes[] = {
+        round_up_256(index_bytes + pixel_bytes),
+        round_up_256(cuda_image_axes_bytes(items, size, taps)),
+        round_up_256(rows * inputs * 2),
+        round_up_256(rows * hidden * sizeof(float)),
+        round_up_256(tokens * hidden * sizeof(float)),
+        round_up_256(vram_forward_scratch(tower, tokens)),
+        round_up_256(rows * hidden * sizeof(float)),
+        round_up_256(rows * hidden * 2),
+        round_up_256(rows * image->width * sizeof(float)),
+    };
+    size_t total = 0;
+    for (size_t i = 0; i < sizeof sizes / sizeof *sizes; ++i)
+        total += sizes[i];
+    char *base = vram_scratch(device, total);
+    if (!base) return *message = "cannot allocate device scratch", UFORM_OUT_OF_MEMORY;
+    char *staged = base;
+    void *axes = base += sizes[0];
+    uint16_t *patch_bf16 = (uint16_t *)(base += sizes[1]);
+    float *patch_f32 = (float *)(base += sizes[2]);
+    float *x = (float *)(base += sizes[3]);
+    void *forward = base += sizes[4];
+    float *gathered = (float *)(base += sizes[5]);
+    uint16_t *gathered_bf16 = (uint16_t *)(base += sizes[6]);
+    float *projected = (float *)(base + sizes[7]);
+    int64_t const *device_pixel_offsets = (int64_t const *)staged;
+    int32_t const *device_heights = (int32_t const *)(device_pixel_offsets + items);
+    int32_t const *device_widths = device_heights + items, *device_tokens = device_widths + items;
+    int32_t const *device_patches = device_tokens + items + 1, *device_classes = device_patches + items + 1;
+    int32_t const *device_patch_rows = device_classes + items;
+    cudaStream_t stream = device->stream;
+
+#define STEP(call, what)                                                                                     \
+    do {                                                                                                     \
+        if ((call) != cudaSuccess) {                                                                         \
+            cudaGetLastError();                                                                              \
+            *message = what;                                                                                 \
+            return UFORM_DEVICE;                                                                             \
+        }                                                                                                    \
+    } while (0)
+    STEP(cudaMemcpyAsync(staged, staging, index_bytes + pixel_bytes, cudaMemcpyHostToDevice, stream),
+         "cannot copy the chunk to the device");
+    cuda_image_geometry_t geometry = {.size = (int32_t)size, .patch = (int32_t)patch};
+    for (size_t c = 0; c < 3; ++c)
+        geometry.mean[c] = info->image.mean[c], geometry.std[c] = info->image.std[c];
+    STEP(cuda_image_patches(patch_bf16, (uint8_t const *)staged + index_bytes, device_pixel_offsets, device_heights,
+                            device_widths, items, geometry, axes, taps, stream),
+         "cannot launch the image front end");
+    cuda_linear_t job = {.m = rows, .n = hidden, .k = inputs, .x = patch_bf16, .x_stride = inputs,
+                         .w = tower->patch.w, .bias = tower->patch.bias, .y = patch_f32, .y_stride = hidden,
+                         .kind = CUDA_LINEAR_F32};
+    STEP(cuda_linear(device->gemm, &job, message), "cannot run the patch projection");
+    STEP(cuda_assemble_tokens(x, patch_f32, tower->cls, tower->pos, device_patches, items, patches, hidden, stream),
+         "cannot launch the token assembly");
+    uform_status_t status = vram_forward(device, tower, x, tokens, device_tokens, items, patches + 1, false, false,
+                                         forward, message);
+    if (status != UFORM_OK) return status;
+
+    uform_encoded_t *encoded = &image->encoded;
+    uform_outputs_t outputs = image->request.outputs;
+    if (outputs & (UFORM_OUTPUT_EMBEDDINGS | UFORM_OUTPUT_STATES)) {
+        STEP(cuda_gather_rows(gathered, hidden, x, hidden, device_classes, items, hidden, stream), "cannot gather");
+        if (outputs & UFORM_OUTPUT_STATES) {
+            uform_view_t const *states = &encoded->states;
+            float *scales = states->scales ? (float *)states->scales + first : NULL;
+            STEP(cuda_convert((unsigned char *)states->data + first * states->row_stride, states->row_stride, scales,
+                              gathered, hidden, items, hidden, (int)states->scalar, stream),
+                 "cannot convert");
+        }
+        if (outputs & UFORM_OUTPUT_EMBEDDINGS) {
+            STEP(cuda_f32_to_bf16(gathered_bf16, gathered, items * hidden, stream), "cannot convert");
+            if ((status = vram_project(device, tower, gathered_bf16, items, image->width, projected,
+                                       &encoded->embeddings, first, message)) != UFORM_OK)
+                return status;
+        }
+    }
+    if (outputs & UFORM_OUTPUT_TOKEN_VECTORS) {
+        STEP(cuda_gather_rows(gathered, hidden, x, hidden, device_patch_rows, rows, hidden, stream), "cannot gather");
+        STEP(cuda_f32_to_bf16(gathered_bf16, gathered, rows * hidden, stream), "cannot convert");
+        if ((status = vram_project(device, tower, gathered_bf16, rows, image->width, projected,
+                                   &encoded->token_vectors, first * patches, message)) != UFORM_OK)
+            return status;
+    }
+    STEP(cudaEventRecord(slot->done, stream), "cannot record an event");
+#undef STEP
+    return UFORM_OK;
+}
+
+static void image_advance(vram_image_call_t *image) {
+    vram_device_t *device = &image->call.executor->vram->devices[0];
+    size_t items = image->request.tape.count;
+    for (size_t s = 0; s < VRAM_SLOTS; ++s) {
+        if (!image->chunks[s].busy) continue;
+        bool done = false;
+        if (vram_event_done(device->slots[s].done, &done) != UFORM_OK) {
+            image_stop(image, UFORM_DEVICE, "a device operation failed");
+            image->chunks[s].busy = false;
+            continue;
+        }
+        if (!done) continue;
+        image->chunks[s].busy = false;
+        image->done_items = image->chunks[s].last;
+        if (image->failure == UFORM_OK &&
+            progress_report(&image->progress, &image->next_step, image->done_items, items))
+            image_stop(image, UFORM_CANCELLED, "cancelled by the progress handler");
+    }
+    while (image->failure == UFORM_OK && image->next_item < items && !image->chunks[image->next_slot].busy) {
+        size_t first, last;
+        image_next_run(image, &first, &last);
+        image->next_item = last;
+        if (first == last) continue; /* only failed items were left */
+        char const *message = NULL;
+        uform_status_t status = image_issue(image, image->next_slot, first, last, &message);
+        if (status != UFORM_OK) {
+            image_stop(image, status, message);
+            break;
+        }
+        image->chunks[image->next_slot].first = first;
+        image->chunks[image->next_slot].last = last;
+        image->chunks[image->next_slot].busy = true;
+        image->next_slot = (image->next_slot + 1) % VRAM_SLOTS;
+    }
+    bool busy = false;
+    for (size_t s = 0; s < VRAM_SLOTS; ++s)
+        busy |= image->chunks[s].busy;
+    if (!busy) {
+        cudaStreamSynchronize(device->stream);
+        image_end(image);
+        return;
+    }
+    loop_timer(image->call.executor->loop, &image->poll, vram_poll_ns(loop_now_ns() - image->started_ns));
+}
+
+static void image_poll(loop_op_t *op) {
+    image_advance(container_of(op, vram_image_call_t, poll));
+}
+
+static bool output_view(uform_arena_t *arena, size_t rows, size_t columns, uform_scalar_t scalar,
+                        uform_view_t *view) {
+    size_t bytes = rows * columns * uform_scalar_size(scalar) + 1;
+    void *data = arena_allocate(arena, bytes, 64);
+    if (!data || cudaMemsetAsync(data, 0, bytes, 0) != cudaSuccess) return false;
+    *view = arena_view(arena, data, rows, columns, scalar);
+    if (scalar == UFORM_I8) {
+        float *scales = arena_allocate(arena, rows * sizeof(float) + 1, 16);
+        if (!scales || cudaMemsetAsync(scales, 0, rows * sizeof(float) + 1, 0) != cudaSuccess) return false;
+        view->scales = scales;
+    }
+    return true;
+}
+
+static void image_start(call_t *call) {
+    /* The state lives in `image`, allocated by the verb; the executor's call storage holds its address. */
+    vram_image_call_t *image = *(vram_image_call_t **)(void *)(call + 1);
+    vram_device_t *device = &call->executor->vram->devices[0];
+    image->poll.callback = image_poll;
+    if (vram_use(device) != UFORM_OK) {
+        image_stop(image, UFORM_DEVICE, "cannot use the device");
+        image_end(image);
+        return;
+    }
+    uform_arena_t *arena = image->arena;
+    size_t items = image->request.tape.count, hidden = image->model->header.info.image.transformer.hidden;
+    image->stats.items = items;
+    image->stats.bytes = image->request.tape.offsets[items] - image->request.tape.offsets[0];
+    uform_encoded_t *encoded = &image->encoded;
+    memset(encoded, 0, sizeof *encoded);
+    encoded->items = items;
+    bool ok = (image->statuses = arena_allocate_host(arena, items * sizeof *image->statuses, 16)) != NULL;
+    if (ok) {
+        memset(image->statuses, 0, items * sizeof *image->statuses);
+        encoded->statuses = image->statuses;
+    }
+    /* Zeroed outputs (the legacy stream orders the memsets before the executor's stream's work, which
+     * waits for it: the executor's stream is created non-blocking, so synchronize once instead). */
+    uform_outputs_t outputs = image->request.outputs;
+    if (ok && (outputs & UFORM_OUTPUT_EMBEDDINGS))
+        ok = output_view(arena, items, image->width, image->scalar, &encoded->embeddings);
+    if (ok && (outputs & UFORM_OUTPUT_STATES)) ok = output_view(arena, items, hidden, image->scalar, &encoded->states);
+    if (ok && (outputs & UFORM_OUTPUT_TOKEN_VECTORS)) {
+        ok = output_view(arena, items * image->patches, image->width, image->scalar, &encoded->token_vectors);
+        size_t *offsets = ok ? arena_allocate_host(arena, (items + 1) * sizeof(size_t), 16) : NULL;
+        if ((ok = offsets != NULL)) {
+            for (size_t item = 0; item <= items; ++item)
+                offsets[item] = item * image->patches;
+            encoded->token_vectors.item_offsets = offsets;
+            encoded->token_vectors.items = items;
+        }
+    }
+    ok = ok && cudaDeviceSynchronize() == cudaSuccess;
+    if (!ok) {
+        cudaGetLastError();
+        image_stop(image, UFORM_OUT_OF_MEMORY, "cannot allocate the outputs in the arena");
+        image_end(image);
+        return;
+    }
+    image_advance(image);
+}
+
+uform_status_t vram_image_encode(char const *entry, vram_image_request_t const *request) {
+    uform_outcome_t *outcome = request->outcome;
+    if (!request->pixels && request->files)
+        return call_refuse(outcome, UFORM_UNSUPPORTED, entry,
+                           "VRAM executors read encoded images from memory: pass UFORM_SOURCE_MEMORY");
+    vram_image_call_t *image = calloc(1, sizeof *image);
+    if (!image) return call_refuse(outcome, UFORM_OUT_OF_MEMORY, entry, "cannot allocate the call");
+    uform_outcome_t own;
+    call_t *call = NULL;
+    uform_status_t status =
+        call_open(request->executor, request->arena, outcome, &own, sizeof(call_t) + sizeof(void *), entry, &call);
+    if (status != UFORM_OK) {
+        free(image);
+        return status;
+    }
+    *(vram_image_call_t **)(void *)(call + 1) = image;
+    call->start = image_start;
+    image->call = *call;
+    image->origin = call;
+    uform_encode_config_t const *config = request->config;
+    uform_model_info_t const *info = &request->model->header.info;
+    image->model = request->model;
+    model_retain(image->model);
+    image->arena = request->arena;
+    image->request = *request;
+    image->scalar = config ? config->outputs_scalar : UFORM_F32;
+    image->width = config && config->matryoshka ? config->matryoshka : info->dims;
+    if (config) image->progress = config->progress;
+    image->next_step = 1;
+    image->stats_out = config ? config->stats : NULL;
+    size_t side = info->image.size / info->image.patch;
+    image->patches = side * side;
+    image->started_ns = loop_now_ns();
+    call_submit(call);
+    if (outcome) return UFORM_OK;
+    status = call_wait(outcome_of(&own));
+    if (status == UFORM_OK) uform_outcome_encoded(&own, request->encoded);
+    return status;
+}
+
+#endif /* UFORM_WITH_CUDA */

@@ -1,0 +1,1134 @@
+/* audio_encode and audio_encode_samples through the public interface: outputs and their shapes (token
+ * vectors packed per clip), tones and silence, lengths (shorter than a window, shorter than a patch,
+ * exactly one patch, longer than `seconds`), any rate (1 Hz to UFORM_AUDIO_MAX_RATE, 8000, 44100 and
+ * 48000 Hz against the model's own), NaN and infinite samples, a rate of 0, clips that do not depend on
+ * their batch, bitwise determinism across thread counts and receivers, WAV files written here (RIFF
+ * header and PCM16, mono and stereo) read from files and from memory against the samples they hold, and
+ * bad sounds that fail alone (a text file, WAVs cut in their header and in their samples, an empty file,
+ * a zero-length clip, files with no audio stream, a hostile rate, NaN in a float WAV, a missing file, a
+ * folder, an empty path), chunked reads, progress and cancellation, conversions, bad arguments. The
+ * front end is checked here against a naive DFT and resampling a clip's start against resampling it
+ * whole; numbers against PyTorch are checked by tests/reference/test_audio_reference.py. Without FFmpeg
+ * only the arguments and the UNSUPPORTED answers are checked. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "engine.h"
+#include "kernels.h"
+#if UFORM_WITH_FFMPEG
+#include <libavutil/log.h>
+
+#include "audio_frontend.h"
+#endif
+
+#define EVERYTHING (UFORM_OUTPUT_EMBEDDINGS | UFORM_OUTPUT_TOKEN_VECTORS | UFORM_OUTPUT_STATES)
+#define BATCH_MAX  256
+
+static char directory[256], checkpoint[300];
+static uform_model_t *model;
+static uform_model_info_t info;
+
+/* ---- Sounds, WAV files, batches ------------------------------------------------------------------ */
+
+typedef struct sound {
+    float *samples;
+    size_t length;
+} sound_t;
+
+typedef struct blob {
+    uint8_t *data;
+    size_t size;
+} blob_t;
+
+/* Two tones, a slow glide and a little noise, different per seed: every mel band gets energy. */
+static sound_t sound_make(size_t length, size_t rate, unsigned seed) {
+    sound_t sound = {malloc(length * sizeof(float) + sizeof(float)), length};
+    assert_non_null(sound.samples);
+    double const pi = 3.14159265358979323846;
+    uint64_t noise = 0x9E3779B97F4A7C15ull * (seed + 1);
+    for (size_t i = 0; i < length; ++i) {
+        double t = (double)i / (double)rate;
+        noise = noise * 6364136223846793005ull + 1442695040888963407ull;
+        double white = (double)(noise >> 11) * 0x1p-53 - 0.5;
+        sound.samples[i] =
+            (float)(0.3 * sin(2 * pi * (220.0 + 40 * seed) * t) +
+                    0.2 * sin(2 * pi * (1500.0 + 300 * seed) * t + 0.3 * t * t * 1000) + 0.05 * white);
+    }
+    return sound;
+}
+
+/* ---- Fixtures ----------------------------------------------------------------------------------- */
+
+static int setup(void **state) {
+    (void)state;
+    snprintf(directory, sizeof directory, "%s/uform-audio-XXXXXX",
+             getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+    if (!mkdtemp(directory)) return -1;
+    snprintf(checkpoint, sizeof checkpoint, "%s/tiny.safetensors", directory);
+    uform_tiny_checkpoint_args_t tiny = {.path = checkpoint, .seed = 13, .depth = 2, .hidden = 128};
+    if (uform_tiny_checkpoint(&tiny) != UFORM_OK) return -1;
+    uform_model_load_args_t load = {.path = checkpoint, .model = &model};
+    if (uform_model_load_ram(&load) != UFORM_OK) return -1;
+    if (uform_model_info(model, &info) != UFORM_OK) return -1;
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    uform_model_free(model);
+    char command[600];
+    snprintf(command, sizeof command, "rm -rf '%s'", directory);
+    return system(command) == 0 ? 0 : -1;
+}
+
+#if UFORM_WITH_FFMPEG
+
+static sound_t sound_zero(size_t length) {
+    sound_t sound = {calloc(length + 1, sizeof(float)), length};
+    assert_non_null(sound.samples);
+    return sound;
+}
+
+/* The samples a PCM16 WAV of `sound` holds: round(x * 32767) / 32768, as FFmpeg reads them back. */
+static int16_t pcm16_of(float x) {
+    double scaled = round((double)x * 32767);
+    return (int16_t)(scaled > 32767 ? 32767 : scaled < -32768 ? -32768 : scaled);
+}
+
+static void put_le(uint8_t *target, uint32_t value, size_t bytes) {
+    for (size_t i = 0; i < bytes; ++i)
+        target[i] = (uint8_t)(value >> (8 * i));
+}
+
+/* A plain RIFF WAVE: a 16-byte fmt chunk (PCM, 16 bits) and the data chunk; `channels` copies of the
+ * sound, the second one scaled by `second_gain`. */
+static blob_t wav_of(sound_t const *sound, size_t rate, size_t channels, float second_gain) {
+    size_t data = sound->length * channels * 2;
+    blob_t blob = {malloc(44 + data), 44 + data};
+    assert_non_null(blob.data);
+    uint8_t *h = blob.data;
+    memcpy(h, "RIFF", 4), put_le(h + 4, (uint32_t)(36 + data), 4), memcpy(h + 8, "WAVE", 4);
+    memcpy(h + 12, "fmt ", 4), put_le(h + 16, 16, 4), put_le(h + 20, 1, 2),
+        put_le(h + 22, (uint32_t)channels, 2);
+    put_le(h + 24, (uint32_t)rate, 4), put_le(h + 28, (uint32_t)(rate * channels * 2), 4);
+    put_le(h + 32, (uint32_t)(channels * 2), 2), put_le(h + 34, 16, 2);
+    memcpy(h + 36, "data", 4), put_le(h + 40, (uint32_t)data, 4);
+    for (size_t i = 0; i < sound->length; ++i)
+        for (size_t c = 0; c < channels; ++c)
+            put_le(h + 44 + (i * channels + c) * 2,
+                   (uint16_t)pcm16_of(c == 1 ? sound->samples[i] * second_gain : sound->samples[i]), 2);
+    return blob;
+}
+
+/* A mono WAV of IEEE floats (format 3, 32 bits), the samples as they stand: NaN survives. */
+static blob_t float_wav_of(sound_t const *sound, size_t rate) {
+    size_t data = sound->length * 4;
+    blob_t blob = {malloc(44 + data), 44 + data};
+    assert_non_null(blob.data);
+    uint8_t *h = blob.data;
+    memcpy(h, "RIFF", 4), put_le(h + 4, (uint32_t)(36 + data), 4), memcpy(h + 8, "WAVE", 4);
+    memcpy(h + 12, "fmt ", 4), put_le(h + 16, 16, 4), put_le(h + 20, 3, 2), put_le(h + 22, 1, 2);
+    put_le(h + 24, (uint32_t)rate, 4), put_le(h + 28, (uint32_t)(rate * 4), 4);
+    put_le(h + 32, 4, 2), put_le(h + 34, 32, 2);
+    memcpy(h + 36, "data", 4), put_le(h + 40, (uint32_t)data, 4);
+    memcpy(h + 44, sound->samples, data);
+    return blob;
+}
+
+/* The mono samples FFmpeg gives for a mono PCM16 WAV of `sound`. */
+static sound_t wav_samples(sound_t const *sound) {
+    sound_t read = {malloc(sound->length * sizeof(float) + sizeof(float)), sound->length};
+    assert_non_null(read.samples);
+    for (size_t i = 0; i < sound->length; ++i)
+        read.samples[i] = (float)pcm16_of(sound->samples[i]) / 32768.0f;
+    return read;
+}
+
+static blob_t blob_copy(void const *data, size_t size) {
+    blob_t blob = {malloc(size ? size : 1), size};
+    assert_non_null(blob.data);
+    if (size) memcpy(blob.data, data, size);
+    return blob;
+}
+
+static void write_file(char const *name, blob_t const *blob) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", directory, name);
+    FILE *file = fopen(path, "wb");
+    assert_non_null(file);
+    assert_int_equal(fwrite(blob->data, 1, blob->size, file), blob->size);
+    assert_int_equal(fclose(file), 0);
+}
+
+typedef enum kind {
+    KIND_SAMPLES,
+    KIND_FILES,
+    KIND_MEMORY,
+} kind_t;
+
+/* A tape of floats (samples) or bytes (paths, encoded sounds). */
+typedef struct batch {
+    kind_t kind;
+    size_t rate; /* samples */
+    uint8_t *data;
+    size_t bytes, count;
+    size_t offsets[BATCH_MAX + 1]; /* in elements */
+} batch_t;
+
+static batch_t *batch_new(kind_t kind, size_t rate) {
+    batch_t *batch = calloc(1, sizeof *batch);
+    assert_non_null(batch);
+    batch->kind = kind;
+    batch->rate = rate;
+    return batch;
+}
+
+static void batch_free(batch_t *batch) {
+    free(batch->data);
+    free(batch);
+}
+
+static size_t element_size(batch_t const *batch) {
+    return batch->kind == KIND_SAMPLES ? sizeof(float) : 1;
+}
+
+static void batch_add(batch_t *batch, void const *data, size_t elements) {
+    assert_true(batch->count < BATCH_MAX);
+    size_t size = elements * element_size(batch);
+    batch->data = realloc(batch->data, batch->bytes + size + sizeof(float));
+    assert_non_null(batch->data);
+    if (size) memcpy(batch->data + batch->bytes, data, size);
+    batch->bytes += size;
+    batch->offsets[++batch->count] = batch->bytes / element_size(batch);
+}
+
+static void batch_add_sound(batch_t *batch, sound_t const *sound) {
+    batch_add(batch, sound->samples, sound->length);
+}
+
+static void batch_add_blob(batch_t *batch, blob_t const *blob) {
+    batch_add(batch, blob->data, blob->size);
+}
+
+static void batch_add_path(batch_t *batch, char const *name) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", directory, name);
+    batch_add(batch, path, strlen(path));
+}
+
+static uform_tape_t batch_tape(batch_t const *batch) {
+    return (uform_tape_t){batch->data, batch->offsets, batch->count, batch->bytes / element_size(batch)};
+}
+
+static uform_status_t batch_encode(batch_t const *batch, uform_executor_t *executor, uform_outputs_t outputs,
+                                   uform_arena_t *arena, uform_encode_config_t const *config,
+                                   uform_outcome_t *outcome, uform_encoded_t *encoded) {
+    if (batch->kind == KIND_SAMPLES) {
+        uform_audio_encode_samples_args_t args = {.model = model,
+                                                  .executor = executor,
+                                                  .outputs = outputs,
+                                                  .arena = arena,
+                                                  .config = config,
+                                                  .encoded = encoded,
+                                                  .outcome = outcome,
+                                                  .samples = batch_tape(batch),
+                                                  .rate = batch->rate};
+        return uform_audio_encode_samples(&args);
+    }
+    uform_audio_encode_args_t args = {.model = model,
+                                      .executor = executor,
+                                      .outputs = outputs,
+                                      .arena = arena,
+                                      .config = config,
+                                      .encoded = encoded,
+                                      .outcome = outcome,
+                                      .sounds = batch_tape(batch),
+                                      .source = batch->kind == KIND_FILES ? UFORM_SOURCE_FILES
+                                                                          : UFORM_SOURCE_MEMORY};
+    return uform_audio_encode(&args);
+}
+
+/* ---- Comparisons -------------------------------------------------------------------------------- */
+
+static void const *row_of(uform_view_t const *view, size_t row) {
+    return (unsigned char const *)view->data + row * view->row_stride;
+}
+
+static size_t token_count(uform_encoded_t const *encoded, size_t item) {
+    return encoded->token_vectors.item_offsets[item + 1] - encoded->token_vectors.item_offsets[item];
+}
+
+/* Every output of item `i` of `a` equals every output of item `j` of `b`, bitwise. */
+static void assert_same_item(uform_encoded_t const *a, size_t i, uform_encoded_t const *b, size_t j) {
+    assert_int_equal(a->statuses[i], b->statuses[j]);
+    if (a->embeddings.data)
+        assert_memory_equal(row_of(&a->embeddings, i), row_of(&b->embeddings, j), a->embeddings.row_stride);
+    if (a->states.data)
+        assert_memory_equal(row_of(&a->states, i), row_of(&b->states, j), a->states.row_stride);
+    if (a->token_vectors.data) {
+        assert_int_equal(token_count(a, i), token_count(b, j));
+        if (token_count(a, i))
+            assert_memory_equal(row_of(&a->token_vectors, a->token_vectors.item_offsets[i]),
+                                row_of(&b->token_vectors, b->token_vectors.item_offsets[j]),
+                                token_count(a, i) * a->token_vectors.row_stride);
+    }
+}
+
+static void assert_zero_item(uform_encoded_t const *encoded, size_t i) {
+    uform_view_t const *views[] = {&encoded->embeddings, &encoded->states};
+    for (size_t v = 0; v < 2; ++v) {
+        if (!views[v]->data) continue;
+        unsigned char const *bytes = row_of(views[v], i);
+        for (size_t k = 0; k < views[v]->row_stride; ++k)
+            assert_int_equal(bytes[k], 0);
+    }
+    if (encoded->token_vectors.data) assert_int_equal(token_count(encoded, i), 0);
+}
+
+static double norm_of(float const *x, size_t n) {
+    double sum = 0;
+    for (size_t i = 0; i < n; ++i)
+        sum += (double)x[i] * x[i];
+    return sqrt(sum);
+}
+
+static double cosine_of(float const *a, float const *b, size_t n) {
+    double dot = 0;
+    for (size_t i = 0; i < n; ++i)
+        dot += (double)a[i] * b[i];
+    return dot / (norm_of(a, n) * norm_of(b, n));
+}
+
+/* ---- The model's geometry ----------------------------------------------------------------------- */
+
+static size_t one_patch(void) { /* samples one patch spans */
+    return info.audio.window + (info.audio.patch_frames - 1) * info.audio.hop;
+}
+
+static size_t reach(void) {
+    size_t limit = (size_t)floor(info.audio.seconds * (double)info.audio.rate);
+    size_t span = info.audio.window + (info.audio.max_patches * info.audio.patch_frames - 1) * info.audio.hop;
+    return span < limit ? span : limit;
+}
+
+/* Patches of a clip of `length` samples at the model's rate. */
+static size_t patches_of(size_t length) {
+    if (length > reach()) length = reach();
+    if (length < info.audio.window) return 0;
+    size_t patches = (1 + (length - info.audio.window) / info.audio.hop) / info.audio.patch_frames;
+    return patches < info.audio.max_patches ? patches : info.audio.max_patches;
+}
+
+/* ---- Tests -------------------------------------------------------------------------------------- */
+
+/* Lengths around the edges at the model's rate: nothing, shorter than a window, one sample short of a
+ * patch, exactly one patch, a few patches, exactly the reach, exactly `seconds`, and longer. */
+static batch_t *varied_lengths(sound_t *sounds, size_t *count) {
+    size_t const rate = info.audio.rate, patch = one_patch();
+    size_t const lengths[] = {0,
+                              info.audio.window - 1,
+                              patch - 1,
+                              patch,
+                              5000,
+                              reach(),
+                              (size_t)(info.audio.seconds * (double)rate),
+                              3 * rate + 17};
+    *count = sizeof lengths / sizeof lengths[0];
+    batch_t *batch = batch_new(KIND_SAMPLES, rate);
+    for (size_t i = 0; i < *count; ++i) {
+        sounds[i] = sound_make(lengths[i], rate, (unsigned)i);
+        batch_add_sound(batch, &sounds[i]);
+    }
+    return batch;
+}
+
+static void samples_outputs_have_their_shapes(void **state) {
+    (void)state;
+    sound_t sounds[16];
+    size_t count = 0;
+    batch_t *batch = varied_lengths(sounds, &count);
+    uform_arena_t *arena = NULL;
+    assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
+    uform_encode_stats_t stats;
+    uform_encode_config_t config = {.stats = &stats};
+    uform_encoded_t encoded;
+    assert_int_equal(batch_encode(batch, NULL, EVERYTHING, arena, &config, NULL, &encoded), UFORM_OK);
+    assert_int_equal(encoded.items, count);
+    assert_int_equal(encoded.embeddings.rows, count);
+    assert_int_equal(encoded.embeddings.columns, info.dims);
+    assert_int_equal(encoded.states.columns, info.audio.transformer.hidden);
+    assert_int_equal(encoded.token_vectors.items, count);
+    size_t failed = 0, truncated = 0, rows = 0;
+    for (size_t i = 0; i < count; ++i) {
+        size_t patches = patches_of(sounds[i].length);
+        assert_int_equal(encoded.token_vectors.item_offsets[i], rows);
+        assert_int_equal(token_count(&encoded, i), patches);
+        rows += patches;
+        truncated += sounds[i].length > reach();
+        if (patches == 0) {
+            assert_int_equal(encoded.statuses[i], UFORM_INVALID_ARGUMENT);
+            assert_zero_item(&encoded, i);
+            failed++;
+            continue;
+        }
+        assert_int_equal(encoded.statuses[i], UFORM_OK);
+        assert_true(fabs(norm_of(row_of(&encoded.embeddings, i), info.dims) - 1) < 1e-4);
+        for (size_t r = 0; r < patches; ++r)
+            assert_true(
+                fabs(norm_of(row_of(&encoded.token_vectors, encoded.token_vectors.item_offsets[i] + r),
+                             info.dims) -
+                     1) < 1e-4);
+    }
+    assert_int_equal(encoded.token_vectors.rows, rows);
+    assert_int_equal(encoded.token_vectors.item_offsets[count], rows);
+    assert_int_equal(failed, 3);
+    assert_int_equal(truncated, 2);
+    assert_int_equal(stats.items, count);
+    assert_int_equal(stats.failed, failed);
+    assert_int_equal(stats.truncated, truncated);
+    assert_int_equal(stats.bytes, batch->bytes);
+    /* Exactly the reach and longer clips keep the same samples: the same rows. */
+    sound_t longer = sound_make(4 * info.audio.rate, info.audio.rate, 5);
+    batch_t *cut = batch_new(KIND_SAMPLES, info.audio.rate);
+    batch_add(cut, longer.samples, reach());
+    batch_add_sound(cut, &longer);
+    uform_encoded_t same;
+    assert_int_equal(batch_encode(cut, NULL, EVERYTHING, arena, &config, NULL, &same), UFORM_OK);
+    assert_same_item(&same, 0, &same, 1);
+    assert_int_equal(stats.truncated, 1);
+    batch_free(cut);
+    free(longer.samples);
+    uform_arena_free(arena);
+    batch_free(batch);
+    for (size_t i = 0; i < count; ++i)
+        free(sounds[i].samples);
+}
+
+/* Silence is a valid clip whose log-mel is the floor everywhere; a tone is not silence. */
+static void tones_and_silence(void **state) {
+    (void)state;
+    size_t const rate = info.audio.rate;
+    sound_t silence = sound_zero(rate), tone = sound_make(rate, rate, 3), quiet = sound_make(rate, rate, 3);
+    for (size_t i = 0; i < quiet.length; ++i)
+        quiet.samples[i] *= 1e-3f;
+    batch_t *batch = batch_new(KIND_SAMPLES, rate);
+    batch_add_sound(batch, &silence);
+    batch_add_sound(batch, &tone);
+    batch_add_sound(batch, &quiet);
+    uform_arena_t *arena = NULL;
+    assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
+    uform_encoded_t encoded;
+    assert_int_equal(batch_encode(batch, NULL, EVERYTHING, arena, NULL, NULL, &encoded), UFORM_OK);
+    for (size_t i = 0; i < 3; ++i) {
+        assert_int_equal(encoded.statuses[i], UFORM_OK);
+        float const *row = row_of(&encoded.embeddings, i);
+        for (size_t j = 0; j < info.dims; ++j)
+            assert_true(isfinite(row[j]));
+    }
+    assert_true(cosine_of(row_of(&encoded.embeddings, 0), row_of(&encoded.embeddings, 1), info.dims) <
+                0.9999);
+    assert_true(cosine_of(row_of(&encoded.embeddings, 1), row_of(&encoded.embeddings, 2), info.dims) <
+                0.9999);
+
+    audio_frontend_t frontend;
+    audio_spectrum_t spectrum;
+    assert_int_equal(audio_frontend_init(&frontend, &info), UFORM_OK);
+    assert_int_equal(audio_spectrum_init(&spectrum, &frontend), UFORM_OK);
+    size_t frames = audio_frames(&frontend, silence.length);
+    float *log_mel = malloc(frames * frontend.mels * sizeof(float));
+    assert_non_null(log_mel);
+    audio_log_mel(&frontend, &spectrum, silence.samples, frames, log_mel);
+    for (size_t i = 0; i < frames * frontend.mels; ++i)
+        assert_true(log_mel[i] == -10.0f);
+    free(log_mel);
+    audio_spectrum_free(&spectrum);
+    audio_frontend_free(&frontend);
+    uform_arena_free(arena);
+    batch_free(batch);
+    free(silence.samples), free(tone.samples), free(quiet.samples);
+}
+
+/* The naive DFT in double, the HTK triangles written again, log10 of the floored sum. */
+static void naive_log_mel(audio_frontend_t const *frontend, float const *samples, size_t frames,
+                          double *out) {
+    double const pi = 3.14159265358979323846;
+    size_t const window = frontend->window, bins = window / 2 + 1, rate = frontend->rate;
+    double *power = malloc(bins * sizeof(double));
+    assert_non_null(power);
+    double top = 2595.0 * log10(1.0 + (double)rate / 2 / 700.0);
+    for (size_t f = 0; f < frames; ++f) {
+        for (size_t k = 0; k < bins; ++k) {
+            double re = 0, im = 0;
+            for (size_t t = 0; t < window; ++t) {
+                double x =
+                    samples[f * frontend->hop + t] * (0.5 - 0.5 * cos(2 * pi * (double)t / (double)window));
+                re += x * cos(2 * pi * (double)(k * t % window) / (double)window);
+                im -= x * sin(2 * pi * (double)(k * t % window) / (double)window);
+            }
+            power[k] = re * re + im * im;
+        }
+        for (size_t m = 0; m < frontend->mels; ++m) {
+            double edge[3];
+            for (size_t e = 0; e < 3; ++e)
+                edge[e] =
+                    700.0 * (pow(10.0, top * (double)(m + e) / (double)(frontend->mels + 1) / 2595.0) - 1);
+            double mel = 0;
+            for (size_t k = 0; k < bins; ++k) {
+                double hz = (double)k * (double)rate / (double)window;
+                double w = fmin((hz - edge[0]) / (edge[1] - edge[0]), (edge[2] - hz) / (edge[2] - edge[1]));
+                if (w > 0) mel += w * power[k];
+            }
+            out[f * frontend->mels + m] = log10(fmax(mel, 1e-10));
+        }
+    }
+    free(power);
+}
+
+/* The front end against the naive transform for windows of 0, 2 (which libavutil 57's real transform
+ * gets wrong) and 1 mod 4, and both sides of the model's shapes. */
+static void log_mel_against_a_naive_dft(void **state) {
+    (void)state;
+    struct {
+        size_t rate, mels, window, hop;
+    } const shapes[] = {
+        {16000, 32, 400, 160}, {16000, 40, 398, 100}, {8000, 20, 201, 80}, {22050, 64, 512, 256}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; ++s) {
+        uform_model_info_t custom = info;
+        custom.audio.rate = shapes[s].rate, custom.audio.mels = shapes[s].mels;
+        custom.audio.window = shapes[s].window, custom.audio.hop = shapes[s].hop;
+        audio_frontend_t frontend;
+        audio_spectrum_t spectrum;
+        assert_int_equal(audio_frontend_init(&frontend, &custom), UFORM_OK);
+        assert_int_equal(audio_spectrum_init(&spectrum, &frontend), UFORM_OK);
+        sound_t sound = sound_make(frontend.window + 5 * frontend.hop, frontend.rate, (unsigned)s);
+        size_t frames = audio_frames(&frontend, sound.length);
+        assert_int_equal(frames, 6);
+        float *got = malloc(frames * frontend.mels * sizeof(float));
+        double *want = malloc(frames * frontend.mels * sizeof(double));
+        assert_non_null(got), assert_non_null(want);
+        audio_log_mel(&frontend, &spectrum, sound.samples, frames, got);
+        naive_log_mel(&frontend, sound.samples, frames, want);
+        double worst = 0;
+        for (size_t i = 0; i < frames * frontend.mels; ++i)
+            worst = fmax(worst, fabs(got[i] - want[i]));
+        printf("  window %zu (%s): log-mel within %.2e of the naive DFT\n", frontend.window,
+               frontend.chirp ? "Bluestein" : "direct", worst);
+        if (worst > 1e-4) fail_msg("window %zu: log-mel off by %g", frontend.window, worst);
+        free(got), free(want), free(sound.samples);
+        audio_spectrum_free(&spectrum);
+        audio_frontend_free(&frontend);
+    }
+}
+
+/* Resampling a clip's first samples gives what resampling the whole clip gives, over the reach; and
+ * the engine resamples from any rate. */
+static void any_rate(void **state) {
+    (void)state;
+    audio_frontend_t frontend;
+    assert_int_equal(audio_frontend_init(&frontend, &info), UFORM_OK);
+    size_t const rates[] = {8000, 22050, 44100, 48000, 96000, 11025};
+    for (size_t r = 0; r < sizeof rates / sizeof rates[0]; ++r) {
+        sound_t sound = sound_make(4 * rates[r], rates[r], (unsigned)r);
+        size_t needed = audio_input_needed(&frontend, rates[r]);
+        assert_true(needed < sound.length);
+        assert_true(audio_resampled_length(&frontend, needed, rates[r]) > frontend.reach);
+        float *whole = malloc(frontend.reach * sizeof(float)),
+              *prefix = malloc(frontend.reach * sizeof(float));
+        assert_non_null(whole), assert_non_null(prefix);
+        assert_int_equal(
+            audio_resample(&frontend, sound.samples, sound.length, rates[r], whole, frontend.reach),
+            UFORM_OK);
+        assert_int_equal(audio_resample(&frontend, sound.samples, needed, rates[r], prefix, frontend.reach),
+                         UFORM_OK);
+        assert_memory_equal(whole, prefix, frontend.reach * sizeof(float));
+        free(whole), free(prefix), free(sound.samples);
+    }
+    audio_frontend_free(&frontend);
+
+    /* One second of the same sound at 8, 16, 44.1 and 48 kHz: the rows of a clip resampled from each
+     * rate are close to those of the clip at the model's rate. */
+    size_t const inputs[] = {8000, 44100, 48000};
+    sound_t native = sound_make(info.audio.rate, info.audio.rate, 9);
+    for (size_t i = 0; i < native.length; ++i) /* band-limited under 4 kHz, so 8 kHz keeps it all */
+        native.samples[i] =
+            (float)(0.4 * sin(2 * 3.14159265358979 * 440 * (double)i / (double)info.audio.rate) +
+                    0.3 * sin(2 * 3.14159265358979 * 1234 * (double)i / (double)info.audio.rate));
+    uform_arena_t *arena = NULL, *native_arena = NULL;
+    assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
+    assert_int_equal(uform_arena_create_host(&native_arena), UFORM_OK);
+    batch_t *reference = batch_new(KIND_SAMPLES, info.audio.rate);
+    batch_add_sound(reference, &native);
+    uform_encoded_t expected, encoded;
+    assert_int_equal(batch_encode(reference, NULL, EVERYTHING, native_arena, NULL, NULL, &expected),
+                     UFORM_OK);
+    for (size_t r = 0; r < sizeof inputs / sizeof inputs[0]; ++r) {
+        sound_t sound = sound_make(inputs[r], inputs[r], 9);
+        for (size_t i = 0; i < sound.length; ++i)
+            sound.samples[i] =
+                (float)(0.4 * sin(2 * 3.14159265358979 * 440 * (double)i / (double)inputs[r]) +
+                        0.3 * sin(2 * 3.14159265358979 * 1234 * (double)i / (double)inputs[r]));
+        batch_t *batch = batch_new(KIND_SAMPLES, inputs[r]);
+        batch_add_sound(batch, &sound);
+        assert_int_equal(batch_encode(batch, NULL, EVERYTHING, arena, NULL, NULL, &encoded), UFORM_OK);
+        assert_int_equal(encoded.statuses[0], UFORM_OK);
+        assert_int_equal(token_count(&encoded, 0), patches_of(info.audio.rate));
+        double cosine = cosine_of(row_of(&encoded.embeddings, 0), row_of(&expected.embeddings, 0), info.dims);
+        printf("  %zu Hz: cosine %.6f to the clip at the model's rate\n", inputs[r], cosine);
+        if (cosine < 0.99) fail_msg("%zu Hz: cosine %f to the clip at the model's rate", inputs[r], cosine);
+        batch_free(batch);
+        free(sound.samples);
+    }
+    batch_free(reference);
+    free(native.samples);
+    uform_arena_free(arena);
+    uform_arena_free(native_arena);
+}
+
+/* NaN and infinities anywhere fail their item alone; a rate of 0 or past the limit fails the call. */
+static void nan_inf_and_bad_rates(void **state) {
+    (void)state;
+    size_t const rate = info.audio.rate;
+    sound_t good = sound_make(rate, rate, 1), other = sound_make(rate / 2, rate, 2);
+    sound_t nan_first = sound_make(rate, rate, 3), inf_middle = sound_make(rate, rate, 4),
+            inf_late = sound_make(3 * rate, rate, 5);
+    nan_first.samples[0] = NAN;
+    inf_middle.samples[rate / 2] = INFINITY;
+    inf_late.samples[3 * rate - 1] = -INFINITY; /* past the reach: still read, still refused */
+    batch_t *batch = batch_new(KIND_SAMPLES, rate), *alone = batch_new(KIND_SAMPLES, rate);
+    sound_t const *order[] = {&nan_first, &good, &inf_middle, &other, &inf_late};
+    for (size_t i = 0; i < 5; ++i)
+        batch_add_sound(batch, order[i]);
+    batch_add_sound(alone, &good);
+    batch_add_sound(alone, &other);
+    uform_arena_t *arena = NULL, *alone_arena = NULL;
+    assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
+    assert_int_equal(uform_arena_create_host(&alone_arena), UFORM_OK);
+    uform_encoded_t encoded, expected;
+    uform_encode_stats_t stats;
+    uform_encode_config_t config = {.stats = &stats};
+    assert_int_equal(batch_encode(batch, NULL, EVERYTHING, arena, &config, NULL, &encoded), UFORM_OK);
+    assert_int_equal(batch_encode(alone, NULL, EVERYTHING, alone_arena, NULL, NULL, &expected), UFORM_OK);
+    uform_status_t const statuses[] = {UFORM_INVALID_ARGUMENT, UFORM_OK, UFORM_INVALID_ARGUMENT, UFORM_OK,
+                                       UFORM_INVALID_ARGUMENT};
+    for (size_t i = 0; i < 5; ++i) {
+        assert_int_equal(encoded.statuses[i], statuses[i]);
+        if (statuses[i] != UFORM_OK) assert_zero_item(&encoded, i);
+    }
+    assert_same_item(&encoded, 1, &expected, 0);
+    assert_same_item(&encoded, 3, &expected, 1);
+    assert_int_equal(stats.failed, 3);
+
+    /* A rate of 0 or past UFORM_AUDIO_MAX_RATE: the call is refused, blocking and deferred alike. */
+    size_t const bad_rates[] = {0, UFORM_AUDIO_MAX_RATE + 1};
+    char const *messages[] = {"rate is 0", "rate over UFORM_AUDIO_MAX_RATE"};
+    for (size_t r = 0; r < 2; ++r) {
+        batch->rate = bad_rates[r];
+        assert_int_equal(batch_encode(batch, NULL, EVERYTHING, arena, NULL, NULL, &encoded),
+                         UFORM_INVALID_ARGUMENT);
+        assert_string_equal(uform_last_error().message, messages[r]);
+        uform_outcome_t outcome;
+        uform_outcome_init(&outcome);
+        assert_int_equal(batch_encode(batch, NULL, EVERYTHING, arena, NULL, &outcome, NULL),
+                         UFORM_INVALID_ARGUMENT);
+        assert_int_equal(uform_outcome_status(&outcome), UFORM_INVALID_ARGUMENT);
+        uform_outcome_destroy(&outcome);
+    }
+    /* The lowest and highest rates work. */
+    sound_t tiny = sound_make(1, 1, 0);
+    batch_t *slow = batch_new(KIND_SAMPLES, 1);
+    batch_add_sound(slow, &tiny);
+    assert_int_equal(batch_encode(slow, NULL, EVERYTHING, arena, NULL, NULL, &encoded), UFORM_OK);
+    assert_int_equal(encoded.statuses[0], UFORM_OK); /* 1 sample at 1 Hz: a second at the model's rate */
+    assert_int_equal(token_count(&encoded, 0), patches_of(info.audio.rate));
+    sound_t fast = sound_make(UFORM_AUDIO_MAX_RATE / 4, UFORM_AUDIO_MAX_RATE, 0);
+    batch_t *quick = batch_new(KIND_SAMPLES, UFORM_AUDIO_MAX_RATE);
+    batch_add_sound(quick, &fast);
+    assert_int_equal(batch_encode(quick, NULL, EVERYTHING, arena, NULL, NULL, &encoded), UFORM_OK);
+    assert_int_equal(encoded.statuses[0], UFORM_OK);
+    assert_int_equal(token_count(&encoded, 0), patches_of(info.audio.rate / 4));
+
+    /* An item claiming more than UFORM_AUDIO_MAX_SAMPLES fails before a sample is read. */
+    size_t huge_offsets[] = {0, UFORM_AUDIO_MAX_SAMPLES + 1, UFORM_AUDIO_MAX_SAMPLES + 1 + good.length};
+    uform_audio_encode_samples_args_t huge = {
+        .model = model,
+        .outputs = EVERYTHING,
+        .arena = arena,
+        .encoded = &encoded,
+        .samples = {good.samples, huge_offsets, 1, UFORM_AUDIO_MAX_SAMPLES + 1},
+        .rate = rate};
+    assert_int_equal(uform_audio_encode_samples(&huge), UFORM_OK);
+    assert_int_equal(encoded.statuses[0], UFORM_INVALID_ARGUMENT);
+    batch_free(slow), batch_free(quick), free(tiny.samples), free(fast.samples);
+    uform_arena_free(arena);
+    uform_arena_free(alone_arena);
+    batch_free(batch);
+    batch_free(alone);
+    for (size_t i = 0; i < 5; ++i)
+        free(order[i]->samples);
+}
+
+/* A clip's rows do not depend on the rest of its batch, nor on the receiver or thread count. */
+static void a_clip_does_not_depend_on_its_batch(void **state) {
+    (void)state;
+    sound_t sounds[16];
+    size_t count = 0;
+    batch_t *batch = varied_lengths(sounds, &count);
+    uform_arena_t *arena = NULL, *alone_arena = NULL;
+    assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
+    assert_int_equal(uform_arena_create_host(&alone_arena), UFORM_OK);
+    uform_encoded_t encoded, alone;
+    assert_int_equal(batch_encode(batch, NULL, EVERYTHING, arena, NULL, NULL, &encoded), UFORM_OK);
+    for (size_t i = 0; i < count; ++i) {
+        batch_t *one = batch_new(KIND_SAMPLES, info.audio.rate);
+        batch_add_sound(one, &sounds[i]);
+        assert_int_equal(batch_encode(one, NULL, EVERYTHING, alone_arena, NULL, NULL, &alone), UFORM_OK);
+        assert_same_item(&encoded, i, &alone, 0);
+        batch_free(one);
+    }
+    /* Reversed, and 40 clips so that chunks hold several. */
+    batch_t *many = batch_new(KIND_SAMPLES, info.audio.rate);
+    for (size_t i = 0; i < 40; ++i)
+        batch_add_sound(many, &sounds[(count - 1 - i % count)]);
+    uform_encoded_t reversed;
+    assert_int_equal(batch_encode(many, NULL, EVERYTHING, alone_arena, NULL, NULL, &reversed), UFORM_OK);
+    for (size_t i = 0; i < 40; ++i)
+        assert_same_item(&reversed, i, &encoded, count - 1 - i % count);
+
+    /* RAM executors of 1 and 3 threads, blocking and deferred: bitwise the calling thread's. */
+    for (size_t threads = 1; threads <= 3; threads += 2) {
+        uform_ram_options_t options = uform_ram_options_default();
+        options.threads = threads;
+        options.pin = false;
+        uform_executor_t *ram = NULL;
+        assert_int_equal(uform_executor_create_ram(&options, &ram), UFORM_OK);
+        uform_arena_t *ram_arena = NULL;
+        assert_int_equal(uform_arena_create(ram, &ram_arena), UFORM_OK);
+        uform_encoded_t on_ram;
+        assert_int_equal(batch_encode(many, ram, EVERYTHING, ram_arena, NULL, NULL, &on_ram), UFORM_OK);
+        for (size_t i = 0; i < 40; ++i)
+            assert_same_item(&on_ram, i, &reversed, i);
+        uform_outcome_t outcome;
+        uform_outcome_init(&outcome);
+        assert_int_equal(batch_encode(many, ram, EVERYTHING, ram_arena, NULL, &outcome, NULL), UFORM_OK);
+        assert_int_equal(uform_outcome_wait(&outcome), UFORM_OK);
+        assert_int_equal(uform_outcome_encoded(&outcome, &on_ram), UFORM_OK);
+        for (size_t i = 0; i < 40; ++i)
+            assert_same_item(&on_ram, i, &reversed, i);
+        uform_outcome_destroy(&outcome);
+        uform_arena_free(ram_arena);
+        uform_executor_free(ram);
+    }
+    batch_free(many);
+    uform_arena_free(arena);
+    uform_arena_free(alone_arena);
+    batch_free(batch);
+    for (size_t i = 0; i < count; ++i)
+        free(sounds[i].samples);
+}
+
+/* WAV files, from files and from memory, give what their samples give: bitwise for mono PCM16 (FFmpeg
+ * reads x / 32768, and the mean of one channel is itself), the mean of the channels for stereo. */
+static void wav_files_and_memory_match_their_samples(void **state) {
+    (void)state;
+    size_t const rates[] = {info.audio.rate, 44100, 8000};
+    for (size_t r = 0; r < 3; ++r) {
+        size_t rate = rates[r];
+        sound_t sound = sound_make(rate + rate / 3, rate, (unsigned)r), read = wav_samples(&sound);
+        blob_t mono = wav_of(&sound, rate, 1, 0), stereo = wav_of(&sound, rate, 2, 0.5f);
+        char mono_name[64], stereo_name[64];
+        snprintf(mono_name, sizeof mono_name, "mono-%zu.wav", rate);
+        snprintf(stereo_name, sizeof stereo_name, "stereo-%zu.wav", rate);
+        write_file(mono_name, &mono);
+        write_file(stereo_name, &stereo);
+        sound_t mean = {malloc(sound.length * sizeof(float)), sound.length};
+        assert_non_null(mean.samples);
+        for (size_t i = 0; i < sound.length; ++i)
+            mean.samples[i] = ((float)pcm16_of(sound.samples[i]) / 32768.0f +
+                               (float)pcm16_of(sound.samples[i] * 0.5f) / 32768.0f) *
+                              0.5f;
+        batch_t *samples = batch_new(KIND_SAMPLES, rate), *files = batch_new(KIND_FILES, 0),
+                *memory = batch_new(KIND_MEMORY, 0);
+        batch_add_sound(samples, &read);
+        batch_add_sound(samples, &mean);
+        batch_add_path(files, mono_name);
+        batch_add_path(files, stereo_name);
+        batch_add_blob(memory, &mono);
+        batch_add_blob(memory, &stereo);
+        uform_arena_t *arenas[3];
+        uform_encoded_t encoded[3];
+        uform_encode_stats_t stats[3];
+        batch_t *batches[] = {samples, files, memory};
+        for (size_t b = 0; b < 3; ++b) {
+            uform_encode_config_t config = {.stats = &stats[b]};
+            assert_int_equal(uform_arena_create_host(&arenas[b]), UFORM_OK);
+            assert_int_equal(
+                batch_encode(batches[b], NULL, EVERYTHING, arenas[b], &config, NULL, &encoded[b]), UFORM_OK);
+            assert_int_equal(encoded[b].statuses[0], UFORM_OK);
+            assert_int_equal(encoded[b].statuses[1], UFORM_OK);
+        }
+        assert_int_equal(stats[1].bytes, mono.size + stereo.size);
+        assert_int_equal(stats[2].bytes, mono.size + stereo.size);
+        for (size_t b = 1; b < 3; ++b) {
+            assert_same_item(&encoded[b], 0, &encoded[0], 0);
+            assert_int_equal(token_count(&encoded[b], 1), token_count(&encoded[0], 1));
+            double cosine =
+                cosine_of(row_of(&encoded[b].embeddings, 1), row_of(&encoded[0].embeddings, 1), info.dims);
+            if (cosine < 0.99999)
+                fail_msg("stereo at %zu Hz: cosine %f to the mean of its channels", rate, cosine);
+        }
+        for (size_t b = 0; b < 3; ++b)
+            uform_arena_free(arenas[b]);
+        batch_free(samples), batch_free(files), batch_free(memory);
+        free(sound.samples), free(read.samples), free(mean.samples), free(mono.data), free(stereo.data);
+    }
+}
+
+typedef struct bad_case {
+    char const *name;
+    blob_t blob;
+    uform_status_t expected;
+} bad_case_t;
+
+/* Broken and hostile sounds, each with the status it must answer, and good ones among them. */
+static size_t bad_cases(bad_case_t *cases) {
+    size_t const rate = info.audio.rate;
+    sound_t sound = sound_make(rate, rate, 7), short_sound = sound_make(one_patch() - 1, rate, 8);
+    blob_t floats = float_wav_of(&sound, rate);
+    sound.samples[rate / 3] = NAN;
+    blob_t nan_floats = float_wav_of(&sound, rate);
+    blob_t good = wav_of(&sound, rate, 1, 0), too_short = wav_of(&short_sound, rate, 1, 0);
+    sound_t nothing = {NULL, 0};
+    blob_t empty_clip = wav_of(&nothing, rate, 1, 0);
+    blob_t hostile_rate = blob_copy(good.data, good.size);
+    put_le(hostile_rate.data + 24, 3000000, 4), put_le(hostile_rate.data + 28, 6000000, 4);
+    blob_t truncated_samples = blob_copy(good.data, 44 + 2 * (one_patch() - 1)); /* data chunk cut short */
+    blob_t truncated_enough = blob_copy(good.data, 44 + 2 * (rate / 2) + 1);     /* half a clip, and a byte */
+    char const subtitles[] = "1\n00:00:00,000 --> 00:00:01,000\nNo sound here.\n\n2\n00:00:01,500 --> "
+                             "00:00:02,000\nNor here.\n";
+    char const y4m[] = "YUV4MPEG2 W2 H2 F25:1 Ip A1:1 C420jpeg\nFRAME\n\x10\x10\x10\x10\x80\x80";
+    size_t n = 0;
+    cases[n++] = (bad_case_t){"good.wav", good, UFORM_OK};
+    cases[n++] = (bad_case_t){"text.wav", blob_copy("this is not a sound at all\n", 27), UFORM_FORMAT};
+    cases[n++] = (bad_case_t){"truncated-header.wav", blob_copy(good.data, 30), UFORM_FORMAT};
+    cases[n++] = (bad_case_t){"truncated-samples.wav", truncated_samples, UFORM_FORMAT};
+    cases[n++] = (bad_case_t){"truncated-enough.wav", truncated_enough, UFORM_FORMAT};
+    cases[n++] = (bad_case_t){"empty.wav", blob_copy("", 0), UFORM_FORMAT};
+    cases[n++] = (bad_case_t){"zero-length.wav", empty_clip, UFORM_FORMAT};
+    cases[n++] = (bad_case_t){"too-short.wav", too_short, UFORM_FORMAT};
+    cases[n++] = (bad_case_t){"hostile-rate.wav", hostile_rate, UFORM_FORMAT};
+    cases[n++] = (bad_case_t){"subtitles.srt", blob_copy(subtitles, sizeof subtitles - 1), UFORM_FORMAT};
+    cases[n++] = (bad_case_t){"video.y4m", blob_copy(y4m, sizeof y4m - 1), UFORM_FORMAT};
+    cases[n++] = (bad_case_t){"float.wav", floats, UFORM_OK};
+    cases[n++] = (bad_case_t){"nan-float.wav", nan_floats, UFORM_FORMAT};
+    cases[n++] = (bad_case_t){"good-again.wav", blob_copy(good.data, good.size), UFORM_OK};
+    for (size_t i = 0; i < n; ++i)
+        write_file(cases[i].name, &cases[i].blob);
+    free(sound.samples), free(short_sound.samples);
+    return n;
+}
+
+static void free_cases(bad_case_t *cases, size_t n) {
+    for (size_t i = 0; i < n; ++i)
+        free(cases[i].blob.data);
+}
+
+static void bad_sounds_fail_alone(void **state) {
+    (void)state;
+    bad_case_t cases[32];
+    size_t n = bad_cases(cases);
+    uform_arena_t *arena = NULL;
+    assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
+    for (kind_t kind = KIND_FILES; kind <= KIND_MEMORY; ++kind) {
+        batch_t *batch = batch_new(kind, 0);
+        for (size_t i = 0; i < n; ++i) {
+            if (kind == KIND_FILES)
+                batch_add_path(batch, cases[i].name);
+            else
+                batch_add_blob(batch, &cases[i].blob);
+        }
+        if (kind == KIND_FILES) {
+            batch_add_path(batch, "absent.wav");
+            batch_add_path(batch, ""); /* the folder itself */
+            batch_add(batch, "", 0);
+        }
+        uform_encode_stats_t stats;
+        uform_encode_config_t config = {.stats = &stats};
+        uform_encoded_t encoded;
+        assert_int_equal(batch_encode(batch, NULL, EVERYTHING, arena, &config, NULL, &encoded), UFORM_OK);
+        size_t failed = 0;
+        for (size_t i = 0; i < n; ++i) {
+            if (encoded.statuses[i] != cases[i].expected)
+                fail_msg("%s from %s: %s, expected %s", cases[i].name,
+                         kind == KIND_FILES ? "a file" : "memory", uform_status_name(encoded.statuses[i]),
+                         uform_status_name(cases[i].expected));
+            if (cases[i].expected != UFORM_OK) {
+                assert_zero_item(&encoded, i);
+                failed++;
+            }
+        }
+        if (kind == KIND_FILES) {
+            assert_int_equal(encoded.statuses[n], UFORM_IO);
+            assert_int_equal(encoded.statuses[n + 1], UFORM_IO);
+            assert_int_equal(encoded.statuses[n + 2], UFORM_INVALID_ARGUMENT);
+            failed += 3;
+        }
+        assert_int_equal(stats.failed, failed);
+        assert_same_item(&encoded, 0, &encoded, n - 1);
+        batch_free(batch);
+    }
+    uform_arena_free(arena);
+    free_cases(cases, n);
+}
+
+/* More files than two chunks hold, read through the ring while earlier chunks compute. */
+static void chunked_reads(void **state) {
+    (void)state;
+    bad_case_t cases[32];
+    size_t n = bad_cases(cases);
+    batch_t *files = batch_new(KIND_FILES, 0);
+    while (files->count < 150)
+        batch_add_path(files, cases[files->count % n].name);
+    uform_ram_options_t options = uform_ram_options_default();
+    options.threads = 2;
+    options.pin = false;
+    uform_executor_t *ram = NULL;
+    assert_int_equal(uform_executor_create_ram(&options, &ram), UFORM_OK);
+    uform_executor_t *executors[] = {NULL, ram};
+    for (size_t e = 0; e < 2; ++e) {
+        uform_arena_t *arena = NULL;
+        assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
+        uform_encoded_t encoded;
+        assert_int_equal(batch_encode(files, executors[e], EVERYTHING, arena, NULL, NULL, &encoded),
+                         UFORM_OK);
+        for (size_t i = 0; i < files->count; ++i) {
+            assert_int_equal(encoded.statuses[i], cases[i % n].expected);
+            assert_same_item(&encoded, i, &encoded, i % n);
+        }
+        uform_arena_free(arena);
+    }
+    uform_executor_free(ram);
+    batch_free(files);
+    free_cases(cases, n);
+}
+
+typedef struct counter {
+    size_t calls, last, cancel_at;
+} counter_t;
+
+static uform_continuation_t count_items(void *state, size_t completed, size_t total) {
+    counter_t *counter = state;
+    counter->calls++;
+    counter->last = completed;
+    (void)total;
+    return counter->cancel_at && completed >= counter->cancel_at ? UFORM_CANCEL : UFORM_CONTINUE;
+}
+
+static void progress_and_cancel(void **state) {
+    (void)state;
+    sound_t sound = sound_make(info.audio.rate / 4, info.audio.rate, 4);
+    blob_t wav = wav_of(&sound, info.audio.rate, 1, 0);
+    write_file("progress.wav", &wav);
+    batch_t *samples = batch_new(KIND_SAMPLES, info.audio.rate), *files = batch_new(KIND_FILES, 0);
+    for (size_t i = 0; i < 200; ++i) {
+        batch_add_sound(samples, &sound);
+        batch_add_path(files, "progress.wav");
+    }
+    uform_ram_options_t options = uform_ram_options_default();
+    options.threads = 2;
+    options.pin = false;
+    uform_executor_t *ram = NULL;
+    assert_int_equal(uform_executor_create_ram(&options, &ram), UFORM_OK);
+    batch_t *batches[] = {samples, files};
+    uform_executor_t *executors[] = {NULL, ram};
+    for (size_t b = 0; b < 2; ++b)
+        for (size_t e = 0; e < 2; ++e) {
+            uform_arena_t *arena = NULL;
+            assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
+            counter_t counter = {0};
+            uform_encode_config_t config = {.progress = {count_items, &counter, 4}};
+            uform_encoded_t encoded;
+            assert_int_equal(batch_encode(batches[b], executors[e], UFORM_OUTPUT_EMBEDDINGS, arena, &config,
+                                          NULL, &encoded),
+                             UFORM_OK);
+            assert_true(counter.calls >= 2 && counter.calls <= 4);
+            assert_int_equal(counter.last, 200);
+            counter = (counter_t){.cancel_at = 1};
+            assert_int_equal(batch_encode(batches[b], executors[e], UFORM_OUTPUT_EMBEDDINGS, arena, &config,
+                                          NULL, &encoded),
+                             UFORM_CANCELLED);
+            assert_true(counter.last < 200);
+            config.progress.handler = NULL;
+            assert_int_equal(batch_encode(batches[b], executors[e], UFORM_OUTPUT_EMBEDDINGS, arena, &config,
+                                          NULL, &encoded),
+                             UFORM_OK);
+            assert_int_equal(encoded.statuses[199], UFORM_OK);
+            uform_arena_free(arena);
+        }
+    uform_executor_free(ram);
+    batch_free(samples);
+    batch_free(files);
+    free(sound.samples);
+    free(wav.data);
+}
+
+static void conversions_and_matryoshka(void **state) {
+    (void)state;
+    sound_t sounds[16];
+    size_t count = 0;
+    batch_t *batch = varied_lengths(sounds, &count);
+    uform_arena_t *full_arena = NULL, *arena = NULL;
+    assert_int_equal(uform_arena_create_host(&full_arena), UFORM_OK);
+    assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
+    uform_encoded_t full, converted;
+    assert_int_equal(batch_encode(batch, NULL, EVERYTHING, full_arena, NULL, NULL, &full), UFORM_OK);
+    kernels_t const *kernels = kernels_scalar();
+    uform_scalar_t const kinds[] = {UFORM_BF16, UFORM_F16, UFORM_I8};
+    for (size_t k = 0; k < 3; ++k) {
+        uform_encode_config_t config = {.outputs_scalar = kinds[k]};
+        assert_int_equal(batch_encode(batch, NULL, EVERYTHING, arena, &config, NULL, &converted), UFORM_OK);
+        uform_view_t const *pairs[][2] = {{&full.embeddings, &converted.embeddings},
+                                          {&full.states, &converted.states},
+                                          {&full.token_vectors, &converted.token_vectors}};
+        for (size_t v = 0; v < 3; ++v) {
+            assert_int_equal(pairs[v][1]->scalar, kinds[k]);
+            assert_int_equal(pairs[v][1]->rows, pairs[v][0]->rows);
+            for (size_t row = 0; row < pairs[v][0]->rows; ++row) {
+                unsigned char expected[1024 * 4];
+                float scale = 0;
+                kernels->convert(expected, row_of(pairs[v][0], row), pairs[v][0]->columns, kinds[k], &scale);
+                assert_memory_equal(row_of(pairs[v][1], row), expected, pairs[v][1]->row_stride);
+                if (kinds[k] == UFORM_I8) assert_true(pairs[v][1]->scales[row] == scale);
+            }
+        }
+    }
+    for (size_t m = 0; m < info.matryoshka_count; ++m) {
+        size_t width = info.matryoshka[m];
+        uform_encode_config_t config = {.matryoshka = width};
+        assert_int_equal(batch_encode(batch, NULL, EVERYTHING, arena, &config, NULL, &converted), UFORM_OK);
+        assert_int_equal(converted.embeddings.columns, width);
+        assert_int_equal(converted.token_vectors.columns, width);
+        for (size_t row = 0; row < count; ++row) {
+            if (full.statuses[row] != UFORM_OK) continue;
+            float const *prefix = row_of(&full.embeddings, row),
+                        *short_row = row_of(&converted.embeddings, row);
+            double prefix_norm = norm_of(prefix, width);
+            for (size_t j = 0; j < width; ++j)
+                assert_true(fabs(prefix[j] / prefix_norm - short_row[j]) < 1e-5);
+        }
+    }
+    uform_arena_free(full_arena);
+    uform_arena_free(arena);
+    batch_free(batch);
+    for (size_t i = 0; i < count; ++i)
+        free(sounds[i].samples);
+}
+
+#endif /* UFORM_WITH_FFMPEG */
+
+/* Bad arguments fail before submission, the same way in every build; a build without FFmpeg answers
+ * UNSUPPORTED for good ones. */
+static void bad_arguments_fail_at_once(void **state) {
+    (void)state;
+    sound_t sound = sound_make(info.audio.rate, info.audio.rate, 1);
+    uform_arena_t *arena = NULL;
+    assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
+    uform_encoded_t encoded;
+    size_t offsets[] = {0, sound.length}, backwards[] = {sound.length, 0}, beyond[] = {0, sound.length + 1};
+    uform_audio_encode_samples_args_t good = {.model = model,
+                                              .outputs = UFORM_OUTPUT_EMBEDDINGS,
+                                              .arena = arena,
+                                              .encoded = &encoded,
+                                              .samples = {sound.samples, offsets, 1, sound.length},
+                                              .rate = info.audio.rate};
+    uform_status_t const expected = UFORM_WITH_FFMPEG ? UFORM_OK : UFORM_UNSUPPORTED;
+    struct {
+        char const *what;
+        uform_audio_encode_samples_args_t args;
+    } cases[] = {{"rate 0", good},
+                 {"no items", good},
+                 {"offsets out of order", good},
+                 {"offsets past the tape", good},
+                 {"no outputs", good},
+                 {"arena NULL", good},
+                 {"misaligned samples", good},
+                 {"encoded NULL", good}};
+    cases[0].args.rate = 0;
+    cases[1].args.samples.count = 0;
+    cases[2].args.samples.offsets = backwards;
+    cases[3].args.samples.offsets = beyond;
+    cases[4].args.outputs = 0;
+    cases[5].args.arena = NULL;
+    cases[6].args.samples.data = (char const *)sound.samples + 1;
+    cases[7].args.encoded = NULL;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
+        uform_status_t status = uform_audio_encode_samples(&cases[i].args);
+        if (status != UFORM_INVALID_ARGUMENT) fail_msg("%s: %s", cases[i].what, uform_status_name(status));
+        assert_int_equal(uform_audio_encode_samples(&good), expected);
+    }
+    char const path[] = "x.wav";
+    size_t path_offsets[] = {0, sizeof path - 1};
+    uform_audio_encode_args_t files = {.model = model,
+                                       .outputs = UFORM_OUTPUT_EMBEDDINGS,
+                                       .arena = arena,
+                                       .encoded = &encoded,
+                                       .sounds = {path, path_offsets, 1, sizeof path - 1},
+                                       .source = (uform_source_t)7};
+    assert_int_equal(uform_audio_encode(&files), UFORM_INVALID_ARGUMENT);
+    assert_string_equal(uform_last_error().message, "unknown source");
+    assert_int_equal(uform_audio_encode(NULL), UFORM_INVALID_ARGUMENT);
+    assert_int_equal(uform_audio_encode_samples(NULL), UFORM_INVALID_ARGUMENT);
+    /* A refused deferred call leaves its outcome final with the same status. */
+    uform_outcome_t outcome;
+    uform_outcome_init(&outcome);
+    files.outcome = &outcome;
+    assert_int_equal(uform_audio_encode(&files), UFORM_INVALID_ARGUMENT);
+    assert_int_equal(uform_outcome_status(&outcome), UFORM_INVALID_ARGUMENT);
+    files.source = UFORM_SOURCE_FILES;
+    if (UFORM_WITH_FFMPEG) {
+        assert_int_equal(uform_audio_encode(&files), UFORM_OK);
+        assert_int_equal(uform_outcome_wait(&outcome), UFORM_OK);
+        assert_int_equal(uform_outcome_encoded(&outcome, &encoded), UFORM_OK);
+        assert_int_equal(encoded.statuses[0], UFORM_IO); /* no such file: the call itself worked */
+    } else {
+        assert_int_equal(uform_audio_encode(&files), UFORM_UNSUPPORTED);
+        assert_int_equal(uform_outcome_status(&outcome), UFORM_UNSUPPORTED);
+        assert_string_equal(uform_last_error().message,
+                            "built without FFmpeg: sounds cannot be decoded, resampled or transformed");
+    }
+    uform_outcome_destroy(&outcome);
+    uform_arena_free(arena);
+    free(sound.samples);
+}
+
+int main(void) {
+    struct CMUnitTest const tests[] = {
+#if UFORM_WITH_FFMPEG
+        cmocka_unit_test(samples_outputs_have_their_shapes),
+        cmocka_unit_test(tones_and_silence),
+        cmocka_unit_test(log_mel_against_a_naive_dft),
+        cmocka_unit_test(any_rate),
+        cmocka_unit_test(nan_inf_and_bad_rates),
+        cmocka_unit_test(a_clip_does_not_depend_on_its_batch),
+        cmocka_unit_test(wav_files_and_memory_match_their_samples),
+        cmocka_unit_test(bad_sounds_fail_alone),
+        cmocka_unit_test(chunked_reads),
+        cmocka_unit_test(progress_and_cancel),
+        cmocka_unit_test(conversions_and_matryoshka),
+#endif
+        cmocka_unit_test(bad_arguments_fail_at_once),
+    };
+#if UFORM_WITH_FFMPEG
+    av_log_set_level(AV_LOG_FATAL); /* the broken files are meant: FFmpeg need not say so */
+#endif
+    printf("kernels: %s, ffmpeg: %d\n", kernels_active()->name, UFORM_WITH_FFMPEG);
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

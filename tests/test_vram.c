@@ -1,0 +1,484 @@
+/* VRAM executors, device arenas and models against the CPU path on the same checkpoint.
+ *
+ * Without a CUDA device (every CI machine) the tests that need one are skipped with the reason, and
+ * what must hold anyway is checked: creating a VRAM executor answers UFORM_DEVICE (or UNSUPPORTED in
+ * builds without CUDA), a VRAM load refuses host executors, and nothing leaks. On a GPU machine
+ * (bench/gpu_check.sh) every check runs: embeddings, token vectors and states of every scalar kind at
+ * cosine >= 0.999 to a RAM executor's, text_choose, device views refusing host access, copy-out,
+ * stale views, cancellation, contention, and a bad device ordinal. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "uform.h"
+
+static char directory[] = "/tmp/uform-vram-XXXXXX";
+static char checkpoint[512];
+static char base_checkpoint[512];
+static bool have_device;
+static uform_executor_t *vram, *ram;
+static uform_model_t *vram_model, *ram_model;
+
+static int setup(void **state) {
+    (void)state;
+    if (!mkdtemp(directory)) return -1;
+    snprintf(checkpoint, sizeof checkpoint, "%s/tiny.safetensors", directory);
+    uform_tiny_checkpoint_args_t tiny = {.path = checkpoint, .seed = 7, .depth = 2, .hidden = 128, .context = 96};
+    if (uform_tiny_checkpoint(&tiny) != UFORM_OK) return -1;
+    uform_status_t status = uform_executor_create_vram(NULL, &vram);
+    have_device = status == UFORM_OK;
+    if (!have_device) {
+        uform_error_t error = uform_last_error();
+        char rendered[256];
+        uform_error_render(&error, rendered, sizeof rendered);
+        fprintf(stderr, "no VRAM executor here, device tests skip: %s\n", rendered);
+        return 0;
+    }
+    /* A deeper, wider one, where BF16 rounding accumulates as in real models. */
+    snprintf(base_checkpoint, sizeof base_checkpoint, "%s/base.safetensors", directory);
+    uform_tiny_checkpoint_args_t base = {.path = base_checkpoint, .seed = 5, .depth = 6, .hidden = 384, .context = 200};
+    if (uform_tiny_checkpoint(&base) != UFORM_OK) return -1;
+    uform_ram_options_t options = uform_ram_options_default();
+    options.threads = 2;
+    options.pin = false;
+    if (uform_executor_create_ram(&options, &ram) != UFORM_OK) return -1;
+    uform_model_load_args_t load = {.executor = vram, .path = checkpoint, .model = &vram_model};
+    if (uform_model_load_vram(&load) != UFORM_OK) {
+        uform_error_t error = uform_last_error();
+        char rendered[256];
+        uform_error_render(&error, rendered, sizeof rendered);
+        fprintf(stderr, "load_vram failed: %s\n", rendered);
+        return -1;
+    }
+    load = (uform_model_load_args_t){.executor = ram, .path = checkpoint, .model = &ram_model};
+    return uform_model_load_ram(&load) == UFORM_OK ? 0 : -1;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    uform_model_free(vram_model);
+    uform_model_free(ram_model);
+    uform_executor_free(vram);
+    uform_executor_free(ram);
+    unlink(checkpoint);
+    unlink(base_checkpoint);
+    rmdir(directory);
+    return 0;
+}
+
+#define NEED_DEVICE()                                                                                        \
+    do {                                                                                                     \
+        if (!have_device) skip();                                                                            \
+    } while (0)
+
+/* ---- Without a device, too ---------------------------------------------------------------------- */
+
+static void test_create_without_device_or_bad_ordinal(void **state) {
+    (void)state;
+    uform_executor_t *executor = NULL;
+    size_t devices[] = {4096};
+    uform_vram_options_t options = {.devices = devices, .devices_count = 1};
+    uform_status_t status = uform_executor_create_vram(&options, &executor);
+    assert_null(executor);
+    assert_true(status == UFORM_DEVICE || status == UFORM_UNSUPPORTED);
+    assert_int_equal(uform_last_error().status, status);
+    assert_int_equal(uform_executor_create_vram(NULL, NULL), UFORM_INVALID_ARGUMENT);
+    uform_vram_options_t broken = {.devices = NULL, .devices_count = 2};
+    assert_int_equal(uform_executor_create_vram(&broken, &executor), UFORM_INVALID_ARGUMENT);
+}
+
+static void test_load_vram_needs_vram_executor(void **state) {
+    (void)state;
+    uform_model_t *model = NULL;
+    uform_model_load_args_t load = {.executor = NULL, .path = checkpoint, .model = &model};
+    uform_status_t status = uform_model_load_vram(&load);
+    assert_true(status == UFORM_INVALID_ARGUMENT || status == UFORM_UNSUPPORTED);
+    assert_null(model);
+    uform_outcome_t outcome;
+    uform_outcome_init(&outcome);
+    load.outcome = &outcome;
+    assert_int_equal(uform_model_load_vram(&load), status);
+    assert_int_equal(uform_outcome_status(&outcome), status);
+    uform_outcome_destroy(&outcome);
+}
+
+/* ---- Helpers ------------------------------------------------------------------------------------ */
+
+static char const *const texts[] = {
+    "a cat sits on the mat",
+    "",
+    "x",
+    "The quick brown fox jumps over the lazy dog, again and again, until the text is longer than the "
+    "context of the tiny model so that it is cut and counted as truncated by both paths.",
+    "embeddings on the GPU",
+    "\xff\x00\x01 bytes, not characters",
+};
+#define TEXTS (sizeof texts / sizeof *texts)
+
+static uform_tape_t text_tape(size_t *offsets, char *buffer, size_t count) {
+    size_t at = 0;
+    offsets[0] = 0;
+    for (size_t i = 0; i < count; ++i) {
+        size_t length = i == 5 ? 23 : strlen(texts[i % TEXTS]);
+        memcpy(buffer + at, texts[i % TEXTS], length);
+        at += length;
+        offsets[i + 1] = at;
+    }
+    return (uform_tape_t){.data = buffer, .offsets = offsets, .count = count, .length = at};
+}
+
+/* Rows of a view as F32 on the host (device views through uform_view_copy). */
+static float *view_rows(uform_view_t const *view) {
+    size_t size = uform_scalar_size(view->scalar), bytes = view->rows * view->columns * size;
+    unsigned char *raw = malloc(bytes + 1);
+    float *scales = malloc(view->rows * sizeof(float) + 1);
+    float *out = malloc(view->rows * view->columns * sizeof(float) + 1);
+    assert_non_null(raw);
+    assert_non_null(out);
+    assert_int_equal(uform_view_copy(view, raw, bytes, scales), UFORM_OK);
+    for (size_t r = 0; r < view->rows; ++r)
+        for (size_t c = 0; c < view->columns; ++c) {
+            size_t i = r * view->columns + c;
+            float value = 0;
+            switch (view->scalar) {
+            case UFORM_F32:
+                memcpy(&value, raw + i * 4, 4);
+                break;
+            case UFORM_BF16: {
+                uint16_t bits;
+                memcpy(&bits, raw + i * 2, 2);
+                uint32_t wide = (uint32_t)bits << 16;
+                memcpy(&value, &wide, 4);
+                break;
+            }
+            case UFORM_F16: {
+                uint16_t bits;
+                memcpy(&bits, raw + i * 2, 2);
+                _Float16 half;
+                memcpy(&half, &bits, 2);
+                value = (float)half;
+                break;
+            }
+            case UFORM_I8:
+                value = (float)(int8_t)raw[i] * scales[r];
+                break;
+            }
+            out[i] = value;
+        }
+    free(raw);
+    free(scales);
+    return out;
+}
+
+static double cosine(float const *a, float const *b, size_t n) {
+    double ab = 0, aa = 0, bb = 0;
+    for (size_t i = 0; i < n; ++i) {
+        ab += (double)a[i] * b[i];
+        aa += (double)a[i] * a[i];
+        bb += (double)b[i] * b[i];
+    }
+    if (aa == 0 && bb == 0) return 1;
+    return ab / sqrt(aa * bb);
+}
+
+/* Worst row cosine between two views of the same shape. */
+static double worst_cosine(uform_view_t const *device, uform_view_t const *host) {
+    assert_int_equal(device->rows, host->rows);
+    assert_int_equal(device->columns, host->columns);
+    float *a = view_rows(device), *b = view_rows(host);
+    double worst = 1;
+    for (size_t r = 0; r < host->rows; ++r) {
+        double c = cosine(a + r * host->columns, b + r * host->columns, host->columns);
+        if (c < worst) worst = c;
+    }
+    free(a);
+    free(b);
+    return worst;
+}
+
+static void compare_models(uform_model_t *device_model, uform_model_t *host_model, size_t count,
+                           uform_scalar_t scalar, size_t matryoshka) {
+    size_t *offsets = malloc((count + 1) * sizeof(size_t));
+    char *buffer = malloc(count * 256);
+    uform_tape_t tape = text_tape(offsets, buffer, count);
+    uform_arena_t *device_arena = NULL, *host_arena = NULL;
+    assert_int_equal(uform_arena_create(vram, &device_arena), UFORM_OK);
+    assert_int_equal(uform_arena_create(ram, &host_arena), UFORM_OK);
+    uform_outputs_t outputs = UFORM_OUTPUT_EMBEDDINGS | UFORM_OUTPUT_TOKEN_VECTORS | UFORM_OUTPUT_STATES;
+    uform_encode_stats_t device_stats = {0}, host_stats = {0};
+    uform_encode_config_t device_config = {.outputs_scalar = scalar, .matryoshka = matryoshka, .stats = &device_stats};
+    uform_encode_config_t host_config = {.outputs_scalar = scalar, .matryoshka = matryoshka, .stats = &host_stats};
+    uform_encoded_t on_device, on_host;
+    uform_text_encode_args_t args = {.model = device_model, .executor = vram, .outputs = outputs,
+                                     .arena = device_arena, .config = &device_config, .encoded = &on_device,
+                                     .texts = tape};
+    uform_status_t status = uform_text_encode(&args);
+    if (status != UFORM_OK) {
+        uform_error_t error = uform_last_error();
+        char rendered[256];
+        uform_error_render(&error, rendered, sizeof rendered);
+        fail_msg("VRAM text_encode: %s", rendered);
+    }
+    args.model = host_model, args.executor = ram, args.arena = host_arena, args.config = &host_config;
+    args.encoded = &on_host;
+    assert_int_equal(uform_text_encode(&args), UFORM_OK);
+    assert_true(on_device.embeddings.device);
+    assert_int_equal(device_stats.truncated, host_stats.truncated);
+    assert_int_equal(on_device.token_vectors.items, count);
+    for (size_t i = 0; i <= count; ++i)
+        assert_int_equal(on_device.token_vectors.item_offsets[i], on_host.token_vectors.item_offsets[i]);
+    for (size_t i = 0; i < count; ++i)
+        assert_int_equal(on_device.statuses[i], UFORM_OK);
+    double embeddings = worst_cosine(&on_device.embeddings, &on_host.embeddings);
+    double tokens = worst_cosine(&on_device.token_vectors, &on_host.token_vectors);
+    double states = worst_cosine(&on_device.states, &on_host.states);
+    fprintf(stderr, "  %zu texts, scalar %d, width %zu: worst cosine embeddings %.6f, token vectors %.6f, states %.6f\n",
+            count, (int)scalar, matryoshka, embeddings, tokens, states);
+    assert_true(embeddings >= 0.999);
+    assert_true(tokens >= 0.999);
+    assert_true(states >= 0.999);
+    uform_arena_free(device_arena);
+    uform_arena_free(host_arena);
+    free(offsets);
+    free(buffer);
+}
+
+/* ---- With a device ------------------------------------------------------------------------------ */
+
+static void test_text_matches_cpu(void **state) {
+    (void)state;
+    NEED_DEVICE();
+    uform_model_info_t info;
+    assert_int_equal(uform_model_info(vram_model, &info), UFORM_OK);
+    compare_models(vram_model, ram_model, TEXTS, UFORM_F32, 0);
+    compare_models(vram_model, ram_model, 300, UFORM_F32, 0);
+    compare_models(vram_model, ram_model, 17, UFORM_BF16, 0);
+    compare_models(vram_model, ram_model, 17, UFORM_F16, 0);
+    compare_models(vram_model, ram_model, 17, UFORM_I8, 0);
+    if (info.matryoshka_count) compare_models(vram_model, ram_model, 9, UFORM_F32, info.matryoshka[0]);
+}
+
+static void test_base_model_matches_cpu(void **state) {
+    (void)state;
+    NEED_DEVICE();
+    if (getenv("UFORM_VRAM_QUICK")) skip(); /* under compute-sanitizer: the tiny model is enough */
+    uform_model_t *device_model = NULL, *host_model = NULL;
+    uform_model_load_args_t load = {.executor = vram, .path = base_checkpoint, .model = &device_model};
+    assert_int_equal(uform_model_load_vram(&load), UFORM_OK);
+    load = (uform_model_load_args_t){.executor = ram, .path = base_checkpoint, .model = &host_model};
+    assert_int_equal(uform_model_load_ram(&load), UFORM_OK);
+    compare_models(device_model, host_model, 64, UFORM_F32, 0);
+    uform_model_free(device_model);
+    uform_model_free(host_model);
+}
+
+static void test_device_views(void **state) {
+    (void)state;
+    NEED_DEVICE();
+    size_t offsets[TEXTS + 1];
+    char buffer[TEXTS * 256];
+    uform_tape_t tape = text_tape(offsets, buffer, TEXTS);
+    uform_arena_t *arena = NULL, *host_arena = NULL;
+    assert_int_equal(uform_arena_create(vram, &arena), UFORM_OK);
+    assert_int_equal(uform_arena_create_host(&host_arena), UFORM_OK);
+    uform_encoded_t encoded;
+    uform_text_encode_args_t args = {.model = vram_model, .executor = vram, .outputs = UFORM_OUTPUT_EMBEDDINGS,
+                                     .arena = arena, .encoded = &encoded, .texts = tape};
+    assert_int_equal(uform_text_encode(&args), UFORM_OK);
+    void const *row = NULL;
+    assert_int_equal(uform_view_check(&encoded.embeddings), UFORM_DEVICE);
+    assert_int_equal(uform_view_row(&encoded.embeddings, 0, &row), UFORM_DEVICE);
+    assert_null(row);
+    float small[4];
+    assert_int_equal(uform_view_copy(&encoded.embeddings, small, sizeof small, NULL), UFORM_INVALID_ARGUMENT);
+    /* Each embedding is unit length once copied out. */
+    float *rows = view_rows(&encoded.embeddings);
+    for (size_t r = 0; r < TEXTS; ++r) {
+        double norm = 0;
+        for (size_t c = 0; c < encoded.embeddings.columns; ++c)
+            norm += (double)rows[r * encoded.embeddings.columns + c] * rows[r * encoded.embeddings.columns + c];
+        assert_true(fabs(norm - 1) < 1e-4);
+    }
+    free(rows);
+    uform_view_t stale = encoded.embeddings;
+    assert_int_equal(uform_text_encode(&args), UFORM_OK);
+    float *copy = malloc(stale.rows * stale.columns * 4);
+    assert_int_equal(uform_view_copy(&stale, copy, stale.rows * stale.columns * 4, NULL), UFORM_INVALID_ARGUMENT);
+    free(copy);
+    /* Host arenas and host models do not mix with a VRAM executor. */
+    args.arena = host_arena;
+    assert_int_equal(uform_text_encode(&args), UFORM_INVALID_ARGUMENT);
+    args.arena = arena, args.model = ram_model;
+    assert_int_equal(uform_text_encode(&args), UFORM_INVALID_ARGUMENT);
+    args.model = vram_model, args.executor = ram;
+    assert_int_equal(uform_text_encode(&args), UFORM_INVALID_ARGUMENT);
+    uform_arena_free(arena);
+    uform_arena_free(host_arena);
+}
+
+static void test_choose_matches_cpu(void **state) {
+    (void)state;
+    NEED_DEVICE();
+    size_t offsets[TEXTS + 1];
+    char buffer[TEXTS * 256];
+    uform_tape_t tape = text_tape(offsets, buffer, TEXTS);
+    uform_arena_t *device_states = NULL, *device_out = NULL, *host_states = NULL, *host_out = NULL;
+    assert_int_equal(uform_arena_create(vram, &device_states), UFORM_OK);
+    assert_int_equal(uform_arena_create(vram, &device_out), UFORM_OK);
+    assert_int_equal(uform_arena_create(ram, &host_states), UFORM_OK);
+    assert_int_equal(uform_arena_create(ram, &host_out), UFORM_OK);
+    uform_encoded_t on_device, on_host;
+    uform_text_encode_args_t args = {.model = vram_model, .executor = vram, .outputs = UFORM_OUTPUT_STATES,
+                                     .arena = device_states, .encoded = &on_device, .texts = tape};
+    assert_int_equal(uform_text_encode(&args), UFORM_OK);
+    args.model = ram_model, args.executor = ram, args.arena = host_states, args.encoded = &on_host;
+    assert_int_equal(uform_text_encode(&args), UFORM_OK);
+    uint8_t legal[TEXTS * 5];
+    size_t legal_offsets[TEXTS + 1] = {0};
+    for (size_t i = 0; i < TEXTS; ++i) {
+        for (size_t j = 0; j < 5; ++j)
+            legal[i * 5 + j] = (uint8_t)('a' + i + 7 * j);
+        legal_offsets[i + 1] = (i + 1) * 5;
+    }
+    uform_tape_t choices = {.data = legal, .offsets = legal_offsets, .count = TEXTS, .length = sizeof legal};
+    uform_view_t device_probabilities, host_probabilities;
+    uform_text_choose_args_t choose = {.model = vram_model, .executor = vram, .states = &on_device.states,
+                                       .choices = choices, .arena = device_out,
+                                       .probabilities = &device_probabilities};
+    assert_int_equal(uform_text_choose(&choose), UFORM_OK);
+    choose = (uform_text_choose_args_t){.model = ram_model, .executor = ram, .states = &on_host.states,
+                                        .choices = choices, .arena = host_out, .probabilities = &host_probabilities};
+    assert_int_equal(uform_text_choose(&choose), UFORM_OK);
+    float *a = view_rows(&device_probabilities), *b = view_rows(&host_probabilities);
+    double worst = 0;
+    for (size_t i = 0; i < TEXTS * 5; ++i)
+        worst = fmax(worst, fabs((double)a[i] - b[i]));
+    fprintf(stderr, "  text_choose: max |p_gpu - p_cpu| = %.2e\n", worst);
+    assert_true(worst < 2e-2);
+    free(a);
+    free(b);
+    uform_arena_free(device_states);
+    uform_arena_free(device_out);
+    uform_arena_free(host_states);
+    uform_arena_free(host_out);
+}
+
+static uform_continuation_t cancel_at_once(void *state, size_t completed, size_t total) {
+    (void)state;
+    (void)completed;
+    (void)total;
+    return UFORM_CANCEL;
+}
+
+static void test_deferred_cancel_contended(void **state) {
+    (void)state;
+    NEED_DEVICE();
+    size_t count = 4000;
+    size_t *offsets = malloc((count + 1) * sizeof(size_t));
+    char *buffer = malloc(count * 256);
+    uform_tape_t tape = text_tape(offsets, buffer, count);
+    uform_arena_t *arena = NULL;
+    assert_int_equal(uform_arena_create(vram, &arena), UFORM_OK);
+    uform_outcome_t outcome, other;
+    uform_outcome_init(&outcome);
+    uform_outcome_init(&other);
+    uform_encode_config_t config = {.progress = {.handler = cancel_at_once, .steps = 100}};
+    uform_text_encode_args_t args = {.model = vram_model, .executor = vram, .outputs = UFORM_OUTPUT_EMBEDDINGS,
+                                     .arena = arena, .config = &config, .texts = tape, .outcome = &outcome};
+    assert_int_equal(uform_text_encode(&args), UFORM_OK);
+    /* The executor is held: a second call is refused at once. */
+    uform_executor_nop_args_t nop = {.executor = vram, .outcome = &other};
+    uform_status_t contended = uform_executor_nop(&nop);
+    assert_true(contended == UFORM_CONTENDED || contended == UFORM_OK);
+    assert_int_equal(uform_outcome_wait(&outcome), UFORM_CANCELLED);
+    assert_int_equal(uform_outcome_wait(&outcome), UFORM_CANCELLED);
+    uform_outcome_wait(&other);
+    /* And the executor is usable after. */
+    config.progress.handler = NULL;
+    args.outcome = NULL;
+    uform_encoded_t encoded;
+    args.encoded = &encoded;
+    assert_int_equal(uform_text_encode(&args), UFORM_OK);
+    assert_int_equal(encoded.items, count);
+    uform_outcome_destroy(&outcome);
+    uform_outcome_destroy(&other);
+    uform_arena_free(arena);
+    free(offsets);
+    free(buffer);
+}
+
+static void test_images_match_cpu(void **state) {
+    (void)state;
+    NEED_DEVICE();
+    /* Pixels of several shapes (shrunk, grown, square, long), and one bad item whose span is wrong. */
+    size_t const heights[] = {64, 300, 17, 224, 480, 5, 100};
+    size_t const widths[] = {64, 200, 33, 224, 640, 5, 100};
+    size_t const count = sizeof heights / sizeof *heights;
+    size_t offsets[sizeof heights / sizeof *heights + 1] = {0};
+    for (size_t i = 0; i < count; ++i)
+        offsets[i + 1] = offsets[i] + heights[i] * widths[i] * 3 - (i == 5 ? 1 : 0);
+    uint8_t *pixels = malloc(offsets[count]);
+    uint64_t seed = 42;
+    for (size_t i = 0; i < offsets[count]; ++i) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        pixels[i] = (uint8_t)(seed >> 56);
+    }
+    uform_tape_t tape = {.data = pixels, .offsets = offsets, .count = count, .length = offsets[count]};
+    uform_arena_t *device_arena = NULL, *host_arena = NULL;
+    assert_int_equal(uform_arena_create(vram, &device_arena), UFORM_OK);
+    assert_int_equal(uform_arena_create(ram, &host_arena), UFORM_OK);
+    uform_scalar_t const scalars[] = {UFORM_F32, UFORM_BF16, UFORM_I8};
+    for (size_t k = 0; k < 3; ++k) {
+        uform_encode_config_t config = {.outputs_scalar = scalars[k]};
+        uform_encoded_t on_device, on_host;
+        uform_outputs_t outputs = UFORM_OUTPUT_EMBEDDINGS | UFORM_OUTPUT_TOKEN_VECTORS | UFORM_OUTPUT_STATES;
+        uform_image_encode_pixels_args_t args = {.model = vram_model, .executor = vram, .outputs = outputs,
+                                                 .arena = device_arena, .config = &config, .encoded = &on_device,
+                                                 .pixels = tape, .heights = heights, .widths = widths};
+        uform_status_t status = uform_image_encode_pixels(&args);
+        if (status != UFORM_OK) {
+            uform_error_t error = uform_last_error();
+            char rendered[256];
+            uform_error_render(&error, rendered, sizeof rendered);
+            fail_msg("VRAM image_encode_pixels: %s", rendered);
+        }
+        args.model = ram_model, args.executor = ram, args.arena = host_arena, args.encoded = &on_host;
+        assert_int_equal(uform_image_encode_pixels(&args), UFORM_OK);
+        for (size_t i = 0; i < count; ++i)
+            assert_int_equal(on_device.statuses[i], on_host.statuses[i]);
+        assert_int_equal(on_device.statuses[5], UFORM_INVALID_ARGUMENT);
+        double embeddings = worst_cosine(&on_device.embeddings, &on_host.embeddings);
+        double tokens = worst_cosine(&on_device.token_vectors, &on_host.token_vectors);
+        double states = worst_cosine(&on_device.states, &on_host.states);
+        fprintf(stderr, "  images, scalar %d: worst cosine embeddings %.6f, token vectors %.6f, states %.6f\n",
+                (int)scalars[k], embeddings, tokens, states);
+        assert_true(embeddings >= 0.999);
+        assert_true(tokens >= 0.999);
+        assert_true(states >= 0.999);
+    }
+    uform_arena_free(device_arena);
+    uform_arena_free(host_arena);
+    free(pixels);
+}
+
+int main(void) {
+    struct CMUnitTest const tests[] = {
+        cmocka_unit_test(test_create_without_device_or_bad_ordinal),
+        cmocka_unit_test(test_load_vram_needs_vram_executor),
+        cmocka_unit_test(test_text_matches_cpu),
+        cmocka_unit_test(test_base_model_matches_cpu),
+        cmocka_unit_test(test_device_views),
+        cmocka_unit_test(test_choose_matches_cpu),
+        cmocka_unit_test(test_deferred_cancel_contended),
+        cmocka_unit_test(test_images_match_cpu),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
