@@ -20,6 +20,7 @@ engine's embeddings and PyTorch's for the largest batch. Figures only: nothing p
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import subprocess
@@ -67,41 +68,57 @@ def sdpa_attention(q, k, v, causal, key_padding=None):
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
-def run_torch(checkpoint: Path, texts: list, batches: list, seconds: float, sdpa: bool) -> tuple[list, np.ndarray]:
+@contextlib.contextmanager
+def reference_attention(sdpa: bool):
+    """The reference with its attention as written, or through F.scaled_dot_product_attention."""
     eager = ref.attention
     if sdpa:
         ref.attention = sdpa_attention
     try:
-        model = ref.Reference(str(checkpoint), torch.bfloat16)
-        embedder = export_onnx.TextEmbedder(model.text).eval().cuda()
-        records, last = [], None
-        with torch.inference_mode():
-            for batch in batches:
-                ids, index = export_onnx.make_batch(texts[:batch], model.text.context)
-                ids, index = torch.from_numpy(ids).cuda(), torch.from_numpy(index).cuda()
-                for _ in range(2):
-                    out = embedder(ids, index)
-                torch.cuda.synchronize()
-                latencies, start = [], time.perf_counter()
-                while len(latencies) < 5 or time.perf_counter() - start < seconds:
-                    begin = time.perf_counter()
-                    out = embedder(ids, index)
-                    torch.cuda.synchronize()
-                    latencies.append(time.perf_counter() - begin)
-                elapsed = time.perf_counter() - start
-                records.append({"batch": batch, "items_per_second": batch * len(latencies) / elapsed,
-                                "p50_us": statistics.median(latencies) * 1e6})
-                last = out.float().cpu().numpy()
-        return records, last
+        yield
     finally:
         ref.attention = eager
 
 
+def time_batches(batches: list, seconds: float, prepare) -> tuple[list, np.ndarray]:
+    """For each batch size, `prepare(batch)` answers a call that encodes that batch on the GPU: two
+    warm-up calls, then calls until `seconds` have passed (at least 5), each synchronized. Answers a
+    record per batch size and the last call's output."""
+    records, last = [], None
+    with torch.inference_mode():
+        for batch in batches:
+            encode = prepare(batch)
+            for _ in range(2):
+                out = encode()
+            torch.cuda.synchronize()
+            latencies, start = [], time.perf_counter()
+            while len(latencies) < 5 or time.perf_counter() - start < seconds:
+                begin = time.perf_counter()
+                out = encode()
+                torch.cuda.synchronize()
+                latencies.append(time.perf_counter() - begin)
+            elapsed = time.perf_counter() - start
+            records.append({"batch": batch, "items_per_second": batch * len(latencies) / elapsed,
+                            "p50_us": statistics.median(latencies) * 1e6})
+            last = out.float().cpu().numpy()
+    return records, last
+
+
+def run_torch(checkpoint: Path, texts: list, batches: list, seconds: float, sdpa: bool) -> tuple[list, np.ndarray]:
+    with reference_attention(sdpa):
+        model = ref.Reference(str(checkpoint), torch.bfloat16)
+        embedder = export_onnx.TextEmbedder(model.text).eval().cuda()
+
+        def prepare(batch):
+            ids, index = export_onnx.make_batch(texts[:batch], model.text.context)
+            ids, index = torch.from_numpy(ids).cuda(), torch.from_numpy(index).cuda()
+            return lambda: embedder(ids, index)
+
+        return time_batches(batches, seconds, prepare)
+
+
 def run_torch_images(checkpoint: Path, pixels: np.ndarray, batches: list, seconds: float, sdpa: bool):
-    eager = ref.attention
-    if sdpa:
-        ref.attention = sdpa_attention
-    try:
+    with reference_attention(sdpa):
         model = ref.Reference(str(checkpoint), torch.bfloat16)
         tower = model.image.cuda()
         height, width = pixels.shape[1:3]
@@ -115,26 +132,11 @@ def run_torch_images(checkpoint: Path, pixels: np.ndarray, batches: list, second
             x = ((x[:, :, top : top + tower.size, left : left + tower.size] - mean) / std).to(torch.bfloat16)
             return tower.embed_states(tower(x)[:, 0])
 
-        records, last = [], None
-        with torch.inference_mode():
-            for batch in batches:
-                host = torch.from_numpy(pixels[:batch])
-                for _ in range(2):
-                    out = encode(host)
-                torch.cuda.synchronize()
-                latencies, start = [], time.perf_counter()
-                while len(latencies) < 5 or time.perf_counter() - start < seconds:
-                    begin = time.perf_counter()
-                    out = encode(host)
-                    torch.cuda.synchronize()
-                    latencies.append(time.perf_counter() - begin)
-                elapsed = time.perf_counter() - start
-                records.append({"batch": batch, "items_per_second": batch * len(latencies) / elapsed,
-                                "p50_us": statistics.median(latencies) * 1e6})
-                last = out.float().cpu().numpy()
-        return records, last
-    finally:
-        ref.attention = eager
+        def prepare(batch):
+            host = torch.from_numpy(pixels[:batch])
+            return lambda: encode(host)
+
+        return time_batches(batches, seconds, prepare)
 
 
 def report(kind: str, batches: list, engine: list, engine_embeddings, baselines: dict) -> list:

@@ -21,92 +21,29 @@ fails on time.
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import struct
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-REPOSITORY = HERE.parent
-REFERENCE = REPOSITORY / "tests" / "reference"
-
-
-def _interpreter_with_torch_and_pillow() -> None:
-    try:
-        import PIL  # noqa: F401
-        import torch  # noqa: F401
-        return
-    except ImportError:
-        pass
-    if not os.environ.get("UFORM_REFERENCE_REEXEC"):
-        here = os.path.realpath(sys.executable)
-        for candidate in (REPOSITORY / ".venv" / "bin" / "python3", Path("/usr/bin/python3")):
-            if candidate.exists() and os.path.realpath(candidate) != here and \
-                    subprocess.run([str(candidate), "-c", "import torch, PIL"], capture_output=True).returncode == 0:
-                os.execve(str(candidate), [str(candidate), *sys.argv], {**os.environ, "UFORM_REFERENCE_REEXEC": "1"})
-    print("PyTorch or Pillow cannot be imported: nothing to compare with")
-    sys.exit(0)
-
+import bench_common as common
 
 if __name__ == "__main__":
-    _interpreter_with_torch_and_pillow()
+    common.python_with(["torch", "numpy", "PIL"])
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-sys.path.insert(0, str(REFERENCE))
-import test_image_reference as image_harness  # noqa: E402
-import test_text_reference as harness  # noqa: E402
+import harness  # noqa: E402
 import uform_reference as ref  # noqa: E402
 
 SIZE, PATCH = 224, 16
 
 
-def measure(run, min_seconds: float) -> float:
-    """Seconds per call of `run` after one warm-up call, over at least `min_seconds`."""
-    run()
-    calls, start = 0, time.perf_counter()
-    while True:
-        run()
-        calls += 1
-        elapsed = time.perf_counter() - start
-        if elapsed >= min_seconds:
-            return elapsed / calls
-
-
 def write_checkpoint(tool: str, path: Path, seed: int) -> None:
     """The tool's base checkpoint with the image tower's patch layer and positions redrawn for
-    size 224, patch 16 (std 0.02, BF16), and its metadata to match."""
-    base = path.with_suffix(".tool.safetensors")
-    subprocess.run([tool, str(base), "--depth", "12", "--hidden", "768", "--mlp", "3072", "--seed", str(seed)],
-                   check=True, capture_output=True)
-    blob = base.read_bytes()
-    (length,) = struct.unpack_from("<Q", blob)
-    header = json.loads(blob[8 : 8 + length])
-    metadata = header.pop("__metadata__")
-    config = json.loads(metadata["uform"])
-    config["image"]["size"], config["image"]["patch"] = SIZE, PATCH
-    metadata["uform"] = json.dumps(config)
-    hidden = int(config["image"]["hidden"])
-    rng = np.random.default_rng(seed)
-    redrawn = {"image.patch.weight": (hidden, 3 * PATCH * PATCH), "image.pos": (1 + (SIZE // PATCH) ** 2, hidden)}
-    tensors, data = {}, bytearray()
-    for name, info in sorted(header.items(), key=lambda item: item[1]["data_offsets"][0]):
-        if name in redrawn:
-            values = (0.02 * rng.standard_normal(redrawn[name])).astype(np.float32)
-            raw, shape = ref.f32_to_bf16_bits(values.reshape(-1)).tobytes(), list(redrawn[name])
-        else:
-            begin, end = info["data_offsets"]
-            raw, shape = blob[8 + length + begin : 8 + length + end], info["shape"]
-        tensors[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [len(data), len(data) + len(raw)]}
-        data += raw
-    text = json.dumps({"__metadata__": metadata, **tensors}).encode()
-    text += b" " * (-len(text) % 8)
-    path.write_bytes(struct.pack("<Q", len(text)) + text + bytes(data))
-    base.unlink()
+    size 224, patch 16, and its metadata to match."""
+    hidden = 768
+    common.write_redrawn_checkpoint(tool, path, seed, "image", {"size": SIZE, "patch": PATCH},
+                                    {"image.patch.weight": (hidden, 3 * PATCH * PATCH),
+                                     "image.pos": (1 + (SIZE // PATCH) ** 2, hidden)})
 
 
 def write_images(folder: Path, count: int, height: int, width: int, seed: int) -> list:
@@ -128,44 +65,6 @@ def write_images(folder: Path, count: int, height: int, width: int, seed: int) -
     return paths
 
 
-def groups(items: list, size: int) -> list:
-    return [items[i : i + size] for i in range(0, len(items), size)]
-
-
-def bench_uform(library, checkpoint, paths, pixels, batch, threads, min_seconds):
-    engine = harness.Engine(library)
-    images = image_harness.ImageEngine(engine)
-    executor = engine.ram_executor(threads)
-    arena = engine.arena(executor)
-    model = engine.load(str(checkpoint), executor)
-    stages = {"read_ns": 0, "decode_ns": 0, "compute_ns": 0, "items": 0}
-    try:
-        def end_to_end():
-            for group in groups(paths, batch):
-                result = images.encode(model, group, arena, kind="files", outputs=image_harness.OUTPUT_EMBEDDINGS,
-                                       executor=executor)
-                stats = result["stats"]
-                for key in ("read_ns", "decode_ns", "compute_ns"):
-                    stages[key] += getattr(stats, key)
-                stages["items"] += stats.items - stats.failed
-
-        def encode_only():
-            for group in groups(pixels, batch):
-                images.encode(model, group, arena, outputs=image_harness.OUTPUT_EMBEDDINGS, executor=executor)
-
-        first = images.encode(model, paths[:batch], arena, kind="files", outputs=image_harness.OUTPUT_EMBEDDINGS,
-                              executor=executor)["embeddings"]["values"]
-        e2e = len(paths) / measure(end_to_end, min_seconds)
-        decode = stages["items"] / ((stages["read_ns"] + stages["decode_ns"]) * 1e-9)
-        compute = stages["items"] / (stages["compute_ns"] * 1e-9)
-        encode = len(pixels) / measure(encode_only, min_seconds)
-        return e2e, decode, compute, encode, first
-    finally:
-        engine.library.uform_model_free(model)
-        engine.library.uform_arena_free(arena)
-        engine.library.uform_executor_free(executor)
-
-
 def bench_torch(checkpoint, paths, batch, threads, min_seconds):
     torch.set_num_threads(threads)
     tower = ref.Reference(str(checkpoint), torch.bfloat16).image
@@ -173,62 +72,43 @@ def bench_torch(checkpoint, paths, batch, threads, min_seconds):
     def run():
         embeddings = []
         with torch.inference_mode():
-            for group in groups(paths, batch):
+            for group in common.groups(paths, batch):
                 pixels = torch.stack([tower.preprocess(ref.pillow_rgb(path)) for path in group])
                 embeddings.append(tower.embed_states(tower(pixels)[:, 0]).float().numpy())
         return np.concatenate(embeddings)
 
     first = run()[:batch]
-    return len(paths) / measure(run, min_seconds), first
+    return len(paths) / common.measure(run, min_seconds), first
+
+
+def encode_files(engine, model, group, arena, executor):
+    return engine.encode_images(model, group, arena, kind="files", outputs=harness.OUTPUT_EMBEDDINGS, executor=executor)
+
+
+def encode_pixels(engine, model, group, arena, executor):
+    return engine.encode_images(model, group, arena, outputs=harness.OUTPUT_EMBEDDINGS, executor=executor)
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--build", default=str(REPOSITORY / "build"), help="the meson build folder")
-    parser.add_argument("--workdir", help="checkpoint and images (default: <build>/bench-image)")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--images", type=int, default=48)
-    parser.add_argument("--batch", type=int, default=16, help="images per call, for every engine")
-    parser.add_argument("--height", type=int, default=480)
-    parser.add_argument("--width", type=int, default=640)
-    parser.add_argument("--seed", type=int, default=3)
-    parser.add_argument("--min-seconds", type=float, default=3.0)
-    parser.add_argument("--no-torch", action="store_true")
-    args = parser.parse_args(argv)
-    build = Path(args.build)
-    library, tool = str(build / "libuform.so"), str(build / "src" / "tools" / "uform_tiny_checkpoint")
-    workdir = Path(args.workdir or build / "bench-image")
-    workdir.mkdir(parents=True, exist_ok=True)
-    checkpoint = workdir / f"base-image-d12-h768-s{SIZE}-p{PATCH}-seed{args.seed}.safetensors"
-    if not checkpoint.exists():
-        write_checkpoint(tool, checkpoint, args.seed)
-    paths = write_images(workdir / f"jpeg-{args.width}x{args.height}", args.images, args.height, args.width, args.seed)
+    args = common.arguments(__doc__, "image", ("images", 48), 16, argv,
+                            extra=[(("--height",), {"type": int, "default": 480}),
+                                   (("--width",), {"type": int, "default": 640})])
+    checkpoint = args.workdir / f"base-image-d12-h768-s{SIZE}-p{PATCH}-seed{args.seed}.safetensors"
+    write_checkpoint(args.tiny_checkpoint_tool, checkpoint, args.seed)
+    paths = write_images(args.workdir / f"jpeg-{args.width}x{args.height}", args.images, args.height, args.width,
+                         args.seed)
     from PIL import Image
 
     pixels = [np.asarray(Image.open(path).convert("RGB").resize((SIZE, SIZE))) for path in paths]
     print(f"checkpoint {checkpoint.name}: image depth 12, hidden 768, mlp 3072, size {SIZE}, patch {PATCH}")
     print(f"{len(paths)} JPEG files of {args.width}x{args.height} (quality 90, 4:2:0), batches of {args.batch}, "
           f"{args.threads} threads, PyTorch {torch.__version__}")
-    e2e, decode, compute, encode, first = bench_uform(library, checkpoint, [str(p) for p in paths], pixels,
-                                                      args.batch, args.threads, args.min_seconds)
-    rows = [("uform end to end (files: read, decode, resize, tower)", e2e),
-            ("uform decode only (read + decode + resize stages)", decode),
-            ("uform tower stage of the end-to-end calls", compute),
-            ("uform encode only (pixels at 224 x 224)", encode)]
-    torch_rate = None
-    if not args.no_torch:
-        torch_rate, torch_first = bench_torch(checkpoint, [str(p) for p in paths], args.batch, args.threads,
-                                              args.min_seconds)
-        rows.append(("Pillow + PyTorch eager bfloat16", torch_rate))
-        cosine = harness.cosines(first, torch_first)
-        print(f"agreement, first batch: min cosine {cosine.min():.5f} (PyTorch in bfloat16)")
-    print()
-    for name, rate in rows:
-        print(f"  {name:<58} {rate:8.2f} images/s")
-    print()
-    print(f"  end to end / encode only:            {e2e / encode:.2f}")
-    if torch_rate:
-        print(f"  end to end / Pillow + PyTorch:       {e2e / torch_rate:.2f}")
+    common.compare_stages(args, checkpoint, paths, pixels, encode_files, encode_pixels,
+                          ("uform end to end (files: read, decode, resize, tower)",
+                           "uform decode only (read + decode + resize stages)",
+                           "uform tower stage of the end-to-end calls",
+                           "uform encode only (pixels at 224 x 224)"),
+                          "images", "Pillow + PyTorch", bench_torch, "PyTorch in bfloat16")
     return 0
 
 

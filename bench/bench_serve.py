@@ -144,7 +144,7 @@ class Direct:
 
     def __init__(self, library: Path, model: Path, threads: int, texts: list, min_seconds: float):
         sys.path.insert(0, str(REFERENCE))
-        import test_text_reference as harness  # the ctypes mirror of uform.h, checked against it by its test
+        import harness  # the ctypes mirror of uform.h, checked against it by the reference tests
 
         self.harness, self.texts, self.min_seconds = harness, texts, min_seconds
         self.engine = harness.Engine(str(library))

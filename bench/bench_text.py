@@ -23,60 +23,25 @@ a verb that answers UNSUPPORTED) is printed as such and the rest still runs.
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-REPOSITORY = HERE.parent
-REFERENCE = REPOSITORY / "tests" / "reference"
-GEMM_SHAPES = [(2304, 768), (768, 768), (3072, 768), (768, 3072)]  # (n, k): qkv, out, up, down of the base model
-GEMM_M = 512
-
-
-def _interpreter_with_torch() -> None:
-    """Re-runs under the project's .venv or Debian's python3 when this one has no PyTorch."""
-    try:
-        import torch  # noqa: F401
-        return
-    except ImportError:
-        pass
-    if not os.environ.get("UFORM_REFERENCE_REEXEC"):
-        here = os.path.realpath(sys.executable)
-        for candidate in (REPOSITORY / ".venv" / "bin" / "python3", Path("/usr/bin/python3")):
-            if candidate.exists() and os.path.realpath(candidate) != here and \
-                    subprocess.run([str(candidate), "-c", "import torch"], capture_output=True).returncode == 0:
-                os.execve(str(candidate), [str(candidate), *sys.argv], {**os.environ, "UFORM_REFERENCE_REEXEC": "1"})
-    print("PyTorch cannot be imported: nothing to compare with")
-    sys.exit(0)
-
+import bench_common as common
+from bench_common import figure, ratio
 
 if __name__ == "__main__":
-    _interpreter_with_torch()
+    common.python_with(["torch", "numpy"])
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-sys.path.insert(0, str(REFERENCE))
 import export_onnx  # noqa: E402
-import test_text_reference as harness  # noqa: E402  (its ctypes mirror of uform.h)
+import harness  # noqa: E402  (the ctypes mirror of uform.h)
 import uform_reference as ref  # noqa: E402
 
-
-def measure(run, min_seconds: float, warm_up=None) -> float:
-    """Seconds per call of `run`, after one call of `warm_up` (default: `run`), over at least
-    `min_seconds` (at least one call)."""
-    (warm_up or run)()
-    calls, start = 0, time.perf_counter()
-    while True:
-        run()
-        calls += 1
-        elapsed = time.perf_counter() - start
-        if elapsed >= min_seconds:
-            return elapsed / calls
+GEMM_SHAPES = [(2304, 768), (768, 768), (3072, 768), (768, 3072)]  # (n, k): qkv, out, up, down of the base model
+GEMM_M = 512
 
 
 def make_texts(count: int, seed: int) -> list:
@@ -90,10 +55,6 @@ def write_checkpoint(tool: str, path: Path, depth: int, hidden: int, mlp: int, c
              "--seed", str(seed)]
     subprocess.run([tool, str(path), *flags], check=True, capture_output=True)
     return f"{Path(tool).name} {' '.join(flags)}"
-
-
-def batches(texts: list, size: int) -> list:
-    return [texts[i : i + size] for i in range(0, len(texts), size)]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -112,13 +73,13 @@ def bench_uform(library: str, checkpoint: Path, texts: list, batch: int, threads
         executor = engine.ram_executor(threads)
         arena = engine.arena(executor)
         model = engine.load(str(checkpoint), executor)
-        groups = batches(texts, batch)
+        groups = common.groups(texts, batch)
 
         def encode(group):
             return engine.encode(model, group, harness.OUTPUT_EMBEDDINGS, arena, executor)["embeddings"]["values"]
 
         first = encode(groups[0])  # the warm-up
-        seconds = measure(lambda: [encode(g) for g in groups], min_seconds, warm_up=lambda: None)
+        seconds = common.measure(lambda: [encode(g) for g in groups], min_seconds, warm_up=lambda: None)
         return len(texts) / seconds, "", first
     except harness.EngineError as error:
         return None, str(error), None
@@ -135,10 +96,10 @@ def bench_torch(checkpoint: Path, texts: list, batch: int, threads: int, min_sec
     torch.set_num_threads(threads)
     model = ref.Reference(str(checkpoint), dtype)
     embedder = export_onnx.TextEmbedder(model.text).eval()
-    inputs = [tuple(torch.from_numpy(a) for a in export_onnx.make_batch(g, model.text.context)) for g in batches(texts, batch)]
+    inputs = [tuple(torch.from_numpy(a) for a in export_onnx.make_batch(g, model.text.context)) for g in common.groups(texts, batch)]
     with torch.inference_mode():
         first = embedder(*inputs[0]).float().numpy()  # the warm-up
-        seconds = measure(lambda: [embedder(*i) for i in inputs], min_seconds, warm_up=lambda: None)
+        seconds = common.measure(lambda: [embedder(*i) for i in inputs], min_seconds, warm_up=lambda: None)
     return len(texts) / seconds, first
 
 
@@ -155,8 +116,8 @@ def bench_ort(checkpoint: Path, workdir: Path, texts: list, batch: int, threads:
     path = workdir / f"{checkpoint.stem}.onnx"
     embedder = export_onnx.export(str(checkpoint), str(path))
     session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    feeds = [dict(zip(("ids", "last"), export_onnx.make_batch(g, embedder.tower.context))) for g in batches(texts, batch)]
-    seconds = measure(lambda: [session.run(None, f) for f in feeds], min_seconds, warm_up=lambda: session.run(None, feeds[0]))
+    feeds = [dict(zip(("ids", "last"), export_onnx.make_batch(g, embedder.tower.context))) for g in common.groups(texts, batch)]
+    seconds = common.measure(lambda: [session.run(None, f) for f in feeds], min_seconds, warm_up=lambda: session.run(None, feeds[0]))
     bf16_note = "not supported by ONNX Runtime's CPU provider"
     bf16_path = workdir / f"{checkpoint.stem}-bf16.onnx"
     try:
@@ -201,39 +162,16 @@ def gemm_torch(n: int, k: int, m: int, threads: int, min_seconds: float) -> floa
     a = torch.randn(m, k, generator=generator).to(torch.bfloat16)
     w = torch.randn(n, k, generator=generator).to(torch.bfloat16)  # [out, in], as a linear layer
     with torch.inference_mode():
-        seconds = measure(lambda: torch.matmul(a, w.t()), min_seconds)
+        seconds = common.measure(lambda: torch.matmul(a, w.t()), min_seconds)
     return 2.0 * m * n * k / seconds / 1e9
 
 
-def ratio(a, b) -> str:
-    return f"{a / b:.2f}" if a and b else "n/a"
-
-
-def figure(x, unit="") -> str:
-    return f"{x:.1f}{unit}" if x else "n/a"
-
-
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--build", default=str(REPOSITORY / "build"), help="the meson build folder")
-    parser.add_argument("--library", help="libuform.so (default: <build>/libuform.so)")
-    parser.add_argument("--tiny-checkpoint-tool", help="default: <build>/src/tools/uform_tiny_checkpoint")
-    parser.add_argument("--workdir", help="checkpoint and ONNX files (default: <build>/bench-text)")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--texts", type=int, default=256)
-    parser.add_argument("--batch", type=int, default=64, help="texts per call, for every engine")
-    parser.add_argument("--seed", type=int, default=3)
-    parser.add_argument("--min-seconds", type=float, default=3.0, help="timed at least this long, per engine")
-    parser.add_argument("--torch-f32", action="store_true",
-                        help="also PyTorch in float32 (slow where PyTorch has no optimized BLAS, as Debian's)")
-    parser.add_argument("--no-gemm", action="store_true")
-    args = parser.parse_args(argv)
-
-    build = Path(args.build)
-    library = args.library or str(build / "libuform.so")
-    tool = args.tiny_checkpoint_tool or str(build / "src" / "tools" / "uform_tiny_checkpoint")
-    workdir = Path(args.workdir or build / "bench-text")
-    workdir.mkdir(parents=True, exist_ok=True)
+    extra = [(("--torch-f32",), {"action": "store_true",
+                                 "help": "also PyTorch in float32 (slow where PyTorch has no optimized BLAS, as Debian's)"}),
+             (("--no-gemm",), {"action": "store_true"})]
+    args = common.arguments(__doc__, "text", ("texts", 256), 64, argv, extra)
+    build, library, tool, workdir = Path(args.build), args.library, args.tiny_checkpoint_tool, args.workdir
     checkpoint = workdir / "base-d12-h768-m3072-c256-s3.safetensors"
     made, text = "reused", None
     if checkpoint.exists():
@@ -253,10 +191,12 @@ def main(argv=None) -> int:
     rows = []
     uform_rate, note, uform_first = bench_uform(library, checkpoint, texts, args.batch, args.threads, args.min_seconds)
     rows.append(("uform (C, RAM executor, F32 out)", uform_rate, note))
-    torch_bf16, torch_first = bench_torch(checkpoint, texts, args.batch, args.threads, args.min_seconds, torch.bfloat16)
-    rows.append(("PyTorch eager, bfloat16", torch_bf16, ""))
-    torch_f32 = None
-    if args.torch_f32:
+    torch_bf16 = torch_first = torch_f32 = None
+    if not args.no_torch:
+        torch_bf16, torch_first = bench_torch(checkpoint, texts, args.batch, args.threads, args.min_seconds,
+                                              torch.bfloat16)
+        rows.append(("PyTorch eager, bfloat16", torch_bf16, ""))
+    if args.torch_f32 and not args.no_torch:
         torch_f32, reference_first = bench_torch(checkpoint, texts, args.batch, args.threads, args.min_seconds, torch.float32)
         rows.append(("PyTorch eager, float32", torch_f32, ""))
     ort_rate, ort_note, bf16_note = bench_ort(checkpoint, workdir, texts, args.batch, args.threads, args.min_seconds)
@@ -267,7 +207,7 @@ def main(argv=None) -> int:
     for name, rate, note in rows:
         print(f"{name:36s} {figure(rate):>10s} {ratio(uform_rate, rate) if not name.startswith('uform') else '':>9s}  {note}")
     print(f"uform/torch (bf16): {ratio(uform_rate, torch_bf16)}   uform/ort (f32): {ratio(uform_rate, ort_rate)}")
-    if uform_first is not None:
+    if uform_first is not None and torch_first is not None:
         compare = reference_first if torch_f32 else torch_first
         cosine = ref._cosines(uform_first, compare).min()
         print(f"first batch, uform vs the reference in {'float32' if torch_f32 else 'bfloat16 (a sanity check only)'}: "

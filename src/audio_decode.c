@@ -11,55 +11,9 @@
 #include <libswresample/swresample.h>
 
 #include "audio_decode.h"
+#include "ffmpeg_io.h"
 
 #define AUDIO_IO_BUFFER ((size_t)1 << 16)
-
-/* ---- Bytes in memory as an AVIOContext ---------------------------------------------------------- */
-
-typedef struct memory_io {
-    uint8_t const *data;
-    size_t size, position;
-} memory_io_t;
-
-static int memory_read(void *opaque, uint8_t *buffer, int size) {
-    memory_io_t *io = opaque;
-    size_t left = io->size - io->position;
-    if (left == 0) return AVERROR_EOF;
-    size_t count = (size_t)size < left ? (size_t)size : left;
-    memcpy(buffer, io->data + io->position, count);
-    io->position += count;
-    return (int)count;
-}
-
-static int64_t memory_seek(void *opaque, int64_t offset, int whence) {
-    memory_io_t *io = opaque;
-    int64_t base;
-    switch (whence & ~AVSEEK_FORCE) {
-    case AVSEEK_SIZE:
-        return (int64_t)io->size;
-    case SEEK_SET:
-        base = 0;
-        break;
-    case SEEK_CUR:
-        base = (int64_t)io->position;
-        break;
-    case SEEK_END:
-        base = (int64_t)io->size;
-        break;
-    default:
-        return AVERROR(EINVAL);
-    }
-    if (offset < -base || offset > (int64_t)io->size - base) return AVERROR(EINVAL);
-    io->position = (size_t)(base + offset);
-    return (int64_t)io->position;
-}
-
-/* Demuxers that reach for other files or URLs (playlists, concat lists, image sequences) get none. */
-static int refuse_open(AVFormatContext *format, AVIOContext **io, char const *url, int flags,
-                       AVDictionary **options) {
-    (void)format, (void)io, (void)url, (void)flags, (void)options;
-    return AVERROR(EPERM);
-}
 
 /* ---- Decoding ----------------------------------------------------------------------------------- */
 
@@ -72,10 +26,6 @@ typedef struct decoder {
     size_t wanted; /* samples the front end reads at most, once the rate is known */
     int format, channels;
 } decoder_t;
-
-static uform_status_t from_av(int error) {
-    return error == AVERROR(ENOMEM) ? UFORM_OUT_OF_MEMORY : UFORM_FORMAT;
-}
 
 /* The first frame fixes the rate, format and channels; a converter to mono F32 at that rate, the
  * mean of every channel. */
@@ -98,7 +48,7 @@ static uform_status_t decoder_start(decoder_t *decoder, AVFrame const *frame) {
         matrix[c] = 1.0 / channels;
     if (error >= 0) error = swr_set_matrix(decoder->swr, matrix, channels);
     if (error >= 0) error = swr_init(decoder->swr);
-    if (error < 0) return from_av(error);
+    if (error < 0) return ffmpeg_status(error);
     decoder->format = frame->format;
     decoder->channels = channels;
     decoder->pcm->rate = (size_t)frame->sample_rate;
@@ -132,14 +82,14 @@ static uform_status_t decoder_take(decoder_t *decoder, AVFrame const *frame) {
                   frame->ch_layout.nb_channels != decoder->channels))
         return UFORM_FORMAT;
     int count = swr_get_out_samples(decoder->swr, frame ? frame->nb_samples : 0);
-    if (count < 0) return from_av(count);
+    if (count < 0) return ffmpeg_status(count);
     if (count == 0) return UFORM_OK;
     if (!pcm_reserve(pcm, (size_t)count)) return UFORM_OUT_OF_MEMORY;
     uint8_t *target = (uint8_t *)(pcm->samples + pcm->length);
     int made =
         swr_convert(decoder->swr, &target, count, frame ? (uint8_t const **)frame->extended_data : NULL,
                     frame ? frame->nb_samples : 0);
-    if (made < 0) return from_av(made);
+    if (made < 0) return ffmpeg_status(made);
     float const *appended = pcm->samples + pcm->length;
     for (int i = 0; i < made; ++i)
         if (!isfinite(appended[i])) return UFORM_FORMAT;
@@ -155,33 +105,15 @@ static uform_status_t decoder_take(decoder_t *decoder, AVFrame const *frame) {
 static uform_status_t decoder_feed(decoder_t *decoder, AVPacket const *packet) {
     if (packet && (packet->flags & AV_PKT_FLAG_CORRUPT)) return UFORM_FORMAT;
     int error = avcodec_send_packet(decoder->codec, packet);
-    if (error < 0) return from_av(error);
+    if (error < 0) return ffmpeg_status(error);
     for (;;) {
         error = avcodec_receive_frame(decoder->codec, decoder->frame);
         if (error == AVERROR(EAGAIN) || error == AVERROR_EOF) return UFORM_OK;
-        if (error < 0) return from_av(error);
+        if (error < 0) return ffmpeg_status(error);
         uform_status_t status = decoder_take(decoder, decoder->frame);
         av_frame_unref(decoder->frame);
         if (status != UFORM_OK || decoder->pcm->more) return status;
     }
-}
-
-/* Probes the streams, with the decoders it opens on one thread each. */
-static uform_status_t find_streams(AVFormatContext *format) {
-    unsigned streams = format->nb_streams;
-    AVDictionary **options = streams ? calloc(streams, sizeof *options) : NULL;
-    if (streams && !options) return UFORM_OUT_OF_MEMORY;
-    uform_status_t status = UFORM_OK;
-    for (unsigned i = 0; i < streams && status == UFORM_OK; ++i)
-        if (av_dict_set(&options[i], "threads", "1", 0) < 0) status = UFORM_OUT_OF_MEMORY;
-    if (status == UFORM_OK) {
-        int error = avformat_find_stream_info(format, options);
-        if (error < 0) status = from_av(error);
-    }
-    for (unsigned i = 0; i < streams; ++i)
-        av_dict_free(&options[i]);
-    free(options);
-    return status;
 }
 
 uform_status_t audio_decode(uint8_t const *data, size_t size, audio_frontend_t const *frontend,
@@ -190,33 +122,17 @@ uform_status_t audio_decode(uint8_t const *data, size_t size, audio_frontend_t c
     pcm->rate = 0;
     pcm->more = false;
     if (!data || size == 0) return UFORM_FORMAT;
-    memory_io_t io = {.data = data, .size = size};
+    ffmpeg_memory_t memory;
     decoder_t decoder = {.frontend = frontend, .pcm = pcm};
     AVFormatContext *format = NULL;
     AVStream *stream = NULL;
     AVCodec const *codec = NULL;
     AVPacket *packet = NULL;
     int error = 0;
-    uform_status_t status = UFORM_OUT_OF_MEMORY;
-    uint8_t *buffer = av_malloc(AUDIO_IO_BUFFER);
-    AVIOContext *avio =
-        buffer ? avio_alloc_context(buffer, (int)AUDIO_IO_BUFFER, 0, &io, memory_read, NULL, memory_seek)
-               : NULL;
-    if (!avio) {
-        av_free(buffer);
-        return UFORM_OUT_OF_MEMORY;
-    }
-    format = avformat_alloc_context();
-    if (!format) goto done;
-    format->pb = avio;
-    format->flags |= AVFMT_FLAG_CUSTOM_IO;
-    format->io_open = refuse_open;
-    error = avformat_open_input(&format, NULL, NULL, NULL); /* frees `format` on failure */
-    if (error < 0) {
-        status = from_av(error);
-        goto done;
-    }
-    status = find_streams(format);
+    uform_status_t status = ffmpeg_memory_open(&memory, data, size, AUDIO_IO_BUFFER);
+    if (status != UFORM_OK) goto done;
+    format = memory.format;
+    status = ffmpeg_find_streams(format, 0);
     if (status != UFORM_OK) goto done;
     for (unsigned i = 0; i < format->nb_streams; ++i) {
         if (!stream && format->streams[i]->codecpar->codec_type == AVMEDIA_TYPE_AUDIO)
@@ -238,7 +154,7 @@ uform_status_t audio_decode(uint8_t const *data, size_t size, audio_frontend_t c
     decoder.codec->thread_count = 1; /* the engine runs items in parallel, each on one thread */
     if (error >= 0) error = avcodec_open2(decoder.codec, codec, NULL);
     if (error < 0) {
-        status = from_av(error);
+        status = ffmpeg_status(error);
         goto done;
     }
     status = UFORM_OK;
@@ -250,7 +166,7 @@ uform_status_t audio_decode(uint8_t const *data, size_t size, audio_frontend_t c
         error = av_read_frame(format, packet);
         if (error == AVERROR_EOF) break;
         if (error < 0) {
-            status = from_av(error);
+            status = ffmpeg_status(error);
             break;
         }
         if (packet->stream_index == stream->index) status = decoder_feed(&decoder, packet);
@@ -264,8 +180,6 @@ done:
     av_frame_free(&decoder.frame);
     avcodec_free_context(&decoder.codec);
     swr_free(&decoder.swr);
-    avformat_close_input(&format);
-    av_freep(&avio->buffer); /* FFmpeg may have swapped the buffer for one of its own */
-    avio_context_free(&avio);
+    ffmpeg_memory_close(&memory);
     return status;
 }

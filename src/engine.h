@@ -275,16 +275,6 @@ void const *model_tensor(uform_model_t const *model, char const *name, checkpoin
 uform_status_t model_residency(uform_model_t const *model, uform_executor_t const *executor,
                                char const **message);
 
-/* ---- Encode verbs ------------------------------------------------------------------------------ */
-
-/* The checks every encode verb makes before submission: model, arena (and its executor), outputs,
- * config (scalar, matryoshka width), the results slot of a blocking call, and a non-empty, ordered
- * tape. UFORM_OK, or UFORM_INVALID_ARGUMENT with a message. */
-uform_status_t encode_check(uform_model_t const *model, uform_executor_t const *executor,
-                            uform_outputs_t outputs, uform_arena_t const *arena,
-                            uform_encode_config_t const *config, uform_encoded_t const *encoded,
-                            uform_outcome_t const *outcome, uform_tape_t const *tape, char const **message);
-
 /* ---- Tapes -------------------------------------------------------------------------------------- */
 
 /* UFORM_OK, or UFORM_INVALID_ARGUMENT with a message (NULL offsets with count > 0, NULL data with a

@@ -7,72 +7,63 @@
 #include <string.h>
 #include <time.h>
 
+#include "text.h"
 #include "tower.h"
 #include "vram.h"
 
 #define TEXT_CHUNK_TOKENS 2048
-#define TEXT_BOS          256
 
 typedef struct text_call {
     call_t call;
-    uform_model_t *model;
-    uform_arena_t *arena;
+    encode_call_t encode;
     uform_tape_t texts;
-    uform_outputs_t outputs;
-    uform_scalar_t scalar;
-    size_t width; /* embedding and token-vector columns: dims or a matryoshka width */
-    uform_progress_t progress;
-    size_t next_step;
-    uform_encode_stats_t *stats_out;
-    uform_encode_stats_t stats;
     size_t next_item;
-    uint64_t started_ns;
-    uform_encoded_t encoded;
 } text_call_t;
 
 _Static_assert(sizeof(text_call_t) <= EXECUTOR_CALL_STORAGE, "text_call_t outgrew the call storage");
 
-/* ---- Outputs ------------------------------------------------------------------------------------ */
+/* ---- text_encode -------------------------------------------------------------------------------- */
 
-/* A view of `rows` x `columns` in the requested scalar, with I8 scales beside it. */
-static bool output_view(uform_arena_t *arena, size_t rows, size_t columns, uform_scalar_t scalar,
-                        uform_view_t *view) {
-    void *data = arena_allocate(arena, rows * columns * uform_scalar_size(scalar) + 1, 64);
-    if (!data) return false;
-    *view = arena_view(arena, data, rows, columns, scalar);
-    if (scalar == UFORM_I8) {
-        float *scales = arena_allocate(arena, rows * sizeof(float) + 1, 16);
-        if (!scales) return false;
-        view->scales = scales;
+size_t text_count(encode_call_t *encode, uform_tape_t const *texts) {
+    size_t items = texts->count, kept_total = 0;
+    for (size_t item = 0; item < items; ++item) {
+        size_t kept = text_kept(encode->model, texts, item);
+        kept_total += kept;
+        encode->stats.truncated += kept < texts->offsets[item + 1] - texts->offsets[item];
+    }
+    encode->stats.items = items;
+    encode->stats.bytes = texts->offsets[items] - texts->offsets[0];
+    return kept_total;
+}
+
+bool text_outputs(encode_call_t *encode, uform_tape_t const *texts, size_t hidden, size_t kept_total) {
+    uform_arena_t *arena = encode->arena;
+    uform_encoded_t *encoded = &encode->encoded;
+    size_t items = texts->count;
+    if (!encode_statuses(encode, items)) return false;
+    if ((encode->outputs & UFORM_OUTPUT_EMBEDDINGS) &&
+        !output_view(arena, items, encode->width, encode->scalar, &encoded->embeddings))
+        return false;
+    if ((encode->outputs & UFORM_OUTPUT_STATES) &&
+        !output_view(arena, items, hidden, encode->scalar, &encoded->states))
+        return false;
+    if (encode->outputs & UFORM_OUTPUT_TOKEN_VECTORS) {
+        if (!output_view(arena, kept_total, encode->width, encode->scalar, &encoded->token_vectors))
+            return false;
+        size_t *offsets = arena_allocate_host(arena, (items + 1) * sizeof(size_t), 16);
+        if (!offsets) return false;
+        offsets[0] = 0;
+        for (size_t item = 0; item < items; ++item)
+            offsets[item + 1] = offsets[item] + text_kept(encode->model, texts, item);
+        encoded->token_vectors.item_offsets = offsets;
+        encoded->token_vectors.items = items;
     }
     return true;
 }
 
-/* Writes one F32 row into row `row` of an output view, converting to its scalar. */
-static void output_row(kernels_t const *kernels, uform_view_t *view, size_t row, float const *values) {
-    void *target = (unsigned char *)view->data + row * view->row_stride;
-    float *scale = view->scales ? (float *)view->scales + row : NULL;
-    float ignored;
-    kernels->convert(target, values, view->columns, view->scalar, scale ? scale : &ignored);
-}
-
-/* ---- text_encode -------------------------------------------------------------------------------- */
-
-static size_t text_kept(text_call_t const *text, size_t item) {
-    size_t length = text->texts.offsets[item + 1] - text->texts.offsets[item];
-    size_t context = text->model->header.info.text.context;
-    return length < context ? length : context;
-}
-
 static void text_end(text_call_t *text, uform_status_t status, char const *message) {
-    text->stats.total_ns = loop_now_ns() - text->started_ns;
-    if (text->stats_out) *text->stats_out = text->stats;
-    if (status == UFORM_OK) {
-        text->call.outcome->product = OUTCOME_PRODUCT_ENCODED;
-        text->call.outcome->encoded = text->encoded;
-    }
-    arena_end(text->arena);
-    uform_model_free(text->model);
+    text->encode.stats.total_ns = loop_now_ns() - text->encode.started_ns;
+    encode_end(&text->encode, text->call.outcome, status);
     call_finish(&text->call, status, message);
 }
 
@@ -81,42 +72,8 @@ static void text_chunk(loop_op_t *op);
 /* Allocates every output in the arena, then starts the first chunk. */
 static void text_start(call_t *call) {
     text_call_t *text = container_of(call, text_call_t, call);
-    uform_arena_t *arena = text->arena;
-    tower_t const *tower = text->model->text;
-    size_t items = text->texts.count, kept_total = 0;
-    for (size_t item = 0; item < items; ++item) {
-        size_t kept = text_kept(text, item);
-        kept_total += kept;
-        text->stats.truncated += kept < text->texts.offsets[item + 1] - text->texts.offsets[item];
-    }
-    text->stats.items = items;
-    text->stats.bytes = text->texts.offsets[items] - text->texts.offsets[0];
-
-    uform_encoded_t *encoded = &text->encoded;
-    memset(encoded, 0, sizeof *encoded);
-    encoded->items = items;
-    uform_status_t *statuses = arena_allocate(arena, items * sizeof *statuses, 16);
-    bool ok = statuses != NULL;
-    if (ok) {
-        memset(statuses, 0, items * sizeof *statuses);
-        encoded->statuses = statuses;
-    }
-    if (ok && (text->outputs & UFORM_OUTPUT_EMBEDDINGS))
-        ok = output_view(arena, items, text->width, text->scalar, &encoded->embeddings);
-    if (ok && (text->outputs & UFORM_OUTPUT_STATES))
-        ok = output_view(arena, items, tower->hidden, text->scalar, &encoded->states);
-    if (ok && (text->outputs & UFORM_OUTPUT_TOKEN_VECTORS)) {
-        ok = output_view(arena, kept_total, text->width, text->scalar, &encoded->token_vectors);
-        size_t *offsets = ok ? arena_allocate(arena, (items + 1) * sizeof(size_t), 16) : NULL;
-        if ((ok = offsets != NULL)) {
-            offsets[0] = 0;
-            for (size_t item = 0; item < items; ++item)
-                offsets[item + 1] = offsets[item] + text_kept(text, item);
-            encoded->token_vectors.item_offsets = offsets;
-            encoded->token_vectors.items = items;
-        }
-    }
-    if (!ok) {
+    size_t kept_total = text_count(&text->encode, &text->texts);
+    if (!text_outputs(&text->encode, &text->texts, text->encode.model->text->hidden, kept_total)) {
         text_end(text, UFORM_OUT_OF_MEMORY, "cannot allocate the outputs in the arena");
         return;
     }
@@ -133,7 +90,7 @@ typedef struct text_scratch {
 } text_scratch_t;
 
 static bool text_scratch(text_call_t *text, size_t tokens, text_scratch_t *scratch) {
-    tower_t const *tower = text->model->text;
+    tower_t const *tower = text->encode.model->text;
     size_t sizes[] = {
         round_up_64(tower_scratch_bytes(tower, tokens)),
         round_up_64(tokens * tower->hidden * sizeof(float)),
@@ -158,31 +115,33 @@ static bool text_scratch(text_call_t *text, size_t tokens, text_scratch_t *scrat
  * rows [first_row, first_row + count) of `view`. */
 static void text_project(text_call_t *text, text_scratch_t *scratch, float const *rows, size_t count,
                          uform_view_t *view, size_t first_row) {
-    tower_t const *tower = text->model->text;
+    tower_t const *tower = text->encode.model->text;
     uform_executor_t *executor = text->call.executor;
     if (count == 0) return;
-    tower_linear(tower, executor, &tower->proj, rows, tower->hidden, count, text->width, scratch->projected,
-                 text->width);
+    tower_linear(tower, executor, &tower->proj, rows, tower->hidden, count, text->encode.width,
+                 scratch->projected, text->encode.width);
     uint64_t converting = loop_now_ns();
     for (size_t row = 0; row < count; ++row) {
-        float *values = scratch->projected + row * text->width;
-        tower->kernels->normalize(values, text->width);
+        float *values = scratch->projected + row * text->encode.width;
+        tower->kernels->normalize(values, text->encode.width);
         output_row(tower->kernels, view, first_row + row, values);
     }
-    text->stats.convert_ns += loop_now_ns() - converting;
+    text->encode.stats.convert_ns += loop_now_ns() - converting;
 }
 
 static void text_chunk(loop_op_t *op) {
     text_call_t *text = container_of(op, text_call_t, call.op);
-    tower_t const *tower = text->model->text;
+    uform_model_t const *model = text->encode.model;
+    uform_tape_t const *texts = &text->texts;
+    tower_t const *tower = model->text;
     kernels_t const *kernels = tower->kernels;
     uform_executor_t *executor = text->call.executor;
-    size_t hidden = tower->hidden, items = text->texts.count;
+    size_t hidden = tower->hidden, items = texts->count;
 
     /* The chunk: items [first, last), at least one. */
     size_t first = text->next_item, last = first, tokens = 0;
-    while (last < items && (last == first || tokens + text_kept(text, last) + 1 <= TEXT_CHUNK_TOKENS))
-        tokens += text_kept(text, last++) + 1;
+    while (last < items && (last == first || tokens + text_kept(model, texts, last) + 1 <= TEXT_CHUNK_TOKENS))
+        tokens += text_kept(model, texts, last++) + 1;
     text_scratch_t scratch;
     if (!text_scratch(text, tokens, &scratch)) {
         text_end(text, UFORM_OUT_OF_MEMORY, "cannot allocate the executor's scratch");
@@ -191,14 +150,14 @@ static void text_chunk(loop_op_t *op) {
     uint64_t computing = loop_now_ns();
 
     /* x = the byte table's rows: BOS, then the kept bytes of each text.        [tokens, hidden] */
-    uint16_t const *embed = model_tensor(text->model, "text.embed", NULL);
-    uint8_t const *bytes = text->texts.data;
+    uint16_t const *embed = model_tensor(model, "text.embed", NULL);
+    uint8_t const *bytes = texts->data;
     size_t row = 0;
     for (size_t item = first; item < last; ++item) {
         scratch.offsets[item - first] = row;
         kernels->bf16_to_f32(scratch.x + row++ * hidden, embed + TEXT_BOS * hidden, hidden);
-        uint8_t const *item_bytes = bytes + text->texts.offsets[item];
-        for (size_t i = 0, kept = text_kept(text, item); i < kept; ++i)
+        uint8_t const *item_bytes = bytes + texts->offsets[item];
+        for (size_t i = 0, kept = text_kept(model, texts, item); i < kept; ++i)
             kernels->bf16_to_f32(scratch.x + row++ * hidden, embed + (size_t)item_bytes[i] * hidden, hidden);
     }
     scratch.offsets[last - first] = row;
@@ -215,18 +174,18 @@ static void text_chunk(loop_op_t *op) {
     tower_forward(tower, executor, &batch);
 
     /* The state of an item is its last position; token vectors are every position but BOS. */
-    uform_encoded_t *encoded = &text->encoded;
+    uform_encoded_t *encoded = &text->encode.encoded;
     for (size_t item = first; item < last; ++item) {
         float const *state = scratch.x + (scratch.offsets[item - first + 1] - 1) * hidden;
         memcpy(scratch.rows + (item - first) * hidden, state, hidden * sizeof(float));
-        if (text->outputs & UFORM_OUTPUT_STATES) output_row(kernels, &encoded->states, item, state);
+        if (text->encode.outputs & UFORM_OUTPUT_STATES) output_row(kernels, &encoded->states, item, state);
     }
-    if (text->outputs & UFORM_OUTPUT_EMBEDDINGS)
+    if (text->encode.outputs & UFORM_OUTPUT_EMBEDDINGS)
         text_project(text, &scratch, scratch.rows, last - first, &encoded->embeddings, first);
-    if (text->outputs & UFORM_OUTPUT_TOKEN_VECTORS) {
+    if (text->encode.outputs & UFORM_OUTPUT_TOKEN_VECTORS) {
         size_t kept_rows = 0;
         for (size_t item = first; item < last; ++item) {
-            size_t kept = text_kept(text, item);
+            size_t kept = text_kept(model, texts, item);
             memcpy(scratch.rows + kept_rows * hidden,
                    scratch.x + (scratch.offsets[item - first] + 1) * hidden, kept * hidden * sizeof(float));
             kept_rows += kept;
@@ -234,10 +193,10 @@ static void text_chunk(loop_op_t *op) {
         text_project(text, &scratch, scratch.rows, kept_rows, &encoded->token_vectors,
                      encoded->token_vectors.item_offsets[first]);
     }
-    text->stats.compute_ns += loop_now_ns() - computing;
+    text->encode.stats.compute_ns += loop_now_ns() - computing;
     text->next_item = last;
 
-    if (progress_report(&text->progress, &text->next_step, last, items)) {
+    if (progress_report(&text->encode.progress, &text->encode.next_step, last, items)) {
         text_end(text, UFORM_CANCELLED, "cancelled by the progress handler");
         return;
     }
@@ -252,16 +211,16 @@ static void text_chunk(loop_op_t *op) {
 UFORM_EXPORT uform_status_t uform_text_encode(uform_text_encode_args_t const *args) {
     static char const entry[] = "uform_text_encode";
     if (!args) return failed(UFORM_INVALID_ARGUMENT, entry, "args is NULL");
+    encode_request_t const request = ENCODE_REQUEST(args, texts);
     uform_outcome_t *outcome = args->outcome;
     char const *message = NULL;
-    uform_status_t status = encode_check(args->model, args->executor, args->outputs, args->arena,
-                                         args->config, args->encoded, outcome, &args->texts, &message);
+    uform_status_t status = encode_check(&request, &message);
     if (status != UFORM_OK) return call_refuse(outcome, status, entry, message);
     /* A host model runs its prepared tower; a VRAM model, its replicas' */
     if (!(args->model->device ? args->model->header.info.has_text : args->model->text != NULL))
         return call_refuse(outcome, UFORM_UNSUPPORTED, entry, "the model has no text tower");
 #if UFORM_WITH_CUDA
-    if (args->model->device) return vram_text_encode(args);
+    if (args->model->device) return vram_text_encode(&request);
 #endif
     /* The arena first, then the executor: the call holds both until it is final. */
     uform_outcome_t own;
@@ -270,41 +229,16 @@ UFORM_EXPORT uform_status_t uform_text_encode(uform_text_encode_args_t const *ar
     if (status != UFORM_OK) return status;
     text_call_t *text = container_of(call, text_call_t, call);
     text->call.start = text_start;
-    uform_encode_config_t const *config = args->config;
-    text->model = args->model;
-    model_retain(text->model);
-    text->arena = args->arena;
+    encode_call_init(&text->encode, &request);
     text->texts = args->texts;
-    text->outputs = args->outputs;
-    text->scalar = config ? config->outputs_scalar : UFORM_F32;
-    text->width = config && config->matryoshka ? config->matryoshka : args->model->header.info.dims;
-    if (config) text->progress = config->progress;
-    text->next_step = 1;
-    text->stats_out = config ? config->stats : NULL;
-    text->started_ns = loop_now_ns();
-    call_submit(&text->call);
-    if (outcome) return UFORM_OK;
-    status = call_wait(outcome_of(&own));
-    if (status == UFORM_OK) uform_outcome_encoded(&own, args->encoded);
-    return status;
+    return encode_submit(call, &own, &request);
 }
 
 /* ---- text_choose -------------------------------------------------------------------------------- */
 
-typedef struct choose_call {
-    call_t call;
-    uform_model_t *model;
-    uform_arena_t *arena;
-    uform_view_t states;
-    uform_tape_t choices;
-    uform_progress_t progress;
-    size_t next_step;
-    uform_view_t probabilities;
-} choose_call_t;
-
 _Static_assert(sizeof(choose_call_t) <= EXECUTOR_CALL_STORAGE, "choose_call_t outgrew the call storage");
 
-static void choose_end(choose_call_t *choose, uform_status_t status, char const *message) {
+void choose_end(choose_call_t *choose, uform_status_t status, char const *message) {
     if (status == UFORM_OK) {
         choose->call.outcome->product = OUTCOME_PRODUCT_PROBABILITIES;
         choose->call.outcome->probabilities = choose->probabilities;
@@ -312,6 +246,28 @@ static void choose_end(choose_call_t *choose, uform_status_t status, char const 
     arena_end(choose->arena);
     uform_model_free(choose->model);
     call_finish(&choose->call, status, message);
+}
+
+uform_status_t choose_submit(uform_text_choose_args_t const *args, void (*start)(call_t *call)) {
+    uform_outcome_t own;
+    call_t *call = NULL;
+    uform_status_t status = call_open(args->executor, args->arena, args->outcome, &own, sizeof(choose_call_t),
+                                      "uform_text_choose", &call);
+    if (status != UFORM_OK) return status;
+    choose_call_t *choose = container_of(call, choose_call_t, call);
+    choose->call.start = start;
+    choose->model = args->model;
+    model_retain(choose->model);
+    choose->arena = args->arena;
+    choose->states = *args->states;
+    choose->choices = args->choices;
+    if (args->progress) choose->progress = *args->progress;
+    choose->next_step = 1;
+    call_submit(&choose->call);
+    if (args->outcome) return UFORM_OK;
+    status = call_wait(outcome_of(&own));
+    if (status == UFORM_OK) uform_outcome_probabilities(&own, args->probabilities);
+    return status;
 }
 
 /* Per item: logits = state . embed[legal]^T through the tied byte table, then the softmax over them.
@@ -413,22 +369,5 @@ UFORM_EXPORT uform_status_t uform_text_choose(uform_text_choose_args_t const *ar
 #if UFORM_WITH_CUDA
     if (args->model->device) return vram_text_choose(args);
 #endif
-    uform_outcome_t own;
-    call_t *call = NULL;
-    status = call_open(args->executor, args->arena, outcome, &own, sizeof(choose_call_t), entry, &call);
-    if (status != UFORM_OK) return status;
-    choose_call_t *choose = container_of(call, choose_call_t, call);
-    choose->call.start = choose_start;
-    choose->model = args->model;
-    model_retain(choose->model);
-    choose->arena = args->arena;
-    choose->states = *args->states;
-    choose->choices = args->choices;
-    if (args->progress) choose->progress = *args->progress;
-    choose->next_step = 1;
-    call_submit(&choose->call);
-    if (outcome) return UFORM_OK;
-    status = call_wait(outcome_of(&own));
-    if (status == UFORM_OK) uform_outcome_probabilities(&own, args->probabilities);
-    return status;
+    return choose_submit(args, choose_start);
 }

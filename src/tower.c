@@ -290,3 +290,100 @@ void tower_forward(tower_t const *tower, uform_executor_t *executor, tower_batch
     rows.norm = tower->norm, rows.from = batch->x, rows.to = batch->x;
     executor_for_threads(executor, rmsnorm_work, &rows);
 }
+
+/* ---- Patch towers ------------------------------------------------------------------------------- */
+
+/* The BF16 tensor `<name>.<part>` of a tower (names are checked by the checkpoint parser). */
+static uint16_t const *patches_tensor(uform_model_t const *model, char const *name, char const *part) {
+    char full[96];
+    snprintf(full, sizeof full, "%s.%s", name, part);
+    return model_tensor(model, full, NULL);
+}
+
+bool tower_patches_prepare(tower_patches_t *patches, tower_t const *tower, uform_model_t const *model,
+                           char const *name, size_t inputs, size_t count, uform_executor_t *executor) {
+    kernels_t const *kernels = tower->kernels;
+    size_t const hidden = tower->hidden;
+    uint16_t const *weight = patches_tensor(model, name, "patch.weight");
+    uint16_t const *bias = patches_tensor(model, name, "patch.bias");
+    uint16_t const *cls = patches_tensor(model, name, "cls");
+    uint16_t const *pos = patches_tensor(model, name, "pos");
+    patches->packed_bytes = kernels->gemm_packed_size(hidden, inputs);
+    patches->patch.packed = executor_allocate(executor, patches->packed_bytes);
+    patches->patch.bias = malloc(hidden * sizeof(float));
+    patches->patch.n = hidden;
+    patches->patch.k = inputs;
+    patches->positions = malloc((1 + count) * hidden * sizeof(float));
+    float *class_token = malloc(hidden * sizeof(float));
+    if (!patches->patch.packed || !patches->patch.bias || !patches->positions || !class_token) {
+        free(class_token);
+        return false;
+    }
+    kernels->gemm_pack(patches->patch.packed, weight, hidden, inputs);
+    kernels->bf16_to_f32(patches->patch.bias, bias, hidden);
+    kernels->bf16_to_f32(patches->positions, pos, (1 + count) * hidden);
+    kernels->bf16_to_f32(class_token, cls, hidden);
+    for (size_t h = 0; h < hidden; ++h)
+        patches->positions[h] += class_token[h];
+    free(class_token);
+    return true;
+}
+
+void tower_patches_release(tower_patches_t *patches, uform_executor_t *executor) {
+    executor_deallocate(executor, patches->patch.packed, patches->packed_bytes);
+    free(patches->patch.bias);
+    free(patches->positions);
+    memset(patches, 0, sizeof *patches);
+}
+
+void tower_patches_tokens(tower_patches_t const *patches, size_t hidden, float const *embedded, size_t count,
+                          float *x) {
+    memcpy(x, patches->positions, hidden * sizeof(float));
+    for (size_t p = 0; p < count; ++p) {
+        float *token = x + (1 + p) * hidden;
+        float const *row = embedded + p * hidden;
+        float const *position = patches->positions + (1 + p) * hidden;
+        for (size_t h = 0; h < hidden; ++h)
+            token[h] = row[h] + position[h];
+    }
+}
+
+bool tower_patches_scratch(tower_t const *tower, uform_executor_t *executor, size_t images, size_t rows,
+                           size_t inputs, size_t pooled, patch_scratch_t *scratch) {
+    size_t tokens = rows + images;
+    size_t sizes[] = {
+        round_up_64(tower_scratch_bytes(tower, tokens)), round_up_64(tokens * tower->hidden * sizeof(float)),
+        round_up_64(rows * inputs * sizeof(float)),      round_up_64(rows * tower->hidden * sizeof(float)),
+        round_up_64(rows * tower->dims * sizeof(float)), round_up_64(pooled * sizeof(float)),
+        round_up_64((images + 1) * sizeof(size_t)),      round_up_64(images * sizeof(size_t)),
+    };
+    size_t total = 0;
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; ++i)
+        total += sizes[i];
+    char *base = executor_scratch(executor, total);
+    if (!base) return false;
+    scratch->tower = base;
+    scratch->x = (float *)(void *)(base += sizes[0]);
+    scratch->patches = (float *)(void *)(base += sizes[1]);
+    scratch->rows = (float *)(void *)(base += sizes[2]);
+    scratch->projected = (float *)(void *)(base += sizes[3]);
+    scratch->pooled = (float *)(void *)(base += sizes[4]);
+    scratch->offsets = (size_t *)(void *)(base += sizes[5]);
+    scratch->items = (size_t *)(void *)(base + sizes[6]);
+    return true;
+}
+
+void tower_patches_forward(tower_t const *tower, uform_executor_t *executor, patch_scratch_t const *scratch,
+                           size_t tokens, size_t items) {
+    if (items == 0) return;
+    tower_batch_t batch = {
+        .tokens = tokens,
+        .items = items,
+        .offsets = scratch->offsets,
+        .causal = false,
+        .rotary = false,
+        .x = scratch->x,
+        .scratch = scratch->tower,
+    };
+    tower_forward(tower, executor, &batch);
+}

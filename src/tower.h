@@ -60,3 +60,44 @@ void tower_forward(tower_t const *tower, uform_executor_t *executor, tower_batch
  * using only its first `n_out` output columns (n_out <= layer.n): matryoshka projections. */
 void tower_linear(tower_t const *tower, uform_executor_t *executor, tower_linear_t const *layer,
                   float const *x, size_t x_stride, size_t m, size_t n_out, float *y, size_t y_stride);
+
+/* ---- Patch towers (image, audio) ---------------------------------------------------------------- */
+
+/* The input of a tower over patches, prepared by a call for its tower's kernels: the patch layer
+ * `<name>.patch` packed [hidden, inputs] with its bias, and the positions `<name>.pos` [1 + patches,
+ * hidden] with the class token `<name>.cls` added to row 0. */
+typedef struct tower_patches {
+    tower_linear_t patch;
+    size_t packed_bytes;
+    float *positions;
+} tower_patches_t;
+
+/* Prepares a zeroed `patches` of tower `name` ("image", "audio"), its packed layer in memory of
+ * `executor`. false when out of memory; tower_patches_release frees what was made either way. */
+bool tower_patches_prepare(tower_patches_t *patches, tower_t const *tower, uform_model_t const *model,
+                           char const *name, size_t inputs, size_t count, uform_executor_t *executor);
+void tower_patches_release(tower_patches_t *patches, uform_executor_t *executor);
+
+/* One item's tokens [1 + count, hidden] at x: the class token, then patch p's embedding (row p of
+ * `embedded` [count, hidden]) plus its position. */
+void tower_patches_tokens(tower_patches_t const *patches, size_t hidden, float const *embedded, size_t count,
+                          float *x);
+
+/* A chunk's scratch on a patch tower, for `images` images of `rows` patch rows in all (their tokens:
+ * rows + images, a class token each): the tower's; x [tokens, hidden]; patch rows [rows, inputs]; rows
+ * [rows, hidden] (patch embeddings, then the states to project); their projections [rows, dims]; pooled
+ * [pooled] floats; token offsets [images + 1] and the item of each image kept [images]. */
+typedef struct patch_scratch {
+    void *tower;
+    float *x, *patches, *rows, *projected, *pooled;
+    size_t *offsets, *items;
+} patch_scratch_t;
+
+/* Carves `scratch` from the executor's scratch (executor_scratch). false when out of memory. */
+bool tower_patches_scratch(tower_t const *tower, uform_executor_t *executor, size_t images, size_t rows,
+                           size_t inputs, size_t pooled, patch_scratch_t *scratch);
+
+/* Runs the tower over `items` items of patch tokens in scratch->x [tokens, hidden], item q from
+ * scratch->offsets[q]: attention within each item, both ways, without rotary. No item: nothing runs. */
+void tower_patches_forward(tower_t const *tower, uform_executor_t *executor, patch_scratch_t const *scratch,
+                           size_t tokens, size_t items);

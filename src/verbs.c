@@ -1,4 +1,4 @@
-/* The verbs that later issues build, and the validation every encode verb shares. Each stub validates its
+/* The verbs that later issues build, and where a model may run. Each stub validates its
  * arguments exactly as the built verb will, so that callers see the final behaviour for bad input today, then
  * answers UFORM_UNSUPPORTED (through its outcome too, when one is given). */
 #include "engine.h"
@@ -13,36 +13,6 @@ uform_status_t model_residency(uform_model_t const *model, uform_executor_t cons
     if (model->device && model->executor != executor)
         return *message = "a VRAM model runs on the VRAM executor that loaded it", UFORM_INVALID_ARGUMENT;
     return UFORM_OK;
-}
-
-uform_status_t encode_check(uform_model_t const *model, uform_executor_t const *executor,
-                            uform_outputs_t outputs, uform_arena_t const *arena,
-                            uform_encode_config_t const *config, uform_encoded_t const *encoded,
-                            uform_outcome_t const *outcome, uform_tape_t const *tape, char const **message) {
-    if (!model) return *message = "model is NULL", UFORM_INVALID_ARGUMENT;
-    if (!arena) return *message = "arena is NULL", UFORM_INVALID_ARGUMENT;
-    uint32_t known = UFORM_OUTPUT_EMBEDDINGS | UFORM_OUTPUT_TOKEN_VECTORS | UFORM_OUTPUT_STATES;
-    if (outputs == 0 || ((uint32_t)outputs & ~known))
-        return *message = "outputs is empty or unknown", UFORM_INVALID_ARGUMENT;
-    if (!outcome && !encoded) return *message = "encoded is NULL", UFORM_INVALID_ARGUMENT;
-    uform_status_t residency = model_residency(model, executor, message);
-    if (residency != UFORM_OK) return residency;
-    if (config) {
-        if (uform_scalar_size(config->outputs_scalar) == 0)
-            return *message = "unknown outputs scalar", UFORM_INVALID_ARGUMENT;
-        if (config->matryoshka) {
-            uform_model_info_t const *info = &model->header.info;
-            bool listed = config->matryoshka == info->dims;
-            for (size_t i = 0; i < info->matryoshka_count; ++i)
-                listed |= info->matryoshka[i] == config->matryoshka;
-            if (!listed)
-                return *message = "matryoshka width is not one of the model's", UFORM_INVALID_ARGUMENT;
-        }
-    }
-    uform_status_t status = arena_check(arena, executor, message);
-    if (status != UFORM_OK) return status;
-    if (tape->count == 0) return *message = "the tape holds no items", UFORM_INVALID_ARGUMENT;
-    return tape_validate(tape, message);
 }
 
 /* ---- Mesh and trainer --------------------------------------------------------------------------- */

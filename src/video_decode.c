@@ -12,113 +12,31 @@
 #include <libavutil/pixdesc.h>
 #include <libswscale/swscale.h>
 
+#include "ffmpeg_io.h"
+
 #define VIDEO_IO_BUFFER 32768
 #define VIDEO_SWS_FLAGS                                                                                      \
     (SWS_BILINEAR | SWS_ACCURATE_RND | SWS_FULL_CHR_H_INT | SWS_FULL_CHR_H_INP | SWS_BITEXACT)
 
-/* ---- Bytes in memory, read by the demuxer ---------------------------------------------------------- */
-
-typedef struct video_input {
-    uint8_t const *data;
-    size_t size, position;
-} video_input_t;
-
-static int input_read(void *opaque, uint8_t *buffer, int capacity) {
-    video_input_t *input = opaque;
-    size_t count = input->size - input->position;
-    if (capacity <= 0 || count == 0) return AVERROR_EOF;
-    if (count > (size_t)capacity) count = (size_t)capacity;
-    memcpy(buffer, input->data + input->position, count);
-    input->position += count;
-    return (int)count;
-}
-
-static int64_t input_seek(void *opaque, int64_t offset, int whence) {
-    video_input_t *input = opaque;
-    whence &= ~AVSEEK_FORCE;
-    if (whence == AVSEEK_SIZE) return (int64_t)input->size;
-    int64_t base = whence == SEEK_SET   ? 0
-                   : whence == SEEK_CUR ? (int64_t)input->position
-                   : whence == SEEK_END ? (int64_t)input->size
-                                        : -1;
-    int64_t target = 0;
-    if (base < 0 || __builtin_add_overflow(base, offset, &target) || target < 0 ||
-        (uint64_t)target > input->size)
-        return AVERROR(EINVAL);
-    input->position = (size_t)target;
-    return target;
-}
-
-/* Demuxers that reach for other files or URLs (playlists, concat lists, image sequences) get none. */
-static int refuse_open(AVFormatContext *format, AVIOContext **io, char const *url, int flags,
-                       AVDictionary **options) {
-    (void)format, (void)io, (void)url, (void)flags, (void)options;
-    return AVERROR(EPERM);
-}
-
-static uform_status_t status_of(int error) {
-    return error == AVERROR(ENOMEM) ? UFORM_OUT_OF_MEMORY : UFORM_FORMAT;
-}
-
 /* ---- Demuxing -------------------------------------------------------------------------------------- */
 
 typedef struct demuxer {
-    video_input_t input;
-    AVIOContext *io;
-    AVFormatContext *format;
+    ffmpeg_memory_t memory;
     AVStream *stream; /* the clip's */
     size_t packets;   /* read so far, every stream's */
 } demuxer_t;
 
-static void demuxer_close(demuxer_t *demuxer) {
-    avformat_close_input(&demuxer->format); /* custom I/O: the context is ours to free */
-    if (demuxer->io) {
-        av_freep(&demuxer->io->buffer);
-        avio_context_free(&demuxer->io);
-    }
-}
-
-/* Options for the decoders avformat_find_stream_info opens: the same pixel limit, one thread. */
-static uform_status_t probe_streams(AVFormatContext *format) {
-    unsigned streams = format->nb_streams;
-    AVDictionary **options = streams ? calloc(streams, sizeof *options) : NULL;
-    if (streams && !options) return UFORM_OUT_OF_MEMORY;
-    uform_status_t status = UFORM_OK;
-    for (unsigned i = 0; i < streams && status == UFORM_OK; ++i)
-        if (av_dict_set_int(&options[i], "max_pixels", (int64_t)UFORM_IMAGE_MAX_PIXELS, 0) < 0 ||
-            av_dict_set(&options[i], "threads", "1", 0) < 0)
-            status = UFORM_OUT_OF_MEMORY;
-    if (status == UFORM_OK) {
-        int error = avformat_find_stream_info(format, options);
-        if (error < 0) status = status_of(error);
-    }
-    for (unsigned i = 0; i < streams; ++i)
-        av_dict_free(&options[i]);
-    free(options);
-    return status;
-}
-
 /* Opens the bytes, probes the streams and picks the first video stream that is not cover art. */
 static uform_status_t demuxer_open(demuxer_t *demuxer, uint8_t const *data, size_t size) {
-    *demuxer = (demuxer_t){.input = {data, size, 0}};
-    uint8_t *buffer = av_malloc(VIDEO_IO_BUFFER);
-    if (!buffer) return UFORM_OUT_OF_MEMORY;
-    demuxer->io =
-        avio_alloc_context(buffer, VIDEO_IO_BUFFER, 0, &demuxer->input, input_read, NULL, input_seek);
-    if (!demuxer->io) {
-        av_free(buffer);
-        return UFORM_OUT_OF_MEMORY;
-    }
-    demuxer->format = avformat_alloc_context();
-    if (!demuxer->format) return UFORM_OUT_OF_MEMORY;
-    demuxer->format->pb = demuxer->io;
-    demuxer->format->io_open = refuse_open;
-    int error = avformat_open_input(&demuxer->format, NULL, NULL, NULL); /* frees the context on failure */
-    if (error < 0) return status_of(error);
-    uform_status_t status = probe_streams(demuxer->format);
+    *demuxer = (demuxer_t){0};
+    uform_status_t status = ffmpeg_memory_open(&demuxer->memory, data, size, VIDEO_IO_BUFFER);
     if (status != UFORM_OK) return status;
-    for (unsigned i = 0; i < demuxer->format->nb_streams && !demuxer->stream; ++i) {
-        AVStream *stream = demuxer->format->streams[i];
+    AVFormatContext *format = demuxer->memory.format;
+    /* The decoders avformat_find_stream_info opens get the same pixel limit. */
+    status = ffmpeg_find_streams(format, (int64_t)UFORM_IMAGE_MAX_PIXELS);
+    if (status != UFORM_OK) return status;
+    for (unsigned i = 0; i < format->nb_streams && !demuxer->stream; ++i) {
+        AVStream *stream = format->streams[i];
         if (stream->codecpar->codec_type == AVMEDIA_TYPE_VIDEO &&
             !(stream->disposition & AV_DISPOSITION_ATTACHED_PIC))
             demuxer->stream = stream;
@@ -136,12 +54,12 @@ static uform_status_t demuxer_open(demuxer_t *demuxer, uint8_t const *data, size
 static uform_status_t demuxer_next(demuxer_t *demuxer, AVPacket *packet, bool *end) {
     for (;;) {
         if (demuxer->packets >= UFORM_VIDEO_MAX_PACKETS) return UFORM_FORMAT;
-        int error = av_read_frame(demuxer->format, packet);
+        int error = av_read_frame(demuxer->memory.format, packet);
         if (error == AVERROR_EOF) {
             *end = true;
             return UFORM_OK;
         }
-        if (error < 0) return status_of(error);
+        if (error < 0) return ffmpeg_status(error);
         demuxer->packets++;
         if (packet->stream_index == demuxer->stream->index) {
             if (!(packet->flags & AV_PKT_FLAG_CORRUPT)) return UFORM_OK;
@@ -361,7 +279,7 @@ static uform_status_t decoder_take(AVCodecContext *decoder, sampler_t *sampler, 
     *more = false;
     int error = avcodec_receive_frame(decoder, frame);
     if (error == AVERROR(EAGAIN) || error == AVERROR_EOF) return UFORM_OK;
-    if (error < 0) return status_of(error);
+    if (error < 0) return ffmpeg_status(error);
     *more = true;
     if (++sampler->decoded > UFORM_VIDEO_MAX_PACKETS || (frame->flags & AV_FRAME_FLAG_CORRUPT) ||
         frame->decode_error_flags) {
@@ -377,13 +295,13 @@ static uform_status_t decoder_open(AVStream const *stream, AVCodecContext **deco
     *decoder = avcodec_alloc_context3(codec);
     if (!*decoder) return UFORM_OUT_OF_MEMORY;
     int error = avcodec_parameters_to_context(*decoder, stream->codecpar);
-    if (error < 0) return status_of(error);
+    if (error < 0) return ffmpeg_status(error);
     (*decoder)->thread_count = 1;
     (*decoder)->max_pixels = (int64_t)UFORM_IMAGE_MAX_PIXELS;
     (*decoder)->err_recognition |= AV_EF_EXPLODE;
     (*decoder)->pkt_timebase = stream->time_base;
     error = avcodec_open2(*decoder, codec, NULL);
-    return error < 0 ? status_of(error) : UFORM_OK;
+    return error < 0 ? ffmpeg_status(error) : UFORM_OK;
 }
 
 static uform_status_t clip_decode(demuxer_t *demuxer, span_t const *span, size_t frames, video_sink_t sink,
@@ -402,7 +320,7 @@ static uform_status_t clip_decode(demuxer_t *demuxer, span_t const *span, size_t
         int error = avcodec_send_packet(decoder, end ? NULL : packet); /* NULL: drain at the end */
         av_packet_unref(packet);
         if (error < 0) {
-            status = status_of(error);
+            status = ffmpeg_status(error);
             break;
         }
         do
@@ -428,11 +346,11 @@ uform_status_t video_decode(uint8_t const *data, size_t size, size_t frames, vid
     span_t span = {0};
     uform_status_t status = demuxer_open(&demuxer, data, size);
     if (status == UFORM_OK) status = clip_span(&demuxer, &span);
-    demuxer_close(&demuxer);
+    ffmpeg_memory_close(&demuxer.memory);
     if (status != UFORM_OK) return status;
     status = demuxer_open(&demuxer, data, size); /* the same bytes pick the same stream */
     if (status == UFORM_OK) status = clip_decode(&demuxer, &span, frames, sink, context);
-    demuxer_close(&demuxer);
+    ffmpeg_memory_close(&demuxer.memory);
     return status;
 }
 

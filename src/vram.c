@@ -337,10 +337,6 @@ typedef struct forward_layout {
     uint16_t *mlp; /* [tokens, mlp] */
 } forward_layout_t;
 
-static size_t round_up_256(size_t bytes) {
-    return (bytes + 255) & ~(size_t)255;
-}
-
 static forward_layout_t forward_layout(vram_tower_t const *tower, void *scratch, size_t tokens, size_t *bytes) {
     size_t h = round_up_256(tokens * tower->hidden * 2);
     size_t qkv = round_up_256(tokens * 3 * tower->hidden * 2);
@@ -357,6 +353,33 @@ size_t vram_forward_scratch(vram_tower_t const *tower, size_t tokens) {
     return bytes;
 }
 
+bool vram_chunk_scratch(vram_device_t *device, vram_tower_t const *tower, size_t const *sizes, size_t count,
+                        void **parts, size_t tokens, size_t rows, size_t width, vram_pass_t *pass) {
+    size_t hidden = tower->hidden;
+    size_t pieces[] = {
+        round_up_256(tokens * hidden * sizeof(float)),
+        round_up_256(vram_forward_scratch(tower, tokens)),
+        round_up_256(rows * hidden * sizeof(float)),
+        round_up_256(rows * hidden * 2),
+        round_up_256(rows * width * sizeof(float)),
+    };
+    size_t total = 0;
+    for (size_t i = 0; i < count; ++i)
+        total += round_up_256(sizes[i]);
+    for (size_t i = 0; i < sizeof pieces / sizeof *pieces; ++i)
+        total += pieces[i];
+    char *base = vram_scratch(device, total);
+    if (!base) return false;
+    for (size_t i = 0; i < count; base += round_up_256(sizes[i++]))
+        parts[i] = base;
+    pass->x = (float *)base;
+    pass->forward = base += pieces[0];
+    pass->gathered = (float *)(base += pieces[1]);
+    pass->gathered_bf16 = (uint16_t *)(base += pieces[2]);
+    pass->projected = (float *)(base + pieces[3]);
+    return true;
+}
+
 static uform_status_t linear(vram_device_t *device, vram_linear_t const *layer, size_t m, uint16_t const *x,
                              void *y, size_t y_stride, cuda_linear_kind_t kind, char const **message) {
     cuda_linear_t job = {
@@ -365,15 +388,6 @@ static uform_status_t linear(vram_device_t *device, vram_linear_t const *layer, 
     };
     return cuda_linear(device->gemm, &job, message) == cudaSuccess ? UFORM_OK : UFORM_DEVICE;
 }
-
-#define LAUNCH(call, what)                                                                                   \
-    do {                                                                                                     \
-        if ((call) != cudaSuccess) {                                                                         \
-            cudaGetLastError();                                                                              \
-            *message = what;                                                                                 \
-            return UFORM_DEVICE;                                                                             \
-        }                                                                                                    \
-    } while (0)
 
 uform_status_t vram_forward(vram_device_t *device, vram_tower_t const *tower, float *x, size_t tokens,
                             int32_t const *offsets, size_t items, size_t max_length, bool causal, bool rotary,
@@ -384,19 +398,21 @@ uform_status_t vram_forward(vram_device_t *device, vram_tower_t const *tower, fl
     uform_status_t status = UFORM_OK;
     for (size_t i = 0; i < tower->depth; ++i) {
         vram_block_t const *block = &tower->blocks[i];
-        LAUNCH(cuda_rmsnorm(layout.h, hidden, NULL, 0, x, hidden, block->norm1, tokens, hidden, 1e-6f, stream),
-               "cannot launch rmsnorm");
+        VRAM_TRY(
+            cuda_rmsnorm(layout.h, hidden, NULL, 0, x, hidden, block->norm1, tokens, hidden, 1e-6f, stream),
+            "cannot launch rmsnorm");
         if ((status = linear(device, &block->qkv, tokens, layout.h, layout.qkv, 3 * hidden, CUDA_LINEAR_BF16,
                              message)) != UFORM_OK)
             return status;
-        LAUNCH(cuda_attention(layout.h, layout.qkv, offsets, items, tower->heads, max_length, causal, rotary,
-                              0.125f, stream),
-               "cannot launch attention");
+        VRAM_TRY(cuda_attention(layout.h, layout.qkv, offsets, items, tower->heads, max_length, causal,
+                                rotary, 0.125f, stream),
+                 "cannot launch attention");
         if ((status = linear(device, &block->out, tokens, layout.h, x, hidden, CUDA_LINEAR_RESIDUAL, message)) !=
             UFORM_OK)
             return status;
-        LAUNCH(cuda_rmsnorm(layout.h, hidden, NULL, 0, x, hidden, block->norm2, tokens, hidden, 1e-6f, stream),
-               "cannot launch rmsnorm");
+        VRAM_TRY(
+            cuda_rmsnorm(layout.h, hidden, NULL, 0, x, hidden, block->norm2, tokens, hidden, 1e-6f, stream),
+            "cannot launch rmsnorm");
         if ((status = linear(device, &block->up, tokens, layout.h, layout.mlp, tower->mlp, CUDA_LINEAR_GELU_BF16,
                              message)) != UFORM_OK)
             return status;
@@ -404,8 +420,8 @@ uform_status_t vram_forward(vram_device_t *device, vram_tower_t const *tower, fl
                              message)) != UFORM_OK)
             return status;
     }
-    LAUNCH(cuda_rmsnorm(NULL, 0, x, hidden, x, hidden, tower->norm, tokens, hidden, 1e-6f, stream),
-           "cannot launch rmsnorm");
+    VRAM_TRY(cuda_rmsnorm(NULL, 0, x, hidden, x, hidden, tower->norm, tokens, hidden, 1e-6f, stream),
+             "cannot launch rmsnorm");
     return UFORM_OK;
 }
 
@@ -417,11 +433,11 @@ uform_status_t vram_project(vram_device_t *device, vram_tower_t const *tower, ui
     narrowed.n = width; /* a matryoshka width: the first rows of the projection */
     uform_status_t status = linear(device, &narrowed, m, x_bf16, projected, width, CUDA_LINEAR_F32, message);
     if (status != UFORM_OK) return status;
-    LAUNCH(cuda_normalize(projected, width, m, width, device->stream), "cannot launch normalize");
+    VRAM_TRY(cuda_normalize(projected, width, m, width, device->stream), "cannot launch normalize");
     float *scales = view->scales ? (float *)view->scales + first : NULL;
-    LAUNCH(cuda_convert((unsigned char *)view->data + first * view->row_stride, view->row_stride, scales, projected,
-                        width, m, width, (int)view->scalar, device->stream),
-           "cannot launch convert");
+    VRAM_TRY(cuda_convert((unsigned char *)view->data + first * view->row_stride, view->row_stride, scales,
+                          projected, width, m, width, (int)view->scalar, device->stream),
+             "cannot launch convert");
     return UFORM_OK;
 }
 

@@ -13,7 +13,7 @@
  * Everything here exists only in builds with CUDA (UFORM_WITH_CUDA). */
 #pragma once
 
-#include "engine.h"
+#include "encode.h"
 
 #if UFORM_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -22,6 +22,22 @@
 
 #define VRAM_MAX_DEVICES 16
 #define VRAM_SLOTS       2 /* chunks in flight per device */
+
+/* Bytes rounded up to a multiple of 256: the alignment of device buffers carved in pieces. */
+static inline size_t round_up_256(size_t bytes) {
+    return (bytes + 255) & ~(size_t)255;
+}
+
+/* Makes the enclosing function answer UFORM_DEVICE, with `what` in *message, when a CUDA call fails
+ * (its error cleared from the thread). */
+#define VRAM_TRY(call, what)                                                                                 \
+    do {                                                                                                     \
+        if ((call) != cudaSuccess) {                                                                         \
+            cudaGetLastError();                                                                              \
+            *message = what;                                                                                 \
+            return UFORM_DEVICE;                                                                             \
+        }                                                                                                    \
+    } while (0)
 
 typedef struct vram_slot {
     void *staging; /* pinned host memory: a chunk's inputs on the way in */
@@ -133,6 +149,22 @@ uform_status_t vram_forward(vram_device_t *device, vram_tower_t const *tower, fl
                             int32_t const *offsets, size_t items, size_t max_length, bool causal, bool rotary,
                             void *scratch, char const **message);
 
+/* The device scratch of a chunk's pass through a tower: x F32 [tokens, hidden], the forward's, rows
+ * gathered from x in F32 and BF16 [rows, hidden], and their projections F32 [rows, width]. */
+typedef struct vram_pass {
+    float *x;
+    void *forward;
+    float *gathered;
+    uint16_t *gathered_bf16;
+    float *projected;
+} vram_pass_t;
+
+/* Carves the device's scratch (vram_scratch): first the chunk's own `count` parts of sizes[i] bytes
+ * (parts[i]), then its pass through `tower` over `tokens` tokens and `rows` rows at `width` (*pass);
+ * every piece 256-byte aligned. false when out of memory. Loop thread only. */
+bool vram_chunk_scratch(vram_device_t *device, vram_tower_t const *tower, size_t const *sizes, size_t count,
+                        void **parts, size_t tokens, size_t rows, size_t width, vram_pass_t *pass);
+
 /* Enqueues y[m, width] = normalize(x_bf16[m, hidden] . proj[:width]^T) then the conversion into rows
  * [first, first + m) of `view` (device memory). `projected` is F32 scratch [m, width]. */
 uform_status_t vram_project(vram_device_t *device, vram_tower_t const *tower, uint16_t const *x_bf16,
@@ -141,18 +173,11 @@ uform_status_t vram_project(vram_device_t *device, vram_tower_t const *tower, ui
 
 /* ---- Verbs -------------------------------------------------------------------------------------- */
 
-uform_status_t vram_text_encode(uform_text_encode_args_t const *args);
+uform_status_t vram_text_encode(encode_request_t const *request);
 
 /* An image verb's arguments, pixels or encoded images (src/vram_image.c). */
 typedef struct vram_image_request {
-    uform_model_t *model;
-    uform_executor_t *executor;
-    uform_outputs_t outputs;
-    uform_arena_t *arena;
-    uform_encode_config_t const *config;
-    uform_encoded_t *encoded;
-    uform_outcome_t *outcome;
-    uform_tape_t tape;
+    encode_request_t encode;
     bool pixels; /* RGB8 with heights and widths; else encoded images */
     bool files;  /* encoded images named by paths */
     size_t const *heights, *widths;

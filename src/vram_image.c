@@ -24,17 +24,9 @@
 typedef struct vram_image_call {
     call_t call;    /* a copy of the call in the executor's storage, for its fields */
     call_t *origin; /* that call, which call_finish ends */
-    uform_model_t *model;
-    uform_arena_t *arena;
+    encode_call_t encode;
     vram_image_request_t request;
-    uform_scalar_t scalar;
-    size_t width;
     size_t patches; /* per image */
-    uform_progress_t progress;
-    size_t next_step;
-    uform_encode_stats_t *stats_out;
-    uform_encode_stats_t stats;
-    uint64_t started_ns;
     size_t next_item, done_items, next_slot;
     struct {
         size_t first, last;
@@ -43,50 +35,29 @@ typedef struct vram_image_call {
     image_rgb_t decoded[VRAM_IMAGE_CHUNK]; /* the current run's decoded images (memory source) */
     image_rgb_t run[VRAM_IMAGE_CHUNK];     /* the current run's pixels */
     loop_op_t poll;
-    uform_status_t failure;
-    char const *message;
-    uform_status_t *statuses;
-    uform_encoded_t encoded;
 } vram_image_call_t;
 
 /* The call's state is larger than the executor's call storage (the decoded images): it is allocated. */
 
-static size_t round_up_256(size_t bytes) {
-    return (bytes + 255) & ~(size_t)255;
-}
-
 static void image_end(vram_image_call_t *image) {
-    image->stats.total_ns = loop_now_ns() - image->started_ns;
-    image->stats.compute_ns = image->stats.total_ns - image->stats.decode_ns;
-    for (size_t i = 0; i < image->stats.items; ++i)
-        image->stats.failed += image->statuses && image->statuses[i] != UFORM_OK;
-    if (image->stats_out) *image->stats_out = image->stats;
-    if (image->failure == UFORM_OK) {
-        image->call.outcome->product = OUTCOME_PRODUCT_ENCODED;
-        image->call.outcome->encoded = image->encoded;
-    }
-    arena_end(image->arena);
-    uform_model_free(image->model);
+    image->encode.stats.total_ns = loop_now_ns() - image->encode.started_ns;
+    image->encode.stats.compute_ns = image->encode.stats.total_ns - image->encode.stats.decode_ns;
+    encode_end(&image->encode, image->call.outcome, image->encode.failure);
     for (size_t i = 0; i < VRAM_IMAGE_CHUNK; ++i)
         free(image->decoded[i].pixels);
     call_t *origin = image->origin;
-    uform_status_t status = image->failure;
-    char const *message = image->message;
+    uform_status_t status = image->encode.failure;
+    char const *message = image->encode.message;
     free(image);
     call_finish(origin, status, message);
-}
-
-static void image_stop(vram_image_call_t *image, uform_status_t status, char const *message) {
-    if (image->failure != UFORM_OK) return;
-    image->failure = status;
-    image->message = message;
 }
 
 /* The pixels of item `item` (decoding it for the memory source), or a status for it. */
 static uform_status_t image_pixels(vram_image_call_t *image, size_t item, size_t slot_index, image_rgb_t *rgb) {
     vram_image_request_t const *request = &image->request;
-    uint8_t const *data = (uint8_t const *)request->tape.data + request->tape.offsets[item];
-    size_t size = request->tape.offsets[item + 1] - request->tape.offsets[item];
+    uform_tape_t const *tape = &request->encode.tape;
+    uint8_t const *data = (uint8_t const *)tape->data + tape->offsets[item];
+    size_t size = tape->offsets[item + 1] - tape->offsets[item];
     if (request->pixels) {
         size_t height = request->heights[item], width = request->widths[item], pixels = 0, bytes = 0;
         if (height == 0 || width == 0 || __builtin_mul_overflow(height, width, &pixels) || pixels > UFORM_IMAGE_MAX_PIXELS ||
@@ -101,7 +72,7 @@ static uform_status_t image_pixels(vram_image_call_t *image, size_t item, size_t
     free(decoded->pixels);
     memset(decoded, 0, sizeof *decoded);
     uform_status_t status = image_decode(data, size, decoded);
-    image->stats.decode_ns += loop_now_ns() - decoding;
+    image->encode.stats.decode_ns += loop_now_ns() - decoding;
     if (status != UFORM_OK) return status;
     if (decoded->height > INT32_MAX || decoded->width > INT32_MAX) return UFORM_FORMAT;
     *rgb = *decoded;
@@ -111,14 +82,14 @@ static uform_status_t image_pixels(vram_image_call_t *image, size_t item, size_t
 /* Finds the next chunk from `next_item`: skips failed items (recording their statuses) and gathers a
  * run of good ones. Answers the run [*first, *last) (empty when none is left). */
 static void image_next_run(vram_image_call_t *image, size_t *first, size_t *last) {
-    size_t items = image->request.tape.count, bytes = 0;
+    size_t items = image->request.encode.tape.count, bytes = 0;
     *first = *last = image->next_item;
     for (size_t item = image->next_item; item < items && *last - *first < VRAM_IMAGE_CHUNK; ++item) {
         image_rgb_t rgb;
         uform_status_t status = image_pixels(image, item, item - *first, &rgb);
         if (status == UFORM_OK) image->run[item - *first] = rgb;
         if (status != UFORM_OK) {
-            image->statuses[item] = status;
+            image->encode.statuses[item] = status;
             if (*last == *first) {
                 *first = *last = item + 1; /* nothing gathered yet: skip it */
                 continue;
@@ -135,8 +106,8 @@ static void image_next_run(vram_image_call_t *image, size_t *first, size_t *last
 static uform_status_t image_issue(vram_image_call_t *image, size_t s, size_t first, size_t last,
                                   char const **message) {
     vram_device_t *device = &image->call.executor->vram->devices[0];
-    vram_tower_t const *tower = &image->model->device->replicas[0].image;
-    uform_model_info_t const *info = &image->model->header.info;
+    vram_tower_t const *tower = &image->encode.model->device->replicas[0].image;
+    uform_model_info_t const *info = &image->encode.model->header.info;
     size_t items = last - first, patches = image->patches, hidden = tower->hidden;
     size_t size = info->image.size, patch = info->image.patch, inputs = 3 * patch * patch;
     size_t tokens = items * (patches + 1);
@@ -183,31 +154,22 @@ static uform_status_t image_issue(vram_image_call_t *image, size_t s, size_t fir
      * projection F32 [items * patches, hidden], x F32 [tokens, hidden], the forward's, gathered rows
      * F32 and BF16 [rows, hidden], projections [rows, width]. */
     size_t rows = items * patches;
-    size_t sizes[] = {
-        round_up_256(index_bytes + pixel_bytes),
-        round_up_256(cuda_image_axes_bytes(items, size, taps)),
-        round_up_256(rows * inputs * 2),
-        round_up_256(rows * hidden * sizeof(float)),
-        round_up_256(tokens * hidden * sizeof(float)),
-        round_up_256(vram_forward_scratch(tower, tokens)),
-        round_up_256(rows * hidden * sizeof(float)),
-        round_up_256(rows * hidden * 2),
-        round_up_256(rows * image->width * sizeof(float)),
+    size_t const sizes[] = {
+        index_bytes + pixel_bytes,
+        cuda_image_axes_bytes(items, size, taps),
+        rows * inputs * 2,
+        rows * hidden * sizeof(float),
     };
-    size_t total = 0;
-    for (size_t i = 0; i < sizeof sizes / sizeof *sizes; ++i)
-        total += sizes[i];
-    char *base = vram_scratch(device, total);
-    if (!base) return *message = "cannot allocate device scratch", UFORM_OUT_OF_MEMORY;
-    char *staged = base;
-    void *axes = base += sizes[0];
-    uint16_t *patch_bf16 = (uint16_t *)(base += sizes[1]);
-    float *patch_f32 = (float *)(base += sizes[2]);
-    float *x = (float *)(base += sizes[3]);
-    void *forward = base += sizes[4];
-    float *gathered = (float *)(base += sizes[5]);
-    uint16_t *gathered_bf16 = (uint16_t *)(base += sizes[6]);
-    float *projected = (float *)(base + sizes[7]);
+    void *parts[4];
+    vram_pass_t pass;
+    if (!vram_chunk_scratch(device, tower, sizes, 4, parts, tokens, rows, image->encode.width, &pass))
+        return *message = "cannot allocate device scratch", UFORM_OUT_OF_MEMORY;
+    char *staged = parts[0];
+    void *axes = parts[1];
+    uint16_t *patch_bf16 = parts[2];
+    float *patch_f32 = parts[3];
+    float *x = pass.x, *gathered = pass.gathered, *projected = pass.projected;
+    uint16_t *gathered_bf16 = pass.gathered_bf16;
     int64_t const *device_pixel_offsets = (int64_t const *)staged;
     int32_t const *device_heights = (int32_t const *)(device_pixel_offsets + items);
     int32_t const *device_widths = device_heights + items, *device_tokens = device_widths + items;
@@ -215,81 +177,77 @@ static uform_status_t image_issue(vram_image_call_t *image, size_t s, size_t fir
     int32_t const *device_patch_rows = device_classes + items;
     cudaStream_t stream = device->stream;
 
-#define STEP(call, what)                                                                                     \
-    do {                                                                                                     \
-        if ((call) != cudaSuccess) {                                                                         \
-            cudaGetLastError();                                                                              \
-            *message = what;                                                                                 \
-            return UFORM_DEVICE;                                                                             \
-        }                                                                                                    \
-    } while (0)
-    STEP(cudaMemcpyAsync(staged, staging, index_bytes + pixel_bytes, cudaMemcpyHostToDevice, stream),
-         "cannot copy the chunk to the device");
+    VRAM_TRY(cudaMemcpyAsync(staged, staging, index_bytes + pixel_bytes, cudaMemcpyHostToDevice, stream),
+             "cannot copy the chunk to the device");
     cuda_image_geometry_t geometry = {.size = (int32_t)size, .patch = (int32_t)patch};
     for (size_t c = 0; c < 3; ++c)
         geometry.mean[c] = info->image.mean[c], geometry.std[c] = info->image.std[c];
-    STEP(cuda_image_patches(patch_bf16, (uint8_t const *)staged + index_bytes, device_pixel_offsets, device_heights,
-                            device_widths, items, geometry, axes, taps, stream),
-         "cannot launch the image front end");
+    VRAM_TRY(cuda_image_patches(patch_bf16, (uint8_t const *)staged + index_bytes, device_pixel_offsets,
+                                device_heights, device_widths, items, geometry, axes, taps, stream),
+             "cannot launch the image front end");
     cuda_linear_t job = {.m = rows, .n = hidden, .k = inputs, .x = patch_bf16, .x_stride = inputs,
                          .w = tower->patch.w, .bias = tower->patch.bias, .y = patch_f32, .y_stride = hidden,
                          .kind = CUDA_LINEAR_F32};
-    STEP(cuda_linear(device->gemm, &job, message), "cannot run the patch projection");
-    STEP(cuda_assemble_tokens(x, patch_f32, tower->cls, tower->pos, device_patches, items, patches, hidden, stream),
-         "cannot launch the token assembly");
-    uform_status_t status = vram_forward(device, tower, x, tokens, device_tokens, items, patches + 1, false, false,
-                                         forward, message);
+    VRAM_TRY(cuda_linear(device->gemm, &job, message), "cannot run the patch projection");
+    VRAM_TRY(cuda_assemble_tokens(x, patch_f32, tower->cls, tower->pos, device_patches, items, patches,
+                                  hidden, stream),
+             "cannot launch the token assembly");
+    uform_status_t status = vram_forward(device, tower, x, tokens, device_tokens, items, patches + 1, false,
+                                         false, pass.forward, message);
     if (status != UFORM_OK) return status;
 
-    uform_encoded_t *encoded = &image->encoded;
-    uform_outputs_t outputs = image->request.outputs;
+    uform_encoded_t *encoded = &image->encode.encoded;
+    uform_outputs_t outputs = image->encode.outputs;
     if (outputs & (UFORM_OUTPUT_EMBEDDINGS | UFORM_OUTPUT_STATES)) {
-        STEP(cuda_gather_rows(gathered, hidden, x, hidden, device_classes, items, hidden, stream), "cannot gather");
+        VRAM_TRY(cuda_gather_rows(gathered, hidden, x, hidden, device_classes, items, hidden, stream),
+                 "cannot gather");
         if (outputs & UFORM_OUTPUT_STATES) {
             uform_view_t const *states = &encoded->states;
             float *scales = states->scales ? (float *)states->scales + first : NULL;
-            STEP(cuda_convert((unsigned char *)states->data + first * states->row_stride, states->row_stride, scales,
-                              gathered, hidden, items, hidden, (int)states->scalar, stream),
-                 "cannot convert");
+            VRAM_TRY(cuda_convert((unsigned char *)states->data + first * states->row_stride,
+                                  states->row_stride, scales, gathered, hidden, items, hidden,
+                                  (int)states->scalar, stream),
+                     "cannot convert");
         }
         if (outputs & UFORM_OUTPUT_EMBEDDINGS) {
-            STEP(cuda_f32_to_bf16(gathered_bf16, gathered, items * hidden, stream), "cannot convert");
-            if ((status = vram_project(device, tower, gathered_bf16, items, image->width, projected,
+            VRAM_TRY(cuda_f32_to_bf16(gathered_bf16, gathered, items * hidden, stream), "cannot convert");
+            if ((status = vram_project(device, tower, gathered_bf16, items, image->encode.width, projected,
                                        &encoded->embeddings, first, message)) != UFORM_OK)
                 return status;
         }
     }
     if (outputs & UFORM_OUTPUT_TOKEN_VECTORS) {
-        STEP(cuda_gather_rows(gathered, hidden, x, hidden, device_patch_rows, rows, hidden, stream), "cannot gather");
-        STEP(cuda_f32_to_bf16(gathered_bf16, gathered, rows * hidden, stream), "cannot convert");
-        if ((status = vram_project(device, tower, gathered_bf16, rows, image->width, projected,
+        VRAM_TRY(cuda_gather_rows(gathered, hidden, x, hidden, device_patch_rows, rows, hidden, stream),
+                 "cannot gather");
+        VRAM_TRY(cuda_f32_to_bf16(gathered_bf16, gathered, rows * hidden, stream), "cannot convert");
+        if ((status = vram_project(device, tower, gathered_bf16, rows, image->encode.width, projected,
                                    &encoded->token_vectors, first * patches, message)) != UFORM_OK)
             return status;
     }
-    STEP(cudaEventRecord(slot->done, stream), "cannot record an event");
-#undef STEP
+    VRAM_TRY(cudaEventRecord(slot->done, stream), "cannot record an event");
     return UFORM_OK;
 }
 
 static void image_advance(vram_image_call_t *image) {
     vram_device_t *device = &image->call.executor->vram->devices[0];
-    size_t items = image->request.tape.count;
+    size_t items = image->request.encode.tape.count;
     for (size_t s = 0; s < VRAM_SLOTS; ++s) {
         if (!image->chunks[s].busy) continue;
         bool done = false;
         if (vram_event_done(device->slots[s].done, &done) != UFORM_OK) {
-            image_stop(image, UFORM_DEVICE, "a device operation failed");
+            encode_stop(&image->encode, UFORM_DEVICE, "a device operation failed");
             image->chunks[s].busy = false;
             continue;
         }
         if (!done) continue;
         image->chunks[s].busy = false;
         image->done_items = image->chunks[s].last;
-        if (image->failure == UFORM_OK &&
-            progress_report(&image->progress, &image->next_step, image->done_items, items))
-            image_stop(image, UFORM_CANCELLED, "cancelled by the progress handler");
+        if (image->encode.failure == UFORM_OK &&
+            progress_report(&image->encode.progress, &image->encode.next_step, image->done_items, items))
+            encode_stop(&image->encode, UFORM_CANCELLED, "cancelled by the progress handler");
     }
-    while (image->failure == UFORM_OK && image->next_item < items && !image->chunks[image->next_slot].busy) {
+    while (image->encode.failure == UFORM_OK && image->next_item < items &&
+           !image->chunks[image->next_slot].busy) {
         size_t first, last;
         image_next_run(image, &first, &last);
         image->next_item = last;
@@ -297,7 +255,7 @@ static void image_advance(vram_image_call_t *image) {
         char const *message = NULL;
         uform_status_t status = image_issue(image, image->next_slot, first, last, &message);
         if (status != UFORM_OK) {
-            image_stop(image, status, message);
+            encode_stop(&image->encode, status, message);
             break;
         }
         image->chunks[image->next_slot].first = first;
@@ -313,25 +271,22 @@ static void image_advance(vram_image_call_t *image) {
         image_end(image);
         return;
     }
-    loop_timer(image->call.executor->loop, &image->poll, vram_poll_ns(loop_now_ns() - image->started_ns));
+    loop_timer(image->call.executor->loop, &image->poll,
+               vram_poll_ns(loop_now_ns() - image->encode.started_ns));
 }
 
 static void image_poll(loop_op_t *op) {
     image_advance(container_of(op, vram_image_call_t, poll));
 }
 
-static bool output_view(uform_arena_t *arena, size_t rows, size_t columns, uform_scalar_t scalar,
-                        uform_view_t *view) {
-    size_t bytes = rows * columns * uform_scalar_size(scalar) + 1;
-    void *data = arena_allocate(arena, bytes, 64);
-    if (!data || cudaMemsetAsync(data, 0, bytes, 0) != cudaSuccess) return false;
-    *view = arena_view(arena, data, rows, columns, scalar);
-    if (scalar == UFORM_I8) {
-        float *scales = arena_allocate(arena, rows * sizeof(float) + 1, 16);
-        if (!scales || cudaMemsetAsync(scales, 0, rows * sizeof(float) + 1, 0) != cudaSuccess) return false;
-        view->scales = scales;
-    }
-    return true;
+/* An output view (output_view) zeroed on the device, with its I8 scales: failed items keep zero rows. */
+static bool output_view_zeroed(uform_arena_t *arena, size_t rows, size_t columns, uform_scalar_t scalar,
+                               uform_view_t *view) {
+    if (!output_view(arena, rows, columns, scalar, view)) return false;
+    size_t bytes = rows * columns * uform_scalar_size(scalar) + 1; /* as output_view allocated them */
+    if (cudaMemsetAsync(view->data, 0, bytes, 0) != cudaSuccess) return false;
+    return !view->scales ||
+           cudaMemsetAsync((void *)view->scales, 0, rows * sizeof(float) + 1, 0) == cudaSuccess;
 }
 
 static void image_start(call_t *call) {
@@ -340,30 +295,29 @@ static void image_start(call_t *call) {
     vram_device_t *device = &call->executor->vram->devices[0];
     image->poll.callback = image_poll;
     if (vram_use(device) != UFORM_OK) {
-        image_stop(image, UFORM_DEVICE, "cannot use the device");
+        encode_stop(&image->encode, UFORM_DEVICE, "cannot use the device");
         image_end(image);
         return;
     }
-    uform_arena_t *arena = image->arena;
-    size_t items = image->request.tape.count, hidden = image->model->header.info.image.transformer.hidden;
-    image->stats.items = items;
-    image->stats.bytes = image->request.tape.offsets[items] - image->request.tape.offsets[0];
-    uform_encoded_t *encoded = &image->encoded;
-    memset(encoded, 0, sizeof *encoded);
-    encoded->items = items;
-    bool ok = (image->statuses = arena_allocate_host(arena, items * sizeof *image->statuses, 16)) != NULL;
-    if (ok) {
-        memset(image->statuses, 0, items * sizeof *image->statuses);
-        encoded->statuses = image->statuses;
-    }
+    uform_arena_t *arena = image->encode.arena;
+    size_t items = image->request.encode.tape.count,
+           hidden = image->encode.model->header.info.image.transformer.hidden;
+    image->encode.stats.items = items;
+    image->encode.stats.bytes =
+        image->request.encode.tape.offsets[items] - image->request.encode.tape.offsets[0];
+    uform_encoded_t *encoded = &image->encode.encoded;
+    bool ok = encode_statuses(&image->encode, items);
     /* Zeroed outputs (the legacy stream orders the memsets before the executor's stream's work, which
      * waits for it: the executor's stream is created non-blocking, so synchronize once instead). */
-    uform_outputs_t outputs = image->request.outputs;
+    uform_outputs_t outputs = image->encode.outputs;
     if (ok && (outputs & UFORM_OUTPUT_EMBEDDINGS))
-        ok = output_view(arena, items, image->width, image->scalar, &encoded->embeddings);
-    if (ok && (outputs & UFORM_OUTPUT_STATES)) ok = output_view(arena, items, hidden, image->scalar, &encoded->states);
+        ok =
+            output_view_zeroed(arena, items, image->encode.width, image->encode.scalar, &encoded->embeddings);
+    if (ok && (outputs & UFORM_OUTPUT_STATES))
+        ok = output_view_zeroed(arena, items, hidden, image->encode.scalar, &encoded->states);
     if (ok && (outputs & UFORM_OUTPUT_TOKEN_VECTORS)) {
-        ok = output_view(arena, items * image->patches, image->width, image->scalar, &encoded->token_vectors);
+        ok = output_view_zeroed(arena, items * image->patches, image->encode.width, image->encode.scalar,
+                                &encoded->token_vectors);
         size_t *offsets = ok ? arena_allocate_host(arena, (items + 1) * sizeof(size_t), 16) : NULL;
         if ((ok = offsets != NULL)) {
             for (size_t item = 0; item <= items; ++item)
@@ -375,7 +329,7 @@ static void image_start(call_t *call) {
     ok = ok && cudaDeviceSynchronize() == cudaSuccess;
     if (!ok) {
         cudaGetLastError();
-        image_stop(image, UFORM_OUT_OF_MEMORY, "cannot allocate the outputs in the arena");
+        encode_stop(&image->encode, UFORM_OUT_OF_MEMORY, "cannot allocate the outputs in the arena");
         image_end(image);
         return;
     }
@@ -383,7 +337,7 @@ static void image_start(call_t *call) {
 }
 
 uform_status_t vram_image_encode(char const *entry, vram_image_request_t const *request) {
-    uform_outcome_t *outcome = request->outcome;
+    uform_outcome_t *outcome = request->encode.outcome;
     if (!request->pixels && request->files)
         return call_refuse(outcome, UFORM_UNSUPPORTED, entry,
                            "VRAM executors read encoded images from memory: pass UFORM_SOURCE_MEMORY");
@@ -391,8 +345,8 @@ uform_status_t vram_image_encode(char const *entry, vram_image_request_t const *
     if (!image) return call_refuse(outcome, UFORM_OUT_OF_MEMORY, entry, "cannot allocate the call");
     uform_outcome_t own;
     call_t *call = NULL;
-    uform_status_t status =
-        call_open(request->executor, request->arena, outcome, &own, sizeof(call_t) + sizeof(void *), entry, &call);
+    uform_status_t status = call_open(request->encode.executor, request->encode.arena, outcome, &own,
+                                      sizeof(call_t) + sizeof(void *), entry, &call);
     if (status != UFORM_OK) {
         free(image);
         return status;
@@ -401,25 +355,12 @@ uform_status_t vram_image_encode(char const *entry, vram_image_request_t const *
     call->start = image_start;
     image->call = *call;
     image->origin = call;
-    uform_encode_config_t const *config = request->config;
-    uform_model_info_t const *info = &request->model->header.info;
-    image->model = request->model;
-    model_retain(image->model);
-    image->arena = request->arena;
+    encode_call_init(&image->encode, &request->encode);
     image->request = *request;
-    image->scalar = config ? config->outputs_scalar : UFORM_F32;
-    image->width = config && config->matryoshka ? config->matryoshka : info->dims;
-    if (config) image->progress = config->progress;
-    image->next_step = 1;
-    image->stats_out = config ? config->stats : NULL;
+    uform_model_info_t const *info = &request->encode.model->header.info;
     size_t side = info->image.size / info->image.patch;
     image->patches = side * side;
-    image->started_ns = loop_now_ns();
-    call_submit(call);
-    if (outcome) return UFORM_OK;
-    status = call_wait(outcome_of(&own));
-    if (status == UFORM_OK) uform_outcome_encoded(&own, request->encoded);
-    return status;
+    return encode_submit(call, &own, &request->encode);
 }
 
 #endif /* UFORM_WITH_CUDA */

@@ -10,19 +10,13 @@
  * front end is checked here against a naive DFT and resampling a clip's start against resampling it
  * whole; numbers against PyTorch are checked by tests/reference/test_audio_reference.py. Without FFmpeg
  * only the arguments and the UNSUPPORTED answers are checked. */
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <cmocka.h>
-
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "engine.h"
+#include "fixtures.h"
 #include "kernels.h"
 #if UFORM_WITH_FFMPEG
 #include <libavutil/log.h>
@@ -30,10 +24,6 @@
 #include "audio_frontend.h"
 #endif
 
-#define EVERYTHING (UFORM_OUTPUT_EMBEDDINGS | UFORM_OUTPUT_TOKEN_VECTORS | UFORM_OUTPUT_STATES)
-#define BATCH_MAX  256
-
-static char directory[256], checkpoint[300];
 static uform_model_t *model;
 static uform_model_info_t info;
 
@@ -43,11 +33,6 @@ typedef struct sound {
     float *samples;
     size_t length;
 } sound_t;
-
-typedef struct blob {
-    uint8_t *data;
-    size_t size;
-} blob_t;
 
 /* Two tones, a slow glide and a little noise, different per seed: every mel band gets energy. */
 static sound_t sound_make(size_t length, size_t rate, unsigned seed) {
@@ -66,28 +51,25 @@ static sound_t sound_make(size_t length, size_t rate, unsigned seed) {
     return sound;
 }
 
+static uform_status_t batch_encode(batch_t const *batch, uform_executor_t *executor, uform_outputs_t outputs,
+                                   uform_arena_t *arena, uform_encode_config_t const *config,
+                                   uform_outcome_t *outcome, uform_encoded_t *encoded) {
+    if (batch->kind == BATCH_SAMPLES) {
+        uform_audio_encode_samples_args_t args = {ENCODE_ARGS(model), .samples = batch_tape(batch),
+                                                  .rate = batch->rate};
+        return uform_audio_encode_samples(&args);
+    }
+    uform_audio_encode_args_t args = {ENCODE_ARGS(model), .sounds = batch_tape(batch),
+                                      .source = batch->source};
+    return uform_audio_encode(&args);
+}
+
 /* ---- Fixtures ----------------------------------------------------------------------------------- */
 
 static int setup(void **state) {
     (void)state;
-    snprintf(directory, sizeof directory, "%s/uform-audio-XXXXXX",
-             getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-    if (!mkdtemp(directory)) return -1;
-    snprintf(checkpoint, sizeof checkpoint, "%s/tiny.safetensors", directory);
-    uform_tiny_checkpoint_args_t tiny = {.path = checkpoint, .seed = 13, .depth = 2, .hidden = 128};
-    if (uform_tiny_checkpoint(&tiny) != UFORM_OK) return -1;
-    uform_model_load_args_t load = {.path = checkpoint, .model = &model};
-    if (uform_model_load_ram(&load) != UFORM_OK) return -1;
-    if (uform_model_info(model, &info) != UFORM_OK) return -1;
-    return 0;
-}
-
-static int teardown(void **state) {
-    (void)state;
-    uform_model_free(model);
-    char command[600];
-    snprintf(command, sizeof command, "rm -rf '%s'", directory);
-    return system(command) == 0 ? 0 : -1;
+    uform_tiny_checkpoint_args_t tiny = {.seed = 13, .depth = 2, .hidden = 128};
+    return fixture_setup("audio", &tiny, &model, &info);
 }
 
 #if UFORM_WITH_FFMPEG
@@ -153,62 +135,10 @@ static sound_t wav_samples(sound_t const *sound) {
     return read;
 }
 
-static blob_t blob_copy(void const *data, size_t size) {
-    blob_t blob = {malloc(size ? size : 1), size};
-    assert_non_null(blob.data);
-    if (size) memcpy(blob.data, data, size);
-    return blob;
-}
-
-static void write_file(char const *name, blob_t const *blob) {
-    char path[512];
-    snprintf(path, sizeof path, "%s/%s", directory, name);
-    FILE *file = fopen(path, "wb");
-    assert_non_null(file);
-    assert_int_equal(fwrite(blob->data, 1, blob->size, file), blob->size);
-    assert_int_equal(fclose(file), 0);
-}
-
-typedef enum kind {
-    KIND_SAMPLES,
-    KIND_FILES,
-    KIND_MEMORY,
-} kind_t;
-
-/* A tape of floats (samples) or bytes (paths, encoded sounds). */
-typedef struct batch {
-    kind_t kind;
-    size_t rate; /* samples */
-    uint8_t *data;
-    size_t bytes, count;
-    size_t offsets[BATCH_MAX + 1]; /* in elements */
-} batch_t;
-
-static batch_t *batch_new(kind_t kind, size_t rate) {
-    batch_t *batch = calloc(1, sizeof *batch);
-    assert_non_null(batch);
-    batch->kind = kind;
+static batch_t *samples_batch(size_t rate) {
+    batch_t *batch = batch_new(BATCH_SAMPLES);
     batch->rate = rate;
     return batch;
-}
-
-static void batch_free(batch_t *batch) {
-    free(batch->data);
-    free(batch);
-}
-
-static size_t element_size(batch_t const *batch) {
-    return batch->kind == KIND_SAMPLES ? sizeof(float) : 1;
-}
-
-static void batch_add(batch_t *batch, void const *data, size_t elements) {
-    assert_true(batch->count < BATCH_MAX);
-    size_t size = elements * element_size(batch);
-    batch->data = realloc(batch->data, batch->bytes + size + sizeof(float));
-    assert_non_null(batch->data);
-    if (size) memcpy(batch->data + batch->bytes, data, size);
-    batch->bytes += size;
-    batch->offsets[++batch->count] = batch->bytes / element_size(batch);
 }
 
 static void batch_add_sound(batch_t *batch, sound_t const *sound) {
@@ -219,93 +149,16 @@ static void batch_add_blob(batch_t *batch, blob_t const *blob) {
     batch_add(batch, blob->data, blob->size);
 }
 
-static void batch_add_path(batch_t *batch, char const *name) {
-    char path[512];
-    snprintf(path, sizeof path, "%s/%s", directory, name);
-    batch_add(batch, path, strlen(path));
-}
-
-static uform_tape_t batch_tape(batch_t const *batch) {
-    return (uform_tape_t){batch->data, batch->offsets, batch->count, batch->bytes / element_size(batch)};
-}
-
-static uform_status_t batch_encode(batch_t const *batch, uform_executor_t *executor, uform_outputs_t outputs,
-                                   uform_arena_t *arena, uform_encode_config_t const *config,
-                                   uform_outcome_t *outcome, uform_encoded_t *encoded) {
-    if (batch->kind == KIND_SAMPLES) {
-        uform_audio_encode_samples_args_t args = {.model = model,
-                                                  .executor = executor,
-                                                  .outputs = outputs,
-                                                  .arena = arena,
-                                                  .config = config,
-                                                  .encoded = encoded,
-                                                  .outcome = outcome,
-                                                  .samples = batch_tape(batch),
-                                                  .rate = batch->rate};
-        return uform_audio_encode_samples(&args);
-    }
-    uform_audio_encode_args_t args = {.model = model,
-                                      .executor = executor,
-                                      .outputs = outputs,
-                                      .arena = arena,
-                                      .config = config,
-                                      .encoded = encoded,
-                                      .outcome = outcome,
-                                      .sounds = batch_tape(batch),
-                                      .source = batch->kind == KIND_FILES ? UFORM_SOURCE_FILES
-                                                                          : UFORM_SOURCE_MEMORY};
-    return uform_audio_encode(&args);
-}
-
 /* ---- Comparisons -------------------------------------------------------------------------------- */
-
-static void const *row_of(uform_view_t const *view, size_t row) {
-    return (unsigned char const *)view->data + row * view->row_stride;
-}
 
 static size_t token_count(uform_encoded_t const *encoded, size_t item) {
     return encoded->token_vectors.item_offsets[item + 1] - encoded->token_vectors.item_offsets[item];
 }
 
-/* Every output of item `i` of `a` equals every output of item `j` of `b`, bitwise. */
-static void assert_same_item(uform_encoded_t const *a, size_t i, uform_encoded_t const *b, size_t j) {
-    assert_int_equal(a->statuses[i], b->statuses[j]);
-    if (a->embeddings.data)
-        assert_memory_equal(row_of(&a->embeddings, i), row_of(&b->embeddings, j), a->embeddings.row_stride);
-    if (a->states.data)
-        assert_memory_equal(row_of(&a->states, i), row_of(&b->states, j), a->states.row_stride);
-    if (a->token_vectors.data) {
-        assert_int_equal(token_count(a, i), token_count(b, j));
-        if (token_count(a, i))
-            assert_memory_equal(row_of(&a->token_vectors, a->token_vectors.item_offsets[i]),
-                                row_of(&b->token_vectors, b->token_vectors.item_offsets[j]),
-                                token_count(a, i) * a->token_vectors.row_stride);
-    }
-}
-
-static void assert_zero_item(uform_encoded_t const *encoded, size_t i) {
-    uform_view_t const *views[] = {&encoded->embeddings, &encoded->states};
-    for (size_t v = 0; v < 2; ++v) {
-        if (!views[v]->data) continue;
-        unsigned char const *bytes = row_of(views[v], i);
-        for (size_t k = 0; k < views[v]->row_stride; ++k)
-            assert_int_equal(bytes[k], 0);
-    }
+/* A clip that failed: zero rows, and no token vectors at all. */
+static void assert_failed_clip(uform_encoded_t const *encoded, size_t i) {
+    assert_zero_item(encoded, i);
     if (encoded->token_vectors.data) assert_int_equal(token_count(encoded, i), 0);
-}
-
-static double norm_of(float const *x, size_t n) {
-    double sum = 0;
-    for (size_t i = 0; i < n; ++i)
-        sum += (double)x[i] * x[i];
-    return sqrt(sum);
-}
-
-static double cosine_of(float const *a, float const *b, size_t n) {
-    double dot = 0;
-    for (size_t i = 0; i < n; ++i)
-        dot += (double)a[i] * b[i];
-    return dot / (norm_of(a, n) * norm_of(b, n));
 }
 
 /* ---- The model's geometry ----------------------------------------------------------------------- */
@@ -343,7 +196,7 @@ static batch_t *varied_lengths(sound_t *sounds, size_t *count) {
                               (size_t)(info.audio.seconds * (double)rate),
                               3 * rate + 17};
     *count = sizeof lengths / sizeof lengths[0];
-    batch_t *batch = batch_new(KIND_SAMPLES, rate);
+    batch_t *batch = samples_batch(rate);
     for (size_t i = 0; i < *count; ++i) {
         sounds[i] = sound_make(lengths[i], rate, (unsigned)i);
         batch_add_sound(batch, &sounds[i]);
@@ -376,7 +229,7 @@ static void samples_outputs_have_their_shapes(void **state) {
         truncated += sounds[i].length > reach();
         if (patches == 0) {
             assert_int_equal(encoded.statuses[i], UFORM_INVALID_ARGUMENT);
-            assert_zero_item(&encoded, i);
+            assert_failed_clip(&encoded, i);
             failed++;
             continue;
         }
@@ -398,7 +251,7 @@ static void samples_outputs_have_their_shapes(void **state) {
     assert_int_equal(stats.bytes, batch->bytes);
     /* Exactly the reach and longer clips keep the same samples: the same rows. */
     sound_t longer = sound_make(4 * info.audio.rate, info.audio.rate, 5);
-    batch_t *cut = batch_new(KIND_SAMPLES, info.audio.rate);
+    batch_t *cut = samples_batch(info.audio.rate);
     batch_add(cut, longer.samples, reach());
     batch_add_sound(cut, &longer);
     uform_encoded_t same;
@@ -420,7 +273,7 @@ static void tones_and_silence(void **state) {
     sound_t silence = sound_zero(rate), tone = sound_make(rate, rate, 3), quiet = sound_make(rate, rate, 3);
     for (size_t i = 0; i < quiet.length; ++i)
         quiet.samples[i] *= 1e-3f;
-    batch_t *batch = batch_new(KIND_SAMPLES, rate);
+    batch_t *batch = samples_batch(rate);
     batch_add_sound(batch, &silence);
     batch_add_sound(batch, &tone);
     batch_add_sound(batch, &quiet);
@@ -565,7 +418,7 @@ static void any_rate(void **state) {
     uform_arena_t *arena = NULL, *native_arena = NULL;
     assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
     assert_int_equal(uform_arena_create_host(&native_arena), UFORM_OK);
-    batch_t *reference = batch_new(KIND_SAMPLES, info.audio.rate);
+    batch_t *reference = samples_batch(info.audio.rate);
     batch_add_sound(reference, &native);
     uform_encoded_t expected, encoded;
     assert_int_equal(batch_encode(reference, NULL, EVERYTHING, native_arena, NULL, NULL, &expected),
@@ -576,7 +429,7 @@ static void any_rate(void **state) {
             sound.samples[i] =
                 (float)(0.4 * sin(2 * 3.14159265358979 * 440 * (double)i / (double)inputs[r]) +
                         0.3 * sin(2 * 3.14159265358979 * 1234 * (double)i / (double)inputs[r]));
-        batch_t *batch = batch_new(KIND_SAMPLES, inputs[r]);
+        batch_t *batch = samples_batch(inputs[r]);
         batch_add_sound(batch, &sound);
         assert_int_equal(batch_encode(batch, NULL, EVERYTHING, arena, NULL, NULL, &encoded), UFORM_OK);
         assert_int_equal(encoded.statuses[0], UFORM_OK);
@@ -603,7 +456,7 @@ static void nan_inf_and_bad_rates(void **state) {
     nan_first.samples[0] = NAN;
     inf_middle.samples[rate / 2] = INFINITY;
     inf_late.samples[3 * rate - 1] = -INFINITY; /* past the reach: still read, still refused */
-    batch_t *batch = batch_new(KIND_SAMPLES, rate), *alone = batch_new(KIND_SAMPLES, rate);
+    batch_t *batch = samples_batch(rate), *alone = samples_batch(rate);
     sound_t const *order[] = {&nan_first, &good, &inf_middle, &other, &inf_late};
     for (size_t i = 0; i < 5; ++i)
         batch_add_sound(batch, order[i]);
@@ -621,7 +474,7 @@ static void nan_inf_and_bad_rates(void **state) {
                                        UFORM_INVALID_ARGUMENT};
     for (size_t i = 0; i < 5; ++i) {
         assert_int_equal(encoded.statuses[i], statuses[i]);
-        if (statuses[i] != UFORM_OK) assert_zero_item(&encoded, i);
+        if (statuses[i] != UFORM_OK) assert_failed_clip(&encoded, i);
     }
     assert_same_item(&encoded, 1, &expected, 0);
     assert_same_item(&encoded, 3, &expected, 1);
@@ -644,13 +497,13 @@ static void nan_inf_and_bad_rates(void **state) {
     }
     /* The lowest and highest rates work. */
     sound_t tiny = sound_make(1, 1, 0);
-    batch_t *slow = batch_new(KIND_SAMPLES, 1);
+    batch_t *slow = samples_batch(1);
     batch_add_sound(slow, &tiny);
     assert_int_equal(batch_encode(slow, NULL, EVERYTHING, arena, NULL, NULL, &encoded), UFORM_OK);
     assert_int_equal(encoded.statuses[0], UFORM_OK); /* 1 sample at 1 Hz: a second at the model's rate */
     assert_int_equal(token_count(&encoded, 0), patches_of(info.audio.rate));
     sound_t fast = sound_make(UFORM_AUDIO_MAX_RATE / 4, UFORM_AUDIO_MAX_RATE, 0);
-    batch_t *quick = batch_new(KIND_SAMPLES, UFORM_AUDIO_MAX_RATE);
+    batch_t *quick = samples_batch(UFORM_AUDIO_MAX_RATE);
     batch_add_sound(quick, &fast);
     assert_int_equal(batch_encode(quick, NULL, EVERYTHING, arena, NULL, NULL, &encoded), UFORM_OK);
     assert_int_equal(encoded.statuses[0], UFORM_OK);
@@ -688,14 +541,14 @@ static void a_clip_does_not_depend_on_its_batch(void **state) {
     uform_encoded_t encoded, alone;
     assert_int_equal(batch_encode(batch, NULL, EVERYTHING, arena, NULL, NULL, &encoded), UFORM_OK);
     for (size_t i = 0; i < count; ++i) {
-        batch_t *one = batch_new(KIND_SAMPLES, info.audio.rate);
+        batch_t *one = samples_batch(info.audio.rate);
         batch_add_sound(one, &sounds[i]);
         assert_int_equal(batch_encode(one, NULL, EVERYTHING, alone_arena, NULL, NULL, &alone), UFORM_OK);
         assert_same_item(&encoded, i, &alone, 0);
         batch_free(one);
     }
     /* Reversed, and 40 clips so that chunks hold several. */
-    batch_t *many = batch_new(KIND_SAMPLES, info.audio.rate);
+    batch_t *many = samples_batch(info.audio.rate);
     for (size_t i = 0; i < 40; ++i)
         batch_add_sound(many, &sounds[(count - 1 - i % count)]);
     uform_encoded_t reversed;
@@ -705,11 +558,7 @@ static void a_clip_does_not_depend_on_its_batch(void **state) {
 
     /* RAM executors of 1 and 3 threads, blocking and deferred: bitwise the calling thread's. */
     for (size_t threads = 1; threads <= 3; threads += 2) {
-        uform_ram_options_t options = uform_ram_options_default();
-        options.threads = threads;
-        options.pin = false;
-        uform_executor_t *ram = NULL;
-        assert_int_equal(uform_executor_create_ram(&options, &ram), UFORM_OK);
+        uform_executor_t *ram = ram_executor(threads, false);
         uform_arena_t *ram_arena = NULL;
         assert_int_equal(uform_arena_create(ram, &ram_arena), UFORM_OK);
         uform_encoded_t on_ram;
@@ -747,16 +596,16 @@ static void wav_files_and_memory_match_their_samples(void **state) {
         char mono_name[64], stereo_name[64];
         snprintf(mono_name, sizeof mono_name, "mono-%zu.wav", rate);
         snprintf(stereo_name, sizeof stereo_name, "stereo-%zu.wav", rate);
-        write_file(mono_name, &mono);
-        write_file(stereo_name, &stereo);
+        blob_write(mono_name, &mono);
+        blob_write(stereo_name, &stereo);
         sound_t mean = {malloc(sound.length * sizeof(float)), sound.length};
         assert_non_null(mean.samples);
         for (size_t i = 0; i < sound.length; ++i)
             mean.samples[i] = ((float)pcm16_of(sound.samples[i]) / 32768.0f +
                                (float)pcm16_of(sound.samples[i] * 0.5f) / 32768.0f) *
                               0.5f;
-        batch_t *samples = batch_new(KIND_SAMPLES, rate), *files = batch_new(KIND_FILES, 0),
-                *memory = batch_new(KIND_MEMORY, 0);
+        batch_t *samples = samples_batch(rate), *files = batch_new(BATCH_FILES),
+                *memory = batch_new(BATCH_MEMORY);
         batch_add_sound(samples, &read);
         batch_add_sound(samples, &mean);
         batch_add_path(files, mono_name);
@@ -792,14 +641,8 @@ static void wav_files_and_memory_match_their_samples(void **state) {
     }
 }
 
-typedef struct bad_case {
-    char const *name;
-    blob_t blob;
-    uform_status_t expected;
-} bad_case_t;
-
 /* Broken and hostile sounds, each with the status it must answer, and good ones among them. */
-static size_t bad_cases(bad_case_t *cases) {
+static size_t bad_cases(file_case_t *cases) {
     size_t const rate = info.audio.rate;
     sound_t sound = sound_make(rate, rate, 7), short_sound = sound_make(one_patch() - 1, rate, 8);
     blob_t floats = float_wav_of(&sound, rate);
@@ -816,164 +659,48 @@ static size_t bad_cases(bad_case_t *cases) {
                              "00:00:02,000\nNor here.\n";
     char const y4m[] = "YUV4MPEG2 W2 H2 F25:1 Ip A1:1 C420jpeg\nFRAME\n\x10\x10\x10\x10\x80\x80";
     size_t n = 0;
-    cases[n++] = (bad_case_t){"good.wav", good, UFORM_OK};
-    cases[n++] = (bad_case_t){"text.wav", blob_copy("this is not a sound at all\n", 27), UFORM_FORMAT};
-    cases[n++] = (bad_case_t){"truncated-header.wav", blob_copy(good.data, 30), UFORM_FORMAT};
-    cases[n++] = (bad_case_t){"truncated-samples.wav", truncated_samples, UFORM_FORMAT};
-    cases[n++] = (bad_case_t){"truncated-enough.wav", truncated_enough, UFORM_FORMAT};
-    cases[n++] = (bad_case_t){"empty.wav", blob_copy("", 0), UFORM_FORMAT};
-    cases[n++] = (bad_case_t){"zero-length.wav", empty_clip, UFORM_FORMAT};
-    cases[n++] = (bad_case_t){"too-short.wav", too_short, UFORM_FORMAT};
-    cases[n++] = (bad_case_t){"hostile-rate.wav", hostile_rate, UFORM_FORMAT};
-    cases[n++] = (bad_case_t){"subtitles.srt", blob_copy(subtitles, sizeof subtitles - 1), UFORM_FORMAT};
-    cases[n++] = (bad_case_t){"video.y4m", blob_copy(y4m, sizeof y4m - 1), UFORM_FORMAT};
-    cases[n++] = (bad_case_t){"float.wav", floats, UFORM_OK};
-    cases[n++] = (bad_case_t){"nan-float.wav", nan_floats, UFORM_FORMAT};
-    cases[n++] = (bad_case_t){"good-again.wav", blob_copy(good.data, good.size), UFORM_OK};
-    for (size_t i = 0; i < n; ++i)
-        write_file(cases[i].name, &cases[i].blob);
+    cases[n++] = (file_case_t){"good.wav", good, UFORM_OK};
+    cases[n++] = (file_case_t){"text.wav", blob_copy("this is not a sound at all\n", 27), UFORM_FORMAT};
+    cases[n++] = (file_case_t){"truncated-header.wav", blob_copy(good.data, 30), UFORM_FORMAT};
+    cases[n++] = (file_case_t){"truncated-samples.wav", truncated_samples, UFORM_FORMAT};
+    cases[n++] = (file_case_t){"truncated-enough.wav", truncated_enough, UFORM_FORMAT};
+    cases[n++] = (file_case_t){"empty.wav", blob_copy("", 0), UFORM_FORMAT};
+    cases[n++] = (file_case_t){"zero-length.wav", empty_clip, UFORM_FORMAT};
+    cases[n++] = (file_case_t){"too-short.wav", too_short, UFORM_FORMAT};
+    cases[n++] = (file_case_t){"hostile-rate.wav", hostile_rate, UFORM_FORMAT};
+    cases[n++] = (file_case_t){"subtitles.srt", blob_copy(subtitles, sizeof subtitles - 1), UFORM_FORMAT};
+    cases[n++] = (file_case_t){"video.y4m", blob_copy(y4m, sizeof y4m - 1), UFORM_FORMAT};
+    cases[n++] = (file_case_t){"float.wav", floats, UFORM_OK};
+    cases[n++] = (file_case_t){"nan-float.wav", nan_floats, UFORM_FORMAT};
+    cases[n++] = (file_case_t){"good-again.wav", blob_copy(good.data, good.size), UFORM_OK};
+    cases_write(cases, n);
     free(sound.samples), free(short_sound.samples);
     return n;
 }
 
-static void free_cases(bad_case_t *cases, size_t n) {
-    for (size_t i = 0; i < n; ++i)
-        free(cases[i].blob.data);
-}
-
 static void bad_sounds_fail_alone(void **state) {
     (void)state;
-    bad_case_t cases[32];
-    size_t n = bad_cases(cases);
-    uform_arena_t *arena = NULL;
-    assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
-    for (kind_t kind = KIND_FILES; kind <= KIND_MEMORY; ++kind) {
-        batch_t *batch = batch_new(kind, 0);
-        for (size_t i = 0; i < n; ++i) {
-            if (kind == KIND_FILES)
-                batch_add_path(batch, cases[i].name);
-            else
-                batch_add_blob(batch, &cases[i].blob);
-        }
-        if (kind == KIND_FILES) {
-            batch_add_path(batch, "absent.wav");
-            batch_add_path(batch, ""); /* the folder itself */
-            batch_add(batch, "", 0);
-        }
-        uform_encode_stats_t stats;
-        uform_encode_config_t config = {.stats = &stats};
-        uform_encoded_t encoded;
-        assert_int_equal(batch_encode(batch, NULL, EVERYTHING, arena, &config, NULL, &encoded), UFORM_OK);
-        size_t failed = 0;
-        for (size_t i = 0; i < n; ++i) {
-            if (encoded.statuses[i] != cases[i].expected)
-                fail_msg("%s from %s: %s, expected %s", cases[i].name,
-                         kind == KIND_FILES ? "a file" : "memory", uform_status_name(encoded.statuses[i]),
-                         uform_status_name(cases[i].expected));
-            if (cases[i].expected != UFORM_OK) {
-                assert_zero_item(&encoded, i);
-                failed++;
-            }
-        }
-        if (kind == KIND_FILES) {
-            assert_int_equal(encoded.statuses[n], UFORM_IO);
-            assert_int_equal(encoded.statuses[n + 1], UFORM_IO);
-            assert_int_equal(encoded.statuses[n + 2], UFORM_INVALID_ARGUMENT);
-            failed += 3;
-        }
-        assert_int_equal(stats.failed, failed);
-        assert_same_item(&encoded, 0, &encoded, n - 1);
-        batch_free(batch);
-    }
-    uform_arena_free(arena);
-    free_cases(cases, n);
+    assert_cases_fail_alone(batch_encode, bad_cases);
 }
 
 /* More files than two chunks hold, read through the ring while earlier chunks compute. */
 static void chunked_reads(void **state) {
     (void)state;
-    bad_case_t cases[32];
-    size_t n = bad_cases(cases);
-    batch_t *files = batch_new(KIND_FILES, 0);
-    while (files->count < 150)
-        batch_add_path(files, cases[files->count % n].name);
-    uform_ram_options_t options = uform_ram_options_default();
-    options.threads = 2;
-    options.pin = false;
-    uform_executor_t *ram = NULL;
-    assert_int_equal(uform_executor_create_ram(&options, &ram), UFORM_OK);
-    uform_executor_t *executors[] = {NULL, ram};
-    for (size_t e = 0; e < 2; ++e) {
-        uform_arena_t *arena = NULL;
-        assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
-        uform_encoded_t encoded;
-        assert_int_equal(batch_encode(files, executors[e], EVERYTHING, arena, NULL, NULL, &encoded),
-                         UFORM_OK);
-        for (size_t i = 0; i < files->count; ++i) {
-            assert_int_equal(encoded.statuses[i], cases[i % n].expected);
-            assert_same_item(&encoded, i, &encoded, i % n);
-        }
-        uform_arena_free(arena);
-    }
-    uform_executor_free(ram);
-    batch_free(files);
-    free_cases(cases, n);
-}
-
-typedef struct counter {
-    size_t calls, last, cancel_at;
-} counter_t;
-
-static uform_continuation_t count_items(void *state, size_t completed, size_t total) {
-    counter_t *counter = state;
-    counter->calls++;
-    counter->last = completed;
-    (void)total;
-    return counter->cancel_at && completed >= counter->cancel_at ? UFORM_CANCEL : UFORM_CONTINUE;
+    assert_chunked_reads(batch_encode, bad_cases);
 }
 
 static void progress_and_cancel(void **state) {
     (void)state;
     sound_t sound = sound_make(info.audio.rate / 4, info.audio.rate, 4);
     blob_t wav = wav_of(&sound, info.audio.rate, 1, 0);
-    write_file("progress.wav", &wav);
-    batch_t *samples = batch_new(KIND_SAMPLES, info.audio.rate), *files = batch_new(KIND_FILES, 0);
+    blob_write("progress.wav", &wav);
+    batch_t *samples = samples_batch(info.audio.rate), *files = batch_new(BATCH_FILES);
     for (size_t i = 0; i < 200; ++i) {
         batch_add_sound(samples, &sound);
         batch_add_path(files, "progress.wav");
     }
-    uform_ram_options_t options = uform_ram_options_default();
-    options.threads = 2;
-    options.pin = false;
-    uform_executor_t *ram = NULL;
-    assert_int_equal(uform_executor_create_ram(&options, &ram), UFORM_OK);
-    batch_t *batches[] = {samples, files};
-    uform_executor_t *executors[] = {NULL, ram};
-    for (size_t b = 0; b < 2; ++b)
-        for (size_t e = 0; e < 2; ++e) {
-            uform_arena_t *arena = NULL;
-            assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
-            counter_t counter = {0};
-            uform_encode_config_t config = {.progress = {count_items, &counter, 4}};
-            uform_encoded_t encoded;
-            assert_int_equal(batch_encode(batches[b], executors[e], UFORM_OUTPUT_EMBEDDINGS, arena, &config,
-                                          NULL, &encoded),
-                             UFORM_OK);
-            assert_true(counter.calls >= 2 && counter.calls <= 4);
-            assert_int_equal(counter.last, 200);
-            counter = (counter_t){.cancel_at = 1};
-            assert_int_equal(batch_encode(batches[b], executors[e], UFORM_OUTPUT_EMBEDDINGS, arena, &config,
-                                          NULL, &encoded),
-                             UFORM_CANCELLED);
-            assert_true(counter.last < 200);
-            config.progress.handler = NULL;
-            assert_int_equal(batch_encode(batches[b], executors[e], UFORM_OUTPUT_EMBEDDINGS, arena, &config,
-                                          NULL, &encoded),
-                             UFORM_OK);
-            assert_int_equal(encoded.statuses[199], UFORM_OK);
-            uform_arena_free(arena);
-        }
-    uform_executor_free(ram);
+    assert_progress_and_cancel(batch_encode, samples, UFORM_OK);
+    assert_progress_and_cancel(batch_encode, files, UFORM_OK);
     batch_free(samples);
     batch_free(files);
     free(sound.samples);
@@ -985,48 +712,7 @@ static void conversions_and_matryoshka(void **state) {
     sound_t sounds[16];
     size_t count = 0;
     batch_t *batch = varied_lengths(sounds, &count);
-    uform_arena_t *full_arena = NULL, *arena = NULL;
-    assert_int_equal(uform_arena_create_host(&full_arena), UFORM_OK);
-    assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
-    uform_encoded_t full, converted;
-    assert_int_equal(batch_encode(batch, NULL, EVERYTHING, full_arena, NULL, NULL, &full), UFORM_OK);
-    kernels_t const *kernels = kernels_scalar();
-    uform_scalar_t const kinds[] = {UFORM_BF16, UFORM_F16, UFORM_I8};
-    for (size_t k = 0; k < 3; ++k) {
-        uform_encode_config_t config = {.outputs_scalar = kinds[k]};
-        assert_int_equal(batch_encode(batch, NULL, EVERYTHING, arena, &config, NULL, &converted), UFORM_OK);
-        uform_view_t const *pairs[][2] = {{&full.embeddings, &converted.embeddings},
-                                          {&full.states, &converted.states},
-                                          {&full.token_vectors, &converted.token_vectors}};
-        for (size_t v = 0; v < 3; ++v) {
-            assert_int_equal(pairs[v][1]->scalar, kinds[k]);
-            assert_int_equal(pairs[v][1]->rows, pairs[v][0]->rows);
-            for (size_t row = 0; row < pairs[v][0]->rows; ++row) {
-                unsigned char expected[1024 * 4];
-                float scale = 0;
-                kernels->convert(expected, row_of(pairs[v][0], row), pairs[v][0]->columns, kinds[k], &scale);
-                assert_memory_equal(row_of(pairs[v][1], row), expected, pairs[v][1]->row_stride);
-                if (kinds[k] == UFORM_I8) assert_true(pairs[v][1]->scales[row] == scale);
-            }
-        }
-    }
-    for (size_t m = 0; m < info.matryoshka_count; ++m) {
-        size_t width = info.matryoshka[m];
-        uform_encode_config_t config = {.matryoshka = width};
-        assert_int_equal(batch_encode(batch, NULL, EVERYTHING, arena, &config, NULL, &converted), UFORM_OK);
-        assert_int_equal(converted.embeddings.columns, width);
-        assert_int_equal(converted.token_vectors.columns, width);
-        for (size_t row = 0; row < count; ++row) {
-            if (full.statuses[row] != UFORM_OK) continue;
-            float const *prefix = row_of(&full.embeddings, row),
-                        *short_row = row_of(&converted.embeddings, row);
-            double prefix_norm = norm_of(prefix, width);
-            for (size_t j = 0; j < width; ++j)
-                assert_true(fabs(prefix[j] / prefix_norm - short_row[j]) < 1e-5);
-        }
-    }
-    uform_arena_free(full_arena);
-    uform_arena_free(arena);
+    assert_conversions_and_matryoshka(batch_encode, batch, EVERYTHING, &info, kernels_scalar()->convert);
     batch_free(batch);
     for (size_t i = 0; i < count; ++i)
         free(sounds[i].samples);
@@ -1074,37 +760,10 @@ static void bad_arguments_fail_at_once(void **state) {
         if (status != UFORM_INVALID_ARGUMENT) fail_msg("%s: %s", cases[i].what, uform_status_name(status));
         assert_int_equal(uform_audio_encode_samples(&good), expected);
     }
-    char const path[] = "x.wav";
-    size_t path_offsets[] = {0, sizeof path - 1};
-    uform_audio_encode_args_t files = {.model = model,
-                                       .outputs = UFORM_OUTPUT_EMBEDDINGS,
-                                       .arena = arena,
-                                       .encoded = &encoded,
-                                       .sounds = {path, path_offsets, 1, sizeof path - 1},
-                                       .source = (uform_source_t)7};
-    assert_int_equal(uform_audio_encode(&files), UFORM_INVALID_ARGUMENT);
-    assert_string_equal(uform_last_error().message, "unknown source");
     assert_int_equal(uform_audio_encode(NULL), UFORM_INVALID_ARGUMENT);
     assert_int_equal(uform_audio_encode_samples(NULL), UFORM_INVALID_ARGUMENT);
-    /* A refused deferred call leaves its outcome final with the same status. */
-    uform_outcome_t outcome;
-    uform_outcome_init(&outcome);
-    files.outcome = &outcome;
-    assert_int_equal(uform_audio_encode(&files), UFORM_INVALID_ARGUMENT);
-    assert_int_equal(uform_outcome_status(&outcome), UFORM_INVALID_ARGUMENT);
-    files.source = UFORM_SOURCE_FILES;
-    if (UFORM_WITH_FFMPEG) {
-        assert_int_equal(uform_audio_encode(&files), UFORM_OK);
-        assert_int_equal(uform_outcome_wait(&outcome), UFORM_OK);
-        assert_int_equal(uform_outcome_encoded(&outcome, &encoded), UFORM_OK);
-        assert_int_equal(encoded.statuses[0], UFORM_IO); /* no such file: the call itself worked */
-    } else {
-        assert_int_equal(uform_audio_encode(&files), UFORM_UNSUPPORTED);
-        assert_int_equal(uform_outcome_status(&outcome), UFORM_UNSUPPORTED);
-        assert_string_equal(uform_last_error().message,
-                            "built without FFmpeg: sounds cannot be decoded, resampled or transformed");
-    }
-    uform_outcome_destroy(&outcome);
+    assert_sources_checked(batch_encode, expected,
+                           "built without FFmpeg: sounds cannot be decoded, resampled or transformed");
     uform_arena_free(arena);
     free(sound.samples);
 }
@@ -1130,5 +789,5 @@ int main(void) {
     av_log_set_level(AV_LOG_FATAL); /* the broken files are meant: FFmpeg need not say so */
 #endif
     printf("kernels: %s, ffmpeg: %d\n", kernels_active()->name, UFORM_WITH_FFMPEG);
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, setup, fixture_teardown);
 }

@@ -16,6 +16,7 @@
 
 #include "bad_checkpoints.h"
 #include "checkpoint.h"
+#include "fixtures.h"
 
 static char directory[256];
 
@@ -28,17 +29,8 @@ static void path_in_directory(char *path, size_t capacity, char const *name) {
 }
 
 static void read_file(char const *path, uint8_t **bytes, size_t *size) {
-    FILE *file = fopen(path, "rb");
-    assert_non_null(file);
-    assert_int_equal(fseek(file, 0, SEEK_END), 0);
-    long length = ftell(file);
-    assert_true(length >= 0);
-    assert_int_equal(fseek(file, 0, SEEK_SET), 0);
-    *size = (size_t)length;
-    *bytes = malloc(*size ? *size : 1);
-    assert_non_null(*bytes);
-    assert_int_equal(fread(*bytes, 1, *size, file), *size);
-    fclose(file);
+    blob_t blob = blob_read(path);
+    *bytes = blob.data, *size = blob.size;
 }
 
 /* Prefix, then header, as a loader does. */

@@ -6,11 +6,6 @@
  *
  * Without a CUDA device (or with one older than compute capability 9.0, which the kernels are not built
  * for) the program says why and exits 77, meson's code for a skipped test. */
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <cmocka.h>
-
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -20,6 +15,7 @@
 #include <cuda_runtime_api.h>
 
 #include "cuda/cuda_kernels.h"
+#include "fixtures.h"
 #include "kernels.h"
 
 #define COUNT(array) (sizeof(array) / sizeof((array)[0]))
@@ -29,27 +25,6 @@
 static cudaStream_t stream;
 
 /* ---- Random inputs ------------------------------------------------------------------------------ */
-
-static uint64_t random_state;
-
-static void random_seed(uint64_t seed) {
-    random_state = seed;
-}
-
-static uint64_t random_bits(void) { /* splitmix64 */
-    uint64_t z = (random_state += 0x9e3779b97f4a7c15u);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
-    return z ^ (z >> 31);
-}
-
-static float random_uniform(float low, float high) {
-    return low + (high - low) * (float)((double)(random_bits() >> 40) * 0x1p-24);
-}
-
-static size_t random_below(size_t bound) {
-    return (size_t)(random_bits() % bound);
-}
 
 static float float_of(uint32_t bits) {
     float value;

@@ -2,16 +2,12 @@
  * and known bit patterns, then every SIMD path this CPU runs against the scalar path within the
  * tolerances of kernels.h (bitwise where it says so), on random inputs from a fixed seed and on sizes
  * around the vector widths. */
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <cmocka.h>
-
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "fixtures.h"
 #include "kernels.h"
 
 #define COUNT(array) (sizeof(array) / sizeof((array)[0]))
@@ -21,24 +17,6 @@
 static size_t const sizes[] = {1, 3, 15, 16, 17, 63, 64, 65, 100, 768, 1000};
 
 /* ---- Helpers ------------------------------------------------------------------------------------ */
-
-static uint64_t random_state;
-
-static void random_seed(uint64_t seed) {
-    random_state = seed;
-}
-
-/* splitmix64 */
-static uint64_t random_bits(void) {
-    uint64_t z = (random_state += 0x9e3779b97f4a7c15u);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
-    return z ^ (z >> 31);
-}
-
-static float random_uniform(float low, float high) {
-    return low + (high - low) * (float)((double)(random_bits() >> 40) * 0x1p-24);
-}
 
 static float *floats_uniform(size_t n, float low, float high) {
     float *x = test_malloc(n * sizeof(float));
@@ -148,16 +126,16 @@ static void scalar_rope_matches_formula(void **state) {
 static size_t const item_lengths[] = {0, 1, 2, 17, 64, 65, 130};
 #define ITEMS COUNT(item_lengths)
 
-typedef struct batch {
+typedef struct qkv_batch {
     size_t offsets[ITEMS + 1];
     size_t tokens;
     float *qkv;
-} batch_t;
+} qkv_batch_t;
 
 /* Values in [-1, 1]; queries and keys in [-amplitude, amplitude] (large ones make peaked softmaxes whose
  * max moves from tile to tile). */
-static batch_t batch_make(float amplitude) {
-    batch_t batch = {.offsets = {0}};
+static qkv_batch_t batch_make(float amplitude) {
+    qkv_batch_t batch = {.offsets = {0}};
     for (size_t i = 0; i < ITEMS; ++i)
         batch.offsets[i + 1] = batch.offsets[i] + item_lengths[i];
     batch.tokens = batch.offsets[ITEMS];
@@ -168,7 +146,7 @@ static batch_t batch_make(float amplitude) {
     return batch;
 }
 
-static kernel_attention_t batch_head(batch_t const *batch, size_t head, bool causal, float *out) {
+static kernel_attention_t batch_head(qkv_batch_t const *batch, size_t head, bool causal, float *out) {
     float const *qkv = batch->qkv + head * KERNEL_HEAD;
     return (kernel_attention_t){
         .q = qkv,
@@ -220,7 +198,7 @@ static void scalar_attention_matches_naive(void **state) {
     float const amplitudes[] = {1.0f, 6.0f};
     random_seed(3);
     for (size_t m = 0; m < COUNT(amplitudes); ++m) {
-        batch_t batch = batch_make(amplitudes[m]);
+        qkv_batch_t batch = batch_make(amplitudes[m]);
         for (int causal = 0; causal < 2; ++causal) {
             float *out = floats_filled(batch.tokens * HIDDEN, SENTINEL);
             kernel_attention_t a = batch_head(&batch, 1, causal, out);
@@ -497,7 +475,7 @@ static void paths_rope_match_scalar(void **state) {
 }
 
 /* One path's attention over the whole batch, and again over ranges of items: the same bits. */
-static void check_attention_path(kernels_t const *path, batch_t const *batch, bool causal,
+static void check_attention_path(kernels_t const *path, qkv_batch_t const *batch, bool causal,
                                  float const *expected) {
     size_t const cuts[] = {0, 2, 3, 3, 5, ITEMS};
     size_t floats = batch->tokens * HIDDEN;
@@ -521,7 +499,7 @@ static void paths_attention_match_scalar(void **state) {
     float const amplitudes[] = {1.0f, 6.0f};
     random_seed(9);
     for (size_t m = 0; m < COUNT(amplitudes); ++m) {
-        batch_t batch = batch_make(amplitudes[m]);
+        qkv_batch_t batch = batch_make(amplitudes[m]);
         for (int causal = 0; causal < 2; ++causal) {
             float *expected = floats_filled(batch.tokens * HIDDEN, SENTINEL);
             kernel_attention_t a = batch_head(&batch, 2, causal, expected);

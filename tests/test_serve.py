@@ -28,35 +28,14 @@ import threading
 import time
 from pathlib import Path
 
-SKIP = 77
-REPOSITORY = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent / "reference"))
+from interpreter import run_under_python_with  # noqa: E402
+
 CONTEXT = 64  # the tiny checkpoint's text context, in bytes
 DIMS, NARROW = 64, 32  # its width and its other matryoshka width
 
 TEXTS = ["a cat", "a dog", "x", "a photo of a red car parked by the sea", "ünïcødé текст 文字",
          "long " * 40, "tabs\tand\nnewlines", "0123456789" * 6 + "abcd"]
-
-
-def _interpreter_with_openai():
-    """Meson may find a python3 without `openai`: re-run under one that has it, else skip."""
-    try:
-        import openai  # noqa: F401
-        return
-    except ImportError:
-        pass
-    if os.environ.get("UFORM_SERVE_REEXEC"):
-        print(f"SKIP: the openai package cannot be imported by {sys.executable}")
-        sys.exit(SKIP)
-    here = os.path.realpath(sys.executable)
-    for candidate in (REPOSITORY / ".venv" / "bin" / "python3", Path("/usr/bin/python3")):
-        if not candidate.exists() or os.path.realpath(candidate) == here:
-            continue
-        if subprocess.run([str(candidate), "-c", "import openai"], capture_output=True).returncode == 0:
-            print(f"note: {sys.executable} has no openai package; running under {candidate}", flush=True)
-            os.execve(str(candidate), [str(candidate), *sys.argv], {**os.environ, "UFORM_SERVE_REEXEC": "1"})
-    print(f"SKIP: the openai package cannot be imported by {sys.executable}, {REPOSITORY / '.venv/bin/python3'} "
-          "or /usr/bin/python3 (install it: .venv/bin/pip install openai)")
-    sys.exit(SKIP)
 
 
 # ---- the reference: `uform encode` ---------------------------------------------------------------
@@ -338,8 +317,8 @@ def check_bad_input(server, reference):
         ({"input": "a", "encoding_format": "hex"}, 400, "invalid_value", "encoding_format"),
         ({"input": "a", "truncate": "no"}, 400, "invalid_type", "truncate"),
         ({"input": ["x"] * 2049}, 400, "invalid_value", "input"),
-        ({"input": [{"image": "data:image/png;base64,iVBORw0KGgo="}]}, 400, "unsupported_modality", "input"),
-        ({"input": [{"audio": "data:audio/wav;base64,UklGRg=="}]}, 400, "unsupported_modality", "input"),
+        ({"input": [{"image": "data:image/png;base64,iVBORw0KGgo="}]}, 400, "invalid_media", "input[0]"),
+        ({"input": [{"audio": "data:audio/wav;base64,UklGRg=="}]}, 400, "invalid_media", "input[0]"),
         ({"input": [{"video": "not a data url"}]}, 400, "invalid_value", "input"),
         ({"input": [{"picture": "x"}]}, 400, "invalid_value", "input"),
     ]
@@ -469,7 +448,7 @@ def main():
     parser.add_argument("--uform", required=True)
     parser.add_argument("--workdir", required=True)
     options = parser.parse_args()
-    _interpreter_with_openai()
+    run_under_python_with(["openai"], flag="UFORM_SERVE_REEXEC", hint=" (install it: .venv/bin/pip install openai)")
     os.makedirs(options.workdir, exist_ok=True)
     uform = options.uform
     model = os.path.join(options.workdir, "tiny.safetensors")

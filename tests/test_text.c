@@ -2,21 +2,15 @@
  * determinism across thread counts and receivers, conversions, matryoshka widths, truncation, progress,
  * and bad input that leaves the model, executor and arena usable. Numbers against PyTorch are checked
  * by tests/reference/test_text_reference.py. */
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <cmocka.h>
-
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "engine.h"
+#include "fixtures.h"
 #include "kernels.h"
 
-static char directory[256], checkpoint[300];
 static uform_model_t *model;
 static uform_model_info_t info;
 
@@ -45,32 +39,25 @@ static uform_tape_t sample_tape(void) {
     return (uform_tape_t){tape_bytes, tape_offsets, SAMPLES, used};
 }
 
+/* The sample texts as a batch, for the fixtures' checks. */
+static batch_t *sample_batch(void) {
+    batch_t *batch = batch_new(BATCH_TEXTS);
+    for (size_t i = 0; i < SAMPLES; ++i)
+        batch_add(batch, samples[i], strlen(samples[i]));
+    return batch;
+}
+
+static uform_status_t text_encode(batch_t const *batch, uform_executor_t *executor, uform_outputs_t outputs,
+                                  uform_arena_t *arena, uform_encode_config_t const *config,
+                                  uform_outcome_t *outcome, uform_encoded_t *encoded) {
+    uform_text_encode_args_t args = {ENCODE_ARGS(model), .texts = batch_tape(batch)};
+    return uform_text_encode(&args);
+}
+
 static int setup(void **state) {
     (void)state;
-    snprintf(directory, sizeof directory, "%s/uform-text-XXXXXX",
-             getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-    if (!mkdtemp(directory)) return -1;
-    snprintf(checkpoint, sizeof checkpoint, "%s/tiny.safetensors", directory);
-    uform_tiny_checkpoint_args_t tiny = {.path = checkpoint, .seed = 11, .depth = 2, .hidden = 128};
-    if (uform_tiny_checkpoint(&tiny) != UFORM_OK) return -1;
-    uform_model_load_args_t load = {.path = checkpoint, .model = &model};
-    if (uform_model_load_ram(&load) != UFORM_OK) return -1;
-    return uform_model_info(model, &info) == UFORM_OK ? 0 : -1;
-}
-
-static int teardown(void **state) {
-    (void)state;
-    uform_model_free(model);
-    unlink(checkpoint);
-    rmdir(directory);
-    return 0;
-}
-
-static double norm_of(float const *x, size_t n) {
-    double sum = 0;
-    for (size_t i = 0; i < n; ++i)
-        sum += (double)x[i] * x[i];
-    return sqrt(sum);
+    uform_tiny_checkpoint_args_t tiny = {.seed = 11, .depth = 2, .hidden = 128};
+    return fixture_setup("text", &tiny, &model, &info);
 }
 
 static void outputs_have_their_shapes(void **state) {
@@ -122,65 +109,11 @@ static void outputs_have_their_shapes(void **state) {
     uform_arena_free(arena);
 }
 
-/* Encodes the sample batch on `executor` (NULL: the calling thread), blocking or deferred, and copies
- * every output to `copy` (embeddings, then token vectors, then states, as F32). */
-static size_t encode_copy(uform_executor_t *executor, bool deferred, float *copy) {
-    uform_arena_t *arena = NULL;
-    assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
-    uform_encoded_t encoded;
-    uform_outcome_t outcome;
-    uform_outcome_init(&outcome);
-    uform_text_encode_args_t args = {
-        .model = model,
-        .executor = executor,
-        .outputs = UFORM_OUTPUT_EMBEDDINGS | UFORM_OUTPUT_TOKEN_VECTORS | UFORM_OUTPUT_STATES,
-        .arena = arena,
-        .encoded = &encoded,
-        .outcome = deferred ? &outcome : NULL,
-        .texts = sample_tape(),
-    };
-    assert_int_equal(uform_text_encode(&args), UFORM_OK);
-    if (deferred) {
-        assert_int_equal(uform_outcome_wait(&outcome), UFORM_OK);
-        assert_int_equal(uform_outcome_encoded(&outcome, &encoded), UFORM_OK);
-    }
-    size_t floats = 0;
-    uform_view_t const *views[] = {&encoded.embeddings, &encoded.token_vectors, &encoded.states};
-    for (size_t v = 0; v < 3; ++v) {
-        memcpy(copy + floats, views[v]->data, views[v]->rows * views[v]->row_stride);
-        floats += views[v]->rows * views[v]->columns;
-    }
-    uform_outcome_destroy(&outcome);
-    uform_arena_free(arena);
-    return floats;
-}
-
 static void bitwise_identical_across_receivers(void **state) {
     (void)state;
-    size_t capacity = 1 << 20;
-    float *reference = malloc(capacity * sizeof(float)), *other = malloc(capacity * sizeof(float));
-    assert_non_null(reference);
-    assert_non_null(other);
-    size_t floats = encode_copy(NULL, false, reference);
-    assert_true(floats < capacity);
-    for (size_t threads = 1; threads <= 3; ++threads) {
-        uform_ram_options_t options = uform_ram_options_default();
-        options.threads = threads;
-        uform_executor_t *executor = NULL;
-        assert_int_equal(uform_executor_create_ram(&options, &executor), UFORM_OK);
-        for (int deferred = 0; deferred < 2; ++deferred) {
-            assert_int_equal(encode_copy(executor, deferred, other), floats);
-            assert_memory_equal(reference, other, floats * sizeof(float));
-        }
-        uform_executor_free(executor);
-    }
-    uform_executor_t *executor = NULL;
-    assert_int_equal(uform_executor_create_inline(&executor), UFORM_OK);
-    assert_int_equal(encode_copy(executor, true, other), floats);
-    assert_memory_equal(reference, other, floats * sizeof(float));
-    uform_executor_free(executor);
-    free(reference);
-    free(other);
+    batch_t *batch = sample_batch();
+    assert_same_on_every_receiver(text_encode, batch, NULL);
+    batch_free(batch);
 }
 
 static void a_text_does_not_depend_on_its_batch(void **state) {
@@ -209,110 +142,29 @@ static void a_text_does_not_depend_on_its_batch(void **state) {
     uform_arena_free(single_arena);
 }
 
+/* BF16, F16 and I8 outputs are the F32 output converted; a matryoshka width is the prefix of the full
+ * embedding, renormalized. */
 static void conversions_and_matryoshka(void **state) {
     (void)state;
-    uform_arena_t *full_arena = NULL, *arena = NULL;
-    assert_int_equal(uform_arena_create_host(&full_arena), UFORM_OK);
-    assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
-    uform_encoded_t full, converted;
-    uform_text_encode_args_t args = {.model = model,
-                                     .outputs = UFORM_OUTPUT_EMBEDDINGS,
-                                     .arena = full_arena,
-                                     .encoded = &full,
-                                     .texts = sample_tape()};
-    assert_int_equal(uform_text_encode(&args), UFORM_OK);
-    kernels_t const *kernels = kernels_scalar();
-
-    /* BF16, F16 and I8 outputs are the F32 output converted. */
-    uform_scalar_t const kinds[] = {UFORM_BF16, UFORM_F16, UFORM_I8};
-    for (size_t k = 0; k < 3; ++k) {
-        uform_encode_config_t config = {.outputs_scalar = kinds[k]};
-        args.config = &config;
-        args.arena = arena;
-        args.encoded = &converted;
-        assert_int_equal(uform_text_encode(&args), UFORM_OK);
-        assert_int_equal(converted.embeddings.scalar, kinds[k]);
-        assert_true(kinds[k] != UFORM_I8 || converted.embeddings.scalar == UFORM_I8);
-        for (size_t row = 0; row < SAMPLES; ++row) {
-            unsigned char expected[256 * 4];
-            float scale = 0;
-            kernels->convert(expected,
-                             (float const *)((char *)full.embeddings.data + row * full.embeddings.row_stride),
-                             info.dims, kinds[k], &scale);
-            assert_memory_equal((char *)converted.embeddings.data + row * converted.embeddings.row_stride,
-                                expected, converted.embeddings.row_stride);
-            if (kinds[k] == UFORM_I8) assert_true(converted.embeddings.scales[row] == scale);
-        }
-    }
-    /* A matryoshka width: the prefix of the full embedding, renormalized. */
-    for (size_t m = 0; m < info.matryoshka_count; ++m) {
-        size_t width = info.matryoshka[m];
-        uform_encode_config_t config = {.matryoshka = width};
-        args.config = &config;
-        assert_int_equal(uform_text_encode(&args), UFORM_OK);
-        assert_int_equal(converted.embeddings.columns, width);
-        for (size_t row = 0; row < SAMPLES; ++row) {
-            float const *prefix =
-                (float const *)((char *)full.embeddings.data + row * full.embeddings.row_stride);
-            float const *short_row =
-                (float const *)((char *)converted.embeddings.data + row * converted.embeddings.row_stride);
-            double prefix_norm = norm_of(prefix, width);
-            for (size_t j = 0; j < width; ++j)
-                assert_true(fabs(prefix[j] / prefix_norm - short_row[j]) < 1e-5);
-        }
-    }
-    uform_arena_free(full_arena);
-    uform_arena_free(arena);
-}
-
-typedef struct counter {
-    size_t calls, last;
-    size_t cancel_at;
-} counter_t;
-
-static uform_continuation_t count_items(void *state, size_t completed, size_t total) {
-    counter_t *counter = state;
-    counter->calls++;
-    counter->last = completed;
-    (void)total;
-    return counter->cancel_at && completed >= counter->cancel_at ? UFORM_CANCEL : UFORM_CONTINUE;
+    batch_t *batch = sample_batch();
+    assert_conversions_and_matryoshka(text_encode, batch, UFORM_OUTPUT_EMBEDDINGS, &info,
+                                      kernels_scalar()->convert);
+    batch_free(batch);
 }
 
 static void progress_and_cancel(void **state) {
     (void)state;
     /* Many texts over several chunks: 300 texts of 200 bytes are 60300 tokens. */
     size_t const count = 300, length = 200;
-    char *bytes = malloc(count * length);
-    size_t *offsets = malloc((count + 1) * sizeof(size_t));
-    assert_non_null(bytes);
-    assert_non_null(offsets);
-    for (size_t i = 0; i < count * length; ++i)
-        bytes[i] = (char)('a' + i % 26);
-    for (size_t i = 0; i <= count; ++i)
-        offsets[i] = i * length;
-    uform_arena_t *arena = NULL;
-    assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
-    counter_t counter = {0};
-    uform_encode_config_t config = {.progress = {count_items, &counter, 4}};
-    uform_encoded_t encoded;
-    uform_text_encode_args_t args = {.model = model,
-                                     .outputs = UFORM_OUTPUT_EMBEDDINGS,
-                                     .arena = arena,
-                                     .config = &config,
-                                     .encoded = &encoded,
-                                     .texts = {bytes, offsets, count, count * length}};
-    assert_int_equal(uform_text_encode(&args), UFORM_OK);
-    assert_true(counter.calls >= 2 && counter.calls <= 4);
-    assert_int_equal(counter.last, count);
-    counter = (counter_t){.cancel_at = 1};
-    assert_int_equal(uform_text_encode(&args), UFORM_CANCELLED);
-    assert_true(counter.last < count);
-    /* Usable afterwards. */
-    config.progress.handler = NULL;
-    assert_int_equal(uform_text_encode(&args), UFORM_OK);
-    uform_arena_free(arena);
-    free(bytes);
-    free(offsets);
+    char text[200];
+    batch_t *batch = batch_new(BATCH_TEXTS);
+    for (size_t i = 0; i < count; ++i) {
+        for (size_t j = 0; j < length; ++j)
+            text[j] = (char)('a' + (i * length + j) % 26);
+        batch_add(batch, text, length);
+    }
+    assert_progress_and_cancel(text_encode, batch, UFORM_OK);
+    batch_free(batch);
 }
 
 static void bad_input_leaves_everything_usable(void **state) {
@@ -444,5 +296,5 @@ int main(void) {
         cmocka_unit_test(choose_gives_probabilities),
     };
     printf("kernels: %s\n", kernels_active()->name);
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, setup, fixture_teardown);
 }

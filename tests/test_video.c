@@ -15,19 +15,13 @@
  *   - matryoshka widths and conversions, progress and cancellation, bad arguments, a model without a
  *     video entry, and a build without FFmpeg (UNSUPPORTED). Numbers against PyTorch are checked by
  *     tests/reference/test_video_reference.py. */
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <cmocka.h>
-
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "engine.h"
+#include "fixtures.h"
 #include "kernels.h"
 
 #if UFORM_WITH_FFMPEG
@@ -37,15 +31,12 @@
 #include <libswscale/swscale.h>
 #endif
 
-#define EVERYTHING    (UFORM_OUTPUT_EMBEDDINGS | UFORM_OUTPUT_TOKEN_VECTORS | UFORM_OUTPUT_STATES)
-#define BATCH_MAX     128
 #define FRAME_HEIGHT  48
 #define FRAME_WIDTH   64
 #define CLIP_RATE     12 /* frames per second of the constant-rate clips */
 #define CLIP_FRAMES   12
 #define LAST_DURATION 100 /* ms, the last frame's of a variable-rate clip */
 
-static char directory[256], checkpoint[300];
 static uform_model_t *model;
 static uform_model_info_t info;
 static size_t samples; /* frames per clip: the model's */
@@ -58,11 +49,6 @@ typedef struct picture {
     uint8_t *rgb;
     size_t height, width;
 } picture_t;
-
-typedef struct blob {
-    uint8_t *data;
-    size_t size;
-} blob_t;
 
 /* Frame i of a clip: a colour of its own, a square that moves, a little texture. */
 static picture_t frame_picture(size_t i) {
@@ -86,159 +72,34 @@ static picture_t frame_picture(size_t i) {
     return picture;
 }
 
-static blob_t blob_copy(void const *data, size_t size) {
-    blob_t blob = {malloc(size ? size : 1), size};
-    assert_non_null(blob.data);
-    if (size) memcpy(blob.data, data, size);
-    return blob;
-}
-
-static void path_of(char const *name, char *path, size_t capacity) {
-    snprintf(path, capacity, "%s/%s", directory, name);
-}
-
-static blob_t file_read(char const *name) {
-    char path[512];
-    path_of(name, path, sizeof path);
-    FILE *file = fopen(path, "rb");
-    assert_non_null(file);
-    assert_int_equal(fseek(file, 0, SEEK_END), 0);
-    long size = ftell(file);
-    assert_true(size >= 0);
-    assert_int_equal(fseek(file, 0, SEEK_SET), 0);
-    blob_t blob = {malloc((size_t)size + 1), (size_t)size};
-    assert_non_null(blob.data);
-    assert_int_equal(fread(blob.data, 1, (size_t)size, file), (size_t)size);
-    fclose(file);
-    return blob;
-}
-
-static void file_write(char const *name, blob_t const *blob) {
-    char path[512];
-    path_of(name, path, sizeof path);
-    FILE *file = fopen(path, "wb");
-    assert_non_null(file);
-    assert_int_equal(fwrite(blob->data, 1, blob->size, file), blob->size);
-    assert_int_equal(fclose(file), 0);
-}
-
-typedef struct batch {
-    bool files;
-    uint8_t *data;
-    size_t length, count;
-    size_t offsets[BATCH_MAX + 1];
-} batch_t;
-
-static batch_t *batch_new(bool files) {
-    batch_t *batch = calloc(1, sizeof *batch);
-    assert_non_null(batch);
-    batch->files = files;
-    return batch;
-}
-
-static void batch_free(batch_t *batch) {
-    free(batch->data);
-    free(batch);
-}
-
-static void batch_add(batch_t *batch, void const *bytes, size_t size) {
-    assert_true(batch->count < BATCH_MAX);
-    batch->data = realloc(batch->data, batch->length + size + 1);
-    assert_non_null(batch->data);
-    if (size) memcpy(batch->data + batch->length, bytes, size);
-    batch->offsets[batch->count] = batch->length;
-    batch->length += size;
-    batch->offsets[++batch->count] = batch->length;
-}
-
-static void batch_add_path(batch_t *batch, char const *name) {
-    char path[512];
-    path_of(name, path, sizeof path);
-    batch_add(batch, path, strlen(path));
-}
-
 static uform_status_t video_encode(batch_t const *batch, uform_executor_t *executor, uform_outputs_t outputs,
                                    uform_arena_t *arena, uform_encode_config_t const *config,
                                    uform_outcome_t *outcome, uform_encoded_t *encoded) {
-    uform_video_encode_args_t args = {.model = model,
-                                      .executor = executor,
-                                      .outputs = outputs,
-                                      .arena = arena,
-                                      .config = config,
-                                      .encoded = encoded,
-                                      .outcome = outcome,
-                                      .videos = {batch->data, batch->offsets, batch->count, batch->length},
-                                      .source = batch->files ? UFORM_SOURCE_FILES : UFORM_SOURCE_MEMORY};
+    uform_video_encode_args_t args = {ENCODE_ARGS(model), .videos = batch_tape(batch),
+                                      .source = batch->source};
     return uform_video_encode(&args);
 }
 
 /* ---- Comparisons ---------------------------------------------------------------------------------- */
 
-static void const *row_of(uform_view_t const *view, size_t row) {
-    return (unsigned char const *)view->data + row * view->row_stride;
-}
-
-static double dot_of(float const *a, float const *b, size_t n) {
-    double sum = 0;
-    for (size_t i = 0; i < n; ++i)
-        sum += (double)a[i] * b[i];
-    return sum;
-}
-
-static double cosine_of(float const *a, float const *b, size_t n) {
-    return dot_of(a, b, n) / sqrt(dot_of(a, a, n) * dot_of(b, b, n));
-}
-
-/* Every output of item `i` of `a` equals every output of item `j` of `b`, bitwise. */
-static void assert_same_item(uform_encoded_t const *a, size_t i, uform_encoded_t const *b, size_t j) {
-    assert_int_equal(a->statuses[i], b->statuses[j]);
-    if (a->embeddings.data)
-        assert_memory_equal(row_of(&a->embeddings, i), row_of(&b->embeddings, j), a->embeddings.row_stride);
-    if (a->states.data)
-        assert_memory_equal(row_of(&a->states, i), row_of(&b->states, j), a->states.row_stride);
-    if (a->token_vectors.data)
-        assert_memory_equal(row_of(&a->token_vectors, a->token_vectors.item_offsets[i]),
-                            row_of(&b->token_vectors, b->token_vectors.item_offsets[j]),
-                            samples * a->token_vectors.row_stride);
-}
-
-static void assert_zero_item(uform_encoded_t const *encoded, size_t i) {
-    uform_view_t const *views[] = {&encoded->embeddings, &encoded->states, &encoded->token_vectors};
-    for (size_t v = 0; v < 3; ++v) {
-        if (!views[v]->data) continue;
-        size_t first = views[v]->item_offsets ? views[v]->item_offsets[i] : i;
-        size_t count = views[v]->item_offsets ? views[v]->item_offsets[i + 1] - first : 1;
-        unsigned char const *bytes = row_of(views[v], first);
-        for (size_t k = 0; k < count * views[v]->row_stride; ++k)
-            assert_int_equal(bytes[k], 0);
-    }
-}
-
 /* image_encode_pixels of `count` pictures, at `width` (0: full dims). */
 static void encode_pictures(picture_t const *pictures, size_t count, size_t width, uform_arena_t *arena,
                             uform_encoded_t *encoded) {
-    size_t offsets[BATCH_MAX + 1] = {0}, heights[BATCH_MAX], widths[BATCH_MAX];
-    assert_true(count <= BATCH_MAX);
-    uint8_t *pixels = malloc(count * FRAME_HEIGHT * FRAME_WIDTH * 3);
-    assert_non_null(pixels);
-    for (size_t i = 0; i < count; ++i) {
-        size_t bytes = pictures[i].height * pictures[i].width * 3;
-        memcpy(pixels + offsets[i], pictures[i].rgb, bytes);
-        offsets[i + 1] = offsets[i] + bytes;
-        heights[i] = pictures[i].height;
-        widths[i] = pictures[i].width;
-    }
+    batch_t *batch = batch_new(BATCH_PIXELS);
+    for (size_t i = 0; i < count; ++i)
+        batch_add_pixels(batch, pictures[i].rgb, pictures[i].height * pictures[i].width * 3,
+                         pictures[i].height, pictures[i].width);
     uform_encode_config_t config = {.matryoshka = width};
     uform_image_encode_pixels_args_t args = {.model = model,
                                              .outputs = EVERYTHING,
                                              .arena = arena,
                                              .config = &config,
                                              .encoded = encoded,
-                                             .pixels = {pixels, offsets, count, offsets[count]},
-                                             .heights = heights,
-                                             .widths = widths};
+                                             .pixels = batch_tape(batch),
+                                             .heights = batch->heights,
+                                             .widths = batch->widths};
     assert_int_equal(uform_image_encode_pixels(&args), UFORM_OK);
-    free(pixels);
+    batch_free(batch);
 }
 
 /* ---- Writing clips with FFmpeg's encoders and muxers ------------------------------------------------ */
@@ -250,6 +111,37 @@ typedef struct clip_spec {
     int64_t const *times; /* presentation times in ms, ascending; NULL: frame i at i / CLIP_RATE */
     int b_frames;
 } clip_spec_t;
+
+/* `name` in the folder, as a `muxer` file: its streams are added, then output_start opens it. */
+static AVFormatContext *output_new(char const *name, char const *muxer) {
+    char path[512];
+    fixture_path(name, path, sizeof path);
+    AVFormatContext *output = NULL;
+    assert_true(avformat_alloc_output_context2(&output, NULL, muxer, path) >= 0);
+    return output;
+}
+
+/* Opens `encoder` (NULL: the stream's parameters are set) for `stream`, then the file, and writes its
+ * header. */
+static void output_start(AVFormatContext *output, AVStream *stream, AVCodecContext *encoder,
+                         AVCodec const *codec) {
+    if (encoder) {
+        assert_int_equal(avcodec_open2(encoder, codec, NULL), 0);
+        assert_true(avcodec_parameters_from_context(stream->codecpar, encoder) >= 0);
+        stream->time_base = encoder->time_base;
+    }
+    assert_true(avio_open(&output->pb, output->url, AVIO_FLAG_WRITE) >= 0);
+    assert_true(avformat_write_header(output, NULL) >= 0);
+}
+
+/* Writes the trailer, closes the file and answers its bytes. */
+static blob_t output_finish(AVFormatContext *output) {
+    assert_int_equal(av_write_trailer(output), 0);
+    assert_int_equal(avio_closep(&output->pb), 0);
+    blob_t blob = blob_read(output->url);
+    avformat_free_context(output);
+    return blob;
+}
 
 static void write_packets(AVFormatContext *output, AVCodecContext *encoder, AVStream *stream,
                           clip_spec_t const *spec, AVFrame const *frame) {
@@ -276,10 +168,7 @@ static void write_packets(AVFormatContext *output, AVCodecContext *encoder, AVSt
 
 /* Writes `name` in the directory: the spec's frames, frame_picture(i) for frame i, through the encoder. */
 static blob_t clip_write(char const *name, clip_spec_t const *spec) {
-    char path[512];
-    path_of(name, path, sizeof path);
-    AVFormatContext *output = NULL;
-    assert_true(avformat_alloc_output_context2(&output, NULL, spec->muxer, path) >= 0);
+    AVFormatContext *output = output_new(name, spec->muxer);
     AVCodec const *codec = avcodec_find_encoder_by_name(spec->encoder);
     assert_non_null(codec);
     AVStream *stream = avformat_new_stream(output, NULL);
@@ -300,11 +189,7 @@ static blob_t clip_write(char const *name, clip_spec_t const *spec) {
         encoder->global_quality = FF_QP2LAMBDA * 3;
     }
     if (output->oformat->flags & AVFMT_GLOBALHEADER) encoder->flags |= AV_CODEC_FLAG_GLOBAL_HEADER;
-    assert_int_equal(avcodec_open2(encoder, codec, NULL), 0);
-    assert_true(avcodec_parameters_from_context(stream->codecpar, encoder) >= 0);
-    stream->time_base = encoder->time_base;
-    assert_true(avio_open(&output->pb, path, AVIO_FLAG_WRITE) >= 0);
-    assert_true(avformat_write_header(output, NULL) >= 0);
+    output_start(output, stream, encoder, codec);
 
     struct SwsContext *sws = sws_getContext(FRAME_WIDTH, FRAME_HEIGHT, AV_PIX_FMT_RGB24, FRAME_WIDTH,
                                             FRAME_HEIGHT, spec->format, SWS_BILINEAR, NULL, NULL, NULL);
@@ -329,21 +214,15 @@ static blob_t clip_write(char const *name, clip_spec_t const *spec) {
         av_frame_unref(frame);
     }
     write_packets(output, encoder, stream, spec, NULL);
-    assert_int_equal(av_write_trailer(output), 0);
-    assert_int_equal(avio_closep(&output->pb), 0);
     av_frame_free(&frame);
     sws_freeContext(sws);
     avcodec_free_context(&encoder);
-    avformat_free_context(output);
-    return file_read(name);
+    return output_finish(output);
 }
 
 /* One second of silence in a WAV file: a container with no video stream. */
 static blob_t audio_only(char const *name) {
-    char path[512];
-    path_of(name, path, sizeof path);
-    AVFormatContext *output = NULL;
-    assert_true(avformat_alloc_output_context2(&output, NULL, "wav", path) >= 0);
+    AVFormatContext *output = output_new(name, "wav");
     AVCodec const *codec = avcodec_find_encoder(AV_CODEC_ID_PCM_S16LE);
     AVStream *stream = avformat_new_stream(output, NULL);
     AVCodecContext *encoder = avcodec_alloc_context3(codec);
@@ -352,11 +231,7 @@ static blob_t audio_only(char const *name) {
     encoder->sample_fmt = AV_SAMPLE_FMT_S16;
     av_channel_layout_default(&encoder->ch_layout, 1);
     encoder->time_base = (AVRational){1, 8000};
-    assert_int_equal(avcodec_open2(encoder, codec, NULL), 0);
-    assert_true(avcodec_parameters_from_context(stream->codecpar, encoder) >= 0);
-    stream->time_base = encoder->time_base;
-    assert_true(avio_open(&output->pb, path, AVIO_FLAG_WRITE) >= 0);
-    assert_true(avformat_write_header(output, NULL) >= 0);
+    output_start(output, stream, encoder, codec);
     AVFrame *frame = av_frame_alloc();
     AVPacket *packet = av_packet_alloc();
     frame->format = AV_SAMPLE_FMT_S16;
@@ -374,21 +249,15 @@ static blob_t audio_only(char const *name) {
             assert_int_equal(av_interleaved_write_frame(output, packet), 0);
         }
     }
-    assert_int_equal(av_write_trailer(output), 0);
-    assert_int_equal(avio_closep(&output->pb), 0);
     av_packet_free(&packet);
     av_frame_free(&frame);
     avcodec_free_context(&encoder);
-    avformat_free_context(output);
-    return file_read(name);
+    return output_finish(output);
 }
 
 /* Raw RGB in NUT whose stream claims 10000 x 10000 pixels (past UFORM_IMAGE_MAX_PIXELS), one short packet. */
 static blob_t huge_frames(char const *name) {
-    char path[512];
-    path_of(name, path, sizeof path);
-    AVFormatContext *output = NULL;
-    assert_true(avformat_alloc_output_context2(&output, NULL, "nut", path) >= 0);
+    AVFormatContext *output = output_new(name, "nut");
     AVStream *stream = avformat_new_stream(output, NULL);
     assert_non_null(stream);
     stream->codecpar->codec_type = AVMEDIA_TYPE_VIDEO;
@@ -397,8 +266,7 @@ static blob_t huge_frames(char const *name) {
     stream->codecpar->width = 10000;
     stream->codecpar->height = 10000;
     stream->time_base = (AVRational){1, CLIP_RATE};
-    assert_true(avio_open(&output->pb, path, AVIO_FLAG_WRITE) >= 0);
-    assert_true(avformat_write_header(output, NULL) >= 0);
+    output_start(output, stream, NULL, NULL);
     AVPacket *packet = av_packet_alloc();
     assert_int_equal(av_new_packet(packet, 64), 0);
     memset(packet->data, 7, 64);
@@ -406,11 +274,8 @@ static blob_t huge_frames(char const *name) {
     packet->duration = 1;
     packet->flags |= AV_PKT_FLAG_KEY;
     assert_int_equal(av_interleaved_write_frame(output, packet), 0);
-    assert_int_equal(av_write_trailer(output), 0);
-    assert_int_equal(avio_closep(&output->pb), 0);
     av_packet_free(&packet);
-    avformat_free_context(output);
-    return file_read(name);
+    return output_finish(output);
 }
 
 /* The frame the rule picks for sample k: the last whose time <= start + (k + 0.5) * duration / F. */
@@ -455,7 +320,7 @@ static void clips_sample_the_frames_the_rule_names(void **state) {
     for (size_t c = 0; c < sizeof lossless / sizeof lossless[0]; ++c) {
         clip_spec_t const *spec = &lossless[c];
         blob_t clip = clip_write(lossless_names[c], spec);
-        batch_t *batch = batch_new(false);
+        batch_t *batch = batch_new(BATCH_MEMORY);
         batch_add(batch, clip.data, clip.size);
         uform_encoded_t encoded, images;
         uform_encode_stats_t stats;
@@ -518,7 +383,7 @@ static void lossy_clips_pick_identifiable_frames(void **state) {
     encode_pictures(pictures, CLIP_FRAMES, 0, images_arena, &images);
     for (size_t c = 0; c < sizeof lossy / sizeof lossy[0]; ++c) {
         blob_t clip = clip_write(lossy_names[c], &lossy[c]);
-        batch_t *batch = batch_new(false);
+        batch_t *batch = batch_new(BATCH_MEMORY);
         batch_add(batch, clip.data, clip.size);
         uform_encoded_t encoded;
         assert_int_equal(video_encode(batch, NULL, EVERYTHING, arena, NULL, NULL, &encoded), UFORM_OK);
@@ -545,34 +410,6 @@ static void lossy_clips_pick_identifiable_frames(void **state) {
     uform_arena_free(images_arena);
 }
 
-/* Encodes `batch` on `executor`, blocking or deferred, and copies every output's bytes to `copy`. */
-static size_t encode_copy(batch_t const *batch, uform_executor_t *executor, bool deferred,
-                          unsigned char *copy) {
-    uform_arena_t *arena = NULL;
-    assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
-    uform_encoded_t encoded;
-    uform_outcome_t outcome;
-    uform_outcome_init(&outcome);
-    assert_int_equal(
-        video_encode(batch, executor, EVERYTHING, arena, NULL, deferred ? &outcome : NULL, &encoded),
-        UFORM_OK);
-    if (deferred) {
-        assert_int_equal(uform_outcome_wait(&outcome), UFORM_OK);
-        assert_int_equal(uform_outcome_encoded(&outcome, &encoded), UFORM_OK);
-    }
-    size_t bytes = 0;
-    uform_view_t const *views[] = {&encoded.embeddings, &encoded.token_vectors, &encoded.states};
-    for (size_t v = 0; v < 3; ++v) {
-        memcpy(copy + bytes, views[v]->data, views[v]->rows * views[v]->row_stride);
-        bytes += views[v]->rows * views[v]->row_stride;
-    }
-    memcpy(copy + bytes, encoded.statuses, encoded.items * sizeof *encoded.statuses);
-    bytes += encoded.items * sizeof *encoded.statuses;
-    uform_outcome_destroy(&outcome);
-    uform_arena_free(arena);
-    return bytes;
-}
-
 /* Every clip of every kind, files and memory, over several chunks, on every receiver. */
 static void files_memory_and_receivers_agree(void **state) {
     (void)state;
@@ -583,31 +420,13 @@ static void files_memory_and_receivers_agree(void **state) {
         clips[kinds] = clip_write(names[kinds] = lossless_names[c], &lossless[c]);
     for (size_t c = 0; c < sizeof lossy / sizeof lossy[0]; ++c, ++kinds)
         clips[kinds] = clip_write(names[kinds] = lossy_names[c], &lossy[c]);
-    batch_t *files = batch_new(true), *memory = batch_new(false);
+    batch_t *files = batch_new(BATCH_FILES), *memory = batch_new(BATCH_MEMORY);
     while (files->count < 70) { /* 68 tokens a clip for the tiny model: three chunks */
         size_t c = files->count % kinds;
         batch_add_path(files, names[c]);
         batch_add(memory, clips[c].data, clips[c].size);
     }
-    size_t capacity = 1 << 22;
-    unsigned char *reference = malloc(capacity), *other = malloc(capacity);
-    assert_non_null(reference);
-    assert_non_null(other);
-    size_t bytes = encode_copy(memory, NULL, false, reference);
-    assert_true(bytes < capacity);
-    assert_int_equal(encode_copy(files, NULL, false, other), bytes);
-    assert_memory_equal(reference, other, bytes);
-    for (size_t threads = 1; threads <= 2; ++threads) {
-        uform_ram_options_t options = uform_ram_options_default();
-        options.threads = threads;
-        uform_executor_t *executor = NULL;
-        assert_int_equal(uform_executor_create_ram(&options, &executor), UFORM_OK);
-        for (int deferred = 0; deferred < 2; ++deferred) {
-            assert_int_equal(encode_copy(deferred ? files : memory, executor, deferred, other), bytes);
-            assert_memory_equal(reference, other, bytes);
-        }
-        uform_executor_free(executor);
-    }
+    assert_same_on_every_receiver(video_encode, memory, files);
     /* Within the batch, every copy of a clip equals the first. */
     uform_arena_t *arena = NULL;
     assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
@@ -618,21 +437,13 @@ static void files_memory_and_receivers_agree(void **state) {
         assert_same_item(&encoded, i, &encoded, i % kinds);
     }
     uform_arena_free(arena);
-    free(reference);
-    free(other);
     batch_free(files);
     batch_free(memory);
     for (size_t c = 0; c < kinds; ++c)
         free(clips[c].data);
 }
 
-typedef struct bad_case {
-    char const *name; /* a file in `directory` */
-    blob_t blob;      /* its bytes (data NULL: not written here) */
-    uform_status_t expected;
-} bad_case_t;
-
-static size_t bad_cases(bad_case_t *cases) {
+static size_t bad_cases(file_case_t *cases) {
     size_t n = 0;
     static char const text[] = "this is a text file, not a video clip\n";
     blob_t good = clip_write("good.mkv", &lossless[0]);
@@ -642,105 +453,37 @@ static size_t bad_cases(bad_case_t *cases) {
     uint8_t garbage[4096];
     for (size_t i = 0; i < sizeof garbage; ++i)
         garbage[i] = (uint8_t)(i * 2654435761u >> 13);
-    cases[n++] = (bad_case_t){"good.mkv", good, UFORM_OK};
-    cases[n++] = (bad_case_t){"audio.wav", audio_only("audio.wav"), UFORM_FORMAT};
-    cases[n++] = (bad_case_t){"zero.mkv", clip_write("zero.mkv", &empty), UFORM_FORMAT};
-    cases[n++] = (bad_case_t){"text.mp4", blob_copy(text, sizeof text - 1), UFORM_FORMAT};
-    cases[n++] = (bad_case_t){"truncated.mp4", blob_copy(mp4.data, mp4.size / 2), UFORM_FORMAT};
-    cases[n++] = (bad_case_t){"whole.mp4", mp4, UFORM_OK};
-    cases[n++] = (bad_case_t){"empty.mkv", blob_copy("", 0), UFORM_FORMAT};
-    cases[n++] = (bad_case_t){"garbage.avi", blob_copy(garbage, sizeof garbage), UFORM_FORMAT};
-    cases[n++] = (bad_case_t){"huge.nut", huge_frames("huge.nut"), UFORM_FORMAT};
-    for (size_t i = 0; i < n; ++i)
-        file_write(cases[i].name, &cases[i].blob);
+    cases[n++] = (file_case_t){"good.mkv", good, UFORM_OK};
+    cases[n++] = (file_case_t){"audio.wav", audio_only("audio.wav"), UFORM_FORMAT};
+    cases[n++] = (file_case_t){"zero.mkv", clip_write("zero.mkv", &empty), UFORM_FORMAT};
+    cases[n++] = (file_case_t){"text.mp4", blob_copy(text, sizeof text - 1), UFORM_FORMAT};
+    cases[n++] = (file_case_t){"truncated.mp4", blob_copy(mp4.data, mp4.size / 2), UFORM_FORMAT};
+    cases[n++] = (file_case_t){"whole.mp4", mp4, UFORM_OK};
+    cases[n++] = (file_case_t){"empty.mkv", blob_copy("", 0), UFORM_FORMAT};
+    cases[n++] = (file_case_t){"garbage.avi", blob_copy(garbage, sizeof garbage), UFORM_FORMAT};
+    cases[n++] = (file_case_t){"huge.nut", huge_frames("huge.nut"), UFORM_FORMAT};
+    cases[n++] =
+        (file_case_t){"sparse.mkv", {NULL, 0}, UFORM_FORMAT, true}; /* refused by its size, never read */
+    cases_write(cases, n);
+    sparse_write("sparse.mkv", (size_t)UFORM_VIDEO_MAX_BYTES + 1);
     return n;
-}
-
-/* Encodes `batch` and checks every status against `expected`, failed rows zero, and good items equal to
- * their solo encodings. */
-static void check_bad_batch(batch_t const *batch, uform_status_t const *expected,
-                            uform_executor_t *executor) {
-    uform_arena_t *arena = NULL, *single_arena = NULL;
-    assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
-    assert_int_equal(uform_arena_create_host(&single_arena), UFORM_OK);
-    uform_encoded_t together, alone;
-    uform_encode_stats_t stats;
-    uform_encode_config_t config = {.stats = &stats};
-    assert_int_equal(video_encode(batch, executor, EVERYTHING, arena, &config, NULL, &together), UFORM_OK);
-    size_t failed = 0;
-    for (size_t i = 0; i < batch->count; ++i) {
-        if (together.statuses[i] != expected[i])
-            fail_msg("item %zu (%.*s): %s, expected %s", i, (int)(batch->offsets[i + 1] - batch->offsets[i]),
-                     batch->files ? (char const *)batch->data + batch->offsets[i] : "in memory",
-                     uform_status_name(together.statuses[i]), uform_status_name(expected[i]));
-        if (expected[i] != UFORM_OK) {
-            failed++;
-            assert_zero_item(&together, i);
-            continue;
-        }
-        batch_t *solo = batch_new(batch->files);
-        batch_add(solo, batch->data + batch->offsets[i], batch->offsets[i + 1] - batch->offsets[i]);
-        assert_int_equal(video_encode(solo, executor, EVERYTHING, single_arena, NULL, NULL, &alone),
-                         UFORM_OK);
-        assert_same_item(&together, i, &alone, 0);
-        batch_free(solo);
-    }
-    assert_int_equal(stats.failed, failed);
-    assert_int_equal(stats.items, batch->count);
-    uform_arena_free(arena);
-    uform_arena_free(single_arena);
 }
 
 static void bad_clips_fail_alone(void **state) {
     (void)state;
-    bad_case_t cases[16];
-    size_t n = bad_cases(cases);
-    batch_t *files = batch_new(true), *memory = batch_new(false);
-    uform_status_t expected[32];
-    for (size_t i = 0; i < n; ++i) {
-        batch_add_path(files, cases[i].name);
-        batch_add(memory, cases[i].blob.data, cases[i].blob.size);
-        expected[i] = cases[i].expected;
-    }
-    uform_status_t file_expected[32];
-    memcpy(file_expected, expected, n * sizeof *expected);
-    batch_add_path(files, "absent.mkv");
-    file_expected[files->count - 1] = UFORM_IO;
-    batch_add_path(files, ".");
-    file_expected[files->count - 1] = UFORM_IO;
-    batch_add(files, "", 0);
-    file_expected[files->count - 1] = UFORM_INVALID_ARGUMENT;
-    char sparse[512]; /* past UFORM_VIDEO_MAX_BYTES: refused by its size, never read */
-    path_of("sparse.mkv", sparse, sizeof sparse);
-    FILE *file = fopen(sparse, "wb");
-    assert_non_null(file);
-    assert_int_equal(fclose(file), 0);
-    assert_int_equal(truncate(sparse, (off_t)UFORM_VIDEO_MAX_BYTES + 1), 0);
-    batch_add_path(files, "sparse.mkv");
-    file_expected[files->count - 1] = UFORM_FORMAT;
-
-    uform_ram_options_t options = uform_ram_options_default();
-    options.threads = 2;
-    uform_executor_t *ram = NULL;
-    assert_int_equal(uform_executor_create_ram(&options, &ram), UFORM_OK);
-    uform_executor_t *executors[] = {NULL, ram};
-    for (size_t e = 0; e < 2; ++e) {
-        check_bad_batch(files, file_expected, executors[e]);
-        check_bad_batch(memory, expected, executors[e]);
-    }
-    uform_executor_free(ram);
-    batch_free(files);
-    batch_free(memory);
-    for (size_t i = 0; i < n; ++i)
-        free(cases[i].blob.data);
+    assert_cases_fail_alone(video_encode, bad_cases);
 }
 
 static void matryoshka_and_conversions(void **state) {
     (void)state;
     blob_t clip = clip_write("widths.mkv", &lossless[0]);
-    batch_t *batch = batch_new(false);
+    batch_t *batch = batch_new(BATCH_MEMORY);
     batch_add(batch, clip.data, clip.size);
     batch_add(batch, "not a clip", 10);
+    assert_conversions_and_matryoshka(video_encode, batch, EVERYTHING, &info, kernels_scalar()->convert);
+
+    /* At every width the states are the full ones, and the token vectors the frames' image embeddings at
+     * that width. */
     uform_arena_t *full_arena = NULL, *arena = NULL, *images_arena = NULL;
     assert_int_equal(uform_arena_create_host(&full_arena), UFORM_OK);
     assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
@@ -755,15 +498,7 @@ static void matryoshka_and_conversions(void **state) {
         size_t width = info.matryoshka[m];
         uform_encode_config_t config = {.matryoshka = width};
         assert_int_equal(video_encode(batch, NULL, EVERYTHING, arena, &config, NULL, &narrow), UFORM_OK);
-        assert_int_equal(narrow.embeddings.columns, width);
-        assert_int_equal(narrow.token_vectors.columns, width);
         assert_memory_equal(narrow.states.data, full.states.data, full.states.rows * full.states.row_stride);
-        /* The embedding: the full one's prefix, renormalized. */
-        float const *prefix = row_of(&full.embeddings, 0), *short_row = row_of(&narrow.embeddings, 0);
-        double prefix_norm = sqrt(dot_of(prefix, prefix, width));
-        for (size_t j = 0; j < width; ++j)
-            assert_true(fabs(prefix[j] / prefix_norm - short_row[j]) < 1e-5);
-        /* Token vectors: the frames' image embeddings at that width. */
         encode_pictures(expected, samples, width, images_arena, &images);
         for (size_t k = 0; k < samples; ++k) {
             float const *vector = row_of(&narrow.token_vectors, k), *image = row_of(&images.embeddings, k);
@@ -771,23 +506,6 @@ static void matryoshka_and_conversions(void **state) {
                 assert_true(fabs(vector[j] - image[j]) < 1e-5);
         }
         assert_zero_item(&narrow, 1);
-    }
-    kernels_t const *kernels = kernels_scalar();
-    uform_scalar_t const kinds[] = {UFORM_BF16, UFORM_F16, UFORM_I8};
-    for (size_t k = 0; k < 3; ++k) {
-        uform_encode_config_t config = {.outputs_scalar = kinds[k]};
-        assert_int_equal(video_encode(batch, NULL, EVERYTHING, arena, &config, NULL, &narrow), UFORM_OK);
-        uform_view_t const *pairs[][2] = {{&full.embeddings, &narrow.embeddings},
-                                          {&full.states, &narrow.states},
-                                          {&full.token_vectors, &narrow.token_vectors}};
-        for (size_t v = 0; v < 3; ++v)
-            for (size_t row = 0; row < pairs[v][0]->rows; ++row) {
-                unsigned char converted[1024 * 4];
-                float scale = 0;
-                kernels->convert(converted, row_of(pairs[v][0], row), pairs[v][0]->columns, kinds[k], &scale);
-                assert_memory_equal(row_of(pairs[v][1], row), converted, pairs[v][1]->row_stride);
-                if (kinds[k] == UFORM_I8) assert_true(pairs[v][1]->scales[row] == scale);
-            }
     }
     for (size_t k = 0; k < samples; ++k)
         free(expected[k].rgb);
@@ -798,38 +516,13 @@ static void matryoshka_and_conversions(void **state) {
     free(clip.data);
 }
 
-typedef struct counter {
-    size_t calls, last, cancel_at;
-} counter_t;
-
-static uform_continuation_t count_items(void *state, size_t completed, size_t total) {
-    counter_t *counter = state;
-    counter->calls++;
-    counter->last = completed;
-    (void)total;
-    return counter->cancel_at && completed >= counter->cancel_at ? UFORM_CANCEL : UFORM_CONTINUE;
-}
-
 static void progress_and_cancel(void **state) {
     (void)state;
     blob_t clip = clip_write("progress.nut", &lossless[3]);
-    batch_t *batch = batch_new(false);
+    batch_t *batch = batch_new(BATCH_MEMORY);
     for (size_t i = 0; i < 100; ++i)
         batch_add(batch, clip.data, clip.size);
-    uform_arena_t *arena = NULL;
-    assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
-    counter_t counter = {0};
-    uform_encode_config_t config = {.progress = {count_items, &counter, 4}};
-    uform_encoded_t encoded;
-    assert_int_equal(video_encode(batch, NULL, UFORM_OUTPUT_EMBEDDINGS, arena, &config, NULL, &encoded),
-                     UFORM_OK);
-    assert_true(counter.calls >= 2 && counter.calls <= 4);
-    assert_int_equal(counter.last, 100);
-    counter = (counter_t){.cancel_at = 1};
-    assert_int_equal(video_encode(batch, NULL, UFORM_OUTPUT_EMBEDDINGS, arena, &config, NULL, &encoded),
-                     UFORM_CANCELLED);
-    assert_true(counter.last < 100);
-    uform_arena_free(arena);
+    assert_progress_and_cancel(video_encode, batch, UFORM_OK);
     batch_free(batch);
     free(clip.data);
 }
@@ -898,25 +591,10 @@ static int setup(void **state) {
 #if UFORM_WITH_FFMPEG
     av_log_set_level(AV_LOG_FATAL); /* broken clips are the point of some tests */
 #endif
-    snprintf(directory, sizeof directory, "%s/uform-video-XXXXXX",
-             getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-    if (!mkdtemp(directory)) return -1;
-    snprintf(checkpoint, sizeof checkpoint, "%s/tiny.safetensors", directory);
-    uform_tiny_checkpoint_args_t tiny = {.path = checkpoint, .seed = 29, .depth = 2, .hidden = 128};
-    if (uform_tiny_checkpoint(&tiny) != UFORM_OK) return -1;
-    uform_model_load_args_t load = {.path = checkpoint, .model = &model};
-    if (uform_model_load_ram(&load) != UFORM_OK) return -1;
-    if (uform_model_info(model, &info) != UFORM_OK || !info.has_video) return -1;
+    uform_tiny_checkpoint_args_t tiny = {.seed = 29, .depth = 2, .hidden = 128};
+    if (fixture_setup("video", &tiny, &model, &info) != 0 || !info.has_video) return -1;
     samples = info.video.frames;
     return samples <= 64 ? 0 : -1;
-}
-
-static int teardown(void **state) {
-    (void)state;
-    uform_model_free(model);
-    char command[600];
-    snprintf(command, sizeof command, "rm -rf '%s'", directory);
-    return system(command) == 0 ? 0 : -1;
 }
 
 int main(void) {
@@ -931,5 +609,5 @@ int main(void) {
 #endif
         cmocka_unit_test(bad_arguments_and_no_video_tower),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, setup, fixture_teardown);
 }

@@ -7,21 +7,13 @@
  * cosine >= 0.999 to a RAM executor's, text_choose, device views refusing host access, copy-out,
  * stale views, cancellation, contention, and a bad device ordinal. */
 #include <math.h>
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
-#include <cmocka.h>
+#include "fixtures.h"
 
-#include "uform.h"
-
-static char directory[] = "/tmp/uform-vram-XXXXXX";
-static char checkpoint[512];
+static char const *checkpoint;
 static char base_checkpoint[512];
 static bool have_device;
 static uform_executor_t *vram, *ram;
@@ -29,33 +21,22 @@ static uform_model_t *vram_model, *ram_model;
 
 static int setup(void **state) {
     (void)state;
-    if (!mkdtemp(directory)) return -1;
-    snprintf(checkpoint, sizeof checkpoint, "%s/tiny.safetensors", directory);
-    uform_tiny_checkpoint_args_t tiny = {.path = checkpoint, .seed = 7, .depth = 2, .hidden = 128, .context = 96};
-    if (uform_tiny_checkpoint(&tiny) != UFORM_OK) return -1;
-    uform_status_t status = uform_executor_create_vram(NULL, &vram);
-    have_device = status == UFORM_OK;
+    uform_tiny_checkpoint_args_t tiny = {.seed = 7, .depth = 2, .hidden = 128, .context = 96};
+    if (fixture_setup("vram", &tiny, NULL, NULL) != 0) return -1;
+    checkpoint = tiny.path;
+    have_device = uform_executor_create_vram(NULL, &vram) == UFORM_OK;
     if (!have_device) {
-        uform_error_t error = uform_last_error();
-        char rendered[256];
-        uform_error_render(&error, rendered, sizeof rendered);
-        fprintf(stderr, "no VRAM executor here, device tests skip: %s\n", rendered);
+        fprintf(stderr, "no VRAM executor here, device tests skip: %s\n", last_error_text().text);
         return 0;
     }
     /* A deeper, wider one, where BF16 rounding accumulates as in real models. */
-    snprintf(base_checkpoint, sizeof base_checkpoint, "%s/base.safetensors", directory);
+    fixture_path("base.safetensors", base_checkpoint, sizeof base_checkpoint);
     uform_tiny_checkpoint_args_t base = {.path = base_checkpoint, .seed = 5, .depth = 6, .hidden = 384, .context = 200};
     if (uform_tiny_checkpoint(&base) != UFORM_OK) return -1;
-    uform_ram_options_t options = uform_ram_options_default();
-    options.threads = 2;
-    options.pin = false;
-    if (uform_executor_create_ram(&options, &ram) != UFORM_OK) return -1;
+    ram = ram_executor(2, false);
     uform_model_load_args_t load = {.executor = vram, .path = checkpoint, .model = &vram_model};
     if (uform_model_load_vram(&load) != UFORM_OK) {
-        uform_error_t error = uform_last_error();
-        char rendered[256];
-        uform_error_render(&error, rendered, sizeof rendered);
-        fprintf(stderr, "load_vram failed: %s\n", rendered);
+        fprintf(stderr, "load_vram failed: %s\n", last_error_text().text);
         return -1;
     }
     load = (uform_model_load_args_t){.executor = ram, .path = checkpoint, .model = &ram_model};
@@ -68,10 +49,7 @@ static int teardown(void **state) {
     uform_model_free(ram_model);
     uform_executor_free(vram);
     uform_executor_free(ram);
-    unlink(checkpoint);
-    unlink(base_checkpoint);
-    rmdir(directory);
-    return 0;
+    return fixture_teardown(state);
 }
 
 #define NEED_DEVICE()                                                                                        \
@@ -178,17 +156,6 @@ static float *view_rows(uform_view_t const *view) {
     return out;
 }
 
-static double cosine(float const *a, float const *b, size_t n) {
-    double ab = 0, aa = 0, bb = 0;
-    for (size_t i = 0; i < n; ++i) {
-        ab += (double)a[i] * b[i];
-        aa += (double)a[i] * a[i];
-        bb += (double)b[i] * b[i];
-    }
-    if (aa == 0 && bb == 0) return 1;
-    return ab / sqrt(aa * bb);
-}
-
 /* Worst row cosine between two views of the same shape. */
 static double worst_cosine(uform_view_t const *device, uform_view_t const *host) {
     assert_int_equal(device->rows, host->rows);
@@ -196,7 +163,7 @@ static double worst_cosine(uform_view_t const *device, uform_view_t const *host)
     float *a = view_rows(device), *b = view_rows(host);
     double worst = 1;
     for (size_t r = 0; r < host->rows; ++r) {
-        double c = cosine(a + r * host->columns, b + r * host->columns, host->columns);
+        double c = cosine_of(a + r * host->columns, b + r * host->columns, host->columns);
         if (c < worst) worst = c;
     }
     free(a);
@@ -212,7 +179,7 @@ static void compare_models(uform_model_t *device_model, uform_model_t *host_mode
     uform_arena_t *device_arena = NULL, *host_arena = NULL;
     assert_int_equal(uform_arena_create(vram, &device_arena), UFORM_OK);
     assert_int_equal(uform_arena_create(ram, &host_arena), UFORM_OK);
-    uform_outputs_t outputs = UFORM_OUTPUT_EMBEDDINGS | UFORM_OUTPUT_TOKEN_VECTORS | UFORM_OUTPUT_STATES;
+    uform_outputs_t outputs = EVERYTHING;
     uform_encode_stats_t device_stats = {0}, host_stats = {0};
     uform_encode_config_t device_config = {.outputs_scalar = scalar, .matryoshka = matryoshka, .stats = &device_stats};
     uform_encode_config_t host_config = {.outputs_scalar = scalar, .matryoshka = matryoshka, .stats = &host_stats};
@@ -221,12 +188,7 @@ static void compare_models(uform_model_t *device_model, uform_model_t *host_mode
                                      .arena = device_arena, .config = &device_config, .encoded = &on_device,
                                      .texts = tape};
     uform_status_t status = uform_text_encode(&args);
-    if (status != UFORM_OK) {
-        uform_error_t error = uform_last_error();
-        char rendered[256];
-        uform_error_render(&error, rendered, sizeof rendered);
-        fail_msg("VRAM text_encode: %s", rendered);
-    }
+    if (status != UFORM_OK) fail_msg("VRAM text_encode: %s", last_error_text().text);
     args.model = host_model, args.executor = ram, args.arena = host_arena, args.config = &host_config;
     args.encoded = &on_host;
     assert_int_equal(uform_text_encode(&args), UFORM_OK);
@@ -439,17 +401,12 @@ static void test_images_match_cpu(void **state) {
     for (size_t k = 0; k < 3; ++k) {
         uform_encode_config_t config = {.outputs_scalar = scalars[k]};
         uform_encoded_t on_device, on_host;
-        uform_outputs_t outputs = UFORM_OUTPUT_EMBEDDINGS | UFORM_OUTPUT_TOKEN_VECTORS | UFORM_OUTPUT_STATES;
+        uform_outputs_t outputs = EVERYTHING;
         uform_image_encode_pixels_args_t args = {.model = vram_model, .executor = vram, .outputs = outputs,
                                                  .arena = device_arena, .config = &config, .encoded = &on_device,
                                                  .pixels = tape, .heights = heights, .widths = widths};
         uform_status_t status = uform_image_encode_pixels(&args);
-        if (status != UFORM_OK) {
-            uform_error_t error = uform_last_error();
-            char rendered[256];
-            uform_error_render(&error, rendered, sizeof rendered);
-            fail_msg("VRAM image_encode_pixels: %s", rendered);
-        }
+        if (status != UFORM_OK) fail_msg("VRAM image_encode_pixels: %s", last_error_text().text);
         args.model = ram_model, args.executor = ram, args.arena = host_arena, args.encoded = &on_host;
         assert_int_equal(uform_image_encode_pixels(&args), UFORM_OK);
         for (size_t i = 0; i < count; ++i)

@@ -20,10 +20,11 @@
 static char const help[] =
     "usage: uform serve [options]\n"
     "\n"
-    "Serves the model's text embeddings over HTTP/1.1 with OpenAI's embeddings API, so that OpenAI's\n"
-    "clients work against it with base_url http://HOST:PORT/v1. Concurrent requests are gathered into\n"
-    "one engine call; a vector never depends on what it was batched with, and equals what\n"
-    "'uform encode' writes for the same text and width.\n"
+    "Serves the model's embeddings over HTTP/1.1 with OpenAI's embeddings API, so that OpenAI's\n"
+    "clients work against it with base_url http://HOST:PORT/v1; images, audio and video come as base64\n"
+    "in an extension of it. Concurrent requests are gathered into one engine call per modality; a\n"
+    "vector never depends on what it was batched with, and equals what 'uform encode' writes for the\n"
+    "same text or file and width.\n"
     "\n"
     "  --model PATH          the checkpoint; default: the default model (below)\n"
     "  --name NAME           the model's name in requests and in /v1/models; default: the checkpoint's\n"
@@ -31,8 +32,9 @@ static char const help[] =
     "  --threads N           the executor's worker threads; 0 (the default) takes 7/8 of the cores\n"
     "  --host ADDRESS        the address to listen on (default 127.0.0.1; 0.0.0.0 or :: for all)\n"
     "  --port N              the TCP port (default 8080); 0 picks a free one\n"
-    "  --batch-bytes N       the input bytes one engine call gathers at most (default 262144); a request\n"
-    "                        is never split, so a larger one goes alone\n"
+    "  --batch-bytes N       the input bytes one engine call gathers at most (default 262144): text bytes\n"
+    "                        up to the context, media bytes once decoded; a request's inputs of one\n"
+    "                        modality are never split, so a larger request goes alone\n"
     "  --batch-delay-us N    how long the oldest queued request may wait for others to join its batch\n"
     "                        while the executor is idle (default 0: at once; requests arriving while it\n"
     "                        computes are batched anyway)\n"
@@ -52,17 +54,23 @@ static char const help[] =
     "                        (\"float\", or \"base64\": little-endian F32), \"user\" (ignored); and\n"
     "                        \"truncate\" (default true: texts longer than the model's context are cut\n"
     "                        to it and flagged \"truncated\": true in their data item; false answers 400\n"
-    "                        context_length_exceeded instead). usage.prompt_tokens counts the bytes the\n"
-    "                        model read plus one per input. Errors are OpenAI's {\"error\": {\"message\",\n"
-    "                        \"type\", \"param\", \"code\"}} with 400, 404 (another model), 413, 429, 503.\n"
+    "                        context_length_exceeded instead). usage.prompt_tokens counts the\n"
+    "                        text bytes the model read plus one per text. Errors are OpenAI's\n"
+    "                        {\"error\": {\"message\", \"type\", \"param\", \"code\"}} with 400, 404\n"
+    "                        (another model), 413, 429, 500, 503.\n"
     "                        Multimodal extension: a list item may be {\"text\": ...} or {\"image\" |\n"
-    "                        \"audio\" | \"video\": \"data:<mime type>;base64,<bytes>\"}; media items are\n"
-    "                        answered 400 unsupported_modality until the engine's media encoders are built.\n"
+    "                        \"audio\" | \"video\": \"data:<media type>;base64,<bytes>\"} (or the base64\n"
+    "                        alone; the format is recognized by content): JPEG or PNG images, sounds\n"
+    "                        and clips FFmpeg decodes. Media count no usage tokens and carry no\n"
+    "                        \"truncated\". Bad base64: 400 invalid_value; a model or build without\n"
+    "                        the modality: 400 unsupported_modality; an item the engine cannot decode:\n"
+    "                        400 invalid_media (param \"input[i]\") for its request alone.\n"
     "  GET /v1/models        the served model (also GET /v1/models/NAME)\n"
     "  GET /health           200 while the process serves\n"
     "  GET /ready            200 while it takes requests, 503 once it shuts down\n"
     "  GET /metrics          Prometheus text: answers by route and status; seconds per stage (queue,\n"
-    "                        decode, compute, encode, serialize, request); requests per batch; the queue\n"
+    "                        decode (media batches), compute, encode, serialize, request); requests per\n"
+    "                        batch; batches and inputs by modality; the queue\n"
     "\n"
     "SIGTERM or SIGINT stops it gracefully: no new connections, every request in flight is answered, and\n"
     "it exits 0 (a second signal, or 30 seconds, cuts the rest short and answers what is queued 503).\n"
@@ -425,6 +433,7 @@ static void serve_completed(void *cls, struct MHD_Connection *connection, void *
     if (request->response) MHD_destroy_response(request->response);
     json_decref(request->json);
     free(request->inputs);
+    free(request->vectors);
     free(request->body);
     free(request);
     server->requests--;
@@ -560,7 +569,7 @@ static int serve_run(serve_t *server, sigset_t const *signals) {
     uform_model_load_args_t load = {.executor = server->executor, .path = path, .model = &server->model};
     if (uform_model_load_ram(&load) != UFORM_OK) return command_fail_engine();
     if (uform_model_info(server->model, &server->info) != UFORM_OK) return command_fail_engine();
-    if (!server->info.has_text) return command_fail("%s has no text tower: nothing to serve yet", path);
+    if (!server->info.has_text) return command_fail("%s has no text tower: uform serve needs one", path);
     server->created = (long long)time(NULL);
     server->name = server->flags.name ? strdup(server->flags.name) : default_name(path);
     json_t *name = server->name ? json_string(server->name) : NULL;

@@ -3,9 +3,11 @@
  * One thread runs all of it: the loop (loop/loop.h), libmicrohttpd's callbacks, the batcher and the
  * serializer. libmicrohttpd runs without threads of its own: its one epoll descriptor is polled on the
  * loop and MHD_run is called when it is readable or when its timeout is due. A request for embeddings
- * is parsed when its body is complete, queued, and its connection suspended; the batcher gathers
- * queued requests into one uform_text_encode on the RAM executor, whose outcome notifies an eventfd
- * polled on the loop; the answers are then written and the connections resumed.
+ * is parsed when its body is complete, queued, and its connection suspended; the batcher gathers the
+ * queued inputs of one modality into one deferred call on the RAM executor (uform_text_encode, or
+ * uform_image_encode, uform_audio_encode, uform_video_encode from memory), whose outcome notifies an
+ * eventfd polled on the loop; a request is answered, and its connection resumed, once every one of its
+ * inputs is encoded.
  *
  *   uform_serve.c          flags, the loop, libmicrohttpd, routes, signals and shutdown
  *   uform_serve_api.c      the OpenAI-compatible bodies: requests parsed, answers and errors written
@@ -24,13 +26,14 @@
 #include "loop.h"
 #include "uform_command.h"
 
-/* OpenAI's own bound on the items of one request. */
-enum { SERVE_MAX_ITEMS = 2048 };
+/* OpenAI's own bound on the items of one request; the modalities, indexed by uform_modality_t. */
+enum { SERVE_MAX_ITEMS = 2048, SERVE_MODALITIES = 4 };
 
 #define SERVE_CONTAINER_OF(pointer, type, member) ((type *)(void *)((char *)(pointer)-offsetof(type, member)))
 
 typedef struct serve serve_t;
 typedef struct serve_request serve_request_t;
+typedef struct serve_part serve_part_t;
 
 /* ---- text: a growable byte buffer for bodies (uform_serve_api.c) ------------------------------ */
 
@@ -87,6 +90,7 @@ typedef struct serve_metrics {
     serve_histogram_t stages[STAGE_COUNT];
     serve_histogram_t batch_requests; /* requests per batch, buckets by count */
     uint64_t batches, items, bytes, tokens, truncated, rejected_full;
+    uint64_t modality_batches[SERVE_MODALITIES], modality_items[SERVE_MODALITIES];
 } serve_metrics_t;
 
 void metrics_count(serve_metrics_t *metrics, serve_route_t route, unsigned status);
@@ -109,11 +113,28 @@ typedef struct serve_flags {
     bool help;
 } serve_flags_t;
 
-/* One text of a request: bytes inside the request's parsed JSON. */
+/* One input of a request, inside the request's parsed JSON: a text's bytes, or a media item's base64
+ * characters (what follows the data URL's comma). */
 typedef struct serve_input {
+    uform_modality_t modality;
     char const *bytes;
-    size_t length;
+    size_t length; /* of `bytes` */
+    size_t budget; /* what it counts against --batch-bytes: a text's bytes up to the context, or the
+                      media's decoded bytes */
+    size_t taped;  /* what it takes on a batch's tape: the whole text, or the decoded media */
 } serve_input_t;
+
+/* The inputs of one modality of a request. A request has a part for each modality it holds; each part
+ * waits in the queue and goes whole into one batch of its modality. */
+struct serve_part {
+    serve_request_t *request;
+    serve_part_t *next; /* links the queue, then the batch */
+    uform_modality_t modality;
+    size_t count;     /* inputs */
+    size_t budget;    /* the sum of its inputs' */
+    size_t taped;     /* the sum of its inputs' */
+    size_t first_row; /* of its first input in the batch's embeddings */
+};
 
 struct serve_request {
     serve_t *server;
@@ -128,15 +149,20 @@ struct serve_request {
     json_t *json;
     serve_input_t *inputs;
     size_t count;
-    size_t bytes;      /* bytes the model reads: each input up to the context */
-    size_t tokens;     /* usage: those bytes plus one BOS per input */
-    size_t truncated;  /* inputs longer than the context */
+    size_t bytes;      /* texts: bytes the model reads (each up to the context); media: decoded bytes */
+    size_t tokens;     /* usage: the texts' bytes read plus one BOS per text; media count none */
+    size_t truncated;  /* texts longer than the context */
     size_t dimensions; /* the matryoshka width asked; 0 for the model's full width */
+    size_t width;      /* the width answered: `dimensions`, or the model's */
     bool base64;
-    /* Queued, then batched: `next` links the queue and then the batch, `first_row` is the row of its
-     * first input in the batch's embeddings. */
-    serve_request_t *next;
-    size_t first_row;
+    /* Queued, then batched part by part: each finished part's rows are copied into `vectors` (count x
+     * width F32), and the request is answered once no part is pending. The first failure sets the
+     * request's error answer and `failed`; its parts still queued are then dropped. */
+    serve_part_t parts[SERVE_MODALITIES];
+    size_t parts_queued, parts_pending;
+    float *vectors;
+    bool failed;
+    bool settled; /* answered by the batcher: its connection resumed */
     bool suspended;
     bool answered; /* its answer is queued: later calls only drain what the client still sends */
     /* The answer, queued on the connection when the access handler next runs. */
@@ -153,9 +179,10 @@ typedef struct serve_timer {
     bool armed, cancelling;
 } serve_timer_t;
 
-/* One engine call: its outcome, its arena and its tape. Two alternate, so that the next batch computes
- * in one while the answers of the last are written from the other's views. */
+/* One engine call of one modality and width: its outcome, its arena and its tape. Two alternate, so
+ * that the next batch computes in one while the rows of the last are read from the other's views. */
 typedef struct serve_batch {
+    uform_modality_t modality;
     uform_outcome_t outcome;
     uform_arena_t *arena;
     uform_encode_stats_t stats;
@@ -164,8 +191,8 @@ typedef struct serve_batch {
     size_t bytes_capacity, length;
     size_t *offsets;
     size_t offsets_capacity, items;
-    serve_request_t *requests; /* in row order, through next */
-    size_t requests_count;
+    serve_part_t *parts; /* in row order, through next */
+    size_t parts_count;
     uint64_t submitted_ns;
 } serve_batch_t;
 
@@ -180,8 +207,9 @@ struct serve {
     char *name_json;   /* the same as a JSON string, quoted and escaped */
     long long created; /* when it was loaded, Unix seconds, for /v1/models */
 
-    /* Requests waiting for the executor, oldest first. */
-    serve_request_t *queue_head, *queue_tail;
+    /* Parts waiting for the executor, oldest first; `queued` counts the requests they belong to, and
+     * `queued_bytes` their budgets. */
+    serve_part_t *queue_head, *queue_tail;
     size_t queued, queued_bytes;
     serve_batch_t batches[2];
     serve_batch_t *encoding; /* the batch the executor runs; NULL when idle */
@@ -212,9 +240,17 @@ void serve_drain_check(serve_t *server);
 
 /* ---- the API (uform_serve_api.c) --------------------------------------------------------------- */
 
-/* Parses a complete POST /v1/embeddings body into the request's inputs and options. Answers true, or
- * false after setting the request's error answer (400, 404). */
+/* Parses a complete POST /v1/embeddings body into the request's inputs and options, media items
+ * checked (their base64 validated, their tower and decoder present) but not decoded. Answers true, or
+ * false after setting the request's error answer (400, 404, 500). */
 bool api_parse_embeddings(serve_t *server, serve_request_t *request);
+
+/* Decodes standard base64 (RFC 4648, section 4), strictly: no whitespace nor any character outside the
+ * alphabet; the '=' padding may be left out, but where present it completes the last group and ends the
+ * text; the bits a short last group leaves over are ignored. Writes
+ * the bytes to `out` (room for the length a first call with `out` NULL answered) unless NULL. Answers
+ * the decoded length, or SIZE_MAX for malformed text, with `*bad` the offset of the fault. */
+size_t api_base64_decode(char const *text, size_t length, unsigned char *out, size_t *bad);
 
 /* Sets the request's answer to an error in OpenAI's shape, {"error": {"message", "type", "param",
  * "code"}}; `param` and `code` may be NULL (JSON null). */
@@ -222,8 +258,8 @@ __attribute__((format(printf, 6, 7))) void api_error(serve_request_t *request, u
                                                      char const *type, char const *param, char const *code,
                                                      char const *format, ...);
 
-/* Sets the request's answer to its embeddings, rows [first_row, first_row + count) of `embeddings`. */
-void api_answer_embeddings(serve_t *server, serve_request_t *request, uform_view_t const *embeddings);
+/* Sets the request's answer to its embeddings, from its `vectors`. */
+void api_answer_embeddings(serve_t *server, serve_request_t *request);
 
 /* Sets the request's answer to `text` (taken: freed by libmicrohttpd) as `content_type`. */
 void api_answer_text(serve_request_t *request, unsigned status, serve_text_t *text, char const *content_type);
@@ -237,17 +273,18 @@ void api_answer_models(serve_t *server, serve_request_t *request, char const *na
 int batch_open(serve_t *server);
 void batch_close(serve_t *server);
 
-/* Queues a parsed request; false when the queue is full. */
+/* Queues a parsed request's parts; false when the queue is full. */
 bool batch_enqueue(serve_t *server, serve_request_t *request);
 
 /* Starts the next engine call when the executor is idle and the queue's head has waited its delay, or
  * the queue holds a batch's worth of bytes, or the server drains; else arms the batch timer. */
 void batch_kick(serve_t *server);
 
-/* The eventfd's poll: a finished call's requests are answered and the next call started. */
+/* The eventfd's poll: a finished call's rows are copied into their requests, the next call started, and
+ * the requests with nothing left pending answered. */
 void batch_encoded(serve_t *server);
 
-/* Answers every queued request with `status` (a forced shutdown). */
+/* Answers every queued request with `status` (a forced shutdown, with no call in flight). */
 void batch_refuse_queued(serve_t *server, unsigned status, char const *message);
 
 #endif /* UFORM_SERVE_H */

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "uform_serve.h"
 
@@ -156,50 +157,142 @@ void api_error(serve_request_t *request, unsigned status, char const *type, char
 
 /* ---- POST /v1/embeddings: the request ---------------------------------------------------------- */
 
-static char const *const media[] = {"image", "audio", "video"};
+/* ---- base64 ----------------------------------------------------------------------------------- */
 
-/* The multimodal extension: {"image" | "audio" | "video": "data:<mime>;base64,<bytes>"}. The engine's
- * media verbs are not built yet, so a well-formed item is refused with unsupported_modality. */
-static bool parse_media_item(serve_t *server, serve_request_t *request, json_t *item, size_t index,
-                             char const *modality) {
-    json_t *value = json_object_get(item, modality);
-    char const *url = json_string_value(value);
-    char const *comma = url ? strchr(url, ',') : NULL;
-    if (!url || strncmp(url, "data:", 5) != 0 || !comma || comma - url < 12 ||
-        strncmp(comma - 7, ";base64", 7) != 0) {
-        INVALID(request, "input", "invalid_value",
-                "input[%zu].%s must be a base64 data URL: data:<mime type>;base64,<bytes>", index, modality);
-        return false;
-    }
-    bool present = !strcmp(modality, "image")   ? server->info.has_image
-                   : !strcmp(modality, "audio") ? server->info.has_audio
-                                                : server->info.has_video;
-    if (!present)
-        INVALID(request, "input", "unsupported_modality",
-                "input[%zu]: %s inputs are not supported by this model: it has no %s tower", index, modality,
-                modality);
-    else
-        INVALID(request, "input", "unsupported_modality",
-                "input[%zu]: %s inputs are not supported by this build yet: the engine's %s encoder is not "
-                "built; send text",
-                index, modality, modality);
-    return false;
+/* The value of a character of the standard alphabet, or -1. */
+static int base64_value(unsigned char c) {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    if (c == '+') return 62;
+    if (c == '/') return 63;
+    return -1;
 }
 
-/* One item of an input list: a string, or an object of the multimodal extension. */
-static bool parse_item(serve_t *server, serve_request_t *request, json_t *item, size_t index) {
-    if (json_is_object(item)) {
-        for (size_t m = 0; m < sizeof media / sizeof media[0]; ++m)
-            if (json_object_get(item, media[m]))
-                return parse_media_item(server, request, item, index, media[m]);
-        json_t *text = json_object_get(item, "text");
-        if (!text) {
+size_t api_base64_decode(char const *text, size_t length, unsigned char *out, size_t *bad) {
+    uint32_t group = 0; /* the sextets of the group being read */
+    size_t sextets = 0, pads = 0, written = 0;
+    for (size_t i = 0; i < length; ++i) {
+        unsigned char c = (unsigned char)text[i];
+        int value = base64_value(c);
+        /* '=' pads a group of 2 or 3 characters to 4, and nothing follows a padded group. */
+        bool fault = c == '=' ? sextets < 2 || sextets + pads == 4 : value < 0 || pads > 0;
+        if (fault) {
+            *bad = i;
+            return SIZE_MAX;
+        }
+        if (c == '=') {
+            pads++;
+            continue;
+        }
+        group = group << 6 | (uint32_t)value;
+        if (++sextets < 4) continue;
+        if (out) {
+            out[written] = (unsigned char)(group >> 16);
+            out[written + 1] = (unsigned char)(group >> 8);
+            out[written + 2] = (unsigned char)group;
+        }
+        written += 3;
+        group = 0;
+        sextets = 0;
+    }
+    /* One character alone holds no byte; padding, where present, must fill its group. */
+    if (sextets == 1 || (pads > 0 && sextets + pads != 4)) {
+        *bad = length;
+        return SIZE_MAX;
+    }
+    /* 2 characters hold one byte (12 bits, 4 dropped), 3 hold two (18 bits, 2 dropped). */
+    if (sextets == 2 && out) out[written] = (unsigned char)(group >> 4);
+    if (sextets == 3 && out) {
+        out[written] = (unsigned char)(group >> 10);
+        out[written + 1] = (unsigned char)(group >> 2);
+    }
+    return written + (sextets ? sextets - 1 : 0);
+}
+
+/* ---- POST /v1/embeddings: the request ---------------------------------------------------------- */
+
+/* The keys of an input object, by uform_modality_t. */
+static char const *const modality_keys[SERVE_MODALITIES] = {"text", "image", "video", "audio"};
+
+/* Where the model or the build cannot encode a modality, the reason; NULL where it can. */
+static char const *modality_missing(serve_t const *server, uform_modality_t modality) {
+    uint32_t features = uform_features();
+    switch (modality) {
+    case UFORM_MODALITY_TEXT:
+        return NULL; /* the server starts only with a text tower */
+    case UFORM_MODALITY_IMAGE:
+        if (!server->info.has_image) return "this model has no image tower";
+        if (!(features & (UFORM_FEATURE_JPEG | UFORM_FEATURE_SPNG)))
+            return "this build decodes no image format (it has neither libjpeg-turbo nor libspng)";
+        return NULL;
+    case UFORM_MODALITY_VIDEO:
+        if (!server->info.has_video) return "this model has no video tower";
+        if (!(features & UFORM_FEATURE_FFMPEG)) return "this build has no FFmpeg to decode clips";
+        return NULL;
+    case UFORM_MODALITY_AUDIO:
+        if (!server->info.has_audio) return "this model has no audio tower";
+        if (!(features & UFORM_FEATURE_FFMPEG)) return "this build has no FFmpeg to decode sounds";
+        return NULL;
+    }
+    return "an unknown modality";
+}
+
+/* The multimodal extension: {"image" | "audio" | "video": "data:<media type>;base64,<bytes>"}, or the
+ * base64 alone. The media type is not used: the engine recognizes formats by content. The base64 is
+ * validated here and decoded only into the batch's tape. */
+static bool parse_media_item(serve_t *server, serve_request_t *request, json_t *value, size_t index,
+                             uform_modality_t modality) {
+    char const *key = modality_keys[modality];
+    if (!json_is_string(value)) {
+        INVALID(request, "input", "invalid_type", "input[%zu].%s must be a string: a base64 data URL", index,
+                key);
+        return false;
+    }
+    char const *payload = json_string_value(value);
+    size_t length = json_string_length(value);
+    if (length >= 5 && strncasecmp(payload, "data:", 5) == 0) {
+        char const *comma = memchr(payload, ',', length);
+        size_t head = comma ? (size_t)(comma - payload) : 0;
+        if (!comma || head < 12 || strncasecmp(comma - 7, ";base64", 7) != 0) {
             INVALID(request, "input", "invalid_value",
-                    "input[%zu] is an object without \"text\", \"image\", \"audio\" or \"video\"", index);
+                    "input[%zu].%s must be a base64 data URL, data:<media type>;base64,<bytes>, or the "
+                    "base64 alone",
+                    index, key);
             return false;
         }
-        item = text;
+        payload = comma + 1;
+        length -= head + 1;
     }
+    size_t bad = 0;
+    size_t decoded = api_base64_decode(payload, length, NULL, &bad);
+    if (decoded == SIZE_MAX) {
+        if (bad < length)
+            INVALID(request, "input", "invalid_value",
+                    "input[%zu].%s is not base64: byte 0x%02x at offset %zu of the data", index, key,
+                    (unsigned char)payload[bad], bad);
+        else
+            INVALID(request, "input", "invalid_value",
+                    "input[%zu].%s is not base64: the data ends within a group of 4 characters", index, key);
+        return false;
+    }
+    if (decoded == 0) {
+        INVALID(request, "input", "invalid_value", "input[%zu].%s is empty", index, key);
+        return false;
+    }
+    char const *missing = modality_missing(server, modality);
+    if (missing) {
+        INVALID(request, "input", "unsupported_modality", "input[%zu]: %s inputs are not supported: %s",
+                index, key, missing);
+        return false;
+    }
+    request->inputs[index] = (serve_input_t){
+        .modality = modality, .bytes = payload, .length = length, .budget = decoded, .taped = decoded};
+    return true;
+}
+
+/* One text of the input, a string. */
+static bool parse_text(serve_request_t *request, json_t *item, size_t index) {
     if (!json_is_string(item)) {
         INVALID(request, "input", "invalid_type", "input[%zu] must be a string", index);
         return false;
@@ -209,8 +302,35 @@ static bool parse_item(serve_t *server, serve_request_t *request, json_t *item, 
         INVALID(request, "input", "invalid_value", "input[%zu] is empty", index);
         return false;
     }
-    request->inputs[index] = (serve_input_t){.bytes = json_string_value(item), .length = length};
+    request->inputs[index] =
+        (serve_input_t){.modality = UFORM_MODALITY_TEXT, .bytes = json_string_value(item), .length = length};
     return true;
+}
+
+/* One item of an input list: a string, or an object of the multimodal extension holding exactly one of
+ * "text", "image", "audio" and "video" (other keys are ignored). */
+static bool parse_item(serve_t *server, serve_request_t *request, json_t *item, size_t index) {
+    if (!json_is_object(item)) return parse_text(request, item, index);
+    json_t *value = NULL;
+    uform_modality_t modality = UFORM_MODALITY_TEXT;
+    for (size_t m = 0; m < SERVE_MODALITIES; ++m) {
+        json_t *found = json_object_get(item, modality_keys[m]);
+        if (!found) continue;
+        if (value) {
+            INVALID(request, "input", "invalid_value",
+                    "input[%zu] holds more than one of \"text\", \"image\", \"audio\" and \"video\"", index);
+            return false;
+        }
+        value = found;
+        modality = (uform_modality_t)m;
+    }
+    if (!value) {
+        INVALID(request, "input", "invalid_value",
+                "input[%zu] is an object without \"text\", \"image\", \"audio\" or \"video\"", index);
+        return false;
+    }
+    if (modality == UFORM_MODALITY_TEXT) return parse_text(request, value, index);
+    return parse_media_item(server, request, value, index, modality);
 }
 
 static bool parse_input(serve_t *server, serve_request_t *request, json_t *input, bool truncate) {
@@ -253,15 +373,19 @@ static bool parse_input(serve_t *server, serve_request_t *request, json_t *input
         return false;
     }
     if (json_is_string(input)) {
-        request->inputs[0] =
-            (serve_input_t){.bytes = json_string_value(input), .length = json_string_length(input)};
+        if (!parse_text(request, input, 0)) return false;
     } else {
         for (size_t i = 0; i < request->count; ++i)
             if (!parse_item(server, request, json_array_get(input, i), i)) return false;
     }
     size_t context = server->info.text.context;
     for (size_t i = 0; i < request->count; ++i) {
-        size_t length = request->inputs[i].length;
+        serve_input_t *item = &request->inputs[i];
+        if (item->modality != UFORM_MODALITY_TEXT) {
+            request->bytes += item->budget;
+            continue;
+        }
+        size_t length = item->length;
         if (length > context) {
             if (!truncate) {
                 INVALID(request, "input", "context_length_exceeded",
@@ -274,8 +398,16 @@ static bool parse_input(serve_t *server, serve_request_t *request, json_t *input
             request->truncated++;
             length = context;
         }
+        item->budget = length;
+        item->taped = item->length;
         request->bytes += length;
         request->tokens += length + 1; /* the model's BOS */
+    }
+    request->width = request->dimensions ? request->dimensions : server->info.dims;
+    request->vectors = malloc(request->count * request->width * sizeof *request->vectors);
+    if (!request->vectors) {
+        api_error(request, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", NULL, NULL, "out of memory");
+        return false;
     }
     return true;
 }
@@ -409,34 +541,31 @@ static void text_base64(serve_text_t *text, float const *row, size_t columns) {
     text->data[text->length] = '\0';
 }
 
-void api_answer_embeddings(serve_t *server, serve_request_t *request, uform_view_t const *embeddings) {
+void api_answer_embeddings(serve_t *server, serve_request_t *request) {
     serve_text_t text = {0};
     size_t context = server->info.text.context;
     text_puts(&text, "{\"object\":\"list\",\"data\":[");
     for (size_t i = 0; i < request->count; ++i) {
-        void const *row = NULL;
-        if (uform_view_row(embeddings, request->first_row + i, &row) != UFORM_OK ||
-            embeddings->scalar != UFORM_F32) {
-            text_free(&text);
-            api_error(request, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", NULL, "engine_error",
-                      "the engine's embeddings could not be read");
-            return;
-        }
+        serve_input_t const *input = &request->inputs[i];
+        float const *values = request->vectors + i * request->width;
         text_printf(&text, "%s{\"object\":\"embedding\",\"index\":%zu,\"embedding\":", i ? "," : "", i);
-        float const *values = row;
         if (request->base64) {
             text_puts(&text, "\"");
-            text_base64(&text, values, embeddings->columns);
+            text_base64(&text, values, request->width);
             text_puts(&text, "\"");
         } else {
             text_puts(&text, "[");
-            for (size_t column = 0; column < embeddings->columns; ++column) {
+            for (size_t column = 0; column < request->width; ++column) {
                 if (column) text_puts(&text, ",");
                 text_float(&text, values[column]);
             }
             text_puts(&text, "]");
         }
-        text_printf(&text, ",\"truncated\":%s}", request->inputs[i].length > context ? "true" : "false");
+        /* Media items carry no flag: the engine reads a fixed span of each (an image resized, a clip's
+         * frames sampled, a sound cut to the model's reach) and reports none per item. */
+        if (input->modality == UFORM_MODALITY_TEXT)
+            text_printf(&text, ",\"truncated\":%s", input->length > context ? "true" : "false");
+        text_puts(&text, "}");
     }
     text_printf(&text, "],\"model\":%s,\"usage\":{\"prompt_tokens\":%zu,\"total_tokens\":%zu}}",
                 server->name_json, request->tokens, request->tokens);

@@ -1,8 +1,14 @@
-/* The batcher of `uform serve`: parsed requests wait in one queue, oldest first; whenever the executor
- * is idle, the requests at the head that ask for the same width are copied end to end into one tape,
- * up to --batch-bytes (a request is never split, so one larger than the budget goes alone), and encoded
- * by one deferred uform_text_encode. A text's vector does not depend on the other texts of its call
- * (the engine guarantees it), so batching changes when an answer comes, never what it says. */
+/* The batcher of `uform serve`. A parsed request is split into parts, one per modality it holds
+ * (texts, images, audio, video), and the parts wait in one queue, oldest first. Whenever the executor is
+ * idle, the parts at the head that share the head's modality and width are copied end to end into one
+ * tape, media decoded from base64 on the way, up to --batch-bytes (a part is never split, so one larger
+ * than the budget goes alone), and encoded by one deferred call of that modality's verb:
+ * uform_text_encode, or uform_image_encode, uform_audio_encode or uform_video_encode from memory. Each
+ * finished part's rows are copied into its request, which is answered once its last part is done.
+ *
+ * An input's vector does not depend on the other inputs of its call (the engine guarantees it), so
+ * batching changes when an answer comes, never what it says. An input the engine cannot encode (a
+ * corrupt image) fails its own request, whose other parts are then dropped, and no other. */
 #include <errno.h>
 #include <poll.h>
 #include <stdio.h>
@@ -68,35 +74,82 @@ void batch_close(serve_t *server) {
 
 bool batch_enqueue(serve_t *server, serve_request_t *request) {
     if (server->queued >= server->flags.queue) return false;
-    request->next = NULL;
     request->queued_ns = loop_now_ns();
-    if (server->queue_tail)
-        server->queue_tail->next = request;
-    else
-        server->queue_head = request;
-    server->queue_tail = request;
+    for (size_t i = 0; i < request->count; ++i) {
+        serve_input_t const *input = &request->inputs[i];
+        serve_part_t *part = &request->parts[input->modality];
+        part->count++;
+        part->budget += input->budget;
+        part->taped += input->taped;
+    }
+    for (size_t modality = 0; modality < SERVE_MODALITIES; ++modality) {
+        serve_part_t *part = &request->parts[modality];
+        if (!part->count) continue;
+        part->request = request;
+        part->modality = (uform_modality_t)modality;
+        part->next = NULL;
+        if (server->queue_tail)
+            server->queue_tail->next = part;
+        else
+            server->queue_head = part;
+        server->queue_tail = part;
+        server->queued_bytes += part->budget;
+        request->parts_queued++;
+        request->parts_pending++;
+    }
     server->queued++;
-    server->queued_bytes += request->bytes;
     return true;
 }
 
-/* Takes `request` out of the queue; `link` is the pointer that points at it. */
-static void queue_unlink(serve_t *server, serve_request_t **link, serve_request_t *previous) {
-    serve_request_t *request = *link;
-    *link = request->next;
-    if (server->queue_tail == request) server->queue_tail = previous;
-    request->next = NULL;
-    server->queued--;
-    server->queued_bytes -= request->bytes;
+/* Takes the part `*link` points at out of the queue; `previous` is the part before it, if any. */
+static void queue_unlink(serve_t *server, serve_part_t **link, serve_part_t *previous) {
+    serve_part_t *part = *link;
+    *link = part->next;
+    if (server->queue_tail == part) server->queue_tail = previous;
+    part->next = NULL;
+    server->queued_bytes -= part->budget;
+    if (--part->request->parts_queued == 0) server->queued--;
+}
+
+/* A request with no part pending is answered: the error its failure set, or its vectors. */
+static void request_settle(serve_t *server, serve_request_t *request) {
+    if (request->parts_pending || request->settled) return;
+    request->settled = true;
+    uint64_t serializing = loop_now_ns();
+    if (!request->failed) {
+        api_answer_embeddings(server, request);
+        server->metrics.bytes += request->bytes;
+        server->metrics.tokens += request->tokens;
+    }
+    metrics_observe(&server->metrics, STAGE_SERIALIZE, loop_now_ns() - serializing);
+    serve_request_resume(request);
+}
+
+/* Drops the queued parts of failed requests, and answers those left with nothing pending. */
+static void queue_drop_failed(serve_t *server) {
+    serve_part_t *previous = NULL;
+    for (serve_part_t **link = &server->queue_head; *link;) {
+        serve_part_t *part = *link;
+        serve_request_t *request = part->request;
+        if (!request->failed) {
+            previous = part;
+            link = &part->next;
+            continue;
+        }
+        queue_unlink(server, link, previous);
+        request->parts_pending--;
+        request_settle(server, request);
+    }
 }
 
 void batch_refuse_queued(serve_t *server, unsigned status, char const *message) {
-    while (server->queue_head) {
-        serve_request_t *request = server->queue_head;
-        queue_unlink(server, &server->queue_head, NULL);
+    for (serve_part_t *part = server->queue_head; part; part = part->next) {
+        serve_request_t *request = part->request;
+        if (request->failed) continue;
+        request->failed = true;
         api_error(request, status, "server_error", NULL, "shutting_down", "%s", message);
-        serve_request_resume(request);
     }
+    queue_drop_failed(server);
 }
 
 /* ---- batches ----------------------------------------------------------------------------------- */
@@ -124,102 +177,191 @@ static bool batch_reserve(serve_batch_t *batch, size_t bytes, size_t items) {
     return true;
 }
 
-/* Appends a request's texts to the tape, in full: the engine itself reads at most its context of each. */
-static void batch_add(serve_batch_t *batch, serve_request_t *request, serve_request_t **tail) {
-    request->first_row = batch->items;
+/* Appends a part's inputs to the tape in input order: texts in full (the engine itself reads at most its
+ * context of each), media decoded from the base64 that api_parse_embeddings validated. */
+static void batch_add(serve_batch_t *batch, serve_part_t *part, serve_part_t **tail) {
+    serve_request_t *request = part->request;
+    part->first_row = batch->items;
     for (size_t i = 0; i < request->count; ++i) {
-        memcpy(batch->bytes + batch->length, request->inputs[i].bytes, request->inputs[i].length);
-        batch->length += request->inputs[i].length;
+        serve_input_t const *input = &request->inputs[i];
+        if (input->modality != part->modality) continue;
+        char *at = batch->bytes + batch->length;
+        size_t bad = 0;
+        if (input->modality == UFORM_MODALITY_TEXT)
+            memcpy(at, input->bytes, input->length);
+        else
+            (void)api_base64_decode(input->bytes, input->length, (unsigned char *)at, &bad);
+        batch->length += input->taped;
         batch->offsets[++batch->items] = batch->length;
     }
-    request->next = NULL;
+    part->next = NULL;
     if (*tail)
-        (*tail)->next = request;
+        (*tail)->next = part;
     else
-        batch->requests = request;
-    *tail = request;
-    batch->requests_count++;
+        batch->parts = part;
+    *tail = part;
+    batch->parts_count++;
 }
 
-static size_t request_input_bytes(serve_request_t const *request) {
-    size_t bytes = 0;
-    for (size_t i = 0; i < request->count; ++i)
-        bytes += request->inputs[i].length;
-    return bytes;
+/* Submits the batch's tape to its modality's verb. A refusal finalizes the outcome and notifies the
+ * eventfd as a finished call does: the answers are written in one place, batch_encoded. */
+static void batch_call(serve_t *server, serve_batch_t *batch) {
+    uform_tape_t tape = {
+        .data = batch->bytes, .offsets = batch->offsets, .count = batch->items, .length = batch->length};
+#define BATCH_COMMON                                                                                         \
+    .model = server->model, .executor = server->executor, .outputs = UFORM_OUTPUT_EMBEDDINGS,                \
+    .arena = batch->arena, .config = &batch->config, .outcome = &batch->outcome
+    switch (batch->modality) {
+    case UFORM_MODALITY_TEXT: {
+        uform_text_encode_args_t args = {BATCH_COMMON, .texts = tape};
+        (void)uform_text_encode(&args);
+        break;
+    }
+    case UFORM_MODALITY_IMAGE: {
+        uform_image_encode_args_t args = {BATCH_COMMON, .images = tape, .source = UFORM_SOURCE_MEMORY};
+        (void)uform_image_encode(&args);
+        break;
+    }
+    case UFORM_MODALITY_VIDEO: {
+        uform_video_encode_args_t args = {BATCH_COMMON, .videos = tape, .source = UFORM_SOURCE_MEMORY};
+        (void)uform_video_encode(&args);
+        break;
+    }
+    case UFORM_MODALITY_AUDIO: {
+        uform_audio_encode_args_t args = {BATCH_COMMON, .sounds = tape, .source = UFORM_SOURCE_MEMORY};
+        (void)uform_audio_encode(&args);
+        break;
+    }
+    }
+#undef BATCH_COMMON
 }
 
 /* Gathers the head's batch from the queue and submits it. */
 static void batch_submit(serve_t *server) {
     serve_batch_t *batch = &server->batches[server->next_batch];
-    size_t width = server->queue_head->dimensions;
+    uform_modality_t modality = server->queue_head->modality;
+    size_t width = server->queue_head->request->dimensions;
     size_t budget = server->flags.batch_bytes, bytes = 0;
     uint64_t now = loop_now_ns();
-    serve_request_t *tail = NULL;
-    batch->length = batch->items = batch->requests_count = 0;
-    batch->requests = NULL;
+    serve_part_t *tail = NULL;
+    batch->length = batch->items = batch->parts_count = 0;
+    batch->parts = NULL;
+    batch->modality = modality;
 
-    serve_request_t *previous = NULL;
-    for (serve_request_t **link = &server->queue_head; *link;) {
-        serve_request_t *request = *link;
-        if (request->dimensions != width) {
-            previous = request;
-            link = &request->next;
+    serve_part_t *previous = NULL;
+    for (serve_part_t **link = &server->queue_head; *link;) {
+        serve_part_t *part = *link;
+        serve_request_t *request = part->request;
+        if (part->modality != modality || request->dimensions != width) {
+            previous = part;
+            link = &part->next;
             continue;
         }
-        if (batch->requests_count && bytes + request->bytes > budget) break;
+        if (batch->parts_count && bytes + part->budget > budget) break;
         queue_unlink(server, link, previous);
-        metrics_observe(&server->metrics, STAGE_QUEUE, now - request->queued_ns);
-        if (!batch_reserve(batch, request_input_bytes(request), request->count)) {
+        if (request->parts_queued == 0)
+            metrics_observe(&server->metrics, STAGE_QUEUE, now - request->queued_ns);
+        if (!batch_reserve(batch, part->taped, part->count)) {
+            /* Its other parts are dropped below, once this walk no longer holds links into the queue. */
+            request->parts_pending--;
+            request->failed = true;
             api_error(request, MHD_HTTP_SERVICE_UNAVAILABLE, "server_error", NULL, NULL,
                       "out of memory for the batch: try again");
-            serve_request_resume(request);
+            request_settle(server, request);
             continue;
         }
-        batch_add(batch, request, &tail);
-        bytes += request->bytes;
+        batch_add(batch, part, &tail);
+        bytes += part->budget;
     }
-    if (!batch->requests) return;
+    queue_drop_failed(server);
+    if (!batch->parts) return;
 
     batch->offsets[0] = 0;
     batch->stats = (uform_encode_stats_t){0};
     batch->config =
         (uform_encode_config_t){.outputs_scalar = UFORM_F32, .matryoshka = width, .stats = &batch->stats};
-    uform_text_encode_args_t args = {
-        .model = server->model,
-        .executor = server->executor,
-        .outputs = UFORM_OUTPUT_EMBEDDINGS,
-        .arena = batch->arena,
-        .config = &batch->config,
-        .outcome = &batch->outcome,
-        .texts = {.data = batch->bytes,
-                  .offsets = batch->offsets,
-                  .count = batch->items,
-                  .length = batch->length},
-    };
     batch->submitted_ns = now;
     server->encoding = batch;
     server->next_batch ^= 1;
-    /* A refusal finalizes the outcome and notifies the eventfd as a finished call does: the answers are
-     * written in one place, batch_encoded. */
-    (void)uform_text_encode(&args);
-    metrics_observe_batch(&server->metrics, batch->requests_count);
+    batch_call(server, batch);
+    metrics_observe_batch(&server->metrics, batch->parts_count);
 }
 
 void batch_kick(serve_t *server) {
-    if (server->encoding || !server->queue_head || server->stopping) return;
-    uint64_t due = server->queue_head->queued_ns + server->flags.batch_delay_us * 1000u;
-    if (!server->draining && server->queued_bytes < server->flags.batch_bytes && loop_now_ns() < due) {
-        serve_timer_want(server, &server->batch_timer, due);
-        return;
+    /* A batch whose every request failed before it was submitted leaves the executor idle: go again. */
+    while (!server->encoding && server->queue_head && !server->stopping) {
+        uint64_t due = server->queue_head->request->queued_ns + server->flags.batch_delay_us * 1000u;
+        if (!server->draining && server->queued_bytes < server->flags.batch_bytes && loop_now_ns() < due) {
+            serve_timer_want(server, &server->batch_timer, due);
+            return;
+        }
+        batch_submit(server);
     }
-    batch_submit(server);
 }
 
-/* The rendered failure of a call, for the answers of its requests. */
+/* ---- answers ----------------------------------------------------------------------------------- */
+
+/* The call failed as a whole: every request of it answers the rendered failure. */
 static void answer_failure(serve_request_t *request, uform_error_t const *error) {
     char rendered[256];
     uform_error_render(error, rendered, sizeof rendered);
+    request->failed = true;
     api_error(request, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", NULL, "engine_error", "%s", rendered);
+}
+
+/* An input the engine could not encode fails its request: a 400 where the input is at fault (or needs a
+ * decoder this build lacks), a 500 where the server is. */
+static void answer_item_failure(serve_request_t *request, size_t index, uform_status_t status) {
+    char const *modality = command_modality_names[request->inputs[index].modality];
+    char param[32];
+    snprintf(param, sizeof param, "input[%zu]", index);
+    request->failed = true;
+    switch (status) {
+    case UFORM_FORMAT:
+    case UFORM_INVALID_ARGUMENT:
+        api_error(request, MHD_HTTP_BAD_REQUEST, "invalid_request_error", param, "invalid_media",
+                  "input[%zu]: the %s could not be encoded: %s (malformed, truncated, or not a format the "
+                  "engine recognizes by content)",
+                  index, modality, uform_status_name(status));
+        break;
+    case UFORM_UNSUPPORTED:
+        api_error(request, MHD_HTTP_BAD_REQUEST, "invalid_request_error", param, "unsupported_modality",
+                  "input[%zu]: the %s could not be encoded: %s (its format or codec is not built into this "
+                  "server)",
+                  index, modality, uform_status_name(status));
+        break;
+    default:
+        api_error(request, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", param, "engine_error",
+                  "input[%zu]: the engine could not encode the %s: %s", index, modality,
+                  uform_status_name(status));
+        break;
+    }
+}
+
+/* Copies a finished part's rows into its request's vectors, in input order; an input that failed fails
+ * the request instead. */
+static void part_take(serve_part_t *part, uform_encoded_t const *encoded) {
+    serve_request_t *request = part->request;
+    uform_view_t const *embeddings = &encoded->embeddings;
+    size_t row = part->first_row;
+    for (size_t i = 0; i < request->count; ++i) {
+        if (request->inputs[i].modality != part->modality) continue;
+        uform_status_t item = encoded->statuses[row];
+        if (item != UFORM_OK) {
+            answer_item_failure(request, i, item);
+            return;
+        }
+        void const *data = NULL;
+        if (uform_view_row(embeddings, row, &data) != UFORM_OK || embeddings->scalar != UFORM_F32 ||
+            embeddings->columns != request->width) {
+            request->failed = true;
+            api_error(request, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", NULL, "engine_error",
+                      "the engine's embeddings could not be read");
+            return;
+        }
+        memcpy(request->vectors + i * request->width, data, request->width * sizeof(float));
+        ++row;
+    }
 }
 
 void batch_encoded(serve_t *server) {
@@ -231,10 +373,13 @@ void batch_encoded(serve_t *server) {
     uint64_t now = loop_now_ns();
     serve_metrics_t *metrics = &server->metrics;
     metrics_observe(metrics, STAGE_ENCODE, now - batch->submitted_ns);
-    metrics_observe(metrics, STAGE_DECODE, batch->stats.read_ns + batch->stats.decode_ns);
+    if (batch->modality != UFORM_MODALITY_TEXT)
+        metrics_observe(metrics, STAGE_DECODE, batch->stats.read_ns + batch->stats.decode_ns);
     metrics_observe(metrics, STAGE_COMPUTE, batch->stats.compute_ns);
     metrics->batches++;
     metrics->items += batch->items;
+    metrics->modality_batches[batch->modality]++;
+    metrics->modality_items[batch->modality] += batch->items;
     metrics->truncated += batch->stats.truncated;
 
     uform_encoded_t encoded;
@@ -242,31 +387,28 @@ void batch_encoded(serve_t *server) {
     uform_status_t products = uform_outcome_encoded(&batch->outcome, &encoded);
     uform_error_t error = uform_outcome_error(&batch->outcome);
 
+    /* The rows go into their requests before the next call is gathered, so that the parts of a request
+     * that failed here are dropped rather than encoded. */
+    for (serve_part_t *part = batch->parts; part; part = part->next) {
+        serve_request_t *request = part->request;
+        request->parts_pending--;
+        if (request->failed) continue;
+        if (status != UFORM_OK || products != UFORM_OK)
+            answer_failure(request, &error);
+        else
+            part_take(part, &encoded);
+    }
+    queue_drop_failed(server);
+
     /* The executor takes the next batch, into the other arena, while these answers are written. */
     batch_kick(server);
 
-    for (serve_request_t *request = batch->requests, *next = NULL; request; request = next) {
-        next = request->next;
-        request->next = NULL;
-        uint64_t serializing = loop_now_ns();
-        if (status != UFORM_OK || products != UFORM_OK) {
-            answer_failure(request, &error);
-        } else {
-            uform_status_t item = UFORM_OK;
-            for (size_t i = 0; i < request->count && item == UFORM_OK; ++i)
-                item = encoded.statuses[request->first_row + i];
-            if (item != UFORM_OK)
-                api_error(request, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", "input", "engine_error",
-                          "the engine could not encode an input: %s", uform_status_name(item));
-            else
-                api_answer_embeddings(server, request, &encoded.embeddings);
-            metrics->bytes += request->bytes;
-            metrics->tokens += request->tokens;
-        }
-        metrics_observe(metrics, STAGE_SERIALIZE, loop_now_ns() - serializing);
-        serve_request_resume(request);
+    for (serve_part_t *part = batch->parts, *next = NULL; part; part = next) {
+        next = part->next;
+        part->next = NULL;
+        request_settle(server, part->request);
     }
-    batch->requests = NULL;
-    batch->requests_count = 0;
+    batch->parts = NULL;
+    batch->parts_count = 0;
     serve_drain_check(server);
 }

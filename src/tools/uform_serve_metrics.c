@@ -111,9 +111,9 @@ void metrics_render(serve_t const *server, serve_text_t *text) {
 
     render_header(
         text, "uform_stage_seconds", "histogram",
-        "Seconds per stage: queue (per request, until its batch is submitted), decode and compute (per "
-        "batch, the engine's own figures), encode (per batch, submission to notification), serialize "
-        "(per answer), request (per embeddings request, headers to answer).");
+        "Seconds per stage: queue (per request, until its last batch is submitted), decode (per media "
+        "batch) and compute (per batch), the engine's own figures, encode (per batch, submission to "
+        "notification), serialize (per answer), request (per embeddings request, headers to answer).");
     for (size_t stage = 0; stage < STAGE_COUNT; ++stage)
         render_stage(text, &metrics->stages[stage], stage_names[stage]);
 
@@ -134,16 +134,29 @@ void metrics_render(serve_t const *server, serve_text_t *text) {
 
     render_counter(text, "uform_batches_total", "Engine calls finished.", metrics->batches);
     render_counter(text, "uform_inputs_total", "Inputs encoded.", metrics->items);
-    render_counter(text, "uform_input_bytes_total", "Input bytes the model read (each up to its context).",
+    render_header(text, "uform_modality_batches_total", "counter", "Engine calls finished, by modality.");
+    for (size_t modality = 0; modality < SERVE_MODALITIES; ++modality)
+        text_printf(text, "uform_modality_batches_total{modality=\"%s\"} %llu\n",
+                    command_modality_names[modality],
+                    (unsigned long long)metrics->modality_batches[modality]);
+    render_header(text, "uform_modality_inputs_total", "counter", "Inputs encoded, by modality.");
+    for (size_t modality = 0; modality < SERVE_MODALITIES; ++modality)
+        text_printf(text, "uform_modality_inputs_total{modality=\"%s\"} %llu\n",
+                    command_modality_names[modality], (unsigned long long)metrics->modality_items[modality]);
+    render_counter(text, "uform_input_bytes_total",
+                   "Input bytes of answered requests: text bytes the model read (each up to its context), "
+                   "media bytes decoded from base64.",
                    metrics->bytes);
-    render_counter(text, "uform_input_tokens_total", "Tokens billed in usage: bytes read plus one per input.",
-                   metrics->tokens);
-    render_counter(text, "uform_truncated_inputs_total", "Inputs longer than the context, cut to it.",
+    render_counter(text, "uform_input_tokens_total",
+                   "Tokens billed in usage: text bytes read plus one per text.", metrics->tokens);
+    render_counter(text, "uform_truncated_inputs_total",
+                   "Inputs cut: texts longer than the context, sounds longer than the model reads.",
                    metrics->truncated);
     render_counter(text, "uform_queue_full_total", "Requests answered 429 because the queue was full.",
                    metrics->rejected_full);
     render_gauge(text, "uform_queue_requests", "Requests waiting for the executor.", server->queued);
-    render_gauge(text, "uform_queue_bytes", "Input bytes waiting for the executor.", server->queued_bytes);
+    render_gauge(text, "uform_queue_bytes",
+                 "Input bytes waiting for the executor, as --batch-bytes counts them.", server->queued_bytes);
     render_gauge(text, "uform_requests_in_flight", "Requests received and not yet finished.",
                  server->requests);
     render_gauge(text, "uform_encoding", "1 while the executor runs a batch.", server->encoding != NULL);

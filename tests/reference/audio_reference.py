@@ -108,7 +108,7 @@ def log_mel_torch(samples, rate: int, mels: int, window: int, hop: int) -> np.nd
 
 
 @dataclass
-class AudioEncoding:
+class AudioEncoding(ref.Encoding):
     """What `AudioTower.encode` answers, as float64 numpy arrays computed in the tower's dtype; items
     with fewer samples than one patch spans have no rows (`ok` False, zero embedding and state)."""
 
@@ -119,14 +119,6 @@ class AudioEncoding:
     ok: list  # per item
     truncated: int  # items longer than the reach
     token_offsets: list = field(default_factory=list)
-
-    def matryoshka(self, width: int) -> np.ndarray:
-        prefix = self.embeddings[:, :width]
-        return prefix / np.maximum(np.linalg.norm(prefix, axis=1, keepdims=True), np.finfo(np.float64).tiny)
-
-    def stacked_token_vectors(self) -> np.ndarray:
-        dims = self.embeddings.shape[1]
-        return np.concatenate(self.token_vectors) if self.token_vectors else np.zeros((0, dims))
 
 
 class AudioTower(ref.Transformer):
@@ -205,19 +197,9 @@ def load_audio_tower(path: str, dtype: torch.dtype = torch.float32) -> AudioTowe
 
 def random_audio_tower(depth=2, hidden=128, mlp=256, dims=64, rate=16000, mels=32, window=400, hop=160,
                        patch_frames=4, seconds=2.0, max_patches=49, seed=0, dtype=torch.float32) -> AudioTower:
-    generator = torch.Generator().manual_seed(seed)
     tower = AudioTower(ref.TransformerConfig(depth, hidden, hidden // ref.HEAD, mlp), dims, rate, mels, window, hop,
                        patch_frames, seconds, max_patches)
-    tensors = {}
-    for name, parameter in tower.named_parameters():
-        if name.endswith("norm1.weight") or name.endswith("norm2.weight") or name == "norm.weight":
-            value = 1.0 + 0.1 * torch.randn(parameter.shape, generator=generator)
-        elif name.endswith("bias") or name in ("cls", "pos"):
-            value = 0.02 * torch.randn(parameter.shape, generator=generator)
-        else:
-            value = torch.randn(parameter.shape, generator=generator) / math.sqrt(parameter.shape[-1])
-        tensors["audio." + name] = ref.to_bf16(value.numpy())
-    return tower.load(tensors, "audio.", dtype).eval()
+    return ref.random_weights(tower, "audio.", seed, dtype)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -252,13 +234,9 @@ def wav_samples(blob: bytes) -> tuple[np.ndarray, int]:
 
 
 def self_check(verbose: bool = True) -> list:
-    failures = []
-
-    def check(name, ok, detail=""):
-        if verbose:
-            print(f"  {'ok  ' if ok else 'FAIL'} {name}{': ' + detail if detail else ''}")
-        if not ok:
-            failures.append(name)
+    """Checks the front end and the tower against independent formulations; answers the failures."""
+    report = ref.Report(verbose)
+    check = report.check
 
     rng = np.random.default_rng(0)
     for rate, mels, window, hop in ((16000, 32, 400, 160), (22050, 64, 512, 256), (8000, 20, 201, 80)):
@@ -287,7 +265,7 @@ def self_check(verbose: bool = True) -> list:
     blob = wav_bytes(np.stack([clips[2], clips[2] * 0.5], axis=1), 16000, channels=2)
     back, rate = wav_samples(blob)
     check("wav: round trip", rate == 16000 and np.abs(back - (pcm16(clips[2]) + pcm16(clips[2] * 0.5)) / 65536).max() < 1e-12)
-    return failures
+    return report.failures
 
 
 def main(argv=None) -> int:

@@ -32,499 +32,27 @@ error near 4e-3 on these models):
 
 from __future__ import annotations
 
-import argparse
-import ctypes
-import json
-import os
-import re
-import shutil
-import struct
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-SKIP = 77
 HERE = Path(__file__).resolve().parent
-REPOSITORY = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+from interpreter import run_under_python_with  # noqa: E402
 
+if __name__ == "__main__":
+    run_under_python_with(["torch", "numpy"])
 
-def _interpreter_with_torch() -> None:
-    """Meson may find a python3 without PyTorch (pyenv, a venv without system packages): re-run
-    this script under one that has it (the project's .venv, Debian's /usr/bin/python3), else skip."""
-    try:
-        import torch  # noqa: F401
-        return
-    except ImportError:
-        pass
-    if os.environ.get("UFORM_REFERENCE_REEXEC"):
-        print(f"SKIP: PyTorch cannot be imported by {sys.executable}")
-        sys.exit(SKIP)
-    here = os.path.realpath(sys.executable)
-    for candidate in (REPOSITORY / ".venv" / "bin" / "python3", Path("/usr/bin/python3")):
-        if not candidate.exists() or os.path.realpath(candidate) == here:
-            continue
-        probe = subprocess.run([str(candidate), "-c", "import torch, numpy"], capture_output=True)
-        if probe.returncode == 0:
-            print(f"note: {sys.executable} has no PyTorch; running under {candidate}", flush=True)
-            os.execve(str(candidate), [str(candidate), *sys.argv], {**os.environ, "UFORM_REFERENCE_REEXEC": "1"})
-    print(f"SKIP: PyTorch cannot be imported by {sys.executable}, {REPOSITORY / '.venv/bin/python3'} or /usr/bin/python3")
-    sys.exit(SKIP)
+import numpy as np  # noqa: E402
 
+import harness  # noqa: E402  (the ctypes mirror, Engine, Report)
+import uform_reference as ref  # noqa: E402
+from harness import (BF16, F16, F32, I8, OK, OUTPUT_EMBEDDINGS, OUTPUT_STATES, OUTPUT_TOKEN_VECTORS,  # noqa: E402
+                     SCALAR_NAMES, STATE_RELATIVE_L2_MAX, UNSUPPORTED, Engine, EngineError, Report, compare_rows)
 
-def _preload_sanitizer(library: str) -> None:
-    """A library built with -fsanitize=address needs the ASan runtime first in the process: re-run
-    this script with it preloaded (and leak checking off, for the interpreter's own allocations)."""
-    try:
-        with open(library, "rb") as f:
-            found = re.search(rb"libasan\.so\.\d+", f.read())
-    except OSError:
-        return
-    if not found or "libasan" in os.environ.get("LD_PRELOAD", ""):
-        return
-    environment = dict(os.environ)
-    environment["LD_PRELOAD"] = " ".join(filter(None, [found.group().decode(), environment.get("LD_PRELOAD", "")]))
-    environment["ASAN_OPTIONS"] = ":".join(filter(None, [environment.get("ASAN_OPTIONS", ""), "detect_leaks=0"]))
-    print(f"note: {library} is built with ASan; re-running with LD_PRELOAD={environment['LD_PRELOAD']}", flush=True)
-    os.execve(sys.executable, [sys.executable, *sys.argv], environment)
-
-
-# ------------------------------------------------------------------------------------------------
-# ctypes mirror of include/uform.h (field names as in C, so the layout probe can name them)
-# ------------------------------------------------------------------------------------------------
-
-c_size = ctypes.c_size_t
-c_status = ctypes.c_int  # uform_status_t and every other enum: int-sized (gcc, clang)
-
-STATUS_NAMES = {0: "OK", 1: "PENDING", 2: "CANCELLED", 3: "CONTENDED", 4: "INVALID_ARGUMENT", 5: "IO", 6: "FORMAT",
-                7: "OUT_OF_MEMORY", 8: "DEVICE", 9: "UNSUPPORTED", 10: "INTERNAL", 11: "MISSING_SYMBOL"}
-OK, PENDING, UNSUPPORTED = 0, 1, 9
-OUTPUT_EMBEDDINGS, OUTPUT_TOKEN_VECTORS, OUTPUT_STATES = 1, 2, 4
-F32, BF16, F16, I8 = 0, 1, 2, 3
-SCALAR_NAMES = {F32: "F32", BF16: "BF16", F16: "F16", I8: "I8"}
-SCALAR_SIZES = {F32: 4, BF16: 2, F16: 2, I8: 1}
-OUTCOME_SIZE, OUTCOME_ALIGNMENT = 512, 64
-
-
-class Struct(ctypes.Structure):
-    c_name = ""  # the C typedef, for the layout probe; "" for anonymous nested structs
-    anonymous_in_c = False
-
-
-class uform_error_t(Struct):
-    c_name = "uform_error_t"
-    _fields_ = [("status", c_status), ("entry", ctypes.c_char_p), ("message", ctypes.c_char_p)]
-
-
-PROGRESS_HANDLER = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, c_size, c_size)
-
-
-class uform_progress_t(Struct):
-    c_name = "uform_progress_t"
-    _fields_ = [("handler", PROGRESS_HANDLER), ("state", ctypes.c_void_p), ("steps", c_size)]
-
-
-class uform_outcome_t(Struct):
-    c_name = "uform_outcome_t"
-    _fields_ = [("opaque", ctypes.c_ubyte * OUTCOME_SIZE)]  # ctypes cannot align it: see Outcome
-
-
-class uform_ram_options_t(Struct):
-    c_name = "uform_ram_options_t"
-    _fields_ = [("domains", ctypes.POINTER(c_size)), ("domains_count", c_size), ("threads", c_size),
-                ("spin_ns", ctypes.c_uint64), ("pin", ctypes.c_bool)]
-
-
-class uform_tape_t(Struct):
-    c_name = "uform_tape_t"
-    _fields_ = [("data", ctypes.c_void_p), ("offsets", ctypes.POINTER(c_size)), ("count", c_size), ("length", c_size)]
-
-
-class uform_view_t(Struct):
-    c_name = "uform_view_t"
-    _fields_ = [("data", ctypes.c_void_p), ("scales", ctypes.POINTER(ctypes.c_float)),
-                ("item_offsets", ctypes.POINTER(c_size)), ("rows", c_size), ("columns", c_size), ("items", c_size),
-                ("row_stride", c_size), ("scalar", c_status), ("device", ctypes.c_bool),
-                ("arena", ctypes.c_void_p), ("generation", ctypes.c_uint64)]
-
-
-class uform_transformer_info_t(Struct):
-    c_name = "uform_transformer_info_t"
-    _fields_ = [("depth", c_size), ("hidden", c_size), ("heads", c_size), ("mlp", c_size)]
-
-
-class _text_info(Struct):
-    anonymous_in_c = True
-    _fields_ = [("transformer", uform_transformer_info_t), ("context", c_size)]
-
-
-class _image_info(Struct):
-    anonymous_in_c = True
-    _fields_ = [("transformer", uform_transformer_info_t), ("size", c_size), ("patch", c_size),
-                ("mean", ctypes.c_float * 3), ("std", ctypes.c_float * 3)]
-
-
-class _video_info(Struct):
-    anonymous_in_c = True
-    _fields_ = [("frames", c_size)]
-
-
-class _audio_info(Struct):
-    anonymous_in_c = True
-    _fields_ = [("transformer", uform_transformer_info_t), ("rate", c_size), ("mels", c_size), ("window", c_size),
-                ("hop", c_size), ("patch_frames", c_size), ("max_patches", c_size), ("seconds", ctypes.c_double)]
-
-
-class uform_model_info_t(Struct):
-    c_name = "uform_model_info_t"
-    _fields_ = [("dims", c_size), ("matryoshka", c_size * 16), ("matryoshka_count", c_size), ("parameters", c_size),
-                ("bytes", c_size), ("has_text", ctypes.c_bool), ("has_image", ctypes.c_bool),
-                ("has_video", ctypes.c_bool), ("has_audio", ctypes.c_bool), ("has_logit", ctypes.c_bool),
-                ("text", _text_info), ("image", _image_info), ("video", _video_info), ("audio", _audio_info)]
-
-
-class uform_encode_stats_t(Struct):
-    c_name = "uform_encode_stats_t"
-    _fields_ = [("items", c_size), ("failed", c_size), ("bytes", c_size), ("truncated", c_size),
-                ("read_ns", ctypes.c_uint64), ("decode_ns", ctypes.c_uint64), ("compute_ns", ctypes.c_uint64),
-                ("convert_ns", ctypes.c_uint64), ("total_ns", ctypes.c_uint64)]
-
-
-class uform_encode_config_t(Struct):
-    c_name = "uform_encode_config_t"
-    _fields_ = [("outputs_scalar", c_status), ("matryoshka", c_size), ("progress", uform_progress_t),
-                ("stats", ctypes.POINTER(uform_encode_stats_t))]
-
-
-class uform_encoded_t(Struct):
-    c_name = "uform_encoded_t"
-    _fields_ = [("embeddings", uform_view_t), ("token_vectors", uform_view_t), ("states", uform_view_t),
-                ("statuses", ctypes.POINTER(c_status)), ("items", c_size)]
-
-
-class uform_text_encode_args_t(Struct):
-    c_name = "uform_text_encode_args_t"
-    _fields_ = [("model", ctypes.c_void_p), ("executor", ctypes.c_void_p), ("outputs", c_status),
-                ("arena", ctypes.c_void_p), ("config", ctypes.POINTER(uform_encode_config_t)),
-                ("encoded", ctypes.POINTER(uform_encoded_t)), ("outcome", ctypes.c_void_p), ("texts", uform_tape_t)]
-
-
-class uform_text_choose_args_t(Struct):
-    c_name = "uform_text_choose_args_t"
-    _fields_ = [("model", ctypes.c_void_p), ("executor", ctypes.c_void_p), ("states", ctypes.POINTER(uform_view_t)),
-                ("choices", uform_tape_t), ("arena", ctypes.c_void_p), ("progress", ctypes.POINTER(uform_progress_t)),
-                ("probabilities", ctypes.POINTER(uform_view_t)), ("outcome", ctypes.c_void_p)]
-
-
-class uform_model_load_args_t(Struct):
-    c_name = "uform_model_load_args_t"
-    _fields_ = [("executor", ctypes.c_void_p), ("path", ctypes.c_char_p), ("config", ctypes.c_void_p),
-                ("model", ctypes.POINTER(ctypes.c_void_p)), ("outcome", ctypes.c_void_p)]
-
-
-class uform_tiny_checkpoint_args_t(Struct):
-    c_name = "uform_tiny_checkpoint_args_t"
-    _fields_ = [("path", ctypes.c_char_p), ("seed", ctypes.c_uint64), ("depth", c_size), ("hidden", c_size), ("mlp", c_size),
-                ("context", c_size), ("image_size", c_size), ("image_patch", c_size)]
-
-
-MIRRORED = [uform_error_t, uform_progress_t, uform_outcome_t, uform_ram_options_t, uform_tape_t, uform_view_t,
-            uform_transformer_info_t, uform_model_info_t, uform_encode_stats_t, uform_encode_config_t, uform_encoded_t,
-            uform_text_encode_args_t, uform_text_choose_args_t, uform_model_load_args_t, uform_tiny_checkpoint_args_t]
-
-
-def _layout_lines(mirrored, path="", base=0):
-    """(C member designator, offset) of every field, descending into structs anonymous in C."""
-    for name, kind in mirrored._fields_:
-        offset = base + getattr(mirrored, name).offset
-        designator = f"{path}{name}"
-        yield designator, offset
-        if isinstance(kind, type) and issubclass(kind, Struct) and kind.anonymous_in_c:
-            yield from _layout_lines(kind, designator + ".", offset)
-
-
-def probe_layouts(header: Path, workdir: Path) -> list:
-    """Compiles a probe that prints sizeof, _Alignof and offsetof of every mirrored struct from the
-    header itself, and answers the differences from the ctypes mirror (alignment of uform_outcome_t
-    excepted: ctypes cannot express _Alignas, the Outcome class aligns by hand). Answers None when
-    no C compiler is at hand."""
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if not compiler or not header.exists():
-        return None
-    lines = ["#include <stddef.h>", "#include <stdio.h>", '#include "uform.h"', "int main(void) {"]
-    expected = {}
-    for mirrored in MIRRORED:
-        lines.append(f'    printf("size {mirrored.c_name} %zu\\n", sizeof({mirrored.c_name}));')
-        lines.append(f'    printf("align {mirrored.c_name} %zu\\n", _Alignof({mirrored.c_name}));')
-        expected[f"size {mirrored.c_name}"] = ctypes.sizeof(mirrored)
-        expected[f"align {mirrored.c_name}"] = OUTCOME_ALIGNMENT if mirrored is uform_outcome_t else ctypes.alignment(mirrored)
-        for designator, offset in _layout_lines(mirrored):
-            lines.append(f'    printf("offset {mirrored.c_name}.{designator} %zu\\n", offsetof({mirrored.c_name}, {designator}));')
-            expected[f"offset {mirrored.c_name}.{designator}"] = offset
-    lines += ["    return 0;", "}"]
-    source, binary = workdir / "layout_probe.c", workdir / "layout_probe"
-    source.write_text("\n".join(lines) + "\n")
-    built = subprocess.run([compiler, "-std=gnu17", "-I", str(header.parent), "-o", str(binary), str(source)],
-                           capture_output=True, text=True)
-    if built.returncode != 0:
-        return [f"the layout probe does not compile against {header}:\n{built.stderr.strip()}"]
-    output = subprocess.run([str(binary)], capture_output=True, text=True, check=True).stdout
-    differences = []
-    for line in output.splitlines():
-        key, value = line.rsplit(" ", 1)
-        if expected.get(key) != int(value):
-            differences.append(f"{key}: C {value}, ctypes {expected.get(key)}")
-    return differences
-
-
-class Outcome:
-    """uform_outcome_t at a 64-byte-aligned address that never moves (ctypes has no _Alignas)."""
-
-    def __init__(self, library):
-        self._buffer = ctypes.create_string_buffer(OUTCOME_SIZE + OUTCOME_ALIGNMENT)
-        address = ctypes.addressof(self._buffer)
-        self.address = (address + OUTCOME_ALIGNMENT - 1) & ~(OUTCOME_ALIGNMENT - 1)
-        self.pointer = ctypes.c_void_p(self.address)
-        self._library = library
-        library.uform_outcome_init(self.pointer)
-
-    def destroy(self):
-        if self._library is not None:
-            self._library.uform_outcome_destroy(self.pointer)
-            self._library = None
-
-
-class EngineError(Exception):
-    def __init__(self, status: int, text: str):
-        super().__init__(text)
-        self.status = status
-
-
-def _tape(items: list) -> tuple:
-    """A uform_tape_t over bytes objects, and the buffers that must outlive it."""
-    joined = b"".join(items)
-    data = ctypes.create_string_buffer(joined, len(joined) + 1)
-    offsets = (c_size * (len(items) + 1))()
-    position = 0
-    for i, item in enumerate(items):
-        offsets[i] = position
-        position += len(item)
-    offsets[len(items)] = position
-    return uform_tape_t(ctypes.cast(data, ctypes.c_void_p), offsets, len(items), len(joined)), (data, offsets)
-
-
-class Engine:
-    """The C library through ctypes: just what the text checks and the benchmark need."""
-
-    def __init__(self, path: str):
-        self.library = library = ctypes.CDLL(path)
-        void_p, status = ctypes.c_void_p, c_status
-        signatures = {
-            "uform_status_name": (ctypes.c_char_p, [status]),
-            "uform_last_error": (uform_error_t, []),
-            "uform_error_render": (c_size, [ctypes.POINTER(uform_error_t), ctypes.c_char_p, c_size]),
-            "uform_outcome_init": (None, [void_p]),
-            "uform_outcome_destroy": (None, [void_p]),
-            "uform_outcome_status": (status, [void_p]),
-            "uform_outcome_wait": (status, [void_p]),
-            "uform_outcome_error": (uform_error_t, [void_p]),
-            "uform_outcome_encoded": (status, [void_p, ctypes.POINTER(uform_encoded_t)]),
-            "uform_outcome_probabilities": (status, [void_p, ctypes.POINTER(uform_view_t)]),
-            "uform_ram_options_default": (uform_ram_options_t, []),
-            "uform_executor_create_ram": (status, [ctypes.POINTER(uform_ram_options_t), ctypes.POINTER(void_p)]),
-            "uform_executor_free": (None, [void_p]),
-            "uform_arena_create": (status, [void_p, ctypes.POINTER(void_p)]),
-            "uform_arena_create_host": (status, [ctypes.POINTER(void_p)]),
-            "uform_arena_free": (None, [void_p]),
-            "uform_arena_generation": (ctypes.c_uint64, [void_p]),
-            "uform_view_check": (status, [ctypes.POINTER(uform_view_t)]),
-            "uform_view_row": (status, [ctypes.POINTER(uform_view_t), c_size, ctypes.POINTER(void_p)]),
-            "uform_model_load_ram": (status, [ctypes.POINTER(uform_model_load_args_t)]),
-            "uform_model_free": (None, [void_p]),
-            "uform_model_info": (status, [void_p, ctypes.POINTER(uform_model_info_t)]),
-            "uform_text_encode": (status, [ctypes.POINTER(uform_text_encode_args_t)]),
-            "uform_text_choose": (status, [ctypes.POINTER(uform_text_choose_args_t)]),
-            "uform_tiny_checkpoint": (status, [ctypes.POINTER(uform_tiny_checkpoint_args_t)]),
-        }
-        for name, (restype, argtypes) in signatures.items():
-            function = getattr(library, name)
-            function.restype, function.argtypes = restype, argtypes
-
-    # -- errors -------------------------------------------------------------------------------
-
-    def render(self, error: uform_error_t) -> str:
-        buffer = ctypes.create_string_buffer(512)
-        self.library.uform_error_render(ctypes.byref(error), buffer, len(buffer))
-        return buffer.value.decode(errors="replace")
-
-    def check(self, status: int, outcome: Outcome | None = None):
-        if status != OK:
-            error = self.library.uform_outcome_error(outcome.pointer) if outcome else self.library.uform_last_error()
-            raise EngineError(status, f"{STATUS_NAMES.get(status, status)}: {self.render(error)}")
-
-    # -- handles ------------------------------------------------------------------------------
-
-    def tiny_checkpoint(self, path: str, seed: int, depth=0, hidden=0, mlp=0, context=0):
-        args = uform_tiny_checkpoint_args_t(str(path).encode(), seed, depth, hidden, mlp, context)
-        self.check(self.library.uform_tiny_checkpoint(ctypes.byref(args)))
-
-    def load(self, path: str, executor=None) -> ctypes.c_void_p:
-        model = ctypes.c_void_p()
-        args = uform_model_load_args_t(executor, str(path).encode(), None, ctypes.pointer(model), None)
-        self.check(self.library.uform_model_load_ram(ctypes.byref(args)))
-        return model
-
-    def info(self, model) -> uform_model_info_t:
-        info = uform_model_info_t()
-        self.check(self.library.uform_model_info(model, ctypes.byref(info)))
-        return info
-
-    def ram_executor(self, threads: int) -> ctypes.c_void_p:
-        options = self.library.uform_ram_options_default()
-        options.threads = threads
-        executor = ctypes.c_void_p()
-        self.check(self.library.uform_executor_create_ram(ctypes.byref(options), ctypes.byref(executor)))
-        return executor
-
-    def arena(self, executor=None) -> ctypes.c_void_p:
-        arena = ctypes.c_void_p()
-        if executor:
-            self.check(self.library.uform_arena_create(executor, ctypes.byref(arena)))
-        else:
-            self.check(self.library.uform_arena_create_host(ctypes.byref(arena)))
-        return arena
-
-    # -- views --------------------------------------------------------------------------------
-
-    def read_view(self, view: uform_view_t, arena) -> dict:
-        """Copies a host view out of its arena: raw bytes of its rows, the values as float64 (I8 as
-        the integers), scales and item offsets. Raises on a view that fails uform_view_check."""
-        self.check(self.library.uform_view_check(ctypes.byref(view)))
-        if view.device:
-            raise EngineError(8, "a host view says it is on a device")
-        if arena is not None and view.generation != self.library.uform_arena_generation(arena):
-            raise EngineError(4, f"view generation {view.generation} is not its arena's")
-        size = SCALAR_SIZES.get(view.scalar)
-        if size is None:
-            raise EngineError(4, f"view of unknown scalar {view.scalar}")
-        rows, columns, stride = view.rows, view.columns, view.row_stride
-        if rows and stride < columns * size:
-            raise EngineError(4, f"row stride {stride} < {columns} x {size}")
-        raw = np.zeros((rows, columns * size), np.uint8)
-        if rows:
-            first = ctypes.c_void_p()
-            self.check(self.library.uform_view_row(ctypes.byref(view), 0, ctypes.byref(first)))
-            if first.value != view.data:
-                raise EngineError(4, "uform_view_row(0) is not view.data")
-            everything = np.frombuffer(ctypes.string_at(view.data, rows * stride), np.uint8).reshape(rows, stride)
-            raw = np.ascontiguousarray(everything[:, : columns * size])
-        storage = {F32: np.float32, BF16: np.uint16, F16: np.float16, I8: np.int8}[view.scalar]
-        typed = raw.view(storage).reshape(rows, columns)
-        values = ref.bf16_bits_to_f32(typed) if view.scalar == BF16 else typed
-        answer = {"scalar": view.scalar, "raw": raw.tobytes(), "values": np.asarray(values, np.float64),
-                  "rows": rows, "columns": columns, "items": view.items, "scales": None, "offsets": None}
-        if view.scalar == I8:
-            answer["scales"] = np.ctypeslib.as_array(view.scales, (rows,)).astype(np.float64).copy() if rows else np.zeros(0)
-            answer["raw"] += answer["scales"].astype(np.float32).tobytes()
-        if view.item_offsets:
-            answer["offsets"] = np.ctypeslib.as_array(view.item_offsets, (view.items + 1,)).copy()
-            answer["raw"] += answer["offsets"].tobytes()
-        return answer
-
-    # -- verbs --------------------------------------------------------------------------------
-
-    def _submit(self, verb, args, outcome: Outcome | None):
-        status = verb(ctypes.byref(args))
-        if outcome is None:
-            self.check(status)
-            return
-        self.check(status, outcome)
-        self.check(self.library.uform_outcome_wait(outcome.pointer), outcome)
-
-    def encode(self, model, texts, outputs: int, arena, executor=None, scalar=F32, matryoshka=0,
-               deferred=False, keep_views=False) -> dict:
-        """Runs uform_text_encode and copies every produced view out. With `keep_views`, also
-        answers the live uform_encoded_t (valid until `arena` is used again)."""
-        tape, keep = _tape(list(texts))
-        stats = uform_encode_stats_t()
-        config = uform_encode_config_t(scalar, matryoshka, uform_progress_t(), ctypes.pointer(stats))
-        encoded = uform_encoded_t()
-        outcome = Outcome(self.library) if deferred else None
-        args = uform_text_encode_args_t(model, executor, outputs, arena, ctypes.pointer(config),
-                                        None if deferred else ctypes.pointer(encoded),
-                                        outcome.pointer if outcome else None, tape)
-        try:
-            self._submit(self.library.uform_text_encode, args, outcome)
-            if outcome is not None:
-                self.check(self.library.uform_outcome_encoded(outcome.pointer, ctypes.byref(encoded)), outcome)
-            result = {"stats": stats, "items": encoded.items}
-            result["statuses"] = [encoded.statuses[i] for i in range(encoded.items)] if encoded.statuses else None
-            for name in ("embeddings", "token_vectors", "states"):
-                view = getattr(encoded, name)
-                result[name] = self.read_view(view, arena) if view.data or view.rows else None
-            if keep_views:
-                result["encoded"] = encoded
-            return result
-        finally:
-            del keep
-            if outcome is not None:
-                outcome.destroy()
-
-    def choose(self, model, states: uform_view_t, choices, arena, executor=None, deferred=False) -> dict:
-        tape, keep = _tape(list(choices))
-        probabilities = uform_view_t()
-        outcome = Outcome(self.library) if deferred else None
-        args = uform_text_choose_args_t(model, executor, ctypes.pointer(states), tape, arena, None,
-                                        None if deferred else ctypes.pointer(probabilities),
-                                        outcome.pointer if outcome else None)
-        try:
-            self._submit(self.library.uform_text_choose, args, outcome)
-            if outcome is not None:
-                self.check(self.library.uform_outcome_probabilities(outcome.pointer, ctypes.byref(probabilities)), outcome)
-            return self.read_view(probabilities, arena)
-        finally:
-            del keep
-            if outcome is not None:
-                outcome.destroy()
-
-
-# ------------------------------------------------------------------------------------------------
-# The checks
-# ------------------------------------------------------------------------------------------------
-
-COSINE_MIN = 0.999
-STATE_RELATIVE_L2_MAX = 1e-2
 CHOOSE_SAME_STATES_ABS = 2e-3
 CHOOSE_REFERENCE_STATES_ABS = 2e-2
 CHOOSE_SUM_ABS = 1e-4
 SCALE_RELATIVE = 1e-6
-
-
-class Report:
-    def __init__(self):
-        self.failures = []
-
-    def check(self, name: str, ok: bool, detail: str = ""):
-        print(f"  {'ok  ' if ok else 'FAIL'} {name}{': ' + detail if detail else ''}", flush=True)
-        if not ok:
-            self.failures.append(f"{name}: {detail}")
-        return ok
-
-
-def cosines(a, b):
-    return ref._cosines(np.asarray(a, np.float64), np.asarray(b, np.float64))
-
-
-def compare_rows(report, name, engine_rows, reference_rows, minimum=COSINE_MIN):
-    engine_rows, reference_rows = np.atleast_2d(engine_rows), np.atleast_2d(reference_rows)
-    if engine_rows.shape != reference_rows.shape:
-        return report.check(name, False, f"shape {engine_rows.shape}, reference {reference_rows.shape}")
-    if engine_rows.shape[0] == 0:
-        return report.check(name, True, "no rows")
-    c = cosines(engine_rows, reference_rows)
-    worst = int(np.argmin(c))
-    return report.check(name, c.min() >= minimum,
-                        f"min cosine {c.min():.6f} (row {worst}, >= {minimum}), max abs {np.abs(engine_rows - reference_rows).max():.2e}")
 
 
 def ulps_apart(a: np.ndarray, b: np.ndarray, storage) -> int:
@@ -535,6 +63,7 @@ def ulps_apart(a: np.ndarray, b: np.ndarray, storage) -> int:
     if a.size == 0:
         return 0
     return int(np.abs(ordered(a) - ordered(b)).max())
+
 
 
 def test_texts(context: int, seed: int) -> list:
@@ -561,11 +90,8 @@ def split_rows(view: dict) -> list:
 
 def check_checkpoint(engine: Engine, report: Report, label: str, path: Path) -> None:
     print(f"\n== {label}: {path}", flush=True)
-    model = engine.load(str(path))
-    try:
+    with harness.loaded(engine, path) as model:
         _check_model(engine, report, model, path)
-    finally:
-        engine.library.uform_model_free(model)
 
 
 def _check_model(engine, report, model, path):
@@ -586,50 +112,24 @@ def _check_model(engine, report, model, path):
     expected = tower.encode(texts)
     everything = OUTPUT_EMBEDDINGS | OUTPUT_TOKEN_VECTORS | OUTPUT_STATES
 
-    host_arena = engine.arena()
     side_arena = engine.arena()
-    executors = {}
     try:
-        for threads in (1, 2):
-            executors[threads] = engine.ram_executor(threads)
-        arenas = {threads: engine.arena(executor) for threads, executor in executors.items()}
-        try:
-            _check_receivers(engine, report, model, texts, expected, tower, everything, host_arena, side_arena,
+        with harness.executors_and_arenas(engine) as (executors, arenas):
+            _check_receivers(engine, report, model, texts, expected, tower, everything, arenas["host"], side_arena,
                              executors, arenas)
-        finally:
-            for arena in arenas.values():
-                engine.library.uform_arena_free(arena)
     finally:
-        for executor in executors.values():
-            engine.library.uform_executor_free(executor)
         engine.library.uform_arena_free(side_arena)
-        engine.library.uform_arena_free(host_arena)
 
 
 def _check_receivers(engine, report, model, texts, expected, tower, everything, host_arena, side_arena, executors, arenas):
-    receivers = [
-        ("calling thread", None, host_arena, False),
-        ("RAM executor, 1 thread", executors[1], arenas[1], False),
-        ("RAM executor, 2 threads", executors[2], arenas[2], False),
-        ("RAM executor, 2 threads, deferred", executors[2], arenas[2], True),
-    ]
-
     # F32, every output, every receiver: bitwise identical.
-    results = {}
-    for name, executor, arena, deferred in receivers:
-        try:
-            results[name] = engine.encode(model, texts, everything, arena, executor, deferred=deferred)
-        except EngineError as error:
-            hint = " (the text tower is not built yet: this test fails until uform_text_encode works)" \
-                if error.status == UNSUPPORTED else ""
-            report.check(f"uform_text_encode on the {name}", False, f"{error}{hint}")
-            return
-    first_name, first = receivers[0][0], results[receivers[0][0]]
-    for name, _, _, _ in receivers[1:]:
-        same = all((first[k] is None and results[name][k] is None) or
-                   (first[k] is not None and results[name][k] is not None and first[k]["raw"] == results[name][k]["raw"])
-                   for k in ("embeddings", "token_vectors", "states"))
-        report.check(f"{name} == {first_name}, bitwise", same)
+    receivers = harness.receivers(host_arena, executors, arenas)
+    first = harness.encode_on_receivers(
+        report, "uform_text_encode",
+        lambda executor, arena, deferred: engine.encode(model, texts, everything, arena, executor, deferred=deferred),
+        receivers, hint=" (the text tower is not built yet: this test fails until uform_text_encode works)")
+    if first is None:
+        return
 
     result = first
     items = len(texts)
@@ -775,32 +275,6 @@ def _check_receivers(engine, report, model, texts, expected, tower, everything, 
                      f"max abs {error:.2e} (<= {CHOOSE_REFERENCE_STATES_ABS})")
 
 
-def sharpen_checkpoint(source: Path, target: Path, factor: int = 4) -> None:
-    """Copies a checkpoint with the text tower's q and k rows (weights and biases) multiplied by
-    `factor`, a power of two, so exact in BF16. The tool's weights (std 0.02) leave attention almost
-    uniform, where a wrong rotary or attention scale moves embeddings by less than the tolerance;
-    sharpened, those bugs drop the cosine below 0.9 while BF16 rounding stays near 5e-3 in states."""
-    blob = bytearray(source.read_bytes())
-    (length,) = struct.unpack_from("<Q", blob)
-    header = json.loads(bytes(blob[8 : 8 + length]))
-    base = 8 + length
-    hidden = int(json.loads(header["__metadata__"]["uform"])["text"]["hidden"])
-    for name, info in header.items():
-        if not re.fullmatch(r"text\.blocks\.\d+\.attn\.qkv\.(weight|bias)", name):
-            continue
-        if info["dtype"] != "BF16":
-            raise ValueError(f"{source}: {name} is {info['dtype']}, expected BF16")
-        begin, end = info["data_offsets"]
-        bits = np.frombuffer(bytes(blob[base + begin : base + end]), np.uint16)
-        values = ref.bf16_bits_to_f32(bits).reshape(info["shape"]).copy()
-        values[: 2 * hidden] *= factor  # rows of q, then k
-        scaled = ref.f32_to_bf16_bits(values.reshape(-1))
-        if not np.array_equal(ref.bf16_bits_to_f32(scaled), values.reshape(-1)):
-            raise ValueError(f"{name}: scaling by {factor} is not exact")
-        blob[base + begin : base + end] = scaled.tobytes()
-    target.write_bytes(bytes(blob))
-
-
 def check_reference_alone(report: Report, paths: list) -> None:
     print("\n== the reference on its own", flush=True)
     failures = ref.self_check(verbose=True)
@@ -823,78 +297,24 @@ def check_reference_alone(report: Report, paths: list) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--library", required=True, help="libuform.so")
-    parser.add_argument("--tiny-checkpoint-tool", required=True, help="the uform_tiny_checkpoint executable")
-    parser.add_argument("--workdir", default=None, help="where checkpoints and the layout probe go (default: a temporary folder)")
-    parser.add_argument("--header", default=str(REPOSITORY / "include" / "uform.h"), help="uform.h, for the layout probe")
-    args = parser.parse_args(argv)
-
-    _preload_sanitizer(args.library)
-    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="uform-reference-"))
-    workdir.mkdir(parents=True, exist_ok=True)
+    args = harness.parse_arguments(__doc__, argv)
+    workdir = harness.open_workdir(args, "text")
     report = Report()
-
-    print("== ctypes layouts", flush=True)
-    report.check("sizeof(uform_outcome_t) == 512", ctypes.sizeof(uform_outcome_t) == OUTCOME_SIZE)
-    differences = probe_layouts(Path(args.header), workdir)
-    if differences is None:
-        print("  --   no C compiler: struct layouts are not checked against the header")
-    else:
-        report.check(f"every mirrored struct's size, alignment and offsets match {Path(args.header).name}",
-                     not differences, "\n       ".join([""] + differences))
-
-    checkpoints = [("tiny default", workdir / "text-reference-tiny.safetensors", ["--seed", "1"]),
-                   ("depth 4, hidden 256", workdir / "text-reference-256.safetensors",
-                    ["--seed", "2", "--depth", "4", "--hidden", "256"])]
-    for label, path, flags in checkpoints:
-        written = subprocess.run([args.tiny_checkpoint_tool, str(path), *flags], capture_output=True, text=True)
-        if written.returncode != 0:
-            print(f"FAIL: {args.tiny_checkpoint_tool} {path} {' '.join(flags)}: {written.stdout}{written.stderr}")
-            return 1
-    sharp = workdir / "text-reference-256-sharp.safetensors"
-    sharpen_checkpoint(checkpoints[1][1], sharp)
-    checkpoints.append(("depth 4, hidden 256, q and k x4 (sharp attention)", sharp, []))
-
-    check_reference_alone(report, [path for _, path, _ in checkpoints[:2]])
-
-    try:
-        engine = Engine(args.library)
-    except (OSError, AttributeError) as error:
-        print(f"FAIL: cannot load {args.library} through ctypes: {error}")
+    callable_engine = harness.check_layouts(report, args.header, workdir)
+    checkpoints = harness.write_standard_checkpoints(args.tiny_checkpoint_tool, workdir, "text", "text")
+    if checkpoints is None:
         return 1
-    outcome = Outcome(engine.library)
-    report.check("outcome buffer is 64-byte aligned", outcome.address % OUTCOME_ALIGNMENT == 0)
+    check_reference_alone(report, [path for _, path in checkpoints[:2]])
+    engine = harness.open_engine(args.library)
+    if engine is None:
+        return 1
+    outcome = harness.Outcome(engine.library)
+    report.check("outcome buffer is 64-byte aligned", outcome.address % harness.OUTCOME_ALIGNMENT == 0)
     outcome.destroy()
-    if not differences:
-        for label, path, _ in checkpoints:
-            try:
-                check_checkpoint(engine, report, label, path)
-            except EngineError as error:
-                report.check(f"{label}", False, str(error))
-    else:
-        print("\nthe ctypes mirror does not match uform.h: the engine is not called")
-
-    print()
-    if report.failures:
-        print(f"FAILED: {len(report.failures)} check(s):")
-        for failure in report.failures:
-            print(f"  - {failure}")
-        return 1
-    print("passed")
-    return 0
+    if callable_engine:
+        harness.check_each(report, checkpoints, lambda label, path: check_checkpoint(engine, report, label, path))
+    return harness.summary(report)
 
 
 if __name__ == "__main__":
-    _interpreter_with_torch()
-    import numpy as np
-
-    sys.path.insert(0, str(HERE))
-    import uform_reference as ref
-
     sys.exit(main())
-else:  # imported by bench/bench_text.py
-    import numpy as np
-
-    sys.path.insert(0, str(HERE))
-    import uform_reference as ref

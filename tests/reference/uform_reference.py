@@ -308,8 +308,23 @@ class Transformer(torch.nn.Module):
 # ------------------------------------------------------------------------------------------------
 
 
+class Encoding:
+    """What every tower's `encode` answers has: `embeddings` [items, dims] and `token_vectors`, per item
+    (a list of [rows, dims], or an array [items, rows, dims])."""
+
+    def matryoshka(self, width: int) -> np.ndarray:
+        """The first `width` values of each normalized embedding, renormalized."""
+        prefix = self.embeddings[:, :width]
+        return prefix / np.maximum(np.linalg.norm(prefix, axis=1, keepdims=True), np.finfo(np.float64).tiny)
+
+    def stacked_token_vectors(self) -> np.ndarray:
+        """Every item's token vectors, one item after another: [rows, dims]."""
+        dims = self.embeddings.shape[1]
+        return np.concatenate(list(self.token_vectors)) if len(self.token_vectors) else np.zeros((0, dims))
+
+
 @dataclass
-class TextEncoding:
+class TextEncoding(Encoding):
     """What `TextTower.encode` answers, as float64 numpy arrays computed in the tower's dtype."""
 
     embeddings: np.ndarray  # [items, dims]
@@ -318,15 +333,6 @@ class TextEncoding:
     kept: list  # bytes kept per item, BOS excluded
     truncated: int  # items longer than `context`
     token_offsets: list = field(default_factory=list)  # items + 1 row offsets into the stacked token vectors
-
-    def matryoshka(self, width: int) -> np.ndarray:
-        """The first `width` values of each normalized embedding, renormalized."""
-        prefix = self.embeddings[:, :width]
-        return prefix / np.maximum(np.linalg.norm(prefix, axis=1, keepdims=True), np.finfo(np.float64).tiny)
-
-    def stacked_token_vectors(self) -> np.ndarray:
-        dims = self.embeddings.shape[1]
-        return np.concatenate(self.token_vectors) if self.token_vectors else np.zeros((0, dims))
 
 
 class TextTower(Transformer):
@@ -430,19 +436,12 @@ def resize_weights(source: int, target: int, first: int, count: int) -> np.ndarr
 
 
 @dataclass
-class ImageEncoding:
+class ImageEncoding(Encoding):
     """What `ImageTower.encode` answers, as float64 numpy arrays computed in the tower's dtype."""
 
     embeddings: np.ndarray  # [items, dims], from the class token
     states: np.ndarray  # [items, hidden], the class token's final-normed state
     token_vectors: np.ndarray  # [items, patches, dims], the patches' projections, normalized
-
-    def matryoshka(self, width: int) -> np.ndarray:
-        prefix = self.embeddings[:, :width]
-        return prefix / np.maximum(np.linalg.norm(prefix, axis=1, keepdims=True), np.finfo(np.float64).tiny)
-
-    def stacked_token_vectors(self) -> np.ndarray:
-        return self.token_vectors.reshape(-1, self.token_vectors.shape[-1])
 
 
 class ImageTower(Transformer):
@@ -626,27 +625,11 @@ def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.where(both_zero, 1.0, cos)
 
 
-def random_text_tower(depth=2, hidden=128, mlp=256, dims=64, context=32, seed=0, dtype=torch.float32):
-    """A tower with random weights of realistic scale, for checks that need no checkpoint."""
+def random_weights(tower, prefix: str, seed: int, dtype):
+    """Loads random weights of realistic scale into `tower` (as a checkpoint names them under `prefix`),
+    for checks that need no checkpoint: norms near 1, biases, the class token and the positions near 0,
+    the rest scaled by 1 / sqrt(fan-in); BF16-representable, like a checkpoint's."""
     generator = torch.Generator().manual_seed(seed)
-    tower = TextTower(TransformerConfig(depth, hidden, hidden // HEAD, mlp), dims, context)
-    tensors = {}
-    for name, parameter in tower.named_parameters():
-        if name.endswith("norm1.weight") or name.endswith("norm2.weight") or name == "norm.weight":
-            value = 1.0 + 0.1 * torch.randn(parameter.shape, generator=generator)
-        elif name.endswith("bias"):
-            value = 0.02 * torch.randn(parameter.shape, generator=generator)
-        else:
-            value = torch.randn(parameter.shape, generator=generator) / math.sqrt(parameter.shape[-1])
-        tensors["text." + name] = to_bf16(value.numpy())  # BF16-representable, like a checkpoint
-    return tower.load(tensors, "text.", dtype).eval()
-
-
-def random_image_tower(depth=2, hidden=128, mlp=256, dims=64, size=32, patch=8, seed=0, dtype=torch.float32):
-    """An image tower with random weights of realistic scale, for checks that need no checkpoint."""
-    generator = torch.Generator().manual_seed(seed)
-    tower = ImageTower(TransformerConfig(depth, hidden, hidden // HEAD, mlp), dims, size, patch,
-                       [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711])
     tensors = {}
     for name, parameter in tower.named_parameters():
         if name.endswith("norm1.weight") or name.endswith("norm2.weight") or name == "norm.weight":
@@ -655,19 +638,42 @@ def random_image_tower(depth=2, hidden=128, mlp=256, dims=64, size=32, patch=8, 
             value = 0.02 * torch.randn(parameter.shape, generator=generator)
         else:
             value = torch.randn(parameter.shape, generator=generator) / math.sqrt(parameter.shape[-1])
-        tensors["image." + name] = to_bf16(value.numpy())
-    return tower.load(tensors, "image.", dtype).eval()
+        tensors[prefix + name] = to_bf16(value.numpy())
+    return tower.load(tensors, prefix, dtype).eval()
+
+
+def random_text_tower(depth=2, hidden=128, mlp=256, dims=64, context=32, seed=0, dtype=torch.float32):
+    """A text tower with random weights of realistic scale."""
+    tower = TextTower(TransformerConfig(depth, hidden, hidden // HEAD, mlp), dims, context)
+    return random_weights(tower, "text.", seed, dtype)
+
+
+def random_image_tower(depth=2, hidden=128, mlp=256, dims=64, size=32, patch=8, seed=0, dtype=torch.float32):
+    """An image tower with random weights of realistic scale."""
+    tower = ImageTower(TransformerConfig(depth, hidden, hidden // HEAD, mlp), dims, size, patch,
+                       [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711])
+    return random_weights(tower, "image.", seed, dtype)
+
+
+class Report:
+    """Named checks, printed as they run (when `verbose`); `failures` lists those that failed."""
+
+    def __init__(self, verbose: bool = True):
+        self.verbose = verbose
+        self.failures = []
+
+    def check(self, name: str, ok: bool, detail: str = "") -> bool:
+        if self.verbose:
+            print(f"  {'ok  ' if ok else 'FAIL'} {name}{': ' + detail if detail else ''}", flush=True)
+        if not ok:
+            self.failures.append(f"{name}: {detail}")
+        return ok
 
 
 def self_check(verbose: bool = True) -> list:
     """Checks the pieces against independent formulations; answers a list of failures (empty: pass)."""
-    failures = []
-
-    def check(name, ok, detail=""):
-        if verbose:
-            print(f"  {'ok  ' if ok else 'FAIL'} {name}{': ' + detail if detail else ''}")
-        if not ok:
-            failures.append(f"{name}: {detail}")
+    report = Report(verbose)
+    check = report.check
 
     generator = torch.Generator().manual_seed(7)
 
@@ -835,7 +841,7 @@ def self_check(verbose: bool = True) -> list:
     q, scales = quantize_i8_rows(x)
     error = np.abs(dequantize_i8_rows(q, scales) - x).max(axis=1) / scales
     check("i8 round trip within half a step", (error <= 0.5 + 1e-5).all() and (np.abs(q).max(axis=1) == 127).all())
-    return failures
+    return report.failures
 
 
 def main(argv=None) -> int:

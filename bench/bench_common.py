@@ -1,0 +1,186 @@
+"""What the benchmarks share: finding an interpreter with PyTorch, timing, base-sized checkpoints with a
+tower's front end redrawn, the engine's stage figures over files, and the printed table.
+
+A benchmark imports this first (bench/ is its own folder, so on sys.path), calls `python_with(...)`, then
+imports numpy, PyTorch and tests/reference's modules (`REFERENCE` is put on sys.path here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPOSITORY = HERE.parent
+REFERENCE = REPOSITORY / "tests" / "reference"
+sys.path.insert(0, str(REFERENCE))
+
+from interpreter import run_under_python_with  # noqa: E402
+
+
+def python_with(modules: list) -> None:
+    """Re-runs under the project's .venv or Debian's python3 when this one cannot import `modules`;
+    exits 0 (a benchmark never fails for it) where none can."""
+    run_under_python_with(modules, status=0, hint=": nothing to compare with")
+
+
+def measure(run, min_seconds: float, warm_up=None) -> float:
+    """Seconds per call of `run`, after one call of `warm_up` (default: `run`), over at least
+    `min_seconds` (at least one call)."""
+    (warm_up or run)()
+    calls, start = 0, time.perf_counter()
+    while True:
+        run()
+        calls += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= min_seconds:
+            return elapsed / calls
+
+
+def groups(items: list, size: int) -> list:
+    """`items` in consecutive groups of `size` (the last may be shorter)."""
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def ratio(a, b) -> str:
+    return f"{a / b:.2f}" if a and b else "n/a"
+
+
+def figure(x, unit="") -> str:
+    return f"{x:.1f}{unit}" if x else "n/a"
+
+
+def arguments(description: str, name: str, items: tuple, batch: int, argv=None, extra=()) -> argparse.Namespace:
+    """--build, --library and --tiny-checkpoint-tool (defaults in the build), --workdir (default
+    <build>/bench-<name>), --threads, --<items> and --batch (their defaults), --seed, --min-seconds,
+    --no-torch, and each (flags, options) of `extra`."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--build", default=str(REPOSITORY / "build"), help="the meson build folder")
+    parser.add_argument("--library", help="libuform.so (default: <build>/libuform.so)")
+    parser.add_argument("--tiny-checkpoint-tool", help="default: <build>/src/tools/uform_tiny_checkpoint")
+    parser.add_argument("--workdir", help=f"checkpoint and inputs (default: <build>/bench-{name})")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(f"--{items[0]}", type=int, default=items[1])
+    parser.add_argument("--batch", type=int, default=batch, help=f"{items[0]} per call, for every engine")
+    for flags, options in extra:
+        parser.add_argument(*flags, **options)
+    parser.add_argument("--seed", type=int, default=3)
+    parser.add_argument("--min-seconds", type=float, default=3.0, help="timed at least this long, per engine")
+    parser.add_argument("--no-torch", action="store_true")
+    args = parser.parse_args(argv)
+    build = Path(args.build)
+    args.library = args.library or str(build / "libuform.so")
+    args.tiny_checkpoint_tool = args.tiny_checkpoint_tool or str(build / "src" / "tools" / "uform_tiny_checkpoint")
+    args.workdir = Path(args.workdir or build / f"bench-{name}")
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    return args
+
+
+def write_redrawn_checkpoint(tool: str, path: Path, seed: int, tower: str, settings: dict, redrawn: dict) -> None:
+    """The tool's base checkpoint (depth 12, hidden 768, mlp 3072) with `settings` merged into `tower`'s
+    metadata and the tensors `redrawn` (name: shape) drawn again (std 0.02, BF16) to match them; kept
+    where `path` is there already."""
+    import numpy as np
+    import uform_reference as ref
+
+    if path.exists():
+        return
+
+    base = path.with_suffix(".tool.safetensors")
+    subprocess.run([tool, str(base), "--depth", "12", "--hidden", "768", "--mlp", "3072", "--seed", str(seed)],
+                   check=True, capture_output=True)
+    blob = base.read_bytes()
+    (length,) = struct.unpack_from("<Q", blob)
+    header = json.loads(blob[8 : 8 + length])
+    metadata = header.pop("__metadata__")
+    config = json.loads(metadata["uform"])
+    config[tower].update(settings)
+    metadata["uform"] = json.dumps(config)
+    rng = np.random.default_rng(seed)
+    tensors, data = {}, bytearray()
+    for name, info in sorted(header.items(), key=lambda item: item[1]["data_offsets"][0]):
+        if name in redrawn:
+            values = (0.02 * rng.standard_normal(redrawn[name])).astype(np.float32)
+            raw, shape = ref.f32_to_bf16_bits(values.reshape(-1)).tobytes(), list(redrawn[name])
+        else:
+            begin, end = info["data_offsets"]
+            raw, shape = blob[8 + length + begin : 8 + length + end], info["shape"]
+        tensors[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    text = json.dumps({"__metadata__": metadata, **tensors}).encode()
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(struct.pack("<Q", len(text)) + text + bytes(data))
+    base.unlink()
+
+
+def bench_stages(library: str, checkpoint: Path, threads: int, min_seconds: float, encode_files, encode_decoded,
+                 paths: list, decoded: list, batch: int) -> tuple:
+    """The engine over files end to end and over already decoded inputs, on a RAM executor of `threads`:
+    `encode_files(engine, model, group, arena, executor)` and `encode_decoded(...)` each answer the
+    call's result. Answers items per second (end to end, its read and decode stages, its tower stage,
+    decoded inputs only) and the embeddings of the first group of files."""
+    import harness
+
+    engine = harness.Engine(library)
+    executor = engine.ram_executor(threads)
+    arena = engine.arena(executor)
+    model = engine.load(str(checkpoint), executor)
+    stages = {"read_ns": 0, "decode_ns": 0, "compute_ns": 0, "items": 0}
+    try:
+        def end_to_end():
+            for group in groups(paths, batch):
+                stats = encode_files(engine, model, group, arena, executor)["stats"]
+                for key in ("read_ns", "decode_ns", "compute_ns"):
+                    stages[key] += getattr(stats, key)
+                stages["items"] += stats.items - stats.failed
+
+        def decoded_only():
+            for group in groups(decoded, batch):
+                encode_decoded(engine, model, group, arena, executor)
+
+        first = encode_files(engine, model, paths[:batch], arena, executor)["embeddings"]["values"]
+        e2e = len(paths) / measure(end_to_end, min_seconds)
+        decode = stages["items"] / ((stages["read_ns"] + stages["decode_ns"]) * 1e-9)
+        compute = stages["items"] / (stages["compute_ns"] * 1e-9)
+        encode = len(decoded) / measure(decoded_only, min_seconds)
+        return e2e, decode, compute, encode, first
+    finally:
+        engine.library.uform_model_free(model)
+        engine.library.uform_arena_free(arena)
+        engine.library.uform_executor_free(executor)
+
+
+def compare_stages(args, checkpoint: Path, paths: list, decoded: list, encode_files, encode_decoded, labels: tuple,
+                   unit: str, baseline: str, bench_baseline, agreement: str) -> None:
+    """bench_stages (`labels`: its four figures), then, unless --no-torch, the baseline:
+    `bench_baseline(checkpoint, paths, batch, threads, min_seconds)` answers its items per second and the
+    embeddings of its first group. Prints their agreement, the figures and the ratios."""
+    import harness
+
+    paths = [str(p) for p in paths]
+    e2e, decode, compute, encode, first = bench_stages(args.library, checkpoint, args.threads, args.min_seconds,
+                                                       encode_files, encode_decoded, paths, decoded, args.batch)
+    rows = list(zip(labels, (e2e, decode, compute, encode)))
+    baseline_rate = None
+    if not args.no_torch:
+        baseline_rate, baseline_first = bench_baseline(checkpoint, paths, args.batch, args.threads, args.min_seconds)
+        rows.append((f"{baseline} eager bfloat16", baseline_rate))
+        print(f"agreement, first batch: min cosine {harness.cosines(first, baseline_first).min():.5f} ({agreement})")
+    print_stages(rows, unit, e2e, encode, baseline, baseline_rate)
+
+
+def print_stages(rows: list, unit: str, e2e: float, encode: float, baseline: str, baseline_rate) -> None:
+    """The figures of bench_stages (and the baseline's) and the ratios between them."""
+    print()
+    width = max(len(name) for name, _ in rows)
+    for name, rate in rows:
+        print(f"  {name:<{width}} {rate:8.2f} {unit}/s")
+    print()
+    print(f"  {'end to end / encode only:':<{len(baseline) + 18}} {e2e / encode:.2f}")
+    if baseline_rate:
+        print(f"  {f'end to end / {baseline}:':<{len(baseline) + 18}} {e2e / baseline_rate:.2f}")

@@ -1,0 +1,233 @@
+"""The engine, loaded once: `Library`, the symbol table it resolves, `Status` and the `Error` every
+fallible entry point raises."""
+
+from std.ffi import OwnedDLHandle, CStringSpan, c_char, c_int, c_size_t
+from std.memory import ArcPointer
+from std.os import getenv
+from std.sys import CompilationTarget
+
+from ._c import *
+from ._c import _raw, _field
+
+
+@fieldwise_init
+struct Status(Equatable, TrivialRegisterPassable, Writable):
+    """`uform_status_t`: one enumeration shared with the C interface (`__eq__` is synthesized)."""
+
+    var code: Int32
+
+    comptime OK = Self(0)
+    comptime PENDING = Self(1)
+    comptime CANCELLED = Self(2)
+    comptime CONTENDED = Self(3)
+    comptime INVALID_ARGUMENT = Self(4)
+    comptime IO = Self(5)
+    comptime FORMAT = Self(6)
+    comptime OUT_OF_MEMORY = Self(7)
+    comptime DEVICE = Self(8)
+    comptime UNSUPPORTED = Self(9)
+    comptime INTERNAL = Self(10)
+    comptime MISSING_SYMBOL = Self(11)
+
+    def name(self) -> StaticString:
+        """The engine's lowercase name (`uform_status_name`), kept here so that a library that failed to
+        load can still be named."""
+        comptime names: Array[StaticString, 12] = [
+            "ok", "pending", "cancelled", "contended", "invalid_argument", "io", "format",
+            "out_of_memory", "device", "unsupported", "internal", "missing_symbol",
+        ]
+        if self.code < 0 or self.code >= 12:
+            return "unknown"
+        return materialize[names]()[Int(self.code)]
+
+    def write_to(self, mut writer: Some[Writer]):
+        writer.write(self.name())
+
+
+def _c_string(s: StaticString) -> CString:
+    """A literal's bytes as `char const *`: Mojo string literals are NUL-terminated static storage."""
+    return s.unsafe_ptr().unsafe_bitcast[c_char]()
+
+
+def _static(s: CString) -> StaticString:
+    """A static C string of the engine as a `StaticString` (std.ffi `CStringSpan(unsafe_from_ptr=)`)."""
+    return StaticString(unsafe_from_utf8=CStringSpan[ImmStaticOrigin](unsafe_from_ptr=s))
+
+
+struct Error(Copyable, Writable):
+    """A failure: its `Status`, the entry point and a static message. It keeps the engine mapped while
+    it lives, since its strings are the engine's own static text."""
+
+    var status: Status
+    var _c: CError
+    var _library: Optional[Library]
+
+    def __init__(out self, c: CError, library: Optional[Library]):
+        self.status = Status(c.status)
+        self._c = c
+        self._library = library
+
+    def __init__(out self, status: Status, entry: StaticString, message: StaticString, library: Optional[Library] = None):
+        """A fault this binding catches before the boundary, with the status the engine would report."""
+        self.status = status
+        self._c = CError(status.code, _c_string(entry), _c_string(message))
+        self._library = library
+
+    def entry(self) -> StaticString:
+        return _static(self._c.entry)
+
+    def message(self) -> StaticString:
+        return _static(self._c.message)
+
+    def write_to(self, mut writer: Some[Writer]):
+        """`UForm: io [uform_model_load_ram]: cannot open checkpoint`, rendered by `uform_error_render`
+        when the engine is loaded."""
+        if self._library:
+            var buffer = Array[UInt8, 512](fill=0)
+            var c = self._c
+            var needed = self._library.value()._symbols[].error_render(_raw(Pointer(to=c)), _raw(Pointer(to=buffer)), 512)
+            var length = min(Int(needed), 511)
+            writer.write(StringSpan(unsafe_from_utf8=Span(buffer)[:length]))
+        else:
+            writer.write("UForm: ", self.status, " [", self.entry(), "]: ", self.message())
+
+
+def _resolve[Sig: TrivialRegisterPassable](ref handle: OwnedDLHandle, name: StaticString) raises Error -> Sig:
+    """One `dlsym` per symbol (std.ffi `OwnedDLHandle.get_symbol` answers `Optional[Pointer]`), the
+    address then read as a typed `thin abi("C")` function pointer (`Pointer.unsafe_bitcast`)."""
+    var found = handle.get_symbol[NoneType](name)
+    if not found:
+        raise Error(Status.MISSING_SYMBOL, name, "the loaded library lacks this entry point")
+    # The address must live in a variable: a pointer to the temporary `found.value()` crashes.
+    var address = found.value()
+    return Pointer(to=address).unsafe_bitcast[Sig]()[]
+
+
+struct _Symbols(Movable):
+    """The handle and every bound entry point, resolved once. `tests/mojo_lockstep.py` reads the names."""
+
+    var handle: OwnedDLHandle
+    var status_name: FnStatusName
+    var last_error: FnLastError
+    var error_render: FnErrorRender
+    var features: FnFeatures
+    var version: FnVersion
+    var outcome_init: FnVoidOfRaw
+    var outcome_destroy: FnVoidOfRaw
+    var outcome_status: FnStatusOfRaw
+    var outcome_wait: FnStatusOfRaw
+    var outcome_error: FnErrorOfRaw
+    var outcome_encoded: FnStatusOfRawRaw
+    var outcome_model: FnRawOptOfRaw
+    var executor_create_inline: FnStatusOfRaw
+    var executor_create_ram: FnStatusOfRawRaw
+    var executor_free: FnVoidOfRawOpt
+    var executor_drain: FnDrain
+    var executor_info: FnStatusOfRawRaw
+    var executor_nop: FnStatusOfRaw
+    var arena_create: FnStatusOfRawRaw
+    var arena_create_host: FnStatusOfRaw
+    var arena_free: FnVoidOfRawOpt
+    var arena_reserve: FnArenaReserve
+    var arena_capacity: FnSizeOfRawOpt
+    var arena_generation: FnU64OfRawOpt
+    var scalar_size: FnScalarSize
+    var view_check: FnStatusOfRaw
+    var view_row: FnViewRow
+    var model_load_ram: FnStatusOfRaw
+    var model_free: FnVoidOfRawOpt
+    var text_encode: FnStatusOfRaw
+    var tiny_checkpoint: FnStatusOfRaw
+
+    def __init__(out self, var handle: OwnedDLHandle) raises Error:
+        self.status_name = _resolve[FnStatusName](handle, "uform_status_name")
+        self.last_error = _resolve[FnLastError](handle, "uform_last_error")
+        self.error_render = _resolve[FnErrorRender](handle, "uform_error_render")
+        self.features = _resolve[FnFeatures](handle, "uform_features")
+        self.version = _resolve[FnVersion](handle, "uform_version")
+        self.outcome_init = _resolve[FnVoidOfRaw](handle, "uform_outcome_init")
+        self.outcome_destroy = _resolve[FnVoidOfRaw](handle, "uform_outcome_destroy")
+        self.outcome_status = _resolve[FnStatusOfRaw](handle, "uform_outcome_status")
+        self.outcome_wait = _resolve[FnStatusOfRaw](handle, "uform_outcome_wait")
+        self.outcome_error = _resolve[FnErrorOfRaw](handle, "uform_outcome_error")
+        self.outcome_encoded = _resolve[FnStatusOfRawRaw](handle, "uform_outcome_encoded")
+        self.outcome_model = _resolve[FnRawOptOfRaw](handle, "uform_outcome_model")
+        self.executor_create_inline = _resolve[FnStatusOfRaw](handle, "uform_executor_create_inline")
+        self.executor_create_ram = _resolve[FnStatusOfRawRaw](handle, "uform_executor_create_ram")
+        self.executor_free = _resolve[FnVoidOfRawOpt](handle, "uform_executor_free")
+        self.executor_drain = _resolve[FnDrain](handle, "uform_executor_drain")
+        self.executor_info = _resolve[FnStatusOfRawRaw](handle, "uform_executor_info")
+        self.executor_nop = _resolve[FnStatusOfRaw](handle, "uform_executor_nop")
+        self.arena_create = _resolve[FnStatusOfRawRaw](handle, "uform_arena_create")
+        self.arena_create_host = _resolve[FnStatusOfRaw](handle, "uform_arena_create_host")
+        self.arena_free = _resolve[FnVoidOfRawOpt](handle, "uform_arena_free")
+        self.arena_reserve = _resolve[FnArenaReserve](handle, "uform_arena_reserve")
+        self.arena_capacity = _resolve[FnSizeOfRawOpt](handle, "uform_arena_capacity")
+        self.arena_generation = _resolve[FnU64OfRawOpt](handle, "uform_arena_generation")
+        self.scalar_size = _resolve[FnScalarSize](handle, "uform_scalar_size")
+        self.view_check = _resolve[FnStatusOfRaw](handle, "uform_view_check")
+        self.view_row = _resolve[FnViewRow](handle, "uform_view_row")
+        self.model_load_ram = _resolve[FnStatusOfRaw](handle, "uform_model_load_ram")
+        self.model_free = _resolve[FnVoidOfRawOpt](handle, "uform_model_free")
+        self.text_encode = _resolve[FnStatusOfRaw](handle, "uform_text_encode")
+        self.tiny_checkpoint = _resolve[FnStatusOfRaw](handle, "uform_tiny_checkpoint")
+        self.handle = handle^
+
+
+struct Library(ImplicitlyCopyable):
+    """The engine, opened once; every handle and error made through it holds a copy, which keeps it
+    mapped (std.memory `ArcPointer`: the resolved pointers alone would not)."""
+
+    var _symbols: ArcPointer[_Symbols]
+
+    def __init__(out self) raises Error:
+        """Opens `$UFORM_LIBRARY` when set, else `libuform.so` (`libuform.dylib` on macOS) through the
+        dynamic linker's search, which includes the RUNPATH `mojo build` bakes in."""
+        var path = getenv("UFORM_LIBRARY")
+        if not path:
+            comptime if CompilationTarget.is_macos():
+                path = "libuform.dylib"
+            else:
+                path = "libuform.so"
+        self = Library(path)
+
+    def __init__(out self, path: String) raises Error:
+        var handle: OwnedDLHandle
+        try:
+            handle = OwnedDLHandle(path)
+        except:
+            # The builtin error of `dlopen` becomes ours ("wrap Error at API boundaries").
+            raise Error(Status.IO, "dlopen", "the engine's shared library could not be opened")
+        self._symbols = ArcPointer(_Symbols(handle^))
+
+    def version(self) -> Tuple[Int, Int, Int]:
+        var major: c_int = 0
+        var minor: c_int = 0
+        var patch: c_int = 0
+        self._symbols[].version(_raw(Pointer(to=major)), _raw(Pointer(to=minor)), _raw(Pointer(to=patch)))
+        return (Int(major), Int(minor), Int(patch))
+
+    def features(self) -> UInt32:
+        return self._symbols[].features()
+
+    def status_name(self, status: Status) -> StaticString:
+        return _static(self._symbols[].status_name(status.code))
+
+    def write_tiny_checkpoint(self, path: String, seed: UInt64 = 42) raises Error:
+        """`uform_tiny_checkpoint`: a small, seeded, valid checkpoint with every tower, default sizes."""
+        var bytes = List[UInt8](path.as_bytes())
+        bytes.append(0)
+        var args = CTinyCheckpointArgs(_field(bytes.unsafe_ptr()), seed, 0, 0, 0, 0, 0, 0)
+        self._check(self._symbols[].tiny_checkpoint(_raw(Pointer(to=args))))
+        _ = bytes^  # the path is read by the call: keep it alive until it returns
+
+    def _last_error(self) -> Error:
+        return Error(self._symbols[].last_error(), self)
+
+    def _check(self, code: CStatus) raises Error:
+        """Raises the calling thread's last error (`uform_last_error`) for a failed status."""
+        if code != 0:
+            var c = self._symbols[].last_error()
+            if c.status != code:
+                c.status = code
+            raise Error(c, self)

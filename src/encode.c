@@ -1,0 +1,118 @@
+/* What the encode verbs share (encode.h). */
+#include <string.h>
+
+#include "encode.h"
+
+/* ---- Arguments ---------------------------------------------------------------------------------- */
+
+uform_status_t encode_check(encode_request_t const *request, char const **message) {
+    uform_model_t const *model = request->model;
+    uform_executor_t const *executor = request->executor;
+    uform_arena_t const *arena = request->arena;
+    uform_encode_config_t const *config = request->config;
+    if (!model) return *message = "model is NULL", UFORM_INVALID_ARGUMENT;
+    if (!arena) return *message = "arena is NULL", UFORM_INVALID_ARGUMENT;
+    uint32_t known = UFORM_OUTPUT_EMBEDDINGS | UFORM_OUTPUT_TOKEN_VECTORS | UFORM_OUTPUT_STATES;
+    if (request->outputs == 0 || ((uint32_t)request->outputs & ~known))
+        return *message = "outputs is empty or unknown", UFORM_INVALID_ARGUMENT;
+    if (!request->outcome && !request->encoded) return *message = "encoded is NULL", UFORM_INVALID_ARGUMENT;
+    uform_status_t residency = model_residency(model, executor, message);
+    if (residency != UFORM_OK) return residency;
+    if (config) {
+        if (uform_scalar_size(config->outputs_scalar) == 0)
+            return *message = "unknown outputs scalar", UFORM_INVALID_ARGUMENT;
+        if (config->matryoshka) {
+            uform_model_info_t const *info = &model->header.info;
+            bool listed = config->matryoshka == info->dims;
+            for (size_t i = 0; i < info->matryoshka_count; ++i)
+                listed |= info->matryoshka[i] == config->matryoshka;
+            if (!listed)
+                return *message = "matryoshka width is not one of the model's", UFORM_INVALID_ARGUMENT;
+        }
+    }
+    uform_status_t status = arena_check(arena, executor, message);
+    if (status != UFORM_OK) return status;
+    if (request->tape.count == 0) return *message = "the tape holds no items", UFORM_INVALID_ARGUMENT;
+    return tape_validate(&request->tape, message);
+}
+
+/* ---- The call ----------------------------------------------------------------------------------- */
+
+void encode_call_init(encode_call_t *encode, encode_request_t const *request) {
+    uform_encode_config_t const *config = request->config;
+    encode->model = request->model;
+    model_retain(encode->model);
+    encode->arena = request->arena;
+    encode->outputs = request->outputs;
+    encode->scalar = config ? config->outputs_scalar : UFORM_F32;
+    encode->width = config && config->matryoshka ? config->matryoshka : request->model->header.info.dims;
+    if (config) encode->progress = config->progress;
+    encode->next_step = 1;
+    encode->stats_out = config ? config->stats : NULL;
+    encode->started_ns = loop_now_ns();
+}
+
+uform_status_t encode_submit(call_t *call, uform_outcome_t *own, encode_request_t const *request) {
+    call_submit(call);
+    if (request->outcome) return UFORM_OK;
+    uform_status_t status = call_wait(outcome_of(own));
+    if (status == UFORM_OK) uform_outcome_encoded(own, request->encoded);
+    return status;
+}
+
+void encode_stop(encode_call_t *encode, uform_status_t status, char const *message) {
+    if (encode->failure != UFORM_OK) return;
+    encode->failure = status;
+    encode->message = message;
+}
+
+void encode_end(encode_call_t *encode, outcome_t *outcome, uform_status_t status) {
+    for (size_t item = 0; item < encode->stats.items && encode->statuses; ++item)
+        encode->stats.failed += encode->statuses[item] != UFORM_OK;
+    if (encode->stats_out) *encode->stats_out = encode->stats;
+    if (status == UFORM_OK) {
+        outcome->product = OUTCOME_PRODUCT_ENCODED;
+        outcome->encoded = encode->encoded;
+    }
+    arena_end(encode->arena);
+    uform_model_free(encode->model);
+}
+
+/* ---- Outputs ------------------------------------------------------------------------------------ */
+
+bool encode_statuses(encode_call_t *encode, size_t items) {
+    uform_encoded_t *encoded = &encode->encoded;
+    memset(encoded, 0, sizeof *encoded);
+    encoded->items = items;
+    encode->statuses = arena_allocate_host(encode->arena, items * sizeof *encode->statuses, 16);
+    if (!encode->statuses) return false;
+    memset(encode->statuses, 0, items * sizeof *encode->statuses);
+    encoded->statuses = encode->statuses;
+    return true;
+}
+
+bool output_view(uform_arena_t *arena, size_t rows, size_t columns, uform_scalar_t scalar,
+                 uform_view_t *view) {
+    void *data = arena_allocate(arena, rows * columns * uform_scalar_size(scalar) + 1, 64);
+    if (!data) return false;
+    *view = arena_view(arena, data, rows, columns, scalar);
+    if (scalar == UFORM_I8) {
+        float *scales = arena_allocate(arena, rows * sizeof(float) + 1, 16);
+        if (!scales) return false;
+        view->scales = scales;
+    }
+    return true;
+}
+
+void output_row(kernels_t const *kernels, uform_view_t *view, size_t row, float const *values) {
+    void *target = (unsigned char *)view->data + row * view->row_stride;
+    float *scale = view->scales ? (float *)view->scales + row : NULL;
+    float ignored;
+    kernels->convert(target, values, view->columns, view->scalar, scale ? scale : &ignored);
+}
+
+void output_zero(uform_view_t *view, size_t row, size_t count) {
+    if (!view->data) return;
+    memset((unsigned char *)view->data + row * view->row_stride, 0, count * view->row_stride);
+    if (view->scales) memset((float *)view->scales + row, 0, count * sizeof(float));
+}
