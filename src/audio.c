@@ -52,7 +52,6 @@ typedef struct audio_thread {
 
 /* What a call holds outside the executor's call storage; freed when it ends. */
 typedef struct audio_work {
-    tower_patches_t patch_layer; /* audio.patch [hidden, patch_frames * mels], audio.pos, audio.cls */
     audio_frontend_t frontend;
     size_t *patches;    /* [items]: each prepared clip's patches (0 for a failed one) */
     uint8_t *truncated; /* [items]: the clip was longer than the model's reach */
@@ -92,7 +91,6 @@ static void audio_release_work(audio_call_t *audio) {
     free(work->patches);
     free(work->truncated);
     audio_frontend_free(&work->frontend);
-    tower_patches_release(&work->patch_layer, audio->call.executor);
     free(work);
     audio->work = NULL;
 }
@@ -254,7 +252,7 @@ static void audio_chunk(media_run_t *run, size_t first, size_t last) {
                 patches * row_floats * sizeof(float));
         packed += patches;
     }
-    tower_linear(tower, executor, &work->patch_layer.patch, scratch.patches, row_floats, packed, hidden,
+    tower_linear(tower, executor, &tower->patches.patch, scratch.patches, row_floats, packed, hidden,
                  scratch.rows, hidden);
 
     /* x: per kept clip, the class token, then its patches, each plus its position.  [tokens, hidden] */
@@ -262,7 +260,7 @@ static void audio_chunk(media_run_t *run, size_t first, size_t last) {
     for (size_t q = 0; q < kept; ++q) {
         size_t patches = work->patches[scratch.items[q]];
         scratch.offsets[q] = row;
-        tower_patches_tokens(&work->patch_layer, hidden, scratch.rows + patch_row * hidden, patches,
+        tower_patches_tokens(&tower->patches, hidden, scratch.rows + patch_row * hidden, patches,
                              scratch.x + row * hidden);
         row += 1 + patches;
         patch_row += patches;
@@ -367,10 +365,7 @@ static audio_work_t *audio_work(audio_call_t *audio) {
     work->threads = calloc(work->threads_count, sizeof *work->threads);
     work->patches = calloc(items, sizeof *work->patches);
     work->truncated = calloc(items, sizeof *work->truncated);
-    if (!work->threads || !work->patches || !work->truncated ||
-        !tower_patches_prepare(&work->patch_layer, model->audio, model, "audio", audio->row_floats,
-                               audio->max_patches, audio->call.executor))
-        return NULL;
+    if (!work->threads || !work->patches || !work->truncated) return NULL;
     return work;
 }
 

@@ -53,7 +53,6 @@ typedef struct image_call {
     size_t vectors; /* token vectors per item: patches per image, or frames per clip */
     image_geometry_t geometry;
     size_t patches;              /* per image: (size / patch)^2 */
-    tower_patches_t patch_layer; /* image.patch, image.pos and image.cls, prepared for the call */
 } image_call_t;
 
 _Static_assert(sizeof(image_call_t) <= EXECUTOR_CALL_STORAGE, "image_call_t outgrew the call storage");
@@ -64,7 +63,6 @@ static void image_end(media_run_t *run) {
     image_call_t *image = container_of(run, image_call_t, run);
     image->encode.stats.total_ns = loop_now_ns() - image->encode.started_ns;
     media_close(&image->run);
-    tower_patches_release(&image->patch_layer, image->call.executor);
     encode_end(&image->encode, image->call.outcome, image->encode.failure);
     call_finish(&image->call, image->encode.failure, image->encode.message);
 }
@@ -273,7 +271,7 @@ static void image_chunk(media_run_t *run, size_t first, size_t last) {
     image->encode.stats.decode_ns += computing - decoding;
 
     /* Patch embeddings of every image, failed items' included (their rows are zero). [rows, hidden] */
-    tower_patches_t const *patch_layer = &image->patch_layer;
+    tower_patches_t const *patch_layer = &tower->patches; /* prepared with the model */
     tower_linear(tower, executor, &patch_layer->patch, scratch.patches, row_floats, count * frames * patches,
                  hidden, scratch.rows, hidden);
 
@@ -344,8 +342,7 @@ static bool image_outputs(image_call_t *image) {
 
 static void image_start(call_t *call) {
     image_call_t *image = container_of(call, image_call_t, call);
-    uform_model_t const *model = image->encode.model;
-    size_t items = image->tape.count, inputs = 3 * image->geometry.patch * image->geometry.patch;
+    size_t items = image->tape.count;
     image->encode.stats.items = items;
     if (image->input != IMAGE_INPUT_FILES)
         image->encode.stats.bytes = image->tape.offsets[items] - image->tape.offsets[0];
@@ -373,10 +370,8 @@ static void image_start(call_t *call) {
 
     if (!image_outputs(image)) {
         encode_stop(&image->encode, UFORM_OUT_OF_MEMORY, "cannot allocate the outputs in the arena");
-    } else if (!tower_patches_prepare(&image->patch_layer, model->image, model, "image", inputs,
-                                      image->patches, call->executor) ||
-               !media_open(&image->run)) {
-        encode_stop(&image->encode, UFORM_OUT_OF_MEMORY, "cannot allocate the patch layer");
+    } else if (!media_open(&image->run)) {
+        encode_stop(&image->encode, UFORM_OUT_OF_MEMORY, "cannot allocate the file buffers");
     }
     if (image->encode.failure != UFORM_OK) {
         image_end(&image->run);

@@ -55,6 +55,7 @@ void tower_release(tower_t *tower) {
     free(tower->blocks);
     executor_deallocate(tower->placement, tower->norm, tower->hidden * sizeof(float));
     release_linear(tower, &tower->proj);
+    tower_patches_release(&tower->patches, tower->placement);
     memset(tower, 0, sizeof *tower);
 }
 

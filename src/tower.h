@@ -20,6 +20,15 @@ typedef struct tower_linear {
     size_t n, k; /* out, in */
 } tower_linear_t;
 
+/* The input of a tower over patches, prepared once with the tower (model_prepare) for its kernels: the patch layer
+ * `<name>.patch` packed [hidden, inputs] with its bias, and the positions `<name>.pos` [1 + patches,
+ * hidden] with the class token `<name>.cls` added to row 0. */
+typedef struct tower_patches {
+    tower_linear_t patch;
+    size_t packed_bytes;
+    float *positions;
+} tower_patches_t;
+
 typedef struct tower_block {
     float *norm1, *norm2; /* [hidden] */
     tower_linear_t qkv, out, up, down;
@@ -32,6 +41,7 @@ typedef struct tower {
     tower_block_t *blocks;
     float *norm;         /* [hidden] */
     tower_linear_t proj; /* [dims, hidden], no bias */
+    tower_patches_t patches; /* image and audio towers: their input layer; zeroed for text */
     size_t bytes;        /* memory it holds */
 } tower_t;
 
@@ -62,15 +72,6 @@ void tower_linear(tower_t const *tower, uform_executor_t *executor, tower_linear
                   float const *x, size_t x_stride, size_t m, size_t n_out, float *y, size_t y_stride);
 
 /* ---- Patch towers (image, audio) ---------------------------------------------------------------- */
-
-/* The input of a tower over patches, prepared by a call for its tower's kernels: the patch layer
- * `<name>.patch` packed [hidden, inputs] with its bias, and the positions `<name>.pos` [1 + patches,
- * hidden] with the class token `<name>.cls` added to row 0. */
-typedef struct tower_patches {
-    tower_linear_t patch;
-    size_t packed_bytes;
-    float *positions;
-} tower_patches_t;
 
 /* Prepares a zeroed `patches` of tower `name` ("image", "audio"), its packed layer in memory of
  * `executor`. false when out of memory; tower_patches_release frees what was made either way. */
