@@ -373,7 +373,7 @@ UFORM_EXPORT uform_status_t uform_executor_create_vram(uform_vram_options_t cons
     executor->threaded = true;
     char const *message = NULL;
     uform_status_t status = vram_open(executor, options, &message);
-    if (status == UFORM_OK && (status = executor_start_loop(executor, &message)) != UFORM_OK) {}
+    if (status == UFORM_OK) status = executor_start_loop(executor, &message);
     if (status != UFORM_OK) {
         executor_destroy(executor);
         return failed(status, entry, message);
