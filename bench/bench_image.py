@@ -10,7 +10,10 @@ same weights and threads everywhere, over a folder of seeded JPEG files written 
   (a) end to end: uform_image_encode over the files' paths (read through the ring, JPEG decode,
       resize, crop, normalize, the tower), embeddings, F32;
   (b) decode only: the same calls' own stage timings, images / (read_ns + decode_ns): the engine's
-      reading, decoding and resizing, on all threads;
+      reading, decoding and resizing; a call's first chunk is decoded on all threads, each later chunk
+      (with 2 threads or more) by one lent worker while the chunk before runs through the tower, and
+      decode_ns counts that worker's time, so this figure understates decoding on all threads and
+      end to end may exceed 1 / (1 / decode + 1 / tower);
   (c) encode only: uform_image_encode_pixels on pixels already at 224 x 224 (resizing is then the
       identity), the tower alone, in the same batches;
   (d) Pillow plus PyTorch: Image.open + convert("RGB"), the reference's preprocessing (F.interpolate,

@@ -217,6 +217,9 @@ typedef struct uform_ram_options {
 
 /* The defaults: every domain, threads = 0, spin 100 ms, pinned, sleeping. */
 UFORM_EXPORT uform_ram_options_t uform_ram_options_default(void);
+/* The same defaults written through a pointer, for bindings whose FFI cannot take a structure returned
+ * by value (Mojo 1.2's external_call). Does nothing for NULL. */
+UFORM_EXPORT void uform_ram_options_init(uform_ram_options_t *options);
 
 /* Creates an executor of `threads` worker threads; the first one also runs the executor's loop. Memory
  * it hands out (arenas, model weights) is bound to its domains. `options` may be NULL for defaults.
@@ -251,8 +254,8 @@ typedef struct uform_vram_options {
     size_t devices_count;
 } uform_vram_options_t;
 
-/* Creates an executor with one host thread and one CUDA stream per device. UNSUPPORTED in this build
- * (the CUDA issue builds it); DEVICE where CUDA is built but no such device exists. */
+/* Creates an executor with one host thread and one CUDA stream per device. UNSUPPORTED in builds
+ * without CUDA; DEVICE where CUDA is built but no such device exists. */
 UFORM_EXPORT uform_status_t uform_executor_create_vram(uform_vram_options_t const *options,
                                                        uform_executor_t **executor);
 
@@ -410,7 +413,7 @@ typedef struct uform_model_load_args {
  * UFORM_FORMAT (any malformation), UFORM_OUT_OF_MEMORY, UFORM_CANCELLED. */
 UFORM_EXPORT uform_status_t uform_model_load_ram(uform_model_load_args_t const *args);
 
-/* The same into device memory of a VRAM executor. UNSUPPORTED in this build. */
+/* The same into device memory of a VRAM executor. UNSUPPORTED in builds without CUDA. */
 UFORM_EXPORT uform_status_t uform_model_load_vram(uform_model_load_args_t const *args);
 
 /* Takes the model a final, successful load produced: the caller then owns it. Answers NULL if the
@@ -566,12 +569,17 @@ UFORM_EXPORT uform_status_t uform_text_encode(uform_text_encode_args_t const *ar
  * uform_image_encode_pixels have no limit beyond the caller's memory.
  *
  * Execution: images go in chunks of about 2048 tokens (at least one image per executor thread, at most
- * 64 images), one chunk per loop turn. Files of the next chunk are opened, stat'ed and read through
- * the executor's ring while the current chunk is decoded and computed; a chunk's images are decoded and
- * resized in parallel over the executor's threads, then run through the tower together. Progress
- * counts images, reported between chunks. stats.bytes counts pixel bytes, encoded bytes or file bytes
- * read; read_ns is the time spent waiting for reads not hidden behind compute; decode_ns covers
- * decoding and resizing.
+ * 64 images), one chunk per loop turn. A chunk's images are decoded and resized,
+ * then run through the tower together. On a RAM executor of N >= 2 threads, one
+ * worker is lent to decode chunk k + 1 into a second set of patch rows while the loop thread and the
+ * other N - 1 run chunk k through the tower (each decoded item posted to the loop as a completion; the
+ * worker rejoins the tower's work as soon as it is done); the first chunk, and every chunk on inline,
+ * pool and one-thread executors, is decoded on its own turn over every thread. Files are read through
+ * the executor's ring two chunks ahead. Results are bitwise identical whatever the receiver
+ * and thread count. Progress counts images, reported between chunks. stats.bytes counts pixel bytes,
+ * encoded bytes or file bytes read; read_ns is the time spent waiting for reads not hidden behind
+ * compute; decode_ns covers decoding and resizing, on turns and on the lent worker (so decode_ns +
+ * compute_ns may exceed total_ns).
  *
  * Call statuses: UFORM_OK, UFORM_INVALID_ARGUMENT (a NULL or empty tape, offsets out of order or past
  * the tape, NULL heights or widths, an unknown source, an arena of another executor, a bad config),
@@ -645,12 +653,16 @@ UFORM_EXPORT uform_status_t uform_image_encode_pixels(uform_image_encode_pixels_
  *
  * Execution: clips go in chunks of about 2048 tokens (F frames of 1 + patches tokens each; at least one
  * clip per executor thread while that stays within 32768 tokens, at least one clip, at most 64 clips).
- * Files of the next chunk are read through the executor's ring while the current chunk is decoded and
- * computed, so the files of two chunks are held in memory whole; each clip is decoded on one executor
- * thread (FFmpeg single-threaded inside), the clips of a chunk in parallel, then every frame of the
- * chunk runs through the image tower together. Results are bitwise identical whatever the receiver and thread
- * count. Progress counts clips, reported between chunks. stats.bytes counts encoded or file bytes;
- * decode_ns covers demuxing, decoding, conversion and resizing.
+ * Each clip is decoded on one thread (FFmpeg single-threaded inside), then every frame of the chunk runs
+ * through the image tower together. On a RAM executor of N >= 2 threads, one
+ * worker is lent to decode chunk k + 1 into a second set of patch rows while the loop thread and the
+ * other N - 1 run chunk k through the tower (each decoded item posted to the loop as a completion; the
+ * worker rejoins the tower's work as soon as it is done); the first chunk, and every chunk on inline,
+ * pool and one-thread executors, is decoded on its own turn over every thread. Files are read through
+ * the executor's ring two chunks ahead. The files of up to three chunks are held in memory
+ * whole. Results are bitwise identical whatever the receiver and thread count. Progress counts clips,
+ * reported between chunks. stats.bytes counts encoded or file bytes; decode_ns covers demuxing,
+ * decoding, conversion and resizing, on turns and on the lent worker.
  *
  * Call statuses: UFORM_OK, UFORM_INVALID_ARGUMENT (as uform_image_encode), UFORM_CONTENDED,
  * UFORM_UNSUPPORTED (no video entry in the model, a build without FFmpeg, a VRAM model: video is not
@@ -717,12 +729,17 @@ UFORM_EXPORT uform_status_t uform_video_encode(uform_video_encode_args_t const *
  * is scanned once for NaN and infinities, and only its first samples are read beyond that.
  *
  * Execution: clips go in chunks of about 2048 tokens counted at max_patches (at least one clip per
- * executor thread, at most 64 clips), one chunk per loop turn. Files of the next chunk are opened,
- * stat'ed and read through the executor's ring while the current chunk is decoded and computed; a
- * chunk's clips are decoded, resampled and turned into patches in parallel over the executor's threads,
- * then run through the tower together. Progress counts clips, reported between chunks. stats.bytes
- * counts samples * 4, encoded bytes or file bytes read; read_ns is the time spent waiting for reads not
- * hidden behind compute; decode_ns covers decoding, resampling and the log-mel front end.
+ * executor thread, at most 64 clips), one chunk per loop turn. A chunk's clips are decoded,
+ * resampled and turned into patches, then run through the tower together. On a RAM executor of N >= 2 threads, one
+ * worker is lent to decode chunk k + 1 into a second set of patch rows while the loop thread and the
+ * other N - 1 run chunk k through the tower (each decoded item posted to the loop as a completion; the
+ * worker rejoins the tower's work as soon as it is done); the first chunk, and every chunk on inline,
+ * pool and one-thread executors, is decoded on its own turn over every thread. Files are read through
+ * the executor's ring two chunks ahead. Results are
+ * bitwise identical whatever the receiver and thread count. Progress counts clips, reported between
+ * chunks. stats.bytes counts samples * 4, encoded bytes or file bytes read; read_ns is the time spent
+ * waiting for reads not hidden behind compute; decode_ns covers decoding, resampling and the log-mel
+ * front end, on turns and on the lent worker.
  *
  * Call statuses: UFORM_OK, UFORM_INVALID_ARGUMENT (a NULL or empty tape, offsets out of order or past the
  * tape, an unknown source, a rate of 0 or over UFORM_AUDIO_MAX_RATE, samples not aligned to a float, an
@@ -778,7 +795,16 @@ UFORM_EXPORT uform_status_t uform_outcome_probabilities(uform_outcome_t const *o
 /* Mesh and trainer                                                                               */
 /* ---------------------------------------------------------------------------------------------- */
 
-/* A mesh joins the processes of one run (launched by mpirun or Slurm). UNSUPPORTED in this build. */
+/* A mesh joins the processes of one run (launched by mpirun or Slurm) through MPI (Open MPI): bootstrap
+ * initializes MPI on the executor's loop thread when the process has not (MPI_THREAD_SERIALIZED), and
+ * freeing the last mesh finalizes it then, so a process bootstraps at most once. A trainer made with a
+ * mesh (config.mesh) over a RAM executor runs data-parallel: each process steps on its own items, the
+ * loss spans every process's items (pairs across processes are unrelated; relations index a process's
+ * own items), gradients are summed with non-blocking collectives that the executor's loop progresses, and
+ * N processes equal one process on the concatenated batch, to rounding. Every process passes the same
+ * config, and the same executor to the mesh and its trainer. Bootstrap answers UFORM_OK,
+ * UFORM_INVALID_ARGUMENT, UFORM_UNSUPPORTED (a build without MPI; a VRAM executor: NCCL meshes are not
+ * built yet; MPI finalized already), UFORM_IO (MPI failed), UFORM_CONTENDED, UFORM_OUT_OF_MEMORY. */
 typedef struct uform_mesh uform_mesh_t;
 
 typedef struct uform_mesh_options {
@@ -807,14 +833,33 @@ typedef enum uform_modality {
 } uform_modality_t;
 
 typedef struct uform_trainer_config {
-    size_t depth, hidden; /* of every tower; heads = hidden / 64, mlp = 4 * hidden; 0 takes tiny sizes */
-    size_t dims;          /* 0 takes hidden */
-    double learning_rate, weight_decay, beta1, beta2, epsilon, lm_weight;
+    /* The model, when it starts from scratch (no resume_path). Every tower shares depth and hidden;
+     * 0 takes the defaults written by uform_trainer_config_default. */
+    size_t depth, hidden; /* heads = hidden / 64, mlp = 4 * hidden; hidden a multiple of 64 */
+    size_t dims;          /* the shared embedding width; matryoshka widths are dims / 2 and dims */
+    uint32_t towers;      /* bits 1 << uform_modality_t: text, image (video rides the image tower), audio */
+    size_t context;       /* text bytes */
+    size_t image_size, image_patch; /* pixels */
+    size_t video_frames;
+    size_t audio_rate, audio_mels; /* the audio front end: window 25 ms, hop 10 ms, 4 frames a patch */
+    double audio_seconds;
+    /* The optimizer: AdamW with a linear warmup over warmup_steps, then a cosine decay to 0 at
+     * total_steps; weight decay on the rank-2 weights only (not norms, biases, embeddings, positions,
+     * class tokens, logit parameters); gradients clipped to a global L2 norm of clip_norm (0: never). */
+    double learning_rate, weight_decay, beta1, beta2, epsilon, clip_norm, lm_weight;
     size_t warmup_steps, total_steps;
-    uint64_t seed;
-    char const *resume_path; /* a checkpoint saved by uform_trainer_save, or NULL */
+    uint64_t seed;           /* initial weights */
+    char const *resume_path; /* a checkpoint to continue from: its weights, and when the optimizer
+                                state uform_trainer_save wrote beside it is there and belongs to it,
+                                the master weights, moments and step, bit-exactly; or NULL */
     uform_mesh_t *mesh;      /* NULL: one process */
 } uform_trainer_config_t;
+
+/* Fills `config` with the defaults: depth 2, hidden 128, dims 64, every tower, context 64, image 32
+ * with patches of 8, 4 video frames, audio at 16 kHz with 32 mels over 2 s, learning rate 1e-3,
+ * weight decay 0.01, betas 0.9 and 0.999, epsilon 1e-8, clip_norm 1, lm_weight 0.1, 100 warmup of 10000
+ * steps, seed 42, no resume, no mesh. */
+UFORM_EXPORT void uform_trainer_config_default(uform_trainer_config_t *config);
 
 typedef struct uform_trainer_init_args {
     uform_executor_t *executor;
@@ -823,7 +868,13 @@ typedef struct uform_trainer_init_args {
     uform_outcome_t *outcome;
 } uform_trainer_init_args_t;
 
-/* UNSUPPORTED in this build (the training issues build them). */
+/* A trainer (DESIGN.md, "Training"): F32 master weights, AdamW moments and the schedule, over a host
+ * executor, from the config's sizes and seed or from config.resume_path. It owns no threads: its verbs
+ * run on the executor it was made on. Answers UFORM_OK, UFORM_INVALID_ARGUMENT (NULL, a bad config, a
+ * VRAM executor), UFORM_IO and UFORM_FORMAT (resume_path unreadable, not a checkpoint, or beside an
+ * optimizer state that belongs to another checkpoint), UFORM_CONTENDED, UFORM_OUT_OF_MEMORY.
+ * uform_trainer_init_vram validates its arguments, then answers UFORM_UNSUPPORTED: VRAM trainers are not
+ * built yet. */
 UFORM_EXPORT uform_status_t uform_trainer_init_ram(uform_trainer_init_args_t const *args);
 UFORM_EXPORT uform_status_t uform_trainer_init_vram(uform_trainer_init_args_t const *args);
 UFORM_EXPORT void uform_trainer_free(uform_trainer_t *trainer);
@@ -844,6 +895,16 @@ typedef struct uform_trainer_step_args {
     uform_trainer_step_stats_t *stats; /* written when final; may be NULL */
     uform_outcome_t *outcome;
 } uform_trainer_step_args_t;
+/* One optimizer step on a batch: contents are texts (bytes) and encoded images, clips and sounds, as the
+ * encode verbs read them from memory. The loss is DESIGN.md's: the pairwise sigmoid loss over every
+ * matryoshka prefix (the listed pairs related, in either order; every other pair unrelated) plus
+ * lm_weight times the next-byte loss; then gradients clipped and AdamW. Progress counts the step's phases
+ * (inputs, forward passes, the text tower's backward pass, the rest) and may cancel. A failed or cancelled
+ * step changes nothing. Answers UFORM_OK, UFORM_INVALID_ARGUMENT (NULL, no item, a bad tape, an unknown
+ * modality, a relation that is not two distinct items of the batch, another executor), UFORM_UNSUPPORTED
+ * (a modality the model lacks or this build cannot decode), UFORM_FORMAT (an item that cannot be decoded:
+ * the message names it), UFORM_CONTENDED, UFORM_CANCELLED, UFORM_OUT_OF_MEMORY, UFORM_IO (a collective of
+ * the mesh failed). */
 UFORM_EXPORT uform_status_t uform_trainer_step(uform_trainer_step_args_t const *args);
 
 typedef struct uform_trainer_save_args {
@@ -852,6 +913,12 @@ typedef struct uform_trainer_save_args {
     char const *path; /* the inference checkpoint; the optimizer state goes beside it */
     uform_outcome_t *outcome;
 } uform_trainer_save_args_t;
+/* Writes the BF16 inference checkpoint at `path` (weights rounded from the F32 masters; logit.scale and
+ * logit.bias in F32) and beside it, at `path` + ".optimizer", the F32 masters, moments, step and
+ * optimizer settings, each atomically (temporary file, fsync, rename): a process killed while saving
+ * leaves the previous checkpoint whole and loadable. Resuming from `path` continues bit-exactly. Over a
+ * mesh only the first process writes. Answers UFORM_OK, UFORM_INVALID_ARGUMENT, UFORM_IO,
+ * UFORM_CONTENDED, UFORM_OUT_OF_MEMORY. */
 UFORM_EXPORT uform_status_t uform_trainer_save(uform_trainer_save_args_t const *args);
 
 /* ---------------------------------------------------------------------------------------------- */

@@ -19,6 +19,12 @@ static kernels_t const scalar_path = {
     .convert = kernel_convert_scalar,
     .bf16_to_f32 = kernel_bf16_to_f32_scalar,
     .f32_to_bf16 = kernel_f32_to_bf16_scalar,
+    .sgemm = kernel_sgemm_scalar,
+    .rmsnorm_backward = kernel_rmsnorm_backward_scalar,
+    .gelu_backward = kernel_gelu_backward_scalar,
+    .gelu = kernel_gelu_scalar,
+    .rope_backward = kernel_rope_backward_scalar,
+    .attention_backward = kernel_attention_backward_scalar,
 };
 
 kernels_t const *kernels_scalar(void) {
@@ -40,6 +46,12 @@ static kernels_t const avx2_path = {
     .convert = kernel_convert_scalar,
     .bf16_to_f32 = kernel_bf16_to_f32_avx2,
     .f32_to_bf16 = kernel_f32_to_bf16_avx2,
+    .sgemm = kernel_sgemm_avx2,
+    .rmsnorm_backward = kernel_rmsnorm_backward_avx2,
+    .gelu_backward = kernel_gelu_backward_avx2,
+    .gelu = kernel_gelu_avx2,
+    .rope_backward = kernel_rope_backward_scalar,
+    .attention_backward = kernel_attention_backward_avx2,
 };
 
 static kernels_t const avx512_path = {
@@ -55,6 +67,12 @@ static kernels_t const avx512_path = {
     .convert = kernel_convert_avx512,
     .bf16_to_f32 = kernel_bf16_to_f32_avx512,
     .f32_to_bf16 = kernel_f32_to_bf16_avx512,
+    .sgemm = kernel_sgemm_avx512,
+    .rmsnorm_backward = kernel_rmsnorm_backward_avx512,
+    .gelu_backward = kernel_gelu_backward_avx512,
+    .gelu = kernel_gelu_avx512,
+    .rope_backward = kernel_rope_backward_scalar,
+    .attention_backward = kernel_attention_backward_avx512,
 };
 
 static kernels_t const avx512bf16_path = {
@@ -70,6 +88,12 @@ static kernels_t const avx512bf16_path = {
     .convert = kernel_convert_avx512,
     .bf16_to_f32 = kernel_bf16_to_f32_avx512,
     .f32_to_bf16 = kernel_f32_to_bf16_avx512,
+    .sgemm = kernel_sgemm_avx512,
+    .rmsnorm_backward = kernel_rmsnorm_backward_avx512,
+    .gelu_backward = kernel_gelu_backward_avx512,
+    .gelu = kernel_gelu_avx512,
+    .rope_backward = kernel_rope_backward_scalar,
+    .attention_backward = kernel_attention_backward_avx512,
 };
 
 static bool cpu_has_avx2(void) {
@@ -131,6 +155,12 @@ static kernels_t const neon_path = {
     .convert = kernel_convert_scalar,
     .bf16_to_f32 = kernel_bf16_to_f32_neon,
     .f32_to_bf16 = kernel_f32_to_bf16_neon,
+    .sgemm = kernel_sgemm_neon,
+    .rmsnorm_backward = kernel_rmsnorm_backward_neon,
+    .gelu_backward = kernel_gelu_backward_neon,
+    .gelu = kernel_gelu_neon,
+    .rope_backward = kernel_rope_backward_scalar,
+    .attention_backward = kernel_attention_backward_scalar,
 };
 
 kernels_t const *kernels_neon(void) {

@@ -68,6 +68,54 @@ typedef struct kernel_attention {
     float scale;
 } kernel_attention_t;
 
+/* ---- Training (F32 throughout: the trainer keeps F32 master weights and computes in F32) ---------- */
+
+/* c[m, n] = (accumulate ? c : 0) + op(a)[m, k] . op(b)[k, n], all F32, row-major:
+ * - op(a) is a[m, k] at row stride a_stride, or, when a_transposed, a stored [k, m] (element (i, p) at
+ *   a[p * a_stride + i]);
+ * - op(b) is b[k, n] at row stride b_stride, or, when b_transposed, b stored [n, k] (element (p, j) at
+ *   b[j * b_stride + p]);
+ * - c never overlaps a or b.
+ * The three products of a linear layer y = x W^T (W [n, k]) are: forward a = x, b = W transposed;
+ * dx = dy W: a = dy, b = W; dW += dy^T x: a = dy transposed, b = x, accumulate.
+ * Every path sums over k in ascending blocks in its own fixed order; the same path gives the same bits
+ * whatever the column range a thread is handed (ranges split at KERNEL_GEMM_TILE). The SIMD paths pack
+ * blocks of a and b on the calling thread's stack: up to 140 KiB of it.
+ * Tolerance against scalar: |c - c_scalar| <= 1e-5 * sum_p |a b| + 1e-6 per element (plus |c| before
+ * the call when accumulating). */
+typedef struct kernel_sgemm {
+    size_t m, n, k;
+    float const *a;
+    size_t a_stride;
+    bool a_transposed;
+    float const *b;
+    size_t b_stride;
+    bool b_transposed;
+    float *c;
+    size_t c_stride;
+    bool accumulate;
+} kernel_sgemm_t;
+
+/* The backward pass of one head of kernel_attention_t, for the items [item_begin, item_end): with the
+ * forward's q, k, v (rotary already applied), its output `out` and the gradient `d_out` of the output,
+ * writes (overwrites) d_q, d_k, d_v (F32 rows of KERNEL_HEAD at the same strides as q, k, v) for the
+ * rows of those items. It recomputes the probabilities row by row (no [L, L] matrix is formed):
+ * P = softmax(scale q k^T) (masked when causal), dV = P^T dO, dS = P * (dO v^T - rowsum(dO * O)),
+ * dQ = scale dS k, dK = scale dS^T q. Items are independent, so threads split them freely.
+ * Tolerance against scalar: 1e-4 relative to the largest |d| of d_q, d_k and d_v over the same item (d_q
+ * and d_k of an item of one row are exactly 0 in exact arithmetic, and only rounding noise on every path). */
+typedef struct kernel_attention_backward {
+    float const *q, *k, *v;
+    size_t stride;
+    float const *out, *d_out;
+    size_t out_stride;
+    float *d_q, *d_k, *d_v;
+    size_t const *offsets;
+    size_t items;
+    bool causal;
+    float scale;
+} kernel_attention_backward_t;
+
 typedef struct kernels {
     char const *name; /* "scalar", "avx2", "avx512", "avx512bf16", "neon" */
 
@@ -104,6 +152,37 @@ typedef struct kernels {
     /* BF16 -> F32 and F32 -> BF16 (round to nearest even, NaN kept quiet) of n values. Exact. */
     void (*bf16_to_f32)(float *out, uint16_t const *x, size_t n);
     void (*f32_to_bf16)(uint16_t *out, float const *x, size_t n);
+
+    /* ---- Training ---- */
+
+    /* F32 GEMM over output columns [n_begin, n_end), n_begin a multiple of KERNEL_GEMM_TILE. */
+    void (*sgemm)(kernel_sgemm_t const *sgemm, size_t n_begin, size_t n_end);
+
+    /* The backward pass of rmsnorm over `rows` rows of n, for y = x / r * weight with
+     * r = sqrt(mean(x^2) + eps): dx = (weight * dy) / r - x * sum(weight * dy * x) / (n * r^3), and
+     * d_weight[j] += sum over the rows of dy[j] * x[j] / r (accumulated, rows in ascending order).
+     * dx may be dy. Tolerance: 1e-5 relative to the largest |weight * dy| / r of the row (dx itself may
+     * cancel to far less); d_weight 1e-5 relative to its sum of |terms| (|d_weight| before the call plus
+     * sum |dy x / r|). */
+    void (*rmsnorm_backward)(float *dx, size_t dx_stride, float *d_weight, float const *dy, size_t dy_stride,
+                             float const *x, size_t x_stride, float const *weight, size_t rows, size_t n,
+                             float eps);
+
+    /* dx = dy * gelu'(x) for the tanh GELU above, over n values; dx may be dy. Tolerance 1e-6 relative to
+     * |dy| (|gelu'| <= 1.13; gelu' itself crosses 0 near x = -0.75). */
+    void (*gelu_backward)(float *dx, float const *dy, float const *x, size_t n);
+
+    /* Forward GELU in place over n values (the training forward keeps the pre-activation): on the scalar
+     * path bitwise the scalar GEMM epilogue's. Tolerance 1e-6 relative to |x|, plus 1e-7. */
+    void (*gelu)(float *x, size_t n);
+
+    /* The transpose of `rope`: rotates `heads` head vectors of 64 in place by -angle at `position`
+     * (the gradient of a rotated vector back to the unrotated one). Same tolerance as rope. */
+    void (*rope_backward)(float *x, size_t heads, size_t position);
+
+    /* One head of the attention backward pass, over items [item_begin, item_end). */
+    void (*attention_backward)(kernel_attention_backward_t const *attention, size_t item_begin,
+                               size_t item_end);
 } kernels_t;
 
 /* The table this process uses: chosen once, on first use (thread-safe). */

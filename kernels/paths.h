@@ -18,25 +18,48 @@
     void kernel_bf16_to_f32_##path(float *out, uint16_t const *x, size_t n);                                 \
     void kernel_f32_to_bf16_##path(uint16_t *out, float const *x, size_t n);
 
+/* The training kernels a SIMD path brings: the F32 GEMM (sgemm_<path>.c), and the backward passes and GELU
+ * (vector_<path>.c). rope_backward is scalar on every path, as rope is. */
+#define KERNEL_TRAINING_FUNCTIONS(path)                                                                      \
+    void kernel_sgemm_##path(kernel_sgemm_t const *sgemm, size_t n_begin, size_t n_end);                     \
+    void kernel_rmsnorm_backward_##path(float *dx, size_t dx_stride, float *d_weight, float const *dy,       \
+                                        size_t dy_stride, float const *x, size_t x_stride,                   \
+                                        float const *weight, size_t rows, size_t n, float eps);              \
+    void kernel_gelu_backward_##path(float *dx, float const *dy, float const *x, size_t n);                  \
+    void kernel_gelu_##path(float *x, size_t n);                                                             \
+    void kernel_attention_backward_##path(kernel_attention_backward_t const *attention, size_t item_begin,   \
+                                          size_t item_end);
+
 /* scalar: gemm_scalar.c and vector_scalar.c */
 KERNEL_GEMM_FUNCTIONS(scalar)
 KERNEL_VECTOR_FUNCTIONS(scalar)
 void kernel_rope_scalar(float *x, size_t heads, size_t position);
 void kernel_convert_scalar(void *out, float const *x, size_t n, uform_scalar_t scalar, float *scale);
+KERNEL_TRAINING_FUNCTIONS(scalar)
+void kernel_rope_backward_scalar(float *x, size_t heads, size_t position);
 
 #if defined(__x86_64__)
-/* avx2 (with FMA and F16C): gemm_avx2.c and vector_avx2.c */
+/* avx2 (with FMA and F16C): gemm_avx2.c, sgemm_avx2.c and vector_avx2.c */
 KERNEL_GEMM_FUNCTIONS(avx2)
 KERNEL_VECTOR_FUNCTIONS(avx2)
-/* avx512 (F, BW, DQ, VL): gemm_avx512.c and vector_avx512.c; avx512bf16 adds its GEMM */
+KERNEL_TRAINING_FUNCTIONS(avx2)
+/* avx512 (F, BW, DQ, VL): gemm_avx512.c, sgemm_avx512.c and vector_avx512.c; avx512bf16 adds its GEMM */
 KERNEL_GEMM_FUNCTIONS(avx512)
 KERNEL_VECTOR_FUNCTIONS(avx512)
+KERNEL_TRAINING_FUNCTIONS(avx512)
 void kernel_convert_avx512(void *out, float const *x, size_t n, uform_scalar_t scalar, float *scale);
 KERNEL_GEMM_FUNCTIONS(avx512bf16)
 #endif
 
 #if defined(__aarch64__)
-/* neon (baseline ARMv8-A Advanced SIMD): gemm_neon.c and vector_neon.c */
+/* neon (baseline ARMv8-A Advanced SIMD): gemm_neon.c, sgemm_neon.c and vector_neon.c; its attention
+ * backward pass is the scalar one */
 KERNEL_GEMM_FUNCTIONS(neon)
 KERNEL_VECTOR_FUNCTIONS(neon)
+void kernel_sgemm_neon(kernel_sgemm_t const *sgemm, size_t n_begin, size_t n_end);
+void kernel_rmsnorm_backward_neon(float *dx, size_t dx_stride, float *d_weight, float const *dy,
+                                  size_t dy_stride, float const *x, size_t x_stride, float const *weight,
+                                  size_t rows, size_t n, float eps);
+void kernel_gelu_backward_neon(float *dx, float const *dy, float const *x, size_t n);
+void kernel_gelu_neon(float *x, size_t n);
 #endif

@@ -316,3 +316,233 @@ void kernel_f32_to_bf16_avx2(uint16_t *out, float const *x, size_t n) {
     for (; i < n; ++i)
         out[i] = f32_to_bf16(x[i]);
 }
+
+/* ---- Training ------------------------------------------------------------------------------------ */
+
+static inline float reduce_add_ps(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+/* rmsnorm_backward as kernel_rmsnorm_backward_scalar: 1/r and sum(weight dy x) in double, then
+ * dx = weight dy / r - x sum(weight dy x) / (n r^3) and d_weight += dy x / r in F32, 8 lanes at a time. */
+void kernel_rmsnorm_backward_avx2(float *dx, size_t dx_stride, float *d_weight, float const *dy,
+                                  size_t dy_stride, float const *x, size_t x_stride, float const *weight,
+                                  size_t rows, size_t n, float eps) {
+    for (size_t r = 0; r < rows; ++r, dx += dx_stride, dy += dy_stride, x += x_stride) {
+        __m256d squares[2] = {_mm256_setzero_pd(), _mm256_setzero_pd()};
+        __m256d dots[2] = {_mm256_setzero_pd(), _mm256_setzero_pd()};
+        for (size_t i = 0; i < n; i += LANES) {
+            __m256i mask = tail_mask(n - i);
+            __m256 values = _mm256_maskload_ps(x + i, mask), gradients = _mm256_maskload_ps(dy + i, mask);
+            __m256 weights = _mm256_maskload_ps(weight + i, mask);
+            __m128 halves_x[2] = {_mm256_castps256_ps128(values), _mm256_extractf128_ps(values, 1)};
+            __m128 halves_g[2] = {_mm256_castps256_ps128(gradients), _mm256_extractf128_ps(gradients, 1)};
+            __m128 halves_w[2] = {_mm256_castps256_ps128(weights), _mm256_extractf128_ps(weights, 1)};
+            for (size_t h = 0; h < 2; ++h) {
+                __m256d value = _mm256_cvtps_pd(halves_x[h]);
+                __m256d product = _mm256_mul_pd(_mm256_cvtps_pd(halves_w[h]), _mm256_cvtps_pd(halves_g[h]));
+                squares[h] = _mm256_fmadd_pd(value, value, squares[h]);
+                dots[h] = _mm256_fmadd_pd(product, value, dots[h]);
+            }
+        }
+        double inverse = 1.0 / sqrt(reduce_add(_mm256_add_pd(squares[0], squares[1])) / (double)n + eps);
+        double dot = reduce_add(_mm256_add_pd(dots[0], dots[1]));
+        __m256 by = _mm256_set1_ps((float)inverse);
+        __m256 coefficient = _mm256_set1_ps((float)(dot / (double)n * inverse * inverse * inverse));
+        for (size_t i = 0; i < n; i += LANES) {
+            __m256i mask = tail_mask(n - i);
+            __m256 values = _mm256_maskload_ps(x + i, mask), gradients = _mm256_maskload_ps(dy + i, mask);
+            __m256 weights = _mm256_maskload_ps(weight + i, mask);
+            __m256 d_weights = _mm256_maskload_ps(d_weight + i, mask);
+            d_weights = _mm256_add_ps(d_weights, _mm256_mul_ps(_mm256_mul_ps(gradients, values), by));
+            _mm256_maskstore_ps(d_weight + i, mask, d_weights);
+            __m256 scaled = _mm256_mul_ps(_mm256_mul_ps(weights, gradients), by);
+            _mm256_maskstore_ps(dx + i, mask, _mm256_sub_ps(scaled, _mm256_mul_ps(values, coefficient)));
+        }
+    }
+}
+
+void kernel_gelu_avx2(float *x, size_t n) {
+    for (size_t i = 0; i < n; i += LANES) {
+        __m256i mask = tail_mask(n - i);
+        _mm256_maskstore_ps(x + i, mask, gelu_ps(_mm256_maskload_ps(x + i, mask)));
+    }
+}
+
+/* gelu'(x) = 0.5(1 + t) + 0.5x(1 - t^2) sqrt(2/pi)(1 + 3 0.044715x^2), t = tanh(u), rewritten with
+ * s = 1 / (1 + e), e = exp(-2u): 0.5(1 + t) = s and 0.5(1 - t^2) = 2 e s^2, so
+ * gelu'(x) = s (1 + 2x (e s) sqrt(2/pi)(1 + 0.134145x^2)), free of the cancellations of 1 + t and
+ * 1 - t^2 (e s = 1 - s stays finite where e is clamped). */
+static inline __m256 gelu_derivative_ps(__m256 x) {
+    __m256 x2 = _mm256_mul_ps(x, x);
+    __m256 u =
+        _mm256_mul_ps(x, _mm256_fmadd_ps(x2, _mm256_set1_ps(0.0356774081f), _mm256_set1_ps(0.797884561f)));
+    __m256 e = exp_ps(_mm256_mul_ps(u, _mm256_set1_ps(-2.0f)));
+    __m256 s = _mm256_div_ps(_mm256_set1_ps(1.0f), _mm256_add_ps(e, _mm256_set1_ps(1.0f)));
+    __m256 slope = _mm256_fmadd_ps(x2, _mm256_set1_ps(0.107032224f), _mm256_set1_ps(0.797884561f));
+    __m256 r = _mm256_mul_ps(_mm256_mul_ps(_mm256_add_ps(x, x), _mm256_mul_ps(e, s)), slope);
+    return _mm256_fmadd_ps(s, r, s);
+}
+
+void kernel_gelu_backward_avx2(float *dx, float const *dy, float const *x, size_t n) {
+    for (size_t i = 0; i < n; i += LANES) {
+        __m256i mask = tail_mask(n - i);
+        __m256 derivative = gelu_derivative_ps(_mm256_maskload_ps(x + i, mask));
+        _mm256_maskstore_ps(dx + i, mask, _mm256_mul_ps(_mm256_maskload_ps(dy + i, mask), derivative));
+    }
+}
+
+/* The attention backward pass takes a block of 8 queries at a time, one lane per query, as the forward
+ * pass does: a first sweep over the keys recomputes each lane's softmax max and sum, a second recomputes
+ * the probabilities P [keys][8] and dP = dO v^T [keys][8] (dO transposed like the queries), forms
+ * dS = scale P (dP - rowsum(dO O)), and accumulates dQ += dS k transposed [64 dims][8], and per key
+ * dV += P^T dO and dK += dS^T q over the block's rows, in ascending order. */
+
+/* Each lane's max of the scores and sum of exp(score - max) over keys [first_key, end_key), folded tile
+ * by tile (every lane sees a key in every tile: see kernel_attention_avx2). */
+static void block_statistics(kernel_attention_backward_t const *a, float const queries[KERNEL_HEAD][LANES],
+                             size_t first_query, size_t first_key, size_t end_key, __m256 *max, __m256 *sum) {
+    _Alignas(32) float scores[ATTENTION_TILE][LANES];
+    __m256 running_max = _mm256_set1_ps(-INFINITY), running_sum = _mm256_setzero_ps();
+    for (size_t tile = first_key; tile < end_key; tile += ATTENTION_TILE) {
+        size_t count = end_key - tile < ATTENTION_TILE ? end_key - tile : ATTENTION_TILE;
+        tile_scores(scores, queries, a->k + tile * a->stride, a->stride, count);
+        if (a->causal) mask_future(scores, count, tile, first_query);
+        __m256 tile_max = running_max;
+        for (size_t j = 0; j < count; ++j)
+            tile_max = _mm256_max_ps(tile_max, _mm256_load_ps(scores[j]));
+        running_sum = _mm256_mul_ps(running_sum, exp_ps(_mm256_sub_ps(running_max, tile_max)));
+        for (size_t j = 0; j < count; ++j)
+            running_sum =
+                _mm256_add_ps(running_sum, exp_ps(_mm256_sub_ps(_mm256_load_ps(scores[j]), tile_max)));
+        running_max = tile_max;
+    }
+    *max = running_max;
+    *sum = running_sum;
+}
+
+/* rowsum(dO O) of the block's rows [0, rows) as lanes, zero past `rows`. */
+static __m256 block_output_dots(kernel_attention_backward_t const *a, size_t first_query, size_t rows) {
+    _Alignas(32) float dots[LANES] = {0};
+    for (size_t i = 0; i < rows; ++i) {
+        float const *d_out = a->d_out + (first_query + i) * a->out_stride;
+        float const *out = a->out + (first_query + i) * a->out_stride;
+        __m256 sum = _mm256_mul_ps(_mm256_loadu_ps(d_out), _mm256_loadu_ps(out));
+        for (size_t d = LANES; d < KERNEL_HEAD; d += LANES)
+            sum = _mm256_fmadd_ps(_mm256_loadu_ps(d_out + d), _mm256_loadu_ps(out + d), sum);
+        dots[i] = reduce_add_ps(sum);
+    }
+    return _mm256_load_ps(dots);
+}
+
+/* d_v[j] += sum_i p[j][i] dO[i] and d_k[j] += sum_i ds[j][i] q[i] over the block's rows i < rows, for the
+ * tile's `count` keys, 32 dims at a time: 8 accumulator chains. */
+static void key_gradients(kernel_attention_backward_t const *a, float const p[ATTENTION_TILE][LANES],
+                          float const ds[ATTENTION_TILE][LANES], size_t first_query, size_t rows, size_t tile,
+                          size_t count) {
+    enum { HALF = KERNEL_HEAD / 2, VECTORS = HALF / LANES };
+    for (size_t j = 0; j < count; ++j) {
+        for (size_t half = 0; half < KERNEL_HEAD; half += HALF) {
+            float *d_value = a->d_v + (tile + j) * a->stride + half;
+            float *d_key = a->d_k + (tile + j) * a->stride + half;
+            __m256 values[VECTORS], keys[VECTORS];
+#pragma GCC unroll 4
+            for (size_t c = 0; c < VECTORS; ++c) {
+                values[c] = _mm256_loadu_ps(d_value + c * LANES);
+                keys[c] = _mm256_loadu_ps(d_key + c * LANES);
+            }
+            for (size_t i = 0; i < rows; ++i) {
+                float const *d_out = a->d_out + (first_query + i) * a->out_stride + half;
+                float const *query = a->q + (first_query + i) * a->stride + half;
+                __m256 probability = _mm256_set1_ps(p[j][i]), d_score = _mm256_set1_ps(ds[j][i]);
+#pragma GCC unroll 4
+                for (size_t c = 0; c < VECTORS; ++c) {
+                    values[c] = _mm256_fmadd_ps(probability, _mm256_loadu_ps(d_out + c * LANES), values[c]);
+                    keys[c] = _mm256_fmadd_ps(d_score, _mm256_loadu_ps(query + c * LANES), keys[c]);
+                }
+            }
+#pragma GCC unroll 4
+            for (size_t c = 0; c < VECTORS; ++c) {
+                _mm256_storeu_ps(d_value + c * LANES, values[c]);
+                _mm256_storeu_ps(d_key + c * LANES, keys[c]);
+            }
+        }
+    }
+}
+
+/* d_query[d][i] += sum_j ds[j][i] k[j][d], 8 dims at a time. */
+static void query_gradients(float d_query[KERNEL_HEAD][LANES], float const ds[ATTENTION_TILE][LANES],
+                            float const *k, size_t stride, size_t count) {
+    for (size_t chunk = 0; chunk < KERNEL_HEAD; chunk += LANES) {
+        __m256 sums[LANES];
+#pragma GCC unroll 8
+        for (size_t d = 0; d < LANES; ++d)
+            sums[d] = _mm256_load_ps(d_query[chunk + d]);
+        for (size_t j = 0; j < count; ++j) {
+            __m256 d_score = _mm256_load_ps(ds[j]);
+            float const *key = k + j * stride + chunk;
+#pragma GCC unroll 8
+            for (size_t d = 0; d < LANES; ++d)
+                sums[d] = _mm256_fmadd_ps(_mm256_broadcast_ss(key + d), d_score, sums[d]);
+        }
+#pragma GCC unroll 8
+        for (size_t d = 0; d < LANES; ++d)
+            _mm256_store_ps(d_query[chunk + d], sums[d]);
+    }
+}
+
+/* Queries [first_query, first_query + rows) of the item whose keys are rows [first_key, end_key). */
+static void attention_backward_block(kernel_attention_backward_t const *a, size_t first_query, size_t rows,
+                                     size_t first_key, size_t end_key) {
+    _Alignas(32) float queries[KERNEL_HEAD][LANES], d_outs[KERNEL_HEAD][LANES];
+    _Alignas(32) float p[ATTENTION_TILE][LANES], ds[ATTENTION_TILE][LANES];
+    _Alignas(32) float d_query[KERNEL_HEAD][LANES];
+    memset(d_query, 0, sizeof d_query);
+    load_queries(queries, a->q + first_query * a->stride, a->stride, rows, a->scale);
+    load_queries(d_outs, a->d_out + first_query * a->out_stride, a->out_stride, rows, 1.0f);
+    __m256 max, sum;
+    block_statistics(a, queries, first_query, first_key, end_key, &max, &sum);
+    __m256 inverse = _mm256_div_ps(_mm256_set1_ps(1.0f), sum);
+    __m256 output_dots = block_output_dots(a, first_query, rows), scale = _mm256_set1_ps(a->scale);
+    for (size_t tile = first_key; tile < end_key; tile += ATTENTION_TILE) {
+        size_t count = end_key - tile < ATTENTION_TILE ? end_key - tile : ATTENTION_TILE;
+        tile_scores(p, queries, a->k + tile * a->stride, a->stride, count);
+        if (a->causal) mask_future(p, count, tile, first_query);
+        tile_scores(ds, d_outs, a->v + tile * a->stride, a->stride, count);
+        for (size_t j = 0; j < count; ++j) {
+            __m256 probability = _mm256_mul_ps(exp_ps(_mm256_sub_ps(_mm256_load_ps(p[j]), max)), inverse);
+            __m256 d_probability = _mm256_sub_ps(_mm256_load_ps(ds[j]), output_dots);
+            _mm256_store_ps(p[j], probability);
+            _mm256_store_ps(ds[j], _mm256_mul_ps(_mm256_mul_ps(scale, probability), d_probability));
+        }
+        query_gradients(d_query, ds, a->k + tile * a->stride, a->stride, count);
+        key_gradients(a, p, ds, first_query, rows, tile, count);
+    }
+    for (size_t chunk = 0; chunk < KERNEL_HEAD; chunk += LANES) {
+        __m256 block[LANES];
+#pragma GCC unroll 8
+        for (size_t d = 0; d < LANES; ++d)
+            block[d] = _mm256_load_ps(d_query[chunk + d]);
+        transpose(block);
+#pragma GCC unroll 8
+        for (size_t i = 0; i < LANES; ++i)
+            if (i < rows) _mm256_storeu_ps(a->d_q + (first_query + i) * a->stride + chunk, block[i]);
+    }
+}
+
+void kernel_attention_backward_avx2(kernel_attention_backward_t const *attention, size_t item_begin,
+                                    size_t item_end) {
+    for (size_t item = item_begin; item < item_end; ++item) {
+        size_t first = attention->offsets[item], end = attention->offsets[item + 1];
+        for (size_t row = first; row < end; ++row) {
+            memset(attention->d_k + row * attention->stride, 0, KERNEL_HEAD * sizeof(float));
+            memset(attention->d_v + row * attention->stride, 0, KERNEL_HEAD * sizeof(float));
+        }
+        for (size_t block = first; block < end; block += LANES) {
+            size_t rows = end - block < LANES ? end - block : LANES;
+            attention_backward_block(attention, block, rows, first, attention->causal ? block + rows : end);
+        }
+    }
+}

@@ -317,3 +317,64 @@ void kernel_f32_to_bf16_neon(uint16_t *out, float const *x, size_t n) {
     for (; i < n; ++i)
         out[i] = f32_to_bf16(x[i]);
 }
+
+/* ---- Training ------------------------------------------------------------------------------------ */
+
+/* rmsnorm_backward as kernel_rmsnorm_backward_scalar: 1/r and sum(weight dy x) in double, then
+ * dx = weight dy / r - x sum(weight dy x) / (n r^3) and d_weight += dy x / r in F32, 4 lanes at a time. */
+void kernel_rmsnorm_backward_neon(float *dx, size_t dx_stride, float *d_weight, float const *dy,
+                                  size_t dy_stride, float const *x, size_t x_stride, float const *weight,
+                                  size_t rows, size_t n, float eps) {
+    for (size_t r = 0; r < rows; ++r, dx += dx_stride, dy += dy_stride, x += x_stride) {
+        float64x2_t squares_low = vdupq_n_f64(0.0), squares_high = vdupq_n_f64(0.0);
+        float64x2_t dots_low = vdupq_n_f64(0.0), dots_high = vdupq_n_f64(0.0);
+        for (size_t i = 0; i < n; i += LANES) {
+            float32x4_t values = load_tail(x + i, n - i, 0.0f), gradients = load_tail(dy + i, n - i, 0.0f);
+            float32x4_t weights = load_tail(weight + i, n - i, 0.0f);
+            add_squares(values, &squares_low, &squares_high);
+            float64x2_t low =
+                vmulq_f64(vcvt_f64_f32(vget_low_f32(weights)), vcvt_f64_f32(vget_low_f32(gradients)));
+            float64x2_t high = vmulq_f64(vcvt_high_f64_f32(weights), vcvt_high_f64_f32(gradients));
+            dots_low = vfmaq_f64(dots_low, low, vcvt_f64_f32(vget_low_f32(values)));
+            dots_high = vfmaq_f64(dots_high, high, vcvt_high_f64_f32(values));
+        }
+        double inverse = 1.0 / sqrt(vaddvq_f64(vaddq_f64(squares_low, squares_high)) / (double)n + eps);
+        double dot = vaddvq_f64(vaddq_f64(dots_low, dots_high));
+        float by = (float)inverse, coefficient = (float)(dot / (double)n * inverse * inverse * inverse);
+        for (size_t i = 0; i < n; i += LANES) {
+            float32x4_t values = load_tail(x + i, n - i, 0.0f), gradients = load_tail(dy + i, n - i, 0.0f);
+            float32x4_t weights = load_tail(weight + i, n - i, 0.0f);
+            float32x4_t d_weights = load_tail(d_weight + i, n - i, 0.0f);
+            d_weights = vaddq_f32(d_weights, vmulq_n_f32(vmulq_f32(gradients, values), by));
+            store_tail(d_weight + i, n - i, d_weights);
+            float32x4_t scaled = vmulq_n_f32(vmulq_f32(weights, gradients), by);
+            store_tail(dx + i, n - i, vsubq_f32(scaled, vmulq_n_f32(values, coefficient)));
+        }
+    }
+}
+
+void kernel_gelu_neon(float *x, size_t n) {
+    for (size_t i = 0; i < n; i += LANES)
+        store_tail(x + i, n - i, gelu_ps(load_tail(x + i, n - i, 0.0f)));
+}
+
+/* gelu'(x) = 0.5(1 + t) + 0.5x(1 - t^2) sqrt(2/pi)(1 + 3 0.044715x^2), t = tanh(u), rewritten with
+ * s = 1 / (1 + e), e = exp(-2u): 0.5(1 + t) = s and 0.5(1 - t^2) = 2 e s^2, so
+ * gelu'(x) = s (1 + 2x (e s) sqrt(2/pi)(1 + 0.134145x^2)), free of the cancellations of 1 + t and
+ * 1 - t^2 (e s = 1 - s stays finite where e is clamped). */
+static inline float32x4_t gelu_derivative_ps(float32x4_t x) {
+    float32x4_t x2 = vmulq_f32(x, x);
+    float32x4_t u = vmulq_f32(x, vfmaq_n_f32(vdupq_n_f32(0.797884561f), x2, 0.0356774081f));
+    float32x4_t e = exp_ps(vmulq_n_f32(u, -2.0f));
+    float32x4_t s = vdivq_f32(vdupq_n_f32(1.0f), vaddq_f32(e, vdupq_n_f32(1.0f)));
+    float32x4_t slope = vfmaq_n_f32(vdupq_n_f32(0.797884561f), x2, 0.107032224f);
+    float32x4_t r = vmulq_f32(vmulq_f32(vaddq_f32(x, x), vmulq_f32(e, s)), slope);
+    return vfmaq_f32(s, s, r);
+}
+
+void kernel_gelu_backward_neon(float *dx, float const *dy, float const *x, size_t n) {
+    for (size_t i = 0; i < n; i += LANES) {
+        float32x4_t derivative = gelu_derivative_ps(load_tail(x + i, n - i, 0.0f));
+        store_tail(dx + i, n - i, vmulq_f32(load_tail(dy + i, n - i, 0.0f), derivative));
+    }
+}

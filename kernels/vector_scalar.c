@@ -4,6 +4,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "gelu.h"
 #include "paths.h"
 
 /* Keys per tile of the online softmax, as the SIMD paths tile them. */
@@ -21,15 +22,19 @@ void kernel_rmsnorm_scalar(float *y, size_t y_stride, float const *x, size_t x_s
     }
 }
 
-/* Rotary embedding of `heads` head vectors [heads, 64] in place: pair (i, i + 32) turns by
- * p * 10000^(-2i/64); the angles are computed in double and rounded to F32 once. */
-void kernel_rope_scalar(float *x, size_t heads, size_t position) {
-    float cosines[KERNEL_HEAD / 2], sines[KERNEL_HEAD / 2];
+/* Rotary angles of one position: pair (i, i + 32) turns by p * 10000^(-2i/64), computed in double and
+ * rounded to F32 once. */
+static void rope_angles(float cosines[KERNEL_HEAD / 2], float sines[KERNEL_HEAD / 2], size_t position) {
     for (size_t i = 0; i < KERNEL_HEAD / 2; ++i) {
         double angle = (double)position * pow(10000.0, -2.0 * (double)i / KERNEL_HEAD);
         cosines[i] = (float)cos(angle);
         sines[i] = (float)sin(angle);
     }
+}
+
+/* Turns each pair of `heads` head vectors [heads, 64] in place by the angles whose sines are given. */
+static void rotate_heads(float *x, size_t heads, float const cosines[KERNEL_HEAD / 2],
+                         float const sines[KERNEL_HEAD / 2]) {
     for (size_t h = 0; h < heads; ++h, x += KERNEL_HEAD) {
         for (size_t i = 0; i < KERNEL_HEAD / 2; ++i) {
             float first = x[i], second = x[i + KERNEL_HEAD / 2];
@@ -37,6 +42,13 @@ void kernel_rope_scalar(float *x, size_t heads, size_t position) {
             x[i + KERNEL_HEAD / 2] = second * cosines[i] + first * sines[i];
         }
     }
+}
+
+/* Rotary embedding of `heads` head vectors [heads, 64] in place. */
+void kernel_rope_scalar(float *x, size_t heads, size_t position) {
+    float cosines[KERNEL_HEAD / 2], sines[KERNEL_HEAD / 2];
+    rope_angles(cosines, sines, position);
+    rotate_heads(x, heads, cosines, sines);
 }
 
 static float dot_head(float const *a, float const *b) {
@@ -184,5 +196,105 @@ void kernel_convert_scalar(void *out, float const *x, size_t n, uform_scalar_t s
     case UFORM_I8:
         convert_i8(out, x, n, scale);
         break;
+    }
+}
+
+/* ---- Training ------------------------------------------------------------------------------------ */
+
+/* For each row of y = x / r * weight, r = sqrt(mean(x^2) + eps): 1/r and sum(weight dy x) in double,
+ * then dx = weight dy / r - x sum(weight dy x) / (n r^3) and d_weight += dy x / r in F32. dy is read at
+ * each index before dx is written there, so dx may be dy. */
+void kernel_rmsnorm_backward_scalar(float *dx, size_t dx_stride, float *d_weight, float const *dy,
+                                    size_t dy_stride, float const *x, size_t x_stride, float const *weight,
+                                    size_t rows, size_t n, float eps) {
+    for (size_t r = 0; r < rows; ++r, dx += dx_stride, dy += dy_stride, x += x_stride) {
+        double squares = 0.0, dot = 0.0;
+        for (size_t i = 0; i < n; ++i) {
+            squares += (double)x[i] * x[i];
+            dot += (double)weight[i] * dy[i] * x[i];
+        }
+        double inverse = 1.0 / sqrt(squares / (double)n + eps);
+        float inverse_f32 = (float)inverse,
+              coefficient = (float)(dot / (double)n * inverse * inverse * inverse);
+        for (size_t i = 0; i < n; ++i) {
+            float gradient = dy[i];
+            d_weight[i] += gradient * x[i] * inverse_f32;
+            dx[i] = weight[i] * gradient * inverse_f32 - x[i] * coefficient;
+        }
+    }
+}
+
+void kernel_gelu_scalar(float *x, size_t n) {
+    for (size_t i = 0; i < n; ++i)
+        x[i] = gelu_tanh(x[i]);
+}
+
+void kernel_gelu_backward_scalar(float *dx, float const *dy, float const *x, size_t n) {
+    for (size_t i = 0; i < n; ++i)
+        dx[i] = dy[i] * gelu_tanh_derivative(x[i]);
+}
+
+/* The rotation of kernel_rope_scalar by the opposite angles: its transpose. */
+void kernel_rope_backward_scalar(float *x, size_t heads, size_t position) {
+    float cosines[KERNEL_HEAD / 2], sines[KERNEL_HEAD / 2];
+    rope_angles(cosines, sines, position);
+    for (size_t i = 0; i < KERNEL_HEAD / 2; ++i)
+        sines[i] = -sines[i];
+    rotate_heads(x, heads, cosines, sines);
+}
+
+/* The softmax statistics of one query row against keys [first, end): the max of the scaled scores, and
+ * the sum of exp(score - max) folded tile by tile as the forward pass folds it. */
+static void row_statistics(kernel_attention_backward_t const *a, float const *query, size_t first, size_t end,
+                           float *max, float *sum) {
+    *max = -INFINITY;
+    *sum = 0.0f;
+    for (size_t tile = first; tile < end; tile += ATTENTION_TILE) {
+        size_t keys = end - tile < ATTENTION_TILE ? end - tile : ATTENTION_TILE;
+        float scores[ATTENTION_TILE], tile_max = *max;
+        for (size_t j = 0; j < keys; ++j) {
+            scores[j] = a->scale * dot_head(query, a->k + (tile + j) * a->stride);
+            tile_max = fmaxf(tile_max, scores[j]);
+        }
+        *sum *= expf(*max - tile_max);
+        *max = tile_max;
+        for (size_t j = 0; j < keys; ++j)
+            *sum += expf(scores[j] - tile_max);
+    }
+}
+
+/* One query row's share of the gradients, against keys [first, end): with p_j = softmax(scale q k_j),
+ * dV_j += p_j dO, ds_j = p_j (dO . v_j - dO . O), dQ = scale sum_j ds_j k_j, dK_j += scale ds_j q. */
+static void attention_backward_row(kernel_attention_backward_t const *a, size_t row, size_t first,
+                                   size_t end) {
+    float const *query = a->q + row * a->stride;
+    float const *d_out = a->d_out + row * a->out_stride, *out = a->out + row * a->out_stride;
+    float max, sum, d_query[KERNEL_HEAD] = {0};
+    row_statistics(a, query, first, end, &max, &sum);
+    float d_out_dot_out = dot_head(d_out, out);
+    for (size_t j = first; j < end; ++j) {
+        float const *key = a->k + j * a->stride, *value = a->v + j * a->stride;
+        float probability = expf(a->scale * dot_head(query, key) - max) / sum;
+        float d_score = a->scale * probability * (dot_head(d_out, value) - d_out_dot_out);
+        float *d_key = a->d_k + j * a->stride, *d_value = a->d_v + j * a->stride;
+        for (size_t d = 0; d < KERNEL_HEAD; ++d) {
+            d_value[d] += probability * d_out[d];
+            d_key[d] += d_score * query[d];
+            d_query[d] += d_score * key[d];
+        }
+    }
+    memcpy(a->d_q + row * a->stride, d_query, sizeof d_query);
+}
+
+void kernel_attention_backward_scalar(kernel_attention_backward_t const *attention, size_t item_begin,
+                                      size_t item_end) {
+    for (size_t item = item_begin; item < item_end; ++item) {
+        size_t first = attention->offsets[item], end = attention->offsets[item + 1];
+        for (size_t row = first; row < end; ++row) {
+            memset(attention->d_k + row * attention->stride, 0, KERNEL_HEAD * sizeof(float));
+            memset(attention->d_v + row * attention->stride, 0, KERNEL_HEAD * sizeof(float));
+        }
+        for (size_t row = first; row < end; ++row)
+            attention_backward_row(attention, row, first, attention->causal ? row + 1 : end);
     }
 }

@@ -213,6 +213,12 @@ size_t loop_in_flight(loop_t const *loop) {
  * the other: either the loop does not sleep, or the poster rings. Only the poster that clears the
  * flag writes, so a sleep costs one eventfd write however many posts arrive. */
 static void loop_ring_doorbell(loop_t *loop) {
+    /* A full fence between the poster's publication and its read of `sleeping`, beside the seq_cst
+     * accesses: C11 already orders a seq_cst store before a later seq_cst load, but qemu-user's
+     * translation of AArch64 STLR then LDAR onto an x86 host lets the load pass the store (no barrier
+     * between them), and a lost wake-up hung the emulated CI run; `dmb ish` (a fence) it translates
+     * faithfully. Posts are per call, so the fence costs nothing measurable. */
+    atomic_thread_fence(memory_order_seq_cst);
     if (!atomic_load(&loop->sleeping) || !atomic_exchange(&loop->sleeping, false)) return;
     uint64_t one = 1;
     for (;;) {
@@ -329,6 +335,7 @@ static void loop_spin(loop_t *loop, uint64_t spin_ns) {
 /* Blocks until the backend has a completion, a timer is due, or the doorbell rings. */
 static int loop_sleep(loop_t *loop) {
     atomic_store(&loop->sleeping, true);
+    atomic_thread_fence(memory_order_seq_cst); /* the other half of loop_ring_doorbell's fence */
     int ret = 0;
     if (!loop_has_work(loop)) {
 #if UFORM_WITH_URING

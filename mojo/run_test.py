@@ -1,12 +1,61 @@
 #!/usr/bin/env python3
 """Builds mojo/test.mojo with the `mojo` compiler and runs it against a freshly built libuform, with
-UFORM_TEST_CHECKPOINT pointing at a tiny checkpoint written by `uform_tiny_checkpoint`. Exits 77
+UFORM_TEST_CHECKPOINT pointing at a tiny checkpoint written by `uform_tiny_checkpoint` and UFORM_TEST_MEDIA
+at a folder of small inputs written here (PNG, WAV, a Y4M clip, a file that is no image). Exits 77
 (skipped, with the reason) where no compiler is at hand."""
 import argparse
+import math
 import os
 import shutil
+import struct
 import subprocess
 import sys
+import wave
+import zlib
+
+
+def write_png(path, width, height, seed):
+    """An 8-bit RGB PNG (colour type 2) of a seeded gradient, written with zlib and the chunk CRCs."""
+    rows = b"".join(b"\x00" + bytes(((x * 7 + y * 3 + seed) % 256, (x * 2 + seed * 5) % 256, (y * 9 + seed) % 256)
+                                      [c] for x in range(width) for c in range(3)) for y in range(height))
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    png = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+           + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+    open(path, "wb").write(png)
+
+
+def write_wav(path, rate, seconds, hz):
+    """A mono 16-bit PCM WAV of a sine (the standard `wave` module)."""
+    with wave.open(path, "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(rate)
+        count = int(rate * seconds)
+        out.writeframes(b"".join(struct.pack("<h", int(12000 * math.sin(2 * math.pi * hz * i / rate)))
+                                 for i in range(count)))
+
+
+def write_y4m(path, width, height, frames):
+    """A raw YUV4MPEG2 clip (4:2:0, 25 fps) of moving gradients: FFmpeg's yuv4mpegpipe demuxer."""
+    with open(path, "wb") as out:
+        out.write(f"YUV4MPEG2 W{width} H{height} F25:1 Ip A1:1 C420jpeg\n".encode())
+        for f in range(frames):
+            out.write(b"FRAME\n")
+            out.write(bytes((x * 4 + y * 2 + f * 16) % 256 for y in range(height) for x in range(width)))
+            out.write(bytes((128 + x * 3 + f * 8) % 256 for y in range(height // 2) for x in range(width // 2)))
+            out.write(bytes((128 - y * 3 + f * 8) % 256 for y in range(height // 2) for x in range(width // 2)))
+
+
+def write_media(directory):
+    """The model checks' inputs, beside the checkpoint: two PNGs, a file that is no image, a WAV, a clip."""
+    write_png(os.path.join(directory, "a.png"), 40, 24, 1)
+    write_png(os.path.join(directory, "b.png"), 24, 36, 2)
+    open(os.path.join(directory, "not_an_image.png"), "wb").write(b"this is not an image at all\n")
+    write_wav(os.path.join(directory, "tone.wav"), 16000, 1.0, 440.0)
+    write_y4m(os.path.join(directory, "clip.y4m"), 32, 32, 8)
 
 
 def main():
@@ -23,11 +72,13 @@ def main():
     os.makedirs(args.workdir, exist_ok=True)
     checkpoint = os.path.join(args.workdir, "tiny.safetensors")
     subprocess.run([args.tiny_checkpoint_tool, checkpoint], check=True)
+    write_media(args.workdir)
     program = os.path.join(args.workdir, "test_mojo")
     # `mojo build`, not `mojo run`: a linked program, as users ship it.
     subprocess.run([args.mojo, "build", "-I", os.path.join(args.source_root, "mojo"),
                     os.path.join(args.source_root, "mojo", "test.mojo"), "-o", program], check=True)
-    env = dict(os.environ, UFORM_LIBRARY=os.path.abspath(args.library), UFORM_TEST_CHECKPOINT=checkpoint)
+    env = dict(os.environ, UFORM_LIBRARY=os.path.abspath(args.library), UFORM_TEST_CHECKPOINT=checkpoint,
+               UFORM_TEST_MEDIA=os.path.abspath(args.workdir))
     return subprocess.run([program], env=env).returncode
 
 

@@ -4,11 +4,13 @@
  * model's longest clip, at least as many clips as the executor has threads, at most AUDIO_CHUNK_MAX),
  * one chunk per loop turn, as src/image.c does (src/media_read.h runs the chunks and reads the files):
  *
- *   read     (files only) open -> statx -> read through the ring for every item of chunk k + 1,
- *            issued before chunk k is decoded and computed;
+ *   read     (files only) open -> statx -> read through the ring for every item of chunk k + 2,
+ *            issued while chunk k is computed;
  *   prepare  the chunk's clips decoded (FFmpeg), downmixed, resampled, cut, and turned into log-mel
- *            patches in parallel over the executor's threads, each thread taking the next clip from a
- *            shared counter (audio_decode.h, audio_frontend.h);
+ *            patches (audio_decode.h, audio_frontend.h): on a RAM executor of 2 threads or more, by one
+ *            lent worker while the previous chunk is computed on the others; otherwise, and for the
+ *            first chunk, on the chunk's turn in parallel over the executor's threads, each thread
+ *            taking the next clip from a shared counter;
  *   compute  the patch GEMM, class token and positions, the tower (bidirectional, no rotary), the
  *            projections, and the outputs in the arena.
  *
@@ -104,14 +106,7 @@ static void audio_end(media_run_t *run) {
     call_finish(&audio->call, audio->encode.failure, audio->encode.message);
 }
 
-/* ---- Preparing clips, in parallel --------------------------------------------------------------- */
-
-typedef struct prepare_job {
-    audio_call_t *audio;
-    size_t first, count;
-    float *rows; /* [count, max_patches, patch_frames * mels]: clip `index` from row index * max_patches */
-    _Atomic size_t next;
-} prepare_job_t;
+/* ---- Preparing clips ---------------------------------------------------------------------------- */
 
 /* A thread's FFT and buffers, on its first clip. */
 static uform_status_t thread_ready(audio_thread_t *thread, audio_frontend_t const *frontend) {
@@ -175,31 +170,26 @@ static uform_status_t audio_prepare(audio_call_t *audio, audio_thread_t *thread,
     return UFORM_OK;
 }
 
-static void prepare_work(void *context, size_t thread) {
-    prepare_job_t *job = context;
-    audio_call_t *audio = job->audio;
+/* The run's `decode` (media_read.h), on executor thread `thread`, which alone uses its FFT and
+ * buffers: a failed clip has no patches. [max_patches, patch_frames * mels] */
+static void audio_decode_item(media_run_t *run, size_t item, float *rows, size_t thread) {
+    audio_call_t *audio = container_of(run, audio_call_t, run);
     audio_work_t *work = audio->work;
-    if (thread >= work->threads_count) return; /* a pool grown since the call began: the others cover it */
-    for (;;) {
-        size_t index = atomic_fetch_add_explicit(&job->next, 1, memory_order_relaxed);
-        if (index >= job->count) return;
-        size_t item = job->first + index;
-        float *rows = job->rows + index * audio->max_patches * audio->row_floats;
-        uform_status_t status = audio->encode.statuses[item]; /* a file that could not be read */
-        if (status == UFORM_OK) status = audio_prepare(audio, &work->threads[thread], item, rows);
-        if (status != UFORM_OK) {
-            audio->encode.statuses[item] = status;
-            work->patches[item] = 0;
-        }
+    uform_status_t status = audio->encode.statuses[item]; /* a file that could not be read */
+    if (status == UFORM_OK) status = audio_prepare(audio, &work->threads[thread], item, rows);
+    if (status != UFORM_OK) {
+        audio->encode.statuses[item] = status;
+        work->patches[item] = 0;
     }
 }
 
 /* ---- Compute ------------------------------------------------------------------------------------ */
 
-/* The chunk's scratch, for `count` clips of up to max_patches patches each. */
+/* The chunk's scratch, for `count` clips of up to max_patches patches each; their patch rows live in the
+ * run (media_read.h), so none here. */
 static bool audio_scratch(audio_call_t *audio, size_t count, patch_scratch_t *scratch) {
     return tower_patches_scratch(audio->encode.model->audio, audio->call.executor, count,
-                                 count * audio->max_patches, audio->row_floats, 0, scratch);
+                                 count * audio->max_patches, 0, 0, scratch);
 }
 
 /* Projects `count` rows of final states in scratch->rows, normalizes them at the output width, and
@@ -219,8 +209,9 @@ static void audio_project(audio_call_t *audio, patch_scratch_t const *scratch, s
     audio->encode.stats.convert_ns += loop_now_ns() - converting;
 }
 
-/* Prepares, then encodes, the clips [first, last) of one chunk. */
-static void audio_chunk(media_run_t *run, size_t first, size_t last) {
+/* Encodes the prepared clips [first, last) of one chunk, clip `index`'s patch rows at `decoded` from row
+ * index * max_patches [count, max_patches, patch_frames * mels]. */
+static void audio_chunk(media_run_t *run, size_t first, size_t last, float *decoded) {
     audio_call_t *audio = container_of(run, audio_call_t, run);
     tower_t const *tower = audio->encode.model->audio;
     kernels_t const *kernels = tower->kernels;
@@ -228,18 +219,12 @@ static void audio_chunk(media_run_t *run, size_t first, size_t last) {
     audio_work_t const *work = audio->work;
     size_t const hidden = tower->hidden, max_patches = audio->max_patches, row_floats = audio->row_floats;
     size_t const count = last - first;
+    uint64_t computing = loop_now_ns();
     patch_scratch_t scratch;
     if (!audio_scratch(audio, count, &scratch)) {
         encode_stop(&audio->encode, UFORM_OUT_OF_MEMORY, "cannot allocate the executor's scratch");
         return;
     }
-
-    uint64_t preparing = loop_now_ns();
-    prepare_job_t job = {.audio = audio, .first = first, .count = count, .rows = scratch.patches};
-    atomic_init(&job.next, 0);
-    executor_for_threads(executor, prepare_work, &job);
-    uint64_t computing = loop_now_ns();
-    audio->encode.stats.decode_ns += computing - preparing;
 
     /* The kept clips' patch rows packed end to end (moves only go backwards), then embedded. */
     size_t kept = 0, packed = 0;
@@ -248,12 +233,12 @@ static void audio_chunk(media_run_t *run, size_t first, size_t last) {
         audio->encode.stats.truncated += work->truncated[item];
         if (audio->encode.statuses[item] != UFORM_OK) continue;
         scratch.items[kept++] = item;
-        memmove(scratch.patches + packed * row_floats, scratch.patches + index * max_patches * row_floats,
+        memmove(decoded + packed * row_floats, decoded + index * max_patches * row_floats,
                 patches * row_floats * sizeof(float));
         packed += patches;
     }
-    tower_linear(tower, executor, &tower->patches.patch, scratch.patches, row_floats, packed, hidden,
-                 scratch.rows, hidden);
+    tower_linear(tower, executor, &tower->patches.patch, decoded, row_floats, packed, hidden, scratch.rows,
+                 hidden);
 
     /* x: per kept clip, the class token, then its patches, each plus its position.  [tokens, hidden] */
     size_t row = 0, patch_row = 0;
@@ -391,6 +376,8 @@ static void audio_start(call_t *call) {
         .files = audio->input == AUDIO_INPUT_FILES,
         .max_bytes = UFORM_AUDIO_MAX_BYTES,
         .chunk_items = chunk_items,
+        .item_floats = audio->max_patches * audio->row_floats,
+        .decode = audio_decode_item,
         .chunk = audio_chunk,
         .end = audio_end,
     };

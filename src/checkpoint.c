@@ -582,6 +582,89 @@ checkpoint_tensor_t const *checkpoint_find(checkpoint_header_t const *header, ch
 }
 
 /* ---------------------------------------------------------------------------------------------- */
+/* Writing the format-4 metadata                                                                  */
+/* ---------------------------------------------------------------------------------------------- */
+
+double const checkpoint_clip_mean[3] = {0.48145466, 0.4578275, 0.40821073};
+double const checkpoint_clip_std[3] = {0.26862954, 0.26130258, 0.27577711};
+
+/* Three reals, each with CLIP's digits where it is CLIP's value as an F32. */
+static json_t *triple_entry(float const triple[3], double const clip[3]) {
+    double values[3];
+    for (size_t i = 0; i < 3; i++)
+        values[i] = triple[i] == (float)clip[i] ? clip[i] : (double)triple[i];
+    return json_pack("[f, f, f]", values[0], values[1], values[2]);
+}
+
+/* {depth, hidden, heads, mlp}: what every transformer tower's object starts with. */
+#define TRANSFORMER_FORMAT "s:I, s:I, s:I, s:I"
+#define TRANSFORMER_VALUES(transformer)                                                                      \
+    "depth", (json_int_t)(transformer).depth, "hidden", (json_int_t)(transformer).hidden, "heads",           \
+        (json_int_t)(transformer).heads, "mlp", (json_int_t)(transformer).mlp
+
+/* Each tower's object, or NULL when out of memory. json_pack takes the references of "o" values whether
+ * or not it succeeds, so a failure leaks nothing. */
+static json_t *text_entry(uform_model_info_t const *info) {
+    return json_pack("{" TRANSFORMER_FORMAT ", s:I}", TRANSFORMER_VALUES(info->text.transformer), "context",
+                     (json_int_t)info->text.context);
+}
+
+static json_t *image_entry(uform_model_info_t const *info) {
+    return json_pack("{" TRANSFORMER_FORMAT ", s:I, s:I, s:o, s:o}",
+                     TRANSFORMER_VALUES(info->image.transformer), "size", (json_int_t)info->image.size,
+                     "patch", (json_int_t)info->image.patch, "mean",
+                     triple_entry(info->image.mean, checkpoint_clip_mean), "std",
+                     triple_entry(info->image.std, checkpoint_clip_std));
+}
+
+static json_t *video_entry(uform_model_info_t const *info) {
+    return json_pack("{s:I}", "frames", (json_int_t)info->video.frames);
+}
+
+static json_t *audio_entry(uform_model_info_t const *info) {
+    return json_pack("{" TRANSFORMER_FORMAT ", s:I, s:I, s:I, s:I, s:I, s:f, s:I}",
+                     TRANSFORMER_VALUES(info->audio.transformer), "rate", (json_int_t)info->audio.rate,
+                     "mels", (json_int_t)info->audio.mels, "window", (json_int_t)info->audio.window, "hop",
+                     (json_int_t)info->audio.hop, "patch_frames", (json_int_t)info->audio.patch_frames,
+                     "seconds", info->audio.seconds, "max_patches", (json_int_t)info->audio.max_patches);
+}
+
+#undef TRANSFORMER_FORMAT
+#undef TRANSFORMER_VALUES
+
+char *checkpoint_metadata_text(uform_model_info_t const *info) {
+    json_t *matryoshka = json_array();
+    for (size_t i = 0; matryoshka && i < info->matryoshka_count; i++) {
+        if (json_array_append_new(matryoshka, json_integer((json_int_t)info->matryoshka[i])) != 0) {
+            json_decref(matryoshka);
+            matryoshka = NULL;
+        }
+    }
+    json_t *model = json_pack("{s:i, s:I, s:o}", "format", MODEL_FORMAT, "dims", (json_int_t)info->dims,
+                              "matryoshka", matryoshka);
+    struct {
+        bool present;
+        char const *key;
+        json_t *(*entry)(uform_model_info_t const *info);
+    } const towers[] = {
+        {info->has_text, "text", text_entry},
+        {info->has_image, "image", image_entry},
+        {info->has_video, "video", video_entry},
+        {info->has_audio, "audio", audio_entry},
+    };
+    for (size_t i = 0; model && i < ARRAY_COUNT(towers); i++) {
+        if (towers[i].present && json_object_set_new(model, towers[i].key, towers[i].entry(info)) != 0) {
+            json_decref(model);
+            model = NULL;
+        }
+    }
+    if (!model) return NULL;
+    char *dumped = json_dumps(model, JSON_COMPACT | JSON_REAL_PRECISION(9));
+    json_decref(model);
+    return dumped;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
 /* Writing                                                                                        */
 /* ---------------------------------------------------------------------------------------------- */
 

@@ -72,6 +72,16 @@ void checkpoint_header_free(checkpoint_header_t *header);
 /* The tensor of that name, or NULL. Binary search. */
 checkpoint_tensor_t const *checkpoint_find(checkpoint_header_t const *header, char const *name);
 
+/* CLIP's image normalization, with the digits it is published with: what the tiny checkpoint and a
+ * trainer starting from scratch write. */
+extern double const checkpoint_clip_mean[3], checkpoint_clip_std[3];
+
+/* The format-4 object of `info` (dims, matryoshka, and the towers it has, with DESIGN.md's fields) as
+ * compact JSON text for checkpoint_write, malloc'ed; NULL when out of memory. Reals carry 9 significant
+ * digits, which read every F32 back exactly; a mean or std equal to CLIP's as an F32 is written with
+ * CLIP's own digits, so the same sizes always give the same text. */
+char *checkpoint_metadata_text(uform_model_info_t const *info);
+
 /* One tensor to write. */
 typedef struct checkpoint_source {
     char const *name;

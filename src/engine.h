@@ -196,6 +196,33 @@ void executor_settle(uform_executor_t *executor);
 void executor_for_threads(uform_executor_t *executor, void (*work)(void *context, size_t thread),
                           void *context);
 
+/* Loop thread, between forks: lends a RAM executor's last worker to run work(context) once, alone,
+ * while the loop thread goes on with forks over the other threads. While it is lent,
+ * executor_for_threads runs over threads - 1 threads and `executor->threads` reads threads - 1, so that
+ * work split by it covers exactly those (uform_executor_info still reports every thread). Once the work
+ * has returned, the next executor_for_threads (or executor_reclaim) gives the worker back: work split
+ * for threads - 1 before then gives it nothing (thread_share), work split after covers it. The work
+ * must end on its own and tell the loop so (loop_post). false, with nothing lent, for inline, pool and
+ * VRAM executors, a RAM executor of one thread, or one whose worker is lent already. */
+bool executor_lend(uform_executor_t *executor, void (*work)(void *context), void *context);
+
+/* Loop thread, between forks: waits until the lent work has returned (callers wait for its last
+ * completion first, so this is short) and gives its worker back to forks. Nothing lent, or already
+ * given back: no-op. */
+void executor_reclaim(uform_executor_t *executor);
+
+/* The share [first, last) of `count` units that thread `thread` of `threads` takes under
+ * executor_for_threads: contiguous, in thread order, sizes differing by at most one. A thread at or
+ * past `threads` (a lent worker back in a fork whose work was split without it) takes nothing. */
+static inline void thread_share(size_t count, size_t thread, size_t threads, size_t *first, size_t *last) {
+    if (thread >= threads) {
+        *first = *last = count;
+        return;
+    }
+    *first = count * thread / threads;
+    *last = count * (thread + 1) / threads;
+}
+
 /* Host memory placed where the executor computes: 64-byte aligned, bound to its NUMA domains. NULL
  * executor: plain host memory. Answers NULL when out of memory. */
 void *executor_allocate(uform_executor_t *executor, size_t bytes);

@@ -54,9 +54,8 @@ UFORM_EXPORT size_t uform_error_render(uform_error_t const *error, char *buffer,
 }
 
 UFORM_EXPORT uint32_t uform_features(void) {
-    /* A feature is reported once its verbs are wired, not merely found: the mesh dependencies (NCCL,
-     * MPI) are detected by the build and reported by the issue that uses them; the server is the
-     * `uform` command's, not the library's. */
+    /* A feature is reported once its verbs are wired, not merely found: NCCL is detected by the build
+     * and reported once VRAM meshes use it; the server is the `uform` command's, not the library's. */
     uint32_t features = 0;
     if (UFORM_WITH_URING && loop_uring_available()) features |= UFORM_FEATURE_URING;
     if (UFORM_WITH_HWLOC) features |= UFORM_FEATURE_HWLOC;
@@ -65,6 +64,7 @@ UFORM_EXPORT uint32_t uform_features(void) {
     if (UFORM_WITH_SPNG) features |= UFORM_FEATURE_SPNG;
     if (UFORM_WITH_FFMPEG) features |= UFORM_FEATURE_FFMPEG;
     if (UFORM_WITH_CUDA) features |= UFORM_FEATURE_CUDA;
+    if (UFORM_WITH_MPI) features |= UFORM_FEATURE_MPI;
     return features;
 }
 

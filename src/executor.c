@@ -32,7 +32,18 @@ struct team {
     _Atomic bool stopping;
     void (*work)(void *context, size_t thread);
     void *context;
+
+    /* Lending the last worker (executor_lend): forks run over `forking` threads (count, or count - 1
+     * while it is lent); `lent` goes NONE -> RUNNING (lent) -> DONE (its work returned) -> BACK
+     * (reclaimed: it resumes waiting from `resume_generation`) -> NONE. */
+    size_t forking;
+    _Atomic uint32_t lent;
+    void (*lent_work)(void *context);
+    void *lent_context;
+    uint32_t resume_generation;
 };
+
+enum { LENT_NONE = 0, LENT_RUNNING, LENT_DONE, LENT_BACK };
 
 typedef struct worker_start {
     team_t *team;
@@ -81,6 +92,41 @@ static uint32_t team_await(team_t *team, _Atomic uint32_t *word, uint32_t seen) 
     }
 }
 
+/* The fork that lends the last worker: nobody does anything in it, and the last worker, once it has
+ * counted itself out, runs the lent work (team_worker). */
+static void team_lend(void *context, size_t thread) {
+    (void)context;
+    (void)thread;
+}
+
+/* Waits while team->lent == seen, spinning a little, then on the futex; answers the new value. */
+static uint32_t lent_await(team_t *team, uint32_t seen) {
+    uint32_t value;
+    while ((value = atomic_load_explicit(&team->lent, memory_order_acquire)) == seen) {
+        for (unsigned spins = 0; spins < 4096 && value == seen; ++spins) {
+            cpu_relax();
+            value = atomic_load_explicit(&team->lent, memory_order_acquire);
+        }
+        if (value != seen) break;
+        futex_wait(&team->lent, seen);
+    }
+    return value;
+}
+
+/* The lent worker's turn: runs the lent work, says so, and waits to be reclaimed. Forks made meanwhile
+ * did not count it; it resumes from the generation the reclaim saw. */
+static uint32_t team_lent(team_t *team) {
+    team->lent_work(team->lent_context);
+    atomic_store_explicit(&team->lent, LENT_DONE, memory_order_release);
+    futex_wake_all(&team->lent);
+    while (lent_await(team, LENT_DONE) != LENT_BACK)
+        continue;
+    uint32_t seen = team->resume_generation;
+    atomic_store_explicit(&team->lent, LENT_NONE, memory_order_release);
+    futex_wake_all(&team->lent);
+    return seen;
+}
+
 static void *team_worker(void *argument) {
     worker_start_t start = *(worker_start_t *)argument;
     free(argument);
@@ -91,8 +137,11 @@ static void *team_worker(void *argument) {
         seen = team_await(team, &team->generation, seen);
         if (atomic_load_explicit(&team->stopping, memory_order_acquire)) break;
         team->work(team->context, start.index);
+        /* Read before counting out: the loop thread changes `work` only once every worker has. */
+        bool lent = team->work == team_lend && start.index == team->count - 1;
         if (atomic_fetch_sub_explicit(&team->pending, 1, memory_order_acq_rel) == 1)
             futex_wake_all(&team->pending);
+        if (lent) seen = team_lent(team);
     }
     return NULL;
 }
@@ -119,6 +168,7 @@ static uform_status_t team_start(uform_executor_t *executor, size_t count, team_
     if (!team) return UFORM_OUT_OF_MEMORY;
     team->executor = executor;
     team->count = count;
+    team->forking = count;
     team->workers = calloc(count - 1, sizeof *team->workers);
     if (!team->workers) goto fail;
     for (size_t i = 1; i < count; ++i) {
@@ -138,6 +188,16 @@ fail:
     return UFORM_OUT_OF_MEMORY;
 }
 
+/* Loop thread, between forks: the lent worker, its work returned, goes back to forks. It resumes waiting
+ * from the generation seen here, so forks made while it was lent are not run again. */
+static void team_rejoin(uform_executor_t *executor, team_t *team) {
+    team->resume_generation = atomic_load_explicit(&team->generation, memory_order_relaxed);
+    team->forking = team->count;
+    executor->threads = team->count;
+    atomic_store_explicit(&team->lent, LENT_BACK, memory_order_release);
+    futex_wake_all(&team->lent);
+}
+
 void executor_for_threads(uform_executor_t *executor, void (*work)(void *context, size_t thread),
                           void *context) {
     if (executor->kind == UFORM_EXECUTOR_POOL) {
@@ -149,9 +209,17 @@ void executor_for_threads(uform_executor_t *executor, void (*work)(void *context
         work(context, 0);
         return;
     }
+    /* A lent worker whose work has returned takes part again from this fork on; work split for one
+     * thread fewer gives it nothing (thread_share). */
+    if (team->forking != team->count && atomic_load_explicit(&team->lent, memory_order_acquire) == LENT_DONE)
+        team_rejoin(executor, team);
+    if (team->forking == 1) { /* the only worker is lent */
+        work(context, 0);
+        return;
+    }
     team->work = work;
     team->context = context;
-    atomic_store_explicit(&team->pending, (uint32_t)(team->count - 1), memory_order_relaxed);
+    atomic_store_explicit(&team->pending, (uint32_t)(team->forking - 1), memory_order_relaxed);
     team_fork(team);
     work(context, 0);
     uint32_t pending;
@@ -162,6 +230,29 @@ void executor_for_threads(uform_executor_t *executor, void (*work)(void *context
         }
         if (pending) futex_wait(&team->pending, pending);
     }
+}
+
+bool executor_lend(uform_executor_t *executor, void (*work)(void *context), void *context) {
+    team_t *team = executor->kind == UFORM_EXECUTOR_RAM ? executor->team : NULL;
+    if (!team || team->forking != team->count) return false;
+    /* The last lend's worker, given back, may not have said so yet. */
+    while (atomic_load_explicit(&team->lent, memory_order_acquire) != LENT_NONE)
+        lent_await(team, LENT_BACK);
+    team->lent_work = work;
+    team->lent_context = context;
+    atomic_store_explicit(&team->lent, LENT_RUNNING, memory_order_relaxed);
+    executor_for_threads(executor, team_lend, NULL);
+    team->forking = team->count - 1;
+    executor->threads = team->count - 1;
+    return true;
+}
+
+void executor_reclaim(uform_executor_t *executor) {
+    team_t *team = executor->kind == UFORM_EXECUTOR_RAM ? executor->team : NULL;
+    if (!team || team->forking == team->count) return;
+    while (lent_await(team, LENT_RUNNING) != LENT_DONE)
+        continue;
+    team_rejoin(executor, team);
 }
 
 /* ---- Holding and lifetime ----------------------------------------------------------------------- */
@@ -264,7 +355,7 @@ UFORM_EXPORT uform_status_t uform_executor_info(uform_executor_t const *executor
     static char const entry[] = "uform_executor_info";
     if (!executor || !info) return failed(UFORM_INVALID_ARGUMENT, entry, "executor or info is NULL");
     info->kind = executor->kind;
-    info->threads = executor->threads;
+    info->threads = executor->team ? executor->team->count : executor->threads; /* lent or not */
     info->domains_count = executor->domains_count;
     info->uring = executor->loop ? loop_backend(executor->loop) == LOOP_BACKEND_URING
                                  : loop_default_backend() == LOOP_BACKEND_URING;
@@ -390,6 +481,10 @@ UFORM_EXPORT uform_status_t uform_executor_create_vram(uform_vram_options_t cons
 UFORM_EXPORT uform_ram_options_t uform_ram_options_default(void) {
     return (uform_ram_options_t){
         .domains = NULL, .domains_count = 0, .threads = 0, .spin_ns = 0, .pin = true};
+}
+
+UFORM_EXPORT void uform_ram_options_init(uform_ram_options_t *options) {
+    if (options) *options = uform_ram_options_default();
 }
 
 static void *ram_loop_main(void *argument) {

@@ -5,12 +5,14 @@
  * many items as the executor has threads, at most IMAGE_CHUNK_MAX), one chunk per loop turn. An item is
  * one image, or a clip of `frames` images:
  *
- *   read     (files only) open -> statx -> read through the ring for every item of chunk k + 1,
- *            issued before chunk k is decoded and computed, so that the kernel reads meanwhile
- *            (src/media_read.h runs the chunks and reads the files);
+ *   read     (files only) open -> statx -> read through the ring for every item of chunk k + 2,
+ *            issued while chunk k is computed, so that the kernel reads meanwhile (src/media_read.h
+ *            runs the chunks, reads the files and schedules the decoding);
  *   decode   the chunk's items decoded (JPEG, PNG; clips through video_decode.h), resized, cropped,
- *            normalized and patchified in parallel over the executor's threads, each thread taking the
- *            next item from a shared counter, so that one large item does not hold the others back;
+ *            normalized and patchified: on a RAM executor of 2 threads or more, by one lent worker
+ *            while the previous chunk is computed on the others (each item posted to the loop as a
+ *            completion); otherwise, and for the first chunk, on the chunk's turn in parallel over the
+ *            executor's threads, each thread taking the next item from a shared counter;
  *   compute  the patch GEMM, class token and positions, the tower (bidirectional, no rotary) over every
  *            image of the chunk, the projections, and the outputs in the arena (for clips, the pooling
  *            of their frames' embeddings and states).
@@ -52,7 +54,7 @@ typedef struct image_call {
     size_t frames;  /* images per item: 1, or the model's frames per clip */
     size_t vectors; /* token vectors per item: patches per image, or frames per clip */
     image_geometry_t geometry;
-    size_t patches;              /* per image: (size / patch)^2 */
+    size_t patches; /* per image: (size / patch)^2 */
 } image_call_t;
 
 _Static_assert(sizeof(image_call_t) <= EXECUTOR_CALL_STORAGE, "image_call_t outgrew the call storage");
@@ -67,35 +69,10 @@ static void image_end(media_run_t *run) {
     call_finish(&image->call, image->encode.failure, image->encode.message);
 }
 
-/* ---- Decoding, in parallel ---------------------------------------------------------------------- */
-
-typedef struct decode_job {
-    image_call_t *image;
-    size_t first, count;
-    float *patches; /* [count, frames, patches, 3 patch^2] */
-    _Atomic size_t next;
-} decode_job_t;
-
-/* Where a clip's samples land: sample k's patch rows at patches + k * floats. */
-typedef struct clip_target {
-    image_geometry_t const *geometry;
-    float *patches;
-    size_t floats; /* per frame: patches * 3 patch^2 */
-} clip_target_t;
-
-/* A frame that video_decode picked for samples [first, first + count): prepared once, then copied. */
-static uform_status_t clip_frame(void *context, size_t first, size_t count, video_frame_t const *frame) {
-    clip_target_t const *target = context;
-    float *rows = target->patches + first * target->floats;
-    uform_status_t status =
-        image_preprocess(frame->rgb, frame->height, frame->width, frame->stride, target->geometry, rows);
-    for (size_t k = 1; k < count && status == UFORM_OK; ++k)
-        memcpy(rows + k * target->floats, rows, target->floats * sizeof(float));
-    return status;
-}
+/* ---- Decoding ----------------------------------------------------------------------------------- */
 
 /* One item's patch rows, from its pixels, its file's bytes or its encoded bytes in the tape: one image's,
- * or every sample's of a clip. */
+ * or every sample's of a clip (sample k's patch rows at patches + k * patches * 3 patch^2). */
 static uform_status_t image_prepare(image_call_t *image, size_t item, float *patches) {
     size_t begin = image->tape.offsets[item], span = image->tape.offsets[item + 1] - begin;
     uint8_t const *bytes = span ? (uint8_t const *)image->tape.data + begin : NULL;
@@ -109,8 +86,8 @@ static uform_status_t image_prepare(image_call_t *image, size_t item, float *pat
     if (image->input == IMAGE_INPUT_FILES) bytes = media_file(&image->run, item, &span);
     if (image->video) {
         size_t patch = image->geometry.patch;
-        clip_target_t target = {&image->geometry, patches, image->patches * 3 * patch * patch};
-        return video_decode(bytes, span, image->frames, clip_frame, &target);
+        video_patches_t target = {&image->geometry, patches, image->patches * 3 * patch * patch};
+        return video_decode(bytes, span, image->frames, video_patches_sink, &target);
     }
     image_rgb_t rgb;
     uform_status_t status = image_decode(bytes, span, &rgb);
@@ -120,34 +97,29 @@ static uform_status_t image_prepare(image_call_t *image, size_t item, float *pat
     return status;
 }
 
-static void decode_work(void *context, size_t thread) {
+/* The run's `decode` (media_read.h), on any executor thread: a failed item's rows are zero, for the
+ * patch GEMM runs over every item of the chunk. [frames, patches, 3 patch^2] */
+static void image_decode_item(media_run_t *run, size_t item, float *patches, size_t thread) {
     (void)thread;
-    decode_job_t *job = context;
-    image_call_t *image = job->image;
-    size_t floats = image->frames * image->patches * 3 * image->geometry.patch * image->geometry.patch;
-    for (;;) {
-        size_t index = atomic_fetch_add_explicit(&job->next, 1, memory_order_relaxed);
-        if (index >= job->count) return;
-        size_t item = job->first + index;
-        float *patches = job->patches + index * floats;
-        uform_status_t status = image->encode.statuses[item]; /* a file that could not be read */
-        if (status == UFORM_OK) status = image_prepare(image, item, patches);
-        if (status != UFORM_OK) {
-            image->encode.statuses[item] = status;
-            memset(patches, 0, floats * sizeof(float));
-        }
+    image_call_t *image = container_of(run, image_call_t, run);
+    uform_status_t status = image->encode.statuses[item]; /* a file that could not be read */
+    if (status == UFORM_OK) status = image_prepare(image, item, patches);
+    if (status != UFORM_OK) {
+        image->encode.statuses[item] = status;
+        memset(patches, 0, run->item_floats * sizeof(float));
     }
 }
 
 /* ---- Compute ------------------------------------------------------------------------------------ */
 
-/* The chunk's scratch, for `count` items of `frames` images (pooled: a clip's means, [max(dims, hidden)]). */
+/* The chunk's scratch, for `count` items of `frames` images (pooled: a clip's means, [max(dims, hidden)]);
+ * its patch rows live in the run (media_read.h), so none here. */
 static bool image_scratch(image_call_t *image, size_t count, patch_scratch_t *scratch) {
     tower_t const *tower = image->encode.model->image;
-    size_t patch = image->geometry.patch, images = count * image->frames;
+    size_t images = count * image->frames;
     size_t pooled = tower->dims > tower->hidden ? tower->dims : tower->hidden;
-    return tower_patches_scratch(tower, image->call.executor, images, images * image->patches,
-                                 3 * patch * patch, pooled, scratch);
+    return tower_patches_scratch(tower, image->call.executor, images, images * image->patches, 0, pooled,
+                                 scratch);
 }
 
 /* Projects `kept * per_item` rows of final states, normalizes them at the output width, and writes
@@ -248,32 +220,26 @@ static void clip_rows(image_call_t *image, patch_scratch_t const *scratch, size_
     image->encode.stats.convert_ns += loop_now_ns() - converting;
 }
 
-/* Decodes, then encodes, the items [first, last) of one chunk: every image of every item through the
- * tower together. */
-static void image_chunk(media_run_t *run, size_t first, size_t last) {
+/* Encodes the decoded items [first, last) of one chunk, their patch rows at `decoded` [count, frames,
+ * patches, 3 patch^2]: every image of every item through the tower together. */
+static void image_chunk(media_run_t *run, size_t first, size_t last, float *decoded) {
     image_call_t *image = container_of(run, image_call_t, run);
     tower_t const *tower = image->encode.model->image;
     uform_executor_t *executor = image->call.executor;
     size_t const hidden = tower->hidden, patches = image->patches, tokens_per_image = 1 + patches;
     size_t const row_floats = 3 * image->geometry.patch * image->geometry.patch, frames = image->frames;
     size_t const count = last - first;
+    uint64_t computing = loop_now_ns();
     patch_scratch_t scratch;
     if (!image_scratch(image, count, &scratch)) {
         encode_stop(&image->encode, UFORM_OUT_OF_MEMORY, "cannot allocate the executor's scratch");
         return;
     }
 
-    uint64_t decoding = loop_now_ns();
-    decode_job_t job = {.image = image, .first = first, .count = count, .patches = scratch.patches};
-    atomic_init(&job.next, 0);
-    executor_for_threads(executor, decode_work, &job);
-    uint64_t computing = loop_now_ns();
-    image->encode.stats.decode_ns += computing - decoding;
-
     /* Patch embeddings of every image, failed items' included (their rows are zero). [rows, hidden] */
     tower_patches_t const *patch_layer = &tower->patches; /* prepared with the model */
-    tower_linear(tower, executor, &patch_layer->patch, scratch.patches, row_floats, count * frames * patches,
-                 hidden, scratch.rows, hidden);
+    tower_linear(tower, executor, &patch_layer->patch, decoded, row_floats, count * frames * patches, hidden,
+                 scratch.rows, hidden);
 
     /* x: per image of a decoded item, the class token, then its patches, each plus its position.
      * [tokens, hidden] */
@@ -364,6 +330,8 @@ static void image_start(call_t *call) {
         .files = image->input == IMAGE_INPUT_FILES,
         .max_bytes = image->video ? UFORM_VIDEO_MAX_BYTES : UFORM_IMAGE_MAX_BYTES,
         .chunk_items = chunk_items,
+        .item_floats = image->frames * image->patches * 3 * image->geometry.patch * image->geometry.patch,
+        .decode = image_decode_item,
         .chunk = image_chunk,
         .end = image_end,
     };

@@ -1,4 +1,5 @@
-/* The chunked run of an image, video or audio call, and the files it reads (media_read.h). */
+/* The chunked run of an image, video or audio call, the files it reads and the decoding of its items
+ * (media_read.h). */
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
@@ -6,9 +7,30 @@
 
 #include "media_read.h"
 
-/* Ends the call once no ring operation is in flight (a stopping call waits for its reads). */
+void (*media_observer)(media_event_t event, size_t chunk);
+
+/* Ends the call once no ring operation and no decoding ahead is in flight (a stopping call waits for
+ * its reads and its lent worker). */
 static void media_settle(media_run_t *run) {
-    if (run->in_flight == 0) run->end(run);
+    if (run->in_flight == 0 && !run->lent) run->end(run);
+}
+
+/* The turn of `next_chunk` has what it waits for: its decoding ahead landed, its chunk's files read,
+ * and the next chunk's when that one will be decoded ahead. */
+static bool media_ready(media_run_t const *run) {
+    size_t chunk = run->next_chunk;
+    if (run->lent) return false;
+    if (!run->files) return true;
+    if (run->ahead_chunk != chunk && run->pending[chunk % 2] != 0) return false;
+    return run->sets == 1 || chunk + 1 >= run->chunks || run->pending[(chunk + 1) % 2] == 0;
+}
+
+/* A waiting turn whose wait is over goes on. */
+static void media_resume(media_run_t *run) {
+    if (!run->waiting || !media_ready(run)) return;
+    run->waiting = false;
+    run->encode->stats.read_ns += loop_now_ns() - run->waiting_since_ns;
+    media_turn(run);
 }
 
 /* ---- Reading files through the ring ------------------------------------------------------------- */
@@ -30,11 +52,7 @@ static void slot_done(media_slot_t *slot, uform_status_t status) {
         media_settle(run);
         return;
     }
-    if (run->waiting && run->pending[run->next_chunk % 2] == 0) {
-        run->waiting = false;
-        encode->stats.read_ns += loop_now_ns() - run->waiting_since_ns;
-        media_turn(run);
-    }
+    media_resume(run);
 }
 
 /* Every completion lands here first: one operation fewer in flight, and a stopping call goes no
@@ -142,13 +160,109 @@ uint8_t const *media_file(media_run_t const *run, size_t item, size_t *size) {
     return slot->buffer;
 }
 
+/* ---- Decoding ----------------------------------------------------------------------------------- */
+
+static float *media_rows(media_run_t const *run, size_t chunk) {
+    return run->rows + (chunk % run->sets) * run->chunk_items * run->item_floats;
+}
+
+typedef struct media_decode_job {
+    media_run_t *run;
+    size_t first, count;
+    float *rows;
+    _Atomic size_t next;
+} media_decode_job_t;
+
+/* A chunk decoded on its turn: each thread takes the next item from a shared counter, so that one
+ * large item does not hold the others back. */
+static void media_decode_work(void *context, size_t thread) {
+    media_decode_job_t *job = context;
+    media_run_t *run = job->run;
+    if (thread >= run->threads) return; /* a pool grown since the call began: the others cover it */
+    for (;;) {
+        size_t index = atomic_fetch_add_explicit(&job->next, 1, memory_order_relaxed);
+        if (index >= job->count) return;
+        run->decode(run, job->first + index, job->rows + index * run->item_floats, thread);
+    }
+}
+
+/* The lent worker's work: chunk `ahead_chunk`, item by item, each posted to the loop once decoded.
+ * After its last post the loop may reclaim the worker and reuse everything: it touches nothing more. */
+static void media_decode_ahead(void *context) {
+    media_run_t *run = context;
+    uint64_t started = loop_now_ns();
+    size_t chunk = run->ahead_chunk, thread = run->decoder_thread, floats = run->item_floats;
+    size_t first, last;
+    media_chunk(run, chunk, &first, &last);
+    float *rows = media_rows(run, chunk);
+    loop_t *loop = run->executor->loop;
+    media_decoded_t *decoded = run->decoded;
+    for (size_t item = first; item < last; ++item) {
+        run->decode(run, item, rows + (item - first) * floats, thread);
+        if (media_observer) media_observer(MEDIA_EVENT_DECODED, chunk);
+        if (item + 1 == last) run->ahead_ns = loop_now_ns() - started;
+        loop_post(loop, &decoded[item - first].op);
+    }
+}
+
+/* An item decoded ahead landed; after the chunk's last, the worker goes back to the executor. */
+static void media_decoded(loop_op_t *op) {
+    media_run_t *run = container_of(op, media_decoded_t, op)->run;
+    if (--run->undecoded != 0) return;
+    executor_reclaim(run->executor);
+    run->lent = false;
+    run->encode->stats.decode_ns += run->ahead_ns;
+    /* A turn's wait for its chunk is in decode_ns already (the worker's time): from here on, only the
+     * wait for files counts in read_ns. */
+    if (run->waiting) run->waiting_since_ns = loop_now_ns();
+    if (run->encode->failure != UFORM_OK) {
+        media_settle(run);
+        return;
+    }
+    media_resume(run);
+}
+
+/* Hands `chunk` (its files read) to the executor's last worker; on an executor that cannot lend one,
+ * the chunk is decoded on its turn. */
+static void media_ahead(media_run_t *run, size_t chunk) {
+    size_t first, last;
+    media_chunk(run, chunk, &first, &last);
+    for (size_t index = 0; index < last - first; ++index)
+        run->decoded[index] = (media_decoded_t){.op = {.callback = media_decoded}, .run = run};
+    run->ahead_chunk = chunk;
+    run->undecoded = last - first;
+    run->decoder_thread = run->executor->threads - 1;
+    run->lent = executor_lend(run->executor, media_decode_ahead, run);
+    if (!run->lent) {
+        run->ahead_chunk = SIZE_MAX;
+        return;
+    }
+    if (media_observer) media_observer(MEDIA_EVENT_AHEAD, chunk);
+}
+
 /* ---- The run ------------------------------------------------------------------------------------ */
 
 bool media_open(media_run_t *run) {
     size_t items = run->tape->count;
+    uform_executor_t *executor = run->executor;
     if (run->chunk_items > items) run->chunk_items = items;
     if (run->chunk_items == 0) run->chunk_items = 1;
     run->chunks = (items + run->chunk_items - 1) / run->chunk_items;
+    run->ahead_chunk = SIZE_MAX;
+    run->threads = executor->threads;
+    /* Only a RAM executor lends a worker (executor_lend), and only a second chunk can use it. */
+    bool ahead = executor->kind == UFORM_EXECUTOR_RAM && executor->threads >= 2 && run->chunks >= 2;
+    run->sets = ahead ? 2 : 1;
+    size_t floats = 0, bytes = 0;
+    if (__builtin_mul_overflow(run->sets * run->chunk_items, run->item_floats, &floats) ||
+        __builtin_mul_overflow(floats, sizeof(float), &bytes))
+        return false;
+    run->rows = executor_allocate(executor, bytes);
+    if (!run->rows) return false;
+    if (ahead) {
+        run->decoded = calloc(run->chunk_items, sizeof *run->decoded);
+        if (!run->decoded) return false;
+    }
     run->slots_count = run->files ? 2 * run->chunk_items : 0;
     if (run->slots_count == 0) return true;
     run->slots = calloc(run->slots_count, sizeof *run->slots);
@@ -160,22 +274,38 @@ void media_close(media_run_t *run) {
         free(run->slots[i].buffer);
     free(run->slots);
     run->slots = NULL;
+    free(run->decoded);
+    run->decoded = NULL;
+    if (run->rows)
+        executor_deallocate(run->executor, run->rows,
+                            run->sets * run->chunk_items * run->item_floats * sizeof(float));
+    run->rows = NULL;
 }
 
 void media_turn(media_run_t *run) {
     encode_call_t *encode = run->encode;
     size_t chunk = run->next_chunk, items = run->tape->count;
-    if (run->files) {
-        if (run->pending[chunk % 2] != 0) {
-            run->waiting = true;
-            run->waiting_since_ns = loop_now_ns();
-            return;
-        }
-        if (chunk + 1 < run->chunks) media_read(run, chunk + 1);
+    if (!media_ready(run)) {
+        run->waiting = true;
+        run->waiting_since_ns = loop_now_ns();
+        return;
     }
     size_t first, last;
     media_chunk(run, chunk, &first, &last);
-    run->chunk(run, first, last);
+    float *rows = media_rows(run, chunk);
+    if (run->ahead_chunk != chunk) {
+        uint64_t decoding = loop_now_ns();
+        media_decode_job_t job = {.run = run, .first = first, .count = last - first, .rows = rows};
+        atomic_init(&job.next, 0);
+        executor_for_threads(run->executor, media_decode_work, &job);
+        encode->stats.decode_ns += loop_now_ns() - decoding;
+    }
+    run->ahead_chunk = SIZE_MAX;
+    /* This chunk's file buffers are free now: the chunk after next is read into them. */
+    if (run->files && chunk + 2 < run->chunks) media_read(run, chunk + 2);
+    if (run->sets == 2 && chunk + 1 < run->chunks) media_ahead(run, chunk + 1);
+    if (media_observer) media_observer(MEDIA_EVENT_COMPUTE, chunk);
+    run->chunk(run, first, last, rows);
     run->next_chunk = ++chunk;
     if (encode->failure == UFORM_OK && progress_report(&encode->progress, &encode->next_step, last, items))
         encode_stop(encode, UFORM_CANCELLED, "cancelled by the progress handler");
@@ -187,6 +317,9 @@ void media_turn(media_run_t *run) {
 }
 
 void media_start(media_run_t *run) {
-    if (run->files) media_read(run, 0);
+    if (run->files) {
+        media_read(run, 0);
+        if (run->chunks > 1) media_read(run, 1);
+    }
     media_turn(run);
 }

@@ -6,8 +6,8 @@
  * to nearest, ties to even. */
 #include "checkpoint.h"
 #include "errors.h"
+#include "seeded.h"
 
-#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,21 +43,6 @@ typedef struct tiny_builder {
 /* ---------------------------------------------------------------------------------------------- */
 /* Numbers                                                                                        */
 /* ---------------------------------------------------------------------------------------------- */
-
-static uint64_t splitmix64(uint64_t *state) {
-    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-/* Irwin-Hall: four uniforms in [0, 1) sum to mean 2, variance 1/3; recentred and scaled by sqrt(3). */
-static double standard_normal(uint64_t *state) {
-    double sum = 0;
-    for (int i = 0; i < 4; i++)
-        sum += (double)(splitmix64(state) >> 11) * 0x1p-53;
-    return (sum - 2.0) * 1.7320508075688772;
-}
 
 static uint16_t bf16_from_f32(float value) {
     uint32_t bits;
@@ -196,39 +181,29 @@ static uform_status_t add_tensors(tiny_builder_t *builder, tiny_sizes_t const *s
 /* Metadata                                                                                       */
 /* ---------------------------------------------------------------------------------------------- */
 
-/* {depth, hidden, heads, mlp} plus a tower's own sizes, packed by `format` after the first four. */
-#define TRANSFORMER_FORMAT "s:I, s:I, s:I, s:I"
-#define TRANSFORMER_VALUES(sizes)                                                                            \
-    "depth", (json_int_t)(sizes)->depth, "hidden", (json_int_t)(sizes)->hidden, "heads",                     \
-        (json_int_t)(sizes)->heads, "mlp", (json_int_t)(sizes)->mlp
-
-/* The format-4 object as compact JSON text (malloc'ed), or NULL when out of memory. json_pack takes
- * the references of "o" values whether or not it succeeds, so a failed tower leaks nothing. */
-static char *metadata_text(tiny_sizes_t const *sizes) {
-    json_t *text = json_pack("{" TRANSFORMER_FORMAT ", s:I}", TRANSFORMER_VALUES(sizes), "context",
-                             (json_int_t)sizes->context);
-    json_t *image =
-        json_pack("{" TRANSFORMER_FORMAT ", s:I, s:I, s:[f, f, f], s:[f, f, f]}", TRANSFORMER_VALUES(sizes),
-                  "size", (json_int_t)sizes->size, "patch", (json_int_t)sizes->patch, "mean", 0.48145466,
-                  0.4578275, 0.40821073, "std", 0.26862954, 0.26130258, 0.27577711);
-    json_t *video = json_pack("{s:I}", "frames", (json_int_t)sizes->frames);
-    json_t *audio = json_pack("{" TRANSFORMER_FORMAT ", s:I, s:I, s:I, s:I, s:I, s:f, s:I}",
-                              TRANSFORMER_VALUES(sizes), "rate", (json_int_t)sizes->rate, "mels",
-                              (json_int_t)sizes->mels, "window", (json_int_t)sizes->window, "hop",
-                              (json_int_t)sizes->hop, "patch_frames", (json_int_t)sizes->patch_frames,
-                              "seconds", sizes->seconds, "max_patches", (json_int_t)sizes->max_patches);
-    json_t *model =
-        json_pack("{s:i, s:I, s:[I, I], s:o, s:o, s:o, s:o}", "format", 4, "dims", (json_int_t)sizes->dims,
-                  "matryoshka", (json_int_t)(sizes->dims / 2), (json_int_t)sizes->dims, "text", text, "image",
-                  image, "video", video, "audio", audio);
-    if (!model) return NULL;
-    char *dumped = json_dumps(model, JSON_COMPACT | JSON_REAL_PRECISION(9));
-    json_decref(model);
-    return dumped;
+/* The model the sizes describe, for checkpoint_metadata_text: every tower, CLIP's normalization. */
+static uform_model_info_t tiny_info(tiny_sizes_t const *sizes) {
+    uform_transformer_info_t const transformer = {sizes->depth, sizes->hidden, sizes->heads, sizes->mlp};
+    uform_model_info_t info = {
+        .dims = sizes->dims,
+        .matryoshka = {sizes->dims / 2, sizes->dims},
+        .matryoshka_count = 2,
+        .has_text = true,
+        .has_image = true,
+        .has_video = true,
+        .has_audio = true,
+        .text = {transformer, sizes->context},
+        .image = {.transformer = transformer, .size = sizes->size, .patch = sizes->patch},
+        .video = {sizes->frames},
+        .audio = {transformer, sizes->rate, sizes->mels, sizes->window, sizes->hop, sizes->patch_frames,
+                  sizes->max_patches, sizes->seconds},
+    };
+    for (size_t i = 0; i < 3; i++) {
+        info.image.mean[i] = (float)checkpoint_clip_mean[i];
+        info.image.std[i] = (float)checkpoint_clip_std[i];
+    }
+    return info;
 }
-
-#undef TRANSFORMER_FORMAT
-#undef TRANSFORMER_VALUES
 
 /* ---------------------------------------------------------------------------------------------- */
 /* The verb                                                                                       */
@@ -284,7 +259,8 @@ UFORM_EXPORT uform_status_t uform_tiny_checkpoint(uform_tiny_checkpoint_args_t c
     if (status != UFORM_OK) goto fail;
     status = add_tensors(&builder, &sizes);
     if (status != UFORM_OK) goto fail;
-    metadata = metadata_text(&sizes);
+    uform_model_info_t const info = tiny_info(&sizes);
+    metadata = checkpoint_metadata_text(&info);
     if (!metadata) {
         status = failed(UFORM_OUT_OF_MEMORY, TINY_ENTRY, "out of memory");
         goto fail;

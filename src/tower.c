@@ -130,12 +130,6 @@ size_t tower_scratch_bytes(tower_t const *tower, size_t tokens) {
 
 /* ---- Work split over threads -------------------------------------------------------------------- */
 
-/* The share [first, last) of `count` units that thread `thread` of `threads` takes. */
-static void share(size_t count, size_t thread, size_t threads, size_t *first, size_t *last) {
-    *first = count * thread / threads;
-    *last = count * (thread + 1) / threads;
-}
-
 typedef struct gemm_job {
     kernels_t const *kernels;
     kernel_gemm_t gemm;
@@ -145,7 +139,7 @@ typedef struct gemm_job {
 static void gemm_work(void *context, size_t thread) {
     gemm_job_t const *job = context;
     size_t tiles = (job->gemm.n + KERNEL_GEMM_TILE - 1) / KERNEL_GEMM_TILE, first, last;
-    share(tiles, thread, job->threads, &first, &last);
+    thread_share(tiles, thread, job->threads, &first, &last);
     if (first == last) return;
     size_t end = last * KERNEL_GEMM_TILE < job->gemm.n ? last * KERNEL_GEMM_TILE : job->gemm.n;
     job->kernels->gemm(&job->gemm, first * KERNEL_GEMM_TILE, end);
@@ -185,7 +179,7 @@ typedef struct rows_job {
 static void rmsnorm_work(void *context, size_t thread) {
     rows_job_t const *job = context;
     size_t first, last, hidden = job->tower->hidden;
-    share(job->batch->tokens, thread, job->threads, &first, &last);
+    thread_share(job->batch->tokens, thread, job->threads, &first, &last);
     if (first == last) return;
     job->tower->kernels->rmsnorm(job->to + first * hidden, hidden, job->from + first * hidden, hidden,
                                  job->norm, last - first, hidden, 1e-6f);
@@ -194,7 +188,7 @@ static void rmsnorm_work(void *context, size_t thread) {
 static void rope_work(void *context, size_t thread) {
     rows_job_t const *job = context;
     size_t first, last, hidden = job->tower->hidden, heads = job->tower->heads;
-    share(job->batch->tokens, thread, job->threads, &first, &last);
+    thread_share(job->batch->tokens, thread, job->threads, &first, &last);
     for (size_t row = first; row < last; ++row) {
         float *q = job->scratch->qkv + row * 3 * hidden;
         job->tower->kernels->rope(q, heads, job->scratch->positions[row]);          /* queries */
@@ -207,7 +201,7 @@ static void attention_work(void *context, size_t thread) {
     rows_job_t const *job = context;
     tower_batch_t const *batch = job->batch;
     size_t hidden = job->tower->hidden, items = batch->items, first, last;
-    share(job->tower->heads * items, thread, job->threads, &first, &last);
+    thread_share(job->tower->heads * items, thread, job->threads, &first, &last);
     while (first < last) {
         size_t head = first / items, item = first % items;
         size_t end = last - head * items < items ? last - head * items : items;

@@ -6,6 +6,16 @@
 #include "uform_config.h"
 #include "video_decode.h"
 
+uform_status_t video_patches_sink(void *context, size_t first, size_t count, video_frame_t const *frame) {
+    video_patches_t const *target = context;
+    float *rows = target->patches + first * target->floats;
+    uform_status_t status =
+        image_preprocess(frame->rgb, frame->height, frame->width, frame->stride, target->geometry, rows);
+    for (size_t k = 1; k < count && status == UFORM_OK; ++k)
+        memcpy(rows + k * target->floats, rows, target->floats * sizeof(float));
+    return status;
+}
+
 #if UFORM_WITH_FFMPEG
 #include <libavcodec/avcodec.h>
 #include <libavformat/avformat.h>

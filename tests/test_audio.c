@@ -6,18 +6,23 @@
  * header and PCM16, mono and stereo) read from files and from memory against the samples they hold, and
  * bad sounds that fail alone (a text file, WAVs cut in their header and in their samples, an empty file,
  * a zero-length clip, files with no audio stream, a hostile rate, NaN in a float WAV, a missing file, a
- * folder, an empty path), chunked reads, progress and cancellation, conversions, bad arguments. The
+ * folder, an empty path), chunked reads, progress and cancellation, decoding overlapped with compute
+ * (each chunk after the first decoded ahead on RAM executors of 2 threads or more), conversions, bad
+ * arguments. The
  * front end is checked here against a naive DFT and resampling a clip's start against resampling it
  * whole; numbers against PyTorch are checked by tests/reference/test_audio_reference.py. Without FFmpeg
  * only the arguments and the UNSUPPORTED answers are checked. */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "engine.h"
 #include "fixtures.h"
 #include "kernels.h"
+#include "media_read.h"
 #if UFORM_WITH_FFMPEG
 #include <libavutil/log.h>
 
@@ -707,6 +712,97 @@ static void progress_and_cancel(void **state) {
     free(wav.data);
 }
 
+/* ---- Decoding ahead ------------------------------------------------------------------------------ */
+
+/* What the run's test hook saw (media_read.h): which chunks were handed to the lent worker, how many
+ * of their items it decoded, and how many computes found the next chunk's decoding under way. */
+#define OVERLAP_CHUNKS 64
+static _Atomic size_t overlap_decoded[OVERLAP_CHUNKS];
+static bool overlap_handed[OVERLAP_CHUNKS];
+static size_t overlap_ahead, overlap_computed, overlap_seen;
+
+/* On the loop thread, as chunk k's compute begins: when chunk k + 1 was handed ahead, waits (10 s at
+ * most) for the lent worker to decode one of its items. Were decoding not overlapped with compute, no
+ * item of chunk k + 1 could be decoded before chunk k is computed, and the wait would run out. */
+static void overlap_observe(media_event_t event, size_t chunk) {
+    if (chunk >= OVERLAP_CHUNKS) return;
+    if (event == MEDIA_EVENT_DECODED) {
+        atomic_fetch_add(&overlap_decoded[chunk], 1);
+    } else if (event == MEDIA_EVENT_AHEAD) {
+        overlap_handed[chunk] = true;
+        overlap_ahead++;
+    } else {
+        overlap_computed++;
+        if (chunk + 1 >= OVERLAP_CHUNKS || !overlap_handed[chunk + 1]) return;
+        for (int waited = 0; waited < 10000 && atomic_load(&overlap_decoded[chunk + 1]) == 0; ++waited)
+            usleep(1000);
+        overlap_seen += atomic_load(&overlap_decoded[chunk + 1]) != 0;
+    }
+}
+
+/* Encodes `batch` (several chunks) on a RAM executor of `threads` threads, watching the run: with 2 or
+ * more, every chunk but the first is decoded ahead, during the previous chunk's compute; with 1, none. */
+static void check_decoded_ahead(batch_encode_t encode, batch_t const *batch, size_t threads) {
+    for (size_t chunk = 0; chunk < OVERLAP_CHUNKS; ++chunk) {
+        atomic_store(&overlap_decoded[chunk], 0);
+        overlap_handed[chunk] = false;
+    }
+    overlap_ahead = overlap_computed = overlap_seen = 0;
+    uform_executor_t *executor = ram_executor(threads, true);
+    uform_arena_t *arena = NULL;
+    assert_int_equal(uform_arena_create(executor, &arena), UFORM_OK);
+    uform_encoded_t encoded;
+    media_observer = overlap_observe;
+    assert_int_equal(encode(batch, executor, UFORM_OUTPUT_EMBEDDINGS, arena, NULL, NULL, &encoded), UFORM_OK);
+    media_observer = NULL;
+    for (size_t item = 0; item < batch->count; ++item)
+        assert_int_equal(encoded.statuses[item], UFORM_OK);
+    assert_true(overlap_computed >= 3);
+    assert_int_equal(overlap_ahead, threads >= 2 ? overlap_computed - 1 : 0);
+    assert_int_equal(overlap_seen, overlap_ahead);
+    uform_arena_free(arena);
+    uform_executor_free(executor);
+}
+
+/* 150 clips of three lengths, samples, WAV files and WAVs in memory, over several chunks: decoded ahead
+ * while the chunk before computes (on 2 and 3 threads; not on 1), and the same bitwise on every
+ * receiver. */
+static void decoding_overlaps_compute(void **state) {
+    (void)state;
+    size_t const rate = info.audio.rate;
+    sound_t sounds[3];
+    batch_t *samples = samples_batch(rate), *files = batch_new(BATCH_FILES),
+            *memory = batch_new(BATCH_MEMORY);
+    blob_t wavs[3];
+    for (size_t i = 0; i < 3; ++i) {
+        sounds[i] = sound_make(rate / 4 + i * rate / 3, rate, (unsigned)i + 31);
+        wavs[i] = wav_of(&sounds[i], rate, 1, 0);
+        char name[32];
+        snprintf(name, sizeof name, "ahead%zu.wav", i);
+        blob_write(name, &wavs[i]);
+    }
+    for (size_t i = 0; i < 150; ++i) {
+        char name[32];
+        snprintf(name, sizeof name, "ahead%zu.wav", i % 3);
+        batch_add_sound(samples, &sounds[i % 3]);
+        batch_add_path(files, name);
+        batch_add_blob(memory, &wavs[i % 3]);
+    }
+    for (size_t threads = 1; threads <= 3; ++threads) {
+        check_decoded_ahead(batch_encode, samples, threads);
+        check_decoded_ahead(batch_encode, files, threads);
+        check_decoded_ahead(batch_encode, memory, threads);
+    }
+    assert_same_on_every_receiver(batch_encode, memory, files);
+    batch_free(samples);
+    batch_free(files);
+    batch_free(memory);
+    for (size_t i = 0; i < 3; ++i) {
+        free(sounds[i].samples);
+        free(wavs[i].data);
+    }
+}
+
 static void conversions_and_matryoshka(void **state) {
     (void)state;
     sound_t sounds[16];
@@ -781,6 +877,7 @@ int main(void) {
         cmocka_unit_test(bad_sounds_fail_alone),
         cmocka_unit_test(chunked_reads),
         cmocka_unit_test(progress_and_cancel),
+        cmocka_unit_test(decoding_overlaps_compute),
         cmocka_unit_test(conversions_and_matryoshka),
 #endif
         cmocka_unit_test(bad_arguments_fail_at_once),

@@ -480,8 +480,16 @@ def check_errors(uform, model, workdir):
 
 
 def check_default_model(uform, model, workdir):
+    # The demo model of the source tree (or of an installation), unless UFORM_DEFAULT_MODEL says otherwise.
+    plain = dict(os.environ)
+    plain.pop("UFORM_DEFAULT_MODEL", None)
+    demo = json.loads(run(uform, "info", "--json", env=plain)[0])
+    assert demo["path"].endswith(os.path.join("models", "demo.safetensors")) and os.path.isfile(demo["path"]), demo
+    assert json.loads(run(uform, "info", "--json", env=dict(plain, UFORM_DEFAULT_MODEL=model))[0])["path"] == model
+    run(uform, "info", env=dict(plain, UFORM_DEFAULT_MODEL=os.path.join(workdir, "missing.safetensors")), expect=1)
+    # UFORM_DEFAULT_MODEL=tiny: the tiny seeded checkpoint, written once to the cache and reused.
     cache = os.path.join(workdir, "cache")
-    env = dict(os.environ, XDG_CACHE_HOME=cache)
+    env = dict(plain, XDG_CACHE_HOME=cache, UFORM_DEFAULT_MODEL="tiny")
     first = run(uform, "encode", *TEXTS, env=env)[0]
     path = os.path.join(cache, "uform", "tiny-42.safetensors")
     assert os.path.isfile(path)
@@ -496,7 +504,7 @@ def check_default_model(uform, model, workdir):
     index = os.path.join(workdir, "default.index")
     run(uform, "search", "index", os.path.join(workdir, "media"), "--output", index, env=env)
     assert read_index(index)["model"] == os.path.realpath(path)
-    top = ranking(run(uform, "search", "query", index, "a dog")[0])
+    top = ranking(run(uform, "search", "query", index, "a dog", env=plain)[0])
     assert top[0][2] == "dog.txt" and abs(top[0][1] - 1) < 1e-5, top
 
 

@@ -8,7 +8,8 @@
  *     their mean;
  *   - lossy clips: each sample is closest to the frame the rule names (presentation order, B-frames);
  *   - files and memory, the calling thread, RAM executors and deferred calls agree bitwise, over
- *     several chunks;
+ *     several chunks; on RAM executors of 2 threads or more each chunk after the first is decoded
+ *     ahead, while the one before computes;
  *   - bad clips fail alone: an audio-only file, a zero-length clip, a text file, a truncated MP4, an
  *     empty file, garbage, frames past the pixel limit, a file past the size limit, a missing file, a
  *     folder, an empty path;
@@ -16,13 +17,16 @@
  *     video entry, and a build without FFmpeg (UNSUPPORTED). Numbers against PyTorch are checked by
  *     tests/reference/test_video_reference.py. */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "engine.h"
 #include "fixtures.h"
 #include "kernels.h"
+#include "media_read.h"
 
 #if UFORM_WITH_FFMPEG
 #include <libavcodec/avcodec.h>
@@ -443,6 +447,82 @@ static void files_memory_and_receivers_agree(void **state) {
         free(clips[c].data);
 }
 
+/* ---- Decoding ahead ------------------------------------------------------------------------------ */
+
+/* What the run's test hook saw (media_read.h): which chunks were handed to the lent worker, how many
+ * of their items it decoded, and how many computes found the next chunk's decoding under way. */
+#define OVERLAP_CHUNKS 64
+static _Atomic size_t overlap_decoded[OVERLAP_CHUNKS];
+static bool overlap_handed[OVERLAP_CHUNKS];
+static size_t overlap_ahead, overlap_computed, overlap_seen;
+
+/* On the loop thread, as chunk k's compute begins: when chunk k + 1 was handed ahead, waits (10 s at
+ * most) for the lent worker to decode one of its items. Were decoding not overlapped with compute, no
+ * item of chunk k + 1 could be decoded before chunk k is computed, and the wait would run out. */
+static void overlap_observe(media_event_t event, size_t chunk) {
+    if (chunk >= OVERLAP_CHUNKS) return;
+    if (event == MEDIA_EVENT_DECODED) {
+        atomic_fetch_add(&overlap_decoded[chunk], 1);
+    } else if (event == MEDIA_EVENT_AHEAD) {
+        overlap_handed[chunk] = true;
+        overlap_ahead++;
+    } else {
+        overlap_computed++;
+        if (chunk + 1 >= OVERLAP_CHUNKS || !overlap_handed[chunk + 1]) return;
+        for (int waited = 0; waited < 10000 && atomic_load(&overlap_decoded[chunk + 1]) == 0; ++waited)
+            usleep(1000);
+        overlap_seen += atomic_load(&overlap_decoded[chunk + 1]) != 0;
+    }
+}
+
+/* Encodes `batch` (several chunks) on a RAM executor of `threads` threads, watching the run: with 2 or
+ * more, every chunk but the first is decoded ahead, during the previous chunk's compute; with 1, none. */
+static void check_decoded_ahead(batch_encode_t encode, batch_t const *batch, size_t threads) {
+    for (size_t chunk = 0; chunk < OVERLAP_CHUNKS; ++chunk) {
+        atomic_store(&overlap_decoded[chunk], 0);
+        overlap_handed[chunk] = false;
+    }
+    overlap_ahead = overlap_computed = overlap_seen = 0;
+    uform_executor_t *executor = ram_executor(threads, true);
+    uform_arena_t *arena = NULL;
+    assert_int_equal(uform_arena_create(executor, &arena), UFORM_OK);
+    uform_encoded_t encoded;
+    media_observer = overlap_observe;
+    assert_int_equal(encode(batch, executor, UFORM_OUTPUT_EMBEDDINGS, arena, NULL, NULL, &encoded), UFORM_OK);
+    media_observer = NULL;
+    for (size_t item = 0; item < batch->count; ++item)
+        assert_int_equal(encoded.statuses[item], UFORM_OK);
+    assert_true(overlap_computed >= 3);
+    assert_int_equal(overlap_ahead, threads >= 2 ? overlap_computed - 1 : 0);
+    assert_int_equal(overlap_seen, overlap_ahead);
+    uform_arena_free(arena);
+    uform_executor_free(executor);
+}
+
+/* Clips over several chunks, files and memory: decoded ahead while the chunk before computes (on 2 and
+ * 3 threads; not on 1); files_memory_and_receivers_agree shows the outputs bitwise the same. */
+static void decoding_overlaps_compute(void **state) {
+    (void)state;
+    blob_t clips[2];
+    clips[0] = clip_write(lossless_names[0], &lossless[0]);
+    clips[1] = clip_write(lossy_names[0], &lossy[0]);
+    char const *names[2] = {lossless_names[0], lossy_names[0]};
+    batch_t *files = batch_new(BATCH_FILES), *memory = batch_new(BATCH_MEMORY);
+    while (files->count < 70) { /* three chunks for the tiny model */
+        size_t c = files->count % 2;
+        batch_add_path(files, names[c]);
+        batch_add(memory, clips[c].data, clips[c].size);
+    }
+    for (size_t threads = 1; threads <= 3; ++threads) {
+        check_decoded_ahead(video_encode, memory, threads);
+        check_decoded_ahead(video_encode, files, threads);
+    }
+    batch_free(files);
+    batch_free(memory);
+    for (size_t c = 0; c < 2; ++c)
+        free(clips[c].data);
+}
+
 static size_t bad_cases(file_case_t *cases) {
     size_t n = 0;
     static char const text[] = "this is a text file, not a video clip\n";
@@ -603,6 +683,7 @@ int main(void) {
         cmocka_unit_test(clips_sample_the_frames_the_rule_names),
         cmocka_unit_test(lossy_clips_pick_identifiable_frames),
         cmocka_unit_test(files_memory_and_receivers_agree),
+        cmocka_unit_test(decoding_overlaps_compute),
         cmocka_unit_test(bad_clips_fail_alone),
         cmocka_unit_test(matryoshka_and_conversions),
         cmocka_unit_test(progress_and_cancel),

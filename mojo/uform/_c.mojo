@@ -158,8 +158,10 @@ struct CEncoded(ImplicitlyCopyable):
 
 
 @fieldwise_init
-struct CTextEncodeArgs(ImplicitlyCopyable):
-    """`uform_text_encode_args_t`: UFORM_ENCODE_COMMON, then the texts."""
+struct CEncodeCommon(ImplicitlyCopyable):
+    """`UFORM_ENCODE_COMMON`, the fields every encode's arguments begin with. Nested here, laid out as C
+    lays out the macro's fields inline: 56 bytes aligned to 8, so the next field lands where C puts it
+    (layout.mojo prints every offset through this nesting)."""
     var model: RawOpt
     var executor: RawOpt
     var outputs: UInt32
@@ -167,7 +169,154 @@ struct CTextEncodeArgs(ImplicitlyCopyable):
     var config: RawOpt
     var encoded: RawOpt
     var outcome: RawOpt
+
+
+@fieldwise_init
+struct CTextEncodeArgs(ImplicitlyCopyable):
+    """`uform_text_encode_args_t`: UFORM_ENCODE_COMMON, then the texts."""
+    var common: CEncodeCommon
     var texts: CTape
+
+
+@fieldwise_init
+struct CMediaEncodeArgs(ImplicitlyCopyable):
+    """`uform_image_encode_args_t`, `uform_video_encode_args_t` and `uform_audio_encode_args_t`, which
+    share one layout: UFORM_ENCODE_COMMON, a tape of paths or encoded files, and its `uform_source_t`."""
+    var common: CEncodeCommon
+    var media: CTape
+    var source: Int32
+
+
+@fieldwise_init
+struct CImageEncodePixelsArgs(ImplicitlyCopyable):
+    """`uform_image_encode_pixels_args_t`."""
+    var common: CEncodeCommon
+    var pixels: CTape
+    var heights: RawOpt
+    var widths: RawOpt
+
+
+@fieldwise_init
+struct CAudioEncodeSamplesArgs(ImplicitlyCopyable):
+    """`uform_audio_encode_samples_args_t`."""
+    var common: CEncodeCommon
+    var samples: CTape
+    var rate: c_size_t
+
+
+@fieldwise_init
+struct CTextChooseArgs(ImplicitlyCopyable):
+    """`uform_text_choose_args_t`."""
+    var model: RawOpt
+    var executor: RawOpt
+    var states: RawOpt
+    var choices: CTape
+    var arena: RawOpt
+    var progress: RawOpt
+    var probabilities: RawOpt
+    var outcome: RawOpt
+
+
+@fieldwise_init
+struct CVramOptions(ImplicitlyCopyable):
+    """`uform_vram_options_t`."""
+    var devices: RawOpt
+    var devices_count: c_size_t
+
+
+@fieldwise_init
+struct CPoolVTable(ImplicitlyCopyable):
+    """`uform_pool_vtable_t`: two C function pointers, each crossing as a nullable `void *`."""
+    var count_threads: RawOpt
+    var for_threads: RawOpt
+
+
+@fieldwise_init
+struct TransformerInfo(ImplicitlyCopyable, Writable):
+    """`uform_transformer_info_t`."""
+    var depth: c_size_t
+    var hidden: c_size_t
+    var heads: c_size_t
+    var mlp: c_size_t
+
+    @staticmethod
+    def zero() -> Self:
+        return Self(0, 0, 0, 0)
+
+    def write_to(self, mut writer: Some[Writer]):
+        writer.write("depth ", self.depth, ", hidden ", self.hidden, ", heads ", self.heads, ", mlp ", self.mlp)
+
+
+@fieldwise_init
+struct TextInfo(ImplicitlyCopyable):
+    """The `text` member of `uform_model_info_t`."""
+    var transformer: TransformerInfo
+    var context: c_size_t
+
+
+@fieldwise_init
+struct ImageInfo(Copyable):
+    """The `image` member of `uform_model_info_t`."""
+    var transformer: TransformerInfo
+    var size: c_size_t
+    var patch: c_size_t
+    var mean: Array[Float32, 3]
+    var std: Array[Float32, 3]
+
+
+@fieldwise_init
+struct VideoInfo(ImplicitlyCopyable):
+    """The `video` member of `uform_model_info_t`."""
+    var frames: c_size_t
+
+
+@fieldwise_init
+struct AudioInfo(ImplicitlyCopyable):
+    """The `audio` member of `uform_model_info_t`."""
+    var transformer: TransformerInfo
+    var rate: c_size_t
+    var mels: c_size_t
+    var window: c_size_t
+    var hop: c_size_t
+    var patch_frames: c_size_t
+    var max_patches: c_size_t
+    var seconds: Float64
+
+
+comptime MATRYOSHKA_MAX = 16
+
+
+@fieldwise_init
+struct ModelInfo(Copyable):
+    """`uform_model_info_t`: the model's sizes, towers and input geometry (`Model.info`)."""
+    var dims: c_size_t
+    var matryoshka: Array[c_size_t, MATRYOSHKA_MAX]
+    var matryoshka_count: c_size_t
+    var parameters: c_size_t
+    var bytes: c_size_t
+    var has_text: Bool
+    var has_image: Bool
+    var has_video: Bool
+    var has_audio: Bool
+    var has_logit: Bool
+    var text: TextInfo
+    var image: ImageInfo
+    var video: VideoInfo
+    var audio: AudioInfo
+
+    def __init__(out self):
+        var zero = TransformerInfo.zero()
+        self = Self(0, Array[c_size_t, MATRYOSHKA_MAX](fill=0), 0, 0, 0, False, False, False, False, False,
+                    TextInfo(zero, 0),
+                    ImageInfo(zero, 0, 0, Array[Float32, 3](fill=0), Array[Float32, 3](fill=0)),
+                    VideoInfo(0), AudioInfo(zero, 0, 0, 0, 0, 0, 0, 0))
+
+    def matryoshka_widths(self) -> List[Int]:
+        """The valid embedding prefixes, ascending."""
+        var widths = List[Int]()
+        for i in range(min(Int(self.matryoshka_count), MATRYOSHKA_MAX)):
+            widths.append(Int(self.matryoshka[i]))
+        return widths^
 
 
 @fieldwise_init
@@ -181,6 +330,85 @@ struct CTinyCheckpointArgs(ImplicitlyCopyable):
     var context: c_size_t
     var image_size: c_size_t
     var image_patch: c_size_t
+
+
+@fieldwise_init
+struct CMeshOptions(ImplicitlyCopyable):
+    """`uform_mesh_options_t`: one reserved function pointer, NULL until the mesh issue adds options."""
+    var unused_reserved: RawOpt
+
+
+@fieldwise_init
+struct CMeshBootstrapArgs(ImplicitlyCopyable):
+    """`uform_mesh_bootstrap_args_t`."""
+    var executor: RawOpt
+    var options: RawOpt
+    var mesh: RawOpt
+    var outcome: RawOpt
+
+
+@fieldwise_init
+struct CTrainerConfig(ImplicitlyCopyable):
+    """`uform_trainer_config_t`, field for field (`TrainerConfig` is its Mojo face)."""
+    var depth: c_size_t
+    var hidden: c_size_t
+    var dims: c_size_t
+    var towers: UInt32
+    var context: c_size_t
+    var image_size: c_size_t
+    var image_patch: c_size_t
+    var video_frames: c_size_t
+    var audio_rate: c_size_t
+    var audio_mels: c_size_t
+    var audio_seconds: Float64
+    var learning_rate: Float64
+    var weight_decay: Float64
+    var beta1: Float64
+    var beta2: Float64
+    var epsilon: Float64
+    var clip_norm: Float64
+    var lm_weight: Float64
+    var warmup_steps: c_size_t
+    var total_steps: c_size_t
+    var seed: UInt64
+    var resume_path: RawOpt
+    var mesh: RawOpt
+
+    @staticmethod
+    def zero() -> Self:
+        return Self(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, None, None)
+
+
+@fieldwise_init
+struct CTrainerInitArgs(ImplicitlyCopyable):
+    """`uform_trainer_init_args_t`."""
+    var executor: RawOpt
+    var config: RawOpt
+    var trainer: RawOpt
+    var outcome: RawOpt
+
+
+@fieldwise_init
+struct CTrainerStepArgs(ImplicitlyCopyable):
+    """`uform_trainer_step_args_t`."""
+    var trainer: RawOpt
+    var executor: RawOpt
+    var modalities: RawOpt
+    var contents: CTape
+    var relations: RawOpt
+    var relations_count: c_size_t
+    var progress: RawOpt
+    var stats: RawOpt
+    var outcome: RawOpt
+
+
+@fieldwise_init
+struct CTrainerSaveArgs(ImplicitlyCopyable):
+    """`uform_trainer_save_args_t`."""
+    var trainer: RawOpt
+    var executor: RawOpt
+    var path: RawOpt
+    var outcome: RawOpt
 
 
 comptime OUTCOME_SIZE = 512
@@ -215,3 +443,9 @@ comptime FnSizeOfRawOpt = def(RawOpt) thin abi("C") -> c_size_t
 comptime FnU64OfRawOpt = def(RawOpt) thin abi("C") -> UInt64
 comptime FnScalarSize = def(Int32) thin abi("C") -> c_size_t
 comptime FnViewRow = def(Raw, c_size_t, Raw) thin abi("C") -> CStatus
+comptime FnViewCopy = def(Raw, Raw, c_size_t, RawOpt) thin abi("C") -> CStatus
+comptime FnStatusOfRawRawRaw = def(Raw, RawOpt, Raw) thin abi("C") -> CStatus
+comptime FnNotifyEventfd = def(Raw, c_int) thin abi("C") -> CStatus
+comptime FnNotifyRing = def(Raw, c_int, UInt64) thin abi("C") -> CStatus
+# A structure returned by value: Mojo 1.2 passes the hidden result pointer (sret) as C does (40 bytes here).
+comptime FnRamOptionsDefault = def() thin abi("C") -> CRamOptions

@@ -1,6 +1,7 @@
 """Arenas (`uform_arena_t`), the outputs calls write, and views over them (`uform_view_t`)."""
 
 from std.ffi import c_size_t
+from std.sys import size_of
 
 from ._c import *
 from ._c import _raw, _field
@@ -68,7 +69,14 @@ struct Arena(Movable):
         _ = library^
 
 
-struct View[origin: ImmOrigin](ImplicitlyCopyable, Sized):
+trait _Product(ImplicitlyCopyable):
+    """What a final deferred call answers, read from its outcome (`Deferred.wait`)."""
+
+    def _take(mut self, library: Library, outcome: RawOpt) raises Error:
+        ...
+
+
+struct View[origin: ImmOrigin](_Product, ImplicitlyCopyable, Sized):
     """Rows in an arena, valid until the arena's next call; keeps the arena alive (its origin)."""
 
     var _c: CView
@@ -93,6 +101,10 @@ struct View[origin: ImmOrigin](ImplicitlyCopyable, Sized):
     def generation(self) -> UInt64:
         return self._c.generation
 
+    def scalar_bytes(self) -> Int:
+        """Bytes of one scalar of the view's kind (`uform_scalar_size`)."""
+        return Int(self._arena[].library._symbols[].scalar_size(self._c.scalar))
+
     def check(self) raises Error:
         """`uform_view_check`: raises `INVALID_ARGUMENT` once stale, `DEVICE` for device memory."""
         var library = self._arena[].library
@@ -111,3 +123,41 @@ struct View[origin: ImmOrigin](ImplicitlyCopyable, Sized):
         # std.memory `Pointer.unsafe_bitcast` / `unsafe_origin_cast`: the row lives in the arena.
         var typed = data.value().unsafe_bitcast[Scalar[dtype]]().unsafe_mut_cast[False]().unsafe_origin_cast[Self.origin]()
         return Span[Scalar[dtype], Self.origin](unsafe_ptr=typed, length=self.columns())
+
+    def copy_out[dtype: DType](self) raises Error -> List[Scalar[dtype]]:
+        """`uform_view_copy`: every row, packed, into host memory, from host or device arenas alike. An I8
+        view needs its scales: use `copy_out_scaled`."""
+        var library = self._arena[].library
+        if dtype != self.scalar().dtype():
+            raise Error(Status.INVALID_ARGUMENT, "uform_view_copy", "the dtype is not the view's scalar kind", library)
+        var count = len(self) * self.columns()
+        var data = List[Scalar[dtype]](length=count, fill=0)
+        library._check(library._symbols[].view_copy(_raw(Pointer(to=self._c)), _raw(data.unsafe_ptr()),
+                                                    c_size_t(count * size_of[Scalar[dtype]]()), None))
+        return data^
+
+    def copy_out_scaled(self) raises Error -> Tuple[List[Int8], List[Float32]]:
+        """`uform_view_copy` of an I8 view: the rows, and one scale per row (value = q * scale)."""
+        var library = self._arena[].library
+        var data = List[Int8](length=len(self) * self.columns(), fill=0)
+        var scales = List[Float32](length=max(len(self), 1), fill=0)
+        library._check(library._symbols[].view_copy(_raw(Pointer(to=self._c)), _raw(data.unsafe_ptr()),
+                                                    c_size_t(len(data)), _field(scales.unsafe_ptr())))
+        scales.resize(len(self), 0)
+        return (data^, scales^)
+
+    def row_offsets(self) -> List[Int]:
+        """Rows grouped per item (token vectors, choice probabilities): item i owns rows
+        [offsets[i], offsets[i + 1]). One row per item when the view has no grouping."""
+        var offsets = List[Int]()
+        for i in range(self.items() + 1):
+            if self._c.item_offsets:
+                # std.memory `Pointer.unsafe_offset`: item_offsets holds items + 1 host `size_t`s.
+                offsets.append(Int(self._c.item_offsets.value().unsafe_bitcast[c_size_t]().unsafe_offset(i)[]))
+            else:
+                offsets.append(i)
+        return offsets^
+
+    def _take(mut self, library: Library, outcome: RawOpt) raises Error:
+        """The probabilities of a final `text_choose` outcome (`uform_outcome_probabilities`)."""
+        library._check(library._symbols[].outcome_probabilities(outcome, _raw(Pointer(to=self._c))))

@@ -44,6 +44,23 @@ struct Status(Equatable, TrivialRegisterPassable, Writable):
         writer.write(self.name())
 
 
+@fieldwise_init
+struct Feature(Equatable, TrivialRegisterPassable):
+    """`uform_feature_t`: an optional feature of the build (`Library.has`)."""
+
+    var code: UInt32
+    comptime URING = Self(1 << 0)
+    comptime HWLOC = Self(1 << 1)
+    comptime JPEG = Self(1 << 2)
+    comptime SPNG = Self(1 << 3)
+    comptime FFMPEG = Self(1 << 4)
+    comptime CUDA = Self(1 << 5)
+    comptime NCCL = Self(1 << 6)
+    comptime MPI = Self(1 << 7)
+    comptime MICROHTTPD = Self(1 << 8)
+    comptime FORK_UNION = Self(1 << 9)
+
+
 def _c_string(s: StaticString) -> CString:
     """A literal's bytes as `char const *`: Mojo string literals are NUL-terminated static storage."""
     return s.unsafe_ptr().unsafe_bitcast[c_char]()
@@ -138,6 +155,33 @@ struct _Symbols(Movable):
     var model_free: FnVoidOfRawOpt
     var text_encode: FnStatusOfRaw
     var tiny_checkpoint: FnStatusOfRaw
+    var outcome_notify_eventfd: FnNotifyEventfd
+    var outcome_notify_ring: FnNotifyRing
+    var outcome_probabilities: FnStatusOfRawRaw
+    var executor_create_pool: FnStatusOfRawRawRaw
+    var executor_create_fork_union: FnStatusOfRawRaw
+    var executor_create_vram: FnStatusOfRawRaw
+    var view_copy: FnViewCopy
+    var model_load_vram: FnStatusOfRaw
+    var model_info: FnStatusOfRawRaw
+    var image_encode: FnStatusOfRaw
+    var image_encode_pixels: FnStatusOfRaw
+    var video_encode: FnStatusOfRaw
+    var audio_encode: FnStatusOfRaw
+    var audio_encode_samples: FnStatusOfRaw
+    var text_choose: FnStatusOfRaw
+    var ram_options_default: FnRamOptionsDefault
+    var ram_options_init: FnVoidOfRaw
+    var mesh_bootstrap: FnStatusOfRaw
+    var mesh_free: FnVoidOfRawOpt
+    var mesh_rank: FnSizeOfRawOpt
+    var mesh_size: FnSizeOfRawOpt
+    var trainer_config_default: FnVoidOfRaw
+    var trainer_init_ram: FnStatusOfRaw
+    var trainer_init_vram: FnStatusOfRaw
+    var trainer_free: FnVoidOfRawOpt
+    var trainer_step: FnStatusOfRaw
+    var trainer_save: FnStatusOfRaw
 
     def __init__(out self, var handle: OwnedDLHandle) raises Error:
         self.status_name = _resolve[FnStatusName](handle, "uform_status_name")
@@ -171,6 +215,33 @@ struct _Symbols(Movable):
         self.model_free = _resolve[FnVoidOfRawOpt](handle, "uform_model_free")
         self.text_encode = _resolve[FnStatusOfRaw](handle, "uform_text_encode")
         self.tiny_checkpoint = _resolve[FnStatusOfRaw](handle, "uform_tiny_checkpoint")
+        self.outcome_notify_eventfd = _resolve[FnNotifyEventfd](handle, "uform_outcome_notify_eventfd")
+        self.outcome_notify_ring = _resolve[FnNotifyRing](handle, "uform_outcome_notify_ring")
+        self.outcome_probabilities = _resolve[FnStatusOfRawRaw](handle, "uform_outcome_probabilities")
+        self.executor_create_pool = _resolve[FnStatusOfRawRawRaw](handle, "uform_executor_create_pool")
+        self.executor_create_fork_union = _resolve[FnStatusOfRawRaw](handle, "uform_executor_create_fork_union")
+        self.executor_create_vram = _resolve[FnStatusOfRawRaw](handle, "uform_executor_create_vram")
+        self.view_copy = _resolve[FnViewCopy](handle, "uform_view_copy")
+        self.model_load_vram = _resolve[FnStatusOfRaw](handle, "uform_model_load_vram")
+        self.model_info = _resolve[FnStatusOfRawRaw](handle, "uform_model_info")
+        self.image_encode = _resolve[FnStatusOfRaw](handle, "uform_image_encode")
+        self.image_encode_pixels = _resolve[FnStatusOfRaw](handle, "uform_image_encode_pixels")
+        self.video_encode = _resolve[FnStatusOfRaw](handle, "uform_video_encode")
+        self.audio_encode = _resolve[FnStatusOfRaw](handle, "uform_audio_encode")
+        self.audio_encode_samples = _resolve[FnStatusOfRaw](handle, "uform_audio_encode_samples")
+        self.text_choose = _resolve[FnStatusOfRaw](handle, "uform_text_choose")
+        self.ram_options_default = _resolve[FnRamOptionsDefault](handle, "uform_ram_options_default")
+        self.ram_options_init = _resolve[FnVoidOfRaw](handle, "uform_ram_options_init")
+        self.mesh_bootstrap = _resolve[FnStatusOfRaw](handle, "uform_mesh_bootstrap")
+        self.mesh_free = _resolve[FnVoidOfRawOpt](handle, "uform_mesh_free")
+        self.mesh_rank = _resolve[FnSizeOfRawOpt](handle, "uform_mesh_rank")
+        self.mesh_size = _resolve[FnSizeOfRawOpt](handle, "uform_mesh_size")
+        self.trainer_config_default = _resolve[FnVoidOfRaw](handle, "uform_trainer_config_default")
+        self.trainer_init_ram = _resolve[FnStatusOfRaw](handle, "uform_trainer_init_ram")
+        self.trainer_init_vram = _resolve[FnStatusOfRaw](handle, "uform_trainer_init_vram")
+        self.trainer_free = _resolve[FnVoidOfRawOpt](handle, "uform_trainer_free")
+        self.trainer_step = _resolve[FnStatusOfRaw](handle, "uform_trainer_step")
+        self.trainer_save = _resolve[FnStatusOfRaw](handle, "uform_trainer_save")
         self.handle = handle^
 
 
@@ -209,6 +280,10 @@ struct Library(ImplicitlyCopyable):
 
     def features(self) -> UInt32:
         return self._symbols[].features()
+
+    def has(self, feature: Feature) -> Bool:
+        """Whether this build has `feature` (`uform_features`); without it its verbs raise UNSUPPORTED."""
+        return (self.features() & feature.code) != 0
 
     def status_name(self, status: Status) -> StaticString:
         return _static(self._symbols[].status_name(status.code))

@@ -4,6 +4,8 @@
 #include <string.h>
 
 #include "uform_command.h"
+#include "uform_dataset.h"
+#include "uform_manifest.h"
 
 typedef struct command {
     char const *name;
@@ -17,6 +19,9 @@ static command_t const commands[] = {
     {"checkpoint", command_checkpoint, "checkpoint tools: 'checkpoint tiny' writes a small seeded model"},
     {"search", command_search, "index a folder of media into a file, then query it by a text or a file"},
     {"serve", command_serve, "an OpenAI-compatible embedding server over HTTP"},
+    {"dataset", command_dataset, "dataset tools: 'dataset synth' writes a seeded synthetic dataset"},
+    {"train", command_train, "train a model on a JSONL manifest of related texts and media"},
+    {"eval", command_eval, "text-to-media recall@1 and recall@5 of a model on a JSONL manifest"},
 };
 
 static void print_help(FILE *stream) {

@@ -12,10 +12,12 @@
 static char const default_model_name[] = "tiny-42.safetensors";
 
 char const command_default_model_help[] =
-    "Without --model, the default model is the tiny seeded checkpoint (uform_tiny_checkpoint, seed 42,\n"
-    "default sizes: every tower, 64-wide embeddings), written once to\n"
-    "$XDG_CACHE_HOME/uform/tiny-42.safetensors (or $HOME/.cache/uform/tiny-42.safetensors) and reused.\n"
-    "Its weights are random: it is for trying the command and for tests, and its vectors mean nothing.\n";
+    "Without --model, the default model is the demo model (models/demo.safetensors: trained by 'uform\n"
+    "train' on 'uform dataset synth' shapes, clips and sounds; models/README.md says how), found where\n"
+    "'meson install' puts it, else in the source tree this uform was built from. UFORM_DEFAULT_MODEL\n"
+    "overrides it: a checkpoint's path, or 'tiny' for the tiny seeded checkpoint (uform_tiny_checkpoint,\n"
+    "seed 42: random weights, for tests), written once to $XDG_CACHE_HOME/uform/tiny-42.safetensors\n"
+    "(or $HOME/.cache/uform/) and reused; the tiny one is also the fallback where the demo is missing.\n";
 
 int command_fail(char const *format, ...) {
     va_list arguments;
@@ -97,10 +99,31 @@ static int make_directories(char *path) {
     }
 }
 
+/* The demo model where `meson install` puts it, then in the source tree, when either is a file. */
+static char const *demo_model(void) {
+    static char const *const places[] = {UFORM_DEMO_MODEL_INSTALLED, UFORM_DEMO_MODEL_SOURCE};
+    struct stat status;
+    for (size_t i = 0; i < sizeof places / sizeof places[0]; ++i)
+        if (stat(places[i], &status) == 0 && S_ISREG(status.st_mode)) return places[i];
+    return NULL;
+}
+
 int command_model_path(char const *given, char *buffer, size_t capacity, char const **path) {
     if (given) {
         *path = given;
         return COMMAND_OK;
+    }
+    char const *chosen = getenv("UFORM_DEFAULT_MODEL");
+    if (chosen && *chosen && strcmp(chosen, "tiny") != 0) {
+        *path = chosen;
+        return COMMAND_OK;
+    }
+    if (!chosen || !*chosen) {
+        char const *demo = demo_model();
+        if (demo) {
+            *path = demo;
+            return COMMAND_OK;
+        }
     }
     /* The XDG base directory specification ignores relative paths in its variables. */
     char const *cache = getenv("XDG_CACHE_HOME");

@@ -1,0 +1,297 @@
+/* The manifests `uform train` and `uform eval` read (uform_manifest.h): every line parsed and checked
+ * up front, so that a bad line fails before any work, and the groups indexed both ways, item to groups
+ * and group to items. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <jansson.h>
+
+#include "uform_manifest.h"
+
+/* A growing array of size_t. */
+typedef struct sizes {
+    size_t *values;
+    size_t count, capacity;
+} sizes_t;
+
+static bool sizes_push(sizes_t *sizes, size_t value) {
+    if (sizes->count == sizes->capacity) {
+        size_t capacity = sizes->capacity ? 2 * sizes->capacity : 64;
+        size_t *grown = realloc(sizes->values, capacity * sizeof *grown);
+        if (!grown) return false;
+        sizes->values = grown;
+        sizes->capacity = capacity;
+    }
+    sizes->values[sizes->count++] = value;
+    return true;
+}
+
+static bool is_blank(char const *line, size_t length) {
+    for (size_t i = 0; i < length; ++i)
+        if (line[i] != ' ' && line[i] != '\t' && line[i] != '\r' && line[i] != '\n') return false;
+    return true;
+}
+
+static int compare_sizes(void const *a, void const *b) {
+    size_t x = *(size_t const *)a, y = *(size_t const *)b;
+    return (x > y) - (x < y);
+}
+
+/* The folder of `path` with its trailing slash ("" for a bare name), malloc'ed. */
+static char *folder_of(char const *path) {
+    char const *slash = strrchr(path, '/');
+    size_t length = slash ? (size_t)(slash - path) + 1 : 0;
+    char *folder = malloc(length + 1);
+    if (!folder) return NULL;
+    memcpy(folder, path, length);
+    folder[length] = '\0';
+    return folder;
+}
+
+/* What one line holds, checked. Interns its groups in `names` (group name -> index) and appends their
+ * indices to `item_groups`. */
+static int parse_line(manifest_t *manifest, char const *folder, char const *line, size_t length,
+                      size_t number, json_t *names, sizes_t *item_groups, manifest_item_t *item) {
+    static char const *const modalities[] = {"text", "image", "video", "audio"}; /* by uform_modality_t */
+    char const *path = manifest->path;
+    json_error_t error;
+    int code = COMMAND_OK;
+    json_t *object = json_loadb(line, length, JSON_REJECT_DUPLICATES, &error);
+    if (!object) return command_fail("%s line %zu: %s", path, number, error.text);
+    if (!json_is_object(object)) {
+        code = command_fail("%s line %zu: not a JSON object", path, number);
+        goto done;
+    }
+    json_t *modality = json_object_get(object, "modality");
+    if (!json_is_string(modality)) {
+        code = command_fail("%s line %zu: no \"modality\" string", path, number);
+        goto done;
+    }
+    size_t kind = 0;
+    while (kind < 4 && strcmp(json_string_value(modality), modalities[kind]) != 0)
+        ++kind;
+    if (kind == 4) {
+        code = command_fail("%s line %zu: modality '%s' is not text, image, video or audio", path, number,
+                            json_string_value(modality));
+        goto done;
+    }
+    char const *key = kind == UFORM_MODALITY_TEXT ? "text" : "path";
+    json_t *value = json_object_get(object, key);
+    if (!json_is_string(value)) {
+        code = command_fail("%s line %zu: no \"%s\" string for a%s %s item", path, number, key,
+                            kind == UFORM_MODALITY_IMAGE || kind == UFORM_MODALITY_AUDIO ? "n" : "",
+                            modalities[kind]);
+        goto done;
+    }
+    json_t *groups = json_object_get(object, "groups");
+    if (!json_is_array(groups) || json_array_size(groups) == 0) {
+        code = command_fail("%s line %zu: \"groups\" is not a non-empty array", path, number);
+        goto done;
+    }
+
+    *item = (manifest_item_t){
+        .modality = (uform_modality_t)kind, .line = number, .groups_first = item_groups->count};
+    char const *text = json_string_value(value);
+    size_t text_length = json_string_length(value);
+    if (kind == UFORM_MODALITY_TEXT) {
+        item->bytes = malloc(text_length + 1);
+        if (!item->bytes) goto memory;
+        memcpy(item->bytes, text, text_length + 1);
+        item->length = text_length;
+    } else {
+        if (text_length == 0) {
+            code = command_fail("%s line %zu: an empty \"path\"", path, number);
+            goto done;
+        }
+        size_t prefix = text[0] == '/' ? 0 : strlen(folder);
+        item->bytes = malloc(prefix + text_length + 1);
+        if (!item->bytes) goto memory;
+        memcpy(item->bytes, folder, prefix);
+        memcpy(item->bytes + prefix, text, text_length + 1);
+        item->length = prefix + text_length;
+        struct stat status;
+        if (stat(item->bytes, &status) != 0) {
+            code = command_fail("%s line %zu: %s: %s", path, number, item->bytes, strerror(errno));
+            goto done;
+        }
+        if (!S_ISREG(status.st_mode)) {
+            code = command_fail("%s line %zu: %s: not a regular file", path, number, item->bytes);
+            goto done;
+        }
+    }
+
+    for (size_t i = 0; i < json_array_size(groups); ++i) {
+        json_t *group = json_array_get(groups, i);
+        if (!json_is_string(group) || json_string_length(group) == 0) {
+            code = command_fail("%s line %zu: group %zu is not a non-empty string", path, number, i);
+            goto done;
+        }
+        json_t *known = json_object_get(names, json_string_value(group));
+        size_t index = known ? (size_t)json_integer_value(known) : json_object_size(names);
+        if (!known &&
+            json_object_set_new(names, json_string_value(group), json_integer((json_int_t)index)) != 0)
+            goto memory;
+        bool repeated = false;
+        for (size_t j = item->groups_first; j < item_groups->count; ++j)
+            repeated |= item_groups->values[j] == index;
+        if (!repeated && !sizes_push(item_groups, index)) goto memory;
+    }
+    item->groups_count = item_groups->count - item->groups_first;
+    qsort(item_groups->values + item->groups_first, item->groups_count, sizeof(size_t), compare_sizes);
+    goto done;
+memory:
+    code = command_fail("out of memory reading %s", path);
+done:
+    json_decref(object);
+    return code;
+}
+
+/* group_offsets and group_items from the items' groups (a counting sort: items ascend in each group). */
+static int index_groups(manifest_t *manifest) {
+    size_t groups = manifest->groups_count;
+    manifest->group_offsets = calloc(groups + 1, sizeof(size_t));
+    size_t memberships = 0;
+    for (size_t i = 0; i < manifest->count; ++i)
+        memberships += manifest->items[i].groups_count;
+    manifest->group_items = malloc((memberships ? memberships : 1) * sizeof(size_t));
+    if (!manifest->group_offsets || !manifest->group_items) return command_fail("out of memory");
+    for (size_t i = 0; i < manifest->count; ++i) {
+        manifest_item_t const *item = &manifest->items[i];
+        for (size_t j = 0; j < item->groups_count; ++j)
+            manifest->group_offsets[manifest->item_groups[item->groups_first + j] + 1]++;
+    }
+    for (size_t g = 0; g < groups; ++g)
+        manifest->group_offsets[g + 1] += manifest->group_offsets[g];
+    size_t *fill = calloc(groups ? groups : 1, sizeof(size_t));
+    if (!fill) return command_fail("out of memory");
+    for (size_t i = 0; i < manifest->count; ++i) {
+        manifest_item_t const *item = &manifest->items[i];
+        for (size_t j = 0; j < item->groups_count; ++j) {
+            size_t g = manifest->item_groups[item->groups_first + j];
+            manifest->group_items[manifest->group_offsets[g] + fill[g]++] = i;
+        }
+    }
+    free(fill);
+    return COMMAND_OK;
+}
+
+int manifest_read(char const *path, manifest_t *manifest) {
+    *manifest = (manifest_t){.path = path};
+    sizes_t item_groups = {0};
+    size_t capacity = 0, line_capacity = 0, number = 0;
+    char *line = NULL;
+    int code = COMMAND_OK;
+    json_t *names = json_object();
+    char *folder = folder_of(path);
+    FILE *file = fopen(path, "r");
+    if (!names || !folder) {
+        code = command_fail("out of memory");
+        goto done;
+    }
+    if (!file) {
+        code = command_fail("cannot open %s: %s", path, strerror(errno));
+        goto done;
+    }
+    ssize_t length = 0;
+    while ((length = getline(&line, &line_capacity, file)) >= 0) {
+        ++number;
+        if (is_blank(line, (size_t)length)) continue;
+        if (manifest->count == capacity) {
+            capacity = capacity ? 2 * capacity : 256;
+            manifest_item_t *grown = realloc(manifest->items, capacity * sizeof *grown);
+            if (!grown) {
+                code = command_fail("out of memory reading %s", path);
+                goto done;
+            }
+            manifest->items = grown;
+        }
+        manifest_item_t *item = &manifest->items[manifest->count];
+        *item = (manifest_item_t){0};
+        code = parse_line(manifest, folder, line, (size_t)length, number, names, &item_groups, item);
+        if (code != COMMAND_OK) {
+            free(item->bytes);
+            goto done;
+        }
+        manifest->modality_counts[item->modality]++;
+        manifest->count++;
+    }
+    if (ferror(file)) {
+        code = command_fail("cannot read %s: %s", path, strerror(errno));
+        goto done;
+    }
+    if (manifest->count == 0) {
+        code = command_fail("%s holds no item", path);
+        goto done;
+    }
+    manifest->item_groups = item_groups.values;
+    item_groups.values = NULL;
+    manifest->groups_count = json_object_size(names);
+    code = index_groups(manifest);
+done:
+    if (file) fclose(file);
+    free(line);
+    free(folder);
+    free(item_groups.values);
+    json_decref(names);
+    if (code != COMMAND_OK) manifest_free(manifest);
+    return code;
+}
+
+void manifest_free(manifest_t *manifest) {
+    for (size_t i = 0; i < manifest->count; ++i)
+        free(manifest->items[i].bytes);
+    free(manifest->items);
+    free(manifest->item_groups);
+    free(manifest->group_offsets);
+    free(manifest->group_items);
+    *manifest = (manifest_t){0};
+}
+
+bool manifest_related(manifest_t const *manifest, size_t a, size_t b) {
+    manifest_item_t const *x = &manifest->items[a], *y = &manifest->items[b];
+    size_t const *gx = manifest->item_groups + x->groups_first, *gy = manifest->item_groups + y->groups_first;
+    size_t i = 0, j = 0;
+    while (i < x->groups_count && j < y->groups_count) {
+        if (gx[i] == gy[j]) return true;
+        if (gx[i] < gy[j])
+            ++i;
+        else
+            ++j;
+    }
+    return false;
+}
+
+int manifest_read_file(char const *path, char **bytes, size_t *length, size_t *capacity) {
+    FILE *file = fopen(path, "rb");
+    if (!file) return errno;
+    int error = 0;
+    struct stat status;
+    if (fstat(fileno(file), &status) != 0) {
+        error = errno;
+        goto done;
+    }
+    size_t size = (size_t)status.st_size;
+    if (*length + size + 1 > *capacity) {
+        size_t grown_capacity = *capacity ? *capacity : 1 << 16;
+        while (grown_capacity < *length + size + 1)
+            grown_capacity *= 2;
+        char *grown = realloc(*bytes, grown_capacity);
+        if (!grown) {
+            error = ENOMEM;
+            goto done;
+        }
+        *bytes = grown;
+        *capacity = grown_capacity;
+    }
+    if (fread(*bytes + *length, 1, size, file) != size) {
+        error = ferror(file) && errno ? errno : EIO;
+        goto done;
+    }
+    *length += size;
+done:
+    fclose(file);
+    return error;
+}

@@ -1,0 +1,475 @@
+/* uform train: trains a model from scratch, or continues a saved one, on a JSONL manifest, with the
+ * engine's trainer on a RAM executor. Batches are whole groups of related items, drawn in a seeded
+ * order that depends only on the seed and the step, so that a resumed run draws the batches the
+ * uninterrupted one would have. */
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "uform_dataset.h"
+#include "uform_manifest.h"
+
+static char const help[] =
+    "usage: uform train --data MANIFEST --out CHECKPOINT [options]\n"
+    "\n"
+    "Trains a model on the items of MANIFEST, a JSON Lines file as 'uform dataset synth' writes it:\n"
+    "  {\"modality\": \"text\", \"text\": \"...\", \"groups\": [\"g1\"]}\n"
+    "  {\"modality\": \"image\"|\"video\"|\"audio\", \"path\": \"media/g1.png\", \"groups\": [\"g1\"]}\n"
+    "(media paths relative to the manifest's folder; items sharing a group are related). Each step\n"
+    "takes whole groups, in an order shuffled per pass with --seed, until the batch holds --batch\n"
+    "items; every two items of the batch sharing a group are a related pair of the contrastive loss.\n"
+    "Media files are read for each batch; audio and video need a build with FFmpeg.\n"
+    "\n"
+    "  --data FILE          the manifest (required)\n"
+    "  --out PATH           the checkpoint written, with its optimizer state at PATH.optimizer (required)\n"
+    "  --steps N            train until the trainer's step count reaches N (default 1000); a fresh run's\n"
+    "                       learning rate decays to 0 at N\n"
+    "  --batch B            items per step, at least (whole groups; default 32)\n"
+    "  --resume CHECKPOINT  continue from a checkpoint: its weights, and, where its optimizer state\n"
+    "                       lies beside it, the step, moments and optimizer settings it holds (which\n"
+    "                       then take precedence over the flags below); the model flags are ignored\n"
+    "  --save-every N       also save every N steps (default 0: only at the end)\n"
+    "  --threads N          worker threads; 0 (the default) takes 7/8 of the cores\n"
+    "\n"
+    "The model, when training from scratch (every tower; 0 or absent takes the default):\n"
+    "  --depth D            blocks per tower (default 2)\n"
+    "  --hidden H           width of every tower, a multiple of 64 (default 128)\n"
+    "  --dims K             the embedding width, even (default 64)\n"
+    "  --context C          text bytes (default 64)\n"
+    "  --image-size S       image side in pixels (default 32)\n"
+    "  --image-patch P      patch side, dividing S (default 8)\n"
+    "  --seed S             initial weights and batch order (default 42)\n"
+    "\n"
+    "The optimizer, AdamW with a linear warmup and a cosine decay:\n"
+    "  --lr X               peak learning rate (default 0.001)\n"
+    "  --warmup N           warmup steps (default: the smaller of 100 and a tenth of --steps)\n"
+    "  --weight-decay X     on rank-2 weights (default 0.01)\n"
+    "  --lm-weight X        weight of the text towers' next-byte loss (default 0.1)\n"
+    "  --clip X             global gradient norm clip, 0 for none (default 1)\n"
+    "\n"
+    "Each step prints its line on stderr: step/total, loss, contrastive and lm losses, learning rate and\n"
+    "items per second; one line a step, or one line redrawn when stderr is a terminal. Ctrl-C stops\n"
+    "after the current step and saves. Errors are one line on stderr: exit status 1 when the work\n"
+    "failed or was interrupted, 2 for a wrong command line.\n";
+
+typedef struct train_flags {
+    char const *data, *out, *resume;
+    size_t steps, batch, save_every, threads;
+    bool warmup_given, help;
+    uform_trainer_config_t config;
+} train_flags_t;
+
+/* The batch order: a permutation of the groups per pass, drawn from (seed, pass). */
+typedef struct batcher {
+    manifest_t const *manifest;
+    uint64_t seed;
+    size_t batch;
+    size_t *order;   /* groups_count */
+    size_t position; /* the next group of `order` */
+    size_t pass;     /* passes begun */
+    size_t *stamp;   /* per item: the batch it last joined, + 1 */
+    size_t batches;  /* batches drawn */
+    size_t *items;   /* the current batch's items */
+    size_t count;
+    size_t capacity;
+} batcher_t;
+
+enum { BATCH_STREAM = 0x747261696e }; /* "train": the random stream of the batch order */
+
+static volatile sig_atomic_t interrupted = 0;
+
+/* Whether a progress line is drawn on the terminal without its newline yet. */
+static bool line_drawn = false;
+
+/* Ends a drawn progress line, so that what is printed next starts its own. */
+static void end_line(void) {
+    if (line_drawn) fputc('\n', stderr);
+    line_drawn = false;
+}
+
+/* command_fail, below the progress line. */
+__attribute__((format(printf, 1, 2))) static int fail_below(char const *format, ...) {
+    end_line();
+    va_list arguments;
+    va_start(arguments, format);
+    fputs("uform: ", stderr);
+    vfprintf(stderr, format, arguments);
+    fputc('\n', stderr);
+    va_end(arguments);
+    return COMMAND_RUNTIME;
+}
+
+static void on_interrupt(int signal_number) {
+    (void)signal_number;
+    interrupted = 1;
+}
+
+/* ---- flags ------------------------------------------------------------------------------------ */
+
+static int parse_double(char const *flag, char const *text, double *value) {
+    char *end = NULL;
+    errno = 0;
+    double parsed = strtod(text, &end);
+    if (errno || end == text || *end || !isfinite(parsed) || parsed < 0)
+        return command_usage("train", "%s takes a number of at least 0, not '%s'", flag, text);
+    *value = parsed;
+    return COMMAND_OK;
+}
+
+static int parse_flags(int argc, char **argv, train_flags_t *flags) {
+    struct {
+        char const *name;
+        size_t *value;
+    } const sizes[] = {
+        {"--steps", &flags->steps},
+        {"--batch", &flags->batch},
+        {"--save-every", &flags->save_every},
+        {"--threads", &flags->threads},
+        {"--depth", &flags->config.depth},
+        {"--hidden", &flags->config.hidden},
+        {"--dims", &flags->config.dims},
+        {"--context", &flags->config.context},
+        {"--image-size", &flags->config.image_size},
+        {"--image-patch", &flags->config.image_patch},
+        {"--warmup", &flags->config.warmup_steps},
+    };
+    struct {
+        char const *name;
+        double *value;
+    } const reals[] = {
+        {"--lr", &flags->config.learning_rate},
+        {"--weight-decay", &flags->config.weight_decay},
+        {"--lm-weight", &flags->config.lm_weight},
+        {"--clip", &flags->config.clip_norm},
+    };
+    for (int i = 1; i < argc; ++i) {
+        char const *value = NULL;
+        int matched = 0, code = COMMAND_OK;
+        if (command_is_help(argv[i])) {
+            printf("%s", help);
+            flags->help = true;
+            return COMMAND_OK;
+        }
+        if ((matched = command_option(argc, argv, &i, "train", "--data", &value)) != 0) {
+            flags->data = value;
+        } else if ((matched = command_option(argc, argv, &i, "train", "--out", &value)) != 0) {
+            flags->out = value;
+        } else if ((matched = command_option(argc, argv, &i, "train", "--resume", &value)) != 0) {
+            flags->resume = value;
+        } else if ((matched = command_option(argc, argv, &i, "train", "--seed", &value)) != 0) {
+            if (matched > 0 && command_parse_u64(value, &flags->config.seed) != 0)
+                return command_usage("train", "--seed takes a number, not '%s'", value);
+        } else {
+            for (size_t k = 0; k < sizeof sizes / sizeof sizes[0] && !matched; ++k) {
+                matched = command_option(argc, argv, &i, "train", sizes[k].name, &value);
+                if (matched > 0 && command_parse_size(value, sizes[k].value) != 0)
+                    return command_usage("train", "%s takes a number, not '%s'", sizes[k].name, value);
+                if (matched > 0 && sizes[k].value == &flags->config.warmup_steps) flags->warmup_given = true;
+            }
+            for (size_t k = 0; k < sizeof reals / sizeof reals[0] && !matched; ++k) {
+                matched = command_option(argc, argv, &i, "train", reals[k].name, &value);
+                if (matched > 0) code = parse_double(reals[k].name, value, reals[k].value);
+            }
+            if (!matched) return command_usage("train", "unknown flag '%s'", argv[i]);
+        }
+        if (matched < 0) return COMMAND_USAGE;
+        if (code != COMMAND_OK) return code;
+    }
+    if (!flags->data) return command_usage("train", "--data MANIFEST is required");
+    if (!flags->out) return command_usage("train", "--out CHECKPOINT is required");
+    if (!flags->steps) return command_usage("train", "--steps must be at least 1");
+    if (!flags->batch) return command_usage("train", "--batch must be at least 1");
+    if (!flags->warmup_given) {
+        size_t tenth = flags->steps / 10;
+        flags->config.warmup_steps = tenth < 100 ? tenth : 100;
+    }
+    flags->config.total_steps = flags->steps;
+    flags->config.resume_path = flags->resume;
+    return COMMAND_OK;
+}
+
+/* ---- the step a checkpoint resumes at ---------------------------------------------------------- */
+
+/* The step held by the optimizer state beside `checkpoint` (a safetensors file whose metadata
+ * "uform" object holds "step"), or 0 where there is none or it cannot be read: the trainer then
+ * starts from the checkpoint's weights alone, and its first step's statistics say the truth. */
+static size_t resumed_step(char const *checkpoint) {
+    char path[4096];
+    if (snprintf(path, sizeof path, "%s.optimizer", checkpoint) >= (int)sizeof path) return 0;
+    FILE *file = fopen(path, "rb");
+    if (!file) return 0;
+    size_t step = 0;
+    unsigned char prefix[8];
+    char *header = NULL;
+    json_t *root = NULL, *state = NULL;
+    if (fread(prefix, 1, sizeof prefix, file) != sizeof prefix) goto done;
+    uint64_t length = 0;
+    for (int i = 7; i >= 0; --i)
+        length = length << 8 | prefix[i];
+    if (length == 0 || length > (1u << 26) || !(header = malloc((size_t)length))) goto done;
+    if (fread(header, 1, (size_t)length, file) != (size_t)length) goto done;
+    root = json_loadb(header, (size_t)length, 0, NULL);
+    json_t *metadata = json_object_get(root, "__metadata__");
+    json_t *uform = json_object_get(metadata, "uform");
+    if (!json_is_string(uform)) goto done;
+    state = json_loads(json_string_value(uform), 0, NULL);
+    json_t *saved = json_object_get(state, "step");
+    if (json_is_integer(saved) && json_integer_value(saved) > 0) step = (size_t)json_integer_value(saved);
+done:
+    json_decref(state);
+    json_decref(root);
+    free(header);
+    fclose(file);
+    return step;
+}
+
+/* ---- batches ---------------------------------------------------------------------------------- */
+
+static int batcher_open(batcher_t *batcher, manifest_t const *manifest, uint64_t seed, size_t batch) {
+    *batcher = (batcher_t){.manifest = manifest, .seed = seed, .batch = batch};
+    batcher->order = malloc(manifest->groups_count * sizeof(size_t));
+    batcher->stamp = calloc(manifest->count, sizeof(size_t));
+    if (!batcher->order || !batcher->stamp) return command_fail("out of memory");
+    batcher->position = manifest->groups_count; /* the first draw begins pass 0 */
+    return COMMAND_OK;
+}
+
+static void batcher_close(batcher_t *batcher) {
+    free(batcher->order);
+    free(batcher->stamp);
+    free(batcher->items);
+    *batcher = (batcher_t){0};
+}
+
+/* The next batch into batcher->items: whole groups in this pass's order until `batch` items, an item of
+ * several groups taken once. */
+static int batcher_next(batcher_t *batcher) {
+    manifest_t const *manifest = batcher->manifest;
+    size_t const groups = manifest->groups_count;
+    batcher->count = 0;
+    batcher->batches++;
+    for (size_t taken = 0; taken < groups && batcher->count < batcher->batch; ++taken) {
+        if (batcher->position == groups) {
+            dataset_random_t random;
+            dataset_random_seed(&random, batcher->seed, BATCH_STREAM, batcher->pass++);
+            for (size_t g = 0; g < groups; ++g)
+                batcher->order[g] = g;
+            for (size_t g = groups - 1; g > 0; --g) { /* Fisher-Yates */
+                size_t other = dataset_random_below(&random, g + 1), kept = batcher->order[g];
+                batcher->order[g] = batcher->order[other];
+                batcher->order[other] = kept;
+            }
+            batcher->position = 0;
+        }
+        size_t group = batcher->order[batcher->position++];
+        for (size_t k = manifest->group_offsets[group]; k < manifest->group_offsets[group + 1]; ++k) {
+            size_t item = manifest->group_items[k];
+            if (batcher->stamp[item] == batcher->batches) continue;
+            batcher->stamp[item] = batcher->batches;
+            if (batcher->count == batcher->capacity) {
+                size_t capacity = batcher->capacity ? 2 * batcher->capacity : 64;
+                size_t *grown = realloc(batcher->items, capacity * sizeof *grown);
+                if (!grown) return fail_below("out of memory");
+                batcher->items = grown;
+                batcher->capacity = capacity;
+            }
+            batcher->items[batcher->count++] = item;
+        }
+    }
+    return COMMAND_OK;
+}
+
+/* What one step hands the trainer: the items' modalities and bytes, and every related pair. */
+typedef struct step_inputs {
+    uform_modality_t *modalities;
+    size_t *offsets;
+    char *bytes;
+    size_t length, bytes_capacity, items_capacity;
+    uint32_t *relations;
+    size_t relations_count, relations_capacity;
+} step_inputs_t;
+
+static void step_inputs_release(step_inputs_t *inputs) {
+    free(inputs->modalities);
+    free(inputs->offsets);
+    free(inputs->bytes);
+    free(inputs->relations);
+    *inputs = (step_inputs_t){0};
+}
+
+static int step_inputs_fill(step_inputs_t *inputs, manifest_t const *manifest, batcher_t const *batcher) {
+    size_t const count = batcher->count;
+    if (count > inputs->items_capacity) {
+        free(inputs->modalities);
+        free(inputs->offsets);
+        inputs->modalities = malloc(count * sizeof *inputs->modalities);
+        inputs->offsets = malloc((count + 1) * sizeof *inputs->offsets);
+        inputs->items_capacity = inputs->modalities && inputs->offsets ? count : 0;
+        if (!inputs->items_capacity) return fail_below("out of memory for a batch of %zu items", count);
+    }
+    inputs->length = 0;
+    inputs->offsets[0] = 0;
+    for (size_t i = 0; i < count; ++i) {
+        manifest_item_t const *item = &manifest->items[batcher->items[i]];
+        inputs->modalities[i] = item->modality;
+        if (item->modality == UFORM_MODALITY_TEXT) {
+            if (inputs->length + item->length + 1 > inputs->bytes_capacity) {
+                size_t capacity = inputs->bytes_capacity ? inputs->bytes_capacity : 1 << 16;
+                while (capacity < inputs->length + item->length + 1)
+                    capacity *= 2;
+                char *grown = realloc(inputs->bytes, capacity);
+                if (!grown) return fail_below("out of memory for a batch");
+                inputs->bytes = grown;
+                inputs->bytes_capacity = capacity;
+            }
+            memcpy(inputs->bytes + inputs->length, item->bytes, item->length);
+            inputs->length += item->length;
+        } else {
+            int error =
+                manifest_read_file(item->bytes, &inputs->bytes, &inputs->length, &inputs->bytes_capacity);
+            if (error)
+                return fail_below("%s line %zu: cannot read %s: %s", manifest->path, item->line, item->bytes,
+                                  strerror(error));
+        }
+        inputs->offsets[i + 1] = inputs->length;
+    }
+    inputs->relations_count = 0;
+    for (size_t i = 0; i < count; ++i)
+        for (size_t j = i + 1; j < count; ++j) {
+            if (!manifest_related(manifest, batcher->items[i], batcher->items[j])) continue;
+            if (inputs->relations_count == inputs->relations_capacity) {
+                size_t capacity = inputs->relations_capacity ? 2 * inputs->relations_capacity : 256;
+                uint32_t *grown = realloc(inputs->relations, 2 * capacity * sizeof *grown);
+                if (!grown) return fail_below("out of memory for a batch's relations");
+                inputs->relations = grown;
+                inputs->relations_capacity = capacity;
+            }
+            inputs->relations[2 * inputs->relations_count] = (uint32_t)i;
+            inputs->relations[2 * inputs->relations_count + 1] = (uint32_t)j;
+            inputs->relations_count++;
+        }
+    return COMMAND_OK;
+}
+
+/* ---- the command ------------------------------------------------------------------------------ */
+
+static double seconds_between(struct timespec const *from, struct timespec const *to) {
+    return (double)(to->tv_sec - from->tv_sec) + (double)(to->tv_nsec - from->tv_nsec) * 1e-9;
+}
+
+static int save(uform_trainer_t *trainer, uform_executor_t *executor, char const *path) {
+    uform_trainer_save_args_t args = {.trainer = trainer, .executor = executor, .path = path};
+    if (uform_trainer_save(&args) == UFORM_OK) return COMMAND_OK;
+    end_line();
+    return command_fail_engine();
+}
+
+int command_train(int argc, char **argv) {
+    train_flags_t flags = {.steps = 1000, .batch = 32};
+    uform_trainer_config_default(&flags.config);
+    manifest_t manifest = {0};
+    batcher_t batcher = {0};
+    step_inputs_t inputs = {0};
+    uform_executor_t *executor = NULL;
+    uform_trainer_t *trainer = NULL;
+    bool terminal = isatty(STDERR_FILENO);
+    struct sigaction previous, handler = {.sa_handler = on_interrupt};
+    bool handling = false;
+    int code = COMMAND_OK;
+
+    if ((code = parse_flags(argc, argv, &flags)) != COMMAND_OK || flags.help) return code;
+    if ((code = manifest_read(flags.data, &manifest)) != COMMAND_OK) return code;
+    if (manifest.count > UINT32_MAX) {
+        code = command_fail("%s holds more than 2^32 items", flags.data);
+        goto done;
+    }
+    size_t step = flags.resume ? resumed_step(flags.resume) : 0;
+    if (step >= flags.steps) {
+        code = command_fail("%s is at step %zu already: pass a --steps above it", flags.resume, step);
+        goto done;
+    }
+    if ((code = batcher_open(&batcher, &manifest, flags.config.seed, flags.batch)) != COMMAND_OK) goto done;
+    for (size_t skipped = 0; skipped < step; ++skipped) /* the batches the resumed run already took */
+        if ((code = batcher_next(&batcher)) != COMMAND_OK) goto done;
+
+    uform_ram_options_t options = uform_ram_options_default();
+    options.threads = flags.threads;
+    if (uform_executor_create_ram(&options, &executor) != UFORM_OK) {
+        code = command_fail_engine();
+        goto done;
+    }
+    uform_trainer_init_args_t init = {.executor = executor, .config = &flags.config, .trainer = &trainer};
+    if (uform_trainer_init_ram(&init) != UFORM_OK) {
+        code = command_fail_engine();
+        goto done;
+    }
+
+    sigemptyset(&handler.sa_mask);
+    handler.sa_flags = SA_RESTART;
+    handling = sigaction(SIGINT, &handler, &previous) == 0;
+    size_t saved_at = step;
+    while (step < flags.steps && !interrupted) {
+        if ((code = batcher_next(&batcher)) != COMMAND_OK) break;
+        if ((code = step_inputs_fill(&inputs, &manifest, &batcher)) != COMMAND_OK) break;
+        uform_trainer_step_stats_t stats = {0};
+        uform_trainer_step_args_t args = {
+            .trainer = trainer,
+            .executor = executor,
+            .modalities = inputs.modalities,
+            .contents = {.data = inputs.bytes,
+                         .offsets = inputs.offsets,
+                         .count = batcher.count,
+                         .length = inputs.length},
+            .relations = inputs.relations,
+            .relations_count = inputs.relations_count,
+            .stats = &stats,
+        };
+        struct timespec started, finished;
+        clock_gettime(CLOCK_MONOTONIC, &started);
+        if (uform_trainer_step(&args) != UFORM_OK) {
+            end_line();
+            code = command_fail_engine();
+            break;
+        }
+        clock_gettime(CLOCK_MONOTONIC, &finished);
+        double seconds = seconds_between(&started, &finished);
+        step = stats.step;
+        fprintf(stderr, "%sstep %zu/%zu loss %.4f contrastive %.4f lm %.4f lr %.3g %.1f items/s%s",
+                terminal ? "\r\033[K" : "", step, flags.steps, stats.loss, stats.contrastive_loss,
+                stats.lm_loss, stats.learning_rate, seconds > 0 ? (double)batcher.count / seconds : 0.0,
+                terminal ? "" : "\n");
+        fflush(stderr);
+        line_drawn = terminal;
+        if (flags.save_every && step % flags.save_every == 0 && step < flags.steps) {
+            if ((code = save(trainer, executor, flags.out)) != COMMAND_OK) break;
+            saved_at = step;
+        }
+    }
+    end_line();
+    /* Whatever stopped the loop, steps taken since the last save are kept: an engine error leaves the
+     * trainer as it was before the failed step. */
+    if (step > saved_at || (code == COMMAND_OK && saved_at == step)) {
+        int saved = save(trainer, executor, flags.out);
+        if (code == COMMAND_OK) code = saved;
+    }
+    if (code == COMMAND_OK && interrupted)
+        code = command_fail("interrupted after step %zu of %zu; saved %s", step, flags.steps, flags.out);
+    else if (code == COMMAND_OK)
+        fprintf(stderr, "uform: saved %s at step %zu\n", flags.out, step);
+
+done:
+    if (handling) sigaction(SIGINT, &previous, NULL);
+    uform_trainer_free(trainer);
+    uform_executor_free(executor);
+    step_inputs_release(&inputs);
+    batcher_close(&batcher);
+    manifest_free(&manifest);
+    return code;
+}

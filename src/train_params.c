@@ -1,0 +1,915 @@
+/* Training parameters (train.h): the model a trainer config describes, the F32 master weights of its
+ * tensors with their gradients and AdamW moments, the seeded start, the optimizer step, and the two
+ * files a save writes: the BF16 inference checkpoint and, beside it, the F32 optimizer state.
+ *
+ * Numbers, pinned so that a resumed run repeats an uninterrupted one bit for bit:
+ *   - the seeded start draws from one splitmix64 stream in tensor order, N(0, 0.02) approximated as in
+ *     tiny_checkpoint.c (four uniforms, pure double arithmetic, no libm): the same seed gives the same
+ *     bits on every machine;
+ *   - the gradient norm sums squares in double over fixed segments of the concatenated tensors (each
+ *     segment in element order), then the segments in order: the same bits whatever the thread count;
+ *   - AdamW runs per element in double from the stored F32 values, with one rounding to F32 of each
+ *     stored value (value, m, v); the step reads the moments as stored (rounded), so the state on disk
+ *     is the whole state. Threads take fixed ranges of TRAIN_CHUNK scalars.
+ *
+ * Files: the checkpoint holds every tensor in BF16 (round to nearest even) but logit.scale and
+ * logit.bias, which stay F32 (format 4 allows it) so that a resume from the checkpoint alone keeps the
+ * loss's temperature exactly. The state, at train_state_path(path), is a safetensors file of F32
+ * `value.<name>`, `m.<name>` and `v.<name>` tensors whose `__metadata__["uform"]` object holds the
+ * step, the optimizer settings (reals to 17 digits: exact), the checkpoint's format-4 object, and the
+ * FNV-1a 64 fingerprint of the checkpoint's data section, which ties the state to that checkpoint. */
+#include "seeded.h"
+#include "train.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define TRAIN_ALIGNMENT     64
+#define TRAIN_ALIGN_SCALARS (TRAIN_ALIGNMENT / sizeof(float))
+#define TRAIN_CHUNK         4096 /* scalars a thread takes at once */
+#define TRAIN_NORM_SEGMENTS 256  /* fixed partial sums of the gradient norm */
+#define TRAIN_STD           0.02
+#define TRAIN_LOG_10        2.302585092994045684 /* logit.scale: exp(scale) = 10 */
+#define TRAIN_LOGIT_BIAS    (-10.0)
+#define TRAIN_PI            3.14159265358979323846
+#define STATE_SUFFIX        ".optimizer"
+#define STATE_KIND          "uform optimizer state"
+#define PREFIX_SIZE         8
+#define FNV_OFFSET          0xcbf29ce484222325ull
+#define FNV_PRIME           0x100000001b3ull
+#define KNOWN_TOWERS                                                                                         \
+    ((1u << UFORM_MODALITY_TEXT) | (1u << UFORM_MODALITY_IMAGE) | (1u << UFORM_MODALITY_VIDEO) |             \
+     (1u << UFORM_MODALITY_AUDIO))
+
+static uform_status_t answer(uform_status_t status, char const **message, char const *text) {
+    *message = text;
+    return status;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* The tensors                                                                                    */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* How a tensor starts: offset + scale * N(0, 1), no draws when scale is 0. */
+typedef struct tensor_start {
+    double offset, scale;
+} tensor_start_t;
+
+/* The tensors of a model in checkpoint order; with NULL arrays, only counted. */
+typedef struct layout {
+    train_tensor_t *tensors;
+    tensor_start_t *starts;
+    size_t count;
+    size_t parameters, bytes; /* scalars, and bytes in the checkpoint a save writes */
+} layout_t;
+
+/* The checkpoint keeps these in F32; everything else in BF16. */
+static bool stored_f32(char const *name) {
+    return strncmp(name, "logit.", 6) == 0;
+}
+
+static void layout_add(layout_t *layout, char const *name, size_t rows, size_t columns, double offset,
+                       double scale) {
+    size_t const index = layout->count++, scalars = rows * (columns ? columns : 1);
+    layout->parameters += scalars;
+    layout->bytes += scalars * (stored_f32(name) ? sizeof(float) : sizeof(uint16_t));
+    if (!layout->tensors) return;
+    train_tensor_t *tensor = &layout->tensors[index];
+    snprintf(tensor->name, sizeof tensor->name, "%s", name);
+    tensor->rank = columns ? 2 : 1;
+    tensor->shape[0] = rows;
+    tensor->shape[1] = columns ? columns : 1;
+    tensor->count = rows * tensor->shape[1];
+    size_t const length = strlen(name);
+    tensor->decay = tensor->rank == 2 && length > 7 && strcmp(name + length - 7, ".weight") == 0;
+    layout->starts[index] = (tensor_start_t){offset, scale};
+}
+
+/* A tower's blocks, final norm and projection: norms 1, biases 0, weights N(0, 0.02). */
+static void layout_tower(layout_t *layout, char const *tower, uform_transformer_info_t const *transformer,
+                         size_t dims) {
+    size_t const hidden = transformer->hidden, mlp = transformer->mlp;
+    struct {
+        char const *suffix;
+        size_t rows, columns;
+        double offset, scale;
+    } const block[] = {
+        {"norm1.weight", hidden, 0, 1, 0},
+        {"norm2.weight", hidden, 0, 1, 0},
+        {"attn.qkv.weight", 3 * hidden, hidden, 0, TRAIN_STD}, /* [3h, h] */
+        {"attn.qkv.bias", 3 * hidden, 0, 0, 0},
+        {"attn.out.weight", hidden, hidden, 0, TRAIN_STD}, /* [h, h] */
+        {"attn.out.bias", hidden, 0, 0, 0},
+        {"mlp.up.weight", mlp, hidden, 0, TRAIN_STD}, /* [mlp, h] */
+        {"mlp.up.bias", mlp, 0, 0, 0},
+        {"mlp.down.weight", hidden, mlp, 0, TRAIN_STD}, /* [h, mlp] */
+        {"mlp.down.bias", hidden, 0, 0, 0},
+    };
+    char name[TRAIN_NAME_MAX];
+    for (size_t i = 0; i < transformer->depth; i++) {
+        for (size_t j = 0; j < sizeof block / sizeof block[0]; j++) {
+            snprintf(name, sizeof name, "%s.blocks.%zu.%s", tower, i, block[j].suffix);
+            layout_add(layout, name, block[j].rows, block[j].columns, block[j].offset, block[j].scale);
+        }
+    }
+    snprintf(name, sizeof name, "%s.norm.weight", tower);
+    layout_add(layout, name, hidden, 0, 1, 0);
+    snprintf(name, sizeof name, "%s.proj.weight", tower);
+    layout_add(layout, name, dims, hidden, 0, TRAIN_STD); /* [dims, h] */
+}
+
+/* The patch embedding [h, inputs] and its bias, the class token [h] and positions [positions, h]. */
+static void layout_patches(layout_t *layout, char const *tower, size_t hidden, size_t inputs,
+                           size_t positions) {
+    char name[TRAIN_NAME_MAX];
+    snprintf(name, sizeof name, "%s.patch.weight", tower);
+    layout_add(layout, name, hidden, inputs, 0, TRAIN_STD);
+    snprintf(name, sizeof name, "%s.patch.bias", tower);
+    layout_add(layout, name, hidden, 0, 0, 0);
+    snprintf(name, sizeof name, "%s.cls", tower);
+    layout_add(layout, name, hidden, 0, 0, TRAIN_STD);
+    snprintf(name, sizeof name, "%s.pos", tower);
+    layout_add(layout, name, positions, hidden, 0, TRAIN_STD);
+}
+
+/* In tiny_checkpoint.c's order: text, text.embed [257, h], image, audio, then the logit parameters. */
+static void layout_model(layout_t *layout, uform_model_info_t const *info) {
+    if (info->has_text) {
+        layout_tower(layout, "text", &info->text.transformer, info->dims);
+        layout_add(layout, "text.embed", 257, info->text.transformer.hidden, 0, TRAIN_STD);
+    }
+    if (info->has_image) {
+        size_t const side = info->image.size / info->image.patch;
+        layout_tower(layout, "image", &info->image.transformer, info->dims);
+        layout_patches(layout, "image", info->image.transformer.hidden,
+                       3 * info->image.patch * info->image.patch, 1 + side * side);
+    }
+    if (info->has_audio) {
+        layout_tower(layout, "audio", &info->audio.transformer, info->dims);
+        layout_patches(layout, "audio", info->audio.transformer.hidden,
+                       info->audio.mels * info->audio.patch_frames, 1 + info->audio.max_patches);
+    }
+    layout_add(layout, "logit.scale", 1, 0, TRAIN_LOG_10, 0);
+    layout_add(layout, "logit.bias", 1, 0, TRAIN_LOGIT_BIAS, 0);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* The config                                                                                     */
+/* ---------------------------------------------------------------------------------------------- */
+
+UFORM_EXPORT void uform_trainer_config_default(uform_trainer_config_t *config) {
+    if (!config) return;
+    *config = (uform_trainer_config_t){
+        .depth = 2,
+        .hidden = 128,
+        .dims = 64,
+        .towers = KNOWN_TOWERS,
+        .context = 64,
+        .image_size = 32,
+        .image_patch = 8,
+        .video_frames = 4,
+        .audio_rate = 16000,
+        .audio_mels = 32,
+        .audio_seconds = 2,
+        .learning_rate = 1e-3,
+        .weight_decay = 0.01,
+        .beta1 = 0.9,
+        .beta2 = 0.999,
+        .epsilon = 1e-8,
+        .clip_norm = 1,
+        .lm_weight = 0.1,
+        .warmup_steps = 100,
+        .total_steps = 10000,
+        .seed = 42,
+        .resume_path = NULL,
+        .mesh = NULL,
+    };
+}
+
+static size_t or_default(size_t value, size_t fallback) {
+    return value ? value : fallback;
+}
+
+/* The audio front end of DESIGN.md: window 25 ms, hop 10 ms, 4 frames a patch, as many patches as
+ * `seconds` holds. Limits are the checkpoint reader's, so that what a trainer saves loads. */
+static uform_status_t audio_info(uform_trainer_config_t const *config, uform_trainer_config_t const *defaults,
+                                 uform_model_info_t *info, char const **message) {
+    size_t const rate = or_default(config->audio_rate, defaults->audio_rate),
+                 mels = or_default(config->audio_mels, defaults->audio_mels);
+    double seconds = config->audio_seconds != 0 ? config->audio_seconds : defaults->audio_seconds;
+    if (rate < 100 || rate > UFORM_AUDIO_MAX_RATE)
+        return answer(UFORM_INVALID_ARGUMENT, message, "audio_rate under 100 Hz or over 1048576 Hz");
+    if (mels > 1024) return answer(UFORM_INVALID_ARGUMENT, message, "audio_mels over 1024");
+    if (!(seconds > 0 && seconds <= 86400))
+        return answer(UFORM_INVALID_ARGUMENT, message, "audio_seconds not in (0, 86400]");
+    /* Kept to the 9 significant digits a checkpoint stores, so that a model reloaded from its checkpoint
+     * has the same info, and its trainer cuts clips where this one does. */
+    char digits[32];
+    snprintf(digits, sizeof digits, "%.9g", seconds);
+    seconds = strtod(digits, NULL);
+    size_t const window = rate / 40, hop = rate / 100, patch_frames = 4;
+    size_t const samples = (size_t)(seconds * (double)rate);
+    if (samples < window)
+        return answer(UFORM_INVALID_ARGUMENT, message, "audio_seconds shorter than one window");
+    size_t const max_patches = (1 + (samples - window) / hop) / patch_frames;
+    if (max_patches < 1)
+        return answer(UFORM_INVALID_ARGUMENT, message, "audio_seconds shorter than one patch");
+    if (max_patches > (1u << 20))
+        return answer(UFORM_INVALID_ARGUMENT, message, "audio_seconds holds over 1048576 patches");
+    info->audio.rate = rate;
+    info->audio.mels = mels;
+    info->audio.window = window;
+    info->audio.hop = hop;
+    info->audio.patch_frames = patch_frames;
+    info->audio.max_patches = max_patches;
+    info->audio.seconds = seconds;
+    return UFORM_OK;
+}
+
+static uform_status_t image_info(uform_trainer_config_t const *config, uform_trainer_config_t const *defaults,
+                                 uform_model_info_t *info, char const **message) {
+    size_t const size = or_default(config->image_size, defaults->image_size),
+                 patch = or_default(config->image_patch, defaults->image_patch);
+    if (size > 8192) return answer(UFORM_INVALID_ARGUMENT, message, "image_size over 8192");
+    if (size % patch != 0)
+        return answer(UFORM_INVALID_ARGUMENT, message, "image_size is not a multiple of image_patch");
+    info->image.size = size;
+    info->image.patch = patch;
+    for (size_t i = 0; i < 3; i++) {
+        info->image.mean[i] = (float)checkpoint_clip_mean[i];
+        info->image.std[i] = (float)checkpoint_clip_std[i];
+    }
+    return UFORM_OK;
+}
+
+uform_status_t train_info_from_config(uform_trainer_config_t const *config, uform_model_info_t *info,
+                                      char const **message) {
+    uform_trainer_config_t defaults;
+    uform_trainer_config_default(&defaults);
+    memset(info, 0, sizeof *info);
+    size_t const depth = or_default(config->depth, defaults.depth),
+                 hidden = or_default(config->hidden, defaults.hidden),
+                 dims = or_default(config->dims, defaults.dims),
+                 context = or_default(config->context, defaults.context);
+    uint32_t const towers = config->towers ? config->towers : defaults.towers;
+    if (depth > 1024) return answer(UFORM_INVALID_ARGUMENT, message, "depth over 1024");
+    if (hidden % 64 != 0) return answer(UFORM_INVALID_ARGUMENT, message, "hidden is not a multiple of 64");
+    if (hidden > 65536) return answer(UFORM_INVALID_ARGUMENT, message, "hidden over 65536");
+    if (dims % 2 != 0) return answer(UFORM_INVALID_ARGUMENT, message, "dims is odd");
+    if (dims > 65536) return answer(UFORM_INVALID_ARGUMENT, message, "dims over 65536");
+    if (towers & ~KNOWN_TOWERS)
+        return answer(UFORM_INVALID_ARGUMENT, message, "towers holds an unknown modality");
+    info->has_text = towers & (1u << UFORM_MODALITY_TEXT);
+    info->has_image = towers & (1u << UFORM_MODALITY_IMAGE);
+    info->has_video = towers & (1u << UFORM_MODALITY_VIDEO);
+    info->has_audio = towers & (1u << UFORM_MODALITY_AUDIO);
+    info->has_logit = true;
+    if (info->has_video && !info->has_image)
+        return answer(UFORM_INVALID_ARGUMENT, message, "the video tower needs the image tower");
+
+    info->dims = dims;
+    info->matryoshka_count = 0;
+    if (dims / 2 % 2 == 0) info->matryoshka[info->matryoshka_count++] = dims / 2;
+    info->matryoshka[info->matryoshka_count++] = dims;
+    uform_transformer_info_t const transformer = {depth, hidden, hidden / 64, 4 * hidden};
+    uform_status_t status = UFORM_OK;
+    if (info->has_text) {
+        if (context > (1u << 24)) return answer(UFORM_INVALID_ARGUMENT, message, "context over 16777216");
+        info->text.transformer = transformer;
+        info->text.context = context;
+    }
+    if (info->has_image) {
+        info->image.transformer = transformer;
+        status = image_info(config, &defaults, info, message);
+        if (status != UFORM_OK) return status;
+    }
+    if (info->has_video) {
+        size_t const frames = or_default(config->video_frames, defaults.video_frames);
+        if (frames > 1024) return answer(UFORM_INVALID_ARGUMENT, message, "video_frames over 1024");
+        info->video.frames = frames;
+    }
+    if (info->has_audio) {
+        info->audio.transformer = transformer;
+        status = audio_info(config, &defaults, info, message);
+        if (status != UFORM_OK) return status;
+    }
+    layout_t counted = {0};
+    layout_model(&counted, info);
+    info->parameters = counted.parameters;
+    info->bytes = counted.bytes;
+    return UFORM_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* The parameters                                                                                 */
+/* ---------------------------------------------------------------------------------------------- */
+
+static float *aligned_floats(size_t count) {
+    size_t bytes = 0;
+    if (__builtin_mul_overflow(count, sizeof(float), &bytes)) return NULL;
+    return aligned_alloc(TRAIN_ALIGNMENT, bytes);
+}
+
+/* The tensors of `info` with zero values, gradients and moments, and how each starts (`*starts`, owned
+ * by the caller). Each of the four arrays is one allocation whose tensors sit at 64-byte aligned
+ * offsets; tensors[0] holds its start, which train_params_free frees. */
+static uform_status_t params_allocate(train_params_t *params, uform_model_info_t const *info,
+                                      tensor_start_t **starts) {
+    memset(params, 0, sizeof *params);
+    *starts = NULL;
+    layout_t layout = {0};
+    layout_model(&layout, info);
+    layout.tensors = calloc(layout.count, sizeof *layout.tensors);
+    layout.starts = calloc(layout.count, sizeof *layout.starts);
+    if (!layout.tensors || !layout.starts) goto fail;
+    size_t const count = layout.count;
+    layout.count = layout.parameters = layout.bytes = 0;
+    layout_model(&layout, info);
+
+    size_t total = 0;
+    for (size_t i = 0; i < count; i++) {
+        size_t const padded =
+            (layout.tensors[i].count + TRAIN_ALIGN_SCALARS - 1) / TRAIN_ALIGN_SCALARS * TRAIN_ALIGN_SCALARS;
+        if (__builtin_add_overflow(total, padded, &total)) goto fail;
+    }
+    float *arrays[4] = {aligned_floats(total), aligned_floats(total), aligned_floats(total),
+                        aligned_floats(total)};
+    if (!arrays[0] || !arrays[1] || !arrays[2] || !arrays[3]) {
+        for (size_t i = 0; i < 4; i++)
+            free(arrays[i]);
+        goto fail;
+    }
+    memset(arrays[1], 0, total * sizeof(float));
+    memset(arrays[2], 0, total * sizeof(float));
+    memset(arrays[3], 0, total * sizeof(float));
+    for (size_t i = 0, at = 0; i < count; i++) {
+        train_tensor_t *tensor = &layout.tensors[i];
+        tensor->value = arrays[0] + at;
+        tensor->grad = arrays[1] + at;
+        tensor->m = arrays[2] + at;
+        tensor->v = arrays[3] + at;
+        at += (tensor->count + TRAIN_ALIGN_SCALARS - 1) / TRAIN_ALIGN_SCALARS * TRAIN_ALIGN_SCALARS;
+    }
+    params->info = *info;
+    params->info.has_logit = true;
+    params->info.parameters = layout.parameters;
+    params->info.bytes = layout.bytes;
+    params->tensors = layout.tensors;
+    params->count = count;
+    *starts = layout.starts;
+    return UFORM_OK;
+fail:
+    free(layout.tensors);
+    free(layout.starts);
+    return UFORM_OUT_OF_MEMORY;
+}
+
+void train_params_free(train_params_t *params) {
+    if (!params) return;
+    if (params->count > 0) {
+        free(params->tensors[0].value);
+        free(params->tensors[0].grad);
+        free(params->tensors[0].m);
+        free(params->tensors[0].v);
+    }
+    free(params->tensors);
+    memset(params, 0, sizeof *params);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* The seeded start                                                                               */
+/* ---------------------------------------------------------------------------------------------- */
+
+static void tensor_start(train_tensor_t *tensor, tensor_start_t const *start, uint64_t *random) {
+    for (size_t i = 0; i < tensor->count; i++) {
+        double const noise = start->scale != 0 ? standard_normal(random) : 0;
+        tensor->value[i] = (float)(start->offset + start->scale * noise);
+    }
+}
+
+uform_status_t train_params_init(train_params_t *params, uform_model_info_t const *info, uint64_t seed) {
+    tensor_start_t *starts = NULL;
+    uform_status_t status = params_allocate(params, info, &starts);
+    if (status != UFORM_OK) return status;
+    uint64_t random = seed;
+    for (size_t i = 0; i < params->count; i++)
+        tensor_start(&params->tensors[i], &starts[i], &random);
+    free(starts);
+    return UFORM_OK;
+}
+
+train_tensor_t *train_params_find(train_params_t const *params, char const *name) {
+    for (size_t i = 0; i < params->count; i++)
+        if (strcmp(params->tensors[i].name, name) == 0) return &params->tensors[i];
+    return NULL;
+}
+
+void train_params_zero_grad(train_params_t *params) {
+    for (size_t i = 0; i < params->count; i++)
+        memset(params->tensors[i].grad, 0, params->tensors[i].count * sizeof(float));
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* The optimizer                                                                                  */
+/* ---------------------------------------------------------------------------------------------- */
+
+double train_learning_rate(train_optimizer_t const *optimizer, size_t step) {
+    size_t const warmup = optimizer->warmup_steps;
+    if (warmup > 0 && step <= warmup) return optimizer->learning_rate * (double)step / (double)warmup;
+    double const span = optimizer->total_steps > warmup ? (double)(optimizer->total_steps - warmup) : 1;
+    double progress = (double)(step - warmup) / span;
+    if (progress > 1) progress = 1;
+    return optimizer->learning_rate * 0.5 * (1 + cos(TRAIN_PI * progress));
+}
+
+/* One optimizer step, shared by the threads. */
+typedef struct update_job {
+    train_params_t *params;
+    size_t threads, chunks;
+    double segments[TRAIN_NORM_SEGMENTS]; /* sums of squares, one per fixed segment of chunks */
+    double scale;                         /* the clipping factor of every gradient */
+    double learning_rate, decay;          /* decay: 1 - lr * weight_decay */
+    double beta1, beta2, correction1, correction2, epsilon;
+} update_job_t;
+
+static size_t tensor_chunks(train_tensor_t const *tensor) {
+    return (tensor->count + TRAIN_CHUNK - 1) / TRAIN_CHUNK;
+}
+
+/* Calls visit(context, tensor, begin, end) for the scalars of chunks [first, last) of the concatenated
+ * tensors (chunks never straddle two tensors), in order. */
+static void for_chunks(train_params_t const *params, size_t first, size_t last,
+                       void (*visit)(void *context, train_tensor_t *tensor, size_t begin, size_t end),
+                       void *context) {
+    size_t base = 0;
+    for (size_t i = 0; i < params->count && base < last; i++) {
+        train_tensor_t *tensor = &params->tensors[i];
+        size_t const chunks = tensor_chunks(tensor);
+        size_t const from = first > base ? first - base : 0, to = last - base < chunks ? last - base : chunks;
+        if (from < to) {
+            size_t const end = to * TRAIN_CHUNK < tensor->count ? to * TRAIN_CHUNK : tensor->count;
+            visit(context, tensor, from * TRAIN_CHUNK, end);
+        }
+        base += chunks;
+    }
+}
+
+static void add_squares(void *context, train_tensor_t *tensor, size_t begin, size_t end) {
+    double *sum = context;
+    for (size_t i = begin; i < end; i++)
+        *sum += (double)tensor->grad[i] * (double)tensor->grad[i];
+}
+
+/* Thread `thread` sums the segments thread, thread + threads, ...: each segment in element order. */
+static void norm_work(void *context, size_t thread) {
+    update_job_t *job = context;
+    for (size_t s = thread; s < TRAIN_NORM_SEGMENTS; s += job->threads) {
+        double sum = 0;
+        for_chunks(job->params, s * job->chunks / TRAIN_NORM_SEGMENTS,
+                   (s + 1) * job->chunks / TRAIN_NORM_SEGMENTS, add_squares, &sum);
+        job->segments[s] = sum;
+    }
+}
+
+/* AdamW on scalars [begin, end) of one tensor, in double, each stored value rounded once to F32. */
+static void adamw(void *context, train_tensor_t *tensor, size_t begin, size_t end) {
+    update_job_t const *job = context;
+    double const decay = tensor->decay ? job->decay : 1;
+    for (size_t i = begin; i < end; i++) {
+        double const g = (double)tensor->grad[i] * job->scale;
+        float const m = (float)(job->beta1 * (double)tensor->m[i] + (1 - job->beta1) * g);
+        float const v = (float)(job->beta2 * (double)tensor->v[i] + (1 - job->beta2) * g * g);
+        double const m_hat = (double)m / job->correction1, v_hat = (double)v / job->correction2;
+        double const p = (double)tensor->value[i] * decay;
+        tensor->value[i] = (float)(p - job->learning_rate * m_hat / (sqrt(v_hat) + job->epsilon));
+        tensor->m[i] = m;
+        tensor->v[i] = v;
+    }
+}
+
+/* Thread `thread` of `threads` updates chunks [thread * chunks / threads, (thread + 1) * chunks / threads).
+ */
+static void update_work(void *context, size_t thread) {
+    update_job_t *job = context;
+    for_chunks(job->params, thread * job->chunks / job->threads, (thread + 1) * job->chunks / job->threads,
+               adamw, job);
+}
+
+static void run_threads(uform_executor_t *executor, update_job_t *job,
+                        void (*work)(void *context, size_t thread)) {
+    if (job->threads > 1)
+        executor_for_threads(executor, work, job);
+    else
+        work(job, 0);
+}
+
+double train_params_update(train_params_t *params, uform_executor_t *executor, double *learning_rate) {
+    train_optimizer_t const *optimizer = &params->optimizer;
+    update_job_t job = {.params = params,
+                        .threads = executor && executor->threads > 1 ? executor->threads : 1};
+    for (size_t i = 0; i < params->count; i++)
+        job.chunks += tensor_chunks(&params->tensors[i]);
+
+    run_threads(executor, &job, norm_work);
+    double sum = 0;
+    for (size_t s = 0; s < TRAIN_NORM_SEGMENTS; s++)
+        sum += job.segments[s];
+    double const norm = sqrt(sum);
+
+    size_t const step = ++params->step;
+    double const rate = train_learning_rate(optimizer, step);
+    job.scale = optimizer->clip_norm > 0 && norm > optimizer->clip_norm ? optimizer->clip_norm / norm : 1;
+    job.learning_rate = rate;
+    job.decay = 1 - rate * optimizer->weight_decay;
+    job.beta1 = optimizer->beta1;
+    job.beta2 = optimizer->beta2;
+    job.correction1 = 1 - pow(optimizer->beta1, (double)step);
+    job.correction2 = 1 - pow(optimizer->beta2, (double)step);
+    job.epsilon = optimizer->epsilon;
+    run_threads(executor, &job, update_work);
+    if (learning_rate) *learning_rate = rate;
+    return norm;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Saving                                                                                         */
+/* ---------------------------------------------------------------------------------------------- */
+
+bool train_state_path(char const *path, char *out, size_t capacity) {
+    int const length = snprintf(out, capacity, "%s%s", path, STATE_SUFFIX);
+    return length >= 0 && (size_t)length < capacity;
+}
+
+/* The state path of `path`, malloc'ed, or NULL when out of memory. */
+static char *state_path_of(char const *path) {
+    size_t const capacity = strlen(path) + sizeof STATE_SUFFIX;
+    char *state = malloc(capacity);
+    if (state && !train_state_path(path, state, capacity)) {
+        free(state);
+        return NULL;
+    }
+    return state;
+}
+
+static uint64_t fnv1a(uint64_t hash, void const *data, size_t size) {
+    unsigned char const *bytes = data;
+    for (size_t i = 0; i < size; i++)
+        hash = (hash ^ bytes[i]) * FNV_PRIME;
+    return hash;
+}
+
+/* The fingerprint as the state stores it. */
+static void fingerprint_text(uint64_t fingerprint, char text[17]) {
+    snprintf(text, 17, "%016" PRIx64, fingerprint);
+}
+
+/* The state's metadata object as JSON text (malloc'ed), or NULL when out of memory. */
+static char *state_metadata(train_params_t const *params, char const *model, uint64_t fingerprint) {
+    train_optimizer_t const *optimizer = &params->optimizer;
+    char fingerprint_hex[17];
+    fingerprint_text(fingerprint, fingerprint_hex);
+    json_t *state =
+        json_pack("{s:s, s:s, s:I, s:{s:f, s:f, s:f, s:f, s:f, s:f, s:I, s:I}, s:o}", "kind", STATE_KIND,
+                  "checkpoint", fingerprint_hex, "step", (json_int_t)params->step, "optimizer",
+                  "learning_rate", optimizer->learning_rate, "weight_decay", optimizer->weight_decay, "beta1",
+                  optimizer->beta1, "beta2", optimizer->beta2, "epsilon", optimizer->epsilon, "clip_norm",
+                  optimizer->clip_norm, "warmup_steps", (json_int_t)optimizer->warmup_steps, "total_steps",
+                  (json_int_t)optimizer->total_steps, "model", json_loads(model, 0, NULL));
+    if (!state) return NULL;
+    char *text = json_dumps(state, JSON_COMPACT | JSON_REAL_PRECISION(17));
+    json_decref(state);
+    return text;
+}
+
+/* What a save writes: the checkpoint's sources (BF16 copies, logit in F32) and the state's. */
+typedef struct save_plan {
+    checkpoint_source_t *model, *state;
+    char (*state_names)[TRAIN_NAME_MAX + 8];
+    uint16_t *bf16;
+} save_plan_t;
+
+static uform_status_t plan_save(train_params_t const *params, save_plan_t *plan, uint64_t *fingerprint,
+                                char const **message) {
+    size_t const count = params->count;
+    size_t scalars = 0;
+    for (size_t i = 0; i < count; i++)
+        scalars += params->tensors[i].count;
+    plan->model = calloc(count, sizeof *plan->model);
+    plan->state = calloc(3 * count, sizeof *plan->state);
+    plan->state_names = calloc(3 * count, sizeof *plan->state_names);
+    plan->bf16 = malloc(scalars * sizeof *plan->bf16);
+    if (!plan->model || !plan->state || !plan->state_names || !plan->bf16)
+        return answer(UFORM_OUT_OF_MEMORY, message, "cannot allocate the checkpoint's buffers");
+    uint64_t hash = FNV_OFFSET;
+    uint16_t *bf16 = plan->bf16;
+    for (size_t i = 0; i < count; i++) {
+        train_tensor_t const *tensor = &params->tensors[i];
+        checkpoint_source_t *source = &plan->model[i];
+        *source =
+            (checkpoint_source_t){.name = tensor->name, .rank = tensor->rank, .shape = {tensor->shape[0]}};
+        if (tensor->rank == 2) source->shape[1] = tensor->shape[1];
+        if (stored_f32(tensor->name)) {
+            source->dtype = CHECKPOINT_F32;
+            source->data = tensor->value;
+            hash = fnv1a(hash, tensor->value, tensor->count * sizeof(float));
+        } else {
+            source->dtype = CHECKPOINT_BF16;
+            source->data = bf16;
+            for (size_t j = 0; j < tensor->count; j++)
+                bf16[j] = f32_to_bf16(tensor->value[j]);
+            hash = fnv1a(hash, bf16, tensor->count * sizeof *bf16);
+            bf16 += tensor->count;
+        }
+        static char const *const kinds[3] = {"value", "m", "v"};
+        float *const arrays[3] = {tensor->value, tensor->m, tensor->v};
+        for (size_t k = 0; k < 3; k++) {
+            size_t const index = k * count + i;
+            snprintf(plan->state_names[index], sizeof plan->state_names[index], "%s.%s", kinds[k],
+                     tensor->name);
+            plan->state[index] = *source;
+            plan->state[index].name = plan->state_names[index];
+            plan->state[index].dtype = CHECKPOINT_F32;
+            plan->state[index].data = arrays[k];
+        }
+    }
+    *fingerprint = hash;
+    return UFORM_OK;
+}
+
+uform_status_t train_params_save(train_params_t const *params, char const *path, char const **message) {
+    train_optimizer_t const *optimizer = &params->optimizer;
+    double const settings[] = {optimizer->learning_rate, optimizer->weight_decay, optimizer->beta1,
+                               optimizer->beta2,         optimizer->epsilon,      optimizer->clip_norm};
+    for (size_t i = 0; i < sizeof settings / sizeof settings[0]; i++)
+        if (!isfinite(settings[i]))
+            return answer(UFORM_INVALID_ARGUMENT, message, "optimizer settings are not finite");
+    save_plan_t plan = {0};
+    char *model = NULL, *state = NULL, *state_path = state_path_of(path);
+    uint64_t fingerprint = 0;
+    uform_status_t status = state_path ? UFORM_OK : answer(UFORM_OUT_OF_MEMORY, message, "out of memory");
+    if (status == UFORM_OK) status = plan_save(params, &plan, &fingerprint, message);
+    if (status == UFORM_OK) {
+        model = checkpoint_metadata_text(&params->info);
+        state = model ? state_metadata(params, model, fingerprint) : NULL;
+        if (!state) status = answer(UFORM_OUT_OF_MEMORY, message, "cannot write the checkpoint's metadata");
+    }
+    if (status == UFORM_OK) status = checkpoint_write(path, model, plan.model, params->count, message);
+    if (status == UFORM_OK)
+        status = checkpoint_write(state_path, state, plan.state, 3 * params->count, message);
+    free(plan.model);
+    free(plan.state);
+    free(plan.state_names);
+    free(plan.bf16);
+    free(model);
+    free(state);
+    free(state_path);
+    return status;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Loading                                                                                        */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* Reads `length` bytes at `offset`: UFORM_IO on an error, UFORM_FORMAT when the file ends first. */
+static uform_status_t read_at(int fd, void *buffer, size_t length, uint64_t offset, char const **message) {
+    unsigned char *cursor = buffer;
+    while (length > 0) {
+        size_t const asked = length < (1u << 30) ? length : (1u << 30);
+        ssize_t const got = pread(fd, cursor, asked, (off_t)offset);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) return answer(UFORM_IO, message, "cannot read the checkpoint");
+        if (got == 0) return answer(UFORM_FORMAT, message, "checkpoint truncated");
+        cursor += got;
+        offset += (uint64_t)got;
+        length -= (size_t)got;
+    }
+    return UFORM_OK;
+}
+
+/* An open safetensors file: its size and JSON header. */
+typedef struct open_file {
+    int fd;
+    uint64_t size;
+    char *json;
+    uint64_t json_length;
+} open_file_t;
+
+static void file_close(open_file_t *file) {
+    if (file->fd >= 0) close(file->fd);
+    free(file->json);
+    *file = (open_file_t){.fd = -1};
+}
+
+/* Opens `path` and reads its header. With `optional`, a missing file answers UFORM_OK with fd -1. */
+static uform_status_t file_open(char const *path, bool optional, open_file_t *file, char const **message) {
+    *file = (open_file_t){.fd = open(path, O_RDONLY | O_CLOEXEC)};
+    if (file->fd < 0) {
+        if (optional && errno == ENOENT) return UFORM_OK;
+        return answer(UFORM_IO, message,
+                      optional ? "cannot open the optimizer state" : "cannot open the checkpoint");
+    }
+    struct stat stat_buffer;
+    uform_status_t status = UFORM_OK;
+    if (fstat(file->fd, &stat_buffer) != 0 || !S_ISREG(stat_buffer.st_mode))
+        status = answer(UFORM_IO, message,
+                        optional ? "the optimizer state is not a regular file"
+                                 : "the checkpoint is not a regular file");
+    else
+        file->size = (uint64_t)stat_buffer.st_size;
+    uint8_t prefix[PREFIX_SIZE] = {0};
+    size_t const prefix_length = file->size < PREFIX_SIZE ? (size_t)file->size : PREFIX_SIZE;
+    if (status == UFORM_OK) status = read_at(file->fd, prefix, prefix_length, 0, message);
+    if (status == UFORM_OK)
+        status = checkpoint_prefix(prefix, prefix_length, file->size, &file->json_length, message);
+    if (status == UFORM_OK && !(file->json = malloc((size_t)file->json_length)))
+        status = answer(UFORM_OUT_OF_MEMORY, message, "cannot allocate the checkpoint header");
+    if (status == UFORM_OK)
+        status = read_at(file->fd, file->json, (size_t)file->json_length, PREFIX_SIZE, message);
+    if (status != UFORM_OK) file_close(file);
+    return status;
+}
+
+/* Widens the checkpoint's tensors into the master weights; absent ones (logit) keep their start. */
+static void widen(train_params_t *params, checkpoint_header_t const *header, uint8_t const *data,
+                  tensor_start_t const *starts) {
+    uint64_t none = 0;
+    for (size_t i = 0; i < params->count; i++) {
+        train_tensor_t *tensor = &params->tensors[i];
+        checkpoint_tensor_t const *stored = checkpoint_find(header, tensor->name);
+        if (!stored) {
+            tensor_start(tensor, &starts[i], &none); /* constants: no draws */
+            continue;
+        }
+        uint8_t const *bytes = data + stored->begin;
+        for (size_t j = 0; j < tensor->count; j++) {
+            if (stored->dtype == CHECKPOINT_F32) {
+                memcpy(&tensor->value[j], bytes + 4 * j, sizeof(float));
+            } else {
+                uint16_t bits;
+                memcpy(&bits, bytes + 2 * j, sizeof bits);
+                tensor->value[j] = bf16_to_f32(bits);
+            }
+        }
+    }
+}
+
+/* The checkpoint at `path` into fresh params; *fingerprint gets its data section's. */
+static uform_status_t load_checkpoint(train_params_t *params, char const *path, uint64_t *fingerprint,
+                                      char const **message) {
+    open_file_t file;
+    checkpoint_header_t header = {0};
+    uint8_t *data = NULL;
+    tensor_start_t *starts = NULL;
+    uform_status_t status = file_open(path, false, &file, message);
+    if (status != UFORM_OK) return status;
+    status = checkpoint_parse(file.json, (size_t)file.json_length, file.size, &header, message);
+    if (status == UFORM_OK && !(data = malloc(header.data_size ? (size_t)header.data_size : 1)))
+        status = answer(UFORM_OUT_OF_MEMORY, message, "cannot allocate the checkpoint's tensors");
+    if (status == UFORM_OK)
+        status = read_at(file.fd, data, (size_t)header.data_size, header.data_offset, message);
+    if (status == UFORM_OK) {
+        status = params_allocate(params, &header.info, &starts);
+        if (status != UFORM_OK) *message = "cannot allocate the parameters";
+    }
+    if (status == UFORM_OK) {
+        widen(params, &header, data, starts);
+        *fingerprint = fnv1a(FNV_OFFSET, data, (size_t)header.data_size);
+    }
+    free(starts);
+    free(data);
+    checkpoint_header_free(&header);
+    file_close(&file);
+    return status;
+}
+
+/* The state's `__metadata__["uform"]` object, parsed; NULL when absent or malformed. */
+static json_t *state_object(json_t *root) {
+    json_t const *text = json_object_get(json_object_get(root, "__metadata__"), "uform");
+    if (!json_is_string(text)) return NULL;
+    json_t *object =
+        json_loadb(json_string_value(text), json_string_length(text), JSON_REJECT_DUPLICATES, NULL);
+    if (json_is_object(object)) return object;
+    json_decref(object);
+    return NULL;
+}
+
+/* The step and the optimizer settings of a state object. */
+static bool read_settings(json_t const *object, train_params_t *params) {
+    json_t const *step = json_object_get(object, "step"), *optimizer = json_object_get(object, "optimizer");
+    struct {
+        char const *key;
+        double *value;
+    } const reals[] = {
+        {"learning_rate", &params->optimizer.learning_rate},
+        {"weight_decay", &params->optimizer.weight_decay},
+        {"beta1", &params->optimizer.beta1},
+        {"beta2", &params->optimizer.beta2},
+        {"epsilon", &params->optimizer.epsilon},
+        {"clip_norm", &params->optimizer.clip_norm},
+    };
+    struct {
+        char const *key;
+        size_t *value;
+    } const counts[] = {
+        {"warmup_steps", &params->optimizer.warmup_steps},
+        {"total_steps", &params->optimizer.total_steps},
+    };
+    if (!json_is_integer(step) || json_integer_value(step) < 0 || !json_is_object(optimizer)) return false;
+    params->step = (size_t)json_integer_value(step);
+    for (size_t i = 0; i < sizeof reals / sizeof reals[0]; i++) {
+        json_t const *value = json_object_get(optimizer, reals[i].key);
+        if (!json_is_number(value)) return false;
+        *reals[i].value = json_number_value(value);
+    }
+    for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) {
+        json_t const *value = json_object_get(optimizer, counts[i].key);
+        if (!json_is_integer(value) || json_integer_value(value) < 0) return false;
+        *counts[i].value = (size_t)json_integer_value(value);
+    }
+    return true;
+}
+
+/* Where the state's F32 copy of `name` lies in the file, checked against `tensor`'s shape. */
+static bool state_entry(json_t const *root, char const *name, train_tensor_t const *tensor,
+                        uint64_t data_offset, uint64_t file_size, uint64_t *at) {
+    json_t const *entry = json_object_get(root, name);
+    json_t const *dtype = json_object_get(entry, "dtype"), *shape = json_object_get(entry, "shape"),
+                 *offsets = json_object_get(entry, "data_offsets");
+    if (!json_is_string(dtype) || strcmp(json_string_value(dtype), "F32") != 0) return false;
+    if (!json_is_array(shape) || json_array_size(shape) != tensor->rank) return false;
+    for (size_t i = 0; i < tensor->rank; i++) {
+        json_t const *extent = json_array_get(shape, i);
+        if (!json_is_integer(extent) || (uint64_t)json_integer_value(extent) != tensor->shape[i])
+            return false;
+    }
+    if (!json_is_array(offsets) || json_array_size(offsets) != 2) return false;
+    json_t const *begin = json_array_get(offsets, 0), *end = json_array_get(offsets, 1);
+    if (!json_is_integer(begin) || !json_is_integer(end) || json_integer_value(begin) < 0) return false;
+    uint64_t const first = (uint64_t)json_integer_value(begin), last = (uint64_t)json_integer_value(end);
+    if (last < first || last - first != tensor->count * sizeof(float)) return false;
+    if (last > file_size - data_offset) return false;
+    *at = data_offset + first;
+    return true;
+}
+
+/* The state beside the checkpoint, when there is one and it belongs to it. */
+static uform_status_t load_state(train_params_t *params, char const *path, uint64_t fingerprint,
+                                 char const **message) {
+    char *state_path = state_path_of(path);
+    if (!state_path) return answer(UFORM_OUT_OF_MEMORY, message, "out of memory");
+    open_file_t file;
+    json_t *root = NULL, *object = NULL;
+    uform_status_t status = file_open(state_path, true, &file, message);
+    free(state_path);
+    if (status != UFORM_OK || file.fd < 0) return status;
+    uint64_t const data_offset = PREFIX_SIZE + file.json_length;
+    root = json_loadb(file.json, (size_t)file.json_length, JSON_REJECT_DUPLICATES, NULL);
+    object = json_is_object(root) ? state_object(root) : NULL;
+    json_t const *kind = json_object_get(object, "kind"), *owner = json_object_get(object, "checkpoint");
+    char expected[17];
+    fingerprint_text(fingerprint, expected);
+    if (!object || !json_is_string(kind) || strcmp(json_string_value(kind), STATE_KIND) != 0 ||
+        !json_is_string(owner) || !read_settings(object, params)) {
+        status = answer(UFORM_FORMAT, message, "the optimizer state is malformed");
+    } else if (strcmp(json_string_value(owner), expected) != 0) {
+        status = answer(UFORM_FORMAT, message, "the optimizer state belongs to another checkpoint");
+    } else if (json_object_size(root) != 3 * params->count + 1) {
+        status = answer(UFORM_FORMAT, message, "the optimizer state does not match the checkpoint's tensors");
+    }
+    static char const *const kinds[3] = {"value", "m", "v"};
+    for (size_t i = 0; i < params->count && status == UFORM_OK; i++) {
+        train_tensor_t *tensor = &params->tensors[i];
+        float *const arrays[3] = {tensor->value, tensor->m, tensor->v};
+        for (size_t k = 0; k < 3 && status == UFORM_OK; k++) {
+            char name[TRAIN_NAME_MAX + 8];
+            uint64_t at = 0;
+            snprintf(name, sizeof name, "%s.%s", kinds[k], tensor->name);
+            if (!state_entry(root, name, tensor, data_offset, file.size, &at))
+                status = answer(UFORM_FORMAT, message,
+                                "the optimizer state does not match the checkpoint's tensors");
+            else
+                status = read_at(file.fd, arrays[k], tensor->count * sizeof(float), at, message);
+        }
+    }
+    json_decref(object);
+    json_decref(root);
+    file_close(&file);
+    return status;
+}
+
+uform_status_t train_params_load(train_params_t *params, char const *path, char const **message) {
+    uint64_t fingerprint = 0;
+    memset(params, 0, sizeof *params);
+    uform_status_t status = load_checkpoint(params, path, &fingerprint, message);
+    if (status == UFORM_OK) status = load_state(params, path, fingerprint, message);
+    if (status != UFORM_OK) train_params_free(params);
+    return status;
+}

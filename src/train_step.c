@@ -1,0 +1,854 @@
+/* One training step over a batch of items of any modality (src/train.h): the inputs prepared (texts
+ * as bytes; images, clips and sounds decoded and turned into patch rows as the encode verbs do), each
+ * tower's forward pass, the loss of DESIGN.md (pairwise sigmoid over every matryoshka prefix plus the
+ * next-byte loss), every backward pass, and the optimizer's update.
+ *
+ * The loss and its gradient with respect to the embeddings are computed in double (B^2 dims work, small
+ * beside the towers); everything else in F32 on the kernels. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "audio_decode.h"
+#include "audio_frontend.h"
+#include "image_decode.h"
+#include "image_preprocess.h"
+#include "train.h"
+#include "train_step.h"
+#include "video_decode.h"
+
+/* ---- The trainer ---------------------------------------------------------------------------------- */
+
+static uform_status_t trainer_bind(uform_trainer_t *trainer, char const **message) {
+    uform_model_info_t const *info = &trainer->params.info;
+    if (info->has_text && !train_trunk_bind(&trainer->text, &trainer->params, "text", &info->text.transformer))
+        goto missing;
+    if (info->has_image &&
+        !train_trunk_bind(&trainer->image, &trainer->params, "image", &info->image.transformer))
+        goto missing;
+    if (info->has_audio &&
+        !train_trunk_bind(&trainer->audio, &trainer->params, "audio", &info->audio.transformer))
+        goto missing;
+    trainer->embed = train_params_find(&trainer->params, "text.embed");
+    trainer->logit_scale = train_params_find(&trainer->params, "logit.scale");
+    trainer->logit_bias = train_params_find(&trainer->params, "logit.bias");
+    static char const *const parts[] = {"patch.weight", "patch.bias", "cls", "pos"};
+    for (int tower = 0; tower < 2; ++tower) {
+        bool has = tower == 0 ? info->has_image : info->has_audio;
+        for (int part = 0; has && part < 4; ++part) {
+            char name[TRAIN_NAME_MAX];
+            snprintf(name, sizeof name, "%s.%s", tower == 0 ? "image" : "audio", parts[part]);
+            train_tensor_t *tensor = train_params_find(&trainer->params, name);
+            if (!tensor) goto missing;
+            trainer->patches[tower][part] = tensor;
+        }
+    }
+    if ((info->has_text && !trainer->embed) || !trainer->logit_scale || !trainer->logit_bias) goto missing;
+    if (info->has_image) {
+        trainer->geometry.size = info->image.size;
+        trainer->geometry.patch = info->image.patch;
+        memcpy(trainer->geometry.mean, info->image.mean, sizeof trainer->geometry.mean);
+        memcpy(trainer->geometry.std, info->image.std, sizeof trainer->geometry.std);
+    }
+#if UFORM_WITH_FFMPEG
+    if (info->has_audio) {
+        if (audio_frontend_init(&trainer->frontend, info) != UFORM_OK) {
+            *message = "cannot prepare the audio front end";
+            return UFORM_OUT_OF_MEMORY;
+        }
+        trainer->frontend_ready = true;
+    }
+#endif
+    return UFORM_OK;
+missing:
+    *message = "a tensor of the model is missing, or out of memory";
+    return UFORM_OUT_OF_MEMORY;
+}
+
+void trainer_destroy(uform_trainer_t *trainer) {
+    if (!trainer) return;
+    train_trunk_release(&trainer->text);
+    train_trunk_release(&trainer->image);
+    train_trunk_release(&trainer->audio);
+    train_pass_release(&trainer->text_pass);
+    train_pass_release(&trainer->image_pass);
+    train_pass_release(&trainer->audio_pass);
+#if UFORM_WITH_FFMPEG
+    if (trainer->frontend_ready) audio_frontend_free(&trainer->frontend);
+#endif
+    train_params_free(&trainer->params);
+    free(trainer);
+}
+
+uform_status_t trainer_create(uform_trainer_config_t const *config, uform_trainer_t **out, char const **message) {
+    *out = NULL;
+    uform_trainer_t *trainer = calloc(1, sizeof *trainer);
+    if (!trainer) {
+        *message = "cannot allocate the trainer";
+        return UFORM_OUT_OF_MEMORY;
+    }
+    uform_status_t status;
+    if (config->resume_path) {
+        status = train_params_load(&trainer->params, config->resume_path, message);
+    } else {
+        uform_model_info_t info;
+        status = train_info_from_config(config, &info, message);
+        if (status == UFORM_OK) {
+            status = train_params_init(&trainer->params, &info, config->seed);
+            if (status != UFORM_OK) *message = "cannot allocate the parameters";
+        }
+    }
+    if (status == UFORM_OK && trainer->params.step == 0) {
+        /* A fresh run (or a checkpoint without optimizer state) takes the config's optimizer. */
+        trainer->params.optimizer = (train_optimizer_t){
+            .learning_rate = config->learning_rate,
+            .weight_decay = config->weight_decay,
+            .beta1 = config->beta1,
+            .beta2 = config->beta2,
+            .epsilon = config->epsilon,
+            .clip_norm = config->clip_norm,
+            .warmup_steps = config->warmup_steps,
+            .total_steps = config->total_steps,
+        };
+    }
+    trainer->lm_weight = config->lm_weight;
+    if (status == UFORM_OK) status = trainer_bind(trainer, message);
+    if (status != UFORM_OK) {
+        trainer_destroy(trainer);
+        return status;
+    }
+    *out = trainer;
+    return UFORM_OK;
+}
+
+/* ---- Inputs --------------------------------------------------------------------------------------- */
+
+/* The batch, regrouped per tower. */
+typedef struct batch_plan {
+    size_t items;
+    /* text */
+    size_t texts, text_tokens;
+    size_t *text_items;   /* [texts]: the batch item of each text */
+    size_t *text_offsets; /* [texts + 1] token offsets */
+    uint16_t *tokens;     /* [text_tokens]: 256 for BOS, else the byte */
+    size_t predicted;     /* positions with a next byte */
+    /* image trunk: images and video frames, each one image of 1 + P tokens */
+    size_t images, image_rows; /* image-trunk items, and their patch rows */
+    size_t *image_items;       /* [images]: the batch item of each */
+    size_t *image_offsets;     /* [images + 1] */
+    float *image_patches;      /* [image_rows, 3 patch^2] */
+    /* audio trunk */
+    size_t sounds, sound_rows;
+    size_t *sound_items, *sound_offsets;
+    float *sound_patches; /* [sound_rows, mels * patch_frames] */
+} batch_plan_t;
+
+static void plan_free(batch_plan_t *plan) {
+    free(plan->text_items);
+    free(plan->text_offsets);
+    free(plan->tokens);
+    free(plan->image_items);
+    free(plan->image_offsets);
+    free(plan->image_patches);
+    free(plan->sound_items);
+    free(plan->sound_offsets);
+    free(plan->sound_patches);
+    memset(plan, 0, sizeof *plan);
+}
+
+static uform_status_t plan_image(uform_trainer_t const *trainer, uint8_t const *bytes, size_t span, bool video,
+                                 float *patches) {
+    if (video) { /* UFORM_UNSUPPORTED in a build without FFmpeg */
+        size_t patch = trainer->geometry.patch, side = trainer->geometry.size / patch;
+        video_patches_t target = {&trainer->geometry, patches, side * side * 3 * patch * patch};
+        return video_decode(bytes, span, trainer->params.info.video.frames, video_patches_sink, &target);
+    }
+    image_rgb_t rgb;
+    uform_status_t status = image_decode(bytes, span, &rgb);
+    if (status != UFORM_OK) return status;
+    status = image_preprocess(rgb.pixels, rgb.height, rgb.width, rgb.width * 3, &trainer->geometry, patches);
+    free(rgb.pixels);
+    return status;
+}
+
+#if UFORM_WITH_FFMPEG
+/* One sound's patch rows (at most max_patches of them) into *rows (malloc'ed), as the audio verbs make
+ * them: decoded, resampled, cut to the model's reach, log-mel. */
+static uform_status_t plan_sound(uform_trainer_t const *trainer, uint8_t const *bytes, size_t span, float **rows,
+                                 size_t *patches) {
+    audio_frontend_t const *frontend = &trainer->frontend;
+    audio_pcm_t pcm = {0};
+    audio_spectrum_t spectrum = {0};
+    float *clip = NULL;
+    *rows = NULL;
+    uform_status_t status = audio_decode(bytes, span, frontend, &pcm);
+    if (status == UFORM_OK && pcm.length == 0) status = UFORM_FORMAT;
+    if (status == UFORM_OK) {
+        size_t full = pcm.more ? SIZE_MAX : audio_resampled_length(frontend, pcm.length, pcm.rate);
+        size_t kept = full < frontend->reach ? full : frontend->reach;
+        *patches = audio_frames(frontend, kept) / frontend->patch_frames;
+        if (*patches > frontend->max_patches) *patches = frontend->max_patches;
+        if (*patches == 0) status = UFORM_FORMAT;
+    }
+    if (status == UFORM_OK) status = audio_spectrum_init(&spectrum, frontend);
+    if (status == UFORM_OK) {
+        size_t frames = *patches * frontend->patch_frames, used = frontend->window + (frames - 1) * frontend->hop;
+        clip = malloc(used * sizeof(float));
+        *rows = malloc(frames * frontend->mels * sizeof(float));
+        if (!clip || !*rows) status = UFORM_OUT_OF_MEMORY;
+        if (status == UFORM_OK) status = audio_resample(frontend, pcm.samples, pcm.length, pcm.rate, clip, used);
+        if (status == UFORM_INVALID_ARGUMENT) status = UFORM_FORMAT;
+        if (status == UFORM_OK) audio_log_mel(frontend, &spectrum, clip, frames, *rows);
+    }
+    audio_spectrum_free(&spectrum);
+    free(pcm.samples);
+    free(clip);
+    if (status != UFORM_OK) {
+        free(*rows);
+        *rows = NULL;
+    }
+    return status;
+}
+#endif
+
+static uform_status_t plan_batch(uform_trainer_t const *trainer, train_batch_t const *batch, batch_plan_t *plan,
+                                 char *message, size_t capacity) {
+    uform_model_info_t const *info = &trainer->params.info;
+    memset(plan, 0, sizeof *plan);
+    size_t items = batch->items;
+    plan->items = items;
+    size_t patch_floats = 0, per_image = 0, frames = info->video.frames;
+    if (info->has_image) {
+        size_t side = info->image.size / info->image.patch;
+        per_image = side * side;
+        patch_floats = 3 * info->image.patch * info->image.patch;
+    }
+    /* Count. */
+    size_t const context = info->text.context;
+    for (size_t i = 0; i < items; ++i) {
+        size_t span = batch->contents.offsets[i + 1] - batch->contents.offsets[i];
+        switch (batch->modalities[i]) {
+        case UFORM_MODALITY_TEXT:
+            plan->texts++;
+            plan->text_tokens += 1 + (span < context ? span : context);
+            plan->predicted += span < context ? span : context;
+            break;
+        case UFORM_MODALITY_IMAGE: plan->images++; break;
+        case UFORM_MODALITY_VIDEO: plan->images += frames; break;
+        case UFORM_MODALITY_AUDIO: plan->sounds++; break;
+        }
+    }
+    plan->image_rows = plan->images * per_image;
+    plan->text_items = malloc((plan->texts + 1) * sizeof(size_t));
+    plan->text_offsets = malloc((plan->texts + 1) * sizeof(size_t));
+    plan->tokens = malloc((plan->text_tokens + 1) * sizeof(uint16_t));
+    plan->image_items = malloc((plan->images + 1) * sizeof(size_t));
+    plan->image_offsets = malloc((plan->images + 1) * sizeof(size_t));
+    plan->image_patches = malloc((plan->image_rows * patch_floats + 1) * sizeof(float));
+    plan->sound_items = malloc((plan->sounds + 1) * sizeof(size_t));
+    plan->sound_offsets = malloc((plan->sounds + 1) * sizeof(size_t));
+    float **sound_rows = calloc(plan->sounds + 1, sizeof(float *));
+    size_t *sound_patches = calloc(plan->sounds + 1, sizeof(size_t));
+    uform_status_t status = UFORM_OK;
+    if (!plan->text_items || !plan->text_offsets || !plan->tokens || !plan->image_items || !plan->image_offsets ||
+        !plan->image_patches || !plan->sound_items || !plan->sound_offsets || !sound_rows || !sound_patches) {
+        snprintf(message, capacity, "cannot allocate the batch's inputs");
+        status = UFORM_OUT_OF_MEMORY;
+        goto done;
+    }
+    /* Fill. */
+    size_t text = 0, token = 0, image = 0, sound = 0;
+    plan->text_offsets[0] = plan->image_offsets[0] = plan->sound_offsets[0] = 0;
+    for (size_t i = 0; i < items && status == UFORM_OK; ++i) {
+        size_t begin = batch->contents.offsets[i], span = batch->contents.offsets[i + 1] - begin;
+        uint8_t const *bytes = span ? (uint8_t const *)batch->contents.data + begin : NULL;
+        uform_modality_t modality = batch->modalities[i];
+        if (modality == UFORM_MODALITY_TEXT) {
+            size_t kept = span < context ? span : context;
+            plan->tokens[token++] = 256;
+            for (size_t b = 0; b < kept; ++b)
+                plan->tokens[token++] = bytes[b];
+            plan->text_items[text] = i;
+            plan->text_offsets[++text] = token;
+        } else if (modality == UFORM_MODALITY_IMAGE || modality == UFORM_MODALITY_VIDEO) {
+            bool video = modality == UFORM_MODALITY_VIDEO;
+            status = plan_image(trainer, bytes, span, video, plan->image_patches + image * per_image * patch_floats);
+            if (status != UFORM_OK) {
+                snprintf(message, capacity, "item %zu: the %s cannot be decoded (%s)", i, video ? "clip" : "image",
+                         uform_status_name(status));
+                break;
+            }
+            for (size_t k = 0; k < (video ? frames : 1); ++k, ++image) {
+                plan->image_items[image] = i;
+                plan->image_offsets[image + 1] = plan->image_offsets[image] + 1 + per_image;
+            }
+        } else {
+#if UFORM_WITH_FFMPEG
+            status = plan_sound(trainer, bytes, span, &sound_rows[sound], &sound_patches[sound]);
+#else
+            status = UFORM_UNSUPPORTED;
+#endif
+            if (status != UFORM_OK) {
+                snprintf(message, capacity, "item %zu: the sound cannot be decoded (%s)", i,
+                         uform_status_name(status));
+                break;
+            }
+            plan->sound_items[sound] = i;
+            plan->sound_offsets[sound + 1] = plan->sound_offsets[sound] + 1 + sound_patches[sound];
+            plan->sound_rows += sound_patches[sound];
+            sound++;
+        }
+    }
+    if (status == UFORM_OK && plan->sounds) {
+        size_t floats = info->audio.mels * info->audio.patch_frames;
+        plan->sound_patches = malloc(plan->sound_rows * floats * sizeof(float));
+        if (!plan->sound_patches) {
+            snprintf(message, capacity, "cannot allocate the sounds' patches");
+            status = UFORM_OUT_OF_MEMORY;
+        }
+        for (size_t s = 0, row = 0; status == UFORM_OK && s < plan->sounds; row += sound_patches[s], ++s)
+            memcpy(plan->sound_patches + row * floats, sound_rows[s], sound_patches[s] * floats * sizeof(float));
+    }
+done:
+    for (size_t s = 0; sound_rows && s < plan->sounds; ++s)
+        free(sound_rows[s]);
+    free(sound_rows);
+    free(sound_patches);
+    if (status != UFORM_OK) plan_free(plan);
+    return status;
+}
+
+/* ---- The loss ------------------------------------------------------------------------------------- */
+
+/* v / |v| in double (zero stays zero); answers |v|. */
+static double normalize_double(double *v, size_t n) {
+    double sum = 0;
+    for (size_t j = 0; j < n; ++j)
+        sum += v[j] * v[j];
+    double norm = sqrt(sum);
+    if (norm > 0)
+        for (size_t j = 0; j < n; ++j)
+            v[j] /= norm;
+    return norm;
+}
+
+/* dv of v when y = v / |v|: (dy - y <y, dy>) / |v|, written over dy. */
+static void normalize_backward(double *dy, double const *y, double norm, size_t n) {
+    if (norm <= 0) {
+        memset(dy, 0, n * sizeof(double));
+        return;
+    }
+    double dot = 0;
+    for (size_t j = 0; j < n; ++j)
+        dot += y[j] * dy[j];
+    for (size_t j = 0; j < n; ++j)
+        dy[j] = (dy[j] - y[j] * dot) / norm;
+}
+
+/* log(1 + exp(x)) without overflow. */
+static double softplus(double x) {
+    return x > 0 ? x + log1p(exp(-x)) : log1p(exp(x));
+}
+
+static double sigmoid(double x) {
+    return x >= 0 ? 1 / (1 + exp(-x)) : exp(x) / (1 + exp(x));
+}
+
+/* The contrastive loss's share of this process: over the ordered pairs (i, j) of the whole batch
+ * (`global` items, e [global, dims] unit rows) whose first item is one of this process's `local` items,
+ * which start at `first`. Writes the gradient with respect to those items' embeddings into de [local,
+ * dims] and adds the logit parameters' gradients. s_ij is symmetric, so the gradient of item i is
+ * 2 sum_j dL/ds_ij t x_j: each process computes its items' whole gradient from the gathered batch.
+ * `related` [local, local]: nonzero where two of this process's items are related (pairs across
+ * processes are never related). NaN when out of memory. */
+static double contrastive(uform_trainer_t *trainer, double const *e, size_t global, size_t first, size_t local,
+                          uint8_t const *related, double *de) {
+    size_t dims = trainer->params.info.dims;
+    memset(de, 0, local * dims * sizeof(double));
+    if (global < 2) return 0;
+    uform_model_info_t const *info = &trainer->params.info;
+    double t = exp((double)trainer->logit_scale->value[0]), b = trainer->logit_bias->value[0];
+    double loss = 0, d_scale = 0, d_bias = 0;
+    double *x = malloc(global * dims * sizeof(double)), *norms = malloc(global * sizeof(double));
+    double *dx = malloc((local + 1) * dims * sizeof(double));
+    if (!x || !norms || !dx) {
+        free(x);
+        free(norms);
+        free(dx);
+        return NAN;
+    }
+    size_t prefixes = info->matryoshka_count ? info->matryoshka_count : 1;
+    for (size_t p = 0; p < prefixes; ++p) {
+        size_t k = info->matryoshka_count ? info->matryoshka[p] : dims;
+        for (size_t i = 0; i < global; ++i) {
+            memcpy(x + i * dims, e + i * dims, k * sizeof(double));
+            norms[i] = normalize_double(x + i * dims, k);
+        }
+        memset(dx, 0, local * dims * sizeof(double));
+        for (size_t i = 0; i < local; ++i) {
+            double const *xi = x + (first + i) * dims;
+            for (size_t j = 0; j < global; ++j) {
+                if (j == first + i) continue;
+                double const *xj = x + j * dims;
+                double dot = 0;
+                for (size_t c = 0; c < k; ++c)
+                    dot += xi[c] * xj[c];
+                bool is_related = j >= first && j < first + local && related[i * local + (j - first)];
+                double z = is_related ? 1 : -1, s = t * dot + b;
+                loss += softplus(-z * s) / (double)global;
+                double ds = -z * sigmoid(-z * s) / (double)global;
+                d_scale += ds * dot * t;
+                d_bias += ds;
+                for (size_t c = 0; c < k; ++c)
+                    dx[i * dims + c] += 2 * ds * t * xj[c];
+            }
+        }
+        for (size_t i = 0; i < local; ++i) {
+            normalize_backward(dx + i * dims, x + (first + i) * dims, norms[first + i], k);
+            for (size_t c = 0; c < k; ++c)
+                de[i * dims + c] += dx[i * dims + c];
+        }
+    }
+    trainer->logit_scale->grad[0] += (float)d_scale;
+    trainer->logit_bias->grad[0] += (float)d_bias;
+    free(x);
+    free(norms);
+    free(dx);
+    return loss;
+}
+
+/* ---- Towers --------------------------------------------------------------------------------------- */
+
+/* One trunk's items as the loss sees them: the rows whose projection is an embedding (`selected`, one
+ * per trunk item), their raw projections and norms, and the gradients flowing back. */
+typedef struct trunk_out {
+    size_t count;
+    float *selected;  /* [count, hidden]: the states projected */
+    float *projected; /* [count, dims] */
+    double *unit;     /* [count, dims]: normalized */
+    double *norms;    /* [count] */
+    double *d_unit;   /* [count, dims] */
+    float *d_projected; /* [count, dims] */
+    float *d_selected;  /* [count, hidden] */
+} trunk_out_t;
+
+static void trunk_out_free(trunk_out_t *out) {
+    free(out->selected);
+    free(out->projected);
+    free(out->unit);
+    free(out->norms);
+    free(out->d_unit);
+    free(out->d_projected);
+    free(out->d_selected);
+    memset(out, 0, sizeof *out);
+}
+
+static bool trunk_out_make(trunk_out_t *out, size_t count, size_t hidden, size_t dims) {
+    memset(out, 0, sizeof *out);
+    out->count = count;
+    size_t n = count ? count : 1;
+    out->selected = malloc(n * hidden * sizeof(float));
+    out->projected = malloc(n * dims * sizeof(float));
+    out->unit = malloc(n * dims * sizeof(double));
+    out->norms = malloc(n * sizeof(double));
+    out->d_unit = calloc(n * dims, sizeof(double));
+    out->d_projected = malloc(n * dims * sizeof(float));
+    out->d_selected = malloc(n * hidden * sizeof(float));
+    return out->selected && out->projected && out->unit && out->norms && out->d_unit && out->d_projected &&
+           out->d_selected;
+}
+
+/* Gathers the rows `rows[i]` of the trunk's states, projects and normalizes them. */
+static void trunk_out_forward(uform_executor_t *executor, train_trunk_t const *trunk, train_pass_t const *pass,
+                              size_t const *rows, trunk_out_t *out) {
+    size_t hidden = trunk->hidden, dims = trunk->dims;
+    for (size_t i = 0; i < out->count; ++i)
+        memcpy(out->selected + i * hidden, pass->states + rows[i] * hidden, hidden * sizeof(float));
+    train_linear(trunk->kernels, executor, out->selected, out->count, trunk->proj, dims, NULL, out->projected);
+    for (size_t i = 0; i < out->count; ++i) {
+        for (size_t c = 0; c < dims; ++c)
+            out->unit[i * dims + c] = out->projected[i * dims + c];
+        out->norms[i] = normalize_double(out->unit + i * dims, dims);
+    }
+}
+
+/* From d_unit to the trunk's d_states (zeroed first, then the selected rows). */
+static void trunk_out_backward(uform_executor_t *executor, train_trunk_t const *trunk, size_t const *rows,
+                               trunk_out_t *out, float *d_states) {
+    size_t hidden = trunk->hidden, dims = trunk->dims;
+    for (size_t i = 0; i < out->count; ++i) {
+        normalize_backward(out->d_unit + i * dims, out->unit + i * dims, out->norms[i], dims);
+        for (size_t c = 0; c < dims; ++c)
+            out->d_projected[i * dims + c] = (float)out->d_unit[i * dims + c];
+    }
+    train_linear_backward(trunk->kernels, executor, out->selected, out->count, trunk->proj, dims, NULL,
+                          out->d_projected, out->d_selected, false);
+    for (size_t i = 0; i < out->count; ++i) {
+        float *row = d_states + rows[i] * hidden;
+        for (size_t c = 0; c < hidden; ++c)
+            row[c] += out->d_selected[i * hidden + c];
+    }
+}
+
+/* The input tokens of a patch trunk: per item, the class token plus position 0, then each patch's
+ * embedding plus its position. */
+static bool patch_tokens(train_trunk_t const *trunk, uform_executor_t *executor, train_tensor_t *const parts[4],
+                         float const *patches, size_t rows, size_t const *offsets, size_t items, float **x,
+                         float **embedded) {
+    size_t hidden = trunk->hidden, tokens = offsets[items];
+    *x = malloc((tokens + 1) * hidden * sizeof(float));
+    *embedded = malloc((rows + 1) * hidden * sizeof(float));
+    if (!*x || !*embedded) return false;
+    train_linear(trunk->kernels, executor, patches, rows, parts[0], hidden, parts[1], *embedded);
+    float const *cls = parts[2]->value, *pos = parts[3]->value;
+    for (size_t item = 0, row = 0; item < items; ++item) {
+        float *token = *x + offsets[item] * hidden;
+        for (size_t c = 0; c < hidden; ++c)
+            token[c] = cls[c] + pos[c];
+        size_t count = offsets[item + 1] - offsets[item] - 1;
+        for (size_t p = 0; p < count; ++p, ++row)
+            for (size_t c = 0; c < hidden; ++c)
+                token[(1 + p) * hidden + c] = (*embedded)[row * hidden + c] + pos[(1 + p) * hidden + c];
+    }
+    return true;
+}
+
+/* The gradients of patch_tokens from d_x [tokens, hidden]; `embedded` is reused as d_embedded. */
+static void patch_tokens_backward(train_trunk_t const *trunk, uform_executor_t *executor,
+                                  train_tensor_t *const parts[4], float const *patches, size_t rows,
+                                  size_t const *offsets, size_t items, float const *d_x, float *d_embedded) {
+    size_t hidden = trunk->hidden;
+    float *d_cls = parts[2]->grad, *d_pos = parts[3]->grad;
+    for (size_t item = 0, row = 0; item < items; ++item) {
+        float const *token = d_x + offsets[item] * hidden;
+        for (size_t c = 0; c < hidden; ++c) {
+            d_cls[c] += token[c];
+            d_pos[c] += token[c];
+        }
+        size_t count = offsets[item + 1] - offsets[item] - 1;
+        for (size_t p = 0; p < count; ++p, ++row)
+            for (size_t c = 0; c < hidden; ++c) {
+                float g = token[(1 + p) * hidden + c];
+                d_embedded[row * hidden + c] = g;
+                d_pos[(1 + p) * hidden + c] += g;
+            }
+    }
+    train_linear_backward(trunk->kernels, executor, patches, rows, parts[0], hidden, parts[1], d_embedded, NULL,
+                          false);
+}
+
+/* ---- The step ------------------------------------------------------------------------------------- */
+
+struct train_work {
+    train_batch_t batch;
+    batch_plan_t plan;
+    float *text_x, *image_x, *image_embedded, *sound_x, *sound_embedded, *d_states, *d_x, *logits;
+    size_t *text_rows, *image_rows, *sound_rows;
+    trunk_out_t text_out, image_out, sound_out;
+    double *e, *de;         /* [items, dims]: this process's embeddings, and their gradients */
+    double *video_norms;    /* [items]: a clip's norm before its normalization */
+    uint8_t *related;       /* [items, items] */
+};
+
+void train_work_free(train_work_t *w) {
+    if (!w) return;
+    plan_free(&w->plan);
+    free(w->text_x);
+    free(w->image_x);
+    free(w->image_embedded);
+    free(w->sound_x);
+    free(w->sound_embedded);
+    free(w->d_states);
+    free(w->d_x);
+    free(w->logits);
+    free(w->text_rows);
+    free(w->image_rows);
+    free(w->sound_rows);
+    trunk_out_free(&w->text_out);
+    trunk_out_free(&w->image_out);
+    trunk_out_free(&w->sound_out);
+    free(w->e);
+    free(w->de);
+    free(w->video_norms);
+    free(w->related);
+    free(w);
+}
+
+size_t train_work_items(train_work_t const *work) {
+    return work->batch.items;
+}
+
+size_t train_work_predicted(train_work_t const *work) {
+    return work->plan.predicted;
+}
+
+double const *train_work_embeddings(train_work_t const *work) {
+    return work->e;
+}
+
+/* The next-byte loss's share of this process (its cross-entropy sum over `predicted` positions of the
+ * whole batch), its gradient added into d_states and text.embed. */
+static double lm_loss(uform_trainer_t *trainer, train_work_t *w, size_t predicted, float *d_states) {
+    batch_plan_t const *plan = &w->plan;
+    train_trunk_t const *trunk = &trainer->text;
+    size_t hidden = trunk->hidden, tokens = plan->text_tokens;
+    if (plan->predicted == 0) return 0;
+    /* logits [tokens, 256] = states . embed[0:256]^T */
+    kernel_sgemm_t logits = {.m = tokens, .n = 256, .k = hidden, .a = trainer->text_pass.states, .a_stride = hidden,
+                             .b = trainer->embed->value, .b_stride = hidden, .b_transposed = true,
+                             .c = w->logits, .c_stride = 256};
+    trunk->kernels->sgemm(&logits, 0, 256);
+    double loss = 0, scale = trainer->lm_weight / (double)predicted;
+    for (size_t t = 0; t < plan->texts; ++t)
+        for (size_t row = plan->text_offsets[t]; row < plan->text_offsets[t + 1]; ++row) {
+            float *l = w->logits + row * 256;
+            if (row + 1 == plan->text_offsets[t + 1]) { /* the last position predicts nothing */
+                memset(l, 0, 256 * sizeof(float));
+                continue;
+            }
+            unsigned target = plan->tokens[row + 1];
+            double max = l[0], sum = 0;
+            for (int j = 1; j < 256; ++j)
+                max = l[j] > max ? l[j] : max;
+            for (int j = 0; j < 256; ++j)
+                sum += exp(l[j] - max);
+            loss += log(sum) + max - l[target];
+            for (int j = 0; j < 256; ++j)
+                l[j] = (float)(scale * (exp(l[j] - max) / sum - (j == (int)target)));
+        }
+    /* embed.grad[0:256] += dlogits^T states; d_states += dlogits . embed[0:256] */
+    kernel_sgemm_t d_embed = {.m = 256, .n = hidden, .k = tokens, .a = w->logits, .a_stride = 256,
+                              .a_transposed = true, .b = trainer->text_pass.states, .b_stride = hidden,
+                              .c = trainer->embed->grad, .c_stride = hidden, .accumulate = true};
+    trunk->kernels->sgemm(&d_embed, 0, hidden);
+    kernel_sgemm_t d_s = {.m = tokens, .n = hidden, .k = 256, .a = w->logits, .a_stride = 256,
+                          .b = trainer->embed->value, .b_stride = hidden, .c = d_states, .c_stride = hidden,
+                          .accumulate = true};
+    trunk->kernels->sgemm(&d_s, 0, hidden);
+    return loss / (double)predicted;
+}
+
+static bool cancelled(train_progress_t *progress, size_t phase) {
+    return progress && progress_report(progress->progress, &progress->next_step, phase, TRAIN_PHASES);
+}
+
+static uform_status_t validate(uform_trainer_t const *trainer, train_batch_t const *batch, char *message,
+                               size_t capacity) {
+    uform_model_info_t const *info = &trainer->params.info;
+    size_t items = batch->items;
+    for (size_t i = 0; i < items; ++i) {
+        uform_modality_t m = batch->modalities[i];
+        if ((unsigned)m > UFORM_MODALITY_AUDIO) {
+            snprintf(message, capacity, "item %zu: modality %u is not one of text, image, video, audio", i,
+                     (unsigned)m);
+            return UFORM_INVALID_ARGUMENT;
+        }
+        bool present = (m == UFORM_MODALITY_TEXT && info->has_text) ||
+                       (m == UFORM_MODALITY_IMAGE && info->has_image) ||
+                       (m == UFORM_MODALITY_VIDEO && info->has_image && info->has_video) ||
+                       (m == UFORM_MODALITY_AUDIO && info->has_audio);
+        if (!present) {
+            snprintf(message, capacity, "item %zu: the model has no tower for its modality", i);
+            return UFORM_UNSUPPORTED;
+        }
+    }
+    for (size_t r = 0; r < batch->relations_count; ++r) {
+        uint32_t a = batch->relations[2 * r], b = batch->relations[2 * r + 1];
+        if (a >= items || b >= items || a == b) {
+            snprintf(message, capacity, "relation %zu: (%u, %u) is not a pair of two distinct items of %zu", r, a,
+                     b, items);
+            return UFORM_INVALID_ARGUMENT;
+        }
+    }
+    return UFORM_OK;
+}
+
+uform_status_t train_forward(uform_trainer_t *trainer, uform_executor_t *executor, train_batch_t const *batch,
+                             train_progress_t *progress, train_work_t **out, char *message, size_t capacity) {
+    *out = NULL;
+    uform_status_t status = validate(trainer, batch, message, capacity);
+    if (status != UFORM_OK) return status;
+    train_work_t *w = calloc(1, sizeof *w);
+    if (!w) {
+        snprintf(message, capacity, "cannot allocate the step");
+        return UFORM_OUT_OF_MEMORY;
+    }
+    w->batch = *batch;
+    uform_model_info_t const *info = &trainer->params.info;
+    size_t items = batch->items, dims = info->dims;
+    status = plan_batch(trainer, batch, &w->plan, message, capacity);
+    if (status != UFORM_OK) {
+        train_work_free(w);
+        return status;
+    }
+    batch_plan_t const *plan = &w->plan;
+    status = UFORM_OUT_OF_MEMORY;
+    snprintf(message, capacity, "cannot allocate the step's buffers");
+    size_t max_hidden = 0, max_tokens = plan->text_tokens;
+    if (info->has_text) max_hidden = info->text.transformer.hidden;
+    if (info->has_image && info->image.transformer.hidden > max_hidden) max_hidden = info->image.transformer.hidden;
+    if (info->has_audio && info->audio.transformer.hidden > max_hidden) max_hidden = info->audio.transformer.hidden;
+    if (plan->image_rows + plan->images > max_tokens) max_tokens = plan->image_rows + plan->images;
+    if (plan->sound_rows + plan->sounds > max_tokens) max_tokens = plan->sound_rows + plan->sounds;
+    w->d_states = malloc((max_tokens + 1) * max_hidden * sizeof(float));
+    w->d_x = malloc((max_tokens + 1) * max_hidden * sizeof(float));
+    w->e = calloc((items + 1) * dims, sizeof(double));
+    w->de = malloc((items + 1) * dims * sizeof(double));
+    w->video_norms = calloc(items + 1, sizeof(double));
+    w->related = calloc(items * items + 1, 1);
+    w->text_rows = malloc((plan->texts + 1) * sizeof(size_t));
+    w->image_rows = malloc((plan->images + 1) * sizeof(size_t));
+    w->sound_rows = malloc((plan->sounds + 1) * sizeof(size_t));
+    if (!w->d_states || !w->d_x || !w->e || !w->de || !w->video_norms || !w->related || !w->text_rows ||
+        !w->image_rows || !w->sound_rows)
+        goto fail;
+    for (size_t r = 0; r < batch->relations_count; ++r) {
+        uint32_t a = batch->relations[2 * r], b = batch->relations[2 * r + 1];
+        w->related[a * items + b] = w->related[b * items + a] = 1;
+    }
+    if (cancelled(progress, 1)) goto cancel;
+
+    if (plan->texts) {
+        train_trunk_t const *trunk = &trainer->text;
+        size_t hidden = trunk->hidden;
+        w->text_x = malloc(plan->text_tokens * hidden * sizeof(float));
+        w->logits = malloc(plan->text_tokens * 256 * sizeof(float));
+        if (!w->text_x || !w->logits || !trunk_out_make(&w->text_out, plan->texts, hidden, dims)) goto fail;
+        for (size_t t = 0; t < plan->text_tokens; ++t)
+            memcpy(w->text_x + t * hidden, trainer->embed->value + plan->tokens[t] * hidden, hidden * sizeof(float));
+        if (!train_trunk_forward(trunk, executor, &trainer->text_pass, w->text_x, plan->text_tokens,
+                                 plan->text_offsets, plan->texts, true, true))
+            goto fail;
+        for (size_t t = 0; t < plan->texts; ++t)
+            w->text_rows[t] = plan->text_offsets[t + 1] - 1;
+        trunk_out_forward(executor, trunk, &trainer->text_pass, w->text_rows, &w->text_out);
+    }
+    if (plan->images) {
+        train_trunk_t const *trunk = &trainer->image;
+        if (!trunk_out_make(&w->image_out, plan->images, trunk->hidden, dims) ||
+            !patch_tokens(trunk, executor, trainer->patches[0], plan->image_patches, plan->image_rows,
+                          plan->image_offsets, plan->images, &w->image_x, &w->image_embedded) ||
+            !train_trunk_forward(trunk, executor, &trainer->image_pass, w->image_x, plan->image_offsets[plan->images],
+                                 plan->image_offsets, plan->images, false, false))
+            goto fail;
+        for (size_t i = 0; i < plan->images; ++i)
+            w->image_rows[i] = plan->image_offsets[i];
+        trunk_out_forward(executor, trunk, &trainer->image_pass, w->image_rows, &w->image_out);
+    }
+    if (plan->sounds) {
+        train_trunk_t const *trunk = &trainer->audio;
+        if (!trunk_out_make(&w->sound_out, plan->sounds, trunk->hidden, dims) ||
+            !patch_tokens(trunk, executor, trainer->patches[1], plan->sound_patches, plan->sound_rows,
+                          plan->sound_offsets, plan->sounds, &w->sound_x, &w->sound_embedded) ||
+            !train_trunk_forward(trunk, executor, &trainer->audio_pass, w->sound_x, plan->sound_offsets[plan->sounds],
+                                 plan->sound_offsets, plan->sounds, false, false))
+            goto fail;
+        for (size_t i = 0; i < plan->sounds; ++i)
+            w->sound_rows[i] = plan->sound_offsets[i];
+        trunk_out_forward(executor, trunk, &trainer->audio_pass, w->sound_rows, &w->sound_out);
+    }
+    if (cancelled(progress, 2)) goto cancel;
+
+    /* The embeddings: a clip's is the normalized mean of its frames'. */
+    for (size_t t = 0; t < plan->texts; ++t)
+        memcpy(w->e + plan->text_items[t] * dims, w->text_out.unit + t * dims, dims * sizeof(double));
+    for (size_t i = 0; i < plan->images; ++i)
+        for (size_t c = 0; c < dims; ++c)
+            w->e[plan->image_items[i] * dims + c] += w->image_out.unit[i * dims + c];
+    for (size_t i = 0; i < plan->sounds; ++i)
+        memcpy(w->e + plan->sound_items[i] * dims, w->sound_out.unit + i * dims, dims * sizeof(double));
+    for (size_t i = 0; i < items; ++i)
+        if (batch->modalities[i] == UFORM_MODALITY_VIDEO) {
+            for (size_t c = 0; c < dims; ++c)
+                w->e[i * dims + c] /= (double)info->video.frames;
+            w->video_norms[i] = normalize_double(w->e + i * dims, dims);
+        }
+    message[0] = '\0';
+    *out = w;
+    return UFORM_OK;
+cancel:
+    status = UFORM_CANCELLED;
+    snprintf(message, capacity, "the progress handler cancelled the step");
+fail:
+    train_work_free(w);
+    return status;
+}
+
+uform_status_t train_backward(uform_trainer_t *trainer, uform_executor_t *executor, train_work_t *w,
+                              double const *global, size_t global_items, size_t first, size_t predicted,
+                              train_losses_t *losses, train_progress_t *progress, char *message, size_t capacity) {
+    uform_model_info_t const *info = &trainer->params.info;
+    batch_plan_t const *plan = &w->plan;
+    size_t items = w->batch.items, dims = info->dims;
+    memset(losses, 0, sizeof *losses);
+    losses->contrastive = contrastive(trainer, global, global_items, first, items, w->related, w->de);
+    if (isnan(losses->contrastive)) {
+        snprintf(message, capacity, "cannot allocate the loss's buffers");
+        return UFORM_OUT_OF_MEMORY;
+    }
+    for (size_t i = 0; i < items; ++i)
+        if (w->batch.modalities[i] == UFORM_MODALITY_VIDEO) {
+            normalize_backward(w->de + i * dims, w->e + i * dims, w->video_norms[i], dims);
+            for (size_t c = 0; c < dims; ++c)
+                w->de[i * dims + c] /= (double)info->video.frames;
+        }
+    for (size_t t = 0; t < plan->texts; ++t)
+        memcpy(w->text_out.d_unit + t * dims, w->de + plan->text_items[t] * dims, dims * sizeof(double));
+    for (size_t i = 0; i < plan->images; ++i)
+        memcpy(w->image_out.d_unit + i * dims, w->de + plan->image_items[i] * dims, dims * sizeof(double));
+    for (size_t i = 0; i < plan->sounds; ++i)
+        memcpy(w->sound_out.d_unit + i * dims, w->de + plan->sound_items[i] * dims, dims * sizeof(double));
+
+    /* Texts: the next-byte loss joins the embedding's gradient at the states. */
+    if (plan->texts) {
+        train_trunk_t const *trunk = &trainer->text;
+        size_t hidden = trunk->hidden;
+        memset(w->d_states, 0, plan->text_tokens * hidden * sizeof(float));
+        losses->lm = lm_loss(trainer, w, predicted, w->d_states);
+        trunk_out_backward(executor, trunk, w->text_rows, &w->text_out, w->d_states);
+        train_trunk_backward(trunk, executor, &trainer->text_pass, w->d_states, w->d_x);
+        for (size_t t = 0; t < plan->text_tokens; ++t) {
+            float *row = trainer->embed->grad + plan->tokens[t] * hidden;
+            for (size_t c = 0; c < hidden; ++c)
+                row[c] += w->d_x[t * hidden + c];
+        }
+    }
+    if (cancelled(progress, 3)) {
+        snprintf(message, capacity, "the progress handler cancelled the step");
+        return UFORM_CANCELLED;
+    }
+    if (plan->images) {
+        train_trunk_t const *trunk = &trainer->image;
+        size_t tokens = plan->image_offsets[plan->images];
+        memset(w->d_states, 0, tokens * trunk->hidden * sizeof(float));
+        trunk_out_backward(executor, trunk, w->image_rows, &w->image_out, w->d_states);
+        train_trunk_backward(trunk, executor, &trainer->image_pass, w->d_states, w->d_x);
+        patch_tokens_backward(trunk, executor, trainer->patches[0], plan->image_patches, plan->image_rows,
+                              plan->image_offsets, plan->images, w->d_x, w->image_embedded);
+    }
+    if (plan->sounds) {
+        train_trunk_t const *trunk = &trainer->audio;
+        size_t tokens = plan->sound_offsets[plan->sounds];
+        memset(w->d_states, 0, tokens * trunk->hidden * sizeof(float));
+        trunk_out_backward(executor, trunk, w->sound_rows, &w->sound_out, w->d_states);
+        train_trunk_backward(trunk, executor, &trainer->audio_pass, w->d_states, w->d_x);
+        patch_tokens_backward(trunk, executor, trainer->patches[1], plan->sound_patches, plan->sound_rows,
+                              plan->sound_offsets, plan->sounds, w->d_x, w->sound_embedded);
+    }
+    losses->loss = losses->contrastive + trainer->lm_weight * losses->lm;
+    message[0] = '\0';
+    return UFORM_OK;
+}
+
+uform_status_t train_compute(uform_trainer_t *trainer, uform_executor_t *executor, train_batch_t const *batch,
+                             train_losses_t *losses, train_progress_t *progress, char *message, size_t capacity) {
+    memset(losses, 0, sizeof *losses);
+    train_work_t *work = NULL;
+    uform_status_t status = train_forward(trainer, executor, batch, progress, &work, message, capacity);
+    if (status != UFORM_OK) return status;
+    status = train_backward(trainer, executor, work, work->e, work->batch.items, 0, work->plan.predicted, losses,
+                            progress, message, capacity);
+    train_work_free(work);
+    return status;
+}

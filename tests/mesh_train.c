@@ -1,0 +1,148 @@
+/* A data-parallel run equals one process on the concatenated batch (tests/mesh_train.sh):
+ *   mesh_train mesh OUT      under `mpirun -n N`: each rank steps on its share of the batch, over a mesh;
+ *   mesh_train single OUT    one process, the whole batch, no mesh;
+ *   mesh_train compare A B   the two saves' master weights and moments agree to rounding.
+ * Exit status 77 (skip) when this build has no MPI. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "train_step.h"
+
+#define ITEMS 8
+#define STEPS 4
+
+static char const *const texts[ITEMS] = {
+    "a red circle",   "a round red thing", "a blue square",   "a square of blue",
+    "a green star",   "a star, green",     "a yellow cross",  "a cross in yellow",
+};
+
+static int fail(char const *what) {
+    uform_error_t error = uform_last_error();
+    fprintf(stderr, "mesh_train: %s: %s (%s)\n", what, uform_status_name(error.status), error.message);
+    return 1;
+}
+
+static uform_trainer_config_t config_of(uform_mesh_t *mesh) {
+    uform_trainer_config_t config;
+    uform_trainer_config_default(&config);
+    config.depth = 1;
+    config.hidden = 64;
+    config.dims = 32;
+    config.context = 32;
+    config.towers = 1u << UFORM_MODALITY_TEXT;
+    config.learning_rate = 3e-3;
+    config.warmup_steps = 1;
+    config.total_steps = 10;
+    config.epsilon = 1e-3; /* keeps each update a smooth function of its gradient (test_train_reference.py) */
+    config.mesh = mesh;
+    return config;
+}
+
+/* Steps on items [first, first + count) of the batch, related in pairs (2k, 2k + 1), then saves. */
+static int train(uform_executor_t *executor, uform_mesh_t *mesh, size_t first, size_t count, char const *out) {
+    uform_trainer_config_t config = config_of(mesh);
+    uform_trainer_t *trainer = NULL;
+    uform_trainer_init_args_t init = {.executor = executor, .config = &config, .trainer = &trainer};
+    if (uform_trainer_init_ram(&init) != UFORM_OK) return fail("uform_trainer_init_ram");
+    char data[256] = {0};
+    size_t offsets[ITEMS + 1] = {0};
+    uform_modality_t modalities[ITEMS];
+    uint32_t relations[ITEMS];
+    size_t used = 0, relations_count = 0;
+    for (size_t i = 0; i < count; ++i) {
+        size_t length = strlen(texts[first + i]);
+        memcpy(data + used, texts[first + i], length);
+        used += length;
+        offsets[i + 1] = used;
+        modalities[i] = UFORM_MODALITY_TEXT;
+        if (i % 2 == 1) relations[2 * relations_count] = (uint32_t)(i - 1), relations[2 * relations_count++ + 1] = (uint32_t)i;
+    }
+    uform_trainer_step_stats_t stats;
+    uform_trainer_step_args_t step = {.trainer = trainer,
+                                      .executor = executor,
+                                      .modalities = modalities,
+                                      .contents = {.data = data, .offsets = offsets, .count = count, .length = used},
+                                      .relations = relations,
+                                      .relations_count = relations_count,
+                                      .stats = &stats};
+    for (int s = 0; s < STEPS; ++s) {
+        if (uform_trainer_step(&step) != UFORM_OK) return fail("uform_trainer_step");
+        printf("rank %zu step %zu loss %.9f contrastive %.9f lm %.9f\n", uform_mesh_rank(mesh), stats.step, stats.loss,
+               stats.contrastive_loss, stats.lm_loss);
+    }
+    uform_trainer_save_args_t save = {.trainer = trainer, .executor = executor, .path = out};
+    if (uform_trainer_save(&save) != UFORM_OK) return fail("uform_trainer_save");
+    uform_trainer_free(trainer);
+    return 0;
+}
+
+static int compare(char const *a_path, char const *b_path) {
+    train_params_t a, b;
+    char const *message = NULL;
+    if (train_params_load(&a, a_path, &message) != UFORM_OK || train_params_load(&b, b_path, &message) != UFORM_OK) {
+        fprintf(stderr, "mesh_train: %s\n", message);
+        return 1;
+    }
+    int failures = 0;
+    if (a.step != b.step || a.count != b.count) {
+        fprintf(stderr, "mesh_train: steps %zu and %zu, tensors %zu and %zu\n", a.step, b.step, a.count, b.count);
+        return 1;
+    }
+    double worst = 0;
+    for (size_t i = 0; i < a.count; ++i) {
+        double largest = 0, error = 0;
+        for (size_t j = 0; j < a.tensors[i].count; ++j) {
+            largest = fmax(largest, fabs((double)b.tensors[i].value[j]));
+            error = fmax(error, fabs((double)a.tensors[i].value[j] - (double)b.tensors[i].value[j]));
+        }
+        double relative = largest > 0 ? error / largest : error;
+        worst = fmax(worst, relative);
+        /* F32 sums over half the tokens, then over the two halves, against one sum over all: rounding
+         * only, which Adam's update (epsilon 1e-3) keeps far below 1e-4 of the weights. */
+        if (relative > 1e-4) {
+            fprintf(stderr, "mesh_train: %s differs: %.3g relative\n", a.tensors[i].name, relative);
+            failures++;
+        }
+    }
+    printf("%zu tensors after %zu steps: worst relative difference %.3g\n", a.count, a.step, worst);
+    train_params_free(&a);
+    train_params_free(&b);
+    return failures ? 1 : 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc == 4 && !strcmp(argv[1], "compare")) return compare(argv[2], argv[3]);
+    if (argc != 3 || (strcmp(argv[1], "mesh") && strcmp(argv[1], "single"))) {
+        fprintf(stderr, "usage: mesh_train mesh|single OUT | mesh_train compare A B\n");
+        return 2;
+    }
+    if (!(uform_features() & UFORM_FEATURE_MPI)) {
+        printf("SKIP: this build has no MPI\n");
+        return 77;
+    }
+    uform_ram_options_t options = uform_ram_options_default();
+    options.threads = 1;
+    options.pin = false;
+    uform_executor_t *executor = NULL;
+    if (uform_executor_create_ram(&options, &executor) != UFORM_OK) return fail("uform_executor_create_ram");
+    int rc;
+    if (!strcmp(argv[1], "single")) {
+        rc = train(executor, NULL, 0, ITEMS, argv[2]);
+    } else {
+        uform_mesh_t *mesh = NULL;
+        uform_mesh_bootstrap_args_t bootstrap = {.executor = executor, .mesh = &mesh};
+        if (uform_mesh_bootstrap(&bootstrap) != UFORM_OK) return fail("uform_mesh_bootstrap");
+        size_t rank = uform_mesh_rank(mesh), size = uform_mesh_size(mesh);
+        if (ITEMS % (2 * size)) {
+            fprintf(stderr, "mesh_train: %d items do not split into pairs over %zu ranks\n", ITEMS, size);
+            return 2;
+        }
+        size_t share = ITEMS / size;
+        rc = train(executor, mesh, rank * share, share, argv[2]);
+        uform_mesh_free(mesh);
+    }
+    uform_executor_free(executor);
+    return rc;
+}

@@ -1,0 +1,232 @@
+#!/usr/bin/env python3
+"""Drives `uform train` and `uform eval` on a tiny manifest this script writes (texts, and PNG images
+written with the standard library): three steps of a one-block model, the progress lines, the
+checkpoint and `uform info` on it, a resume that continues the step count, Ctrl-C, bad manifests, and the
+shape of eval's table and JSON.
+
+    test_train_command.py --uform build/src/tools/uform --workdir build/tests/train-command
+
+The standard library only."""
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import zlib
+
+IMAGE_SIZE = 32
+MODEL_FLAGS = ["--depth", "1", "--hidden", "64", "--dims", "32", "--image-size", "32", "--image-patch", "8",
+               "--threads", "2", "--seed", "7"]
+STEP_LINE = re.compile(r"^step (\d+)/(\d+) loss (\S+) contrastive (\S+) lm (\S+) lr (\S+) (\S+) items/s$")
+
+
+def run(uform, *arguments, expect=0):
+    """Runs the command and answers (stdout text, stderr text), checking its exit status."""
+    done = subprocess.run([uform, *arguments], capture_output=True, timeout=240)
+    stdout = done.stdout.decode("utf-8", "replace")
+    stderr = done.stderr.decode("utf-8", "replace")
+    if done.returncode != expect:
+        command = " ".join(arguments)
+        raise AssertionError(f"uform {command}: exit {done.returncode}, expected {expect}\n{stderr}")
+    return stdout, stderr
+
+
+def write_png(path, width, height, seed):
+    """An RGB8 PNG, written with the standard library."""
+    rows = b"".join(b"\x00" + bytes((x * 7 + y * 3 + c * 50 + seed * 40) % 256 for x in range(width) for c in range(3))
+                    for y in range(height))
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    with open(path, "wb") as file:
+        file.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+                   + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+
+
+def write_manifest(path, lines):
+    with open(path, "w") as file:
+        for line in lines:
+            file.write((line if isinstance(line, str) else json.dumps(line)) + "\n")
+
+
+def make_dataset(workdir):
+    """Four groups of a text and an image, and one of two texts: the manifest's path."""
+    media = os.path.join(workdir, "data", "media")
+    os.makedirs(media)
+    lines = []
+    for index, word in enumerate(["red", "green", "blue", "gray"]):
+        group = f"img-{index:06d}"
+        write_png(os.path.join(media, f"{group}.png"), IMAGE_SIZE, IMAGE_SIZE, index)
+        lines.append({"modality": "text", "text": f"a {word} square", "groups": [group]})
+        lines.append({"modality": "image", "path": f"media/{group}.png", "groups": [group]})
+    lines.append({"modality": "text", "text": "a caption", "groups": ["txt-000000"]})
+    lines.append({"modality": "text", "text": "another caption", "groups": ["txt-000000"]})
+    manifest = os.path.join(workdir, "data", "train.jsonl")
+    write_manifest(manifest, lines)
+    return manifest
+
+
+def step_lines(stderr, total):
+    """The steps the progress lines report, checking each line's form."""
+    steps = []
+    for line in stderr.splitlines():
+        match = STEP_LINE.match(line)
+        if not match:
+            continue
+        step, shown_total, loss, contrastive, lm, lr, rate = match.groups()
+        assert int(shown_total) == total, line
+        for value in (loss, contrastive, lm, lr, rate):
+            float(value)  # a number, finite or not, is what the line promises
+        assert float(loss) == float(loss), line  # not NaN
+        steps.append(int(step))
+    return steps
+
+
+def check_train(uform, manifest, workdir):
+    model = os.path.join(workdir, "model.safetensors")
+    _, stderr = run(uform, "train", "--data", manifest, "--out", model, "--steps", "3", "--batch", "4",
+                    *MODEL_FLAGS)
+    assert step_lines(stderr, 3) == [1, 2, 3], stderr
+    assert os.path.isfile(model) and os.path.isfile(model + ".optimizer"), os.listdir(workdir)
+    info = json.loads(run(uform, "info", "--model", model, "--json")[0])
+    assert info, info
+    text, _ = run(uform, "info", "--model", model)
+    assert text, text
+
+    # A resume continues the step count from the saved optimizer state.
+    resumed = os.path.join(workdir, "resumed.safetensors")
+    _, stderr = run(uform, "train", "--data", manifest, "--out", resumed, "--steps", "5", "--batch", "4",
+                    "--resume", model, *MODEL_FLAGS)
+    assert step_lines(stderr, 5) == [4, 5], stderr
+    assert os.path.isfile(resumed)
+    # At its total already: nothing to do is an error that says so.
+    _, stderr = run(uform, "train", "--data", manifest, "--out", resumed, "--steps", "3", "--resume", model,
+                    expect=1)
+    assert "step 3" in stderr and stderr.count("\n") == 1, stderr
+    return model
+
+
+def check_interrupt(uform, manifest, workdir):
+    """Ctrl-C stops after the current step, saves, and says so."""
+    model = os.path.join(workdir, "interrupted.safetensors")
+    process = subprocess.Popen([uform, "train", "--data", manifest, "--out", model, "--steps", "1000000",
+                                "--batch", "4", *MODEL_FLAGS], stderr=subprocess.PIPE)
+    lines = []
+    try:
+        for raw in process.stderr:
+            lines.append(raw.decode())
+            if STEP_LINE.match(lines[-1].rstrip("\n")):
+                process.send_signal(signal.SIGINT)
+                break
+        rest = process.stderr.read().decode()
+        status = process.wait(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    stderr = "".join(lines) + rest
+    last = stderr.splitlines()[-1]
+    assert status == 1 and re.match(r"^uform: interrupted after step \d+ of 1000000; saved ", last), stderr
+    assert os.path.isfile(model) and os.path.isfile(model + ".optimizer"), stderr
+    run(uform, "info", "--model", model)
+
+
+def check_errors(uform, manifest, workdir):
+    model = os.path.join(workdir, "bad.safetensors")
+    good = {"modality": "text", "text": "fine", "groups": ["g"]}
+    bad_lines = [
+        ("{not json", "line 2"),
+        ("[1]", "line 2: not a JSON object"),
+        (json.dumps({"modality": "smell", "path": "x", "groups": ["g"]}), "line 2: modality 'smell'"),
+        (json.dumps({"modality": "text", "groups": ["g"]}), "line 2: no \"text\""),
+        (json.dumps({"modality": "text", "text": "a", "groups": []}), "line 2: \"groups\""),
+        (json.dumps({"modality": "image", "path": "media/missing.png", "groups": ["g"]}), "line 2: "),
+    ]
+    bad = os.path.join(workdir, "data", "bad.jsonl")
+    for line, expected in bad_lines:
+        write_manifest(bad, [good, line])
+        for command in (["train", "--data", bad, "--out", model, "--steps", "1"],
+                        ["eval", "--model", model, "--data", bad]):
+            _, stderr = run(uform, *command, expect=1)
+            assert stderr.startswith(f"uform: {bad} {expected}") and stderr.count("\n") == 1, (line, stderr)
+    assert not os.path.exists(model)
+    write_manifest(bad, [good, json.dumps({"modality": "image", "path": "media/missing.png", "groups": ["g"]})])
+    _, stderr = run(uform, "train", "--data", bad, "--out", model, expect=1)
+    assert "missing.png" in stderr and "No such file" in stderr, stderr
+    _, stderr = run(uform, "train", "--data", os.path.join(workdir, "missing.jsonl"), "--out", model, expect=1)
+    assert stderr.startswith("uform: cannot open") and stderr.count("\n") == 1, stderr
+
+    for status, arguments in [
+        (2, ["train"]),
+        (2, ["train", "--data", manifest]),
+        (2, ["train", "--data", manifest, "--out", model, "--steps", "x"]),
+        (2, ["train", "--data", manifest, "--out", model, "--lr", "fast"]),
+        (2, ["train", "--data", manifest, "--out", model, "--frobnicate"]),
+        (2, ["eval", "--model", model]),
+        (2, ["eval", "--data", manifest, "--batch", "0"]),
+    ]:
+        _, stderr = run(uform, *arguments, expect=status)
+        assert stderr.startswith("uform:") and stderr.count("\n") == 1, (arguments, stderr)
+    for arguments in (["train", "--help"], ["eval", "--help"]):
+        text, _ = run(uform, *arguments)
+        assert text.startswith("usage: uform"), (arguments, text)
+    text, _ = run(uform, "--help")
+    assert "\n  train " in text and "\n  eval " in text, text
+
+
+def check_eval(uform, model, manifest):
+    text, _ = run(uform, "eval", "--model", model, "--data", manifest, "--batch", "3")
+    rows = [line.split() for line in text.splitlines()]
+    assert rows[0] == ["modality", "queries", "candidates", "recall@1", "recall@5"], text
+    assert len(rows) == 2 and rows[1][0] == "image", text
+    assert rows[1][1] == "4" and rows[1][2] == "4", text  # four texts have an image; four images
+    recall1, recall5 = float(rows[1][3]), float(rows[1][4])
+    assert 0 <= recall1 <= recall5 <= 1, text
+    assert recall5 == 1, text  # five candidates of four hold every hit
+
+    report = json.loads(run(uform, "eval", "--model", model, "--data", manifest, "--json")[0])
+    assert report["items"] == 10, report
+    image = report["modalities"]["image"]
+    assert image["queries"] == 4 and image["candidates"] == 4, report
+    assert abs(image["recall@1"] - recall1) < 1e-4 and image["recall@5"] == 1, report
+    assert list(report["modalities"]) == ["image"], report
+
+    # Items captioned alike are described alike: with every image's group holding the same caption,
+    # any image is a hit for that caption; --strict counts groups only.
+    same = os.path.join(os.path.dirname(manifest), "same-captions.jsonl")
+    with open(manifest) as source:
+        lines = [json.loads(line) for line in source if line.strip()]
+    lines = [line for line in lines if line["modality"] == "image"] + [
+        {"modality": "text", "text": "a square", "groups": line["groups"]} for line in lines if line["modality"] == "image"]
+    write_manifest(same, lines)
+    loose = json.loads(run(uform, "eval", "--model", model, "--data", same, "--json")[0])["modalities"]["image"]
+    assert loose["queries"] == 4 and loose["recall@1"] == 1, loose
+    strict = json.loads(run(uform, "eval", "--model", model, "--data", same, "--json", "--strict")[0])
+    strict = strict["modalities"]["image"]
+    # Identical texts embed identically, so each ranks the images alike: one of the four is first.
+    assert abs(strict["recall@1"] - 0.25) < 1e-6, strict
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--uform", required=True)
+    parser.add_argument("--workdir", required=True)
+    options = parser.parse_args()
+    shutil.rmtree(options.workdir, ignore_errors=True)
+    os.makedirs(options.workdir)
+    manifest = make_dataset(options.workdir)
+    model = check_train(options.uform, manifest, options.workdir)
+    check_eval(options.uform, model, manifest)
+    check_interrupt(options.uform, manifest, options.workdir)
+    check_errors(options.uform, manifest, options.workdir)
+    print("uform train and eval: all checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
