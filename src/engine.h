@@ -18,6 +18,7 @@
 #include "uform_config.h"
 #include "checkpoint.h"
 #include "errors.h"
+#include "kernels.h"
 #include "loop.h"
 
 #define container_of(pointer, type, member) ((type *)((char *)(pointer)-offsetof(type, member)))
@@ -221,6 +222,16 @@ static inline void thread_share(size_t count, size_t thread, size_t threads, siz
     }
     *first = count * thread / threads;
     *last = count * (thread + 1) / threads;
+}
+
+/* The GEMM columns [*begin, *end) of `n` that thread `thread` of `threads` takes: whole tiles of
+ * KERNEL_GEMM_TILE (the last one cut at n) shared as thread_share shares units. false when none. */
+static inline bool thread_columns(size_t n, size_t thread, size_t threads, size_t *begin, size_t *end) {
+    size_t tiles = (n + KERNEL_GEMM_TILE - 1) / KERNEL_GEMM_TILE, first, last;
+    thread_share(tiles, thread, threads, &first, &last);
+    *begin = first * KERNEL_GEMM_TILE;
+    *end = last * KERNEL_GEMM_TILE < n ? last * KERNEL_GEMM_TILE : n;
+    return first < last;
 }
 
 /* Host memory placed where the executor computes: 64-byte aligned, bound to its NUMA domains. NULL

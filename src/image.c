@@ -84,17 +84,7 @@ static uform_status_t image_prepare(image_call_t *image, size_t item, float *pat
         return image_preprocess(bytes, height, width, width * 3, &image->geometry, patches);
     }
     if (image->input == IMAGE_INPUT_FILES) bytes = media_file(&image->run, item, &span);
-    if (image->video) {
-        size_t patch = image->geometry.patch;
-        video_patches_t target = {&image->geometry, patches, image->patches * 3 * patch * patch};
-        return video_decode(bytes, span, image->frames, video_patches_sink, &target);
-    }
-    image_rgb_t rgb;
-    uform_status_t status = image_decode(bytes, span, &rgb);
-    if (status != UFORM_OK) return status;
-    status = image_preprocess(rgb.pixels, rgb.height, rgb.width, rgb.width * 3, &image->geometry, patches);
-    free(rgb.pixels);
-    return status;
+    return media_patches(bytes, span, &image->geometry, image->video ? image->frames : 0, patches);
 }
 
 /* The run's `decode` (media_read.h), on any executor thread: a failed item's rows are zero, for the

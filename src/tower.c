@@ -138,11 +138,8 @@ typedef struct gemm_job {
 
 static void gemm_work(void *context, size_t thread) {
     gemm_job_t const *job = context;
-    size_t tiles = (job->gemm.n + KERNEL_GEMM_TILE - 1) / KERNEL_GEMM_TILE, first, last;
-    thread_share(tiles, thread, job->threads, &first, &last);
-    if (first == last) return;
-    size_t end = last * KERNEL_GEMM_TILE < job->gemm.n ? last * KERNEL_GEMM_TILE : job->gemm.n;
-    job->kernels->gemm(&job->gemm, first * KERNEL_GEMM_TILE, end);
+    size_t begin, end;
+    if (thread_columns(job->gemm.n, thread, job->threads, &begin, &end)) job->kernels->gemm(&job->gemm, begin, end);
 }
 
 static void run_gemm(tower_t const *tower, uform_executor_t *executor, kernel_gemm_t const *gemm) {

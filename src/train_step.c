@@ -12,7 +12,6 @@
 
 #include "audio_decode.h"
 #include "audio_frontend.h"
-#include "image_decode.h"
 #include "image_preprocess.h"
 #include "train.h"
 #include "train_step.h"
@@ -157,21 +156,6 @@ static void plan_free(batch_plan_t *plan) {
     memset(plan, 0, sizeof *plan);
 }
 
-static uform_status_t plan_image(uform_trainer_t const *trainer, uint8_t const *bytes, size_t span, bool video,
-                                 float *patches) {
-    if (video) { /* UFORM_UNSUPPORTED in a build without FFmpeg */
-        size_t patch = trainer->geometry.patch, side = trainer->geometry.size / patch;
-        video_patches_t target = {&trainer->geometry, patches, side * side * 3 * patch * patch};
-        return video_decode(bytes, span, trainer->params.info.video.frames, video_patches_sink, &target);
-    }
-    image_rgb_t rgb;
-    uform_status_t status = image_decode(bytes, span, &rgb);
-    if (status != UFORM_OK) return status;
-    status = image_preprocess(rgb.pixels, rgb.height, rgb.width, rgb.width * 3, &trainer->geometry, patches);
-    free(rgb.pixels);
-    return status;
-}
-
 #if UFORM_WITH_FFMPEG
 /* One sound's patch rows (at most max_patches of them) into *rows (malloc'ed), as the audio verbs make
  * them: decoded, resampled, cut to the model's reach, log-mel. */
@@ -273,7 +257,8 @@ static uform_status_t plan_batch(uform_trainer_t const *trainer, train_batch_t c
             plan->text_offsets[++text] = token;
         } else if (modality == UFORM_MODALITY_IMAGE || modality == UFORM_MODALITY_VIDEO) {
             bool video = modality == UFORM_MODALITY_VIDEO;
-            status = plan_image(trainer, bytes, span, video, plan->image_patches + image * per_image * patch_floats);
+            status = media_patches(bytes, span, &trainer->geometry, video ? frames : 0,
+                                   plan->image_patches + image * per_image * patch_floats);
             if (status != UFORM_OK) {
                 snprintf(message, capacity, "item %zu: the %s cannot be decoded (%s)", i, video ? "clip" : "image",
                          uform_status_name(status));

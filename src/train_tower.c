@@ -28,11 +28,8 @@ typedef struct sgemm_job {
 
 static void sgemm_work(void *context, size_t thread) {
     sgemm_job_t const *job = context;
-    size_t tiles = (job->sgemm.n + KERNEL_GEMM_TILE - 1) / KERNEL_GEMM_TILE, first, last;
-    thread_share(tiles, thread, job->threads, &first, &last);
-    if (first == last) return;
-    size_t end = last * KERNEL_GEMM_TILE < job->sgemm.n ? last * KERNEL_GEMM_TILE : job->sgemm.n;
-    job->kernels->sgemm(&job->sgemm, first * KERNEL_GEMM_TILE, end);
+    size_t begin, end;
+    if (thread_columns(job->sgemm.n, thread, job->threads, &begin, &end)) job->kernels->sgemm(&job->sgemm, begin, end);
 }
 
 static void run_sgemm(kernels_t const *kernels, uform_executor_t *executor, kernel_sgemm_t const *sgemm) {

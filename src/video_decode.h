@@ -69,3 +69,9 @@ typedef struct video_patches {
     size_t floats; /* per sample: (size / patch)^2 * 3 patch^2 */
 } video_patches_t;
 uform_status_t video_patches_sink(void *context, size_t first, size_t count, video_frame_t const *frame);
+
+/* The image tower's patch rows of one encoded item: an image (frames 0: decoded, resized, cropped,
+ * normalized, patchified into `patches`), or a clip whose `frames` samples land one after another
+ * (video_patches_sink). Answers what image_decode, image_preprocess or video_decode answer. */
+uform_status_t media_patches(uint8_t const *bytes, size_t span, image_geometry_t const *geometry, size_t frames,
+                             float *patches);

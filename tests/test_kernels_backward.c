@@ -9,40 +9,19 @@
 #include <string.h>
 
 #include "fixtures.h"
+#include "kernel_fixtures.h"
 #include "kernels.h"
 
-#define COUNT(array) (sizeof(array) / sizeof((array)[0]))
-#define SENTINEL     12345.0f /* written around outputs: a kernel must leave it alone */
-#define SIMD_PATHS   4        /* avx2, avx512, avx512bf16, neon */
-#define STEP         1e-4     /* of the central differences, on functions computed in double */
+#define STEP 1e-4 /* of the central differences, on functions computed in double */
 
 static size_t const sizes[] = {1, 3, 15, 16, 17, 63, 64, 65, 100, 768, 1000};
 
 /* ---- Helpers ------------------------------------------------------------------------------------ */
 
-static float *floats_uniform(size_t n, float low, float high) {
-    float *x = test_malloc(n * sizeof(float));
-    for (size_t i = 0; i < n; ++i)
-        x[i] = random_uniform(low, high);
-    return x;
-}
-
-static float *floats_filled(size_t n, float value) {
-    float *x = test_malloc(n * sizeof(float));
-    for (size_t i = 0; i < n; ++i)
-        x[i] = value;
-    return x;
-}
-
 static float *floats_copy(float const *x, size_t n) {
     float *copy = test_malloc(n * sizeof(float));
     memcpy(copy, x, n * sizeof(float));
     return copy;
-}
-
-static void check_near(double actual, double expected, double tolerance, char const *what, size_t index) {
-    if (fabs(actual - expected) <= tolerance) return;
-    fail_msg("%s[%zu] = %.9g, expected %.9g within %.3g", what, index, actual, expected, tolerance);
 }
 
 /* The largest |error| / scale seen by one check of one path, printed at the end of the test. */
@@ -56,19 +35,6 @@ static void worst_note(worst_t *worst, double error, double scale) {
 }
 
 /* The SIMD paths this CPU and build run; skips the test when there are none. */
-static size_t simd_paths(kernels_t const *paths[SIMD_PATHS]) {
-    kernels_t const *candidates[SIMD_PATHS] = {kernels_avx2(), kernels_avx512(), kernels_avx512bf16(),
-                                               kernels_neon()};
-    size_t count = 0;
-    for (size_t i = 0; i < COUNT(candidates); ++i)
-        if (candidates[i]) paths[count++] = candidates[i];
-    if (!count) {
-        print_message("[  SKIP    ] no SIMD path runs on this CPU\n");
-        skip();
-    }
-    return count;
-}
-
 /* ---- Forward functions in double ---------------------------------------------------------------- */
 
 static double gelu_double(double x) {

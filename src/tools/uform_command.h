@@ -4,6 +4,7 @@
 #ifndef UFORM_COMMAND_H
 #define UFORM_COMMAND_H
 
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -19,6 +20,8 @@ enum {
 
 /* Prints `uform: <message>` on one line of stderr and answers COMMAND_RUNTIME. */
 __attribute__((format(printf, 1, 2))) int command_fail(char const *format, ...);
+/* The same over a va_list. */
+__attribute__((format(printf, 1, 0))) int command_vfail(char const *format, va_list arguments);
 
 /* Prints `uform: <message> (see 'uform <command> --help')` and answers COMMAND_USAGE. */
 __attribute__((format(printf, 2, 3))) int command_usage(char const *command, char const *format, ...);

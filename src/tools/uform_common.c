@@ -19,14 +19,19 @@ char const command_default_model_help[] =
     "seed 42: random weights, for tests), written once to $XDG_CACHE_HOME/uform/tiny-42.safetensors\n"
     "(or $HOME/.cache/uform/) and reused; the tiny one is also the fallback where the demo is missing.\n";
 
-int command_fail(char const *format, ...) {
-    va_list arguments;
-    va_start(arguments, format);
+int command_vfail(char const *format, va_list arguments) {
     fputs("uform: ", stderr);
     vfprintf(stderr, format, arguments);
     fputc('\n', stderr);
-    va_end(arguments);
     return COMMAND_RUNTIME;
+}
+
+int command_fail(char const *format, ...) {
+    va_list arguments;
+    va_start(arguments, format);
+    int code = command_vfail(format, arguments);
+    va_end(arguments);
+    return code;
 }
 
 int command_usage(char const *command, char const *format, ...) {

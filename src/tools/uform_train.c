@@ -99,11 +99,9 @@ __attribute__((format(printf, 1, 2))) static int fail_below(char const *format, 
     end_line();
     va_list arguments;
     va_start(arguments, format);
-    fputs("uform: ", stderr);
-    vfprintf(stderr, format, arguments);
-    fputc('\n', stderr);
+    int code = command_vfail(format, arguments);
     va_end(arguments);
-    return COMMAND_RUNTIME;
+    return code;
 }
 
 static void on_interrupt(int signal_number) {
