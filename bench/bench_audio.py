@@ -17,7 +17,8 @@ passes for at least --min-seconds after one warm-up pass:
       and tower, no decoding or resampling), in the same batches;
   (d) numpy plus PyTorch: the WAV parsed by numpy, the channels averaged, resampled by an FFT
       (numpy.fft, band-limited), torch.stft and the mel filters in float32, and the reference's tower
-      in bfloat16 eager (torch.set_num_threads(threads)), in the same batches.
+      in float32 (PyTorch's default) and in bfloat16, eager (torch.set_num_threads(threads)), in the
+      same batches.
 torchaudio is not in Debian 12's PyTorch, hence the hand-made pipeline. It prints figures and ratios and
 never fails on time.
 """
@@ -80,9 +81,9 @@ def resample_fft(x: np.ndarray, source: int, target: int) -> np.ndarray:
     return (np.fft.irfft(out, n=count) * (count / len(x))).astype(np.float32)
 
 
-def bench_torch(checkpoint, paths, batch, threads, min_seconds):
+def bench_torch(checkpoint, paths, batch, threads, min_seconds, dtype):
     torch.set_num_threads(threads)
-    tower = audio_ref.load_audio_tower(str(checkpoint), torch.bfloat16)
+    tower = audio_ref.load_audio_tower(str(checkpoint), dtype)
     filters = torch.from_numpy(audio_ref.mel_filters(tower.rate, tower.mels, tower.window).T.astype(np.float32))
     window = torch.hann_window(tower.window, periodic=True)
     patches = tower.max_patches
@@ -100,7 +101,7 @@ def bench_torch(checkpoint, paths, batch, threads, min_seconds):
         embeddings = []
         with torch.inference_mode():
             for group in common.groups(paths, batch):
-                rows = torch.stack([rows_of(path) for path in group]).to(torch.bfloat16)
+                rows = torch.stack([rows_of(path) for path in group]).to(dtype)
                 tokens = tower.patch(rows)
                 cls = tower.cls.expand(rows.shape[0], 1, -1)
                 states = tower.trunk(torch.cat((cls, tokens), dim=1) + tower.pos[: 1 + patches])
@@ -141,7 +142,7 @@ def main(argv=None) -> int:
                            "uform decode only (read + decode + resample + log-mel stages)",
                            "uform tower stage of the end-to-end calls",
                            "uform encode only (samples at 16 kHz: log-mel and tower)"),
-                          "clips", "numpy + PyTorch", bench_torch, "PyTorch in bfloat16, FFT resampling")
+                          "clips", "numpy + PyTorch", bench_torch, "PyTorch in {dtype}, FFT resampling")
     return 0
 
 

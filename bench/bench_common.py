@@ -157,30 +157,37 @@ def bench_stages(library: str, checkpoint: Path, threads: int, min_seconds: floa
 
 def compare_stages(args, checkpoint: Path, paths: list, decoded: list, encode_files, encode_decoded, labels: tuple,
                    unit: str, baseline: str, bench_baseline, agreement: str) -> None:
-    """bench_stages (`labels`: its four figures), then, unless --no-torch, the baseline:
-    `bench_baseline(checkpoint, paths, batch, threads, min_seconds)` answers its items per second and the
-    embeddings of its first group. Prints their agreement, the figures and the ratios."""
+    """bench_stages (`labels`: its four figures), then, unless --no-torch, the baseline in float32 (PyTorch's
+    default on a CPU) and in bfloat16: `bench_baseline(checkpoint, paths, batch, threads, min_seconds, dtype)`
+    answers its items per second and the embeddings of its first group. Prints their agreement, the figures
+    and the ratios."""
     import harness
+    import torch
 
     paths = [str(p) for p in paths]
     e2e, decode, compute, encode, first = bench_stages(args.library, checkpoint, args.threads, args.min_seconds,
                                                        encode_files, encode_decoded, paths, decoded, args.batch)
     rows = list(zip(labels, (e2e, decode, compute, encode)))
-    baseline_rate = None
+    baselines = []
     if not args.no_torch:
-        baseline_rate, baseline_first = bench_baseline(checkpoint, paths, args.batch, args.threads, args.min_seconds)
-        rows.append((f"{baseline} eager bfloat16", baseline_rate))
-        print(f"agreement, first batch: min cosine {harness.cosines(first, baseline_first).min():.5f} ({agreement})")
-    print_stages(rows, unit, e2e, encode, baseline, baseline_rate)
+        for dtype, name in ((torch.float32, "float32"), (torch.bfloat16, "bfloat16")):
+            rate, baseline_first = bench_baseline(checkpoint, paths, args.batch, args.threads, args.min_seconds,
+                                                  dtype)
+            rows.append((f"{baseline} eager {name}", rate))
+            baselines.append((f"{baseline} {name}", rate))
+            print(f"agreement, first batch, {name}: min cosine {harness.cosines(first, baseline_first).min():.5f} "
+                  f"({agreement.format(dtype=name)})")
+    print_stages(rows, unit, e2e, encode, baselines)
 
 
-def print_stages(rows: list, unit: str, e2e: float, encode: float, baseline: str, baseline_rate) -> None:
-    """The figures of bench_stages (and the baseline's) and the ratios between them."""
+def print_stages(rows: list, unit: str, e2e: float, encode: float, baselines: list) -> None:
+    """The figures of bench_stages (and the baselines': (name, rate) pairs) and the ratios between them."""
     print()
     width = max(len(name) for name, _ in rows)
     for name, rate in rows:
         print(f"  {name:<{width}} {rate:8.2f} {unit}/s")
     print()
-    print(f"  {'end to end / encode only:':<{len(baseline) + 18}} {e2e / encode:.2f}")
-    if baseline_rate:
-        print(f"  {f'end to end / {baseline}:':<{len(baseline) + 18}} {e2e / baseline_rate:.2f}")
+    width = max([len("end to end / encode only:")] + [len(f"end to end / {name}:") for name, _ in baselines])
+    print(f"  {'end to end / encode only:':<{width}} {e2e / encode:.2f}")
+    for name, rate in baselines:
+        print(f"  {f'end to end / {name}:':<{width}} {e2e / rate:.2f}")

@@ -17,7 +17,9 @@ same weights and threads everywhere, over a folder of seeded JPEG files written 
   (c) encode only: uform_image_encode_pixels on pixels already at 224 x 224 (resizing is then the
       identity), the tower alone, in the same batches;
   (d) Pillow plus PyTorch: Image.open + convert("RGB"), the reference's preprocessing (F.interpolate,
-      antialiased) and its tower in bfloat16 eager (torch.set_num_threads(threads)), in the same batches.
+      antialiased) and its tower eager in float32 (PyTorch's default on a CPU: the BF16 weights widened)
+      and in bfloat16 (oneDNN's AVX-512 BF16 GEMMs where the CPU has them), torch.set_num_threads(threads),
+      in the same batches.
 It prints figures and ratios (end to end / encode only, end to end / Pillow plus PyTorch) and never
 fails on time.
 """
@@ -68,9 +70,9 @@ def write_images(folder: Path, count: int, height: int, width: int, seed: int) -
     return paths
 
 
-def bench_torch(checkpoint, paths, batch, threads, min_seconds):
+def bench_torch(checkpoint, paths, batch, threads, min_seconds, dtype):
     torch.set_num_threads(threads)
-    tower = ref.Reference(str(checkpoint), torch.bfloat16).image
+    tower = ref.Reference(str(checkpoint), dtype).image
 
     def run():
         embeddings = []
@@ -111,7 +113,7 @@ def main(argv=None) -> int:
                            "uform decode only (read + decode + resize stages)",
                            "uform tower stage of the end-to-end calls",
                            "uform encode only (pixels at 224 x 224)"),
-                          "images", "Pillow + PyTorch", bench_torch, "PyTorch in bfloat16")
+                          "images", "Pillow + PyTorch", bench_torch, "PyTorch in {dtype}")
     return 0
 
 

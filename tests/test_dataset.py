@@ -77,7 +77,58 @@ def check_png(path):
             idat += body
         at += 12 + length
     assert chunks[0] == b"IHDR" and chunks[-1] == b"IEND", (path, chunks)
-    assert len(zlib.decompress(idat)) == SIZE * (1 + 3 * SIZE), path
+    raw = zlib.decompress(idat)
+    assert len(raw) == SIZE * (1 + 3 * SIZE), path
+    return unfilter(raw, SIZE, SIZE)
+
+
+def unfilter(raw, width, height):
+    """RGB8 rows from a PNG's inflated IDAT: each row's filter (none, sub, up, average, Paeth) undone."""
+    stride, rows, previous = 3 * width, [], bytes(3 * width)
+    for y in range(height):
+        kind, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1 : (y + 1) * (stride + 1)])
+        for x in range(stride):
+            left = line[x - 3] if x >= 3 else 0
+            up, corner = previous[x], previous[x - 3] if x >= 3 else 0
+            if kind == 1:
+                line[x] = (line[x] + left) & 255
+            elif kind == 2:
+                line[x] = (line[x] + up) & 255
+            elif kind == 3:
+                line[x] = (line[x] + (left + up) // 2) & 255
+            elif kind == 4:
+                p = left + up - corner
+                pa, pb, pc = abs(p - left), abs(p - up), abs(p - corner)
+                line[x] = (line[x] + (left if pa <= pb and pa <= pc else up if pb <= pc else corner)) & 255
+            else:
+                assert kind == 0, kind
+        rows.append(bytes(line))
+        previous = line
+    return rows
+
+
+def check_backgrounds(images):
+    """What the captions say of a background shows in the pixels: its grey; the noise that half
+    the images have is light (a nuisance the captions do not name). Measured on the 6 x 6 corner farthest
+    from the shape, which no shape reaches."""
+    levels = {"dark": 30, "grey": 128, "light": 225}
+    seen = set()
+    for rows, attributes, captions in images:
+        ground = attributes["background"]
+        assert captions[0].startswith(f"a {ground} picture of "), (attributes, captions)
+        assert captions[1].endswith(f", on a {ground} background"), (attributes, captions)
+        x0 = 0 if "right" in attributes["position"] else SIZE - 6
+        y0 = 0 if "bottom" in attributes["position"] else SIZE - 6
+        values = [rows[y][3 * x + c] for y in range(y0, y0 + 6) for x in range(x0, x0 + 6) for c in range(3)]
+        mean = sum(values) / len(values)
+        deviation = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+        assert abs(mean - levels[attributes["background"]]) < 3, (attributes, mean)
+        if attributes["noise"]:
+            assert 0.5 < deviation < 6, (attributes, deviation)
+        else:
+            assert deviation == 0, (attributes, deviation)
+        seen.add((attributes["background"], attributes["noise"]))
+    assert len(seen) == 6, seen  # every grey, plain and noised
 
 
 def check_mp4(path):
@@ -180,12 +231,15 @@ def check_dataset(folder, stderr):
                 assert entry["texts"][0] == f"the spoken word {attributes['word']}", entry
     assert description["items"] == items, (description["items"], items)
     media = {m: [os.path.join(folder, entry["media"][0]["path"]) for _, entry in sorted(by_modality[m])] for m in COUNTS}
-    return description, media
+    paths = {os.path.join(folder, entry["media"][0]["path"]): entry for entries in by_modality.values()
+             for _, entry in entries}
+    attributes = {path: entry["media"][0]["attributes"] for path, entry in paths.items()}
+    captions = {path: entry["texts"] for path, entry in paths.items()}
+    return description, media, attributes, captions
 
 
-def check_files(media):
-    for path in media["image"]:
-        check_png(path)
+def check_files(media, attributes, captions):
+    check_backgrounds([(check_png(path), attributes[path], captions[path]) for path in media["image"]])
     for path in media["video"]:
         check_mp4(path)
     for path in media["audio"]:
@@ -277,10 +331,10 @@ def main():
     assert first["train.jsonl"] != other["train.jsonl"] and first["test.jsonl"] != other["test.jsonl"]
     assert any(first[name] != other.get(name) for name in first if name.startswith("media/"))
 
-    description, media = check_dataset(folders[0], outputs[0][1])
-    other_description, _ = check_dataset(folders[2], outputs[2][1])
+    description, media, attributes, captions = check_dataset(folders[0], outputs[0][1])
+    other_description, _, _, _ = check_dataset(folders[2], outputs[2][1])
     assert description["held_out"] != other_description["held_out"]
-    check_files(media)
+    check_files(media, attributes, captions)
     check_encode(options.uform, options.workdir, media)
     check_refusals(options.uform, options.workdir, folders[0])
     unwritten = ", ".join(f"{name}: {why}" for name, why in description["unwritten"].items())

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Drives `uform train` and `uform eval` on a tiny manifest this script writes (texts, and PNG images
 written with the standard library): three steps of a one-block model, the progress lines, the
-checkpoint and `uform info` on it, a resume that continues the step count, Ctrl-C, bad manifests, and the
-shape of eval's table and JSON.
+checkpoint and `uform info` on it, a resume that continues the step count, Ctrl-C, bad manifests, the
+batches --dry-run shows (passes, --neighbours, identical captions), and the shape of eval's table and JSON.
 
     test_train_command.py --uform build/src/tools/uform --workdir build/tests/train-command
 
@@ -179,6 +179,67 @@ def check_errors(uform, manifest, workdir):
     assert "\n  train " in text and "\n  eval " in text, text
 
 
+def dry_run(uform, manifest, *arguments):
+    """The batches `uform train --dry-run` prints: a list of its JSON lines."""
+    text, stderr = run(uform, "train", "--data", manifest, "--out", "unused.safetensors", "--dry-run", *arguments)
+    assert stderr == "", stderr
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def check_batches(uform, workdir):
+    """Batches as --dry-run shows them: every group once a pass; --neighbours brings a group's nearest
+    groups by their words; identical texts relate their groups' items (not under --strict)."""
+    folder = os.path.join(workdir, "batches")
+    os.makedirs(folder)
+    # Twelve groups of one text, in six twin pairs: a pair shares three words no other group holds.
+    twins = os.path.join(folder, "twins.jsonl")
+    write_manifest(twins, [{"modality": "text", "text": f"w{k // 2}a w{k // 2}b W{k // 2}c, only{k}", "groups": [f"t{k}"]}
+                           for k in range(12)])
+    plain = dry_run(uform, twins, "--steps", "6", "--batch", "4", "--seed", "5")
+    assert [batch["step"] for batch in plain] == [1, 2, 3, 4, 5, 6], plain
+    for first in (0, 3):  # a pass is three batches of four groups: every group once
+        names = [name for batch in plain[first:first + 3] for name in batch["groups"]]
+        assert sorted(names) == sorted(f"t{k}" for k in range(12)), plain
+    assert all(len(batch["lines"]) == 4 and batch["related"] == [] for batch in plain), plain
+    assert dry_run(uform, twins, "--steps", "6", "--batch", "4", "--seed", "5") == plain  # seeded
+    assert dry_run(uform, twins, "--steps", "6", "--batch", "4", "--seed", "6") != plain
+
+    near = dry_run(uform, twins, "--steps", "30", "--batch", "4", "--seed", "5", "--neighbours", "1")
+    for batch in near:  # each group drawn brings its twin, the only group sharing a word with it
+        groups = [int(name[1:]) for name in batch["groups"]]
+        assert len(groups) == 4 and len(set(groups)) == 4, batch
+        assert all(groups[i] // 2 == groups[i + 1] // 2 for i in (0, 2)), batch
+    # Grouped in twins, the batches still take every group of a pass, none twice in a batch.
+    assert len({name for batch in near for name in batch["groups"]}) == 12, near
+
+    # Identical captions: "a red square" captions the images of g0 and g1; g1 also has its own caption.
+    media = os.path.join(folder, "media")
+    os.makedirs(media)
+    lines = []
+    for index in range(3):
+        write_png(os.path.join(media, f"g{index}.png"), IMAGE_SIZE, IMAGE_SIZE, index)
+        lines.append({"modality": "image", "path": f"media/g{index}.png", "groups": [f"g{index}"]})
+    lines += [{"modality": "text", "text": "a red square", "groups": ["g0"]},
+              {"modality": "text", "text": "a red square", "groups": ["g1"]},
+              {"modality": "text", "text": "a red square, drawn again", "groups": ["g1"]},
+              {"modality": "text", "text": "a blue square", "groups": ["g2"]}]
+    alike = os.path.join(folder, "alike.jsonl")
+    write_manifest(alike, lines)
+
+    def pairs(batch):  # related pairs as manifest line numbers, each ascending
+        return {tuple(sorted((batch["lines"][i], batch["lines"][j]))) for i, j in batch["related"]}
+
+    [loose] = dry_run(uform, alike, "--steps", "1", "--batch", "7")
+    [strict] = dry_run(uform, alike, "--steps", "1", "--batch", "7", "--strict")
+    assert sorted(loose["lines"]) == list(range(1, 8)) and sorted(strict["lines"]) == list(range(1, 8))
+    # Lines: 1-3 the images of g0, g1, g2; 4 and 5 "a red square" in g0 and g1; 6 g1's own; 7 g2's.
+    assert pairs(strict) == {(1, 4), (2, 5), (2, 6), (5, 6), (3, 7)}, strict
+    assert pairs(loose) == pairs(strict) | {(1, 5), (2, 4), (4, 5), (4, 6)}, loose
+
+    _, stderr = run(uform, "train", "--data", twins, "--out", "unused", "--neighbours", "9", expect=2)
+    assert "--neighbours" in stderr and stderr.count("\n") == 1, stderr
+
+
 def check_eval(uform, model, manifest):
     text, _ = run(uform, "eval", "--model", model, "--data", manifest, "--batch", "3")
     rows = [line.split() for line in text.splitlines()]
@@ -224,6 +285,7 @@ def main():
     check_eval(options.uform, model, manifest)
     check_interrupt(options.uform, manifest, options.workdir)
     check_errors(options.uform, manifest, options.workdir)
+    check_batches(options.uform, options.workdir)
     print("uform train and eval: all checks passed")
     return 0
 

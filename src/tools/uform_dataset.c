@@ -44,6 +44,7 @@ static char const synth_help[] =
     "  --images N          PNG images (default 4000): one shape (circle, square, triangle, diamond,\n"
     "                      star, cross, ring, hexagon) in one of 8 colours, small, medium or large, at\n"
     "                      one of 9 positions, over a plain or lightly noised dark, grey or light ground\n"
+    "                      (the captions name the ground, not the noise)\n"
     "  --videos N          clips (default 1000), MPEG-4 Part 2 in MP4 at 8 frames a second: a shape of\n"
     "                      a colour moving left, right, up or down, growing or shrinking\n"
     "  --sounds N          sounds (default 1000), 1 s of 16-bit PCM mono WAV: a tone, a major or minor\n"
@@ -56,8 +57,8 @@ static char const synth_help[] =
     "  --test-fraction F   the part of each modality's samples that goes to test, 0 to 0.9 (default 0.1)\n"
     "\n"
     "DIR/train.jsonl and DIR/test.jsonl hold one item a line:\n"
-    "  {\"modality\": \"text\", \"text\": \"a small red circle at the top left\", \"groups\": "
-    "[\"img-000123\"]}\n"
+    "  {\"modality\": \"text\", \"text\": \"a dark picture of a small red circle at the top left\",\n"
+    "   \"groups\": [\"img-000123\"]}\n"
     "  {\"modality\": \"image\", \"path\": \"media/img-000123.png\", \"groups\": [\"img-000123\"],\n"
     "   \"attributes\": {...}}\n"
     "(\"video\" and \"audio\" items alike), paths relative to DIR. Each sample is one group: its media item\n"
@@ -476,7 +477,9 @@ static void jitter_colour(colour_t const *colour, dataset_random_t *random, uint
     }
 }
 
-/* The background of a sample: one of three greys, plain or with noise of amplitude 5 to 12. */
+/* The background of a sample: one of three greys, plain or with noise of amplitude 5 to 12. The captions
+ * name the grey, not the noise: grain of a few levels is a nuisance the towers should ignore (at the
+ * half size they see it is about 1 to 2 levels deep), not something a caption can ask them to find. */
 static size_t draw_background(dataset_random_t *random, dataset_background_t *background, bool *noisy) {
     size_t which = dataset_random_below(random, BACKGROUNDS);
     *noisy = dataset_random_below(random, 2);
@@ -504,11 +507,15 @@ static int synth_image(synth_t *synth, dataset_random_t *random, bool test, char
     jitter_colour(&colours[colour], random, drawn.rgb);
     dataset_draw(synth->pixels, side, &background, &drawn, random);
 
-    snprintf(sample->captions[0], CAPTION_CAPACITY, "a %s %s %s %s", sizes[size].name, colours[colour].name,
-             dataset_shape_names[shape], positions[position].phrase);
-    snprintf(sample->captions[1], CAPTION_CAPACITY, "%s %s %s, %s, %s, on a %s%s background",
+    /* Both captions name the ground: the loss relates the two captions of a sample as well as each to
+     * the image, so a caption silent on the ground would pull the other's ground out of its embedding.
+     * The position ends the first caption: a text's embedding is its last byte's state, and a two-block
+     * byte model learns a two-word phrase there long before it learns one in the middle. */
+    snprintf(sample->captions[0], CAPTION_CAPACITY, "a %s picture of a %s %s %s %s", backgrounds[ground].name,
+             sizes[size].name, colours[colour].name, dataset_shape_names[shape], positions[position].phrase);
+    snprintf(sample->captions[1], CAPTION_CAPACITY, "%s %s %s, %s, %s, on a %s background",
              article(colours[colour].name), colours[colour].name, dataset_shape_names[shape],
-             sizes[size].name, positions[position].name, noisy ? "noisy " : "", backgrounds[ground].name);
+             sizes[size].name, positions[position].name, backgrounds[ground].name);
     sample->attributes =
         json_pack("{s:s, s:s, s:s, s:s, s:s, s:b}", "colour", colours[colour].name, "shape",
                   dataset_shape_names[shape], "size", sizes[size].name, "position", positions[position].name,

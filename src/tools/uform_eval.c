@@ -157,22 +157,6 @@ static float dot(float const *a, float const *b, size_t dims) {
     return (float)sum;
 }
 
-/* Whether a text of `candidate`'s groups says exactly what `query` says: then the query describes the
- * candidate as well as its own item (two images drawn alike, captioned alike). */
-static bool described_alike(manifest_t const *manifest, size_t query, size_t candidate) {
-    manifest_item_t const *q = &manifest->items[query], *c = &manifest->items[candidate];
-    for (size_t g = 0; g < c->groups_count; ++g) {
-        size_t group = manifest->item_groups[c->groups_first + g];
-        for (size_t k = manifest->group_offsets[group]; k < manifest->group_offsets[group + 1]; ++k) {
-            manifest_item_t const *text = &manifest->items[manifest->group_items[k]];
-            if (text->modality == UFORM_MODALITY_TEXT && text->length == q->length &&
-                !memcmp(text->bytes, q->bytes, q->length))
-                return true;
-        }
-    }
-    return false;
-}
-
 /* Text-to-`modality` recall; `candidates` receives that modality's items. */
 static recall_t measure(manifest_t const *manifest, float const *embeddings, size_t dims,
                         uform_modality_t modality, size_t *candidates, bool strict) {
@@ -186,8 +170,8 @@ static recall_t measure(manifest_t const *manifest, float const *embeddings, siz
         size_t best = SIZE_MAX;
         float best_score = 0;
         for (size_t c = 0; c < recall.candidates; ++c) {
-            bool hit = manifest_related(manifest, query, candidates[c]) ||
-                       (!strict && described_alike(manifest, query, candidates[c]));
+            bool hit = strict ? manifest_related(manifest, query, candidates[c])
+                              : manifest_alike(manifest, query, candidates[c]);
             if (!hit) continue;
             float score = dot(q, embeddings + candidates[c] * dims, dims);
             if (best == SIZE_MAX || score > best_score) best = c, best_score = score;

@@ -1,7 +1,8 @@
 /* uform train: trains a model from scratch, or continues a saved one, on a JSONL manifest, with the
  * engine's trainer on a RAM executor. Batches are whole groups of related items, drawn in a seeded
  * order that depends only on the seed and the step, so that a resumed run draws the batches the
- * uninterrupted one would have. */
+ * uninterrupted one would have; each group drawn may bring its nearest groups along (--neighbours),
+ * the hard negatives that teach what tells near groups apart. */
 #include <errno.h>
 #include <math.h>
 #include <signal.h>
@@ -24,7 +25,9 @@ static char const help[] =
     "  {\"modality\": \"image\"|\"video\"|\"audio\", \"path\": \"media/g1.png\", \"groups\": [\"g1\"]}\n"
     "(media paths relative to the manifest's folder; items sharing a group are related). Each step\n"
     "takes whole groups, in an order shuffled per pass with --seed, until the batch holds --batch\n"
-    "items; every two items of the batch sharing a group are a related pair of the contrastive loss.\n"
+    "items; every two items of the batch sharing a group are a related pair of the contrastive loss,\n"
+    "and so are two items with the same modality and contents (one caption written for two pictures\n"
+    "drawn alike describes both) and every item related to one of them, unless --strict.\n"
     "Media files are read for each batch; audio and video need a build with FFmpeg.\n"
     "\n"
     "  --data FILE          the manifest (required)\n"
@@ -37,6 +40,13 @@ static char const help[] =
     "                       then take precedence over the flags below); the model flags are ignored\n"
     "  --save-every N       also save every N steps (default 0: only at the end)\n"
     "  --threads N          worker threads; 0 (the default) takes 7/8 of the cores\n"
+    "  --neighbours N       each group drawn brings N more (default 0), drawn from its 8 nearest groups\n"
+    "                       by the words of their texts (see below)\n"
+    "  --strict             related pairs share a group, whatever their contents\n"
+    "  --dry-run            train nothing: print the batches the steps would take, a JSON object a\n"
+    "                       line on stdout: {\"step\": S, \"groups\": [names, in the order drawn],\n"
+    "                       \"lines\": [the items' manifest lines], \"related\": [[i, j], ...] (pairs of\n"
+    "                       indices into \"lines\")}\n"
     "\n"
     "The model, when training from scratch (every tower; 0 or absent takes the default):\n"
     "  --depth D            blocks per tower (default 2)\n"
@@ -54,6 +64,10 @@ static char const help[] =
     "  --lm-weight X        weight of the text towers' next-byte loss (default 0.1)\n"
     "  --clip X             global gradient norm clip, 0 for none (default 1)\n"
     "\n"
+    "Nearest groups hold the same modalities and share the most words (Jaccard similarity of their\n"
+    "texts' word sets); in a batch they are the negatives that differ in one detail, which random\n"
+    "batches of a large manifest almost never hold.\n"
+    "\n"
     "Each step prints its line on stderr: step/total, loss, contrastive and lm losses, learning rate and\n"
     "items per second; one line a step, or one line redrawn when stderr is a terminal. Ctrl-C stops\n"
     "after the current step and saves. Errors are one line on stderr: exit status 1 when the work\n"
@@ -61,8 +75,8 @@ static char const help[] =
 
 typedef struct train_flags {
     char const *data, *out, *resume;
-    size_t steps, batch, save_every, threads;
-    bool warmup_given, help;
+    size_t steps, batch, save_every, threads, neighbours;
+    bool warmup_given, strict, dry_run, help;
     uform_trainer_config_t config;
 } train_flags_t;
 
@@ -71,6 +85,11 @@ typedef struct batcher {
     manifest_t const *manifest;
     uint64_t seed;
     size_t batch;
+    size_t neighbours;   /* groups brought by each group drawn */
+    size_t *nearest;     /* groups_count x NEAREST: manifest_neighbours */
+    size_t *taken;       /* per group: the batch it last joined, + 1 */
+    size_t *taken_order; /* the current batch's groups, in the order taken */
+    size_t taken_count;
     size_t *order;   /* groups_count */
     size_t position; /* the next group of `order` */
     size_t pass;     /* passes begun */
@@ -82,6 +101,8 @@ typedef struct batcher {
 } batcher_t;
 
 enum { BATCH_STREAM = 0x747261696e }; /* "train": the random stream of the batch order */
+enum { NEAREST_STREAM = 0x6e656172 }; /* "near": the neighbours drawn for batch k */
+enum { NEAREST = 8 };                 /* the nearest groups a group's neighbours are drawn from */
 
 static volatile sig_atomic_t interrupted = 0;
 
@@ -130,6 +151,7 @@ static int parse_flags(int argc, char **argv, train_flags_t *flags) {
         {"--batch", &flags->batch},
         {"--save-every", &flags->save_every},
         {"--threads", &flags->threads},
+        {"--neighbours", &flags->neighbours},
         {"--depth", &flags->config.depth},
         {"--hidden", &flags->config.hidden},
         {"--dims", &flags->config.dims},
@@ -161,6 +183,12 @@ static int parse_flags(int argc, char **argv, train_flags_t *flags) {
             flags->out = value;
         } else if ((matched = command_option(argc, argv, &i, "train", "--resume", &value)) != 0) {
             flags->resume = value;
+        } else if (!strcmp(argv[i], "--strict")) {
+            flags->strict = true;
+            matched = 1;
+        } else if (!strcmp(argv[i], "--dry-run")) {
+            flags->dry_run = true;
+            matched = 1;
         } else if ((matched = command_option(argc, argv, &i, "train", "--seed", &value)) != 0) {
             if (matched > 0 && command_parse_u64(value, &flags->config.seed) != 0)
                 return command_usage("train", "--seed takes a number, not '%s'", value);
@@ -184,6 +212,8 @@ static int parse_flags(int argc, char **argv, train_flags_t *flags) {
     if (!flags->out) return command_usage("train", "--out CHECKPOINT is required");
     if (!flags->steps) return command_usage("train", "--steps must be at least 1");
     if (!flags->batch) return command_usage("train", "--batch must be at least 1");
+    if (flags->neighbours > NEAREST)
+        return command_usage("train", "--neighbours takes at most %d, not %zu", NEAREST, flags->neighbours);
     if (!flags->warmup_given) {
         size_t tenth = flags->steps / 10;
         flags->config.warmup_steps = tenth < 100 ? tenth : 100;
@@ -230,30 +260,64 @@ done:
 
 /* ---- batches ---------------------------------------------------------------------------------- */
 
-static int batcher_open(batcher_t *batcher, manifest_t const *manifest, uint64_t seed, size_t batch) {
-    *batcher = (batcher_t){.manifest = manifest, .seed = seed, .batch = batch};
+static int batcher_open(batcher_t *batcher, manifest_t const *manifest, uint64_t seed, size_t batch,
+                        size_t neighbours) {
+    *batcher = (batcher_t){.manifest = manifest, .seed = seed, .batch = batch, .neighbours = neighbours};
     batcher->order = malloc(manifest->groups_count * sizeof(size_t));
     batcher->stamp = calloc(manifest->count, sizeof(size_t));
-    if (!batcher->order || !batcher->stamp) return command_fail("out of memory");
+    batcher->taken = calloc(manifest->groups_count, sizeof(size_t));
+    batcher->taken_order = malloc(manifest->groups_count * sizeof(size_t));
+    if (!batcher->order || !batcher->stamp || !batcher->taken || !batcher->taken_order)
+        return command_fail("out of memory");
     batcher->position = manifest->groups_count; /* the first draw begins pass 0 */
+    if (neighbours) return manifest_neighbours(manifest, NEAREST, seed, &batcher->nearest);
     return COMMAND_OK;
 }
 
 static void batcher_close(batcher_t *batcher) {
     free(batcher->order);
     free(batcher->stamp);
+    free(batcher->taken);
+    free(batcher->taken_order);
+    free(batcher->nearest);
     free(batcher->items);
     *batcher = (batcher_t){0};
 }
 
-/* The next batch into batcher->items: whole groups in this pass's order until `batch` items, an item of
- * several groups taken once. */
+/* Group `group`'s items appended to the batch, an item already in it skipped. */
+static int batcher_take(batcher_t *batcher, size_t group) {
+    manifest_t const *manifest = batcher->manifest;
+    batcher->taken[group] = batcher->batches;
+    batcher->taken_order[batcher->taken_count++] = group;
+    for (size_t k = manifest->group_offsets[group]; k < manifest->group_offsets[group + 1]; ++k) {
+        size_t item = manifest->group_items[k];
+        if (batcher->stamp[item] == batcher->batches) continue;
+        batcher->stamp[item] = batcher->batches;
+        if (batcher->count == batcher->capacity) {
+            size_t capacity = batcher->capacity ? 2 * batcher->capacity : 64;
+            size_t *grown = realloc(batcher->items, capacity * sizeof *grown);
+            if (!grown) return fail_below("out of memory");
+            batcher->items = grown;
+            batcher->capacity = capacity;
+        }
+        batcher->items[batcher->count++] = item;
+    }
+    return COMMAND_OK;
+}
+
+/* The next batch into batcher->items: whole groups in this pass's order, each followed by up to
+ * `neighbours` of its nearest groups not in the batch yet (drawn from the batch's own random stream),
+ * until `batch` items; an item of several groups taken once. A group the pass order reaches that a
+ * neighbour draw already put in this batch is passed over. */
 static int batcher_next(batcher_t *batcher) {
     manifest_t const *manifest = batcher->manifest;
     size_t const groups = manifest->groups_count;
     batcher->count = 0;
+    batcher->taken_count = 0;
     batcher->batches++;
-    for (size_t taken = 0; taken < groups && batcher->count < batcher->batch; ++taken) {
+    dataset_random_t near;
+    dataset_random_seed(&near, batcher->seed, NEAREST_STREAM, batcher->batches);
+    for (size_t drawn = 0; drawn < groups && batcher->count < batcher->batch; ++drawn) {
         if (batcher->position == groups) {
             dataset_random_t random;
             dataset_random_seed(&random, batcher->seed, BATCH_STREAM, batcher->pass++);
@@ -267,19 +331,24 @@ static int batcher_next(batcher_t *batcher) {
             batcher->position = 0;
         }
         size_t group = batcher->order[batcher->position++];
-        for (size_t k = manifest->group_offsets[group]; k < manifest->group_offsets[group + 1]; ++k) {
-            size_t item = manifest->group_items[k];
-            if (batcher->stamp[item] == batcher->batches) continue;
-            batcher->stamp[item] = batcher->batches;
-            if (batcher->count == batcher->capacity) {
-                size_t capacity = batcher->capacity ? 2 * batcher->capacity : 64;
-                size_t *grown = realloc(batcher->items, capacity * sizeof *grown);
-                if (!grown) return fail_below("out of memory");
-                batcher->items = grown;
-                batcher->capacity = capacity;
-            }
-            batcher->items[batcher->count++] = item;
+        if (batcher->taken[group] == batcher->batches) continue;
+        int code = batcher_take(batcher, group);
+        size_t const *nearest = batcher->nearest ? batcher->nearest + group * NEAREST : NULL;
+        for (size_t brought = 0; code == COMMAND_OK && nearest && brought < batcher->neighbours &&
+                                 batcher->count < batcher->batch;) {
+            size_t free_count = 0; /* the nearest groups not in the batch yet */
+            for (size_t j = 0; j < NEAREST; ++j)
+                free_count += nearest[j] != SIZE_MAX && batcher->taken[nearest[j]] != batcher->batches;
+            if (free_count == 0) break;
+            size_t pick = dataset_random_below(&near, free_count);
+            for (size_t j = 0; j < NEAREST; ++j)
+                if (nearest[j] != SIZE_MAX && batcher->taken[nearest[j]] != batcher->batches && pick-- == 0) {
+                    code = batcher_take(batcher, nearest[j]);
+                    ++brought;
+                    break;
+                }
         }
+        if (code != COMMAND_OK) return code;
     }
     return COMMAND_OK;
 }
@@ -302,7 +371,33 @@ static void step_inputs_release(step_inputs_t *inputs) {
     *inputs = (step_inputs_t){0};
 }
 
-static int step_inputs_fill(step_inputs_t *inputs, manifest_t const *manifest, batcher_t const *batcher) {
+/* The batch's related pairs into inputs->relations. */
+static int step_relations(step_inputs_t *inputs, manifest_t const *manifest, batcher_t const *batcher,
+                          bool strict) {
+    size_t const count = batcher->count;
+    inputs->relations_count = 0;
+    for (size_t i = 0; i < count; ++i)
+        for (size_t j = i + 1; j < count; ++j) {
+            bool related = strict ? manifest_related(manifest, batcher->items[i], batcher->items[j])
+                                  : manifest_alike(manifest, batcher->items[i], batcher->items[j]);
+            if (!related) continue;
+            if (inputs->relations_count == inputs->relations_capacity) {
+                size_t capacity = inputs->relations_capacity ? 2 * inputs->relations_capacity : 256;
+                uint32_t *grown = realloc(inputs->relations, 2 * capacity * sizeof *grown);
+                if (!grown) return fail_below("out of memory for a batch's relations");
+                inputs->relations = grown;
+                inputs->relations_capacity = capacity;
+            }
+            inputs->relations[2 * inputs->relations_count] = (uint32_t)i;
+            inputs->relations[2 * inputs->relations_count + 1] = (uint32_t)j;
+            inputs->relations_count++;
+        }
+    return COMMAND_OK;
+}
+
+/* The batch's modalities, contents and related pairs into `inputs`, its media files read. */
+static int step_inputs_fill(step_inputs_t *inputs, manifest_t const *manifest, batcher_t const *batcher,
+                            bool strict) {
     size_t const count = batcher->count;
     if (count > inputs->items_capacity) {
         free(inputs->modalities);
@@ -338,22 +433,43 @@ static int step_inputs_fill(step_inputs_t *inputs, manifest_t const *manifest, b
         }
         inputs->offsets[i + 1] = inputs->length;
     }
-    inputs->relations_count = 0;
-    for (size_t i = 0; i < count; ++i)
-        for (size_t j = i + 1; j < count; ++j) {
-            if (!manifest_related(manifest, batcher->items[i], batcher->items[j])) continue;
-            if (inputs->relations_count == inputs->relations_capacity) {
-                size_t capacity = inputs->relations_capacity ? 2 * inputs->relations_capacity : 256;
-                uint32_t *grown = realloc(inputs->relations, 2 * capacity * sizeof *grown);
-                if (!grown) return fail_below("out of memory for a batch's relations");
-                inputs->relations = grown;
-                inputs->relations_capacity = capacity;
-            }
-            inputs->relations[2 * inputs->relations_count] = (uint32_t)i;
-            inputs->relations[2 * inputs->relations_count + 1] = (uint32_t)j;
-            inputs->relations_count++;
+    return step_relations(inputs, manifest, batcher, strict);
+}
+
+/* --dry-run: the batches of steps (step, total], one JSON line each on stdout. */
+static int print_batches(manifest_t const *manifest, batcher_t *batcher, step_inputs_t *inputs, size_t step,
+                         size_t total, bool strict) {
+    int code = COMMAND_OK;
+    for (; step < total && code == COMMAND_OK; ++step) {
+        if ((code = batcher_next(batcher)) != COMMAND_OK) break;
+        /* Relations only: the texts and files are not read. */
+        if ((code = step_relations(inputs, manifest, batcher, strict)) != COMMAND_OK) break;
+        json_t *line = json_pack("{s:I, s:[], s:[], s:[]}", "step", (json_int_t)(step + 1), "groups", "lines",
+                                 "related");
+        bool built = line != NULL;
+        json_t *names = json_object_get(line, "groups"), *lines = json_object_get(line, "lines"),
+               *related = json_object_get(line, "related");
+        for (size_t i = 0; i < batcher->count && built; ++i) {
+            manifest_item_t const *item = &manifest->items[batcher->items[i]];
+            built = json_array_append_new(lines, json_integer((json_int_t)item->line)) == 0;
         }
-    return COMMAND_OK;
+        for (size_t k = 0; k < batcher->taken_count && built; ++k)
+            built = json_array_append_new(names,
+                                          json_string(manifest->group_names[batcher->taken_order[k]])) == 0;
+        for (size_t r = 0; r < inputs->relations_count && built; ++r)
+            built = json_array_append_new(related, json_pack("[I, I]", (json_int_t)inputs->relations[2 * r],
+                                                             (json_int_t)inputs->relations[2 * r + 1])) == 0;
+        char *text = built ? json_dumps(line, JSON_COMPACT) : NULL;
+        if (text) {
+            printf("%s\n", text);
+        } else {
+            code = command_fail("out of memory");
+        }
+        free(text);
+        json_decref(line);
+    }
+    if (code == COMMAND_OK && fflush(stdout) != 0) code = command_fail("cannot write the batches");
+    return code;
 }
 
 /* ---- the command ------------------------------------------------------------------------------ */
@@ -393,9 +509,15 @@ int command_train(int argc, char **argv) {
         code = command_fail("%s is at step %zu already: pass a --steps above it", flags.resume, step);
         goto done;
     }
-    if ((code = batcher_open(&batcher, &manifest, flags.config.seed, flags.batch)) != COMMAND_OK) goto done;
+    if ((code = batcher_open(&batcher, &manifest, flags.config.seed, flags.batch, flags.neighbours)) !=
+        COMMAND_OK)
+        goto done;
     for (size_t skipped = 0; skipped < step; ++skipped) /* the batches the resumed run already took */
         if ((code = batcher_next(&batcher)) != COMMAND_OK) goto done;
+    if (flags.dry_run) {
+        code = print_batches(&manifest, &batcher, &inputs, step, flags.steps, flags.strict);
+        goto done;
+    }
 
     uform_ram_options_t options = uform_ram_options_default();
     options.threads = flags.threads;
@@ -415,7 +537,7 @@ int command_train(int argc, char **argv) {
     size_t saved_at = step;
     while (step < flags.steps && !interrupted) {
         if ((code = batcher_next(&batcher)) != COMMAND_OK) break;
-        if ((code = step_inputs_fill(&inputs, &manifest, &batcher)) != COMMAND_OK) break;
+        if ((code = step_inputs_fill(&inputs, &manifest, &batcher, flags.strict)) != COMMAND_OK) break;
         uform_trainer_step_stats_t stats = {0};
         uform_trainer_step_args_t args = {
             .trainer = trainer,
