@@ -98,16 +98,16 @@ def check_train(uform, manifest, workdir):
     text, _ = run(uform, "info", "--model", model)
     assert text, text
 
-    # A resume continues the step count from the saved optimizer state.
     resumed = os.path.join(workdir, "resumed.safetensors")
-    _, stderr = run(uform, "train", "--data", manifest, "--out", resumed, "--steps", "5", "--batch", "4",
-                    "--resume", model, *MODEL_FLAGS)
-    assert step_lines(stderr, 5) == [4, 5], stderr
-    assert os.path.isfile(resumed)
     # At its total already: nothing to do is an error that says so.
     _, stderr = run(uform, "train", "--data", manifest, "--out", resumed, "--steps", "3", "--resume", model,
                     expect=1)
     assert "step 3" in stderr and stderr.count("\n") == 1, stderr
+    # Past the end of its schedule: the learning rate is 0 there, so the steps would change nothing.
+    _, stderr = run(uform, "train", "--data", manifest, "--out", resumed, "--steps", "5", "--batch", "4",
+                    "--resume", model, expect=1)
+    assert "decays to 0 at step 3" in stderr and stderr.count("\n") == 1, stderr
+    assert not os.path.exists(resumed)
     return model
 
 
@@ -134,6 +134,14 @@ def check_interrupt(uform, manifest, workdir):
     assert status == 1 and re.match(r"^uform: interrupted after step \d+ of 1000000; saved ", last), stderr
     assert os.path.isfile(model) and os.path.isfile(model + ".optimizer"), stderr
     run(uform, "info", "--model", model)
+
+    # A resume continues the step count (and the schedule) from the saved optimizer state.
+    saved = int(re.match(r"^uform: interrupted after step (\d+)", last).group(1))
+    resumed = os.path.join(workdir, "resumed.safetensors")
+    _, stderr = run(uform, "train", "--data", manifest, "--out", resumed, "--steps", str(saved + 2), "--batch",
+                    "4", "--resume", model, *MODEL_FLAGS)
+    assert step_lines(stderr, saved + 2) == [saved + 1, saved + 2], stderr
+    assert os.path.isfile(resumed) and os.path.isfile(resumed + ".optimizer")
 
 
 def check_errors(uform, manifest, workdir):

@@ -37,7 +37,10 @@ static char const help[] =
     "  --batch B            items per step, at least (whole groups; default 32)\n"
     "  --resume CHECKPOINT  continue from a checkpoint: its weights, and, where its optimizer state\n"
     "                       lies beside it, the step, moments and optimizer settings it holds (which\n"
-    "                       then take precedence over the flags below); the model flags are ignored\n"
+    "                       then take precedence over the flags below; --steps may not pass the step\n"
+    "                       its learning rate reaches 0 at); the model flags are ignored. The batches\n"
+    "                       drawn depend on --data, --batch, --seed, --neighbours and --strict: pass\n"
+    "                       the ones of the run it continues to continue it bit for bit\n"
     "  --save-every N       also save every N steps (default 0: only at the end)\n"
     "  --threads N          worker threads; 0 (the default) takes 7/8 of the cores\n"
     "  --neighbours N       each group drawn brings N more (default 0), drawn from its 8 nearest groups\n"
@@ -226,9 +229,11 @@ static int parse_flags(int argc, char **argv, train_flags_t *flags) {
 /* ---- the step a checkpoint resumes at ---------------------------------------------------------- */
 
 /* The step held by the optimizer state beside `checkpoint` (a safetensors file whose metadata
- * "uform" object holds "step"), or 0 where there is none or it cannot be read: the trainer then
- * starts from the checkpoint's weights alone, and its first step's statistics say the truth. */
-static size_t resumed_step(char const *checkpoint) {
+ * "uform" object holds "step"), and the step its learning rate schedule ends at (its "total_steps";
+ * 0 where it holds none), or 0 where there is no state or it cannot be read: the trainer then starts
+ * from the checkpoint's weights alone, and its first step's statistics say the truth. */
+static size_t resumed_step(char const *checkpoint, size_t *schedule_end) {
+    *schedule_end = 0;
     char path[4096];
     if (snprintf(path, sizeof path, "%s.optimizer", checkpoint) >= (int)sizeof path) return 0;
     FILE *file = fopen(path, "rb");
@@ -250,6 +255,9 @@ static size_t resumed_step(char const *checkpoint) {
     state = json_loads(json_string_value(uform), 0, NULL);
     json_t *saved = json_object_get(state, "step");
     if (json_is_integer(saved) && json_integer_value(saved) > 0) step = (size_t)json_integer_value(saved);
+    json_t *total = json_object_get(json_object_get(state, "optimizer"), "total_steps");
+    if (step && json_is_integer(total) && json_integer_value(total) > 0)
+        *schedule_end = (size_t)json_integer_value(total);
 done:
     json_decref(state);
     json_decref(root);
@@ -504,9 +512,15 @@ int command_train(int argc, char **argv) {
         code = command_fail("%s holds more than 2^32 items", flags.data);
         goto done;
     }
-    size_t step = flags.resume ? resumed_step(flags.resume) : 0;
+    size_t schedule_end = 0, step = flags.resume ? resumed_step(flags.resume, &schedule_end) : 0;
     if (step >= flags.steps) {
         code = command_fail("%s is at step %zu already: pass a --steps above it", flags.resume, step);
+        goto done;
+    }
+    if (schedule_end && flags.steps > schedule_end) { /* its steps past the end would change nothing */
+        code = command_fail("%s's learning rate decays to 0 at step %zu, where the run it continues ends: "
+                            "pass a --steps of at most %zu, or start a new run",
+                            flags.resume, schedule_end, schedule_end);
         goto done;
     }
     if ((code = batcher_open(&batcher, &manifest, flags.config.seed, flags.batch, flags.neighbours)) !=
