@@ -409,127 +409,135 @@ static uform_status_t parse_metadata(json_t *metadata, uform_model_info_t *info,
 }
 
 /* ---------------------------------------------------------------------------------------------- */
-/* The tensors each tower needs                                                                   */
+/* The tensors of format 4                                                                        */
 /* ---------------------------------------------------------------------------------------------- */
 
-/* The name and shape of one tensor the metadata asks for. */
-typedef struct expected_tensor {
-    char const *suffix;
-    size_t rank;
-    uint64_t shape[2];
-} expected_tensor_t;
+typedef struct schema_walk {
+    int (*visit)(checkpoint_schema_tensor_t const *tensor, void *context);
+    void *context;
+    int answer;
+} schema_walk_t;
 
-/* Finds `name` with that shape, BF16 (or F32 where `f32_allowed`), and counts it in `*matched`. */
-static uform_status_t expect_tensor(checkpoint_header_t const *header, char const *name,
-                                    expected_tensor_t const *expected, bool f32_allowed, size_t *matched,
-                                    char const **message) {
-    checkpoint_tensor_t const *tensor = checkpoint_find(header, name);
-    if (!tensor) return malformed(message, "missing tensor");
-    if (tensor->dtype != CHECKPOINT_BF16 && !(f32_allowed && tensor->dtype == CHECKPOINT_F32))
-        return malformed(message,
-                         f32_allowed ? "tensor dtype is not BF16 or F32" : "tensor dtype is not BF16");
-    if (tensor->rank != expected->rank) return malformed(message, "tensor shape does not match the metadata");
-    for (size_t i = 0; i < expected->rank; i++)
-        if (tensor->shape[i] != expected->shape[i])
-            return malformed(message, "tensor shape does not match the metadata");
-    (*matched)++;
-    return UFORM_OK;
+/* One tensor, `{prefix}.{suffix}` (or `suffix` alone where prefix is NULL), unless an earlier one
+ * stopped the walk. */
+static void schema_visit(schema_walk_t *walk, char const *prefix, char const *suffix, checkpoint_role_t role,
+                         uint64_t rows, uint64_t columns) {
+    if (walk->answer) return;
+    checkpoint_schema_tensor_t tensor = {.rank = columns ? 2 : 1, .shape = {rows, columns}, .role = role};
+    snprintf(tensor.name, sizeof tensor.name, "%s%s%s", prefix ? prefix : "", prefix ? "." : "", suffix);
+    walk->answer = walk->visit(&tensor, walk->context);
 }
 
-/* Every `{prefix}.{suffix}` of a list. */
-static uform_status_t expect_tensors(checkpoint_header_t const *header, char const *prefix,
-                                     expected_tensor_t const *list, size_t count, size_t *matched,
-                                     char const **message) {
-    for (size_t i = 0; i < count; i++) {
-        char name[CHECKPOINT_NAME_LIMIT + 1];
-        snprintf(name, sizeof name, "%s.%s", prefix, list[i].suffix);
-        uform_status_t status = expect_tensor(header, name, &list[i], false, matched, message);
-        if (status != UFORM_OK) return status;
-    }
-    return UFORM_OK;
-}
-
-/* The blocks, the final norm and the projection of one tower, plus its own `extras`. */
-static uform_status_t expect_tower(checkpoint_header_t const *header, char const *tower,
-                                   uform_transformer_info_t const *transformer,
-                                   expected_tensor_t const *extras, size_t extras_count, size_t *matched,
-                                   char const **message) {
+/* A tower's blocks, final norm and projection. */
+static void schema_tower(schema_walk_t *walk, char const *tower, uform_transformer_info_t const *transformer,
+                         uint64_t dims) {
     uint64_t const hidden = transformer->hidden, mlp = transformer->mlp;
-    expected_tensor_t const block[] = {
-        {"norm1.weight", 1, {hidden}},
-        {"norm2.weight", 1, {hidden}},
-        {"attn.qkv.weight", 2, {3 * hidden, hidden}},
-        {"attn.qkv.bias", 1, {3 * hidden}},
-        {"attn.out.weight", 2, {hidden, hidden}},
-        {"attn.out.bias", 1, {hidden}},
-        {"mlp.up.weight", 2, {mlp, hidden}},
-        {"mlp.up.bias", 1, {mlp}},
-        {"mlp.down.weight", 2, {hidden, mlp}},
-        {"mlp.down.bias", 1, {hidden}},
+    struct {
+        char const *suffix;
+        checkpoint_role_t role;
+        uint64_t rows, columns;
+    } const block[] = {
+        {"norm1.weight", CHECKPOINT_ROLE_NORM, hidden, 0},
+        {"norm2.weight", CHECKPOINT_ROLE_NORM, hidden, 0},
+        {"attn.qkv.weight", CHECKPOINT_ROLE_WEIGHT, 3 * hidden, hidden},
+        {"attn.qkv.bias", CHECKPOINT_ROLE_BIAS, 3 * hidden, 0},
+        {"attn.out.weight", CHECKPOINT_ROLE_WEIGHT, hidden, hidden},
+        {"attn.out.bias", CHECKPOINT_ROLE_BIAS, hidden, 0},
+        {"mlp.up.weight", CHECKPOINT_ROLE_WEIGHT, mlp, hidden},
+        {"mlp.up.bias", CHECKPOINT_ROLE_BIAS, mlp, 0},
+        {"mlp.down.weight", CHECKPOINT_ROLE_WEIGHT, hidden, mlp},
+        {"mlp.down.bias", CHECKPOINT_ROLE_BIAS, hidden, 0},
     };
-    expected_tensor_t const ends[] = {
-        {"norm.weight", 1, {hidden}},
-        {"proj.weight", 2, {header->info.dims, hidden}},
-    };
-    uform_status_t status = UFORM_OK;
-    for (size_t i = 0; i < transformer->depth && status == UFORM_OK; i++) {
-        char prefix[64];
+    char prefix[48];
+    for (size_t i = 0; i < transformer->depth; i++) {
         snprintf(prefix, sizeof prefix, "%s.blocks.%zu", tower, i);
-        status = expect_tensors(header, prefix, block, ARRAY_COUNT(block), matched, message);
+        for (size_t j = 0; j < ARRAY_COUNT(block); j++)
+            schema_visit(walk, prefix, block[j].suffix, block[j].role, block[j].rows, block[j].columns);
     }
-    if (status == UFORM_OK) status = expect_tensors(header, tower, ends, ARRAY_COUNT(ends), matched, message);
-    if (status == UFORM_OK) status = expect_tensors(header, tower, extras, extras_count, matched, message);
-    return status;
+    schema_visit(walk, tower, "norm.weight", CHECKPOINT_ROLE_NORM, hidden, 0);
+    schema_visit(walk, tower, "proj.weight", CHECKPOINT_ROLE_WEIGHT, dims, hidden);
 }
 
-/* logit.scale and logit.bias: both or neither. */
-static uform_status_t expect_logit(checkpoint_header_t *header, size_t *matched, char const **message) {
-    bool scale = checkpoint_find(header, LOGIT_SCALE) != NULL,
-         bias = checkpoint_find(header, LOGIT_BIAS) != NULL;
-    if (scale != bias) return malformed(message, "logit.scale and logit.bias go together");
-    header->info.has_logit = scale;
-    if (!scale) return UFORM_OK;
-    expected_tensor_t const one = {"", 1, {1}};
-    uform_status_t status = expect_tensor(header, LOGIT_SCALE, &one, true, matched, message);
-    if (status != UFORM_OK) return status;
-    return expect_tensor(header, LOGIT_BIAS, &one, true, matched, message);
+/* The patch embedding [hidden, inputs] and its bias, the class token and the positions. */
+static void schema_patches(schema_walk_t *walk, char const *tower, uint64_t hidden, uint64_t inputs,
+                           uint64_t positions) {
+    schema_visit(walk, tower, "patch.weight", CHECKPOINT_ROLE_WEIGHT, hidden, inputs);
+    schema_visit(walk, tower, "patch.bias", CHECKPOINT_ROLE_BIAS, hidden, 0);
+    schema_visit(walk, tower, "cls", CHECKPOINT_ROLE_WEIGHT, hidden, 0);
+    schema_visit(walk, tower, "pos", CHECKPOINT_ROLE_WEIGHT, positions, hidden);
+}
+
+int checkpoint_schema_each(uform_model_info_t const *info,
+                           int (*visit)(checkpoint_schema_tensor_t const *tensor, void *context),
+                           void *context) {
+    schema_walk_t walk = {visit, context, 0};
+    if (info->has_text) {
+        schema_tower(&walk, "text", &info->text.transformer, info->dims);
+        schema_visit(&walk, NULL, "text.embed", CHECKPOINT_ROLE_WEIGHT, 257, info->text.transformer.hidden);
+    }
+    if (info->has_image) {
+        uint64_t const side = info->image.size / info->image.patch, patch = info->image.patch;
+        schema_tower(&walk, "image", &info->image.transformer, info->dims);
+        schema_patches(&walk, "image", info->image.transformer.hidden, 3 * patch * patch, 1 + side * side);
+    }
+    if (info->has_audio) {
+        schema_tower(&walk, "audio", &info->audio.transformer, info->dims);
+        schema_patches(&walk, "audio", info->audio.transformer.hidden,
+                       (uint64_t)info->audio.mels * info->audio.patch_frames,
+                       1 + (uint64_t)info->audio.max_patches);
+    }
+    if (info->has_logit) {
+        schema_visit(&walk, NULL, LOGIT_SCALE, CHECKPOINT_ROLE_LOGIT_SCALE, 1, 0);
+        schema_visit(&walk, NULL, LOGIT_BIAS, CHECKPOINT_ROLE_LOGIT_BIAS, 1, 0);
+    }
+    return walk.answer;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* The tensors a header must hold                                                                 */
+/* ---------------------------------------------------------------------------------------------- */
+
+typedef struct expectation {
+    checkpoint_header_t const *header;
+    size_t matched; /* tensors found as expected */
+    char const **message;
+    uform_status_t status;
+} expectation_t;
+
+/* The tensor is there with that shape, BF16 (or, for the logit parameters, F32), and counted. */
+static int expect_tensor(checkpoint_schema_tensor_t const *expected, void *context) {
+    expectation_t *expectation = context;
+    bool const f32_allowed =
+        expected->role == CHECKPOINT_ROLE_LOGIT_SCALE || expected->role == CHECKPOINT_ROLE_LOGIT_BIAS;
+    checkpoint_tensor_t const *tensor = checkpoint_find(expectation->header, expected->name);
+    char const *fault = NULL;
+    if (!tensor)
+        fault = "missing tensor";
+    else if (tensor->dtype != CHECKPOINT_BF16 && !(f32_allowed && tensor->dtype == CHECKPOINT_F32))
+        fault = f32_allowed ? "tensor dtype is not BF16 or F32" : "tensor dtype is not BF16";
+    else if (tensor->rank != expected->rank)
+        fault = "tensor shape does not match the metadata";
+    for (size_t i = 0; !fault && i < expected->rank; i++)
+        if (tensor->shape[i] != expected->shape[i]) fault = "tensor shape does not match the metadata";
+    if (fault) {
+        expectation->status = malformed(expectation->message, fault);
+        return 1;
+    }
+    expectation->matched++;
+    return 0;
 }
 
 /* Every tensor the metadata implies is there, and nothing else: names are unique, so the matches
- * must account for the whole table. */
+ * must account for the whole table. logit.scale and logit.bias are optional, both or neither. */
 static uform_status_t check_tensors(checkpoint_header_t *header, char const **message) {
-    uform_model_info_t const *info = &header->info;
-    size_t matched = 0;
-    uform_status_t status = UFORM_OK;
-    if (info->has_text) {
-        expected_tensor_t const extras[] = {{"embed", 2, {257, info->text.transformer.hidden}}};
-        status = expect_tower(header, "text", &info->text.transformer, extras, 1, &matched, message);
-    }
-    if (status == UFORM_OK && info->has_image) {
-        uint64_t const hidden = info->image.transformer.hidden, side = info->image.size / info->image.patch;
-        uint64_t const patch = info->image.patch;
-        expected_tensor_t const extras[] = {
-            {"patch.weight", 2, {hidden, 3 * patch * patch}},
-            {"patch.bias", 1, {hidden}},
-            {"cls", 1, {hidden}},
-            {"pos", 2, {1 + side * side, hidden}},
-        };
-        status = expect_tower(header, "image", &info->image.transformer, extras, 4, &matched, message);
-    }
-    if (status == UFORM_OK && info->has_audio) {
-        uint64_t const hidden = info->audio.transformer.hidden;
-        expected_tensor_t const extras[] = {
-            {"patch.weight", 2, {hidden, (uint64_t)info->audio.mels * info->audio.patch_frames}},
-            {"patch.bias", 1, {hidden}},
-            {"cls", 1, {hidden}},
-            {"pos", 2, {1 + (uint64_t)info->audio.max_patches, hidden}},
-        };
-        status = expect_tower(header, "audio", &info->audio.transformer, extras, 4, &matched, message);
-    }
-    if (status == UFORM_OK) status = expect_logit(header, &matched, message);
-    if (status == UFORM_OK && matched != header->tensors_count)
-        return malformed(message, "unexpected tensor");
-    return status;
+    bool const scale = checkpoint_find(header, LOGIT_SCALE) != NULL,
+               bias = checkpoint_find(header, LOGIT_BIAS) != NULL;
+    if (scale != bias) return malformed(message, "logit.scale and logit.bias go together");
+    header->info.has_logit = scale;
+    expectation_t expectation = {header, 0, message, UFORM_OK};
+    if (checkpoint_schema_each(&header->info, expect_tensor, &expectation)) return expectation.status;
+    if (expectation.matched != header->tensors_count) return malformed(message, "unexpected tensor");
+    return UFORM_OK;
 }
 
 /* ---------------------------------------------------------------------------------------------- */

@@ -82,6 +82,33 @@ extern double const checkpoint_clip_mean[3], checkpoint_clip_std[3];
  * CLIP's own digits, so the same sizes always give the same text. */
 char *checkpoint_metadata_text(uform_model_info_t const *info);
 
+/* ---- the tensors of format 4 ---- */
+
+/* What a tensor is to a model that starts from scratch. */
+typedef enum checkpoint_role {
+    CHECKPOINT_ROLE_NORM,        /* an RMSNorm weight: starts at 1 */
+    CHECKPOINT_ROLE_BIAS,        /* a linear layer's bias */
+    CHECKPOINT_ROLE_WEIGHT,      /* a linear layer's weight, text.embed, a class token, positions */
+    CHECKPOINT_ROLE_LOGIT_SCALE, /* logit.scale: F32 in a checkpoint, BF16 allowed */
+    CHECKPOINT_ROLE_LOGIT_BIAS,  /* logit.bias: F32 in a checkpoint, BF16 allowed */
+} checkpoint_role_t;
+
+typedef struct checkpoint_schema_tensor {
+    char name[64]; /* "audio.blocks.11.attn.qkv.weight" and the like */
+    size_t rank;   /* 1 or 2 */
+    uint64_t shape[2];
+    checkpoint_role_t role;
+} checkpoint_schema_tensor_t;
+
+/* Calls `visit` with every tensor `info` implies (DESIGN.md, "Model"), in the order the tiny checkpoint
+ * and a trainer starting from scratch write them: per tower text, image, audio (those `info` has), its
+ * blocks, final norm and projection, then text.embed or the patch embedding, class token and
+ * positions; last logit.scale and logit.bias where info->has_logit. Stops at the first nonzero answer of
+ * `visit` and returns it; 0 when every call answered 0. */
+int checkpoint_schema_each(uform_model_info_t const *info,
+                           int (*visit)(checkpoint_schema_tensor_t const *tensor, void *context),
+                           void *context);
+
 /* One tensor to write. */
 typedef struct checkpoint_source {
     char const *name;

@@ -106,75 +106,25 @@ static uform_status_t builder_add(tiny_builder_t *builder, char const *name, siz
     return UFORM_OK;
 }
 
-static uform_status_t add_random(tiny_builder_t *builder, char const *name, size_t rows, size_t columns) {
-    return builder_add(builder, name, rows, columns, 0, TINY_STD);
+/* One tensor of the schema: norm weights 1, logit.scale log 10, logit.bias -10, everything else noise. */
+static int add_visit(checkpoint_schema_tensor_t const *tensor, void *context) {
+    float offset = 0, scale = TINY_STD;
+    if (tensor->role == CHECKPOINT_ROLE_NORM) offset = 1, scale = 0;
+    if (tensor->role == CHECKPOINT_ROLE_LOGIT_SCALE) offset = TINY_LOG_10, scale = 0;
+    if (tensor->role == CHECKPOINT_ROLE_LOGIT_BIAS) offset = TINY_LOGIT_BIAS, scale = 0;
+    return (int)builder_add(context, tensor->name, tensor->shape[0], tensor->rank == 2 ? tensor->shape[1] : 0,
+                            offset, scale);
 }
 
-/* The blocks, final norm and projection of one tower. Norm weights are 1, everything else is noise. */
-static uform_status_t add_tower(tiny_builder_t *builder, char const *tower, tiny_sizes_t const *sizes) {
-    size_t const hidden = sizes->hidden, mlp = sizes->mlp;
-    struct {
-        char const *suffix;
-        size_t rows, columns;
-        float offset, scale;
-    } const block[] = {
-        {"norm1.weight", hidden, 0, 1, 0},
-        {"norm2.weight", hidden, 0, 1, 0},
-        {"attn.qkv.weight", 3 * hidden, hidden, 0, TINY_STD},
-        {"attn.qkv.bias", 3 * hidden, 0, 0, TINY_STD},
-        {"attn.out.weight", hidden, hidden, 0, TINY_STD},
-        {"attn.out.bias", hidden, 0, 0, TINY_STD},
-        {"mlp.up.weight", mlp, hidden, 0, TINY_STD},
-        {"mlp.up.bias", mlp, 0, 0, TINY_STD},
-        {"mlp.down.weight", hidden, mlp, 0, TINY_STD},
-        {"mlp.down.bias", hidden, 0, 0, TINY_STD},
-    };
-    char name[TINY_NAME_SIZE];
-    uform_status_t status = UFORM_OK;
-    for (size_t i = 0; i < sizes->depth; i++) {
-        for (size_t j = 0; j < sizeof block / sizeof block[0] && status == UFORM_OK; j++) {
-            snprintf(name, sizeof name, "%s.blocks.%zu.%s", tower, i, block[j].suffix);
-            status =
-                builder_add(builder, name, block[j].rows, block[j].columns, block[j].offset, block[j].scale);
-        }
-    }
-    snprintf(name, sizeof name, "%s.norm.weight", tower);
-    if (status == UFORM_OK) status = builder_add(builder, name, hidden, 0, 1, 0);
-    snprintf(name, sizeof name, "%s.proj.weight", tower);
-    if (status == UFORM_OK) status = add_random(builder, name, sizes->dims, hidden);
-    return status;
+static int count_visit(checkpoint_schema_tensor_t const *tensor, void *context) {
+    (void)tensor;
+    ++*(size_t *)context;
+    return 0;
 }
 
-/* The patch embedding, class token and positions of the image and audio towers. */
-static uform_status_t add_patches(tiny_builder_t *builder, char const *tower, size_t hidden,
-                                  size_t patch_size, size_t positions) {
-    char name[TINY_NAME_SIZE];
-    snprintf(name, sizeof name, "%s.patch.weight", tower);
-    uform_status_t status = add_random(builder, name, hidden, patch_size);
-    snprintf(name, sizeof name, "%s.patch.bias", tower);
-    if (status == UFORM_OK) status = add_random(builder, name, hidden, 0);
-    snprintf(name, sizeof name, "%s.cls", tower);
-    if (status == UFORM_OK) status = add_random(builder, name, hidden, 0);
-    snprintf(name, sizeof name, "%s.pos", tower);
-    if (status == UFORM_OK) status = add_random(builder, name, positions, hidden);
-    return status;
-}
-
-static uform_status_t add_tensors(tiny_builder_t *builder, tiny_sizes_t const *sizes) {
-    size_t const side = sizes->size / sizes->patch;
-    uform_status_t status = add_tower(builder, "text", sizes);
-    if (status == UFORM_OK) status = add_random(builder, "text.embed", 257, sizes->hidden);
-    if (status == UFORM_OK) status = add_tower(builder, "image", sizes);
-    if (status == UFORM_OK)
-        status =
-            add_patches(builder, "image", sizes->hidden, 3 * sizes->patch * sizes->patch, 1 + side * side);
-    if (status == UFORM_OK) status = add_tower(builder, "audio", sizes);
-    if (status == UFORM_OK)
-        status = add_patches(builder, "audio", sizes->hidden, sizes->mels * sizes->patch_frames,
-                             1 + sizes->max_patches);
-    if (status == UFORM_OK) status = builder_add(builder, "logit.scale", 1, 0, TINY_LOG_10, 0);
-    if (status == UFORM_OK) status = builder_add(builder, "logit.bias", 1, 0, TINY_LOGIT_BIAS, 0);
-    return status;
+/* Every tensor of the model, in checkpoint_schema_each's order (the order of the draws). */
+static uform_status_t add_tensors(tiny_builder_t *builder, uform_model_info_t const *info) {
+    return (uform_status_t)checkpoint_schema_each(info, add_visit, builder);
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -192,6 +142,7 @@ static uform_model_info_t tiny_info(tiny_sizes_t const *sizes) {
         .has_image = true,
         .has_video = true,
         .has_audio = true,
+        .has_logit = true,
         .text = {transformer, sizes->context},
         .image = {.transformer = transformer, .size = sizes->size, .patch = sizes->patch},
         .video = {sizes->frames},
@@ -210,7 +161,8 @@ static uform_model_info_t tiny_info(tiny_sizes_t const *sizes) {
 /* ---------------------------------------------------------------------------------------------- */
 
 /* Every tower shares depth, hidden and mlp; the rest are the tiny model's fixed sizes. */
-static tiny_sizes_t tiny_sizes(size_t depth, size_t hidden, size_t mlp, size_t context, size_t size, size_t patch) {
+static tiny_sizes_t tiny_sizes(size_t depth, size_t hidden, size_t mlp, size_t context, size_t size,
+                               size_t patch) {
     tiny_sizes_t sizes = {
         .depth = depth,
         .hidden = hidden,
@@ -248,18 +200,20 @@ UFORM_EXPORT uform_status_t uform_tiny_checkpoint(uform_tiny_checkpoint_args_t c
     if (mlp > (1u << 20)) return failed(UFORM_INVALID_ARGUMENT, TINY_ENTRY, "mlp over 1048576");
     if (context > (1u << 24)) return failed(UFORM_INVALID_ARGUMENT, TINY_ENTRY, "context over 16777216");
     if (image_size > 4096 || image_size % image_patch != 0)
-        return failed(UFORM_INVALID_ARGUMENT, TINY_ENTRY, "image_size over 4096 or not a multiple of image_patch");
+        return failed(UFORM_INVALID_ARGUMENT, TINY_ENTRY,
+                      "image_size over 4096 or not a multiple of image_patch");
 
     tiny_sizes_t const sizes = tiny_sizes(depth, hidden, mlp, context, image_size, image_patch);
-    size_t const towers = 3, per_tower = 10 * depth + 2, extras = 1 + 4 + 4 + 2;
+    uform_model_info_t const info = tiny_info(&sizes);
+    size_t count = 0;
+    checkpoint_schema_each(&info, count_visit, &count);
     tiny_builder_t builder;
     char *metadata = NULL;
     char const *message = NULL;
-    uform_status_t status = builder_init(&builder, towers * per_tower + extras, args->seed);
+    uform_status_t status = builder_init(&builder, count, args->seed);
     if (status != UFORM_OK) goto fail;
-    status = add_tensors(&builder, &sizes);
+    status = add_tensors(&builder, &info);
     if (status != UFORM_OK) goto fail;
-    uform_model_info_t const info = tiny_info(&sizes);
     metadata = checkpoint_metadata_text(&info);
     if (!metadata) {
         status = failed(UFORM_OUT_OF_MEMORY, TINY_ENTRY, "out of memory");

@@ -93,72 +93,28 @@ static void layout_add(layout_t *layout, char const *name, size_t rows, size_t c
     layout->starts[index] = (tensor_start_t){offset, scale};
 }
 
-/* A tower's blocks, final norm and projection: norms 1, biases 0, weights N(0, 0.02). */
-static void layout_tower(layout_t *layout, char const *tower, uform_transformer_info_t const *transformer,
-                         size_t dims) {
-    size_t const hidden = transformer->hidden, mlp = transformer->mlp;
-    struct {
-        char const *suffix;
-        size_t rows, columns;
+/* One tensor of the schema, started as its role asks: norms 1, biases 0, weights N(0, 0.02), logit.scale
+ * log 10 and logit.bias -10. */
+static int layout_visit(checkpoint_schema_tensor_t const *tensor, void *context) {
+    static struct {
         double offset, scale;
-    } const block[] = {
-        {"norm1.weight", hidden, 0, 1, 0},
-        {"norm2.weight", hidden, 0, 1, 0},
-        {"attn.qkv.weight", 3 * hidden, hidden, 0, TRAIN_STD}, /* [3h, h] */
-        {"attn.qkv.bias", 3 * hidden, 0, 0, 0},
-        {"attn.out.weight", hidden, hidden, 0, TRAIN_STD}, /* [h, h] */
-        {"attn.out.bias", hidden, 0, 0, 0},
-        {"mlp.up.weight", mlp, hidden, 0, TRAIN_STD}, /* [mlp, h] */
-        {"mlp.up.bias", mlp, 0, 0, 0},
-        {"mlp.down.weight", hidden, mlp, 0, TRAIN_STD}, /* [h, mlp] */
-        {"mlp.down.bias", hidden, 0, 0, 0},
+    } const starts[] = {
+        [CHECKPOINT_ROLE_NORM] = {1, 0},
+        [CHECKPOINT_ROLE_BIAS] = {0, 0},
+        [CHECKPOINT_ROLE_WEIGHT] = {0, TRAIN_STD},
+        [CHECKPOINT_ROLE_LOGIT_SCALE] = {TRAIN_LOG_10, 0},
+        [CHECKPOINT_ROLE_LOGIT_BIAS] = {TRAIN_LOGIT_BIAS, 0},
     };
-    char name[TRAIN_NAME_MAX];
-    for (size_t i = 0; i < transformer->depth; i++) {
-        for (size_t j = 0; j < sizeof block / sizeof block[0]; j++) {
-            snprintf(name, sizeof name, "%s.blocks.%zu.%s", tower, i, block[j].suffix);
-            layout_add(layout, name, block[j].rows, block[j].columns, block[j].offset, block[j].scale);
-        }
-    }
-    snprintf(name, sizeof name, "%s.norm.weight", tower);
-    layout_add(layout, name, hidden, 0, 1, 0);
-    snprintf(name, sizeof name, "%s.proj.weight", tower);
-    layout_add(layout, name, dims, hidden, 0, TRAIN_STD); /* [dims, h] */
+    layout_add(context, tensor->name, tensor->shape[0], tensor->rank == 2 ? tensor->shape[1] : 0,
+               starts[tensor->role].offset, starts[tensor->role].scale);
+    return 0;
 }
 
-/* The patch embedding [h, inputs] and its bias, the class token [h] and positions [positions, h]. */
-static void layout_patches(layout_t *layout, char const *tower, size_t hidden, size_t inputs,
-                           size_t positions) {
-    char name[TRAIN_NAME_MAX];
-    snprintf(name, sizeof name, "%s.patch.weight", tower);
-    layout_add(layout, name, hidden, inputs, 0, TRAIN_STD);
-    snprintf(name, sizeof name, "%s.patch.bias", tower);
-    layout_add(layout, name, hidden, 0, 0, 0);
-    snprintf(name, sizeof name, "%s.cls", tower);
-    layout_add(layout, name, hidden, 0, 0, TRAIN_STD);
-    snprintf(name, sizeof name, "%s.pos", tower);
-    layout_add(layout, name, positions, hidden, 0, TRAIN_STD);
-}
-
-/* In tiny_checkpoint.c's order: text, text.embed [257, h], image, audio, then the logit parameters. */
+/* Every tensor of `info` in the checkpoint's order, the logit parameters always (a trainer learns them). */
 static void layout_model(layout_t *layout, uform_model_info_t const *info) {
-    if (info->has_text) {
-        layout_tower(layout, "text", &info->text.transformer, info->dims);
-        layout_add(layout, "text.embed", 257, info->text.transformer.hidden, 0, TRAIN_STD);
-    }
-    if (info->has_image) {
-        size_t const side = info->image.size / info->image.patch;
-        layout_tower(layout, "image", &info->image.transformer, info->dims);
-        layout_patches(layout, "image", info->image.transformer.hidden,
-                       3 * info->image.patch * info->image.patch, 1 + side * side);
-    }
-    if (info->has_audio) {
-        layout_tower(layout, "audio", &info->audio.transformer, info->dims);
-        layout_patches(layout, "audio", info->audio.transformer.hidden,
-                       info->audio.mels * info->audio.patch_frames, 1 + info->audio.max_patches);
-    }
-    layout_add(layout, "logit.scale", 1, 0, TRAIN_LOG_10, 0);
-    layout_add(layout, "logit.bias", 1, 0, TRAIN_LOGIT_BIAS, 0);
+    uform_model_info_t trained = *info;
+    trained.has_logit = true;
+    checkpoint_schema_each(&trained, layout_visit, layout);
 }
 
 /* ---------------------------------------------------------------------------------------------- */
