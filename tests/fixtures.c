@@ -202,6 +202,20 @@ double norm_of(float const *x, size_t n) {
     return sqrt(dot_of(x, x, n));
 }
 
+float float_of_half(uint16_t bits) {
+    uint32_t const sign = (uint32_t)(bits >> 15) << 31, exponent = (bits >> 10) & 0x1f,
+                   mantissa = bits & 0x3ff;
+    if (exponent == 0) { /* zero and subnormals: mantissa * 2^-24, exact in F32 */
+        float const magnitude = (float)mantissa * 0x1p-24f;
+        return sign ? -magnitude : magnitude;
+    }
+    uint32_t const wide = exponent == 0x1f ? sign | 0x7f800000u | mantissa << 13 /* infinities, NaNs */
+                                           : sign | (exponent + 112) << 23 | mantissa << 13;
+    float value;
+    memcpy(&value, &wide, sizeof value);
+    return value;
+}
+
 double cosine_of(float const *a, float const *b, size_t n) {
     double aa = dot_of(a, a, n), bb = dot_of(b, b, n);
     if (aa == 0 && bb == 0) return 1;

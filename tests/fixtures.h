@@ -123,6 +123,8 @@ typedef uform_status_t (*batch_encode_t)(batch_t const *batch, uform_executor_t 
 void const *row_of(uform_view_t const *view, size_t row);
 double norm_of(float const *x, size_t n);
 double cosine_of(float const *a, float const *b, size_t n); /* two zero vectors: 1 */
+/* The float an IEEE half's bits stand for, exactly (not _Float16, which not every compiler has). */
+float float_of_half(uint16_t bits);
 
 /* Every output of item `i` of `a` equals every output of item `j` of `b`, bitwise (token vectors: as
  * many, and the same). */

@@ -31,7 +31,8 @@ static int setup(void **state) {
     }
     /* A deeper, wider one, where BF16 rounding accumulates as in real models. */
     fixture_path("base.safetensors", base_checkpoint, sizeof base_checkpoint);
-    uform_tiny_checkpoint_args_t base = {.path = base_checkpoint, .seed = 5, .depth = 6, .hidden = 384, .context = 200};
+    uform_tiny_checkpoint_args_t base = {
+        .path = base_checkpoint, .seed = 5, .depth = 6, .hidden = 384, .context = 200};
     if (uform_tiny_checkpoint(&base) != UFORM_OK) return -1;
     ram = ram_executor(2, false);
     uform_model_load_args_t load = {.executor = vram, .path = checkpoint, .model = &vram_model};
@@ -94,8 +95,8 @@ static char const *const texts[] = {
     "a cat sits on the mat",
     "",
     "x",
-    "The quick brown fox jumps over the lazy dog, again and again, until the text is longer than the "
-    "context of the tiny model so that it is cut and counted as truncated by both paths.",
+    ("The quick brown fox jumps over the lazy dog, again and again, until the text is longer than the "
+     "context of the tiny model so that it is cut and counted as truncated by both paths."),
     "embeddings on the GPU",
     "\xff\x00\x01 bytes, not characters",
 };
@@ -140,9 +141,7 @@ static float *view_rows(uform_view_t const *view) {
             case UFORM_F16: {
                 uint16_t bits;
                 memcpy(&bits, raw + i * 2, 2);
-                _Float16 half;
-                memcpy(&half, &bits, 2);
-                value = (float)half;
+                value = float_of_half(bits);
                 break;
             }
             case UFORM_I8:
@@ -181,11 +180,17 @@ static void compare_models(uform_model_t *device_model, uform_model_t *host_mode
     assert_int_equal(uform_arena_create(ram, &host_arena), UFORM_OK);
     uform_outputs_t outputs = EVERYTHING;
     uform_encode_stats_t device_stats = {0}, host_stats = {0};
-    uform_encode_config_t device_config = {.outputs_scalar = scalar, .matryoshka = matryoshka, .stats = &device_stats};
-    uform_encode_config_t host_config = {.outputs_scalar = scalar, .matryoshka = matryoshka, .stats = &host_stats};
+    uform_encode_config_t device_config = {
+        .outputs_scalar = scalar, .matryoshka = matryoshka, .stats = &device_stats};
+    uform_encode_config_t host_config = {
+        .outputs_scalar = scalar, .matryoshka = matryoshka, .stats = &host_stats};
     uform_encoded_t on_device, on_host;
-    uform_text_encode_args_t args = {.model = device_model, .executor = vram, .outputs = outputs,
-                                     .arena = device_arena, .config = &device_config, .encoded = &on_device,
+    uform_text_encode_args_t args = {.model = device_model,
+                                     .executor = vram,
+                                     .outputs = outputs,
+                                     .arena = device_arena,
+                                     .config = &device_config,
+                                     .encoded = &on_device,
                                      .texts = tape};
     uform_status_t status = uform_text_encode(&args);
     if (status != UFORM_OK) fail_msg("VRAM text_encode: %s", last_error_text().text);
@@ -202,8 +207,10 @@ static void compare_models(uform_model_t *device_model, uform_model_t *host_mode
     double embeddings = worst_cosine(&on_device.embeddings, &on_host.embeddings);
     double tokens = worst_cosine(&on_device.token_vectors, &on_host.token_vectors);
     double states = worst_cosine(&on_device.states, &on_host.states);
-    fprintf(stderr, "  %zu texts, scalar %d, width %zu: worst cosine embeddings %.6f, token vectors %.6f, states %.6f\n",
-            count, (int)scalar, matryoshka, embeddings, tokens, states);
+    fprintf(
+        stderr,
+        "  %zu texts, scalar %d, width %zu: worst cosine embeddings %.6f, token vectors %.6f, states %.6f\n",
+        count, (int)scalar, matryoshka, embeddings, tokens, states);
     assert_true(embeddings >= 0.999);
     assert_true(tokens >= 0.999);
     assert_true(states >= 0.999);
@@ -252,8 +259,12 @@ static void test_device_views(void **state) {
     assert_int_equal(uform_arena_create(vram, &arena), UFORM_OK);
     assert_int_equal(uform_arena_create_host(&host_arena), UFORM_OK);
     uform_encoded_t encoded;
-    uform_text_encode_args_t args = {.model = vram_model, .executor = vram, .outputs = UFORM_OUTPUT_EMBEDDINGS,
-                                     .arena = arena, .encoded = &encoded, .texts = tape};
+    uform_text_encode_args_t args = {.model = vram_model,
+                                     .executor = vram,
+                                     .outputs = UFORM_OUTPUT_EMBEDDINGS,
+                                     .arena = arena,
+                                     .encoded = &encoded,
+                                     .texts = tape};
     assert_int_equal(uform_text_encode(&args), UFORM_OK);
     void const *row = NULL;
     assert_int_equal(uform_view_check(&encoded.embeddings), UFORM_DEVICE);
@@ -266,14 +277,16 @@ static void test_device_views(void **state) {
     for (size_t r = 0; r < TEXTS; ++r) {
         double norm = 0;
         for (size_t c = 0; c < encoded.embeddings.columns; ++c)
-            norm += (double)rows[r * encoded.embeddings.columns + c] * rows[r * encoded.embeddings.columns + c];
+            norm +=
+                (double)rows[r * encoded.embeddings.columns + c] * rows[r * encoded.embeddings.columns + c];
         assert_true(fabs(norm - 1) < 1e-4);
     }
     free(rows);
     uform_view_t stale = encoded.embeddings;
     assert_int_equal(uform_text_encode(&args), UFORM_OK);
     float *copy = malloc(stale.rows * stale.columns * 4);
-    assert_int_equal(uform_view_copy(&stale, copy, stale.rows * stale.columns * 4, NULL), UFORM_INVALID_ARGUMENT);
+    assert_int_equal(uform_view_copy(&stale, copy, stale.rows * stale.columns * 4, NULL),
+                     UFORM_INVALID_ARGUMENT);
     free(copy);
     /* Host arenas and host models do not mix with a VRAM executor. */
     args.arena = host_arena;
@@ -298,8 +311,12 @@ static void test_choose_matches_cpu(void **state) {
     assert_int_equal(uform_arena_create(ram, &host_states), UFORM_OK);
     assert_int_equal(uform_arena_create(ram, &host_out), UFORM_OK);
     uform_encoded_t on_device, on_host;
-    uform_text_encode_args_t args = {.model = vram_model, .executor = vram, .outputs = UFORM_OUTPUT_STATES,
-                                     .arena = device_states, .encoded = &on_device, .texts = tape};
+    uform_text_encode_args_t args = {.model = vram_model,
+                                     .executor = vram,
+                                     .outputs = UFORM_OUTPUT_STATES,
+                                     .arena = device_states,
+                                     .encoded = &on_device,
+                                     .texts = tape};
     assert_int_equal(uform_text_encode(&args), UFORM_OK);
     args.model = ram_model, args.executor = ram, args.arena = host_states, args.encoded = &on_host;
     assert_int_equal(uform_text_encode(&args), UFORM_OK);
@@ -312,12 +329,19 @@ static void test_choose_matches_cpu(void **state) {
     }
     uform_tape_t choices = {.data = legal, .offsets = legal_offsets, .count = TEXTS, .length = sizeof legal};
     uform_view_t device_probabilities, host_probabilities;
-    uform_text_choose_args_t choose = {.model = vram_model, .executor = vram, .states = &on_device.states,
-                                       .choices = choices, .arena = device_out,
+    uform_text_choose_args_t choose = {.model = vram_model,
+                                       .executor = vram,
+                                       .states = &on_device.states,
+                                       .choices = choices,
+                                       .arena = device_out,
                                        .probabilities = &device_probabilities};
     assert_int_equal(uform_text_choose(&choose), UFORM_OK);
-    choose = (uform_text_choose_args_t){.model = ram_model, .executor = ram, .states = &on_host.states,
-                                        .choices = choices, .arena = host_out, .probabilities = &host_probabilities};
+    choose = (uform_text_choose_args_t){.model = ram_model,
+                                        .executor = ram,
+                                        .states = &on_host.states,
+                                        .choices = choices,
+                                        .arena = host_out,
+                                        .probabilities = &host_probabilities};
     assert_int_equal(uform_text_choose(&choose), UFORM_OK);
     float *a = view_rows(&device_probabilities), *b = view_rows(&host_probabilities);
     double worst = 0;
@@ -353,8 +377,13 @@ static void test_deferred_cancel_contended(void **state) {
     uform_outcome_init(&outcome);
     uform_outcome_init(&other);
     uform_encode_config_t config = {.progress = {.handler = cancel_at_once, .steps = 100}};
-    uform_text_encode_args_t args = {.model = vram_model, .executor = vram, .outputs = UFORM_OUTPUT_EMBEDDINGS,
-                                     .arena = arena, .config = &config, .texts = tape, .outcome = &outcome};
+    uform_text_encode_args_t args = {.model = vram_model,
+                                     .executor = vram,
+                                     .outputs = UFORM_OUTPUT_EMBEDDINGS,
+                                     .arena = arena,
+                                     .config = &config,
+                                     .texts = tape,
+                                     .outcome = &outcome};
     assert_int_equal(uform_text_encode(&args), UFORM_OK);
     /* The executor is held: a second call is refused at once. */
     uform_executor_nop_args_t nop = {.executor = vram, .outcome = &other};
@@ -402,9 +431,15 @@ static void test_images_match_cpu(void **state) {
         uform_encode_config_t config = {.outputs_scalar = scalars[k]};
         uform_encoded_t on_device, on_host;
         uform_outputs_t outputs = EVERYTHING;
-        uform_image_encode_pixels_args_t args = {.model = vram_model, .executor = vram, .outputs = outputs,
-                                                 .arena = device_arena, .config = &config, .encoded = &on_device,
-                                                 .pixels = tape, .heights = heights, .widths = widths};
+        uform_image_encode_pixels_args_t args = {.model = vram_model,
+                                                 .executor = vram,
+                                                 .outputs = outputs,
+                                                 .arena = device_arena,
+                                                 .config = &config,
+                                                 .encoded = &on_device,
+                                                 .pixels = tape,
+                                                 .heights = heights,
+                                                 .widths = widths};
         uform_status_t status = uform_image_encode_pixels(&args);
         if (status != UFORM_OK) fail_msg("VRAM image_encode_pixels: %s", last_error_text().text);
         args.model = ram_model, args.executor = ram, args.arena = host_arena, args.encoded = &on_host;
@@ -415,7 +450,8 @@ static void test_images_match_cpu(void **state) {
         double embeddings = worst_cosine(&on_device.embeddings, &on_host.embeddings);
         double tokens = worst_cosine(&on_device.token_vectors, &on_host.token_vectors);
         double states = worst_cosine(&on_device.states, &on_host.states);
-        fprintf(stderr, "  images, scalar %d: worst cosine embeddings %.6f, token vectors %.6f, states %.6f\n",
+        fprintf(stderr,
+                "  images, scalar %d: worst cosine embeddings %.6f, token vectors %.6f, states %.6f\n",
                 (int)scalars[k], embeddings, tokens, states);
         assert_true(embeddings >= 0.999);
         assert_true(tokens >= 0.999);
