@@ -17,8 +17,8 @@ passes for at least --min-seconds after one warm-up pass:
       and tower, no decoding or resampling), in the same batches;
   (d) numpy plus PyTorch: the WAV parsed by numpy, the channels averaged, resampled by an FFT
       (numpy.fft, band-limited), torch.stft and the mel filters in float32, and the reference's tower
-      in float32 (PyTorch's default) and in bfloat16, eager (torch.set_num_threads(threads)), in the
-      same batches.
+      in float32 (PyTorch's default; on the BLAS the header line names) and in bfloat16, eager
+      (torch.set_num_threads(threads) and as many OpenBLAS threads), in the same batches.
 torchaudio is not in Debian 12's PyTorch, hence the hand-made pipeline. It prints figures and ratios and
 never fails on time.
 """
@@ -82,7 +82,7 @@ def resample_fft(x: np.ndarray, source: int, target: int) -> np.ndarray:
 
 
 def bench_torch(checkpoint, paths, batch, threads, min_seconds, dtype):
-    torch.set_num_threads(threads)
+    common.torch_threads(threads)
     tower = audio_ref.load_audio_tower(str(checkpoint), dtype)
     filters = torch.from_numpy(audio_ref.mel_filters(tower.rate, tower.mels, tower.window).T.astype(np.float32))
     window = torch.hann_window(tower.window, periodic=True)
@@ -136,7 +136,7 @@ def main(argv=None) -> int:
           f"{FRONT_END['mels']} mels, window {FRONT_END['window']}, hop {FRONT_END['hop']}, "
           f"{FRONT_END['patch_frames']} frames per patch, {FRONT_END['max_patches']} patches")
     print(f"{len(paths)} stereo PCM16 WAV files of {args.seconds:g} s at {args.rate} Hz, batches of {args.batch}, "
-          f"{args.threads} threads, PyTorch {torch.__version__}")
+          f"{args.threads} threads, PyTorch {torch.__version__} (float32 GEMMs on {common.torch_blas()})")
     common.compare_stages(args, checkpoint, paths, samples, encode_files, encode_samples,
                           ("uform end to end (files: read, decode, resample, log-mel, tower)",
                            "uform decode only (read + decode + resample + log-mel stages)",

@@ -29,6 +29,44 @@ def python_with(modules: list) -> None:
     run_under_python_with(modules, status=0, hint=": nothing to compare with")
 
 
+def torch_blas() -> str:
+    """Which BLAS PyTorch's float32 GEMMs run on, read from the libraries mapped after one: Debian's
+    python3-torch calls libblas.so.3, whatever implementation Debian's alternatives point that name to
+    (the reference libblas3, far slower than OpenBLAS, unless libopenblas0 is installed), while PyTorch's
+    own wheels carry MKL or OpenBLAS. The float32 baselines are only as fair as this library."""
+    import os
+    import torch
+
+    torch.ones(64, 64) @ torch.ones(64, 64)
+    with open("/proc/self/maps") as maps:
+        mapped = {line.split()[-1] for line in maps if "/" in line}
+    found = []
+    for path in sorted(mapped):
+        name = os.path.basename(path)
+        if any(key in name for key in ("blas", "mkl_", "blis")):
+            real = os.path.realpath(path)
+            kind = ("OpenBLAS" if "openblas" in real else "MKL" if "mkl" in real else "BLIS" if "blis" in real
+                    else "the reference BLAS (netlib, unoptimized)" if real.endswith("/blas/libblas.so.3") else real)
+            found.append(kind)
+    return ", ".join(dict.fromkeys(found)) or "its own kernels (no BLAS library mapped)"
+
+
+def torch_threads(threads: int) -> None:
+    """torch.set_num_threads(threads), and the same count for OpenBLAS where PyTorch's GEMMs run on it: its
+    own pool ignores PyTorch's setting and would take every core."""
+    import ctypes
+    import torch
+
+    torch.set_num_threads(threads)
+    torch.ones(2, 2) @ torch.ones(2, 2)  # maps the BLAS
+    with open("/proc/self/maps") as maps:
+        libraries = {line.split()[-1] for line in maps if "openblas" in line}
+    for path in libraries:
+        setter = getattr(ctypes.CDLL(path), "openblas_set_num_threads", None)
+        if setter:
+            setter(threads)
+
+
 def measure(run, min_seconds: float, warm_up=None) -> float:
     """Seconds per call of `run`, after one call of `warm_up` (default: `run`), over at least
     `min_seconds` (at least one call)."""

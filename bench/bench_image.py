@@ -17,9 +17,11 @@ same weights and threads everywhere, over a folder of seeded JPEG files written 
   (c) encode only: uform_image_encode_pixels on pixels already at 224 x 224 (resizing is then the
       identity), the tower alone, in the same batches;
   (d) Pillow plus PyTorch: Image.open + convert("RGB"), the reference's preprocessing (F.interpolate,
-      antialiased) and its tower eager in float32 (PyTorch's default on a CPU: the BF16 weights widened)
-      and in bfloat16 (oneDNN's AVX-512 BF16 GEMMs where the CPU has them), torch.set_num_threads(threads),
-      in the same batches.
+      antialiased) and its tower eager in float32 (PyTorch's default on a CPU: the BF16 weights widened;
+      Debian's PyTorch runs its GEMMs on the BLAS libblas.so.3 names, which the header line reports: install
+      libopenblas0-pthread, as .ci/run does, or the reference BLAS makes this baseline ~10x slower) and in
+      bfloat16 (oneDNN's AVX-512 BF16 GEMMs where the CPU has them), torch.set_num_threads(threads) and as
+      many OpenBLAS threads, in the same batches.
 It prints figures and ratios (end to end / encode only, end to end / Pillow plus PyTorch) and never
 fails on time.
 """
@@ -71,7 +73,7 @@ def write_images(folder: Path, count: int, height: int, width: int, seed: int) -
 
 
 def bench_torch(checkpoint, paths, batch, threads, min_seconds, dtype):
-    torch.set_num_threads(threads)
+    common.torch_threads(threads)
     tower = ref.Reference(str(checkpoint), dtype).image
 
     def run():
@@ -107,7 +109,7 @@ def main(argv=None) -> int:
     pixels = [np.asarray(Image.open(path).convert("RGB").resize((SIZE, SIZE))) for path in paths]
     print(f"checkpoint {checkpoint.name}: image depth 12, hidden 768, mlp 3072, size {SIZE}, patch {PATCH}")
     print(f"{len(paths)} JPEG files of {args.width}x{args.height} (quality 90, 4:2:0), batches of {args.batch}, "
-          f"{args.threads} threads, PyTorch {torch.__version__}")
+          f"{args.threads} threads, PyTorch {torch.__version__} (float32 GEMMs on {common.torch_blas()})")
     common.compare_stages(args, checkpoint, paths, pixels, encode_files, encode_pixels,
                           ("uform end to end (files: read, decode, resize, tower)",
                            "uform decode only (read + decode + resize stages)",

@@ -8,8 +8,9 @@ seed 3), with the same weights and the same number of threads everywhere, on see
 64 to 256 printable bytes (cut to the model's `context`, as every engine does):
   (a) the C engine through ctypes: a RAM executor of `--threads` threads, embeddings, F32 output;
   (b) PyTorch eager, the independent reference (tests/reference/uform_reference.py) in bfloat16
-      (and float32 with --torch-f32: Debian's PyTorch has no optimized float32 BLAS, about 4 GFLOP/s,
-      while its bfloat16 goes through oneDNN), torch.set_num_threads(threads);
+      (and float32 with --torch-f32: Debian's PyTorch does float32 GEMMs through libblas.so.3, the reference
+      BLAS at about 4 GFLOP/s unless libopenblas0 is installed, while its bfloat16 goes through oneDNN),
+      torch.set_num_threads(threads) and as many OpenBLAS threads;
   (c) ONNX Runtime (pip package onnxruntime) on the reference exported to ONNX (opset 17) in
       float32, intra_op_num_threads = threads; bfloat16 is attempted and its failure reported.
 Every engine gets the same batches, one warm-up batch first, then whole passes over the texts
@@ -93,7 +94,7 @@ def bench_uform(library: str, checkpoint: Path, texts: list, batch: int, threads
 
 
 def bench_torch(checkpoint: Path, texts: list, batch: int, threads: int, min_seconds: float, dtype):
-    torch.set_num_threads(threads)
+    common.torch_threads(threads)
     model = ref.Reference(str(checkpoint), dtype)
     embedder = export_onnx.TextEmbedder(model.text).eval()
     inputs = [tuple(torch.from_numpy(a) for a in export_onnx.make_batch(g, model.text.context)) for g in common.groups(texts, batch)]
@@ -157,7 +158,7 @@ def gemm_uform(build: Path) -> tuple[list, dict, str]:
 
 
 def gemm_torch(n: int, k: int, m: int, threads: int, min_seconds: float) -> float:
-    torch.set_num_threads(threads)
+    common.torch_threads(threads)
     generator = torch.Generator().manual_seed(0)
     a = torch.randn(m, k, generator=generator).to(torch.bfloat16)
     w = torch.randn(n, k, generator=generator).to(torch.bfloat16)  # [out, in], as a linear layer
@@ -186,7 +187,7 @@ def main(argv=None) -> int:
     cut = sum(len(t) > int(text["context"]) for t in texts)
     print(f"{len(texts)} texts of 64..256 printable bytes (seed {args.seed}); {cut} longer than context "
           f"{text['context']} are cut to it by every engine; batches of {args.batch}; {args.threads} threads; "
-          f"PyTorch {torch.__version__}")
+          f"PyTorch {torch.__version__} (float32 GEMMs on {common.torch_blas()})")
 
     rows = []
     uform_rate, note, uform_first = bench_uform(library, checkpoint, texts, args.batch, args.threads, args.min_seconds)

@@ -11,9 +11,10 @@ reason, where bench_train was built without libspng):
       --threads threads made from uform_trainer_config_default with those sizes, seeded; it saves the
       initial weights and the batch (random printable texts of --text-bytes bytes, PNGs; relations pair
       items 2k and 2k + 1), runs --warmup steps, then --steps timed steps;
-  (b) PyTorch, torch.set_num_threads(threads), float32, from the engine's F32 master weights (the
-      `.optimizer` file beside the BF16 checkpoint): tests/reference/train_reference.py's model and
-      loss (TrainModel, contrastive_loss, the same lm_weight) on that checkpoint and batch, with
+  (b) PyTorch, torch.set_num_threads(threads) and as many OpenBLAS threads, float32, from the engine's
+      F32 master weights (the `.optimizer` file beside the BF16 checkpoint):
+      tests/reference/train_reference.py's model and loss (TrainModel, contrastive_loss, the same
+      lm_weight) on that checkpoint and batch, with
       torch.optim.AdamW (the engine's learning rate, betas, epsilon and weight decay, decay on rank-2
       `*.weight` tensors only, the same warmup-then-cosine schedule, the same global-norm clipping; every
       tensor stepped every step, as the engine does). Each step prepares the items from their encoded
@@ -25,8 +26,9 @@ Both time --steps steps after --warmup untimed ones. It prints steps/s, items/s 
 counts its kept bytes and BOS, an image its patches and class token) of both and their ratio, and the
 loss of the first and last step of both with their difference: the first steps start from the same
 weights on the same batch, so their losses should agree to float32 rounding. It never fails on time.
-Debian's PyTorch (BLAS_INFO=generic) has no optimized float32 BLAS, about 4 GFLOP/s: there the
-ratio says more about that build than about PyTorch; a PyTorch with MKL or OpenBLAS is the fair one.
+Debian's PyTorch (BLAS_INFO=generic) does its float32 GEMMs through libblas.so.3, which the header line
+names: the reference BLAS (libblas3) runs at about 4 GFLOP/s and the ratio then says more about it than
+about PyTorch; with libopenblas0-pthread installed (as .ci/run does) it is the fair baseline.
 """
 
 from __future__ import annotations
@@ -129,7 +131,7 @@ def losses(model: train_ref.TrainModel, prepared: list, relations: list, lm_weig
 def run_torch(record: dict, args, check: bool) -> dict:
     """The PyTorch loop on bench_train's checkpoint and batch: steps per second, per-step losses, and
     (when `check`) the difference of the first loss from the reference's own per-text loss."""
-    torch.set_num_threads(args.threads)
+    common.torch_threads(args.threads)
     batch = train_ref.load_batch(record["batch_json"])
     config = batch.optimizer
     model = train_ref.TrainModel(batch.checkpoint, torch.float32)
@@ -213,7 +215,7 @@ def main(argv=None) -> int:
     towers = ["text", "text,image"] if args.towers == "both" else [args.towers]
     print(f"{args.threads} threads, {args.warmup} warm-up + {args.steps} timed steps, texts of {args.text_bytes} "
           f"printable bytes, images {IMAGE['image_size']} px patch {IMAGE['image_patch']}; PyTorch {torch.__version__} "
-          f"float32 ({'the reference per text' if args.torch_per_item else 'texts batched'})")
+          f"float32 on {common.torch_blas()} ({'the reference per text' if args.torch_per_item else 'texts batched'})")
     rows = []
     checked = False
     for size in sizes:
