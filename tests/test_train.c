@@ -1,6 +1,7 @@
 /* The trainer through its public verbs: configs and their errors, a loss that falls, bit-exact resume,
  * bad items and relations that change nothing, cancellation, deferred and contended calls. Its numbers
- * (losses, gradients, AdamW) are checked against PyTorch autograd by tests/reference/test_train_reference.py. */
+ * (losses, gradients, AdamW) are checked against PyTorch autograd by tests/reference/test_train_reference.py.
+ */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -53,13 +54,14 @@ static uint32_t const text_relations[] = {0, 1, 2, 3};
 
 static uform_trainer_step_args_t text_step(uform_trainer_t *trainer, uform_executor_t *executor,
                                            uform_trainer_step_stats_t *stats) {
-    return (uform_trainer_step_args_t){.trainer = trainer,
-                                       .executor = executor,
-                                       .modalities = text_modalities,
-                                       .contents = {.data = texts, .offsets = text_offsets, .count = 4, .length = 58},
-                                       .relations = text_relations,
-                                       .relations_count = 2,
-                                       .stats = stats};
+    return (uform_trainer_step_args_t){
+        .trainer = trainer,
+        .executor = executor,
+        .modalities = text_modalities,
+        .contents = {.data = texts, .offsets = text_offsets, .count = 4, .length = 58},
+        .relations = text_relations,
+        .relations_count = 2,
+        .stats = stats};
 }
 
 /* Every master weight, moment and the step, bitwise. */
@@ -69,7 +71,8 @@ static void assert_same_params(train_params_t const *a, train_params_t const *b)
     for (size_t i = 0; i < a->count; ++i) {
         assert_string_equal(a->tensors[i].name, b->tensors[i].name);
         size_t bytes = a->tensors[i].count * sizeof(float);
-        if (memcmp(a->tensors[i].value, b->tensors[i].value, bytes) || memcmp(a->tensors[i].m, b->tensors[i].m, bytes) ||
+        if (memcmp(a->tensors[i].value, b->tensors[i].value, bytes) ||
+            memcmp(a->tensors[i].m, b->tensors[i].m, bytes) ||
             memcmp(a->tensors[i].v, b->tensors[i].v, bytes))
             fail_msg("%s differs", a->tensors[i].name);
     }
@@ -197,6 +200,30 @@ static void resume_is_bit_exact(void **state) {
     uform_executor_free(executor);
 }
 
+/* The same steps on one thread and on three: the same bits (what lets `uform train` document its demo
+ * model's bytes whatever --threads), with two blocks of 128 so that heads and columns split unevenly. */
+static void steps_do_not_depend_on_threads(void **state) {
+    (void)state;
+    uform_executor_t *executors[2] = {ram_executor(1, false), ram_executor(3, false)};
+    uform_trainer_config_t config = small_config();
+    config.depth = 2;
+    config.hidden = 128;
+    uform_trainer_t *trainers[2];
+    uform_trainer_step_stats_t stats[2];
+    for (size_t t = 0; t < 2; ++t) {
+        trainers[t] = make_trainer(executors[t], &config);
+        uform_trainer_step_args_t step = text_step(trainers[t], executors[t], &stats[t]);
+        for (int i = 0; i < 4; ++i)
+            assert_int_equal(uform_trainer_step(&step), UFORM_OK);
+    }
+    assert_memory_equal(&stats[0].loss, &stats[1].loss, sizeof stats[0].loss);
+    assert_same_params(&trainers[0]->params, &trainers[1]->params);
+    for (size_t t = 0; t < 2; ++t) {
+        uform_trainer_free(trainers[t]);
+        uform_executor_free(executors[t]);
+    }
+}
+
 /* A bad item, a bad relation or a foreign executor: the status, and nothing changed. */
 static void bad_steps_change_nothing(void **state) {
     (void)state;
@@ -209,14 +236,14 @@ static void bad_steps_change_nothing(void **state) {
     train_params_t before = snapshot(&trainer->params);
 
     /* Not an image. */
-    static uform_modality_t const with_image[] = {UFORM_MODALITY_TEXT, UFORM_MODALITY_IMAGE, UFORM_MODALITY_TEXT,
-                                                  UFORM_MODALITY_TEXT};
+    static uform_modality_t const with_image[] = {UFORM_MODALITY_TEXT, UFORM_MODALITY_IMAGE,
+                                                  UFORM_MODALITY_TEXT, UFORM_MODALITY_TEXT};
     step.modalities = with_image;
     assert_int_equal(uform_trainer_step(&step), UFORM_FORMAT);
     assert_non_null(strstr(uform_last_error().message, "item 1"));
     /* A tower the model lacks. */
-    static uform_modality_t const with_audio[] = {UFORM_MODALITY_TEXT, UFORM_MODALITY_AUDIO, UFORM_MODALITY_TEXT,
-                                                  UFORM_MODALITY_TEXT};
+    static uform_modality_t const with_audio[] = {UFORM_MODALITY_TEXT, UFORM_MODALITY_AUDIO,
+                                                  UFORM_MODALITY_TEXT, UFORM_MODALITY_TEXT};
     step.modalities = with_audio;
     assert_int_equal(uform_trainer_step(&step), UFORM_UNSUPPORTED);
     /* An unknown modality, a relation of an item with itself, one past the batch. */
@@ -243,7 +270,8 @@ static void bad_steps_change_nothing(void **state) {
     step.executor = executor;
     step.contents.count = 0;
     assert_int_equal(uform_trainer_step(&step), UFORM_INVALID_ARGUMENT);
-    uform_trainer_save_args_t save = {.trainer = trainer, .executor = executor, .path = "/nonexistent/dir/x.safetensors"};
+    uform_trainer_save_args_t save = {
+        .trainer = trainer, .executor = executor, .path = "/nonexistent/dir/x.safetensors"};
     assert_int_equal(uform_trainer_save(&save), UFORM_IO);
 
     assert_same_params(&before, &trainer->params);
@@ -305,11 +333,9 @@ static void cancel_deferred_and_contended(void **state) {
 
 int main(void) {
     struct CMUnitTest const tests[] = {
-        cmocka_unit_test(configs_and_their_errors),
-        cmocka_unit_test(loss_falls),
-        cmocka_unit_test(resume_is_bit_exact),
-        cmocka_unit_test(bad_steps_change_nothing),
-        cmocka_unit_test(cancel_deferred_and_contended),
+        cmocka_unit_test(configs_and_their_errors), cmocka_unit_test(loss_falls),
+        cmocka_unit_test(resume_is_bit_exact),      cmocka_unit_test(steps_do_not_depend_on_threads),
+        cmocka_unit_test(bad_steps_change_nothing), cmocka_unit_test(cancel_deferred_and_contended),
     };
     return cmocka_run_group_tests(tests, setup, fixture_teardown);
 }
