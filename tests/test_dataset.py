@@ -107,6 +107,14 @@ def unfilter(raw, width, height):
     return rows
 
 
+def column_and_row(position):
+    """The words the second caption of an image ends with for a position ("top left": "left", "top"):
+    both always, "centre" for the middle column and "middle" for the middle row."""
+    words = position.split()
+    row, column = words if len(words) == 2 else ("centre", "centre")
+    return column, "middle" if row == "centre" else row
+
+
 def check_backgrounds(images):
     """What the captions say of a background shows in the pixels: its grey; the noise that half
     the images have is light (a nuisance the captions do not name). Measured on the 6 x 6 corner farthest
@@ -116,7 +124,8 @@ def check_backgrounds(images):
     for rows, attributes, captions in images:
         ground = attributes["background"]
         assert captions[0].startswith(f"a {ground} picture of "), (attributes, captions)
-        assert captions[1].endswith(f", on a {ground} background"), (attributes, captions)
+        column, row = column_and_row(attributes["position"])
+        assert captions[1].endswith(f", {ground} background, {column}, {row}"), (attributes, captions)
         x0 = 0 if "right" in attributes["position"] else SIZE - 6
         y0 = 0 if "bottom" in attributes["position"] else SIZE - 6
         values = [rows[y][3 * x + c] for y in range(y0, y0 + 6) for x in range(x0, x0 + 6) for c in range(3)]
@@ -224,7 +233,9 @@ def check_dataset(folder, stderr):
                 caption = entry["texts"][0]
                 assert attributes["colour"] in caption.split() and attributes["shape"] in caption.split(), entry
             if modality == "image":
-                assert attributes["size"] in entry["texts"][0] and attributes["position"] in entry["texts"][1], entry
+                column, row = column_and_row(attributes["position"])
+                assert attributes["size"] in entry["texts"][0].split(), entry
+                assert entry["texts"][1].endswith(f", {column}, {row}"), entry
             if modality == "video":
                 assert entry["texts"][0].endswith(attributes["motion"]), entry
             if modality == "audio" and attributes["kind"] == "speech":

@@ -153,19 +153,21 @@ static struct {
     double radius; /* of the side */
 } const sizes[SIZES] = {{"small", 0.10}, {"medium", 0.16}, {"large", 0.23}};
 
+/* A position as the first caption says it, its name (the "position" attribute), and its column and row
+ * as the second caption says them (a word each, both always there: "centre" and "middle" differ). */
 static struct {
-    char const *phrase, *name;
+    char const *phrase, *name, *column, *row;
     double x, y; /* of the side */
 } const positions[POSITIONS] = {
-    {"at the top left", "top left", 0.28, 0.28},
-    {"at the top", "top centre", 0.5, 0.28},
-    {"at the top right", "top right", 0.72, 0.28},
-    {"on the left", "centre left", 0.28, 0.5},
-    {"in the centre", "centre", 0.5, 0.5},
-    {"on the right", "centre right", 0.72, 0.5},
-    {"at the bottom left", "bottom left", 0.28, 0.72},
-    {"at the bottom", "bottom centre", 0.5, 0.72},
-    {"at the bottom right", "bottom right", 0.72, 0.72},
+    {"at the top left", "top left", "left", "top", 0.28, 0.28},
+    {"at the top", "top centre", "centre", "top", 0.5, 0.28},
+    {"at the top right", "top right", "right", "top", 0.72, 0.28},
+    {"on the left", "centre left", "left", "middle", 0.28, 0.5},
+    {"in the centre", "centre", "centre", "middle", 0.5, 0.5},
+    {"on the right", "centre right", "right", "middle", 0.72, 0.5},
+    {"at the bottom left", "bottom left", "left", "bottom", 0.28, 0.72},
+    {"at the bottom", "bottom centre", "centre", "bottom", 0.5, 0.72},
+    {"at the bottom right", "bottom right", "right", "bottom", 0.72, 0.72},
 };
 
 static struct {
@@ -509,13 +511,14 @@ static int synth_image(synth_t *synth, dataset_random_t *random, bool test, char
 
     /* Both captions name the ground: the loss relates the two captions of a sample as well as each to
      * the image, so a caption silent on the ground would pull the other's ground out of its embedding.
-     * The position ends the first caption: a text's embedding is its last byte's state, and a two-block
-     * byte model learns a two-word phrase there long before it learns one in the middle. */
+     * Each half of the position ends one caption, the column the first ("at the top left") and the row
+     * the second ("left, top"): a text's embedding is its last byte's state, and a two-block byte model
+     * learns the word there long before one in the middle or the first of two words at the end. */
     snprintf(sample->captions[0], CAPTION_CAPACITY, "a %s picture of a %s %s %s %s", backgrounds[ground].name,
              sizes[size].name, colours[colour].name, dataset_shape_names[shape], positions[position].phrase);
-    snprintf(sample->captions[1], CAPTION_CAPACITY, "%s %s %s, %s, %s, on a %s background",
+    snprintf(sample->captions[1], CAPTION_CAPACITY, "%s %s %s, %s, %s background, %s, %s",
              article(colours[colour].name), colours[colour].name, dataset_shape_names[shape],
-             sizes[size].name, positions[position].name, backgrounds[ground].name);
+             sizes[size].name, backgrounds[ground].name, positions[position].column, positions[position].row);
     sample->attributes =
         json_pack("{s:s, s:s, s:s, s:s, s:s, s:b}", "colour", colours[colour].name, "shape",
                   dataset_shape_names[shape], "size", sizes[size].name, "position", positions[position].name,
