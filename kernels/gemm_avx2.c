@@ -1,31 +1,27 @@
 /* BF16-weight GEMM with AVX2 F32 FMAs: weights are widened to F32 on the fly (a BF16 is the high half
  * of an F32), activations stay F32.
  *
- * Blocking, for y[m, n] = x[m, k] . w[n, k]^T:
+ * The driver (blocking, column blocks, partial sums) is gemm_driver.h's; here, for y = x . w^T:
  *   - a tile of ROWS x COLUMNS outputs lives in 12 ymm accumulators over a whole depth block (FMA
  *     latency 4 or 5 at 2 per cycle needs 8 to 10 independent chains), leaving 4 of the 16 registers
  *     for two weight vectors, one broadcast and the widening mask;
  *   - the activations of the tile's rows over one depth block are copied into `a_block`
  *     [ROWS][DEPTH] F32 (12 KiB, in L1), so that every row is at a constant offset from one pointer,
- *     and reused by every tile of the column block;
- *   - the packed weights of a column block (up to BLOCK_BYTES) stream from L3 through the tiles of each
- *     row block in one sequential run; wide blocks copy each row of x fewer times.
+ *     and reused by every tile of the column block.
  * Each output is the same chain of FMAs over k in order, whatever tile, block or thread computes it,
  * so splitting the columns between threads never changes a bit. */
 #include <immintrin.h>
 #include <stdbool.h>
 
+#include "gemm_driver.h"
 #include "math_avx2.h"
 #include "paths.h"
 
 enum {
-    ROWS = 6,         /* rows of x per tile */
-    COLUMNS = 16,     /* outputs per tile row: two ymm of F32 */
-    DEPTH = 512,      /* k values per depth block (a multiple of 8: a_block rows stay 32-byte aligned) */
-    BLOCK_MAX = 1024, /* columns per column block at most */
+    ROWS = 6,     /* rows of x per tile */
+    COLUMNS = 16, /* outputs per tile row: two ymm of F32 */
+    DEPTH = 512,  /* k values per depth block (a multiple of 8: a_block rows stay 32-byte aligned) */
 };
-
-#define BLOCK_BYTES (4u * 1024u * 1024u) /* packed weights per column block at most */
 
 /* ---- Packing ----------------------------------------------------------------------------------- */
 
@@ -36,11 +32,6 @@ enum {
  * one sequential stream. */
 static size_t panels_of(size_t n) {
     return (n + COLUMNS - 1) / COLUMNS;
-}
-
-/* The panel of `column` in the depth block at k0, of `depth` rows, in a packed [n, k]. */
-static uint32_t const *panel_at(uint32_t const *packed, size_t n, size_t k0, size_t depth, size_t column) {
-    return packed + (k0 * panels_of(n) + column / COLUMNS * depth) * 8;
 }
 
 size_t kernel_gemm_packed_size_avx2(size_t n, size_t k) {
@@ -74,9 +65,11 @@ static inline __m256i columns_mask(size_t column, size_t n) {
 /* One tile: `rows` (<= ROWS) rows of a_block [ROWS][DEPTH] times one panel's `depth` rows [depth][8]
  * uint32. Partial sums of a depth block that is not the last go to `partial` [ROWS][COLUMNS] and come
  * back for the next one. Always inlined with a constant `rows` so the accumulators stay in registers. */
-static inline __attribute__((always_inline)) void tile(size_t rows, float const *a, uint32_t const *b,
+static inline __attribute__((always_inline)) void tile(size_t rows, void const *a_block, void const *panel,
                                                        size_t depth, float *partial, bool first, bool last,
                                                        kernel_gemm_t const *g, size_t row, size_t column) {
+    float const *a = a_block;
+    uint32_t const *b = panel;
     __m256 sum[ROWS][2];
 #pragma GCC unroll 6
     for (size_t r = 0; r < rows; ++r) {
@@ -130,33 +123,13 @@ static inline __attribute__((always_inline)) void tile(size_t rows, float const 
         }
 }
 
-/* The same tile for any `rows`, each count compiled on its own. */
-static void tile_rows(size_t rows, float const *a, uint32_t const *b, size_t depth, float *partial,
-                      bool first, bool last, kernel_gemm_t const *g, size_t row, size_t column) {
-    switch (rows) {
-#define TILE_CASE(count)                                                                                     \
-    case count:                                                                                              \
-        tile(count, a, b, depth, partial, first, last, g, row, column);                                      \
-        break;
-        TILE_CASE(1)
-        TILE_CASE(2)
-        TILE_CASE(3)
-        TILE_CASE(4)
-        TILE_CASE(5)
-        TILE_CASE(6)
-#undef TILE_CASE
-    default:
-        break;
-    }
-}
+/* ---- Activations -------------------------------------------------------------------------------- */
 
-/* ---- Driver ------------------------------------------------------------------------------------- */
-
-/* a_block[r] = x[row + r][k0, k0 + depth) in F32. */
-static void load_rows(float *a_block, kernel_gemm_t const *g, size_t row, size_t rows, size_t k0,
+/* a_block [ROWS][DEPTH]: a_block[r] = x[row + r][k0, k0 + depth) in F32. */
+static void load_rows(void *a_block, kernel_gemm_t const *g, size_t row, size_t rows, size_t k0,
                       size_t depth) {
     for (size_t r = 0; r < rows; ++r) {
-        float *to = a_block + r * DEPTH;
+        float *to = (float *)a_block + r * DEPTH;
         size_t i = 0;
         if (g->x_bf16) {
             uint16_t const *from = g->x_bf16 + (row + r) * g->x_stride + k0;
@@ -176,33 +149,11 @@ static void load_rows(float *a_block, kernel_gemm_t const *g, size_t row, size_t
     }
 }
 
+static gemm_path_t const path = {
+    .rows = ROWS, .columns = COLUMNS, .depth = DEPTH, .load_rows = load_rows, .tile = tile};
+
 void kernel_gemm_avx2(kernel_gemm_t const *g, size_t n_begin, size_t n_end) {
     _Alignas(32) float a_block[ROWS * DEPTH];
-    _Alignas(32) float partial[BLOCK_MAX * ROWS];
-    if (n_begin >= n_end) return;
-    /* Column blocks of equal width (in whole panels) at most BLOCK_BYTES of weights each. */
-    size_t panel_bytes = g->k * COLUMNS * sizeof(uint16_t);
-    size_t widest = panel_bytes ? BLOCK_BYTES / panel_bytes * COLUMNS : BLOCK_MAX;
-    widest = widest < COLUMNS ? COLUMNS : widest > BLOCK_MAX ? BLOCK_MAX : widest;
-    size_t blocks = (n_end - n_begin + widest - 1) / widest;
-    size_t block = (panels_of(n_end - n_begin) + blocks - 1) / blocks * COLUMNS;
-    uint32_t const *w = g->w;
-    for (size_t n0 = n_begin; n0 < n_end; n0 += block) {
-        size_t n1 = n_end - n0 < block ? n_end : n0 + block;
-        for (size_t row = 0; row < g->m; row += ROWS) {
-            size_t rows = g->m - row < ROWS ? g->m - row : ROWS;
-            size_t k0 = 0;
-            do { /* at least once, so that k = 0 still writes residual + epilogue(bias) */
-                size_t depth = g->k - k0 < DEPTH ? g->k - k0 : DEPTH;
-                load_rows(a_block, g, row, rows, k0, depth);
-                bool first = k0 == 0, last = k0 + depth == g->k;
-                for (size_t column = n0; column < n1; column += COLUMNS) {
-                    uint32_t const *b = panel_at(w, g->n, k0, depth, column);
-                    tile_rows(rows, a_block, b, depth, partial + (column - n0) * ROWS, first, last, g, row,
-                              column);
-                }
-                k0 += depth;
-            } while (k0 < g->k);
-        }
-    }
+    _Alignas(32) float partial[GEMM_BLOCK_MAX * ROWS];
+    gemm_drive(&path, g, n_begin, n_end, a_block, partial);
 }

@@ -2,15 +2,13 @@
  * one F32 lane, so weights are packed with consecutive k values side by side, and activations are
  * rounded to BF16 (like PyTorch's bf16 matmul) and broadcast a pair at a time.
  *
- * Blocking, for y[m, n] = x[m, k] . w[n, k]^T:
+ * The driver (blocking, column blocks, partial sums) is gemm_driver.h's; here, for y = x . w^T:
  *   - a tile of ROWS x COLUMNS = 14 x 32 outputs lives in 28 zmm accumulators over a whole depth
  *     block: `vdpbf16ps` issues 2 per cycle with a latency of about 6, so at least 12 independent
  *     chains are needed, and each step of the loop (2 weight loads, 14 broadcasts) feeds 28 of them;
  *   - the activations of the tile's rows over one depth block are rounded into `a_block`
  *     [ROWS][DEPTH] BF16 (21 KiB, in L1), every row at a constant offset from one pointer, and reused
- *     by every tile of the column block; the next block's activations are prefetched meanwhile;
- *   - the packed weights of a column block (up to BLOCK_BYTES) stream from L3 through the tiles of each
- *     row block in one sequential run; wide blocks round each row of x fewer times.
+ *     by every tile of the column block; the next block's activations are prefetched meanwhile.
  * Measured variants at m = 512 on a Zen 5 EPYC, one thread, k = 768 and 3072: 14 x 32 is kept;
  * 12 x 32, 10 x 32 and 8 x 32 were up to 4% slower (fewer chains per broadcast), 6 x 64 3-6%
  * slower (4 weight loads per step); column blocks sized to stay in L2 were 2-10% slower (x rounded
@@ -22,18 +20,16 @@
 #include <immintrin.h>
 #include <stdbool.h>
 
+#include "gemm_driver.h"
 #include "math_avx512.h"
 #include "paths.h"
 
 enum {
-    ROWS = 14,        /* rows of x per tile */
-    COLUMNS = 32,     /* outputs per tile row: two zmm of F32 */
-    VECTORS = 2,      /* COLUMNS / 16 */
-    DEPTH = 768,      /* k values per depth block (a multiple of 32, for the rounding loop) */
-    BLOCK_MAX = 1024, /* columns per column block at most */
+    ROWS = 14,    /* rows of x per tile */
+    COLUMNS = 32, /* outputs per tile row: two zmm of F32 */
+    VECTORS = 2,  /* COLUMNS / 16 */
+    DEPTH = 768,  /* k values per depth block (a multiple of 32, for the rounding loop) */
 };
-
-#define BLOCK_BYTES (4u * 1024u * 1024u) /* packed weights per column block at most */
 
 /* ---- Packing ----------------------------------------------------------------------------------- */
 
@@ -47,11 +43,6 @@ static size_t pairs_of(size_t k) {
 
 static size_t panels_of(size_t n) {
     return (n + COLUMNS - 1) / COLUMNS;
-}
-
-/* The panel of `column` in the depth block at k0, of `pairs` pairs, in a packed [n, k]. */
-static uint32_t const *panel_at(uint32_t const *packed, size_t n, size_t k0, size_t pairs, size_t column) {
-    return packed + (k0 / 2 * panels_of(n) + column / COLUMNS * pairs) * COLUMNS;
 }
 
 size_t kernel_gemm_packed_size_avx512bf16(size_t n, size_t k) {
@@ -77,13 +68,15 @@ void kernel_gemm_pack_avx512bf16(void *packed, uint16_t const *w, size_t n, size
 
 /* ---- Microkernel -------------------------------------------------------------------------------- */
 
-/* One tile: `rows` (<= ROWS) rows of a_block [ROWS][DEPTH / 2] pairs times one panel's `pairs` pairs
- * [pairs][COLUMNS]. Partial sums of a depth block that is not the last go to `partial` [ROWS][COLUMNS]
- * and come back for the next one. Always inlined with a constant `rows` so the accumulators stay in
- * registers. */
-static inline __attribute__((always_inline)) void tile(size_t rows, uint32_t const *a, uint32_t const *b,
-                                                       size_t pairs, float *partial, bool first, bool last,
+/* One tile: `rows` (<= ROWS) rows of a_block [ROWS][DEPTH / 2] pairs times one panel's pairs of `depth`
+ * k values [pairs][COLUMNS]. Partial sums of a depth block that is not the last go to `partial`
+ * [ROWS][COLUMNS] and come back for the next one. Always inlined with a constant `rows` so the accumulators
+ * stay in registers. */
+static inline __attribute__((always_inline)) void tile(size_t rows, void const *a_block, void const *panel,
+                                                       size_t depth, float *partial, bool first, bool last,
                                                        kernel_gemm_t const *g, size_t row, size_t column) {
+    uint32_t const *a = a_block, *b = panel;
+    size_t pairs = pairs_of(depth);
     __m512 sum[ROWS][VECTORS];
 #pragma GCC unroll 14
     for (size_t r = 0; r < rows; ++r)
@@ -138,41 +131,14 @@ static inline __attribute__((always_inline)) void tile(size_t rows, uint32_t con
         }
 }
 
-/* The same tile for any `rows`, each count compiled on its own. */
-static void tile_rows(size_t rows, uint32_t const *a, uint32_t const *b, size_t pairs, float *partial,
-                      bool first, bool last, kernel_gemm_t const *g, size_t row, size_t column) {
-    switch (rows) {
-#define TILE_CASE(count)                                                                                     \
-    case count:                                                                                              \
-        tile(count, a, b, pairs, partial, first, last, g, row, column);                                      \
-        break;
-        TILE_CASE(1)
-        TILE_CASE(2)
-        TILE_CASE(3)
-        TILE_CASE(4)
-        TILE_CASE(5)
-        TILE_CASE(6)
-        TILE_CASE(7)
-        TILE_CASE(8)
-        TILE_CASE(9)
-        TILE_CASE(10)
-        TILE_CASE(11)
-        TILE_CASE(12)
-        TILE_CASE(13)
-        TILE_CASE(14)
-#undef TILE_CASE
-    default:
-        break;
-    }
-}
-
 /* ---- Activations ---------------------------------------------------------------------------------- */
 
-/* a_block[r] = BF16 pairs of x[row + r][k0, k0 + depth), zero-padded to a multiple of 32 values. */
-static void load_rows(uint32_t *a_block, kernel_gemm_t const *g, size_t row, size_t rows, size_t k0,
+/* a_block [ROWS][DEPTH / 2]: a_block[r] = BF16 pairs of x[row + r][k0, k0 + depth), zero-padded to a
+ * multiple of 32 values. */
+static void load_rows(void *a_block, kernel_gemm_t const *g, size_t row, size_t rows, size_t k0,
                       size_t depth) {
     for (size_t r = 0; r < rows; ++r) {
-        uint32_t *to = a_block + r * (DEPTH / 2);
+        uint32_t *to = (uint32_t *)a_block + r * (DEPTH / 2);
         for (size_t i = 0; i < depth; i += 32, to += 16) {
             size_t left = depth - i;
             __mmask32 mask = left >= 32 ? 0xffffffffu : (__mmask32)((1u << left) - 1);
@@ -190,73 +156,18 @@ static void load_rows(uint32_t *a_block, kernel_gemm_t const *g, size_t row, siz
     }
 }
 
-/* Walks the lines of x[row, row + rows)[k0, k0 + depth) a share per tile, fetching them, so that the
- * next depth block's activations arrive while this block's tiles compute instead of stalling
- * `load_rows` on L3 or memory (3-5% at k = 3072, where x is 6 MiB). */
-typedef struct prefetcher {
-    char const *row_start; /* the row being fetched, at k0 */
-    size_t row_bytes;      /* x_stride in bytes */
-    size_t row_lines;      /* lines per row, one more than whole ones: a row may start mid-line */
-    size_t line, rows_left, per_tile;
-} prefetcher_t;
-
-static prefetcher_t prefetcher_make(kernel_gemm_t const *g, size_t row, size_t rows, size_t k0, size_t depth,
-                                    size_t tiles) {
-    if (!rows) return (prefetcher_t){0}; /* the last block: nothing next */
-    size_t size = g->x_bf16 ? sizeof(uint16_t) : sizeof(float);
-    char const *x = g->x_bf16 ? (char const *)g->x_bf16 : (char const *)g->x;
-    prefetcher_t p = {.row_start = x + (row * g->x_stride + k0) * size,
-                      .row_bytes = g->x_stride * size,
-                      .row_lines = depth * size / 64 + 1,
-                      .rows_left = rows};
-    p.per_tile = (rows * p.row_lines + tiles - 1) / tiles;
-    return p;
-}
-
-static void prefetcher_step(prefetcher_t *p) {
-    for (size_t i = 0; i < p->per_tile && p->rows_left; ++i) {
-        _mm_prefetch(p->row_start + p->line * 64, _MM_HINT_T0);
-        if (++p->line < p->row_lines) continue;
-        p->line = 0;
-        p->row_start += p->row_bytes;
-        --p->rows_left;
-    }
-}
-
 /* ---- Driver ------------------------------------------------------------------------------------- */
+
+static gemm_path_t const path = {.rows = ROWS,
+                                 .columns = COLUMNS,
+                                 .depth = DEPTH,
+                                 .pairs = true,
+                                 .prefetch = true,
+                                 .load_rows = load_rows,
+                                 .tile = tile};
 
 void kernel_gemm_avx512bf16(kernel_gemm_t const *g, size_t n_begin, size_t n_end) {
     _Alignas(64) uint32_t a_block[ROWS * (DEPTH / 2)];
-    _Alignas(64) float partial[BLOCK_MAX * ROWS];
-    if (n_begin >= n_end) return;
-    /* Column blocks of equal width (in whole panels) at most BLOCK_BYTES of weights each. */
-    size_t panel_bytes = pairs_of(g->k) * COLUMNS * sizeof(uint32_t);
-    size_t widest = panel_bytes ? BLOCK_BYTES / panel_bytes * COLUMNS : BLOCK_MAX;
-    widest = widest < COLUMNS ? COLUMNS : widest > BLOCK_MAX ? BLOCK_MAX : widest;
-    size_t blocks = (n_end - n_begin + widest - 1) / widest;
-    size_t block = (panels_of(n_end - n_begin) + blocks - 1) / blocks * COLUMNS;
-    uint32_t const *w = g->w;
-    for (size_t n0 = n_begin; n0 < n_end; n0 += block) {
-        size_t n1 = n_end - n0 < block ? n_end : n0 + block, tiles = panels_of(n1 - n0);
-        for (size_t row = 0; row < g->m; row += ROWS) {
-            size_t rows = g->m - row < ROWS ? g->m - row : ROWS;
-            size_t k0 = 0;
-            do { /* at least once, so that k = 0 still writes residual + epilogue(bias) */
-                size_t depth = g->k - k0 < DEPTH ? g->k - k0 : DEPTH;
-                bool first = k0 == 0, last = k0 + depth == g->k;
-                load_rows(a_block, g, row, rows, k0, depth);
-                size_t next_row = last ? row + ROWS : row, next_k0 = last ? 0 : k0 + depth;
-                size_t next_rows = next_row >= g->m ? 0 : g->m - next_row < ROWS ? g->m - next_row : ROWS;
-                size_t next_depth = g->k - next_k0 < DEPTH ? g->k - next_k0 : DEPTH;
-                prefetcher_t prefetcher = prefetcher_make(g, next_row, next_rows, next_k0, next_depth, tiles);
-                for (size_t column = n0; column < n1; column += COLUMNS) {
-                    uint32_t const *b = panel_at(w, g->n, k0, pairs_of(depth), column);
-                    tile_rows(rows, a_block, b, pairs_of(depth), partial + (column - n0) * ROWS, first, last,
-                              g, row, column);
-                    prefetcher_step(&prefetcher);
-                }
-                k0 += depth;
-            } while (k0 < g->k);
-        }
-    }
+    _Alignas(64) float partial[GEMM_BLOCK_MAX * ROWS];
+    gemm_drive(&path, g, n_begin, n_end, a_block, partial);
 }

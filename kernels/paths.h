@@ -18,8 +18,8 @@
     void kernel_bf16_to_f32_##path(float *out, uint16_t const *x, size_t n);                                 \
     void kernel_f32_to_bf16_##path(uint16_t *out, float const *x, size_t n);
 
-/* The training kernels a SIMD path brings: the F32 GEMM (sgemm_<path>.c), and the backward passes and GELU
- * (vector_<path>.c). rope_backward is scalar on every path, as rope is. */
+/* The training kernels a SIMD path brings: the F32 GEMM (sgemm_<path>.c, on the shared sgemm_driver.h), and
+ * the backward passes and GELU (vector_<path>.c). rope_backward is scalar on every path, as rope is. */
 #define KERNEL_TRAINING_FUNCTIONS(path)                                                                      \
     void kernel_sgemm_##path(kernel_sgemm_t const *sgemm, size_t n_begin, size_t n_end);                     \
     void kernel_rmsnorm_backward_##path(float *dx, size_t dx_stride, float *d_weight, float const *dy,       \

@@ -1,0 +1,165 @@
+/* The BF16-weight GEMM driver every SIMD path shares: y[m, n] = residual + epilogue(x[m, k] . w[n, k]^T
+ * + bias) (kernels.h).
+ *
+ * Blocking:
+ *   - a tile of `rows` x `columns` outputs lives in registers over a whole depth block (the path's
+ *     micro-kernel, `tile`, which applies the epilogue after the last one);
+ *   - the activations of the tile's rows over one depth block are loaded into the path's `a_block`, in its
+ *     own layout (`load_rows`), and reused by every tile of the column block;
+ *   - the packed weights of a column block (up to GEMM_BLOCK_BYTES) stream from L3 through the tiles of
+ *     each row block in one sequential run (each path's gemm_pack stores, for each depth block, the
+ *     panels of `columns` columns one after the other); wide blocks load each row of x fewer times.
+ * Partial sums of a depth block that is not the last go to `partial` [block][rows] and come back for the
+ * next one. Each output is the same chain of FMAs (or dot products) over k in order, whatever tile, block
+ * or thread computes it, so splitting the columns between threads never changes a bit.
+ *
+ * A path's file (gemm_<path>.c) brings only what depends on its instruction set: its packing (gemm_pack),
+ * and in a `gemm_path_t` its tile's sizes, the loading of activations and the micro-kernel with its
+ * epilogue. It calls gemm_drive in its own translation unit, compiled with its own target flags, with a
+ * pointer to a static constant, as sgemm_driver.h does: the same code as if each path spelled the driver
+ * out. Every function here that takes `path` is always_inline: one left out of line would keep `path`, and
+ * with it an out-of-line micro-kernel for any row count. */
+#pragma once
+
+#include <stdbool.h>
+
+#include "kernels.h"
+
+enum {
+    GEMM_ROWS_MAX = 14,                 /* the most rows per tile gemm_tile compiles */
+    GEMM_BLOCK_MAX = 1024,              /* columns per column block at most */
+    GEMM_BLOCK_BYTES = 4 * 1024 * 1024, /* packed weights per column block at most */
+};
+
+typedef struct gemm_path {
+    size_t rows;    /* rows of x per tile, at most GEMM_ROWS_MAX */
+    size_t columns; /* outputs per tile row: the columns of a packed panel */
+    size_t depth;   /* k values per depth block: a multiple of 2 where k is packed in pairs */
+    bool pairs;     /* whether the packed weights hold k in pairs (an odd k padded with a zero) */
+    bool prefetch;  /* whether to fetch the next depth block's activations while the tiles compute */
+    /* a_block = the activations x[row, row + rows)[k0, k0 + depth), in the path's layout. */
+    void (*load_rows)(void *a_block, kernel_gemm_t const *g, size_t row, size_t rows, size_t k0,
+                      size_t depth);
+    /* One tile: `rows` rows of a_block times one panel over `depth` k values; partial sums to and from
+     * `partial` [rows][columns] unless `last`, then y = residual + epilogue(sum + bias) at (row, column).
+     * Called with a constant `rows` (gemm_tile): declared always_inline, each count compiles on its own
+     * and its accumulators stay in registers. */
+    void (*tile)(size_t rows, void const *a_block, void const *panel, size_t depth, float *partial,
+                 bool first, bool last, kernel_gemm_t const *g, size_t row, size_t column);
+} gemm_path_t;
+
+/* The packed panel of `column` in the depth block at k0, of `depth` k values. Every path's gemm_pack
+ * stores, for each depth block, the panels of `columns` columns one after the other, each [depth][columns]
+ * BF16 values in its own order (depth rounded up to pairs where it pairs k values). */
+static inline __attribute__((always_inline)) void const *
+gemm_panel_at(gemm_path_t const *path, void const *packed, size_t n, size_t k0, size_t depth, size_t column) {
+    size_t panels = (n + path->columns - 1) / path->columns,
+           values = path->pairs ? (depth + 1) / 2 * 2 : depth;
+    return (uint16_t const *)packed + (k0 * panels + column / path->columns * values) * path->columns;
+}
+
+/* path->tile for any rows <= path->rows, with `rows` a constant in each case; the cases past path->rows
+ * fold away, so that a path never compiles a tile with more rows than it has accumulators for. */
+static inline __attribute__((always_inline)) void
+gemm_tile(gemm_path_t const *path, size_t rows, void const *a_block, void const *panel, size_t depth,
+          float *partial, bool first, bool last, kernel_gemm_t const *g, size_t row, size_t column) {
+    switch (rows) {
+#define TILE_CASE(count)                                                                                     \
+    case count:                                                                                              \
+        if (count <= path->rows)                                                                             \
+            path->tile(count, a_block, panel, depth, partial, first, last, g, row, column);                  \
+        break;
+        TILE_CASE(1)
+        TILE_CASE(2)
+        TILE_CASE(3)
+        TILE_CASE(4)
+        TILE_CASE(5)
+        TILE_CASE(6)
+        TILE_CASE(7)
+        TILE_CASE(8)
+        TILE_CASE(9)
+        TILE_CASE(10)
+        TILE_CASE(11)
+        TILE_CASE(12)
+        TILE_CASE(13)
+        TILE_CASE(14)
+#undef TILE_CASE
+    default:
+        break;
+    }
+}
+
+/* Walks the lines of x[row, row + rows)[k0, k0 + depth) a share per tile, fetching them, so that the
+ * next depth block's activations arrive while this block's tiles compute instead of stalling `load_rows`
+ * on L3 or memory (3-5% at k = 3072 with AVX512-BF16, where x is 6 MiB). */
+typedef struct gemm_prefetcher {
+    char const *row_start; /* the row being fetched, at k0 */
+    size_t row_bytes;      /* x_stride in bytes */
+    size_t row_lines;      /* lines per row, one more than whole ones: a row may start mid-line */
+    size_t line, rows_left, per_tile;
+} gemm_prefetcher_t;
+
+static inline gemm_prefetcher_t gemm_prefetcher_make(kernel_gemm_t const *g, size_t row, size_t rows,
+                                                     size_t k0, size_t depth, size_t tiles) {
+    if (!rows) return (gemm_prefetcher_t){0}; /* the last block: nothing next */
+    size_t size = g->x_bf16 ? sizeof(uint16_t) : sizeof(float);
+    char const *x = g->x_bf16 ? (char const *)g->x_bf16 : (char const *)g->x;
+    gemm_prefetcher_t p = {.row_start = x + (row * g->x_stride + k0) * size,
+                           .row_bytes = g->x_stride * size,
+                           .row_lines = depth * size / 64 + 1,
+                           .rows_left = rows};
+    p.per_tile = (rows * p.row_lines + tiles - 1) / tiles;
+    return p;
+}
+
+static inline void gemm_prefetcher_step(gemm_prefetcher_t *p) {
+    for (size_t i = 0; i < p->per_tile && p->rows_left; ++i) {
+        __builtin_prefetch(p->row_start + p->line * 64, 0, 3);
+        if (++p->line < p->row_lines) continue;
+        p->line = 0;
+        p->row_start += p->row_bytes;
+        --p->rows_left;
+    }
+}
+
+/* Output columns [n_begin, n_end) of g, with the path's buffers a_block (for load_rows) and partial
+ * [GEMM_BLOCK_MAX * rows], aligned for its vector loads. */
+static inline __attribute__((always_inline)) void gemm_drive(gemm_path_t const *path, kernel_gemm_t const *g,
+                                                             size_t n_begin, size_t n_end, void *a_block,
+                                                             float *partial) {
+    if (n_begin >= n_end) return;
+    /* Column blocks of equal width (in whole panels) at most GEMM_BLOCK_BYTES of weights each. */
+    size_t columns = path->columns,
+           panel_bytes = (path->pairs ? (g->k + 1) / 2 * 2 : g->k) * columns * sizeof(uint16_t);
+    size_t widest = panel_bytes ? GEMM_BLOCK_BYTES / panel_bytes * columns : GEMM_BLOCK_MAX;
+    widest = widest < columns ? columns : widest > GEMM_BLOCK_MAX ? GEMM_BLOCK_MAX : widest;
+    size_t blocks = (n_end - n_begin + widest - 1) / widest;
+    size_t block = ((n_end - n_begin + columns - 1) / columns + blocks - 1) / blocks * columns;
+    for (size_t n0 = n_begin; n0 < n_end; n0 += block) {
+        size_t n1 = n_end - n0 < block ? n_end : n0 + block, tiles = (n1 - n0 + columns - 1) / columns;
+        for (size_t row = 0; row < g->m; row += path->rows) {
+            size_t rows = g->m - row < path->rows ? g->m - row : path->rows;
+            size_t k0 = 0;
+            do { /* at least once, so that k = 0 still writes residual + epilogue(bias) */
+                size_t depth = g->k - k0 < path->depth ? g->k - k0 : path->depth;
+                bool first = k0 == 0, last = k0 + depth == g->k;
+                path->load_rows(a_block, g, row, rows, k0, depth);
+                gemm_prefetcher_t prefetcher = {0};
+                if (path->prefetch) {
+                    size_t next_row = last ? row + path->rows : row, next_k0 = last ? 0 : k0 + depth;
+                    size_t next_rows = next_row >= g->m               ? 0
+                                       : g->m - next_row < path->rows ? g->m - next_row
+                                                                      : path->rows;
+                    size_t next_depth = g->k - next_k0 < path->depth ? g->k - next_k0 : path->depth;
+                    prefetcher = gemm_prefetcher_make(g, next_row, next_rows, next_k0, next_depth, tiles);
+                }
+                for (size_t column = n0; column < n1; column += columns) {
+                    gemm_tile(path, rows, a_block, gemm_panel_at(path, g->w, g->n, k0, depth, column), depth,
+                              partial + (column - n0) * path->rows, first, last, g, row, column);
+                    if (path->prefetch) gemm_prefetcher_step(&prefetcher);
+                }
+                k0 += depth;
+            } while (k0 < g->k);
+        }
+    }
+}
