@@ -207,6 +207,12 @@ void executor_for_threads(uform_executor_t *executor, void (*work)(void *context
  * VRAM executors, a RAM executor of one thread, or one whose worker is lent already. */
 bool executor_lend(uform_executor_t *executor, void (*work)(void *context), void *context);
 
+/* Loop thread, between forks: the threads the next executor_for_threads runs over, to split its work
+ * by. A lent worker whose work has returned is given back here, so work split right after counts it:
+ * a job that reads this once and forks many times keeps, through all of them, the thread count of its
+ * first (a whole tower pass on one thread of two, when it began while a worker was lent). */
+size_t executor_fork_threads(uform_executor_t *executor);
+
 /* Loop thread, between forks: waits until the lent work has returned (callers wait for its last
  * completion first, so this is short) and gives its worker back to forks. Nothing lent, or already
  * given back: no-op. */

@@ -198,6 +198,14 @@ static void team_rejoin(uform_executor_t *executor, team_t *team) {
     futex_wake_all(&team->lent);
 }
 
+size_t executor_fork_threads(uform_executor_t *executor) {
+    team_t *team = executor->kind == UFORM_EXECUTOR_RAM ? executor->team : NULL;
+    if (team && team->forking != team->count &&
+        atomic_load_explicit(&team->lent, memory_order_acquire) == LENT_DONE)
+        team_rejoin(executor, team);
+    return executor->threads;
+}
+
 void executor_for_threads(uform_executor_t *executor, void (*work)(void *context, size_t thread),
                           void *context) {
     if (executor->kind == UFORM_EXECUTOR_POOL) {
@@ -210,9 +218,8 @@ void executor_for_threads(uform_executor_t *executor, void (*work)(void *context
         return;
     }
     /* A lent worker whose work has returned takes part again from this fork on; work split for one
-     * thread fewer gives it nothing (thread_share). */
-    if (team->forking != team->count && atomic_load_explicit(&team->lent, memory_order_acquire) == LENT_DONE)
-        team_rejoin(executor, team);
+     * thread fewer gives it nothing (thread_share), so callers split by executor_fork_threads. */
+    executor_fork_threads(executor);
     if (team->forking == 1) { /* the only worker is lent */
         work(context, 0);
         return;

@@ -139,11 +139,12 @@ typedef struct gemm_job {
 static void gemm_work(void *context, size_t thread) {
     gemm_job_t const *job = context;
     size_t begin, end;
-    if (thread_columns(job->gemm.n, thread, job->threads, &begin, &end)) job->kernels->gemm(&job->gemm, begin, end);
+    if (thread_columns(job->gemm.n, thread, job->threads, &begin, &end))
+        job->kernels->gemm(&job->gemm, begin, end);
 }
 
 static void run_gemm(tower_t const *tower, uform_executor_t *executor, kernel_gemm_t const *gemm) {
-    gemm_job_t job = {tower->kernels, *gemm, executor->threads};
+    gemm_job_t job = {tower->kernels, *gemm, executor_fork_threads(executor)};
     executor_for_threads(executor, gemm_work, &job);
 }
 
@@ -222,6 +223,12 @@ static void attention_work(void *context, size_t thread) {
 
 /* ---- Forward ------------------------------------------------------------------------------------ */
 
+static void for_rows(uform_executor_t *executor, void (*work)(void *context, size_t thread),
+                     rows_job_t *rows) {
+    rows->threads = executor_fork_threads(executor);
+    executor_for_threads(executor, work, rows);
+}
+
 void tower_forward(tower_t const *tower, uform_executor_t *executor, tower_batch_t const *batch) {
     size_t bytes = 0, hidden = tower->hidden, tokens = batch->tokens;
     scratch_layout_t scratch = scratch_layout(tower, batch->scratch, tokens, &bytes);
@@ -229,17 +236,18 @@ void tower_forward(tower_t const *tower, uform_executor_t *executor, tower_batch
         for (size_t row = batch->offsets[item]; row < batch->offsets[item + 1]; ++row)
             scratch.positions[row] = (uint32_t)(row - batch->offsets[item]);
 
-    rows_job_t rows = {tower, batch, &scratch, NULL, NULL, NULL, executor->threads};
+    /* Each fork splits by the threads it runs on (a decoding worker may come back between two). */
+    rows_job_t rows = {tower, batch, &scratch, NULL, NULL, NULL, 0};
     for (size_t i = 0; i < tower->depth; ++i) {
         tower_block_t const *block = &tower->blocks[i];
         /* h = rms1(x); qkv = h Wqkv^T + b                                   [tokens, 3 * hidden] */
         rows.norm = block->norm1, rows.from = batch->x, rows.to = scratch.h;
-        executor_for_threads(executor, rmsnorm_work, &rows);
+        for_rows(executor, rmsnorm_work, &rows);
         tower_linear(tower, executor, &block->qkv, scratch.h, hidden, tokens, block->qkv.n, scratch.qkv,
                      3 * hidden);
-        if (batch->rotary) executor_for_threads(executor, rope_work, &rows);
+        if (batch->rotary) for_rows(executor, rope_work, &rows);
         /* h = attention(q, k, v); x += h Wout^T + b                          [tokens, hidden] */
-        executor_for_threads(executor, attention_work, &rows);
+        for_rows(executor, attention_work, &rows);
         kernel_gemm_t out = {.m = tokens,
                              .n = hidden,
                              .k = hidden,
@@ -254,7 +262,7 @@ void tower_forward(tower_t const *tower, uform_executor_t *executor, tower_batch
         run_gemm(tower, executor, &out);
         /* h = rms2(x); mlp = gelu(h Wup^T + b); x += mlp Wdown^T + b          [tokens, mlp] */
         rows.norm = block->norm2, rows.from = batch->x, rows.to = scratch.h;
-        executor_for_threads(executor, rmsnorm_work, &rows);
+        for_rows(executor, rmsnorm_work, &rows);
         kernel_gemm_t up = {.m = tokens,
                             .n = tower->mlp,
                             .k = hidden,
@@ -280,7 +288,7 @@ void tower_forward(tower_t const *tower, uform_executor_t *executor, tower_batch
         run_gemm(tower, executor, &down);
     }
     rows.norm = tower->norm, rows.from = batch->x, rows.to = batch->x;
-    executor_for_threads(executor, rmsnorm_work, &rows);
+    for_rows(executor, rmsnorm_work, &rows);
 }
 
 /* ---- Patch towers ------------------------------------------------------------------------------- */

@@ -8,6 +8,7 @@
 
 #include <cmocka.h>
 
+#include "engine.h"
 #include "media_overlap.h"
 #include "media_read.h"
 
@@ -59,7 +60,48 @@ void check_decoded_ahead(batch_encode_t encode, batch_t const *batch, size_t thr
     uform_executor_free(executor);
 }
 
+/* The lent worker's work: holds until released, then says it has returned. */
+static _Atomic bool lent_release, lent_returned;
+static void lent_hold(void *context) {
+    (void)context;
+    while (!atomic_load(&lent_release))
+        usleep(100);
+    atomic_store(&lent_returned, true);
+}
+
+static void count_thread(void *context, size_t thread) {
+    atomic_fetch_or((_Atomic unsigned *)context, 1u << thread);
+}
+
+/* A lent worker is out of every split while its work runs, and in the first one after it returns: work
+ * split by executor_fork_threads counts it at once, not at the fork after (a tower pass that began while
+ * a worker decoded ahead would otherwise keep its norms and attention on one thread of two). */
+static void check_lent_worker_rejoins(void) {
+    uform_executor_t *executor = ram_executor(2, true);
+    atomic_store(&lent_release, false);
+    atomic_store(&lent_returned, false);
+    assert_int_equal(executor_fork_threads(executor), 2);
+    assert_true(executor_lend(executor, lent_hold, NULL));
+    assert_int_equal(executor_fork_threads(executor), 1);
+    _Atomic unsigned ran = 0;
+    executor_for_threads(executor, count_thread, &ran);
+    assert_int_equal(atomic_load(&ran), 1u);
+    atomic_store(&lent_release, true);
+    for (int waited = 0; waited < 10000 && !atomic_load(&lent_returned); ++waited)
+        usleep(1000);
+    size_t threads = 1;
+    for (int waited = 0; waited < 10000 && (threads = executor_fork_threads(executor)) != 2; ++waited)
+        usleep(1000); /* `returned` is set just before the worker says so */
+    assert_int_equal(threads, 2);
+    atomic_store(&ran, 0);
+    executor_for_threads(executor, count_thread, &ran);
+    assert_int_equal(atomic_load(&ran), 3u);
+    executor_reclaim(executor);
+    uform_executor_free(executor);
+}
+
 void assert_decoded_ahead(batch_encode_t encode, batch_t const *batch) {
+    check_lent_worker_rejoins();
     for (size_t threads = 1; threads <= 3; ++threads)
         check_decoded_ahead(encode, batch, threads);
     assert_same_on_every_receiver(encode, batch, NULL);
