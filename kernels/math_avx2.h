@@ -1,5 +1,6 @@
 /* Vector math shared by the avx2 kernels: one exp and the GELU built on it, so that attention, softmax
- * and the GEMM epilogue round alike. Included by the avx2 kernel files only (compiled with their flags). */
+ * and the GEMM epilogue round alike, and the F32 vector primitives vector_driver.h is written with (the
+ * same names in math_avx512.h). Included by the avx2 kernel files only (compiled with their flags). */
 #pragma once
 
 #include <immintrin.h>
@@ -33,4 +34,69 @@ static inline __m256 gelu_ps(__m256 x) {
         _mm256_mul_ps(x, _mm256_fmadd_ps(x2, _mm256_set1_ps(0.0356774081f), _mm256_set1_ps(0.797884561f)));
     __m256 e = exp_ps(_mm256_mul_ps(u, _mm256_set1_ps(-2.0f)));
     return _mm256_div_ps(x, _mm256_add_ps(e, _mm256_set1_ps(1.0f)));
+}
+
+/* F32 vectors of 8 lanes, for vector_driver.h: each is the one instruction its name says. */
+typedef __m256 vfloat;
+
+static inline vfloat vf_zero(void) {
+    return _mm256_setzero_ps();
+}
+
+static inline vfloat vf_set1(float x) {
+    return _mm256_set1_ps(x);
+}
+
+/* *x in every lane, loaded by the broadcast itself. */
+static inline vfloat vf_broadcast(float const *x) {
+    return _mm256_broadcast_ss(x);
+}
+
+/* Aligned (vf_load, vf_store) and unaligned (vf_loadu, vf_storeu) whole vectors. */
+static inline vfloat vf_load(float const *x) {
+    return _mm256_load_ps(x);
+}
+
+static inline vfloat vf_loadu(float const *x) {
+    return _mm256_loadu_ps(x);
+}
+
+static inline void vf_store(float *to, vfloat x) {
+    _mm256_store_ps(to, x);
+}
+
+static inline void vf_storeu(float *to, vfloat x) {
+    _mm256_storeu_ps(to, x);
+}
+
+static inline vfloat vf_add(vfloat a, vfloat b) {
+    return _mm256_add_ps(a, b);
+}
+
+static inline vfloat vf_sub(vfloat a, vfloat b) {
+    return _mm256_sub_ps(a, b);
+}
+
+static inline vfloat vf_mul(vfloat a, vfloat b) {
+    return _mm256_mul_ps(a, b);
+}
+
+static inline vfloat vf_div(vfloat a, vfloat b) {
+    return _mm256_div_ps(a, b);
+}
+
+static inline vfloat vf_max(vfloat a, vfloat b) {
+    return _mm256_max_ps(a, b);
+}
+
+/* a b + c, rounded once. */
+static inline vfloat vf_fmadd(vfloat a, vfloat b, vfloat c) {
+    return _mm256_fmadd_ps(a, b, c);
+}
+
+/* The sum of the lanes: halves, then pairs, then the last two. */
+static inline float vf_reduce_add(vfloat v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }

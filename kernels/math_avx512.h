@@ -1,6 +1,7 @@
 /* Vector math shared by the avx512 kernels: one exp and the GELU built on it, and the column mask, so that
- * attention, softmax and the GEMM epilogue round alike. Included by the avx512 kernel files only (compiled
- * with their flags). */
+ * attention, softmax and the GEMM epilogue round alike, and the F32 vector primitives vector_driver.h is
+ * written with (the same names in math_avx2.h). Included by the avx512 kernel files only (compiled with
+ * their flags). */
 #pragma once
 
 #include <immintrin.h>
@@ -39,4 +40,67 @@ static inline __m512 gelu_ps(__m512 x) {
 /* Lanes of columns [column, min(column + 16, n)), for masked loads and stores of the last columns. */
 static inline __mmask16 columns_mask(size_t column, size_t n) {
     return column >= n ? 0 : n - column >= 16 ? 0xffff : (__mmask16)((1u << (n - column)) - 1);
+}
+
+/* F32 vectors of 16 lanes, for vector_driver.h: each is the one instruction its name says. */
+typedef __m512 vfloat;
+
+static inline vfloat vf_zero(void) {
+    return _mm512_setzero_ps();
+}
+
+static inline vfloat vf_set1(float x) {
+    return _mm512_set1_ps(x);
+}
+
+/* *x in every lane, loaded by the broadcast itself. */
+static inline vfloat vf_broadcast(float const *x) {
+    return _mm512_set1_ps(*x);
+}
+
+/* Aligned (vf_load, vf_store) and unaligned (vf_loadu, vf_storeu) whole vectors. */
+static inline vfloat vf_load(float const *x) {
+    return _mm512_load_ps(x);
+}
+
+static inline vfloat vf_loadu(float const *x) {
+    return _mm512_loadu_ps(x);
+}
+
+static inline void vf_store(float *to, vfloat x) {
+    _mm512_store_ps(to, x);
+}
+
+static inline void vf_storeu(float *to, vfloat x) {
+    _mm512_storeu_ps(to, x);
+}
+
+static inline vfloat vf_add(vfloat a, vfloat b) {
+    return _mm512_add_ps(a, b);
+}
+
+static inline vfloat vf_sub(vfloat a, vfloat b) {
+    return _mm512_sub_ps(a, b);
+}
+
+static inline vfloat vf_mul(vfloat a, vfloat b) {
+    return _mm512_mul_ps(a, b);
+}
+
+static inline vfloat vf_div(vfloat a, vfloat b) {
+    return _mm512_div_ps(a, b);
+}
+
+static inline vfloat vf_max(vfloat a, vfloat b) {
+    return _mm512_max_ps(a, b);
+}
+
+/* a b + c, rounded once. */
+static inline vfloat vf_fmadd(vfloat a, vfloat b, vfloat c) {
+    return _mm512_fmadd_ps(a, b, c);
+}
+
+/* The sum of the lanes, in the compiler's own reduction order. */
+static inline float vf_reduce_add(vfloat v) {
+    return _mm512_reduce_add_ps(v);
 }

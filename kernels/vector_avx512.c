@@ -2,10 +2,8 @@
  * with lane masks, never by reading or writing past `n`. Sums of squares and softmax denominators are
  * accumulated in double as on the scalar path.
  *
- * Attention takes a block of 16 queries at a time with one lane per query: the block's queries are
- * transposed once, so that the scores of a key against all 16 queries, the running max, the running sum
- * and the rescaling of the online softmax are plain lane-wise vector operations, and the weighted sum of
- * values is kept transposed too ([64 dims][16 queries]) until the block's rows are written out.
+ * Attention, forward and backward, is vector_driver.h's (a block of 16 queries at a time, one lane per
+ * query); here are its 16 x 16 transpose and causal mask.
  *
  * The loops marked `#pragma GCC unroll` run over a fixed number of vectors: unrolled, their arrays of
  * vectors stay in registers (gcc -O2 would keep them in memory). */
@@ -16,9 +14,7 @@
 #include "math_avx512.h"
 #include "paths.h"
 
-#define LANES          16
-#define ATTENTION_TILE 64 /* keys per tile of the online softmax */
-#define SCORE_GROUP    8  /* keys scored together: independent FMA chains hide the FMA latency */
+#define LANES 16
 
 static inline __mmask16 tail_mask(size_t left) {
     return left >= LANES ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
@@ -90,57 +86,9 @@ static inline void transpose(__m512 rows[LANES]) {
     }
 }
 
-/* The queries of one block, transposed and scaled: [64 dims][16 queries], lanes past `rows` zero. */
-static void load_queries(float queries[KERNEL_HEAD][LANES], float const *q, size_t stride, size_t rows,
-                         float scale) {
-    __m512 by = _mm512_set1_ps(scale);
-    for (size_t chunk = 0; chunk < KERNEL_HEAD; chunk += LANES) {
-        __m512 block[LANES];
-#pragma GCC unroll 16
-        for (size_t i = 0; i < LANES; ++i)
-            block[i] =
-                i < rows ? _mm512_mul_ps(_mm512_loadu_ps(q + i * stride + chunk), by) : _mm512_setzero_ps();
-        transpose(block);
-#pragma GCC unroll 16
-        for (size_t d = 0; d < LANES; ++d)
-            _mm512_store_ps(queries[chunk + d], block[d]);
-    }
-}
-
-/* scores[j][i] = queries[.][i] . k[j] for the SCORE_GROUP keys j whose rows are `keys[j]`. */
-static inline void score_group(float scores[SCORE_GROUP][LANES], float const queries[KERNEL_HEAD][LANES],
-                               float const *const keys[SCORE_GROUP]) {
-    __m512 sums[SCORE_GROUP];
-#pragma GCC unroll 16
-    for (size_t j = 0; j < SCORE_GROUP; ++j)
-        sums[j] = _mm512_setzero_ps();
-    for (size_t d = 0; d < KERNEL_HEAD; ++d) {
-        __m512 query = _mm512_load_ps(queries[d]);
-#pragma GCC unroll 16
-        for (size_t j = 0; j < SCORE_GROUP; ++j)
-            sums[j] = _mm512_fmadd_ps(_mm512_set1_ps(keys[j][d]), query, sums[j]);
-    }
-#pragma GCC unroll 16
-    for (size_t j = 0; j < SCORE_GROUP; ++j)
-        _mm512_store_ps(scores[j], sums[j]);
-}
-
-/* Scores of the tile's `count` keys (rows of k at `stride`) against the block's queries: [64 keys][16].
- * A last, partial group repeats the tile's last key; those extra scores are never read. */
-static void tile_scores(float scores[ATTENTION_TILE][LANES], float const queries[KERNEL_HEAD][LANES],
-                        float const *k, size_t stride, size_t count) {
-    for (size_t j = 0; j < count; j += SCORE_GROUP) {
-        float const *keys[SCORE_GROUP];
-        for (size_t g = 0; g < SCORE_GROUP; ++g)
-            keys[g] = k + (j + g < count ? j + g : count - 1) * stride;
-        score_group(scores + j, queries, keys);
-    }
-}
-
-/* Causal attention: query lane i of a block starting at row `first_query` sees key `first_key + j` only
- * when first_key + j <= first_query + i; the other scores become -inf. */
-static void mask_future(float scores[ATTENTION_TILE][LANES], size_t count, size_t first_key,
-                        size_t first_query) {
+/* Causal attention (for vector_driver.h): query lane i of a block starting at row `first_query` sees key
+ * `first_key + j` only when first_key + j <= first_query + i; the other scores become -inf. */
+static void mask_future(float scores[][LANES], size_t count, size_t first_key, size_t first_query) {
     __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     for (size_t j = 0; j < count; ++j) {
         if (first_key + j <= first_query) continue;
@@ -151,96 +99,10 @@ static void mask_future(float scores[ATTENTION_TILE][LANES], size_t count, size_
     }
 }
 
-/* Online softmax state of a block: per query lane the running max and sum of exp(score - max), and the
- * exp-weighted sum of values, transposed [64 dims][16 queries]. */
-typedef struct online_block {
-    __m512 max, sum;
-    _Alignas(64) float values[KERNEL_HEAD][LANES];
-} online_block_t;
+#include "vector_driver.h"
 
-/* Turns the tile's scores into weights exp(score - new max) in place, raising the running max; answers
- * the factor exp(old max - new max) that rescales what was accumulated before. */
-static __m512 tile_weights(online_block_t *state, float scores[ATTENTION_TILE][LANES], size_t count) {
-    __m512 max = state->max;
-    for (size_t j = 0; j < count; ++j)
-        max = _mm512_max_ps(max, _mm512_load_ps(scores[j]));
-    __m512 correction = exp_ps(_mm512_sub_ps(state->max, max));
-    __m512 sum = _mm512_mul_ps(state->sum, correction);
-    for (size_t j = 0; j < count; ++j) {
-        __m512 weight = exp_ps(_mm512_sub_ps(_mm512_load_ps(scores[j]), max));
-        _mm512_store_ps(scores[j], weight);
-        sum = _mm512_add_ps(sum, weight);
-    }
-    state->max = max;
-    state->sum = sum;
-    return correction;
-}
-
-/* values[d][i] = values[d][i] * correction[i] + sum_j weights[j][i] * v[j][d], 16 dims at a time. */
-static void accumulate_values(online_block_t *state, __m512 correction,
-                              float const weights[ATTENTION_TILE][LANES], float const *v, size_t stride,
-                              size_t count) {
-    for (size_t chunk = 0; chunk < KERNEL_HEAD; chunk += LANES) {
-        __m512 sums[LANES];
-#pragma GCC unroll 16
-        for (size_t d = 0; d < LANES; ++d)
-            sums[d] = _mm512_mul_ps(_mm512_load_ps(state->values[chunk + d]), correction);
-        for (size_t j = 0; j < count; ++j) {
-            __m512 weight = _mm512_load_ps(weights[j]);
-            float const *value = v + j * stride + chunk;
-#pragma GCC unroll 16
-            for (size_t d = 0; d < LANES; ++d)
-                sums[d] = _mm512_fmadd_ps(_mm512_set1_ps(value[d]), weight, sums[d]);
-        }
-#pragma GCC unroll 16
-        for (size_t d = 0; d < LANES; ++d)
-            _mm512_store_ps(state->values[chunk + d], sums[d]);
-    }
-}
-
-/* out rows [0, rows) = values / sum, transposed back. */
-static void store_block(float *out, size_t out_stride, online_block_t const *state, size_t rows) {
-    __m512 inverse = _mm512_div_ps(_mm512_set1_ps(1.0f), state->sum);
-    for (size_t chunk = 0; chunk < KERNEL_HEAD; chunk += LANES) {
-        __m512 block[LANES];
-#pragma GCC unroll 16
-        for (size_t d = 0; d < LANES; ++d)
-            block[d] = _mm512_mul_ps(_mm512_load_ps(state->values[chunk + d]), inverse);
-        transpose(block);
-#pragma GCC unroll 16
-        for (size_t i = 0; i < LANES; ++i)
-            if (i < rows) _mm512_storeu_ps(out + i * out_stride + chunk, block[i]);
-    }
-}
-
-/* Queries [first_query, first_query + rows) of the item whose keys are rows [first_key, end_key). */
-static void attend_block(kernel_attention_t const *a, size_t first_query, size_t rows, size_t first_key,
-                         size_t end_key) {
-    _Alignas(64) float queries[KERNEL_HEAD][LANES];
-    _Alignas(64) float scores[ATTENTION_TILE][LANES];
-    online_block_t state = {.max = _mm512_set1_ps(-INFINITY), .sum = _mm512_setzero_ps()};
-    memset(state.values, 0, sizeof state.values);
-    load_queries(queries, a->q + first_query * a->stride, a->stride, rows, a->scale);
-    for (size_t tile = first_key; tile < end_key; tile += ATTENTION_TILE) {
-        size_t count = end_key - tile < ATTENTION_TILE ? end_key - tile : ATTENTION_TILE;
-        tile_scores(scores, queries, a->k + tile * a->stride, a->stride, count);
-        if (a->causal) mask_future(scores, count, tile, first_query);
-        __m512 correction = tile_weights(&state, scores, count);
-        accumulate_values(&state, correction, scores, a->v + tile * a->stride, a->stride, count);
-    }
-    store_block(a->out + first_query * a->out_stride, a->out_stride, &state, rows);
-}
-
-/* Blocks start at the item's first row, so a causal block's tiles (multiples of 64 rows from there) all
- * begin at or before its first query: every lane sees at least one key in every tile. */
 void kernel_attention_avx512(kernel_attention_t const *attention, size_t item_begin, size_t item_end) {
-    for (size_t item = item_begin; item < item_end; ++item) {
-        size_t first = attention->offsets[item], end = attention->offsets[item + 1];
-        for (size_t block = first; block < end; block += LANES) {
-            size_t rows = end - block < LANES ? end - block : LANES;
-            attend_block(attention, block, rows, first, attention->causal ? block + rows : end);
-        }
-    }
+    attention_drive(attention, item_begin, item_end);
 }
 
 /* ---- Softmax, normalize ------------------------------------------------------------------------- */
@@ -428,151 +290,7 @@ void kernel_gelu_backward_avx512(float *dx, float const *dy, float const *x, siz
     }
 }
 
-/* The attention backward pass takes a block of 16 queries at a time, one lane per query, as the forward
- * pass does: a first sweep over the keys recomputes each lane's softmax max and sum, a second recomputes
- * the probabilities P [keys][16] and dP = dO v^T [keys][16] (dO transposed like the queries), forms
- * dS = scale P (dP - rowsum(dO O)), and accumulates dQ += dS k transposed [64 dims][16], and per key
- * dV += P^T dO and dK += dS^T q over the block's rows, in ascending order. */
-
-/* Each lane's max of the scores and sum of exp(score - max) over keys [first_key, end_key), folded tile
- * by tile (every lane sees a key in every tile: see kernel_attention_avx512). */
-static void block_statistics(kernel_attention_backward_t const *a, float const queries[KERNEL_HEAD][LANES],
-                             size_t first_query, size_t first_key, size_t end_key, __m512 *max, __m512 *sum) {
-    _Alignas(64) float scores[ATTENTION_TILE][LANES];
-    __m512 running_max = _mm512_set1_ps(-INFINITY), running_sum = _mm512_setzero_ps();
-    for (size_t tile = first_key; tile < end_key; tile += ATTENTION_TILE) {
-        size_t count = end_key - tile < ATTENTION_TILE ? end_key - tile : ATTENTION_TILE;
-        tile_scores(scores, queries, a->k + tile * a->stride, a->stride, count);
-        if (a->causal) mask_future(scores, count, tile, first_query);
-        __m512 tile_max = running_max;
-        for (size_t j = 0; j < count; ++j)
-            tile_max = _mm512_max_ps(tile_max, _mm512_load_ps(scores[j]));
-        running_sum = _mm512_mul_ps(running_sum, exp_ps(_mm512_sub_ps(running_max, tile_max)));
-        for (size_t j = 0; j < count; ++j)
-            running_sum =
-                _mm512_add_ps(running_sum, exp_ps(_mm512_sub_ps(_mm512_load_ps(scores[j]), tile_max)));
-        running_max = tile_max;
-    }
-    *max = running_max;
-    *sum = running_sum;
-}
-
-/* rowsum(dO O) of the block's rows [0, rows) as lanes, zero past `rows`. */
-static __m512 block_output_dots(kernel_attention_backward_t const *a, size_t first_query, size_t rows) {
-    _Alignas(64) float dots[LANES] = {0};
-    for (size_t i = 0; i < rows; ++i) {
-        float const *d_out = a->d_out + (first_query + i) * a->out_stride;
-        float const *out = a->out + (first_query + i) * a->out_stride;
-        __m512 sum = _mm512_mul_ps(_mm512_loadu_ps(d_out), _mm512_loadu_ps(out));
-        for (size_t d = LANES; d < KERNEL_HEAD; d += LANES)
-            sum = _mm512_fmadd_ps(_mm512_loadu_ps(d_out + d), _mm512_loadu_ps(out + d), sum);
-        dots[i] = _mm512_reduce_add_ps(sum);
-    }
-    return _mm512_load_ps(dots);
-}
-
-/* d_v[j] += sum_i p[j][i] dO[i] and d_k[j] += sum_i ds[j][i] q[i] over the block's rows i < rows, for the
- * tile's `count` keys: 8 accumulator chains per key. */
-static void key_gradients(kernel_attention_backward_t const *a, float const p[ATTENTION_TILE][LANES],
-                          float const ds[ATTENTION_TILE][LANES], size_t first_query, size_t rows, size_t tile,
-                          size_t count) {
-    for (size_t j = 0; j < count; ++j) {
-        float *d_value = a->d_v + (tile + j) * a->stride, *d_key = a->d_k + (tile + j) * a->stride;
-        __m512 values[KERNEL_HEAD / LANES], keys[KERNEL_HEAD / LANES];
-#pragma GCC unroll 4
-        for (size_t c = 0; c < KERNEL_HEAD / LANES; ++c) {
-            values[c] = _mm512_loadu_ps(d_value + c * LANES);
-            keys[c] = _mm512_loadu_ps(d_key + c * LANES);
-        }
-        for (size_t i = 0; i < rows; ++i) {
-            float const *d_out = a->d_out + (first_query + i) * a->out_stride;
-            float const *query = a->q + (first_query + i) * a->stride;
-            __m512 probability = _mm512_set1_ps(p[j][i]), d_score = _mm512_set1_ps(ds[j][i]);
-#pragma GCC unroll 4
-            for (size_t c = 0; c < KERNEL_HEAD / LANES; ++c) {
-                values[c] = _mm512_fmadd_ps(probability, _mm512_loadu_ps(d_out + c * LANES), values[c]);
-                keys[c] = _mm512_fmadd_ps(d_score, _mm512_loadu_ps(query + c * LANES), keys[c]);
-            }
-        }
-#pragma GCC unroll 4
-        for (size_t c = 0; c < KERNEL_HEAD / LANES; ++c) {
-            _mm512_storeu_ps(d_value + c * LANES, values[c]);
-            _mm512_storeu_ps(d_key + c * LANES, keys[c]);
-        }
-    }
-}
-
-/* d_query[d][i] += sum_j ds[j][i] k[j][d], 16 dims at a time. */
-static void query_gradients(float d_query[KERNEL_HEAD][LANES], float const ds[ATTENTION_TILE][LANES],
-                            float const *k, size_t stride, size_t count) {
-    for (size_t chunk = 0; chunk < KERNEL_HEAD; chunk += LANES) {
-        __m512 sums[LANES];
-#pragma GCC unroll 16
-        for (size_t d = 0; d < LANES; ++d)
-            sums[d] = _mm512_load_ps(d_query[chunk + d]);
-        for (size_t j = 0; j < count; ++j) {
-            __m512 d_score = _mm512_load_ps(ds[j]);
-            float const *key = k + j * stride + chunk;
-#pragma GCC unroll 16
-            for (size_t d = 0; d < LANES; ++d)
-                sums[d] = _mm512_fmadd_ps(_mm512_set1_ps(key[d]), d_score, sums[d]);
-        }
-#pragma GCC unroll 16
-        for (size_t d = 0; d < LANES; ++d)
-            _mm512_store_ps(d_query[chunk + d], sums[d]);
-    }
-}
-
-/* Queries [first_query, first_query + rows) of the item whose keys are rows [first_key, end_key). */
-static void attention_backward_block(kernel_attention_backward_t const *a, size_t first_query, size_t rows,
-                                     size_t first_key, size_t end_key) {
-    _Alignas(64) float queries[KERNEL_HEAD][LANES], d_outs[KERNEL_HEAD][LANES];
-    _Alignas(64) float p[ATTENTION_TILE][LANES], ds[ATTENTION_TILE][LANES];
-    _Alignas(64) float d_query[KERNEL_HEAD][LANES];
-    memset(d_query, 0, sizeof d_query);
-    load_queries(queries, a->q + first_query * a->stride, a->stride, rows, a->scale);
-    load_queries(d_outs, a->d_out + first_query * a->out_stride, a->out_stride, rows, 1.0f);
-    __m512 max, sum;
-    block_statistics(a, queries, first_query, first_key, end_key, &max, &sum);
-    __m512 inverse = _mm512_div_ps(_mm512_set1_ps(1.0f), sum);
-    __m512 output_dots = block_output_dots(a, first_query, rows), scale = _mm512_set1_ps(a->scale);
-    for (size_t tile = first_key; tile < end_key; tile += ATTENTION_TILE) {
-        size_t count = end_key - tile < ATTENTION_TILE ? end_key - tile : ATTENTION_TILE;
-        tile_scores(p, queries, a->k + tile * a->stride, a->stride, count);
-        if (a->causal) mask_future(p, count, tile, first_query);
-        tile_scores(ds, d_outs, a->v + tile * a->stride, a->stride, count);
-        for (size_t j = 0; j < count; ++j) {
-            __m512 probability = _mm512_mul_ps(exp_ps(_mm512_sub_ps(_mm512_load_ps(p[j]), max)), inverse);
-            __m512 d_probability = _mm512_sub_ps(_mm512_load_ps(ds[j]), output_dots);
-            _mm512_store_ps(p[j], probability);
-            _mm512_store_ps(ds[j], _mm512_mul_ps(_mm512_mul_ps(scale, probability), d_probability));
-        }
-        query_gradients(d_query, ds, a->k + tile * a->stride, a->stride, count);
-        key_gradients(a, p, ds, first_query, rows, tile, count);
-    }
-    for (size_t chunk = 0; chunk < KERNEL_HEAD; chunk += LANES) {
-        __m512 block[LANES];
-#pragma GCC unroll 16
-        for (size_t d = 0; d < LANES; ++d)
-            block[d] = _mm512_load_ps(d_query[chunk + d]);
-        transpose(block);
-#pragma GCC unroll 16
-        for (size_t i = 0; i < LANES; ++i)
-            if (i < rows) _mm512_storeu_ps(a->d_q + (first_query + i) * a->stride + chunk, block[i]);
-    }
-}
-
 void kernel_attention_backward_avx512(kernel_attention_backward_t const *attention, size_t item_begin,
                                       size_t item_end) {
-    for (size_t item = item_begin; item < item_end; ++item) {
-        size_t first = attention->offsets[item], end = attention->offsets[item + 1];
-        for (size_t row = first; row < end; ++row) {
-            memset(attention->d_k + row * attention->stride, 0, KERNEL_HEAD * sizeof(float));
-            memset(attention->d_v + row * attention->stride, 0, KERNEL_HEAD * sizeof(float));
-        }
-        for (size_t block = first; block < end; block += LANES) {
-            size_t rows = end - block < LANES ? end - block : LANES;
-            attention_backward_block(attention, block, rows, first, attention->causal ? block + rows : end);
-        }
-    }
+    attention_backward_drive(attention, item_begin, item_end);
 }

@@ -1,0 +1,327 @@
+/* The attention kernels (forward and backward) the AVX2 and AVX-512 paths share, written once over the F32
+ * vector primitives of math_avx2.h / math_avx512.h (vfloat, vf_load, vf_fmadd, ...).
+ *
+ * Attention takes a block of LANES queries at a time with one lane per query: the block's queries are
+ * transposed once, so that the scores of a key against all the block's queries, the running max, the
+ * running sum and the rescaling of the online softmax are plain lane-wise vector operations, and the
+ * weighted sum of values is kept transposed too ([64 dims][LANES queries]) until the block's rows are
+ * written out.
+ *
+ * A path's file (vector_<path>.c) includes this header after its math header and after defining what
+ * depends on its instruction set:
+ *   - LANES, the F32 lanes of a vfloat;
+ *   - transpose(vfloat rows[LANES]), the in-register transpose of a LANES x LANES block;
+ *   - mask_future(scores, count, first_key, first_query), the causal mask of a tile's scores.
+ * It is compiled there with that file's target flags, so each path gets the same code as if it spelled
+ * these functions out: they keep the inline qualifiers they had there, and the compiler the inlining it
+ * chose. Every output is the same chain of operations on every path, in the same order as before.
+ *
+ * The loops marked `#pragma GCC unroll` run over a fixed number of vectors: unrolled, their arrays of
+ * vectors stay in registers (gcc -O2 would keep them in memory). */
+#pragma once
+
+#include <math.h>
+#include <string.h>
+
+#include "kernels.h"
+
+#define ATTENTION_TILE 64 /* keys per tile of the online softmax */
+#define SCORE_GROUP    8  /* keys scored together: independent FMA chains hide the FMA latency */
+#define VECTOR_ALIGN   (LANES * sizeof(float)) /* the alignment of vf_load and vf_store */
+
+/* The queries of one block, transposed and scaled: [64 dims][LANES queries], lanes past `rows` zero. */
+static void load_queries(float queries[KERNEL_HEAD][LANES], float const *q, size_t stride, size_t rows,
+                         float scale) {
+    vfloat by = vf_set1(scale);
+    for (size_t chunk = 0; chunk < KERNEL_HEAD; chunk += LANES) {
+        vfloat block[LANES];
+#pragma GCC unroll 16
+        for (size_t i = 0; i < LANES; ++i)
+            block[i] = i < rows ? vf_mul(vf_loadu(q + i * stride + chunk), by) : vf_zero();
+        transpose(block);
+#pragma GCC unroll 16
+        for (size_t d = 0; d < LANES; ++d)
+            vf_store(queries[chunk + d], block[d]);
+    }
+}
+
+/* scores[j][i] = queries[.][i] . k[j] for the SCORE_GROUP keys j whose rows are `keys[j]`. */
+static inline void score_group(float scores[SCORE_GROUP][LANES], float const queries[KERNEL_HEAD][LANES],
+                               float const *const keys[SCORE_GROUP]) {
+    vfloat sums[SCORE_GROUP];
+#pragma GCC unroll 16
+    for (size_t j = 0; j < SCORE_GROUP; ++j)
+        sums[j] = vf_zero();
+    for (size_t d = 0; d < KERNEL_HEAD; ++d) {
+        vfloat query = vf_load(queries[d]);
+#pragma GCC unroll 16
+        for (size_t j = 0; j < SCORE_GROUP; ++j)
+            sums[j] = vf_fmadd(vf_broadcast(keys[j] + d), query, sums[j]);
+    }
+#pragma GCC unroll 16
+    for (size_t j = 0; j < SCORE_GROUP; ++j)
+        vf_store(scores[j], sums[j]);
+}
+
+/* Scores of the tile's `count` keys (rows of k at `stride`) against the block's queries: [64 keys][LANES].
+ * A last, partial group repeats the tile's last key; those extra scores are never read. */
+static void tile_scores(float scores[ATTENTION_TILE][LANES], float const queries[KERNEL_HEAD][LANES],
+                        float const *k, size_t stride, size_t count) {
+    for (size_t j = 0; j < count; j += SCORE_GROUP) {
+        float const *keys[SCORE_GROUP];
+        for (size_t g = 0; g < SCORE_GROUP; ++g)
+            keys[g] = k + (j + g < count ? j + g : count - 1) * stride;
+        score_group(scores + j, queries, keys);
+    }
+}
+
+/* Online softmax state of a block: per query lane the running max and sum of exp(score - max), and the
+ * exp-weighted sum of values, transposed [64 dims][LANES queries]. */
+typedef struct online_block {
+    vfloat max, sum;
+    _Alignas(VECTOR_ALIGN) float values[KERNEL_HEAD][LANES];
+} online_block_t;
+
+/* Turns the tile's scores into weights exp(score - new max) in place, raising the running max; answers
+ * the factor exp(old max - new max) that rescales what was accumulated before. */
+static vfloat tile_weights(online_block_t *state, float scores[ATTENTION_TILE][LANES], size_t count) {
+    vfloat max = state->max;
+    for (size_t j = 0; j < count; ++j)
+        max = vf_max(max, vf_load(scores[j]));
+    vfloat correction = exp_ps(vf_sub(state->max, max));
+    vfloat sum = vf_mul(state->sum, correction);
+    for (size_t j = 0; j < count; ++j) {
+        vfloat weight = exp_ps(vf_sub(vf_load(scores[j]), max));
+        vf_store(scores[j], weight);
+        sum = vf_add(sum, weight);
+    }
+    state->max = max;
+    state->sum = sum;
+    return correction;
+}
+
+/* values[d][i] = values[d][i] * correction[i] + sum_j weights[j][i] * v[j][d], LANES dims at a time. */
+static void accumulate_values(online_block_t *state, vfloat correction,
+                              float const weights[ATTENTION_TILE][LANES], float const *v, size_t stride,
+                              size_t count) {
+    for (size_t chunk = 0; chunk < KERNEL_HEAD; chunk += LANES) {
+        vfloat sums[LANES];
+#pragma GCC unroll 16
+        for (size_t d = 0; d < LANES; ++d)
+            sums[d] = vf_mul(vf_load(state->values[chunk + d]), correction);
+        for (size_t j = 0; j < count; ++j) {
+            vfloat weight = vf_load(weights[j]);
+            float const *value = v + j * stride + chunk;
+#pragma GCC unroll 16
+            for (size_t d = 0; d < LANES; ++d)
+                sums[d] = vf_fmadd(vf_broadcast(value + d), weight, sums[d]);
+        }
+#pragma GCC unroll 16
+        for (size_t d = 0; d < LANES; ++d)
+            vf_store(state->values[chunk + d], sums[d]);
+    }
+}
+
+/* out rows [0, rows) = values / sum, transposed back. */
+static void store_block(float *out, size_t out_stride, online_block_t const *state, size_t rows) {
+    vfloat inverse = vf_div(vf_set1(1.0f), state->sum);
+    for (size_t chunk = 0; chunk < KERNEL_HEAD; chunk += LANES) {
+        vfloat block[LANES];
+#pragma GCC unroll 16
+        for (size_t d = 0; d < LANES; ++d)
+            block[d] = vf_mul(vf_load(state->values[chunk + d]), inverse);
+        transpose(block);
+#pragma GCC unroll 16
+        for (size_t i = 0; i < LANES; ++i)
+            if (i < rows) vf_storeu(out + i * out_stride + chunk, block[i]);
+    }
+}
+
+/* Queries [first_query, first_query + rows) of the item whose keys are rows [first_key, end_key). */
+static void attend_block(kernel_attention_t const *a, size_t first_query, size_t rows, size_t first_key,
+                         size_t end_key) {
+    _Alignas(VECTOR_ALIGN) float queries[KERNEL_HEAD][LANES];
+    _Alignas(VECTOR_ALIGN) float scores[ATTENTION_TILE][LANES];
+    online_block_t state = {.max = vf_set1(-INFINITY), .sum = vf_zero()};
+    memset(state.values, 0, sizeof state.values);
+    load_queries(queries, a->q + first_query * a->stride, a->stride, rows, a->scale);
+    for (size_t tile = first_key; tile < end_key; tile += ATTENTION_TILE) {
+        size_t count = end_key - tile < ATTENTION_TILE ? end_key - tile : ATTENTION_TILE;
+        tile_scores(scores, queries, a->k + tile * a->stride, a->stride, count);
+        if (a->causal) mask_future(scores, count, tile, first_query);
+        vfloat correction = tile_weights(&state, scores, count);
+        accumulate_values(&state, correction, scores, a->v + tile * a->stride, a->stride, count);
+    }
+    store_block(a->out + first_query * a->out_stride, a->out_stride, &state, rows);
+}
+
+/* kernel_attention_<path>. Blocks start at the item's first row, so a causal block's tiles (multiples of
+ * 64 rows from there) all begin at or before its first query: every lane sees at least one key in every
+ * tile. */
+static inline __attribute__((always_inline)) void attention_drive(kernel_attention_t const *attention,
+                                                                  size_t item_begin, size_t item_end) {
+    for (size_t item = item_begin; item < item_end; ++item) {
+        size_t first = attention->offsets[item], end = attention->offsets[item + 1];
+        for (size_t block = first; block < end; block += LANES) {
+            size_t rows = end - block < LANES ? end - block : LANES;
+            attend_block(attention, block, rows, first, attention->causal ? block + rows : end);
+        }
+    }
+}
+
+/* ---- Attention backward ------------------------------------------------------------------------- */
+
+/* The attention backward pass takes a block of LANES queries at a time, one lane per query, as the
+ * forward pass does: a first sweep over the keys recomputes each lane's softmax max and sum, a second
+ * recomputes the probabilities P [keys][LANES] and dP = dO v^T [keys][LANES] (dO transposed like the
+ * queries), forms dS = scale P (dP - rowsum(dO O)), and accumulates dQ += dS k transposed
+ * [64 dims][LANES], and per key dV += P^T dO and dK += dS^T q over the block's rows, in ascending order. */
+
+/* Each lane's max of the scores and sum of exp(score - max) over keys [first_key, end_key), folded tile
+ * by tile (every lane sees a key in every tile: see attention_drive). */
+static void block_statistics(kernel_attention_backward_t const *a, float const queries[KERNEL_HEAD][LANES],
+                             size_t first_query, size_t first_key, size_t end_key, vfloat *max, vfloat *sum) {
+    _Alignas(VECTOR_ALIGN) float scores[ATTENTION_TILE][LANES];
+    vfloat running_max = vf_set1(-INFINITY), running_sum = vf_zero();
+    for (size_t tile = first_key; tile < end_key; tile += ATTENTION_TILE) {
+        size_t count = end_key - tile < ATTENTION_TILE ? end_key - tile : ATTENTION_TILE;
+        tile_scores(scores, queries, a->k + tile * a->stride, a->stride, count);
+        if (a->causal) mask_future(scores, count, tile, first_query);
+        vfloat tile_max = running_max;
+        for (size_t j = 0; j < count; ++j)
+            tile_max = vf_max(tile_max, vf_load(scores[j]));
+        running_sum = vf_mul(running_sum, exp_ps(vf_sub(running_max, tile_max)));
+        for (size_t j = 0; j < count; ++j)
+            running_sum = vf_add(running_sum, exp_ps(vf_sub(vf_load(scores[j]), tile_max)));
+        running_max = tile_max;
+    }
+    *max = running_max;
+    *sum = running_sum;
+}
+
+/* rowsum(dO O) of the block's rows [0, rows) as lanes, zero past `rows`. */
+static vfloat block_output_dots(kernel_attention_backward_t const *a, size_t first_query, size_t rows) {
+    _Alignas(VECTOR_ALIGN) float dots[LANES] = {0};
+    for (size_t i = 0; i < rows; ++i) {
+        float const *d_out = a->d_out + (first_query + i) * a->out_stride;
+        float const *out = a->out + (first_query + i) * a->out_stride;
+        vfloat sum = vf_mul(vf_loadu(d_out), vf_loadu(out));
+        for (size_t d = LANES; d < KERNEL_HEAD; d += LANES)
+            sum = vf_fmadd(vf_loadu(d_out + d), vf_loadu(out + d), sum);
+        dots[i] = vf_reduce_add(sum);
+    }
+    return vf_load(dots);
+}
+
+/* d_v[j] += sum_i p[j][i] dO[i] and d_k[j] += sum_i ds[j][i] q[i] over the block's rows i < rows, for the
+ * tile's `count` keys, SPAN dims at a time: 8 accumulator chains (the whole head with 16 lanes, half of it
+ * with 8). */
+static void key_gradients(kernel_attention_backward_t const *a, float const p[ATTENTION_TILE][LANES],
+                          float const ds[ATTENTION_TILE][LANES], size_t first_query, size_t rows, size_t tile,
+                          size_t count) {
+    enum { VECTORS = 4, SPAN = VECTORS * LANES };
+    for (size_t j = 0; j < count; ++j) {
+        for (size_t part = 0; part < KERNEL_HEAD; part += SPAN) {
+            float *d_value = a->d_v + (tile + j) * a->stride + part;
+            float *d_key = a->d_k + (tile + j) * a->stride + part;
+            vfloat values[VECTORS], keys[VECTORS];
+#pragma GCC unroll 4
+            for (size_t c = 0; c < VECTORS; ++c) {
+                values[c] = vf_loadu(d_value + c * LANES);
+                keys[c] = vf_loadu(d_key + c * LANES);
+            }
+            for (size_t i = 0; i < rows; ++i) {
+                float const *d_out = a->d_out + (first_query + i) * a->out_stride + part;
+                float const *query = a->q + (first_query + i) * a->stride + part;
+                vfloat probability = vf_set1(p[j][i]), d_score = vf_set1(ds[j][i]);
+#pragma GCC unroll 4
+                for (size_t c = 0; c < VECTORS; ++c) {
+                    values[c] = vf_fmadd(probability, vf_loadu(d_out + c * LANES), values[c]);
+                    keys[c] = vf_fmadd(d_score, vf_loadu(query + c * LANES), keys[c]);
+                }
+            }
+#pragma GCC unroll 4
+            for (size_t c = 0; c < VECTORS; ++c) {
+                vf_storeu(d_value + c * LANES, values[c]);
+                vf_storeu(d_key + c * LANES, keys[c]);
+            }
+        }
+    }
+}
+
+/* d_query[d][i] += sum_j ds[j][i] k[j][d], LANES dims at a time. */
+static void query_gradients(float d_query[KERNEL_HEAD][LANES], float const ds[ATTENTION_TILE][LANES],
+                            float const *k, size_t stride, size_t count) {
+    for (size_t chunk = 0; chunk < KERNEL_HEAD; chunk += LANES) {
+        vfloat sums[LANES];
+#pragma GCC unroll 16
+        for (size_t d = 0; d < LANES; ++d)
+            sums[d] = vf_load(d_query[chunk + d]);
+        for (size_t j = 0; j < count; ++j) {
+            vfloat d_score = vf_load(ds[j]);
+            float const *key = k + j * stride + chunk;
+#pragma GCC unroll 16
+            for (size_t d = 0; d < LANES; ++d)
+                sums[d] = vf_fmadd(vf_broadcast(key + d), d_score, sums[d]);
+        }
+#pragma GCC unroll 16
+        for (size_t d = 0; d < LANES; ++d)
+            vf_store(d_query[chunk + d], sums[d]);
+    }
+}
+
+/* Queries [first_query, first_query + rows) of the item whose keys are rows [first_key, end_key). */
+static void attention_backward_block(kernel_attention_backward_t const *a, size_t first_query, size_t rows,
+                                     size_t first_key, size_t end_key) {
+    _Alignas(VECTOR_ALIGN) float queries[KERNEL_HEAD][LANES], d_outs[KERNEL_HEAD][LANES];
+    _Alignas(VECTOR_ALIGN) float p[ATTENTION_TILE][LANES], ds[ATTENTION_TILE][LANES];
+    _Alignas(VECTOR_ALIGN) float d_query[KERNEL_HEAD][LANES];
+    memset(d_query, 0, sizeof d_query);
+    load_queries(queries, a->q + first_query * a->stride, a->stride, rows, a->scale);
+    load_queries(d_outs, a->d_out + first_query * a->out_stride, a->out_stride, rows, 1.0f);
+    vfloat max, sum;
+    block_statistics(a, queries, first_query, first_key, end_key, &max, &sum);
+    vfloat inverse = vf_div(vf_set1(1.0f), sum);
+    vfloat output_dots = block_output_dots(a, first_query, rows), scale = vf_set1(a->scale);
+    for (size_t tile = first_key; tile < end_key; tile += ATTENTION_TILE) {
+        size_t count = end_key - tile < ATTENTION_TILE ? end_key - tile : ATTENTION_TILE;
+        tile_scores(p, queries, a->k + tile * a->stride, a->stride, count);
+        if (a->causal) mask_future(p, count, tile, first_query);
+        tile_scores(ds, d_outs, a->v + tile * a->stride, a->stride, count);
+        for (size_t j = 0; j < count; ++j) {
+            vfloat probability = vf_mul(exp_ps(vf_sub(vf_load(p[j]), max)), inverse);
+            vfloat d_probability = vf_sub(vf_load(ds[j]), output_dots);
+            vf_store(p[j], probability);
+            vf_store(ds[j], vf_mul(vf_mul(scale, probability), d_probability));
+        }
+        query_gradients(d_query, ds, a->k + tile * a->stride, a->stride, count);
+        key_gradients(a, p, ds, first_query, rows, tile, count);
+    }
+    for (size_t chunk = 0; chunk < KERNEL_HEAD; chunk += LANES) {
+        vfloat block[LANES];
+#pragma GCC unroll 16
+        for (size_t d = 0; d < LANES; ++d)
+            block[d] = vf_load(d_query[chunk + d]);
+        transpose(block);
+#pragma GCC unroll 16
+        for (size_t i = 0; i < LANES; ++i)
+            if (i < rows) vf_storeu(a->d_q + (first_query + i) * a->stride + chunk, block[i]);
+    }
+}
+
+/* kernel_attention_backward_<path>: d_k and d_v of the items' rows are zeroed, then accumulated block by
+ * block. */
+static inline __attribute__((always_inline)) void
+attention_backward_drive(kernel_attention_backward_t const *attention, size_t item_begin, size_t item_end) {
+    for (size_t item = item_begin; item < item_end; ++item) {
+        size_t first = attention->offsets[item], end = attention->offsets[item + 1];
+        for (size_t row = first; row < end; ++row) {
+            memset(attention->d_k + row * attention->stride, 0, KERNEL_HEAD * sizeof(float));
+            memset(attention->d_v + row * attention->stride, 0, KERNEL_HEAD * sizeof(float));
+        }
+        for (size_t block = first; block < end; block += LANES) {
+            size_t rows = end - block < LANES ? end - block : LANES;
+            attention_backward_block(attention, block, rows, first, attention->causal ? block + rows : end);
+        }
+    }
+}
