@@ -94,9 +94,66 @@ static inline vfloat vf_fmadd(vfloat a, vfloat b, vfloat c) {
     return _mm256_fmadd_ps(a, b, c);
 }
 
+/* The lanes a mask sets (vmask: all bits of a lane set or clear) read or written, the others never
+ * touched: vf_maskload answers 0 in them, vf_maskload_or `fill`. */
+typedef __m256i vmask;
+
+static inline vfloat vf_maskload(float const *x, vmask mask) {
+    return _mm256_maskload_ps(x, mask);
+}
+
+static inline vfloat vf_maskload_or(vfloat fill, float const *x, vmask mask) {
+    return _mm256_blendv_ps(fill, _mm256_maskload_ps(x, mask), _mm256_castsi256_ps(mask));
+}
+
+static inline void vf_maskstore(float *to, vmask mask, vfloat x) {
+    _mm256_maskstore_ps(to, mask, x);
+}
+
+/* The largest lane: halves, then pairs, then the last two. */
+static inline float vf_reduce_max(vfloat v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
 /* The sum of the lanes: halves, then pairs, then the last two. */
 static inline float vf_reduce_add(vfloat v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+/* F64 vectors of 4 lanes, for the sums vector_driver.h keeps in double: vd_low and vd_high widen the low
+ * and the high half of a vfloat's lanes. */
+typedef __m256d vdouble;
+
+static inline vdouble vd_zero(void) {
+    return _mm256_setzero_pd();
+}
+
+static inline vdouble vd_low(vfloat x) {
+    return _mm256_cvtps_pd(_mm256_castps256_ps128(x));
+}
+
+static inline vdouble vd_high(vfloat x) {
+    return _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1));
+}
+
+static inline vdouble vd_add(vdouble a, vdouble b) {
+    return _mm256_add_pd(a, b);
+}
+
+static inline vdouble vd_mul(vdouble a, vdouble b) {
+    return _mm256_mul_pd(a, b);
+}
+
+static inline vdouble vd_fmadd(vdouble a, vdouble b, vdouble c) {
+    return _mm256_fmadd_pd(a, b, c);
+}
+
+/* The sum of the lanes: halves, then the last two. */
+static inline double vd_reduce_add(vdouble v) {
+    __m128d s = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s)));
 }

@@ -100,7 +100,60 @@ static inline vfloat vf_fmadd(vfloat a, vfloat b, vfloat c) {
     return _mm512_fmadd_ps(a, b, c);
 }
 
+/* The lanes a mask sets read or written, the others never touched: vf_maskload answers 0 in them,
+ * vf_maskload_or `fill`. */
+typedef __mmask16 vmask;
+
+static inline vfloat vf_maskload(float const *x, vmask mask) {
+    return _mm512_maskz_loadu_ps(mask, x);
+}
+
+static inline vfloat vf_maskload_or(vfloat fill, float const *x, vmask mask) {
+    return _mm512_mask_loadu_ps(fill, mask, x);
+}
+
+static inline void vf_maskstore(float *to, vmask mask, vfloat x) {
+    _mm512_mask_storeu_ps(to, mask, x);
+}
+
+static inline float vf_reduce_max(vfloat v) {
+    return _mm512_reduce_max_ps(v);
+}
+
 /* The sum of the lanes, in the compiler's own reduction order. */
 static inline float vf_reduce_add(vfloat v) {
     return _mm512_reduce_add_ps(v);
+}
+
+/* F64 vectors of 8 lanes, for the sums vector_driver.h keeps in double: vd_low and vd_high widen the low
+ * and the high half of a vfloat's lanes. */
+typedef __m512d vdouble;
+
+static inline vdouble vd_zero(void) {
+    return _mm512_setzero_pd();
+}
+
+static inline vdouble vd_low(vfloat x) {
+    return _mm512_cvtps_pd(_mm512_castps512_ps256(x));
+}
+
+static inline vdouble vd_high(vfloat x) {
+    return _mm512_cvtps_pd(_mm512_extractf32x8_ps(x, 1));
+}
+
+static inline vdouble vd_add(vdouble a, vdouble b) {
+    return _mm512_add_pd(a, b);
+}
+
+static inline vdouble vd_mul(vdouble a, vdouble b) {
+    return _mm512_mul_pd(a, b);
+}
+
+static inline vdouble vd_fmadd(vdouble a, vdouble b, vdouble c) {
+    return _mm512_fmadd_pd(a, b, c);
+}
+
+/* The sum of the lanes, in the compiler's own reduction order. */
+static inline double vd_reduce_add(vdouble v) {
+    return _mm512_reduce_add_pd(v);
 }

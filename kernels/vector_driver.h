@@ -1,5 +1,9 @@
-/* The attention kernels (forward and backward) the AVX2 and AVX-512 paths share, written once over the F32
- * vector primitives of math_avx2.h / math_avx512.h (vfloat, vf_load, vf_fmadd, ...).
+/* The non-GEMM kernels the AVX2 and AVX-512 paths share (RMSNorm, softmax, normalize, GELU, their
+ * backward passes, and attention forward and backward), written once over the vector primitives of
+ * math_avx2.h / math_avx512.h (vfloat, vf_load, vf_fmadd, vdouble, ...). Each output is the same chain of
+ * operations on both paths as before this header; only the lanes per vector differ. F32 tails are read and
+ * written through lane masks, never past `n`; sums of squares and softmax denominators are accumulated in
+ * double as on the scalar path.
  *
  * Attention takes a block of LANES queries at a time with one lane per query: the block's queries are
  * transposed once, so that the scores of a key against all the block's queries, the running max, the
@@ -10,11 +14,12 @@
  * A path's file (vector_<path>.c) includes this header after its math header and after defining what
  * depends on its instruction set:
  *   - LANES, the F32 lanes of a vfloat;
+ *   - tail_mask(left), the vmask of the lanes below `left` (all of them when left >= LANES);
  *   - transpose(vfloat rows[LANES]), the in-register transpose of a LANES x LANES block;
  *   - mask_future(scores, count, first_key, first_query), the causal mask of a tile's scores.
- * It is compiled there with that file's target flags, so each path gets the same code as if it spelled
- * these functions out: they keep the inline qualifiers they had there, and the compiler the inlining it
- * chose. Every output is the same chain of operations on every path, in the same order as before.
+ * Its kernel_<name>_<path> functions call the <name>_drive functions here. All of it is compiled there
+ * with that file's target flags, so each path gets the same code as if it spelled these functions out:
+ * the helpers keep the inline qualifiers they had there, and the compiler the inlining it chose.
  *
  * The loops marked `#pragma GCC unroll` run over a fixed number of vectors: unrolled, their arrays of
  * vectors stay in registers (gcc -O2 would keep them in memory). */
@@ -28,6 +33,135 @@
 #define ATTENTION_TILE 64 /* keys per tile of the online softmax */
 #define SCORE_GROUP    8  /* keys scored together: independent FMA chains hide the FMA latency */
 #define VECTOR_ALIGN   (LANES * sizeof(float)) /* the alignment of vf_load and vf_store */
+
+static double sum_squares(float const *x, size_t n) {
+    vdouble low = vd_zero(), high = vd_zero();
+    for (size_t i = 0; i < n; i += LANES) {
+        vfloat v = vf_maskload(x + i, tail_mask(n - i));
+        vdouble first = vd_low(v), second = vd_high(v);
+        low = vd_fmadd(first, first, low);
+        high = vd_fmadd(second, second, high);
+    }
+    return vd_reduce_add(vd_add(low, high));
+}
+
+/* x[0, n) *= factor */
+static void scale_in_place(float *x, size_t n, float factor) {
+    vfloat by = vf_set1(factor);
+    for (size_t i = 0; i < n; i += LANES) {
+        vmask mask = tail_mask(n - i);
+        vf_maskstore(x + i, mask, vf_mul(vf_maskload(x + i, mask), by));
+    }
+}
+
+static inline __attribute__((always_inline)) void rmsnorm_drive(float *y, size_t y_stride, float const *x,
+                                                                size_t x_stride, float const *weight,
+                                                                size_t rows, size_t n, float eps) {
+    for (size_t r = 0; r < rows; ++r, y += y_stride, x += x_stride) {
+        vfloat inverse = vf_set1((float)(1.0 / sqrt(sum_squares(x, n) / (double)n + eps)));
+        for (size_t i = 0; i < n; i += LANES) {
+            vmask mask = tail_mask(n - i);
+            vfloat v = vf_mul(vf_maskload(x + i, mask), inverse);
+            vf_maskstore(y + i, mask, vf_mul(v, vf_maskload(weight + i, mask)));
+        }
+    }
+}
+
+/* Lanes past `n` read as -inf: their weight exp(-inf - max) is exactly 0 and adds nothing to the sum. */
+static inline __attribute__((always_inline)) void softmax_drive(float *x, size_t n) {
+    vfloat const empty = vf_set1(-INFINITY);
+    vfloat max = empty;
+    for (size_t i = 0; i < n; i += LANES)
+        max = vf_max(max, vf_maskload_or(empty, x + i, tail_mask(n - i)));
+    max = vf_set1(vf_reduce_max(max));
+    vdouble low = vd_zero(), high = vd_zero();
+    for (size_t i = 0; i < n; i += LANES) {
+        vmask mask = tail_mask(n - i);
+        vfloat weight = exp_ps(vf_sub(vf_maskload_or(empty, x + i, mask), max));
+        vf_maskstore(x + i, mask, weight);
+        low = vd_add(low, vd_low(weight));
+        high = vd_add(high, vd_high(weight));
+    }
+    scale_in_place(x, n, (float)(1.0 / vd_reduce_add(vd_add(low, high))));
+}
+
+static inline __attribute__((always_inline)) void normalize_drive(float *x, size_t n) {
+    double squares = sum_squares(x, n);
+    if (squares == 0.0) return;
+    scale_in_place(x, n, (float)(1.0 / sqrt(squares)));
+}
+
+/* rmsnorm_backward as kernel_rmsnorm_backward_scalar: 1/r and sum(weight dy x) in double, then
+ * dx = weight dy / r - x sum(weight dy x) / (n r^3) and d_weight += dy x / r in F32, LANES at a time. */
+static inline __attribute__((always_inline)) void rmsnorm_backward_drive(float *dx, size_t dx_stride,
+                                                                         float *d_weight, float const *dy,
+                                                                         size_t dy_stride, float const *x,
+                                                                         size_t x_stride, float const *weight,
+                                                                         size_t rows, size_t n, float eps) {
+    for (size_t r = 0; r < rows; ++r, dx += dx_stride, dy += dy_stride, x += x_stride) {
+        vdouble squares[2] = {vd_zero(), vd_zero()};
+        vdouble dots[2] = {vd_zero(), vd_zero()};
+        for (size_t i = 0; i < n; i += LANES) {
+            vmask mask = tail_mask(n - i);
+            vfloat values = vf_maskload(x + i, mask), gradients = vf_maskload(dy + i, mask);
+            vfloat weights = vf_maskload(weight + i, mask);
+            vdouble halves_x[2] = {vd_low(values), vd_high(values)};
+            vdouble halves_g[2] = {vd_low(gradients), vd_high(gradients)};
+            vdouble halves_w[2] = {vd_low(weights), vd_high(weights)};
+            for (size_t h = 0; h < 2; ++h) {
+                vdouble product = vd_mul(halves_w[h], halves_g[h]);
+                squares[h] = vd_fmadd(halves_x[h], halves_x[h], squares[h]);
+                dots[h] = vd_fmadd(product, halves_x[h], dots[h]);
+            }
+        }
+        double inverse = 1.0 / sqrt(vd_reduce_add(vd_add(squares[0], squares[1])) / (double)n + eps);
+        double dot = vd_reduce_add(vd_add(dots[0], dots[1]));
+        vfloat by = vf_set1((float)inverse);
+        vfloat coefficient = vf_set1((float)(dot / (double)n * inverse * inverse * inverse));
+        for (size_t i = 0; i < n; i += LANES) {
+            vmask mask = tail_mask(n - i);
+            vfloat values = vf_maskload(x + i, mask), gradients = vf_maskload(dy + i, mask);
+            vfloat weights = vf_maskload(weight + i, mask);
+            vfloat d_weights = vf_maskload(d_weight + i, mask);
+            d_weights = vf_add(d_weights, vf_mul(vf_mul(gradients, values), by));
+            vf_maskstore(d_weight + i, mask, d_weights);
+            vfloat scaled = vf_mul(vf_mul(weights, gradients), by);
+            vf_maskstore(dx + i, mask, vf_sub(scaled, vf_mul(values, coefficient)));
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void gelu_drive(float *x, size_t n) {
+    for (size_t i = 0; i < n; i += LANES) {
+        vmask mask = tail_mask(n - i);
+        vf_maskstore(x + i, mask, gelu_ps(vf_maskload(x + i, mask)));
+    }
+}
+
+/* gelu'(x) = 0.5(1 + t) + 0.5x(1 - t^2) sqrt(2/pi)(1 + 3 0.044715x^2), t = tanh(u), rewritten with
+ * s = 1 / (1 + e), e = exp(-2u): 0.5(1 + t) = s and 0.5(1 - t^2) = 2 e s^2, so
+ * gelu'(x) = s (1 + 2x (e s) sqrt(2/pi)(1 + 0.134145x^2)), free of the cancellations of 1 + t and
+ * 1 - t^2 (e s = 1 - s stays finite where e is clamped). */
+static inline vfloat gelu_derivative_ps(vfloat x) {
+    vfloat x2 = vf_mul(x, x);
+    vfloat u = vf_mul(x, vf_fmadd(x2, vf_set1(0.0356774081f), vf_set1(0.797884561f)));
+    vfloat e = exp_ps(vf_mul(u, vf_set1(-2.0f)));
+    vfloat s = vf_div(vf_set1(1.0f), vf_add(e, vf_set1(1.0f)));
+    vfloat slope = vf_fmadd(x2, vf_set1(0.107032224f), vf_set1(0.797884561f));
+    vfloat r = vf_mul(vf_mul(vf_add(x, x), vf_mul(e, s)), slope);
+    return vf_fmadd(s, r, s);
+}
+
+static inline __attribute__((always_inline)) void gelu_backward_drive(float *dx, float const *dy,
+                                                                      float const *x, size_t n) {
+    for (size_t i = 0; i < n; i += LANES) {
+        vmask mask = tail_mask(n - i);
+        vfloat derivative = gelu_derivative_ps(vf_maskload(x + i, mask));
+        vf_maskstore(dx + i, mask, vf_mul(vf_maskload(dy + i, mask), derivative));
+    }
+}
+
+/* ---- Attention ---------------------------------------------------------------------------------- */
 
 /* The queries of one block, transposed and scaled: [64 dims][LANES queries], lanes past `rows` zero. */
 static void load_queries(float queries[KERNEL_HEAD][LANES], float const *q, size_t stride, size_t rows,
