@@ -20,7 +20,7 @@ static inline __m256i tail_mask(size_t left) {
     return _mm256_loadu_si256((__m256i const *)(ones + LANES - (left < LANES ? left : LANES)));
 }
 
-/* ---- Attention: the parts vector_driver.h takes from the path -------------------------------- */
+/* ---- Attention: the parts vector_driver.h takes from the path ----------------------------------- */
 
 /* In-register transpose of an 8 x 8 block held as 8 rows: interleave pairs of rows, then pairs of pairs
  * within 128-bit lanes, then exchange the 128-bit lanes. */
@@ -61,45 +61,9 @@ static void mask_future(float scores[][LANES], size_t count, size_t first_key, s
     }
 }
 
+/* kernel_rmsnorm_avx2, kernel_attention_avx2, ...: the kernels vector_driver.h defines. */
+#define PATH_KERNEL(name) kernel_##name##_avx2
 #include "vector_driver.h"
-
-/* ---- The kernels of vector_driver.h --------------------------------------------------------------- */
-
-void kernel_rmsnorm_avx2(float *y, size_t y_stride, float const *x, size_t x_stride, float const *weight,
-                         size_t rows, size_t n, float eps) {
-    rmsnorm_drive(y, y_stride, x, x_stride, weight, rows, n, eps);
-}
-
-void kernel_attention_avx2(kernel_attention_t const *attention, size_t item_begin, size_t item_end) {
-    attention_drive(attention, item_begin, item_end);
-}
-
-void kernel_softmax_avx2(float *x, size_t n) {
-    softmax_drive(x, n);
-}
-
-void kernel_normalize_avx2(float *x, size_t n) {
-    normalize_drive(x, n);
-}
-
-void kernel_rmsnorm_backward_avx2(float *dx, size_t dx_stride, float *d_weight, float const *dy,
-                                  size_t dy_stride, float const *x, size_t x_stride, float const *weight,
-                                  size_t rows, size_t n, float eps) {
-    rmsnorm_backward_drive(dx, dx_stride, d_weight, dy, dy_stride, x, x_stride, weight, rows, n, eps);
-}
-
-void kernel_gelu_avx2(float *x, size_t n) {
-    gelu_drive(x, n);
-}
-
-void kernel_gelu_backward_avx2(float *dx, float const *dy, float const *x, size_t n) {
-    gelu_backward_drive(dx, dy, x, n);
-}
-
-void kernel_attention_backward_avx2(kernel_attention_backward_t const *attention, size_t item_begin,
-                                    size_t item_end) {
-    attention_backward_drive(attention, item_begin, item_end);
-}
 
 /* ---- Conversions -------------------------------------------------------------------------------- */
 

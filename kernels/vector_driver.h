@@ -1,9 +1,9 @@
 /* The non-GEMM kernels the AVX2 and AVX-512 paths share (RMSNorm, softmax, normalize, GELU, their
  * backward passes, and attention forward and backward), written once over the vector primitives of
- * math_avx2.h / math_avx512.h (vfloat, vf_load, vf_fmadd, vdouble, ...). Each output is the same chain of
- * operations on both paths as before this header; only the lanes per vector differ. F32 tails are read and
- * written through lane masks, never past `n`; sums of squares and softmax denominators are accumulated in
- * double as on the scalar path.
+ * math_avx2.h / math_avx512.h (vfloat, vf_load, vf_fmadd, vdouble, ...): one sequence of vector operations
+ * for both paths, which differ only in the lanes per vector and the order of the sums across lanes. F32 tails
+ * are read and written through lane masks, never past `n`; sums of squares and softmax denominators are
+ * accumulated in double as on the scalar path.
  *
  * Attention takes a block of LANES queries at a time with one lane per query: the block's queries are
  * transposed once, so that the scores of a key against all the block's queries, the running max, the
@@ -16,10 +16,12 @@
  *   - LANES, the F32 lanes of a vfloat;
  *   - tail_mask(left), the vmask of the lanes below `left` (all of them when left >= LANES);
  *   - transpose(vfloat rows[LANES]), the in-register transpose of a LANES x LANES block;
- *   - mask_future(scores, count, first_key, first_query), the causal mask of a tile's scores.
- * Its kernel_<name>_<path> functions call the <name>_drive functions here. All of it is compiled there
- * with that file's target flags, so each path gets the same code as if it spelled these functions out:
- * the helpers keep the inline qualifiers they had there, and the compiler the inlining it chose.
+ *   - mask_future(scores, count, first_key, first_query), the causal mask of a tile's scores;
+ *   - PATH_KERNEL(name), the name of the path's function kernel_<name>_<path> (paths.h), under which the
+ *     kernels here are defined.
+ * All of it is compiled there with that file's target flags, so each path gets the same code as if it
+ * spelled these functions out: the helpers keep the inline qualifiers they had there, and the compiler
+ * the inlining it chose.
  *
  * The loops marked `#pragma GCC unroll` run over a fixed number of vectors: unrolled, their arrays of
  * vectors stay in registers (gcc -O2 would keep them in memory). */
@@ -54,9 +56,8 @@ static void scale_in_place(float *x, size_t n, float factor) {
     }
 }
 
-static inline __attribute__((always_inline)) void rmsnorm_drive(float *y, size_t y_stride, float const *x,
-                                                                size_t x_stride, float const *weight,
-                                                                size_t rows, size_t n, float eps) {
+void PATH_KERNEL(rmsnorm)(float *y, size_t y_stride, float const *x, size_t x_stride, float const *weight,
+                          size_t rows, size_t n, float eps) {
     for (size_t r = 0; r < rows; ++r, y += y_stride, x += x_stride) {
         vfloat inverse = vf_set1((float)(1.0 / sqrt(sum_squares(x, n) / (double)n + eps)));
         for (size_t i = 0; i < n; i += LANES) {
@@ -68,7 +69,7 @@ static inline __attribute__((always_inline)) void rmsnorm_drive(float *y, size_t
 }
 
 /* Lanes past `n` read as -inf: their weight exp(-inf - max) is exactly 0 and adds nothing to the sum. */
-static inline __attribute__((always_inline)) void softmax_drive(float *x, size_t n) {
+void PATH_KERNEL(softmax)(float *x, size_t n) {
     vfloat const empty = vf_set1(-INFINITY);
     vfloat max = empty;
     for (size_t i = 0; i < n; i += LANES)
@@ -85,7 +86,7 @@ static inline __attribute__((always_inline)) void softmax_drive(float *x, size_t
     scale_in_place(x, n, (float)(1.0 / vd_reduce_add(vd_add(low, high))));
 }
 
-static inline __attribute__((always_inline)) void normalize_drive(float *x, size_t n) {
+void PATH_KERNEL(normalize)(float *x, size_t n) {
     double squares = sum_squares(x, n);
     if (squares == 0.0) return;
     scale_in_place(x, n, (float)(1.0 / sqrt(squares)));
@@ -93,11 +94,9 @@ static inline __attribute__((always_inline)) void normalize_drive(float *x, size
 
 /* rmsnorm_backward as kernel_rmsnorm_backward_scalar: 1/r and sum(weight dy x) in double, then
  * dx = weight dy / r - x sum(weight dy x) / (n r^3) and d_weight += dy x / r in F32, LANES at a time. */
-static inline __attribute__((always_inline)) void rmsnorm_backward_drive(float *dx, size_t dx_stride,
-                                                                         float *d_weight, float const *dy,
-                                                                         size_t dy_stride, float const *x,
-                                                                         size_t x_stride, float const *weight,
-                                                                         size_t rows, size_t n, float eps) {
+void PATH_KERNEL(rmsnorm_backward)(float *dx, size_t dx_stride, float *d_weight, float const *dy,
+                                   size_t dy_stride, float const *x, size_t x_stride, float const *weight,
+                                   size_t rows, size_t n, float eps) {
     for (size_t r = 0; r < rows; ++r, dx += dx_stride, dy += dy_stride, x += x_stride) {
         vdouble squares[2] = {vd_zero(), vd_zero()};
         vdouble dots[2] = {vd_zero(), vd_zero()};
@@ -131,7 +130,7 @@ static inline __attribute__((always_inline)) void rmsnorm_backward_drive(float *
     }
 }
 
-static inline __attribute__((always_inline)) void gelu_drive(float *x, size_t n) {
+void PATH_KERNEL(gelu)(float *x, size_t n) {
     for (size_t i = 0; i < n; i += LANES) {
         vmask mask = tail_mask(n - i);
         vf_maskstore(x + i, mask, gelu_ps(vf_maskload(x + i, mask)));
@@ -152,8 +151,7 @@ static inline vfloat gelu_derivative_ps(vfloat x) {
     return vf_fmadd(s, r, s);
 }
 
-static inline __attribute__((always_inline)) void gelu_backward_drive(float *dx, float const *dy,
-                                                                      float const *x, size_t n) {
+void PATH_KERNEL(gelu_backward)(float *dx, float const *dy, float const *x, size_t n) {
     for (size_t i = 0; i < n; i += LANES) {
         vmask mask = tail_mask(n - i);
         vfloat derivative = gelu_derivative_ps(vf_maskload(x + i, mask));
@@ -289,11 +287,9 @@ static void attend_block(kernel_attention_t const *a, size_t first_query, size_t
     store_block(a->out + first_query * a->out_stride, a->out_stride, &state, rows);
 }
 
-/* kernel_attention_<path>. Blocks start at the item's first row, so a causal block's tiles (multiples of
- * 64 rows from there) all begin at or before its first query: every lane sees at least one key in every
- * tile. */
-static inline __attribute__((always_inline)) void attention_drive(kernel_attention_t const *attention,
-                                                                  size_t item_begin, size_t item_end) {
+/* Blocks start at the item's first row, so a causal block's tiles (multiples of 64 rows from there) all
+ * begin at or before its first query: every lane sees at least one key in every tile. */
+void PATH_KERNEL(attention)(kernel_attention_t const *attention, size_t item_begin, size_t item_end) {
     for (size_t item = item_begin; item < item_end; ++item) {
         size_t first = attention->offsets[item], end = attention->offsets[item + 1];
         for (size_t block = first; block < end; block += LANES) {
@@ -312,7 +308,7 @@ static inline __attribute__((always_inline)) void attention_drive(kernel_attenti
  * [64 dims][LANES], and per key dV += P^T dO and dK += dS^T q over the block's rows, in ascending order. */
 
 /* Each lane's max of the scores and sum of exp(score - max) over keys [first_key, end_key), folded tile
- * by tile (every lane sees a key in every tile: see attention_drive). */
+ * by tile (every lane sees a key in every tile: see PATH_KERNEL(attention)). */
 static void block_statistics(kernel_attention_backward_t const *a, float const queries[KERNEL_HEAD][LANES],
                              size_t first_query, size_t first_key, size_t end_key, vfloat *max, vfloat *sum) {
     _Alignas(VECTOR_ALIGN) float scores[ATTENTION_TILE][LANES];
@@ -443,10 +439,9 @@ static void attention_backward_block(kernel_attention_backward_t const *a, size_
     }
 }
 
-/* kernel_attention_backward_<path>: d_k and d_v of the items' rows are zeroed, then accumulated block by
- * block. */
-static inline __attribute__((always_inline)) void
-attention_backward_drive(kernel_attention_backward_t const *attention, size_t item_begin, size_t item_end) {
+/* d_k and d_v of the items' rows are zeroed, then accumulated block by block. */
+void PATH_KERNEL(attention_backward)(kernel_attention_backward_t const *attention, size_t item_begin,
+                                     size_t item_end) {
     for (size_t item = item_begin; item < item_end; ++item) {
         size_t first = attention->offsets[item], end = attention->offsets[item + 1];
         for (size_t row = first; row < end; ++row) {
