@@ -54,12 +54,6 @@ void kernel_gemm_pack_avx2(void *packed, uint16_t const *w, size_t n, size_t k) 
 
 /* ---- Epilogue ---------------------------------------------------------------------------------- */
 
-/* Lanes [0, count) set, for masked loads and stores of the last columns. */
-static inline __m256i columns_mask(size_t column, size_t n) {
-    int count = column >= n ? 0 : n - column >= 8 ? 8 : (int)(n - column);
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32(count), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-
 /* ---- Microkernel -------------------------------------------------------------------------------- */
 
 /* One tile: `rows` (<= ROWS) rows of a_block [ROWS][DEPTH] times one panel's `depth` rows [depth][8]

@@ -26,6 +26,7 @@ enum {
     VECTORS = COLUMNS / 4, /* q registers of F32 per tile row */
     DEPTH = 512,           /* k values per depth block */
 };
+_Static_assert(COLUMNS == NEON_ROW_COLUMNS, "load_columns and store_columns (math_neon.h) move tile rows");
 
 /* ---- Packing ----------------------------------------------------------------------------------- */
 
@@ -55,29 +56,6 @@ void kernel_gemm_pack_neon(void *packed, uint16_t const *w, size_t n, size_t k) 
 }
 
 /* ---- Epilogue ---------------------------------------------------------------------------------- */
-
-/* v = from[0, count) as vectors of F32, zero past count (count <= COLUMNS): NEON has no masked loads. */
-static inline void load_columns(float32x4_t v[VECTORS], float const *from, size_t count) {
-    float padded[COLUMNS];
-    if (count < COLUMNS) {
-        memset(padded, 0, sizeof padded);
-        memcpy(padded, from, count * sizeof(float));
-        from = padded;
-    }
-#pragma GCC unroll 4
-    for (size_t i = 0; i < VECTORS; ++i)
-        v[i] = vld1q_f32(from + 4 * i);
-}
-
-/* to[0, count) = the first count lanes of v (count <= COLUMNS). */
-static inline void store_columns(float *to, size_t count, float32x4_t const v[VECTORS]) {
-    float padded[COLUMNS];
-    float *into = count < COLUMNS ? padded : to;
-#pragma GCC unroll 4
-    for (size_t i = 0; i < VECTORS; ++i)
-        vst1q_f32(into + 4 * i, v[i]);
-    if (count < COLUMNS) memcpy(to, padded, count * sizeof(float));
-}
 
 /* ---- Microkernel -------------------------------------------------------------------------------- */
 

@@ -4,6 +4,13 @@
 #pragma once
 
 #include <immintrin.h>
+#include <stddef.h>
+
+/* Lanes [0, count) set, count = the columns of [column, column + 8) below n, for maskload and maskstore. */
+static inline __m256i columns_mask(size_t column, size_t n) {
+    int count = column >= n ? 0 : n - column >= 8 ? 8 : (int)(n - column);
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(count), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
 
 /* exp(x) within 1e-7 relative for x <= 88, and exactly 0 below ln(FLT_MIN) (-inf included): Cody-Waite
  * reduction x = n ln2 + r with |r| <= ln2 / 2, then Cephes' polynomial for e^r, scaled by 2^n. */

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <arm_neon.h>
+#include <stddef.h>
+#include <string.h>
 
 /* exp(x) within 1e-7 relative for x <= 88, and exactly 0 below ln(FLT_MIN) (-inf and NaN included):
  * Cody-Waite reduction x = n ln2 + r with |r| <= ln2 / 2, then Cephes' polynomial for e^r, scaled by
@@ -32,4 +34,31 @@ static inline float32x4_t gelu_ps(float32x4_t x) {
     float32x4_t u = vmulq_f32(x, vfmaq_n_f32(vdupq_n_f32(0.797884561f), x2, 0.0356774081f));
     float32x4_t e = exp_ps(vmulq_n_f32(u, -2.0f));
     return vdivq_f32(x, vaddq_f32(e, vdupq_n_f32(1.0f)));
+}
+
+/* A tile row of the GEMMs: 16 F32 columns in 4 q registers. */
+#define NEON_ROW_COLUMNS 16
+
+/* v = from[0, count) as vectors of F32, zero past count (count <= NEON_ROW_COLUMNS): NEON has no masked
+ * loads. */
+static inline void load_columns(float32x4_t v[NEON_ROW_COLUMNS / 4], float const *from, size_t count) {
+    float padded[NEON_ROW_COLUMNS];
+    if (count < NEON_ROW_COLUMNS) {
+        memset(padded, 0, sizeof padded);
+        memcpy(padded, from, count * sizeof(float));
+        from = padded;
+    }
+#pragma GCC unroll 4
+    for (size_t i = 0; i < NEON_ROW_COLUMNS / 4; ++i)
+        v[i] = vld1q_f32(from + 4 * i);
+}
+
+/* to[0, count) = the first count lanes of v (count <= NEON_ROW_COLUMNS). */
+static inline void store_columns(float *to, size_t count, float32x4_t const v[NEON_ROW_COLUMNS / 4]) {
+    float padded[NEON_ROW_COLUMNS];
+    float *into = count < NEON_ROW_COLUMNS ? padded : to;
+#pragma GCC unroll 4
+    for (size_t i = 0; i < NEON_ROW_COLUMNS / 4; ++i)
+        vst1q_f32(into + 4 * i, v[i]);
+    if (count < NEON_ROW_COLUMNS) memcpy(to, padded, count * sizeof(float));
 }

@@ -6,6 +6,7 @@
 #include <immintrin.h>
 #include <stdbool.h>
 
+#include "math_avx2.h"
 #include "paths.h"
 #include "sgemm_driver.h"
 
@@ -13,12 +14,6 @@ enum {
     ROWS = 6,     /* rows of op(a) per tile */
     COLUMNS = 16, /* columns per tile: two ymm */
 };
-
-/* Lanes [0, count) set, count = the columns of [column, column + 8) below n, for maskload and maskstore. */
-static inline __m256i columns_mask(size_t column, size_t n) {
-    int count = column >= n ? 0 : n - column >= 8 ? 8 : (int)(n - column);
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32(count), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
 
 /* to[0, COLUMNS) = from[0, width), zero past width. */
 static void pack_b_row(float *to, float const *from, size_t width) {

@@ -8,6 +8,7 @@
 #include <stdbool.h>
 #include <string.h>
 
+#include "math_neon.h"
 #include "paths.h"
 #include "sgemm_driver.h"
 
@@ -17,29 +18,7 @@ enum {
     COLUMNS = 16,          /* columns per tile */
     VECTORS = COLUMNS / 4, /* q registers per tile row */
 };
-
-/* v = from[0, count) as vectors of F32, zero past count (count <= COLUMNS): NEON has no masked loads. */
-static inline void load_columns(float32x4_t v[VECTORS], float const *from, size_t count) {
-    float padded[COLUMNS];
-    if (count < COLUMNS) {
-        memset(padded, 0, sizeof padded);
-        memcpy(padded, from, count * sizeof(float));
-        from = padded;
-    }
-#pragma GCC unroll 4
-    for (size_t i = 0; i < VECTORS; ++i)
-        v[i] = vld1q_f32(from + 4 * i);
-}
-
-/* to[0, count) = the first count lanes of v (count <= COLUMNS). */
-static inline void store_columns(float *to, size_t count, float32x4_t const v[VECTORS]) {
-    float padded[COLUMNS];
-    float *into = count < COLUMNS ? padded : to;
-#pragma GCC unroll 4
-    for (size_t i = 0; i < VECTORS; ++i)
-        vst1q_f32(into + 4 * i, v[i]);
-    if (count < COLUMNS) memcpy(to, padded, count * sizeof(float));
-}
+_Static_assert(COLUMNS == NEON_ROW_COLUMNS, "load_columns and store_columns (math_neon.h) move tile rows");
 
 /* sum[r][v] += b * a[r] for the tile's rows, a[r] being lane r of a_low, then lane r - 4 of a_high
  * (lane numbers are immediates: one line per row). */
