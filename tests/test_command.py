@@ -6,7 +6,8 @@ default model.
     test_command.py --uform build/src/tools/uform --workdir build/tests/command
 
 The standard library only; the .npy file is also loaded with NumPy where it imports, and a JPEG is
-written with Pillow where this interpreter, .venv/bin/python3 or /usr/bin/python3 has it."""
+written with Pillow where this interpreter, .venv/bin/python3 or /usr/bin/python3 has it (under CI=true,
+where either is missing, the check fails: tests/reference/interpreter.py)."""
 import argparse
 import json
 import math
@@ -20,6 +21,8 @@ import zlib
 from pathlib import Path
 
 REPOSITORY = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPOSITORY / "tests" / "reference"))
+from interpreter import optional_import, partly_unavailable  # noqa: E402  (standard library only)
 
 TEXTS = ["a cat", "a dog"]
 
@@ -184,11 +187,8 @@ def check_encode(uform, model, workdir):
     assert body == data
     with open(npy, "rb") as file:
         assert run(uform, "encode", "--model", model, "--format", "npy", *TEXTS)[0] == file.read()
-    try:
-        import numpy
-    except ImportError:
-        print("numpy does not import: the .npy file is checked by its header and bytes only")
-    else:
+    numpy = optional_import("numpy", "the .npy file is checked by its header and bytes only")
+    if numpy:
         array = numpy.load(npy)
         assert array.shape == (2, 64) and array.dtype == numpy.float32
         assert array.tolist() == [list(values[:64]), list(values[64:])]
@@ -296,7 +296,7 @@ def check_search(uform, model, workdir):
     if write_jpeg(os.path.join(folder, "photo.JPG"), 48, 36, (20, 120, 220)):
         expected["photo.JPG"] = "image"
     else:
-        print("no interpreter here imports Pillow: the search index holds no JPEG")
+        partly_unavailable("no interpreter here imports PIL (apt-get install python3-pil): the search index holds no JPEG")
     write_wav(os.path.join(folder, "low.wav"), 220)
     write_wav(os.path.join(folder, "high.wav"), 1760, seconds=1.5)
     expected.update({"low.wav": "audio", "high.wav": "audio"})

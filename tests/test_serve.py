@@ -448,7 +448,7 @@ def main():
     parser.add_argument("--uform", required=True)
     parser.add_argument("--workdir", required=True)
     options = parser.parse_args()
-    run_under_python_with(["openai"], flag="UFORM_SERVE_REEXEC", hint=" (install it: .venv/bin/pip install openai)")
+    run_under_python_with(["openai"], flag="UFORM_SERVE_REEXEC")
     os.makedirs(options.workdir, exist_ok=True)
     uform = options.uform
     model = os.path.join(options.workdir, "tiny.safetensors")

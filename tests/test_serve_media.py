@@ -438,8 +438,7 @@ def main():
     parser.add_argument("--without", default="", help="the decoders the build lacks: jpeg, spng, ffmpeg")
     options = parser.parse_args()
     without = set(filter(None, options.without.split(",")))
-    run_under_python_with(["PIL"], flag="UFORM_SERVE_MEDIA_REEXEC",
-                          hint=" (install Pillow: .venv/bin/pip install pillow)")
+    run_under_python_with(["PIL"], flag="UFORM_SERVE_MEDIA_REEXEC")
     os.makedirs(options.workdir, exist_ok=True)
     uform = options.uform
     features = subprocess.run([uform, "serve", "--help"], capture_output=True, text=True)

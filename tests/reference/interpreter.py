@@ -1,9 +1,13 @@
-"""Finds a Python that can import what a test or benchmark needs, before it imports any of it.
+"""Finds a Python that can import what a test or benchmark needs, before it imports any of it, and says
+how to install what no interpreter has.
 
 Meson may find a python3 without PyTorch (pyenv, a venv without system packages): a script calls
 `run_under_python_with(["torch", "numpy"])` first, which returns at once where they import, re-runs
 the script under the project's .venv or Debian's /usr/bin/python3 where one of them has them, and
-otherwise says so and exits (77, meson's skip, for a test; 0 for a benchmark). Standard library only.
+otherwise names the packages to install and exits: 77 (meson's skip) for a test, 0 for a benchmark.
+
+Under CI=true nothing skips for a missing dependency: the check fails instead, with the same message,
+so that a package missing from `.ci/run` cannot hide a check. Standard library only.
 """
 
 from __future__ import annotations
@@ -18,18 +22,67 @@ SKIP = 77
 REPOSITORY = Path(__file__).resolve().parents[2]
 CANDIDATES = (REPOSITORY / ".venv" / "bin" / "python3", Path("/usr/bin/python3"))
 
+# Where each module the checks import comes from: Debian's packages, or PyPI into the project's .venv
+# (which sees Debian's packages too), as .ci/run installs them.
+DEBIAN_PACKAGES = {"torch": "python3-torch", "numpy": "python3-numpy", "PIL": "python3-pil"}
+PYPI_PACKAGES = {"safetensors": "safetensors", "openai": "openai", "onnxruntime": "onnxruntime",
+                 "mojo": "mojo==1.2.0"}
 
-def run_under_python_with(modules: list, status: int = SKIP, flag: str = "UFORM_REFERENCE_REEXEC",
-                          hint: str = "") -> None:
-    """Returns when this interpreter imports every one of `modules`; else re-runs this script under a
-    candidate that does (`flag` set in its environment, so that it happens once), or prints what is
-    missing (and `hint`) and exits with `status`."""
+
+def in_ci() -> bool:
+    """True under CI=true (or 1, yes), where a missing dependency fails a check instead of skipping it."""
+    return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
+
+
+def how_to_install(modules: list) -> str:
+    """The commands that install `modules`: "apt-get install python3-pil; .venv/bin/pip install openai"."""
+    tops = [m.split(".")[0] for m in modules]
+    debian = [DEBIAN_PACKAGES[m] for m in tops if m in DEBIAN_PACKAGES]
+    pypi = [PYPI_PACKAGES[m] for m in tops if m in PYPI_PACKAGES]
+    steps = (["apt-get install " + " ".join(debian)] if debian else []) + \
+            ([".venv/bin/pip install " + " ".join(pypi)] if pypi else [])
+    return "; ".join(steps) or "install " + ", ".join(modules)
+
+
+def unavailable(reason: str, status: int = SKIP) -> None:
+    """Ends a check that cannot run here: prints the reason and exits with `status` (77 skips a test);
+    under CI=true it fails (exit 1) with the same reason."""
+    if in_ci():
+        print(f"FAIL: {reason} (under CI=true a missing dependency fails the check)", flush=True)
+        sys.exit(1)
+    print(f"{'SKIP: ' if status == SKIP else ''}{reason}", flush=True)
+    sys.exit(status)
+
+
+def partly_unavailable(reason: str) -> None:
+    """Says that a part of a check is left out for a missing dependency; under CI=true it fails instead."""
+    if in_ci():
+        print(f"FAIL: {reason} (under CI=true a missing dependency fails the check)", flush=True)
+        sys.exit(1)
+    print(f"  --   {reason}", flush=True)
+
+
+def optional_import(module: str, left_out: str):
+    """The module, or None after saying what its absence leaves out (`left_out`) and how to install it."""
     try:
-        for module in modules:
-            importlib.import_module(module)
-        return
+        return importlib.import_module(module)
     except ImportError:
-        pass
+        partly_unavailable(f"{module} cannot be imported ({how_to_install([module])}): {left_out}")
+        return None
+
+
+def run_under_python_with(modules: list, status: int = SKIP, flag: str = "UFORM_REFERENCE_REEXEC") -> None:
+    """Returns when this interpreter imports every one of `modules`; else re-runs this script under a
+    candidate that does (`flag` set in its environment, so that it happens once), or names what is
+    missing and how to install it, and ends as `unavailable` does."""
+    missing = []
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            missing.append(module)
+    if not missing:
+        return
     names = ", ".join(modules)
     if not os.environ.get(flag):
         here = os.path.realpath(sys.executable)
@@ -40,5 +93,4 @@ def run_under_python_with(modules: list, status: int = SKIP, flag: str = "UFORM_
                 print(f"note: {sys.executable} cannot import {names}; running under {candidate}", flush=True)
                 os.execve(str(candidate), [str(candidate), *sys.argv], {**os.environ, flag: "1"})
     places = ", ".join(str(c) for c in (sys.executable, *CANDIDATES))
-    print(f"{'SKIP: ' if status == SKIP else ''}{names} cannot be imported by {places}{hint}")
-    sys.exit(status)
+    unavailable(f"{', '.join(missing)} cannot be imported by {places}: {how_to_install(missing)}", status)

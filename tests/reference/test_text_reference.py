@@ -37,7 +37,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from interpreter import run_under_python_with  # noqa: E402
+from interpreter import optional_import, run_under_python_with  # noqa: E402
 
 if __name__ == "__main__":
     run_under_python_with(["torch", "numpy"])
@@ -279,11 +279,10 @@ def check_reference_alone(report: Report, paths: list) -> None:
     print("\n== the reference on its own", flush=True)
     failures = ref.self_check(verbose=True)
     report.failures += [f"reference self-check: {f}" for f in failures]
-    try:
-        from safetensors.numpy import load_file  # optional cross-check of the parser
-    except ImportError:
-        print("  --   safetensors not importable: the parser is not cross-checked")
+    safetensors_numpy = optional_import("safetensors.numpy", "the parser is not cross-checked")
+    if not safetensors_numpy:
         return
+    load_file = safetensors_numpy.load_file
     for path in paths:
         tensors, _ = ref.read_safetensors(str(path))
         try:

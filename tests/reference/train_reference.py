@@ -1,4 +1,4 @@
-"""An independent PyTorch autograd reference of UForm training (DESIGN.md, "Training"), against which the
+"""An independent PyTorch autograd reference of UForm training (docs/DESIGN.md, "Training"), against which the
 C trainer's gradients, losses and AdamW steps are checked (tests/reference/test_train_reference.py).
 
 It reuses the towers of uform_reference.py and audio_reference.py unchanged (the same forward passes
@@ -9,7 +9,7 @@ exactly), and lets autograd differentiate the loss:
     final-normed state at the last position, BOS's for an empty text), `image` (Pillow's decode, the
     reference's resize / crop / normalization, class token), `audio` (a PCM16 WAV at the model's rate,
     no resampling; log-mel front end, class token) and `video` (the model's `frames` frames sampled by
-    DESIGN.md's rule, through the image tower; clip embedding = L2-normalize(mean of the frames'
+    docs/DESIGN.md's rule, through the image tower; clip embedding = L2-normalize(mean of the frames'
     L2-normalized embeddings)). Embedding = L2-normalize(proj(state)).
     Video: this reference has no general decoder; it reads uncompressed AVI (24-bit BI_RGB frames,
     what test_video_reference.avi_rgb writes and FFmpeg decodes to the exact pixels) and refuses any
@@ -69,10 +69,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from interpreter import run_under_python_with  # noqa: E402  (standard library only)
+from interpreter import optional_import, run_under_python_with  # noqa: E402  (standard library only)
 
 if __name__ == "__main__":
-    run_under_python_with(["torch", "numpy", "PIL"], status=2)
+    run_under_python_with(["torch", "numpy", "PIL"])
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -740,14 +740,10 @@ def self_check(verbose: bool = True) -> list:
               f"{history['loss']}")
         check("the schedule: warmup 1, cosine to 0 at step 3",
               np.allclose(history["lr"], [1e-2, 1e-2 * 0.5 * (1 + math.cos(math.pi * 0.5)), 0.0]), f"{history['lr']}")
-        try:
-            import safetensors.numpy  # optional: the package, where this interpreter has it
-
-            loaded = safetensors.numpy.load_file(str(folder / "out.safetensors"))
+        safetensors_numpy = optional_import("safetensors.numpy", "the writer is checked by this reader only")
+        if safetensors_numpy:
+            loaded = safetensors_numpy.load_file(str(folder / "out.safetensors"))
             check("the safetensors package reads the output", all(np.array_equal(loaded[k], back[k]) for k in back))
-        except ImportError:
-            if verbose:
-                print("  --   the safetensors package is not importable here: the writer is checked by this reader only")
 
     # The optimizer against torch.optim.AdamW: the same schedule fed as lr per step, clipping applied
     # to the gradients first, decay only on rank-2 `.weight` tensors.
