@@ -26,7 +26,11 @@
  *     model, the executor and the arena usable.
  *
  * Verbs marked "UNSUPPORTED in this build" validate their arguments and then answer
- * `UFORM_UNSUPPORTED`; later versions build them without changing these declarations. */
+ * `UFORM_UNSUPPORTED`; later versions build them without changing these declarations.
+ *
+ * The design behind this interface (the execution model, the model and checkpoint format, the numerics
+ * every implementation agrees on) is docs/DESIGN.md in the source tree, installed as
+ * share/doc/uform/DESIGN.md. */
 #ifndef UFORM_H
 #define UFORM_H
 
@@ -868,7 +872,7 @@ typedef struct uform_trainer_init_args {
     uform_outcome_t *outcome;
 } uform_trainer_init_args_t;
 
-/* A trainer (DESIGN.md, "Training"): F32 master weights, AdamW moments and the schedule, over a host
+/* A trainer (docs/DESIGN.md, "Training"): F32 master weights, AdamW moments and the schedule, over a host
  * executor, from the config's sizes and seed or from config.resume_path. It owns no threads: its verbs
  * run on the executor it was made on. Answers UFORM_OK, UFORM_INVALID_ARGUMENT (NULL, a bad config, a
  * VRAM executor), UFORM_IO and UFORM_FORMAT (resume_path unreadable, not a checkpoint, or beside an
@@ -896,7 +900,7 @@ typedef struct uform_trainer_step_args {
     uform_outcome_t *outcome;
 } uform_trainer_step_args_t;
 /* One optimizer step on a batch: contents are texts (bytes) and encoded images, clips and sounds, as the
- * encode verbs read them from memory. The loss is DESIGN.md's: the pairwise sigmoid loss over every
+ * encode verbs read them from memory. The loss is docs/DESIGN.md's: the pairwise sigmoid loss over every
  * matryoshka prefix (the listed pairs related, in either order; every other pair unrelated) plus
  * lm_weight times the next-byte loss; then gradients clipped and AdamW. Progress counts the step's phases
  * (inputs, forward passes, the text tower's backward pass, the rest) and may cancel. A failed or cancelled

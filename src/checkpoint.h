@@ -76,7 +76,7 @@ checkpoint_tensor_t const *checkpoint_find(checkpoint_header_t const *header, ch
  * trainer starting from scratch write. */
 extern double const checkpoint_clip_mean[3], checkpoint_clip_std[3];
 
-/* The format-4 object of `info` (dims, matryoshka, and the towers it has, with DESIGN.md's fields) as
+/* The format-4 object of `info` (dims, matryoshka, and the towers it has, with docs/DESIGN.md's fields) as
  * compact JSON text for checkpoint_write, malloc'ed; NULL when out of memory. Reals carry 9 significant
  * digits, which read every F32 back exactly; a mean or std equal to CLIP's as an F32 is written with
  * CLIP's own digits, so the same sizes always give the same text. */
@@ -100,7 +100,7 @@ typedef struct checkpoint_schema_tensor {
     checkpoint_role_t role;
 } checkpoint_schema_tensor_t;
 
-/* Calls `visit` with every tensor `info` implies (DESIGN.md, "Model"), in the order the tiny checkpoint
+/* Calls `visit` with every tensor `info` implies (docs/DESIGN.md, "Model"), in the order the tiny checkpoint
  * and a trainer starting from scratch write them: per tower text, image, audio (those `info` has), its
  * blocks, final norm and projection, then text.embed or the patch embedding, class token and
  * positions; last logit.scale and logit.bias where info->has_logit. Stops at the first nonzero answer of

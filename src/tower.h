@@ -1,7 +1,7 @@
 /* The transformer every tower shares: weights prepared once for the active kernel path, and a forward
  * pass over a batch of items packed end to end, split over the executor's threads.
  *
- * Per block (DESIGN.md, pre-norm):  x += out(attention(rope(qkv(rms1(x)))))
+ * Per block (docs/DESIGN.md, pre-norm):  x += out(attention(rope(qkv(rms1(x)))))
  *                                   x += down(gelu(up(rms2(x))))
  * then x = rms(x) with the final norm. Shapes: x [tokens, hidden], qkv [tokens, 3 * hidden] (q, k, v
  * each [tokens, heads * 64]), mlp [tokens, mlp].

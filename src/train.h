@@ -1,4 +1,4 @@
-/* Training on RAM executors (DESIGN.md, "Training"): F32 master weights, their gradients and AdamW
+/* Training on RAM executors (docs/DESIGN.md, "Training"): F32 master weights, their gradients and AdamW
  * moments (train_params.c); the towers' forward passes keeping what their backward passes need, and
  * those backward passes (train_tower.c); the loss and one step over a batch of items of any modality
  * (train_step.c).
@@ -51,7 +51,7 @@ typedef struct train_params {
 uform_status_t train_info_from_config(uform_trainer_config_t const *config, uform_model_info_t *info,
                                       char const **message);
 
-/* Every tensor of `info`'s towers (the names and shapes of DESIGN.md's format 4, plus logit.scale and
+/* Every tensor of `info`'s towers (the names and shapes of docs/DESIGN.md's format 4, plus logit.scale and
  * logit.bias), seeded: N(0, 0.02) weights and embeddings, unit norms, zero biases, logit.scale log 10
  * and logit.bias -10; zero gradients and moments, step 0. UFORM_OK or UFORM_OUT_OF_MEMORY. */
 uform_status_t train_params_init(train_params_t *params, uform_model_info_t const *info, uint64_t seed);

@@ -154,7 +154,7 @@ static size_t or_default(size_t value, size_t fallback) {
     return value ? value : fallback;
 }
 
-/* The audio front end of DESIGN.md: window 25 ms, hop 10 ms, 4 frames a patch, as many patches as
+/* The audio front end of docs/DESIGN.md: window 25 ms, hop 10 ms, 4 frames a patch, as many patches as
  * `seconds` holds. Limits are the checkpoint reader's, so that what a trainer saves loads. */
 static uform_status_t audio_info(uform_trainer_config_t const *config, uform_trainer_config_t const *defaults,
                                  uform_model_info_t *info, char const **message) {

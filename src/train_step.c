@@ -1,6 +1,6 @@
 /* One training step over a batch of items of any modality (src/train.h): the inputs prepared (texts
  * as bytes; images, clips and sounds decoded and turned into patch rows as the encode verbs do), each
- * tower's forward pass, the loss of DESIGN.md (pairwise sigmoid over every matryoshka prefix plus the
+ * tower's forward pass, the loss of docs/DESIGN.md (pairwise sigmoid over every matryoshka prefix plus the
  * next-byte loss), every backward pass, and the optimizer's update.
  *
  * The loss and its gradient with respect to the embeddings are computed in double (B^2 dims work, small

@@ -3,7 +3,7 @@
  * A VRAM executor has one host thread (its loop) and, per device, one stream, a cuBLASLt handle, a
  * device scratch buffer and two pinned staging slots, so that the host prepares chunk k + 1 while the
  * device runs chunk k. Device work is tracked by CUDA events that the loop polls on a short timer
- * (DESIGN.md: "CUDA work is tracked by events the loop polls"): a fault in a kernel surfaces as an
+ * (docs/DESIGN.md: "CUDA work is tracked by events the loop polls"): a fault in a kernel surfaces as an
  * error from cudaEventQuery and ends the call with UFORM_DEVICE instead of hanging it.
  *
  * A VRAM model holds, per device, every tower's weights in one device allocation: BF16 matrices

@@ -82,7 +82,7 @@ static uint16_t bf16_at(uint8_t const *bytes, checkpoint_header_t const *header,
     return (uint16_t)(at[0] | at[1] << 8);
 }
 
-/* Parameters of the tiny model, from the sizes DESIGN.md and uform_tiny_checkpoint give: mlp 2 *
+/* Parameters of the tiny model, from the sizes docs/DESIGN.md and uform_tiny_checkpoint give: mlp 2 *
  * hidden, dims 64, image 32 / 8 (16 patches), audio 32 mels x 4 frames and 49 patches. */
 static size_t tiny_parameters(size_t depth, size_t hidden) {
     size_t const h = hidden, m = 2 * hidden, dims = 64;

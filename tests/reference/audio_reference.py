@@ -1,4 +1,4 @@
-"""The audio tower of UForm's format-4 model in PyTorch and numpy, written from DESIGN.md and the audio
+"""The audio tower of UForm's format-4 model in PyTorch and numpy, written from docs/DESIGN.md and the audio
 verbs' contract in include/uform.h, beside the text and image towers of uform_reference.py (whose
 `Transformer` trunk, checkpoint reader and BF16 helpers it uses unchanged).
 

@@ -12,7 +12,7 @@ frames). For each of two seeded checkpoints (the tool's tiny default; depth 4 hi
 tower's q and k rows x4, exact in BF16, for sharp attention), through ctypes (harness.py's mirror of
 uform.h, checked against it by a compiled probe):
 
-  - the reference picks each clip's frames by DESIGN.md's rule (ref.video_samples: frame shown at
+  - the reference picks each clip's frames by docs/DESIGN.md's rule (ref.video_samples: frame shown at
     (k + 0.5) * duration / F), runs them through its image tower, and pools them (ref.pool_video:
     normalized mean of the frame embeddings, mean of the states); the engine's embeddings, token vectors
     and states, from memory and from files, must agree, and so must every matryoshka width;

@@ -1,4 +1,4 @@
-"""An independent PyTorch reference of UForm's format-4 model, written from DESIGN.md alone.
+"""An independent PyTorch reference of UForm's format-4 model, written from docs/DESIGN.md alone.
 
 It reads a format-4 safetensors checkpoint with its own parser (struct, json and numpy: BF16 is
 widened to F32 by shifting, so no extra package is needed) and runs the text tower in float32 (or
@@ -118,7 +118,7 @@ class TransformerConfig:
 
 
 # ------------------------------------------------------------------------------------------------
-# The pieces, written as DESIGN.md's "Numerics, pinned" states them
+# The pieces, written as docs/DESIGN.md's "Numerics, pinned" states them
 # ------------------------------------------------------------------------------------------------
 
 
@@ -509,7 +509,7 @@ class ImageTower(Transformer):
 
 
 def video_samples(times, end, frames: int) -> list:
-    """DESIGN.md: sample k of F is the frame shown at time start + (k + 0.5) * duration / F, where
+    """docs/DESIGN.md: sample k of F is the frame shown at time start + (k + 0.5) * duration / F, where
     frame i (presentation `times`, ascending) is shown until the next one's time and the last until
     `end`; a time before every frame takes the first. Answers the F frame indices."""
     start = times[0]
