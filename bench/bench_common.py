@@ -100,7 +100,7 @@ def arguments(description: str, name: str, items: tuple, batch: int, argv=None, 
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--build", default=str(REPOSITORY / "build"), help="the meson build folder")
     parser.add_argument("--library", help="libuform.so (default: <build>/libuform.so)")
-    parser.add_argument("--tiny-checkpoint-tool", help="default: <build>/src/tools/uform_tiny_checkpoint")
+    parser.add_argument("--tiny-checkpoint-tool", help="default: <build>/tools/uform_tiny_checkpoint")
     parser.add_argument("--workdir", help=f"checkpoint and inputs (default: <build>/bench-{name})")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument(f"--{items[0]}", type=int, default=items[1])

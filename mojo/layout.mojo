@@ -1,6 +1,6 @@
 """Prints the size, alignment and field offsets of every C structure the binding mirrors, and every
 enumeration value, as Mojo lays them out (std.sys `size_of`, `align_of`; offsets measured with
-`Pointer(to=)`). `tests/mojo_lockstep.py` compares each line with what the C compiler reports."""
+`Pointer(to=)`). `mojo/lockstep.py` compares each line with what the C compiler reports."""
 
 from std.sys import size_of, align_of
 from std.ffi import c_size_t

@@ -14,7 +14,7 @@
 #define CUDA_MAX_BLOCKS 16384 /* grid-stride loops cover the rest */
 #define CUDA_FULL_MASK  0xffffffffu
 
-/* The values of uform_scalar_t (include/uform.h is C only); tests/test_cuda.c passes the enum's. */
+/* The values of uform_scalar_t (include/uform.h is C only); tests/vram/test_cuda.c passes the enum's. */
 enum { SCALAR_F32 = 0, SCALAR_BF16 = 1, SCALAR_F16 = 2, SCALAR_I8 = 3 };
 
 /* Blocks for `units` of work handed out `per_block` at a time, at least 1 and at most CUDA_MAX_BLOCKS

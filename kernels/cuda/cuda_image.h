@@ -1,5 +1,5 @@
 /* The image tower's front end on the device: RGB8 pixels to BF16 patch rows, with the convention of
- * src/image_preprocess.h (antialiased bilinear resize of the short side to `size`, centre crop, scale
+ * src/media/image_preprocess.h (antialiased bilinear resize of the short side to `size`, centre crop, scale
  * to [0, 1], normalize by mean and std, patchify channel, row, column). The axis weights are computed
  * in double exactly as the host computes them, and each output sums the horizontally filtered input
  * rows in the host's order, so the two agree to float rounding (FMA contraction aside); the result is

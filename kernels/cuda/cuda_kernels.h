@@ -6,7 +6,7 @@
  * of __nv_bfloat16). Shapes follow kernels/kernels.h: row-major matrices with strides in elements,
  * weights `[out, in]`, a linear layer computes `x W^T + b`.
  *
- * The CPU scalar path (kernels/kernels.h) defines the numbers; tests/test_cuda.c checks each function
+ * The CPU scalar path (kernels/kernels.h) defines the numbers; tests/vram/test_cuda.c checks each function
  * against it on random data, within the tolerances written beside each function below. */
 #pragma once
 

@@ -45,7 +45,7 @@ static __device__ double triangle(double x) {
     return x < 1.0 ? 1.0 - x : 0.0;
 }
 
-/* One thread per (item, axis, output sample): the window and weights, as src/image_preprocess.c does. */
+/* One thread per (item, axis, output sample): the window and weights, as src/media/image_preprocess.c does. */
 static __global__ void axes_kernel(void *axes, int32_t const *heights, int32_t const *widths, size_t items,
                                    int32_t size, size_t taps) {
     size_t total = items * 2 * (size_t)size;

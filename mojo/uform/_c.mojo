@@ -1,5 +1,5 @@
 """The C structures of `include/uform.h`, mirrored field for field, and the signatures of the bound
-entry points. `mojo/layout.mojo` prints every size and offset here, and `tests/mojo_lockstep.py`
+entry points. `mojo/layout.mojo` prints every size and offset here, and `mojo/lockstep.py`
 compares them with what the C compiler reports."""
 
 from std.ffi import c_int, c_size_t, c_char

@@ -121,7 +121,7 @@ def _resolve[Sig: TrivialRegisterPassable](ref handle: OwnedDLHandle, name: Stat
 
 
 struct _Symbols(Movable):
-    """The handle and every bound entry point, resolved once. `tests/mojo_lockstep.py` reads the names."""
+    """The handle and every bound entry point, resolved once. `mojo/lockstep.py` reads the names."""
 
     var handle: OwnedDLHandle
     var status_name: FnStatusName

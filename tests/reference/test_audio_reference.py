@@ -2,7 +2,7 @@
 """The C engine's audio tower against the independent PyTorch reference (audio_reference.py).
 
     test_audio_reference.py --library build/libuform.so \
-        --tiny-checkpoint-tool build/src/tools/uform_tiny_checkpoint \
+        --tiny-checkpoint-tool build/tools/uform_tiny_checkpoint \
         [--log-mel-tool build/tests/audio_log_mel] --workdir build/reference-audio
 
 Writes two seeded checkpoints with the tool (the tiny default: rate 16000, 32 mels, window 400, hop

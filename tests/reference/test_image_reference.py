@@ -3,7 +3,7 @@
 JPEG and PNG decoding against Pillow's.
 
     test_image_reference.py --library build/libuform.so \
-        --tiny-checkpoint-tool build/src/tools/uform_tiny_checkpoint --workdir build/reference-image
+        --tiny-checkpoint-tool build/tools/uform_tiny_checkpoint --workdir build/reference-image
 
 Writes two seeded checkpoints with the tool (the tiny default: size 32, patch 8; and depth 4 hidden
 256) and a third derived from the second with sharper attention (the image tower's q and k rows x4,
@@ -201,7 +201,7 @@ def check_checkpoint(engine, report, label: str, path: Path, workdir: Path) -> N
         features = engine.library.uform_features()
         if features & FEATURE_JPEG and features & FEATURE_SPNG:
             check_decoding(engine, report, model, tower, arenas["host"], workdir)
-        else:  # a build without the codecs answers UNSUPPORTED per item: tests/test_image.c checks that
+        else:  # a build without the codecs answers UNSUPPORTED per item: tests/encode/test_image.c checks that
             print("  skip decoding: this build has no libjpeg-turbo or no libspng", flush=True)
 
 

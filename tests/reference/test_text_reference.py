@@ -2,7 +2,7 @@
 """The C engine's text tower against the independent PyTorch reference (uform_reference.py).
 
     test_text_reference.py --library build/libuform.so \
-        --tiny-checkpoint-tool build/src/tools/uform_tiny_checkpoint --workdir build/text-reference
+        --tiny-checkpoint-tool build/tools/uform_tiny_checkpoint --workdir build/text-reference
 
 Writes two seeded checkpoints with the tool (the tiny default, and depth 4 hidden 256) and a third
 derived from the second with sharper attention (q and k rows x4, exact in BF16: the tool's small

@@ -2,9 +2,9 @@
 """The C trainer's gradients, losses and AdamW steps against the independent PyTorch autograd reference
 (train_reference.py).
 
-    test_train_reference.py --engine-tool build/src/tools/uform_train_batch \
-        --checkpoint-tool build/src/tools/uform_tiny_checkpoint [--workdir build/reference-train]
-    test_train_reference.py --self-test --checkpoint-tool build/src/tools/uform_tiny_checkpoint
+    test_train_reference.py --engine-tool build/tools/uform_train_batch \
+        --checkpoint-tool build/tools/uform_tiny_checkpoint [--workdir build/reference-train]
+    test_train_reference.py --self-test --checkpoint-tool build/tools/uform_tiny_checkpoint
 
 Writes two seeded checkpoints with the tiny checkpoint tool (its default, and depth 2 hidden 128 with
 the q and k rows of every tower x4, exact in BF16, so attention is far from uniform), and for each two

@@ -3,7 +3,7 @@
 sampling and pooling over the image tower.
 
     test_video_reference.py --library build/libuform.so \
-        --tiny-checkpoint-tool build/src/tools/uform_tiny_checkpoint --workdir build/reference-video
+        --tiny-checkpoint-tool build/tools/uform_tiny_checkpoint --workdir build/reference-video
 
 Clips are written here as uncompressed AVI files (24-bit BI_RGB frames, which FFmpeg decodes to the
 exact pixels), so that the reference knows every frame without a decoder of its own: clips of 12, 7, 2

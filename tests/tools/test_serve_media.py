@@ -2,7 +2,7 @@
 """Drives the multimodal extension of `uform serve`: images, sounds and clips sent as base64 in
 POST /v1/embeddings, alone, mixed with texts, concurrently, corrupt and malformed.
 
-    test_serve_media.py --uform build/src/tools/uform --workdir build/tests/serve-media [--without jpeg,spng,ffmpeg]
+    test_serve_media.py --uform build/tools/uform --workdir build/tests/serve-media [--without jpeg,spng,ffmpeg]
 
 Every vector the server answers must equal, bit for bit in F32, what `uform encode` writes for the same
 file or text and width: media are batched like texts, and a vector must not depend on its batch. An
@@ -32,7 +32,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "reference"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reference"))
 from interpreter import run_under_python_with  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -129,10 +129,10 @@ def encode_rows(uform, model, workdir, items, dims=None):
     return [done.stdout[i * width * 4:(i + 1) * width * 4] for i in range(len(items))]
 
 
-# ---- the server: tests/test_serve.py's, with the calls this test makes -----------------------------
+# ---- the server: tests/tools/test_serve.py's, with the calls this test makes -----------------------------
 
 class Server(ServeServer):
-    """`uform serve --port 0` as a child process (tests/test_serve.py), plus embeddings and metrics."""
+    """`uform serve --port 0` as a child process (tests/tools/test_serve.py), plus embeddings and metrics."""
 
     def embed(self, body):
         """(status, parsed body) of one POST /v1/embeddings."""

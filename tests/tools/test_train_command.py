@@ -4,7 +4,7 @@ written with the standard library): three steps of a one-block model, the progre
 checkpoint and `uform info` on it, a resume that continues the step count, Ctrl-C, bad manifests, the
 batches --dry-run shows (passes, --neighbours, identical captions), and the shape of eval's table and JSON.
 
-    test_train_command.py --uform build/src/tools/uform --workdir build/tests/train-command
+    test_train_command.py --uform build/tools/uform --workdir build/tests/train-command
 
 The standard library only."""
 import argparse

@@ -3,7 +3,7 @@
 images by path and in a manifest, search (index a folder, query it), bad flags and bad paths, and the
 default model.
 
-    test_command.py --uform build/src/tools/uform --workdir build/tests/command
+    test_command.py --uform build/tools/uform --workdir build/tests/command
 
 The standard library only; the .npy file is also loaded with NumPy where it imports, and a JPEG is
 written with Pillow where this interpreter, .venv/bin/python3 or /usr/bin/python3 has it (under CI=true,
@@ -20,7 +20,7 @@ import wave
 import zlib
 from pathlib import Path
 
-REPOSITORY = Path(__file__).resolve().parents[1]
+REPOSITORY = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPOSITORY / "tests" / "reference"))
 from interpreter import optional_import, partly_unavailable  # noqa: E402  (standard library only)
 

@@ -175,7 +175,7 @@ uform_status_t vram_project(vram_device_t *device, vram_tower_t const *tower, ui
 
 uform_status_t vram_text_encode(encode_request_t const *request);
 
-/* An image verb's arguments, pixels or encoded images (src/vram_image.c). */
+/* An image verb's arguments, pixels or encoded images (src/vram/vram_image.c). */
 typedef struct vram_image_request {
     encode_request_t encode;
     bool pixels; /* RGB8 with heights and widths; else encoded images */

@@ -1,5 +1,5 @@
 /* The training forward pass of a tower's trunk, keeping what its backward pass needs, and that backward
- * pass (src/train.h). Per block, as in tower.c but over F32 weights:
+ * pass (src/train/train.h). Per block, as in tower.c but over F32 weights:
  *   h1 = rms1(x_in); qkv = rope(h1 Wqkv^T + b); att = attention(qkv); x_mid = x_in + att Wout^T + b;
  *   h2 = rms2(x_mid); u = h2 Wup^T + b; g = gelu(u); x_out = x_mid + g Wdown^T + b.
  * Work split: GEMMs at KERNEL_GEMM_TILE columns; row kernels by rows; attention by (head, item); bias

@@ -127,7 +127,7 @@ static void executor_constructors(void **state) {
     assert_int_equal(uform_executor_create_vram(NULL, NULL), UFORM_INVALID_ARGUMENT);
     uform_vram_options_t vram = {.devices = NULL, .devices_count = 2};
     assert_int_equal(uform_executor_create_vram(&vram, &executor), UFORM_INVALID_ARGUMENT);
-    /* Built with CUDA: DEVICE where no device is present; without: UNSUPPORTED (tests/test_vram.c
+    /* Built with CUDA: DEVICE where no device is present; without: UNSUPPORTED (tests/vram/test_vram.c
      * checks a VRAM executor where a device is present). */
     uform_status_t vram_status = uform_executor_create_vram(NULL, &executor);
     if (vram_status == UFORM_OK) {
@@ -313,7 +313,7 @@ static void mesh_refuses_trainer_checks(void **state) {
     assert_int_equal(uform_executor_create_inline(&executor), UFORM_OK);
     uform_mesh_t *mesh = NULL;
     uform_mesh_bootstrap_args_t bootstrap = {.executor = executor, .mesh = &mesh};
-    /* A real bootstrap starts MPI in this process: tests/mesh_train.sh runs one under mpirun. */
+    /* A real bootstrap starts MPI in this process: tests/train/mesh_train.sh runs one under mpirun. */
     if (!UFORM_WITH_MPI) assert_int_equal(uform_mesh_bootstrap(&bootstrap), UFORM_UNSUPPORTED);
     uform_mesh_options_t reserved = {.unused_reserved = uform_features_reserved_probe};
     bootstrap.options = &reserved;
@@ -327,7 +327,7 @@ static void mesh_refuses_trainer_checks(void **state) {
     assert_int_equal(uform_mesh_size(NULL), 1);
     uform_mesh_free(NULL);
 
-    /* Trainers train on host executors (tests/test_train.c); VRAM trainers are not built yet. */
+    /* Trainers train on host executors (tests/train/test_train.c); VRAM trainers are not built yet. */
     uform_trainer_t *trainer = NULL;
     uform_trainer_config_t config;
     uform_trainer_config_default(&config);

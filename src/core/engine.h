@@ -162,7 +162,7 @@ struct uform_executor {
     uform_pool_vtable_t pool_vtable;
     void *pool;
 
-    /* VRAM: the devices, their streams and buffers (src/vram.h) */
+    /* VRAM: the devices, their streams and buffers (src/vram/vram.h) */
     struct vram *vram;
 
     /* One call at a time: the state of the verb in flight and its scratch live here, so a steady loop
@@ -295,7 +295,7 @@ struct uform_model {
     struct tower *text;         /* prepared for the kernels when the model has a text tower */
     struct tower *image;        /* the image tower (video uses it too), when present */
     struct tower *audio;        /* the audio tower, when present */
-    struct vram_model *device;  /* VRAM models: the weights on each device (src/vram.h); NULL on host */
+    struct vram_model *device;  /* VRAM models: the weights on each device (src/vram/vram.h); NULL on host */
     uform_executor_t *executor; /* owns the placement of `data`; NULL: plain host memory */
     checkpoint_header_t header;
     uint8_t *data; /* the data section: tensor t spans data + begin .. data + end */

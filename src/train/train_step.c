@@ -1,4 +1,4 @@
-/* One training step over a batch of items of any modality (src/train.h): the inputs prepared (texts
+/* One training step over a batch of items of any modality (src/train/train.h): the inputs prepared (texts
  * as bytes; images, clips and sounds decoded and turned into patch rows as the encode verbs do), each
  * tower's forward pass, the loss of docs/DESIGN.md (pairwise sigmoid over every matryoshka prefix plus the
  * next-byte loss), every backward pass, and the optimizer's update.

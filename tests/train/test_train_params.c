@@ -1,4 +1,4 @@
-/* The trainer's parameters (src/train_params.c): the model a config describes and every refusal, the
+/* The trainer's parameters (src/train/train_params.c): the model a config describes and every refusal, the
  * seeded start, names and shapes against uform_tiny_checkpoint's, AdamW against a reference computed in
  * double, the same bits whatever the thread split, save and load (bit-exact, and resumed runs equal to
  * uninterrupted ones), states that belong to another checkpoint, missing files, and saves killed at

@@ -474,7 +474,7 @@ static void choose_matches_scalar(void **state) {
         float *states = floats_uniform(items * stride, -1.0f, 1.0f);
         uint16_t *table = bf16_uniform(257 * hidden, -0.25f, 0.25f);
         float *expected = host_alloc(total * sizeof(float));
-        for (size_t i = 0; i < items; ++i) { /* as src/text.c's choose_start */
+        for (size_t i = 0; i < items; ++i) { /* as src/encode/text.c's choose_start */
             float *logits = expected + (offsets[i] - offsets[0]);
             for (size_t j = 0; j < counts[i]; ++j) {
                 uint16_t const *row = table + (size_t)legal[offsets[i] + (int64_t)j] * hidden;

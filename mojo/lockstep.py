@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "reference"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "reference"))
 from interpreter import how_to_install, partly_unavailable  # noqa: E402  (standard library only)
 
 # Exported, not bound yet: each is a verb or accessor the Mojo package does not offer today. Empty: every

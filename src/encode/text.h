@@ -1,4 +1,4 @@
-/* What the host and VRAM forms of the text verbs share (src/text.c, src/vram_text.c): how much of each
+/* What the host and VRAM forms of the text verbs share (src/encode/text.c, src/vram/vram_text.c): how much of each
  * text the model reads, the outputs of text_encode, and the call of text_choose. */
 #pragma once
 

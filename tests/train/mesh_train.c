@@ -1,4 +1,4 @@
-/* A data-parallel run equals one process on the concatenated batch (tests/mesh_train.sh):
+/* A data-parallel run equals one process on the concatenated batch (tests/train/mesh_train.sh):
  *   mesh_train mesh OUT      under `mpirun -n N`: each rank steps on its share of the batch, over a mesh;
  *   mesh_train single OUT    one process, the whole batch, no mesh;
  *   mesh_train compare A B   the two saves' master weights and moments agree to rounding.

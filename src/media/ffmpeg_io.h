@@ -1,4 +1,4 @@
-/* Encoded media in memory, opened by an FFmpeg demuxer (src/audio_decode.c, src/video_decode.c). Built
+/* Encoded media in memory, opened by an FFmpeg demuxer (src/media/audio_decode.c, src/media/video_decode.c). Built
  * only with FFmpeg. */
 #pragma once
 

@@ -2,7 +2,7 @@
 """Drives `uform serve` as its users do: OpenAI's own Python client, 64 concurrent clients, bad input,
 clients that go away, a full queue, and SIGTERM with requests in flight.
 
-    test_serve.py --uform build/src/tools/uform --workdir build/tests/serve
+    test_serve.py --uform build/tools/uform --workdir build/tests/serve
 
 Every vector the server answers must equal, bit for bit in F32, what `uform encode` writes for the same
 text and width: the server batches requests together, and a vector must not depend on its batch.
@@ -28,7 +28,7 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "reference"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reference"))
 from interpreter import run_under_python_with  # noqa: E402
 
 CONTEXT = 64  # the tiny checkpoint's text context, in bytes

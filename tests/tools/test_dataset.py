@@ -4,7 +4,7 @@ manifests' schema and counts; every path exists and every media file is listed; 
 combinations are only in test; PNG, MP4 and WAV headers of the asked sizes; `uform encode` reads the
 images, clips and sounds it wrote; a folder that is not empty is refused without --force; bad flags.
 
-    test_dataset.py --uform build/src/tools/uform --workdir build/tests/dataset
+    test_dataset.py --uform build/tools/uform --workdir build/tests/dataset
 
 The standard library only. A build without libspng (images), FFmpeg (clips) or espeak-ng (spoken words)
 writes the rest: what it left out is read from dataset.json and checked to be absent."""

@@ -1,4 +1,4 @@
-/* The chunked run of an image, video or audio call (src/image.c, src/audio.c), the files it reads and
+/* The chunked run of an image, video or audio call (src/encode/image.c, src/encode/audio.c), the files it reads and
  * the decoding of its items.
  *
  * The call's items go in chunks of `chunk_items`, one chunk per loop turn, so that progress reports,
