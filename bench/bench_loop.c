@@ -17,7 +17,9 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "engine.h"
+#include "common.h"
+#include "futex.h"
+#include "loop.h"
 
 #define ROUNDS 7
 

@@ -25,6 +25,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "uform_config.h"
 #include "uform.h"
 #include "uform_config.h"
 

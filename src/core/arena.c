@@ -5,8 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine.h"
-#include "vram.h"
+#include "arena.h"
+#include "executor.h"
 
 struct arena_block {
     arena_block_t *next;
@@ -21,17 +21,15 @@ struct arena_block {
 static arena_block_t *arena_block_new(uform_arena_t *arena, arena_pool_t const *pool, size_t size) {
     if (size > SIZE_MAX - sizeof(arena_block_t)) return NULL;
     arena_block_t *block;
-#if UFORM_WITH_CUDA
     if (pool->device) {
         if (!(block = calloc(1, sizeof *block))) return NULL;
-        if (!(block->base = vram_allocate(arena->executor, size))) {
+        if (!(block->base = executor_device_allocate(arena->executor, size))) {
             free(block);
             return NULL;
         }
         block->size = size;
         return block;
     }
-#endif
     block = executor_allocate(pool->device ? NULL : arena->executor, sizeof(arena_block_t) + size);
     if (!block) return NULL;
     block->next = NULL;
@@ -44,14 +42,12 @@ static arena_block_t *arena_block_new(uform_arena_t *arena, arena_pool_t const *
 static void arena_blocks_free(uform_arena_t *arena, arena_pool_t const *pool, arena_block_t *block) {
     while (block) {
         arena_block_t *next = block->next;
-#if UFORM_WITH_CUDA
         if (pool->device) {
-            vram_deallocate(arena->executor, block->base);
+            executor_device_deallocate(arena->executor, block->base);
             free(block);
             block = next;
             continue;
         }
-#endif
         executor_deallocate(pool == &arena->host && arena->outputs.device ? NULL : arena->executor, block,
                             sizeof(arena_block_t) + block->size);
         block = next;
@@ -67,7 +63,7 @@ static uform_status_t arena_new(uform_executor_t *executor, uform_arena_t **out,
     if (executor) executor_retain(executor);
     atomic_init(&arena->generation, 1);
     atomic_init(&arena->busy, false);
-    arena->outputs.device = executor && executor->kind == UFORM_EXECUTOR_VRAM;
+    arena->outputs.device = executor && executor_on_device(executor);
     *out = arena;
     return UFORM_OK;
 }
@@ -247,43 +243,26 @@ UFORM_EXPORT uform_status_t uform_view_copy(uform_view_t const *view, void *data
         if (view->scalar == UFORM_I8) memcpy(scales, view->scales, view->rows * sizeof(float));
         return UFORM_OK;
     }
-#if UFORM_WITH_CUDA
-    if (vram_copy_to_host(view->arena->executor, data, row_bytes, view->data, view->row_stride, row_bytes,
-                          view->rows) != UFORM_OK ||
+    uform_executor_t *executor = view->arena->executor;
+    if (!executor ||
+        executor_device_copy_to_host(executor, data, row_bytes, view->data, view->row_stride, row_bytes,
+                                     view->rows) != UFORM_OK ||
         (view->scalar == UFORM_I8 &&
-         vram_copy_to_host(view->arena->executor, scales, view->rows * sizeof(float), view->scales,
-                           view->rows * sizeof(float), view->rows * sizeof(float), 1) != UFORM_OK))
+         executor_device_copy_to_host(executor, scales, view->rows * sizeof(float), view->scales,
+                                      view->rows * sizeof(float), view->rows * sizeof(float), 1) != UFORM_OK))
         return failed(UFORM_DEVICE, entry, "cannot copy from the device");
-    return UFORM_OK;
-#else
-    return failed(UFORM_DEVICE, entry, "a device view in a build without CUDA");
-#endif
-}
-
-/* ---- Tapes -------------------------------------------------------------------------------------- */
-
-uform_status_t tape_validate(uform_tape_t const *tape, char const **message) {
-    if (tape->count == 0) return UFORM_OK;
-    if (!tape->offsets) return *message = "tape offsets are NULL", UFORM_INVALID_ARGUMENT;
-    for (size_t i = 0; i < tape->count; ++i)
-        if (tape->offsets[i + 1] < tape->offsets[i])
-            return *message = "tape offsets out of order", UFORM_INVALID_ARGUMENT;
-    if (tape->offsets[tape->count] > tape->length)
-        return *message = "tape offsets past the end of the tape", UFORM_INVALID_ARGUMENT;
-    if (!tape->data && tape->offsets[tape->count] != tape->offsets[0])
-        return *message = "tape data is NULL", UFORM_INVALID_ARGUMENT;
     return UFORM_OK;
 }
 
 uform_status_t arena_check(uform_arena_t const *arena, uform_executor_t const *executor,
                            char const **message) {
     uform_executor_t const *owner = arena->executor;
-    if (executor && executor->kind == UFORM_EXECUTOR_VRAM && owner != executor)
+    if (executor && executor_on_device(executor) && owner != executor)
         return *message = "a VRAM executor writes into an arena made on it", UFORM_INVALID_ARGUMENT;
     if (!owner) return UFORM_OK;
     if (executor && owner != executor)
         return *message = "the arena belongs to another executor", UFORM_INVALID_ARGUMENT;
-    if (!executor && owner->kind == UFORM_EXECUTOR_VRAM)
+    if (!executor && executor_on_device(owner))
         return *message = "a device arena serves only its executor's calls", UFORM_INVALID_ARGUMENT;
     return UFORM_OK;
 }

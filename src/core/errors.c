@@ -1,7 +1,7 @@
-/* Statuses, errors and what the library reports about itself. */
+/* Statuses and errors: the calling thread's last failure, status names, rendering. */
 #include <stdio.h>
 
-#include "engine.h"
+#include "common.h"
 
 static _Thread_local uform_error_t last_error = {UFORM_OK, "", ""};
 
@@ -51,25 +51,4 @@ UFORM_EXPORT size_t uform_error_render(uform_error_t const *error, char *buffer,
         snprintf(buffer, buffer ? capacity : 0, "UForm: %s [%s]: %s", uform_status_name(error->status),
                  error->entry ? error->entry : "", error->message ? error->message : "");
     return length < 0 ? 0 : (size_t)length;
-}
-
-UFORM_EXPORT uint32_t uform_features(void) {
-    /* A feature is reported once its verbs are wired, not merely found: NCCL is detected by the build
-     * and reported once VRAM meshes use it; the server is the `uform` command's, not the library's. */
-    uint32_t features = 0;
-    if (UFORM_WITH_URING && loop_uring_available()) features |= UFORM_FEATURE_URING;
-    if (UFORM_WITH_HWLOC) features |= UFORM_FEATURE_HWLOC;
-    if (UFORM_WITH_FORK_UNION) features |= UFORM_FEATURE_FORK_UNION;
-    if (UFORM_WITH_JPEG) features |= UFORM_FEATURE_JPEG;
-    if (UFORM_WITH_SPNG) features |= UFORM_FEATURE_SPNG;
-    if (UFORM_WITH_FFMPEG) features |= UFORM_FEATURE_FFMPEG;
-    if (UFORM_WITH_CUDA) features |= UFORM_FEATURE_CUDA;
-    if (UFORM_WITH_MPI) features |= UFORM_FEATURE_MPI;
-    return features;
-}
-
-UFORM_EXPORT void uform_version(int *major, int *minor, int *patch) {
-    if (major) *major = UFORM_VERSION_MAJOR;
-    if (minor) *minor = UFORM_VERSION_MINOR;
-    if (patch) *patch = UFORM_VERSION_PATCH;
 }

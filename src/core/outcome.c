@@ -1,42 +1,27 @@
-/* Outcomes and the life of a call: begin on the calling thread, run on the loop, finish once. */
+/* Outcomes (outcome.h): initialization, waiting, notification targets, products, and the public
+ * functions that read them. */
 #include <errno.h>
-#include <limits.h>
-#include <linux/futex.h>
 #include <string.h>
-#include <sys/syscall.h>
-#include <time.h>
 #include <unistd.h>
 
-#include "engine.h"
+#include "futex.h"
+#include "outcome.h"
 
 /* How long `wait` polls the word before sleeping: long enough to catch a call on spinning workers
  * (a few microseconds), short enough not to burn a core when the call is long. */
 #define WAIT_SPIN_NS 20000u
 
-void futex_wait(_Atomic uint32_t *word, uint32_t expected) {
-    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT_PRIVATE, expected, NULL, NULL, 0);
-}
-
-void futex_wake_all(_Atomic uint32_t *word) {
-    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
-}
-
-void futex_wake_one(_Atomic uint32_t *word) {
-    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
-}
-
-static bool outcome_is_initialized(outcome_t const *outcome) {
-    return outcome && outcome->magic == OUTCOME_MAGIC;
-}
-
-/* A model the last call produced and nobody took is released, not leaked. */
-static void outcome_drop_product(outcome_t *outcome) {
-    if (outcome->product == OUTCOME_PRODUCT_MODEL && outcome->model) uform_model_free(outcome->model);
+/* An object the last call produced and nobody took is released, not leaked. */
+void outcome_drop_product(outcome_t *outcome) {
+    if (outcome->product == OUTCOME_PRODUCT_OBJECT && outcome->object && outcome->release)
+        outcome->release(outcome->object);
     outcome->product = OUTCOME_PRODUCT_NONE;
 }
 
-static uform_status_t outcome_word_status(uint32_t word) {
-    return (uform_status_t)(word & OUTCOME_STATUS_MASK);
+void outcome_set_object(outcome_t *outcome, void *object, void (*release)(void *object)) {
+    outcome->product = OUTCOME_PRODUCT_OBJECT;
+    outcome->object = object;
+    outcome->release = release;
 }
 
 /* ---- Public outcome functions ------------------------------------------------------------------- */
@@ -59,7 +44,7 @@ UFORM_EXPORT uform_status_t uform_outcome_status(uform_outcome_t const *public_o
     return outcome_word_status(atomic_load_explicit(&((outcome_t *)outcome)->word, memory_order_acquire));
 }
 
-static uform_status_t outcome_await(outcome_t *outcome) {
+uform_status_t outcome_await(outcome_t *outcome) {
     uint32_t word = atomic_load_explicit(&outcome->word, memory_order_acquire);
     if (outcome_word_status(word) != UFORM_PENDING) return outcome_word_status(word);
 
@@ -151,17 +136,15 @@ UFORM_EXPORT uform_status_t uform_outcome_notify_ring(uform_outcome_t *public_ou
     return UFORM_OK;
 }
 
-UFORM_EXPORT uform_model_t *uform_outcome_model(uform_outcome_t *public_outcome) {
+void *outcome_take_object(uform_outcome_t *public_outcome, void (*release)(void *object)) {
     if (!public_outcome) return NULL;
     outcome_t *outcome = outcome_of(public_outcome);
-    if (!outcome_is_initialized(outcome)) return NULL;
-    if (outcome_word_status(atomic_load_explicit(&outcome->word, memory_order_acquire)) != UFORM_OK)
-        return NULL;
-    if (outcome->product != OUTCOME_PRODUCT_MODEL) return NULL;
-    uform_model_t *model = outcome->model;
-    outcome->model = NULL;
+    if (!outcome_is_initialized(outcome) || outcome_status(outcome) != UFORM_OK) return NULL;
+    if (outcome->product != OUTCOME_PRODUCT_OBJECT || outcome->release != release) return NULL;
+    void *object = outcome->object;
+    outcome->object = NULL;
     outcome->product = OUTCOME_PRODUCT_NONE;
-    return model;
+    return object;
 }
 
 static uform_status_t outcome_product_status(outcome_t const *outcome, outcome_product_t product) {
@@ -190,12 +173,10 @@ UFORM_EXPORT uform_status_t uform_outcome_probabilities(uform_outcome_t const *p
     return status;
 }
 
-/* ---- Calls -------------------------------------------------------------------------------------- */
-
-/* Makes the outcome final and tells everyone who asked. The word is stored before any notification,
- * so a notified loop reads the final status at once; after the store the outcome may be freed by its
- * owner, so the notification targets are copied first and only the futex address is used after. */
-static void outcome_finalize(outcome_t *outcome, uform_status_t status, bool from_loop_thread, loop_t *loop) {
+/* The word is stored before any notification, so a notified loop reads the final status at once; after
+ * the store the outcome may be freed by its owner, so the notification targets are copied first and only
+ * the futex address is used after. */
+void outcome_finalize(outcome_t *outcome, uform_status_t status, loop_t *loop) {
     int eventfd = outcome->notify_eventfd;
     int ring_fd = outcome->notify_ring_fd;
     uint64_t user_data = outcome->notify_user_data;
@@ -208,134 +189,5 @@ static void outcome_finalize(outcome_t *outcome, uform_status_t status, bool fro
             written = write(eventfd, &one, sizeof one);
         while (written < 0 && errno == EINTR);
     }
-    if (ring_fd >= 0) loop_msg_ring(from_loop_thread ? loop : NULL, ring_fd, (int32_t)status, user_data);
-}
-
-uform_status_t call_refuse(uform_outcome_t *public_outcome, uform_status_t status, char const *entry,
-                           char const *message) {
-    failed(status, entry, message);
-    if (!public_outcome) return status;
-    outcome_t *outcome = outcome_of(public_outcome);
-    if (!outcome_is_initialized(outcome)) return status;
-    if (outcome_word_status(atomic_load(&outcome->word)) == UFORM_PENDING)
-        return status; /* not ours to end */
-    outcome->error = (uform_error_t){status, entry, message};
-    outcome_drop_product(outcome);
-    outcome_finalize(outcome, status, false, NULL);
-    return status;
-}
-
-uform_status_t call_begin(call_t *call, uform_executor_t *executor, outcome_t *outcome, char const *entry) {
-    if (!outcome_is_initialized(outcome))
-        return failed(UFORM_INVALID_ARGUMENT, entry, "outcome was not initialized (uform_outcome_init)");
-    if (outcome_word_status(atomic_load(&outcome->word)) == UFORM_PENDING)
-        return failed(UFORM_INVALID_ARGUMENT, entry, "outcome is still pending with another call");
-    if (!executor) {
-        uform_status_t status =
-            failed(UFORM_OUT_OF_MEMORY, entry, "cannot make the calling thread's executor");
-        outcome->error = uform_last_error();
-        outcome_finalize(outcome, status, false, NULL);
-        return status;
-    }
-    call_t *expected = NULL;
-    if (!atomic_compare_exchange_strong_explicit(&executor->holder, &expected, call, memory_order_acquire,
-                                                 memory_order_relaxed)) {
-        uform_status_t status = failed(UFORM_CONTENDED, entry, "another call holds the executor");
-        outcome->error = uform_last_error();
-        outcome->product = OUTCOME_PRODUCT_NONE;
-        outcome_finalize(outcome, status, false, NULL);
-        return status;
-    }
-    atomic_fetch_add_explicit(&executor->active, 1, memory_order_acq_rel);
-    call->executor = executor;
-    call->outcome = outcome;
-    call->entry = entry;
-    outcome->error = (uform_error_t){UFORM_OK, "", ""};
-    outcome_drop_product(outcome);
-    atomic_store_explicit(&outcome->word, UFORM_PENDING, memory_order_release);
-    return UFORM_OK;
-}
-
-uform_status_t call_open(uform_executor_t *executor, uform_arena_t *arena, uform_outcome_t *outcome,
-                         uform_outcome_t *own, size_t state_size, char const *entry, call_t **call) {
-    executor = call_executor(executor);
-    if (!executor)
-        return call_refuse(outcome, UFORM_OUT_OF_MEMORY, entry, "cannot make the calling thread's executor");
-    if (arena && arena_begin(arena) != UFORM_OK)
-        return call_refuse(outcome, UFORM_CONTENDED, entry, "another call holds the arena");
-    if (!outcome) uform_outcome_init(outcome = own);
-    call_t *opened = (call_t *)(void *)executor->call_storage;
-    uform_status_t status = call_begin(opened, executor, outcome_of(outcome), entry);
-    if (status != UFORM_OK) {
-        if (arena) arena_end(arena);
-        return status;
-    }
-    /* Held: the storage is this call's; call_begin filled its header. */
-    memset((char *)opened + sizeof *opened, 0, state_size - sizeof *opened);
-    *call = opened;
-    return UFORM_OK;
-}
-
-static void call_start(loop_op_t *op) {
-    call_t *call = container_of(op, call_t, op);
-    call->start(call);
-}
-
-void call_submit(call_t *call) {
-    uform_executor_t *executor = call->executor;
-    call->op.callback = call_start;
-    call->op.result = 0;
-    if (executor->threaded) {
-        loop_post(executor->loop, &call->op);
-        return;
-    }
-    /* The calling thread is the loop thread: drive it until this call is final. The loop is made by
-     * the first call, under the executor's hold, and kept for the next ones. The hold is released
-     * only once loop_run has returned, so that nobody frees the loop under our feet. */
-    outcome_t *outcome = call->outcome;
-    if (!executor->loop) {
-        loop_options_t options = {.backend = LOOP_BACKEND_AUTO, .single_issuer = false, .entries = 0};
-        if (loop_create(&options, &executor->loop) != 0) executor->loop = NULL;
-    }
-    if (executor->loop) {
-        call->start(call);
-        while (outcome_word_status(atomic_load_explicit(&outcome->word, memory_order_acquire)) ==
-               UFORM_PENDING)
-            loop_run(executor->loop, true, 0);
-    } else {
-        call_finish(call, UFORM_IO, "cannot create the executor's event loop");
-    }
-    executor_unhold(executor);
-    executor_settle(executor);
-}
-
-void call_finish(call_t *call, uform_status_t status, char const *message) {
-    uform_executor_t *executor = call->executor;
-    outcome_t *outcome = call->outcome;
-    bool threaded = executor->threaded;
-    loop_t *loop = executor->loop;
-    outcome->error = status == UFORM_OK ? (uform_error_t){UFORM_OK, "", ""}
-                                        : (uform_error_t){status, call->entry, message ? message : ""};
-    /* A threaded executor is released before the outcome turns final, so that a caller who saw it
-     * final can submit the next call at once. The state in `call` is dead from here on; the loop
-     * thread outlives this callback, as freeing the executor joins it. */
-    if (threaded) executor_unhold(executor);
-    outcome_finalize(outcome, status, threaded, loop);
-    if (threaded) executor_settle(executor);
-}
-
-uform_status_t call_wait(outcome_t *outcome) {
-    return uform_outcome_wait((uform_outcome_t *)(void *)outcome);
-}
-
-bool progress_report(uform_progress_t const *progress, size_t *next_step, size_t completed, size_t total) {
-    if (!progress || !progress->handler) return false;
-    size_t steps = progress->steps ? progress->steps : 100;
-    if (*next_step > steps) return false;
-    /* Threshold of step k: the first `completed` at or beyond k/steps of the total. */
-    __uint128_t threshold = (__uint128_t)total * *next_step / steps;
-    if ((__uint128_t)completed < threshold) return false;
-    while (*next_step <= steps && (__uint128_t)completed >= (__uint128_t)total * *next_step / steps)
-        ++*next_step;
-    return progress->handler(progress->state, completed, total) == UFORM_CANCEL;
+    if (ring_fd >= 0) loop_msg_ring(loop, ring_fd, (int32_t)status, user_data);
 }

@@ -25,6 +25,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels.h"
+#include "arena.h"
+#include "call.h"
+#include "model.h"
 #include "encode.h"
 #include "tower.h"
 #if UFORM_WITH_FFMPEG

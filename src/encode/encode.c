@@ -1,7 +1,12 @@
 /* What the encode verbs share (encode.h). */
 #include <string.h>
 
+#include "arena.h"
+#include "call.h"
 #include "encode.h"
+#include "kernels.h"
+#include "model.h"
+#include "tape.h"
 
 /* ---- Arguments ---------------------------------------------------------------------------------- */
 

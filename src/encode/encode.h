@@ -7,7 +7,7 @@
  * device kernels) for the rows, encode_stop on a failure; at the end encode_end, then call_finish. */
 #pragma once
 
-#include "engine.h"
+#include "call.h"
 #include "kernels.h"
 
 /* ---- Arguments ---------------------------------------------------------------------------------- */

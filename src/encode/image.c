@@ -24,6 +24,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels.h"
+#include "arena.h"
+#include "call.h"
+#include "model.h"
 #include "image_decode.h"
 #include "image_preprocess.h"
 #include "media_read.h"

@@ -7,6 +7,11 @@
 #include <string.h>
 #include <time.h>
 
+#include "arena.h"
+#include "call.h"
+#include "kernels.h"
+#include "model.h"
+#include "tape.h"
 #include "text.h"
 #include "tower.h"
 #include "vram.h"

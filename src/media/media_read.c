@@ -5,6 +5,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "call.h"
 #include "media_read.h"
 
 void (*media_observer)(media_event_t event, size_t chunk);
@@ -251,7 +252,7 @@ bool media_open(media_run_t *run) {
     run->ahead_chunk = SIZE_MAX;
     run->threads = executor->threads;
     /* Only a RAM executor lends a worker (executor_lend), and only a second chunk can use it. */
-    bool ahead = executor->kind == UFORM_EXECUTOR_RAM && executor->threads >= 2 && run->chunks >= 2;
+    bool ahead = executor_lends(executor) && run->chunks >= 2;
     run->sets = ahead ? 2 : 1;
     size_t floats = 0, bytes = 0;
     if (__builtin_mul_overflow(run->sets * run->chunk_items, run->item_floats, &floats) ||

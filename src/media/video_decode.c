@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common.h"
 #include "image_decode.h"
 #include "uform_config.h"
 #include "video_decode.h"

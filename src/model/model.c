@@ -11,6 +11,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "call.h"
+#include "model.h"
 #include "tower.h"
 #include "vram.h"
 
@@ -86,6 +88,14 @@ UFORM_EXPORT void uform_model_free(uform_model_t *model) {
     if (atomic_fetch_sub_explicit(&model->references, 1, memory_order_acq_rel) == 1) model_destroy(model);
 }
 
+void model_product_release(void *model) {
+    uform_model_free(model);
+}
+
+UFORM_EXPORT uform_model_t *uform_outcome_model(uform_outcome_t *outcome) {
+    return outcome_take_object(outcome, model_product_release);
+}
+
 UFORM_EXPORT uform_status_t uform_model_info(uform_model_t const *model, uform_model_info_t *info) {
     if (!model || !info) return failed(UFORM_INVALID_ARGUMENT, "uform_model_info", "model or info is NULL");
     *info = model->header.info;
@@ -134,7 +144,7 @@ static uform_status_t model_prepare(uform_model_t *model) {
  * buffers and the events. */
 static void load_vram_finish(load_call_t *load) {
     uform_executor_t *executor = load->call.executor;
-    vram_t *vram = executor->vram;
+    vram_t *vram = vram_of(executor);
     if (load->failure == UFORM_OK) {
         char const *message = NULL;
         uform_status_t status = vram_model_prepare(load->model, executor, load->raw, &message);
@@ -171,8 +181,7 @@ static void load_finish(load_call_t *load) {
     free(load->json);
     outcome_t *outcome = load->call.outcome;
     if (status == UFORM_OK) {
-        outcome->product = OUTCOME_PRODUCT_MODEL;
-        outcome->model = load->model;
+        outcome_set_object(outcome, load->model, model_product_release);
     } else if (load->model) {
         uform_model_free(load->model);
     }
@@ -204,7 +213,7 @@ static void load_poll(loop_op_t *op);
 
 /* Frees the staging buffers whose copies completed; answers whether some are still copying. */
 static bool load_copies_pending(load_call_t *load) {
-    vram_t *vram = load->call.executor->vram;
+    vram_t *vram = vram_of(load->call.executor);
     bool pending = false;
     for (size_t i = 0; i < LOAD_READS; ++i) {
         load_read_t *read = &load->reads[i];
@@ -227,7 +236,7 @@ static bool load_copies_pending(load_call_t *load) {
 
 /* A read landed in staging buffer `i`: copy it to every device. */
 static void load_copy(load_call_t *load, size_t i, size_t length) {
-    vram_t *vram = load->call.executor->vram;
+    vram_t *vram = vram_of(load->call.executor);
     load_read_t *read = &load->reads[i];
     for (size_t d = 0; d < vram->count; ++d) {
         vram_device_t *device = &vram->devices[d];
@@ -308,7 +317,7 @@ static void load_poll(loop_op_t *op) {
 
 /* The raw data section on every device, the staging buffers and the events, then the reads. */
 static void load_vram_buffers(load_call_t *load) {
-    vram_t *vram = load->call.executor->vram;
+    vram_t *vram = vram_of(load->call.executor);
     load->poll.callback = load_poll;
     for (size_t d = 0; d < vram->count; ++d) {
         if (vram_use(&vram->devices[d]) != UFORM_OK) {
@@ -492,10 +501,10 @@ static uform_status_t model_load(uform_model_load_args_t const *args, bool vram,
     if (!args->path || !args->path[0])
         return call_refuse(outcome, UFORM_INVALID_ARGUMENT, entry, "path is NULL or empty");
     if (!outcome && !args->model) return call_refuse(outcome, UFORM_INVALID_ARGUMENT, entry, "model is NULL");
-    if (!vram && args->executor && args->executor->kind == UFORM_EXECUTOR_VRAM)
+    if (!vram && args->executor && executor_on_device(args->executor))
         return call_refuse(outcome, UFORM_INVALID_ARGUMENT, entry,
                            "a VRAM executor loads with uform_model_load_vram");
-    if (vram && (!args->executor || args->executor->kind != UFORM_EXECUTOR_VRAM))
+    if (vram && (!args->executor || !executor_on_device(args->executor)))
         return call_refuse(outcome, UFORM_INVALID_ARGUMENT, entry, "uform_model_load_vram needs a VRAM executor");
     uform_executor_t *executor = call_executor(args->executor);
     if (!executor)

@@ -6,6 +6,7 @@
  * to nearest, ties to even. */
 #include "checkpoint.h"
 #include "errors.h"
+#include "kernels.h"
 #include "seeded.h"
 
 #include <stdio.h>

@@ -3,6 +3,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "executor.h"
+#include "kernels.h"
+#include "model.h"
 #include "tower.h"
 
 /* ---- Preparation -------------------------------------------------------------------------------- */

@@ -10,7 +10,7 @@
  * (head, item); each value is computed by the same code whatever the thread count. */
 #pragma once
 
-#include "engine.h"
+#include "common.h"
 #include "kernels.h"
 
 /* A linear layer `x W^T + b`: W packed for the kernel path, the bias in F32. */

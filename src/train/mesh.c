@@ -8,6 +8,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 
+#include "call.h"
 #include "mesh.h"
 
 #if UFORM_WITH_MPI
@@ -100,7 +101,7 @@ UFORM_EXPORT uform_status_t uform_mesh_bootstrap(uform_mesh_bootstrap_args_t con
         return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry, "executor or mesh is NULL");
     if (args->options && args->options->unused_reserved)
         return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry, "options.unused_reserved must be NULL");
-    if (args->executor->kind == UFORM_EXECUTOR_VRAM)
+    if (executor_on_device(args->executor))
         return call_refuse(args->outcome, UFORM_UNSUPPORTED, entry,
                            "meshes over VRAM executors (NCCL) are not built yet: RAM executors mesh through MPI");
     *args->mesh = NULL;

@@ -6,7 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine.h"
+#include "common.h"
 
 #if UFORM_WITH_MPI
 #include <mpi.h>

@@ -14,7 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine.h"
+#include "common.h"
 #include "kernels.h"
 
 /* ---- Parameters ---------------------------------------------------------------------------------- */

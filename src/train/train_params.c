@@ -18,6 +18,9 @@
  * `value.<name>`, `m.<name>` and `v.<name>` tensors whose `__metadata__["uform"]` object holds the
  * step, the optimizer settings (reals to 17 digits: exact), the checkpoint's format-4 object, and the
  * FNV-1a 64 fingerprint of the checkpoint's data section, which ties the state to that checkpoint. */
+#include "checkpoint.h"
+#include "executor.h"
+#include "kernels.h"
 #include "seeded.h"
 #include "train.h"
 

@@ -12,7 +12,9 @@
 
 #include "audio_decode.h"
 #include "audio_frontend.h"
+#include "call.h"
 #include "image_preprocess.h"
+#include "kernels.h"
 #include "train.h"
 #include "train_step.h"
 #include "video_decode.h"

@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "executor.h"
+#include "kernels.h"
 #include "train.h"
 
 /* RMSNorm weight gradients are summed per block of this many rows, then over the blocks in order. */

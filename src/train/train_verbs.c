@@ -5,7 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "call.h"
 #include "mesh.h"
+#include "tape.h"
 #include "train_step.h"
 
 typedef struct trainer_call {
@@ -35,7 +37,7 @@ UFORM_EXPORT uform_status_t uform_trainer_init_ram(uform_trainer_init_args_t con
     if (!args) return failed(UFORM_INVALID_ARGUMENT, entry, "args is NULL");
     if (!args->executor || !args->config || !args->trainer)
         return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry, "executor, config or trainer is NULL");
-    if (args->executor->kind == UFORM_EXECUTOR_VRAM)
+    if (executor_on_device(args->executor))
         return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry,
                            "a RAM trainer runs on a host executor; VRAM executors take uform_trainer_init_vram");
     *args->trainer = NULL;

@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "executor.h"
+#include "model.h"
 #include "vram.h"
 
 #if UFORM_WITH_CUDA
@@ -31,7 +33,7 @@ uform_status_t vram_open(uform_executor_t *executor, uform_vram_options_t const 
     }
     vram_t *vram = calloc(1, sizeof *vram);
     if (!vram) return *message = "cannot allocate the executor", UFORM_OUT_OF_MEMORY;
-    executor->vram = vram;
+    executor->state = vram;
     int previous = 0;
     cudaGetDevice(&previous);
     for (size_t i = 0; i < wanted; ++i) {
@@ -59,7 +61,7 @@ uform_status_t vram_open(uform_executor_t *executor, uform_vram_options_t const 
 }
 
 void vram_close(uform_executor_t *executor) {
-    vram_t *vram = executor->vram;
+    vram_t *vram = vram_of(executor);
     for (size_t i = 0; i < vram->count; ++i) {
         vram_device_t *device = &vram->devices[i];
         if (vram_use(device) != UFORM_OK) continue;
@@ -73,14 +75,14 @@ void vram_close(uform_executor_t *executor) {
         if (device->stream) cudaStreamDestroy(device->stream);
     }
     free(vram);
-    executor->vram = NULL;
+    executor->state = NULL;
 }
 
 void *vram_allocate(uform_executor_t *executor, size_t bytes) {
     int previous = 0;
     cudaGetDevice(&previous);
     void *memory = NULL;
-    if (vram_use(&executor->vram->devices[0]) != UFORM_OK || cudaMalloc(&memory, bytes ? bytes : 1) != cudaSuccess)
+    if (vram_use(&vram_of(executor)->devices[0]) != UFORM_OK || cudaMalloc(&memory, bytes ? bytes : 1) != cudaSuccess)
         memory = NULL;
     cudaGetLastError();
     cudaSetDevice(previous);
@@ -91,7 +93,7 @@ void vram_deallocate(uform_executor_t *executor, void *memory) {
     if (!memory) return;
     int previous = 0;
     cudaGetDevice(&previous);
-    vram_use(&executor->vram->devices[0]);
+    vram_use(&vram_of(executor)->devices[0]);
     cudaFree(memory);
     cudaSetDevice(previous);
 }
@@ -100,7 +102,7 @@ uform_status_t vram_copy_to_host(uform_executor_t *executor, void *host, size_t 
                                  size_t device_pitch, size_t width, size_t rows) {
     int previous = 0;
     cudaGetDevice(&previous);
-    bool ok = vram_use(&executor->vram->devices[0]) == UFORM_OK &&
+    bool ok = vram_use(&vram_of(executor)->devices[0]) == UFORM_OK &&
               cudaMemcpy2D(host, host_pitch, device, device_pitch, width, rows, cudaMemcpyDeviceToHost) == cudaSuccess;
     cudaGetLastError();
     cudaSetDevice(previous);
@@ -285,7 +287,7 @@ static void replica_release(vram_replica_t *replica) {
 
 uform_status_t vram_model_prepare(uform_model_t *model, uform_executor_t *executor, void *const *raw,
                                   char const **message) {
-    vram_t *vram = executor->vram;
+    vram_t *vram = vram_of(executor);
     struct vram_model *prepared = calloc(1, sizeof *prepared);
     if (!prepared) return *message = "cannot allocate the model", UFORM_OUT_OF_MEMORY;
     model->device = prepared;
@@ -321,7 +323,7 @@ void vram_model_release(uform_model_t *model) {
     int previous = 0;
     cudaGetDevice(&previous);
     for (size_t d = 0; d < prepared->count; ++d) {
-        if (executor && executor->vram) vram_use(&executor->vram->devices[d]);
+        if (executor && vram_of(executor)) vram_use(&vram_of(executor)->devices[d]);
         replica_release(&prepared->replicas[d]);
     }
     cudaSetDevice(previous);

@@ -60,6 +60,11 @@ typedef struct vram {
     vram_device_t devices[VRAM_MAX_DEVICES];
 } vram_t;
 
+/* A VRAM executor's state: its devices. */
+static inline vram_t *vram_of(uform_executor_t const *executor) {
+    return executor->state;
+}
+
 /* Opens the devices of `options` (NULL: device 0) for a VRAM executor: UFORM_OK, UFORM_DEVICE (no
  * such device, no driver), UFORM_OUT_OF_MEMORY, with a message. */
 uform_status_t vram_open(uform_executor_t *executor, uform_vram_options_t const *options,

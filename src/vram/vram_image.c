@@ -12,6 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "arena.h"
+#include "call.h"
+#include "model.h"
 #include "image_decode.h"
 #include "vram.h"
 
@@ -105,7 +108,7 @@ static void image_next_run(vram_image_call_t *image, size_t *first, size_t *last
 
 static uform_status_t image_issue(vram_image_call_t *image, size_t s, size_t first, size_t last,
                                   char const **message) {
-    vram_device_t *device = &image->call.executor->vram->devices[0];
+    vram_device_t *device = &vram_of(image->call.executor)->devices[0];
     vram_tower_t const *tower = &image->encode.model->device->replicas[0].image;
     uform_model_info_t const *info = &image->encode.model->header.info;
     size_t items = last - first, patches = image->patches, hidden = tower->hidden;
@@ -229,7 +232,7 @@ static uform_status_t image_issue(vram_image_call_t *image, size_t s, size_t fir
 }
 
 static void image_advance(vram_image_call_t *image) {
-    vram_device_t *device = &image->call.executor->vram->devices[0];
+    vram_device_t *device = &vram_of(image->call.executor)->devices[0];
     size_t items = image->request.encode.tape.count;
     for (size_t s = 0; s < VRAM_SLOTS; ++s) {
         if (!image->chunks[s].busy) continue;
@@ -292,7 +295,7 @@ static bool output_view_zeroed(uform_arena_t *arena, size_t rows, size_t columns
 static void image_start(call_t *call) {
     /* The state lives in `image`, allocated by the verb; the executor's call storage holds its address. */
     vram_image_call_t *image = *(vram_image_call_t **)(void *)(call + 1);
-    vram_device_t *device = &call->executor->vram->devices[0];
+    vram_device_t *device = &vram_of(call->executor)->devices[0];
     image->poll.callback = image_poll;
     if (vram_use(device) != UFORM_OK) {
         encode_stop(&image->encode, UFORM_DEVICE, "cannot use the device");

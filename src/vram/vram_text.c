@@ -14,7 +14,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "arena.h"
+#include "call.h"
 #include "kernels.h"
+#include "model.h"
 #include "text.h"
 #include "vram.h"
 
@@ -68,7 +71,7 @@ static chunk_inputs_t chunk_inputs(void *base, size_t tokens, size_t items, size
 
 /* Enqueues the chunk of items [first, last) in slot `s` of the first device. */
 static uform_status_t text_issue(vram_text_call_t *text, size_t s, size_t first, size_t last, char const **message) {
-    vram_device_t *device = &text->call.executor->vram->devices[0];
+    vram_device_t *device = &vram_of(text->call.executor)->devices[0];
     vram_tower_t const *tower = &text->encode.model->device->replicas[0].text;
     size_t hidden = tower->hidden, items = last - first, tokens = 0, kept_total = 0, max_length = 0;
     for (size_t item = first; item < last; ++item) {
@@ -151,7 +154,7 @@ static void text_poll(loop_op_t *op);
 
 /* Issues chunks into free slots, then polls the busy ones; ends the call when nothing is left. */
 static void text_advance(vram_text_call_t *text) {
-    vram_device_t *device = &text->call.executor->vram->devices[0];
+    vram_device_t *device = &vram_of(text->call.executor)->devices[0];
     size_t items = text->texts.count;
     for (size_t s = 0; s < VRAM_SLOTS; ++s) {
         vram_chunk_t *chunk = &text->chunks[s];
@@ -206,7 +209,7 @@ static void text_poll(loop_op_t *op) {
 
 static void text_start(call_t *call) {
     vram_text_call_t *text = container_of(call, vram_text_call_t, call);
-    vram_device_t *device = &call->executor->vram->devices[0];
+    vram_device_t *device = &vram_of(call->executor)->devices[0];
     size_t items = text->texts.count;
     size_t hidden = text->encode.model->header.info.text.transformer.hidden;
     text->poll.callback = text_poll;
@@ -260,7 +263,7 @@ uform_status_t vram_text_encode(encode_request_t const *request) {
 
 static void choose_poll(loop_op_t *op) {
     choose_call_t *choose = container_of(op, choose_call_t, poll);
-    vram_device_t *device = &choose->call.executor->vram->devices[0];
+    vram_device_t *device = &vram_of(choose->call.executor)->devices[0];
     bool done = false;
     if (vram_event_done(device->slots[0].done, &done) != UFORM_OK) {
         cudaStreamSynchronize(device->stream);
@@ -281,7 +284,7 @@ static void choose_poll(loop_op_t *op) {
 
 static void choose_start(call_t *call) {
     choose_call_t *choose = container_of(call, choose_call_t, call);
-    vram_device_t *device = &call->executor->vram->devices[0];
+    vram_device_t *device = &vram_of(call->executor)->devices[0];
     vram_tower_t const *tower = &choose->model->device->replicas[0].text;
     size_t hidden = tower->hidden, items = choose->choices.count;
     size_t const *offsets = choose->choices.offsets;

@@ -8,7 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine.h"
+#include "arena.h"
+#include "tape.h"
 
 static void stale_view_is_refused(void **state) {
     (void)state;

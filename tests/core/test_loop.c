@@ -1,6 +1,7 @@
 /* The event loop, each test once per backend: io_uring (skipped, with the reason, when this process
  * cannot use it) and portable. Nothing here depends on timing to pass except the lower bounds of
  * timers; a watchdog alarm turns a hang into a failure. */
+#include "common.h"
 #include "loop.h"
 #include "uform_config.h"
 

@@ -14,7 +14,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#include "engine.h"
+#include "call.h"
 
 #if UFORM_WITH_URING
 #include <liburing.h>

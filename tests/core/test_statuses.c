@@ -10,7 +10,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine.h"
+#include "arena.h"
+#include "executor.h"
+#include "loop.h"
+#include "model.h"
+#include "outcome.h"
 
 static void names_and_rendering(void **state) {
     (void)state;

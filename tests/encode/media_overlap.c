@@ -8,7 +8,7 @@
 
 #include <cmocka.h>
 
-#include "engine.h"
+#include "executor.h"
 #include "media_overlap.h"
 #include "media_read.h"
 

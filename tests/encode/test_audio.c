@@ -17,7 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine.h"
+#include "common.h"
+#include "kernels.h"
 #include "fixtures.h"
 #include "kernels.h"
 #include "media_overlap.h"

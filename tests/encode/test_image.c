@@ -13,7 +13,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "engine.h"
+#include "common.h"
+#include "kernels.h"
 #include "fixtures.h"
 #include "kernels.h"
 #include "media_overlap.h"

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine.h"
+#include "kernels.h"
 #include "fixtures.h"
 #include "kernels.h"
 

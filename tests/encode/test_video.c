@@ -21,7 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine.h"
+#include "kernels.h"
+#include "model.h"
 #include "fixtures.h"
 #include "kernels.h"
 #include "media_overlap.h"

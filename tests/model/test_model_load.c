@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "bad_checkpoints.h"
-#include "engine.h"
+#include "model.h"
 
 static char directory[256];
 static char tiny_path[300];

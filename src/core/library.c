@@ -1,0 +1,24 @@
+/* What the library reports about itself: its version and the features this build has. */
+#include "common.h"
+#include "loop.h"
+
+UFORM_EXPORT uint32_t uform_features(void) {
+    /* A feature is reported once its verbs are wired, not merely found: NCCL is detected by the build
+     * and reported once VRAM meshes use it; the server is the `uform` command's, not the library's. */
+    uint32_t features = 0;
+    if (UFORM_WITH_URING && loop_uring_available()) features |= UFORM_FEATURE_URING;
+    if (UFORM_WITH_HWLOC) features |= UFORM_FEATURE_HWLOC;
+    if (UFORM_WITH_FORK_UNION) features |= UFORM_FEATURE_FORK_UNION;
+    if (UFORM_WITH_JPEG) features |= UFORM_FEATURE_JPEG;
+    if (UFORM_WITH_SPNG) features |= UFORM_FEATURE_SPNG;
+    if (UFORM_WITH_FFMPEG) features |= UFORM_FEATURE_FFMPEG;
+    if (UFORM_WITH_CUDA) features |= UFORM_FEATURE_CUDA;
+    if (UFORM_WITH_MPI) features |= UFORM_FEATURE_MPI;
+    return features;
+}
+
+UFORM_EXPORT void uform_version(int *major, int *minor, int *patch) {
+    if (major) *major = UFORM_VERSION_MAJOR;
+    if (minor) *minor = UFORM_VERSION_MINOR;
+    if (patch) *patch = UFORM_VERSION_PATCH;
+}

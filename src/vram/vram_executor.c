@@ -1,0 +1,36 @@
+/* VRAM executors: the kind whose calls run on one loop thread that drives the devices (vram.h), whose
+ * arenas hold device memory. Built with CUDA only (unbuilt.c answers without it). */
+#include "executor.h"
+#include "vram.h"
+
+static void vram_executor_destroy(uform_executor_t *executor) {
+    if (executor->state) vram_close(executor);
+}
+
+static executor_ops_t const vram_ops = {
+    .kind = UFORM_EXECUTOR_VRAM,
+    .destroy = vram_executor_destroy,
+    .device_allocate = vram_allocate,
+    .device_deallocate = vram_deallocate,
+    .device_copy_to_host = vram_copy_to_host,
+};
+
+UFORM_EXPORT uform_status_t uform_executor_create_vram(uform_vram_options_t const *options,
+                                                       uform_executor_t **out) {
+    static char const entry[] = "uform_executor_create_vram";
+    if (out) *out = NULL;
+    if (!out) return failed(UFORM_INVALID_ARGUMENT, entry, "executor is NULL");
+    if (options && options->devices_count && !options->devices)
+        return failed(UFORM_INVALID_ARGUMENT, entry, "devices is NULL with a non-zero count");
+    uform_executor_t *executor = executor_new(&vram_ops);
+    if (!executor) return failed(UFORM_OUT_OF_MEMORY, entry, "cannot allocate the executor");
+    char const *message = NULL;
+    uform_status_t status = vram_open(executor, options, &message);
+    if (status == UFORM_OK) status = executor_start_loop(executor, &message);
+    if (status != UFORM_OK) {
+        executor_destroy(executor);
+        return failed(status, entry, message);
+    }
+    *out = executor;
+    return UFORM_OK;
+}
