@@ -1,8 +1,9 @@
 /* VRAM executors: the kind whose calls run on one loop thread that drives the devices (vram.h), whose
- * arenas hold device memory. Built with CUDA only (unbuilt.c answers without it). */
+ * arenas hold device memory. A build without CUDA answers UFORM_UNSUPPORTED once the arguments pass. */
 #include "executor.h"
 #include "vram.h"
 
+#if UFORM_WITH_CUDA
 static void vram_executor_destroy(uform_executor_t *executor) {
     if (executor->state) vram_close(executor);
 }
@@ -14,6 +15,7 @@ static executor_ops_t const vram_ops = {
     .device_deallocate = vram_deallocate,
     .device_copy_to_host = vram_copy_to_host,
 };
+#endif
 
 UFORM_EXPORT uform_status_t uform_executor_create_vram(uform_vram_options_t const *options,
                                                        uform_executor_t **out) {
@@ -22,6 +24,7 @@ UFORM_EXPORT uform_status_t uform_executor_create_vram(uform_vram_options_t cons
     if (!out) return failed(UFORM_INVALID_ARGUMENT, entry, "executor is NULL");
     if (options && options->devices_count && !options->devices)
         return failed(UFORM_INVALID_ARGUMENT, entry, "devices is NULL with a non-zero count");
+#if UFORM_WITH_CUDA
     uform_executor_t *executor = executor_new(&vram_ops);
     if (!executor) return failed(UFORM_OUT_OF_MEMORY, entry, "cannot allocate the executor");
     char const *message = NULL;
@@ -33,4 +36,7 @@ UFORM_EXPORT uform_status_t uform_executor_create_vram(uform_vram_options_t cons
     }
     *out = executor;
     return UFORM_OK;
+#else
+    return failed(UFORM_UNSUPPORTED, entry, "built without CUDA");
+#endif
 }
