@@ -7,7 +7,6 @@
 #include "executor.h"
 #include "futex.h"
 
-#define DEFAULT_SPIN_NS 100000000ull /* 100 ms, like OpenMP runtimes' block time */
 
 static executor_ops_t const inline_ops = {.kind = UFORM_EXECUTOR_INLINE};
 
@@ -19,7 +18,7 @@ uform_executor_t *executor_new(executor_ops_t const *ops) {
     atomic_init(&executor->holder, NULL);
     atomic_init(&executor->active, 0);
     atomic_init(&executor->mood, UFORM_SLEEPING);
-    executor->spin_ns = DEFAULT_SPIN_NS;
+    executor->spin_ns = EXECUTOR_SPIN_NS;
     executor->threads = 1;
     return executor;
 }

@@ -12,7 +12,6 @@
 #include <hwloc.h>
 #endif
 
-#define DEFAULT_SPIN_NS 100000000ull /* 100 ms, like OpenMP runtimes' block time */
 
 typedef struct team team_t;
 
@@ -410,7 +409,7 @@ UFORM_EXPORT uform_status_t uform_executor_create_ram(uform_ram_options_t const 
     }
     executor->state = ram;
     ram->pin = options->pin;
-    executor->spin_ns = options->spin_ns ? options->spin_ns : DEFAULT_SPIN_NS;
+    executor->spin_ns = options->spin_ns ? options->spin_ns : EXECUTOR_SPIN_NS;
     char const *message = NULL;
     size_t cores = 1;
     uform_status_t status = ram_topology(executor, options, &cores, &message);
