@@ -15,7 +15,7 @@
 #include "image_preprocess.h"
 #include "train.h"
 #include "train_step.h"
-#include "video_decode.h"
+#include "patches.h"
 
 /* ---- The trainer ---------------------------------------------------------------------------------- */
 
