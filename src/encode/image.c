@@ -32,7 +32,7 @@
 #include "image_preprocess.h"
 #include "media_read.h"
 #include "tower.h"
-#include "video_decode.h"
+#include "patches.h"
 #if UFORM_WITH_CUDA
 #include "vram.h"
 #endif

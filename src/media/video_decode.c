@@ -4,34 +4,8 @@
 #include <string.h>
 
 #include "common.h"
-#include "image_decode.h"
 #include "uform_config.h"
 #include "video_decode.h"
-
-uform_status_t video_patches_sink(void *context, size_t first, size_t count, video_frame_t const *frame) {
-    video_patches_t const *target = context;
-    float *rows = target->patches + first * target->floats;
-    uform_status_t status =
-        image_preprocess(frame->rgb, frame->height, frame->width, frame->stride, target->geometry, rows);
-    for (size_t k = 1; k < count && status == UFORM_OK; ++k)
-        memcpy(rows + k * target->floats, rows, target->floats * sizeof(float));
-    return status;
-}
-
-uform_status_t media_patches(uint8_t const *bytes, size_t span, image_geometry_t const *geometry, size_t frames,
-                             float *patches) {
-    if (frames) {
-        size_t side = geometry->size / geometry->patch;
-        video_patches_t target = {geometry, patches, side * side * 3 * geometry->patch * geometry->patch};
-        return video_decode(bytes, span, frames, video_patches_sink, &target);
-    }
-    image_rgb_t rgb;
-    uform_status_t status = image_decode(bytes, span, &rgb);
-    if (status != UFORM_OK) return status;
-    status = image_preprocess(rgb.pixels, rgb.height, rgb.width, rgb.width * 3, geometry, patches);
-    free(rgb.pixels);
-    return status;
-}
 
 #if UFORM_WITH_FFMPEG
 #include <libavcodec/avcodec.h>

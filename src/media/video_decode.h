@@ -59,19 +59,3 @@ typedef uform_status_t (*video_sink_t)(void *context, size_t first, size_t count
  * in parallel). FFmpeg's own messages go through av_log at the level the application set. */
 uform_status_t video_decode(uint8_t const *data, size_t size, size_t frames, video_sink_t sink,
                             void *context);
-
-/* A sink that turns each sampled frame into the image tower's patch rows: frame k's (size / patch)^2 rows
- * of 3 patch^2 floats at patches + k * floats, prepared once per decoded frame and copied to the samples
- * that repeat it. */
-typedef struct video_patches {
-    image_geometry_t const *geometry;
-    float *patches;
-    size_t floats; /* per sample: (size / patch)^2 * 3 patch^2 */
-} video_patches_t;
-uform_status_t video_patches_sink(void *context, size_t first, size_t count, video_frame_t const *frame);
-
-/* The image tower's patch rows of one encoded item: an image (frames 0: decoded, resized, cropped,
- * normalized, patchified into `patches`), or a clip whose `frames` samples land one after another
- * (video_patches_sink). Answers what image_decode, image_preprocess or video_decode answer. */
-uform_status_t media_patches(uint8_t const *bytes, size_t span, image_geometry_t const *geometry, size_t frames,
-                             float *patches);

@@ -418,77 +418,102 @@ typedef struct schema_walk {
     int answer;
 } schema_walk_t;
 
-/* One tensor, `{prefix}.{suffix}` (or `suffix` alone where prefix is NULL), unless an earlier one
- * stopped the walk. */
-static void schema_visit(schema_walk_t *walk, char const *prefix, char const *suffix, checkpoint_role_t role,
-                         uint64_t rows, uint64_t columns) {
+/* One tensor of `tower` (NULL: the model's own), `{tower}.{suffix}` or `suffix` alone, unless an earlier
+ * one stopped the walk. */
+static void schema_visit(schema_walk_t *walk, char const *tower, char const *suffix, checkpoint_part_t part,
+                         checkpoint_role_t role, uint64_t rows, uint64_t columns) {
     if (walk->answer) return;
-    checkpoint_schema_tensor_t tensor = {.rank = columns ? 2 : 1, .shape = {rows, columns}, .role = role};
-    snprintf(tensor.name, sizeof tensor.name, "%s%s%s", prefix ? prefix : "", prefix ? "." : "", suffix);
+    checkpoint_schema_tensor_t tensor = {
+        .tower = tower, .part = part, .rank = columns ? 2 : 1, .shape = {rows, columns}, .role = role};
+    snprintf(tensor.name, sizeof tensor.name, "%s%s%s", tower ? tower : "", tower ? "." : "", suffix);
     walk->answer = walk->visit(&tensor, walk->context);
 }
 
 /* A tower's blocks, final norm and projection. */
-static void schema_tower(schema_walk_t *walk, char const *tower, uform_transformer_info_t const *transformer,
+static void schema_trunk(schema_walk_t *walk, char const *tower, uform_transformer_info_t const *transformer,
                          uint64_t dims) {
     uint64_t const hidden = transformer->hidden, mlp = transformer->mlp;
     struct {
         char const *suffix;
+        checkpoint_part_t part;
         checkpoint_role_t role;
         uint64_t rows, columns;
     } const block[] = {
-        {"norm1.weight", CHECKPOINT_ROLE_NORM, hidden, 0},
-        {"norm2.weight", CHECKPOINT_ROLE_NORM, hidden, 0},
-        {"attn.qkv.weight", CHECKPOINT_ROLE_WEIGHT, 3 * hidden, hidden},
-        {"attn.qkv.bias", CHECKPOINT_ROLE_BIAS, 3 * hidden, 0},
-        {"attn.out.weight", CHECKPOINT_ROLE_WEIGHT, hidden, hidden},
-        {"attn.out.bias", CHECKPOINT_ROLE_BIAS, hidden, 0},
-        {"mlp.up.weight", CHECKPOINT_ROLE_WEIGHT, mlp, hidden},
-        {"mlp.up.bias", CHECKPOINT_ROLE_BIAS, mlp, 0},
-        {"mlp.down.weight", CHECKPOINT_ROLE_WEIGHT, hidden, mlp},
-        {"mlp.down.bias", CHECKPOINT_ROLE_BIAS, hidden, 0},
+        {"norm1.weight", CHECKPOINT_PART_NORM1, CHECKPOINT_ROLE_NORM, hidden, 0},
+        {"norm2.weight", CHECKPOINT_PART_NORM2, CHECKPOINT_ROLE_NORM, hidden, 0},
+        {"attn.qkv.weight", CHECKPOINT_PART_QKV_WEIGHT, CHECKPOINT_ROLE_WEIGHT, 3 * hidden, hidden},
+        {"attn.qkv.bias", CHECKPOINT_PART_QKV_BIAS, CHECKPOINT_ROLE_BIAS, 3 * hidden, 0},
+        {"attn.out.weight", CHECKPOINT_PART_OUT_WEIGHT, CHECKPOINT_ROLE_WEIGHT, hidden, hidden},
+        {"attn.out.bias", CHECKPOINT_PART_OUT_BIAS, CHECKPOINT_ROLE_BIAS, hidden, 0},
+        {"mlp.up.weight", CHECKPOINT_PART_UP_WEIGHT, CHECKPOINT_ROLE_WEIGHT, mlp, hidden},
+        {"mlp.up.bias", CHECKPOINT_PART_UP_BIAS, CHECKPOINT_ROLE_BIAS, mlp, 0},
+        {"mlp.down.weight", CHECKPOINT_PART_DOWN_WEIGHT, CHECKPOINT_ROLE_WEIGHT, hidden, mlp},
+        {"mlp.down.bias", CHECKPOINT_PART_DOWN_BIAS, CHECKPOINT_ROLE_BIAS, hidden, 0},
     };
-    char prefix[48];
-    for (size_t i = 0; i < transformer->depth; i++) {
-        snprintf(prefix, sizeof prefix, "%s.blocks.%zu", tower, i);
-        for (size_t j = 0; j < ARRAY_COUNT(block); j++)
-            schema_visit(walk, prefix, block[j].suffix, block[j].role, block[j].rows, block[j].columns);
-    }
-    schema_visit(walk, tower, "norm.weight", CHECKPOINT_ROLE_NORM, hidden, 0);
-    schema_visit(walk, tower, "proj.weight", CHECKPOINT_ROLE_WEIGHT, dims, hidden);
+    char suffix[48];
+    for (size_t i = 0; i < transformer->depth; i++)
+        for (size_t j = 0; j < ARRAY_COUNT(block) && !walk->answer; j++) {
+            checkpoint_schema_tensor_t tensor = {.tower = tower,
+                                                 .part = block[j].part,
+                                                 .block = i,
+                                                 .rank = block[j].columns ? 2 : 1,
+                                                 .shape = {block[j].rows, block[j].columns},
+                                                 .role = block[j].role};
+            snprintf(suffix, sizeof suffix, "blocks.%zu.%s", i, block[j].suffix);
+            snprintf(tensor.name, sizeof tensor.name, "%s.%s", tower, suffix);
+            walk->answer = walk->visit(&tensor, walk->context);
+        }
+    schema_visit(walk, tower, "norm.weight", CHECKPOINT_PART_NORM, CHECKPOINT_ROLE_NORM, hidden, 0);
+    schema_visit(walk, tower, "proj.weight", CHECKPOINT_PART_PROJ, CHECKPOINT_ROLE_WEIGHT, dims, hidden);
 }
 
 /* The patch embedding [hidden, inputs] and its bias, the class token and the positions. */
 static void schema_patches(schema_walk_t *walk, char const *tower, uint64_t hidden, uint64_t inputs,
                            uint64_t positions) {
-    schema_visit(walk, tower, "patch.weight", CHECKPOINT_ROLE_WEIGHT, hidden, inputs);
-    schema_visit(walk, tower, "patch.bias", CHECKPOINT_ROLE_BIAS, hidden, 0);
-    schema_visit(walk, tower, "cls", CHECKPOINT_ROLE_WEIGHT, hidden, 0);
-    schema_visit(walk, tower, "pos", CHECKPOINT_ROLE_WEIGHT, positions, hidden);
+    schema_visit(walk, tower, "patch.weight", CHECKPOINT_PART_PATCH_WEIGHT, CHECKPOINT_ROLE_WEIGHT, hidden,
+                 inputs);
+    schema_visit(walk, tower, "patch.bias", CHECKPOINT_PART_PATCH_BIAS, CHECKPOINT_ROLE_BIAS, hidden, 0);
+    schema_visit(walk, tower, "cls", CHECKPOINT_PART_CLS, CHECKPOINT_ROLE_WEIGHT, hidden, 0);
+    schema_visit(walk, tower, "pos", CHECKPOINT_PART_POS, CHECKPOINT_ROLE_WEIGHT, positions, hidden);
+}
+
+/* One tower of `info`, when it has it: trunk, then input. */
+static void schema_tower(schema_walk_t *walk, uform_model_info_t const *info, char const *tower) {
+    if (info->has_text && strcmp(tower, "text") == 0) {
+        schema_trunk(walk, "text", &info->text.transformer, info->dims);
+        schema_visit(walk, "text", "embed", CHECKPOINT_PART_EMBED, CHECKPOINT_ROLE_WEIGHT, 257,
+                     info->text.transformer.hidden);
+    } else if (info->has_image && strcmp(tower, "image") == 0) {
+        uint64_t const side = info->image.size / info->image.patch, patch = info->image.patch;
+        schema_trunk(walk, "image", &info->image.transformer, info->dims);
+        schema_patches(walk, "image", info->image.transformer.hidden, 3 * patch * patch, 1 + side * side);
+    } else if (info->has_audio && strcmp(tower, "audio") == 0) {
+        schema_trunk(walk, "audio", &info->audio.transformer, info->dims);
+        schema_patches(walk, "audio", info->audio.transformer.hidden,
+                       (uint64_t)info->audio.mels * info->audio.patch_frames,
+                       1 + (uint64_t)info->audio.max_patches);
+    }
+}
+
+int checkpoint_schema_tower(uform_model_info_t const *info, char const *tower,
+                            int (*visit)(checkpoint_schema_tensor_t const *tensor, void *context),
+                            void *context) {
+    schema_walk_t walk = {visit, context, 0};
+    schema_tower(&walk, info, tower);
+    return walk.answer;
 }
 
 int checkpoint_schema_each(uform_model_info_t const *info,
                            int (*visit)(checkpoint_schema_tensor_t const *tensor, void *context),
                            void *context) {
     schema_walk_t walk = {visit, context, 0};
-    if (info->has_text) {
-        schema_tower(&walk, "text", &info->text.transformer, info->dims);
-        schema_visit(&walk, NULL, "text.embed", CHECKPOINT_ROLE_WEIGHT, 257, info->text.transformer.hidden);
-    }
-    if (info->has_image) {
-        uint64_t const side = info->image.size / info->image.patch, patch = info->image.patch;
-        schema_tower(&walk, "image", &info->image.transformer, info->dims);
-        schema_patches(&walk, "image", info->image.transformer.hidden, 3 * patch * patch, 1 + side * side);
-    }
-    if (info->has_audio) {
-        schema_tower(&walk, "audio", &info->audio.transformer, info->dims);
-        schema_patches(&walk, "audio", info->audio.transformer.hidden,
-                       (uint64_t)info->audio.mels * info->audio.patch_frames,
-                       1 + (uint64_t)info->audio.max_patches);
-    }
+    schema_tower(&walk, info, "text");
+    schema_tower(&walk, info, "image");
+    schema_tower(&walk, info, "audio");
     if (info->has_logit) {
-        schema_visit(&walk, NULL, LOGIT_SCALE, CHECKPOINT_ROLE_LOGIT_SCALE, 1, 0);
-        schema_visit(&walk, NULL, LOGIT_BIAS, CHECKPOINT_ROLE_LOGIT_BIAS, 1, 0);
+        schema_visit(&walk, NULL, LOGIT_SCALE, CHECKPOINT_PART_LOGIT_SCALE, CHECKPOINT_ROLE_LOGIT_SCALE, 1,
+                     0);
+        schema_visit(&walk, NULL, LOGIT_BIAS, CHECKPOINT_PART_LOGIT_BIAS, CHECKPOINT_ROLE_LOGIT_BIAS, 1, 0);
     }
     return walk.answer;
 }

@@ -93,9 +93,37 @@ typedef enum checkpoint_role {
     CHECKPOINT_ROLE_LOGIT_BIAS,  /* logit.bias: F32 in a checkpoint, BF16 allowed */
 } checkpoint_role_t;
 
+/* What a tensor is to a tower: the parts of block `block` (pre-norm, docs/DESIGN.md "Model"), the
+ * tower's final norm and projection, its input (text.embed; a media tower's patch layer, class token
+ * and positions), and the model's logit parameters. The forward passes bind their tensors by part. */
+typedef enum checkpoint_part {
+    CHECKPOINT_PART_NORM1,        /* blocks.<i>.norm1.weight [hidden] */
+    CHECKPOINT_PART_NORM2,        /* blocks.<i>.norm2.weight [hidden] */
+    CHECKPOINT_PART_QKV_WEIGHT,   /* blocks.<i>.attn.qkv.weight [3 hidden, hidden] */
+    CHECKPOINT_PART_QKV_BIAS,     /* blocks.<i>.attn.qkv.bias [3 hidden] */
+    CHECKPOINT_PART_OUT_WEIGHT,   /* blocks.<i>.attn.out.weight [hidden, hidden] */
+    CHECKPOINT_PART_OUT_BIAS,     /* blocks.<i>.attn.out.bias [hidden] */
+    CHECKPOINT_PART_UP_WEIGHT,    /* blocks.<i>.mlp.up.weight [mlp, hidden] */
+    CHECKPOINT_PART_UP_BIAS,      /* blocks.<i>.mlp.up.bias [mlp] */
+    CHECKPOINT_PART_DOWN_WEIGHT,  /* blocks.<i>.mlp.down.weight [hidden, mlp] */
+    CHECKPOINT_PART_DOWN_BIAS,    /* blocks.<i>.mlp.down.bias [hidden] */
+    CHECKPOINT_PART_NORM,         /* norm.weight [hidden]: the final norm */
+    CHECKPOINT_PART_PROJ,         /* proj.weight [dims, hidden] */
+    CHECKPOINT_PART_EMBED,        /* text.embed [257, hidden]: a row per byte and one for BOS */
+    CHECKPOINT_PART_PATCH_WEIGHT, /* patch.weight [hidden, inputs] */
+    CHECKPOINT_PART_PATCH_BIAS,   /* patch.bias [hidden] */
+    CHECKPOINT_PART_CLS,          /* cls [hidden]: the class token */
+    CHECKPOINT_PART_POS,          /* pos [1 + patches, hidden]: the positions, the class token's first */
+    CHECKPOINT_PART_LOGIT_SCALE,  /* logit.scale [1] */
+    CHECKPOINT_PART_LOGIT_BIAS,   /* logit.bias [1] */
+} checkpoint_part_t;
+
 typedef struct checkpoint_schema_tensor {
-    char name[64]; /* "audio.blocks.11.attn.qkv.weight" and the like */
-    size_t rank;   /* 1 or 2 */
+    char name[64];     /* "audio.blocks.11.attn.qkv.weight" and the like */
+    char const *tower; /* "text", "image" or "audio"; NULL for logit.scale and logit.bias */
+    checkpoint_part_t part;
+    size_t block; /* the block of a per-block part; 0 for the others */
+    size_t rank;  /* 1 or 2 */
     uint64_t shape[2];
     checkpoint_role_t role;
 } checkpoint_schema_tensor_t;
@@ -103,11 +131,18 @@ typedef struct checkpoint_schema_tensor {
 /* Calls `visit` with every tensor `info` implies (docs/DESIGN.md, "Model"), in the order the tiny checkpoint
  * and a trainer starting from scratch write them: per tower text, image, audio (those `info` has), its
  * blocks, final norm and projection, then text.embed or the patch embedding, class token and
- * positions; last logit.scale and logit.bias where info->has_logit. Stops at the first nonzero answer of
- * `visit` and returns it; 0 when every call answered 0. */
+ * positions; last logit.scale and logit.bias where info->has_logit. This walk is where the tensors' names
+ * are spelled: everything that loads, trains, writes or uploads a tower walks it. Stops at the first
+ * nonzero answer of `visit` and returns it; 0 when every call answered 0. */
 int checkpoint_schema_each(uform_model_info_t const *info,
                            int (*visit)(checkpoint_schema_tensor_t const *tensor, void *context),
                            void *context);
+
+/* The same walk over tower `tower` ("text", "image", "audio") of `info` alone: its blocks, final norm,
+ * projection and input, in checkpoint_schema_each's order. A tower `info` lacks visits nothing. */
+int checkpoint_schema_tower(uform_model_info_t const *info, char const *tower,
+                            int (*visit)(checkpoint_schema_tensor_t const *tensor, void *context),
+                            void *context);
 
 /* One tensor to write. */
 typedef struct checkpoint_source {

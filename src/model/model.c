@@ -122,20 +122,10 @@ static uform_status_t model_prepare(uform_model_t *model) {
     uform_model_info_t const *info = &model->header.info;
     uform_status_t status = UFORM_OK;
     if (info->has_text) status = model_prepare_tower(model, &model->text, "text", &info->text.transformer);
-    if (status == UFORM_OK && info->has_image) {
+    if (status == UFORM_OK && info->has_image)
         status = model_prepare_tower(model, &model->image, "image", &info->image.transformer);
-        size_t side = info->image.size / info->image.patch, inputs = 3 * info->image.patch * info->image.patch;
-        if (status == UFORM_OK && !tower_patches_prepare(&model->image->patches, model->image, model, "image",
-                                                         inputs, side * side, model->executor))
-            status = UFORM_OUT_OF_MEMORY;
-    }
-    if (status == UFORM_OK && info->has_audio) {
+    if (status == UFORM_OK && info->has_audio)
         status = model_prepare_tower(model, &model->audio, "audio", &info->audio.transformer);
-        size_t inputs = info->audio.patch_frames * info->audio.mels;
-        if (status == UFORM_OK && !tower_patches_prepare(&model->audio->patches, model->audio, model, "audio",
-                                                         inputs, info->audio.max_patches, model->executor))
-            status = UFORM_OUT_OF_MEMORY;
-    }
     return status;
 }
 

@@ -1,5 +1,5 @@
-/* The shared transformer: preparing weights for the kernel path, and the forward pass. */
-#include <stdio.h>
+/* The shared transformer: preparing weights for the kernel path (walking the tower's tensors in the
+ * checkpoint schema), and the forward pass, its work split by tower_fork.c. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -7,14 +7,12 @@
 #include "kernels.h"
 #include "model.h"
 #include "tower.h"
+#include "tower_fork.h"
 
 /* ---- Preparation -------------------------------------------------------------------------------- */
 
 /* A BF16 vector of the checkpoint as F32, in memory placed like the tower. */
-static float *prepare_vector(tower_t *tower, uform_model_t const *model, char const *name, size_t n) {
-    checkpoint_tensor_t const *tensor = NULL;
-    uint16_t const *values = model_tensor(model, name, &tensor);
-    if (!values || tensor->dtype != CHECKPOINT_BF16) return NULL;
+static float *prepare_vector(tower_t *tower, uint16_t const *values, size_t n) {
     float *vector = executor_allocate(tower->placement, n * sizeof(float));
     if (!vector) return NULL;
     tower->kernels->bf16_to_f32(vector, values, n);
@@ -22,19 +20,16 @@ static float *prepare_vector(tower_t *tower, uform_model_t const *model, char co
     return vector;
 }
 
-static bool prepare_linear(tower_t *tower, uform_model_t const *model, char const *weight, char const *bias,
+/* Packs weight [n, k] for the kernel path, in memory placed like the tower. */
+static bool prepare_linear(tower_t *tower, uint16_t const *values, size_t n, size_t k,
                            tower_linear_t *layer) {
-    checkpoint_tensor_t const *tensor = NULL;
-    uint16_t const *values = model_tensor(model, weight, &tensor);
-    if (!values || tensor->rank != 2) return false;
-    layer->n = (size_t)tensor->shape[0];
-    layer->k = (size_t)tensor->shape[1];
-    size_t bytes = tower->kernels->gemm_packed_size(layer->n, layer->k);
+    layer->n = n;
+    layer->k = k;
+    size_t bytes = tower->kernels->gemm_packed_size(n, k);
     layer->packed = executor_allocate(tower->placement, bytes);
     if (!layer->packed) return false;
-    tower->kernels->gemm_pack(layer->packed, values, layer->n, layer->k);
+    tower->kernels->gemm_pack(layer->packed, values, n, k);
     tower->bytes += bytes;
-    if (bias && !(layer->bias = prepare_vector(tower, model, bias, layer->n))) return false;
     return true;
 }
 
@@ -42,6 +37,97 @@ static void release_linear(tower_t *tower, tower_linear_t *layer) {
     executor_deallocate(tower->placement, layer->packed,
                         tower->kernels->gemm_packed_size(layer->n, layer->k));
     executor_deallocate(tower->placement, layer->bias, layer->n * sizeof(float));
+}
+
+/* The input of a patch tower: its layer packed and its bias in F32 (beside the tower's bytes), and
+ * the positions with the class token (met before them in the schema) added to row 0. */
+static bool prepare_patches(tower_t *tower, checkpoint_schema_tensor_t const *tensor, uint16_t const *values,
+                            uint16_t const **cls) {
+    tower_patches_t *patches = &tower->patches;
+    kernels_t const *kernels = tower->kernels;
+    size_t const hidden = tower->hidden;
+    switch (tensor->part) {
+    case CHECKPOINT_PART_PATCH_WEIGHT:
+        patches->patch.n = hidden;
+        patches->patch.k = (size_t)tensor->shape[1];
+        patches->packed_bytes = kernels->gemm_packed_size(hidden, patches->patch.k);
+        if (!(patches->patch.packed = executor_allocate(tower->placement, patches->packed_bytes)))
+            return false;
+        kernels->gemm_pack(patches->patch.packed, values, hidden, patches->patch.k);
+        return true;
+    case CHECKPOINT_PART_PATCH_BIAS:
+        if (!(patches->patch.bias = malloc(hidden * sizeof(float)))) return false;
+        kernels->bf16_to_f32(patches->patch.bias, values, hidden);
+        return true;
+    case CHECKPOINT_PART_CLS:
+        *cls = values;
+        return true;
+    default: { /* CHECKPOINT_PART_POS */
+        size_t const rows = (size_t)tensor->shape[0];
+        float *class_token = malloc(hidden * sizeof(float));
+        patches->positions = malloc(rows * hidden * sizeof(float));
+        if (!patches->positions || !class_token) {
+            free(class_token);
+            return false;
+        }
+        kernels->bf16_to_f32(patches->positions, values, rows * hidden);
+        kernels->bf16_to_f32(class_token, *cls, hidden);
+        for (size_t h = 0; h < hidden; ++h)
+            patches->positions[h] += class_token[h];
+        free(class_token);
+        return true;
+    }
+    }
+}
+
+typedef struct prepare_walk {
+    tower_t *tower;
+    uform_model_t const *model;
+    uint16_t const *cls; /* the class token, until the positions come */
+} prepare_walk_t;
+
+/* One tensor of the tower's schema into its place. Names and shapes are checked by the checkpoint
+ * parser; a failure here can only be memory (answered nonzero). text.embed stays in the checkpoint's
+ * memory, where the text verbs read its rows. */
+static int prepare_visit(checkpoint_schema_tensor_t const *tensor, void *context) {
+    prepare_walk_t *walk = context;
+    tower_t *tower = walk->tower;
+    uint16_t const *values = model_tensor(walk->model, tensor->name, NULL);
+    size_t const n = (size_t)tensor->shape[0], k = (size_t)tensor->shape[1];
+    tower_block_t *block = &tower->blocks[tensor->block];
+    switch (tensor->part) {
+    case CHECKPOINT_PART_NORM1:
+        return !(block->norm1 = prepare_vector(tower, values, n));
+    case CHECKPOINT_PART_NORM2:
+        return !(block->norm2 = prepare_vector(tower, values, n));
+    case CHECKPOINT_PART_QKV_WEIGHT:
+        return !prepare_linear(tower, values, n, k, &block->qkv);
+    case CHECKPOINT_PART_QKV_BIAS:
+        return !(block->qkv.bias = prepare_vector(tower, values, n));
+    case CHECKPOINT_PART_OUT_WEIGHT:
+        return !prepare_linear(tower, values, n, k, &block->out);
+    case CHECKPOINT_PART_OUT_BIAS:
+        return !(block->out.bias = prepare_vector(tower, values, n));
+    case CHECKPOINT_PART_UP_WEIGHT:
+        return !prepare_linear(tower, values, n, k, &block->up);
+    case CHECKPOINT_PART_UP_BIAS:
+        return !(block->up.bias = prepare_vector(tower, values, n));
+    case CHECKPOINT_PART_DOWN_WEIGHT:
+        return !prepare_linear(tower, values, n, k, &block->down);
+    case CHECKPOINT_PART_DOWN_BIAS:
+        return !(block->down.bias = prepare_vector(tower, values, n));
+    case CHECKPOINT_PART_NORM:
+        return !(tower->norm = prepare_vector(tower, values, n));
+    case CHECKPOINT_PART_PROJ:
+        return !prepare_linear(tower, values, n, k, &tower->proj);
+    case CHECKPOINT_PART_PATCH_WEIGHT:
+    case CHECKPOINT_PART_PATCH_BIAS:
+    case CHECKPOINT_PART_CLS:
+    case CHECKPOINT_PART_POS:
+        return !prepare_patches(tower, tensor, values, &walk->cls);
+    default:
+        return 0; /* text.embed */
+    }
 }
 
 void tower_release(tower_t *tower) {
@@ -73,31 +159,12 @@ uform_status_t tower_prepare(tower_t *tower, uform_model_t const *model, char co
     tower->mlp = info->mlp;
     tower->dims = model->header.info.dims;
     tower->blocks = calloc(tower->depth, sizeof *tower->blocks);
-    if (!tower->blocks) goto fail;
-    /* Names are checked by the checkpoint parser; a miss here can only be memory. */
-    char weight[96], bias[96];
-    for (size_t i = 0; i < tower->depth; ++i) {
-        tower_block_t *block = &tower->blocks[i];
-        snprintf(weight, sizeof weight, "%s.blocks.%zu.norm1.weight", name, i);
-        if (!(block->norm1 = prepare_vector(tower, model, weight, tower->hidden))) goto fail;
-        snprintf(weight, sizeof weight, "%s.blocks.%zu.norm2.weight", name, i);
-        if (!(block->norm2 = prepare_vector(tower, model, weight, tower->hidden))) goto fail;
-        static char const *const layers[] = {"attn.qkv", "attn.out", "mlp.up", "mlp.down"};
-        tower_linear_t *targets[] = {&block->qkv, &block->out, &block->up, &block->down};
-        for (size_t j = 0; j < 4; ++j) {
-            snprintf(weight, sizeof weight, "%s.blocks.%zu.%s.weight", name, i, layers[j]);
-            snprintf(bias, sizeof bias, "%s.blocks.%zu.%s.bias", name, i, layers[j]);
-            if (!prepare_linear(tower, model, weight, bias, targets[j])) goto fail;
-        }
+    prepare_walk_t walk = {tower, model, NULL};
+    if (!tower->blocks || checkpoint_schema_tower(&model->header.info, name, prepare_visit, &walk)) {
+        tower_release(tower);
+        return UFORM_OUT_OF_MEMORY;
     }
-    snprintf(weight, sizeof weight, "%s.norm.weight", name);
-    if (!(tower->norm = prepare_vector(tower, model, weight, tower->hidden))) goto fail;
-    snprintf(weight, sizeof weight, "%s.proj.weight", name);
-    if (!prepare_linear(tower, model, weight, NULL, &tower->proj)) goto fail;
     return UFORM_OK;
-fail:
-    tower_release(tower);
-    return UFORM_OUT_OF_MEMORY;
 }
 
 /* ---- Scratch ------------------------------------------------------------------------------------ */
@@ -131,25 +198,7 @@ size_t tower_scratch_bytes(tower_t const *tower, size_t tokens) {
     return bytes;
 }
 
-/* ---- Work split over threads -------------------------------------------------------------------- */
-
-typedef struct gemm_job {
-    kernels_t const *kernels;
-    kernel_gemm_t gemm;
-    size_t threads;
-} gemm_job_t;
-
-static void gemm_work(void *context, size_t thread) {
-    gemm_job_t const *job = context;
-    size_t begin, end;
-    if (thread_columns(job->gemm.n, thread, job->threads, &begin, &end))
-        job->kernels->gemm(&job->gemm, begin, end);
-}
-
-static void run_gemm(tower_t const *tower, uform_executor_t *executor, kernel_gemm_t const *gemm) {
-    gemm_job_t job = {tower->kernels, *gemm, executor_fork_threads(executor)};
-    executor_for_threads(executor, gemm_work, &job);
-}
+/* ---- Linear layers ------------------------------------------------------------------------------ */
 
 void tower_linear(tower_t const *tower, uform_executor_t *executor, tower_linear_t const *layer,
                   float const *x, size_t x_stride, size_t m, size_t n_out, float *y, size_t y_stride) {
@@ -164,173 +213,78 @@ void tower_linear(tower_t const *tower, uform_executor_t *executor, tower_linear
         .y = y,
         .y_stride = y_stride,
     };
-    run_gemm(tower, executor, &gemm);
+    tower_fork_gemm(tower->kernels, executor, &gemm);
 }
 
-typedef struct rows_job {
-    tower_t const *tower;
-    tower_batch_t const *batch;
-    scratch_layout_t const *scratch;
-    float const *norm; /* rmsnorm: the weight; NULL for rope */
-    float const *from;
-    float *to;
-    size_t threads;
-} rows_job_t;
-
-static void rmsnorm_work(void *context, size_t thread) {
-    rows_job_t const *job = context;
-    size_t first, last, hidden = job->tower->hidden;
-    thread_share(job->batch->tokens, thread, job->threads, &first, &last);
-    if (first == last) return;
-    job->tower->kernels->rmsnorm(job->to + first * hidden, hidden, job->from + first * hidden, hidden,
-                                 job->norm, last - first, hidden, 1e-6f);
+/* x[tokens, n] += h[tokens, k] W^T + b: a layer writing into the residual stream. */
+static void linear_residual(tower_t const *tower, uform_executor_t *executor, tower_linear_t const *layer,
+                            size_t tokens, float const *h, float *x) {
+    kernel_gemm_t gemm = {.m = tokens,
+                          .n = layer->n,
+                          .k = layer->k,
+                          .x = h,
+                          .x_stride = layer->k,
+                          .w = layer->packed,
+                          .bias = layer->bias,
+                          .residual = x,
+                          .residual_stride = layer->n,
+                          .y = x,
+                          .y_stride = layer->n};
+    tower_fork_gemm(tower->kernels, executor, &gemm);
 }
 
-static void rope_work(void *context, size_t thread) {
-    rows_job_t const *job = context;
-    size_t first, last, hidden = job->tower->hidden, heads = job->tower->heads;
-    thread_share(job->batch->tokens, thread, job->threads, &first, &last);
-    for (size_t row = first; row < last; ++row) {
-        float *q = job->scratch->qkv + row * 3 * hidden;
-        job->tower->kernels->rope(q, heads, job->scratch->positions[row]);          /* queries */
-        job->tower->kernels->rope(q + hidden, heads, job->scratch->positions[row]); /* keys */
-    }
-}
-
-/* Attention: the (head, item) pairs are split between threads, each pair computed whole. */
-static void attention_work(void *context, size_t thread) {
-    rows_job_t const *job = context;
-    tower_batch_t const *batch = job->batch;
-    size_t hidden = job->tower->hidden, items = batch->items, first, last;
-    thread_share(job->tower->heads * items, thread, job->threads, &first, &last);
-    while (first < last) {
-        size_t head = first / items, item = first % items;
-        size_t end = last - head * items < items ? last - head * items : items;
-        float const *qkv = job->scratch->qkv + head * KERNEL_HEAD;
-        kernel_attention_t attention = {
-            .q = qkv,
-            .k = qkv + hidden,
-            .v = qkv + 2 * hidden,
-            .stride = 3 * hidden,
-            .out = job->scratch->h + head * KERNEL_HEAD,
-            .out_stride = hidden,
-            .offsets = batch->offsets,
-            .items = items,
-            .causal = batch->causal,
-            .scale = 0.125f, /* 1 / sqrt(64) */
-        };
-        job->tower->kernels->attention(&attention, item, end);
-        first += end - item;
-    }
+/* y[tokens, n] = gelu(h[tokens, k] W^T + b). */
+static void linear_gelu(tower_t const *tower, uform_executor_t *executor, tower_linear_t const *layer,
+                        size_t tokens, float const *h, float *y) {
+    kernel_gemm_t gemm = {.m = tokens,
+                          .n = layer->n,
+                          .k = layer->k,
+                          .x = h,
+                          .x_stride = layer->k,
+                          .w = layer->packed,
+                          .bias = layer->bias,
+                          .y = y,
+                          .y_stride = layer->n,
+                          .epilogue = KERNEL_EPILOGUE_GELU};
+    tower_fork_gemm(tower->kernels, executor, &gemm);
 }
 
 /* ---- Forward ------------------------------------------------------------------------------------ */
 
-static void for_rows(uform_executor_t *executor, void (*work)(void *context, size_t thread),
-                     rows_job_t *rows) {
-    rows->threads = executor_fork_threads(executor);
-    executor_for_threads(executor, work, rows);
-}
-
 void tower_forward(tower_t const *tower, uform_executor_t *executor, tower_batch_t const *batch) {
     size_t bytes = 0, hidden = tower->hidden, tokens = batch->tokens;
     scratch_layout_t scratch = scratch_layout(tower, batch->scratch, tokens, &bytes);
-    for (size_t item = 0; item < batch->items; ++item)
-        for (size_t row = batch->offsets[item]; row < batch->offsets[item + 1]; ++row)
-            scratch.positions[row] = (uint32_t)(row - batch->offsets[item]);
-
-    /* Each fork splits by the threads it runs on (a decoding worker may come back between two). */
-    rows_job_t rows = {tower, batch, &scratch, NULL, NULL, NULL, 0};
+    tower_fork_positions(batch->offsets, batch->items, scratch.positions);
+    tower_fork_t fork = {.kernels = tower->kernels,
+                         .hidden = hidden,
+                         .heads = tower->heads,
+                         .mlp = tower->mlp,
+                         .tokens = tokens,
+                         .items = batch->items,
+                         .offsets = batch->offsets,
+                         .positions = scratch.positions,
+                         .causal = batch->causal};
+    float *x = batch->x;
     for (size_t i = 0; i < tower->depth; ++i) {
         tower_block_t const *block = &tower->blocks[i];
-        /* h = rms1(x); qkv = h Wqkv^T + b                                   [tokens, 3 * hidden] */
-        rows.norm = block->norm1, rows.from = batch->x, rows.to = scratch.h;
-        for_rows(executor, rmsnorm_work, &rows);
+        /* h = rms1(x); qkv = rope(h Wqkv^T + b)                             [tokens, 3 * hidden] */
+        tower_fork_rows(&fork, executor, TOWER_ROWS_RMSNORM, x, block->norm1, scratch.h);
         tower_linear(tower, executor, &block->qkv, scratch.h, hidden, tokens, block->qkv.n, scratch.qkv,
                      3 * hidden);
-        if (batch->rotary) for_rows(executor, rope_work, &rows);
+        if (batch->rotary) tower_fork_rows(&fork, executor, TOWER_ROWS_ROPE, NULL, NULL, scratch.qkv);
         /* h = attention(q, k, v); x += h Wout^T + b                          [tokens, hidden] */
-        for_rows(executor, attention_work, &rows);
-        kernel_gemm_t out = {.m = tokens,
-                             .n = hidden,
-                             .k = hidden,
-                             .x = scratch.h,
-                             .x_stride = hidden,
-                             .w = block->out.packed,
-                             .bias = block->out.bias,
-                             .residual = batch->x,
-                             .residual_stride = hidden,
-                             .y = batch->x,
-                             .y_stride = hidden};
-        run_gemm(tower, executor, &out);
+        tower_fork_attention(&fork, executor, scratch.qkv, scratch.h);
+        linear_residual(tower, executor, &block->out, tokens, scratch.h, x);
         /* h = rms2(x); mlp = gelu(h Wup^T + b); x += mlp Wdown^T + b          [tokens, mlp] */
-        rows.norm = block->norm2, rows.from = batch->x, rows.to = scratch.h;
-        for_rows(executor, rmsnorm_work, &rows);
-        kernel_gemm_t up = {.m = tokens,
-                            .n = tower->mlp,
-                            .k = hidden,
-                            .x = scratch.h,
-                            .x_stride = hidden,
-                            .w = block->up.packed,
-                            .bias = block->up.bias,
-                            .y = scratch.mlp,
-                            .y_stride = tower->mlp,
-                            .epilogue = KERNEL_EPILOGUE_GELU};
-        run_gemm(tower, executor, &up);
-        kernel_gemm_t down = {.m = tokens,
-                              .n = hidden,
-                              .k = tower->mlp,
-                              .x = scratch.mlp,
-                              .x_stride = tower->mlp,
-                              .w = block->down.packed,
-                              .bias = block->down.bias,
-                              .residual = batch->x,
-                              .residual_stride = hidden,
-                              .y = batch->x,
-                              .y_stride = hidden};
-        run_gemm(tower, executor, &down);
+        tower_fork_rows(&fork, executor, TOWER_ROWS_RMSNORM, x, block->norm2, scratch.h);
+        linear_gelu(tower, executor, &block->up, tokens, scratch.h, scratch.mlp);
+        linear_residual(tower, executor, &block->down, tokens, scratch.mlp, x);
     }
-    rows.norm = tower->norm, rows.from = batch->x, rows.to = batch->x;
-    for_rows(executor, rmsnorm_work, &rows);
+    /* x = rms(x) with the final norm */
+    tower_fork_rows(&fork, executor, TOWER_ROWS_RMSNORM, x, tower->norm, x);
 }
 
 /* ---- Patch towers ------------------------------------------------------------------------------- */
-
-/* The BF16 tensor `<name>.<part>` of a tower (names are checked by the checkpoint parser). */
-static uint16_t const *patches_tensor(uform_model_t const *model, char const *name, char const *part) {
-    char full[96];
-    snprintf(full, sizeof full, "%s.%s", name, part);
-    return model_tensor(model, full, NULL);
-}
-
-bool tower_patches_prepare(tower_patches_t *patches, tower_t const *tower, uform_model_t const *model,
-                           char const *name, size_t inputs, size_t count, uform_executor_t *executor) {
-    kernels_t const *kernels = tower->kernels;
-    size_t const hidden = tower->hidden;
-    uint16_t const *weight = patches_tensor(model, name, "patch.weight");
-    uint16_t const *bias = patches_tensor(model, name, "patch.bias");
-    uint16_t const *cls = patches_tensor(model, name, "cls");
-    uint16_t const *pos = patches_tensor(model, name, "pos");
-    patches->packed_bytes = kernels->gemm_packed_size(hidden, inputs);
-    patches->patch.packed = executor_allocate(executor, patches->packed_bytes);
-    patches->patch.bias = malloc(hidden * sizeof(float));
-    patches->patch.n = hidden;
-    patches->patch.k = inputs;
-    patches->positions = malloc((1 + count) * hidden * sizeof(float));
-    float *class_token = malloc(hidden * sizeof(float));
-    if (!patches->patch.packed || !patches->patch.bias || !patches->positions || !class_token) {
-        free(class_token);
-        return false;
-    }
-    kernels->gemm_pack(patches->patch.packed, weight, hidden, inputs);
-    kernels->bf16_to_f32(patches->patch.bias, bias, hidden);
-    kernels->bf16_to_f32(patches->positions, pos, (1 + count) * hidden);
-    kernels->bf16_to_f32(class_token, cls, hidden);
-    for (size_t h = 0; h < hidden; ++h)
-        patches->positions[h] += class_token[h];
-    free(class_token);
-    return true;
-}
 
 void tower_patches_release(tower_patches_t *patches, uform_executor_t *executor) {
     executor_deallocate(executor, patches->patch.packed, patches->packed_bytes);

@@ -20,7 +20,8 @@ typedef struct tower_linear {
     size_t n, k; /* out, in */
 } tower_linear_t;
 
-/* The input of a tower over patches, prepared once with the tower (model_prepare) for its kernels: the patch layer
+/* The input of a tower over patches, prepared once with the tower (tower_prepare) for its kernels: the patch
+ * layer
  * `<name>.patch` packed [hidden, inputs] with its bias, and the positions `<name>.pos` [1 + patches,
  * hidden] with the class token `<name>.cls` added to row 0. */
 typedef struct tower_patches {
@@ -39,14 +40,15 @@ typedef struct tower {
     uform_executor_t *placement; /* where its memory lives (NULL: plain host memory) */
     size_t depth, hidden, heads, mlp, dims;
     tower_block_t *blocks;
-    float *norm;         /* [hidden] */
-    tower_linear_t proj; /* [dims, hidden], no bias */
+    float *norm;             /* [hidden] */
+    tower_linear_t proj;     /* [dims, hidden], no bias */
     tower_patches_t patches; /* image and audio towers: their input layer; zeroed for text */
-    size_t bytes;        /* memory it holds */
+    size_t bytes;            /* memory it holds */
 } tower_t;
 
-/* Prepares tower `name` ("text", "image", "audio") of a loaded model: packs every weight and converts
- * norms and biases to F32. Answers UFORM_OK or UFORM_OUT_OF_MEMORY (with nothing held). */
+/* Prepares tower `name` ("text", "image", "audio") of a loaded model from its tensors in the checkpoint
+ * schema (checkpoint_schema_tower): packs every weight, converts norms and biases to F32, and, for a
+ * patch tower, prepares its input layer. Answers UFORM_OK or UFORM_OUT_OF_MEMORY (with nothing held). */
 uform_status_t tower_prepare(tower_t *tower, uform_model_t const *model, char const *name,
                              uform_transformer_info_t const *info);
 void tower_release(tower_t *tower);
@@ -73,10 +75,6 @@ void tower_linear(tower_t const *tower, uform_executor_t *executor, tower_linear
 
 /* ---- Patch towers (image, audio) ---------------------------------------------------------------- */
 
-/* Prepares a zeroed `patches` of tower `name` ("image", "audio"), its packed layer in memory of
- * `executor`. false when out of memory; tower_patches_release frees what was made either way. */
-bool tower_patches_prepare(tower_patches_t *patches, tower_t const *tower, uform_model_t const *model,
-                           char const *name, size_t inputs, size_t count, uform_executor_t *executor);
 void tower_patches_release(tower_patches_t *patches, uform_executor_t *executor);
 
 /* One item's tokens [1 + count, hidden] at x: the class token, then patch p's embedding (row p of

@@ -97,19 +97,22 @@ typedef struct train_block {
     train_tensor_t *norm1, *norm2, *qkv_w, *qkv_b, *out_w, *out_b, *up_w, *up_b, *down_w, *down_b;
 } train_block_t;
 
-/* A tower's transformer trunk and projection, bound to the parameters named "<tower>.*". */
-typedef struct train_trunk {
+/* A tower as the trainer sees it: its transformer, projection and input, bound to the parameters of its
+ * tensors in the checkpoint schema (checkpoint_schema_tower). */
+typedef struct train_tower {
     kernels_t const *kernels;
     size_t depth, hidden, heads, mlp, dims;
     train_block_t *blocks;
     train_tensor_t *norm, *proj;
-} train_trunk_t;
+    train_tensor_t *embed;      /* text: text.embed [257, hidden] */
+    train_tensor_t *patches[4]; /* image and audio: patch.weight, patch.bias, cls, pos */
+} train_tower_t;
 
-/* Binds trunk `name` ("text", "image", "audio") of `params`. false when a tensor is missing or out of
+/* Binds tower `name` ("text", "image", "audio") of `params`. false when a tensor is missing or out of
  * memory (nothing held). */
-bool train_trunk_bind(train_trunk_t *trunk, train_params_t const *params, char const *name,
+bool train_tower_bind(train_tower_t *tower, train_params_t const *params, char const *name,
                       uform_transformer_info_t const *info);
-void train_trunk_release(train_trunk_t *trunk);
+void train_tower_release(train_tower_t *tower);
 
 /* What a forward pass over a batch keeps for its backward pass, and the backward pass's own buffers;
  * grown as batches need, reused across steps. */
@@ -126,16 +129,16 @@ typedef struct train_pass {
 
 void train_pass_release(train_pass_t *pass);
 
-/* Runs the trunk over `tokens` rows of input x [tokens, hidden] (copied in), items at `offsets`.
- * The final-normed states land in pass->states. false when out of memory. */
-bool train_trunk_forward(train_trunk_t const *trunk, uform_executor_t *executor, train_pass_t *pass,
+/* Runs the tower's transformer over `tokens` rows of input x [tokens, hidden] (copied in), items at
+ * `offsets`. The final-normed states land in pass->states. false when out of memory. */
+bool train_tower_forward(train_tower_t const *tower, uform_executor_t *executor, train_pass_t *pass,
                          float const *x, size_t tokens, size_t const *offsets, size_t items, bool causal,
                          bool rotary);
 
 /* The backward pass of the last forward: given d_states [tokens, hidden] (the loss's gradient with
- * respect to pass->states; overwritten), accumulates every trunk parameter's gradient and writes the
+ * respect to pass->states; overwritten), accumulates every transformer parameter's gradient and writes the
  * gradient with respect to the input x into d_x [tokens, hidden]. */
-void train_trunk_backward(train_trunk_t const *trunk, uform_executor_t *executor, train_pass_t *pass,
+void train_tower_backward(train_tower_t const *tower, uform_executor_t *executor, train_pass_t *pass,
                           float *d_states, float *d_x);
 
 /* y[m, n] = x[m, k] W^T (+ b) with W a [n, k] parameter (only its first n rows), over the threads. */

@@ -17,35 +17,23 @@
 #include "kernels.h"
 #include "train.h"
 #include "train_step.h"
-#include "video_decode.h"
+#include "patches.h"
 
 /* ---- The trainer ---------------------------------------------------------------------------------- */
 
 static uform_status_t trainer_bind(uform_trainer_t *trainer, char const **message) {
     uform_model_info_t const *info = &trainer->params.info;
-    if (info->has_text && !train_trunk_bind(&trainer->text, &trainer->params, "text", &info->text.transformer))
+    if (info->has_text && !train_tower_bind(&trainer->text, &trainer->params, "text", &info->text.transformer))
         goto missing;
     if (info->has_image &&
-        !train_trunk_bind(&trainer->image, &trainer->params, "image", &info->image.transformer))
+        !train_tower_bind(&trainer->image, &trainer->params, "image", &info->image.transformer))
         goto missing;
     if (info->has_audio &&
-        !train_trunk_bind(&trainer->audio, &trainer->params, "audio", &info->audio.transformer))
+        !train_tower_bind(&trainer->audio, &trainer->params, "audio", &info->audio.transformer))
         goto missing;
-    trainer->embed = train_params_find(&trainer->params, "text.embed");
     trainer->logit_scale = train_params_find(&trainer->params, "logit.scale");
     trainer->logit_bias = train_params_find(&trainer->params, "logit.bias");
-    static char const *const parts[] = {"patch.weight", "patch.bias", "cls", "pos"};
-    for (int tower = 0; tower < 2; ++tower) {
-        bool has = tower == 0 ? info->has_image : info->has_audio;
-        for (int part = 0; has && part < 4; ++part) {
-            char name[TRAIN_NAME_MAX];
-            snprintf(name, sizeof name, "%s.%s", tower == 0 ? "image" : "audio", parts[part]);
-            train_tensor_t *tensor = train_params_find(&trainer->params, name);
-            if (!tensor) goto missing;
-            trainer->patches[tower][part] = tensor;
-        }
-    }
-    if ((info->has_text && !trainer->embed) || !trainer->logit_scale || !trainer->logit_bias) goto missing;
+    if (!trainer->logit_scale || !trainer->logit_bias) goto missing;
     if (info->has_image) {
         trainer->geometry.size = info->image.size;
         trainer->geometry.patch = info->image.patch;
@@ -69,9 +57,9 @@ missing:
 
 void trainer_destroy(uform_trainer_t *trainer) {
     if (!trainer) return;
-    train_trunk_release(&trainer->text);
-    train_trunk_release(&trainer->image);
-    train_trunk_release(&trainer->audio);
+    train_tower_release(&trainer->text);
+    train_tower_release(&trainer->image);
+    train_tower_release(&trainer->audio);
     train_pass_release(&trainer->text_pass);
     train_pass_release(&trainer->image_pass);
     train_pass_release(&trainer->audio_pass);
@@ -447,7 +435,7 @@ static bool trunk_out_make(trunk_out_t *out, size_t count, size_t hidden, size_t
 }
 
 /* Gathers the rows `rows[i]` of the trunk's states, projects and normalizes them. */
-static void trunk_out_forward(uform_executor_t *executor, train_trunk_t const *trunk, train_pass_t const *pass,
+static void trunk_out_forward(uform_executor_t *executor, train_tower_t const *trunk, train_pass_t const *pass,
                               size_t const *rows, trunk_out_t *out) {
     size_t hidden = trunk->hidden, dims = trunk->dims;
     for (size_t i = 0; i < out->count; ++i)
@@ -461,7 +449,7 @@ static void trunk_out_forward(uform_executor_t *executor, train_trunk_t const *t
 }
 
 /* From d_unit to the trunk's d_states (zeroed first, then the selected rows). */
-static void trunk_out_backward(uform_executor_t *executor, train_trunk_t const *trunk, size_t const *rows,
+static void trunk_out_backward(uform_executor_t *executor, train_tower_t const *trunk, size_t const *rows,
                                trunk_out_t *out, float *d_states) {
     size_t hidden = trunk->hidden, dims = trunk->dims;
     for (size_t i = 0; i < out->count; ++i) {
@@ -480,7 +468,7 @@ static void trunk_out_backward(uform_executor_t *executor, train_trunk_t const *
 
 /* The input tokens of a patch trunk: per item, the class token plus position 0, then each patch's
  * embedding plus its position. */
-static bool patch_tokens(train_trunk_t const *trunk, uform_executor_t *executor, train_tensor_t *const parts[4],
+static bool patch_tokens(train_tower_t const *trunk, uform_executor_t *executor, train_tensor_t *const parts[4],
                          float const *patches, size_t rows, size_t const *offsets, size_t items, float **x,
                          float **embedded) {
     size_t hidden = trunk->hidden, tokens = offsets[items];
@@ -502,7 +490,7 @@ static bool patch_tokens(train_trunk_t const *trunk, uform_executor_t *executor,
 }
 
 /* The gradients of patch_tokens from d_x [tokens, hidden]; `embedded` is reused as d_embedded. */
-static void patch_tokens_backward(train_trunk_t const *trunk, uform_executor_t *executor,
+static void patch_tokens_backward(train_tower_t const *trunk, uform_executor_t *executor,
                                   train_tensor_t *const parts[4], float const *patches, size_t rows,
                                   size_t const *offsets, size_t items, float const *d_x, float *d_embedded) {
     size_t hidden = trunk->hidden;
@@ -578,12 +566,12 @@ double const *train_work_embeddings(train_work_t const *work) {
  * whole batch), its gradient added into d_states and text.embed. */
 static double lm_loss(uform_trainer_t *trainer, train_work_t *w, size_t predicted, float *d_states) {
     batch_plan_t const *plan = &w->plan;
-    train_trunk_t const *trunk = &trainer->text;
+    train_tower_t const *trunk = &trainer->text;
     size_t hidden = trunk->hidden, tokens = plan->text_tokens;
     if (plan->predicted == 0) return 0;
     /* logits [tokens, 256] = states . embed[0:256]^T */
     kernel_sgemm_t logits = {.m = tokens, .n = 256, .k = hidden, .a = trainer->text_pass.states, .a_stride = hidden,
-                             .b = trainer->embed->value, .b_stride = hidden, .b_transposed = true,
+                             .b = trainer->text.embed->value, .b_stride = hidden, .b_transposed = true,
                              .c = w->logits, .c_stride = 256};
     trunk->kernels->sgemm(&logits, 0, 256);
     double loss = 0, scale = trainer->lm_weight / (double)predicted;
@@ -607,10 +595,10 @@ static double lm_loss(uform_trainer_t *trainer, train_work_t *w, size_t predicte
     /* embed.grad[0:256] += dlogits^T states; d_states += dlogits . embed[0:256] */
     kernel_sgemm_t d_embed = {.m = 256, .n = hidden, .k = tokens, .a = w->logits, .a_stride = 256,
                               .a_transposed = true, .b = trainer->text_pass.states, .b_stride = hidden,
-                              .c = trainer->embed->grad, .c_stride = hidden, .accumulate = true};
+                              .c = trainer->text.embed->grad, .c_stride = hidden, .accumulate = true};
     trunk->kernels->sgemm(&d_embed, 0, hidden);
     kernel_sgemm_t d_s = {.m = tokens, .n = hidden, .k = 256, .a = w->logits, .a_stride = 256,
-                          .b = trainer->embed->value, .b_stride = hidden, .c = d_states, .c_stride = hidden,
+                          .b = trainer->text.embed->value, .b_stride = hidden, .c = d_states, .c_stride = hidden,
                           .accumulate = true};
     trunk->kernels->sgemm(&d_s, 0, hidden);
     return loss / (double)predicted;
@@ -697,14 +685,14 @@ uform_status_t train_forward(uform_trainer_t *trainer, uform_executor_t *executo
     if (cancelled(progress, 1)) goto cancel;
 
     if (plan->texts) {
-        train_trunk_t const *trunk = &trainer->text;
+        train_tower_t const *trunk = &trainer->text;
         size_t hidden = trunk->hidden;
         w->text_x = malloc(plan->text_tokens * hidden * sizeof(float));
         w->logits = malloc(plan->text_tokens * 256 * sizeof(float));
         if (!w->text_x || !w->logits || !trunk_out_make(&w->text_out, plan->texts, hidden, dims)) goto fail;
         for (size_t t = 0; t < plan->text_tokens; ++t)
-            memcpy(w->text_x + t * hidden, trainer->embed->value + plan->tokens[t] * hidden, hidden * sizeof(float));
-        if (!train_trunk_forward(trunk, executor, &trainer->text_pass, w->text_x, plan->text_tokens,
+            memcpy(w->text_x + t * hidden, trainer->text.embed->value + plan->tokens[t] * hidden, hidden * sizeof(float));
+        if (!train_tower_forward(trunk, executor, &trainer->text_pass, w->text_x, plan->text_tokens,
                                  plan->text_offsets, plan->texts, true, true))
             goto fail;
         for (size_t t = 0; t < plan->texts; ++t)
@@ -712,11 +700,11 @@ uform_status_t train_forward(uform_trainer_t *trainer, uform_executor_t *executo
         trunk_out_forward(executor, trunk, &trainer->text_pass, w->text_rows, &w->text_out);
     }
     if (plan->images) {
-        train_trunk_t const *trunk = &trainer->image;
+        train_tower_t const *trunk = &trainer->image;
         if (!trunk_out_make(&w->image_out, plan->images, trunk->hidden, dims) ||
-            !patch_tokens(trunk, executor, trainer->patches[0], plan->image_patches, plan->image_rows,
+            !patch_tokens(trunk, executor, trainer->image.patches, plan->image_patches, plan->image_rows,
                           plan->image_offsets, plan->images, &w->image_x, &w->image_embedded) ||
-            !train_trunk_forward(trunk, executor, &trainer->image_pass, w->image_x, plan->image_offsets[plan->images],
+            !train_tower_forward(trunk, executor, &trainer->image_pass, w->image_x, plan->image_offsets[plan->images],
                                  plan->image_offsets, plan->images, false, false))
             goto fail;
         for (size_t i = 0; i < plan->images; ++i)
@@ -724,11 +712,11 @@ uform_status_t train_forward(uform_trainer_t *trainer, uform_executor_t *executo
         trunk_out_forward(executor, trunk, &trainer->image_pass, w->image_rows, &w->image_out);
     }
     if (plan->sounds) {
-        train_trunk_t const *trunk = &trainer->audio;
+        train_tower_t const *trunk = &trainer->audio;
         if (!trunk_out_make(&w->sound_out, plan->sounds, trunk->hidden, dims) ||
-            !patch_tokens(trunk, executor, trainer->patches[1], plan->sound_patches, plan->sound_rows,
+            !patch_tokens(trunk, executor, trainer->audio.patches, plan->sound_patches, plan->sound_rows,
                           plan->sound_offsets, plan->sounds, &w->sound_x, &w->sound_embedded) ||
-            !train_trunk_forward(trunk, executor, &trainer->audio_pass, w->sound_x, plan->sound_offsets[plan->sounds],
+            !train_tower_forward(trunk, executor, &trainer->audio_pass, w->sound_x, plan->sound_offsets[plan->sounds],
                                  plan->sound_offsets, plan->sounds, false, false))
             goto fail;
         for (size_t i = 0; i < plan->sounds; ++i)
@@ -789,14 +777,14 @@ uform_status_t train_backward(uform_trainer_t *trainer, uform_executor_t *execut
 
     /* Texts: the next-byte loss joins the embedding's gradient at the states. */
     if (plan->texts) {
-        train_trunk_t const *trunk = &trainer->text;
+        train_tower_t const *trunk = &trainer->text;
         size_t hidden = trunk->hidden;
         memset(w->d_states, 0, plan->text_tokens * hidden * sizeof(float));
         losses->lm = lm_loss(trainer, w, predicted, w->d_states);
         trunk_out_backward(executor, trunk, w->text_rows, &w->text_out, w->d_states);
-        train_trunk_backward(trunk, executor, &trainer->text_pass, w->d_states, w->d_x);
+        train_tower_backward(trunk, executor, &trainer->text_pass, w->d_states, w->d_x);
         for (size_t t = 0; t < plan->text_tokens; ++t) {
-            float *row = trainer->embed->grad + plan->tokens[t] * hidden;
+            float *row = trainer->text.embed->grad + plan->tokens[t] * hidden;
             for (size_t c = 0; c < hidden; ++c)
                 row[c] += w->d_x[t * hidden + c];
         }
@@ -806,21 +794,21 @@ uform_status_t train_backward(uform_trainer_t *trainer, uform_executor_t *execut
         return UFORM_CANCELLED;
     }
     if (plan->images) {
-        train_trunk_t const *trunk = &trainer->image;
+        train_tower_t const *trunk = &trainer->image;
         size_t tokens = plan->image_offsets[plan->images];
         memset(w->d_states, 0, tokens * trunk->hidden * sizeof(float));
         trunk_out_backward(executor, trunk, w->image_rows, &w->image_out, w->d_states);
-        train_trunk_backward(trunk, executor, &trainer->image_pass, w->d_states, w->d_x);
-        patch_tokens_backward(trunk, executor, trainer->patches[0], plan->image_patches, plan->image_rows,
+        train_tower_backward(trunk, executor, &trainer->image_pass, w->d_states, w->d_x);
+        patch_tokens_backward(trunk, executor, trainer->image.patches, plan->image_patches, plan->image_rows,
                               plan->image_offsets, plan->images, w->d_x, w->image_embedded);
     }
     if (plan->sounds) {
-        train_trunk_t const *trunk = &trainer->audio;
+        train_tower_t const *trunk = &trainer->audio;
         size_t tokens = plan->sound_offsets[plan->sounds];
         memset(w->d_states, 0, tokens * trunk->hidden * sizeof(float));
         trunk_out_backward(executor, trunk, w->sound_rows, &w->sound_out, w->d_states);
-        train_trunk_backward(trunk, executor, &trainer->audio_pass, w->d_states, w->d_x);
-        patch_tokens_backward(trunk, executor, trainer->patches[1], plan->sound_patches, plan->sound_rows,
+        train_tower_backward(trunk, executor, &trainer->audio_pass, w->d_states, w->d_x);
+        patch_tokens_backward(trunk, executor, trainer->audio.patches, plan->sound_patches, plan->sound_rows,
                               plan->sound_offsets, plan->sounds, w->d_x, w->sound_embedded);
     }
     losses->loss = losses->contrastive + trainer->lm_weight * losses->lm;

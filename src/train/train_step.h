@@ -8,10 +8,9 @@
 struct uform_trainer {
     train_params_t params;
     double lm_weight;
-    train_trunk_t text, image, audio;
+    train_tower_t text, image, audio;
     train_pass_t text_pass, image_pass, audio_pass;
-    train_tensor_t *embed, *logit_scale, *logit_bias;
-    train_tensor_t *patches[2][4]; /* image, audio: patch.weight, patch.bias, cls, pos */
+    train_tensor_t *logit_scale, *logit_bias;
     image_geometry_t geometry;
     audio_frontend_t frontend;
     bool frontend_ready;

@@ -1,6 +1,6 @@
-/* VRAM executors: devices, streams, memory, events; models' weights on devices; the tower forward on a
+/* VRAM executors: devices, streams, memory, events; models' weights on devices (each tower's tensors as
+ * the checkpoint schema walks them); the tower forward on a
  * device through kernels/cuda. See vram.h. */
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -201,79 +201,89 @@ static float const *carve_f32(carve_t *carve, char const *name, size_t count) {
     return target;
 }
 
-static void carve_linear(carve_t *carve, vram_linear_t *layer, char const *weight, char const *bias, size_t n,
-                         size_t k) {
-    layer->n = n;
-    layer->k = k;
-    layer->w = carve_bf16(carve, weight, n * k);
-    layer->bias = bias ? carve_f32(carve, bias, n) : NULL;
-}
+typedef struct carve_walk {
+    carve_t *carve;
+    vram_tower_t *tower;
+} carve_walk_t;
 
-static bool carve_tower(carve_t *carve, vram_tower_t *tower, char const *name, uform_transformer_info_t const *info,
-                        size_t dims) {
-    tower->depth = info->depth;
-    tower->hidden = info->hidden;
-    tower->heads = info->heads;
-    tower->mlp = info->mlp;
-    tower->dims = dims;
-    if (!tower->blocks && !(tower->blocks = calloc(info->depth ? info->depth : 1, sizeof *tower->blocks)))
-        return false;
-    size_t hidden = info->hidden, mlp = info->mlp;
-    char weight[96], bias[96];
-    for (size_t i = 0; i < info->depth; ++i) {
-        vram_block_t *block = &tower->blocks[i];
-        snprintf(weight, sizeof weight, "%s.blocks.%zu.norm1.weight", name, i);
-        block->norm1 = carve_f32(carve, weight, hidden);
-        snprintf(weight, sizeof weight, "%s.blocks.%zu.norm2.weight", name, i);
-        block->norm2 = carve_f32(carve, weight, hidden);
-        static char const *const layers[] = {"attn.qkv", "attn.out", "mlp.up", "mlp.down"};
-        vram_linear_t *targets[] = {&block->qkv, &block->out, &block->up, &block->down};
-        size_t const shapes[][2] = {{3 * hidden, hidden}, {hidden, hidden}, {mlp, hidden}, {hidden, mlp}};
-        for (size_t j = 0; j < 4; ++j) {
-            snprintf(weight, sizeof weight, "%s.blocks.%zu.%s.weight", name, i, layers[j]);
-            snprintf(bias, sizeof bias, "%s.blocks.%zu.%s.bias", name, i, layers[j]);
-            carve_linear(carve, targets[j], weight, bias, shapes[j][0], shapes[j][1]);
-        }
+/* One tensor of the tower's schema into its place: matrices BF16 as stored, vectors F32. */
+static int carve_visit(checkpoint_schema_tensor_t const *tensor, void *context) {
+    carve_walk_t const *walk = context;
+    carve_t *carve = walk->carve;
+    vram_tower_t *tower = walk->tower;
+    vram_block_t *block = &tower->blocks[tensor->block];
+    size_t const n = (size_t)tensor->shape[0], k = tensor->rank == 2 ? (size_t)tensor->shape[1] : 1;
+    vram_linear_t *layers[] = {
+        [CHECKPOINT_PART_QKV_WEIGHT] = &block->qkv,   [CHECKPOINT_PART_QKV_BIAS] = &block->qkv,
+        [CHECKPOINT_PART_OUT_WEIGHT] = &block->out,   [CHECKPOINT_PART_OUT_BIAS] = &block->out,
+        [CHECKPOINT_PART_UP_WEIGHT] = &block->up,     [CHECKPOINT_PART_UP_BIAS] = &block->up,
+        [CHECKPOINT_PART_DOWN_WEIGHT] = &block->down, [CHECKPOINT_PART_DOWN_BIAS] = &block->down,
+        [CHECKPOINT_PART_PROJ] = &tower->proj,        [CHECKPOINT_PART_PATCH_WEIGHT] = &tower->patch,
+        [CHECKPOINT_PART_PATCH_BIAS] = &tower->patch,
+    };
+    vram_linear_t *layer =
+        (size_t)tensor->part < sizeof layers / sizeof layers[0] ? layers[tensor->part] : NULL;
+    switch (tensor->part) {
+    case CHECKPOINT_PART_NORM1:
+        block->norm1 = carve_f32(carve, tensor->name, n);
+        break;
+    case CHECKPOINT_PART_NORM2:
+        block->norm2 = carve_f32(carve, tensor->name, n);
+        break;
+    case CHECKPOINT_PART_NORM:
+        tower->norm = carve_f32(carve, tensor->name, n);
+        break;
+    case CHECKPOINT_PART_EMBED:
+        tower->embed = carve_bf16(carve, tensor->name, n * k);
+        break;
+    case CHECKPOINT_PART_CLS:
+        tower->cls = carve_f32(carve, tensor->name, n);
+        break;
+    case CHECKPOINT_PART_POS:
+        tower->pos = carve_f32(carve, tensor->name, n * k);
+        tower->positions = n;
+        break;
+    case CHECKPOINT_PART_QKV_WEIGHT:
+    case CHECKPOINT_PART_OUT_WEIGHT:
+    case CHECKPOINT_PART_UP_WEIGHT:
+    case CHECKPOINT_PART_DOWN_WEIGHT:
+    case CHECKPOINT_PART_PROJ:
+    case CHECKPOINT_PART_PATCH_WEIGHT:
+        layer->n = n;
+        layer->k = k;
+        layer->w = carve_bf16(carve, tensor->name, n * k);
+        break;
+    default: /* the biases */
+        layer->bias = carve_f32(carve, tensor->name, n);
+        break;
     }
-    snprintf(weight, sizeof weight, "%s.norm.weight", name);
-    tower->norm = carve_f32(carve, weight, hidden);
-    snprintf(weight, sizeof weight, "%s.proj.weight", name);
-    carve_linear(carve, &tower->proj, weight, NULL, dims, hidden);
-    return true;
+    return 0;
 }
 
-/* The media towers' inputs: patch projection, class token, positions. */
-static void carve_patches(carve_t *carve, vram_tower_t *tower, char const *name, size_t inputs, size_t positions) {
-    char weight[96], bias[96];
-    snprintf(weight, sizeof weight, "%s.patch.weight", name);
-    snprintf(bias, sizeof bias, "%s.patch.bias", name);
-    carve_linear(carve, &tower->patch, weight, bias, tower->hidden, inputs);
-    snprintf(weight, sizeof weight, "%s.cls", name);
-    tower->cls = carve_f32(carve, weight, tower->hidden);
-    snprintf(weight, sizeof weight, "%s.pos", name);
-    tower->pos = carve_f32(carve, weight, positions * tower->hidden);
-    tower->positions = positions;
+/* Tower `name`'s tensors, in the checkpoint schema's order. false when out of host memory. */
+static bool carve_tower(carve_t *carve, vram_tower_t *tower, uform_model_info_t const *info, char const *name,
+                        uform_transformer_info_t const *transformer) {
+    tower->depth = transformer->depth;
+    tower->hidden = transformer->hidden;
+    tower->heads = transformer->heads;
+    tower->mlp = transformer->mlp;
+    tower->dims = info->dims;
+    if (!tower->blocks &&
+        !(tower->blocks = calloc(transformer->depth ? transformer->depth : 1, sizeof *tower->blocks)))
+        return false;
+    carve_walk_t walk = {carve, tower};
+    checkpoint_schema_tower(info, name, carve_visit, &walk);
+    return true;
 }
 
 static bool carve_model(carve_t *carve, vram_replica_t *replica, uform_model_info_t const *info) {
     bool ok = true;
-    if ((replica->has_text = info->has_text)) {
-        ok = ok && carve_tower(carve, &replica->text, "text", &info->text.transformer, info->dims);
-        replica->text.embed = carve_bf16(carve, "text.embed", 257 * info->text.transformer.hidden);
-    }
-    if ((replica->has_image = info->has_image)) {
-        ok = ok && carve_tower(carve, &replica->image, "image", &info->image.transformer, info->dims);
-        size_t side = info->image.size / info->image.patch;
-        if (ok)
-            carve_patches(carve, &replica->image, "image", 3 * info->image.patch * info->image.patch,
-                          1 + side * side);
-    }
-    if ((replica->has_audio = info->has_audio)) {
-        ok = ok && carve_tower(carve, &replica->audio, "audio", &info->audio.transformer, info->dims);
-        if (ok)
-            carve_patches(carve, &replica->audio, "audio", info->audio.mels * info->audio.patch_frames,
-                          1 + info->audio.max_patches);
-    }
+    if ((replica->has_text = info->has_text))
+        ok = ok && carve_tower(carve, &replica->text, info, "text", &info->text.transformer);
+    if ((replica->has_image = info->has_image))
+        ok = ok && carve_tower(carve, &replica->image, info, "image", &info->image.transformer);
+    if ((replica->has_audio = info->has_audio))
+        ok = ok && carve_tower(carve, &replica->audio, info, "audio", &info->audio.transformer);
     return ok && !carve->failed;
 }
 

@@ -1,5 +1,6 @@
-/* The checkpoint module: the prefix and header parser on valid and malformed files, the writer's round
- * trip, lookups, uform_tiny_checkpoint, and a deterministic fuzz of the header bytes. */
+/* The checkpoint module: the prefix and header parser on valid and malformed files, the schema of a
+ * tower's tensors, the writer's round trip, lookups, uform_tiny_checkpoint, and a deterministic fuzz of
+ * the header bytes. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -351,6 +352,91 @@ static void small_free(small_model_t *model) {
         free(model->buffers[i]);
 }
 
+/* Every tensor the schema walks, as a tower sees it: its tower, part and block beside its name. */
+typedef struct schema_seen {
+    checkpoint_schema_tensor_t tensors[128];
+    size_t count;
+} schema_seen_t;
+
+static int schema_record(checkpoint_schema_tensor_t const *tensor, void *context) {
+    schema_seen_t *seen = context;
+    assert_true(seen->count < sizeof seen->tensors / sizeof seen->tensors[0]);
+    seen->tensors[seen->count++] = *tensor;
+    return 0;
+}
+
+static int schema_stop_at_third(checkpoint_schema_tensor_t const *tensor, void *context) {
+    (void)tensor;
+    return ++*(int *)context == 3 ? 7 : 0;
+}
+
+/* The walk over the tiny model: each tower's walk is the run of the whole walk with its name, every
+ * part is named as format 4 spells it, and every tensor of the checkpoint is walked once. */
+static void test_schema_parts(void **state) {
+    (void)state;
+    write_tiny("schema.safetensors", 3, 0, 0);
+    char path[512];
+    path_in_directory(path, sizeof path, "schema.safetensors");
+    checkpoint_header_t header;
+    uint8_t *bytes;
+    size_t size;
+    parse_file(path, &header, &bytes, &size);
+    schema_seen_t all = {0};
+    assert_int_equal(checkpoint_schema_each(&header.info, schema_record, &all), 0);
+    assert_int_equal(all.count, header.tensors_count);
+    for (size_t i = 0; i < all.count; i++)
+        assert_non_null(checkpoint_find(&header, all.tensors[i].name));
+
+    static char const *const towers[] = {"text", "image", "audio"};
+    size_t at = 0;
+    for (size_t t = 0; t < 3; t++) {
+        schema_seen_t tower = {0};
+        assert_int_equal(checkpoint_schema_tower(&header.info, towers[t], schema_record, &tower), 0);
+        assert_int_equal(tower.count, 2 * 10 + 2 + (t == 0 ? 1 : 4));
+        for (size_t i = 0; i < tower.count; i++, at++) {
+            assert_string_equal(tower.tensors[i].name, all.tensors[at].name);
+            assert_string_equal(tower.tensors[i].tower, towers[t]);
+            assert_int_equal(tower.tensors[i].part, all.tensors[at].part);
+            assert_int_equal(tower.tensors[i].block, all.tensors[at].block);
+        }
+        /* Block 1's parts, in model order, then the tower's own. */
+        static char const *const block_names[] = {
+            "norm1.weight",  "norm2.weight",  "attn.qkv.weight", "attn.qkv.bias",   "attn.out.weight",
+            "attn.out.bias", "mlp.up.weight", "mlp.up.bias",     "mlp.down.weight", "mlp.down.bias"};
+        for (size_t j = 0; j < 10; j++) {
+            checkpoint_schema_tensor_t const *tensor = &tower.tensors[10 + j];
+            char expected[64];
+            snprintf(expected, sizeof expected, "%s.blocks.1.%s", towers[t], block_names[j]);
+            assert_string_equal(tensor->name, expected);
+            assert_int_equal(tensor->part, CHECKPOINT_PART_NORM1 + (int)j);
+            assert_int_equal(tensor->block, 1);
+        }
+        assert_int_equal(tower.tensors[20].part, CHECKPOINT_PART_NORM);
+        assert_int_equal(tower.tensors[21].part, CHECKPOINT_PART_PROJ);
+        assert_int_equal(tower.tensors[21].shape[0], 64);
+        assert_int_equal(tower.tensors[22].part,
+                         t == 0 ? CHECKPOINT_PART_EMBED : CHECKPOINT_PART_PATCH_WEIGHT);
+        assert_int_equal(tower.tensors[tower.count - 1].part,
+                         t == 0 ? CHECKPOINT_PART_EMBED : CHECKPOINT_PART_POS);
+    }
+    assert_string_equal(all.tensors[all.count - 2].name, "logit.scale");
+    assert_int_equal(all.tensors[all.count - 2].part, CHECKPOINT_PART_LOGIT_SCALE);
+    assert_null(all.tensors[all.count - 1].tower);
+    assert_int_equal(all.tensors[all.count - 1].part, CHECKPOINT_PART_LOGIT_BIAS);
+    assert_int_equal(at + 2, all.count);
+
+    schema_seen_t none = {0};
+    uform_model_info_t text_only = header.info;
+    text_only.has_text = false;
+    assert_int_equal(checkpoint_schema_tower(&text_only, "text", schema_record, &none), 0);
+    assert_int_equal(none.count, 0);
+    int calls = 0;
+    assert_int_equal(checkpoint_schema_tower(&header.info, "image", schema_stop_at_third, &calls), 7);
+    assert_int_equal(calls, 3);
+    checkpoint_header_free(&header);
+    free(bytes);
+}
+
 static void test_write_round_trip(void **state) {
     (void)state;
     small_model_t model;
@@ -563,6 +649,7 @@ int main(void) {
         cmocka_unit_test(test_tiny_sizes),
         cmocka_unit_test(test_tiny_deterministic),
         cmocka_unit_test(test_tiny_invalid_arguments),
+        cmocka_unit_test(test_schema_parts),
         cmocka_unit_test(test_write_round_trip),
         cmocka_unit_test(test_write_refusals),
         cmocka_unit_test(test_find),

@@ -1,0 +1,171 @@
+/* The thread-split work of a tower's passes (tower_fork.h): a job per kind of fork, each thread taking
+ * its share of columns, rows or (head, item) pairs. */
+#include <string.h>
+
+#include "executor.h"
+#include "kernels.h"
+#include "tower_fork.h"
+
+void tower_fork_positions(size_t const *offsets, size_t items, uint32_t *positions) {
+    for (size_t item = 0; item < items; ++item)
+        for (size_t row = offsets[item]; row < offsets[item + 1]; ++row)
+            positions[row] = (uint32_t)(row - offsets[item]);
+}
+
+/* ---- GEMMs -------------------------------------------------------------------------------------- */
+
+typedef struct gemm_job {
+    kernels_t const *kernels;
+    kernel_gemm_t gemm;
+    kernel_sgemm_t sgemm;
+    size_t threads;
+} gemm_job_t;
+
+static void gemm_work(void *context, size_t thread) {
+    gemm_job_t const *job = context;
+    size_t begin, end;
+    if (thread_columns(job->gemm.n, thread, job->threads, &begin, &end))
+        job->kernels->gemm(&job->gemm, begin, end);
+}
+
+static void sgemm_work(void *context, size_t thread) {
+    gemm_job_t const *job = context;
+    size_t begin, end;
+    if (thread_columns(job->sgemm.n, thread, job->threads, &begin, &end))
+        job->kernels->sgemm(&job->sgemm, begin, end);
+}
+
+void tower_fork_gemm(kernels_t const *kernels, uform_executor_t *executor, kernel_gemm_t const *gemm) {
+    gemm_job_t job = {.kernels = kernels, .gemm = *gemm, .threads = executor_fork_threads(executor)};
+    executor_for_threads(executor, gemm_work, &job);
+}
+
+void tower_fork_sgemm(kernels_t const *kernels, uform_executor_t *executor, kernel_sgemm_t const *sgemm) {
+    if (sgemm->m == 0 || sgemm->n == 0) return;
+    gemm_job_t job = {.kernels = kernels, .sgemm = *sgemm, .threads = executor_fork_threads(executor)};
+    executor_for_threads(executor, sgemm_work, &job);
+}
+
+/* ---- Rows --------------------------------------------------------------------------------------- */
+
+typedef struct rows_job {
+    tower_fork_t const *fork;
+    tower_rows_t kind;
+    float const *from, *weight;
+    float *to;
+    size_t threads;
+} rows_job_t;
+
+static void rows_work(void *context, size_t thread) {
+    rows_job_t const *job = context;
+    tower_fork_t const *fork = job->fork;
+    kernels_t const *kernels = fork->kernels;
+    size_t h = fork->hidden, mlp = fork->mlp, first, last;
+    thread_share(fork->tokens, thread, job->threads, &first, &last);
+    if (first == last) return;
+    size_t rows = last - first;
+    switch (job->kind) {
+    case TOWER_ROWS_RMSNORM:
+        kernels->rmsnorm(job->to + first * h, h, job->from + first * h, h, job->weight, rows, h, 1e-6f);
+        break;
+    case TOWER_ROWS_ROPE:
+    case TOWER_ROWS_ROPE_BACKWARD: {
+        void (*rotate)(float *, size_t, size_t) =
+            job->kind == TOWER_ROWS_ROPE ? kernels->rope : kernels->rope_backward;
+        for (size_t r = first; r < last; ++r) {
+            float *q = job->to + r * 3 * h;
+            rotate(q, fork->heads, fork->positions[r]);     /* queries */
+            rotate(q + h, fork->heads, fork->positions[r]); /* keys */
+        }
+        break;
+    }
+    case TOWER_ROWS_GELU:
+        memcpy(job->to + first * mlp, job->from + first * mlp, rows * mlp * sizeof(float));
+        kernels->gelu(job->to + first * mlp, rows * mlp);
+        break;
+    case TOWER_ROWS_GELU_BACKWARD:
+        kernels->gelu_backward(job->to + first * mlp, job->to + first * mlp, job->from + first * mlp,
+                               rows * mlp);
+        break;
+    case TOWER_ROWS_ADD:
+        for (size_t i = first * h; i < last * h; ++i)
+            job->to[i] += job->from[i];
+        break;
+    }
+}
+
+void tower_fork_rows(tower_fork_t const *fork, uform_executor_t *executor, tower_rows_t kind,
+                     float const *from, float const *weight, float *to) {
+    rows_job_t job = {fork, kind, from, weight, to, executor_fork_threads(executor)};
+    executor_for_threads(executor, rows_work, &job);
+}
+
+/* ---- Attention ---------------------------------------------------------------------------------- */
+
+typedef struct attention_job {
+    tower_fork_t const *fork;
+    float const *qkv, *att, *d_att; /* att, d_att: backward only */
+    float *out;                     /* forward: att; backward: d_qkv */
+    bool backward;
+    size_t threads;
+} attention_job_t;
+
+/* The (head, item) pairs are split between threads, each thread's run of pairs cut at head changes. */
+static void attention_work(void *context, size_t thread) {
+    attention_job_t const *job = context;
+    tower_fork_t const *fork = job->fork;
+    size_t h = fork->hidden, items = fork->items, first, last;
+    thread_share(fork->heads * items, thread, job->threads, &first, &last);
+    while (first < last) {
+        size_t head = first / items, item = first % items;
+        size_t end = last - head * items < items ? last - head * items : items;
+        float const *qkv = job->qkv + head * KERNEL_HEAD;
+        if (!job->backward) {
+            kernel_attention_t attention = {
+                .q = qkv,
+                .k = qkv + h,
+                .v = qkv + 2 * h,
+                .stride = 3 * h,
+                .out = job->out + head * KERNEL_HEAD,
+                .out_stride = h,
+                .offsets = fork->offsets,
+                .items = items,
+                .causal = fork->causal,
+                .scale = 0.125f, /* 1 / sqrt(64) */
+            };
+            fork->kernels->attention(&attention, item, end);
+        } else {
+            float *d = job->out + head * KERNEL_HEAD;
+            kernel_attention_backward_t backward = {
+                .q = qkv,
+                .k = qkv + h,
+                .v = qkv + 2 * h,
+                .stride = 3 * h,
+                .out = job->att + head * KERNEL_HEAD,
+                .d_out = job->d_att + head * KERNEL_HEAD,
+                .out_stride = h,
+                .d_q = d,
+                .d_k = d + h,
+                .d_v = d + 2 * h,
+                .offsets = fork->offsets,
+                .items = items,
+                .causal = fork->causal,
+                .scale = 0.125f,
+            };
+            fork->kernels->attention_backward(&backward, item, end);
+        }
+        first += end - item;
+    }
+}
+
+void tower_fork_attention(tower_fork_t const *fork, uform_executor_t *executor, float const *qkv,
+                          float *out) {
+    attention_job_t job = {fork, qkv, NULL, NULL, out, false, executor_fork_threads(executor)};
+    executor_for_threads(executor, attention_work, &job);
+}
+
+void tower_fork_attention_backward(tower_fork_t const *fork, uform_executor_t *executor, float const *qkv,
+                                   float const *att, float const *d_att, float *d_qkv) {
+    attention_job_t job = {fork, qkv, att, d_att, d_qkv, true, executor_fork_threads(executor)};
+    executor_for_threads(executor, attention_work, &job);
+}
