@@ -1,5 +1,5 @@
-/* uform checkpoint tiny PATH [...]: checkpoint tools. One for now: the tiny seeded writer, the same as
- * the uform_tiny_checkpoint tool. */
+/* uform checkpoint tiny PATH [...]: checkpoint tools. One for now: the tiny seeded writer, which the
+ * uform_tiny_checkpoint tool runs too. */
 #include <inttypes.h>
 #include <stdio.h>
 
@@ -34,7 +34,7 @@ static int take_path(void *context, char const *argument, bool literal) {
 static command_help_t const tiny_help = {
     .name = "checkpoint tiny", .head = tiny_help_head, .column = 19, .positional = take_path};
 
-static int checkpoint_tiny(int argc, char **argv) {
+int command_checkpoint_tiny(int argc, char **argv) {
     uform_tiny_checkpoint_args_t args = {.seed = 42};
     bool help_shown = false;
     command_flag_t const flags[] = {
@@ -62,7 +62,7 @@ static int checkpoint_tiny(int argc, char **argv) {
 }
 
 int command_checkpoint(int argc, char **argv) {
-    static command_tool_t const tools[] = {{"tiny", checkpoint_tiny}};
+    static command_tool_t const tools[] = {{"tiny", command_checkpoint_tiny}};
     static command_tools_t const checkpoint = {
         .name = "checkpoint", .help = help, .tools = tools, .count = 1};
     return command_run_tool(&checkpoint, argc, argv);
