@@ -8,6 +8,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <time.h>
 
 #include <uform.h>
@@ -32,14 +33,88 @@ int command_fail_engine(void);
 /* Whether argv[i] asks for help: `-h` or `--help`. */
 bool command_is_help(char const *argument);
 
-/* Matches `--name VALUE` or `--name=VALUE` at argv[*i]. Answers 1 and sets *value (advancing *i past a
- * separate value) on a match, 0 when argv[*i] is something else, and -1 when the value is missing,
- * after printing the usage error. */
-int command_option(int argc, char **argv, int *i, char const *command, char const *name, char const **value);
-
 /* Parses a decimal number with no sign. Answers 0, or -1 for anything else (overflow included). */
 int command_parse_u64(char const *text, uint64_t *value);
-int command_parse_size(char const *text, size_t *value);
+
+/* ---- flags: one table per command, walked by one parser (uform_flags.c) ----------------------- */
+
+/* What a flag's value is, and so what its `target` points to. */
+typedef enum command_flag_kind {
+    FLAG_STRING,   /* char const *: the value as given */
+    FLAG_SWITCH,   /* bool: set by the flag alone, which takes no value */
+    FLAG_U64,      /* uint64_t: a decimal number in [minimum, maximum] */
+    FLAG_SIZE,     /* size_t: likewise */
+    FLAG_UNSIGNED, /* unsigned: likewise */
+    FLAG_REAL,     /* double: a finite decimal number in [real_minimum, real_maximum] */
+    FLAG_CHOICE,   /* int: the index of the value in `choices` */
+    FLAG_LITERALS, /* `--` alone: every later argument is positional, whatever it looks like */
+} command_flag_kind_t;
+
+/* One row of a command's table. `value` names the value in --help ("PATH"; NULL for a switch), and
+ * `help` describes it, its lines split by \n and indented to the table's column. A `maximum` of 0
+ * stands for the kind's largest value; a `real_maximum` of 0 for no bound. `given`, when not NULL, is
+ * set when the flag appears. `section`, when not NULL, is printed before the row in --help. */
+typedef struct command_flag {
+    char const *name;
+    command_flag_kind_t kind;
+    void *target;
+    char const *value, *help;
+    uint64_t minimum, maximum;
+    double real_minimum, real_maximum;
+    char const *const *choices; /* FLAG_CHOICE: the `choice_count` values it takes */
+    size_t choice_count;
+    bool *given;
+    char const *section;
+} command_flag_t;
+
+/* What a command's command line is called in usage errors ("search index"), how its --help reads (the
+ * head, the table's rows with their descriptions from `column`, the tail, then the default model's
+ * paragraph when `model_help`), and what takes its positional arguments. */
+typedef struct command_help {
+    char const *name;
+    char const *head, *tail;
+    int column;
+    bool model_help;
+    /* Takes one positional argument (one that does not start with '-', or is "-", or follows `--`,
+     * marked `literal`), answering an exit code after printing its error; NULL: the command takes none. */
+    int (*positional)(void *context, char const *argument, bool literal);
+} command_help_t;
+
+/* A command's whole command line: its help, its table (ended by a row whose name is NULL), and the
+ * context handed to its positional callback. */
+typedef struct command_spec {
+    command_help_t const *help;
+    command_flag_t const *flags;
+    void *context;
+} command_spec_t;
+
+/* Walks argv[1..argc) against the spec's table, setting each flag's target. `-h` or `--help` prints the
+ * help on standard output and sets *help, ending the walk. Answers COMMAND_OK, or COMMAND_USAGE after
+ * printing the usage error: an unknown flag, an unexpected argument, a missing value, a value out of
+ * its kind or range (each said the same way in every command), or the positional callback's code. */
+int command_flags_parse(command_spec_t const *spec, int argc, char **argv, bool *help);
+
+/* Prints the spec's --help on `stream`. */
+void command_flags_help(command_spec_t const *spec, FILE *stream);
+
+/* A command made of tools (`uform checkpoint tiny`, `uform search index`): the tools by name, and the
+ * command's own --help, followed by the default model's paragraph when `model_help`. */
+typedef struct command_tool {
+    char const *name;
+    int (*run)(int argc, char **argv); /* argv[0] is the tool's name */
+} command_tool_t;
+
+typedef struct command_tools {
+    char const *name, *help;
+    bool model_help;
+    command_tool_t const *tools;
+    size_t count;
+} command_tools_t;
+
+/* Runs the tool argv[1] names, or prints the help for `-h` or `--help`. Answers the tool's exit code,
+ * COMMAND_OK after the help, or COMMAND_USAGE after the usage error of a missing or unknown tool
+ * (which names the tools). */
+int command_run_tool(command_tools_t const *tools, int argc, char **argv);
 
 /* The checkpoint a command reads: `given` when not NULL, else the default model, written on first use
  * into `buffer`. Answers COMMAND_OK with *path set, or an exit code after printing the error. */
@@ -143,7 +218,8 @@ typedef struct input input_t;
  * the path of an image, any other a text, and those from index `literal_from` on (after `--`) are texts
  * whatever they end with; else from the JSONL manifest at `manifest` (`-` for standard input) when it
  * is not NULL; else one text per line of standard input. Answers an exit code. */
-int input_open(char **arguments, size_t count, size_t literal_from, char const *manifest, input_t **input);
+int input_open(char const *const *arguments, size_t count, size_t literal_from, char const *manifest,
+               input_t **input);
 
 /* The next item into *item, or *done at the end. Answers an exit code, after printing the error. */
 int input_next(input_t *input, input_item_t *item, bool *done);
@@ -183,6 +259,8 @@ int output_close(output_t *output, bool complete);
 
 int command_info(int argc, char **argv);
 int command_checkpoint(int argc, char **argv);
+/* `uform checkpoint tiny`, argv[0] being "tiny"; also the whole of the uform_tiny_checkpoint tool. */
+int command_checkpoint_tiny(int argc, char **argv);
 int command_encode(int argc, char **argv);
 int command_serve(int argc, char **argv);
 int command_search(int argc, char **argv);

@@ -1,4 +1,4 @@
-/* Errors, flags and the default model, shared by every subcommand of `uform`. */
+/* Errors, numbers and the default model, shared by every subcommand of `uform`. */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -56,23 +56,6 @@ bool command_is_help(char const *argument) {
     return !strcmp(argument, "-h") || !strcmp(argument, "--help");
 }
 
-int command_option(int argc, char **argv, int *i, char const *command, char const *name, char const **value) {
-    size_t length = strlen(name);
-    char const *argument = argv[*i];
-    if (strncmp(argument, name, length) != 0) return 0;
-    if (argument[length] == '=') {
-        *value = argument + length + 1;
-        return 1;
-    }
-    if (argument[length] != '\0') return 0;
-    if (*i + 1 >= argc) {
-        command_usage(command, "%s needs a value", name);
-        return -1;
-    }
-    *value = argv[++*i];
-    return 1;
-}
-
 int command_parse_u64(char const *text, uint64_t *value) {
     if (text[0] < '0' || text[0] > '9') return -1; /* strtoull would take a sign or spaces */
     char *end = NULL;
@@ -80,13 +63,6 @@ int command_parse_u64(char const *text, uint64_t *value) {
     unsigned long long parsed = strtoull(text, &end, 10);
     if (errno || *end) return -1;
     *value = parsed;
-    return 0;
-}
-
-int command_parse_size(char const *text, size_t *value) {
-    uint64_t parsed = 0;
-    if (command_parse_u64(text, &parsed) != 0 || parsed > SIZE_MAX) return -1;
-    *value = (size_t)parsed;
     return 0;
 }
 

@@ -8,7 +8,7 @@
 
 #include "uform_command.h"
 
-static char const help[] =
+static char const help_head[] =
     "usage: uform encode [options] [TEXT | IMAGE ...]\n"
     "\n"
     "Embeds the TEXTs and IMAGEs given, or the items of a --manifest, or else one text per line of\n"
@@ -18,31 +18,9 @@ static char const help[] =
     "'uform info'). Items are encoded in batches of up to 256 items or 1 MiB; a vector does not\n"
     "depend on its batch nor on the thread count. An image that cannot be read or decoded ends the\n"
     "run with its status (io, format, ...).\n"
-    "\n"
-    "  --model PATH       the checkpoint; default: the default model (below)\n"
-    "  --threads N        worker threads; 0 (the default) takes 7/8 of the cores\n"
-    "  --dims N           a matryoshka width of the model (see 'uform info'): each vector narrowed to\n"
-    "                     its first N values, unit-norm again\n"
-    "  --scalar KIND      f32 (default), bf16, f16, or i8 (scaled per row: value = q * scale)\n"
-    "  --format FORMAT    jsonl (default): {\"index\": i, \"embedding\": [...]} per line, floats that read\n"
-    "                     back exactly, and \"scale\" for i8;\n"
-    "                     f32: the rows end to end, little-endian, in the --scalar's own bytes (so raw\n"
-    "                     F32 by default);\n"
-    "                     npy: a NumPy .npy array of shape (items, dims), dtype <f4, <f2 or |i1; bf16 is\n"
-    "                     stored as <u2, its bits: view it with ml_dtypes.bfloat16, or widen it with\n"
-    "                     (a.astype(np.uint32) << 16).view(np.float32).\n"
-    "                     i8 rows of f32 and npy carry no scales: cosine similarity does not need them,\n"
-    "                     and jsonl keeps them.\n"
-    "  --output FILE      write there instead of the standard output; a failed run removes it. The\n"
-    "                     binary formats are not written to a terminal.\n"
-    "  --tokens           jsonl only: add each item's token vectors, one per byte the model kept of a\n"
-    "                     text and one per patch of an image, as \"tokens\" (and \"token_scales\" for i8)\n"
-    "  --manifest FILE    one JSON object per line, {\"text\": \"...\"}, {\"image\": PATH}, {\"video\": "
-    "PATH}\n"
-    "                     or {\"audio\": PATH} (other keys are ignored; paths are relative to the working\n"
-    "                     directory; '-' reads standard input). In a build without FFmpeg, a video\n"
-    "                     or audio item ends the run with the engine's error (unsupported).\n"
-    "  --                 what follows is text, even when it starts with '-' or ends in .jpg\n"
+    "\n";
+
+static char const help_tail[] =
     "\n"
     "A progress line is drawn on stderr when stderr is a terminal. Errors are one line on stderr:\n"
     "exit status 1 when the work failed, 2 for a wrong command line.\n"
@@ -51,10 +29,10 @@ static char const help[] =
 typedef struct encode_flags {
     char const *model, *output, *manifest;
     size_t threads, dims;
-    uform_scalar_t scalar;
-    output_format_t format;
+    int scalar; /* a uform_scalar_t */
+    int format; /* an output_format_t */
     bool tokens, help;
-    char **texts; /* the positional arguments, argc of them at most */
+    char const **texts; /* the positional arguments, argc of them at most */
     size_t texts_count;
     size_t literal_from; /* the first positional argument after `--`: texts, whatever they end with */
 } encode_flags_t;
@@ -70,60 +48,63 @@ typedef struct encoder {
 
 /* ---- flags ------------------------------------------------------------------------------------ */
 
-static int parse_choice(char const *flag, char const *value, char const *const *names, size_t count,
-                        int *choice) {
-    for (size_t i = 0; i < count; ++i) {
-        if (strcmp(value, names[i]) != 0) continue;
-        *choice = (int)i;
-        return COMMAND_OK;
-    }
-    return command_usage("encode", "%s takes %s, not '%s'", flag,
-                         count == 4 ? "f32, bf16, f16 or i8" : "jsonl, f32 or npy", value);
+/* A positional argument: a text, or an image's path unless it follows `--`. */
+static int take_text(void *context, char const *argument, bool literal) {
+    encode_flags_t *flags = context;
+    if (literal && flags->literal_from > flags->texts_count) flags->literal_from = flags->texts_count;
+    flags->texts[flags->texts_count++] = argument;
+    return COMMAND_OK;
 }
+
+static command_help_t const help = {.name = "encode",
+                                    .head = help_head,
+                                    .tail = help_tail,
+                                    .column = 21,
+                                    .model_help = true,
+                                    .positional = take_text};
 
 static int parse_flags(int argc, char **argv, encode_flags_t *flags) {
     static char const *const scalars[] = {"f32", "bf16", "f16", "i8"}; /* by uform_scalar_t */
     static char const *const formats[] = {"jsonl", "f32", "npy"};      /* by output_format_t */
-    bool texts_only = false;
+    command_flag_t const table[] = {
+        {"--model", FLAG_STRING, &flags->model, .value = "PATH",
+         .help = "the checkpoint; default: the default model (below)"},
+        {"--threads", FLAG_SIZE, &flags->threads, .value = "N",
+         .help = "worker threads; 0 (the default) takes 7/8 of the cores"},
+        {"--dims", FLAG_SIZE, &flags->dims, .value = "N",
+         .help = "a matryoshka width of the model (see 'uform info'): each vector narrowed to\n"
+                 "its first N values, unit-norm again"},
+        {"--scalar", FLAG_CHOICE, &flags->scalar, .value = "KIND", .choices = scalars, .choice_count = 4,
+         .help = "f32 (default), bf16, f16, or i8 (scaled per row: value = q * scale)"},
+        {"--format", FLAG_CHOICE, &flags->format, .value = "FORMAT", .choices = formats, .choice_count = 3,
+         .help = "jsonl (default): {\"index\": i, \"embedding\": [...]} per line, floats that read\n"
+                 "back exactly, and \"scale\" for i8;\n"
+                 "f32: the rows end to end, little-endian, in the --scalar's own bytes (so raw\n"
+                 "F32 by default);\n"
+                 "npy: a NumPy .npy array of shape (items, dims), dtype <f4, <f2 or |i1; bf16 is\n"
+                 "stored as <u2, its bits: view it with ml_dtypes.bfloat16, or widen it with\n"
+                 "(a.astype(np.uint32) << 16).view(np.float32).\n"
+                 "i8 rows of f32 and npy carry no scales: cosine similarity does not need them,\n"
+                 "and jsonl keeps them."},
+        {"--output", FLAG_STRING, &flags->output, .value = "FILE",
+         .help = "write there instead of the standard output; a failed run removes it. The\n"
+                 "binary formats are not written to a terminal."},
+        {"--tokens", FLAG_SWITCH, &flags->tokens,
+         .help = "jsonl only: add each item's token vectors, one per byte the model kept of a\n"
+                 "text and one per patch of an image, as \"tokens\" (and \"token_scales\" for i8)"},
+        {"--manifest", FLAG_STRING, &flags->manifest, .value = "FILE",
+         .help = "one JSON object per line, {\"text\": \"...\"}, {\"image\": PATH}, {\"video\": PATH}\n"
+                 "or {\"audio\": PATH} (other keys are ignored; paths are relative to the working\n"
+                 "directory; '-' reads standard input). In a build without FFmpeg, a video\n"
+                 "or audio item ends the run with the engine's error (unsupported)."},
+        {"--", FLAG_LITERALS, NULL,
+         .help = "what follows is text, even when it starts with '-' or ends in .jpg"},
+        {NULL},
+    };
+    command_spec_t const spec = {.help = &help, .flags = table, .context = flags};
     flags->literal_from = (size_t)argc;
-    for (int i = 1; i < argc; ++i) {
-        char const *value = NULL;
-        int matched = 0, choice = 0, code = COMMAND_OK;
-        if (texts_only || argv[i][0] != '-' || argv[i][1] == '\0') {
-            flags->texts[flags->texts_count++] = argv[i];
-        } else if (!strcmp(argv[i], "--")) {
-            texts_only = true;
-            flags->literal_from = flags->texts_count;
-        } else if (command_is_help(argv[i])) {
-            printf("%s%s", help, command_default_model_help);
-            flags->help = true;
-            return COMMAND_OK;
-        } else if (!strcmp(argv[i], "--tokens")) {
-            flags->tokens = true;
-        } else if ((matched = command_option(argc, argv, &i, "encode", "--model", &value)) != 0) {
-            flags->model = value;
-        } else if ((matched = command_option(argc, argv, &i, "encode", "--output", &value)) != 0) {
-            flags->output = value;
-        } else if ((matched = command_option(argc, argv, &i, "encode", "--manifest", &value)) != 0) {
-            flags->manifest = value;
-        } else if ((matched = command_option(argc, argv, &i, "encode", "--threads", &value)) != 0) {
-            if (matched > 0 && command_parse_size(value, &flags->threads) != 0)
-                return command_usage("encode", "--threads takes a number, not '%s'", value);
-        } else if ((matched = command_option(argc, argv, &i, "encode", "--dims", &value)) != 0) {
-            if (matched > 0 && command_parse_size(value, &flags->dims) != 0)
-                return command_usage("encode", "--dims takes a number, not '%s'", value);
-        } else if ((matched = command_option(argc, argv, &i, "encode", "--scalar", &value)) != 0) {
-            if (matched > 0 && (code = parse_choice("--scalar", value, scalars, 4, &choice)) == COMMAND_OK)
-                flags->scalar = (uform_scalar_t)choice;
-        } else if ((matched = command_option(argc, argv, &i, "encode", "--format", &value)) != 0) {
-            if (matched > 0 && (code = parse_choice("--format", value, formats, 3, &choice)) == COMMAND_OK)
-                flags->format = (output_format_t)choice;
-        } else {
-            return command_usage("encode", "unknown flag '%s'", argv[i]);
-        }
-        if (matched < 0) return COMMAND_USAGE;
-        if (code != COMMAND_OK) return code;
-    }
+    int code = command_flags_parse(&spec, argc, argv, &flags->help);
+    if (code != COMMAND_OK || flags->help) return code;
     if (flags->manifest && flags->texts_count)
         return command_usage("encode", "texts and --manifest exclude each other");
     if (flags->tokens && flags->format != OUTPUT_JSONL)
@@ -178,7 +159,7 @@ static int encode_all(encoder_t *encoder, input_t *input, encode_batch_t *batch)
 
 int command_encode(int argc, char **argv) {
     encode_flags_t flags = {
-        .scalar = UFORM_F32, .format = OUTPUT_JSONL, .texts = calloc((size_t)argc, sizeof(char *))};
+        .scalar = UFORM_F32, .format = OUTPUT_JSONL, .texts = calloc((size_t)argc, sizeof(char const *))};
     encoder_t encoder = {.outputs = UFORM_OUTPUT_EMBEDDINGS};
     input_t *input = NULL;
     encode_batch_t *batch = calloc(1, sizeof *batch);
@@ -197,13 +178,14 @@ int command_encode(int argc, char **argv) {
 
     if ((code = command_engine_open(path, flags.threads, &encoder.engine)) != COMMAND_OK) goto done;
 
-    encoder.config = (uform_encode_config_t){.outputs_scalar = flags.scalar, .matryoshka = flags.dims};
+    encoder.config =
+        (uform_encode_config_t){.outputs_scalar = (uform_scalar_t)flags.scalar, .matryoshka = flags.dims};
     if (flags.tokens) encoder.outputs |= UFORM_OUTPUT_TOKEN_VECTORS;
     progress_start(&encoder.progress, "encode", "items", input_total(input));
     /* Opened only now, so that a model that does not load leaves an existing file as it was. */
     size_t columns = flags.dims ? flags.dims : encoder.engine.info.dims;
-    if ((code = output_open(flags.format, flags.output, flags.scalar, columns, flags.tokens,
-                            &encoder.output)) != COMMAND_OK)
+    if ((code = output_open((output_format_t)flags.format, flags.output, (uform_scalar_t)flags.scalar,
+                            columns, flags.tokens, &encoder.output)) != COMMAND_OK)
         goto done;
     code = encode_all(&encoder, input, batch);
     progress_end(&encoder.progress, encoder.written, code == COMMAND_OK);

@@ -9,7 +9,7 @@
 
 #include "uform_manifest.h"
 
-static char const help[] =
+static char const help_head[] =
     "usage: uform eval --model CHECKPOINT --data MANIFEST [options]\n"
     "\n"
     "Measures text-to-media retrieval on MANIFEST, a JSON Lines file as 'uform dataset synth' writes it\n"
@@ -19,15 +19,9 @@ static char const help[] =
     "a candidate sharing a group with the text, or one whose own group holds the very same text (two\n"
     "items drawn alike and captioned alike: the text describes both; --strict counts groups only).\n"
     "recall@K is the share of queries with a hit among the first K candidates.\n"
-    "\n"
-    "  --model PATH       the checkpoint; default: the default model (below)\n"
-    "  --data FILE        the manifest (required)\n"
-    "  --batch B          items per engine call, 1 to 256 (default 256)\n"
-    "  --threads N        worker threads; 0 (the default) takes 7/8 of the cores\n"
-    "  --strict           a hit shares a group with the text, whatever the captions say\n"
-    "  --json             print one JSON object instead of the table:\n"
-    "                     {\"items\": N, \"modalities\": {\"image\": {\"queries\": Q, \"candidates\": C,\n"
-    "                     \"recall@1\": R1, \"recall@5\": R5}, ...}}\n"
+    "\n";
+
+static char const help_tail[] =
     "\n"
     "An item that cannot be encoded ends the run with its line and status. Audio and video need a\n"
     "build with FFmpeg. Errors are one line on stderr: exit status 1 when the work failed, 2 for a\n"
@@ -44,36 +38,30 @@ typedef struct recall {
     size_t queries, candidates, hits1, hits5;
 } recall_t;
 
+static command_help_t const help = {
+    .name = "eval", .head = help_head, .tail = help_tail, .column = 21, .model_help = true};
+
 static int parse_flags(int argc, char **argv, eval_flags_t *flags) {
-    for (int i = 1; i < argc; ++i) {
-        char const *value = NULL;
-        int matched = 0;
-        if (command_is_help(argv[i])) {
-            printf("%s%s", help, command_default_model_help);
-            flags->help = true;
-            return COMMAND_OK;
-        } else if (!strcmp(argv[i], "--strict")) {
-            flags->strict = true;
-        } else if (!strcmp(argv[i], "--json")) {
-            flags->json = true;
-        } else if ((matched = command_option(argc, argv, &i, "eval", "--model", &value)) != 0) {
-            flags->model = value;
-        } else if ((matched = command_option(argc, argv, &i, "eval", "--data", &value)) != 0) {
-            flags->data = value;
-        } else if ((matched = command_option(argc, argv, &i, "eval", "--batch", &value)) != 0) {
-            if (matched > 0 && (command_parse_size(value, &flags->batch) != 0 || flags->batch == 0 ||
-                                flags->batch > ENCODE_BATCH_ITEMS))
-                return command_usage("eval", "--batch takes a number from 1 to %d, not '%s'",
-                                     ENCODE_BATCH_ITEMS, value);
-        } else if ((matched = command_option(argc, argv, &i, "eval", "--threads", &value)) != 0) {
-            if (matched > 0 && command_parse_size(value, &flags->threads) != 0)
-                return command_usage("eval", "--threads takes a number, not '%s'", value);
-        } else {
-            return command_usage("eval", "unknown flag '%s'", argv[i]);
-        }
-        if (matched < 0) return COMMAND_USAGE;
-    }
-    if (!flags->data) return command_usage("eval", "--data MANIFEST is required");
+    command_flag_t const table[] = {
+        {"--model", FLAG_STRING, &flags->model, .value = "PATH",
+         .help = "the checkpoint; default: the default model (below)"},
+        {"--data", FLAG_STRING, &flags->data, .value = "FILE", .help = "the manifest (required)"},
+        {"--batch", FLAG_SIZE, &flags->batch, .value = "B", .minimum = 1, .maximum = ENCODE_BATCH_ITEMS,
+         .help = "items per engine call, 1 to 256 (default 256)"},
+        {"--threads", FLAG_SIZE, &flags->threads, .value = "N",
+         .help = "worker threads; 0 (the default) takes 7/8 of the cores"},
+        {"--strict", FLAG_SWITCH, &flags->strict,
+         .help = "a hit shares a group with the text, whatever the captions say"},
+        {"--json", FLAG_SWITCH, &flags->json,
+         .help = "print one JSON object instead of the table:\n"
+                 "{\"items\": N, \"modalities\": {\"image\": {\"queries\": Q, \"candidates\": C,\n"
+                 "\"recall@1\": R1, \"recall@5\": R5}, ...}}"},
+        {NULL},
+    };
+    command_spec_t const spec = {.help = &help, .flags = table};
+    int code = command_flags_parse(&spec, argc, argv, &flags->help);
+    if (code != COMMAND_OK || flags->help) return code;
+    if (!flags->data) return command_usage(help.name, "--data MANIFEST is required");
     return COMMAND_OK;
 }
 

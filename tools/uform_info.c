@@ -6,15 +6,12 @@
 
 #include "uform_command.h"
 
-static char const help[] =
+static char const help_head[] =
     "usage: uform info [--model PATH] [--json]\n"
     "\n"
     "Describes a checkpoint: its embedding width, matryoshka widths, parameters and bytes of\n"
     "weights, and per tower (text, image, video, audio) the transformer's depth, hidden width,\n"
     "heads and MLP width with the tower's own sizes.\n"
-    "\n"
-    "  --model PATH  the checkpoint (format-4 safetensors); default: the default model\n"
-    "  --json        one JSON object instead of text\n"
     "\n";
 
 /* ---- text ------------------------------------------------------------------------------------- */
@@ -131,27 +128,25 @@ static json_t *info_json(char const *path, uform_model_info_t const *info) {
 
 /* ---- the command ------------------------------------------------------------------------------ */
 
+static command_help_t const help = {
+    .name = "info", .head = help_head, .tail = "\n", .column = 16, .model_help = true};
+
 int command_info(int argc, char **argv) {
     char const *given = NULL;
-    bool json = false;
-    for (int i = 1; i < argc; ++i) {
-        int matched = 0;
-        if (command_is_help(argv[i])) {
-            printf("%s%s", help, command_default_model_help);
-            return COMMAND_OK;
-        }
-        if ((matched = command_option(argc, argv, &i, "info", "--model", &given)) != 0) {
-            if (matched < 0) return COMMAND_USAGE;
-        } else if (!strcmp(argv[i], "--json")) {
-            json = true;
-        } else {
-            return command_usage("info", "unexpected argument '%s'", argv[i]);
-        }
-    }
+    bool json = false, help_shown = false;
+    command_flag_t const flags[] = {
+        {"--model", FLAG_STRING, &given, .value = "PATH",
+         .help = "the checkpoint (format-4 safetensors); default: the default model"},
+        {"--json", FLAG_SWITCH, &json, .help = "one JSON object instead of text"},
+        {NULL},
+    };
+    command_spec_t const spec = {.help = &help, .flags = flags};
+    int code = command_flags_parse(&spec, argc, argv, &help_shown);
+    if (code != COMMAND_OK || help_shown) return code;
 
     char buffer[4096];
     char const *path = NULL;
-    int code = command_model_path(given, buffer, sizeof buffer, &path);
+    code = command_model_path(given, buffer, sizeof buffer, &path);
     if (code != COMMAND_OK) return code;
     /* Mapped: the header is validated in full, and no weight needs to be read to describe them. */
     uform_model_t *model = NULL;

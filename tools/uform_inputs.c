@@ -21,7 +21,7 @@ typedef enum input_kind {
 
 struct input {
     input_kind_t kind;
-    char **arguments; /* INPUT_ARGUMENTS */
+    char const *const *arguments; /* INPUT_ARGUMENTS */
     size_t count, next, literal_from;
     FILE *file;       /* INPUT_LINES and INPUT_MANIFEST */
     char const *name; /* for errors: the manifest's path, or "standard input" */
@@ -29,8 +29,6 @@ struct input {
     size_t line_capacity, line_number, total;
     json_t *object; /* the manifest line whose string the last item points into */
 };
-
-static char const *const modality_keys[] = {"text", "image", "video", "audio"}; /* by uform_modality_t */
 
 static bool is_blank(char const *line, size_t length) {
     for (size_t i = 0; i < length; ++i)
@@ -51,7 +49,8 @@ static int count_manifest(input_t *input) {
     return COMMAND_OK;
 }
 
-int input_open(char **arguments, size_t count, size_t literal_from, char const *manifest, input_t **opened) {
+int input_open(char const *const *arguments, size_t count, size_t literal_from, char const *manifest,
+               input_t **opened) {
     input_t *input = calloc(1, sizeof *input);
     if (!input) return command_fail("out of memory");
     int code = COMMAND_OK;
@@ -88,15 +87,16 @@ static int manifest_item(input_t *input, size_t length, input_item_t *item) {
     if (!json_is_object(input->object))
         return command_fail("%s line %zu: not a JSON object", input->name, input->line_number);
     json_t *value = NULL;
-    for (size_t modality = 0; modality < sizeof modality_keys / sizeof modality_keys[0]; ++modality) {
-        json_t *found = json_object_get(input->object, modality_keys[modality]);
+    for (size_t modality = 0; modality < sizeof command_modality_names / sizeof command_modality_names[0];
+         ++modality) {
+        json_t *found = json_object_get(input->object, command_modality_names[modality]);
         if (!found) continue;
         if (value)
             return command_fail("%s line %zu: more than one of text, image, video and audio", input->name,
                                 input->line_number);
         if (!json_is_string(found))
             return command_fail("%s line %zu: \"%s\" is not a string", input->name, input->line_number,
-                                modality_keys[modality]);
+                                command_modality_names[modality]);
         value = found;
         *item =
             (input_item_t){(uform_modality_t)modality, json_string_value(found), json_string_length(found)};

@@ -10,8 +10,8 @@
 
 #include <jansson.h>
 
-#include "uform_dataset.h"
 #include "uform_manifest.h"
+#include "uform_random.h"
 
 /* A growing array of size_t. */
 typedef struct sizes {
@@ -57,7 +57,6 @@ static char *folder_of(char const *path) {
  * indices to `item_groups`. */
 static int parse_line(manifest_t *manifest, char const *folder, char const *line, size_t length,
                       size_t number, json_t *names, sizes_t *item_groups, manifest_item_t *item) {
-    static char const *const modalities[] = {"text", "image", "video", "audio"}; /* by uform_modality_t */
     char const *path = manifest->path;
     json_error_t error;
     int code = COMMAND_OK;
@@ -73,7 +72,7 @@ static int parse_line(manifest_t *manifest, char const *folder, char const *line
         goto done;
     }
     size_t kind = 0;
-    while (kind < 4 && strcmp(json_string_value(modality), modalities[kind]) != 0)
+    while (kind < 4 && strcmp(json_string_value(modality), command_modality_names[kind]) != 0)
         ++kind;
     if (kind == 4) {
         code = command_fail("%s line %zu: modality '%s' is not text, image, video or audio", path, number,
@@ -85,7 +84,7 @@ static int parse_line(manifest_t *manifest, char const *folder, char const *line
     if (!json_is_string(value)) {
         code = command_fail("%s line %zu: no \"%s\" string for a%s %s item", path, number, key,
                             kind == UFORM_MODALITY_IMAGE || kind == UFORM_MODALITY_AUDIO ? "n" : "",
-                            modalities[kind]);
+                            command_modality_names[kind]);
         goto done;
     }
     json_t *groups = json_object_get(object, "groups");
@@ -420,11 +419,11 @@ int manifest_neighbours(manifest_t const *manifest, size_t k, uint64_t seed, siz
         }
     for (size_t g = 0; g < groups && code == COMMAND_OK; ++g) {
         size_t *row = rows + g * k, kept = 0;
-        dataset_random_t random;
-        dataset_random_seed(&random, seed, NEIGHBOUR_STREAM, g);
+        random_stream_t random;
+        random_stream_seed(&random, seed, NEIGHBOUR_STREAM, g);
         bool sampled = groups > NEIGHBOUR_POOL;
         for (size_t c = 0; c < (sampled ? NEIGHBOUR_POOL : groups); ++c) {
-            size_t h = sampled ? dataset_random_below(&random, groups) : c;
+            size_t h = sampled ? random_stream_below(&random, groups) : c;
             if (h == g || signatures[h].modalities != signatures[g].modalities) continue;
             size_t shared = 0, either = 0;
             for (size_t lane = 0; lane < WORD_LANES; ++lane) {

@@ -3,8 +3,6 @@
  * order that depends only on the seed and the step, so that a resumed run draws the batches the
  * uninterrupted one would have; each group drawn may bring its nearest groups along (--neighbours),
  * the hard negatives that teach what tells near groups apart. */
-#include <errno.h>
-#include <math.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -14,10 +12,10 @@
 
 #include <jansson.h>
 
-#include "uform_dataset.h"
 #include "uform_manifest.h"
+#include "uform_random.h"
 
-static char const help[] =
+static char const help_head[] =
     "usage: uform train --data MANIFEST --out CHECKPOINT [options]\n"
     "\n"
     "Trains a model on the items of MANIFEST, a JSON Lines file as 'uform dataset synth' writes it:\n"
@@ -29,43 +27,9 @@ static char const help[] =
     "and so are two items with the same modality and contents (one caption written for two pictures\n"
     "drawn alike describes both) and every item related to one of them, unless --strict.\n"
     "Media files are read for each batch; audio and video need a build with FFmpeg.\n"
-    "\n"
-    "  --data FILE          the manifest (required)\n"
-    "  --out PATH           the checkpoint written, with its optimizer state at PATH.optimizer (required)\n"
-    "  --steps N            train until the trainer's step count reaches N (default 1000); a fresh run's\n"
-    "                       learning rate decays to 0 at N\n"
-    "  --batch B            items per step, at least (whole groups; default 32)\n"
-    "  --resume CHECKPOINT  continue from a checkpoint: its weights, and, where its optimizer state\n"
-    "                       lies beside it, the step, moments and optimizer settings it holds (which\n"
-    "                       then take precedence over the flags below; --steps may not pass the step\n"
-    "                       its learning rate reaches 0 at); the model flags are ignored. The batches\n"
-    "                       drawn depend on --data, --batch, --seed, --neighbours and --strict: pass\n"
-    "                       the ones of the run it continues to continue it bit for bit\n"
-    "  --save-every N       also save every N steps (default 0: only at the end)\n"
-    "  --threads N          worker threads; 0 (the default) takes 7/8 of the cores\n"
-    "  --neighbours N       each group drawn brings N more (default 0), drawn from its 8 nearest groups\n"
-    "                       by the words of their texts (see below)\n"
-    "  --strict             related pairs share a group, whatever their contents\n"
-    "  --dry-run            train nothing: print the batches the steps would take, a JSON object a\n"
-    "                       line on stdout: {\"step\": S, \"groups\": [names, in the order drawn],\n"
-    "                       \"lines\": [the items' manifest lines], \"related\": [[i, j], ...] (pairs of\n"
-    "                       indices into \"lines\")}\n"
-    "\n"
-    "The model, when training from scratch (every tower; 0 or absent takes the default):\n"
-    "  --depth D            blocks per tower (default 2)\n"
-    "  --hidden H           width of every tower, a multiple of 64 (default 128)\n"
-    "  --dims K             the embedding width, even (default 64)\n"
-    "  --context C          text bytes (default 64)\n"
-    "  --image-size S       image side in pixels (default 32)\n"
-    "  --image-patch P      patch side, dividing S (default 8)\n"
-    "  --seed S             initial weights and batch order (default 42)\n"
-    "\n"
-    "The optimizer, AdamW with a linear warmup and a cosine decay:\n"
-    "  --lr X               peak learning rate (default 0.001)\n"
-    "  --warmup N           warmup steps (default: the smaller of 100 and a tenth of --steps)\n"
-    "  --weight-decay X     on rank-2 weights (default 0.01)\n"
-    "  --lm-weight X        weight of the text towers' next-byte loss (default 0.1)\n"
-    "  --clip X             global gradient norm clip, 0 for none (default 1)\n"
+    "\n";
+
+static char const help_tail[] =
     "\n"
     "Nearest groups hold the same modalities and share the most words (Jaccard similarity of their\n"
     "texts' word sets); in a batch they are the negatives that differ in one detail, which random\n"
@@ -135,94 +99,77 @@ static void on_interrupt(int signal_number) {
 
 /* ---- flags ------------------------------------------------------------------------------------ */
 
-static int parse_double(char const *flag, char const *text, double *value) {
-    char *end = NULL;
-    errno = 0;
-    double parsed = strtod(text, &end);
-    if (errno || end == text || *end || !isfinite(parsed) || parsed < 0)
-        return command_usage("train", "%s takes a number of at least 0, not '%s'", flag, text);
-    *value = parsed;
-    return COMMAND_OK;
-}
+static command_help_t const help = {.name = "train", .head = help_head, .tail = help_tail, .column = 23};
 
 static int parse_flags(int argc, char **argv, train_flags_t *flags) {
-    struct {
-        char const *name;
-        size_t *value;
-    } const sizes[] = {
-        {"--steps", &flags->steps},
-        {"--batch", &flags->batch},
-        {"--save-every", &flags->save_every},
-        {"--threads", &flags->threads},
-        {"--neighbours", &flags->neighbours},
-        {"--depth", &flags->config.depth},
-        {"--hidden", &flags->config.hidden},
-        {"--dims", &flags->config.dims},
-        {"--context", &flags->config.context},
-        {"--image-size", &flags->config.image_size},
-        {"--image-patch", &flags->config.image_patch},
-        {"--warmup", &flags->config.warmup_steps},
+    uform_trainer_config_t *config = &flags->config;
+    command_flag_t const table[] = {
+        {"--data", FLAG_STRING, &flags->data, .value = "FILE", .help = "the manifest (required)"},
+        {"--out", FLAG_STRING, &flags->out, .value = "PATH",
+         .help = "the checkpoint written, with its optimizer state at PATH.optimizer (required)"},
+        {"--steps", FLAG_SIZE, &flags->steps, .value = "N", .minimum = 1,
+         .help = "train until the trainer's step count reaches N (default 1000); a fresh run's\n"
+                 "learning rate decays to 0 at N"},
+        {"--batch", FLAG_SIZE, &flags->batch, .value = "B", .minimum = 1,
+         .help = "items per step, at least (whole groups; default 32)"},
+        {"--resume", FLAG_STRING, &flags->resume, .value = "CHECKPOINT",
+         .help = "continue from a checkpoint: its weights, and, where its optimizer state\n"
+                 "lies beside it, the step, moments and optimizer settings it holds (which\n"
+                 "then take precedence over the flags below; --steps may not pass the step\n"
+                 "its learning rate reaches 0 at); the model flags are ignored. The batches\n"
+                 "drawn depend on --data, --batch, --seed, --neighbours and --strict: pass\n"
+                 "the ones of the run it continues to continue it bit for bit"},
+        {"--save-every", FLAG_SIZE, &flags->save_every, .value = "N",
+         .help = "also save every N steps (default 0: only at the end)"},
+        {"--threads", FLAG_SIZE, &flags->threads, .value = "N",
+         .help = "worker threads; 0 (the default) takes 7/8 of the cores"},
+        {"--neighbours", FLAG_SIZE, &flags->neighbours, .value = "N", .maximum = NEAREST,
+         .help = "each group drawn brings N more (default 0), drawn from its 8 nearest groups\n"
+                 "by the words of their texts (see below)"},
+        {"--strict", FLAG_SWITCH, &flags->strict,
+         .help = "related pairs share a group, whatever their contents"},
+        {"--dry-run", FLAG_SWITCH, &flags->dry_run,
+         .help = "train nothing: print the batches the steps would take, a JSON object a\n"
+                 "line on stdout: {\"step\": S, \"groups\": [names, in the order drawn],\n"
+                 "\"lines\": [the items' manifest lines], \"related\": [[i, j], ...] (pairs of\n"
+                 "indices into \"lines\")}"},
+        {"--depth", FLAG_SIZE, &config->depth, .value = "D", .help = "blocks per tower (default 2)",
+         .section =
+             "\nThe model, when training from scratch (every tower; 0 or absent takes the default):\n"},
+        {"--hidden", FLAG_SIZE, &config->hidden, .value = "H",
+         .help = "width of every tower, a multiple of 64 (default 128)"},
+        {"--dims", FLAG_SIZE, &config->dims, .value = "K", .help = "the embedding width, even (default 64)"},
+        {"--context", FLAG_SIZE, &config->context, .value = "C", .help = "text bytes (default 64)"},
+        {"--image-size", FLAG_SIZE, &config->image_size, .value = "S",
+         .help = "image side in pixels (default 32)"},
+        {"--image-patch", FLAG_SIZE, &config->image_patch, .value = "P",
+         .help = "patch side, dividing S (default 8)"},
+        {"--seed", FLAG_U64, &config->seed, .value = "S",
+         .help = "initial weights and batch order (default 42)"},
+        {"--lr", FLAG_REAL, &config->learning_rate, .value = "X",
+         .help = "peak learning rate (default 0.001)",
+         .section = "\nThe optimizer, AdamW with a linear warmup and a cosine decay:\n"},
+        {"--warmup", FLAG_SIZE, &config->warmup_steps, .value = "N", .given = &flags->warmup_given,
+         .help = "warmup steps (default: the smaller of 100 and a tenth of --steps)"},
+        {"--weight-decay", FLAG_REAL, &config->weight_decay, .value = "X",
+         .help = "on rank-2 weights (default 0.01)"},
+        {"--lm-weight", FLAG_REAL, &config->lm_weight, .value = "X",
+         .help = "weight of the text towers' next-byte loss (default 0.1)"},
+        {"--clip", FLAG_REAL, &config->clip_norm, .value = "X",
+         .help = "global gradient norm clip, 0 for none (default 1)"},
+        {NULL},
     };
-    struct {
-        char const *name;
-        double *value;
-    } const reals[] = {
-        {"--lr", &flags->config.learning_rate},
-        {"--weight-decay", &flags->config.weight_decay},
-        {"--lm-weight", &flags->config.lm_weight},
-        {"--clip", &flags->config.clip_norm},
-    };
-    for (int i = 1; i < argc; ++i) {
-        char const *value = NULL;
-        int matched = 0, code = COMMAND_OK;
-        if (command_is_help(argv[i])) {
-            printf("%s", help);
-            flags->help = true;
-            return COMMAND_OK;
-        }
-        if ((matched = command_option(argc, argv, &i, "train", "--data", &value)) != 0) {
-            flags->data = value;
-        } else if ((matched = command_option(argc, argv, &i, "train", "--out", &value)) != 0) {
-            flags->out = value;
-        } else if ((matched = command_option(argc, argv, &i, "train", "--resume", &value)) != 0) {
-            flags->resume = value;
-        } else if (!strcmp(argv[i], "--strict")) {
-            flags->strict = true;
-            matched = 1;
-        } else if (!strcmp(argv[i], "--dry-run")) {
-            flags->dry_run = true;
-            matched = 1;
-        } else if ((matched = command_option(argc, argv, &i, "train", "--seed", &value)) != 0) {
-            if (matched > 0 && command_parse_u64(value, &flags->config.seed) != 0)
-                return command_usage("train", "--seed takes a number, not '%s'", value);
-        } else {
-            for (size_t k = 0; k < sizeof sizes / sizeof sizes[0] && !matched; ++k) {
-                matched = command_option(argc, argv, &i, "train", sizes[k].name, &value);
-                if (matched > 0 && command_parse_size(value, sizes[k].value) != 0)
-                    return command_usage("train", "%s takes a number, not '%s'", sizes[k].name, value);
-                if (matched > 0 && sizes[k].value == &flags->config.warmup_steps) flags->warmup_given = true;
-            }
-            for (size_t k = 0; k < sizeof reals / sizeof reals[0] && !matched; ++k) {
-                matched = command_option(argc, argv, &i, "train", reals[k].name, &value);
-                if (matched > 0) code = parse_double(reals[k].name, value, reals[k].value);
-            }
-            if (!matched) return command_usage("train", "unknown flag '%s'", argv[i]);
-        }
-        if (matched < 0) return COMMAND_USAGE;
-        if (code != COMMAND_OK) return code;
-    }
-    if (!flags->data) return command_usage("train", "--data MANIFEST is required");
-    if (!flags->out) return command_usage("train", "--out CHECKPOINT is required");
-    if (!flags->steps) return command_usage("train", "--steps must be at least 1");
-    if (!flags->batch) return command_usage("train", "--batch must be at least 1");
-    if (flags->neighbours > NEAREST)
-        return command_usage("train", "--neighbours takes at most %d, not %zu", NEAREST, flags->neighbours);
+    command_spec_t const spec = {.help = &help, .flags = table};
+    int code = command_flags_parse(&spec, argc, argv, &flags->help);
+    if (code != COMMAND_OK || flags->help) return code;
+    if (!flags->data) return command_usage(help.name, "--data MANIFEST is required");
+    if (!flags->out) return command_usage(help.name, "--out CHECKPOINT is required");
     if (!flags->warmup_given) {
         size_t tenth = flags->steps / 10;
-        flags->config.warmup_steps = tenth < 100 ? tenth : 100;
+        config->warmup_steps = tenth < 100 ? tenth : 100;
     }
-    flags->config.total_steps = flags->steps;
-    flags->config.resume_path = flags->resume;
+    config->total_steps = flags->steps;
+    config->resume_path = flags->resume;
     return COMMAND_OK;
 }
 
@@ -323,16 +270,16 @@ static int batcher_next(batcher_t *batcher) {
     batcher->count = 0;
     batcher->taken_count = 0;
     batcher->batches++;
-    dataset_random_t near;
-    dataset_random_seed(&near, batcher->seed, NEAREST_STREAM, batcher->batches);
+    random_stream_t near;
+    random_stream_seed(&near, batcher->seed, NEAREST_STREAM, batcher->batches);
     for (size_t drawn = 0; drawn < groups && batcher->count < batcher->batch; ++drawn) {
         if (batcher->position == groups) {
-            dataset_random_t random;
-            dataset_random_seed(&random, batcher->seed, BATCH_STREAM, batcher->pass++);
+            random_stream_t random;
+            random_stream_seed(&random, batcher->seed, BATCH_STREAM, batcher->pass++);
             for (size_t g = 0; g < groups; ++g)
                 batcher->order[g] = g;
             for (size_t g = groups - 1; g > 0; --g) { /* Fisher-Yates */
-                size_t other = dataset_random_below(&random, g + 1), kept = batcher->order[g];
+                size_t other = random_stream_below(&random, g + 1), kept = batcher->order[g];
                 batcher->order[g] = batcher->order[other];
                 batcher->order[other] = kept;
             }
@@ -348,7 +295,7 @@ static int batcher_next(batcher_t *batcher) {
             for (size_t j = 0; j < NEAREST; ++j)
                 free_count += nearest[j] != SIZE_MAX && batcher->taken[nearest[j]] != batcher->batches;
             if (free_count == 0) break;
-            size_t pick = dataset_random_below(&near, free_count);
+            size_t pick = random_stream_below(&near, free_count);
             for (size_t j = 0; j < NEAREST; ++j)
                 if (nearest[j] != SIZE_MAX && batcher->taken[nearest[j]] != batcher->batches && pick-- == 0) {
                     code = batcher_take(batcher, nearest[j]);

@@ -452,6 +452,27 @@ def check_errors(uform, model, workdir):
         lines = stderr.splitlines()
         assert len(lines) == 1 and lines[0].startswith(("uform:", "UForm:")), (arguments, stderr)
 
+    # One parser walks every command's flag table, so every command words the same mistake alike.
+    said = [
+        (["info", "--unknown"], "unknown flag '--unknown' (see 'uform info --help')"),
+        (["eval", "stray"], "unexpected argument 'stray' (see 'uform eval --help')"),
+        (["train", "stray"], "unexpected argument 'stray' (see 'uform train --help')"),
+        (["info", "--json=yes"], "--json takes no value (see 'uform info --help')"),
+        (["search", "index", "x", "--recursive=1"], "--recursive takes no value (see 'uform search index --help')"),
+        (["checkpoint", "tiny", "x", "--seed"], "--seed needs a value (see 'uform checkpoint tiny --help')"),
+        (["train", "--neighbours", "9"], "--neighbours takes a number up to 8, not '9' (see 'uform train --help')"),
+        (["eval", "--batch=0"], "--batch takes a number from 1 to 256, not '0' (see 'uform eval --help')"),
+        (["train", "--steps", "0"], "--steps takes a positive number, not '0' (see 'uform train --help')"),
+        (["train", "--lr", "-1"], "--lr takes a number of at least 0, not '-1' (see 'uform train --help')"),
+        (["encode", "--scalar", "f64"], "--scalar takes f32, bf16, f16 or i8, not 'f64' (see 'uform encode --help')"),
+        (["checkpoint"], "a tool is missing: tiny (see 'uform checkpoint --help')"),
+        (["search", "x"], "unknown tool 'x': index or query (see 'uform search --help')"),
+    ] + ([(["serve", "--port", "70000"], "--port takes a number up to 65535, not '70000' (see 'uform serve --help')")]
+         if serve_built else [])
+    for arguments, message in said:
+        _, stderr = run(uform, *arguments, expect=2)
+        assert stderr == f"uform: {message}\n", (arguments, stderr)
+
     # A missing media file is one line naming the item, its modality and the engine's status (an
     # image's failures are checked by check_images); a bad manifest line says where.
     for modality in ("audio",):
@@ -477,6 +498,10 @@ def check_errors(uform, model, workdir):
                       ["checkpoint", "tiny", "--help"], ["search", "--help"]) + ((["serve", "--help"],) if serve_built else ()):
         text, _ = run(uform, *arguments)
         assert text.startswith(b"usage: uform"), (arguments, text)
+    # Each flag's description starts in one column, the table's.
+    text, _ = run(uform, "checkpoint", "tiny", "--help")
+    rows = [line for line in text.decode().splitlines() if line.startswith("  --")]
+    assert len(rows) == 7 and len({len(line) - len(line[2:].split("  ", 1)[1].lstrip()) for line in rows}) == 1, rows
 
 
 def check_default_model(uform, model, workdir):

@@ -312,7 +312,8 @@ def check_refusals(uform, workdir, first):
         (["--out", "x", "--test-fraction", "-0.1"], "--test-fraction"),
         (["--out", "x", "--images", "many"], "--images takes a number"),
         (["--out", "x", "--images", "0", "--videos", "0", "--sounds", "0"], "nothing to write"),
-        (["--out", "x", "--what"], "unexpected argument '--what'"),
+        (["--out", "x", "--what"], "unknown flag '--what'"),
+        (["--out", "x", "stray"], "unexpected argument 'stray'"),
     ]:
         _, stderr = run(uform, "dataset", "synth", *arguments, expect=2)
         assert message in stderr and "uform dataset synth --help" in stderr, (arguments, stderr)

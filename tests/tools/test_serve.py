@@ -331,6 +331,14 @@ def check_bad_input(server, reference):
     status, response, body = request(port, "GET", "/v1/embeddings")
     assert_error(status, body, 405, "method_not_allowed")
     assert response.getheader("Allow") == "POST"
+    # Every route of the table answers a method it does not take alike; a path only starting like one is
+    # no route at all.
+    for path in ("/health", "/ready", "/metrics", "/v1/models", f"/v1/models/{server.name}"):
+        status, response, body = request(port, "POST", path, body={})
+        assert_error(status, body, 405, "method_not_allowed")
+        assert response.getheader("Allow") == "GET, HEAD", path
+    for path in ("/healthz", "/v1/modelsx", "/v1/embeddings/x", "/"):
+        assert_error(*request(port, "GET", path)[::2], 404, "not_found")
     assert_error(*request(port, "GET", "/v2/nothing")[::2], 404, "not_found")
     assert_error(*request(port, "GET", "/v2/%FF%C3")[::2], 404, "not_found")  # not UTF-8 once unescaped
     assert_error(*embed(port, b'{"input": "a", "model": 7, \xff}')[::2], 400, "invalid_json")

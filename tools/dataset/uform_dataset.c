@@ -27,34 +27,16 @@ static char const help[] =
     "\n"
     "'uform dataset <tool> --help' describes a tool.\n";
 
-static char const synth_help[] =
+static char const synth_help_head[] =
     "usage: uform dataset synth --out DIR [--seed N] [--images N] [--videos N] [--sounds N]\n"
     "                           [--image-size N] [--video-frames N] [--audio-rate N]\n"
     "                           [--test-fraction F] [--force]\n"
     "\n"
     "Writes a seeded procedural multimodal dataset for training: images of one shape, clips of a moving\n"
     "shape and short sounds, each with two captions. The same seed and options write the same bytes.\n"
-    "\n"
-    "  --out DIR           the folder to write, created (its parent must exist); an existing one must\n"
-    "                      be empty, unless --force\n"
-    "  --force             write into a folder that is not empty: its manifests and dataset.json are\n"
-    "                      replaced, and the media a previous run wrote there (media/img-*.png,\n"
-    "                      media/vid-*.mp4, media/snd-*.wav) are removed first; other files stay\n"
-    "  --seed N            the seed, below 2^63 (default 42)\n"
-    "  --images N          PNG images (default 4000): one shape (circle, square, triangle, diamond,\n"
-    "                      star, cross, ring, hexagon) in one of 8 colours, small, medium or large, at\n"
-    "                      one of 9 positions, over a plain or lightly noised dark, grey or light ground\n"
-    "                      (the captions name the ground, not the noise)\n"
-    "  --videos N          clips (default 1000), MPEG-4 Part 2 in MP4 at 8 frames a second: a shape of\n"
-    "                      a colour moving left, right, up or down, growing or shrinking\n"
-    "  --sounds N          sounds (default 1000), 1 s of 16-bit PCM mono WAV: a tone, a major or minor\n"
-    "                      chord, a burst of noise, a slow or fast rhythm of beeps, each low, middle or\n"
-    "                      high; and spoken words (a low, middle or high voice) where the build has\n"
-    "                      espeak-ng\n"
-    "  --image-size N      the side of images and frames in pixels, even, 16 to 1024 (default 64)\n"
-    "  --video-frames N    frames of a clip, 2 to 240 (default 8)\n"
-    "  --audio-rate N      the sample rate of sounds, 8000 to 96000 (default 16000)\n"
-    "  --test-fraction F   the part of each modality's samples that goes to test, 0 to 0.9 (default 0.1)\n"
+    "\n";
+
+static char const synth_help_tail[] =
     "\n"
     "DIR/train.jsonl and DIR/test.jsonl hold one item a line:\n"
     "  {\"modality\": \"text\", \"text\": \"a dark picture of a small red circle at the top left\",\n"
@@ -76,57 +58,13 @@ static char const synth_help[] =
     "written under temporary names and renamed at the end, dataset.json last: a folder with a\n"
     "dataset.json is complete. A progress line is drawn on stderr when it is a terminal.\n";
 
-/* ---- the seeded generator ------------------------------------------------------------------------- */
-
-static uint64_t splitmix64(uint64_t *x) {
-    uint64_t z = (*x += 0x9E3779B97F4A7C15u);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9u;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBu;
-    return z ^ (z >> 31);
-}
-
-void dataset_random_seed(dataset_random_t *random, uint64_t seed, uint64_t stream, uint64_t index) {
-    uint64_t x = seed;
-    x = splitmix64(&x) ^ stream * 0xD1B54A32D192ED03u;
-    x = splitmix64(&x) ^ index;
-    for (size_t i = 0; i < 4; ++i)
-        random->state[i] = splitmix64(&x);
-}
-
-static uint64_t rotate_left(uint64_t x, int k) {
-    return (x << k) | (x >> (64 - k));
-}
-
-uint64_t dataset_random_next(dataset_random_t *random) {
-    uint64_t *s = random->state;
-    uint64_t result = rotate_left(s[1] * 5, 7) * 9, t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotate_left(s[3], 45);
-    return result;
-}
-
-double dataset_random_unit(dataset_random_t *random) {
-    return (double)(dataset_random_next(random) >> 11) * 0x1.0p-53;
-}
-
-double dataset_random_between(dataset_random_t *random, double low, double high) {
-    return low + (high - low) * dataset_random_unit(random);
-}
-
-size_t dataset_random_below(dataset_random_t *random, size_t count) {
-    return (size_t)(((unsigned __int128)dataset_random_next(random) * count) >> 64);
-}
-
 /* ---- what samples show ---------------------------------------------------------------------------- */
 
 enum { IMAGES = 0, VIDEOS = 1, SOUNDS = 2, MODALITIES = 3 };
 enum { TRAIN = 0, TEST = 1 };
 
-static char const *const modality_names[MODALITIES] = {"image", "video", "audio"};
+static uform_modality_t const engine_modalities[MODALITIES] = {UFORM_MODALITY_IMAGE, UFORM_MODALITY_VIDEO,
+                                                               UFORM_MODALITY_AUDIO};
 static char const *const count_names[MODALITIES] = {"images", "videos", "sounds"};
 static char const *const group_prefixes[MODALITIES] = {"img", "vid", "snd"};
 static char const *const extensions[MODALITIES] = {"png", "mp4", "wav"};
@@ -202,11 +140,11 @@ typedef struct combinations {
     bool held[MAX_COMBINATIONS];
 } combinations_t;
 
-static void shuffle(size_t *order, size_t count, dataset_random_t *random) {
+static void shuffle(size_t *order, size_t count, random_stream_t *random) {
     for (size_t i = 0; i < count; ++i)
         order[i] = i;
     for (size_t i = count; i > 1; --i) {
-        size_t j = dataset_random_below(random, i), swap = order[i - 1];
+        size_t j = random_stream_below(random, i), swap = order[i - 1];
         order[i - 1] = order[j];
         order[j] = swap;
     }
@@ -218,8 +156,8 @@ static void shuffle(size_t *order, size_t count, dataset_random_t *random) {
 static void choose_held_out(uint64_t seed, size_t modality, size_t rows, size_t columns,
                             combinations_t *pairs) {
     *pairs = (combinations_t){.rows = rows, .columns = columns};
-    dataset_random_t random;
-    dataset_random_seed(&random, seed, STREAM_HELD_OUT + modality, 0);
+    random_stream_t random;
+    random_stream_seed(&random, seed, STREAM_HELD_OUT + modality, 0);
     size_t row_order[MAX_COMBINATIONS], column_order[MAX_COMBINATIONS];
     shuffle(row_order, rows, &random);
     shuffle(column_order, columns, &random);
@@ -231,9 +169,9 @@ static void choose_held_out(uint64_t seed, size_t modality, size_t rows, size_t 
 }
 
 /* A pair drawn uniformly from the held-out ones (test) or the others (train). */
-static size_t draw_pair(combinations_t const *pairs, bool test, dataset_random_t *random) {
+static size_t draw_pair(combinations_t const *pairs, bool test, random_stream_t *random) {
     size_t total = pairs->rows * pairs->columns;
-    size_t skip = dataset_random_below(random, test ? pairs->held_count : total - pairs->held_count);
+    size_t skip = random_stream_below(random, test ? pairs->held_count : total - pairs->held_count);
     for (size_t i = 0; i < total; ++i)
         if (pairs->held[i] == test && skip-- == 0) return i;
     return 0; /* not reached: the counts above are exact */
@@ -288,80 +226,58 @@ static int join_path(char *path, char const *folder, char const *name) {
     return COMMAND_OK;
 }
 
+static command_help_t const synth_help = {
+    .name = "dataset synth", .head = synth_help_head, .tail = synth_help_tail, .column = 22};
+
 static int parse_flags(int argc, char **argv, synth_flags_t *flags) {
-    static char const command[] = "dataset synth";
-    static char const *const names[] = {"--out",          "--seed",       "--images",
-                                        "--videos",       "--sounds",     "--image-size",
-                                        "--video-frames", "--audio-rate", "--test-fraction"};
-    enum {
-        OUT,
-        SEED,
-        IMAGE_COUNT,
-        VIDEO_COUNT,
-        SOUND_COUNT,
-        IMAGE_SIZE,
-        VIDEO_FRAMES,
-        AUDIO_RATE,
-        TEST_FRACTION
-    };
-    static uint64_t const limits[][2] = {
-        [SEED] = {0, INT64_MAX},        [IMAGE_COUNT] = {0, 100000000}, [VIDEO_COUNT] = {0, 100000000},
-        [SOUND_COUNT] = {0, 100000000}, [IMAGE_SIZE] = {16, 1024},      [VIDEO_FRAMES] = {2, 240},
-        [AUDIO_RATE] = {8000, 96000},
-    };
     *flags = (synth_flags_t){.seed = 42,
                              .counts = {4000, 1000, 1000},
                              .image_size = 64,
                              .video_frames = 8,
                              .audio_rate = 16000,
                              .test_fraction = 0.1};
-    for (int i = 1; i < argc; ++i) {
-        if (command_is_help(argv[i])) {
-            fputs(synth_help, stdout);
-            flags->help = true;
-            return COMMAND_OK;
-        }
-        if (!strcmp(argv[i], "--force")) {
-            flags->force = true;
-            continue;
-        }
-        size_t name = 0, names_count = sizeof names / sizeof names[0];
-        char const *value = NULL;
-        int matched = 0;
-        while (name < names_count &&
-               (matched = command_option(argc, argv, &i, command, names[name], &value)) == 0)
-            ++name;
-        if (matched < 0) return COMMAND_USAGE;
-        if (!matched) return command_usage(command, "unexpected argument '%s'", argv[i]);
-        if (name == OUT) {
-            flags->out = value;
-        } else if (name == TEST_FRACTION) {
-            char *end = NULL;
-            errno = 0;
-            double fraction = strtod(value, &end);
-            if (value[0] < '0' || value[0] > '9' || errno || *end || !(fraction >= 0 && fraction <= 0.9))
-                return command_usage(command, "--test-fraction takes a number from 0 to 0.9, not '%s'",
-                                     value);
-            flags->test_fraction = fraction;
-        } else {
-            uint64_t number = 0;
-            if (command_parse_u64(value, &number) != 0 || number < limits[name][0] ||
-                number > limits[name][1])
-                return command_usage(command, "%s takes a number from %" PRIu64 " to %" PRIu64 ", not '%s'",
-                                     names[name], limits[name][0], limits[name][1], value);
-            if (name == SEED) flags->seed = number;
-            if (name >= IMAGE_COUNT && name <= SOUND_COUNT)
-                flags->counts[name - IMAGE_COUNT] = (size_t)number;
-            if (name == IMAGE_SIZE) flags->image_size = (size_t)number;
-            if (name == VIDEO_FRAMES) flags->video_frames = (size_t)number;
-            if (name == AUDIO_RATE) flags->audio_rate = (size_t)number;
-        }
-    }
-    if (!flags->out) return command_usage(command, "--out DIR is missing");
+    command_flag_t const table[] = {
+        {"--out", FLAG_STRING, &flags->out, .value = "DIR",
+         .help = "the folder to write, created (its parent must exist); an existing one must\n"
+                 "be empty, unless --force"},
+        {"--force", FLAG_SWITCH, &flags->force,
+         .help = "write into a folder that is not empty: its manifests and dataset.json are\n"
+                 "replaced, and the media a previous run wrote there (media/img-*.png,\n"
+                 "media/vid-*.mp4, media/snd-*.wav) are removed first; other files stay"},
+        {"--seed", FLAG_U64, &flags->seed, .value = "N", .maximum = INT64_MAX,
+         .help = "the seed, below 2^63 (default 42)"},
+        {"--images", FLAG_SIZE, &flags->counts[IMAGES], .value = "N", .maximum = 100000000,
+         .help = "PNG images (default 4000): one shape (circle, square, triangle, diamond,\n"
+                 "star, cross, ring, hexagon) in one of 8 colours, small, medium or large, at\n"
+                 "one of 9 positions, over a plain or lightly noised dark, grey or light ground\n"
+                 "(the captions name the ground, not the noise)"},
+        {"--videos", FLAG_SIZE, &flags->counts[VIDEOS], .value = "N", .maximum = 100000000,
+         .help = "clips (default 1000), MPEG-4 Part 2 in MP4 at 8 frames a second: a shape of\n"
+                 "a colour moving left, right, up or down, growing or shrinking"},
+        {"--sounds", FLAG_SIZE, &flags->counts[SOUNDS], .value = "N", .maximum = 100000000,
+         .help = "sounds (default 1000), 1 s of 16-bit PCM mono WAV: a tone, a major or minor\n"
+                 "chord, a burst of noise, a slow or fast rhythm of beeps, each low, middle or\n"
+                 "high; and spoken words (a low, middle or high voice) where the build has\n"
+                 "espeak-ng"},
+        {"--image-size", FLAG_SIZE, &flags->image_size, .value = "N", .minimum = 16, .maximum = 1024,
+         .help = "the side of images and frames in pixels, even, 16 to 1024 (default 64)"},
+        {"--video-frames", FLAG_SIZE, &flags->video_frames, .value = "N", .minimum = 2, .maximum = 240,
+         .help = "frames of a clip, 2 to 240 (default 8)"},
+        {"--audio-rate", FLAG_SIZE, &flags->audio_rate, .value = "N", .minimum = 8000, .maximum = 96000,
+         .help = "the sample rate of sounds, 8000 to 96000 (default 16000)"},
+        {"--test-fraction", FLAG_REAL, &flags->test_fraction, .value = "F", .real_maximum = 0.9,
+         .help = "the part of each modality's samples that goes to test, 0 to 0.9 (default 0.1)"},
+        {NULL},
+    };
+    command_spec_t const spec = {.help = &synth_help, .flags = table};
+    int code = command_flags_parse(&spec, argc, argv, &flags->help);
+    if (code != COMMAND_OK || flags->help) return code;
+    if (!flags->out) return command_usage(synth_help.name, "--out DIR is missing");
     if (flags->image_size % 2)
-        return command_usage(command, "--image-size takes an even number, not %zu", flags->image_size);
+        return command_usage(synth_help.name, "--image-size takes an even number, not %zu",
+                             flags->image_size);
     if (!flags->counts[IMAGES] && !flags->counts[VIDEOS] && !flags->counts[SOUNDS])
-        return command_usage(command, "--images, --videos and --sounds are all 0: nothing to write");
+        return command_usage(synth_help.name, "--images, --videos and --sounds are all 0: nothing to write");
     return COMMAND_OK;
 }
 
@@ -459,8 +375,9 @@ static int write_line(synth_t *synth, size_t split, json_t *item) {
 
 /* The sample's media item, then its captions, each a line of the split's manifest. */
 static int write_sample(synth_t *synth, size_t modality, size_t split, sample_t *sample) {
-    json_t *item = json_pack("{s:s, s:s, s:[s], s:O}", "modality", modality_names[modality], "path",
-                             sample->path, "groups", sample->group, "attributes", sample->attributes);
+    json_t *item =
+        json_pack("{s:s, s:s, s:[s], s:O}", "modality", command_modality_names[engine_modalities[modality]],
+                  "path", sample->path, "groups", sample->group, "attributes", sample->attributes);
     int code = write_line(synth, split, item);
     for (size_t i = 0; i < 2 && code == COMMAND_OK; ++i)
         code = write_line(synth, split,
@@ -472,9 +389,9 @@ static int write_sample(synth_t *synth, size_t modality, size_t split, sample_t 
 /* ---- the samples ------------------------------------------------------------------------------------------
  */
 
-static void jitter_colour(colour_t const *colour, dataset_random_t *random, uint8_t rgb[3]) {
+static void jitter_colour(colour_t const *colour, random_stream_t *random, uint8_t rgb[3]) {
     for (size_t c = 0; c < 3; ++c) {
-        double value = colour->rgb[c] + dataset_random_between(random, -12, 12);
+        double value = colour->rgb[c] + random_stream_between(random, -12, 12);
         rgb[c] = (uint8_t)(value < 0 ? 0 : value > 255 ? 255 : lround(value));
     }
 }
@@ -482,29 +399,29 @@ static void jitter_colour(colour_t const *colour, dataset_random_t *random, uint
 /* The background of a sample: one of three greys, plain or with noise of amplitude 5 to 12. The captions
  * name the grey, not the noise: grain of a few levels is a nuisance the towers should ignore (at the
  * half size they see it is about 1 to 2 levels deep), not something a caption can ask them to find. */
-static size_t draw_background(dataset_random_t *random, dataset_background_t *background, bool *noisy) {
-    size_t which = dataset_random_below(random, BACKGROUNDS);
-    *noisy = dataset_random_below(random, 2);
+static size_t draw_background(random_stream_t *random, dataset_background_t *background, bool *noisy) {
+    size_t which = random_stream_below(random, BACKGROUNDS);
+    *noisy = random_stream_below(random, 2);
     *background = (dataset_background_t){.level = backgrounds[which].level,
-                                         .noise = *noisy ? dataset_random_between(random, 5, 12) : 0};
+                                         .noise = *noisy ? random_stream_between(random, 5, 12) : 0};
     return which;
 }
 
-static int synth_image(synth_t *synth, dataset_random_t *random, bool test, char const *path,
+static int synth_image(synth_t *synth, random_stream_t *random, bool test, char const *path,
                        sample_t *sample) {
     size_t side = synth->flags.image_size;
     size_t pair = draw_pair(&synth->pairs[IMAGES], test, random);
     size_t colour = pair / DATASET_SHAPES, shape = pair % DATASET_SHAPES;
-    size_t size = dataset_random_below(random, SIZES), position = dataset_random_below(random, POSITIONS);
+    size_t size = random_stream_below(random, SIZES), position = random_stream_below(random, POSITIONS);
     dataset_background_t background;
     bool noisy = false;
     size_t ground = draw_background(random, &background, &noisy);
     dataset_shape_t drawn = {
         .kind = (dataset_shape_kind_t)shape,
-        .radius = sizes[size].radius * (double)side * dataset_random_between(random, 0.92, 1.08),
-        .x = (positions[position].x + dataset_random_between(random, -0.02, 0.02)) * (double)side,
-        .y = (positions[position].y + dataset_random_between(random, -0.02, 0.02)) * (double)side,
-        .angle = dataset_random_between(random, -0.2, 0.2),
+        .radius = sizes[size].radius * (double)side * random_stream_between(random, 0.92, 1.08),
+        .x = (positions[position].x + random_stream_between(random, -0.02, 0.02)) * (double)side,
+        .y = (positions[position].y + random_stream_between(random, -0.02, 0.02)) * (double)side,
+        .angle = random_stream_between(random, -0.2, 0.2),
     };
     jitter_colour(&colours[colour], random, drawn.rgb);
     dataset_draw(synth->pixels, side, &background, &drawn, random);
@@ -527,19 +444,19 @@ static int synth_image(synth_t *synth, dataset_random_t *random, bool test, char
     return dataset_png_write(path, synth->pixels, side);
 }
 
-static int synth_video(synth_t *synth, dataset_random_t *random, bool test, char const *path,
+static int synth_video(synth_t *synth, random_stream_t *random, bool test, char const *path,
                        sample_t *sample) {
     size_t side = synth->flags.image_size, frames = synth->flags.video_frames;
     size_t pair = draw_pair(&synth->pairs[VIDEOS], test, random);
     size_t colour = pair / MOTIONS, motion = pair % MOTIONS,
-           shape = dataset_random_below(random, DATASET_SHAPES);
+           shape = random_stream_below(random, DATASET_SHAPES);
     dataset_background_t background;
     bool noisy = false;
     draw_background(random, &background, &noisy);
     /* Where the shape starts and ends, in parts of the side, and its radius at both ends. */
-    double from = dataset_random_between(random, 0.72, 0.78), to = dataset_random_between(random, 0.22, 0.28);
-    double across = dataset_random_between(random, 0.3, 0.7),
-           radius = dataset_random_between(random, 0.1, 0.16);
+    double from = random_stream_between(random, 0.72, 0.78), to = random_stream_between(random, 0.22, 0.28);
+    double across = random_stream_between(random, 0.3, 0.7),
+           radius = random_stream_between(random, 0.1, 0.16);
     double x[2] = {across, across}, y[2] = {across, across}, radii[2] = {radius, radius};
     switch (motion) {
     case 0: /* left */
@@ -559,16 +476,16 @@ static int synth_video(synth_t *synth, dataset_random_t *random, bool test, char
         y[1] = from;
         break;
     default: { /* growing, shrinking: near the centre */
-        double small = dataset_random_between(random, 0.06, 0.09),
-               large = dataset_random_between(random, 0.25, 0.3);
-        x[0] = x[1] = dataset_random_between(random, 0.42, 0.58);
-        y[0] = y[1] = dataset_random_between(random, 0.42, 0.58);
+        double small = random_stream_between(random, 0.06, 0.09),
+               large = random_stream_between(random, 0.25, 0.3);
+        x[0] = x[1] = random_stream_between(random, 0.42, 0.58);
+        y[0] = y[1] = random_stream_between(random, 0.42, 0.58);
         radii[0] = motion == 4 ? small : large;
         radii[1] = motion == 4 ? large : small;
     }
     }
     dataset_shape_t drawn = {.kind = (dataset_shape_kind_t)shape,
-                             .angle = dataset_random_between(random, -0.2, 0.2)};
+                             .angle = random_stream_between(random, -0.2, 0.2)};
     jitter_colour(&colours[colour], random, drawn.rgb);
     for (size_t f = 0; f < frames; ++f) {
         double t = (double)f / (double)(frames - 1);
@@ -631,13 +548,13 @@ static void caption_sound(dataset_sound_t const *sound, sample_t *sample) {
     }
 }
 
-static int synth_sound(synth_t *synth, dataset_random_t *random, bool test, char const *path,
+static int synth_sound(synth_t *synth, random_stream_t *random, bool test, char const *path,
                        sample_t *sample) {
     size_t pair = draw_pair(&synth->pairs[SOUNDS], test, random);
     dataset_sound_t sound = {.kind = synth->kinds[pair / DATASET_PITCHES], .pitch = pair % DATASET_PITCHES};
     sound.note = dataset_sound_note(sound.kind, sound.pitch, random);
-    sound.variant = dataset_random_below(random, 2);
-    sound.word = dataset_random_below(random, DATASET_WORDS);
+    sound.variant = random_stream_below(random, 2);
+    sound.word = random_stream_below(random, DATASET_WORDS);
     caption_sound(&sound, sample);
     sample->attributes = json_pack("{s:s, s:s}", "kind", dataset_sound_kind_names[sound.kind], "pitch",
                                    dataset_pitch_names[sound.pitch]);
@@ -674,7 +591,7 @@ static int synth_sound(synth_t *synth, dataset_random_t *random, bool test, char
     return dataset_wav_write(path, synth->samples, count, synth->flags.audio_rate);
 }
 
-typedef int (*synth_sample_t)(synth_t *, dataset_random_t *, bool, char const *, sample_t *);
+typedef int (*synth_sample_t)(synth_t *, random_stream_t *, bool, char const *, sample_t *);
 
 /* Writes every sample of one modality and lists it in its split's manifest. */
 static int synth_modality(synth_t *synth, size_t modality, size_t *done) {
@@ -688,8 +605,8 @@ static int synth_modality(synth_t *synth, size_t modality, size_t *done) {
         bool test = goes_to_test(i, count, tests);
         snprintf(sample.group, sizeof sample.group, "%s-%06zu", group_prefixes[modality], i);
         snprintf(sample.path, sizeof sample.path, "media/%s.%s", sample.group, extensions[modality]);
-        dataset_random_t random;
-        dataset_random_seed(&random, synth->flags.seed, STREAM_SAMPLES + modality, i);
+        random_stream_t random;
+        random_stream_seed(&random, synth->flags.seed, STREAM_SAMPLES + modality, i);
         if ((code = join_path(path, synth->flags.out, sample.path)) == COMMAND_OK &&
             (code = makers[modality](synth, &random, test, path, &sample)) == COMMAND_OK &&
             (code = write_sample(synth, modality, test, &sample)) == COMMAND_OK) {
@@ -904,11 +821,7 @@ done:
 }
 
 int command_dataset(int argc, char **argv) {
-    if (argc < 2) return command_usage("dataset", "a tool is missing");
-    if (command_is_help(argv[1])) {
-        fputs(help, stdout);
-        return COMMAND_OK;
-    }
-    if (!strcmp(argv[1], "synth")) return dataset_synth(argc - 1, argv + 1);
-    return command_usage("dataset", "unknown tool '%s'", argv[1]);
+    static command_tool_t const tools[] = {{"synth", dataset_synth}};
+    static command_tools_t const dataset = {.name = "dataset", .help = help, .tools = tools, .count = 1};
+    return command_run_tool(&dataset, argc, argv);
 }

@@ -1,5 +1,6 @@
-/* `uform dataset`: seeded procedural multimodal datasets. What its files share: the seeded generator,
- * the drawing of shapes, the writers of PNG images, clips and WAV sounds, and the synthesis of sounds.
+/* `uform dataset`: seeded procedural multimodal datasets. What its files share: the drawing of shapes,
+ * the writers of PNG images, clips and WAV sounds, and the synthesis of sounds (the seeded generator is
+ * uform_random.h).
  * Internal to the `uform` command. Every function that prints an error answers the exit code to return,
  * as in uform_command.h. Nothing here is thread-safe: the command runs on one thread. */
 #ifndef UFORM_DATASET_H
@@ -9,26 +10,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "uform_random.h"
+
 /* `uform dataset <tool> ...`; the entry point the command table of uform.c names. */
 int command_dataset(int argc, char **argv);
-
-/* ---- the seeded generator: uform_dataset.c ------------------------------------------------------- */
-
-/* xoshiro256**, its state filled by splitmix64. Each sample has a stream of its own, so that what one
- * sample draws depends only on the seed, its modality and its index. */
-typedef struct dataset_random {
-    uint64_t state[4];
-} dataset_random_t;
-
-/* The generator of (seed, stream, index): streams name what is drawn (a modality, the held-out choice). */
-void dataset_random_seed(dataset_random_t *random, uint64_t seed, uint64_t stream, uint64_t index);
-uint64_t dataset_random_next(dataset_random_t *random);
-/* Uniform in [0, 1), 53 bits. */
-double dataset_random_unit(dataset_random_t *random);
-/* Uniform in [low, high). */
-double dataset_random_between(dataset_random_t *random, double low, double high);
-/* Uniform in [0, count), count > 0 (multiply-shift: a bias below 2^-40 for the counts used here). */
-size_t dataset_random_below(dataset_random_t *random, size_t count);
 
 /* ---- pictures: uform_dataset_image.c --------------------------------------------------------------- */
 
@@ -63,7 +48,7 @@ typedef struct dataset_background {
 /* Draws `shape` over `background` into `rgb`, side x side RGB8 rows: coverage by 4x4 supersampling, noise
  * from `random`. */
 void dataset_draw(uint8_t *rgb, size_t side, dataset_background_t const *background,
-                  dataset_shape_t const *shape, dataset_random_t *random);
+                  dataset_shape_t const *shape, random_stream_t *random);
 
 /* NULL when this build writes PNG images, else why it cannot ("this build has no libspng"). */
 char const *dataset_png_unbuilt(void);
@@ -116,7 +101,7 @@ typedef struct dataset_sound {
 
 /* The MIDI note a sound of `kind` in register `pitch` draws from `random` (a natural note of the
  * register); 0, drawing nothing, for kinds without a note. */
-size_t dataset_sound_note(dataset_sound_kind_t kind, size_t pitch, dataset_random_t *random);
+size_t dataset_sound_note(dataset_sound_kind_t kind, size_t pitch, random_stream_t *random);
 
 /* The name of a MIDI note without its octave ("C", "F sharp"), and with it ("F#4"). */
 char const *dataset_note_name(size_t note);
@@ -125,7 +110,7 @@ void dataset_note_label(size_t note, char *label, size_t capacity);
 /* The sound's samples into `samples`, `count` of them at `rate`, in [-1, 1]; speech through
  * dataset_speech_say. Random parts (noise, timing, gain) from `random`. */
 int dataset_sound_render(dataset_sound_t const *sound, float *samples, size_t count, size_t rate,
-                         dataset_random_t *random);
+                         random_stream_t *random);
 
 /* Starts the speech synthesizer (espeak-ng): NULL when words can be spoken, else why not (not built,
  * or its data not found). dataset_speech_stop ends it. */

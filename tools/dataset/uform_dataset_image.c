@@ -69,7 +69,7 @@ static uint8_t clamp_byte(double value) {
 }
 
 void dataset_draw(uint8_t *rgb, size_t side, dataset_background_t const *background,
-                  dataset_shape_t const *shape, dataset_random_t *random) {
+                  dataset_shape_t const *shape, random_stream_t *random) {
     double const cosine = cos(shape->angle), sine = sin(shape->angle), scale = 1 / shape->radius;
     /* Only pixels near the shape are sampled: every shape fits its circle, 1.1 leaves room for rounding. */
     double reach = shape->radius * 1.1 + 1;
@@ -95,7 +95,7 @@ void dataset_draw(uint8_t *rgb, size_t side, dataset_background_t const *backgro
                 double value = background->level * (1 - coverage) + shape->rgb[c] * coverage;
                 if (background->noise > 0)
                     value +=
-                        background->noise * (dataset_random_unit(random) + dataset_random_unit(random) - 1);
+                        background->noise * (random_stream_unit(random) + random_stream_unit(random) - 1);
                 pixel[c] = clamp_byte(value);
             }
         }

@@ -72,12 +72,12 @@ static void add_notes(float *samples, size_t count, size_t rate, size_t const *n
 /* A burst of noise, low (one-pole low-pass near 300 Hz: a rumble), middle (white) or high (the first
  * difference of white noise: a hiss), scaled to the peak `gain`. */
 static void add_noise(float *samples, size_t count, size_t rate, size_t pitch, double start, double length,
-                      double gain, dataset_random_t *random) {
+                      double gain, random_stream_t *random) {
     size_t first = (size_t)(start * (double)rate), last = first + (size_t)(length * (double)rate);
     if (last > count) last = count;
     double smoothing = 1 - exp(-2 * pi * 300 / (double)rate), state = 0, previous = 0, peak = 0;
     for (size_t i = first; i < last; ++i) {
-        double white = 2 * dataset_random_unit(random) - 1, value = white;
+        double white = 2 * random_stream_unit(random) - 1, value = white;
         if (pitch == 0) value = state += smoothing * (white - state);
         if (pitch == 2) value = white - previous;
         previous = white;
@@ -91,12 +91,12 @@ static void add_noise(float *samples, size_t count, size_t rate, size_t pitch, d
 }
 
 /* A natural note (no sharps) of the register: octaves 2-3 low, 4 middle, 5 high (and 6 for tones). */
-static size_t draw_note(size_t pitch, bool wide, dataset_random_t *random) {
+static size_t draw_note(size_t pitch, bool wide, random_stream_t *random) {
     static size_t const naturals[7] = {0, 2, 4, 5, 7, 9, 11};
-    size_t octave = pitch == 0   ? 2 + dataset_random_below(random, 2)
+    size_t octave = pitch == 0   ? 2 + random_stream_below(random, 2)
                     : pitch == 1 ? 4
-                                 : 5 + (wide ? dataset_random_below(random, 2) : 0);
-    return 12 * (octave + 1) + naturals[dataset_random_below(random, 7)];
+                                 : 5 + (wide ? random_stream_below(random, 2) : 0);
+    return 12 * (octave + 1) + naturals[random_stream_below(random, 7)];
 }
 
 /* ---- speech ---------------------------------------------------------------------------------------- */
@@ -229,47 +229,47 @@ static int add_speech(float *samples, size_t count, size_t rate, dataset_sound_t
 }
 
 int dataset_sound_render(dataset_sound_t const *sound, float *samples, size_t count, size_t rate,
-                         dataset_random_t *random) {
+                         random_stream_t *random) {
     memset(samples, 0, count * sizeof *samples);
-    double gain = dataset_random_between(random, 0.3, 0.7);
+    double gain = random_stream_between(random, 0.3, 0.7);
     switch (sound->kind) {
     case DATASET_TONE: {
-        double start = dataset_random_between(random, 0.02, 0.15),
-               length = dataset_random_between(random, 0.5, 0.8);
+        double start = random_stream_between(random, 0.02, 0.15),
+               length = random_stream_between(random, 0.5, 0.8);
         add_notes(samples, count, rate, &sound->note, 1, start, length, gain);
         return COMMAND_OK;
     }
     case DATASET_CHORD: {
         size_t notes[3] = {sound->note, sound->note + (sound->variant ? 3 : 4), sound->note + 7};
-        double start = dataset_random_between(random, 0.02, 0.15),
-               length = dataset_random_between(random, 0.5, 0.8);
+        double start = random_stream_between(random, 0.02, 0.15),
+               length = random_stream_between(random, 0.5, 0.8);
         add_notes(samples, count, rate, notes, 3, start, length, gain);
         return COMMAND_OK;
     }
     case DATASET_NOISE: {
-        double length = sound->variant ? dataset_random_between(random, 0.5, 0.8)
-                                       : dataset_random_between(random, 0.1, 0.25);
-        double start = dataset_random_between(random, 0.02, 0.95 - length);
+        double length = sound->variant ? random_stream_between(random, 0.5, 0.8)
+                                       : random_stream_between(random, 0.1, 0.25);
+        double start = random_stream_between(random, 0.02, 0.95 - length);
         add_noise(samples, count, rate, sound->pitch, start, length, gain, random);
         return COMMAND_OK;
     }
     case DATASET_RHYTHM: {
         /* Beeps of 60 ms: 2-3 a second slow, 7-10 fast. */
-        double interval = sound->variant ? dataset_random_between(random, 0.1, 0.14)
-                                         : dataset_random_between(random, 0.33, 0.5);
-        for (double start = dataset_random_between(random, 0.0, 0.08); start + 0.06 <= 1.0; start += interval)
+        double interval = sound->variant ? random_stream_between(random, 0.1, 0.14)
+                                         : random_stream_between(random, 0.33, 0.5);
+        for (double start = random_stream_between(random, 0.0, 0.08); start + 0.06 <= 1.0; start += interval)
             add_notes(samples, count, rate, &sound->note, 1, start, 0.06, gain);
         return COMMAND_OK;
     }
     case DATASET_SPEECH:
-        return add_speech(samples, count, rate, sound, dataset_random_between(random, 0, 0.1), gain);
+        return add_speech(samples, count, rate, sound, random_stream_between(random, 0, 0.1), gain);
     case DATASET_SOUND_KINDS:
         break;
     }
     return command_fail("unknown kind of sound %d", (int)sound->kind);
 }
 
-size_t dataset_sound_note(dataset_sound_kind_t kind, size_t pitch, dataset_random_t *random) {
+size_t dataset_sound_note(dataset_sound_kind_t kind, size_t pitch, random_stream_t *random) {
     if (kind != DATASET_TONE && kind != DATASET_CHORD && kind != DATASET_RHYTHM) return 0;
     return draw_note(pitch, kind == DATASET_TONE, random);
 }

@@ -21,7 +21,7 @@ static char const help[] =
     "--help' describe each.\n"
     "\n";
 
-static char const index_help[] =
+static char const index_help_head[] =
     "usage: uform search index FOLDER --output INDEX [options]\n"
     "\n"
     "Embeds every file of FOLDER that it knows by its extension, in any case:\n"
@@ -33,13 +33,9 @@ static char const index_help[] =
     "line of stderr with its status (io, format, unsupported, ...) and left out; the run goes on and\n"
     "ends with a count of the files indexed and skipped. INDEX is written to a temporary file beside it,\n"
     "synced and renamed into place: it is always a whole index, the old one or the new one.\n"
-    "\n"
-    "  --output INDEX     the index to write (required)\n"
-    "  --model PATH       the checkpoint; default: the default model (below). The index records its\n"
-    "                     absolute path for 'search query'\n"
-    "  --threads N        worker threads; 0 (the default) takes 7/8 of the cores\n"
-    "  --dims N           a matryoshka width of the model (see 'uform info'); default: its full width\n"
-    "  --recursive        the subfolders too (symbolic links to folders are not followed)\n"
+    "\n";
+
+static char const index_help_tail[] =
     "\n"
     "The index file (version 1, little-endian): a 64-byte header (\"UFORMIDX\", u32 version, u32 dims,\n"
     "u64 items, u64 model path bytes, u64 paths bytes, 24 zero bytes); the items' F32 vectors, row-major;\n"
@@ -88,37 +84,41 @@ typedef struct indexer {
 
 /* ---- flags ------------------------------------------------------------------------------------ */
 
+/* The one positional argument: FOLDER. */
+static int take_folder(void *context, char const *argument, bool literal) {
+    (void)literal;
+    index_flags_t *flags = context;
+    if (flags->folder) return command_usage("search index", "one FOLDER at a time, not also '%s'", argument);
+    flags->folder = argument;
+    return COMMAND_OK;
+}
+
+static command_help_t const index_help = {.name = "search index",
+                                          .head = index_help_head,
+                                          .tail = index_help_tail,
+                                          .column = 21,
+                                          .model_help = true,
+                                          .positional = take_folder};
+
 static int parse_index_flags(int argc, char **argv, index_flags_t *flags) {
-    static char const name[] = "search index";
-    for (int i = 1; i < argc; ++i) {
-        char const *value = NULL;
-        int matched = 0;
-        if (argv[i][0] != '-' || argv[i][1] == '\0') {
-            if (flags->folder) return command_usage(name, "one FOLDER at a time, not also '%s'", argv[i]);
-            flags->folder = argv[i];
-        } else if (command_is_help(argv[i])) {
-            printf("%s%s", index_help, command_default_model_help);
-            flags->help = true;
-            return COMMAND_OK;
-        } else if (!strcmp(argv[i], "--recursive")) {
-            flags->recursive = true;
-        } else if ((matched = command_option(argc, argv, &i, name, "--output", &value)) != 0) {
-            flags->output = value;
-        } else if ((matched = command_option(argc, argv, &i, name, "--model", &value)) != 0) {
-            flags->model = value;
-        } else if ((matched = command_option(argc, argv, &i, name, "--threads", &value)) != 0) {
-            if (matched > 0 && command_parse_size(value, &flags->threads) != 0)
-                return command_usage(name, "--threads takes a number, not '%s'", value);
-        } else if ((matched = command_option(argc, argv, &i, name, "--dims", &value)) != 0) {
-            if (matched > 0 && (command_parse_size(value, &flags->dims) != 0 || !flags->dims))
-                return command_usage(name, "--dims takes a positive number, not '%s'", value);
-        } else {
-            return command_usage(name, "unknown flag '%s'", argv[i]);
-        }
-        if (matched < 0) return COMMAND_USAGE;
-    }
-    if (!flags->folder) return command_usage(name, "which FOLDER?");
-    if (!flags->output) return command_usage(name, "--output INDEX is required");
+    command_flag_t const table[] = {
+        {"--output", FLAG_STRING, &flags->output, .value = "INDEX", .help = "the index to write (required)"},
+        {"--model", FLAG_STRING, &flags->model, .value = "PATH",
+         .help = "the checkpoint; default: the default model (below). The index records its\n"
+                 "absolute path for 'search query'"},
+        {"--threads", FLAG_SIZE, &flags->threads, .value = "N",
+         .help = "worker threads; 0 (the default) takes 7/8 of the cores"},
+        {"--dims", FLAG_SIZE, &flags->dims, .value = "N", .minimum = 1,
+         .help = "a matryoshka width of the model (see 'uform info'); default: its full width"},
+        {"--recursive", FLAG_SWITCH, &flags->recursive,
+         .help = "the subfolders too (symbolic links to folders are not followed)"},
+        {NULL},
+    };
+    command_spec_t const spec = {.help = &index_help, .flags = table, .context = flags};
+    int code = command_flags_parse(&spec, argc, argv, &flags->help);
+    if (code != COMMAND_OK || flags->help) return code;
+    if (!flags->folder) return command_usage(index_help.name, "which FOLDER?");
+    if (!flags->output) return command_usage(index_help.name, "--output INDEX is required");
     return COMMAND_OK;
 }
 
@@ -343,12 +343,8 @@ done:
 }
 
 int command_search(int argc, char **argv) {
-    if (argc < 2) return command_usage("search", "which subcommand: index or query?");
-    if (command_is_help(argv[1])) {
-        printf("%s%s", help, command_default_model_help);
-        return COMMAND_OK;
-    }
-    if (!strcmp(argv[1], "index")) return search_index(argc - 1, argv + 1);
-    if (!strcmp(argv[1], "query")) return search_query(argc - 1, argv + 1);
-    return command_usage("search", "unknown subcommand '%s': index or query", argv[1]);
+    static command_tool_t const tools[] = {{"index", search_index}, {"query", search_query}};
+    static command_tools_t const search = {
+        .name = "search", .help = help, .model_help = true, .tools = tools, .count = 2};
+    return command_run_tool(&search, argc, argv);
 }

@@ -8,7 +8,7 @@
 
 #include "uform_search.h"
 
-static char const help[] =
+static char const help_head[] =
     "usage: uform search query INDEX (TEXT | --file PATH) [options]\n"
     "\n"
     "Embeds TEXT, or the file at PATH, with the model the index was made with, and prints the K items of\n"
@@ -16,27 +16,21 @@ static char const help[] =
     "'RANK SCORE PATH' per item, or a JSON object per line with --format jsonl. Scores are dot products\n"
     "of unit vectors, in [-1, 1]: an item equal to the query scores 1. Paths are relative to the folder\n"
     "that was indexed; equal scores keep the index's order.\n"
-    "\n"
-    "  --file PATH        the query is this file, its modality by its extension as 'search index' takes\n"
-    "                     it: an image, a sound, a clip, or a .txt file's text\n"
-    "  --top K            how many items to print; default 10\n"
-    "  --format FORMAT    text (default): 'RANK SCORE PATH' lines, the score with 6 decimals;\n"
-    "                     jsonl: {\"rank\", \"score\", \"path\", \"modality\"}, the score to read back "
-    "exactly\n"
-    "                     and bytes of a path that are not UTF-8 as U+FFFD\n"
-    "  --model PATH       the checkpoint; default: the one the index records. Its widths must include\n"
-    "                     the index's dims\n"
-    "  --threads N        worker threads; 0 (the default) takes 7/8 of the cores\n"
-    "  --                 what follows is the TEXT, even when it starts with '-'\n"
+    "\n";
+
+static char const help_tail[] =
     "\n"
     "Errors are one line on stderr: exit status 1 when the work failed (an index that is missing or\n"
     "damaged, a query the model cannot encode), 2 for a wrong command line.\n"
     "\n";
 
+typedef enum query_format { QUERY_TEXT = 0, QUERY_JSONL = 1 } query_format_t;
+
 typedef struct query_flags {
     char const *index, *text, *file, *model;
     size_t threads, top;
-    bool jsonl, help;
+    int format; /* by query_format_t */
+    bool help;
 } query_flags_t;
 
 typedef struct scored {
@@ -46,46 +40,50 @@ typedef struct scored {
 
 /* ---- flags ------------------------------------------------------------------------------------ */
 
+/* The positional arguments: INDEX, then TEXT. */
+static int take_positional(void *context, char const *argument, bool literal) {
+    (void)literal;
+    query_flags_t *flags = context;
+    if (!flags->index)
+        flags->index = argument;
+    else if (!flags->text)
+        flags->text = argument;
+    else
+        return command_usage("search query", "one TEXT at a time: quote '%s %s'", flags->text, argument);
+    return COMMAND_OK;
+}
+
+static command_help_t const help = {.name = "search query",
+                                    .head = help_head,
+                                    .tail = help_tail,
+                                    .column = 21,
+                                    .positional = take_positional};
+
 static int parse_flags(int argc, char **argv, query_flags_t *flags) {
-    static char const name[] = "search query";
-    bool positional_only = false;
-    for (int i = 1; i < argc; ++i) {
-        char const *value = NULL;
-        int matched = 0;
-        if (positional_only || argv[i][0] != '-' || argv[i][1] == '\0') {
-            if (!flags->index)
-                flags->index = argv[i];
-            else if (!flags->text)
-                flags->text = argv[i];
-            else
-                return command_usage(name, "one TEXT at a time: quote '%s %s'", flags->text, argv[i]);
-        } else if (!strcmp(argv[i], "--")) {
-            positional_only = true;
-        } else if (command_is_help(argv[i])) {
-            printf("%s", help);
-            flags->help = true;
-            return COMMAND_OK;
-        } else if ((matched = command_option(argc, argv, &i, name, "--file", &value)) != 0) {
-            flags->file = value;
-        } else if ((matched = command_option(argc, argv, &i, name, "--model", &value)) != 0) {
-            flags->model = value;
-        } else if ((matched = command_option(argc, argv, &i, name, "--threads", &value)) != 0) {
-            if (matched > 0 && command_parse_size(value, &flags->threads) != 0)
-                return command_usage(name, "--threads takes a number, not '%s'", value);
-        } else if ((matched = command_option(argc, argv, &i, name, "--top", &value)) != 0) {
-            if (matched > 0 && (command_parse_size(value, &flags->top) != 0 || !flags->top))
-                return command_usage(name, "--top takes a positive number, not '%s'", value);
-        } else if ((matched = command_option(argc, argv, &i, name, "--format", &value)) != 0) {
-            if (matched > 0 && strcmp(value, "text") != 0 && strcmp(value, "jsonl") != 0)
-                return command_usage(name, "--format takes text or jsonl, not '%s'", value);
-            flags->jsonl = matched > 0 && !strcmp(value, "jsonl");
-        } else {
-            return command_usage(name, "unknown flag '%s'", argv[i]);
-        }
-        if (matched < 0) return COMMAND_USAGE;
-    }
-    if (!flags->index) return command_usage(name, "which INDEX?");
-    if (!flags->text == !flags->file) return command_usage(name, "a TEXT or a --file, one of the two");
+    static char const *const formats[] = {"text", "jsonl"}; /* by query_format_t */
+    command_flag_t const table[] = {
+        {"--file", FLAG_STRING, &flags->file, .value = "PATH",
+         .help = "the query is this file, its modality by its extension as 'search index' takes\n"
+                 "it: an image, a sound, a clip, or a .txt file's text"},
+        {"--top", FLAG_SIZE, &flags->top, .value = "K", .minimum = 1,
+         .help = "how many items to print; default 10"},
+        {"--format", FLAG_CHOICE, &flags->format, .value = "FORMAT", .choices = formats, .choice_count = 2,
+         .help = "text (default): 'RANK SCORE PATH' lines, the score with 6 decimals;\n"
+                 "jsonl: {\"rank\", \"score\", \"path\", \"modality\"}, the score to read back exactly\n"
+                 "and bytes of a path that are not UTF-8 as U+FFFD"},
+        {"--model", FLAG_STRING, &flags->model, .value = "PATH",
+         .help = "the checkpoint; default: the one the index records. Its widths must include\n"
+                 "the index's dims"},
+        {"--threads", FLAG_SIZE, &flags->threads, .value = "N",
+         .help = "worker threads; 0 (the default) takes 7/8 of the cores"},
+        {"--", FLAG_LITERALS, NULL, .help = "what follows is the TEXT, even when it starts with '-'"},
+        {NULL},
+    };
+    command_spec_t const spec = {.help = &help, .flags = table, .context = flags};
+    int code = command_flags_parse(&spec, argc, argv, &flags->help);
+    if (code != COMMAND_OK || flags->help) return code;
+    if (!flags->index) return command_usage(help.name, "which INDEX?");
+    if (!flags->text == !flags->file) return command_usage(help.name, "a TEXT or a --file, one of the two");
     return COMMAND_OK;
 }
 
@@ -233,7 +231,7 @@ int search_query(int argc, char **argv) {
         code = command_fail_engine();
         goto done;
     }
-    code = print_ranking(&index, query, flags.top, flags.jsonl);
+    code = print_ranking(&index, query, flags.top, flags.format == QUERY_JSONL);
 
 done:
     command_engine_close(&engine);

@@ -1,7 +1,8 @@
 /* uform serve: an OpenAI-compatible embedding server on the engine's own event loop. This file holds
- * the command's flags, libmicrohttpd driven from the loop, the routes, signals and the shutdown; the
- * bodies are in uform_serve_api.c, the batcher in uform_serve_batch.c, the metrics in
- * uform_serve_metrics.c, and uform_serve.h tells how they fit. */
+ * the command's flag table, libmicrohttpd driven from the loop, the route table (each endpoint's path,
+ * methods and handler, walked by one dispatcher), signals and the shutdown; the bodies are in
+ * uform_serve_api.c, the batcher in uform_serve_batch.c, the metrics in uform_serve_metrics.c, and
+ * uform_serve.h tells how they fit. */
 #include <errno.h>
 #include <netdb.h>
 #include <poll.h>
@@ -17,7 +18,7 @@
 
 #include "uform_serve.h"
 
-static char const help[] =
+static char const help_head[] =
     "usage: uform serve [options]\n"
     "\n"
     "Serves the model's embeddings over HTTP/1.1 with OpenAI's embeddings API, so that OpenAI's\n"
@@ -25,24 +26,9 @@ static char const help[] =
     "in an extension of it. Concurrent requests are gathered into one engine call per modality; a\n"
     "vector never depends on what it was batched with, and equals what 'uform encode' writes for the\n"
     "same text or file and width.\n"
-    "\n"
-    "  --model PATH          the checkpoint; default: the default model (below)\n"
-    "  --name NAME           the model's name in requests and in /v1/models; default: the checkpoint's\n"
-    "                        file name without .safetensors (tiny-42 for the default model)\n"
-    "  --threads N           the executor's worker threads; 0 (the default) takes 7/8 of the cores\n"
-    "  --host ADDRESS        the address to listen on (default 127.0.0.1; 0.0.0.0 or :: for all)\n"
-    "  --port N              the TCP port (default 8080); 0 picks a free one\n"
-    "  --batch-bytes N       the input bytes one engine call gathers at most (default 262144): text bytes\n"
-    "                        up to the context, media bytes once decoded; a request's inputs of one\n"
-    "                        modality are never split, so a larger request goes alone\n"
-    "  --batch-delay-us N    how long the oldest queued request may wait for others to join its batch\n"
-    "                        while the executor is idle (default 0: at once; requests arriving while it\n"
-    "                        computes are batched anyway)\n"
-    "  --queue N             requests waiting for the executor at most (default 1024); more are answered\n"
-    "                        429 with Retry-After\n"
-    "  --body-limit N        request bodies over N bytes are answered 413 without being read (default\n"
-    "                        16777216)\n"
-    "  --timeout SECONDS     idle connections are closed after this (default 60)\n"
+    "\n";
+
+static char const help_tail[] =
     "\n"
     "Once it listens it prints one line on standard output:\n"
     "  uform serve: listening on http://HOST:PORT (model NAME)\n"
@@ -80,61 +66,44 @@ enum { SERVE_DRAIN_SECONDS = 30 };
 
 /* ---- flags ------------------------------------------------------------------------------------- */
 
-static int parse_number(char const *flag, char const *value, uint64_t maximum, uint64_t *number) {
-    if (command_parse_u64(value, number) != 0 || *number > maximum)
-        return command_usage("serve", "%s takes a number up to %llu, not '%s'", flag,
-                             (unsigned long long)maximum, value);
-    return COMMAND_OK;
-}
+static command_help_t const help = {
+    .name = "serve", .head = help_head, .tail = help_tail, .column = 24, .model_help = true};
 
 static int parse_flags(int argc, char **argv, serve_flags_t *flags) {
-    for (int i = 1; i < argc; ++i) {
-        char const *value = NULL;
-        int matched = 0, code = COMMAND_OK;
-        uint64_t number = 0;
-        if (command_is_help(argv[i])) {
-            printf("%s%s", help, command_default_model_help);
-            flags->help = true;
-            return COMMAND_OK;
-        } else if ((matched = command_option(argc, argv, &i, "serve", "--model", &value)) != 0) {
-            flags->model = value;
-        } else if ((matched = command_option(argc, argv, &i, "serve", "--name", &value)) != 0) {
-            flags->name = value;
-        } else if ((matched = command_option(argc, argv, &i, "serve", "--host", &value)) != 0) {
-            flags->host = value;
-        } else if ((matched = command_option(argc, argv, &i, "serve", "--threads", &value)) != 0) {
-            if (matched > 0 && (code = parse_number("--threads", value, 4096, &number)) == COMMAND_OK)
-                flags->threads = (size_t)number;
-        } else if ((matched = command_option(argc, argv, &i, "serve", "--port", &value)) != 0) {
-            if (matched > 0 && (code = parse_number("--port", value, 65535, &number)) == COMMAND_OK)
-                flags->port = (unsigned)number;
-        } else if ((matched = command_option(argc, argv, &i, "serve", "--batch-bytes", &value)) != 0) {
-            if (matched > 0 &&
-                (code = parse_number("--batch-bytes", value, SIZE_MAX / 2, &number)) == COMMAND_OK)
-                flags->batch_bytes = (size_t)number;
-        } else if ((matched = command_option(argc, argv, &i, "serve", "--batch-delay-us", &value)) != 0) {
-            if (matched > 0 &&
-                (code = parse_number("--batch-delay-us", value, 60000000, &number)) == COMMAND_OK)
-                flags->batch_delay_us = number;
-        } else if ((matched = command_option(argc, argv, &i, "serve", "--queue", &value)) != 0) {
-            if (matched > 0 && (code = parse_number("--queue", value, 1000000, &number)) == COMMAND_OK)
-                flags->queue = (size_t)number;
-        } else if ((matched = command_option(argc, argv, &i, "serve", "--body-limit", &value)) != 0) {
-            if (matched > 0 &&
-                (code = parse_number("--body-limit", value, (uint64_t)1 << 40, &number)) == COMMAND_OK)
-                flags->body_limit = (size_t)number;
-        } else if ((matched = command_option(argc, argv, &i, "serve", "--timeout", &value)) != 0) {
-            if (matched > 0 && (code = parse_number("--timeout", value, 86400, &number)) == COMMAND_OK)
-                flags->timeout_s = (unsigned)number;
-        } else {
-            return command_usage("serve", "%s '%s'",
-                                 argv[i][0] == '-' ? "unknown flag" : "unexpected argument", argv[i]);
-        }
-        if (matched < 0) return COMMAND_USAGE;
-        if (code != COMMAND_OK) return code;
-    }
-    if (flags->batch_bytes == 0) return command_usage("serve", "--batch-bytes must be at least 1");
-    if (flags->queue == 0) return command_usage("serve", "--queue must be at least 1");
+    command_flag_t const table[] = {
+        {"--model", FLAG_STRING, &flags->model, .value = "PATH",
+         .help = "the checkpoint; default: the default model (below)"},
+        {"--name", FLAG_STRING, &flags->name, .value = "NAME",
+         .help = "the model's name in requests and in /v1/models; default: the checkpoint's\n"
+                 "file name without .safetensors (tiny-42 for the default model)"},
+        {"--threads", FLAG_SIZE, &flags->threads, .value = "N", .maximum = 4096,
+         .help = "the executor's worker threads; 0 (the default) takes 7/8 of the cores"},
+        {"--host", FLAG_STRING, &flags->host, .value = "ADDRESS",
+         .help = "the address to listen on (default 127.0.0.1; 0.0.0.0 or :: for all)"},
+        {"--port", FLAG_UNSIGNED, &flags->port, .value = "N", .maximum = 65535,
+         .help = "the TCP port (default 8080); 0 picks a free one"},
+        {"--batch-bytes", FLAG_SIZE, &flags->batch_bytes, .value = "N", .maximum = SIZE_MAX / 2,
+         .help = "the input bytes one engine call gathers at most (default 262144): text bytes\n"
+                 "up to the context, media bytes once decoded; a request's inputs of one\n"
+                 "modality are never split, so a larger request goes alone"},
+        {"--batch-delay-us", FLAG_U64, &flags->batch_delay_us, .value = "N", .maximum = 60000000,
+         .help = "how long the oldest queued request may wait for others to join its batch\n"
+                 "while the executor is idle (default 0: at once; requests arriving while it\n"
+                 "computes are batched anyway)"},
+        {"--queue", FLAG_SIZE, &flags->queue, .value = "N", .minimum = 1, .maximum = 1000000,
+         .help = "requests waiting for the executor at most (default 1024); more are answered\n"
+                 "429 with Retry-After"},
+        {"--body-limit", FLAG_SIZE, &flags->body_limit, .value = "N", .maximum = (uint64_t)1 << 40,
+         .help = "request bodies over N bytes are answered 413 without being read (default\n"
+                 "16777216)"},
+        {"--timeout", FLAG_UNSIGNED, &flags->timeout_s, .value = "SECONDS", .maximum = 86400,
+         .help = "idle connections are closed after this (default 60)"},
+        {NULL},
+    };
+    command_spec_t const spec = {.help = &help, .flags = table};
+    int code = command_flags_parse(&spec, argc, argv, &flags->help);
+    if (code != COMMAND_OK || flags->help) return code;
+    if (flags->batch_bytes == 0) return command_usage(help.name, "--batch-bytes must be at least 1");
     return COMMAND_OK;
 }
 
@@ -241,97 +210,137 @@ static void answer_json(serve_request_t *request, unsigned status, char const *b
     api_answer_text(request, status, &text, "application/json");
 }
 
-static void answer_metrics(serve_t *server, serve_request_t *request) {
+/* 429, with Retry-After: the queue holds --queue requests already. */
+static enum MHD_Result answer_queue_full(serve_t *server, serve_request_t *request) {
+    server->metrics.rejected_full++;
+    api_error(request, MHD_HTTP_TOO_MANY_REQUESTS, "rate_limit_error", NULL, "queue_full",
+              "the queue is full (%zu requests): retry later", server->queued);
+    if (request->response) MHD_add_response_header(request->response, MHD_HTTP_HEADER_RETRY_AFTER, "1");
+    return request_queue(request);
+}
+
+static enum MHD_Result answer_shutting_down(serve_request_t *request) {
+    api_error(request, MHD_HTTP_SERVICE_UNAVAILABLE, "server_error", NULL, "shutting_down",
+              "the server is shutting down");
+    return request_queue(request);
+}
+
+/* POST /v1/embeddings: refused at once while shutting down, when the queue is full or when the body is
+ * announced too large; else MHD_YES, to take the body in the next calls. */
+static enum MHD_Result route_embeddings(serve_t *server, serve_request_t *request, char const *name) {
+    (void)name;
+    if (server->draining) {
+        return answer_shutting_down(request); /* at once, without reading the body */
+    }
+    if (server->queued >= server->flags.queue) {
+        return answer_queue_full(server, request);
+    }
+    char const *length =
+        MHD_lookup_connection_value(request->connection, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    uint64_t bytes = 0;
+    if (length && command_parse_u64(length, &bytes) == 0 && bytes > server->flags.body_limit) {
+        api_error(request, MHD_HTTP_CONTENT_TOO_LARGE, "invalid_request_error", NULL, "body_too_large",
+                  "the body is %llu bytes; this server takes at most %zu (--body-limit)",
+                  (unsigned long long)bytes, server->flags.body_limit);
+        return request_queue(request);
+    }
+    /* Room for what the client announced, up to 1 MiB; more grows as it comes. */
+    size_t reserve = bytes < ((size_t)1 << 20) ? (size_t)bytes : (size_t)1 << 20;
+    if (length && reserve > 0) {
+        request->body = malloc(reserve);
+        request->body_capacity = request->body ? reserve : 0;
+    }
+    return MHD_YES;
+}
+
+static enum MHD_Result route_health(serve_t *server, serve_request_t *request, char const *name) {
+    (void)server;
+    (void)name;
+    answer_json(request, MHD_HTTP_OK, "{\"status\":\"ok\"}");
+    return MHD_YES;
+}
+
+static enum MHD_Result route_ready(serve_t *server, serve_request_t *request, char const *name) {
+    (void)name;
+    if (server->draining)
+        answer_json(request, MHD_HTTP_SERVICE_UNAVAILABLE, "{\"status\":\"shutting down\"}");
+    else
+        answer_json(request, MHD_HTTP_OK, "{\"status\":\"ready\"}");
+    return MHD_YES;
+}
+
+static enum MHD_Result route_metrics(serve_t *server, serve_request_t *request, char const *name) {
+    (void)name;
     serve_text_t text = {0};
     metrics_render(server, &text);
     api_answer_text(request, MHD_HTTP_OK, &text, "text/plain; version=0.0.4; charset=utf-8");
+    return MHD_YES;
 }
 
-static bool is_get(char const *method) {
-    return !strcmp(method, MHD_HTTP_METHOD_GET) || !strcmp(method, MHD_HTTP_METHOD_HEAD);
+static enum MHD_Result route_models(serve_t *server, serve_request_t *request, char const *name) {
+    api_answer_models(server, request, name);
+    return MHD_YES;
 }
 
-/* The first call of a request, with its headers: answers at once, or returns MHD_YES to take its body. */
+/* One endpoint: its path (with `/NAME` after it too when `named`), the methods it takes, and the
+ * handler of a request's first call, given the NAME or NULL. A handler answers at once (request_queue),
+ * or leaves an answer for the next call, or returns MHD_YES with none to take a body. */
+typedef struct serve_endpoint {
+    char const *path;
+    bool named;
+    serve_route_t route;
+    char const *methods[2]; /* NULL where fewer */
+    char const *allowed;    /* the Allow header of a 405 */
+    enum MHD_Result (*handler)(serve_t *server, serve_request_t *request, char const *name);
+} serve_endpoint_t;
+
+static serve_endpoint_t const endpoints[] = {
+    {"/v1/embeddings", false, ROUTE_EMBEDDINGS, {MHD_HTTP_METHOD_POST}, "POST", route_embeddings},
+    {"/health", false, ROUTE_HEALTH, {MHD_HTTP_METHOD_GET, MHD_HTTP_METHOD_HEAD}, "GET, HEAD", route_health},
+    {"/ready", false, ROUTE_READY, {MHD_HTTP_METHOD_GET, MHD_HTTP_METHOD_HEAD}, "GET, HEAD", route_ready},
+    {"/metrics",
+     false,
+     ROUTE_METRICS,
+     {MHD_HTTP_METHOD_GET, MHD_HTTP_METHOD_HEAD},
+     "GET, HEAD",
+     route_metrics},
+    {"/v1/models",
+     true,
+     ROUTE_MODELS,
+     {MHD_HTTP_METHOD_GET, MHD_HTTP_METHOD_HEAD},
+     "GET, HEAD",
+     route_models},
+};
+
+static bool endpoint_takes(serve_endpoint_t const *endpoint, char const *method) {
+    for (size_t i = 0; i < sizeof endpoint->methods / sizeof endpoint->methods[0]; ++i)
+        if (endpoint->methods[i] && !strcmp(endpoint->methods[i], method)) return true;
+    return false;
+}
+
+/* The first call of a request, with its headers: answers at once, or returns MHD_YES to take its body.
+ * An answer left for the next call is queued once the request is whole: one queued with the headers
+ * alone would close a keep-alive connection. */
 static enum MHD_Result route_request(serve_t *server, serve_request_t *request, char const *url,
                                      char const *method) {
-    static char const models[] = "/v1/models";
-    bool post = !strcmp(method, MHD_HTTP_METHOD_POST);
-    char const *allowed = NULL;
-    if (!strcmp(url, "/v1/embeddings")) {
-        request->route = ROUTE_EMBEDDINGS;
-        if (!post) {
-            allowed = "POST";
-        } else if (server->draining) {
-            api_error(request, MHD_HTTP_SERVICE_UNAVAILABLE, "server_error", NULL, "shutting_down",
-                      "the server is shutting down");
-            return request_queue(request); /* at once, without reading the body */
-        } else if (server->queued >= server->flags.queue) {
-            server->metrics.rejected_full++;
-            api_error(request, MHD_HTTP_TOO_MANY_REQUESTS, "rate_limit_error", NULL, "queue_full",
-                      "the queue is full (%zu requests): retry later", server->queued);
-            if (request->response)
-                MHD_add_response_header(request->response, MHD_HTTP_HEADER_RETRY_AFTER, "1");
-            return request_queue(request);
-        } else {
-            char const *length = MHD_lookup_connection_value(request->connection, MHD_HEADER_KIND,
-                                                             MHD_HTTP_HEADER_CONTENT_LENGTH);
-            uint64_t bytes = 0;
-            if (length && command_parse_u64(length, &bytes) == 0 && bytes > server->flags.body_limit) {
-                api_error(request, MHD_HTTP_CONTENT_TOO_LARGE, "invalid_request_error", NULL,
-                          "body_too_large",
-                          "the body is %llu bytes; this server takes at most %zu (--body-limit)",
-                          (unsigned long long)bytes, server->flags.body_limit);
-                return request_queue(request);
-            } else {
-                /* Room for what the client announced, up to 1 MiB; more grows as it comes. */
-                size_t reserve = bytes < ((size_t)1 << 20) ? (size_t)bytes : (size_t)1 << 20;
-                if (length && reserve > 0) {
-                    request->body = malloc(reserve);
-                    request->body_capacity = request->body ? reserve : 0;
-                }
-                return MHD_YES; /* the body comes in the next calls */
-            }
-        }
-    } else if (!strcmp(url, "/health")) {
-        request->route = ROUTE_HEALTH;
-        if (!is_get(method))
-            allowed = "GET, HEAD";
-        else
-            answer_json(request, MHD_HTTP_OK, "{\"status\":\"ok\"}");
-    } else if (!strcmp(url, "/ready")) {
-        request->route = ROUTE_READY;
-        if (!is_get(method))
-            allowed = "GET, HEAD";
-        else if (server->draining)
-            answer_json(request, MHD_HTTP_SERVICE_UNAVAILABLE, "{\"status\":\"shutting down\"}");
-        else
-            answer_json(request, MHD_HTTP_OK, "{\"status\":\"ready\"}");
-    } else if (!strcmp(url, "/metrics")) {
-        request->route = ROUTE_METRICS;
-        if (!is_get(method))
-            allowed = "GET, HEAD";
-        else
-            answer_metrics(server, request);
-    } else if (!strncmp(url, models, sizeof models - 1) &&
-               (url[sizeof models - 1] == '\0' || url[sizeof models - 1] == '/')) {
-        request->route = ROUTE_MODELS;
-        char const *name = url[sizeof models - 1] == '/' ? url + sizeof models : NULL;
-        if (!is_get(method))
-            allowed = "GET, HEAD";
-        else
-            api_answer_models(server, request, name);
-    } else {
-        request->route = ROUTE_OTHER;
-        api_error(request, MHD_HTTP_NOT_FOUND, "invalid_request_error", NULL, "not_found",
-                  "no such endpoint: %s %s (see 'uform serve --help')", method, url);
-    }
-    if (allowed) {
+    for (size_t i = 0; i < sizeof endpoints / sizeof endpoints[0]; ++i) {
+        serve_endpoint_t const *endpoint = &endpoints[i];
+        size_t length = strlen(endpoint->path);
+        if (strncmp(url, endpoint->path, length) != 0) continue;
+        char const *rest = url + length;
+        if (*rest != '\0' && !(endpoint->named && *rest == '/')) continue;
+        request->route = endpoint->route;
+        if (endpoint_takes(endpoint, method))
+            return endpoint->handler(server, request, *rest ? rest + 1 : NULL);
         api_error(request, MHD_HTTP_METHOD_NOT_ALLOWED, "invalid_request_error", NULL, "method_not_allowed",
-                  "%s takes %s, not %s", url, allowed, method);
-        if (request->response) MHD_add_response_header(request->response, MHD_HTTP_HEADER_ALLOW, allowed);
+                  "%s takes %s, not %s", url, endpoint->allowed, method);
+        if (request->response)
+            MHD_add_response_header(request->response, MHD_HTTP_HEADER_ALLOW, endpoint->allowed);
+        return MHD_YES;
     }
-    /* Queued on the next call, once the request is whole: an answer queued with the headers alone
-     * would close a keep-alive connection. */
+    request->route = ROUTE_OTHER;
+    api_error(request, MHD_HTTP_NOT_FOUND, "invalid_request_error", NULL, "not_found",
+              "no such endpoint: %s %s (see 'uform serve --help')", method, url);
     return MHD_YES;
 }
 
@@ -373,17 +382,11 @@ static enum MHD_Result finish_body(serve_t *server, serve_request_t *request) {
     }
     /* A request begun before a shutdown is answered in full, unless the shutdown was cut short. */
     if (server->forced) {
-        api_error(request, MHD_HTTP_SERVICE_UNAVAILABLE, "server_error", NULL, "shutting_down",
-                  "the server is shutting down");
-        return request_queue(request);
+        return answer_shutting_down(request);
     }
     if (!api_parse_embeddings(server, request)) return request_queue(request);
     if (!batch_enqueue(server, request)) {
-        server->metrics.rejected_full++;
-        api_error(request, MHD_HTTP_TOO_MANY_REQUESTS, "rate_limit_error", NULL, "queue_full",
-                  "the queue is full (%zu requests): retry later", server->queued);
-        if (request->response) MHD_add_response_header(request->response, MHD_HTTP_HEADER_RETRY_AFTER, "1");
-        return request_queue(request);
+        return answer_queue_full(server, request);
     }
     request->suspended = true;
     MHD_suspend_connection(request->connection);

@@ -9,7 +9,7 @@
  * eventfd polled on the loop; a request is answered, and its connection resumed, once every one of its
  * inputs is encoded.
  *
- *   uform_serve.c          flags, the loop, libmicrohttpd, routes, signals and shutdown
+ *   uform_serve.c          flags, the loop, libmicrohttpd, the route table, signals and shutdown
  *   uform_serve_api.c      the OpenAI-compatible bodies: requests parsed, answers and errors written
  *   uform_serve_batch.c    the queue, the batches and the executor
  *   uform_serve_metrics.c  counters and histograms, rendered for Prometheus */

@@ -212,9 +212,6 @@ size_t api_base64_decode(char const *text, size_t length, unsigned char *out, si
 
 /* ---- POST /v1/embeddings: the request ---------------------------------------------------------- */
 
-/* The keys of an input object, by uform_modality_t. */
-static char const *const modality_keys[SERVE_MODALITIES] = {"text", "image", "video", "audio"};
-
 /* Where the model or the build cannot encode a modality, the reason; NULL where it can. */
 static char const *modality_missing(serve_t const *server, uform_modality_t modality) {
     uint32_t features = uform_features();
@@ -243,7 +240,7 @@ static char const *modality_missing(serve_t const *server, uform_modality_t moda
  * validated here and decoded only into the batch's tape. */
 static bool parse_media_item(serve_t *server, serve_request_t *request, json_t *value, size_t index,
                              uform_modality_t modality) {
-    char const *key = modality_keys[modality];
+    char const *key = command_modality_names[modality];
     if (!json_is_string(value)) {
         INVALID(request, "input", "invalid_type", "input[%zu].%s must be a string: a base64 data URL", index,
                 key);
@@ -314,7 +311,7 @@ static bool parse_item(serve_t *server, serve_request_t *request, json_t *item, 
     json_t *value = NULL;
     uform_modality_t modality = UFORM_MODALITY_TEXT;
     for (size_t m = 0; m < SERVE_MODALITIES; ++m) {
-        json_t *found = json_object_get(item, modality_keys[m]);
+        json_t *found = json_object_get(item, command_modality_names[m]);
         if (!found) continue;
         if (value) {
             INVALID(request, "input", "invalid_value",
