@@ -15,8 +15,9 @@
  *
  * Conventions that hold for every function below unless its comment says otherwise:
  *   - Statuses: every fallible function answers a `uform_status_t`. A failure also records a
- *     `uform_error_t` (status, entry point, static message) readable with `uform_last_error` on the
- *     thread that got it, and, for verbs with an outcome, with `uform_outcome_error`.
+ *     `uform_error_t` (status, entry point, message) readable with `uform_last_error` on the thread
+ *     that got it, and, for verbs with an outcome, with `uform_outcome_error`; how long its strings
+ *     live is said once, at uform_error_t.
  *   - Ownership: the caller owns every input; the engine reads inputs only until the call is final
  *     (blocking: until the function returns; deferred: until the outcome is final). Handles returned
  *     through `**` arguments are owned by the caller and released with their `_free` function.
@@ -76,16 +77,27 @@ typedef enum uform_status {
  * Static storage; never fails. */
 UFORM_EXPORT char const *uform_status_name(uform_status_t status);
 
-/* A failure: its status, the public entry point that failed, and a static message. Nothing is ever
- * allocated to report an error, and both strings have static storage. */
+/* The bytes a failure's message holds at most, its NUL included; a longer one is cut there. */
+#define UFORM_ERROR_MESSAGE_SIZE 160
+
+/* A failure: its status, the public entry point that failed, and a message. Nothing is ever allocated
+ * to report an error. Lifetimes:
+ *   - `entry` has static storage;
+ *   - `message` is a copy of the engine's, never a pointer into a handle, so it outlives the handle
+ *     that failed (a trainer freed after its failed step) and every later call on that handle. The
+ *     copy of uform_last_error lives in a thread-local buffer of UFORM_ERROR_MESSAGE_SIZE bytes: it
+ *     holds until the next failure recorded on the same thread (that failure overwrites it) and ends
+ *     with the thread. The copy of uform_outcome_error lives in the outcome: it holds until the outcome
+ *     is given its next call, initialized again or destroyed. Copy the text to keep it longer. */
 typedef struct uform_error {
     uform_status_t status;
     char const *entry;   /* "uform_model_load_ram"; never NULL */
-    char const *message; /* "cannot open checkpoint"; never NULL */
+    char const *message; /* "cannot open checkpoint"; never NULL, NUL-terminated */
 } uform_error_t;
 
-/* The last failure recorded on the calling thread (status UFORM_OK with empty strings if none).
- * A successful call does not clear it. Thread-local; never fails. */
+/* The last failure recorded on the calling thread (status UFORM_OK with empty strings if none), its
+ * message in the thread's buffer (see uform_error_t). A successful call does not clear it.
+ * Thread-local; never fails. */
 UFORM_EXPORT uform_error_t uform_last_error(void);
 
 /* Renders `UForm: io [uform_model_load_ram]: cannot open checkpoint` into `buffer` (NUL-terminated,
@@ -147,7 +159,7 @@ UFORM_EXPORT uform_status_t uform_outcome_status(uform_outcome_t const *outcome)
 UFORM_EXPORT uform_status_t uform_outcome_wait(uform_outcome_t *outcome);
 
 /* The failure of a final outcome (status UFORM_OK and empty strings for a success; UFORM_PENDING while
- * pending). Never blocks. */
+ * pending), its message the outcome's own copy (see uform_error_t). Never blocks. */
 UFORM_EXPORT uform_error_t uform_outcome_error(uform_outcome_t const *outcome);
 
 /* Notification of an external loop when the outcome turns final, set before submission and kept for

@@ -28,6 +28,10 @@ def _raw[T: AnyType](p: Pointer[T, _]) -> Raw:
     return p.unsafe_bitcast[NoneType]().unsafe_mut_cast[True]().unsafe_origin_cast[MutAnyOrigin]()
 
 
+# `UFORM_ERROR_MESSAGE_SIZE`: the bytes a failure's message holds at most, its NUL included.
+comptime ERROR_MESSAGE_SIZE = 160
+
+
 @fieldwise_init
 struct CError(ImplicitlyCopyable):
     """`uform_error_t`."""

@@ -363,10 +363,6 @@ static void save_start(call_t *call) {
     /* Over a mesh every process holds the same weights: the first one writes them. */
     uform_status_t status =
         mesh && mesh->rank > 0 ? UFORM_OK : train_params_save(&save->trainer->params, save->path, &message);
-    if (status != UFORM_OK && message) {
-        snprintf(save->trainer->message, sizeof save->trainer->message, "%s", message);
-        message = save->trainer->message;
-    }
     call_finish(call, status, message);
 }
 
