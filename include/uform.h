@@ -813,29 +813,48 @@ UFORM_EXPORT uform_status_t uform_outcome_probabilities(uform_outcome_t const *o
 
 /* A mesh joins the processes of one run (launched by mpirun or Slurm) through MPI (Open MPI): bootstrap
  * initializes MPI on the executor's loop thread when the process has not (MPI_THREAD_SERIALIZED), and
- * freeing the last mesh finalizes it then, so a process bootstraps at most once. A trainer made with a
+ * freeing the last mesh finalizes it then, so a process bootstraps at most once. An application that
+ * initialized MPI itself keeps it, and may bootstrap meshes over communicators of its own
+ * (options.communicator) as long as it does not finalize MPI. A trainer made with a
  * mesh (config.mesh) over a RAM executor runs data-parallel: each process steps on its own items, the
  * loss spans every process's items (pairs across processes are unrelated; relations index a process's
  * own items), gradients are summed with non-blocking collectives that the executor's loop progresses, and
  * N processes equal one process on the concatenated batch, to rounding. Every process passes the same
- * config, and the same executor to the mesh and its trainer. Bootstrap answers UFORM_OK,
- * UFORM_INVALID_ARGUMENT, UFORM_UNSUPPORTED (a build without MPI; a VRAM executor: NCCL meshes are not
- * built yet; MPI finalized already), UFORM_IO (MPI failed), UFORM_CONTENDED, UFORM_OUT_OF_MEMORY. */
+ * config, and the same executor to the mesh and its trainer. */
 typedef struct uform_mesh uform_mesh_t;
 
 typedef struct uform_mesh_options {
-    int (*unused_reserved)(void); /* must be NULL; options are added by the mesh issue */
+    /* The address of an MPI_Comm (<mpi.h>) whose processes form the mesh, read at bootstrap and
+     * duplicated: every process of that communicator bootstraps with it, and the mesh's rank and size
+     * are that communicator's. The application must have initialized MPI (at MPI_THREAD_SERIALIZED or
+     * above: the engine calls MPI from the executor's loop thread). NULL: MPI_COMM_WORLD. */
+    void const *communicator;
 } uform_mesh_options_t;
 
 typedef struct uform_mesh_bootstrap_args {
-    uform_executor_t *executor;
-    uform_mesh_options_t const *options;
-    uform_mesh_t **mesh;
-    uform_outcome_t *outcome;
+    uform_executor_t *executor; /* a RAM executor: its loop thread makes every MPI call of the mesh */
+    uform_mesh_options_t const *options; /* NULL: MPI_COMM_WORLD */
+    uform_mesh_t **mesh;                 /* blocking and deferred calls alike: receives the mesh */
+    uform_outcome_t *outcome;            /* NULL: blocking */
 } uform_mesh_bootstrap_args_t;
+
+/* Joins this process to a mesh: a collective over the communicator's processes (MPI_Comm_dup), so the
+ * call is final once every one of them has bootstrapped. Answers UFORM_OK, UFORM_INVALID_ARGUMENT (NULL args,
+ * executor or mesh; options.communicator given before MPI was initialized, after it was finalized, or
+ * naming MPI_COMM_NULL), UFORM_UNSUPPORTED (a build without MPI; a VRAM executor, as meshes of device
+ * collectives (NCCL) are not built in this version; MPI finalized already; MPI initialized by the
+ * application below MPI_THREAD_SERIALIZED), UFORM_IO (MPI failed), UFORM_CONTENDED,
+ * UFORM_OUT_OF_MEMORY. */
 UFORM_EXPORT uform_status_t uform_mesh_bootstrap(uform_mesh_bootstrap_args_t const *args);
+
+/* Frees the mesh (MPI_Comm_free of its duplicate: every process of the mesh frees its own), which no
+ * trainer may still use: a trainer made with it uses it until uform_trainer_free. Freeing the last mesh
+ * of a process whose MPI the engine initialized finalizes MPI there (MPI_Finalize, which may block until
+ * the other processes of the run finalize too), and MPI cannot start again in that process; an MPI the
+ * application initialized stays the application's. NULL is ignored. */
 UFORM_EXPORT void uform_mesh_free(uform_mesh_t *mesh);
-/* Rank and size of this process; 0 and 1 for NULL. */
+
+/* Rank and size of this process in the mesh; 0 and 1 for NULL (one process alone). Never blocks. */
 UFORM_EXPORT size_t uform_mesh_rank(uform_mesh_t const *mesh);
 UFORM_EXPORT size_t uform_mesh_size(uform_mesh_t const *mesh);
 

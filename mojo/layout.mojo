@@ -205,7 +205,7 @@ def main():
     at("uform_model_info_t", "matryoshka[15]", Int(Pointer(to=mi)), Int(Pointer(to=mi.matryoshka[15])))
     var mo = CMeshOptions(None)
     size[CMeshOptions]("uform_mesh_options_t")
-    at("uform_mesh_options_t", "unused_reserved", Int(Pointer(to=mo)), Int(Pointer(to=mo.unused_reserved)))
+    at("uform_mesh_options_t", "communicator", Int(Pointer(to=mo)), Int(Pointer(to=mo.communicator)))
     var mb = CMeshBootstrapArgs(None, None, None, None)
     size[CMeshBootstrapArgs]("uform_mesh_bootstrap_args_t")
     at("uform_mesh_bootstrap_args_t", "options", Int(Pointer(to=mb)), Int(Pointer(to=mb.options)))

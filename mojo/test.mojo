@@ -14,6 +14,7 @@ from uform import (
     Status, TapeView, View, VramOptions, Mesh, MeshOptions, Modality, Trainer, TrainerConfig, TrainerInitRamConfig,
     TrainerInitVramConfig, TrainerStepConfig, TrainerStepStats,
 )
+from uform._c import _field
 
 
 def check(condition: Bool, what: String) raises:
@@ -897,6 +898,16 @@ def test_mesh(library: Library) raises:
     var offsets: List[UInt] = [0, 5, 10]
     var modalities: List[Modality] = [Modality.TEXT, Modality.TEXT]
     var relations: List[UInt32] = [0, 1]
+    # A communicator to join needs MPI initialized by the application, which this process has not done:
+    # refused before the engine reads it; without MPI in the build, UNSUPPORTED.
+    var not_initialized_yet = Int64(0)
+    var refused = Optional[UFormError](None)
+    try:
+        _ = Mesh.bootstrap(executor, MeshOptions(communicator=_field(Pointer(to=not_initialized_yet))))
+    except error:
+        refused = error.copy()
+    expect(refused, Status.INVALID_ARGUMENT if library.has(Feature.MPI) else Status.UNSUPPORTED,
+           "Mesh.bootstrap joining a communicator before MPI is initialized")
     if library.has(Feature.MPI):
         var mesh = Mesh.bootstrap(executor, MeshOptions())
         check(mesh.rank() == 0 and mesh.size() == 1, "a mesh of this process alone: rank 0 of 1")

@@ -338,8 +338,8 @@ struct CTinyCheckpointArgs(ImplicitlyCopyable):
 
 @fieldwise_init
 struct CMeshOptions(ImplicitlyCopyable):
-    """`uform_mesh_options_t`: one reserved function pointer, NULL until the mesh issue adds options."""
-    var unused_reserved: RawOpt
+    """`uform_mesh_options_t`: the address of the `MPI_Comm` to join, or NULL for `MPI_COMM_WORLD`."""
+    var communicator: RawOpt
 
 
 @fieldwise_init

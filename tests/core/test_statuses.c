@@ -351,10 +351,6 @@ static void encode_verbs_validate_then_refuse(void **state) {
     uform_model_free(empty);
 }
 
-static int uform_features_reserved_probe(void) {
-    return 0;
-}
-
 static void mesh_refuses_trainer_checks(void **state) {
     (void)state;
     uform_executor_t *executor = NULL;
@@ -363,9 +359,22 @@ static void mesh_refuses_trainer_checks(void **state) {
     uform_mesh_bootstrap_args_t bootstrap = {.executor = executor, .mesh = &mesh};
     /* A real bootstrap starts MPI in this process: tests/train/mesh_train.sh runs one under mpirun. */
     if (!UFORM_WITH_MPI) assert_int_equal(uform_mesh_bootstrap(&bootstrap), UFORM_UNSUPPORTED);
-    uform_mesh_options_t reserved = {.unused_reserved = uform_features_reserved_probe};
-    bootstrap.options = &reserved;
-    if (UFORM_WITH_MPI) assert_int_equal(uform_mesh_bootstrap(&bootstrap), UFORM_INVALID_ARGUMENT);
+    /* A communicator to join needs MPI initialized by the application: refused before it is read. */
+    static int const not_initialized_yet = 0;
+    uform_mesh_options_t joined = {.communicator = &not_initialized_yet};
+    bootstrap.options = &joined;
+    assert_int_equal(uform_mesh_bootstrap(&bootstrap),
+                     UFORM_WITH_MPI ? UFORM_INVALID_ARGUMENT : UFORM_UNSUPPORTED);
+    if (UFORM_WITH_MPI) assert_non_null(strstr(uform_last_error().message, "options.communicator"));
+    uform_outcome_t outcome;
+    uform_outcome_init(&outcome);
+    bootstrap.outcome = &outcome;
+    assert_int_equal(uform_mesh_bootstrap(&bootstrap),
+                     UFORM_WITH_MPI ? UFORM_INVALID_ARGUMENT : UFORM_UNSUPPORTED);
+    assert_int_equal(uform_outcome_status(&outcome),
+                     UFORM_WITH_MPI ? UFORM_INVALID_ARGUMENT : UFORM_UNSUPPORTED);
+    bootstrap.outcome = NULL;
+    uform_outcome_destroy(&outcome);
     assert_null(mesh);
     bootstrap.options = NULL;
     bootstrap.executor = NULL;
