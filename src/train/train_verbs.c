@@ -58,7 +58,7 @@ UFORM_EXPORT uform_status_t uform_trainer_init_vram(uform_trainer_init_args_t co
     if (!args->executor || !args->config || !args->trainer)
         return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry, "executor, config or trainer is NULL");
     return call_refuse(args->outcome, UFORM_UNSUPPORTED, entry,
-                       "VRAM trainers are not built yet: uform_trainer_init_ram trains on host executors");
+                       "this version trains on host executors only: uform_trainer_init_ram");
 }
 
 UFORM_EXPORT void uform_trainer_free(uform_trainer_t *trainer) {

@@ -1,6 +1,6 @@
 /* Every status a public function can answer, function by function, for the functions whose other
  * suites do not already cover them (outcomes and executors: test_outcome; arenas and views:
- * test_arena; loads: test_model_load). Verbs not built yet must validate exactly, then answer
+ * test_arena; loads: test_model_load). Verbs a build lacks must validate exactly, then answer
  * UNSUPPORTED through the return value and through their outcome. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -384,7 +384,7 @@ static void mesh_refuses_trainer_checks(void **state) {
     assert_int_equal(uform_mesh_size(NULL), 1);
     uform_mesh_free(NULL);
 
-    /* Trainers train on host executors (tests/train/test_train.c); VRAM trainers are not built yet. */
+    /* Trainers train on host executors (tests/train/test_train.c); this version builds no VRAM trainer. */
     uform_trainer_t *trainer = NULL;
     uform_trainer_config_t config;
     uform_trainer_config_default(&config);
