@@ -15,8 +15,9 @@
  *
  * Conventions that hold for every function below unless its comment says otherwise:
  *   - Statuses: every fallible function answers a `uform_status_t`. A failure also records a
- *     `uform_error_t` (status, entry point, static message) readable with `uform_last_error` on the
- *     thread that got it, and, for verbs with an outcome, with `uform_outcome_error`.
+ *     `uform_error_t` (status, entry point, message) readable with `uform_last_error` on the thread
+ *     that got it, and, for verbs with an outcome, with `uform_outcome_error`; how long its strings
+ *     live is said once, at uform_error_t.
  *   - Ownership: the caller owns every input; the engine reads inputs only until the call is final
  *     (blocking: until the function returns; deferred: until the outcome is final). Handles returned
  *     through `**` arguments are owned by the caller and released with their `_free` function.
@@ -25,8 +26,8 @@
  *   - Nothing in the library calls abort() or exit(), and bad input leaves every other item, the
  *     model, the executor and the arena usable.
  *
- * Verbs marked "UNSUPPORTED in this build" validate their arguments and then answer
- * `UFORM_UNSUPPORTED`; later versions build them without changing these declarations.
+ * A verb this build lacks (a feature not found, or a kind of executor or model it does not run on)
+ * validates its arguments and then answers `UFORM_UNSUPPORTED`, as its comment says.
  *
  * The design behind this interface (the execution model, the model and checkpoint format, the numerics
  * every implementation agrees on) is docs/DESIGN.md in the source tree, installed as
@@ -67,7 +68,7 @@ typedef enum uform_status {
     UFORM_FORMAT = 6,           /* a checkpoint, image, clip or sound is malformed */
     UFORM_OUT_OF_MEMORY = 7,    /* host or device memory, or threads, could not be had */
     UFORM_DEVICE = 8,           /* no such device, a device fault, or a host accessor on device memory */
-    UFORM_UNSUPPORTED = 9,      /* not built in, a tower the model lacks, or a verb not built yet */
+    UFORM_UNSUPPORTED = 9,      /* not built in, a tower the model lacks, an executor it does not run on */
     UFORM_INTERNAL = 10,        /* an invariant of the engine broke: please report it */
     UFORM_MISSING_SYMBOL = 11,  /* bindings only: the loaded library lacks an entry point */
 } uform_status_t;
@@ -76,16 +77,27 @@ typedef enum uform_status {
  * Static storage; never fails. */
 UFORM_EXPORT char const *uform_status_name(uform_status_t status);
 
-/* A failure: its status, the public entry point that failed, and a static message. Nothing is ever
- * allocated to report an error, and both strings have static storage. */
+/* The bytes a failure's message holds at most, its NUL included; a longer one is cut there. */
+#define UFORM_ERROR_MESSAGE_SIZE 160
+
+/* A failure: its status, the public entry point that failed, and a message. Nothing is ever allocated
+ * to report an error. Lifetimes:
+ *   - `entry` has static storage;
+ *   - `message` is a copy of the engine's, never a pointer into a handle, so it outlives the handle
+ *     that failed (a trainer freed after its failed step) and every later call on that handle. The
+ *     copy of uform_last_error lives in a thread-local buffer of UFORM_ERROR_MESSAGE_SIZE bytes: it
+ *     holds until the next failure recorded on the same thread (that failure overwrites it) and ends
+ *     with the thread. The copy of uform_outcome_error lives in the outcome: it holds until the outcome
+ *     is given its next call, initialized again or destroyed. Copy the text to keep it longer. */
 typedef struct uform_error {
     uform_status_t status;
     char const *entry;   /* "uform_model_load_ram"; never NULL */
-    char const *message; /* "cannot open checkpoint"; never NULL */
+    char const *message; /* "cannot open checkpoint"; never NULL, NUL-terminated */
 } uform_error_t;
 
-/* The last failure recorded on the calling thread (status UFORM_OK with empty strings if none).
- * A successful call does not clear it. Thread-local; never fails. */
+/* The last failure recorded on the calling thread (status UFORM_OK with empty strings if none), its
+ * message in the thread's buffer (see uform_error_t). A successful call does not clear it.
+ * Thread-local; never fails. */
 UFORM_EXPORT uform_error_t uform_last_error(void);
 
 /* Renders `UForm: io [uform_model_load_ram]: cannot open checkpoint` into `buffer` (NUL-terminated,
@@ -147,7 +159,7 @@ UFORM_EXPORT uform_status_t uform_outcome_status(uform_outcome_t const *outcome)
 UFORM_EXPORT uform_status_t uform_outcome_wait(uform_outcome_t *outcome);
 
 /* The failure of a final outcome (status UFORM_OK and empty strings for a success; UFORM_PENDING while
- * pending). Never blocks. */
+ * pending), its message the outcome's own copy (see uform_error_t). Never blocks. */
 UFORM_EXPORT uform_error_t uform_outcome_error(uform_outcome_t const *outcome);
 
 /* Notification of an external loop when the outcome turns final, set before submission and kept for
@@ -250,7 +262,8 @@ UFORM_EXPORT uform_status_t uform_executor_create_pool(uform_pool_vtable_t const
                                                        uform_executor_t **executor);
 
 /* The same over a fork_union `fu_pool_t *` (fork_union 2.x C interface): calls fan out through
- * fu_pool_for_threads. UNSUPPORTED in builds without fork_union. */
+ * fu_pool_for_threads; the pool must outlive the executor. Answers UFORM_OK, UFORM_INVALID_ARGUMENT
+ * (NULL pool or executor), UFORM_OUT_OF_MEMORY, UFORM_UNSUPPORTED (a build without fork_union). */
 UFORM_EXPORT uform_status_t uform_executor_create_fork_union(void *fu_pool, uform_executor_t **executor);
 
 typedef struct uform_vram_options {
@@ -258,8 +271,11 @@ typedef struct uform_vram_options {
     size_t devices_count;
 } uform_vram_options_t;
 
-/* Creates an executor with one host thread and one CUDA stream per device. UNSUPPORTED in builds
- * without CUDA; DEVICE where CUDA is built but no such device exists. */
+/* Creates an executor with one host thread and one CUDA stream per device. `options` may be NULL for
+ * device 0. May block while the devices start. Answers UFORM_OK, UFORM_INVALID_ARGUMENT (NULL executor,
+ * NULL devices with a count, more than 16 devices, a device listed twice), UFORM_UNSUPPORTED (a build
+ * without CUDA), UFORM_DEVICE (no device or driver, no such device, a stream, event or cuBLASLt handle
+ * that cannot be made), UFORM_OUT_OF_MEMORY, UFORM_IO (the loop could not be created). */
 UFORM_EXPORT uform_status_t uform_executor_create_vram(uform_vram_options_t const *options,
                                                        uform_executor_t **executor);
 
@@ -308,17 +324,18 @@ typedef struct uform_arena uform_arena_t;
  * UFORM_INVALID_ARGUMENT, UFORM_OUT_OF_MEMORY. */
 UFORM_EXPORT uform_status_t uform_arena_create(uform_executor_t *executor, uform_arena_t **arena);
 
-/* An arena of host pages for the calling thread alone: serves calls of any host executor. */
+/* An arena of host pages for the calling thread alone: serves calls of any host executor. Answers
+ * UFORM_OK, UFORM_INVALID_ARGUMENT (NULL), UFORM_OUT_OF_MEMORY. */
 UFORM_EXPORT uform_status_t uform_arena_create_host(uform_arena_t **arena);
 
 /* Reserves `bytes` now so that the first calls need no growth. Answers UFORM_OK,
  * UFORM_INVALID_ARGUMENT, UFORM_CONTENDED (a call holds the arena), UFORM_OUT_OF_MEMORY. */
 UFORM_EXPORT uform_status_t uform_arena_reserve(uform_arena_t *arena, size_t bytes);
 
-/* Bytes the arena holds now. */
+/* Bytes the arena holds now; 0 for NULL. Never blocks. */
 UFORM_EXPORT size_t uform_arena_capacity(uform_arena_t const *arena);
 
-/* The arena's generation, bumped by every call that rewinds it. */
+/* The arena's generation, bumped by every call that rewinds it; 0 for NULL. Never blocks. */
 UFORM_EXPORT uint64_t uform_arena_generation(uform_arena_t const *arena);
 
 /* Frees the arena; views into it must not be used after. Waits for a pending call that writes into it.
@@ -332,7 +349,7 @@ typedef enum uform_scalar {
     UFORM_I8 = 3, /* scaled per row: value = q * scale, with the scale in `scales` */
 } uform_scalar_t;
 
-/* Size in bytes of one scalar of a kind (0 for an unknown kind). */
+/* Size in bytes of one scalar of a kind (0 for an unknown kind). Never fails. */
 UFORM_EXPORT size_t uform_scalar_size(uform_scalar_t scalar);
 
 /* A matrix of `rows` x `columns` scalars in an arena, row-major. When `item_offsets` is not NULL the
@@ -417,7 +434,9 @@ typedef struct uform_model_load_args {
  * UFORM_FORMAT (any malformation), UFORM_OUT_OF_MEMORY, UFORM_CANCELLED. */
 UFORM_EXPORT uform_status_t uform_model_load_ram(uform_model_load_args_t const *args);
 
-/* The same into device memory of a VRAM executor. UNSUPPORTED in builds without CUDA. */
+/* The same into device memory of a VRAM executor: the statuses of uform_model_load_ram, plus
+ * UFORM_INVALID_ARGUMENT for an executor that is not a VRAM one, UFORM_DEVICE for a device that fails,
+ * and UFORM_UNSUPPORTED in builds without CUDA (after checking the path). */
 UFORM_EXPORT uform_status_t uform_model_load_vram(uform_model_load_args_t const *args);
 
 /* Takes the model a final, successful load produced: the caller then owns it. Answers NULL if the
@@ -532,6 +551,18 @@ typedef struct uform_text_encode_args {
 } uform_text_encode_args_t;
 UFORM_EXPORT uform_status_t uform_text_encode(uform_text_encode_args_t const *args);
 
+/* Execution of the media verbs (images, clips, sounds). Items go in chunks, one chunk per loop turn;
+ * each verb's "Execution" says how large a chunk is and what decoding covers. A chunk's items are
+ * decoded, then run through the tower together. On a RAM executor of N >= 2 threads, one worker is lent
+ * to decode chunk k + 1 into a second set of patch rows while the loop thread and the other N - 1 run
+ * chunk k through the tower (each decoded item posted to the loop as a completion; the worker rejoins
+ * the tower's work as soon as it is done); the first chunk, and every chunk on inline, pool and
+ * one-thread executors, is decoded on its own turn over every thread. Files are read through the
+ * executor's ring two chunks ahead. Results are bitwise identical whatever the receiver and thread
+ * count. Progress is reported between chunks. In the stats, read_ns is the time spent waiting for
+ * reads not hidden behind compute, and decode_ns counts decoding on turns and on the lent worker alike
+ * (so decode_ns + compute_ns may exceed total_ns). */
+
 /* The image verbs. Each image is independent of its batch (bitwise: the same pixels give the same
  * rows whatever the batch, receiver and thread count), and goes through these steps:
  *
@@ -572,18 +603,10 @@ UFORM_EXPORT uform_status_t uform_text_encode(uform_text_encode_args_t const *ar
  * chunks; progressive JPEGs of more than 500 scans are refused. Pixels handed to
  * uform_image_encode_pixels have no limit beyond the caller's memory.
  *
- * Execution: images go in chunks of about 2048 tokens (at least one image per executor thread, at most
- * 64 images), one chunk per loop turn. A chunk's images are decoded and resized,
- * then run through the tower together. On a RAM executor of N >= 2 threads, one
- * worker is lent to decode chunk k + 1 into a second set of patch rows while the loop thread and the
- * other N - 1 run chunk k through the tower (each decoded item posted to the loop as a completion; the
- * worker rejoins the tower's work as soon as it is done); the first chunk, and every chunk on inline,
- * pool and one-thread executors, is decoded on its own turn over every thread. Files are read through
- * the executor's ring two chunks ahead. Results are bitwise identical whatever the receiver
- * and thread count. Progress counts images, reported between chunks. stats.bytes counts pixel bytes,
- * encoded bytes or file bytes read; read_ns is the time spent waiting for reads not hidden behind
- * compute; decode_ns covers decoding and resizing, on turns and on the lent worker (so decode_ns +
- * compute_ns may exceed total_ns).
+ * Execution, as "Execution of the media verbs" above: chunks of about 2048 tokens (at least one image
+ * per executor thread, at most 64 images), whose images are decoded and resized. Progress counts images.
+ * stats.bytes counts pixel bytes, encoded bytes or file bytes read; decode_ns covers decoding and
+ * resizing.
  *
  * Call statuses: UFORM_OK, UFORM_INVALID_ARGUMENT (a NULL or empty tape, offsets out of order or past
  * the tape, NULL heights or widths, an unknown source, an arena of another executor, a bad config),
@@ -655,22 +678,16 @@ UFORM_EXPORT uform_status_t uform_image_encode_pixels(uform_image_encode_pixels_
  * demuxer may attempt (playlists, concat lists, image sequences) are refused: a clip reads only its own
  * bytes. FFmpeg's own log messages go through av_log at the level the application sets.
  *
- * Execution: clips go in chunks of about 2048 tokens (F frames of 1 + patches tokens each; at least one
- * clip per executor thread while that stays within 32768 tokens, at least one clip, at most 64 clips).
- * Each clip is decoded on one thread (FFmpeg single-threaded inside), then every frame of the chunk runs
- * through the image tower together. On a RAM executor of N >= 2 threads, one
- * worker is lent to decode chunk k + 1 into a second set of patch rows while the loop thread and the
- * other N - 1 run chunk k through the tower (each decoded item posted to the loop as a completion; the
- * worker rejoins the tower's work as soon as it is done); the first chunk, and every chunk on inline,
- * pool and one-thread executors, is decoded on its own turn over every thread. Files are read through
- * the executor's ring two chunks ahead. The files of up to three chunks are held in memory
- * whole. Results are bitwise identical whatever the receiver and thread count. Progress counts clips,
- * reported between chunks. stats.bytes counts encoded or file bytes; decode_ns covers demuxing,
- * decoding, conversion and resizing, on turns and on the lent worker.
+ * Execution, as "Execution of the media verbs" above: chunks of about 2048 tokens (F frames of 1 +
+ * patches tokens each; at least one clip per executor thread while that stays within 32768 tokens, at
+ * least one clip, at most 64 clips). Each clip is decoded on one thread (FFmpeg single-threaded inside),
+ * then every frame of the chunk runs through the image tower together. The files of up to three chunks
+ * are held in memory whole. Progress counts clips. stats.bytes counts encoded or file bytes; decode_ns
+ * covers demuxing, decoding, conversion and resizing.
  *
  * Call statuses: UFORM_OK, UFORM_INVALID_ARGUMENT (as uform_image_encode), UFORM_CONTENDED,
- * UFORM_UNSUPPORTED (no video entry in the model, a build without FFmpeg, a VRAM model: video is not
- * built on VRAM executors yet), UFORM_OUT_OF_MEMORY, UFORM_CANCELLED. */
+ * UFORM_UNSUPPORTED (no video entry in the model, a build without FFmpeg, a VRAM model: video runs on
+ * host executors only), UFORM_OUT_OF_MEMORY, UFORM_CANCELLED. */
 #define UFORM_VIDEO_MAX_BYTES   ((size_t)1 << 30) /* 1 GiB */
 #define UFORM_VIDEO_MAX_PACKETS ((size_t)1 << 18) /* 262144: over two hours at 30 frames per second */
 typedef struct uform_video_encode_args {
@@ -732,18 +749,10 @@ UFORM_EXPORT uform_status_t uform_video_encode(uform_video_encode_args_t const *
  * those, the work a clip costs is bounded by the model's reach whatever its length: an item of samples
  * is scanned once for NaN and infinities, and only its first samples are read beyond that.
  *
- * Execution: clips go in chunks of about 2048 tokens counted at max_patches (at least one clip per
- * executor thread, at most 64 clips), one chunk per loop turn. A chunk's clips are decoded,
- * resampled and turned into patches, then run through the tower together. On a RAM executor of N >= 2 threads, one
- * worker is lent to decode chunk k + 1 into a second set of patch rows while the loop thread and the
- * other N - 1 run chunk k through the tower (each decoded item posted to the loop as a completion; the
- * worker rejoins the tower's work as soon as it is done); the first chunk, and every chunk on inline,
- * pool and one-thread executors, is decoded on its own turn over every thread. Files are read through
- * the executor's ring two chunks ahead. Results are
- * bitwise identical whatever the receiver and thread count. Progress counts clips, reported between
- * chunks. stats.bytes counts samples * 4, encoded bytes or file bytes read; read_ns is the time spent
- * waiting for reads not hidden behind compute; decode_ns covers decoding, resampling and the log-mel
- * front end, on turns and on the lent worker.
+ * Execution, as "Execution of the media verbs" above: chunks of about 2048 tokens counted at
+ * max_patches (at least one clip per executor thread, at most 64 clips), whose clips are decoded,
+ * resampled and turned into patches. Progress counts clips. stats.bytes counts samples * 4, encoded
+ * bytes or file bytes read; decode_ns covers decoding, resampling and the log-mel front end.
  *
  * Call statuses: UFORM_OK, UFORM_INVALID_ARGUMENT (a NULL or empty tape, offsets out of order or past the
  * tape, an unknown source, a rate of 0 or over UFORM_AUDIO_MAX_RATE, samples not aligned to a float, an
@@ -801,29 +810,48 @@ UFORM_EXPORT uform_status_t uform_outcome_probabilities(uform_outcome_t const *o
 
 /* A mesh joins the processes of one run (launched by mpirun or Slurm) through MPI (Open MPI): bootstrap
  * initializes MPI on the executor's loop thread when the process has not (MPI_THREAD_SERIALIZED), and
- * freeing the last mesh finalizes it then, so a process bootstraps at most once. A trainer made with a
- * mesh (config.mesh) over a RAM executor runs data-parallel: each process steps on its own items, the
- * loss spans every process's items (pairs across processes are unrelated; relations index a process's
- * own items), gradients are summed with non-blocking collectives that the executor's loop progresses, and
- * N processes equal one process on the concatenated batch, to rounding. Every process passes the same
- * config, and the same executor to the mesh and its trainer. Bootstrap answers UFORM_OK,
- * UFORM_INVALID_ARGUMENT, UFORM_UNSUPPORTED (a build without MPI; a VRAM executor: NCCL meshes are not
- * built yet; MPI finalized already), UFORM_IO (MPI failed), UFORM_CONTENDED, UFORM_OUT_OF_MEMORY. */
+ * freeing the last mesh finalizes it then, so a process bootstraps at most once. An application that
+ * initialized MPI itself keeps it, and may bootstrap meshes over communicators of its own
+ * (options.communicator) as long as it does not finalize MPI. A trainer made with a mesh (config.mesh)
+ * over a RAM executor runs data-parallel: each process steps on its own items, the loss spans every
+ * process's items (pairs across processes are unrelated; relations index a process's own items),
+ * gradients are summed with non-blocking collectives that the executor's loop progresses, and N
+ * processes equal one process on the concatenated batch, to rounding. Every process passes the same
+ * config, and the same executor to the mesh and its trainer. */
 typedef struct uform_mesh uform_mesh_t;
 
 typedef struct uform_mesh_options {
-    int (*unused_reserved)(void); /* must be NULL; options are added by the mesh issue */
+    /* The address of an MPI_Comm (<mpi.h>) whose processes form the mesh, read at bootstrap and
+     * duplicated: every process of that communicator bootstraps with it, and the mesh's rank and size
+     * are that communicator's. The application must have initialized MPI (at MPI_THREAD_SERIALIZED or
+     * above: the engine calls MPI from the executor's loop thread). NULL: MPI_COMM_WORLD. */
+    void const *communicator;
 } uform_mesh_options_t;
 
 typedef struct uform_mesh_bootstrap_args {
-    uform_executor_t *executor;
-    uform_mesh_options_t const *options;
-    uform_mesh_t **mesh;
-    uform_outcome_t *outcome;
+    uform_executor_t *executor; /* a RAM executor: its loop thread makes every MPI call of the mesh */
+    uform_mesh_options_t const *options; /* NULL: MPI_COMM_WORLD */
+    uform_mesh_t **mesh;                 /* blocking and deferred calls alike: receives the mesh */
+    uform_outcome_t *outcome;            /* NULL: blocking */
 } uform_mesh_bootstrap_args_t;
+
+/* Joins this process to a mesh: a collective over the communicator's processes (MPI_Comm_dup), so the
+ * call is final once every one of them has bootstrapped. Answers UFORM_OK, UFORM_INVALID_ARGUMENT (NULL
+ * args, executor or mesh; options.communicator given before MPI was initialized, after it was
+ * finalized, or naming MPI_COMM_NULL), UFORM_UNSUPPORTED (a build without MPI; a VRAM executor, as this
+ * version has no mesh of device collectives (NCCL); MPI finalized already; MPI initialized by the
+ * application below MPI_THREAD_SERIALIZED), UFORM_IO (MPI failed), UFORM_CONTENDED,
+ * UFORM_OUT_OF_MEMORY. */
 UFORM_EXPORT uform_status_t uform_mesh_bootstrap(uform_mesh_bootstrap_args_t const *args);
+
+/* Frees the mesh (MPI_Comm_free of its duplicate: every process of the mesh frees its own), which no
+ * trainer may still use: a trainer made with it uses it until uform_trainer_free. Freeing the last mesh
+ * of a process whose MPI the engine initialized finalizes MPI there (MPI_Finalize, which may block until
+ * the other processes of the run finalize too), and MPI cannot start again in that process; an MPI the
+ * application initialized stays the application's. NULL is ignored. */
 UFORM_EXPORT void uform_mesh_free(uform_mesh_t *mesh);
-/* Rank and size of this process; 0 and 1 for NULL. */
+
+/* Rank and size of this process in the mesh; 0 and 1 for NULL (one process alone). Never blocks. */
 UFORM_EXPORT size_t uform_mesh_rank(uform_mesh_t const *mesh);
 UFORM_EXPORT size_t uform_mesh_size(uform_mesh_t const *mesh);
 
@@ -862,7 +890,7 @@ typedef struct uform_trainer_config {
 /* Fills `config` with the defaults: depth 2, hidden 128, dims 64, every tower, context 64, image 32
  * with patches of 8, 4 video frames, audio at 16 kHz with 32 mels over 2 s, learning rate 1e-3,
  * weight decay 0.01, betas 0.9 and 0.999, epsilon 1e-8, clip_norm 1, lm_weight 0.1, 100 warmup of 10000
- * steps, seed 42, no resume, no mesh. */
+ * steps, seed 42, no resume, no mesh. Does nothing for NULL; never fails. */
 UFORM_EXPORT void uform_trainer_config_default(uform_trainer_config_t *config);
 
 typedef struct uform_trainer_init_args {
@@ -876,11 +904,17 @@ typedef struct uform_trainer_init_args {
  * executor, from the config's sizes and seed or from config.resume_path. It owns no threads: its verbs
  * run on the executor it was made on. Answers UFORM_OK, UFORM_INVALID_ARGUMENT (NULL, a bad config, a
  * VRAM executor), UFORM_IO and UFORM_FORMAT (resume_path unreadable, not a checkpoint, or beside an
- * optimizer state that belongs to another checkpoint), UFORM_CONTENDED, UFORM_OUT_OF_MEMORY.
- * uform_trainer_init_vram validates its arguments, then answers UFORM_UNSUPPORTED: VRAM trainers are not
- * built yet. */
+ * optimizer state that belongs to another checkpoint), UFORM_CONTENDED, UFORM_OUT_OF_MEMORY. */
 UFORM_EXPORT uform_status_t uform_trainer_init_ram(uform_trainer_init_args_t const *args);
+
+/* A trainer on a VRAM executor: this version trains on host executors only (uform_trainer_init_ram), so
+ * it validates its arguments, then answers UFORM_UNSUPPORTED. Answers UFORM_INVALID_ARGUMENT (NULL args,
+ * executor, config or trainer) or UFORM_UNSUPPORTED, on the outcome too when one is given. */
 UFORM_EXPORT uform_status_t uform_trainer_init_vram(uform_trainer_init_args_t const *args);
+
+/* Frees the trainer, its master weights, moments and buffers. No call of it may be pending: wait for a
+ * deferred step or save first. Its executor and mesh stay the caller's, and failures it reported stay
+ * readable (their messages are copies: see uform_error_t). NULL is ignored. Never fails. */
 UFORM_EXPORT void uform_trainer_free(uform_trainer_t *trainer);
 
 typedef struct uform_trainer_step_stats {

@@ -2,7 +2,7 @@
 """The Mojo binding in lock-step with the C library.
 
 1. Every exported uform_* symbol of the built library (nm -D) is either resolved in mojo/uform/library.mojo
-   or listed in NOT_YET_BOUND below, never both, and neither list names a symbol the library lacks; every
+   or listed in UNBOUND below, never both, and neither list names a symbol the library lacks; every
    resolved one is called by some Mojo code in mojo/uform (no symbol resolved and left unused).
 2. Every C structure the binding mirrors has, in Mojo (mojo/layout.mojo, measured by the compiler), the
    size, alignment and field offsets the C compiler reports, and every enumeration value matches.
@@ -24,7 +24,7 @@ from interpreter import how_to_install, partly_unavailable  # noqa: E402  (stand
 # Exported, not bound yet: each is a verb or accessor the Mojo package does not offer today. Empty: every
 # exported entry point is bound (uform_ram_options_default, once thought to crash when returning its structure
 # by value, is called by value; mojo/NOTES.md).
-NOT_YET_BOUND = set()
+UNBOUND = set()
 
 
 def exported(library):
@@ -52,9 +52,9 @@ def check_symbols(exports, bindings, not_yet, calls=None):
     for name in sorted(bindings - (bindings if calls is None else calls)):
         errors.append(f"{name}: resolved in mojo/ but no Mojo verb calls it")
     for name in sorted(exports - bindings - not_yet):
-        errors.append(f"{name}: exported but neither bound in mojo/ nor listed as not yet bound")
+        errors.append(f"{name}: exported but neither bound in mojo/ nor listed as unbound")
     for name in sorted(bindings & not_yet):
-        errors.append(f"{name}: bound and also listed as not yet bound")
+        errors.append(f"{name}: bound and also listed as unbound")
     for name in sorted((bindings | not_yet) - exports):
         errors.append(f"{name}: named by the binding but not exported by the library")
     return errors
@@ -119,11 +119,11 @@ def main():
 
     if args.self_test:
         # A symbol added to the library without a binding must fail, as must a structure that grew.
-        assert not check_symbols(exports, bindings, NOT_YET_BOUND, calls), "the real lists must pass first"
-        assert check_symbols(exports | {"uform_new_verb"}, bindings, NOT_YET_BOUND, calls), "a new symbol went unnoticed"
-        assert check_symbols(exports, bindings, NOT_YET_BOUND, calls - {"uform_view_copy"}), "an uncalled symbol went unnoticed"
-        assert check_symbols(exports, bindings, NOT_YET_BOUND | {"uform_view_copy"}, calls), "bound and listed went unnoticed"
-        assert check_symbols(exports, bindings, NOT_YET_BOUND | {"uform_gone"}, calls), "a stale listing went unnoticed"
+        assert not check_symbols(exports, bindings, UNBOUND, calls), "the real lists must pass first"
+        assert check_symbols(exports | {"uform_new_verb"}, bindings, UNBOUND, calls), "a new symbol went unnoticed"
+        assert check_symbols(exports, bindings, UNBOUND, calls - {"uform_view_copy"}), "an uncalled symbol went unnoticed"
+        assert check_symbols(exports, bindings, UNBOUND | {"uform_view_copy"}, calls), "bound and listed went unnoticed"
+        assert check_symbols(exports, bindings, UNBOUND | {"uform_gone"}, calls), "a stale listing went unnoticed"
         if measured:
             mojo_lines, c_lines = measured
             grown = [line[:-2] + [str(int(line[-2]) + 8), line[-1]] if line[:2] == ["size", "uform_view_t"] else line
@@ -134,14 +134,14 @@ def main():
         print("mojo-lockstep self-test: both checks catch what they must" + ("" if measured else f" (layout part skipped: {reason})"))
         return 0
 
-    errors = check_symbols(exports, bindings, NOT_YET_BOUND, calls)
+    errors = check_symbols(exports, bindings, UNBOUND, calls)
     if measured:
         errors += check_layout(*measured)
     for error in errors:
         print("mojo-lockstep:", error)
     if errors:
         return 1
-    print(f"mojo-lockstep: {len(bindings)} symbols bound, {len(NOT_YET_BOUND)} listed as not yet bound"
+    print(f"mojo-lockstep: {len(bindings)} symbols bound, {len(UNBOUND)} listed as unbound"
           + (f", {len(measured[0])} layout and enumeration facts agree" if measured else f"; layout skipped: {reason}"))
     return 0
 

@@ -14,6 +14,7 @@ from uform import (
     Status, TapeView, View, VramOptions, Mesh, MeshOptions, Modality, Trainer, TrainerConfig, TrainerInitRamConfig,
     TrainerInitVramConfig, TrainerStepConfig, TrainerStepStats,
 )
+from uform._c import _field
 
 
 def check(condition: Bool, what: String) raises:
@@ -787,6 +788,16 @@ def test_trainer(library: Library, directory: String) raises:
         caught = error.copy()
     expect(caught, Status.INVALID_ARGUMENT, "a relation of an item with itself")
     check(caught.value().entry() == "uform_trainer_step", "its entry point")
+    # Its message is the error's own copy: the engine's next failure on this thread leaves it as it was.
+    var past: List[UInt32] = [0, 99]
+    var caught_past = Optional[UFormError](None)
+    try:
+        _ = trainer.on(executor).step(modalities, contents, TrainerStepConfig(relations=past))
+    except error:
+        caught_past = error.copy()
+    expect(caught_past, Status.INVALID_ARGUMENT, "a relation past the batch")
+    check(caught_past.value().message().startswith("relation 0: (0, 99)"), "its message: " + caught_past.value().message())
+    check(caught.value().message().startswith("relation 0: (2, 2)"), "the first message kept: " + caught.value().message())
     var half: List[UInt32] = [0, 1, 2]
     var caught2 = Optional[UFormError](None)
     try:
@@ -887,6 +898,16 @@ def test_mesh(library: Library) raises:
     var offsets: List[UInt] = [0, 5, 10]
     var modalities: List[Modality] = [Modality.TEXT, Modality.TEXT]
     var relations: List[UInt32] = [0, 1]
+    # A communicator to join needs MPI initialized by the application, which this process has not done:
+    # refused before the engine reads it; without MPI in the build, UNSUPPORTED.
+    var not_initialized_yet = Int64(0)
+    var refused = Optional[UFormError](None)
+    try:
+        _ = Mesh.bootstrap(executor, MeshOptions(communicator=_field(Pointer(to=not_initialized_yet))))
+    except error:
+        refused = error.copy()
+    expect(refused, Status.INVALID_ARGUMENT if library.has(Feature.MPI) else Status.UNSUPPORTED,
+           "Mesh.bootstrap joining a communicator before MPI is initialized")
     if library.has(Feature.MPI):
         var mesh = Mesh.bootstrap(executor, MeshOptions())
         check(mesh.rank() == 0 and mesh.size() == 1, "a mesh of this process alone: rank 0 of 1")

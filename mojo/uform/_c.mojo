@@ -28,6 +28,10 @@ def _raw[T: AnyType](p: Pointer[T, _]) -> Raw:
     return p.unsafe_bitcast[NoneType]().unsafe_mut_cast[True]().unsafe_origin_cast[MutAnyOrigin]()
 
 
+# `UFORM_ERROR_MESSAGE_SIZE`: the bytes a failure's message holds at most, its NUL included.
+comptime ERROR_MESSAGE_SIZE = 160
+
+
 @fieldwise_init
 struct CError(ImplicitlyCopyable):
     """`uform_error_t`."""
@@ -334,8 +338,8 @@ struct CTinyCheckpointArgs(ImplicitlyCopyable):
 
 @fieldwise_init
 struct CMeshOptions(ImplicitlyCopyable):
-    """`uform_mesh_options_t`: one reserved function pointer, NULL until the mesh issue adds options."""
-    var unused_reserved: RawOpt
+    """`uform_mesh_options_t`: the address of the `MPI_Comm` to join, or NULL for `MPI_COMM_WORLD`."""
+    var communicator: RawOpt
 
 
 @fieldwise_init

@@ -71,37 +71,56 @@ def _static(s: CString) -> StaticString:
     return StaticString(unsafe_from_utf8=CStringSpan[ImmStaticOrigin](unsafe_from_ptr=s))
 
 
+def _message_copy(s: CString) -> Array[UInt8, ERROR_MESSAGE_SIZE]:
+    """A failure's message, copied NUL-terminated (cut at `ERROR_MESSAGE_SIZE - 1` bytes, as the engine
+    cuts it): the engine's copy lives only until the thread's next failure, or with its outcome."""
+    var copy = Array[UInt8, ERROR_MESSAGE_SIZE](fill=0)
+    var bytes = _static(s).as_bytes()
+    for i in range(min(len(bytes), ERROR_MESSAGE_SIZE - 1)):
+        copy[i] = bytes[i]
+    return copy^
+
+
 struct Error(Copyable, Writable):
-    """A failure: its `Status`, the entry point and a static message. It keeps the engine mapped while
-    it lives, since its strings are the engine's own static text."""
+    """A failure: its `Status`, the entry point and the message. It keeps the engine mapped while it
+    lives, since the entry point is the engine's own static text; the message is a copy of its own,
+    taken when the failure was read (`uform_error_t` says how briefly the engine's copy lives)."""
 
     var status: Status
     var _c: CError
+    var _message: Array[UInt8, ERROR_MESSAGE_SIZE]
     var _library: Optional[Library]
 
     def __init__(out self, c: CError, library: Optional[Library]):
         self.status = Status(c.status)
         self._c = c
+        self._message = _message_copy(c.message)
         self._library = library
 
     def __init__(out self, status: Status, entry: StaticString, message: StaticString, library: Optional[Library] = None):
         """A fault this binding catches before the boundary, with the status the engine would report."""
         self.status = status
         self._c = CError(status.code, _c_string(entry), _c_string(message))
+        self._message = _message_copy(self._c.message)
         self._library = library
 
     def entry(self) -> StaticString:
         return _static(self._c.entry)
 
-    def message(self) -> StaticString:
-        return _static(self._c.message)
+    def message(self) -> String:
+        var length = 0
+        while length < ERROR_MESSAGE_SIZE - 1 and self._message[length] != 0:
+            length += 1
+        return String(StringSpan(unsafe_from_utf8=Span(self._message)[:length]))
 
     def write_to(self, mut writer: Some[Writer]):
         """`UForm: io [uform_model_load_ram]: cannot open checkpoint`, rendered by `uform_error_render`
         when the engine is loaded."""
         if self._library:
             var buffer = Array[UInt8, 512](fill=0)
+            var message = self._message.copy()
             var c = self._c
+            c.message = Pointer(to=message).unsafe_bitcast[c_char]().unsafe_mut_cast[False]().unsafe_origin_cast[ImmStaticOrigin]()
             var needed = self._library.value()._symbols[].error_render(_raw(Pointer(to=c)), _raw(Pointer(to=buffer)), 512)
             var length = min(Int(needed), 511)
             writer.write(StringSpan(unsafe_from_utf8=Span(buffer)[:length]))

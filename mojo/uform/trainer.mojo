@@ -29,13 +29,17 @@ struct Modality(Equatable, TrivialRegisterPassable):
 
 
 struct MeshOptions(ImplicitlyCopyable):
-    """`uform_mesh_options_t`: no options yet (its one reserved field stays NULL)."""
+    """`uform_mesh_options_t`: `communicator`, the address of an `MPI_Comm` of the application's (which
+    must have initialized MPI at `MPI_THREAD_SERIALIZED` or above) whose processes form the mesh; `None`
+    joins `MPI_COMM_WORLD`. The address is read during `Mesh.bootstrap` only."""
 
-    def __init__(out self):
-        pass
+    var communicator: RawOpt
+
+    def __init__(out self, *, communicator: RawOpt = None):
+        self.communicator = communicator
 
     def _c(self) -> CMeshOptions:
-        return CMeshOptions(None)
+        return CMeshOptions(self.communicator)
 
 
 struct Mesh(Movable):

@@ -66,7 +66,7 @@ uform_status_t call_refuse(uform_outcome_t *public_outcome, uform_status_t statu
     if (!outcome_is_initialized(outcome)) return status;
     if (outcome_word_status(atomic_load(&outcome->word)) == UFORM_PENDING)
         return status; /* not ours to end */
-    outcome->error = (uform_error_t){status, entry, message};
+    error_keep(&outcome->error, outcome->message, status, entry, message);
     outcome_drop_product(outcome);
     outcome_finalize(outcome, status, NULL);
     return status;
@@ -80,7 +80,7 @@ uform_status_t call_begin(call_t *call, uform_executor_t *executor, outcome_t *o
     if (!executor) {
         uform_status_t status =
             failed(UFORM_OUT_OF_MEMORY, entry, "cannot make the calling thread's executor");
-        outcome->error = uform_last_error();
+        error_keep(&outcome->error, outcome->message, status, entry, uform_last_error().message);
         outcome_finalize(outcome, status, NULL);
         return status;
     }
@@ -88,7 +88,7 @@ uform_status_t call_begin(call_t *call, uform_executor_t *executor, outcome_t *o
     if (!atomic_compare_exchange_strong_explicit(&executor->holder, &expected, call, memory_order_acquire,
                                                  memory_order_relaxed)) {
         uform_status_t status = failed(UFORM_CONTENDED, entry, "another call holds the executor");
-        outcome->error = uform_last_error();
+        error_keep(&outcome->error, outcome->message, status, entry, uform_last_error().message);
         outcome->product = OUTCOME_PRODUCT_NONE;
         outcome_finalize(outcome, status, NULL);
         return status;
@@ -160,8 +160,10 @@ void call_finish(call_t *call, uform_status_t status, char const *message) {
     outcome_t *outcome = call->outcome;
     bool threaded = executor->threaded;
     loop_t *loop = executor->loop;
-    outcome->error = status == UFORM_OK ? (uform_error_t){UFORM_OK, "", ""}
-                                        : (uform_error_t){status, call->entry, message ? message : ""};
+    if (status == UFORM_OK)
+        outcome->error = (uform_error_t){UFORM_OK, "", ""};
+    else
+        error_keep(&outcome->error, outcome->message, status, call->entry, message);
     /* A threaded executor is released before the outcome turns final, so that a caller who saw it
      * final can submit the next call at once. The state in `call` is dead from here on; the loop
      * thread outlives this callback, as freeing the executor joins it. */

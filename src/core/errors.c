@@ -1,12 +1,24 @@
 /* Statuses and errors: the calling thread's last failure, status names, rendering. */
 #include <stdio.h>
+#include <string.h>
 
 #include "common.h"
 
+/* The calling thread's last failure; its message is always a copy in last_message. */
+static _Thread_local char last_message[UFORM_ERROR_MESSAGE_SIZE];
 static _Thread_local uform_error_t last_error = {UFORM_OK, "", ""};
 
+void error_keep(uform_error_t *error, char storage[UFORM_ERROR_MESSAGE_SIZE], uform_status_t status,
+                char const *entry, char const *message) {
+    if (!message) message = "";
+    size_t length = strnlen(message, UFORM_ERROR_MESSAGE_SIZE - 1);
+    memmove(storage, message, length); /* `message` may be `storage` itself: a failure passed on */
+    storage[length] = '\0';
+    *error = (uform_error_t){status, entry ? entry : "", storage};
+}
+
 uform_status_t failed(uform_status_t status, char const *entry, char const *message) {
-    last_error = (uform_error_t){status, entry ? entry : "", message ? message : ""};
+    error_keep(&last_error, last_message, status, entry, message);
     return status;
 }
 

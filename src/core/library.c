@@ -3,8 +3,9 @@
 #include "loop.h"
 
 UFORM_EXPORT uint32_t uform_features(void) {
-    /* A feature is reported once its verbs are wired, not merely found: NCCL is detected by the build
-     * and reported once VRAM meshes use it; the server is the `uform` command's, not the library's. */
+    /* A feature is reported when its verbs use it, not merely when the build found it: NCCL, which the
+     * build detects, is not reported, as no verb uses it; the server is the `uform` command's, not the
+     * library's. */
     uint32_t features = 0;
     if (UFORM_WITH_URING && loop_uring_available()) features |= UFORM_FEATURE_URING;
     if (UFORM_WITH_HWLOC) features |= UFORM_FEATURE_HWLOC;

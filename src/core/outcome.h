@@ -23,7 +23,8 @@ typedef struct outcome {
     int notify_eventfd; /* -1: none */
     int notify_ring_fd; /* -1: none */
     uint64_t notify_user_data;
-    uform_error_t error;
+    uform_error_t error; /* its message points into `message` (error_keep) or at static text */
+    char message[UFORM_ERROR_MESSAGE_SIZE];
     outcome_product_t product;
     union {
         struct {

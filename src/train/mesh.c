@@ -1,6 +1,7 @@
 /* Meshes over Open MPI. Bootstrap initializes MPI on the executor's loop thread when nobody has (asking
- * MPI_THREAD_SERIALIZED: every later MPI call of the engine comes from a loop thread, one at a time) and
- * duplicates MPI_COMM_WORLD with errors returned, so a failing collective is a status, never an abort.
+ * MPI_THREAD_SERIALIZED: every later MPI call of the engine comes from a loop thread, one at a time), or
+ * checks that the application initialized it so, and duplicates the communicator it joins (the options'
+ * one, else MPI_COMM_WORLD) with errors returned, so a failing collective is a status, never an abort.
  * The trainer's collectives are non-blocking (MPI_Iallgather(v), MPI_Iallreduce): posted by a step and
  * tested by the loop on a short, growing timer, as VRAM executors poll CUDA events. Freeing the last mesh
  * finalizes MPI when the engine initialized it. */
@@ -54,6 +55,7 @@ uform_status_t mesh_test(mesh_request_t *request, bool *done) {
 typedef struct bootstrap_call {
     call_t call;
     uform_mesh_t **mesh;
+    MPI_Comm joined; /* the options' communicator, or MPI_COMM_WORLD */
 } bootstrap_call_t;
 
 static void bootstrap_start(call_t *call) {
@@ -72,6 +74,14 @@ static void bootstrap_start(call_t *call) {
             return;
         }
         atomic_store(&mpi_initialized_here, true);
+    } else {
+        int provided = MPI_THREAD_SINGLE;
+        if (MPI_Query_thread(&provided) != MPI_SUCCESS || provided < MPI_THREAD_SERIALIZED) {
+            call_finish(
+                call, UFORM_UNSUPPORTED,
+                "MPI was initialized below MPI_THREAD_SERIALIZED: the engine calls it from its loop thread");
+            return;
+        }
     }
     uform_mesh_t *mesh = calloc(1, sizeof *mesh);
     if (!mesh) {
@@ -79,7 +89,7 @@ static void bootstrap_start(call_t *call) {
         return;
     }
     int rank = 0, size = 1;
-    if (MPI_Comm_dup(MPI_COMM_WORLD, &mesh->comm) != MPI_SUCCESS) {
+    if (MPI_Comm_dup(bootstrap->joined, &mesh->comm) != MPI_SUCCESS) {
         free(mesh);
         call_finish(call, UFORM_IO, "MPI_Comm_dup failed");
         return;
@@ -99,11 +109,23 @@ UFORM_EXPORT uform_status_t uform_mesh_bootstrap(uform_mesh_bootstrap_args_t con
     if (!args) return failed(UFORM_INVALID_ARGUMENT, entry, "args is NULL");
     if (!args->executor || !args->mesh)
         return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry, "executor or mesh is NULL");
-    if (args->options && args->options->unused_reserved)
-        return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry, "options.unused_reserved must be NULL");
+    MPI_Comm joined = MPI_COMM_WORLD;
+    if (args->options && args->options->communicator) {
+        int initialized = 0, finalized = 0;
+        MPI_Initialized(&initialized);
+        MPI_Finalized(&finalized);
+        if (!initialized || finalized)
+            return call_refuse(
+                args->outcome, UFORM_INVALID_ARGUMENT, entry,
+                "options.communicator needs MPI initialized by the application, and not finalized");
+        joined = *(MPI_Comm const *)args->options->communicator;
+        if (joined == MPI_COMM_NULL)
+            return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry,
+                               "options.communicator is MPI_COMM_NULL");
+    }
     if (executor_on_device(args->executor))
         return call_refuse(args->outcome, UFORM_UNSUPPORTED, entry,
-                           "meshes over VRAM executors (NCCL) are not built yet: RAM executors mesh through MPI");
+                           "RAM executors mesh through MPI; this version has no VRAM mesh (NCCL)");
     *args->mesh = NULL;
     uform_outcome_t own;
     call_t *call = NULL;
@@ -113,6 +135,7 @@ UFORM_EXPORT uform_status_t uform_mesh_bootstrap(uform_mesh_bootstrap_args_t con
     bootstrap_call_t *bootstrap = container_of(call, bootstrap_call_t, call);
     call->start = bootstrap_start;
     bootstrap->mesh = args->mesh;
+    bootstrap->joined = joined;
     call_submit(call);
     return args->outcome ? UFORM_OK : call_wait(outcome_of(&own));
 }

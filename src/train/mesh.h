@@ -17,7 +17,7 @@ typedef int mesh_request_t;
 
 struct uform_mesh {
 #if UFORM_WITH_MPI
-    MPI_Comm comm; /* a duplicate of MPI_COMM_WORLD, errors returned rather than fatal */
+    MPI_Comm comm; /* a duplicate of the joined communicator, errors returned rather than fatal */
 #endif
     size_t rank, size;
 };

@@ -16,7 +16,7 @@ struct uform_trainer {
     bool frontend_ready;
     uform_executor_t *executor; /* the executor it was made on */
     uform_mesh_t *mesh;         /* NULL or one process: no collectives */
-    char message[256];          /* the last failure's reason, alive as long as the trainer */
+    char message[UFORM_ERROR_MESSAGE_SIZE]; /* a failing step's reason: call_finish copies it */
 };
 
 typedef struct train_batch {

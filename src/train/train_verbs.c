@@ -60,7 +60,7 @@ UFORM_EXPORT uform_status_t uform_trainer_init_vram(uform_trainer_init_args_t co
     if (!args->executor || !args->config || !args->trainer)
         return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry, "executor, config or trainer is NULL");
     return call_refuse(args->outcome, UFORM_UNSUPPORTED, entry,
-                       "VRAM trainers are not built yet: uform_trainer_init_ram trains on host executors");
+                       "this version trains on host executors only: uform_trainer_init_ram");
 }
 
 UFORM_EXPORT void uform_trainer_free(uform_trainer_t *trainer) {
@@ -365,10 +365,6 @@ static void save_start(call_t *call) {
     /* Over a mesh every process holds the same weights: the first one writes them. */
     uform_status_t status =
         mesh && mesh->rank > 0 ? UFORM_OK : train_params_save(&save->trainer->params, save->path, &message);
-    if (status != UFORM_OK && message) {
-        snprintf(save->trainer->message, sizeof save->trainer->message, "%s", message);
-        message = save->trainer->message;
-    }
     call_finish(call, status, message);
 }
 

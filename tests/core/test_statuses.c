@@ -1,6 +1,6 @@
 /* Every status a public function can answer, function by function, for the functions whose other
  * suites do not already cover them (outcomes and executors: test_outcome; arenas and views:
- * test_arena; loads: test_model_load). Verbs not built yet must validate exactly, then answer
+ * test_arena; loads: test_model_load). Verbs a build lacks must validate exactly, then answer
  * UNSUPPORTED through the return value and through their outcome. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -97,6 +97,54 @@ static void outcome_arguments(void **state) {
     assert_null(uform_outcome_model(&outcome));
     assert_int_equal(uform_executor_nop(NULL), UFORM_INVALID_ARGUMENT);
     uform_outcome_destroy(&outcome);
+}
+
+/* A recorded message is a copy, cut at UFORM_ERROR_MESSAGE_SIZE - 1 bytes: the caller's buffer may change
+ * or die at once. A failure passed on with the thread's own message (an entry point wrapping another)
+ * keeps it whole. */
+static void messages_are_copied_and_cut(void **state) {
+    (void)state;
+    char text[2 * UFORM_ERROR_MESSAGE_SIZE];
+    memset(text, 'x', sizeof text - 1);
+    text[sizeof text - 1] = '\0';
+    assert_int_equal(failed(UFORM_IO, "uform_inner", text), UFORM_IO);
+    text[0] = 'y';
+    uform_error_t error = uform_last_error();
+    assert_int_equal(strlen(error.message), UFORM_ERROR_MESSAGE_SIZE - 1);
+    assert_int_equal(error.message[0], 'x');
+    assert_int_equal(failed(UFORM_FORMAT, "uform_outer", uform_last_error().message), UFORM_FORMAT);
+    assert_int_equal(strlen(uform_last_error().message), UFORM_ERROR_MESSAGE_SIZE - 1);
+    assert_string_equal(uform_last_error().entry, "uform_outer");
+    assert_int_equal(failed(UFORM_IO, NULL, NULL), UFORM_IO);
+    assert_string_equal(uform_last_error().message, "");
+    assert_string_equal(uform_last_error().entry, "");
+}
+
+/* An outcome keeps its own copy of its failure's message: a later failure on the thread, which
+ * overwrites the thread's last error, leaves the outcome's as it was. */
+static void outcomes_keep_their_messages(void **state) {
+    (void)state;
+    uform_ram_options_t options = uform_ram_options_default();
+    options.threads = 1;
+    options.pin = false;
+    uform_executor_t *executor = NULL;
+    assert_int_equal(uform_executor_create_ram(&options, &executor), UFORM_OK);
+    uform_outcome_t held, contended;
+    uform_outcome_init(&held);
+    uform_outcome_init(&contended);
+    uform_executor_nop_args_t nop = {.executor = executor, .delay_ns = 200000000, .outcome = &held};
+    assert_int_equal(uform_executor_nop(&nop), UFORM_OK);
+    nop.outcome = &contended;
+    assert_int_equal(uform_executor_nop(&nop), UFORM_CONTENDED);
+    assert_string_equal(uform_outcome_error(&contended).message, "another call holds the executor");
+    assert_int_equal(uform_outcome_wait(NULL), UFORM_INVALID_ARGUMENT);
+    assert_string_equal(uform_last_error().message, "outcome is NULL");
+    assert_string_equal(uform_outcome_error(&contended).message, "another call holds the executor");
+    assert_string_equal(uform_outcome_error(&contended).entry, "uform_executor_nop");
+    assert_int_equal(uform_outcome_wait(&held), UFORM_OK);
+    uform_outcome_destroy(&held);
+    uform_outcome_destroy(&contended);
+    uform_executor_free(executor);
 }
 
 static void executor_constructors(void **state) {
@@ -307,10 +355,6 @@ static void encode_verbs_validate_then_refuse(void **state) {
     uform_model_free(empty);
 }
 
-static int uform_features_reserved_probe(void) {
-    return 0;
-}
-
 static void mesh_refuses_trainer_checks(void **state) {
     (void)state;
     uform_executor_t *executor = NULL;
@@ -319,9 +363,22 @@ static void mesh_refuses_trainer_checks(void **state) {
     uform_mesh_bootstrap_args_t bootstrap = {.executor = executor, .mesh = &mesh};
     /* A real bootstrap starts MPI in this process: tests/train/mesh_train.sh runs one under mpirun. */
     if (!UFORM_WITH_MPI) assert_int_equal(uform_mesh_bootstrap(&bootstrap), UFORM_UNSUPPORTED);
-    uform_mesh_options_t reserved = {.unused_reserved = uform_features_reserved_probe};
-    bootstrap.options = &reserved;
-    if (UFORM_WITH_MPI) assert_int_equal(uform_mesh_bootstrap(&bootstrap), UFORM_INVALID_ARGUMENT);
+    /* A communicator to join needs MPI initialized by the application: refused before it is read. */
+    static int const not_initialized_yet = 0;
+    uform_mesh_options_t joined = {.communicator = &not_initialized_yet};
+    bootstrap.options = &joined;
+    assert_int_equal(uform_mesh_bootstrap(&bootstrap),
+                     UFORM_WITH_MPI ? UFORM_INVALID_ARGUMENT : UFORM_UNSUPPORTED);
+    if (UFORM_WITH_MPI) assert_non_null(strstr(uform_last_error().message, "options.communicator"));
+    uform_outcome_t outcome;
+    uform_outcome_init(&outcome);
+    bootstrap.outcome = &outcome;
+    assert_int_equal(uform_mesh_bootstrap(&bootstrap),
+                     UFORM_WITH_MPI ? UFORM_INVALID_ARGUMENT : UFORM_UNSUPPORTED);
+    assert_int_equal(uform_outcome_status(&outcome),
+                     UFORM_WITH_MPI ? UFORM_INVALID_ARGUMENT : UFORM_UNSUPPORTED);
+    bootstrap.outcome = NULL;
+    uform_outcome_destroy(&outcome);
     assert_null(mesh);
     bootstrap.options = NULL;
     bootstrap.executor = NULL;
@@ -331,7 +388,7 @@ static void mesh_refuses_trainer_checks(void **state) {
     assert_int_equal(uform_mesh_size(NULL), 1);
     uform_mesh_free(NULL);
 
-    /* Trainers train on host executors (tests/train/test_train.c); VRAM trainers are not built yet. */
+    /* Trainers train on host executors (tests/train/test_train.c); this version builds no VRAM trainer. */
     uform_trainer_t *trainer = NULL;
     uform_trainer_config_t config;
     uform_trainer_config_default(&config);
@@ -372,9 +429,10 @@ static void tiny_checkpoint_arguments(void **state) {
 
 int main(void) {
     struct CMUnitTest const tests[] = {
-        cmocka_unit_test(names_and_rendering),     cmocka_unit_test(outcome_arguments),
-        cmocka_unit_test(executor_constructors),   cmocka_unit_test(encode_verbs_validate_then_refuse),
+        cmocka_unit_test(names_and_rendering),         cmocka_unit_test(outcome_arguments),
+        cmocka_unit_test(executor_constructors),       cmocka_unit_test(encode_verbs_validate_then_refuse),
         cmocka_unit_test(mesh_refuses_trainer_checks), cmocka_unit_test(tiny_checkpoint_arguments),
+        cmocka_unit_test(messages_are_copied_and_cut), cmocka_unit_test(outcomes_keep_their_messages),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,5 +1,9 @@
 /* A data-parallel run equals one process on the concatenated batch (tests/train/mesh_train.sh):
  *   mesh_train mesh OUT      under `mpirun -n N`: each rank steps on its share of the batch, over a mesh;
+ *   mesh_train joined OUT    under `mpirun -n 3`: the application initializes MPI and splits the run into
+ *                            meshes it joins (options.communicator): ranks 0 and 1 a mesh of two, each on
+ *                            half the batch, saving OUT-0.safetensors; rank 2 a mesh of one, on the whole
+ *                            batch, saving OUT-1.safetensors; MPI stays the application's to finalize;
  *   mesh_train single OUT    one process, the whole batch, no mesh;
  *   mesh_train compare A B   the two saves' master weights and moments agree to rounding.
  * Exit status 77 (skip) when this build has no MPI. */
@@ -9,6 +13,9 @@
 #include <string.h>
 
 #include "train_step.h"
+#if UFORM_WITH_MPI
+#include <mpi.h>
+#endif
 
 #define ITEMS 8
 #define STEPS 4
@@ -112,10 +119,68 @@ static int compare(char const *a_path, char const *b_path) {
     return failures ? 1 : 0;
 }
 
+/* Steps on this process's share of the batch over `mesh`, of `expected_size` processes. */
+static int train_share(uform_executor_t *executor, uform_mesh_t *mesh, size_t expected_rank,
+                       size_t expected_size, char const *out) {
+    size_t rank = uform_mesh_rank(mesh), size = uform_mesh_size(mesh);
+    if (rank != expected_rank || size != expected_size) {
+        fprintf(stderr, "mesh_train: rank %zu of %zu, where the communicator says %zu of %zu\n", rank, size,
+                expected_rank, expected_size);
+        return 1;
+    }
+    if (ITEMS % (2 * size)) {
+        fprintf(stderr, "mesh_train: %d items do not split into pairs over %zu ranks\n", ITEMS, size);
+        return 2;
+    }
+    size_t share = ITEMS / size;
+    return train(executor, mesh, rank * share, share, out);
+}
+
+#if UFORM_WITH_MPI
+/* The application's own MPI: initialized here, split in two communicators, each joined as a mesh. */
+static int joined(uform_executor_t *executor, char const *out) {
+    int provided = 0, world_rank = 0, world_size = 0;
+    if (MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS ||
+        provided < MPI_THREAD_SERIALIZED) {
+        fprintf(stderr, "mesh_train: MPI_Init_thread gave no MPI_THREAD_SERIALIZED\n");
+        return 1;
+    }
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+    if (world_size != 3) {
+        fprintf(stderr, "mesh_train: joined runs on 3 ranks, not %d\n", world_size);
+        MPI_Finalize();
+        return 2;
+    }
+    int color = world_rank < 2 ? 0 : 1, rank = 0, size = 0;
+    MPI_Comm split = MPI_COMM_NULL;
+    MPI_Comm_split(MPI_COMM_WORLD, color, world_rank, &split);
+    MPI_Comm_rank(split, &rank);
+    MPI_Comm_size(split, &size);
+    uform_mesh_t *mesh = NULL;
+    uform_mesh_options_t options = {.communicator = &split};
+    uform_mesh_bootstrap_args_t bootstrap = {.executor = executor, .options = &options, .mesh = &mesh};
+    int rc = uform_mesh_bootstrap(&bootstrap) == UFORM_OK ? 0 : fail("uform_mesh_bootstrap");
+    char path[1024];
+    snprintf(path, sizeof path, "%s-%d.safetensors", out, color);
+    if (rc == 0) rc = train_share(executor, mesh, (size_t)rank, (size_t)size, path);
+    uform_mesh_free(mesh);
+    int finalized = 1;
+    MPI_Finalized(&finalized);
+    if (finalized) {
+        fprintf(stderr, "mesh_train: freeing the mesh finalized the application's MPI\n");
+        return 1;
+    }
+    MPI_Comm_free(&split);
+    MPI_Finalize();
+    return rc;
+}
+#endif
+
 int main(int argc, char **argv) {
     if (argc == 4 && !strcmp(argv[1], "compare")) return compare(argv[2], argv[3]);
-    if (argc != 3 || (strcmp(argv[1], "mesh") && strcmp(argv[1], "single"))) {
-        fprintf(stderr, "usage: mesh_train mesh|single OUT | mesh_train compare A B\n");
+    if (argc != 3 || (strcmp(argv[1], "mesh") && strcmp(argv[1], "joined") && strcmp(argv[1], "single"))) {
+        fprintf(stderr, "usage: mesh_train mesh|joined|single OUT | mesh_train compare A B\n");
         return 2;
     }
     if (!(uform_features() & UFORM_FEATURE_MPI)) {
@@ -130,17 +195,15 @@ int main(int argc, char **argv) {
     int rc;
     if (!strcmp(argv[1], "single")) {
         rc = train(executor, NULL, 0, ITEMS, argv[2]);
+#if UFORM_WITH_MPI
+    } else if (!strcmp(argv[1], "joined")) {
+        rc = joined(executor, argv[2]);
+#endif
     } else {
         uform_mesh_t *mesh = NULL;
         uform_mesh_bootstrap_args_t bootstrap = {.executor = executor, .mesh = &mesh};
         if (uform_mesh_bootstrap(&bootstrap) != UFORM_OK) return fail("uform_mesh_bootstrap");
-        size_t rank = uform_mesh_rank(mesh), size = uform_mesh_size(mesh);
-        if (ITEMS % (2 * size)) {
-            fprintf(stderr, "mesh_train: %d items do not split into pairs over %zu ranks\n", ITEMS, size);
-            return 2;
-        }
-        size_t share = ITEMS / size;
-        rc = train(executor, mesh, rank * share, share, argv[2]);
+        rc = train_share(executor, mesh, uform_mesh_rank(mesh), uform_mesh_size(mesh), argv[2]);
         uform_mesh_free(mesh);
     }
     uform_executor_free(executor);

@@ -1,5 +1,6 @@
 #!/bin/sh
-# A 2-rank data-parallel run (mpirun) against one process on the concatenated batch: mesh_train.c.
+# A 2-rank data-parallel run (mpirun) against one process on the concatenated batch, then a 3-rank run
+# that the application splits into meshes of two and of one (options.communicator): mesh_train.c.
 # Usage: mesh_train.sh MESH_TRAIN WORKDIR. Exit 77 (skip) without MPI in the build, or without mpirun
 # (a failure under CI=true, where a missing dependency must not hide a check).
 set -e
@@ -25,3 +26,8 @@ ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" \
 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
     mpirun --oversubscribe --mca btl self,vader -n 2 "$tool" mesh "$workdir/mesh.safetensors"
 "$tool" compare "$workdir/mesh.safetensors" "$workdir/single.safetensors"
+ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" \
+OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+    mpirun --oversubscribe --mca btl self,vader -n 3 "$tool" joined "$workdir/joined"
+"$tool" compare "$workdir/joined-0.safetensors" "$workdir/single.safetensors"
+"$tool" compare "$workdir/joined-1.safetensors" "$workdir/single.safetensors"

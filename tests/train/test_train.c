@@ -331,11 +331,62 @@ static void cancel_deferred_and_contended(void **state) {
     uform_executor_free(executor);
 }
 
+/* A trainer builds its failures' messages ("relation 0: ...") in a buffer of its own. Those messages are
+ * copied where they are kept: a deferred step's outcome keeps its message through the trainer's next
+ * failure, and neither that message nor the thread's last error dies with the trainer (read after
+ * uform_trainer_free, which the ASan build checks byte by byte). */
+static void trainer_messages_outlive_the_trainer(void **state) {
+    (void)state;
+    static char const relation[] = "relation 0: (2, 2) is not a pair of two distinct items of 4";
+    static char const image[] = "item 1: the image cannot be decoded (format)";
+    uform_executor_t *executor = ram_executor(1, false);
+    uform_trainer_config_t config = small_config();
+    uform_trainer_t *trainer = make_trainer(executor, &config);
+    uform_trainer_step_stats_t stats;
+    uform_trainer_step_args_t step = text_step(trainer, executor, &stats);
+    static uint32_t const itself[] = {2, 2};
+    step.relations = itself;
+    step.relations_count = 1;
+    uform_outcome_t outcome;
+    uform_outcome_init(&outcome);
+    step.outcome = &outcome;
+    assert_int_equal(uform_trainer_step(&step), UFORM_OK); /* relations are checked on the loop */
+    assert_int_equal(uform_outcome_wait(&outcome), UFORM_INVALID_ARGUMENT);
+    assert_string_equal(uform_outcome_error(&outcome).message, relation);
+    assert_string_equal(uform_last_error().message, relation);
+
+    /* The trainer's next failure, blocking: the outcome still tells its own. */
+    step = text_step(trainer, executor, &stats);
+    static uform_modality_t const with_image[] = {UFORM_MODALITY_TEXT, UFORM_MODALITY_IMAGE,
+                                                  UFORM_MODALITY_TEXT, UFORM_MODALITY_TEXT};
+    step.modalities = with_image;
+    assert_int_equal(uform_trainer_step(&step), UFORM_FORMAT);
+    uform_error_t last = uform_last_error();
+    assert_string_equal(last.message, image);
+    assert_string_equal(uform_outcome_error(&outcome).message, relation);
+
+    uform_trainer_free(trainer);
+    assert_string_equal(last.message, image);
+    assert_string_equal(uform_last_error().message, image);
+    assert_string_equal(uform_last_error().entry, "uform_trainer_step");
+    assert_string_equal(uform_outcome_error(&outcome).message, relation);
+    char text[UFORM_ERROR_MESSAGE_SIZE + 64];
+    uform_error_render(&last, text, sizeof text);
+    assert_string_equal(text,
+                        "UForm: format [uform_trainer_step]: item 1: the image cannot be decoded (format)");
+    uform_outcome_destroy(&outcome);
+    uform_executor_free(executor);
+}
+
 int main(void) {
     struct CMUnitTest const tests[] = {
-        cmocka_unit_test(configs_and_their_errors), cmocka_unit_test(loss_falls),
-        cmocka_unit_test(resume_is_bit_exact),      cmocka_unit_test(steps_do_not_depend_on_threads),
-        cmocka_unit_test(bad_steps_change_nothing), cmocka_unit_test(cancel_deferred_and_contended),
+        cmocka_unit_test(configs_and_their_errors),
+        cmocka_unit_test(loss_falls),
+        cmocka_unit_test(resume_is_bit_exact),
+        cmocka_unit_test(steps_do_not_depend_on_threads),
+        cmocka_unit_test(bad_steps_change_nothing),
+        cmocka_unit_test(cancel_deferred_and_contended),
+        cmocka_unit_test(trainer_messages_outlive_the_trainer),
     };
     return cmocka_run_group_tests(tests, setup, fixture_teardown);
 }
