@@ -68,3 +68,25 @@ qkv_batch_t qkv_batch_make(float amplitude) {
             batch.qkv[row * 3 * HIDDEN + i] *= amplitude;
     return batch;
 }
+
+void attention_row_double(double const *q, double const *k, double const *v, size_t row, size_t first,
+                          size_t end, double scale, double out[KERNEL_HEAD]) {
+    double scores[256], max = -INFINITY, sum = 0.0;
+    for (size_t j = first; j < end; ++j) {
+        double dot = 0.0;
+        for (size_t d = 0; d < KERNEL_HEAD; ++d)
+            dot += q[row * KERNEL_HEAD + d] * k[j * KERNEL_HEAD + d];
+        scores[j - first] = dot * scale;
+        max = fmax(max, scores[j - first]);
+    }
+    for (size_t d = 0; d < KERNEL_HEAD; ++d)
+        out[d] = 0.0;
+    for (size_t j = first; j < end; ++j) {
+        double weight = exp(scores[j - first] - max);
+        sum += weight;
+        for (size_t d = 0; d < KERNEL_HEAD; ++d)
+            out[d] += weight * v[j * KERNEL_HEAD + d];
+    }
+    for (size_t d = 0; d < KERNEL_HEAD; ++d)
+        out[d] /= sum;
+}

@@ -41,3 +41,8 @@ typedef struct qkv_batch {
 /* Values in [-1, 1]; queries and keys in [-amplitude, amplitude] (large ones make peaked softmaxes whose
  * max moves from tile to tile). */
 qkv_batch_t qkv_batch_make(float amplitude);
+
+/* One head of attention over keys [first, end) for the query row `row`, in double: out [64]. Rows are
+ * KERNEL_HEAD apart in q, k, v (a packed [tokens, 64] per tensor). */
+void attention_row_double(double const *q, double const *k, double const *v, size_t row, size_t first,
+                          size_t end, double scale, double out[KERNEL_HEAD]);

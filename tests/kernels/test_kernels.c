@@ -108,27 +108,17 @@ static void check_other_heads_untouched(float const *out, size_t tokens, size_t 
                 fail_msg("attention wrote column %zu of row %zu, outside head %zu", i, row, head);
 }
 
-/* Full softmax over keys [first, end) for one query row, in double. */
-static void attention_naive(kernel_attention_t const *a, size_t row, size_t first, size_t end,
-                            double out[KERNEL_HEAD]) {
-    double scores[256], max = -INFINITY, sum = 0.0;
-    for (size_t j = first; j < end; ++j) {
-        double dot = 0.0;
-        for (size_t d = 0; d < KERNEL_HEAD; ++d)
-            dot += (double)a->q[row * a->stride + d] * a->k[j * a->stride + d];
-        scores[j - first] = dot * a->scale;
-        max = fmax(max, scores[j - first]);
-    }
-    for (size_t d = 0; d < KERNEL_HEAD; ++d)
-        out[d] = 0.0;
-    for (size_t j = first; j < end; ++j) {
-        double weight = exp(scores[j - first] - max);
-        sum += weight;
-        for (size_t d = 0; d < KERNEL_HEAD; ++d)
-            out[d] += weight * a->v[j * a->stride + d];
-    }
-    for (size_t d = 0; d < KERNEL_HEAD; ++d)
-        out[d] /= sum;
+/* Head `head` of the batch's q, k and v in double, [tokens, 64] each, one after the other (test_free
+ * it): for attention_row_double. */
+static double *head_in_double(qkv_batch_t const *batch, size_t head) {
+    size_t const n = batch->tokens * KERNEL_HEAD;
+    double *q = test_malloc(3 * n * sizeof(double));
+    for (size_t row = 0; row < batch->tokens; ++row)
+        for (size_t part = 0; part < 3; ++part)
+            for (size_t d = 0; d < KERNEL_HEAD; ++d)
+                q[part * n + row * KERNEL_HEAD + d] =
+                    batch->qkv[row * 3 * HIDDEN + part * HIDDEN + head * KERNEL_HEAD + d];
+    return q;
 }
 
 static void scalar_attention_matches_naive(void **state) {
@@ -142,16 +132,19 @@ static void scalar_attention_matches_naive(void **state) {
             kernel_attention_t a = batch_head(&batch, 1, causal, out);
             kernels_scalar()->attention(&a, 0, ITEMS);
             check_other_heads_untouched(out, batch.tokens, 1);
+            double *q = head_in_double(&batch, 1), *k = q + batch.tokens * KERNEL_HEAD,
+                   *v = k + batch.tokens * KERNEL_HEAD;
             for (size_t item = 0; item < ITEMS; ++item) {
                 for (size_t row = batch.offsets[item]; row < batch.offsets[item + 1]; ++row) {
                     double expected[KERNEL_HEAD];
-                    attention_naive(&a, row, batch.offsets[item], causal ? row + 1 : batch.offsets[item + 1],
-                                    expected);
+                    attention_row_double(q, k, v, row, batch.offsets[item],
+                                         causal ? row + 1 : batch.offsets[item + 1], a.scale, expected);
                     for (size_t d = 0; d < KERNEL_HEAD; ++d)
                         check_near(a.out[row * HIDDEN + d], expected[d], 1e-5, "attention",
                                    row * KERNEL_HEAD + d);
                 }
             }
+            test_free(q);
             test_free(out);
         }
         test_free(batch.qkv);

@@ -53,30 +53,6 @@ static double rmsnorm_loss(double const *x, double const *weight, float const *d
     return loss;
 }
 
-/* One head of attention over keys [first, end) for the query row `row`, in double: out [64]. Rows are
- * KERNEL_HEAD apart in q, k, v (a packed [tokens, 64] per tensor). */
-static void attention_row_double(double const *q, double const *k, double const *v, size_t row, size_t first,
-                                 size_t end, double scale, double out[KERNEL_HEAD]) {
-    double scores[256], max = -INFINITY, sum = 0.0;
-    for (size_t j = first; j < end; ++j) {
-        double dot = 0.0;
-        for (size_t d = 0; d < KERNEL_HEAD; ++d)
-            dot += q[row * KERNEL_HEAD + d] * k[j * KERNEL_HEAD + d];
-        scores[j - first] = dot * scale;
-        max = fmax(max, scores[j - first]);
-    }
-    for (size_t d = 0; d < KERNEL_HEAD; ++d)
-        out[d] = 0.0;
-    for (size_t j = first; j < end; ++j) {
-        double weight = exp(scores[j - first] - max);
-        sum += weight;
-        for (size_t d = 0; d < KERNEL_HEAD; ++d)
-            out[d] += weight * v[j * KERNEL_HEAD + d];
-    }
-    for (size_t d = 0; d < KERNEL_HEAD; ++d)
-        out[d] /= sum;
-}
-
 /* sum over the rows of the item [first, end) of d_out . out. */
 static double attention_loss(double const *q, double const *k, double const *v, float const *d_out,
                              size_t first, size_t end, bool causal, double scale) {
