@@ -88,6 +88,12 @@ uform_executor_t *ram_executor(size_t threads, bool pin) {
     return executor;
 }
 
+uform_arena_t *arena_on_host(void) {
+    uform_arena_t *arena = NULL;
+    assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
+    return arena;
+}
+
 /* ---- Files ---------------------------------------------------------------------------------------- */
 
 blob_t blob_copy(void const *data, size_t size) {
@@ -295,8 +301,7 @@ static void assert_matryoshka_prefix(uform_encoded_t const *full, uform_encoded_
 
 size_t encode_copy(batch_encode_t encode, batch_t const *batch, uform_executor_t *executor, bool deferred,
                    unsigned char *copy) {
-    uform_arena_t *arena = NULL;
-    assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
+    uform_arena_t *arena = arena_on_host();
     uform_encoded_t encoded;
     uform_outcome_t outcome;
     uform_outcome_init(&outcome);
@@ -361,8 +366,7 @@ static uform_continuation_t count_progress(void *state, size_t completed, size_t
 /* assert_progress_and_cancel on one receiver. */
 static void check_progress(batch_encode_t encode, batch_t const *batch, uform_executor_t *executor,
                            uform_status_t expected) {
-    uform_arena_t *arena = NULL;
-    assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
+    uform_arena_t *arena = arena_on_host();
     progress_counter_t counter = {0};
     uform_encode_config_t config = {.progress = {count_progress, &counter, 4}};
     uform_encoded_t encoded;
@@ -393,8 +397,7 @@ void assert_sources_checked(batch_encode_t encode, uform_status_t expected, char
     batch_t *batch = batch_new(BATCH_FILES);
     batch_add_path(batch, "absent");
     batch->source = (uform_source_t)7;
-    uform_arena_t *arena = NULL;
-    assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
+    uform_arena_t *arena = arena_on_host();
     uform_encoded_t encoded;
     assert_int_equal(encode(batch, NULL, UFORM_OUTPUT_EMBEDDINGS, arena, NULL, NULL, &encoded),
                      UFORM_INVALID_ARGUMENT);
@@ -421,9 +424,7 @@ void assert_sources_checked(batch_encode_t encode, uform_status_t expected, char
 
 void assert_items_fail_alone(batch_encode_t encode, batch_t const *batch, uform_status_t const *expected,
                              uform_executor_t *executor) {
-    uform_arena_t *arena = NULL, *single_arena = NULL;
-    assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
-    assert_int_equal(uform_arena_create_host(&single_arena), UFORM_OK);
+    uform_arena_t *arena = arena_on_host(), *single_arena = arena_on_host();
     uform_encoded_t together, alone;
     uform_encode_stats_t stats;
     uform_encode_config_t config = {.stats = &stats};
@@ -456,9 +457,7 @@ void assert_items_fail_alone(batch_encode_t encode, batch_t const *batch, uform_
 
 void assert_conversions_and_matryoshka(batch_encode_t encode, batch_t const *batch, uform_outputs_t outputs,
                                        uform_model_info_t const *info, convert_t convert) {
-    uform_arena_t *full_arena = NULL, *arena = NULL;
-    assert_int_equal(uform_arena_create_host(&full_arena), UFORM_OK);
-    assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
+    uform_arena_t *full_arena = arena_on_host(), *arena = arena_on_host();
     uform_encoded_t full, other;
     assert_int_equal(encode(batch, NULL, outputs, full_arena, NULL, NULL, &full), UFORM_OK);
     uform_scalar_t const kinds[] = {UFORM_BF16, UFORM_F16, UFORM_I8};
@@ -542,8 +541,7 @@ void assert_chunked_reads(batch_encode_t encode, make_cases_t make) {
     uform_executor_t *ram = ram_executor(2, true);
     uform_executor_t *executors[] = {NULL, ram};
     for (size_t e = 0; e < 2; ++e) {
-        uform_arena_t *arena = NULL;
-        assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
+        uform_arena_t *arena = arena_on_host();
         uform_encoded_t encoded;
         assert_int_equal(encode(files, executors[e], EVERYTHING, arena, NULL, NULL, &encoded), UFORM_OK);
         for (size_t i = 0; i < files->count; ++i) {
@@ -557,4 +555,14 @@ void assert_chunked_reads(batch_encode_t encode, make_cases_t make) {
     uform_executor_free(ram);
     batch_free(files);
     cases_free(cases, n);
+}
+
+void test_cases_fail_alone(void **state) {
+    file_cases_t const *cases = *state;
+    assert_cases_fail_alone(cases->encode, cases->make);
+}
+
+void test_chunked_reads(void **state) {
+    file_cases_t const *cases = *state;
+    assert_chunked_reads(cases->encode, cases->make);
 }

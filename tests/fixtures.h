@@ -50,6 +50,9 @@ error_text_t last_error_text(void);
 /* A RAM executor of `threads` threads, pinned or not. */
 uform_executor_t *ram_executor(size_t threads, bool pin);
 
+/* A host arena (uform_arena_create_host); the caller frees it. */
+uform_arena_t *arena_on_host(void);
+
 /* ---- Files ---------------------------------------------------------------------------------------- */
 
 typedef struct blob {
@@ -179,5 +182,19 @@ void assert_cases_fail_alone(batch_encode_t encode, make_cases_t make);
  * chunks compute, on the calling thread and a RAM executor of 2 threads: every item answers its case's
  * status and equals, bitwise, the first item of its case. */
 void assert_chunked_reads(batch_encode_t encode, make_cases_t make);
+
+/* The two checks above as cmocka tests, over the verb and cases their test's initial state points to:
+ * in a suite's table, FILE_CASES_TEST("bad_files_fail_alone", test_cases_fail_alone, &file_cases). */
+typedef struct file_cases {
+    batch_encode_t encode;
+    make_cases_t make;
+} file_cases_t;
+
+void test_cases_fail_alone(void **state); /* assert_cases_fail_alone over the file_cases_t */
+void test_chunked_reads(void **state);    /* assert_chunked_reads over the file_cases_t */
+
+/* A struct CMUnitTest named `name_` that runs `test_` with `cases_` (a file_cases_t *) as its state. */
+#define FILE_CASES_TEST(name_, test_, cases_)                                                                \
+    { .name = (name_), .test_func = (test_), .initial_state = (cases_) }
 
 #endif

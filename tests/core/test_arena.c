@@ -162,11 +162,13 @@ static void tapes_are_validated(void **state) {
 
 static void scalar_sizes(void **state) {
     (void)state;
-    assert_int_equal(uform_scalar_size(UFORM_F32), 4);
-    assert_int_equal(uform_scalar_size(UFORM_BF16), 2);
-    assert_int_equal(uform_scalar_size(UFORM_F16), 2);
-    assert_int_equal(uform_scalar_size(UFORM_I8), 1);
-    assert_int_equal(uform_scalar_size((uform_scalar_t)99), 0);
+    struct {
+        uform_scalar_t scalar;
+        size_t size;
+    } const cases[] = {
+        {UFORM_F32, 4}, {UFORM_BF16, 2}, {UFORM_F16, 2}, {UFORM_I8, 1}, {(uform_scalar_t)99, 0}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i)
+        assert_int_equal(uform_scalar_size(cases[i].scalar), cases[i].size);
 }
 
 int main(void) {

@@ -72,6 +72,12 @@ static uform_executor_t *make_executor(int kind) {
 
 /* ---- Tests -------------------------------------------------------------------------------------- */
 
+/* A deferred nop of `delay_ns` on `executor` into `outcome` (initialized), accepted. */
+static void start_nop(uform_executor_t *executor, uint64_t delay_ns, uform_outcome_t *outcome) {
+    uform_executor_nop_args_t args = {.executor = executor, .delay_ns = delay_ns, .outcome = outcome};
+    assert_int_equal(uform_executor_nop(&args), UFORM_OK);
+}
+
 static void nop_on_every_receiver(void **state) {
     (void)state;
     /* The calling thread. */
@@ -117,8 +123,7 @@ static void pending_then_final_and_wait_three_times(void **state) {
     uform_executor_t *executor = make_executor(KIND_RAM);
     uform_outcome_t outcome;
     uform_outcome_init(&outcome);
-    uform_executor_nop_args_t args = {.executor = executor, .delay_ns = 50000000, .outcome = &outcome};
-    assert_int_equal(uform_executor_nop(&args), UFORM_OK);
+    start_nop(executor, 50000000, &outcome);
     /* The timer holds the call for 50 ms: the word is pending now. */
     assert_int_equal(uform_outcome_status(&outcome), UFORM_PENDING);
     assert_int_equal(uform_outcome_error(&outcome).status, UFORM_PENDING);
@@ -146,8 +151,7 @@ static void many_threads_wait_one_outcome(void **state) {
     uform_executor_t *executor = make_executor(KIND_RAM);
     uform_outcome_t outcome;
     uform_outcome_init(&outcome);
-    uform_executor_nop_args_t args = {.executor = executor, .delay_ns = 30000000, .outcome = &outcome};
-    assert_int_equal(uform_executor_nop(&args), UFORM_OK);
+    start_nop(executor, 30000000, &outcome);
     pthread_t threads[4];
     waiter_t waiters[4];
     for (int i = 0; i < 4; ++i) {
@@ -168,10 +172,9 @@ static void second_call_is_contended(void **state) {
     uform_outcome_t first, second;
     uform_outcome_init(&first);
     uform_outcome_init(&second);
-    uform_executor_nop_args_t args = {.executor = executor, .delay_ns = 100000000, .outcome = &first};
-    assert_int_equal(uform_executor_nop(&args), UFORM_OK);
+    start_nop(executor, 100000000, &first);
     /* Deferred: finishes at once with CONTENDED, in the return value and in the outcome. */
-    args = (uform_executor_nop_args_t){.executor = executor, .outcome = &second};
+    uform_executor_nop_args_t args = {.executor = executor, .outcome = &second};
     assert_int_equal(uform_executor_nop(&args), UFORM_CONTENDED);
     assert_int_equal(uform_outcome_status(&second), UFORM_CONTENDED);
     assert_string_equal(uform_outcome_error(&second).entry, "uform_executor_nop");
@@ -227,8 +230,7 @@ static void free_waits_for_call_in_flight(void **state) {
     uform_outcome_t outcome;
     uform_outcome_init(&outcome);
     uform_executor_t *executor = make_executor(KIND_RAM_TWO);
-    uform_executor_nop_args_t args = {.executor = executor, .delay_ns = 50000000, .outcome = &outcome};
-    assert_int_equal(uform_executor_nop(&args), UFORM_OK);
+    start_nop(executor, 50000000, &outcome);
     assert_int_equal(uform_outcome_status(&outcome), UFORM_PENDING);
     uform_executor_free(executor);
     /* Freeing waited: the call is final without asking the outcome to wait. */
@@ -245,12 +247,11 @@ static void drain_moods(void **state) {
     assert_int_equal(uform_executor_create_ram(&options, &executor), UFORM_OK);
     uform_outcome_t outcome;
     uform_outcome_init(&outcome);
-    uform_executor_nop_args_t args = {.executor = executor, .delay_ns = 20000000, .outcome = &outcome};
-    assert_int_equal(uform_executor_nop(&args), UFORM_OK);
+    start_nop(executor, 20000000, &outcome);
     /* Drain waits for the call, then the mood holds for the next calls. */
     assert_int_equal(uform_executor_drain(executor, UFORM_SPINNING), UFORM_OK);
     assert_int_equal(uform_outcome_status(&outcome), UFORM_OK);
-    args = (uform_executor_nop_args_t){.executor = executor};
+    uform_executor_nop_args_t args = {.executor = executor};
     for (int i = 0; i < 1000; ++i)
         assert_int_equal(uform_executor_nop(&args), UFORM_OK);
     assert_int_equal(uform_executor_drain(executor, UFORM_SLEEPING), UFORM_OK);
@@ -271,8 +272,7 @@ static void eventfd_notification(void **state) {
         uform_outcome_init(&outcome);
         assert_int_equal(uform_outcome_notify_eventfd(&outcome, fd), UFORM_OK);
         for (int round = 0; round < 3; ++round) {
-            uform_executor_nop_args_t args = {.executor = executor, .delay_ns = 5000000, .outcome = &outcome};
-            assert_int_equal(uform_executor_nop(&args), UFORM_OK);
+            start_nop(executor, 5000000, &outcome);
             /* Read the counter as an epoll server would, without waiting on the outcome itself. */
             struct pollfd poller = {.fd = fd, .events = POLLIN};
             assert_int_equal(poll(&poller, 1, 10000), 1);
@@ -286,8 +286,7 @@ static void eventfd_notification(void **state) {
         if (kind == KIND_RAM || kind == KIND_RAM_TWO) {
             uform_outcome_t holder;
             uform_outcome_init(&holder);
-            uform_executor_nop_args_t hold = {.executor = executor, .delay_ns = 50000000, .outcome = &holder};
-            assert_int_equal(uform_executor_nop(&hold), UFORM_OK);
+            start_nop(executor, 50000000, &holder);
             uform_executor_nop_args_t args = {.executor = executor, .outcome = &outcome};
             assert_int_equal(uform_executor_nop(&args), UFORM_CONTENDED);
             uint64_t count = 0;
@@ -377,6 +376,16 @@ static void fork_start(call_t *call) {
     call_finish(call, UFORM_OK, NULL);
 }
 
+/* Runs `fork` (its rounds set) on `executor` as a deferred call, until final: OK. */
+static void fork_run(fork_call_t *fork, uform_executor_t *executor) {
+    uform_outcome_t outcome;
+    uform_outcome_init(&outcome);
+    assert_int_equal(call_begin(&fork->call, executor, outcome_of(&outcome), "test"), UFORM_OK);
+    fork->call.start = fork_start;
+    call_submit(&fork->call);
+    assert_int_equal(uform_outcome_wait(&outcome), UFORM_OK);
+}
+
 static void for_threads_reaches_every_thread(void **state) {
     (void)state;
     for (int kind = 0; kind < KIND_COUNT; ++kind) {
@@ -384,12 +393,7 @@ static void for_threads_reaches_every_thread(void **state) {
         uform_executor_info_t info;
         assert_int_equal(uform_executor_info(executor, &info), UFORM_OK);
         fork_call_t fork = {.rounds = 1000};
-        uform_outcome_t outcome;
-        uform_outcome_init(&outcome);
-        assert_int_equal(call_begin(&fork.call, executor, outcome_of(&outcome), "test"), UFORM_OK);
-        fork.call.start = fork_start;
-        call_submit(&fork.call);
-        assert_int_equal(uform_outcome_wait(&outcome), UFORM_OK);
+        fork_run(&fork, executor);
         for (size_t thread = 0; thread < 8; ++thread)
             assert_int_equal(atomic_load(&fork.visits.count[thread]), thread < info.threads ? 1000 : 0);
         uform_executor_free(executor);
@@ -464,12 +468,7 @@ static void fork_union_pool(void **state) {
     assert_int_equal(info.kind, UFORM_EXECUTOR_POOL);
     assert_int_equal(info.threads, 2);
     fork_call_t fork = {.rounds = 100};
-    uform_outcome_t outcome;
-    uform_outcome_init(&outcome);
-    assert_int_equal(call_begin(&fork.call, executor, outcome_of(&outcome), "test"), UFORM_OK);
-    fork.call.start = fork_start;
-    call_submit(&fork.call);
-    assert_int_equal(uform_outcome_wait(&outcome), UFORM_OK);
+    fork_run(&fork, executor);
     assert_int_equal(atomic_load(&fork.visits.count[0]), 100);
     assert_int_equal(atomic_load(&fork.visits.count[1]), 100);
     uform_executor_free(executor);

@@ -185,6 +185,12 @@ static size_t patches_of(size_t length) {
     return patches < info.audio.max_patches ? patches : info.audio.max_patches;
 }
 
+/* Frees what `count` sounds hold. */
+static void sounds_free(sound_t *sounds, size_t count) {
+    for (size_t i = 0; i < count; ++i)
+        free(sounds[i].samples);
+}
+
 /* ---- Tests -------------------------------------------------------------------------------------- */
 
 /* Lengths around the edges at the model's rate: nothing, shorter than a window, one sample short of a
@@ -213,8 +219,7 @@ static void samples_outputs_have_their_shapes(void **state) {
     sound_t sounds[16];
     size_t count = 0;
     batch_t *batch = varied_lengths(sounds, &count);
-    uform_arena_t *arena = NULL;
-    assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
+    uform_arena_t *arena = arena_on_host();
     uform_encode_stats_t stats;
     uform_encode_config_t config = {.stats = &stats};
     uform_encoded_t encoded;
@@ -266,8 +271,7 @@ static void samples_outputs_have_their_shapes(void **state) {
     free(longer.samples);
     uform_arena_free(arena);
     batch_free(batch);
-    for (size_t i = 0; i < count; ++i)
-        free(sounds[i].samples);
+    sounds_free(sounds, count);
 }
 
 /* Silence is a valid clip whose log-mel is the floor everywhere; a tone is not silence. */
@@ -281,8 +285,7 @@ static void tones_and_silence(void **state) {
     batch_add_sound(batch, &silence);
     batch_add_sound(batch, &tone);
     batch_add_sound(batch, &quiet);
-    uform_arena_t *arena = NULL;
-    assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
+    uform_arena_t *arena = arena_on_host();
     uform_encoded_t encoded;
     assert_int_equal(batch_encode(batch, NULL, EVERYTHING, arena, NULL, NULL, &encoded), UFORM_OK);
     for (size_t i = 0; i < 3; ++i) {
@@ -419,9 +422,7 @@ static void any_rate(void **state) {
         native.samples[i] =
             (float)(0.4 * sin(2 * 3.14159265358979 * 440 * (double)i / (double)info.audio.rate) +
                     0.3 * sin(2 * 3.14159265358979 * 1234 * (double)i / (double)info.audio.rate));
-    uform_arena_t *arena = NULL, *native_arena = NULL;
-    assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
-    assert_int_equal(uform_arena_create_host(&native_arena), UFORM_OK);
+    uform_arena_t *arena = arena_on_host(), *native_arena = arena_on_host();
     batch_t *reference = samples_batch(info.audio.rate);
     batch_add_sound(reference, &native);
     uform_encoded_t expected, encoded;
@@ -466,9 +467,7 @@ static void nan_inf_and_bad_rates(void **state) {
         batch_add_sound(batch, order[i]);
     batch_add_sound(alone, &good);
     batch_add_sound(alone, &other);
-    uform_arena_t *arena = NULL, *alone_arena = NULL;
-    assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
-    assert_int_equal(uform_arena_create_host(&alone_arena), UFORM_OK);
+    uform_arena_t *arena = arena_on_host(), *alone_arena = arena_on_host();
     uform_encoded_t encoded, expected;
     uform_encode_stats_t stats;
     uform_encode_config_t config = {.stats = &stats};
@@ -539,9 +538,7 @@ static void a_clip_does_not_depend_on_its_batch(void **state) {
     sound_t sounds[16];
     size_t count = 0;
     batch_t *batch = varied_lengths(sounds, &count);
-    uform_arena_t *arena = NULL, *alone_arena = NULL;
-    assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
-    assert_int_equal(uform_arena_create_host(&alone_arena), UFORM_OK);
+    uform_arena_t *arena = arena_on_host(), *alone_arena = arena_on_host();
     uform_encoded_t encoded, alone;
     assert_int_equal(batch_encode(batch, NULL, EVERYTHING, arena, NULL, NULL, &encoded), UFORM_OK);
     for (size_t i = 0; i < count; ++i) {
@@ -584,8 +581,7 @@ static void a_clip_does_not_depend_on_its_batch(void **state) {
     uform_arena_free(arena);
     uform_arena_free(alone_arena);
     batch_free(batch);
-    for (size_t i = 0; i < count; ++i)
-        free(sounds[i].samples);
+    sounds_free(sounds, count);
 }
 
 /* WAV files, from files and from memory, give what their samples give: bitwise for mono PCM16 (FFmpeg
@@ -682,16 +678,9 @@ static size_t bad_cases(file_case_t *cases) {
     return n;
 }
 
-static void bad_sounds_fail_alone(void **state) {
-    (void)state;
-    assert_cases_fail_alone(batch_encode, bad_cases);
-}
-
-/* More files than two chunks hold, read through the ring while earlier chunks compute. */
-static void chunked_reads(void **state) {
-    (void)state;
-    assert_chunked_reads(batch_encode, bad_cases);
-}
+/* Each bad sound fails alone; more files than two chunks hold are read through the ring while earlier
+ * chunks compute. */
+static file_cases_t sound_cases = {batch_encode, bad_cases};
 
 static void progress_and_cancel(void **state) {
     (void)state;
@@ -759,8 +748,7 @@ static void conversions_and_matryoshka(void **state) {
     batch_t *batch = varied_lengths(sounds, &count);
     assert_conversions_and_matryoshka(batch_encode, batch, EVERYTHING, &info, kernels_scalar()->convert);
     batch_free(batch);
-    for (size_t i = 0; i < count; ++i)
-        free(sounds[i].samples);
+    sounds_free(sounds, count);
 }
 
 #endif /* UFORM_WITH_FFMPEG */
@@ -770,8 +758,7 @@ static void conversions_and_matryoshka(void **state) {
 static void bad_arguments_fail_at_once(void **state) {
     (void)state;
     sound_t sound = sound_make(info.audio.rate, info.audio.rate, 1);
-    uform_arena_t *arena = NULL;
-    assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
+    uform_arena_t *arena = arena_on_host();
     uform_encoded_t encoded;
     size_t offsets[] = {0, sound.length}, backwards[] = {sound.length, 0}, beyond[] = {0, sound.length + 1};
     uform_audio_encode_samples_args_t good = {.model = model,
@@ -823,8 +810,8 @@ int main(void) {
         cmocka_unit_test(nan_inf_and_bad_rates),
         cmocka_unit_test(a_clip_does_not_depend_on_its_batch),
         cmocka_unit_test(wav_files_and_memory_match_their_samples),
-        cmocka_unit_test(bad_sounds_fail_alone),
-        cmocka_unit_test(chunked_reads),
+        FILE_CASES_TEST("bad_sounds_fail_alone", test_cases_fail_alone, &sound_cases),
+        FILE_CASES_TEST("chunked_reads", test_chunked_reads, &sound_cases),
         cmocka_unit_test(progress_and_cancel),
         cmocka_unit_test(decoding_overlaps_compute),
         cmocka_unit_test(conversions_and_matryoshka),

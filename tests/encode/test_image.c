@@ -187,101 +187,101 @@ static int setup(void **state) {
 
 /* ---- Tests -------------------------------------------------------------------------------------- */
 
-/* Pictures of varied shapes: 1x1, thin both ways, exactly `size`, larger, and not square. */
-static batch_t *varied_pixels(picture_t *pictures, size_t *count) {
+/* Pictures of varied shapes and the batch of them, in that order. */
+typedef struct varied {
+    picture_t pictures[16];
+    size_t count;
+    batch_t *batch;
+} varied_t;
+
+/* 1x1, thin both ways, exactly `size`, larger, and not square. */
+static varied_t varied_pixels(void) {
     size_t const shapes[][2] = {{1, 1}, {7, 300},   {300, 7},  {32, 32},  {64, 48},    {45, 100},
                                 {3, 2}, {200, 200}, {1, 5000}, {4000, 3}, {1100, 1500}};
-    *count = sizeof shapes / sizeof shapes[0];
-    batch_t *batch = batch_new(BATCH_PIXELS);
-    for (size_t i = 0; i < *count; ++i) {
-        pictures[i] = picture_make(shapes[i][0], shapes[i][1], (unsigned)i + 1);
-        batch_add_picture(batch, &pictures[i]);
+    varied_t varied = {.count = sizeof shapes / sizeof shapes[0], .batch = batch_new(BATCH_PIXELS)};
+    for (size_t i = 0; i < varied.count; ++i) {
+        varied.pictures[i] = picture_make(shapes[i][0], shapes[i][1], (unsigned)i + 1);
+        batch_add_picture(varied.batch, &varied.pictures[i]);
     }
-    return batch;
+    return varied;
+}
+
+static void varied_free(varied_t *varied) {
+    batch_free(varied->batch);
+    for (size_t i = 0; i < varied->count; ++i)
+        free(varied->pictures[i].rgb);
 }
 
 static void pixels_outputs_have_their_shapes(void **state) {
     (void)state;
-    picture_t pictures[16];
-    size_t count = 0;
-    batch_t *batch = varied_pixels(pictures, &count);
-    uform_arena_t *arena = NULL;
-    assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
+    varied_t varied = varied_pixels();
+    uform_arena_t *arena = arena_on_host();
     uform_encoded_t encoded;
     uform_encode_stats_t stats;
     uform_encode_config_t config = {.stats = &stats};
-    assert_int_equal(batch_encode(batch, NULL, EVERYTHING, arena, &config, NULL, &encoded), UFORM_OK);
-    assert_int_equal(encoded.items, count);
-    assert_int_equal(encoded.embeddings.rows, count);
+    assert_int_equal(batch_encode(varied.batch, NULL, EVERYTHING, arena, &config, NULL, &encoded), UFORM_OK);
+    assert_int_equal(encoded.items, varied.count);
+    assert_int_equal(encoded.embeddings.rows, varied.count);
     assert_int_equal(encoded.embeddings.columns, info.dims);
-    assert_int_equal(encoded.states.rows, count);
+    assert_int_equal(encoded.states.rows, varied.count);
     assert_int_equal(encoded.states.columns, info.image.transformer.hidden);
-    assert_int_equal(encoded.token_vectors.rows, count * patches);
+    assert_int_equal(encoded.token_vectors.rows, varied.count * patches);
     assert_int_equal(encoded.token_vectors.columns, info.dims);
-    assert_int_equal(encoded.token_vectors.items, count);
-    for (size_t i = 0; i < count; ++i) {
+    assert_int_equal(encoded.token_vectors.items, varied.count);
+    for (size_t i = 0; i < varied.count; ++i) {
         assert_int_equal(encoded.statuses[i], UFORM_OK);
         assert_int_equal(encoded.token_vectors.item_offsets[i], i * patches);
         assert_true(fabs(norm_of(row_of(&encoded.embeddings, i), info.dims) - 1.0) < 1e-4);
         assert_true(norm_of(row_of(&encoded.states, i), info.image.transformer.hidden) > 0);
     }
-    for (size_t row = 0; row < count * patches; ++row)
+    for (size_t row = 0; row < varied.count * patches; ++row)
         assert_true(fabs(norm_of(row_of(&encoded.token_vectors, row), info.dims) - 1.0) < 1e-4);
-    assert_int_equal(stats.items, count);
+    assert_int_equal(stats.items, varied.count);
     assert_int_equal(stats.failed, 0);
-    assert_int_equal(stats.bytes, batch->bytes);
+    assert_int_equal(stats.bytes, varied.batch->bytes);
     assert_int_equal(stats.truncated, 0);
     assert_true(stats.total_ns >= stats.compute_ns);
     /* Different pictures give different embeddings. */
     assert_memory_not_equal(row_of(&encoded.embeddings, 3), row_of(&encoded.embeddings, 4),
                             encoded.embeddings.row_stride);
     uform_arena_free(arena);
-    batch_free(batch);
-    for (size_t i = 0; i < count; ++i)
-        free(pictures[i].rgb);
+    varied_free(&varied);
 }
 
 /* Each item of a batch, bad spans among them, equals its solo encoding; bad items fail alone. */
 static void an_image_does_not_depend_on_its_batch(void **state) {
     (void)state;
-    picture_t pictures[16];
-    size_t count = 0;
-    batch_t *good = varied_pixels(pictures, &count);
+    varied_t varied = varied_pixels();
     batch_t *batch = batch_new(BATCH_PIXELS);
     uform_status_t expected[32];
     size_t items = 0;
-    for (size_t i = 0; i < count; ++i) {
-        batch_add_picture(batch, &pictures[i]);
+    for (size_t i = 0; i < varied.count; ++i) {
+        batch_add_picture(batch, &varied.pictures[i]);
         expected[items++] = UFORM_OK;
         if (i == 2) { /* a span one byte short of its height x width x 3 */
-            batch_add_pixels(batch, pictures[3].rgb, pictures[3].height * pictures[3].width * 3 - 1,
-                             pictures[3].height, pictures[3].width);
+            batch_add_pixels(batch, varied.pictures[3].rgb,
+                             varied.pictures[3].height * varied.pictures[3].width * 3 - 1,
+                             varied.pictures[3].height, varied.pictures[3].width);
             expected[items++] = UFORM_INVALID_ARGUMENT;
         }
         if (i == 4) { /* a height of 0, and a product that overflows */
             batch_add_pixels(batch, NULL, 0, 0, 5);
             expected[items++] = UFORM_INVALID_ARGUMENT;
-            batch_add_pixels(batch, pictures[0].rgb, 3, SIZE_MAX / 2, 3);
+            batch_add_pixels(batch, varied.pictures[0].rgb, 3, SIZE_MAX / 2, 3);
             expected[items++] = UFORM_INVALID_ARGUMENT;
         }
     }
     assert_int_equal(items, batch->count);
     assert_items_fail_alone(batch_encode, batch, expected, NULL);
     batch_free(batch);
-    batch_free(good);
-    for (size_t i = 0; i < count; ++i)
-        free(pictures[i].rgb);
+    varied_free(&varied);
 }
 
 static void bitwise_identical_across_receivers(void **state) {
     (void)state;
-    picture_t pictures[16];
-    size_t count = 0;
-    batch_t *batch = varied_pixels(pictures, &count);
-    assert_same_on_every_receiver(batch_encode, batch, NULL);
-    batch_free(batch);
-    for (size_t i = 0; i < count; ++i)
-        free(pictures[i].rgb);
+    varied_t varied = varied_pixels();
+    assert_same_on_every_receiver(batch_encode, varied.batch, NULL);
+    varied_free(&varied);
 }
 
 #if UFORM_WITH_JPEG || UFORM_WITH_SPNG
@@ -403,17 +403,9 @@ static size_t bad_cases(file_case_t *cases) {
     return n;
 }
 
-static void bad_files_fail_alone(void **state) {
-    (void)state;
-    assert_cases_fail_alone(batch_encode, bad_cases);
-}
-
-/* Many files over several chunks: the next chunk's reads are in flight while one computes, and
- * every item equals the first of its kind. */
-static void chunked_reads(void **state) {
-    (void)state;
-    assert_chunked_reads(batch_encode, bad_cases);
-}
+/* Each bad file fails alone; many files over several chunks: the next chunk's reads are in flight while
+ * one computes, and every item equals the first of its kind. */
+static file_cases_t image_cases = {batch_encode, bad_cases};
 
 static void progress_and_cancel(void **state) {
     (void)state;
@@ -474,20 +466,16 @@ static void decoding_overlaps_compute(void **state) {
 
 static void conversions_and_matryoshka(void **state) {
     (void)state;
-    picture_t pictures[16];
-    size_t count = 0;
-    batch_t *batch = varied_pixels(pictures, &count);
-    assert_conversions_and_matryoshka(batch_encode, batch, EVERYTHING, &info, kernels_scalar()->convert);
-    batch_free(batch);
-    for (size_t i = 0; i < count; ++i)
-        free(pictures[i].rgb);
+    varied_t varied = varied_pixels();
+    assert_conversions_and_matryoshka(batch_encode, varied.batch, EVERYTHING, &info,
+                                      kernels_scalar()->convert);
+    varied_free(&varied);
 }
 
 static void bad_arguments_fail_at_once(void **state) {
     (void)state;
     picture_t picture = picture_make(8, 8, 1);
-    uform_arena_t *arena = NULL;
-    assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
+    uform_arena_t *arena = arena_on_host();
     uform_encoded_t encoded;
     size_t heights[] = {8}, widths[] = {8}, offsets[] = {0, 192}, backwards[] = {192, 0}, beyond[] = {0, 500};
     uform_image_encode_pixels_args_t good = {.model = model,
@@ -532,8 +520,8 @@ int main(void) {
         cmocka_unit_test(an_image_does_not_depend_on_its_batch),
         cmocka_unit_test(bitwise_identical_across_receivers),
         cmocka_unit_test(files_and_memory_match_their_pixels),
-        cmocka_unit_test(bad_files_fail_alone),
-        cmocka_unit_test(chunked_reads),
+        FILE_CASES_TEST("bad_files_fail_alone", test_cases_fail_alone, &image_cases),
+        FILE_CASES_TEST("chunked_reads", test_chunked_reads, &image_cases),
         cmocka_unit_test(progress_and_cancel),
         cmocka_unit_test(decoding_overlaps_compute),
         cmocka_unit_test(conversions_and_matryoshka),

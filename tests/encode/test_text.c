@@ -39,6 +39,13 @@ static uform_tape_t sample_tape(void) {
     return (uform_tape_t){tape_bytes, tape_offsets, SAMPLES, used};
 }
 
+/* The samples' tape encoded by `model` on the calling thread into `arena` and `encoded`. */
+static uform_text_encode_args_t samples_args(uform_outputs_t outputs, uform_arena_t *arena,
+                                             uform_encoded_t *encoded) {
+    return (uform_text_encode_args_t){
+        .model = model, .outputs = outputs, .arena = arena, .encoded = encoded, .texts = sample_tape()};
+}
+
 /* The sample texts as a batch, for the fixtures' checks. */
 static batch_t *sample_batch(void) {
     batch_t *batch = batch_new(BATCH_TEXTS);
@@ -62,19 +69,12 @@ static int setup(void **state) {
 
 static void outputs_have_their_shapes(void **state) {
     (void)state;
-    uform_arena_t *arena = NULL;
-    assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
+    uform_arena_t *arena = arena_on_host();
     uform_encoded_t encoded;
     uform_encode_stats_t stats;
     uform_encode_config_t config = {.stats = &stats};
-    uform_text_encode_args_t args = {
-        .model = model,
-        .outputs = UFORM_OUTPUT_EMBEDDINGS | UFORM_OUTPUT_TOKEN_VECTORS | UFORM_OUTPUT_STATES,
-        .arena = arena,
-        .config = &config,
-        .encoded = &encoded,
-        .texts = sample_tape(),
-    };
+    uform_text_encode_args_t args = samples_args(EVERYTHING, arena, &encoded);
+    args.config = &config;
     assert_int_equal(uform_text_encode(&args), UFORM_OK);
     assert_int_equal(encoded.items, SAMPLES);
     assert_int_equal(encoded.embeddings.rows, SAMPLES);
@@ -118,15 +118,9 @@ static void bitwise_identical_across_receivers(void **state) {
 
 static void a_text_does_not_depend_on_its_batch(void **state) {
     (void)state;
-    uform_arena_t *batch_arena = NULL, *single_arena = NULL;
-    assert_int_equal(uform_arena_create_host(&batch_arena), UFORM_OK);
-    assert_int_equal(uform_arena_create_host(&single_arena), UFORM_OK);
+    uform_arena_t *batch_arena = arena_on_host(), *single_arena = arena_on_host();
     uform_encoded_t batch, single;
-    uform_text_encode_args_t args = {.model = model,
-                                     .outputs = UFORM_OUTPUT_EMBEDDINGS,
-                                     .arena = batch_arena,
-                                     .encoded = &batch,
-                                     .texts = sample_tape()};
+    uform_text_encode_args_t args = samples_args(UFORM_OUTPUT_EMBEDDINGS, batch_arena, &batch);
     assert_int_equal(uform_text_encode(&args), UFORM_OK);
     for (size_t i = 0; i < SAMPLES; ++i) {
         size_t offsets[2] = {0, strlen(samples[i])};
@@ -176,12 +170,8 @@ static void bad_input_leaves_everything_usable(void **state) {
     assert_int_equal(uform_arena_create(executor, &arena), UFORM_OK);
     assert_int_equal(uform_arena_create(other, &foreign), UFORM_OK);
     uform_encoded_t encoded;
-    uform_text_encode_args_t good = {.model = model,
-                                     .executor = executor,
-                                     .outputs = UFORM_OUTPUT_EMBEDDINGS,
-                                     .arena = arena,
-                                     .encoded = &encoded,
-                                     .texts = sample_tape()};
+    uform_text_encode_args_t good = samples_args(UFORM_OUTPUT_EMBEDDINGS, arena, &encoded);
+    good.executor = executor;
     size_t backwards[] = {0, 4, 2}, beyond[] = {0, 4, 5000};
     struct {
         char const *what;
@@ -218,15 +208,9 @@ static void bad_input_leaves_everything_usable(void **state) {
 
 static void choose_gives_probabilities(void **state) {
     (void)state;
-    uform_arena_t *states_arena = NULL, *arena = NULL;
-    assert_int_equal(uform_arena_create_host(&states_arena), UFORM_OK);
-    assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
+    uform_arena_t *states_arena = arena_on_host(), *arena = arena_on_host();
     uform_encoded_t encoded;
-    uform_text_encode_args_t encode = {.model = model,
-                                       .outputs = UFORM_OUTPUT_STATES,
-                                       .arena = states_arena,
-                                       .encoded = &encoded,
-                                       .texts = sample_tape()};
+    uform_text_encode_args_t encode = samples_args(UFORM_OUTPUT_STATES, states_arena, &encoded);
     assert_int_equal(uform_text_encode(&encode), UFORM_OK);
 
     /* Legal bytes per item: one, two, ten, every byte, three, one. */

@@ -316,9 +316,7 @@ static char const *const lossy_names[] = {"mpeg4.mp4", "mjpeg.avi"};
 
 static void clips_sample_the_frames_the_rule_names(void **state) {
     (void)state;
-    uform_arena_t *arena = NULL, *images_arena = NULL;
-    assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
-    assert_int_equal(uform_arena_create_host(&images_arena), UFORM_OK);
+    uform_arena_t *arena = arena_on_host(), *images_arena = arena_on_host();
     size_t const dims = info.dims, hidden = info.image.transformer.hidden;
     for (size_t c = 0; c < sizeof lossless / sizeof lossless[0]; ++c) {
         clip_spec_t const *spec = &lossless[c];
@@ -376,9 +374,7 @@ static void clips_sample_the_frames_the_rule_names(void **state) {
 /* Lossy clips cannot match bitwise: each sample must be closest to the frame the rule names. */
 static void lossy_clips_pick_identifiable_frames(void **state) {
     (void)state;
-    uform_arena_t *arena = NULL, *images_arena = NULL;
-    assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
-    assert_int_equal(uform_arena_create_host(&images_arena), UFORM_OK);
+    uform_arena_t *arena = arena_on_host(), *images_arena = arena_on_host();
     picture_t pictures[CLIP_FRAMES];
     for (size_t i = 0; i < CLIP_FRAMES; ++i)
         pictures[i] = frame_picture(i);
@@ -431,8 +427,7 @@ static void files_memory_and_receivers_agree(void **state) {
     }
     assert_same_on_every_receiver(video_encode, memory, files);
     /* Within the batch, every copy of a clip equals the first. */
-    uform_arena_t *arena = NULL;
-    assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
+    uform_arena_t *arena = arena_on_host();
     uform_encoded_t encoded;
     assert_int_equal(video_encode(files, NULL, EVERYTHING, arena, NULL, NULL, &encoded), UFORM_OK);
     for (size_t i = 0; i < files->count; ++i) {
@@ -498,10 +493,7 @@ static size_t bad_cases(file_case_t *cases) {
     return n;
 }
 
-static void bad_clips_fail_alone(void **state) {
-    (void)state;
-    assert_cases_fail_alone(video_encode, bad_cases);
-}
+static file_cases_t clip_cases = {video_encode, bad_cases};
 
 static void matryoshka_and_conversions(void **state) {
     (void)state;
@@ -513,10 +505,7 @@ static void matryoshka_and_conversions(void **state) {
 
     /* At every width the states are the full ones, and the token vectors the frames' image embeddings at
      * that width. */
-    uform_arena_t *full_arena = NULL, *arena = NULL, *images_arena = NULL;
-    assert_int_equal(uform_arena_create_host(&full_arena), UFORM_OK);
-    assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
-    assert_int_equal(uform_arena_create_host(&images_arena), UFORM_OK);
+    uform_arena_t *full_arena = arena_on_host(), *arena = arena_on_host(), *images_arena = arena_on_host();
     uform_encoded_t full, narrow, images;
     assert_int_equal(video_encode(batch, NULL, EVERYTHING, full_arena, NULL, NULL, &full), UFORM_OK);
     assert_int_equal(full.statuses[1], UFORM_FORMAT);
@@ -561,8 +550,7 @@ static void progress_and_cancel(void **state) {
 /* Refusals before submission, and a model whose checkpoint has no video entry. */
 static void bad_arguments_and_no_video_tower(void **state) {
     (void)state;
-    uform_arena_t *arena = NULL;
-    assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
+    uform_arena_t *arena = arena_on_host();
     uform_encoded_t encoded;
     char const bytes[] = "clip";
     size_t offsets[] = {0, 4}, backwards[] = {4, 0};
@@ -633,7 +621,7 @@ int main(void) {
         cmocka_unit_test(lossy_clips_pick_identifiable_frames),
         cmocka_unit_test(files_memory_and_receivers_agree),
         cmocka_unit_test(decoding_overlaps_compute),
-        cmocka_unit_test(bad_clips_fail_alone),
+        FILE_CASES_TEST("bad_clips_fail_alone", test_cases_fail_alone, &clip_cases),
         cmocka_unit_test(matryoshka_and_conversions),
         cmocka_unit_test(progress_and_cancel),
 #endif

@@ -29,15 +29,64 @@ void check_near(double actual, double expected, double tolerance, char const *wh
     fail_msg("%s[%zu] = %.9g, expected %.9g within %.3g", what, index, actual, expected, tolerance);
 }
 
-size_t simd_paths(kernels_t const *paths[SIMD_PATHS]) {
+size_t simd_paths_present(kernels_t const *paths[SIMD_PATHS]) {
     kernels_t const *candidates[SIMD_PATHS] = {kernels_avx2(), kernels_avx512(), kernels_avx512bf16(),
                                                kernels_neon()};
     size_t count = 0;
     for (size_t i = 0; i < COUNT(candidates); ++i)
         if (candidates[i]) paths[count++] = candidates[i];
+    return count;
+}
+
+size_t simd_paths(kernels_t const *paths[SIMD_PATHS]) {
+    size_t count = simd_paths_present(paths);
     if (!count) {
         print_message("[  SKIP    ] no SIMD path runs on this CPU\n");
         skip();
     }
     return count;
+}
+
+void print_simd_paths(void) {
+    kernels_t const *candidates[SIMD_PATHS] = {kernels_avx2(), kernels_avx512(), kernels_avx512bf16(),
+                                               kernels_neon()};
+    char const *names[SIMD_PATHS] = {"avx2", "avx512", "avx512bf16", "neon"};
+    for (size_t i = 0; i < COUNT(candidates); ++i)
+        print_message("path %s: %s\n", names[i],
+                      candidates[i] ? "compared with scalar" : "not run on this CPU");
+}
+
+qkv_batch_t qkv_batch_make(float amplitude) {
+    static size_t const item_lengths[ITEMS] = {0, 1, 2, 17, 64, 65, 130};
+    qkv_batch_t batch = {.offsets = {0}};
+    for (size_t i = 0; i < ITEMS; ++i)
+        batch.offsets[i + 1] = batch.offsets[i] + item_lengths[i];
+    batch.tokens = batch.offsets[ITEMS];
+    batch.qkv = floats_uniform(batch.tokens * 3 * HIDDEN, -1.0f, 1.0f);
+    for (size_t row = 0; row < batch.tokens; ++row)
+        for (size_t i = 0; i < 2 * HIDDEN; ++i)
+            batch.qkv[row * 3 * HIDDEN + i] *= amplitude;
+    return batch;
+}
+
+void attention_row_double(double const *q, double const *k, double const *v, size_t row, size_t first,
+                          size_t end, double scale, double out[KERNEL_HEAD]) {
+    double scores[256], max = -INFINITY, sum = 0.0;
+    for (size_t j = first; j < end; ++j) {
+        double dot = 0.0;
+        for (size_t d = 0; d < KERNEL_HEAD; ++d)
+            dot += q[row * KERNEL_HEAD + d] * k[j * KERNEL_HEAD + d];
+        scores[j - first] = dot * scale;
+        max = fmax(max, scores[j - first]);
+    }
+    for (size_t d = 0; d < KERNEL_HEAD; ++d)
+        out[d] = 0.0;
+    for (size_t j = first; j < end; ++j) {
+        double weight = exp(scores[j - first] - max);
+        sum += weight;
+        for (size_t d = 0; d < KERNEL_HEAD; ++d)
+            out[d] += weight * v[j * KERNEL_HEAD + d];
+    }
+    for (size_t d = 0; d < KERNEL_HEAD; ++d)
+        out[d] /= sum;
 }

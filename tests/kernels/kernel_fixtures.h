@@ -1,5 +1,5 @@
 /* Helpers the kernel suites share (test_kernels.c, test_kernels_backward.c): cmocka-allocated float
- * buffers, element checks, and the SIMD paths this CPU runs. */
+ * buffers, element checks, the SIMD paths this CPU runs, and a packed batch of items for attention. */
 #pragma once
 
 #include <stddef.h>
@@ -17,5 +17,32 @@ float *floats_filled(size_t n, float value);
 /* Fails the test when |actual - expected| > tolerance, naming what[index]. */
 void check_near(double actual, double expected, double tolerance, char const *what, size_t index);
 
-/* The SIMD paths this CPU and build run, into `paths`; skips the test when there is none. */
+/* The SIMD paths this CPU and build run, into `paths`: answers how many (none: 0). */
+size_t simd_paths_present(kernels_t const *paths[SIMD_PATHS]);
+
+/* The same, skipping the test when there is none. */
 size_t simd_paths(kernels_t const *paths[SIMD_PATHS]);
+
+/* Says, for each SIMD path, whether it is compared with scalar or not run on this CPU. */
+void print_simd_paths(void);
+
+/* A batch of items of these lengths packed end to end in qkv rows [tokens, 3 * HIDDEN], as the towers
+ * lay them out: q, then k, then v, head h at columns h * 64 of each. */
+#define HEADS  3
+#define HIDDEN (HEADS * KERNEL_HEAD)
+#define ITEMS  7 /* of lengths 0, 1, 2, 17, 64, 65, 130 */
+
+typedef struct qkv_batch {
+    size_t offsets[ITEMS + 1];
+    size_t tokens;
+    float *qkv; /* test_free it */
+} qkv_batch_t;
+
+/* Values in [-1, 1]; queries and keys in [-amplitude, amplitude] (large ones make peaked softmaxes whose
+ * max moves from tile to tile). */
+qkv_batch_t qkv_batch_make(float amplitude);
+
+/* One head of attention over keys [first, end) for the query row `row`, in double: out [64]. Rows are
+ * KERNEL_HEAD apart in q, k, v (a packed [tokens, 64] per tensor). */
+void attention_row_double(double const *q, double const *k, double const *v, size_t row, size_t first,
+                          size_t end, double scale, double out[KERNEL_HEAD]);

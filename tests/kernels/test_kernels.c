@@ -11,7 +11,6 @@
 #include "kernel_fixtures.h"
 #include "kernels.h"
 
-
 static size_t const sizes[] = {1, 3, 15, 16, 17, 63, 64, 65, 100, 768, 1000};
 
 /* ---- Helpers ------------------------------------------------------------------------------------ */
@@ -85,33 +84,6 @@ static void scalar_rope_matches_formula(void **state) {
     test_free(x);
 }
 
-/* A batch of items of these lengths packed end to end in qkv rows [tokens, 3 * HIDDEN], as the towers
- * lay them out: q, then k, then v, head h at columns h * 64 of each. */
-#define HEADS  3
-#define HIDDEN (HEADS * KERNEL_HEAD)
-static size_t const item_lengths[] = {0, 1, 2, 17, 64, 65, 130};
-#define ITEMS COUNT(item_lengths)
-
-typedef struct qkv_batch {
-    size_t offsets[ITEMS + 1];
-    size_t tokens;
-    float *qkv;
-} qkv_batch_t;
-
-/* Values in [-1, 1]; queries and keys in [-amplitude, amplitude] (large ones make peaked softmaxes whose
- * max moves from tile to tile). */
-static qkv_batch_t batch_make(float amplitude) {
-    qkv_batch_t batch = {.offsets = {0}};
-    for (size_t i = 0; i < ITEMS; ++i)
-        batch.offsets[i + 1] = batch.offsets[i] + item_lengths[i];
-    batch.tokens = batch.offsets[ITEMS];
-    batch.qkv = floats_uniform(batch.tokens * 3 * HIDDEN, -1.0f, 1.0f);
-    for (size_t row = 0; row < batch.tokens; ++row)
-        for (size_t i = 0; i < 2 * HIDDEN; ++i)
-            batch.qkv[row * 3 * HIDDEN + i] *= amplitude;
-    return batch;
-}
-
 static kernel_attention_t batch_head(qkv_batch_t const *batch, size_t head, bool causal, float *out) {
     float const *qkv = batch->qkv + head * KERNEL_HEAD;
     return (kernel_attention_t){
@@ -136,27 +108,17 @@ static void check_other_heads_untouched(float const *out, size_t tokens, size_t 
                 fail_msg("attention wrote column %zu of row %zu, outside head %zu", i, row, head);
 }
 
-/* Full softmax over keys [first, end) for one query row, in double. */
-static void attention_naive(kernel_attention_t const *a, size_t row, size_t first, size_t end,
-                            double out[KERNEL_HEAD]) {
-    double scores[256], max = -INFINITY, sum = 0.0;
-    for (size_t j = first; j < end; ++j) {
-        double dot = 0.0;
-        for (size_t d = 0; d < KERNEL_HEAD; ++d)
-            dot += (double)a->q[row * a->stride + d] * a->k[j * a->stride + d];
-        scores[j - first] = dot * a->scale;
-        max = fmax(max, scores[j - first]);
-    }
-    for (size_t d = 0; d < KERNEL_HEAD; ++d)
-        out[d] = 0.0;
-    for (size_t j = first; j < end; ++j) {
-        double weight = exp(scores[j - first] - max);
-        sum += weight;
-        for (size_t d = 0; d < KERNEL_HEAD; ++d)
-            out[d] += weight * a->v[j * a->stride + d];
-    }
-    for (size_t d = 0; d < KERNEL_HEAD; ++d)
-        out[d] /= sum;
+/* Head `head` of the batch's q, k and v in double, [tokens, 64] each, one after the other (test_free
+ * it): for attention_row_double. */
+static double *head_in_double(qkv_batch_t const *batch, size_t head) {
+    size_t const n = batch->tokens * KERNEL_HEAD;
+    double *q = test_malloc(3 * n * sizeof(double));
+    for (size_t row = 0; row < batch->tokens; ++row)
+        for (size_t part = 0; part < 3; ++part)
+            for (size_t d = 0; d < KERNEL_HEAD; ++d)
+                q[part * n + row * KERNEL_HEAD + d] =
+                    batch->qkv[row * 3 * HIDDEN + part * HIDDEN + head * KERNEL_HEAD + d];
+    return q;
 }
 
 static void scalar_attention_matches_naive(void **state) {
@@ -164,22 +126,25 @@ static void scalar_attention_matches_naive(void **state) {
     float const amplitudes[] = {1.0f, 6.0f};
     random_seed(3);
     for (size_t m = 0; m < COUNT(amplitudes); ++m) {
-        qkv_batch_t batch = batch_make(amplitudes[m]);
+        qkv_batch_t batch = qkv_batch_make(amplitudes[m]);
         for (int causal = 0; causal < 2; ++causal) {
             float *out = floats_filled(batch.tokens * HIDDEN, SENTINEL);
             kernel_attention_t a = batch_head(&batch, 1, causal, out);
             kernels_scalar()->attention(&a, 0, ITEMS);
             check_other_heads_untouched(out, batch.tokens, 1);
+            double *q = head_in_double(&batch, 1), *k = q + batch.tokens * KERNEL_HEAD,
+                   *v = k + batch.tokens * KERNEL_HEAD;
             for (size_t item = 0; item < ITEMS; ++item) {
                 for (size_t row = batch.offsets[item]; row < batch.offsets[item + 1]; ++row) {
                     double expected[KERNEL_HEAD];
-                    attention_naive(&a, row, batch.offsets[item], causal ? row + 1 : batch.offsets[item + 1],
-                                    expected);
+                    attention_row_double(q, k, v, row, batch.offsets[item],
+                                         causal ? row + 1 : batch.offsets[item + 1], a.scale, expected);
                     for (size_t d = 0; d < KERNEL_HEAD; ++d)
                         check_near(a.out[row * HIDDEN + d], expected[d], 1e-5, "attention",
                                    row * KERNEL_HEAD + d);
                 }
             }
+            test_free(q);
             test_free(out);
         }
         test_free(batch.qkv);
@@ -465,7 +430,7 @@ static void paths_attention_match_scalar(void **state) {
     float const amplitudes[] = {1.0f, 6.0f};
     random_seed(9);
     for (size_t m = 0; m < COUNT(amplitudes); ++m) {
-        qkv_batch_t batch = batch_make(amplitudes[m]);
+        qkv_batch_t batch = qkv_batch_make(amplitudes[m]);
         for (int causal = 0; causal < 2; ++causal) {
             float *expected = floats_filled(batch.tokens * HIDDEN, SENTINEL);
             kernel_attention_t a = batch_head(&batch, 2, causal, expected);
@@ -654,12 +619,7 @@ static void paths_f16_round_every_boundary(void **state) {
 }
 
 int main(void) {
-    kernels_t const *candidates[SIMD_PATHS] = {kernels_avx2(), kernels_avx512(), kernels_avx512bf16(),
-                                               kernels_neon()};
-    char const *names[SIMD_PATHS] = {"avx2", "avx512", "avx512bf16", "neon"};
-    for (size_t i = 0; i < COUNT(candidates); ++i)
-        print_message("path %s: %s\n", names[i],
-                      candidates[i] ? "compared with scalar" : "not run on this CPU");
+    print_simd_paths();
     struct CMUnitTest const tests[] = {
         cmocka_unit_test(scalar_rmsnorm_matches_formula),
         cmocka_unit_test(scalar_rope_matches_formula),

@@ -53,30 +53,6 @@ static double rmsnorm_loss(double const *x, double const *weight, float const *d
     return loss;
 }
 
-/* One head of attention over keys [first, end) for the query row `row`, in double: out [64]. Rows are
- * KERNEL_HEAD apart in q, k, v (a packed [tokens, 64] per tensor). */
-static void attention_row_double(double const *q, double const *k, double const *v, size_t row, size_t first,
-                                 size_t end, double scale, double out[KERNEL_HEAD]) {
-    double scores[256], max = -INFINITY, sum = 0.0;
-    for (size_t j = first; j < end; ++j) {
-        double dot = 0.0;
-        for (size_t d = 0; d < KERNEL_HEAD; ++d)
-            dot += q[row * KERNEL_HEAD + d] * k[j * KERNEL_HEAD + d];
-        scores[j - first] = dot * scale;
-        max = fmax(max, scores[j - first]);
-    }
-    for (size_t d = 0; d < KERNEL_HEAD; ++d)
-        out[d] = 0.0;
-    for (size_t j = first; j < end; ++j) {
-        double weight = exp(scores[j - first] - max);
-        sum += weight;
-        for (size_t d = 0; d < KERNEL_HEAD; ++d)
-            out[d] += weight * v[j * KERNEL_HEAD + d];
-    }
-    for (size_t d = 0; d < KERNEL_HEAD; ++d)
-        out[d] /= sum;
-}
-
 /* sum over the rows of the item [first, end) of d_out . out. */
 static double attention_loss(double const *q, double const *k, double const *v, float const *d_out,
                              size_t first, size_t end, bool causal, double scale) {
@@ -496,11 +472,7 @@ static void paths_sgemm_match_scalar(void **state) {
 static void paths_sgemm_deterministic_over_splits(void **state) {
     (void)state;
     kernels_t const *paths[SIMD_PATHS + 1] = {kernels_scalar()};
-    kernels_t const *candidates[SIMD_PATHS] = {kernels_avx2(), kernels_avx512(), kernels_avx512bf16(),
-                                               kernels_neon()};
-    size_t path_count = 1;
-    for (size_t i = 0; i < COUNT(candidates); ++i)
-        if (candidates[i]) paths[path_count++] = candidates[i];
+    size_t path_count = 1 + simd_paths_present(paths + 1);
     size_t const cuts[][5] = {{0, 64, 300}, {0, 128, 192, 256, 300}, {0, 64, 128, 192, 300}}; /* n = 300 */
     size_t const cut_counts[] = {3, 5, 5};
     random_seed(109);
@@ -652,38 +624,24 @@ static void paths_rope_backward_match_scalar(void **state) {
     test_free(x);
 }
 
-/* A batch of items of these lengths packed end to end in rows of 3 heads, q, k and v side by side as the
- * towers lay them out, and the gradients likewise; the kernels work on head 1. */
-#define HEADS  3
-#define HIDDEN (HEADS * KERNEL_HEAD)
-static size_t const item_lengths[] = {0, 1, 2, 17, 64, 65, 130};
-#define ITEMS COUNT(item_lengths)
-
+/* The packed batch of kernel_fixtures.h, and the gradients likewise; the kernels work on head 1. */
 typedef struct attention_batch {
-    size_t offsets[ITEMS + 1];
-    size_t tokens;
-    float *qkv, *out, *d_out;
+    qkv_batch_t rows; /* offsets, tokens, qkv */
+    float *out, *d_out;
 } attention_batch_t;
 
 static attention_batch_t attention_batch_make(float amplitude, bool causal) {
-    attention_batch_t batch = {.offsets = {0}};
-    for (size_t i = 0; i < ITEMS; ++i)
-        batch.offsets[i + 1] = batch.offsets[i] + item_lengths[i];
-    batch.tokens = batch.offsets[ITEMS];
-    batch.qkv = floats_uniform(batch.tokens * 3 * HIDDEN, -1.0f, 1.0f);
-    for (size_t row = 0; row < batch.tokens; ++row)
-        for (size_t i = 0; i < 2 * HIDDEN; ++i)
-            batch.qkv[row * 3 * HIDDEN + i] *= amplitude;
-    batch.out = floats_filled(batch.tokens * HIDDEN, 0.0f);
-    batch.d_out = floats_uniform(batch.tokens * HIDDEN, -1.0f, 1.0f);
-    float const *qkv = batch.qkv + KERNEL_HEAD;
+    attention_batch_t batch = {.rows = qkv_batch_make(amplitude)};
+    batch.out = floats_filled(batch.rows.tokens * HIDDEN, 0.0f);
+    batch.d_out = floats_uniform(batch.rows.tokens * HIDDEN, -1.0f, 1.0f);
+    float const *qkv = batch.rows.qkv + KERNEL_HEAD;
     kernel_attention_t forward = {.q = qkv,
                                   .k = qkv + HIDDEN,
                                   .v = qkv + 2 * HIDDEN,
                                   .stride = 3 * HIDDEN,
                                   .out = batch.out + KERNEL_HEAD,
                                   .out_stride = HIDDEN,
-                                  .offsets = batch.offsets,
+                                  .offsets = batch.rows.offsets,
                                   .items = ITEMS,
                                   .causal = causal,
                                   .scale = 0.125f};
@@ -692,12 +650,12 @@ static attention_batch_t attention_batch_make(float amplitude, bool causal) {
 }
 
 static void attention_batch_free(attention_batch_t *batch) {
-    test_free(batch->qkv), test_free(batch->out), test_free(batch->d_out);
+    test_free(batch->rows.qkv), test_free(batch->out), test_free(batch->d_out);
 }
 
 static kernel_attention_backward_t attention_backward_of(attention_batch_t const *batch, bool causal,
                                                          float *d_qkv) {
-    float const *qkv = batch->qkv + KERNEL_HEAD;
+    float const *qkv = batch->rows.qkv + KERNEL_HEAD;
     float *d = d_qkv + KERNEL_HEAD;
     return (kernel_attention_backward_t){.q = qkv,
                                          .k = qkv + HIDDEN,
@@ -709,7 +667,7 @@ static kernel_attention_backward_t attention_backward_of(attention_batch_t const
                                          .d_q = d,
                                          .d_k = d + HIDDEN,
                                          .d_v = d + 2 * HIDDEN,
-                                         .offsets = batch->offsets,
+                                         .offsets = batch->rows.offsets,
                                          .items = ITEMS,
                                          .causal = causal,
                                          .scale = 0.125f};
@@ -746,21 +704,22 @@ static void paths_attention_backward_match_scalar(void **state) {
     for (size_t m = 0; m < COUNT(amplitudes); ++m) {
         for (int causal = 0; causal < 2; ++causal) {
             attention_batch_t batch = attention_batch_make(amplitudes[m], causal);
-            size_t floats = batch.tokens * 3 * HIDDEN;
+            size_t floats = batch.rows.tokens * 3 * HIDDEN;
             float *expected = floats_filled(floats, SENTINEL);
             kernel_attention_backward_t a = attention_backward_of(&batch, causal, expected);
             kernels_scalar()->attention_backward(&a, 0, ITEMS);
-            check_other_heads_untouched(expected, batch.tokens);
+            check_other_heads_untouched(expected, batch.rows.tokens);
             for (size_t p = 0; p < path_count; ++p) {
                 float *whole = floats_filled(floats, SENTINEL), *pieces = floats_filled(floats, SENTINEL);
                 a = attention_backward_of(&batch, causal, whole);
                 paths[p]->attention_backward(&a, 0, ITEMS);
-                check_other_heads_untouched(whole, batch.tokens);
+                check_other_heads_untouched(whole, batch.rows.tokens);
                 for (size_t item = 0; item < ITEMS; ++item) {
-                    double largest = item_largest(expected, batch.offsets[item], batch.offsets[item + 1]);
+                    double largest =
+                        item_largest(expected, batch.rows.offsets[item], batch.rows.offsets[item + 1]);
                     for (size_t t = 0; t < 3; ++t) { /* d_q, d_k, d_v */
                         size_t column = t * HIDDEN + KERNEL_HEAD;
-                        for (size_t row = batch.offsets[item]; row < batch.offsets[item + 1]; ++row)
+                        for (size_t row = batch.rows.offsets[item]; row < batch.rows.offsets[item + 1]; ++row)
                             for (size_t d = 0; d < KERNEL_HEAD; ++d) {
                                 size_t i = row * 3 * HIDDEN + column + d;
                                 check_near(whole[i], expected[i], 1e-4 * largest, paths[p]->name, i);
@@ -784,12 +743,7 @@ static void paths_attention_backward_match_scalar(void **state) {
 }
 
 int main(void) {
-    kernels_t const *candidates[SIMD_PATHS] = {kernels_avx2(), kernels_avx512(), kernels_avx512bf16(),
-                                               kernels_neon()};
-    char const *names[SIMD_PATHS] = {"avx2", "avx512", "avx512bf16", "neon"};
-    for (size_t i = 0; i < COUNT(candidates); ++i)
-        print_message("path %s: %s\n", names[i],
-                      candidates[i] ? "compared with scalar" : "not run on this CPU");
+    print_simd_paths();
     struct CMUnitTest const tests[] = {
         cmocka_unit_test(scalar_rmsnorm_backward_gradcheck),
         cmocka_unit_test(scalar_gelu_gradcheck),

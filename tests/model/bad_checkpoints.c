@@ -511,3 +511,8 @@ size_t bad_checkpoints_write(char const *directory, bad_checkpoint_t *out, size_
     source_free(&source);
     return written == VARIANTS_COUNT || written == capacity ? VARIANTS_COUNT : 0;
 }
+
+void bad_checkpoints_remove(bad_checkpoint_t const *bad, size_t count) {
+    for (size_t i = 0; i < count; ++i)
+        unlink(bad[i].path);
+}

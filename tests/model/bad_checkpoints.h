@@ -19,5 +19,8 @@ typedef struct bad_checkpoint {
 /* Writes every variant into `directory` (which must exist), describing the first `capacity` of them
  * in `out` (files beyond `capacity` are not written). Answers how many variants there are, or 0 when
  * one could not be made (its cause is printed on stderr). Files are named `bad-NN-*.safetensors`;
- * the caller removes them. */
+ * the caller removes them (bad_checkpoints_remove). */
 size_t bad_checkpoints_write(char const *directory, bad_checkpoint_t *out, size_t capacity);
+
+/* Removes the files of the first `count` variants bad_checkpoints_write described. */
+void bad_checkpoints_remove(bad_checkpoint_t const *bad, size_t count);

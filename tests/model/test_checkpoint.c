@@ -59,11 +59,21 @@ static void assert_header_empty(checkpoint_header_t const *header) {
     assert_int_equal(header->info.parameters, 0);
 }
 
-static void write_tiny(char const *name, uint64_t seed, size_t depth, size_t hidden) {
-    char path[512];
-    path_in_directory(path, sizeof path, name);
+/* Writes the tiny checkpoint `name` in the directory; its path to `path` (512 bytes). */
+static void write_tiny(char const *name, uint64_t seed, size_t depth, size_t hidden, char *path) {
+    path_in_directory(path, 512, name);
     uform_tiny_checkpoint_args_t const args = {.path = path, .seed = seed, .depth = depth, .hidden = hidden};
     assert_int_equal(uform_tiny_checkpoint(&args), UFORM_OK);
+}
+
+/* Writes the tiny checkpoint `name` and parses its file: answers its bytes (free them). */
+static uint8_t *parse_tiny(char const *name, uint64_t seed, size_t depth, size_t hidden,
+                           checkpoint_header_t *header, size_t *size) {
+    char path[512];
+    write_tiny(name, seed, depth, hidden, path);
+    uint8_t *bytes;
+    parse_file(path, header, &bytes, size);
+    return bytes;
 }
 
 static void assert_shape(checkpoint_header_t const *header, char const *name, size_t rank, uint64_t d0,
@@ -170,13 +180,9 @@ static void test_prefix(void **state) {
 
 static void test_tiny_info(void **state) {
     (void)state;
-    write_tiny("tiny.safetensors", 42, 0, 0);
-    char path[512];
-    path_in_directory(path, sizeof path, "tiny.safetensors");
     checkpoint_header_t header;
-    uint8_t *bytes;
     size_t size;
-    parse_file(path, &header, &bytes, &size);
+    uint8_t *bytes = parse_tiny("tiny.safetensors", 42, 0, 0, &header, &size);
     uform_model_info_t const *info = &header.info;
 
     assert_int_equal(info->dims, 64);
@@ -240,13 +246,9 @@ static void test_tiny_info(void **state) {
 
 static void test_tiny_sizes(void **state) {
     (void)state;
-    write_tiny("wide.safetensors", 1, 3, 128);
-    char path[512];
-    path_in_directory(path, sizeof path, "wide.safetensors");
     checkpoint_header_t header;
-    uint8_t *bytes;
     size_t size;
-    parse_file(path, &header, &bytes, &size);
+    uint8_t *bytes = parse_tiny("wide.safetensors", 1, 3, 128, &header, &size);
     assert_int_equal(header.info.audio.transformer.depth, 3);
     assert_int_equal(header.info.text.transformer.heads, 2);
     assert_int_equal(header.info.image.transformer.mlp, 256);
@@ -260,15 +262,13 @@ static void test_tiny_sizes(void **state) {
 
 static void test_tiny_deterministic(void **state) {
     (void)state;
-    write_tiny("seed-a.safetensors", 1234, 1, 64);
-    write_tiny("seed-b.safetensors", 1234, 1, 64);
-    write_tiny("seed-c.safetensors", 1235, 1, 64);
     char const *names[] = {"seed-a.safetensors", "seed-b.safetensors", "seed-c.safetensors"};
+    uint64_t const seeds[] = {1234, 1234, 1235};
     uint8_t *bytes[3];
     size_t sizes[3];
     for (size_t i = 0; i < 3; i++) {
         char path[512];
-        path_in_directory(path, sizeof path, names[i]);
+        write_tiny(names[i], seeds[i], 1, 64, path);
         read_file(path, &bytes[i], &sizes[i]);
     }
     assert_int_equal(sizes[0], sizes[1]);
@@ -313,6 +313,7 @@ typedef struct small_model {
     checkpoint_source_t sources[16];
     uint8_t *buffers[16];
     size_t count;
+    char path[512]; /* where a test writes it, in the directory */
 } small_model_t;
 
 static void small_add(small_model_t *model, char const *name, checkpoint_dtype_t dtype, size_t rank,
@@ -327,9 +328,11 @@ static void small_add(small_model_t *model, char const *name, checkpoint_dtype_t
         .name = name, .dtype = dtype, .rank = rank, .shape = {d0, d1}, .data = model->buffers[index]};
 }
 
-/* Names out of alphabetical order, and odd byte counts, so that sorting and offsets are exercised. */
-static void small_model(small_model_t *model) {
+/* Names out of alphabetical order, and odd byte counts, so that sorting and offsets are exercised; its
+ * path `name` in the directory. */
+static void small_model(small_model_t *model, char const *name) {
     memset(model, 0, sizeof *model);
+    path_in_directory(model->path, sizeof model->path, name);
     small_add(model, "text.proj.weight", CHECKPOINT_BF16, 2, 8, 64);
     small_add(model, "logit.scale", CHECKPOINT_F32, 1, 1, 0);
     small_add(model, "text.blocks.0.norm1.weight", CHECKPOINT_BF16, 1, 64, 0);
@@ -440,9 +443,8 @@ static void test_schema_parts(void **state) {
 static void test_write_round_trip(void **state) {
     (void)state;
     small_model_t model;
-    small_model(&model);
-    char path[512];
-    path_in_directory(path, sizeof path, "small.safetensors");
+    small_model(&model, "small.safetensors");
+    char const *path = model.path;
     char const *message = NULL;
     assert_int_equal(checkpoint_write(path, SMALL_METADATA, model.sources, model.count, &message), UFORM_OK);
 
@@ -506,9 +508,8 @@ static void assert_write_refuses(char const *path, char const *metadata, checkpo
 static void test_write_refusals(void **state) {
     (void)state;
     small_model_t model;
-    small_model(&model);
-    char path[512];
-    path_in_directory(path, sizeof path, "refused.safetensors");
+    small_model(&model, "refused.safetensors");
+    char *path = model.path;
     assert_write_refuses(NULL, SMALL_METADATA, model.sources, model.count, UFORM_INVALID_ARGUMENT);
     assert_write_refuses("", SMALL_METADATA, model.sources, model.count, UFORM_INVALID_ARGUMENT);
     assert_write_refuses(path, SMALL_METADATA, NULL, 1, UFORM_INVALID_ARGUMENT);
@@ -536,10 +537,10 @@ static void test_write_refusals(void **state) {
     assert_write_refuses(path, NULL, sources, 2, UFORM_INVALID_ARGUMENT);
     assert_int_equal(access(path, F_OK), -1);
 
-    path_in_directory(path, sizeof path, "no-such-directory/refused.safetensors");
+    path_in_directory(path, sizeof model.path, "no-such-directory/refused.safetensors");
     assert_write_refuses(path, NULL, model.sources, 1, UFORM_IO);
     /* A directory in the way: the temporary file is written, the rename fails, and it is removed. */
-    path_in_directory(path, sizeof path, "occupied");
+    path_in_directory(path, sizeof model.path, "occupied");
     assert_int_equal(mkdir(path, 0755), 0);
     char inside[600];
     snprintf(inside, sizeof inside, "%s/file", path);
@@ -552,13 +553,9 @@ static void test_write_refusals(void **state) {
 
 static void test_find(void **state) {
     (void)state;
-    write_tiny("find.safetensors", 5, 1, 64);
-    char path[512];
-    path_in_directory(path, sizeof path, "find.safetensors");
     checkpoint_header_t header;
-    uint8_t *bytes;
     size_t size;
-    parse_file(path, &header, &bytes, &size);
+    uint8_t *bytes = parse_tiny("find.safetensors", 5, 1, 64, &header, &size);
     for (size_t i = 0; i < header.tensors_count; i++) {
         assert_ptr_equal(checkpoint_find(&header, header.tensors[i].name), &header.tensors[i]);
         if (i > 0) assert_true(strcmp(header.tensors[i - 1].name, header.tensors[i].name) < 0);
@@ -605,9 +602,8 @@ static void test_bad_checkpoints(void **state) {
 /* Every byte of the prefix and header, set to a few other values: the parser answers OK or FORMAT. */
 static void test_fuzz_header(void **state) {
     (void)state;
-    write_tiny("fuzz.safetensors", 9, 1, 64);
     char path[512];
-    path_in_directory(path, sizeof path, "fuzz.safetensors");
+    write_tiny("fuzz.safetensors", 9, 1, 64, path);
     uint8_t *bytes;
     size_t size;
     read_file(path, &bytes, &size);

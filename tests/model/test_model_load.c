@@ -67,6 +67,20 @@ static void assert_model_matches_file(uform_model_t *model, char const *path) {
     free(bytes);
 }
 
+/* Loads `path` on `executor` (NULL: the calling thread) into `*model`, blocking; answers the status. */
+static uform_status_t load_blocking(uform_executor_t *executor, char const *path,
+                                    uform_load_config_t const *config, uform_model_t **model) {
+    uform_model_load_args_t args = {.executor = executor, .path = path, .config = config, .model = model};
+    return uform_model_load_ram(&args);
+}
+
+/* The same load deferred to `outcome`, which the caller initialized; answers what the call answers. */
+static uform_status_t load_deferred(uform_executor_t *executor, char const *path,
+                                    uform_load_config_t const *config, uform_outcome_t *outcome) {
+    uform_model_load_args_t args = {.executor = executor, .path = path, .config = config, .outcome = outcome};
+    return uform_model_load_ram(&args);
+}
+
 static void assert_same_info(uform_model_info_t const *a, uform_model_info_t const *b) {
     assert_memory_equal(a, b, sizeof *a);
 }
@@ -110,6 +124,14 @@ static uform_executor_t *make_receiver(int receiver) {
     return executor;
 }
 
+/* A load of the tiny checkpoint still works on `executor`, which is then freed. */
+static void assert_usable_then_free(uform_executor_t *executor) {
+    uform_model_t *model = NULL;
+    assert_int_equal(load_blocking(executor, tiny_path, NULL, &model), UFORM_OK);
+    uform_model_free(model);
+    uform_executor_free(executor);
+}
+
 static void blocking_and_deferred_agree(void **state) {
     (void)state;
     uform_model_info_t reference;
@@ -119,16 +141,12 @@ static void blocking_and_deferred_agree(void **state) {
             uform_executor_t *executor = make_receiver(receiver);
             uform_load_config_t config = {.map = map};
             uform_model_t *blocking = NULL;
-            uform_model_load_args_t args = {
-                .executor = executor, .path = large_path, .config = &config, .model = &blocking};
-            assert_int_equal(uform_model_load_ram(&args), UFORM_OK);
+            assert_int_equal(load_blocking(executor, large_path, &config, &blocking), UFORM_OK);
             assert_non_null(blocking);
 
             uform_outcome_t outcome;
             uform_outcome_init(&outcome);
-            args = (uform_model_load_args_t){
-                .executor = executor, .path = large_path, .config = &config, .outcome = &outcome};
-            assert_int_equal(uform_model_load_ram(&args), UFORM_OK);
+            assert_int_equal(load_deferred(executor, large_path, &config, &outcome), UFORM_OK);
             assert_int_equal(uform_outcome_wait(&outcome), UFORM_OK);
             uform_model_t *deferred = uform_outcome_model(&outcome);
             assert_non_null(deferred);
@@ -187,9 +205,7 @@ static void progress_and_cancellation(void **state) {
         canceller_t counter = {0};
         uform_load_config_t config = {.progress = {count_steps, &counter, 10}};
         uform_model_t *model = NULL;
-        uform_model_load_args_t args = {
-            .executor = executor, .path = large_path, .config = &config, .model = &model};
-        assert_int_equal(uform_model_load_ram(&args), UFORM_OK);
+        assert_int_equal(load_blocking(executor, large_path, &config, &model), UFORM_OK);
         assert_true(counter.calls >= 2 && counter.calls <= 10);
         assert_int_equal(counter.last_completed, counter.total);
         uform_model_free(model);
@@ -199,9 +215,7 @@ static void progress_and_cancellation(void **state) {
         config.progress = (uform_progress_t){cancel_halfway, &canceller, 10};
         uform_outcome_t outcome;
         uform_outcome_init(&outcome);
-        args = (uform_model_load_args_t){
-            .executor = executor, .path = large_path, .config = &config, .outcome = &outcome};
-        assert_int_equal(uform_model_load_ram(&args), UFORM_OK);
+        assert_int_equal(load_deferred(executor, large_path, &config, &outcome), UFORM_OK);
         assert_int_equal(uform_outcome_wait(&outcome), UFORM_CANCELLED);
         assert_null(uform_outcome_model(&outcome));
         assert_int_equal(uform_outcome_error(&outcome).status, UFORM_CANCELLED);
@@ -211,17 +225,12 @@ static void progress_and_cancellation(void **state) {
 
         /* Blocking: the same status and the thread's last error. */
         model = (uform_model_t *)&model;
-        args = (uform_model_load_args_t){
-            .executor = executor, .path = large_path, .config = &config, .model = &model};
-        assert_int_equal(uform_model_load_ram(&args), UFORM_CANCELLED);
+        assert_int_equal(load_blocking(executor, large_path, &config, &model), UFORM_CANCELLED);
         assert_null(model);
         assert_int_equal(uform_last_error().status, UFORM_CANCELLED);
 
-        args = (uform_model_load_args_t){.executor = executor, .path = tiny_path, .model = &model};
-        assert_int_equal(uform_model_load_ram(&args), UFORM_OK);
-        uform_model_free(model);
         uform_outcome_destroy(&outcome);
-        uform_executor_free(executor);
+        assert_usable_then_free(executor);
     }
 }
 
@@ -236,9 +245,7 @@ static void bad_checkpoints_answer_format(void **state) {
             for (int map = 0; map < 2; ++map) {
                 uform_load_config_t config = {.map = map};
                 uform_model_t *model = NULL;
-                uform_model_load_args_t args = {
-                    .executor = executor, .path = bad[i].path, .config = &config, .model = &model};
-                uform_status_t status = uform_model_load_ram(&args);
+                uform_status_t status = load_blocking(executor, bad[i].path, &config, &model);
                 if (status != bad[i].expected)
                     fail_msg("%s (%s): got %s, expected %s", bad[i].what, bad[i].path,
                              uform_status_name(status), uform_status_name(bad[i].expected));
@@ -252,15 +259,9 @@ static void bad_checkpoints_answer_format(void **state) {
                 if (bad[i].message) assert_string_equal(error.message, bad[i].message);
             }
         }
-        /* The executor is still usable. */
-        uform_model_t *model = NULL;
-        uform_model_load_args_t args = {.executor = executor, .path = tiny_path, .model = &model};
-        assert_int_equal(uform_model_load_ram(&args), UFORM_OK);
-        uform_model_free(model);
-        uform_executor_free(executor);
+        assert_usable_then_free(executor);
     }
-    for (size_t i = 0; i < count; ++i)
-        unlink(bad[i].path);
+    bad_checkpoints_remove(bad, count);
 }
 
 static void missing_files_answer_io(void **state) {
@@ -270,15 +271,13 @@ static void missing_files_answer_io(void **state) {
     for (int receiver = 0; receiver < RECEIVER_COUNT; ++receiver) {
         uform_executor_t *executor = make_receiver(receiver);
         uform_model_t *model = NULL;
-        uform_model_load_args_t args = {.executor = executor, .path = missing, .model = &model};
-        assert_int_equal(uform_model_load_ram(&args), UFORM_IO);
+        assert_int_equal(load_blocking(executor, missing, NULL, &model), UFORM_IO);
         uform_error_t error = uform_last_error();
         char text[200];
         uform_error_render(&error, text, sizeof text);
         assert_string_equal(text, "UForm: io [uform_model_load_ram]: cannot open checkpoint");
         /* A directory is no checkpoint either. */
-        args.path = directory;
-        assert_int_equal(uform_model_load_ram(&args), UFORM_IO);
+        assert_int_equal(load_blocking(executor, directory, NULL, &model), UFORM_IO);
         assert_string_equal(uform_last_error().message, "checkpoint is not a regular file");
         uform_executor_free(executor);
     }
@@ -309,7 +308,8 @@ static void wrong_arguments(void **state) {
     uform_outcome_destroy(&outcome);
     assert_int_equal(uform_model_info(NULL, NULL), UFORM_INVALID_ARGUMENT);
     /* With CUDA, a VRAM load needs a VRAM executor; without, it is not built. */
-    assert_int_equal(uform_model_load_vram(&args), UFORM_WITH_CUDA ? UFORM_INVALID_ARGUMENT : UFORM_UNSUPPORTED);
+    assert_int_equal(uform_model_load_vram(&args),
+                     UFORM_WITH_CUDA ? UFORM_INVALID_ARGUMENT : UFORM_UNSUPPORTED);
 }
 
 int main(void) {
