@@ -171,6 +171,25 @@ uform_status_t vram_project(vram_device_t *device, vram_tower_t const *tower, ui
                             size_t m, size_t width, float *projected, uform_view_t const *view, size_t first,
                             char const **message);
 
+/* ---- Outputs ------------------------------------------------------------------------------------ */
+
+/* The rows of a chunk's final states that become its outputs, and where they go. */
+typedef struct vram_output_rows {
+    int32_t const *state_rows;  /* device [items]: each item's row in x */
+    size_t items, first;        /* the chunk's items: rows [first, first + items) of embeddings and states */
+    int32_t const *token_rows;  /* device [tokens]: the rows of x whose projections are token vectors */
+    size_t tokens, token_first; /* rows [token_first, token_first + tokens) of the token vectors */
+    char const *gather_failed, *convert_failed; /* the verb's messages for a launch that failed */
+} vram_output_rows_t;
+
+/* Enqueues the requested outputs of a chunk from x (F32 [tokens, hidden], after vram_forward) on the
+ * device's stream, through the pass's gathered and projected scratch: the states at the item rows,
+ * converted; their projections (vram_project) the embeddings; the token rows' projections the token
+ * vectors (none when `tokens` is 0). UFORM_OK or UFORM_DEVICE with a message (src/vram/vram_output.c). */
+uform_status_t vram_output_write(vram_device_t *device, vram_tower_t const *tower,
+                                 encode_call_t const *encode, float const *x, vram_pass_t const *pass,
+                                 vram_output_rows_t const *rows, char const **message);
+
 /* ---- Verbs -------------------------------------------------------------------------------------- */
 
 uform_status_t vram_text_encode(encode_request_t const *request);
