@@ -10,10 +10,11 @@
  * `[out, in]` as the checkpoint stores them (cuBLASLt reads them in place, 256-byte aligned) and norms,
  * biases, class tokens and positions converted to F32. The raw checkpoint bytes are not kept.
  *
- * Everything here exists only in builds with CUDA (UFORM_WITH_CUDA). */
+ * Everything here exists only in builds with CUDA (UFORM_WITH_CUDA); a build without it has the VRAM
+ * verbs from src/vram/vram_none.c, answering UFORM_UNSUPPORTED. */
 #pragma once
 
-#include "encode.h"
+#include "verbs.h"
 
 #if UFORM_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -73,8 +74,8 @@ void vram_deallocate(uform_executor_t *executor, void *memory);
 
 /* A synchronous 2D copy from the executor's first device to host memory: `rows` rows of `width` bytes.
  * Keeps the calling thread's current device. UFORM_OK or UFORM_DEVICE. */
-uform_status_t vram_copy_to_host(uform_executor_t *executor, void *host, size_t host_pitch, void const *device,
-                                 size_t device_pitch, size_t width, size_t rows);
+uform_status_t vram_copy_to_host(uform_executor_t *executor, void *host, size_t host_pitch,
+                                 void const *device, size_t device_pitch, size_t width, size_t rows);
 
 /* The device's scratch, grown to at least `bytes` (contents not kept; waits for the device's stream
  * before replacing it). NULL when out of memory. Loop thread only. */
@@ -194,15 +195,7 @@ uform_status_t vram_output_write(vram_device_t *device, vram_tower_t const *towe
 
 uform_status_t vram_text_encode(encode_request_t const *request);
 
-/* An image verb's arguments, pixels or encoded images (src/vram/vram_image.c). */
-typedef struct vram_image_request {
-    encode_request_t encode;
-    bool pixels; /* RGB8 with heights and widths; else encoded images */
-    bool files;  /* encoded images named by paths */
-    size_t const *heights, *widths;
-} vram_image_request_t;
-
-uform_status_t vram_image_encode(char const *entry, vram_image_request_t const *request);
+uform_status_t vram_image_encode(char const *entry, image_request_t const *request);
 uform_status_t vram_text_choose(uform_text_choose_args_t const *args);
 
 #endif /* UFORM_WITH_CUDA */

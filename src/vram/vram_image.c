@@ -25,7 +25,7 @@ typedef struct vram_image_call {
     call_t call;    /* a copy of the call in the executor's storage, for its fields */
     call_t *origin; /* that call, which call_finish ends */
     encode_call_t encode;
-    vram_image_request_t request;
+    image_request_t request;
     size_t patches; /* per image */
     size_t next_item, done_items, next_slot;
     struct {
@@ -55,11 +55,11 @@ static void image_end(vram_image_call_t *image) {
 /* The pixels of item `item` (decoding it for the memory source), or a status for it. */
 static uform_status_t image_pixels(vram_image_call_t *image, size_t item, size_t slot_index,
                                    image_rgb_t *rgb) {
-    vram_image_request_t const *request = &image->request;
+    image_request_t const *request = &image->request;
     uform_tape_t const *tape = &request->encode.tape;
     uint8_t const *data = (uint8_t const *)tape->data + tape->offsets[item];
     size_t size = tape->offsets[item + 1] - tape->offsets[item];
-    if (request->pixels) {
+    if (request->input == IMAGE_INPUT_PIXELS) {
         size_t height = request->heights[item], width = request->widths[item], pixels = 0, bytes = 0;
         if (height == 0 || width == 0 || __builtin_mul_overflow(height, width, &pixels) ||
             pixels > UFORM_IMAGE_MAX_PIXELS || height > INT32_MAX || width > INT32_MAX ||
@@ -328,9 +328,9 @@ static void image_start(call_t *call) {
     image_advance(image);
 }
 
-uform_status_t vram_image_encode(char const *entry, vram_image_request_t const *request) {
+uform_status_t vram_image_encode(char const *entry, image_request_t const *request) {
     uform_outcome_t *outcome = request->encode.outcome;
-    if (!request->pixels && request->files)
+    if (request->input == IMAGE_INPUT_FILES)
         return call_refuse(outcome, UFORM_UNSUPPORTED, entry,
                            "VRAM executors read encoded images from memory: pass UFORM_SOURCE_MEMORY");
     vram_image_call_t *image = calloc(1, sizeof *image);

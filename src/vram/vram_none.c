@@ -1,0 +1,26 @@
+/* The VRAM verbs of a build without CUDA (encode_verbs_vram, src/encode/verbs.h): uform_model_load_vram
+ * answers UFORM_UNSUPPORTED, so no model is ever on a device; the VRAM verbs, which only a model on a
+ * device reaches, answer the same. */
+#include "vram.h"
+
+static char const no_cuda[] = "built without CUDA";
+
+static uform_status_t text_encode_none(encode_request_t const *request) {
+    return call_refuse(request->outcome, UFORM_UNSUPPORTED, "uform_text_encode", no_cuda);
+}
+
+static uform_status_t text_choose_none(uform_text_choose_args_t const *args) {
+    return call_refuse(args->outcome, UFORM_UNSUPPORTED, "uform_text_choose", no_cuda);
+}
+
+static uform_status_t image_encode_none(char const *entry, image_request_t const *request) {
+    return call_refuse(request->encode.outcome, UFORM_UNSUPPORTED, entry, no_cuda);
+}
+
+encode_verbs_t const encode_verbs_vram = {
+    .text_encode = text_encode_none,
+    .text_choose = text_choose_none,
+    .image_encode = image_encode_none,
+    .video_encode = image_encode_none,
+    .audio_encode = audio_encode_host, /* audio runs on host executors in every build */
+};
