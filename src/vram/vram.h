@@ -10,11 +10,22 @@
  * `[out, in]` as the checkpoint stores them (cuBLASLt reads them in place, 256-byte aligned) and norms,
  * biases, class tokens and positions converted to F32. The raw checkpoint bytes are not kept.
  *
- * Everything here exists only in builds with CUDA (UFORM_WITH_CUDA); a build without it has the VRAM
- * verbs from src/vram/vram_none.c, answering UFORM_UNSUPPORTED. */
+ * Everything below the entry points exists only in builds with CUDA (UFORM_WITH_CUDA); a build without
+ * it has the entry points from src/vram/vram_none.c, answering UFORM_UNSUPPORTED. */
 #pragma once
 
 #include "verbs.h"
+
+/* ---- Entry points, in every build --------------------------------------------------------------- */
+
+/* uform_model_load_vram past its NULL check: the load onto the VRAM executor's devices
+ * (src/vram/vram_load.c). Answers as uform_model_load_vram does. */
+uform_status_t vram_model_load(uform_model_load_args_t const *args, char const *entry);
+
+/* Frees a VRAM model's device weights (model->device), when its last reference goes. */
+void vram_model_release(uform_model_t *model);
+
+/* The VRAM executor's verbs: encode_verbs_vram (verbs.h). */
 
 #if UFORM_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -137,7 +148,6 @@ struct vram_model {
  * per device. UFORM_OK, UFORM_OUT_OF_MEMORY or UFORM_DEVICE with a message. */
 uform_status_t vram_model_prepare(uform_model_t *model, uform_executor_t *executor, void *const *raw,
                                   char const **message);
-void vram_model_release(uform_model_t *model);
 
 /* ---- The tower forward on a device -------------------------------------------------------------- */
 

@@ -1,9 +1,20 @@
-/* The VRAM verbs of a build without CUDA (encode_verbs_vram, src/encode/verbs.h): uform_model_load_vram
+/* The VRAM entry points of a build without CUDA (src/vram/vram.h): loading onto a VRAM executor
  * answers UFORM_UNSUPPORTED, so no model is ever on a device; the VRAM verbs, which only a model on a
  * device reaches, answer the same. */
 #include "vram.h"
 
 static char const no_cuda[] = "built without CUDA";
+
+uform_status_t vram_model_load(uform_model_load_args_t const *args, char const *entry) {
+    if (!args->path || !args->path[0])
+        return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry, "path is NULL or empty");
+    return call_refuse(args->outcome, UFORM_UNSUPPORTED, entry, no_cuda);
+}
+
+/* No model has device weights in this build: there is nothing to free. */
+void vram_model_release(uform_model_t *model) {
+    (void)model;
+}
 
 static uform_status_t text_encode_none(encode_request_t const *request) {
     return call_refuse(request->outcome, UFORM_UNSUPPORTED, "uform_text_encode", no_cuda);
