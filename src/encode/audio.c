@@ -1,8 +1,10 @@
-/* The audio tower's verbs: audio_encode (files, or encoded sounds in memory) and audio_encode_samples.
+/* The audio tower's verbs on host executors: audio_encode (files, or encoded sounds in memory) and
+ * audio_encode_samples, behind their front doors (src/encode/verbs.c), which checked the arguments.
  *
  * A call encodes its items in chunks of whole clips (about AUDIO_CHUNK_TOKENS tokens counted at the
  * model's longest clip, at least as many clips as the executor has threads, at most AUDIO_CHUNK_MAX),
- * one chunk per loop turn, as src/encode/image.c does (src/media/media_read.h runs the chunks and reads the files):
+ * one chunk per loop turn, as src/encode/image.c does (src/media/media_read.h runs the chunks and reads the
+ * files):
  *
  *   read     (files only) open -> statx -> read through the ring for every item of chunk k + 2,
  *            issued while chunk k is computed;
@@ -19,29 +21,22 @@
  * arena holds room for the most every item could have. A failed item keeps its status, zero embedding
  * and state rows, no token vector, and takes no part in the tower; the others are encoded as if alone.
  *
- * Without FFmpeg only the verbs' validation is built, and they answer UFORM_UNSUPPORTED. */
+ * Without FFmpeg none of this is built, and the verbs answer UFORM_UNSUPPORTED. */
 #include <math.h>
-#include <stdalign.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels.h"
 #include "arena.h"
 #include "call.h"
+#include "kernels.h"
 #include "model.h"
-#include "encode.h"
 #include "tower.h"
+#include "verbs.h"
 #if UFORM_WITH_FFMPEG
 #include "audio_decode.h"
 #include "audio_frontend.h"
 #include "media_read.h"
 #endif
-
-typedef enum audio_input {
-    AUDIO_INPUT_SAMPLES = 0,
-    AUDIO_INPUT_FILES,
-    AUDIO_INPUT_MEMORY,
-} audio_input_t;
 
 #if UFORM_WITH_FFMPEG
 
@@ -402,21 +397,9 @@ static void audio_start(call_t *call) {
 
 /* ---- The verbs ---------------------------------------------------------------------------------- */
 
-/* What both verbs hand to the call. */
-typedef struct audio_request {
-    encode_request_t encode;
-    audio_input_t input;
-    size_t rate;
-} audio_request_t;
-
-static uform_status_t audio_submit(char const *entry, audio_request_t const *request) {
+uform_status_t audio_encode_host(char const *entry, audio_request_t const *request) {
     encode_request_t const *encode = &request->encode;
     uform_outcome_t *outcome = encode->outcome;
-    char const *message = NULL;
-    uform_status_t status = encode_check(encode, &message);
-    if (status != UFORM_OK) return call_refuse(outcome, status, entry, message);
-    if (!encode->model->header.info.has_audio)
-        return call_refuse(outcome, UFORM_UNSUPPORTED, entry, "the model has no audio tower");
 #if !UFORM_WITH_FFMPEG
     return call_refuse(outcome, UFORM_UNSUPPORTED, entry,
                        "built without FFmpeg: sounds cannot be decoded, resampled or transformed");
@@ -428,7 +411,8 @@ static uform_status_t audio_submit(char const *entry, audio_request_t const *req
     /* The arena first, then the executor: the call holds both until it is final. */
     uform_outcome_t own;
     call_t *call = NULL;
-    status = call_open(encode->executor, encode->arena, outcome, &own, sizeof(audio_call_t), entry, &call);
+    uform_status_t status =
+        call_open(encode->executor, encode->arena, outcome, &own, sizeof(audio_call_t), entry, &call);
     if (status != UFORM_OK) return status;
     audio_call_t *audio = container_of(call, audio_call_t, call);
     audio->call.start = audio_start;
@@ -441,33 +425,4 @@ static uform_status_t audio_submit(char const *entry, audio_request_t const *req
     audio->row_floats = info->audio.patch_frames * info->audio.mels;
     return encode_submit(call, &own, encode);
 #endif
-}
-
-UFORM_EXPORT uform_status_t uform_audio_encode(uform_audio_encode_args_t const *args) {
-    static char const entry[] = "uform_audio_encode";
-    if (!args) return failed(UFORM_INVALID_ARGUMENT, entry, "args is NULL");
-    if (args->source != UFORM_SOURCE_FILES && args->source != UFORM_SOURCE_MEMORY)
-        return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry, "unknown source");
-    audio_request_t request = {
-        .encode = ENCODE_REQUEST(args, sounds),
-        .input = args->source == UFORM_SOURCE_FILES ? AUDIO_INPUT_FILES : AUDIO_INPUT_MEMORY,
-    };
-    return audio_submit(entry, &request);
-}
-
-UFORM_EXPORT uform_status_t uform_audio_encode_samples(uform_audio_encode_samples_args_t const *args) {
-    static char const entry[] = "uform_audio_encode_samples";
-    if (!args) return failed(UFORM_INVALID_ARGUMENT, entry, "args is NULL");
-    if (args->rate == 0) return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry, "rate is 0");
-    if (args->rate > UFORM_AUDIO_MAX_RATE)
-        return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry, "rate over UFORM_AUDIO_MAX_RATE");
-    if ((uintptr_t)args->samples.data % alignof(float))
-        return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry,
-                           "samples are not aligned to a float");
-    audio_request_t request = {
-        .encode = ENCODE_REQUEST(args, samples),
-        .input = AUDIO_INPUT_SAMPLES,
-        .rate = args->rate,
-    };
-    return audio_submit(entry, &request);
 }

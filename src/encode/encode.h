@@ -2,9 +2,10 @@
  * arguments and the checks on them, the state a call keeps from its start to its end, and the outputs
  * it writes into the arena.
  *
- * A verb's life with these: encode_check on the request, call_open, encode_call_init on its state,
- * encode_submit; on the loop thread encode_statuses and output_view for the outputs, output_row (or
- * device kernels) for the rows, encode_stop on a failure; at the end encode_end, then call_finish. */
+ * A verb's life with these: encode_check on the request at its front door (src/encode/verbs.c); then,
+ * in its host or VRAM implementation, call_open, encode_call_init on its state, encode_submit; on the
+ * loop thread encode_statuses and output_view for the outputs, output_row (or device kernels) for the
+ * rows, encode_stop on a failure; at the end encode_end, then call_finish. */
 #pragma once
 
 #include "call.h"

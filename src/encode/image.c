@@ -1,5 +1,6 @@
-/* The image tower's verbs: image_encode (files, or encoded images in memory), image_encode_pixels, and
- * video_encode (clips through the same tower, one image per sampled frame).
+/* The image tower's verbs on host executors: image_encode (files, or encoded images in memory) and
+ * image_encode_pixels, behind their front doors (src/encode/verbs.c); the call they open also runs
+ * video_encode (src/encode/video.c: clips through the same tower, one image per sampled frame).
  *
  * A call encodes its items in chunks of whole items (about IMAGE_CHUNK_TOKENS tokens, at least as
  * many items as the executor has threads, at most IMAGE_CHUNK_MAX), one chunk per loop turn. An item is
@@ -24,42 +25,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels.h"
 #include "arena.h"
 #include "call.h"
-#include "model.h"
+#include "image.h"
 #include "image_decode.h"
-#include "image_preprocess.h"
-#include "media_read.h"
-#include "tower.h"
+#include "kernels.h"
+#include "model.h"
 #include "patches.h"
-#if UFORM_WITH_CUDA
-#include "vram.h"
-#endif
+#include "video_decode.h"
 
 #define IMAGE_CHUNK_TOKENS 2048
 #define IMAGE_CHUNK_MAX    64
 #define VIDEO_CHUNK_TOKENS 32768 /* a chunk of clips grows to one per thread only up to this */
-
-typedef enum image_input {
-    IMAGE_INPUT_PIXELS = 0,
-    IMAGE_INPUT_FILES,
-    IMAGE_INPUT_MEMORY,
-} image_input_t;
-
-typedef struct image_call {
-    call_t call;
-    encode_call_t encode;
-    media_run_t run;
-    image_input_t input;
-    uform_tape_t tape;
-    size_t const *heights, *widths;
-    bool video;     /* items are clips (their bytes or paths) */
-    size_t frames;  /* images per item: 1, or the model's frames per clip */
-    size_t vectors; /* token vectors per item: patches per image, or frames per clip */
-    image_geometry_t geometry;
-    size_t patches; /* per image: (size / patch)^2 */
-} image_call_t;
 
 _Static_assert(sizeof(image_call_t) <= EXECUTOR_CALL_STORAGE, "image_call_t outgrew the call storage");
 
@@ -155,63 +132,6 @@ static void image_rows(image_call_t *image, patch_scratch_t const *scratch, size
                    patches * hidden * sizeof(float));
         image_project(image, scratch, kept, patches, &encoded->token_vectors);
     }
-}
-
-/* The mean of `count` rows of `columns` floats, `stride` floats apart, summed in order. [columns] */
-static void rows_mean(float const *rows, size_t count, size_t stride, size_t columns, float *mean) {
-    memset(mean, 0, columns * sizeof(float));
-    for (size_t r = 0; r < count; ++r)
-        for (size_t c = 0; c < columns; ++c)
-            mean[c] += rows[r * stride + c];
-    for (size_t c = 0; c < columns; ++c)
-        mean[c] /= (float)count;
-}
-
-/* Clips: `kept` images, `frames` per clip, in order. Each frame's class state s_k is projected at the
- * full dims and normalized: f_k [dims]. Per clip, token vectors f_k at the output width (the prefix,
- * renormalized), the embedding normalize(mean_k f_k) at the width (the same prefix rule), the state
- * mean_k s_k [hidden]. */
-static void clip_rows(image_call_t *image, patch_scratch_t const *scratch, size_t kept) {
-    tower_t const *tower = image->encode.model->image;
-    kernels_t const *kernels = tower->kernels;
-    size_t const hidden = tower->hidden, dims = tower->dims, width = image->encode.width,
-                 frames = image->frames;
-    uform_encoded_t *encoded = &image->encode.encoded;
-    if (kept == 0) return;
-    for (size_t q = 0; q < kept; ++q) /* the states to project [kept, hidden] */
-        memcpy(scratch->rows + q * hidden, scratch->x + scratch->offsets[q] * hidden, hidden * sizeof(float));
-    bool project = image->encode.outputs & (UFORM_OUTPUT_EMBEDDINGS | UFORM_OUTPUT_TOKEN_VECTORS);
-    if (project)
-        tower_linear(tower, image->call.executor, &tower->proj, scratch->rows, hidden, kept, dims,
-                     scratch->projected, dims);
-    uint64_t converting = loop_now_ns();
-    float *pooled = scratch->pooled;
-    for (size_t clip = 0; clip < kept / frames; ++clip) {
-        size_t item = scratch->items[clip * frames];
-        float *embedded = scratch->projected + clip * frames * dims; /* f_k [frames, dims] */
-        for (size_t k = 0; k < frames && project; ++k)
-            kernels->normalize(embedded + k * dims, dims);
-        for (size_t k = 0; k < frames && (image->encode.outputs & UFORM_OUTPUT_TOKEN_VECTORS); ++k) {
-            float const *vector = embedded + k * dims;
-            if (width < dims) {
-                memcpy(pooled, vector, width * sizeof(float));
-                kernels->normalize(pooled, width);
-                vector = pooled;
-            }
-            output_row(kernels, &encoded->token_vectors, item * frames + k, vector);
-        }
-        if (image->encode.outputs & UFORM_OUTPUT_EMBEDDINGS) {
-            rows_mean(embedded, frames, dims, dims, pooled);
-            kernels->normalize(pooled, dims);
-            if (width < dims) kernels->normalize(pooled, width);
-            output_row(kernels, &encoded->embeddings, item, pooled);
-        }
-        if (image->encode.outputs & UFORM_OUTPUT_STATES) {
-            rows_mean(scratch->rows + clip * frames * hidden, frames, hidden, hidden, pooled);
-            output_row(kernels, &encoded->states, item, pooled);
-        }
-    }
-    image->encode.stats.convert_ns += loop_now_ns() - converting;
 }
 
 /* Encodes the decoded items [first, last) of one chunk, their patch rows at `decoded` [count, frames,
@@ -344,47 +264,17 @@ static void image_start(call_t *call) {
 
 /* ---- The verbs ---------------------------------------------------------------------------------- */
 
-/* What the three verbs hand to the call. */
-typedef struct image_request {
-    encode_request_t encode;
-    image_input_t input;
-    size_t const *heights, *widths;
-    bool video; /* the tape holds clips, or their paths */
-} image_request_t;
-
-static uform_status_t image_submit(char const *entry, image_request_t const *request) {
+uform_status_t image_encode_host(char const *entry, image_request_t const *request) {
     encode_request_t const *encode = &request->encode;
-    uform_outcome_t *outcome = encode->outcome;
-    char const *message = NULL;
-    uform_status_t status = encode_check(encode, &message);
-    if (status != UFORM_OK) return call_refuse(outcome, status, entry, message);
     uform_model_t const *model = encode->model;
-    if (request->video && !model->header.info.has_video)
-        return call_refuse(outcome, UFORM_UNSUPPORTED, entry, "the model has no video tower");
-    if (!model->header.info.has_image)
-        return call_refuse(outcome, UFORM_UNSUPPORTED, entry, "the model has no image tower");
-    if (request->video && !UFORM_WITH_FFMPEG)
-        return call_refuse(outcome, UFORM_UNSUPPORTED, entry, "video needs FFmpeg, which this build lacks");
-    if (request->video && model->device)
-        return call_refuse(outcome, UFORM_UNSUPPORTED, entry, "video is not built on VRAM executors yet");
-#if UFORM_WITH_CUDA
-    if (model->device) { /* a VRAM model, on its own executor (encode_check saw to that) */
-        vram_image_request_t vram = {
-            .encode = *encode,
-            .pixels = request->input == IMAGE_INPUT_PIXELS,
-            .files = request->input == IMAGE_INPUT_FILES,
-            .heights = request->heights,
-            .widths = request->widths,
-        };
-        return vram_image_encode(entry, &vram);
-    }
-#endif
     if (!model->image) /* a model whose image tower is not prepared on the host */
-        return call_refuse(outcome, UFORM_UNSUPPORTED, entry, "the model's image tower is not on the host");
+        return call_refuse(encode->outcome, UFORM_UNSUPPORTED, entry,
+                           "the model's image tower is not on the host");
     /* The arena first, then the executor: the call holds both until it is final. */
     uform_outcome_t own;
     call_t *call = NULL;
-    status = call_open(encode->executor, encode->arena, outcome, &own, sizeof(image_call_t), entry, &call);
+    uform_status_t status =
+        call_open(encode->executor, encode->arena, encode->outcome, &own, sizeof(image_call_t), entry, &call);
     if (status != UFORM_OK) return status;
     image_call_t *image = container_of(call, image_call_t, call);
     image->call.start = image_start;
@@ -406,43 +296,4 @@ static uform_status_t image_submit(char const *entry, image_request_t const *req
     image->frames = request->video ? info->video.frames : 1;
     image->vectors = request->video ? image->frames : image->patches;
     return encode_submit(call, &own, encode);
-}
-
-UFORM_EXPORT uform_status_t uform_image_encode(uform_image_encode_args_t const *args) {
-    static char const entry[] = "uform_image_encode";
-    if (!args) return failed(UFORM_INVALID_ARGUMENT, entry, "args is NULL");
-    if (args->source != UFORM_SOURCE_FILES && args->source != UFORM_SOURCE_MEMORY)
-        return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry, "unknown source");
-    image_request_t request = {
-        .encode = ENCODE_REQUEST(args, images),
-        .input = args->source == UFORM_SOURCE_FILES ? IMAGE_INPUT_FILES : IMAGE_INPUT_MEMORY,
-    };
-    return image_submit(entry, &request);
-}
-
-UFORM_EXPORT uform_status_t uform_image_encode_pixels(uform_image_encode_pixels_args_t const *args) {
-    static char const entry[] = "uform_image_encode_pixels";
-    if (!args) return failed(UFORM_INVALID_ARGUMENT, entry, "args is NULL");
-    if (args->pixels.count && (!args->heights || !args->widths))
-        return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry, "heights or widths is NULL");
-    image_request_t request = {
-        .encode = ENCODE_REQUEST(args, pixels),
-        .input = IMAGE_INPUT_PIXELS,
-        .heights = args->heights,
-        .widths = args->widths,
-    };
-    return image_submit(entry, &request);
-}
-
-UFORM_EXPORT uform_status_t uform_video_encode(uform_video_encode_args_t const *args) {
-    static char const entry[] = "uform_video_encode";
-    if (!args) return failed(UFORM_INVALID_ARGUMENT, entry, "args is NULL");
-    if (args->source != UFORM_SOURCE_FILES && args->source != UFORM_SOURCE_MEMORY)
-        return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry, "unknown source");
-    image_request_t request = {
-        .encode = ENCODE_REQUEST(args, videos),
-        .input = args->source == UFORM_SOURCE_FILES ? IMAGE_INPUT_FILES : IMAGE_INPUT_MEMORY,
-        .video = true,
-    };
-    return image_submit(entry, &request);
 }

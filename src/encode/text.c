@@ -1,4 +1,5 @@
-/* The text tower's verbs: text_encode and text_choose.
+/* The text tower's verbs on host executors: text_encode and text_choose, behind their front doors
+ * (src/encode/verbs.c), which checked the arguments.
  *
  * text_encode packs texts end to end without padding (BOS, then at most `context` bytes each), in
  * chunks of at most TEXT_CHUNK_TOKENS tokens (a longer text is a chunk of its own), runs the tower on
@@ -14,7 +15,7 @@
 #include "tape.h"
 #include "text.h"
 #include "tower.h"
-#include "vram.h"
+#include "verbs.h"
 
 #define TEXT_CHUNK_TOKENS 2048
 
@@ -213,30 +214,18 @@ static void text_chunk(loop_op_t *op) {
     loop_post(executor->loop, &text->call.op);
 }
 
-UFORM_EXPORT uform_status_t uform_text_encode(uform_text_encode_args_t const *args) {
-    static char const entry[] = "uform_text_encode";
-    if (!args) return failed(UFORM_INVALID_ARGUMENT, entry, "args is NULL");
-    encode_request_t const request = ENCODE_REQUEST(args, texts);
-    uform_outcome_t *outcome = args->outcome;
-    char const *message = NULL;
-    uform_status_t status = encode_check(&request, &message);
-    if (status != UFORM_OK) return call_refuse(outcome, status, entry, message);
-    /* A host model runs its prepared tower; a VRAM model, its replicas' */
-    if (!(args->model->device ? args->model->header.info.has_text : args->model->text != NULL))
-        return call_refuse(outcome, UFORM_UNSUPPORTED, entry, "the model has no text tower");
-#if UFORM_WITH_CUDA
-    if (args->model->device) return vram_text_encode(&request);
-#endif
+uform_status_t text_encode_host(encode_request_t const *request) {
     /* The arena first, then the executor: the call holds both until it is final. */
     uform_outcome_t own;
     call_t *call = NULL;
-    status = call_open(args->executor, args->arena, outcome, &own, sizeof(text_call_t), entry, &call);
+    uform_status_t status = call_open(request->executor, request->arena, request->outcome, &own,
+                                      sizeof(text_call_t), "uform_text_encode", &call);
     if (status != UFORM_OK) return status;
     text_call_t *text = container_of(call, text_call_t, call);
     text->call.start = text_start;
-    encode_call_init(&text->encode, &request);
-    text->texts = args->texts;
-    return encode_submit(call, &own, &request);
+    encode_call_init(&text->encode, request);
+    text->texts = request->tape;
+    return encode_submit(call, &own, request);
 }
 
 /* ---- text_choose -------------------------------------------------------------------------------- */
@@ -322,57 +311,6 @@ static void choose_start(call_t *call) {
     choose_end(choose, UFORM_OK, NULL);
 }
 
-static uform_status_t check_choose(uform_text_choose_args_t const *args, char const **message) {
-    uform_model_t const *model = args->model;
-    if (!model || !args->states || !args->arena)
-        return *message = "model, states or arena is NULL", UFORM_INVALID_ARGUMENT;
-    if (!args->outcome && !args->probabilities)
-        return *message = "probabilities is NULL", UFORM_INVALID_ARGUMENT;
-    uform_status_t status = model_residency(model, args->executor, message);
-    if (status != UFORM_OK) return status;
-    uform_tape_t const *choices = &args->choices;
-    if (choices->count == 0) return *message = "the tape holds no items", UFORM_INVALID_ARGUMENT;
-    status = tape_validate(choices, message);
-    if (status != UFORM_OK) return status;
-    for (size_t item = 0; item < choices->count; ++item) {
-        uint8_t const *legal = (uint8_t const *)choices->data + choices->offsets[item];
-        size_t count = choices->offsets[item + 1] - choices->offsets[item];
-        bool seen[256] = {false};
-        if (count == 0) return *message = "an item has no legal byte", UFORM_INVALID_ARGUMENT;
-        for (size_t i = 0; i < count; seen[legal[i++]] = true)
-            if (seen[legal[i]]) return *message = "an item repeats a legal byte", UFORM_INVALID_ARGUMENT;
-    }
-    if ((status = arena_check(args->arena, args->executor, message)) != UFORM_OK) return status;
-    uform_view_t const *states = args->states;
-    if (states->arena == args->arena)
-        return *message = "states live in the arena this call rewinds: pass another arena",
-               UFORM_INVALID_ARGUMENT;
-    /* A VRAM call reads states where they are: device views of its own executor's arenas, or host views. */
-    bool device_states = states->device && model->device && states->arena && states->arena->executor == args->executor;
-    if (!device_states && (status = uform_view_check(states)) != UFORM_OK)
-        return *message = uform_last_error().message, status;
-    if (device_states && states->generation != atomic_load(&states->arena->generation))
-        return *message = "stale view: its arena was rewound by a later call", UFORM_INVALID_ARGUMENT;
-    if (!(model->device ? model->header.info.has_text : model->text != NULL))
-        return *message = "the model has no text tower", UFORM_UNSUPPORTED;
-    if (states->columns != model->header.info.text.transformer.hidden ||
-        (states->scalar != UFORM_F32 && states->scalar != UFORM_BF16))
-        return *message = "states are not F32 or BF16 rows of the model's hidden width",
-               UFORM_INVALID_ARGUMENT;
-    if (choices->count != states->rows)
-        return *message = "choices and states hold different counts of items", UFORM_INVALID_ARGUMENT;
-    return UFORM_OK;
-}
-
-UFORM_EXPORT uform_status_t uform_text_choose(uform_text_choose_args_t const *args) {
-    static char const entry[] = "uform_text_choose";
-    if (!args) return failed(UFORM_INVALID_ARGUMENT, entry, "args is NULL");
-    uform_outcome_t *outcome = args->outcome;
-    char const *message = NULL;
-    uform_status_t status = check_choose(args, &message);
-    if (status != UFORM_OK) return call_refuse(outcome, status, entry, message);
-#if UFORM_WITH_CUDA
-    if (args->model->device) return vram_text_choose(args);
-#endif
+uform_status_t text_choose_host(uform_text_choose_args_t const *args) {
     return choose_submit(args, choose_start);
 }

@@ -3,7 +3,9 @@
  * The load is a state machine of loop callbacks:
  *   open -> statx -> read the 8-byte prefix -> read the JSON header -> validate everything
  *        -> allocate the weights where the executor computes -> LOAD_READS chunked reads in flight
- *        -> progress after each chunk -> the model, or CANCELLED / IO / FORMAT once reads drain. */
+ *        -> progress after each chunk -> the model, or CANCELLED / IO / FORMAT once reads drain.
+ * Where the weights go, and what happens to each read, is the load's target (model_load.h): the host
+ * target here, the VRAM one in src/vram/vram_load.c. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -13,51 +15,9 @@
 
 #include "call.h"
 #include "model.h"
+#include "model_load.h"
 #include "tower.h"
 #include "vram.h"
-
-#define LOAD_CHUNK (1u << 20)
-#define LOAD_READS 4
-
-typedef struct load_call load_call_t;
-
-typedef struct load_read {
-    loop_op_t op;
-    load_call_t *load;
-    uint64_t at; /* offset in the data section */
-    bool busy;
-    bool copying; /* VRAM: the staging buffer is being copied to the devices */
-} load_read_t;
-
-struct load_call {
-    call_t call;
-    char const *path;
-    uform_progress_t progress;
-    size_t next_step;
-    bool map;
-    int fd;
-    struct statx statx;
-    loop_op_t step; /* open, statx, prefix and header reads, one at a time */
-    uint8_t prefix[8];
-    char *json;
-    uint64_t header_length;
-    uform_model_t *model;
-    load_read_t reads[LOAD_READS];
-    uint64_t issued, done;
-    size_t in_flight;
-    uform_status_t failure; /* once set, no read is issued and the call ends when in-flight ones drain */
-    char const *message;
-#if UFORM_WITH_CUDA
-    /* VRAM loads: reads land in pinned staging buffers, each copied to every device while the next
-     * reads run; a buffer is reused once its copies' events completed. */
-    bool vram;
-    void *raw[VRAM_MAX_DEVICES]; /* the data section on each device, until prepared */
-    void *staging[LOAD_READS];
-    cudaEvent_t copied[LOAD_READS][VRAM_MAX_DEVICES];
-    loop_op_t poll;
-    uint64_t polls;
-#endif
-};
 
 /* ---- Model lifetime ----------------------------------------------------------------------------- */
 
@@ -66,9 +26,7 @@ void model_retain(uform_model_t *model) {
 }
 
 static void model_destroy(uform_model_t *model) {
-#if UFORM_WITH_CUDA
     if (model->device) vram_model_release(model);
-#endif
     struct tower *towers[] = {model->text, model->image, model->audio};
     for (size_t i = 0; i < 3; ++i) {
         if (towers[i]) tower_release(towers[i]);
@@ -129,43 +87,8 @@ static uform_status_t model_prepare(uform_model_t *model) {
     return status;
 }
 
-#if UFORM_WITH_CUDA
-/* Prepares the towers on every device from the raw bytes, then frees the raw bytes, the staging
- * buffers and the events. */
-static void load_vram_finish(load_call_t *load) {
-    uform_executor_t *executor = load->call.executor;
-    vram_t *vram = vram_of(executor);
-    if (load->failure == UFORM_OK) {
-        char const *message = NULL;
-        uform_status_t status = vram_model_prepare(load->model, executor, load->raw, &message);
-        if (status != UFORM_OK) {
-            load->failure = status;
-            load->message = message;
-        }
-    }
-    for (size_t d = 0; d < vram->count; ++d) {
-        vram_use(&vram->devices[d]);
-        cudaStreamSynchronize(vram->devices[d].stream);
-        cudaFree(load->raw[d]);
-        for (size_t i = 0; i < LOAD_READS; ++i)
-            if (load->copied[i][d]) cudaEventDestroy(load->copied[i][d]);
-    }
-    for (size_t i = 0; i < LOAD_READS; ++i)
-        cudaFreeHost(load->staging[i]);
-    cudaGetLastError();
-}
-#endif
-
 static void load_finish(load_call_t *load) {
-#if UFORM_WITH_CUDA
-    if (load->vram)
-        load_vram_finish(load);
-    else
-#endif
-        if (load->failure == UFORM_OK && model_prepare(load->model) != UFORM_OK) {
-        load->failure = UFORM_OUT_OF_MEMORY;
-        load->message = "cannot allocate the prepared weights";
-    }
+    load->target->finish(load);
     uform_status_t status = load->failure;
     if (load->fd >= 0) close(load->fd);
     free(load->json);
@@ -183,74 +106,24 @@ static void load_finish(load_call_t *load) {
     call_finish(&ending, status, message);
 }
 
-/* Records the first failure; the call ends once nothing is in flight. */
-static void load_stop(load_call_t *load, uform_status_t status, char const *message) {
+void load_stop(load_call_t *load, uform_status_t status, char const *message) {
     if (load->failure == UFORM_OK) {
         load->failure = status;
         load->message = message;
     }
 }
 
-static void load_fail(load_call_t *load, uform_status_t status, char const *message) {
+void load_fail(load_call_t *load, uform_status_t status, char const *message) {
     load_stop(load, status, message);
     load_finish(load);
 }
 
 static void load_read_done(loop_op_t *op);
 
-#if UFORM_WITH_CUDA
-static void load_poll(loop_op_t *op);
-
-/* Frees the staging buffers whose copies completed; answers whether some are still copying. */
-static bool load_copies_pending(load_call_t *load) {
-    vram_t *vram = vram_of(load->call.executor);
-    bool pending = false;
-    for (size_t i = 0; i < LOAD_READS; ++i) {
-        load_read_t *read = &load->reads[i];
-        if (!read->copying) continue;
-        bool all = true;
-        for (size_t d = 0; d < vram->count && all; ++d) {
-            bool done = false;
-            if (vram_event_done(load->copied[i][d], &done) != UFORM_OK) {
-                load_stop(load, UFORM_DEVICE, "cannot copy the weights to the device");
-                cudaStreamSynchronize(vram->devices[d].stream);
-                done = true;
-            }
-            all = done;
-        }
-        read->copying = !all;
-        pending |= !all;
-    }
-    return pending;
-}
-
-/* A read landed in staging buffer `i`: copy it to every device. */
-static void load_copy(load_call_t *load, size_t i, size_t length) {
-    vram_t *vram = vram_of(load->call.executor);
-    load_read_t *read = &load->reads[i];
-    for (size_t d = 0; d < vram->count; ++d) {
-        vram_device_t *device = &vram->devices[d];
-        if (vram_use(device) != UFORM_OK ||
-            cudaMemcpyAsync((uint8_t *)load->raw[d] + read->at, load->staging[i], length, cudaMemcpyHostToDevice,
-                            device->stream) != cudaSuccess ||
-            cudaEventRecord(load->copied[i][d], device->stream) != cudaSuccess) {
-            cudaGetLastError();
-            load_stop(load, UFORM_DEVICE, "cannot copy the weights to the device");
-            cudaStreamSynchronize(device->stream);
-            return;
-        }
-        read->copying = true;
-    }
-}
-#endif
-
-static void load_issue_reads(load_call_t *load) {
+void load_issue_reads(load_call_t *load) {
     uform_model_t *model = load->model;
     loop_t *loop = load->call.executor->loop;
-    bool copying = false;
-#if UFORM_WITH_CUDA
-    if (load->vram) copying = load_copies_pending(load);
-#endif
+    bool copying = load->target->pending && load->target->pending(load);
     for (size_t i = 0; i < LOAD_READS && load->failure == UFORM_OK && load->issued < model->data_size; ++i) {
         load_read_t *read = &load->reads[i];
         if (read->busy || read->copying) continue;
@@ -262,21 +135,16 @@ static void load_issue_reads(load_call_t *load) {
         read->at = load->issued;
         read->op.callback = load_read_done;
         load->in_flight++;
-        void *target = model->data + load->issued;
-#if UFORM_WITH_CUDA
-        if (load->vram) target = load->staging[i];
-#endif
-        loop_read(loop, &read->op, load->fd, target, length, model->header.data_offset + load->issued);
+        loop_read(loop, &read->op, load->fd, load->target->buffer(load, i), length,
+                  model->header.data_offset + load->issued);
         load->issued += length;
     }
     if (load->in_flight == 0 && !copying) {
         load_finish(load);
         return;
     }
-#if UFORM_WITH_CUDA
-    /* Only copies run: poll their events. */
-    if (load->in_flight == 0) loop_timer(loop, &load->poll, vram_poll_ns(++load->polls * 20000));
-#endif
+    /* Only the target's use of its buffers runs: it comes back when they are free. */
+    if (load->in_flight == 0) load->target->idle(load);
 }
 
 static void load_read_done(loop_op_t *op) {
@@ -289,9 +157,8 @@ static void load_read_done(loop_op_t *op) {
     else if ((size_t)op->result < op->length)
         load_stop(load, UFORM_FORMAT, "checkpoint truncated while reading");
     else {
-#if UFORM_WITH_CUDA
-        if (load->vram && load->failure == UFORM_OK) load_copy(load, (size_t)(read - load->reads), (size_t)op->result);
-#endif
+        if (load->target->landed && load->failure == UFORM_OK)
+            load->target->landed(load, (size_t)(read - load->reads), (size_t)op->result);
         load->done += (uint64_t)op->result;
         if (load->failure == UFORM_OK &&
             progress_report(&load->progress, &load->next_step, load->done, load->model->data_size))
@@ -299,45 +166,6 @@ static void load_read_done(loop_op_t *op) {
     }
     load_issue_reads(load);
 }
-
-#if UFORM_WITH_CUDA
-static void load_poll(loop_op_t *op) {
-    load_issue_reads(container_of(op, load_call_t, poll));
-}
-
-/* The raw data section on every device, the staging buffers and the events, then the reads. */
-static void load_vram_buffers(load_call_t *load) {
-    vram_t *vram = vram_of(load->call.executor);
-    load->poll.callback = load_poll;
-    for (size_t d = 0; d < vram->count; ++d) {
-        if (vram_use(&vram->devices[d]) != UFORM_OK) {
-            load_fail(load, UFORM_DEVICE, "cannot use the device");
-            return;
-        }
-        if (cudaMalloc(&load->raw[d], load->model->data_size ? load->model->data_size : 1) != cudaSuccess) {
-            cudaGetLastError();
-            load->raw[d] = NULL;
-            load_fail(load, UFORM_OUT_OF_MEMORY, "cannot allocate the weights on the device");
-            return;
-        }
-        for (size_t i = 0; i < LOAD_READS; ++i)
-            if (cudaEventCreateWithFlags(&load->copied[i][d], cudaEventDisableTiming) != cudaSuccess) {
-                cudaGetLastError();
-                load->copied[i][d] = NULL;
-                load_fail(load, UFORM_DEVICE, "cannot create an event on the device");
-                return;
-            }
-    }
-    for (size_t i = 0; i < LOAD_READS; ++i)
-        if (cudaHostAlloc(&load->staging[i], LOAD_CHUNK, cudaHostAllocDefault) != cudaSuccess) {
-            cudaGetLastError();
-            load->staging[i] = NULL;
-            load_fail(load, UFORM_OUT_OF_MEMORY, "cannot allocate pinned staging memory");
-            return;
-        }
-    load_issue_reads(load);
-}
-#endif
 
 /* The header is valid: make the model, then read its tensors, or map them. */
 static void load_weights(load_call_t *load, checkpoint_header_t *header, void *mapping) {
@@ -363,18 +191,7 @@ static void load_weights(load_call_t *load, checkpoint_header_t *header, void *m
     }
     model->executor = executor;
     executor_retain(executor);
-#if UFORM_WITH_CUDA
-    if (load->vram) {
-        load_vram_buffers(load);
-        return;
-    }
-#endif
-    model->data = executor_allocate(executor, model->data_size);
-    if (!model->data) {
-        load_fail(load, UFORM_OUT_OF_MEMORY, "cannot allocate the weights");
-        return;
-    }
-    load_issue_reads(load);
+    load->target->weights(load);
 }
 
 static void load_header_done(loop_op_t *op) {
@@ -486,32 +303,60 @@ static void load_start(call_t *call) {
     loop_open(call->executor->loop, &load->step, load->path, O_RDONLY);
 }
 
-static uform_status_t model_load(uform_model_load_args_t const *args, bool vram, char const *entry) {
+/* ---- The host target: the weights in the executor's memory ------------------------------------ */
+
+static void host_weights(load_call_t *load) {
+    uform_model_t *model = load->model;
+    model->data = executor_allocate(load->call.executor, model->data_size);
+    if (!model->data) {
+        load_fail(load, UFORM_OUT_OF_MEMORY, "cannot allocate the weights");
+        return;
+    }
+    load_issue_reads(load);
+}
+
+static void *host_buffer(load_call_t *load, size_t read) {
+    return load->model->data + load->reads[read].at;
+}
+
+static void host_finish(load_call_t *load) {
+    if (load->failure == UFORM_OK && model_prepare(load->model) != UFORM_OK)
+        load_stop(load, UFORM_OUT_OF_MEMORY, "cannot allocate the prepared weights");
+}
+
+static model_load_target_t const model_load_host = {
+    .weights = host_weights,
+    .buffer = host_buffer,
+    .finish = host_finish,
+};
+
+/* ---- The verbs ---------------------------------------------------------------------------------- */
+
+uform_status_t model_load(uform_model_load_args_t const *args, model_load_target_t const *target,
+                          char const *entry) {
     uform_outcome_t *outcome = args->outcome;
     if (!args->path || !args->path[0])
         return call_refuse(outcome, UFORM_INVALID_ARGUMENT, entry, "path is NULL or empty");
     if (!outcome && !args->model) return call_refuse(outcome, UFORM_INVALID_ARGUMENT, entry, "model is NULL");
-    if (!vram && args->executor && executor_on_device(args->executor))
+    if (!target->device && args->executor && executor_on_device(args->executor))
         return call_refuse(outcome, UFORM_INVALID_ARGUMENT, entry,
                            "a VRAM executor loads with uform_model_load_vram");
-    if (vram && (!args->executor || !executor_on_device(args->executor)))
+    if (target->device && (!args->executor || !executor_on_device(args->executor)))
         return call_refuse(outcome, UFORM_INVALID_ARGUMENT, entry, "uform_model_load_vram needs a VRAM executor");
     uform_executor_t *executor = call_executor(args->executor);
     if (!executor)
         return call_refuse(outcome, UFORM_OUT_OF_MEMORY, entry, "cannot make the calling thread's executor");
 
-    load_call_t *load = calloc(1, sizeof *load);
+    load_call_t *load = calloc(1, sizeof *load + target->state_bytes);
     if (!load) return call_refuse(outcome, UFORM_OUT_OF_MEMORY, entry, "cannot allocate the load");
+    load->target = target;
     load->path = args->path;
     load->fd = -1;
     load->next_step = 1;
     if (args->config) {
         load->progress = args->config->progress;
-        load->map = args->config->map && !vram; /* device weights are copied, never mapped */
+        load->map = args->config->map && !target->device; /* device weights are copied, never mapped */
     }
-#if UFORM_WITH_CUDA
-    load->vram = vram;
-#endif
     uform_outcome_t own;
     if (!outcome) uform_outcome_init(&own);
     uform_status_t status = call_begin(&load->call, executor, outcome_of(outcome ? outcome : &own), entry);
@@ -530,17 +375,11 @@ static uform_status_t model_load(uform_model_load_args_t const *args, bool vram,
 UFORM_EXPORT uform_status_t uform_model_load_ram(uform_model_load_args_t const *args) {
     static char const entry[] = "uform_model_load_ram";
     if (!args) return failed(UFORM_INVALID_ARGUMENT, entry, "args is NULL");
-    return model_load(args, false, entry);
+    return model_load(args, &model_load_host, entry);
 }
 
 UFORM_EXPORT uform_status_t uform_model_load_vram(uform_model_load_args_t const *args) {
     static char const entry[] = "uform_model_load_vram";
     if (!args) return failed(UFORM_INVALID_ARGUMENT, entry, "args is NULL");
-#if UFORM_WITH_CUDA
-    return model_load(args, true, entry);
-#else
-    if (!args->path || !args->path[0])
-        return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry, "path is NULL or empty");
-    return call_refuse(args->outcome, UFORM_UNSUPPORTED, entry, "built without CUDA");
-#endif
+    return vram_model_load(args, entry);
 }

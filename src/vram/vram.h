@@ -10,10 +10,22 @@
  * `[out, in]` as the checkpoint stores them (cuBLASLt reads them in place, 256-byte aligned) and norms,
  * biases, class tokens and positions converted to F32. The raw checkpoint bytes are not kept.
  *
- * Everything here exists only in builds with CUDA (UFORM_WITH_CUDA). */
+ * Everything below the entry points exists only in builds with CUDA (UFORM_WITH_CUDA); a build without
+ * it has the entry points from src/vram/vram_none.c, answering UFORM_UNSUPPORTED. */
 #pragma once
 
-#include "encode.h"
+#include "verbs.h"
+
+/* ---- Entry points, in every build --------------------------------------------------------------- */
+
+/* uform_model_load_vram past its NULL check: the load onto the VRAM executor's devices
+ * (src/vram/vram_load.c). Answers as uform_model_load_vram does. */
+uform_status_t vram_model_load(uform_model_load_args_t const *args, char const *entry);
+
+/* Frees a VRAM model's device weights (model->device), when its last reference goes. */
+void vram_model_release(uform_model_t *model);
+
+/* The VRAM executor's verbs: encode_verbs_vram (verbs.h). */
 
 #if UFORM_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -78,8 +90,8 @@ void vram_deallocate(uform_executor_t *executor, void *memory);
 
 /* A synchronous 2D copy from the executor's first device to host memory: `rows` rows of `width` bytes.
  * Keeps the calling thread's current device. UFORM_OK or UFORM_DEVICE. */
-uform_status_t vram_copy_to_host(uform_executor_t *executor, void *host, size_t host_pitch, void const *device,
-                                 size_t device_pitch, size_t width, size_t rows);
+uform_status_t vram_copy_to_host(uform_executor_t *executor, void *host, size_t host_pitch,
+                                 void const *device, size_t device_pitch, size_t width, size_t rows);
 
 /* The device's scratch, grown to at least `bytes` (contents not kept; waits for the device's stream
  * before replacing it). NULL when out of memory. Loop thread only. */
@@ -141,7 +153,6 @@ struct vram_model {
  * per device. UFORM_OK, UFORM_OUT_OF_MEMORY or UFORM_DEVICE with a message. */
 uform_status_t vram_model_prepare(uform_model_t *model, uform_executor_t *executor, void *const *raw,
                                   char const **message);
-void vram_model_release(uform_model_t *model);
 
 /* ---- The tower forward on a device -------------------------------------------------------------- */
 
@@ -176,19 +187,30 @@ uform_status_t vram_project(vram_device_t *device, vram_tower_t const *tower, ui
                             size_t m, size_t width, float *projected, uform_view_t const *view, size_t first,
                             char const **message);
 
+/* ---- Outputs ------------------------------------------------------------------------------------ */
+
+/* The rows of a chunk's final states that become its outputs, and where they go. */
+typedef struct vram_output_rows {
+    int32_t const *state_rows;  /* device [items]: each item's row in x */
+    size_t items, first;        /* the chunk's items: rows [first, first + items) of embeddings and states */
+    int32_t const *token_rows;  /* device [tokens]: the rows of x whose projections are token vectors */
+    size_t tokens, token_first; /* rows [token_first, token_first + tokens) of the token vectors */
+    char const *gather_failed, *convert_failed; /* the verb's messages for a launch that failed */
+} vram_output_rows_t;
+
+/* Enqueues the requested outputs of a chunk from x (F32 [tokens, hidden], after vram_forward) on the
+ * device's stream, through the pass's gathered and projected scratch: the states at the item rows,
+ * converted; their projections (vram_project) the embeddings; the token rows' projections the token
+ * vectors (none when `tokens` is 0). UFORM_OK or UFORM_DEVICE with a message (src/vram/vram_output.c). */
+uform_status_t vram_output_write(vram_device_t *device, vram_tower_t const *tower,
+                                 encode_call_t const *encode, float const *x, vram_pass_t const *pass,
+                                 vram_output_rows_t const *rows, char const **message);
+
 /* ---- Verbs -------------------------------------------------------------------------------------- */
 
 uform_status_t vram_text_encode(encode_request_t const *request);
 
-/* An image verb's arguments, pixels or encoded images (src/vram/vram_image.c). */
-typedef struct vram_image_request {
-    encode_request_t encode;
-    bool pixels; /* RGB8 with heights and widths; else encoded images */
-    bool files;  /* encoded images named by paths */
-    size_t const *heights, *widths;
-} vram_image_request_t;
-
-uform_status_t vram_image_encode(char const *entry, vram_image_request_t const *request);
+uform_status_t vram_image_encode(char const *entry, image_request_t const *request);
 uform_status_t vram_text_choose(uform_text_choose_args_t const *args);
 
 #endif /* UFORM_WITH_CUDA */

@@ -28,7 +28,7 @@ typedef struct vram_image_call {
     call_t call;    /* a copy of the call in the executor's storage, for its fields */
     call_t *origin; /* that call, which call_finish ends */
     encode_call_t encode;
-    vram_image_request_t request;
+    image_request_t request;
     size_t patches; /* per image */
     size_t next_item, done_items, next_slot;
     struct {
@@ -56,16 +56,17 @@ static void image_end(vram_image_call_t *image) {
 }
 
 /* The pixels of item `item` (decoding it for the memory source), or a status for it. */
-static uform_status_t image_pixels(vram_image_call_t *image, size_t item, size_t slot_index, image_rgb_t *rgb) {
-    vram_image_request_t const *request = &image->request;
+static uform_status_t image_pixels(vram_image_call_t *image, size_t item, size_t slot_index,
+                                   image_rgb_t *rgb) {
+    image_request_t const *request = &image->request;
     uform_tape_t const *tape = &request->encode.tape;
     uint8_t const *data = (uint8_t const *)tape->data + tape->offsets[item];
     size_t size = tape->offsets[item + 1] - tape->offsets[item];
-    if (request->pixels) {
+    if (request->input == IMAGE_INPUT_PIXELS) {
         size_t height = request->heights[item], width = request->widths[item], pixels = 0, bytes = 0;
-        if (height == 0 || width == 0 || __builtin_mul_overflow(height, width, &pixels) || pixels > UFORM_IMAGE_MAX_PIXELS ||
-            height > INT32_MAX || width > INT32_MAX || __builtin_mul_overflow(pixels, (size_t)3, &bytes) ||
-            bytes != size)
+        if (height == 0 || width == 0 || __builtin_mul_overflow(height, width, &pixels) ||
+            pixels > UFORM_IMAGE_MAX_PIXELS || height > INT32_MAX || width > INT32_MAX ||
+            __builtin_mul_overflow(pixels, (size_t)3, &bytes) || bytes != size)
             return UFORM_INVALID_ARGUMENT;
         *rgb = (image_rgb_t){.pixels = (uint8_t *)data, .height = height, .width = width};
         return UFORM_OK;
@@ -129,7 +130,8 @@ static uform_status_t image_issue(vram_image_call_t *image, size_t s, size_t fir
         taps = a > taps ? a : taps;
         taps = b > taps ? b : taps;
     }
-    size_t index_bytes = round_up_256(items * 8 + items * 4 * 2 + (items + 1) * 4 * 2 + items * 4 + items * patches * 4);
+    size_t index_bytes =
+        round_up_256(items * 8 + items * 4 * 2 + (items + 1) * 4 * 2 + items * 4 + items * patches * 4);
     vram_slot_t *slot = &device->slots[s];
     char *staging = vram_staging(slot, index_bytes + pixel_bytes);
     if (!staging) return *message = "cannot allocate pinned staging memory", UFORM_OUT_OF_MEMORY;
@@ -171,8 +173,7 @@ static uform_status_t image_issue(vram_image_call_t *image, size_t s, size_t fir
     void *axes = parts[1];
     uint16_t *patch_bf16 = parts[2];
     float *patch_f32 = parts[3];
-    float *x = pass.x, *gathered = pass.gathered, *projected = pass.projected;
-    uint16_t *gathered_bf16 = pass.gathered_bf16;
+    float *x = pass.x;
     int64_t const *device_pixel_offsets = (int64_t const *)staged;
     int32_t const *device_heights = (int32_t const *)(device_pixel_offsets + items);
     int32_t const *device_widths = device_heights + items, *device_tokens = device_widths + items;
@@ -188,8 +189,15 @@ static uform_status_t image_issue(vram_image_call_t *image, size_t s, size_t fir
     VRAM_TRY(cuda_image_patches(patch_bf16, (uint8_t const *)staged + index_bytes, device_pixel_offsets,
                                 device_heights, device_widths, items, geometry, axes, taps, stream),
              "cannot launch the image front end");
-    cuda_linear_t job = {.m = rows, .n = hidden, .k = inputs, .x = patch_bf16, .x_stride = inputs,
-                         .w = tower->patch.w, .bias = tower->patch.bias, .y = patch_f32, .y_stride = hidden,
+    cuda_linear_t job = {.m = rows,
+                         .n = hidden,
+                         .k = inputs,
+                         .x = patch_bf16,
+                         .x_stride = inputs,
+                         .w = tower->patch.w,
+                         .bias = tower->patch.bias,
+                         .y = patch_f32,
+                         .y_stride = hidden,
                          .kind = CUDA_LINEAR_F32};
     VRAM_TRY(cuda_linear(device->gemm, &job, message), "cannot run the patch projection");
     VRAM_TRY(cuda_assemble_tokens(x, patch_f32, tower->cls, tower->pos, device_patches, items, patches,
@@ -199,34 +207,18 @@ static uform_status_t image_issue(vram_image_call_t *image, size_t s, size_t fir
                                          false, pass.forward, message);
     if (status != UFORM_OK) return status;
 
-    uform_encoded_t *encoded = &image->encode.encoded;
-    uform_outputs_t outputs = image->encode.outputs;
-    if (outputs & (UFORM_OUTPUT_EMBEDDINGS | UFORM_OUTPUT_STATES)) {
-        VRAM_TRY(cuda_gather_rows(gathered, hidden, x, hidden, device_classes, items, hidden, stream),
-                 "cannot gather");
-        if (outputs & UFORM_OUTPUT_STATES) {
-            uform_view_t const *states = &encoded->states;
-            float *scales = states->scales ? (float *)states->scales + first : NULL;
-            VRAM_TRY(cuda_convert((unsigned char *)states->data + first * states->row_stride,
-                                  states->row_stride, scales, gathered, hidden, items, hidden,
-                                  (int)states->scalar, stream),
-                     "cannot convert");
-        }
-        if (outputs & UFORM_OUTPUT_EMBEDDINGS) {
-            VRAM_TRY(cuda_f32_to_bf16(gathered_bf16, gathered, items * hidden, stream), "cannot convert");
-            if ((status = vram_project(device, tower, gathered_bf16, items, image->encode.width, projected,
-                                       &encoded->embeddings, first, message)) != UFORM_OK)
-                return status;
-        }
-    }
-    if (outputs & UFORM_OUTPUT_TOKEN_VECTORS) {
-        VRAM_TRY(cuda_gather_rows(gathered, hidden, x, hidden, device_patch_rows, rows, hidden, stream),
-                 "cannot gather");
-        VRAM_TRY(cuda_f32_to_bf16(gathered_bf16, gathered, rows * hidden, stream), "cannot convert");
-        if ((status = vram_project(device, tower, gathered_bf16, rows, image->encode.width, projected,
-                                   &encoded->token_vectors, first * patches, message)) != UFORM_OK)
-            return status;
-    }
+    vram_output_rows_t const output = {
+        .state_rows = device_classes,
+        .items = items,
+        .first = first,
+        .token_rows = device_patch_rows,
+        .tokens = rows,
+        .token_first = first * patches,
+        .gather_failed = "cannot gather",
+        .convert_failed = "cannot convert",
+    };
+    if ((status = vram_output_write(device, tower, &image->encode, x, &pass, &output, message)) != UFORM_OK)
+        return status;
     VRAM_TRY(cudaEventRecord(slot->done, stream), "cannot record an event");
     return UFORM_OK;
 }
@@ -339,9 +331,9 @@ static void image_start(call_t *call) {
     image_advance(image);
 }
 
-uform_status_t vram_image_encode(char const *entry, vram_image_request_t const *request) {
+uform_status_t vram_image_encode(char const *entry, image_request_t const *request) {
     uform_outcome_t *outcome = request->encode.outcome;
-    if (!request->pixels && request->files)
+    if (request->input == IMAGE_INPUT_FILES)
         return call_refuse(outcome, UFORM_UNSUPPORTED, entry,
                            "VRAM executors read encoded images from memory: pass UFORM_SOURCE_MEMORY");
     vram_image_call_t *image = calloc(1, sizeof *image);

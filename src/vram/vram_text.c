@@ -42,7 +42,8 @@ typedef struct vram_text_call {
     uint8_t const *bytes; /* host copy of the texts when the tape lives on a device */
 } vram_text_call_t;
 
-_Static_assert(sizeof(vram_text_call_t) <= EXECUTOR_CALL_STORAGE, "vram_text_call_t outgrew the call storage");
+_Static_assert(sizeof(vram_text_call_t) <= EXECUTOR_CALL_STORAGE,
+               "vram_text_call_t outgrew the call storage");
 
 static void text_end(vram_text_call_t *text) {
     text->encode.stats.total_ns = loop_now_ns() - text->encode.started_ns;
@@ -70,7 +71,8 @@ static chunk_inputs_t chunk_inputs(void *base, size_t tokens, size_t items, size
 }
 
 /* Enqueues the chunk of items [first, last) in slot `s` of the first device. */
-static uform_status_t text_issue(vram_text_call_t *text, size_t s, size_t first, size_t last, char const **message) {
+static uform_status_t text_issue(vram_text_call_t *text, size_t s, size_t first, size_t last,
+                                 char const **message) {
     vram_device_t *device = &vram_of(text->call.executor)->devices[0];
     vram_tower_t const *tower = &text->encode.model->device->replicas[0].text;
     size_t hidden = tower->hidden, items = last - first, tokens = 0, kept_total = 0, max_length = 0;
@@ -106,8 +108,7 @@ static uform_status_t text_issue(vram_text_call_t *text, size_t s, size_t first,
     if (!vram_chunk_scratch(device, tower, &sizing.bytes, 1, &base, tokens, rows, text->encode.width, &pass))
         return *message = "cannot allocate device scratch", UFORM_OUT_OF_MEMORY;
     chunk_inputs_t inputs = chunk_inputs(base, tokens, items, kept_total);
-    float *x = pass.x, *gathered = pass.gathered, *projected = pass.projected;
-    uint16_t *gathered_bf16 = pass.gathered_bf16;
+    float *x = pass.x;
     cudaStream_t stream = device->stream;
 
     VRAM_TRY(cudaMemcpyAsync(inputs.indices, staging, sizing.bytes, cudaMemcpyHostToDevice, stream),
@@ -117,35 +118,21 @@ static uform_status_t text_issue(vram_text_call_t *text, size_t s, size_t first,
                                          true, pass.forward, message);
     if (status != UFORM_OK) return status;
 
-    uform_encoded_t *encoded = &text->encode.encoded;
-    if (text->encode.outputs & (UFORM_OUTPUT_EMBEDDINGS | UFORM_OUTPUT_STATES)) {
-        VRAM_TRY(cuda_gather_rows(gathered, hidden, x, hidden, inputs.last_rows, items, hidden, stream),
-                 "cannot launch gather");
-        if (text->encode.outputs & UFORM_OUTPUT_STATES) {
-            uform_view_t const *states = &encoded->states;
-            float *scales = states->scales ? (float *)states->scales + first : NULL;
-            VRAM_TRY(cuda_convert((unsigned char *)states->data + first * states->row_stride,
-                                  states->row_stride, scales, gathered, hidden, items, hidden,
-                                  (int)states->scalar, stream),
-                     "cannot launch convert");
-        }
-        if (text->encode.outputs & UFORM_OUTPUT_EMBEDDINGS) {
-            VRAM_TRY(cuda_f32_to_bf16(gathered_bf16, gathered, items * hidden, stream),
-                     "cannot launch convert");
-            status = vram_project(device, tower, gathered_bf16, items, text->encode.width, projected,
-                                  &encoded->embeddings, first, message);
-            if (status != UFORM_OK) return status;
-        }
-    }
-    if ((text->encode.outputs & UFORM_OUTPUT_TOKEN_VECTORS) && kept_total) {
-        VRAM_TRY(cuda_gather_rows(gathered, hidden, x, hidden, inputs.token_rows, kept_total, hidden, stream),
-                 "cannot launch gather");
-        VRAM_TRY(cuda_f32_to_bf16(gathered_bf16, gathered, kept_total * hidden, stream),
-                 "cannot launch convert");
-        status = vram_project(device, tower, gathered_bf16, kept_total, text->encode.width, projected,
-                              &encoded->token_vectors, encoded->token_vectors.item_offsets[first], message);
-        if (status != UFORM_OK) return status;
-    }
+    uform_encoded_t const *encoded = &text->encode.encoded;
+    vram_output_rows_t const output = {
+        .state_rows = inputs.last_rows,
+        .items = items,
+        .first = first,
+        .token_rows = inputs.token_rows,
+        .tokens = kept_total,
+        .token_first = (text->encode.outputs & UFORM_OUTPUT_TOKEN_VECTORS)
+                           ? encoded->token_vectors.item_offsets[first]
+                           : 0,
+        .gather_failed = "cannot launch gather",
+        .convert_failed = "cannot launch convert",
+    };
+    status = vram_output_write(device, tower, &text->encode, x, &pass, &output, message);
+    if (status != UFORM_OK) return status;
     VRAM_TRY(cudaEventRecord(slot->done, stream), "cannot record an event");
     return UFORM_OK;
 }
@@ -271,7 +258,8 @@ static void choose_poll(loop_op_t *op) {
         return;
     }
     if (!done) {
-        loop_timer(choose->call.executor->loop, &choose->poll, vram_poll_ns(loop_now_ns() - choose->started_ns));
+        loop_timer(choose->call.executor->loop, &choose->poll,
+                   vram_poll_ns(loop_now_ns() - choose->started_ns));
         return;
     }
     size_t items = choose->choices.count;
@@ -336,10 +324,12 @@ static void choose_start(call_t *call) {
         if (view->scalar == UFORM_BF16)
             ok = cuda_bf16_to_f32(states, view->data, items * hidden, stream) == cudaSuccess;
         else
-            ok = cudaMemcpyAsync(states, view->data, states_bytes, cudaMemcpyDeviceToDevice, stream) == cudaSuccess;
+            ok = cudaMemcpyAsync(states, view->data, states_bytes, cudaMemcpyDeviceToDevice, stream) ==
+                 cudaSuccess;
     }
-    ok = ok && cuda_choose(probabilities, states, hidden, tower->embed, (uint8_t const *)scratch + round_up_256(offsets_bytes),
-                           (int64_t const *)scratch, items, hidden, stream) == cudaSuccess;
+    ok = ok && cuda_choose(probabilities, states, hidden, tower->embed,
+                           (uint8_t const *)scratch + round_up_256(offsets_bytes), (int64_t const *)scratch,
+                           items, hidden, stream) == cudaSuccess;
     ok = ok && cudaEventRecord(device->slots[0].done, stream) == cudaSuccess;
     if (!ok) {
         cudaGetLastError();

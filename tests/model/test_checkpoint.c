@@ -377,13 +377,9 @@ static int schema_stop_at_third(checkpoint_schema_tensor_t const *tensor, void *
  * part is named as format 4 spells it, and every tensor of the checkpoint is walked once. */
 static void test_schema_parts(void **state) {
     (void)state;
-    write_tiny("schema.safetensors", 3, 0, 0);
-    char path[512];
-    path_in_directory(path, sizeof path, "schema.safetensors");
     checkpoint_header_t header;
-    uint8_t *bytes;
     size_t size;
-    parse_file(path, &header, &bytes, &size);
+    uint8_t *bytes = parse_tiny("schema.safetensors", 3, 0, 0, &header, &size);
     schema_seen_t all = {0};
     assert_int_equal(checkpoint_schema_each(&header.info, schema_record, &all), 0);
     assert_int_equal(all.count, header.tensors_count);

@@ -89,6 +89,23 @@ static void test_load_vram_needs_vram_executor(void **state) {
     uform_outcome_destroy(&outcome);
 }
 
+/* The VRAM load's front door answers alike in builds with and without CUDA: an empty path first, then
+ * (without CUDA) UNSUPPORTED, or (with it) the executor's kind, each with its message and entry. */
+static void test_load_vram_refusals(void **state) {
+    (void)state;
+    uform_model_t *model = NULL;
+    uform_model_load_args_t load = {.path = "", .model = &model};
+    assert_int_equal(uform_model_load_vram(&load), UFORM_INVALID_ARGUMENT);
+    assert_string_equal(uform_last_error().entry, "uform_model_load_vram");
+    assert_string_equal(uform_last_error().message, "path is NULL or empty");
+    load.path = checkpoint;
+    bool cuda = uform_features() & UFORM_FEATURE_CUDA;
+    assert_int_equal(uform_model_load_vram(&load), cuda ? UFORM_INVALID_ARGUMENT : UFORM_UNSUPPORTED);
+    assert_string_equal(uform_last_error().message,
+                        cuda ? "uform_model_load_vram needs a VRAM executor" : "built without CUDA");
+    assert_null(model);
+}
+
 /* ---- Helpers ------------------------------------------------------------------------------------ */
 
 static char const *const texts[] = {
@@ -466,6 +483,7 @@ int main(void) {
     struct CMUnitTest const tests[] = {
         cmocka_unit_test(test_create_without_device_or_bad_ordinal),
         cmocka_unit_test(test_load_vram_needs_vram_executor),
+        cmocka_unit_test(test_load_vram_refusals),
         cmocka_unit_test(test_text_matches_cpu),
         cmocka_unit_test(test_base_model_matches_cpu),
         cmocka_unit_test(test_device_views),
