@@ -1,5 +1,6 @@
-"""What the benchmarks share: finding an interpreter with PyTorch, timing, base-sized checkpoints with a
-tower's front end redrawn, the engine's stage figures over files, and the printed table.
+"""What the benchmarks share: finding an interpreter with PyTorch, timing (and PyTorch's rate over groups of
+items), base-sized checkpoints with a tower's front end redrawn, the engine's stage figures over files, and the
+printed table.
 
 A benchmark imports this first (bench/ is its own folder, so on sys.path), calls `python_with(...)`, then
 imports numpy, PyTorch and tests/reference's modules (`REFERENCE` is put on sys.path here).
@@ -83,6 +84,21 @@ def measure(run, min_seconds: float, warm_up=None) -> float:
 def groups(items: list, size: int) -> list:
     """`items` in consecutive groups of `size` (the last may be shorter)."""
     return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def torch_rate(items: list, batch: int, min_seconds: float, embed_group) -> tuple:
+    """Items per second of PyTorch embedding `items` in groups of `batch` (`embed_group(group)` answers a
+    group's embeddings as a tensor, under inference mode), and the first group's embeddings as F32."""
+    import numpy as np
+    import torch
+
+    def run():
+        with torch.inference_mode():
+            embeddings = [embed_group(group).float().numpy() for group in groups(items, batch)]
+        return np.concatenate(embeddings)
+
+    first = run()[:batch]
+    return len(items) / measure(run, min_seconds), first
 
 
 def ratio(a, b) -> str:
