@@ -97,19 +97,14 @@ def bench_torch(checkpoint, paths, batch, threads, min_seconds, dtype):
         log_mel = torch.log10(torch.clamp((spectrum.abs() ** 2).T @ filters, min=audio_ref.LOG_FLOOR))
         return log_mel.reshape(patches, tower.patch_frames * tower.mels)
 
-    def run():
-        embeddings = []
-        with torch.inference_mode():
-            for group in common.groups(paths, batch):
-                rows = torch.stack([rows_of(path) for path in group]).to(dtype)
-                tokens = tower.patch(rows)
-                cls = tower.cls.expand(rows.shape[0], 1, -1)
-                states = tower.trunk(torch.cat((cls, tokens), dim=1) + tower.pos[: 1 + patches])
-                embeddings.append(tower.embed_states(states[:, 0]).float().numpy())
-        return np.concatenate(embeddings)
+    def embed(group):
+        rows = torch.stack([rows_of(path) for path in group]).to(dtype)
+        tokens = tower.patch(rows)
+        cls = tower.cls.expand(rows.shape[0], 1, -1)
+        states = tower.trunk(torch.cat((cls, tokens), dim=1) + tower.pos[: 1 + patches])
+        return tower.embed_states(states[:, 0])
 
-    first = run()[:batch]
-    return len(paths) / common.measure(run, min_seconds), first
+    return common.torch_rate(paths, batch, min_seconds, embed)
 
 
 def encode_files(engine, model, group, arena, executor):

@@ -1,5 +1,6 @@
-"""What the benchmarks share: finding an interpreter with PyTorch, timing, base-sized checkpoints with a
-tower's front end redrawn, the engine's stage figures over files, and the printed table.
+"""What the benchmarks share: finding an interpreter with PyTorch, timing (and PyTorch's rate over groups of
+items), base-sized checkpoints with a tower's front end redrawn, the engine's stage figures over files, and the
+printed table.
 
 A benchmark imports this first (bench/ is its own folder, so on sys.path), calls `python_with(...)`, then
 imports numpy, PyTorch and tests/reference's modules (`REFERENCE` is put on sys.path here).
@@ -85,6 +86,21 @@ def groups(items: list, size: int) -> list:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
 
+def torch_rate(items: list, batch: int, min_seconds: float, embed_group) -> tuple:
+    """Items per second of PyTorch embedding `items` in groups of `batch` (`embed_group(group)` answers a
+    group's embeddings as a tensor, under inference mode), and the first group's embeddings as F32."""
+    import numpy as np
+    import torch
+
+    def run():
+        with torch.inference_mode():
+            embeddings = [embed_group(group).float().numpy() for group in groups(items, batch)]
+        return np.concatenate(embeddings)
+
+    first = run()[:batch]
+    return len(items) / measure(run, min_seconds), first
+
+
 def ratio(a, b) -> str:
     return f"{a / b:.2f}" if a and b else "n/a"
 
@@ -113,7 +129,7 @@ def arguments(description: str, name: str, items: tuple, batch: int, argv=None, 
     args = parser.parse_args(argv)
     build = Path(args.build)
     args.library = args.library or str(build / "libuform.so")
-    args.tiny_checkpoint_tool = args.tiny_checkpoint_tool or str(build / "src" / "tools" / "uform_tiny_checkpoint")
+    args.tiny_checkpoint_tool = args.tiny_checkpoint_tool or str(build / "tools" / "uform_tiny_checkpoint")
     args.workdir = Path(args.workdir or build / f"bench-{name}")
     args.workdir.mkdir(parents=True, exist_ok=True)
     return args

@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_common.h"
 #include "kernels.h"
 
 #define TOKENS      512
@@ -26,24 +27,6 @@
 #define MAX_RUNS    51
 #define MIN_SECONDS 0.3 /* per figure, unless MIN_RUNS take longer */
 #define THREADS_MAX 2
-
-static double now_seconds(void) {
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    return (double)now.tv_sec + 1e-9 * (double)now.tv_nsec;
-}
-
-static int compare_doubles(void const *a, void const *b) {
-    double x = *(double const *)a, y = *(double const *)b;
-    return (x > y) - (x < y);
-}
-
-static void pin_to_cpu(int cpu) {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(cpu, &set);
-    pthread_setaffinity_np(pthread_self(), sizeof set, &set);
-}
 
 /* ---- Two threads, woken by spinning on a round counter (a sleeping hand-off would cost more than
  * the noise we measure) ------------------------------------------------------------------------ */
@@ -63,7 +46,7 @@ struct team {
 
 static void *helper_main(void *context) {
     team_t *team = context;
-    pin_to_cpu(1);
+    bench_pin_to_cpu(1);
     size_t seen = 0;
     for (;;) {
         size_t round;
@@ -81,14 +64,14 @@ static void *helper_main(void *context) {
 static double team_run(team_t *team, team_work_t work, size_t threads) {
     team->work = work;
     team->threads = threads;
-    double start = now_seconds();
+    double start = bench_now_seconds();
     size_t round = 0;
     if (threads > 1) round = atomic_fetch_add_explicit(&team->round, 1, memory_order_acq_rel) + 1;
     work(team, 0);
     if (threads > 1)
         while (atomic_load_explicit(&team->done, memory_order_acquire) != round)
             _mm_pause();
-    return now_seconds() - start;
+    return bench_now_seconds() - start;
 }
 
 /* Median seconds of `work` over enough runs, after one to warm caches. */
@@ -100,7 +83,7 @@ static double measure(team_t *team, team_work_t work, size_t threads) {
         times[runs] = team_run(team, work, threads);
         total += times[runs++];
     }
-    qsort(times, runs, sizeof *times, compare_doubles);
+    qsort(times, runs, sizeof *times, bench_compare_doubles);
     return times[runs / 2];
 }
 
@@ -137,18 +120,12 @@ static void peak_work(team_t *team, size_t thread) {
 /* ---- GEMM ---------------------------------------------------------------------------------------- */
 
 static void gemm_work(team_t *team, size_t thread) {
-    size_t tiles = (team->gemm.n + KERNEL_GEMM_TILE - 1) / KERNEL_GEMM_TILE;
-    size_t first = tiles * thread / team->threads, last = tiles * (thread + 1) / team->threads;
-    size_t end = last * KERNEL_GEMM_TILE < team->gemm.n ? last * KERNEL_GEMM_TILE : team->gemm.n;
-    if (first < last) team->path->gemm(&team->gemm, first * KERNEL_GEMM_TILE, end);
+    size_t begin, end;
+    if (bench_share_columns(team->gemm.n, KERNEL_GEMM_TILE, thread, team->threads, &begin, &end))
+        team->path->gemm(&team->gemm, begin, end);
 }
 
 static uint32_t random_state = 12345;
-
-static float random_value(void) { /* uniform in [-1, 1) */
-    random_state = random_state * 1664525u + 1013904223u;
-    return (float)(random_state >> 8) / 8388608.0f - 1.0f;
-}
 
 static bool wanted(int argc, char **argv, char const *name) {
     bool any = false;
@@ -171,7 +148,7 @@ int main(int argc, char **argv) {
     team_t team = {0};
     pthread_t helper;
     size_t threads_max = sysconf(_SC_NPROCESSORS_ONLN) >= 2 ? 2 : 1;
-    pin_to_cpu(0);
+    bench_pin_to_cpu(0);
     if (threads_max > 1 && pthread_create(&helper, NULL, helper_main, &team) != 0) threads_max = 1;
 
     double peak[THREADS_MAX + 1] = {0};
@@ -202,11 +179,11 @@ int main(int argc, char **argv) {
         goto done;
     }
     for (size_t i = 0; i < TOKENS * k_max; ++i)
-        x[i] = random_value();
+        x[i] = bench_uniform(&random_state);
     for (size_t i = 0; i < n_max; ++i)
-        bias[i] = random_value();
+        bias[i] = bench_uniform(&random_state);
     for (size_t i = 0; i < n_max * k_max; ++i)
-        w[i] = f32_to_bf16(0.05f * random_value());
+        w[i] = f32_to_bf16(0.05f * bench_uniform(&random_state));
 
     for (size_t p = 0; p < sizeof path_names / sizeof path_names[0]; ++p) {
         kernels_t const *path = kernels_named(path_names[p]);

@@ -76,16 +76,11 @@ def bench_torch(checkpoint, paths, batch, threads, min_seconds, dtype):
     common.torch_threads(threads)
     tower = ref.Reference(str(checkpoint), dtype).image
 
-    def run():
-        embeddings = []
-        with torch.inference_mode():
-            for group in common.groups(paths, batch):
-                pixels = torch.stack([tower.preprocess(ref.pillow_rgb(path)) for path in group])
-                embeddings.append(tower.embed_states(tower(pixels)[:, 0]).float().numpy())
-        return np.concatenate(embeddings)
+    def embed(group):
+        pixels = torch.stack([tower.preprocess(ref.pillow_rgb(path)) for path in group])
+        return tower.embed_states(tower(pixels)[:, 0])
 
-    first = run()[:batch]
-    return len(paths) / common.measure(run, min_seconds), first
+    return common.torch_rate(paths, batch, min_seconds, embed)
 
 
 def encode_files(engine, model, group, arena, executor):

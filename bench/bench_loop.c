@@ -17,6 +17,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "bench_common.h"
 #include "common.h"
 #include "futex.h"
 #include "loop.h"
@@ -25,13 +26,8 @@
 
 static double seconds_per_figure = 1.0;
 
-static int compare_doubles(void const *a, void const *b) {
-    double x = *(double const *)a, y = *(double const *)b;
-    return (x > y) - (x < y);
-}
-
 static double median(double *values, size_t count) {
-    qsort(values, count, sizeof *values, compare_doubles);
+    qsort(values, count, sizeof *values, bench_compare_doubles);
     return values[count / 2];
 }
 
@@ -58,13 +54,6 @@ static double measure(void (*round)(void *context, size_t iterations), void *con
         results[i] = (double)(loop_now_ns() - start) / (double)iterations;
     }
     return median(results, ROUNDS);
-}
-
-static void pin_to_cpu(int cpu) {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(cpu, &set);
-    pthread_setaffinity_np(pthread_self(), sizeof set, &set);
 }
 
 static int last_cpu(void) {
@@ -103,7 +92,7 @@ static void futex_wait_value(_Atomic uint32_t *word, uint32_t value) {
 
 static void *ponger_main(void *argument) {
     ping_pong_t *game = argument;
-    pin_to_cpu(0);
+    bench_pin_to_cpu(0);
     uint32_t expected = 1;
     for (;;) {
         futex_wait_value(&game->word, expected - 1);
@@ -188,7 +177,7 @@ static void count_delivery(loop_op_t *op) {
 static void *producer_main(void *argument) {
     producer_t *producer = argument;
     post_bench_t *bench = producer->bench;
-    pin_to_cpu((int)producer->index % (last_cpu() + 1));
+    bench_pin_to_cpu((int)producer->index % (last_cpu() + 1));
     while (!atomic_load_explicit(&bench->go, memory_order_acquire))
         sched_yield();
     loop_op_t *ops = bench->ops + producer->index * POSTS_PER_PRODUCER;
@@ -226,7 +215,7 @@ static double posts_per_second(loop_backend_t backend) {
 
 int main(int argc, char **argv) {
     if (argc > 1) seconds_per_figure = atof(argv[1]) > 0 ? atof(argv[1]) : 1.0;
-    pin_to_cpu(last_cpu());
+    bench_pin_to_cpu(last_cpu());
     printf("UForm loop benchmark: %ld CPUs, loop backend %s, medians of %d rounds\n\n",
            sysconf(_SC_NPROCESSORS_ONLN),
            loop_default_backend() == LOOP_BACKEND_URING ? "io_uring" : "portable", ROUNDS);

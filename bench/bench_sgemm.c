@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_common.h"
 #include "kernels.h"
 
 #define MIN_RUNS       3
@@ -23,17 +24,6 @@
 #define MIN_SECONDS    0.3 /* per figure, unless MIN_RUNS take longer */
 #define THREADS_MAX    2
 #define SCALAR_DIVISOR 16
-
-static double now_seconds(void) {
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    return (double)now.tv_sec + 1e-9 * (double)now.tv_nsec;
-}
-
-static int compare_doubles(void const *a, void const *b) {
-    double x = *(double const *)a, y = *(double const *)b;
-    return (x > y) - (x < y);
-}
 
 /* One thread's share of a product: whole tiles of KERNEL_GEMM_TILE columns. */
 typedef struct share {
@@ -44,11 +34,9 @@ typedef struct share {
 
 static void *share_run(void *context) {
     share_t const *share = context;
-    size_t n = share->sgemm->n, tiles = (n + KERNEL_GEMM_TILE - 1) / KERNEL_GEMM_TILE;
-    size_t first = tiles * share->thread / share->threads,
-           last = tiles * (share->thread + 1) / share->threads;
-    size_t end = last * KERNEL_GEMM_TILE < n ? last * KERNEL_GEMM_TILE : n;
-    if (first < last) share->path->sgemm(share->sgemm, first * KERNEL_GEMM_TILE, end);
+    size_t begin, end;
+    if (bench_share_columns(share->sgemm->n, KERNEL_GEMM_TILE, share->thread, share->threads, &begin, &end))
+        share->path->sgemm(share->sgemm, begin, end);
     return NULL;
 }
 
@@ -58,7 +46,7 @@ static double run_once(kernels_t const *path, kernel_sgemm_t const *sgemm, size_
     share_t shares[THREADS_MAX];
     pthread_t helpers[THREADS_MAX];
     if (threads > THREADS_MAX) threads = THREADS_MAX;
-    double start = now_seconds();
+    double start = bench_now_seconds();
     for (size_t t = 0; t < threads; ++t)
         shares[t] = (share_t){.path = path, .sgemm = sgemm, .thread = t, .threads = threads};
     for (size_t t = 1; t < threads; ++t)
@@ -70,7 +58,7 @@ static double run_once(kernels_t const *path, kernel_sgemm_t const *sgemm, size_
     share_run(&shares[0]);
     for (size_t t = 1; t < threads; ++t)
         pthread_join(helpers[t], NULL);
-    return now_seconds() - start;
+    return bench_now_seconds() - start;
 }
 
 /* Median seconds over enough runs, after one to warm caches; negative when threads cannot start. */
@@ -83,16 +71,11 @@ static double measure(kernels_t const *path, kernel_sgemm_t const *sgemm, size_t
         if (times[runs] < 0) return -1.0;
         total += times[runs++];
     }
-    qsort(times, runs, sizeof *times, compare_doubles);
+    qsort(times, runs, sizeof *times, bench_compare_doubles);
     return times[runs / 2];
 }
 
 static uint32_t random_state = 12345;
-
-static float random_value(void) { /* uniform in [-1, 1) */
-    random_state = random_state * 1664525u + 1013904223u;
-    return (float)(random_state >> 8) / 8388608.0f - 1.0f;
-}
 
 static bool wanted(int argc, char **argv, char const *name) {
     bool any = false;
@@ -158,9 +141,9 @@ int main(int argc, char **argv) {
         goto done;
     }
     for (size_t i = 0; i < tokens * width; ++i)
-        x[i] = random_value(), dy[i] = random_value();
+        x[i] = bench_uniform(&random_state), dy[i] = bench_uniform(&random_state);
     for (size_t i = 0; i < width * width; ++i)
-        w[i] = 0.05f * random_value(), dw[i] = 0.0f;
+        w[i] = 0.05f * bench_uniform(&random_state), dw[i] = 0.0f;
 
     printf("sgemm, m = %zu tokens (scalar: %zu), GFLOP/s\n", tokens, tokens / SCALAR_DIVISOR);
     printf("%-11s %-5s %-11s %-8s", "path", "layer", "n x k", "product");

@@ -25,7 +25,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "uform_config.h"
+#include "bench_common.h"
 #include "uform.h"
 #include "uform_config.h"
 
@@ -51,25 +51,10 @@ typedef struct batch {
     size_t tokens; /* per step */
 } batch_t;
 
-static uint64_t now_ns(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
-}
-
 static uint64_t random_state = 0x9e3779b97f4a7c15ull;
-static uint64_t next_random(void) {
-    random_state ^= random_state << 13;
-    random_state ^= random_state >> 7;
-    random_state ^= random_state << 17;
-    return random_state;
-}
 
 static int failed(char const *what) {
-    uform_error_t error = uform_last_error();
-    char rendered[512];
-    uform_error_render(&error, rendered, sizeof rendered);
-    fprintf(stderr, "bench_train: %s: %s\n", what, rendered);
+    bench_report_error("bench_train", what);
     return 1;
 }
 
@@ -154,7 +139,7 @@ static uint8_t *png_of(size_t size, size_t item, size_t *bytes) {
     if (!samples || !context) goto done;
     for (size_t i = 0; i < samples_count; ++i)
         samples[i] = (uint8_t)((i / 3 % size) * (item % 7 + 1) + (i / 3 / size) * 3 + (i % 3) * 40 +
-                               (next_random() & 31));
+                               (bench_xorshift(&random_state) & 31));
     struct spng_ihdr header = {
         .width = (uint32_t)size, .height = (uint32_t)size, .bit_depth = 8, .color_type = 2};
     int error = spng_set_option(context, SPNG_ENCODE_TO_BUFFER, 1);
@@ -214,7 +199,7 @@ static int batch_make(options_t const *options, batch_t *batch) {
             free(item);
         } else {
             for (size_t j = 0; j < bytes; ++j)
-                batch->data[batch->length + j] = (uint8_t)(' ' + next_random() % 95);
+                batch->data[batch->length + j] = (uint8_t)(' ' + bench_xorshift(&random_state) % 95);
         }
         batch->modalities[i] = image ? UFORM_MODALITY_IMAGE : UFORM_MODALITY_TEXT;
         batch->length += bytes;
@@ -345,7 +330,7 @@ int main(int argc, char **argv) {
         }
         if (i == 0) first = stats;
     }
-    uint64_t start = now_ns();
+    uint64_t start = bench_now_ns();
     for (size_t i = 0; i < options.steps; ++i) {
         if (uform_trainer_step(&step) != UFORM_OK) {
             status = failed("a timed step");
@@ -353,7 +338,7 @@ int main(int argc, char **argv) {
         }
         if (i == 0 && !options.warmup) first = stats;
     }
-    double const seconds = (double)(now_ns() - start) / 1e9,
+    double const seconds = (double)(bench_now_ns() - start) / 1e9,
                  steps_per_second = (double)options.steps / seconds;
     if (options.json) {
         printf("{\"engine\": \"uform-ram-trainer\", \"depth\": %zu, \"hidden\": %zu, \"context\": %zu, "

@@ -19,33 +19,14 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_common.h"
 #include "uform.h"
 
-static uint64_t now_ns(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
-}
-
-static uint64_t state = 0x9e3779b97f4a7c15ull;
-static uint64_t next_random(void) {
-    state ^= state << 13;
-    state ^= state >> 7;
-    state ^= state << 17;
-    return state;
-}
-
-static int compare_u64(void const *a, void const *b) {
-    uint64_t x = *(uint64_t const *)a, y = *(uint64_t const *)b;
-    return x < y ? -1 : x > y;
-}
+static uint64_t random_state = 0x9e3779b97f4a7c15ull;
 
 static void die(char const *what) {
-    uform_error_t error = uform_last_error();
-    char rendered[256];
-    uform_error_render(&error, rendered, sizeof rendered);
-    fprintf(stderr, "bench_vram: %s: %s\n", what, rendered);
-    exit(error.status == UFORM_DEVICE || error.status == UFORM_UNSUPPORTED ? 77 : 1);
+    uform_status_t status = bench_report_error("bench_vram", what);
+    exit(status == UFORM_DEVICE || status == UFORM_UNSUPPORTED ? 77 : 1);
 }
 
 int main(int argc, char **argv) {
@@ -88,9 +69,9 @@ int main(int argc, char **argv) {
     char *bytes = malloc(largest * 256);
     offsets[0] = 0;
     for (size_t i = 0; i < largest; ++i) {
-        size_t length = 64 + next_random() % 193;
+        size_t length = 64 + bench_xorshift(&random_state) % 193;
         for (size_t j = 0; j < length; ++j)
-            bytes[offsets[i] + j] = (char)(' ' + next_random() % 95);
+            bytes[offsets[i] + j] = (char)(' ' + bench_xorshift(&random_state) % 95);
         offsets[i + 1] = offsets[i] + length;
     }
     if (texts_out) {
@@ -123,7 +104,7 @@ int main(int argc, char **argv) {
             widths[i] = image_width;
             for (size_t j = 0; j < image_bytes; ++j)
                 pixels[i * image_bytes + j] = (uint8_t)((j / 3 % image_width) + (j / 3 / image_width) * (i + 1) +
-                                                        (next_random() & 31));
+                                                        (bench_xorshift(&random_state) & 31));
         }
         pixel_offsets[largest] = largest * image_bytes;
         if (pixels_out) {
@@ -140,10 +121,10 @@ int main(int argc, char **argv) {
     uform_vram_options_t options = {.devices = &device, .devices_count = 1};
     if (uform_executor_create_vram(&options, &executor) != UFORM_OK) die("cannot create a VRAM executor");
     uform_model_t *model = NULL;
-    uint64_t loading = now_ns();
+    uint64_t loading = bench_now_ns();
     uform_model_load_args_t load = {.executor = executor, .path = path, .model = &model};
     if (uform_model_load_vram(&load) != UFORM_OK) die("cannot load the checkpoint");
-    double load_ms = (double)(now_ns() - loading) / 1e6;
+    double load_ms = (double)(bench_now_ns() - loading) / 1e6;
     uform_arena_t *arena = NULL;
     if (uform_arena_create(executor, &arena) != UFORM_OK) die("cannot create an arena");
     uform_model_info_t info;
@@ -166,16 +147,16 @@ int main(int argc, char **argv) {
         uint64_t *latencies = malloc(capacity * sizeof(uint64_t));
         for (int warm = 0; warm < 2; ++warm)
             if ((images ? uform_image_encode_pixels(&image_args) : uform_text_encode(&args)) != UFORM_OK) die("encode");
-        uint64_t start = now_ns();
-        while (calls < capacity && (calls < 5 || (double)(now_ns() - start) / 1e9 < seconds)) {
-            uint64_t begin = now_ns();
+        uint64_t start = bench_now_ns();
+        while (calls < capacity && (calls < 5 || (double)(bench_now_ns() - start) / 1e9 < seconds)) {
+            uint64_t begin = bench_now_ns();
             if ((images ? uform_image_encode_pixels(&image_args) : uform_text_encode(&args)) != UFORM_OK) die("encode");
             if (copy && uform_view_copy(&encoded.embeddings, host, largest * info.dims * sizeof(float), NULL) != UFORM_OK)
                 die("view_copy");
-            latencies[calls++] = now_ns() - begin;
+            latencies[calls++] = bench_now_ns() - begin;
         }
-        double elapsed = (double)(now_ns() - start) / 1e9;
-        qsort(latencies, calls, sizeof *latencies, compare_u64);
+        double elapsed = (double)(bench_now_ns() - start) / 1e9;
+        qsort(latencies, calls, sizeof *latencies, bench_compare_u64);
         printf("{\"engine\": \"uform-vram\", \"batch\": %zu, \"calls\": %zu, \"items_per_second\": %.1f, "
                "\"p50_us\": %.1f, \"p99_us\": %.1f, \"copy\": %s}\n",
                batch, calls, (double)(calls * batch) / elapsed, (double)latencies[calls / 2] / 1e3,

@@ -6,26 +6,25 @@
 
 #include "paths.h"
 
-static kernels_t const scalar_path = {
-    .name = "scalar",
-    .gemm = kernel_gemm_scalar,
-    .gemm_packed_size = kernel_gemm_packed_size_scalar,
-    .gemm_pack = kernel_gemm_pack_scalar,
-    .rmsnorm = kernel_rmsnorm_scalar,
-    .rope = kernel_rope_scalar,
-    .attention = kernel_attention_scalar,
-    .softmax = kernel_softmax_scalar,
-    .normalize = kernel_normalize_scalar,
-    .convert = kernel_convert_scalar,
-    .bf16_to_f32 = kernel_bf16_to_f32_scalar,
-    .f32_to_bf16 = kernel_f32_to_bf16_scalar,
-    .sgemm = kernel_sgemm_scalar,
-    .rmsnorm_backward = kernel_rmsnorm_backward_scalar,
-    .gelu_backward = kernel_gelu_backward_scalar,
-    .gelu = kernel_gelu_scalar,
-    .rope_backward = kernel_rope_backward_scalar,
-    .attention_backward = kernel_attention_backward_scalar,
-};
+/* A path's table: its name, then the path whose GEMM, whose vector kernels (the forward ones, the F32 GEMM
+ * and the backward ones but attention's), whose attention, convert and attention backward it takes, each
+ * named by its suffix; rope is the scalar one on every path (the rotation is memory-bound). Initialisers
+ * only. */
+#define PATH_TABLE(label, gemm_path, vector_path, attention_path, convert_path, attention_backward_path)     \
+    {                                                                                                        \
+        .name = label, .gemm = kernel_gemm_##gemm_path,                                                      \
+        .gemm_packed_size = kernel_gemm_packed_size_##gemm_path, .gemm_pack = kernel_gemm_pack_##gemm_path,  \
+        .rmsnorm = kernel_rmsnorm_##vector_path, .rope = kernel_rope_scalar,                                 \
+        .attention = kernel_attention_##attention_path, .softmax = kernel_softmax_##vector_path,             \
+        .normalize = kernel_normalize_##vector_path, .convert = kernel_convert_##convert_path,               \
+        .bf16_to_f32 = kernel_bf16_to_f32_##vector_path, .f32_to_bf16 = kernel_f32_to_bf16_##vector_path,    \
+        .sgemm = kernel_sgemm_##vector_path, .rmsnorm_backward = kernel_rmsnorm_backward_##vector_path,      \
+        .gelu_backward = kernel_gelu_backward_##vector_path, .gelu = kernel_gelu_##vector_path,              \
+        .rope_backward = kernel_rope_backward_scalar,                                                        \
+        .attention_backward = kernel_attention_backward_##attention_backward_path                            \
+    }
+
+static kernels_t const scalar_path = PATH_TABLE("scalar", scalar, scalar, scalar, scalar, scalar);
 
 kernels_t const *kernels_scalar(void) {
     return &scalar_path;
@@ -33,68 +32,11 @@ kernels_t const *kernels_scalar(void) {
 
 #if defined(__x86_64__)
 
-static kernels_t const avx2_path = {
-    .name = "avx2",
-    .gemm = kernel_gemm_avx2,
-    .gemm_packed_size = kernel_gemm_packed_size_avx2,
-    .gemm_pack = kernel_gemm_pack_avx2,
-    .rmsnorm = kernel_rmsnorm_avx2,
-    .rope = kernel_rope_scalar,
-    .attention = kernel_attention_avx2,
-    .softmax = kernel_softmax_avx2,
-    .normalize = kernel_normalize_avx2,
-    .convert = kernel_convert_scalar,
-    .bf16_to_f32 = kernel_bf16_to_f32_avx2,
-    .f32_to_bf16 = kernel_f32_to_bf16_avx2,
-    .sgemm = kernel_sgemm_avx2,
-    .rmsnorm_backward = kernel_rmsnorm_backward_avx2,
-    .gelu_backward = kernel_gelu_backward_avx2,
-    .gelu = kernel_gelu_avx2,
-    .rope_backward = kernel_rope_backward_scalar,
-    .attention_backward = kernel_attention_backward_avx2,
-};
+static kernels_t const avx2_path = PATH_TABLE("avx2", avx2, avx2, avx2, scalar, avx2);
 
-static kernels_t const avx512_path = {
-    .name = "avx512",
-    .gemm = kernel_gemm_avx512,
-    .gemm_packed_size = kernel_gemm_packed_size_avx512,
-    .gemm_pack = kernel_gemm_pack_avx512,
-    .rmsnorm = kernel_rmsnorm_avx512,
-    .rope = kernel_rope_scalar,
-    .attention = kernel_attention_avx512,
-    .softmax = kernel_softmax_avx512,
-    .normalize = kernel_normalize_avx512,
-    .convert = kernel_convert_avx512,
-    .bf16_to_f32 = kernel_bf16_to_f32_avx512,
-    .f32_to_bf16 = kernel_f32_to_bf16_avx512,
-    .sgemm = kernel_sgemm_avx512,
-    .rmsnorm_backward = kernel_rmsnorm_backward_avx512,
-    .gelu_backward = kernel_gelu_backward_avx512,
-    .gelu = kernel_gelu_avx512,
-    .rope_backward = kernel_rope_backward_scalar,
-    .attention_backward = kernel_attention_backward_avx512,
-};
+static kernels_t const avx512_path = PATH_TABLE("avx512", avx512, avx512, avx512, avx512, avx512);
 
-static kernels_t const avx512bf16_path = {
-    .name = "avx512bf16",
-    .gemm = kernel_gemm_avx512bf16,
-    .gemm_packed_size = kernel_gemm_packed_size_avx512bf16,
-    .gemm_pack = kernel_gemm_pack_avx512bf16,
-    .rmsnorm = kernel_rmsnorm_avx512,
-    .rope = kernel_rope_scalar,
-    .attention = kernel_attention_avx512,
-    .softmax = kernel_softmax_avx512,
-    .normalize = kernel_normalize_avx512,
-    .convert = kernel_convert_avx512,
-    .bf16_to_f32 = kernel_bf16_to_f32_avx512,
-    .f32_to_bf16 = kernel_f32_to_bf16_avx512,
-    .sgemm = kernel_sgemm_avx512,
-    .rmsnorm_backward = kernel_rmsnorm_backward_avx512,
-    .gelu_backward = kernel_gelu_backward_avx512,
-    .gelu = kernel_gelu_avx512,
-    .rope_backward = kernel_rope_backward_scalar,
-    .attention_backward = kernel_attention_backward_avx512,
-};
+static kernels_t const avx512bf16_path = PATH_TABLE("avx512bf16", avx512bf16, avx512, avx512, avx512, avx512);
 
 static bool cpu_has_avx2(void) {
     __builtin_cpu_init();
@@ -142,26 +84,7 @@ kernels_t const *kernels_avx512bf16(void) {
 #if defined(__aarch64__)
 
 /* Advanced SIMD is part of every ARMv8-A CPU that runs Linux: no run-time check. */
-static kernels_t const neon_path = {
-    .name = "neon",
-    .gemm = kernel_gemm_neon,
-    .gemm_packed_size = kernel_gemm_packed_size_neon,
-    .gemm_pack = kernel_gemm_pack_neon,
-    .rmsnorm = kernel_rmsnorm_neon,
-    .rope = kernel_rope_scalar,
-    .attention = kernel_attention_neon,
-    .softmax = kernel_softmax_neon,
-    .normalize = kernel_normalize_neon,
-    .convert = kernel_convert_scalar,
-    .bf16_to_f32 = kernel_bf16_to_f32_neon,
-    .f32_to_bf16 = kernel_f32_to_bf16_neon,
-    .sgemm = kernel_sgemm_neon,
-    .rmsnorm_backward = kernel_rmsnorm_backward_neon,
-    .gelu_backward = kernel_gelu_backward_neon,
-    .gelu = kernel_gelu_neon,
-    .rope_backward = kernel_rope_backward_scalar,
-    .attention_backward = kernel_attention_backward_scalar,
-};
+static kernels_t const neon_path = PATH_TABLE("neon", neon, neon, neon, scalar, scalar);
 
 kernels_t const *kernels_neon(void) {
     return &neon_path;

@@ -15,6 +15,7 @@
 
 #include "gemm_driver.h"
 #include "math_avx2.h"
+#include "gemm_epilogue.h"
 #include "paths.h"
 
 enum {
@@ -25,31 +26,15 @@ enum {
 
 /* ---- Packing ----------------------------------------------------------------------------------- */
 
-/* For each depth block of DEPTH k values (the last one shorter), for each panel of COLUMNS columns:
- * [depth][8] uint32, lane i of row k pairing w[c0 + i][k] (low half) with w[c0 + 8 + i][k] (high
- * half), so that one shift and one mask widen a row of the panel into two vectors of F32. Columns past
- * n are zero. The panels of one depth block follow each other, so that the tiles of a row block read
- * one sequential stream. */
-static size_t panels_of(size_t n) {
-    return (n + COLUMNS - 1) / COLUMNS;
-}
-
+/* gemm_pack_halves (gemm_driver.h): [depth][8] uint32 per panel of COLUMNS columns, lane i of row k
+ * pairing columns c0 + i and c0 + 8 + i, so that one shift and one mask widen a row of the panel into
+ * two vectors of F32. */
 size_t kernel_gemm_packed_size_avx2(size_t n, size_t k) {
-    return panels_of(n) * k * COLUMNS * sizeof(uint16_t);
+    return gemm_panels_of(n, COLUMNS) * k * COLUMNS * sizeof(uint16_t);
 }
 
 void kernel_gemm_pack_avx2(void *packed, uint16_t const *w, size_t n, size_t k) {
-    uint32_t *out = packed;
-    for (size_t k0 = 0; k0 < k; k0 += DEPTH) {
-        size_t depth = k - k0 < DEPTH ? k - k0 : DEPTH;
-        for (size_t panel = 0; panel < panels_of(n); ++panel)
-            for (size_t i = k0; i < k0 + depth; ++i)
-                for (size_t lane = 0; lane < 8; ++lane, ++out) {
-                    size_t low = panel * COLUMNS + lane, high = low + 8;
-                    *out =
-                        (low < n ? w[low * k + i] : 0u) | (high < n ? (uint32_t)w[high * k + i] << 16 : 0u);
-                }
-    }
+    gemm_pack_halves(packed, w, n, k, COLUMNS, DEPTH);
 }
 
 /* ---- Epilogue ---------------------------------------------------------------------------------- */
@@ -91,30 +76,7 @@ static inline __attribute__((always_inline)) void tile(size_t rows, void const *
         }
         return;
     }
-    /* y = residual + epilogue(sum + bias), with g's fields read once (stores to y may alias them) */
-    float const *bias = g->bias, *residual = g->residual;
-    float *y = g->y + row * g->y_stride + column;
-    size_t y_stride = g->y_stride, residual_stride = g->residual_stride;
-    bool gelu = g->epilogue == KERNEL_EPILOGUE_GELU;
-    if (residual) residual += row * residual_stride + column;
-    __m256i masks[2];
-    __m256 biases[2];
-    for (size_t v = 0; v < 2; ++v) {
-        masks[v] = columns_mask(column + 8 * v, g->n);
-        biases[v] = bias ? _mm256_maskload_ps(bias + column + 8 * v, masks[v]) : _mm256_setzero_ps();
-    }
-#pragma GCC unroll 6
-    for (size_t r = 0; r < rows; ++r)
-#pragma GCC unroll 2
-        for (size_t v = 0; v < 2; ++v) {
-            __m256 value = sum[r][v];
-            if (bias) value = _mm256_add_ps(value, biases[v]);
-            if (gelu) value = gelu_ps(value);
-            if (residual)
-                value = _mm256_add_ps(value,
-                                      _mm256_maskload_ps(residual + r * residual_stride + 8 * v, masks[v]));
-            _mm256_maskstore_ps(y + r * y_stride + 8 * v, masks[v], value);
-        }
+    gemm_epilogue(rows, sum, g, row, column);
 }
 
 /* ---- Activations -------------------------------------------------------------------------------- */

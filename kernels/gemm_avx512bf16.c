@@ -22,6 +22,7 @@
 
 #include "gemm_driver.h"
 #include "math_avx512.h"
+#include "gemm_epilogue.h"
 #include "paths.h"
 
 enum {
@@ -105,30 +106,7 @@ static inline __attribute__((always_inline)) void tile(size_t rows, void const *
                 _mm512_store_ps(partial + r * COLUMNS + 16 * v, sum[r][v]);
         return;
     }
-    /* y = residual + epilogue(sum + bias), with g's fields read once (stores to y may alias them) */
-    float const *bias = g->bias, *residual = g->residual;
-    float *y = g->y + row * g->y_stride + column;
-    size_t y_stride = g->y_stride, residual_stride = g->residual_stride;
-    bool gelu = g->epilogue == KERNEL_EPILOGUE_GELU;
-    if (residual) residual += row * residual_stride + column;
-    __mmask16 masks[VECTORS];
-    __m512 biases[VECTORS];
-    for (size_t v = 0; v < VECTORS; ++v) {
-        masks[v] = columns_mask(column + 16 * v, g->n);
-        biases[v] = bias ? _mm512_maskz_loadu_ps(masks[v], bias + column + 16 * v) : _mm512_setzero_ps();
-    }
-#pragma GCC unroll 14
-    for (size_t r = 0; r < rows; ++r)
-#pragma GCC unroll 2
-        for (size_t v = 0; v < VECTORS; ++v) {
-            __m512 value = sum[r][v];
-            if (bias) value = _mm512_add_ps(value, biases[v]);
-            if (gelu) value = gelu_ps(value);
-            if (residual)
-                value = _mm512_add_ps(
-                    value, _mm512_maskz_loadu_ps(masks[v], residual + r * residual_stride + 16 * v));
-            _mm512_mask_storeu_ps(y + r * y_stride + 16 * v, masks[v], value);
-        }
+    gemm_epilogue(rows, sum, g, row, column);
 }
 
 /* ---- Activations ---------------------------------------------------------------------------------- */

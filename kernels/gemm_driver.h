@@ -13,17 +13,19 @@
  * next one. Each output is the same chain of FMAs (or dot products) over k in order, whatever tile, block
  * or thread computes it, so splitting the columns between threads never changes a bit.
  *
- * A path's file (gemm_<path>.c) brings only what depends on its instruction set: its packing (gemm_pack),
- * and in a `gemm_path_t` its tile's sizes, the loading of activations and the micro-kernel with its
- * epilogue. It calls gemm_drive in its own translation unit, compiled with its own target flags, with a
- * pointer to a static constant, as sgemm_driver.h does: the same code as if each path spelled the driver
- * out. Every function here that takes `path` is always_inline: one left out of line would keep `path`, and
- * with it an out-of-line micro-kernel for any row count. */
+ * A path's file (gemm_<path>.c) brings only what depends on its instruction set: its packing (gemm_pack,
+ * gemm_pack_halves where it widens a pair of columns per lane), and in a `gemm_path_t` its tile's sizes, the
+ * loading of activations and the micro-kernel with its epilogue (reading g through gemm_epilogue_at; the x86
+ * paths share theirs, gemm_epilogue.h). It calls gemm_drive in its own translation unit, compiled with its
+ * own target flags, with a pointer to a static constant, as sgemm_driver.h does: the same code as if each
+ * path spelled the driver out. Every function here that takes `path` is always_inline: one left out of line
+ * would keep `path`, and with it an out-of-line micro-kernel for any row count. */
 #pragma once
 
 #include <stdbool.h>
 
 #include "kernels.h"
+#include "tile_rows.h"
 
 enum {
     GEMM_ROWS_MAX = 14,                 /* the most rows per tile gemm_tile compiles */
@@ -48,13 +50,59 @@ typedef struct gemm_path {
                  bool first, bool last, kernel_gemm_t const *g, size_t row, size_t column);
 } gemm_path_t;
 
+/* Panels of `columns` columns that cover n columns (the last one zero-padded). */
+static inline size_t gemm_panels_of(size_t n, size_t columns) {
+    return (n + columns - 1) / columns;
+}
+
+/* The packing of the paths that widen BF16 weights to F32 with one shift and one mask (gemm_avx2.c,
+ * gemm_avx512.c): for each depth block of `depth_max` k values (the last one shorter), for each panel of
+ * `columns` columns: [depth][columns / 2] uint32, lane i of row k pairing w[c0 + i][k] (low half) with
+ * w[c0 + columns / 2 + i][k] (high half). Columns past n are zero. The panels of one depth block follow
+ * each other, so that the tiles of a row block read one sequential stream. */
+static inline void gemm_pack_halves(uint32_t *out, uint16_t const *w, size_t n, size_t k, size_t columns,
+                                    size_t depth_max) {
+    size_t lanes = columns / 2;
+    for (size_t k0 = 0; k0 < k; k0 += depth_max) {
+        size_t depth = k - k0 < depth_max ? k - k0 : depth_max;
+        for (size_t panel = 0; panel < gemm_panels_of(n, columns); ++panel)
+            for (size_t i = k0; i < k0 + depth; ++i)
+                for (size_t lane = 0; lane < lanes; ++lane, ++out) {
+                    size_t low = panel * columns + lane, high = low + lanes;
+                    *out =
+                        (low < n ? w[low * k + i] : 0u) | (high < n ? (uint32_t)w[high * k + i] << 16 : 0u);
+                }
+    }
+}
+
+/* What a tile's epilogue y = residual + epilogue(sum + bias) reads and writes at (row, column), g's fields
+ * read once: stores to y may alias them. */
+typedef struct gemm_epilogue {
+    float const *bias;     /* bias[n], or NULL */
+    float const *residual; /* residual at (row, column), or NULL */
+    float *y;              /* y at (row, column) */
+    size_t y_stride, residual_stride;
+    bool gelu;
+} gemm_epilogue_t;
+
+static inline __attribute__((always_inline)) gemm_epilogue_t gemm_epilogue_at(kernel_gemm_t const *g,
+                                                                              size_t row, size_t column) {
+    gemm_epilogue_t e = {.bias = g->bias,
+                         .residual = g->residual,
+                         .y = g->y + row * g->y_stride + column,
+                         .y_stride = g->y_stride,
+                         .residual_stride = g->residual_stride,
+                         .gelu = g->epilogue == KERNEL_EPILOGUE_GELU};
+    if (e.residual) e.residual += row * e.residual_stride + column;
+    return e;
+}
+
 /* The packed panel of `column` in the depth block at k0, of `depth` k values. Every path's gemm_pack
  * stores, for each depth block, the panels of `columns` columns one after the other, each [depth][columns]
  * BF16 values in its own order (depth rounded up to pairs where it pairs k values). */
 static inline __attribute__((always_inline)) void const *
 gemm_panel_at(gemm_path_t const *path, void const *packed, size_t n, size_t k0, size_t depth, size_t column) {
-    size_t panels = (n + path->columns - 1) / path->columns,
-           values = path->pairs ? (depth + 1) / 2 * 2 : depth;
+    size_t panels = gemm_panels_of(n, path->columns), values = path->pairs ? (depth + 1) / 2 * 2 : depth;
     return (uint16_t const *)packed + (k0 * panels + column / path->columns * values) * path->columns;
 }
 
@@ -69,20 +117,7 @@ gemm_tile(gemm_path_t const *path, size_t rows, void const *a_block, void const 
         if (count <= path->rows)                                                                             \
             path->tile(count, a_block, panel, depth, partial, first, last, g, row, column);                  \
         break;
-        TILE_CASE(1)
-        TILE_CASE(2)
-        TILE_CASE(3)
-        TILE_CASE(4)
-        TILE_CASE(5)
-        TILE_CASE(6)
-        TILE_CASE(7)
-        TILE_CASE(8)
-        TILE_CASE(9)
-        TILE_CASE(10)
-        TILE_CASE(11)
-        TILE_CASE(12)
-        TILE_CASE(13)
-        TILE_CASE(14)
+        TILE_ROW_COUNTS(TILE_CASE)
 #undef TILE_CASE
     default:
         break;

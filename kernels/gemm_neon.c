@@ -27,6 +27,7 @@ enum {
     DEPTH = 512,           /* k values per depth block */
 };
 _Static_assert(COLUMNS == NEON_ROW_COLUMNS, "load_columns and store_columns (math_neon.h) move tile rows");
+_Static_assert(ROWS == NEON_TILE_ROWS, "fma_rows (math_neon.h) multiplies the tile's rows");
 
 /* ---- Packing ----------------------------------------------------------------------------------- */
 
@@ -68,19 +69,6 @@ static inline float32x4_t widen_high(uint16x8_t halves) {
     return vreinterpretq_f32_u32(vshll_high_n_u16(halves, 16));
 }
 
-/* sum[r][v] += w * x[r] for the tile's rows, x[r] being lane r of x_low, then lane r - 4 of x_high
- * (lane numbers are immediates: one line per row). */
-static inline __attribute__((always_inline)) void fma_rows(size_t rows, float32x4_t sum[ROWS][VECTORS],
-                                                           size_t v, float32x4_t w, float32x4_t x_low,
-                                                           float32x4_t x_high) {
-    sum[0][v] = vfmaq_laneq_f32(sum[0][v], w, x_low, 0);
-    if (rows > 1) sum[1][v] = vfmaq_laneq_f32(sum[1][v], w, x_low, 1);
-    if (rows > 2) sum[2][v] = vfmaq_laneq_f32(sum[2][v], w, x_low, 2);
-    if (rows > 3) sum[3][v] = vfmaq_laneq_f32(sum[3][v], w, x_low, 3);
-    if (rows > 4) sum[4][v] = vfmaq_laneq_f32(sum[4][v], w, x_high, 0);
-    if (rows > 5) sum[5][v] = vfmaq_laneq_f32(sum[5][v], w, x_high, 1);
-}
-
 /* One tile: `rows` (<= ROWS) rows of a_block [depth][ROW_LANES] times one panel's `depth` rows [depth][16]
  * BF16. Partial sums of a depth block that is not the last go to `partial` [ROWS][COLUMNS] and come back
  * for the next one. Always inlined with a constant `rows` so the accumulators stay in registers. */
@@ -112,16 +100,12 @@ static inline __attribute__((always_inline)) void tile(size_t rows, void const *
                 vst1q_f32(partial + r * COLUMNS + 4 * v, sum[r][v]);
         return;
     }
-    /* y = residual + epilogue(sum + bias), with g's fields read once (stores to y may alias them) */
-    float const *bias = g->bias, *residual = g->residual;
-    float *y = g->y + row * g->y_stride + column;
-    size_t y_stride = g->y_stride, residual_stride = g->residual_stride;
+    /* y = residual + epilogue(sum + bias) */
+    gemm_epilogue_t e = gemm_epilogue_at(g, row, column);
     size_t count = g->n - column < COLUMNS ? g->n - column : COLUMNS;
-    bool gelu = g->epilogue == KERNEL_EPILOGUE_GELU;
-    if (residual) residual += row * residual_stride + column;
     float32x4_t biases[VECTORS];
-    if (bias)
-        load_columns(biases, bias + column, count);
+    if (e.bias)
+        load_columns(biases, e.bias + column, count);
     else
 #pragma GCC unroll 4
         for (size_t v = 0; v < VECTORS; ++v)
@@ -132,17 +116,17 @@ static inline __attribute__((always_inline)) void tile(size_t rows, void const *
 #pragma GCC unroll 4
         for (size_t v = 0; v < VECTORS; ++v) {
             values[v] = sum[r][v];
-            if (bias) values[v] = vaddq_f32(values[v], biases[v]);
-            if (gelu) values[v] = gelu_ps(values[v]);
+            if (e.bias) values[v] = vaddq_f32(values[v], biases[v]);
+            if (e.gelu) values[v] = gelu_ps(values[v]);
         }
-        if (residual) {
+        if (e.residual) {
             float32x4_t residuals[VECTORS];
-            load_columns(residuals, residual + r * residual_stride, count);
+            load_columns(residuals, e.residual + r * e.residual_stride, count);
 #pragma GCC unroll 4
             for (size_t v = 0; v < VECTORS; ++v)
                 values[v] = vaddq_f32(values[v], residuals[v]);
         }
-        store_columns(y + r * y_stride, count, values);
+        store_columns(e.y + r * e.y_stride, count, values);
     }
 }
 

@@ -13,6 +13,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "uform.h"
 
@@ -115,6 +116,15 @@ typedef struct kernel_attention_backward {
     bool causal;
     float scale;
 } kernel_attention_backward_t;
+
+/* Zeroes d_k and d_v of the rows [first, end) of one item: every path then accumulates them. */
+static inline void kernel_attention_backward_clear(kernel_attention_backward_t const *attention, size_t first,
+                                                   size_t end) {
+    for (size_t row = first; row < end; ++row) {
+        memset(attention->d_k + row * attention->stride, 0, KERNEL_HEAD * sizeof(float));
+        memset(attention->d_v + row * attention->stride, 0, KERNEL_HEAD * sizeof(float));
+    }
+}
 
 typedef struct kernels {
     char const *name; /* "scalar", "avx2", "avx512", "avx512bf16", "neon" */

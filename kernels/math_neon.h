@@ -1,5 +1,6 @@
 /* Vector math shared by the neon kernels: one exp and the GELU built on it, so that attention, softmax
- * and the GEMM epilogue round alike. Included by the neon kernel files only (compiled with their flags). */
+ * and the GEMM epilogue round alike, and the moves and FMAs of a GEMM tile's rows (gemm_neon.c and
+ * sgemm_neon.c tile alike). Included by the neon kernel files only (compiled with their flags). */
 #pragma once
 
 #include <arm_neon.h>
@@ -36,8 +37,10 @@ static inline float32x4_t gelu_ps(float32x4_t x) {
     return vdivq_f32(x, vaddq_f32(e, vdupq_n_f32(1.0f)));
 }
 
-/* A tile row of the GEMMs: 16 F32 columns in 4 q registers. */
+/* A tile row of the GEMMs: 16 F32 columns in 4 q registers; a tile has at most 6 rows, the values of one k
+ * for them in two q registers (rows 0-3, rows 4-5). */
 #define NEON_ROW_COLUMNS 16
+#define NEON_TILE_ROWS   6
 
 /* v = from[0, count) as vectors of F32, zero past count (count <= NEON_ROW_COLUMNS): NEON has no masked
  * loads. */
@@ -61,4 +64,17 @@ static inline void store_columns(float *to, size_t count, float32x4_t const v[NE
     for (size_t i = 0; i < NEON_ROW_COLUMNS / 4; ++i)
         vst1q_f32(into + 4 * i, v[i]);
     if (count < NEON_ROW_COLUMNS) memcpy(to, padded, count * sizeof(float));
+}
+
+/* sum[r][v] += w * x[r] for a GEMM tile's `rows` rows, x[r] being lane r of x_low, then lane r - 4 of x_high
+ * (lane numbers are immediates: one line per row). Always inlined with a constant `rows`. */
+static inline __attribute__((always_inline)) void
+fma_rows(size_t rows, float32x4_t sum[NEON_TILE_ROWS][NEON_ROW_COLUMNS / 4], size_t v, float32x4_t w,
+         float32x4_t x_low, float32x4_t x_high) {
+    sum[0][v] = vfmaq_laneq_f32(sum[0][v], w, x_low, 0);
+    if (rows > 1) sum[1][v] = vfmaq_laneq_f32(sum[1][v], w, x_low, 1);
+    if (rows > 2) sum[2][v] = vfmaq_laneq_f32(sum[2][v], w, x_low, 2);
+    if (rows > 3) sum[3][v] = vfmaq_laneq_f32(sum[3][v], w, x_low, 3);
+    if (rows > 4) sum[4][v] = vfmaq_laneq_f32(sum[4][v], w, x_high, 0);
+    if (rows > 5) sum[5][v] = vfmaq_laneq_f32(sum[5][v], w, x_high, 1);
 }

@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "tile_rows.h"
 
 enum {
     SGEMM_ROWS_MAX = 12, /* the most rows per tile sgemm_tile compiles, and the most a_pack values per k */
@@ -111,18 +112,7 @@ static inline __attribute__((always_inline)) void sgemm_tile(sgemm_path_t const 
     case count:                                                                                              \
         if (count <= path->rows) path->tile(count, a_pack, b_panel, depth, c, c_stride, width, load);        \
         break;
-        TILE_CASE(1)
-        TILE_CASE(2)
-        TILE_CASE(3)
-        TILE_CASE(4)
-        TILE_CASE(5)
-        TILE_CASE(6)
-        TILE_CASE(7)
-        TILE_CASE(8)
-        TILE_CASE(9)
-        TILE_CASE(10)
-        TILE_CASE(11)
-        TILE_CASE(12)
+        TILE_ROW_COUNTS(TILE_CASE)
 #undef TILE_CASE
     default:
         break;

@@ -19,19 +19,7 @@ enum {
     VECTORS = COLUMNS / 4, /* q registers per tile row */
 };
 _Static_assert(COLUMNS == NEON_ROW_COLUMNS, "load_columns and store_columns (math_neon.h) move tile rows");
-
-/* sum[r][v] += b * a[r] for the tile's rows, a[r] being lane r of a_low, then lane r - 4 of a_high
- * (lane numbers are immediates: one line per row). */
-static inline __attribute__((always_inline)) void fma_rows(size_t rows, float32x4_t sum[ROWS][VECTORS],
-                                                           size_t v, float32x4_t b, float32x4_t a_low,
-                                                           float32x4_t a_high) {
-    sum[0][v] = vfmaq_laneq_f32(sum[0][v], b, a_low, 0);
-    if (rows > 1) sum[1][v] = vfmaq_laneq_f32(sum[1][v], b, a_low, 1);
-    if (rows > 2) sum[2][v] = vfmaq_laneq_f32(sum[2][v], b, a_low, 2);
-    if (rows > 3) sum[3][v] = vfmaq_laneq_f32(sum[3][v], b, a_low, 3);
-    if (rows > 4) sum[4][v] = vfmaq_laneq_f32(sum[4][v], b, a_high, 0);
-    if (rows > 5) sum[5][v] = vfmaq_laneq_f32(sum[5][v], b, a_high, 1);
-}
+_Static_assert(ROWS == NEON_TILE_ROWS, "fma_rows (math_neon.h) multiplies the tile's rows");
 
 /* One tile: c[rows][count] = (load ? c : 0) + a_pack[depth][ROW_LANES] . b_panel [depth][COLUMNS].
  * Always inlined with a constant `rows` so the accumulators stay in registers. */

@@ -232,25 +232,29 @@ static vfloat tile_weights(online_block_t *state, float scores[ATTENTION_TILE][L
     return correction;
 }
 
-/* values[d][i] = values[d][i] * correction[i] + sum_j weights[j][i] * v[j][d], LANES dims at a time. */
-static void accumulate_values(online_block_t *state, vfloat correction,
-                              float const weights[ATTENTION_TILE][LANES], float const *v, size_t stride,
-                              size_t count) {
+/* sums[d][i] = sums[d][i] (* correction[i] unless correction is NULL) + sum_j weights[j][i] * rows[j][d],
+ * LANES dims at a time, for the tile's `count` rows at `stride`: the online softmax's values (rows of v,
+ * rescaled) and the query gradients (rows of k). Inlined: a NULL correction folds away. */
+static inline __attribute__((always_inline)) void
+add_weighted_rows(float sums_of[KERNEL_HEAD][LANES], vfloat const *correction,
+                  float const weights[ATTENTION_TILE][LANES], float const *rows, size_t stride,
+                  size_t count) {
     for (size_t chunk = 0; chunk < KERNEL_HEAD; chunk += LANES) {
         vfloat sums[LANES];
 #pragma GCC unroll 16
         for (size_t d = 0; d < LANES; ++d)
-            sums[d] = vf_mul(vf_load(state->values[chunk + d]), correction);
+            sums[d] =
+                correction ? vf_mul(vf_load(sums_of[chunk + d]), *correction) : vf_load(sums_of[chunk + d]);
         for (size_t j = 0; j < count; ++j) {
             vfloat weight = vf_load(weights[j]);
-            float const *value = v + j * stride + chunk;
+            float const *row = rows + j * stride + chunk;
 #pragma GCC unroll 16
             for (size_t d = 0; d < LANES; ++d)
-                sums[d] = vf_fmadd(vf_broadcast(value + d), weight, sums[d]);
+                sums[d] = vf_fmadd(vf_broadcast(row + d), weight, sums[d]);
         }
 #pragma GCC unroll 16
         for (size_t d = 0; d < LANES; ++d)
-            vf_store(state->values[chunk + d], sums[d]);
+            vf_store(sums_of[chunk + d], sums[d]);
     }
 }
 
@@ -282,7 +286,7 @@ static void attend_block(kernel_attention_t const *a, size_t first_query, size_t
         tile_scores(scores, queries, a->k + tile * a->stride, a->stride, count);
         if (a->causal) mask_future(scores, count, tile, first_query);
         vfloat correction = tile_weights(&state, scores, count);
-        accumulate_values(&state, correction, scores, a->v + tile * a->stride, a->stride, count);
+        add_weighted_rows(state.values, &correction, scores, a->v + tile * a->stride, a->stride, count);
     }
     store_block(a->out + first_query * a->out_stride, a->out_stride, &state, rows);
 }
@@ -379,27 +383,6 @@ static void key_gradients(kernel_attention_backward_t const *a, float const p[AT
     }
 }
 
-/* d_query[d][i] += sum_j ds[j][i] k[j][d], LANES dims at a time. */
-static void query_gradients(float d_query[KERNEL_HEAD][LANES], float const ds[ATTENTION_TILE][LANES],
-                            float const *k, size_t stride, size_t count) {
-    for (size_t chunk = 0; chunk < KERNEL_HEAD; chunk += LANES) {
-        vfloat sums[LANES];
-#pragma GCC unroll 16
-        for (size_t d = 0; d < LANES; ++d)
-            sums[d] = vf_load(d_query[chunk + d]);
-        for (size_t j = 0; j < count; ++j) {
-            vfloat d_score = vf_load(ds[j]);
-            float const *key = k + j * stride + chunk;
-#pragma GCC unroll 16
-            for (size_t d = 0; d < LANES; ++d)
-                sums[d] = vf_fmadd(vf_broadcast(key + d), d_score, sums[d]);
-        }
-#pragma GCC unroll 16
-        for (size_t d = 0; d < LANES; ++d)
-            vf_store(d_query[chunk + d], sums[d]);
-    }
-}
-
 /* Queries [first_query, first_query + rows) of the item whose keys are rows [first_key, end_key). */
 static void attention_backward_block(kernel_attention_backward_t const *a, size_t first_query, size_t rows,
                                      size_t first_key, size_t end_key) {
@@ -424,7 +407,7 @@ static void attention_backward_block(kernel_attention_backward_t const *a, size_
             vf_store(p[j], probability);
             vf_store(ds[j], vf_mul(vf_mul(scale, probability), d_probability));
         }
-        query_gradients(d_query, ds, a->k + tile * a->stride, a->stride, count);
+        add_weighted_rows(d_query, NULL, ds, a->k + tile * a->stride, a->stride, count); /* d_query += ds k */
         key_gradients(a, p, ds, first_query, rows, tile, count);
     }
     for (size_t chunk = 0; chunk < KERNEL_HEAD; chunk += LANES) {
@@ -444,10 +427,7 @@ void PATH_KERNEL(attention_backward)(kernel_attention_backward_t const *attentio
                                      size_t item_end) {
     for (size_t item = item_begin; item < item_end; ++item) {
         size_t first = attention->offsets[item], end = attention->offsets[item + 1];
-        for (size_t row = first; row < end; ++row) {
-            memset(attention->d_k + row * attention->stride, 0, KERNEL_HEAD * sizeof(float));
-            memset(attention->d_v + row * attention->stride, 0, KERNEL_HEAD * sizeof(float));
-        }
+        kernel_attention_backward_clear(attention, first, end);
         for (size_t block = first; block < end; block += LANES) {
             size_t rows = end - block < LANES ? end - block : LANES;
             attention_backward_block(attention, block, rows, first, attention->causal ? block + rows : end);

@@ -290,10 +290,7 @@ void kernel_attention_backward_scalar(kernel_attention_backward_t const *attenti
                                       size_t item_end) {
     for (size_t item = item_begin; item < item_end; ++item) {
         size_t first = attention->offsets[item], end = attention->offsets[item + 1];
-        for (size_t row = first; row < end; ++row) {
-            memset(attention->d_k + row * attention->stride, 0, KERNEL_HEAD * sizeof(float));
-            memset(attention->d_v + row * attention->stride, 0, KERNEL_HEAD * sizeof(float));
-        }
+        kernel_attention_backward_clear(attention, first, end);
         for (size_t row = first; row < end; ++row)
             attention_backward_row(attention, row, first, attention->causal ? row + 1 : end);
     }
