@@ -3,7 +3,7 @@
  *
  * A call encodes its items in chunks of whole clips (about AUDIO_CHUNK_TOKENS tokens counted at the
  * model's longest clip, at least as many clips as the executor has threads, at most AUDIO_CHUNK_MAX),
- * one chunk per loop turn, as src/encode/image.c does (src/media/media_read.h runs the chunks and reads the
+ * one chunk per loop turn, as src/encode/image.c does (src/encode/media_read.h runs the chunks and reads the
  * files):
  *
  *   read     (files only) open -> statx -> read through the ring for every item of chunk k + 2,

@@ -7,7 +7,7 @@
  * one image, or a clip of `frames` images:
  *
  *   read     (files only) open -> statx -> read through the ring for every item of chunk k + 2,
- *            issued while chunk k is computed, so that the kernel reads meanwhile (src/media/media_read.h
+ *            issued while chunk k is computed, so that the kernel reads meanwhile (src/encode/media_read.h
  *            runs the chunks, reads the files and schedules the decoding);
  *   decode   the chunk's items decoded (JPEG, PNG; clips through video_decode.h), resized, cropped,
  *            normalized and patchified: on a RAM executor of 2 threads or more, by one lent worker
