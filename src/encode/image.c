@@ -172,10 +172,7 @@ static void image_chunk(media_run_t *run, size_t first, size_t last, float *deco
     scratch.offsets[kept] = row;
     tower_patches_forward(tower, executor, &scratch, row, kept);
 
-    if (image->video)
-        clip_rows(image, &scratch, kept);
-    else
-        image_rows(image, &scratch, kept);
+    image->rows(image, &scratch, kept);
     uform_encoded_t *encoded = &image->encode.encoded;
     for (size_t item = first; item < last; ++item) {
         if (image->encode.statuses[item] == UFORM_OK) continue;
@@ -265,6 +262,10 @@ static void image_start(call_t *call) {
 /* ---- The verbs ---------------------------------------------------------------------------------- */
 
 uform_status_t image_encode_host(char const *entry, image_request_t const *request) {
+    return image_encode_call(entry, request, image_rows);
+}
+
+uform_status_t image_encode_call(char const *entry, image_request_t const *request, image_rows_t *rows) {
     encode_request_t const *encode = &request->encode;
     uform_model_t const *model = encode->model;
     if (!model->image) /* a model whose image tower is not prepared on the host */
@@ -293,6 +294,7 @@ uform_status_t image_encode_host(char const *entry, image_request_t const *reque
     size_t side = info->image.size / info->image.patch;
     image->patches = side * side;
     image->video = request->video;
+    image->rows = rows;
     image->frames = request->video ? info->video.frames : 1;
     image->vectors = request->video ? image->frames : image->patches;
     return encode_submit(call, &own, encode);

@@ -1,5 +1,5 @@
 /* The host's image call, shared by the image verbs (src/encode/image.c) and the video verb
- * (src/encode/video.c): a video call is an image call (image_encode_host with request->video) whose
+ * (src/encode/video.c): a video call is an image call (image_encode_call with request->video) whose
  * items are clips of `frames` images, their rows pooled per clip. */
 #pragma once
 
@@ -8,7 +8,13 @@
 #include "tower.h"
 #include "verbs.h"
 
-typedef struct image_call {
+typedef struct image_call image_call_t;
+
+/* Writes the outputs of the `kept` decoded images of a chunk from the tower's final states in
+ * `scratch`: one row per image (image.c), or pooled per clip of `frames` images in order (video.c). */
+typedef void image_rows_t(image_call_t *image, patch_scratch_t const *scratch, size_t kept);
+
+struct image_call {
     call_t call;
     encode_call_t encode;
     media_run_t run;
@@ -20,8 +26,8 @@ typedef struct image_call {
     size_t vectors; /* token vectors per item: patches per image, or frames per clip */
     image_geometry_t geometry;
     size_t patches; /* per image: (size / patch)^2 */
-} image_call_t;
+    image_rows_t *rows;
+};
 
-/* The outputs of the `kept` decoded images of a chunk of clips, `frames` per clip in order, from the
- * tower's final states in `scratch` (src/encode/video.c). */
-void clip_rows(image_call_t *image, patch_scratch_t const *scratch, size_t kept);
+/* The image call of `request` (image_encode_host's), its rows written by `rows`. */
+uform_status_t image_encode_call(char const *entry, image_request_t const *request, image_rows_t *rows);

@@ -5,7 +5,7 @@
  *   the build's decoders -> encode_verbs_of(model)->verb: the host's, or the VRAM executor's.
  *
  * Where a model may run: host models on host executors, VRAM models on the VRAM executor that loaded
- * them (model_residency, part of every verb's checks). */
+ * them (model_residency, src/model/model.c, part of every verb's checks). */
 #include <stdalign.h>
 
 #include "arena.h"
@@ -13,18 +13,6 @@
 #include "model.h"
 #include "tape.h"
 #include "verbs.h"
-
-uform_status_t model_residency(uform_model_t const *model, uform_executor_t const *executor,
-                               char const **message) {
-    bool device_executor = executor && executor_on_device(executor);
-    if (model->device && !device_executor)
-        return *message = "a VRAM model runs on the VRAM executor that loaded it", UFORM_INVALID_ARGUMENT;
-    if (!model->device && device_executor)
-        return *message = "a host model runs on host executors", UFORM_INVALID_ARGUMENT;
-    if (model->device && model->executor != executor)
-        return *message = "a VRAM model runs on the VRAM executor that loaded it", UFORM_INVALID_ARGUMENT;
-    return UFORM_OK;
-}
 
 encode_verbs_t const encode_verbs_host = {
     .text_encode = text_encode_host,
@@ -36,7 +24,7 @@ encode_verbs_t const encode_verbs_host = {
 
 /* The implementations a model's calls run: its residency's. */
 static encode_verbs_t const *encode_verbs_of(uform_model_t const *model) {
-    return model->device ? &encode_verbs_vram : &encode_verbs_host;
+    return model->verbs ? model->verbs : &encode_verbs_host;
 }
 
 /* ---- Text --------------------------------------------------------------------------------------- */

@@ -50,9 +50,10 @@ typedef struct encode_verbs {
     uform_status_t (*audio_encode)(char const *entry, audio_request_t const *request);
 } encode_verbs_t;
 
-/* The host's verbs (src/encode), and the VRAM executor's (src/vram/vram_verbs.c; in a build without
- * CUDA, src/vram/vram_none.c, where no model is ever on a device). Audio runs on host executors only:
- * both tables hold audio_encode_host, which refuses a model whose audio tower is not on the host. */
+/* The host's verbs (src/encode), every model's unless its load set model->verbs, and the VRAM
+ * executor's (src/vram/vram_verbs.c, built with CUDA: the VRAM load sets them). Audio runs on host
+ * executors only: both tables hold audio_encode_host, which refuses a model whose audio tower is not on
+ * the host. */
 extern encode_verbs_t const encode_verbs_host;
 extern encode_verbs_t const encode_verbs_vram;
 

@@ -26,7 +26,7 @@ static void rows_mean(float const *rows, size_t count, size_t stride, size_t col
  * full dims and normalized: f_k [dims]. Per clip, token vectors f_k at the output width (the prefix,
  * renormalized), the embedding normalize(mean_k f_k) at the width (the same prefix rule), the state
  * mean_k s_k [hidden]. */
-void clip_rows(image_call_t *image, patch_scratch_t const *scratch, size_t kept) {
+static void clip_rows(image_call_t *image, patch_scratch_t const *scratch, size_t kept) {
     tower_t const *tower = image->encode.model->image;
     kernels_t const *kernels = tower->kernels;
     size_t const hidden = tower->hidden, dims = tower->dims, width = image->encode.width,
@@ -72,5 +72,5 @@ void clip_rows(image_call_t *image, patch_scratch_t const *scratch, size_t kept)
 /* The image call runs the clips: request->video makes it decode `frames` images per item and pool
  * them here. */
 uform_status_t video_encode_host(char const *entry, image_request_t const *request) {
-    return image_encode_host(entry, request);
+    return image_encode_call(entry, request, clip_rows);
 }

@@ -17,7 +17,6 @@
 #include "model.h"
 #include "model_load.h"
 #include "tower.h"
-#include "vram.h"
 
 /* ---- Model lifetime ----------------------------------------------------------------------------- */
 
@@ -26,7 +25,7 @@ void model_retain(uform_model_t *model) {
 }
 
 static void model_destroy(uform_model_t *model) {
-    if (model->device) vram_model_release(model);
+    if (model->device && model->device_release) model->device_release(model);
     struct tower *towers[] = {model->text, model->image, model->audio};
     for (size_t i = 0; i < 3; ++i) {
         if (towers[i]) tower_release(towers[i]);
@@ -58,12 +57,6 @@ UFORM_EXPORT uform_status_t uform_model_info(uform_model_t const *model, uform_m
     if (!model || !info) return failed(UFORM_INVALID_ARGUMENT, "uform_model_info", "model or info is NULL");
     *info = model->header.info;
     return UFORM_OK;
-}
-
-void const *model_tensor(uform_model_t const *model, char const *name, checkpoint_tensor_t const **tensor) {
-    checkpoint_tensor_t const *found = checkpoint_find(&model->header, name);
-    if (tensor) *tensor = found;
-    return found ? model->data + found->begin : NULL;
 }
 
 /* ---- The load state machine --------------------------------------------------------------------- */
@@ -378,8 +371,14 @@ UFORM_EXPORT uform_status_t uform_model_load_ram(uform_model_load_args_t const *
     return model_load(args, &model_load_host, entry);
 }
 
-UFORM_EXPORT uform_status_t uform_model_load_vram(uform_model_load_args_t const *args) {
-    static char const entry[] = "uform_model_load_vram";
-    if (!args) return failed(UFORM_INVALID_ARGUMENT, entry, "args is NULL");
-    return vram_model_load(args, entry);
+uform_status_t model_residency(uform_model_t const *model, uform_executor_t const *executor,
+                               char const **message) {
+    bool device_executor = executor && executor_on_device(executor);
+    if (model->device && !device_executor)
+        return *message = "a VRAM model runs on the VRAM executor that loaded it", UFORM_INVALID_ARGUMENT;
+    if (!model->device && device_executor)
+        return *message = "a host model runs on host executors", UFORM_INVALID_ARGUMENT;
+    if (model->device && model->executor != executor)
+        return *message = "a VRAM model runs on the VRAM executor that loaded it", UFORM_INVALID_ARGUMENT;
+    return UFORM_OK;
 }

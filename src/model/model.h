@@ -6,6 +6,7 @@
 #include "common.h"
 
 struct tower;
+struct encode_verbs;
 
 struct uform_model {
     _Atomic size_t references;
@@ -13,6 +14,8 @@ struct uform_model {
     struct tower *image;        /* the image tower (video uses it too), when present */
     struct tower *audio;        /* the audio tower, when present */
     struct vram_model *device;  /* VRAM models: the weights on each device (src/vram/vram.h); NULL on host */
+    void (*device_release)(uform_model_t *model); /* frees `device`; set with it by the VRAM load */
+    struct encode_verbs const *verbs; /* the verbs of the model's residency; NULL: the host's (verbs.h) */
     uform_executor_t *executor; /* owns the placement of `data`; NULL: plain host memory */
     checkpoint_header_t header;
     uint8_t *data; /* the data section: tensor t spans data + begin .. data + end */
@@ -28,7 +31,12 @@ void model_retain(uform_model_t *model);
 void model_product_release(void *model);
 
 /* The bytes of a tensor, or NULL when absent. */
-void const *model_tensor(uform_model_t const *model, char const *name, checkpoint_tensor_t const **tensor);
+static inline void const *model_tensor(uform_model_t const *model, char const *name,
+                                       checkpoint_tensor_t const **tensor) {
+    checkpoint_tensor_t const *found = checkpoint_find(&model->header, name);
+    if (tensor) *tensor = found;
+    return found ? model->data + found->begin : NULL;
+}
 
 /* A VRAM model runs on the VRAM executor that loaded it; a host model on host executors.
  * UFORM_OK, or UFORM_INVALID_ARGUMENT with a message. */

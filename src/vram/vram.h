@@ -16,17 +16,6 @@
 
 #include "verbs.h"
 
-/* ---- Entry points, in every build --------------------------------------------------------------- */
-
-/* uform_model_load_vram past its NULL check: the load onto the VRAM executor's devices
- * (src/vram/vram_load.c). Answers as uform_model_load_vram does. */
-uform_status_t vram_model_load(uform_model_load_args_t const *args, char const *entry);
-
-/* Frees a VRAM model's device weights (model->device), when its last reference goes. */
-void vram_model_release(uform_model_t *model);
-
-/* The VRAM executor's verbs: encode_verbs_vram (verbs.h). */
-
 #if UFORM_WITH_CUDA
 #include <cuda_runtime_api.h>
 
@@ -66,6 +55,10 @@ typedef struct vram_device {
     size_t scratch_bytes;
     vram_slot_t slots[VRAM_SLOTS];
 } vram_device_t;
+
+/* Frees a VRAM model's device weights (model->device), when its last reference goes
+ * (model->device_release, set by the VRAM load). */
+void vram_model_release(uform_model_t *model);
 
 typedef struct vram {
     size_t count;

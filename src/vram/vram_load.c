@@ -112,6 +112,8 @@ static void vram_load_idle(load_call_t *load) {
 static void vram_load_weights(load_call_t *load) {
     vram_load_t *state = vram_load_of(load);
     vram_t *vram = vram_of(load->call.executor);
+    load->model->device_release = vram_model_release;
+    load->model->verbs = &encode_verbs_vram;
     state->load = load;
     state->poll.callback = vram_load_poll;
     for (size_t d = 0; d < vram->count; ++d) {
@@ -154,7 +156,9 @@ static model_load_target_t const vram_load_target = {
     .finish = vram_load_finish,
 };
 
-uform_status_t vram_model_load(uform_model_load_args_t const *args, char const *entry) {
+UFORM_EXPORT uform_status_t uform_model_load_vram(uform_model_load_args_t const *args) {
+    static char const entry[] = "uform_model_load_vram";
+    if (!args) return failed(UFORM_INVALID_ARGUMENT, entry, "args is NULL");
     return model_load(args, &vram_load_target, entry);
 }
 
