@@ -60,8 +60,8 @@ static inline size_t gemm_panels_of(size_t n, size_t columns) {
  * `columns` columns: [depth][columns / 2] uint32, lane i of row k pairing w[c0 + i][k] (low half) with
  * w[c0 + columns / 2 + i][k] (high half). Columns past n are zero. The panels of one depth block follow
  * each other, so that the tiles of a row block read one sequential stream. */
-static inline void gemm_pack_halves(uint32_t *out, uint16_t const *w, size_t n, size_t k, size_t columns,
-                                    size_t depth_max) {
+static inline __attribute__((always_inline)) void gemm_pack_halves(uint32_t *out, uint16_t const *w, size_t n,
+                                                                   size_t k, size_t columns, size_t depth_max) {
     size_t lanes = columns / 2;
     for (size_t k0 = 0; k0 < k; k0 += depth_max) {
         size_t depth = k - k0 < depth_max ? k - k0 : depth_max;

@@ -8,7 +8,7 @@
  * the outputs, written into the device arena. Two slots: the host fills one while the device runs the
  * other. A chunk is a run of consecutive good items (at most VRAM_IMAGE_CHUNK, or VRAM_IMAGE_BYTES of
  * pixels unless one image alone is larger); failed items keep their status and zero rows, as on host
- * executors. Files (UFORM_SOURCE_FILES) are not read on VRAM executors yet: they answer UNSUPPORTED. */
+ * executors. Files (UFORM_SOURCE_FILES) are not read on VRAM executors: they answer UNSUPPORTED. */
 #include <stdlib.h>
 #include <string.h>
 

@@ -8,7 +8,7 @@
 
 static uform_status_t vram_video_encode(char const *entry, image_request_t const *request) {
     return call_refuse(request->encode.outcome, UFORM_UNSUPPORTED, entry,
-                       "video is not built on VRAM executors yet");
+                       "video_encode runs on host executors: this VRAM executor encodes texts and images");
 }
 
 encode_verbs_t const encode_verbs_vram = {
