@@ -216,36 +216,34 @@ void tower_linear(tower_t const *tower, uform_executor_t *executor, tower_linear
     tower_fork_gemm(tower->kernels, executor, &gemm);
 }
 
+/* The GEMM of `layer` over `tokens` rows of h[tokens, k] into y[tokens, n]: y = h W^T + b, before the
+ * caller adds a residual or an epilogue. */
+static kernel_gemm_t layer_gemm(tower_linear_t const *layer, size_t tokens, float const *h, float *y) {
+    return (kernel_gemm_t){.m = tokens,
+                           .n = layer->n,
+                           .k = layer->k,
+                           .x = h,
+                           .x_stride = layer->k,
+                           .w = layer->packed,
+                           .bias = layer->bias,
+                           .y = y,
+                           .y_stride = layer->n};
+}
+
 /* x[tokens, n] += h[tokens, k] W^T + b: a layer writing into the residual stream. */
 static void linear_residual(tower_t const *tower, uform_executor_t *executor, tower_linear_t const *layer,
                             size_t tokens, float const *h, float *x) {
-    kernel_gemm_t gemm = {.m = tokens,
-                          .n = layer->n,
-                          .k = layer->k,
-                          .x = h,
-                          .x_stride = layer->k,
-                          .w = layer->packed,
-                          .bias = layer->bias,
-                          .residual = x,
-                          .residual_stride = layer->n,
-                          .y = x,
-                          .y_stride = layer->n};
+    kernel_gemm_t gemm = layer_gemm(layer, tokens, h, x);
+    gemm.residual = x;
+    gemm.residual_stride = layer->n;
     tower_fork_gemm(tower->kernels, executor, &gemm);
 }
 
 /* y[tokens, n] = gelu(h[tokens, k] W^T + b). */
 static void linear_gelu(tower_t const *tower, uform_executor_t *executor, tower_linear_t const *layer,
                         size_t tokens, float const *h, float *y) {
-    kernel_gemm_t gemm = {.m = tokens,
-                          .n = layer->n,
-                          .k = layer->k,
-                          .x = h,
-                          .x_stride = layer->k,
-                          .w = layer->packed,
-                          .bias = layer->bias,
-                          .y = y,
-                          .y_stride = layer->n,
-                          .epilogue = KERNEL_EPILOGUE_GELU};
+    kernel_gemm_t gemm = layer_gemm(layer, tokens, h, y);
+    gemm.epilogue = KERNEL_EPILOGUE_GELU;
     tower_fork_gemm(tower->kernels, executor, &gemm);
 }
 
