@@ -1,5 +1,6 @@
-/* The engine a subcommand holds (a RAM executor, a model, an arena) and the batches it sends through
- * the verbs: what `encode` and `search` share. */
+/* The engine a subcommand holds (a RAM executor, a model, an arena), the one switch from a modality to
+ * its verb, and the batches it sends through the verbs: what `encode`, `search`, `eval` and `serve`
+ * share. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,29 +75,42 @@ bool encode_batch_full(encode_batch_t const *batch) {
     return batch->count == ENCODE_BATCH_ITEMS || batch->length >= ENCODE_BATCH_BYTES;
 }
 
+uform_status_t command_encode_verb(command_encode_call_t const *call) {
+#define COMMON_ARGS                                                                                          \
+    .model = call->model, .executor = call->executor, .outputs = call->outputs, .arena = call->arena,        \
+    .config = call->config, .encoded = call->encoded, .outcome = call->outcome
+    switch (call->modality) {
+    case UFORM_MODALITY_TEXT:
+        return uform_text_encode(&(uform_text_encode_args_t){COMMON_ARGS, .texts = call->tape});
+    case UFORM_MODALITY_IMAGE:
+        return uform_image_encode(
+            &(uform_image_encode_args_t){COMMON_ARGS, .images = call->tape, .source = call->source});
+    case UFORM_MODALITY_VIDEO:
+        return uform_video_encode(
+            &(uform_video_encode_args_t){COMMON_ARGS, .videos = call->tape, .source = call->source});
+    case UFORM_MODALITY_AUDIO:
+        return uform_audio_encode(
+            &(uform_audio_encode_args_t){COMMON_ARGS, .sounds = call->tape, .source = call->source});
+    }
+#undef COMMON_ARGS
+    return UFORM_INVALID_ARGUMENT;
+}
+
 uform_status_t encode_batch_run(command_engine_t *engine, uform_outputs_t outputs,
                                 uform_encode_config_t const *config, encode_batch_t const *batch,
                                 uform_encoded_t *encoded) {
     uform_tape_t tape = {
         .data = batch->bytes, .offsets = batch->offsets, .count = batch->count, .length = batch->length};
-#define COMMON_ARGS                                                                                          \
-    .model = engine->model, .executor = engine->executor, .outputs = outputs, .arena = engine->arena,        \
-    .config = config, .encoded = encoded
-    switch (batch->modality) {
-    case UFORM_MODALITY_TEXT:
-        return uform_text_encode(&(uform_text_encode_args_t){COMMON_ARGS, .texts = tape});
-    case UFORM_MODALITY_IMAGE:
-        return uform_image_encode(
-            &(uform_image_encode_args_t){COMMON_ARGS, .images = tape, .source = UFORM_SOURCE_FILES});
-    case UFORM_MODALITY_VIDEO:
-        return uform_video_encode(
-            &(uform_video_encode_args_t){COMMON_ARGS, .videos = tape, .source = UFORM_SOURCE_FILES});
-    case UFORM_MODALITY_AUDIO:
-        return uform_audio_encode(
-            &(uform_audio_encode_args_t){COMMON_ARGS, .sounds = tape, .source = UFORM_SOURCE_FILES});
-    }
-#undef COMMON_ARGS
-    return UFORM_INVALID_ARGUMENT;
+    command_encode_call_t call = {.model = engine->model,
+                                  .executor = engine->executor,
+                                  .outputs = outputs,
+                                  .arena = engine->arena,
+                                  .config = config,
+                                  .encoded = encoded,
+                                  .modality = batch->modality,
+                                  .tape = tape,
+                                  .source = UFORM_SOURCE_FILES};
+    return command_encode_verb(&call);
 }
 
 void encode_batch_clear(encode_batch_t *batch) {

@@ -148,6 +148,20 @@ void command_engine_close(command_engine_t *engine);
  * and answers COMMAND_RUNTIME when the model has no such width. */
 int command_matryoshka(command_engine_t const *engine, size_t dims, char const *what, size_t *matryoshka);
 
+/* One call of a modality's verb: the fields every verb takes, the modality choosing the verb, and the
+ * tape of its items (texts as bytes; media as `source` says, which texts ignore). */
+typedef struct command_encode_call {
+    UFORM_ENCODE_COMMON;
+    uform_modality_t modality;
+    uform_tape_t tape;
+    uform_source_t source;
+} command_encode_call_t;
+
+/* Runs uform_text_encode, uform_image_encode, uform_video_encode or uform_audio_encode on the call:
+ * blocking, or deferred where `outcome` is set. Answers the verb's status (UFORM_INVALID_ARGUMENT for
+ * an unknown modality). */
+uform_status_t command_encode_verb(command_encode_call_t const *call);
+
 /* Bounds of one engine call: enough items to keep the threads busy, and bounded memory per batch. */
 enum { ENCODE_BATCH_ITEMS = 256, ENCODE_BATCH_BYTES = 1 << 20 };
 

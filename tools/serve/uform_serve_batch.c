@@ -206,34 +206,19 @@ static void batch_add(serve_batch_t *batch, serve_part_t *part, serve_part_t **t
 /* Submits the batch's tape to its modality's verb. A refusal finalizes the outcome and notifies the
  * eventfd as a finished call does: the answers are written in one place, batch_encoded. */
 static void batch_call(serve_t *server, serve_batch_t *batch) {
-    uform_tape_t tape = {
-        .data = batch->bytes, .offsets = batch->offsets, .count = batch->items, .length = batch->length};
-#define BATCH_COMMON                                                                                         \
-    .model = server->model, .executor = server->executor, .outputs = UFORM_OUTPUT_EMBEDDINGS,                \
-    .arena = batch->arena, .config = &batch->config, .outcome = &batch->outcome
-    switch (batch->modality) {
-    case UFORM_MODALITY_TEXT: {
-        uform_text_encode_args_t args = {BATCH_COMMON, .texts = tape};
-        (void)uform_text_encode(&args);
-        break;
-    }
-    case UFORM_MODALITY_IMAGE: {
-        uform_image_encode_args_t args = {BATCH_COMMON, .images = tape, .source = UFORM_SOURCE_MEMORY};
-        (void)uform_image_encode(&args);
-        break;
-    }
-    case UFORM_MODALITY_VIDEO: {
-        uform_video_encode_args_t args = {BATCH_COMMON, .videos = tape, .source = UFORM_SOURCE_MEMORY};
-        (void)uform_video_encode(&args);
-        break;
-    }
-    case UFORM_MODALITY_AUDIO: {
-        uform_audio_encode_args_t args = {BATCH_COMMON, .sounds = tape, .source = UFORM_SOURCE_MEMORY};
-        (void)uform_audio_encode(&args);
-        break;
-    }
-    }
-#undef BATCH_COMMON
+    command_encode_call_t call = {.model = server->model,
+                                  .executor = server->executor,
+                                  .outputs = UFORM_OUTPUT_EMBEDDINGS,
+                                  .arena = batch->arena,
+                                  .config = &batch->config,
+                                  .outcome = &batch->outcome,
+                                  .modality = batch->modality,
+                                  .tape = {.data = batch->bytes,
+                                           .offsets = batch->offsets,
+                                           .count = batch->items,
+                                           .length = batch->length},
+                                  .source = UFORM_SOURCE_MEMORY};
+    (void)command_encode_verb(&call);
 }
 
 /* Gathers the head's batch from the queue and submits it. */
@@ -316,26 +301,18 @@ static void answer_item_failure(serve_request_t *request, size_t index, uform_st
     char param[32];
     snprintf(param, sizeof param, "input[%zu]", index);
     request->failed = true;
-    switch (status) {
-    case UFORM_FORMAT:
-    case UFORM_INVALID_ARGUMENT:
-        api_error(request, MHD_HTTP_BAD_REQUEST, "invalid_request_error", param, "invalid_media",
-                  "input[%zu]: the %s could not be encoded: %s (malformed, truncated, or not a format the "
-                  "engine recognizes by content)",
-                  index, modality, uform_status_name(status));
-        break;
-    case UFORM_UNSUPPORTED:
-        api_error(request, MHD_HTTP_BAD_REQUEST, "invalid_request_error", param, "unsupported_modality",
-                  "input[%zu]: the %s could not be encoded: %s (its format or codec is not built into this "
-                  "server)",
-                  index, modality, uform_status_name(status));
-        break;
-    default:
+    char const *name = uform_status_name(status);
+    if (status != UFORM_FORMAT && status != UFORM_INVALID_ARGUMENT && status != UFORM_UNSUPPORTED) {
         api_error(request, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", param, "engine_error",
-                  "input[%zu]: the engine could not encode the %s: %s", index, modality,
-                  uform_status_name(status));
-        break;
+                  "input[%zu]: the engine could not encode the %s: %s", index, modality, name);
+        return;
     }
+    bool unsupported = status == UFORM_UNSUPPORTED;
+    char const *why = unsupported ? "its format or codec is not built into this server"
+                                  : "malformed, truncated, or not a format the engine recognizes by content";
+    api_error(request, MHD_HTTP_BAD_REQUEST, "invalid_request_error", param,
+              unsupported ? "unsupported_modality" : "invalid_media",
+              "input[%zu]: the %s could not be encoded: %s (%s)", index, modality, name, why);
 }
 
 /* Copies a finished part's rows into its request's vectors, in input order; an input that failed fails
