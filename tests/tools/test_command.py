@@ -8,33 +8,26 @@ default model.
 The standard library only; the .npy file is also loaded with NumPy where it imports, and a JPEG is
 written with Pillow where this interpreter, .venv/bin/python3 or /usr/bin/python3 has it (under CI=true,
 where either is missing, the check fails: tests/reference/interpreter.py)."""
-import argparse
 import json
 import math
 import os
-import shutil
 import struct
 import subprocess
 import sys
 import wave
-import zlib
 from pathlib import Path
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPOSITORY / "tests" / "reference"))
 from interpreter import optional_import, partly_unavailable  # noqa: E402  (standard library only)
+from command_support import parse_options, run_bytes, write_png  # noqa: E402
 
 TEXTS = ["a cat", "a dog"]
 
 
 def run(uform, *arguments, stdin=None, env=None, expect=0):
     """Runs the command and answers (stdout bytes, stderr text), checking its exit status."""
-    done = subprocess.run([uform, *arguments], input=stdin, capture_output=True, env=env, timeout=120)
-    stderr = done.stderr.decode("utf-8", "replace")
-    if done.returncode != expect:
-        command = " ".join(arguments)
-        raise AssertionError(f"uform {command}: exit {done.returncode}, expected {expect}\n{stderr}")
-    return done.stdout, stderr
+    return run_bytes(uform, arguments, 120, stdin, env, expect)
 
 
 def rows_of(jsonl):
@@ -63,19 +56,6 @@ def read_npy(path):
     assert (10 + length) % 64 == 0, length
     header = eval(data[10 : 10 + length].decode("latin1"), {}, {})  # a Python dict literal, by the format
     return header, data[10 + length :]
-
-
-def write_png(path, width, height, seed):
-    """An RGB8 PNG, written with the standard library."""
-    rows = b"".join(b"\x00" + bytes((x * 7 + y * 3 + c * 50 + seed) % 256 for x in range(width) for c in range(3))
-                    for y in range(height))
-
-    def chunk(kind, data):
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-    with open(path, "wb") as file:
-        file.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
-                   + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
 
 
 def write_jpeg(path, width, height, color):
@@ -534,12 +514,7 @@ def check_default_model(uform, model, workdir):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--uform", required=True)
-    parser.add_argument("--workdir", required=True)
-    options = parser.parse_args()
-    shutil.rmtree(options.workdir, ignore_errors=True)
-    os.makedirs(options.workdir)
+    options = parse_options(__doc__)
     model = check_checkpoint_and_info(options.uform, options.workdir)
     check_encode(options.uform, model, options.workdir)
     check_images(options.uform, model, options.workdir)

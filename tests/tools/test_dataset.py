@@ -8,7 +8,6 @@ images, clips and sounds it wrote; a folder that is not empty is refused without
 
 The standard library only. A build without libspng (images), FFmpeg (clips) or espeak-ng (spoken words)
 writes the rest: what it left out is read from dataset.json and checked to be absent."""
-import argparse
 import json
 import math
 import os
@@ -18,6 +17,8 @@ import subprocess
 import sys
 import wave
 import zlib
+
+from command_support import parse_options, run_text
 
 COUNTS = {"image": 96, "video": 24, "audio": 60}
 SIZE, FRAMES, RATE, FRACTION = 48, 6, 8000, 0.25
@@ -29,11 +30,7 @@ PAIRS = {"image": ("colour", "shape"), "video": ("colour", "motion"), "audio": (
 
 def run(uform, *arguments, expect=0):
     """Runs the command and answers (stdout text, stderr text), checking its exit status."""
-    done = subprocess.run([uform, *arguments], capture_output=True, timeout=300)
-    stdout, stderr = done.stdout.decode("utf-8", "replace"), done.stderr.decode("utf-8", "replace")
-    if done.returncode != expect:
-        raise AssertionError(f"uform {' '.join(arguments)}: exit {done.returncode}, expected {expect}\n{stderr}")
-    return stdout, stderr
+    return run_text(uform, arguments, 300, expect)
 
 
 def synth(uform, folder, seed, *extra, expect=0):
@@ -326,12 +323,7 @@ def check_refusals(uform, workdir, first):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--uform", required=True)
-    parser.add_argument("--workdir", required=True)
-    options = parser.parse_args()
-    shutil.rmtree(options.workdir, ignore_errors=True)
-    os.makedirs(options.workdir)
+    options = parse_options(__doc__)
     folders = [os.path.join(options.workdir, name) for name in ("first", "again", "other")]
     outputs = [synth(options.uform, folder, seed) for folder, seed in zip(folders, (7, 7, 8))]
     assert outputs[0][0].startswith(f"wrote {folders[0]}: "), outputs[0][0]

@@ -7,16 +7,14 @@ batches --dry-run shows (passes, --neighbours, identical captions), and the shap
     test_train_command.py --uform build/tools/uform --workdir build/tests/train-command
 
 The standard library only."""
-import argparse
 import json
 import os
 import re
-import shutil
 import signal
-import struct
 import subprocess
 import sys
-import zlib
+
+from command_support import parse_options, run_text, write_png
 
 IMAGE_SIZE = 32
 MODEL_FLAGS = ["--depth", "1", "--hidden", "64", "--dims", "32", "--image-size", "32", "--image-patch", "8",
@@ -26,26 +24,7 @@ STEP_LINE = re.compile(r"^step (\d+)/(\d+) loss (\S+) contrastive (\S+) lm (\S+)
 
 def run(uform, *arguments, expect=0):
     """Runs the command and answers (stdout text, stderr text), checking its exit status."""
-    done = subprocess.run([uform, *arguments], capture_output=True, timeout=240)
-    stdout = done.stdout.decode("utf-8", "replace")
-    stderr = done.stderr.decode("utf-8", "replace")
-    if done.returncode != expect:
-        command = " ".join(arguments)
-        raise AssertionError(f"uform {command}: exit {done.returncode}, expected {expect}\n{stderr}")
-    return stdout, stderr
-
-
-def write_png(path, width, height, seed):
-    """An RGB8 PNG, written with the standard library."""
-    rows = b"".join(b"\x00" + bytes((x * 7 + y * 3 + c * 50 + seed * 40) % 256 for x in range(width) for c in range(3))
-                    for y in range(height))
-
-    def chunk(kind, data):
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-    with open(path, "wb") as file:
-        file.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
-                   + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+    return run_text(uform, arguments, 240, expect)
 
 
 def write_manifest(path, lines):
@@ -61,7 +40,7 @@ def make_dataset(workdir):
     lines = []
     for index, word in enumerate(["red", "green", "blue", "gray"]):
         group = f"img-{index:06d}"
-        write_png(os.path.join(media, f"{group}.png"), IMAGE_SIZE, IMAGE_SIZE, index)
+        write_png(os.path.join(media, f"{group}.png"), IMAGE_SIZE, IMAGE_SIZE, 40 * index)
         lines.append({"modality": "text", "text": f"a {word} square", "groups": [group]})
         lines.append({"modality": "image", "path": f"media/{group}.png", "groups": [group]})
     lines.append({"modality": "text", "text": "a caption", "groups": ["txt-000000"]})
@@ -225,7 +204,7 @@ def check_batches(uform, workdir):
     os.makedirs(media)
     lines = []
     for index in range(3):
-        write_png(os.path.join(media, f"g{index}.png"), IMAGE_SIZE, IMAGE_SIZE, index)
+        write_png(os.path.join(media, f"g{index}.png"), IMAGE_SIZE, IMAGE_SIZE, 40 * index)
         lines.append({"modality": "image", "path": f"media/g{index}.png", "groups": [f"g{index}"]})
     lines += [{"modality": "text", "text": "a red square", "groups": ["g0"]},
               {"modality": "text", "text": "a red square", "groups": ["g1"]},
@@ -282,12 +261,7 @@ def check_eval(uform, model, manifest):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--uform", required=True)
-    parser.add_argument("--workdir", required=True)
-    options = parser.parse_args()
-    shutil.rmtree(options.workdir, ignore_errors=True)
-    os.makedirs(options.workdir)
+    options = parse_options(__doc__)
     manifest = make_dataset(options.workdir)
     model = check_train(options.uform, manifest, options.workdir)
     check_eval(options.uform, model, manifest)
