@@ -458,31 +458,18 @@ static int synth_video(synth_t *synth, random_stream_t *random, bool test, char 
     double across = random_stream_between(random, 0.3, 0.7),
            radius = random_stream_between(random, 0.1, 0.16);
     double x[2] = {across, across}, y[2] = {across, across}, radii[2] = {radius, radius};
-    switch (motion) {
-    case 0: /* left */
-        x[0] = from;
-        x[1] = to;
-        break;
-    case 1: /* right */
-        x[0] = to;
-        x[1] = from;
-        break;
-    case 2: /* up */
-        y[0] = from;
-        y[1] = to;
-        break;
-    case 3: /* down */
-        y[0] = to;
-        y[1] = from;
-        break;
-    default: { /* growing, shrinking: near the centre */
+    if (motion < 4) { /* left and right along x, up and down along y: the second of each pair reversed */
+        double *axis = motion < 2 ? x : y;
+        bool reversed = motion % 2 == 1;
+        axis[0] = reversed ? to : from;
+        axis[1] = reversed ? from : to;
+    } else { /* growing, shrinking: near the centre */
         double small = random_stream_between(random, 0.06, 0.09),
                large = random_stream_between(random, 0.25, 0.3);
         x[0] = x[1] = random_stream_between(random, 0.42, 0.58);
         y[0] = y[1] = random_stream_between(random, 0.42, 0.58);
         radii[0] = motion == 4 ? small : large;
         radii[1] = motion == 4 ? large : small;
-    }
     }
     dataset_shape_t drawn = {.kind = (dataset_shape_kind_t)shape,
                              .angle = random_stream_between(random, -0.2, 0.2)};
