@@ -55,15 +55,8 @@ int command_matryoshka(command_engine_t const *engine, size_t dims, char const *
 /* ---- batches ---------------------------------------------------------------------------------- */
 
 int encode_batch_add(encode_batch_t *batch, uform_modality_t modality, char const *bytes, size_t length) {
-    if (batch->length + length > batch->capacity) {
-        size_t capacity = batch->capacity ? batch->capacity : ENCODE_BATCH_BYTES;
-        while (capacity < batch->length + length)
-            capacity *= 2;
-        char *grown = realloc(batch->bytes, capacity);
-        if (!grown) return command_fail("out of memory for an item of %zu bytes", length);
-        batch->bytes = grown;
-        batch->capacity = capacity;
-    }
+    if (!command_reserve(&batch->bytes, &batch->capacity, batch->length + length, ENCODE_BATCH_BYTES))
+        return command_fail("out of memory for an item of %zu bytes", length);
     if (!batch->count) batch->modality = modality;
     memcpy(batch->bytes + batch->length, bytes, length);
     batch->length += length;

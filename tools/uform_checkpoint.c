@@ -52,10 +52,12 @@ int command_checkpoint_tiny(int argc, char **argv) {
          .help = "the image tower's patch side, dividing --image-size (default 8)"},
         {NULL},
     };
-    command_spec_t const spec = {.help = &tiny_help, .flags = flags, .context = &args.path};
+    command_spec_t const spec = {.help = &tiny_help,
+                                 .flags = flags,
+                                 .context = &args.path,
+                                 .missing = "the checkpoint's PATH is missing"};
     int code = command_flags_parse(&spec, argc, argv, &help_shown);
     if (code != COMMAND_OK || help_shown) return code;
-    if (!args.path) return command_usage(tiny_help.name, "the checkpoint's PATH is missing");
     if (uform_tiny_checkpoint(&args) != UFORM_OK) return command_fail_engine();
     printf("wrote %s (seed %" PRIu64 ")\n", args.path, args.seed);
     return COMMAND_OK;

@@ -30,6 +30,11 @@ __attribute__((format(printf, 2, 3))) int command_usage(char const *command, cha
 /* Prints the calling thread's last engine error as the engine renders it and answers COMMAND_RUNTIME. */
 int command_fail_engine(void);
 
+/* Room for `needed` bytes in the buffer *bytes of *capacity bytes: where it is smaller, its capacity
+ * doubles, from `first` when it is 0, until it holds them. Answers false where realloc fails, both left
+ * as they were. */
+bool command_reserve(char **bytes, size_t *capacity, size_t needed, size_t first);
+
 /* Whether argv[i] asks for help: `-h` or `--help`. */
 bool command_is_help(char const *argument);
 
@@ -53,7 +58,8 @@ typedef enum command_flag_kind {
 /* One row of a command's table. `value` names the value in --help ("PATH"; NULL for a switch), and
  * `help` describes it, its lines split by \n and indented to the table's column. A `maximum` of 0
  * stands for the kind's largest value; a `real_maximum` of 0 for no bound. `given`, when not NULL, is
- * set when the flag appears. `section`, when not NULL, is printed before the row in --help. */
+ * set when the flag appears. `section`, when not NULL, is printed before the row in --help. `required`,
+ * on a FLAG_STRING row, is the usage error said when its target is still NULL after the walk. */
 typedef struct command_flag {
     char const *name;
     command_flag_kind_t kind;
@@ -65,6 +71,7 @@ typedef struct command_flag {
     size_t choice_count;
     bool *given;
     char const *section;
+    char const *required;
 } command_flag_t;
 
 /* What a command's command line is called in usage errors ("search index"), how its --help reads (the
@@ -80,19 +87,27 @@ typedef struct command_help {
     int (*positional)(void *context, char const *argument, bool literal);
 } command_help_t;
 
-/* A command's whole command line: its help, its table (ended by a row whose name is NULL), and the
- * context handed to its positional callback. */
+/* A command's whole command line: its help, its table (ended by a row whose name is NULL), the context
+ * handed to its positional callback, and the usage error said when no positional argument was given
+ * (`missing`; NULL: they are optional). */
 typedef struct command_spec {
     command_help_t const *help;
     command_flag_t const *flags;
     void *context;
+    char const *missing;
 } command_spec_t;
 
 /* Walks argv[1..argc) against the spec's table, setting each flag's target. `-h` or `--help` prints the
  * help on standard output and sets *help, ending the walk. Answers COMMAND_OK, or COMMAND_USAGE after
  * printing the usage error: an unknown flag, an unexpected argument, a missing value, a value out of
- * its kind or range (each said the same way in every command), or the positional callback's code. */
+ * its kind or range (each said the same way in every command), the positional callback's code, then,
+ * after the walk, a missing positional argument or required row (in table order). */
 int command_flags_parse(command_spec_t const *spec, int argc, char **argv, bool *help);
+
+/* The rows commands share, read the same in each: `--model PATH`, the checkpoint, the default model's
+ * paragraph in --help saying what its absence takes; `--threads N`, the RAM executor's threads. */
+command_flag_t command_flag_model(char const **model);
+command_flag_t command_flag_threads(size_t *threads);
 
 /* Prints the spec's --help on `stream`. */
 void command_flags_help(command_spec_t const *spec, FILE *stream);

@@ -1,4 +1,4 @@
-/* Errors, numbers and the default model, shared by every subcommand of `uform`. */
+/* Errors, numbers, growing buffers and the default model, shared by every subcommand of `uform`. */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -50,6 +50,18 @@ int command_fail_engine(void) {
     uform_error_render(&error, text, sizeof text);
     fprintf(stderr, "%s\n", text);
     return COMMAND_RUNTIME;
+}
+
+bool command_reserve(char **bytes, size_t *capacity, size_t needed, size_t first) {
+    if (needed <= *capacity) return true;
+    size_t grown_capacity = *capacity ? *capacity : first;
+    while (grown_capacity < needed)
+        grown_capacity *= 2;
+    char *grown = realloc(*bytes, grown_capacity);
+    if (!grown) return false;
+    *bytes = grown;
+    *capacity = grown_capacity;
+    return true;
 }
 
 bool command_is_help(char const *argument) {

@@ -67,10 +67,8 @@ static int parse_flags(int argc, char **argv, encode_flags_t *flags) {
     static char const *const scalars[] = {"f32", "bf16", "f16", "i8"}; /* by uform_scalar_t */
     static char const *const formats[] = {"jsonl", "f32", "npy"};      /* by output_format_t */
     command_flag_t const table[] = {
-        {"--model", FLAG_STRING, &flags->model, .value = "PATH",
-         .help = "the checkpoint; default: the default model (below)"},
-        {"--threads", FLAG_SIZE, &flags->threads, .value = "N",
-         .help = "worker threads; 0 (the default) takes 7/8 of the cores"},
+        command_flag_model(&flags->model),
+        command_flag_threads(&flags->threads),
         {"--dims", FLAG_SIZE, &flags->dims, .value = "N",
          .help = "a matryoshka width of the model (see 'uform info'): each vector narrowed to\n"
                  "its first N values, unit-norm again"},

@@ -43,13 +43,12 @@ static command_help_t const help = {
 
 static int parse_flags(int argc, char **argv, eval_flags_t *flags) {
     command_flag_t const table[] = {
-        {"--model", FLAG_STRING, &flags->model, .value = "PATH",
-         .help = "the checkpoint; default: the default model (below)"},
-        {"--data", FLAG_STRING, &flags->data, .value = "FILE", .help = "the manifest (required)"},
+        command_flag_model(&flags->model),
+        {"--data", FLAG_STRING, &flags->data, .value = "FILE", .help = "the manifest (required)",
+         .required = "--data MANIFEST is required"},
         {"--batch", FLAG_SIZE, &flags->batch, .value = "B", .minimum = 1, .maximum = ENCODE_BATCH_ITEMS,
          .help = "items per engine call, 1 to 256 (default 256)"},
-        {"--threads", FLAG_SIZE, &flags->threads, .value = "N",
-         .help = "worker threads; 0 (the default) takes 7/8 of the cores"},
+        command_flag_threads(&flags->threads),
         {"--strict", FLAG_SWITCH, &flags->strict,
          .help = "a hit shares a group with the text, whatever the captions say"},
         {"--json", FLAG_SWITCH, &flags->json,
@@ -59,10 +58,7 @@ static int parse_flags(int argc, char **argv, eval_flags_t *flags) {
         {NULL},
     };
     command_spec_t const spec = {.help = &help, .flags = table};
-    int code = command_flags_parse(&spec, argc, argv, &flags->help);
-    if (code != COMMAND_OK || flags->help) return code;
-    if (!flags->data) return command_usage(help.name, "--data MANIFEST is required");
-    return COMMAND_OK;
+    return command_flags_parse(&spec, argc, argv, &flags->help);
 }
 
 /* ---- embeddings --------------------------------------------------------------------------------- */

@@ -1,9 +1,9 @@
 /* One parser for every command's flags: argv is walked left to right against the command's table
  * (uform_command.h). An argument is, in this order: positional after `--`; positional when it does not
  * start with '-' or is "-"; help; a row of the table (`--name VALUE`, `--name=VALUE`, or a switch
- * alone); else an error. Values are checked by their row's kind and range, and every error is said
- * the same way in every command. --help is printed from the same table. A command made of tools
- * dispatches on its first argument through one table too. */
+ * alone); else an error. Values are checked by their row's kind and range, what the table requires
+ * once the walk is over, and every error is said the same way in every command. --help is printed
+ * from the same table. A command made of tools dispatches on its first argument through one table too. */
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -136,8 +136,18 @@ static int take_positional(command_spec_t const *spec, char const *argument, boo
     return spec->help->positional(spec->context, argument, literal);
 }
 
+/* The usage error of what the walk left out: the positional arguments, then each required row. */
+static int missing(command_spec_t const *spec, size_t positionals) {
+    if (spec->missing && !positionals) return command_usage(spec->help->name, "%s", spec->missing);
+    for (command_flag_t const *flag = spec->flags; flag->name; ++flag)
+        if (flag->required && !*(char const **)flag->target)
+            return command_usage(spec->help->name, "%s", flag->required);
+    return COMMAND_OK;
+}
+
 int command_flags_parse(command_spec_t const *spec, int argc, char **argv, bool *help) {
     bool literal = false;
+    size_t positionals = 0;
     *help = false;
     for (int i = 1; i < argc; ++i) {
         char const *argument = argv[i];
@@ -145,6 +155,7 @@ int command_flags_parse(command_spec_t const *spec, int argc, char **argv, bool 
         if (literal || argument[0] != '-' || argument[1] == '\0') {
             code = take_positional(spec, argument, literal);
             if (code != COMMAND_OK) return code;
+            positionals++;
             continue;
         }
         if (command_is_help(argument)) {
@@ -171,7 +182,17 @@ int command_flags_parse(command_spec_t const *spec, int argc, char **argv, bool 
         }
         if ((code = set_value(spec, flag, value)) != COMMAND_OK) return code;
     }
-    return COMMAND_OK;
+    return missing(spec, positionals);
+}
+
+command_flag_t command_flag_model(char const **model) {
+    return (command_flag_t){"--model", FLAG_STRING, model, .value = "PATH",
+                            .help = "the checkpoint; default: the default model (below)"};
+}
+
+command_flag_t command_flag_threads(size_t *threads) {
+    return (command_flag_t){"--threads", FLAG_SIZE, threads, .value = "N",
+                            .help = "worker threads; 0 (the default) takes 7/8 of the cores"};
 }
 
 /* ---- help -------------------------------------------------------------------------------------- */

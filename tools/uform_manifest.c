@@ -478,17 +478,9 @@ int manifest_read_file(char const *path, char **bytes, size_t *length, size_t *c
         goto done;
     }
     size_t size = (size_t)status.st_size;
-    if (*length + size + 1 > *capacity) {
-        size_t grown_capacity = *capacity ? *capacity : 1 << 16;
-        while (grown_capacity < *length + size + 1)
-            grown_capacity *= 2;
-        char *grown = realloc(*bytes, grown_capacity);
-        if (!grown) {
-            error = ENOMEM;
-            goto done;
-        }
-        *bytes = grown;
-        *capacity = grown_capacity;
+    if (!command_reserve(bytes, capacity, *length + size + 1, 1 << 16)) {
+        error = ENOMEM;
+        goto done;
     }
     if (fread(*bytes + *length, 1, size, file) != size) {
         error = ferror(file) && errno ? errno : EIO;

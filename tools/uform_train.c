@@ -104,9 +104,11 @@ static command_help_t const help = {.name = "train", .head = help_head, .tail = 
 static int parse_flags(int argc, char **argv, train_flags_t *flags) {
     uform_trainer_config_t *config = &flags->config;
     command_flag_t const table[] = {
-        {"--data", FLAG_STRING, &flags->data, .value = "FILE", .help = "the manifest (required)"},
+        {"--data", FLAG_STRING, &flags->data, .value = "FILE", .help = "the manifest (required)",
+         .required = "--data MANIFEST is required"},
         {"--out", FLAG_STRING, &flags->out, .value = "PATH",
-         .help = "the checkpoint written, with its optimizer state at PATH.optimizer (required)"},
+         .help = "the checkpoint written, with its optimizer state at PATH.optimizer (required)",
+         .required = "--out CHECKPOINT is required"},
         {"--steps", FLAG_SIZE, &flags->steps, .value = "N", .minimum = 1,
          .help = "train until the trainer's step count reaches N (default 1000); a fresh run's\n"
                  "learning rate decays to 0 at N"},
@@ -121,8 +123,7 @@ static int parse_flags(int argc, char **argv, train_flags_t *flags) {
                  "the ones of the run it continues to continue it bit for bit"},
         {"--save-every", FLAG_SIZE, &flags->save_every, .value = "N",
          .help = "also save every N steps (default 0: only at the end)"},
-        {"--threads", FLAG_SIZE, &flags->threads, .value = "N",
-         .help = "worker threads; 0 (the default) takes 7/8 of the cores"},
+        command_flag_threads(&flags->threads),
         {"--neighbours", FLAG_SIZE, &flags->neighbours, .value = "N", .maximum = NEAREST,
          .help = "each group drawn brings N more (default 0), drawn from its 8 nearest groups\n"
                  "by the words of their texts (see below)"},
@@ -162,8 +163,6 @@ static int parse_flags(int argc, char **argv, train_flags_t *flags) {
     command_spec_t const spec = {.help = &help, .flags = table};
     int code = command_flags_parse(&spec, argc, argv, &flags->help);
     if (code != COMMAND_OK || flags->help) return code;
-    if (!flags->data) return command_usage(help.name, "--data MANIFEST is required");
-    if (!flags->out) return command_usage(help.name, "--out CHECKPOINT is required");
     if (!flags->warmup_given) {
         size_t tenth = flags->steps / 10;
         config->warmup_steps = tenth < 100 ? tenth : 100;
@@ -368,15 +367,9 @@ static int step_inputs_fill(step_inputs_t *inputs, manifest_t const *manifest, b
         manifest_item_t const *item = &manifest->items[batcher->items[i]];
         inputs->modalities[i] = item->modality;
         if (item->modality == UFORM_MODALITY_TEXT) {
-            if (inputs->length + item->length + 1 > inputs->bytes_capacity) {
-                size_t capacity = inputs->bytes_capacity ? inputs->bytes_capacity : 1 << 16;
-                while (capacity < inputs->length + item->length + 1)
-                    capacity *= 2;
-                char *grown = realloc(inputs->bytes, capacity);
-                if (!grown) return fail_below("out of memory for a batch");
-                inputs->bytes = grown;
-                inputs->bytes_capacity = capacity;
-            }
+            if (!command_reserve(&inputs->bytes, &inputs->bytes_capacity, inputs->length + item->length + 1,
+                                 1 << 16))
+                return fail_below("out of memory for a batch");
             memcpy(inputs->bytes + inputs->length, item->bytes, item->length);
             inputs->length += item->length;
         } else {

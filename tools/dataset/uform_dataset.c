@@ -239,7 +239,8 @@ static int parse_flags(int argc, char **argv, synth_flags_t *flags) {
     command_flag_t const table[] = {
         {"--out", FLAG_STRING, &flags->out, .value = "DIR",
          .help = "the folder to write, created (its parent must exist); an existing one must\n"
-                 "be empty, unless --force"},
+                 "be empty, unless --force",
+         .required = "--out DIR is missing"},
         {"--force", FLAG_SWITCH, &flags->force,
          .help = "write into a folder that is not empty: its manifests and dataset.json are\n"
                  "replaced, and the media a previous run wrote there (media/img-*.png,\n"
@@ -272,7 +273,6 @@ static int parse_flags(int argc, char **argv, synth_flags_t *flags) {
     command_spec_t const spec = {.help = &synth_help, .flags = table};
     int code = command_flags_parse(&spec, argc, argv, &flags->help);
     if (code != COMMAND_OK || flags->help) return code;
-    if (!flags->out) return command_usage(synth_help.name, "--out DIR is missing");
     if (flags->image_size % 2)
         return command_usage(synth_help.name, "--image-size takes an even number, not %zu",
                              flags->image_size);

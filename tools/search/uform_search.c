@@ -102,24 +102,21 @@ static command_help_t const index_help = {.name = "search index",
 
 static int parse_index_flags(int argc, char **argv, index_flags_t *flags) {
     command_flag_t const table[] = {
-        {"--output", FLAG_STRING, &flags->output, .value = "INDEX", .help = "the index to write (required)"},
+        {"--output", FLAG_STRING, &flags->output, .value = "INDEX", .help = "the index to write (required)",
+         .required = "--output INDEX is required"},
         {"--model", FLAG_STRING, &flags->model, .value = "PATH",
          .help = "the checkpoint; default: the default model (below). The index records its\n"
                  "absolute path for 'search query'"},
-        {"--threads", FLAG_SIZE, &flags->threads, .value = "N",
-         .help = "worker threads; 0 (the default) takes 7/8 of the cores"},
+        command_flag_threads(&flags->threads),
         {"--dims", FLAG_SIZE, &flags->dims, .value = "N", .minimum = 1,
          .help = "a matryoshka width of the model (see 'uform info'); default: its full width"},
         {"--recursive", FLAG_SWITCH, &flags->recursive,
          .help = "the subfolders too (symbolic links to folders are not followed)"},
         {NULL},
     };
-    command_spec_t const spec = {.help = &index_help, .flags = table, .context = flags};
-    int code = command_flags_parse(&spec, argc, argv, &flags->help);
-    if (code != COMMAND_OK || flags->help) return code;
-    if (!flags->folder) return command_usage(index_help.name, "which FOLDER?");
-    if (!flags->output) return command_usage(index_help.name, "--output INDEX is required");
-    return COMMAND_OK;
+    command_spec_t const spec = {
+        .help = &index_help, .flags = table, .context = flags, .missing = "which FOLDER?"};
+    return command_flags_parse(&spec, argc, argv, &flags->help);
 }
 
 /* ---- the walk --------------------------------------------------------------------------------- */

@@ -74,15 +74,13 @@ static int parse_flags(int argc, char **argv, query_flags_t *flags) {
         {"--model", FLAG_STRING, &flags->model, .value = "PATH",
          .help = "the checkpoint; default: the one the index records. Its widths must include\n"
                  "the index's dims"},
-        {"--threads", FLAG_SIZE, &flags->threads, .value = "N",
-         .help = "worker threads; 0 (the default) takes 7/8 of the cores"},
+        command_flag_threads(&flags->threads),
         {"--", FLAG_LITERALS, NULL, .help = "what follows is the TEXT, even when it starts with '-'"},
         {NULL},
     };
-    command_spec_t const spec = {.help = &help, .flags = table, .context = flags};
+    command_spec_t const spec = {.help = &help, .flags = table, .context = flags, .missing = "which INDEX?"};
     int code = command_flags_parse(&spec, argc, argv, &flags->help);
     if (code != COMMAND_OK || flags->help) return code;
-    if (!flags->index) return command_usage(help.name, "which INDEX?");
     if (!flags->text == !flags->file) return command_usage(help.name, "a TEXT or a --file, one of the two");
     return COMMAND_OK;
 }

@@ -71,8 +71,7 @@ static command_help_t const help = {
 
 static int parse_flags(int argc, char **argv, serve_flags_t *flags) {
     command_flag_t const table[] = {
-        {"--model", FLAG_STRING, &flags->model, .value = "PATH",
-         .help = "the checkpoint; default: the default model (below)"},
+        command_flag_model(&flags->model),
         {"--name", FLAG_STRING, &flags->name, .value = "NAME",
          .help = "the model's name in requests and in /v1/models; default: the checkpoint's\n"
                  "file name without .safetensors (tiny-42 for the default model)"},

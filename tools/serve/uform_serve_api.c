@@ -13,18 +13,9 @@
 
 static bool text_reserve(serve_text_t *text, size_t more) {
     if (text->failed) return false;
-    if (text->length + more + 1 <= text->capacity) return true;
-    size_t capacity = text->capacity ? text->capacity : 1024;
-    while (capacity < text->length + more + 1)
-        capacity *= 2;
-    char *grown = realloc(text->data, capacity);
-    if (!grown) {
-        text->failed = true;
-        return false;
-    }
-    text->data = grown;
-    text->capacity = capacity;
-    return true;
+    if (command_reserve(&text->data, &text->capacity, text->length + more + 1, 1024)) return true;
+    text->failed = true;
+    return false;
 }
 
 void text_append(serve_text_t *text, char const *bytes, size_t length) {

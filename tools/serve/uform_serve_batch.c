@@ -156,15 +156,7 @@ void batch_refuse_queued(serve_t *server, unsigned status, char const *message) 
 
 /* Room for `bytes` more bytes and `items` more offsets. */
 static bool batch_reserve(serve_batch_t *batch, size_t bytes, size_t items) {
-    if (batch->length + bytes > batch->bytes_capacity) {
-        size_t capacity = batch->bytes_capacity ? batch->bytes_capacity : 65536;
-        while (capacity < batch->length + bytes)
-            capacity *= 2;
-        char *grown = realloc(batch->bytes, capacity);
-        if (!grown) return false;
-        batch->bytes = grown;
-        batch->bytes_capacity = capacity;
-    }
+    if (!command_reserve(&batch->bytes, &batch->bytes_capacity, batch->length + bytes, 65536)) return false;
     if (batch->items + items + 1 > batch->offsets_capacity) {
         size_t capacity = batch->offsets_capacity ? batch->offsets_capacity : 256;
         while (capacity < batch->items + items + 1)
