@@ -57,7 +57,7 @@ typedef struct batcher {
     size_t *taken;       /* per group: the batch it last joined, + 1 */
     size_t *taken_order; /* the current batch's groups, in the order taken */
     size_t taken_count;
-    size_t *order;   /* groups_count */
+    size_t *order;   /* groups_count; the one block `taken`, `taken_order` and `stamp` lie in too */
     size_t position; /* the next group of `order` */
     size_t pass;     /* passes begun */
     size_t *stamp;   /* per item: the batch it last joined, + 1 */
@@ -217,12 +217,12 @@ done:
 static int batcher_open(batcher_t *batcher, manifest_t const *manifest, uint64_t seed, size_t batch,
                         size_t neighbours) {
     *batcher = (batcher_t){.manifest = manifest, .seed = seed, .batch = batch, .neighbours = neighbours};
-    batcher->order = malloc(manifest->groups_count * sizeof(size_t));
-    batcher->stamp = calloc(manifest->count, sizeof(size_t));
-    batcher->taken = calloc(manifest->groups_count, sizeof(size_t));
-    batcher->taken_order = malloc(manifest->groups_count * sizeof(size_t));
-    if (!batcher->order || !batcher->stamp || !batcher->taken || !batcher->taken_order)
-        return command_fail("out of memory");
+    size_t const groups = manifest->groups_count;
+    batcher->order = calloc(3 * groups + manifest->count, sizeof(size_t)); /* taken and stamp start at 0 */
+    if (!batcher->order) return command_fail("out of memory");
+    batcher->taken = batcher->order + groups;
+    batcher->taken_order = batcher->taken + groups;
+    batcher->stamp = batcher->taken_order + groups;
     batcher->position = manifest->groups_count; /* the first draw begins pass 0 */
     if (neighbours) return manifest_neighbours(manifest, NEAREST, seed, &batcher->nearest);
     return COMMAND_OK;
@@ -230,9 +230,6 @@ static int batcher_open(batcher_t *batcher, manifest_t const *manifest, uint64_t
 
 static void batcher_close(batcher_t *batcher) {
     free(batcher->order);
-    free(batcher->stamp);
-    free(batcher->taken);
-    free(batcher->taken_order);
     free(batcher->nearest);
     free(batcher->items);
     *batcher = (batcher_t){0};
@@ -309,8 +306,8 @@ static int batcher_next(batcher_t *batcher) {
 
 /* What one step hands the trainer: the items' modalities and bytes, and every related pair. */
 typedef struct step_inputs {
-    uform_modality_t *modalities;
-    size_t *offsets;
+    size_t *offsets;              /* [items_capacity + 1], the block `modalities` follows in */
+    uform_modality_t *modalities; /* [items_capacity] */
     char *bytes;
     size_t length, bytes_capacity, items_capacity;
     uint32_t *relations;
@@ -318,7 +315,6 @@ typedef struct step_inputs {
 } step_inputs_t;
 
 static void step_inputs_release(step_inputs_t *inputs) {
-    free(inputs->modalities);
     free(inputs->offsets);
     free(inputs->bytes);
     free(inputs->relations);
@@ -354,11 +350,10 @@ static int step_inputs_fill(step_inputs_t *inputs, manifest_t const *manifest, b
                             bool strict) {
     size_t const count = batcher->count;
     if (count > inputs->items_capacity) {
-        free(inputs->modalities);
         free(inputs->offsets);
-        inputs->modalities = malloc(count * sizeof *inputs->modalities);
-        inputs->offsets = malloc((count + 1) * sizeof *inputs->offsets);
-        inputs->items_capacity = inputs->modalities && inputs->offsets ? count : 0;
+        inputs->offsets = malloc((count + 1) * sizeof *inputs->offsets + count * sizeof *inputs->modalities);
+        inputs->modalities = inputs->offsets ? (uform_modality_t *)(inputs->offsets + count + 1) : NULL;
+        inputs->items_capacity = inputs->offsets ? count : 0;
         if (!inputs->items_capacity) return fail_below("out of memory for a batch of %zu items", count);
     }
     inputs->length = 0;
@@ -382,6 +377,15 @@ static int step_inputs_fill(step_inputs_t *inputs, manifest_t const *manifest, b
         inputs->offsets[i + 1] = inputs->length;
     }
     return step_relations(inputs, manifest, batcher, strict);
+}
+
+/* The trainer's view of the `count` items that step_inputs_fill put in `inputs`. */
+static void step_inputs_hand(step_inputs_t const *inputs, size_t count, uform_trainer_step_args_t *args) {
+    args->modalities = inputs->modalities;
+    args->contents = (uform_tape_t){
+        .data = inputs->bytes, .offsets = inputs->offsets, .count = count, .length = inputs->length};
+    args->relations = inputs->relations;
+    args->relations_count = inputs->relations_count;
 }
 
 /* --dry-run: the batches of steps (step, total], one JSON line each on stdout. */
@@ -493,18 +497,8 @@ int command_train(int argc, char **argv) {
         if ((code = batcher_next(&batcher)) != COMMAND_OK) break;
         if ((code = step_inputs_fill(&inputs, &manifest, &batcher, flags.strict)) != COMMAND_OK) break;
         uform_trainer_step_stats_t stats = {0};
-        uform_trainer_step_args_t args = {
-            .trainer = trainer,
-            .executor = executor,
-            .modalities = inputs.modalities,
-            .contents = {.data = inputs.bytes,
-                         .offsets = inputs.offsets,
-                         .count = batcher.count,
-                         .length = inputs.length},
-            .relations = inputs.relations,
-            .relations_count = inputs.relations_count,
-            .stats = &stats,
-        };
+        uform_trainer_step_args_t args = {.trainer = trainer, .executor = executor, .stats = &stats};
+        step_inputs_hand(&inputs, batcher.count, &args);
         struct timespec started, finished;
         clock_gettime(CLOCK_MONOTONIC, &started);
         if (uform_trainer_step(&args) != UFORM_OK) {
