@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Builds mojo/test.mojo with the `mojo` compiler and runs it against a freshly built libuform, with
-UFORM_TEST_CHECKPOINT pointing at a tiny checkpoint written by `uform_tiny_checkpoint` and UFORM_TEST_MEDIA
+UFORM_TEST_CHECKPOINT pointing at a tiny checkpoint written by `uform_tiny_checkpoint` (or at the one the
+caller's UFORM_TEST_CHECKPOINT names) and UFORM_TEST_MEDIA
 at a folder of small inputs written here (PNG, WAV, a Y4M clip, a file that is no image). Exits 77
 (skipped, with the reason) where no compiler is at hand, and fails for it under CI=true."""
 import argparse
@@ -73,14 +74,16 @@ def main():
     if not args.mojo or not shutil.which(args.mojo):
         unavailable(f"mojo: the mojo compiler is not found ({how_to_install(['mojo'])})")
     os.makedirs(args.workdir, exist_ok=True)
-    checkpoint = os.path.join(args.workdir, "tiny.safetensors")
-    subprocess.run([args.tiny_checkpoint_tool, checkpoint], check=True)
+    # A checkpoint the caller names (UFORM_TEST_CHECKPOINT=<path> pixi run test) is used as it is.
+    checkpoint = os.environ.get("UFORM_TEST_CHECKPOINT") or os.path.join(args.workdir, "tiny.safetensors")
+    if not os.environ.get("UFORM_TEST_CHECKPOINT"):
+        subprocess.run([args.tiny_checkpoint_tool, checkpoint], check=True)
     write_media(args.workdir)
     program = os.path.join(args.workdir, "test_mojo")
     # `mojo build`, not `mojo run`: a linked program, as users ship it.
     subprocess.run([args.mojo, "build", "-I", os.path.join(args.source_root, "mojo"),
                     os.path.join(args.source_root, "mojo", "test.mojo"), "-o", program], check=True)
-    env = dict(os.environ, UFORM_LIBRARY=os.path.abspath(args.library), UFORM_TEST_CHECKPOINT=checkpoint,
+    env = dict(os.environ, UFORM_LIBRARY=os.path.abspath(args.library), UFORM_TEST_CHECKPOINT=os.path.abspath(checkpoint),
                UFORM_TEST_MEDIA=os.path.abspath(args.workdir))
     return subprocess.run([program], env=env).returncode
 

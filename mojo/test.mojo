@@ -129,6 +129,11 @@ def test_model(library: Library, path: String) raises:
     var inline_arena = Arena(inline)
     var there = model.on(inline).text_encode(TapeView.of(texts, offsets), Outputs.EMBEDDINGS, inline_arena)
     check(List[Float32](there.embeddings().value().row[DType.float32](0)) == reference, "inline executor, bitwise")
+    # A tape given by its address and length, as a device buffer's would be, reads the same bytes.
+    var address_arena = Arena(executor)
+    var by_address = model.on(executor).text_encode(
+        TapeView.of(texts.unsafe_ptr(), len(texts), offsets), Outputs.EMBEDDINGS, address_arena)
+    check(List[Float32](by_address.embeddings().value().row[DType.float32](0)) == reference, "a tape by address, bitwise")
 
     # A stale view: the arena's next call rewinds it.
     var generation = arena.generation()

@@ -271,15 +271,24 @@ struct Library(ImplicitlyCopyable):
     var _symbols: ArcPointer[_Symbols]
 
     def __init__(out self) raises Error:
-        """Opens `$UFORM_LIBRARY` when set, else `libuform.so` (`libuform.dylib` on macOS) through the
-        dynamic linker's search, which includes the RUNPATH `mojo build` bakes in."""
+        """Opens `$UFORM_LIBRARY` when set, else the engine by the platform's search: `libuform.so` through
+        the dynamic linker on Linux, which reads the RUNPATH `mojo build` bakes in (a pixi or conda
+        environment's `lib`, where the `uform` package installs it), then LD_LIBRARY_PATH and the system's
+        folders; on macOS `@rpath/libuform.dylib` (the LC_RPATH entries `mojo build` bakes in), then
+        `libuform.dylib` through dyld's own search."""
         var path = getenv("UFORM_LIBRARY")
-        if not path:
-            comptime if CompilationTarget.is_macos():
-                path = "libuform.dylib"
-            else:
-                path = "libuform.so"
-        self = Library(path)
+        if path:
+            self = Library(path)
+            return
+        comptime if CompilationTarget.is_macos():
+            try:
+                self = Library("@rpath/libuform.dylib")
+                return
+            except:
+                pass
+            self = Library("libuform.dylib")
+        else:
+            self = Library("libuform.so")
 
     def __init__(out self, path: String) raises Error:
         var handle: OwnedDLHandle
@@ -287,7 +296,8 @@ struct Library(ImplicitlyCopyable):
             handle = OwnedDLHandle(path)
         except:
             # The builtin error of `dlopen` becomes ours ("wrap Error at API boundaries").
-            raise Error(Status.IO, "dlopen", "the engine's shared library could not be opened")
+            raise Error(Status.IO, "dlopen", "the engine's shared library could not be opened (set UFORM_LIBRARY to its"
+                + " path, or install the uform package into the environment whose mojo built the program)")
         self._symbols = ArcPointer(_Symbols(handle^))
 
     def version(self) -> Tuple[Int, Int, Int]:

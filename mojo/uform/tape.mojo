@@ -23,6 +23,15 @@ struct TapeView[T: AnyType, data_origin: ImmOrigin, offsets_origin: ImmOrigin](I
         """Elements in host memory, and `len(offsets) - 1` items (std `Span.unsafe_ptr`)."""
         return Self(data.unsafe_ptr(), len(data), Span(offsets))
 
+    @staticmethod
+    def of(
+        data: Pointer[Self.T, Self.data_origin], length: Int, ref [Self.offsets_origin] offsets: List[UInt]
+    ) -> Self:
+        """`length` elements at a host or device address (a MAX `DeviceBuffer`'s `unsafe_ptr()`), the
+        offsets in host memory; the engine asks the driver where the elements lie. The caller keeps them
+        alive for as long as the view."""
+        return Self(data, length, Span(offsets))
+
     def __len__(self) -> Int:
         return max(len(self._offsets) - 1, 0)
 
