@@ -53,6 +53,34 @@ uform_executor_t *ram_executor(size_t threads, bool pin);
 /* A host arena (uform_arena_create_host); the caller frees it. */
 uform_arena_t *arena_on_host(void);
 
+/* ---- Receivers and progress ------------------------------------------------------------------------ */
+
+/* The receivers a call may run on, as the suites make them. */
+typedef enum receiver {
+    RECEIVER_THREAD,     /* no executor: the calling thread */
+    RECEIVER_INLINE,     /* uform_executor_create_inline */
+    RECEIVER_RAM,        /* a RAM executor of the default options */
+    RECEIVER_RAM_TWO,    /* a RAM executor of 2 threads */
+    RECEIVER_RAM_DOMAIN, /* a RAM executor bound to NUMA domain 0 through hwloc, where built */
+    RECEIVER_POOL,       /* an application's pool */
+} receiver_t;
+
+/* An executor of `receiver`, asserted made (RECEIVER_THREAD: NULL); RECEIVER_POOL runs through `vtable`
+ * on `pool`. The caller frees it. */
+uform_executor_t *receiver_make(receiver_t receiver, uform_pool_vtable_t const *vtable, void *pool);
+
+/* What a progress handler was told, and when it cancels. */
+typedef struct progress_counter {
+    size_t calls;        /* so far */
+    size_t last, total;  /* the last call's `completed` and `total` */
+    size_t cancel_at;    /* cancel once `completed` reaches it; 0: never */
+    bool cancel_halfway; /* cancel once `completed` reaches half the total */
+} progress_counter_t;
+
+/* The progress handler over a progress_counter_t: counts and records each call, asserts that `completed`
+ * never goes back nor past `total`, and cancels as the counter says. */
+uform_continuation_t count_progress(void *state, size_t completed, size_t total);
+
 /* ---- Files ---------------------------------------------------------------------------------------- */
 
 typedef struct blob {
