@@ -423,6 +423,20 @@ static void *waker_main(void *argument) {
     return NULL;
 }
 
+/* A post of `value` from another thread, most likely while the loop sleeps: delivered once, by a run. */
+static void test_post_from_thread(loop_t *loop, int64_t value) {
+    test_op_t record;
+    test_op_init(&record);
+    record.op.result = value;
+    waker_t poster = {.loop = loop, .post = &record.op};
+    pthread_t thread;
+    assert_int_equal(pthread_create(&thread, NULL, waker_main, &poster), 0);
+    test_run_until(loop, &record.calls, 1);
+    assert_int_equal(pthread_join(thread, NULL), 0);
+    assert_int_equal(record.calls, 1);
+    assert_int_equal(record.result, value);
+}
+
 static void test_wake(void **state) {
     loop_t *loop = test_loop_new(state, false);
 
@@ -441,17 +455,7 @@ static void test_wake(void **state) {
     }
 
     /* A post from another thread ends a sleep as well, and is delivered by it. */
-    test_op_t record;
-    test_op_init(&record);
-    record.op.result = 7;
-    waker_t poster = {.loop = loop, .post = &record.op};
-    pthread_t thread;
-    assert_int_equal(pthread_create(&thread, NULL, waker_main, &poster), 0);
-    while (record.calls == 0)
-        loop_run(loop, true, 0);
-    assert_int_equal(pthread_join(thread, NULL), 0);
-    assert_int_equal(record.calls, 1);
-    assert_int_equal(record.result, 7);
+    test_post_from_thread(loop, 7);
     loop_destroy(loop);
 }
 
@@ -534,15 +538,7 @@ static void test_single_issuer(void **state) {
     assert_int_equal(timer.result, -ETIME);
     assert_true(timer.at_ns - start >= 5000000u);
 
-    test_op_t posted;
-    test_op_init(&posted);
-    posted.op.result = 3;
-    waker_t poster = {.loop = loop, .post = &posted.op};
-    pthread_t thread;
-    assert_int_equal(pthread_create(&thread, NULL, waker_main, &poster), 0);
-    test_run_until(loop, &posted.calls, 1);
-    assert_int_equal(pthread_join(thread, NULL), 0);
-    assert_int_equal(posted.result, 3);
+    test_post_from_thread(loop, 3);
 
 #if UFORM_WITH_URING
     if (loop_uring_available()) {
