@@ -140,12 +140,17 @@ typedef struct file_job {
     bool finished;
 } file_job_t;
 
+/* The job stops at a failure: `error`, a negative errno. */
+static void file_job_fail(file_job_t *job, int64_t error) {
+    job->error = error;
+    job->finished = true;
+}
+
 /* Each callback submits the next step with the same operation. */
 static void file_job_step(loop_op_t *op) {
     file_job_t *job = TEST_CONTAINER_OF(op, file_job_t, op);
     if (op->result < 0) {
-        job->error = op->result;
-        job->finished = true;
+        file_job_fail(job, op->result);
         return;
     }
     switch (job->stage++) {
@@ -155,8 +160,7 @@ static void file_job_step(loop_op_t *op) {
         break;
     case 1:
         if (job->stat.stx_size > job->capacity) {
-            job->error = -EFBIG;
-            job->finished = true;
+            file_job_fail(job, -EFBIG);
             break;
         }
         loop_read(job->loop, op, job->fd, job->buffer, (size_t)job->stat.stx_size, 0);

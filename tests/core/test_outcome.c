@@ -356,25 +356,22 @@ static void ring_notification(void **state) {
 
 /* ---- Fork-join through every executor ---------------------------------------------------------- */
 
-typedef struct visits {
-    _Atomic size_t count[8];
-} visits_t;
-
-static void visit(void *context, size_t thread) {
-    visits_t *visits = context;
-    if (thread < 8) atomic_fetch_add(&visits->count[thread], 1);
-}
-
+/* A call that forks `rounds` times over its executor's threads, counting each thread's visits. */
 typedef struct fork_call {
     call_t call;
-    visits_t visits;
     size_t rounds;
+    _Atomic size_t visits[8]; /* of threads 0 to 7 */
 } fork_call_t;
+
+static void visit(void *context, size_t thread) {
+    fork_call_t *fork = context;
+    if (thread < 8) atomic_fetch_add(&fork->visits[thread], 1);
+}
 
 static void fork_start(call_t *call) {
     fork_call_t *fork = container_of(call, fork_call_t, call);
     for (size_t i = 0; i < fork->rounds; ++i)
-        executor_for_threads(call->executor, visit, &fork->visits);
+        executor_for_threads(call->executor, visit, fork);
     call_finish(call, UFORM_OK, NULL);
 }
 
@@ -395,7 +392,7 @@ static void for_threads_reaches_every_thread(uform_executor_t *executor, int kin
     fork_call_t fork = {.rounds = 1000};
     fork_run(&fork, executor);
     for (size_t thread = 0; thread < 8; ++thread)
-        assert_int_equal(atomic_load(&fork.visits.count[thread]), thread < info.threads ? 1000 : 0);
+        assert_int_equal(atomic_load(&fork.visits[thread]), thread < info.threads ? 1000 : 0);
 }
 
 static void executor_info_and_options(void **state) {
@@ -467,8 +464,8 @@ static void fork_union_pool(void **state) {
     assert_int_equal(info.threads, 2);
     fork_call_t fork = {.rounds = 100};
     fork_run(&fork, executor);
-    assert_int_equal(atomic_load(&fork.visits.count[0]), 100);
-    assert_int_equal(atomic_load(&fork.visits.count[1]), 100);
+    assert_int_equal(atomic_load(&fork.visits[0]), 100);
+    assert_int_equal(atomic_load(&fork.visits[1]), 100);
     uform_executor_free(executor);
     fu_pool_delete(pool);
 #else
