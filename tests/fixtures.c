@@ -486,6 +486,16 @@ void assert_items_fail_alone(batch_encode_t encode, batch_t const *batch, uform_
     uform_arena_free(single_arena);
 }
 
+void assert_bad_arguments(verb_t verb, void const *good, void const *bad, size_t size,
+                          char const *const *what, size_t count, uform_status_t expected) {
+    assert_int_equal(verb(NULL), UFORM_INVALID_ARGUMENT);
+    for (size_t i = 0; i < count; ++i) {
+        uform_status_t status = verb((unsigned char const *)bad + i * size);
+        if (status != UFORM_INVALID_ARGUMENT) fail_msg("%s: %s", what[i], uform_status_name(status));
+        assert_int_equal(verb(good), expected);
+    }
+}
+
 void assert_conversions_and_matryoshka(batch_encode_t encode, batch_t const *batch, uform_outputs_t outputs,
                                        uform_model_info_t const *info, convert_t convert) {
     uform_arena_t *full_arena = arena_on_host(), *arena = arena_on_host();

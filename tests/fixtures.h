@@ -200,6 +200,15 @@ void assert_sources_checked(batch_encode_t encode, uform_status_t expected, char
 void assert_items_fail_alone(batch_encode_t encode, batch_t const *batch, uform_status_t const *expected,
                              uform_executor_t *executor);
 
+/* A verb behind `void const *`: a suite's wrapper of one verb, over that verb's own arguments. */
+typedef uform_status_t (*verb_t)(void const *args);
+
+/* `verb` refuses NULL arguments, then each of `count` bad argument sets (`bad`, an array of them, each
+ * `size` bytes; `what[i]` names set i in a failure) with INVALID_ARGUMENT at once; after each, `good`
+ * still answers `expected`. */
+void assert_bad_arguments(verb_t verb, void const *good, void const *bad, size_t size,
+                          char const *const *what, size_t count, uform_status_t expected);
+
 /* The cases as files, then a missing file, the folder itself, an empty path and a path holding a NUL
  * byte (IO, IO, INVALID_ARGUMENT, INVALID_ARGUMENT), and the cases not file_only as bytes in memory:
  * every item answers its status alone (assert_items_fail_alone), on the calling thread and on a RAM
@@ -224,5 +233,11 @@ void test_chunked_reads(void **state);    /* assert_chunked_reads over the file_
 /* A struct CMUnitTest named `name_` that runs `test_` with `cases_` (a file_cases_t *) as its state. */
 #define FILE_CASES_TEST(name_, test_, cases_)                                                                \
     { .name = (name_), .test_func = (test_), .initial_state = (cases_) }
+
+/* Both tests over the same cases, in a suite's table: `name_` for test_cases_fail_alone, then
+ * "chunked_reads". */
+#define FILE_CASES_TESTS(name_, cases_)                                                                      \
+    FILE_CASES_TEST(name_, test_cases_fail_alone, cases_),                                                   \
+        FILE_CASES_TEST("chunked_reads", test_chunked_reads, cases_)
 
 #endif
