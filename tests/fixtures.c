@@ -486,6 +486,22 @@ void assert_items_fail_alone(batch_encode_t encode, batch_t const *batch, uform_
     uform_arena_free(single_arena);
 }
 
+uform_status_t text_encode_verb(void const *args) {
+    return uform_text_encode(args);
+}
+
+uform_status_t image_encode_verb(void const *args) {
+    return uform_image_encode(args);
+}
+
+uform_status_t image_encode_pixels_verb(void const *args) {
+    return uform_image_encode_pixels(args);
+}
+
+uform_status_t audio_encode_samples_verb(void const *args) {
+    return uform_audio_encode_samples(args);
+}
+
 void assert_bad_arguments(verb_t verb, void const *good, void const *bad, size_t size,
                           char const *const *what, size_t count, uform_status_t expected) {
     assert_int_equal(verb(NULL), UFORM_INVALID_ARGUMENT);

@@ -203,6 +203,12 @@ void assert_items_fail_alone(batch_encode_t encode, batch_t const *batch, uform_
 /* A verb behind `void const *`: a suite's wrapper of one verb, over that verb's own arguments. */
 typedef uform_status_t (*verb_t)(void const *args);
 
+/* The verbs as verb_t, each over its own arguments type. */
+uform_status_t text_encode_verb(void const *args);
+uform_status_t image_encode_verb(void const *args);
+uform_status_t image_encode_pixels_verb(void const *args);
+uform_status_t audio_encode_samples_verb(void const *args);
+
 /* `verb` refuses NULL arguments, then each of `count` bad argument sets (`bad`, an array of them, each
  * `size` bytes; `what[i]` names set i in a failure) with INVALID_ARGUMENT at once; after each, `good`
  * still answers `expected`. */

@@ -745,10 +745,6 @@ static void conversions_and_matryoshka(void **state) {
 
 #endif /* UFORM_WITH_FFMPEG */
 
-static uform_status_t samples_verb(void const *args) {
-    return uform_audio_encode_samples(args);
-}
-
 /* Bad arguments fail before submission, the same way in every build; a build without FFmpeg answers
  * UNSUPPORTED for good ones. */
 static void bad_arguments_fail_at_once(void **state) {
@@ -777,7 +773,8 @@ static void bad_arguments_fail_at_once(void **state) {
     bad[5].arena = NULL;
     bad[6].samples.data = (char const *)sound.samples + 1;
     bad[7].encoded = NULL;
-    assert_bad_arguments(samples_verb, &good, bad, sizeof bad[0], what, sizeof bad / sizeof bad[0], expected);
+    assert_bad_arguments(audio_encode_samples_verb, &good, bad, sizeof bad[0], what,
+                         sizeof bad / sizeof bad[0], expected);
     assert_int_equal(uform_audio_encode(NULL), UFORM_INVALID_ARGUMENT);
     assert_sources_checked(batch_encode, expected,
                            "built without FFmpeg: sounds cannot be decoded, resampled or transformed");

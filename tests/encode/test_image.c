@@ -462,10 +462,6 @@ static void conversions_and_matryoshka(void **state) {
     varied_free(&varied);
 }
 
-static uform_status_t pixels_verb(void const *args) {
-    return uform_image_encode_pixels(args);
-}
-
 static void bad_arguments_fail_at_once(void **state) {
     (void)state;
     picture_t picture = picture_make(8, 8, 1);
@@ -491,7 +487,8 @@ static void bad_arguments_fail_at_once(void **state) {
     bad[4].pixels.offsets = beyond;
     bad[5].outputs = 0;
     bad[6].arena = NULL;
-    assert_bad_arguments(pixels_verb, &good, bad, sizeof bad[0], what, sizeof bad / sizeof bad[0], UFORM_OK);
+    assert_bad_arguments(image_encode_pixels_verb, &good, bad, sizeof bad[0], what,
+                         sizeof bad / sizeof bad[0], UFORM_OK);
     assert_int_equal(uform_image_encode(NULL), UFORM_INVALID_ARGUMENT);
     assert_sources_checked(batch_encode, UFORM_OK, NULL);
     uform_arena_free(arena);
