@@ -17,28 +17,30 @@
 #include "outcome.h"
 #include "fixtures.h"
 
+/* Every status with the name uform_status_name gives it, in the order of their values. */
+static struct status_name {
+    uform_status_t status;
+    char const *name;
+} const status_names[] = {
+    {UFORM_OK, "ok"},
+    {UFORM_PENDING, "pending"},
+    {UFORM_CANCELLED, "cancelled"},
+    {UFORM_CONTENDED, "contended"},
+    {UFORM_INVALID_ARGUMENT, "invalid_argument"},
+    {UFORM_IO, "io"},
+    {UFORM_FORMAT, "format"},
+    {UFORM_OUT_OF_MEMORY, "out_of_memory"},
+    {UFORM_DEVICE, "device"},
+    {UFORM_UNSUPPORTED, "unsupported"},
+    {UFORM_INTERNAL, "internal"},
+    {UFORM_MISSING_SYMBOL, "missing_symbol"},
+};
+
 static void names_and_rendering(void **state) {
     (void)state;
-    struct {
-        uform_status_t status;
-        char const *name;
-    } const names[] = {
-        {UFORM_OK, "ok"},
-        {UFORM_PENDING, "pending"},
-        {UFORM_CANCELLED, "cancelled"},
-        {UFORM_CONTENDED, "contended"},
-        {UFORM_INVALID_ARGUMENT, "invalid_argument"},
-        {UFORM_IO, "io"},
-        {UFORM_FORMAT, "format"},
-        {UFORM_OUT_OF_MEMORY, "out_of_memory"},
-        {UFORM_DEVICE, "device"},
-        {UFORM_UNSUPPORTED, "unsupported"},
-        {UFORM_INTERNAL, "internal"},
-        {UFORM_MISSING_SYMBOL, "missing_symbol"},
-    };
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; ++i) {
-        assert_int_equal(names[i].status, (int)i); /* values are stable and dense */
-        assert_string_equal(uform_status_name(names[i].status), names[i].name);
+    for (size_t i = 0; i < sizeof status_names / sizeof status_names[0]; ++i) {
+        assert_int_equal(status_names[i].status, (int)i); /* values are stable and dense */
+        assert_string_equal(uform_status_name(status_names[i].status), status_names[i].name);
     }
     assert_string_equal(uform_status_name((uform_status_t)1000), "unknown");
 
