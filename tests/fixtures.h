@@ -1,8 +1,9 @@
 /* What the test suites share: a temporary folder with a tiny checkpoint and its model, files and blobs,
- * batches of items on one tape, RAM executors, comparisons of encoded outputs, and checks that every
- * encode verb must pass alike (receivers, progress and cancellation, bad items, conversions, matryoshka
- * widths). Only the public interface (uform.h) is used, so that suites linked against the shared library
- * link this too. Every helper asserts with cmocka: a failure fails the calling test. */
+ * batches of items on one tape, executors of every receiver kind, a progress counter, comparisons of
+ * encoded outputs, the verbs behind `void const *`, and checks that every encode verb must pass alike
+ * (receivers, progress and cancellation, bad arguments, bad items, conversions, matryoshka widths).
+ * Only the public interface (uform.h) is used, so that suites linked against the shared library link
+ * this too. Every helper asserts with cmocka: a failure fails the calling test. */
 #ifndef UFORM_TESTS_FIXTURES_H
 #define UFORM_TESTS_FIXTURES_H
 

@@ -170,7 +170,7 @@ static void progress_and_cancellation(void **state) {
         assert_true(2 * canceller.last >= canceller.total);
 
         /* Blocking: the same status and the thread's last error. */
-        canceller = (progress_counter_t){.cancel_halfway = true};
+        canceller = (progress_counter_t){.cancel_halfway = true}; /* counted afresh, from 0 */
         model = (uform_model_t *)&model;
         assert_int_equal(load_blocking(executor, large_path, &config, &model), UFORM_CANCELLED);
         assert_null(model);
