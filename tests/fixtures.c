@@ -94,6 +94,49 @@ uform_arena_t *arena_on_host(void) {
     return arena;
 }
 
+/* ---- Receivers and progress ------------------------------------------------------------------------ */
+
+uform_executor_t *receiver_make(receiver_t receiver, uform_pool_vtable_t const *vtable, void *pool) {
+    uform_executor_t *executor = NULL;
+    uform_ram_options_t options = uform_ram_options_default();
+    size_t domain = 0;
+    switch (receiver) {
+    case RECEIVER_THREAD:
+        return NULL;
+    case RECEIVER_INLINE:
+        assert_int_equal(uform_executor_create_inline(&executor), UFORM_OK);
+        break;
+    case RECEIVER_RAM:
+        assert_int_equal(uform_executor_create_ram(NULL, &executor), UFORM_OK);
+        break;
+    case RECEIVER_RAM_TWO:
+        options.threads = 2;
+        assert_int_equal(uform_executor_create_ram(&options, &executor), UFORM_OK);
+        break;
+    case RECEIVER_RAM_DOMAIN:
+        options.domains = &domain;
+        options.domains_count = uform_features() & UFORM_FEATURE_HWLOC ? 1 : 0; /* bound where built */
+        assert_int_equal(uform_executor_create_ram(&options, &executor), UFORM_OK);
+        break;
+    case RECEIVER_POOL:
+        assert_int_equal(uform_executor_create_pool(vtable, pool, &executor), UFORM_OK);
+        break;
+    }
+    assert_non_null(executor);
+    return executor;
+}
+
+uform_continuation_t count_progress(void *state, size_t completed, size_t total) {
+    progress_counter_t *counter = state;
+    assert_true(completed >= counter->last && completed <= total);
+    counter->calls++;
+    counter->last = completed;
+    counter->total = total;
+    bool cancel = counter->cancel_halfway ? 2 * completed >= total
+                                          : counter->cancel_at && completed >= counter->cancel_at;
+    return cancel ? UFORM_CANCEL : UFORM_CONTINUE;
+}
+
 /* ---- Files ---------------------------------------------------------------------------------------- */
 
 blob_t blob_copy(void const *data, size_t size) {
@@ -351,18 +394,6 @@ void assert_same_on_every_receiver(batch_encode_t encode, batch_t const *batch, 
     free(other);
 }
 
-typedef struct progress_counter {
-    size_t calls, last, cancel_at;
-} progress_counter_t;
-
-static uform_continuation_t count_progress(void *state, size_t completed, size_t total) {
-    progress_counter_t *counter = state;
-    counter->calls++;
-    counter->last = completed;
-    (void)total;
-    return counter->cancel_at && completed >= counter->cancel_at ? UFORM_CANCEL : UFORM_CONTINUE;
-}
-
 /* assert_progress_and_cancel on one receiver. */
 static void check_progress(batch_encode_t encode, batch_t const *batch, uform_executor_t *executor,
                            uform_status_t expected) {
@@ -453,6 +484,32 @@ void assert_items_fail_alone(batch_encode_t encode, batch_t const *batch, uform_
     assert_int_equal(stats.items, batch->count);
     uform_arena_free(arena);
     uform_arena_free(single_arena);
+}
+
+uform_status_t text_encode_verb(void const *args) {
+    return uform_text_encode(args);
+}
+
+uform_status_t image_encode_verb(void const *args) {
+    return uform_image_encode(args);
+}
+
+uform_status_t image_encode_pixels_verb(void const *args) {
+    return uform_image_encode_pixels(args);
+}
+
+uform_status_t audio_encode_samples_verb(void const *args) {
+    return uform_audio_encode_samples(args);
+}
+
+void assert_bad_arguments(verb_t verb, void const *good, void const *bad, size_t size,
+                          char const *const *what, size_t count, uform_status_t expected) {
+    assert_int_equal(verb(NULL), UFORM_INVALID_ARGUMENT);
+    for (size_t i = 0; i < count; ++i) {
+        uform_status_t status = verb((unsigned char const *)bad + i * size);
+        if (status != UFORM_INVALID_ARGUMENT) fail_msg("%s: %s", what[i], uform_status_name(status));
+        assert_int_equal(verb(good), expected);
+    }
 }
 
 void assert_conversions_and_matryoshka(batch_encode_t encode, batch_t const *batch, uform_outputs_t outputs,

@@ -1,8 +1,9 @@
 /* What the test suites share: a temporary folder with a tiny checkpoint and its model, files and blobs,
- * batches of items on one tape, RAM executors, comparisons of encoded outputs, and checks that every
- * encode verb must pass alike (receivers, progress and cancellation, bad items, conversions, matryoshka
- * widths). Only the public interface (uform.h) is used, so that suites linked against the shared library
- * link this too. Every helper asserts with cmocka: a failure fails the calling test. */
+ * batches of items on one tape, executors of every receiver kind, a progress counter, comparisons of
+ * encoded outputs, the verbs behind `void const *`, and checks that every encode verb must pass alike
+ * (receivers, progress and cancellation, bad arguments, bad items, conversions, matryoshka widths).
+ * Only the public interface (uform.h) is used, so that suites linked against the shared library link
+ * this too. Every helper asserts with cmocka: a failure fails the calling test. */
 #ifndef UFORM_TESTS_FIXTURES_H
 #define UFORM_TESTS_FIXTURES_H
 
@@ -52,6 +53,34 @@ uform_executor_t *ram_executor(size_t threads, bool pin);
 
 /* A host arena (uform_arena_create_host); the caller frees it. */
 uform_arena_t *arena_on_host(void);
+
+/* ---- Receivers and progress ------------------------------------------------------------------------ */
+
+/* The receivers a call may run on, as the suites make them. */
+typedef enum receiver {
+    RECEIVER_THREAD,     /* no executor: the calling thread */
+    RECEIVER_INLINE,     /* uform_executor_create_inline */
+    RECEIVER_RAM,        /* a RAM executor of the default options */
+    RECEIVER_RAM_TWO,    /* a RAM executor of 2 threads */
+    RECEIVER_RAM_DOMAIN, /* a RAM executor bound to NUMA domain 0 through hwloc, where built */
+    RECEIVER_POOL,       /* an application's pool */
+} receiver_t;
+
+/* An executor of `receiver`, asserted made (RECEIVER_THREAD: NULL); RECEIVER_POOL runs through `vtable`
+ * on `pool`. The caller frees it. */
+uform_executor_t *receiver_make(receiver_t receiver, uform_pool_vtable_t const *vtable, void *pool);
+
+/* What a progress handler was told, and when it cancels. */
+typedef struct progress_counter {
+    size_t calls;        /* so far */
+    size_t last, total;  /* the last call's `completed` and `total` */
+    size_t cancel_at;    /* cancel once `completed` reaches it; 0: never */
+    bool cancel_halfway; /* cancel once `completed` reaches half the total */
+} progress_counter_t;
+
+/* The progress handler over a progress_counter_t: counts and records each call, asserts that `completed`
+ * never goes back nor past `total`, and cancels as the counter says. */
+uform_continuation_t count_progress(void *state, size_t completed, size_t total);
 
 /* ---- Files ---------------------------------------------------------------------------------------- */
 
@@ -172,6 +201,21 @@ void assert_sources_checked(batch_encode_t encode, uform_status_t expected, char
 void assert_items_fail_alone(batch_encode_t encode, batch_t const *batch, uform_status_t const *expected,
                              uform_executor_t *executor);
 
+/* A verb behind `void const *`: a suite's wrapper of one verb, over that verb's own arguments. */
+typedef uform_status_t (*verb_t)(void const *args);
+
+/* The verbs as verb_t, each over its own arguments type. */
+uform_status_t text_encode_verb(void const *args);
+uform_status_t image_encode_verb(void const *args);
+uform_status_t image_encode_pixels_verb(void const *args);
+uform_status_t audio_encode_samples_verb(void const *args);
+
+/* `verb` refuses NULL arguments, then each of `count` bad argument sets (`bad`, an array of them, each
+ * `size` bytes; `what[i]` names set i in a failure) with INVALID_ARGUMENT at once; after each, `good`
+ * still answers `expected`. */
+void assert_bad_arguments(verb_t verb, void const *good, void const *bad, size_t size,
+                          char const *const *what, size_t count, uform_status_t expected);
+
 /* The cases as files, then a missing file, the folder itself, an empty path and a path holding a NUL
  * byte (IO, IO, INVALID_ARGUMENT, INVALID_ARGUMENT), and the cases not file_only as bytes in memory:
  * every item answers its status alone (assert_items_fail_alone), on the calling thread and on a RAM
@@ -196,5 +240,11 @@ void test_chunked_reads(void **state);    /* assert_chunked_reads over the file_
 /* A struct CMUnitTest named `name_` that runs `test_` with `cases_` (a file_cases_t *) as its state. */
 #define FILE_CASES_TEST(name_, test_, cases_)                                                                \
     { .name = (name_), .test_func = (test_), .initial_state = (cases_) }
+
+/* Both tests over the same cases, in a suite's table: `name_` for test_cases_fail_alone, then
+ * "chunked_reads". */
+#define FILE_CASES_TESTS(name_, cases_)                                                                      \
+    FILE_CASES_TEST(name_, test_cases_fail_alone, cases_),                                                   \
+        FILE_CASES_TEST("chunked_reads", test_chunked_reads, cases_)
 
 #endif

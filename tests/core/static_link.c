@@ -55,11 +55,20 @@ static int own_definitions_hold(void) {
            media_observer == 17 && strcmp(checkpoint_clip_mean, "the program's own") == 0;
 }
 
-static int fail(char const *what) {
-    uform_error_t error = uform_last_error();
+/* The calling thread's last error, rendered (uform_error_render). */
+typedef struct error_text {
     char text[256];
-    uform_error_render(&error, text, sizeof text);
-    fprintf(stderr, "static_link: %s (%s)\n", what, text);
+} error_text_t;
+
+static error_text_t last_error_text(void) {
+    error_text_t rendered;
+    uform_error_t error = uform_last_error();
+    uform_error_render(&error, rendered.text, sizeof rendered.text);
+    return rendered;
+}
+
+static int fail(char const *what) {
+    fprintf(stderr, "static_link: %s (%s)\n", what, last_error_text().text);
     return 1;
 }
 
@@ -78,9 +87,15 @@ static int check_failing_load(uform_executor_t *executor, char const *checkpoint
 
 enum { MAX_TEXTS = 2, MAX_DIMS = 1024 };
 
+/* What the engine runs on here: the loaded model, the executor and an arena of it. */
+typedef struct engine {
+    uform_model_t *model;
+    uform_executor_t *executor;
+    uform_arena_t *arena;
+} engine_t;
+
 /* Encodes texts [first, first + count) of "a cat", "a dog" into rows[first...]. */
-static int encode(uform_model_t *model, uform_executor_t *executor, uform_arena_t *arena, size_t first,
-                  size_t count, float rows[][MAX_DIMS], size_t *dims) {
+static int encode(engine_t const *engine, size_t first, size_t count, float rows[][MAX_DIMS], size_t *dims) {
     static char const texts[] = "a cata dog";
     static size_t const offsets[] = {0, 5, 10};
     size_t shifted[MAX_TEXTS + 1];
@@ -88,10 +103,10 @@ static int encode(uform_model_t *model, uform_executor_t *executor, uform_arena_
         shifted[i] = offsets[first + i] - offsets[first];
     uform_encoded_t encoded;
     uform_text_encode_args_t args = {
-        .model = model,
-        .executor = executor,
+        .model = engine->model,
+        .executor = engine->executor,
         .outputs = UFORM_OUTPUT_EMBEDDINGS,
-        .arena = arena,
+        .arena = engine->arena,
         .encoded = &encoded,
         .texts = {.data = texts + offsets[first],
                   .offsets = shifted,
@@ -131,16 +146,15 @@ static int check_rows(float batch[][MAX_DIMS], float alone[][MAX_DIMS], size_t d
 static int run(char const *checkpoint, uform_executor_t *executor, uform_arena_t *arena) {
     static float batch[MAX_TEXTS][MAX_DIMS], alone[MAX_TEXTS][MAX_DIMS];
     size_t dims = 0;
-    uform_model_t *model = NULL;
+    engine_t engine = {.executor = executor, .arena = arena};
     if (check_failing_load(executor, checkpoint)) return 1;
     uform_tiny_checkpoint_args_t tiny = {.path = checkpoint, .seed = 42};
     if (uform_tiny_checkpoint(&tiny) != UFORM_OK) return fail("cannot write the tiny checkpoint");
-    uform_model_load_args_t load = {.executor = executor, .path = checkpoint, .model = &model};
+    uform_model_load_args_t load = {.executor = executor, .path = checkpoint, .model = &engine.model};
     if (uform_model_load_ram(&load) != UFORM_OK) return fail("cannot load the tiny checkpoint");
-    int status = encode(model, executor, arena, 0, 2, batch, &dims) ||
-                 encode(model, executor, arena, 0, 1, alone, &dims) ||
-                 encode(model, executor, arena, 1, 1, alone, &dims) || check_rows(batch, alone, dims);
-    uform_model_free(model);
+    int status = encode(&engine, 0, 2, batch, &dims) || encode(&engine, 0, 1, alone, &dims) ||
+                 encode(&engine, 1, 1, alone, &dims) || check_rows(batch, alone, dims);
+    uform_model_free(engine.model);
     return status;
 }
 

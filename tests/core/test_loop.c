@@ -140,12 +140,17 @@ typedef struct file_job {
     bool finished;
 } file_job_t;
 
+/* The job stops at a failure: `error`, a negative errno. */
+static void file_job_fail(file_job_t *job, int64_t error) {
+    job->error = error;
+    job->finished = true;
+}
+
 /* Each callback submits the next step with the same operation. */
 static void file_job_step(loop_op_t *op) {
     file_job_t *job = TEST_CONTAINER_OF(op, file_job_t, op);
     if (op->result < 0) {
-        job->error = op->result;
-        job->finished = true;
+        file_job_fail(job, op->result);
         return;
     }
     switch (job->stage++) {
@@ -155,8 +160,7 @@ static void file_job_step(loop_op_t *op) {
         break;
     case 1:
         if (job->stat.stx_size > job->capacity) {
-            job->error = -EFBIG;
-            job->finished = true;
+            file_job_fail(job, -EFBIG);
             break;
         }
         loop_read(job->loop, op, job->fd, job->buffer, (size_t)job->stat.stx_size, 0);
@@ -423,6 +427,20 @@ static void *waker_main(void *argument) {
     return NULL;
 }
 
+/* A post of `value` from another thread, most likely while the loop sleeps: delivered once, by a run. */
+static void test_post_from_thread(loop_t *loop, int64_t value) {
+    test_op_t record;
+    test_op_init(&record);
+    record.op.result = value;
+    waker_t poster = {.loop = loop, .post = &record.op};
+    pthread_t thread;
+    assert_int_equal(pthread_create(&thread, NULL, waker_main, &poster), 0);
+    test_run_until(loop, &record.calls, 1);
+    assert_int_equal(pthread_join(thread, NULL), 0);
+    assert_int_equal(record.calls, 1);
+    assert_int_equal(record.result, value);
+}
+
 static void test_wake(void **state) {
     loop_t *loop = test_loop_new(state, false);
 
@@ -441,17 +459,7 @@ static void test_wake(void **state) {
     }
 
     /* A post from another thread ends a sleep as well, and is delivered by it. */
-    test_op_t record;
-    test_op_init(&record);
-    record.op.result = 7;
-    waker_t poster = {.loop = loop, .post = &record.op};
-    pthread_t thread;
-    assert_int_equal(pthread_create(&thread, NULL, waker_main, &poster), 0);
-    while (record.calls == 0)
-        loop_run(loop, true, 0);
-    assert_int_equal(pthread_join(thread, NULL), 0);
-    assert_int_equal(record.calls, 1);
-    assert_int_equal(record.result, 7);
+    test_post_from_thread(loop, 7);
     loop_destroy(loop);
 }
 
@@ -534,15 +542,7 @@ static void test_single_issuer(void **state) {
     assert_int_equal(timer.result, -ETIME);
     assert_true(timer.at_ns - start >= 5000000u);
 
-    test_op_t posted;
-    test_op_init(&posted);
-    posted.op.result = 3;
-    waker_t poster = {.loop = loop, .post = &posted.op};
-    pthread_t thread;
-    assert_int_equal(pthread_create(&thread, NULL, waker_main, &poster), 0);
-    test_run_until(loop, &posted.calls, 1);
-    assert_int_equal(pthread_join(thread, NULL), 0);
-    assert_int_equal(posted.result, 3);
+    test_post_from_thread(loop, 3);
 
 #if UFORM_WITH_URING
     if (loop_uring_available()) {

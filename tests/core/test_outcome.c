@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "call.h"
+#include "fixtures.h"
 
 #if UFORM_WITH_URING
 #include <liburing.h>
@@ -48,27 +49,38 @@ static test_pool_t test_pool = {.threads = 3};
 
 enum { KIND_INLINE, KIND_RAM, KIND_RAM_TWO, KIND_POOL, KIND_COUNT };
 
+/* The receivers every test here runs on, in the order of the kinds above. */
+static receiver_t const kinds[KIND_COUNT] = {RECEIVER_INLINE, RECEIVER_RAM, RECEIVER_RAM_TWO, RECEIVER_POOL};
+
 static uform_executor_t *make_executor(int kind) {
-    uform_executor_t *executor = NULL;
-    uform_ram_options_t options = uform_ram_options_default();
-    switch (kind) {
-    case KIND_INLINE:
-        assert_int_equal(uform_executor_create_inline(&executor), UFORM_OK);
-        break;
-    case KIND_RAM:
-        assert_int_equal(uform_executor_create_ram(NULL, &executor), UFORM_OK);
-        break;
-    case KIND_RAM_TWO:
-        options.threads = 2;
-        assert_int_equal(uform_executor_create_ram(&options, &executor), UFORM_OK);
-        break;
-    case KIND_POOL:
-        assert_int_equal(uform_executor_create_pool(&test_pool_vtable, &test_pool, &executor), UFORM_OK);
-        break;
-    }
-    assert_non_null(executor);
-    return executor;
+    return receiver_make(kinds[kind], &test_pool_vtable, &test_pool);
 }
+
+/* A check of one executor, told its kind and the test's `context`. */
+typedef void (*kind_check_t)(uform_executor_t *executor, int kind, void *context);
+
+/* Runs `check` on a fresh executor of every kind, freeing each after. */
+static void on_every_kind(kind_check_t check, void *context) {
+    for (int kind = 0; kind < KIND_COUNT; ++kind) {
+        uform_executor_t *executor = make_executor(kind);
+        check(executor, kind, context);
+        uform_executor_free(executor);
+    }
+}
+
+/* The test of a check that needs no context: its state points to the check. */
+static void test_every_kind(void **state) {
+    kind_check_t const *check = *state;
+    on_every_kind(*check, NULL);
+}
+
+/* A struct CMUnitTest named after `check_` (a kind_check_t) that runs it on every kind. */
+#define EVERY_KIND_TEST(check_)                                                                              \
+    {                                                                                                        \
+        .name = #check_, .test_func = test_every_kind, .initial_state = &(kind_check_t) {                    \
+            check_                                                                                           \
+        }                                                                                                    \
+    }
 
 /* ---- Tests -------------------------------------------------------------------------------------- */
 
@@ -78,6 +90,39 @@ static void start_nop(uform_executor_t *executor, uint64_t delay_ns, uform_outco
     assert_int_equal(uform_executor_nop(&args), UFORM_OK);
 }
 
+/* An executor of `kind` held by a deferred nop of `delay_ns` into `outcome`, which this initializes. */
+static uform_executor_t *busy_executor(int kind, uint64_t delay_ns, uform_outcome_t *outcome) {
+    uform_executor_t *executor = make_executor(kind);
+    uform_outcome_init(outcome);
+    start_nop(executor, delay_ns, outcome);
+    return executor;
+}
+
+/* A call made on a thread of its own (a contender's on `executor`, a waiter's on `outcome`), and the
+ * status it answered. */
+typedef struct side_call {
+    uform_executor_t *executor;
+    uform_outcome_t *outcome;
+    uform_status_t status;
+} side_call_t;
+
+/* Blocking, then deferred on the same outcome many times. */
+static void nop_blocking_and_deferred(uform_executor_t *executor, int kind, void *context) {
+    (void)kind, (void)context;
+    uform_executor_nop_args_t args = {.executor = executor};
+    assert_int_equal(uform_executor_nop(&args), UFORM_OK);
+    uform_outcome_t outcome;
+    uform_outcome_init(&outcome);
+    args.outcome = &outcome;
+    for (int round = 0; round < 100; ++round) {
+        args.delay_ns = round % 10 == 0 ? 100000 : 0;
+        assert_int_equal(uform_executor_nop(&args), UFORM_OK);
+        assert_int_equal(uform_outcome_wait(&outcome), UFORM_OK);
+        assert_int_equal(uform_outcome_status(&outcome), UFORM_OK);
+    }
+    uform_outcome_destroy(&outcome);
+}
+
 static void nop_on_every_receiver(void **state) {
     (void)state;
     /* The calling thread. */
@@ -85,45 +130,21 @@ static void nop_on_every_receiver(void **state) {
     assert_int_equal(uform_executor_nop(&args), UFORM_OK);
     args.delay_ns = 1000000;
     assert_int_equal(uform_executor_nop(&args), UFORM_OK);
-
-    for (int kind = 0; kind < KIND_COUNT; ++kind) {
-        uform_executor_t *executor = make_executor(kind);
-        /* Blocking. */
-        args = (uform_executor_nop_args_t){.executor = executor};
-        assert_int_equal(uform_executor_nop(&args), UFORM_OK);
-        /* Deferred, on the same outcome many times. */
-        uform_outcome_t outcome;
-        uform_outcome_init(&outcome);
-        args.outcome = &outcome;
-        for (int round = 0; round < 100; ++round) {
-            args.delay_ns = round % 10 == 0 ? 100000 : 0;
-            assert_int_equal(uform_executor_nop(&args), UFORM_OK);
-            assert_int_equal(uform_outcome_wait(&outcome), UFORM_OK);
-            assert_int_equal(uform_outcome_status(&outcome), UFORM_OK);
-        }
-        uform_outcome_destroy(&outcome);
-        uform_executor_free(executor);
-    }
+    on_every_kind(nop_blocking_and_deferred, NULL);
 }
 
-static void timer_delay_is_respected(void **state) {
-    (void)state;
-    for (int kind = 0; kind < KIND_COUNT; ++kind) {
-        uform_executor_t *executor = make_executor(kind);
-        uint64_t start = loop_now_ns();
-        uform_executor_nop_args_t args = {.executor = executor, .delay_ns = 20000000};
-        assert_int_equal(uform_executor_nop(&args), UFORM_OK);
-        assert_true(loop_now_ns() - start >= 20000000);
-        uform_executor_free(executor);
-    }
+static void timer_delay_is_respected(uform_executor_t *executor, int kind, void *context) {
+    (void)kind, (void)context;
+    uint64_t start = loop_now_ns();
+    uform_executor_nop_args_t args = {.executor = executor, .delay_ns = 20000000};
+    assert_int_equal(uform_executor_nop(&args), UFORM_OK);
+    assert_true(loop_now_ns() - start >= 20000000);
 }
 
 static void pending_then_final_and_wait_three_times(void **state) {
     (void)state;
-    uform_executor_t *executor = make_executor(KIND_RAM);
     uform_outcome_t outcome;
-    uform_outcome_init(&outcome);
-    start_nop(executor, 50000000, &outcome);
+    uform_executor_t *executor = busy_executor(KIND_RAM, 50000000, &outcome);
     /* The timer holds the call for 50 ms: the word is pending now. */
     assert_int_equal(uform_outcome_status(&outcome), UFORM_PENDING);
     assert_int_equal(uform_outcome_error(&outcome).status, UFORM_PENDING);
@@ -135,32 +156,25 @@ static void pending_then_final_and_wait_three_times(void **state) {
     uform_executor_free(executor);
 }
 
-typedef struct waiter {
-    uform_outcome_t *outcome;
-    uform_status_t seen;
-} waiter_t;
-
 static void *waiter_main(void *argument) {
-    waiter_t *waiter = argument;
-    waiter->seen = uform_outcome_wait(waiter->outcome);
+    side_call_t *waiter = argument;
+    waiter->status = uform_outcome_wait(waiter->outcome);
     return NULL;
 }
 
 static void many_threads_wait_one_outcome(void **state) {
     (void)state;
-    uform_executor_t *executor = make_executor(KIND_RAM);
     uform_outcome_t outcome;
-    uform_outcome_init(&outcome);
-    start_nop(executor, 30000000, &outcome);
+    uform_executor_t *executor = busy_executor(KIND_RAM, 30000000, &outcome);
     pthread_t threads[4];
-    waiter_t waiters[4];
+    side_call_t waiters[4];
     for (int i = 0; i < 4; ++i) {
-        waiters[i] = (waiter_t){&outcome, UFORM_PENDING};
+        waiters[i] = (side_call_t){.outcome = &outcome, .status = UFORM_PENDING};
         assert_int_equal(pthread_create(&threads[i], NULL, waiter_main, &waiters[i]), 0);
     }
     for (int i = 0; i < 4; ++i) {
         pthread_join(threads[i], NULL);
-        assert_int_equal(waiters[i].seen, UFORM_OK);
+        assert_int_equal(waiters[i].status, UFORM_OK);
     }
     uform_outcome_destroy(&outcome);
     uform_executor_free(executor);
@@ -168,11 +182,9 @@ static void many_threads_wait_one_outcome(void **state) {
 
 static void second_call_is_contended(void **state) {
     (void)state;
-    uform_executor_t *executor = make_executor(KIND_RAM);
     uform_outcome_t first, second;
-    uform_outcome_init(&first);
+    uform_executor_t *executor = busy_executor(KIND_RAM, 100000000, &first);
     uform_outcome_init(&second);
-    start_nop(executor, 100000000, &first);
     /* Deferred: finishes at once with CONTENDED, in the return value and in the outcome. */
     uform_executor_nop_args_t args = {.executor = executor, .outcome = &second};
     assert_int_equal(uform_executor_nop(&args), UFORM_CONTENDED);
@@ -195,42 +207,31 @@ static void second_call_is_contended(void **state) {
 
 /* Two threads on an inline executor: the first holds it inside a call (its timer), the second finds
  * it held. The holder is observed through the executor's word, so the order is not left to timing. */
-typedef struct contender {
-    uform_executor_t *executor;
-    uform_status_t status;
-} contender_t;
-
 static void *contender_main(void *argument) {
-    contender_t *contender = argument;
+    side_call_t *contender = argument;
     uform_executor_nop_args_t args = {.executor = contender->executor, .delay_ns = 200000000};
     contender->status = uform_executor_nop(&args);
     return NULL;
 }
 
-static void two_threads_on_one_executor(void **state) {
-    (void)state;
-    for (int kind = 0; kind < KIND_COUNT; ++kind) {
-        uform_executor_t *executor = make_executor(kind);
-        contender_t holder = {executor, UFORM_PENDING};
-        pthread_t thread;
-        assert_int_equal(pthread_create(&thread, NULL, contender_main, &holder), 0);
-        while (!atomic_load(&executor->holder))
-            sched_yield();
-        uform_executor_nop_args_t args = {.executor = executor};
-        assert_int_equal(uform_executor_nop(&args), UFORM_CONTENDED);
-        pthread_join(thread, NULL);
-        assert_int_equal(holder.status, UFORM_OK);
-        assert_int_equal(uform_executor_nop(&args), UFORM_OK);
-        uform_executor_free(executor);
-    }
+static void two_threads_on_one_executor(uform_executor_t *executor, int kind, void *context) {
+    (void)kind, (void)context;
+    side_call_t holder = {.executor = executor, .status = UFORM_PENDING};
+    pthread_t thread;
+    assert_int_equal(pthread_create(&thread, NULL, contender_main, &holder), 0);
+    while (!atomic_load(&executor->holder))
+        sched_yield();
+    uform_executor_nop_args_t args = {.executor = executor};
+    assert_int_equal(uform_executor_nop(&args), UFORM_CONTENDED);
+    pthread_join(thread, NULL);
+    assert_int_equal(holder.status, UFORM_OK);
+    assert_int_equal(uform_executor_nop(&args), UFORM_OK);
 }
 
 static void free_waits_for_call_in_flight(void **state) {
     (void)state;
     uform_outcome_t outcome;
-    uform_outcome_init(&outcome);
-    uform_executor_t *executor = make_executor(KIND_RAM_TWO);
-    start_nop(executor, 50000000, &outcome);
+    uform_executor_t *executor = busy_executor(KIND_RAM_TWO, 50000000, &outcome);
     assert_int_equal(uform_outcome_status(&outcome), UFORM_PENDING);
     uform_executor_free(executor);
     /* Freeing waited: the call is final without asking the outcome to wait. */
@@ -262,43 +263,75 @@ static void drain_moods(void **state) {
     uform_executor_free(executor);
 }
 
-static void eventfd_notification(void **state) {
-    (void)state;
-    for (int kind = 0; kind < KIND_COUNT; ++kind) {
-        uform_executor_t *executor = make_executor(kind);
-        int fd = eventfd(0, EFD_CLOEXEC);
-        assert_true(fd >= 0);
-        uform_outcome_t outcome;
-        uform_outcome_init(&outcome);
-        assert_int_equal(uform_outcome_notify_eventfd(&outcome, fd), UFORM_OK);
-        for (int round = 0; round < 3; ++round) {
-            start_nop(executor, 5000000, &outcome);
-            /* Read the counter as an epoll server would, without waiting on the outcome itself. */
-            struct pollfd poller = {.fd = fd, .events = POLLIN};
-            assert_int_equal(poll(&poller, 1, 10000), 1);
-            uint64_t count = 0;
-            assert_int_equal(read(fd, &count, sizeof count), (ssize_t)sizeof count);
-            assert_int_equal(count, 1);
-            /* The word was final before the notification. */
-            assert_int_equal(uform_outcome_status(&outcome), UFORM_OK);
-        }
-        /* Failures at submission notify too: CONTENDED while another call holds a RAM executor. */
-        if (kind == KIND_RAM || kind == KIND_RAM_TWO) {
-            uform_outcome_t holder;
-            uform_outcome_init(&holder);
-            start_nop(executor, 50000000, &holder);
-            uform_executor_nop_args_t args = {.executor = executor, .outcome = &outcome};
-            assert_int_equal(uform_executor_nop(&args), UFORM_CONTENDED);
-            uint64_t count = 0;
-            assert_int_equal(read(fd, &count, sizeof count), (ssize_t)sizeof count);
-            assert_int_equal(count, 1);
-            assert_int_equal(uform_outcome_wait(&holder), UFORM_OK);
-        }
-        uform_outcome_destroy(&outcome);
-        close(fd);
-        uform_executor_free(executor);
+/* Each final call counts once on an eventfd, and so does a refusal at submission. */
+static void eventfd_notification(uform_executor_t *executor, int kind, void *context) {
+    (void)context;
+    int fd = eventfd(0, EFD_CLOEXEC);
+    assert_true(fd >= 0);
+    uform_outcome_t outcome;
+    uform_outcome_init(&outcome);
+    assert_int_equal(uform_outcome_notify_eventfd(&outcome, fd), UFORM_OK);
+    for (int round = 0; round < 3; ++round) {
+        start_nop(executor, 5000000, &outcome);
+        /* Read the counter as an epoll server would, without waiting on the outcome itself. */
+        struct pollfd poller = {.fd = fd, .events = POLLIN};
+        assert_int_equal(poll(&poller, 1, 10000), 1);
+        uint64_t count = 0;
+        assert_int_equal(read(fd, &count, sizeof count), (ssize_t)sizeof count);
+        assert_int_equal(count, 1);
+        /* The word was final before the notification. */
+        assert_int_equal(uform_outcome_status(&outcome), UFORM_OK);
     }
+    /* Failures at submission notify too: CONTENDED while another call holds a RAM executor. */
+    if (kind == KIND_RAM || kind == KIND_RAM_TWO) {
+        uform_outcome_t holder;
+        uform_outcome_init(&holder);
+        start_nop(executor, 50000000, &holder);
+        uform_executor_nop_args_t args = {.executor = executor, .outcome = &outcome};
+        assert_int_equal(uform_executor_nop(&args), UFORM_CONTENDED);
+        uint64_t count = 0;
+        assert_int_equal(read(fd, &count, sizeof count), (ssize_t)sizeof count);
+        assert_int_equal(count, 1);
+        assert_int_equal(uform_outcome_wait(&holder), UFORM_OK);
+    }
+    uform_outcome_destroy(&outcome);
+    close(fd);
 }
+
+#if UFORM_WITH_URING
+/* Completions posted into `context`, a ring: the call's, then (RAM executors) a refusal's. */
+static void ring_on(uform_executor_t *executor, int kind, void *context) {
+    struct io_uring *ring = context;
+    uform_outcome_t outcome;
+    uform_outcome_init(&outcome);
+    uint64_t const user_data = 0xfeedface00000000ull | (uint64_t)kind;
+    assert_int_equal(uform_outcome_notify_ring(&outcome, ring->ring_fd, user_data), UFORM_OK);
+    uform_executor_nop_args_t args = {.executor = executor, .delay_ns = 5000000, .outcome = &outcome};
+    assert_int_equal(uform_executor_nop(&args), UFORM_OK);
+    struct io_uring_cqe *cqe = NULL;
+    assert_int_equal(io_uring_wait_cqe(ring, &cqe), 0);
+    assert_int_equal(cqe->user_data, user_data);
+    assert_int_equal(cqe->res, UFORM_OK);
+    io_uring_cqe_seen(ring, cqe);
+    assert_int_equal(uform_outcome_status(&outcome), UFORM_OK);
+
+    /* A failure carries its status: CONTENDED at submission, from the submitting thread. */
+    uform_outcome_t holder;
+    uform_outcome_init(&holder);
+    uform_executor_nop_args_t hold = {.executor = executor, .delay_ns = 50000000, .outcome = &holder};
+    if (kind == KIND_RAM || kind == KIND_RAM_TWO) {
+        assert_int_equal(uform_executor_nop(&hold), UFORM_OK);
+        args.delay_ns = 0;
+        assert_int_equal(uform_executor_nop(&args), UFORM_CONTENDED);
+        assert_int_equal(io_uring_wait_cqe(ring, &cqe), 0);
+        assert_int_equal(cqe->user_data, user_data);
+        assert_int_equal(cqe->res, UFORM_CONTENDED);
+        io_uring_cqe_seen(ring, cqe);
+        assert_int_equal(uform_outcome_wait(&holder), UFORM_OK);
+    }
+    uform_outcome_destroy(&outcome);
+}
+#endif
 
 static void ring_notification(void **state) {
     (void)state;
@@ -311,38 +344,7 @@ static void ring_notification(void **state) {
     }
     struct io_uring ring;
     assert_int_equal(io_uring_queue_init(8, &ring, 0), 0);
-    for (int kind = 0; kind < KIND_COUNT; ++kind) {
-        uform_executor_t *executor = make_executor(kind);
-        uform_outcome_t outcome;
-        uform_outcome_init(&outcome);
-        uint64_t const user_data = 0xfeedface00000000ull | (uint64_t)kind;
-        assert_int_equal(uform_outcome_notify_ring(&outcome, ring.ring_fd, user_data), UFORM_OK);
-        uform_executor_nop_args_t args = {.executor = executor, .delay_ns = 5000000, .outcome = &outcome};
-        assert_int_equal(uform_executor_nop(&args), UFORM_OK);
-        struct io_uring_cqe *cqe = NULL;
-        assert_int_equal(io_uring_wait_cqe(&ring, &cqe), 0);
-        assert_int_equal(cqe->user_data, user_data);
-        assert_int_equal(cqe->res, UFORM_OK);
-        io_uring_cqe_seen(&ring, cqe);
-        assert_int_equal(uform_outcome_status(&outcome), UFORM_OK);
-
-        /* A failure carries its status: CONTENDED at submission, from the submitting thread. */
-        uform_outcome_t holder;
-        uform_outcome_init(&holder);
-        uform_executor_nop_args_t hold = {.executor = executor, .delay_ns = 50000000, .outcome = &holder};
-        if (kind == KIND_RAM || kind == KIND_RAM_TWO) {
-            assert_int_equal(uform_executor_nop(&hold), UFORM_OK);
-            args.delay_ns = 0;
-            assert_int_equal(uform_executor_nop(&args), UFORM_CONTENDED);
-            assert_int_equal(io_uring_wait_cqe(&ring, &cqe), 0);
-            assert_int_equal(cqe->user_data, user_data);
-            assert_int_equal(cqe->res, UFORM_CONTENDED);
-            io_uring_cqe_seen(&ring, cqe);
-            assert_int_equal(uform_outcome_wait(&holder), UFORM_OK);
-        }
-        uform_outcome_destroy(&outcome);
-        uform_executor_free(executor);
-    }
+    on_every_kind(ring_on, &ring);
     io_uring_queue_exit(&ring);
 #else
     uform_outcome_t outcome;
@@ -354,25 +356,22 @@ static void ring_notification(void **state) {
 
 /* ---- Fork-join through every executor ---------------------------------------------------------- */
 
-typedef struct visits {
-    _Atomic size_t count[8];
-} visits_t;
-
-static void visit(void *context, size_t thread) {
-    visits_t *visits = context;
-    if (thread < 8) atomic_fetch_add(&visits->count[thread], 1);
-}
-
+/* A call that forks `rounds` times over its executor's threads, counting each thread's visits. */
 typedef struct fork_call {
     call_t call;
-    visits_t visits;
     size_t rounds;
+    _Atomic size_t visits[8]; /* of threads 0 to 7 */
 } fork_call_t;
+
+static void visit(void *context, size_t thread) {
+    fork_call_t *fork = context;
+    if (thread < 8) atomic_fetch_add(&fork->visits[thread], 1);
+}
 
 static void fork_start(call_t *call) {
     fork_call_t *fork = container_of(call, fork_call_t, call);
     for (size_t i = 0; i < fork->rounds; ++i)
-        executor_for_threads(call->executor, visit, &fork->visits);
+        executor_for_threads(call->executor, visit, fork);
     call_finish(call, UFORM_OK, NULL);
 }
 
@@ -386,18 +385,14 @@ static void fork_run(fork_call_t *fork, uform_executor_t *executor) {
     assert_int_equal(uform_outcome_wait(&outcome), UFORM_OK);
 }
 
-static void for_threads_reaches_every_thread(void **state) {
-    (void)state;
-    for (int kind = 0; kind < KIND_COUNT; ++kind) {
-        uform_executor_t *executor = make_executor(kind);
-        uform_executor_info_t info;
-        assert_int_equal(uform_executor_info(executor, &info), UFORM_OK);
-        fork_call_t fork = {.rounds = 1000};
-        fork_run(&fork, executor);
-        for (size_t thread = 0; thread < 8; ++thread)
-            assert_int_equal(atomic_load(&fork.visits.count[thread]), thread < info.threads ? 1000 : 0);
-        uform_executor_free(executor);
-    }
+static void for_threads_reaches_every_thread(uform_executor_t *executor, int kind, void *context) {
+    (void)kind, (void)context;
+    uform_executor_info_t info;
+    assert_int_equal(uform_executor_info(executor, &info), UFORM_OK);
+    fork_call_t fork = {.rounds = 1000};
+    fork_run(&fork, executor);
+    for (size_t thread = 0; thread < 8; ++thread)
+        assert_int_equal(atomic_load(&fork.visits[thread]), thread < info.threads ? 1000 : 0);
 }
 
 static void executor_info_and_options(void **state) {
@@ -469,8 +464,8 @@ static void fork_union_pool(void **state) {
     assert_int_equal(info.threads, 2);
     fork_call_t fork = {.rounds = 100};
     fork_run(&fork, executor);
-    assert_int_equal(atomic_load(&fork.visits.count[0]), 100);
-    assert_int_equal(atomic_load(&fork.visits.count[1]), 100);
+    assert_int_equal(atomic_load(&fork.visits[0]), 100);
+    assert_int_equal(atomic_load(&fork.visits[1]), 100);
     uform_executor_free(executor);
     fu_pool_delete(pool);
 #else
@@ -484,16 +479,16 @@ static void fork_union_pool(void **state) {
 int main(void) {
     struct CMUnitTest const tests[] = {
         cmocka_unit_test(nop_on_every_receiver),
-        cmocka_unit_test(timer_delay_is_respected),
+        EVERY_KIND_TEST(timer_delay_is_respected),
         cmocka_unit_test(pending_then_final_and_wait_three_times),
         cmocka_unit_test(many_threads_wait_one_outcome),
         cmocka_unit_test(second_call_is_contended),
-        cmocka_unit_test(two_threads_on_one_executor),
+        EVERY_KIND_TEST(two_threads_on_one_executor),
         cmocka_unit_test(free_waits_for_call_in_flight),
         cmocka_unit_test(drain_moods),
-        cmocka_unit_test(eventfd_notification),
+        EVERY_KIND_TEST(eventfd_notification),
         cmocka_unit_test(ring_notification),
-        cmocka_unit_test(for_threads_reaches_every_thread),
+        EVERY_KIND_TEST(for_threads_reaches_every_thread),
         cmocka_unit_test(executor_info_and_options),
         cmocka_unit_test(thread_exit_frees_its_executor),
         cmocka_unit_test(fork_union_pool),

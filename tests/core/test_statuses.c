@@ -15,29 +15,32 @@
 #include "loop.h"
 #include "model.h"
 #include "outcome.h"
+#include "fixtures.h"
+
+/* Every status with the name uform_status_name gives it, in the order of their values. */
+static struct status_name {
+    uform_status_t status;
+    char const *name;
+} const status_names[] = {
+    {UFORM_OK, "ok"},
+    {UFORM_PENDING, "pending"},
+    {UFORM_CANCELLED, "cancelled"},
+    {UFORM_CONTENDED, "contended"},
+    {UFORM_INVALID_ARGUMENT, "invalid_argument"},
+    {UFORM_IO, "io"},
+    {UFORM_FORMAT, "format"},
+    {UFORM_OUT_OF_MEMORY, "out_of_memory"},
+    {UFORM_DEVICE, "device"},
+    {UFORM_UNSUPPORTED, "unsupported"},
+    {UFORM_INTERNAL, "internal"},
+    {UFORM_MISSING_SYMBOL, "missing_symbol"},
+};
 
 static void names_and_rendering(void **state) {
     (void)state;
-    struct {
-        uform_status_t status;
-        char const *name;
-    } const names[] = {
-        {UFORM_OK, "ok"},
-        {UFORM_PENDING, "pending"},
-        {UFORM_CANCELLED, "cancelled"},
-        {UFORM_CONTENDED, "contended"},
-        {UFORM_INVALID_ARGUMENT, "invalid_argument"},
-        {UFORM_IO, "io"},
-        {UFORM_FORMAT, "format"},
-        {UFORM_OUT_OF_MEMORY, "out_of_memory"},
-        {UFORM_DEVICE, "device"},
-        {UFORM_UNSUPPORTED, "unsupported"},
-        {UFORM_INTERNAL, "internal"},
-        {UFORM_MISSING_SYMBOL, "missing_symbol"},
-    };
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; ++i) {
-        assert_int_equal(names[i].status, (int)i); /* values are stable and dense */
-        assert_string_equal(uform_status_name(names[i].status), names[i].name);
+    for (size_t i = 0; i < sizeof status_names / sizeof status_names[0]; ++i) {
+        assert_int_equal(status_names[i].status, (int)i); /* values are stable and dense */
+        assert_string_equal(uform_status_name(status_names[i].status), status_names[i].name);
     }
     assert_string_equal(uform_status_name((uform_status_t)1000), "unknown");
 
@@ -185,8 +188,8 @@ static void executor_constructors(void **state) {
     if (vram_status == UFORM_OK) {
         uform_executor_free(executor);
         executor = NULL;
-        vram_status = uform_executor_create_vram(&(uform_vram_options_t){.devices = (size_t[]){4096}, .devices_count = 1},
-                                                 &executor);
+        vram_status = uform_executor_create_vram(
+            &(uform_vram_options_t){.devices = (size_t[]){4096}, .devices_count = 1}, &executor);
     }
     assert_int_equal(vram_status, UFORM_WITH_CUDA ? UFORM_DEVICE : UFORM_UNSUPPORTED);
     assert_null(executor);
@@ -209,6 +212,29 @@ static uform_model_t *fake_model(bool text, bool image, bool audio) {
     return model;
 }
 
+/* A call of a verb and what it answers: `expected` and, where `message` is not NULL, that last error. */
+typedef struct verb_case {
+    char const *what;
+    verb_t verb;
+    void const *args; /* NULL: the verb's NULL */
+    uform_status_t expected;
+    char const *message;
+} verb_case_t;
+
+/* The calls in order, each named in a failure. */
+static void assert_verb_cases(verb_case_t const *cases, size_t count) {
+    for (size_t i = 0; i < count; ++i) {
+        uform_status_t status = cases[i].verb(cases[i].args);
+        if (status != cases[i].expected)
+            fail_msg("%s: %s, expected %s", cases[i].what, uform_status_name(status),
+                     uform_status_name(cases[i].expected));
+        if (cases[i].message) assert_string_equal(uform_last_error().message, cases[i].message);
+    }
+}
+
+/* The fields every verb's arguments share below: the fake model, the arena and the results. */
+#define COMMON_ARGS(outputs_) .model = model, .outputs = (outputs_), .arena = arena, .encoded = &encoded
+
 static void encode_verbs_validate_then_refuse(void **state) {
     (void)state;
     uform_model_t *model = fake_model(true, true, true);
@@ -222,87 +248,77 @@ static void encode_verbs_validate_then_refuse(void **state) {
     uform_outcome_t outcome;
     uform_outcome_init(&outcome);
 
-    uform_text_encode_args_t args = {.model = model,
-                                     .outputs = UFORM_OUTPUT_EMBEDDINGS,
-                                     .arena = arena,
-                                     .encoded = &encoded,
-                                     .texts = good};
-    assert_int_equal(uform_text_encode(NULL), UFORM_INVALID_ARGUMENT);
-    assert_int_equal(uform_text_encode(&args), UFORM_UNSUPPORTED); /* no prepared text tower */
-    args.texts = bad;
-    assert_int_equal(uform_text_encode(&args), UFORM_INVALID_ARGUMENT);
-    assert_string_equal(uform_last_error().message, "tape offsets out of order");
-    args.texts = good;
-    args.outputs = 0;
-    assert_int_equal(uform_text_encode(&args), UFORM_INVALID_ARGUMENT);
-    args.outputs = (uform_outputs_t)(1u << 7);
-    assert_int_equal(uform_text_encode(&args), UFORM_INVALID_ARGUMENT);
-    args.outputs = UFORM_OUTPUT_EMBEDDINGS;
-    uform_encode_config_t config = {.outputs_scalar = (uform_scalar_t)9};
-    args.config = &config;
-    assert_int_equal(uform_text_encode(&args), UFORM_INVALID_ARGUMENT);
-    config = (uform_encode_config_t){.outputs_scalar = UFORM_BF16, .matryoshka = 48};
-    assert_int_equal(uform_text_encode(&args), UFORM_INVALID_ARGUMENT);
-    config.matryoshka = 32;
-    assert_int_equal(uform_text_encode(&args), UFORM_UNSUPPORTED);
-    args.arena = NULL;
-    assert_int_equal(uform_text_encode(&args), UFORM_INVALID_ARGUMENT);
-    args.arena = arena;
-    args.model = NULL;
-    assert_int_equal(uform_text_encode(&args), UFORM_INVALID_ARGUMENT);
-    args.model = empty;
-    assert_int_equal(uform_text_encode(&args), UFORM_UNSUPPORTED);
-    assert_string_equal(uform_last_error().message, "the model has no text tower");
-    args.model = model;
-    args.encoded = NULL;
-    assert_int_equal(uform_text_encode(&args), UFORM_INVALID_ARGUMENT);
+    /* Text, one field wrong at a time; the calls from the narrow BF16 width on keep that config. */
+    uform_encode_config_t const bad_scalar = {.outputs_scalar = (uform_scalar_t)9},
+                                too_wide = {.outputs_scalar = UFORM_BF16, .matryoshka = 48},
+                                narrow = {.outputs_scalar = UFORM_BF16, .matryoshka = 32};
+    uform_text_encode_args_t texts[11] = {{COMMON_ARGS(UFORM_OUTPUT_EMBEDDINGS), .texts = good}};
+    for (size_t i = 1; i < 11; ++i)
+        texts[i] = texts[0];
+    texts[1].texts = bad;
+    texts[2].outputs = 0;
+    texts[3].outputs = (uform_outputs_t)(1u << 7);
+    texts[4].config = &bad_scalar;
+    texts[5].config = &too_wide;
+    for (size_t i = 6; i < 11; ++i)
+        texts[i].config = &narrow;
+    texts[7].arena = NULL;
+    texts[8].model = NULL;
+    texts[9].model = empty;
+    texts[10].encoded = NULL;
+    verb_case_t const text_cases[] = {
+        {"text NULL", text_encode_verb, NULL, UFORM_INVALID_ARGUMENT, NULL},
+        {"text", text_encode_verb, &texts[0], UFORM_UNSUPPORTED, NULL}, /* no prepared text tower */
+        {"text offsets", text_encode_verb, &texts[1], UFORM_INVALID_ARGUMENT, "tape offsets out of order"},
+        {"text no outputs", text_encode_verb, &texts[2], UFORM_INVALID_ARGUMENT, NULL},
+        {"text unknown output", text_encode_verb, &texts[3], UFORM_INVALID_ARGUMENT, NULL},
+        {"text unknown scalar", text_encode_verb, &texts[4], UFORM_INVALID_ARGUMENT, NULL},
+        {"text width of no matryoshka", text_encode_verb, &texts[5], UFORM_INVALID_ARGUMENT, NULL},
+        {"text narrow BF16", text_encode_verb, &texts[6], UFORM_UNSUPPORTED, NULL},
+        {"text arena NULL", text_encode_verb, &texts[7], UFORM_INVALID_ARGUMENT, NULL},
+        {"text model NULL", text_encode_verb, &texts[8], UFORM_INVALID_ARGUMENT, NULL},
+        {"text tower absent", text_encode_verb, &texts[9], UFORM_UNSUPPORTED, "the model has no text tower"},
+        {"text encoded NULL", text_encode_verb, &texts[10], UFORM_INVALID_ARGUMENT, NULL},
+    };
+    assert_verb_cases(text_cases, sizeof text_cases / sizeof text_cases[0]);
     /* Deferred: the same status, and the outcome is final with it. */
-    args.outcome = &outcome;
-    assert_int_equal(uform_text_encode(&args), UFORM_UNSUPPORTED);
+    uform_text_encode_args_t deferred = texts[10];
+    deferred.outcome = &outcome;
+    assert_int_equal(uform_text_encode(&deferred), UFORM_UNSUPPORTED);
     assert_int_equal(uform_outcome_status(&outcome), UFORM_UNSUPPORTED);
     assert_string_equal(uform_outcome_error(&outcome).entry, "uform_text_encode");
-    args.texts = bad;
-    assert_int_equal(uform_text_encode(&args), UFORM_INVALID_ARGUMENT);
+    deferred.texts = bad;
+    assert_int_equal(uform_text_encode(&deferred), UFORM_INVALID_ARGUMENT);
     assert_int_equal(uform_outcome_wait(&outcome), UFORM_INVALID_ARGUMENT);
 
-    uform_image_encode_args_t image = {.model = model,
-                                       .outputs = UFORM_OUTPUT_EMBEDDINGS,
-                                       .arena = arena,
-                                       .encoded = &encoded,
-                                       .images = good,
-                                       .source = UFORM_SOURCE_FILES};
-    assert_int_equal(uform_image_encode(&image), UFORM_UNSUPPORTED);
-    image.source = (uform_source_t)5;
-    assert_int_equal(uform_image_encode(&image), UFORM_INVALID_ARGUMENT);
-    image.source = UFORM_SOURCE_MEMORY;
-    image.model = empty;
-    assert_int_equal(uform_image_encode(&image), UFORM_UNSUPPORTED);
-    assert_int_equal(uform_image_encode(NULL), UFORM_INVALID_ARGUMENT);
+    /* The media verbs: a good call, the fields each checks of its own, a model without the tower. */
+    uform_image_encode_args_t images[3] = {
+        {COMMON_ARGS(UFORM_OUTPUT_EMBEDDINGS), .images = good, .source = UFORM_SOURCE_FILES}};
+    images[1] = images[2] = images[0];
+    images[1].source = (uform_source_t)5;
+    images[2].source = UFORM_SOURCE_MEMORY, images[2].model = empty;
+    uform_image_encode_pixels_args_t pixels[2] = {
+        {COMMON_ARGS(UFORM_OUTPUT_EMBEDDINGS), .pixels = good, .heights = sides, .widths = sides}};
+    pixels[1] = pixels[0];
+    pixels[1].widths = NULL;
+    verb_case_t const media_cases[] = {
+        {"image", image_encode_verb, &images[0], UFORM_UNSUPPORTED, NULL},
+        {"image source", image_encode_verb, &images[1], UFORM_INVALID_ARGUMENT, NULL},
+        {"image tower absent", image_encode_verb, &images[2], UFORM_UNSUPPORTED, NULL},
+        {"image NULL", image_encode_verb, NULL, UFORM_INVALID_ARGUMENT, NULL},
+        {"pixels", image_encode_pixels_verb, &pixels[0], UFORM_UNSUPPORTED, NULL},
+        {"pixels widths NULL", image_encode_pixels_verb, &pixels[1], UFORM_INVALID_ARGUMENT, NULL},
+        {"pixels NULL", image_encode_pixels_verb, NULL, UFORM_INVALID_ARGUMENT, NULL},
+    };
+    assert_verb_cases(media_cases, sizeof media_cases / sizeof media_cases[0]);
 
-    uform_image_encode_pixels_args_t pixels = {.model = model,
-                                               .outputs = UFORM_OUTPUT_EMBEDDINGS,
-                                               .arena = arena,
-                                               .encoded = &encoded,
-                                               .pixels = good,
-                                               .heights = sides,
-                                               .widths = sides};
-    assert_int_equal(uform_image_encode_pixels(&pixels), UFORM_UNSUPPORTED);
-    pixels.widths = NULL;
-    assert_int_equal(uform_image_encode_pixels(&pixels), UFORM_INVALID_ARGUMENT);
-    assert_int_equal(uform_image_encode_pixels(NULL), UFORM_INVALID_ARGUMENT);
-
-    uform_video_encode_args_t video = {.model = model,
-                                       .outputs = UFORM_OUTPUT_TOKEN_VECTORS,
-                                       .arena = arena,
-                                       .encoded = &encoded,
-                                       .videos = good};
+    uform_video_encode_args_t video = {COMMON_ARGS(UFORM_OUTPUT_TOKEN_VECTORS), .videos = good};
     assert_int_equal(uform_video_encode(&video), UFORM_UNSUPPORTED);
     video.videos = bad;
     assert_int_equal(uform_video_encode(&video), UFORM_INVALID_ARGUMENT);
     assert_int_equal(uform_video_encode(NULL), UFORM_INVALID_ARGUMENT);
 
-    uform_audio_encode_args_t audio = {
-        .model = model, .outputs = UFORM_OUTPUT_STATES, .arena = arena, .encoded = &encoded, .sounds = good};
+    uform_audio_encode_args_t audio = {COMMON_ARGS(UFORM_OUTPUT_STATES), .sounds = good};
     assert_int_equal(uform_audio_encode(&audio), UFORM_UNSUPPORTED);
     audio.model = empty;
     assert_int_equal(uform_audio_encode(&audio), UFORM_UNSUPPORTED);
@@ -311,12 +327,8 @@ static void encode_verbs_validate_then_refuse(void **state) {
 
     float samples[4] = {0};
     size_t sample_offsets[] = {0, 4};
-    uform_audio_encode_samples_args_t sound = {.model = model,
-                                               .outputs = UFORM_OUTPUT_EMBEDDINGS,
-                                               .arena = arena,
-                                               .encoded = &encoded,
-                                               .samples = {samples, sample_offsets, 1, 4},
-                                               .rate = 16000};
+    uform_audio_encode_samples_args_t sound = {COMMON_ARGS(UFORM_OUTPUT_EMBEDDINGS),
+                                               .samples = {samples, sample_offsets, 1, 4}, .rate = 16000};
     assert_int_equal(uform_audio_encode_samples(&sound), UFORM_UNSUPPORTED);
     sound.rate = 0;
     assert_int_equal(uform_audio_encode_samples(&sound), UFORM_INVALID_ARGUMENT);

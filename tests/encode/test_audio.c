@@ -68,14 +68,6 @@ static uform_status_t batch_encode(batch_t const *batch, uform_executor_t *execu
     return uform_audio_encode(&args);
 }
 
-/* ---- Fixtures ----------------------------------------------------------------------------------- */
-
-static int setup(void **state) {
-    (void)state;
-    uform_tiny_checkpoint_args_t tiny = {.seed = 13, .depth = 2, .hidden = 128};
-    return fixture_setup("audio", &tiny, &model, &info);
-}
-
 #if UFORM_WITH_FFMPEG
 
 static sound_t sound_zero(size_t length) {
@@ -768,36 +760,34 @@ static void bad_arguments_fail_at_once(void **state) {
                                               .samples = {sound.samples, offsets, 1, sound.length},
                                               .rate = info.audio.rate};
     uform_status_t const expected = UFORM_WITH_FFMPEG ? UFORM_OK : UFORM_UNSUPPORTED;
-    struct {
-        char const *what;
-        uform_audio_encode_samples_args_t args;
-    } cases[] = {{"rate 0", good},
-                 {"no items", good},
-                 {"offsets out of order", good},
-                 {"offsets past the tape", good},
-                 {"no outputs", good},
-                 {"arena NULL", good},
-                 {"misaligned samples", good},
-                 {"encoded NULL", good}};
-    cases[0].args.rate = 0;
-    cases[1].args.samples.count = 0;
-    cases[2].args.samples.offsets = backwards;
-    cases[3].args.samples.offsets = beyond;
-    cases[4].args.outputs = 0;
-    cases[5].args.arena = NULL;
-    cases[6].args.samples.data = (char const *)sound.samples + 1;
-    cases[7].args.encoded = NULL;
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
-        uform_status_t status = uform_audio_encode_samples(&cases[i].args);
-        if (status != UFORM_INVALID_ARGUMENT) fail_msg("%s: %s", cases[i].what, uform_status_name(status));
-        assert_int_equal(uform_audio_encode_samples(&good), expected);
-    }
+    char const *const what[] = {"rate 0",     "no items",   "offsets out of order", "offsets past the tape",
+                                "no outputs", "arena NULL", "misaligned samples",   "encoded NULL"};
+    uform_audio_encode_samples_args_t bad[sizeof what / sizeof what[0]];
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i)
+        bad[i] = good;
+    bad[0].rate = 0;
+    bad[1].samples.count = 0;
+    bad[2].samples.offsets = backwards;
+    bad[3].samples.offsets = beyond;
+    bad[4].outputs = 0;
+    bad[5].arena = NULL;
+    bad[6].samples.data = (char const *)sound.samples + 1;
+    bad[7].encoded = NULL;
+    assert_bad_arguments(audio_encode_samples_verb, &good, bad, sizeof bad[0], what,
+                         sizeof bad / sizeof bad[0], expected);
     assert_int_equal(uform_audio_encode(NULL), UFORM_INVALID_ARGUMENT);
-    assert_int_equal(uform_audio_encode_samples(NULL), UFORM_INVALID_ARGUMENT);
     assert_sources_checked(batch_encode, expected,
                            "built without FFmpeg: sounds cannot be decoded, resampled or transformed");
     uform_arena_free(arena);
     free(sound.samples);
+}
+
+/* ---- Fixtures ----------------------------------------------------------------------------------- */
+
+static int setup(void **state) {
+    (void)state;
+    uform_tiny_checkpoint_args_t tiny = {.seed = 13, .depth = 2, .hidden = 128};
+    return fixture_setup("audio", &tiny, &model, &info);
 }
 
 int main(void) {
@@ -810,8 +800,7 @@ int main(void) {
         cmocka_unit_test(nan_inf_and_bad_rates),
         cmocka_unit_test(a_clip_does_not_depend_on_its_batch),
         cmocka_unit_test(wav_files_and_memory_match_their_samples),
-        FILE_CASES_TEST("bad_sounds_fail_alone", test_cases_fail_alone, &sound_cases),
-        FILE_CASES_TEST("chunked_reads", test_chunked_reads, &sound_cases),
+        FILE_CASES_TESTS("bad_sounds_fail_alone", &sound_cases),
         cmocka_unit_test(progress_and_cancel),
         cmocka_unit_test(decoding_overlaps_compute),
         cmocka_unit_test(conversions_and_matryoshka),

@@ -175,16 +175,6 @@ static uform_status_t batch_encode(batch_t const *batch, uform_executor_t *execu
     return uform_image_encode(&args);
 }
 
-/* ---- Fixtures ----------------------------------------------------------------------------------- */
-
-static int setup(void **state) {
-    (void)state;
-    uform_tiny_checkpoint_args_t tiny = {.seed = 13, .depth = 2, .hidden = 128};
-    if (fixture_setup("image", &tiny, &model, &info) != 0) return -1;
-    patches = (info.image.size / info.image.patch) * (info.image.size / info.image.patch);
-    return 0;
-}
-
 /* ---- Tests -------------------------------------------------------------------------------------- */
 
 /* Pictures of varied shapes and the batch of them, in that order. */
@@ -485,33 +475,34 @@ static void bad_arguments_fail_at_once(void **state) {
                                              .pixels = {picture.rgb, offsets, 1, 192},
                                              .heights = heights,
                                              .widths = widths};
-    struct {
-        char const *what;
-        uform_image_encode_pixels_args_t args;
-    } cases[] = {{"heights NULL", good},
-                 {"widths NULL", good},
-                 {"no items", good},
-                 {"offsets out of order", good},
-                 {"offsets past the tape", good},
-                 {"no outputs", good},
-                 {"arena NULL", good}};
-    cases[0].args.heights = NULL;
-    cases[1].args.widths = NULL;
-    cases[2].args.pixels.count = 0;
-    cases[3].args.pixels.offsets = backwards;
-    cases[4].args.pixels.offsets = beyond;
-    cases[5].args.outputs = 0;
-    cases[6].args.arena = NULL;
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
-        uform_status_t status = uform_image_encode_pixels(&cases[i].args);
-        if (status != UFORM_INVALID_ARGUMENT) fail_msg("%s: %s", cases[i].what, uform_status_name(status));
-        assert_int_equal(uform_image_encode_pixels(&good), UFORM_OK);
-    }
+    char const *const what[] = {"heights NULL",          "widths NULL", "no items",  "offsets out of order",
+                                "offsets past the tape", "no outputs",  "arena NULL"};
+    uform_image_encode_pixels_args_t bad[sizeof what / sizeof what[0]];
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i)
+        bad[i] = good;
+    bad[0].heights = NULL;
+    bad[1].widths = NULL;
+    bad[2].pixels.count = 0;
+    bad[3].pixels.offsets = backwards;
+    bad[4].pixels.offsets = beyond;
+    bad[5].outputs = 0;
+    bad[6].arena = NULL;
+    assert_bad_arguments(image_encode_pixels_verb, &good, bad, sizeof bad[0], what,
+                         sizeof bad / sizeof bad[0], UFORM_OK);
     assert_int_equal(uform_image_encode(NULL), UFORM_INVALID_ARGUMENT);
-    assert_int_equal(uform_image_encode_pixels(NULL), UFORM_INVALID_ARGUMENT);
     assert_sources_checked(batch_encode, UFORM_OK, NULL);
     uform_arena_free(arena);
     free(picture.rgb);
+}
+
+/* ---- Fixtures ----------------------------------------------------------------------------------- */
+
+static int setup(void **state) {
+    (void)state;
+    uform_tiny_checkpoint_args_t tiny = {.seed = 13, .depth = 2, .hidden = 128};
+    if (fixture_setup("image", &tiny, &model, &info) != 0) return -1;
+    patches = (info.image.size / info.image.patch) * (info.image.size / info.image.patch);
+    return 0;
 }
 
 int main(void) {
@@ -520,8 +511,7 @@ int main(void) {
         cmocka_unit_test(an_image_does_not_depend_on_its_batch),
         cmocka_unit_test(bitwise_identical_across_receivers),
         cmocka_unit_test(files_and_memory_match_their_pixels),
-        FILE_CASES_TEST("bad_files_fail_alone", test_cases_fail_alone, &image_cases),
-        FILE_CASES_TEST("chunked_reads", test_chunked_reads, &image_cases),
+        FILE_CASES_TESTS("bad_files_fail_alone", &image_cases),
         cmocka_unit_test(progress_and_cancel),
         cmocka_unit_test(decoding_overlaps_compute),
         cmocka_unit_test(conversions_and_matryoshka),

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "bad_checkpoints.h"
+#include "fixtures.h"
 #include "model.h"
 
 static char directory[256];
@@ -43,28 +44,12 @@ static int teardown(void **state) {
     return 0;
 }
 
-/* The whole file, to compare the weights a load produced with the bytes on disk. */
-static unsigned char *read_file(char const *path, size_t *size) {
-    FILE *file = fopen(path, "rb");
-    assert_non_null(file);
-    fseek(file, 0, SEEK_END);
-    long length = ftell(file);
-    fseek(file, 0, SEEK_SET);
-    unsigned char *bytes = malloc((size_t)length);
-    assert_non_null(bytes);
-    assert_int_equal(fread(bytes, 1, (size_t)length, file), (size_t)length);
-    fclose(file);
-    *size = (size_t)length;
-    return bytes;
-}
-
 static void assert_model_matches_file(uform_model_t *model, char const *path) {
-    size_t size = 0;
-    unsigned char *bytes = read_file(path, &size);
+    blob_t file = blob_read(path);
     checkpoint_header_t const *header = &model->header;
-    assert_int_equal(header->data_offset + header->data_size, size);
-    assert_memory_equal(model->data, bytes + header->data_offset, header->data_size);
-    free(bytes);
+    assert_int_equal(header->data_offset + header->data_size, file.size);
+    assert_memory_equal(model->data, file.data + header->data_offset, header->data_size);
+    free(file.data);
 }
 
 /* Loads `path` on `executor` (NULL: the calling thread) into `*model`, blocking; answers the status. */
@@ -85,8 +70,6 @@ static void assert_same_info(uform_model_info_t const *a, uform_model_info_t con
     assert_memory_equal(a, b, sizeof *a);
 }
 
-enum { RECEIVER_THREAD, RECEIVER_INLINE, RECEIVER_RAM, RECEIVER_POOL, RECEIVER_RAM_DOMAIN, RECEIVER_COUNT };
-
 static size_t one_thread(void *pool) {
     (void)pool;
     return 1;
@@ -99,29 +82,13 @@ static void run_on_caller(void *pool, void (*work)(void *, size_t), void *contex
 
 static uform_pool_vtable_t const pool_vtable = {one_thread, run_on_caller};
 
-static uform_executor_t *make_receiver(int receiver) {
-    uform_executor_t *executor = NULL;
-    size_t domain = 0;
-    uform_ram_options_t options = uform_ram_options_default();
-    switch (receiver) {
-    case RECEIVER_THREAD:
-        return NULL;
-    case RECEIVER_INLINE:
-        assert_int_equal(uform_executor_create_inline(&executor), UFORM_OK);
-        break;
-    case RECEIVER_RAM:
-        assert_int_equal(uform_executor_create_ram(NULL, &executor), UFORM_OK);
-        break;
-    case RECEIVER_POOL:
-        assert_int_equal(uform_executor_create_pool(&pool_vtable, NULL, &executor), UFORM_OK);
-        break;
-    case RECEIVER_RAM_DOMAIN: /* weights bound to NUMA domain 0 through hwloc, where built */
-        options.domains = &domain;
-        options.domains_count = UFORM_WITH_HWLOC ? 1 : 0;
-        assert_int_equal(uform_executor_create_ram(&options, &executor), UFORM_OK);
-        break;
-    }
-    return executor;
+/* Every receiver a load may run on, the calling thread first. */
+static receiver_t const receivers[] = {RECEIVER_THREAD, RECEIVER_INLINE, RECEIVER_RAM, RECEIVER_POOL,
+                                       RECEIVER_RAM_DOMAIN};
+#define RECEIVERS (sizeof receivers / sizeof receivers[0])
+
+static uform_executor_t *make_receiver(size_t receiver) {
+    return receiver_make(receivers[receiver], &pool_vtable, NULL);
 }
 
 /* A load of the tiny checkpoint still works on `executor`, which is then freed. */
@@ -136,7 +103,7 @@ static void blocking_and_deferred_agree(void **state) {
     (void)state;
     uform_model_info_t reference;
     memset(&reference, 0, sizeof reference);
-    for (int receiver = 0; receiver < RECEIVER_COUNT; ++receiver) {
+    for (size_t receiver = 0; receiver < RECEIVERS; ++receiver) {
         for (int map = 0; map < 2; ++map) {
             uform_executor_t *executor = make_receiver(receiver);
             uform_load_config_t config = {.map = map};
@@ -176,43 +143,22 @@ static void blocking_and_deferred_agree(void **state) {
     }
 }
 
-typedef struct canceller {
-    size_t calls, last_completed, total;
-} canceller_t;
-
-static uform_continuation_t cancel_halfway(void *state, size_t completed, size_t total) {
-    canceller_t *canceller = state;
-    canceller->calls++;
-    canceller->last_completed = completed;
-    canceller->total = total;
-    return 2 * completed >= total ? UFORM_CANCEL : UFORM_CONTINUE;
-}
-
-static uform_continuation_t count_steps(void *state, size_t completed, size_t total) {
-    canceller_t *counter = state;
-    assert_true(completed >= counter->last_completed && completed <= total);
-    counter->calls++;
-    counter->last_completed = completed;
-    counter->total = total;
-    return UFORM_CONTINUE;
-}
-
 static void progress_and_cancellation(void **state) {
     (void)state;
-    for (int receiver = 0; receiver < RECEIVER_COUNT; ++receiver) {
+    for (size_t receiver = 0; receiver < RECEIVERS; ++receiver) {
         uform_executor_t *executor = make_receiver(receiver);
         /* Progress: `steps` reports at most, ending at the total. */
-        canceller_t counter = {0};
-        uform_load_config_t config = {.progress = {count_steps, &counter, 10}};
+        progress_counter_t counter = {0};
+        uform_load_config_t config = {.progress = {count_progress, &counter, 10}};
         uform_model_t *model = NULL;
         assert_int_equal(load_blocking(executor, large_path, &config, &model), UFORM_OK);
         assert_true(counter.calls >= 2 && counter.calls <= 10);
-        assert_int_equal(counter.last_completed, counter.total);
+        assert_int_equal(counter.last, counter.total);
         uform_model_free(model);
 
         /* Cancellation halfway: CANCELLED, no model, nothing leaked, the executor usable. */
-        canceller_t canceller = {0};
-        config.progress = (uform_progress_t){cancel_halfway, &canceller, 10};
+        progress_counter_t canceller = {.cancel_halfway = true};
+        config.progress = (uform_progress_t){count_progress, &canceller, 10};
         uform_outcome_t outcome;
         uform_outcome_init(&outcome);
         assert_int_equal(load_deferred(executor, large_path, &config, &outcome), UFORM_OK);
@@ -220,10 +166,11 @@ static void progress_and_cancellation(void **state) {
         assert_null(uform_outcome_model(&outcome));
         assert_int_equal(uform_outcome_error(&outcome).status, UFORM_CANCELLED);
         assert_string_equal(uform_outcome_error(&outcome).entry, "uform_model_load_ram");
-        assert_true(canceller.last_completed < canceller.total);
-        assert_true(2 * canceller.last_completed >= canceller.total);
+        assert_true(canceller.last < canceller.total);
+        assert_true(2 * canceller.last >= canceller.total);
 
         /* Blocking: the same status and the thread's last error. */
+        canceller = (progress_counter_t){.cancel_halfway = true}; /* counted afresh, from 0 */
         model = (uform_model_t *)&model;
         assert_int_equal(load_blocking(executor, large_path, &config, &model), UFORM_CANCELLED);
         assert_null(model);
@@ -239,7 +186,7 @@ static void bad_checkpoints_answer_format(void **state) {
     bad_checkpoint_t bad[BAD_CHECKPOINTS_MAX];
     size_t count = bad_checkpoints_write(directory, bad, BAD_CHECKPOINTS_MAX);
     assert_true(count >= 20 && count <= BAD_CHECKPOINTS_MAX);
-    for (int receiver = 0; receiver < RECEIVER_COUNT; ++receiver) {
+    for (size_t receiver = 0; receiver < RECEIVERS; ++receiver) {
         uform_executor_t *executor = make_receiver(receiver);
         for (size_t i = 0; i < count; ++i) {
             for (int map = 0; map < 2; ++map) {
@@ -268,7 +215,7 @@ static void missing_files_answer_io(void **state) {
     (void)state;
     char missing[400];
     snprintf(missing, sizeof missing, "%s/missing.safetensors", directory);
-    for (int receiver = 0; receiver < RECEIVER_COUNT; ++receiver) {
+    for (size_t receiver = 0; receiver < RECEIVERS; ++receiver) {
         uform_executor_t *executor = make_receiver(receiver);
         uform_model_t *model = NULL;
         assert_int_equal(load_blocking(executor, missing, NULL, &model), UFORM_IO);

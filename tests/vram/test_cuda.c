@@ -626,6 +626,64 @@ typedef struct linear_shape {
 
 static char const *kind_names[] = {"BF16", "GELU_BF16", "RESIDUAL", "F32"};
 
+/* What the scalar GEMM answers for `linear` over its operands on the host: x and w in BF16, b (the bias,
+ * where `linear` has one) and y0 (y's start: the residual of CUDA_LINEAR_RESIDUAL, and the padding
+ * columns). F32 rows of linear->y_stride; the caller frees them. */
+static float *scalar_linear(cuda_linear_t const *linear, uint16_t const *x, uint16_t const *w, float const *b,
+                            float const *y0) {
+    kernels_t const *scalar = kernels_scalar();
+    size_t y_bytes = linear->m * linear->y_stride * sizeof(float);
+    float *expected = host_alloc(y_bytes);
+    void *packed = host_alloc(scalar->gemm_packed_size(linear->n, linear->k));
+    scalar->gemm_pack(packed, w, linear->n, linear->k);
+    memcpy(expected, y0, y_bytes);
+    kernel_gemm_t reference = {
+        .m = linear->m,
+        .n = linear->n,
+        .k = linear->k,
+        .x_bf16 = x,
+        .x_stride = linear->x_stride,
+        .w = packed,
+        .bias = linear->bias ? b : NULL,
+        .residual = linear->kind == CUDA_LINEAR_RESIDUAL ? y0 : NULL,
+        .residual_stride = linear->y_stride,
+        .y = expected,
+        .y_stride = linear->y_stride,
+        .epilogue = linear->kind == CUDA_LINEAR_GELU_BF16 ? KERNEL_EPILOGUE_GELU : KERNEL_EPILOGUE_NONE,
+    };
+    scalar->gemm(&reference, 0, linear->n);
+    free(packed);
+    return expected;
+}
+
+/* The device's `y` (copied back) against the scalar GEMM's `expected`, at the tolerance below, over the
+ * host operands x, w (BF16), b and y0; the padding columns past n untouched (y0's where the layer adds a
+ * residual, else the NaNs device_alloc fills with). */
+static void check_linear(cuda_linear_t const *linear, char const *name, bool fused, void const *y,
+                         uint16_t const *x, uint16_t const *w, float const *b, float const *y0,
+                         float const *expected) {
+    size_t m = linear->m, n = linear->n, k = linear->k, xs = linear->x_stride, ys = linear->y_stride;
+    bool bf16_out = linear->kind == CUDA_LINEAR_BF16 || linear->kind == CUDA_LINEAR_GELU_BF16;
+    check_t check = check_start(n, "%s (%s)", name, fused ? "fused" : "our epilogue");
+    for (size_t r = 0; r < m; ++r) {
+        for (size_t c = 0; c < ys; ++c) {
+            double got =
+                bf16_out ? bf16_to_f32(((uint16_t const *)y)[r * ys + c]) : ((float const *)y)[r * ys + c];
+            if (c >= n) {
+                double untouched = linear->kind == CUDA_LINEAR_RESIDUAL ? y0[r * ys + c] : NAN;
+                if (!(got == untouched || (isnan(got) && isnan(untouched))))
+                    fail_msg("%s wrote padding [%zu][%zu]", name, r, c);
+                continue;
+            }
+            double magnitude = linear->bias ? fabs(b[c]) : 0.0;
+            for (size_t i = 0; i < k; ++i)
+                magnitude += fabs((double)bf16_to_f32(x[r * xs + i]) * bf16_to_f32(w[c * k + i]));
+            check_value(&check, r * n + c, got, expected[r * ys + c], 1e-2 * magnitude + 1e-6);
+        }
+    }
+    check_end(&check);
+}
+
 /* One layer of `kind` on cuBLASLt against the scalar GEMM on the same BF16 x and w, with kernels.h's
  * tolerance |y - y_scalar| <= 1e-2 (|bias| + sum_k |x w|) + 1e-6. */
 static void linear_case(cuda_gemm_t *gemm, linear_shape_t shape, cuda_linear_kind_t kind, bool bias,
@@ -635,27 +693,6 @@ static void linear_case(cuda_gemm_t *gemm, linear_shape_t shape, cuda_linear_kin
     float w_scale = 3.0f / sqrtf((float)k); /* sums of order 1: GELU sees both of its sides */
     uint16_t *x = bf16_uniform(m * xs, -1.0f, 1.0f), *w = bf16_uniform(n * k, -w_scale, w_scale);
     float *b = floats_uniform(n, -1.0f, 1.0f), *y0 = floats_uniform(m * ys, -1.0f, 1.0f);
-    float *expected = host_alloc(m * ys * sizeof(float));
-    kernels_t const *scalar = kernels_scalar();
-    void *packed = host_alloc(scalar->gemm_packed_size(n, k));
-    scalar->gemm_pack(packed, w, n, k);
-    memcpy(expected, y0, m * ys * sizeof(float));
-    kernel_gemm_t reference = {
-        .m = m,
-        .n = n,
-        .k = k,
-        .x_bf16 = x,
-        .x_stride = xs,
-        .w = packed,
-        .bias = bias ? b : NULL,
-        .residual = kind == CUDA_LINEAR_RESIDUAL ? y0 : NULL,
-        .residual_stride = ys,
-        .y = expected,
-        .y_stride = ys,
-        .epilogue = kind == CUDA_LINEAR_GELU_BF16 ? KERNEL_EPILOGUE_GELU : KERNEL_EPILOGUE_NONE,
-    };
-    scalar->gemm(&reference, 0, n);
-
     uint16_t *x_device = device_copy(x, m * xs * sizeof(uint16_t));
     uint16_t *w_device = device_copy(w, n * k * sizeof(uint16_t));
     float *b_device = device_copy(b, n * sizeof(float));
@@ -673,6 +710,7 @@ static void linear_case(cuda_gemm_t *gemm, linear_shape_t shape, cuda_linear_kin
         .y_stride = ys,
         .kind = kind,
     };
+    float *expected = scalar_linear(&linear, x, w, b, y0);
     char name[160];
     snprintf(name, sizeof name, "cuda_linear %s%s m %zu n %zu k %zu strides %zu %zu%s", kind_names[kind],
              bias ? " +bias" : "", m, n, k, xs, ys, fuse ? "" : ", fallback forced");
@@ -685,24 +723,8 @@ static void linear_case(cuda_gemm_t *gemm, linear_shape_t shape, cuda_linear_kin
     ran(cudaSuccess, "cuda_linear", name);
     bool fused = cuda_gemm_last_fused(gemm);
     unsigned char *y = host_copy(y_device, y_bytes);
-    check_t check = check_start(n, "%s (%s)", name, fused ? "fused" : "our epilogue");
-    for (size_t r = 0; r < m; ++r) {
-        for (size_t c = 0; c < ys; ++c) {
-            double got = bf16_out ? bf16_to_f32(((uint16_t *)y)[r * ys + c]) : ((float *)y)[r * ys + c];
-            if (c >= n) {
-                double untouched = kind == CUDA_LINEAR_RESIDUAL ? y0[r * ys + c] : NAN;
-                if (!(got == untouched || (isnan(got) && isnan(untouched))))
-                    fail_msg("%s wrote padding [%zu][%zu]", name, r, c);
-                continue;
-            }
-            double magnitude = bias ? fabs(b[c]) : 0.0;
-            for (size_t i = 0; i < k; ++i)
-                magnitude += fabs((double)bf16_to_f32(x[r * xs + i]) * bf16_to_f32(w[c * k + i]));
-            check_value(&check, r * n + c, got, expected[r * ys + c], 1e-2 * magnitude + 1e-6);
-        }
-    }
-    check_end(&check);
-    free(x), free(w), free(b), free(y0), free(expected), free(packed), free(y);
+    check_linear(&linear, name, fused, y, x, w, b, y0, expected);
+    free(x), free(w), free(b), free(y0), free(expected), free(y);
     device_free(x_device), device_free(w_device), device_free(b_device), device_free(y_device);
 }
 

@@ -131,6 +131,46 @@ static uform_tape_t text_tape(size_t *offsets, char *buffer, size_t count) {
     return (uform_tape_t){.data = buffer, .offsets = offsets, .count = count, .length = at};
 }
 
+/* `count` texts (text_tape) in buffers of their own; text_batch_free frees them. */
+typedef struct text_batch {
+    size_t *offsets;
+    char *buffer;
+    uform_tape_t tape;
+} text_batch_t;
+
+static text_batch_t text_batch(size_t count) {
+    text_batch_t batch = {.offsets = malloc((count + 1) * sizeof(size_t)), .buffer = malloc(count * 256)};
+    assert_non_null(batch.offsets);
+    assert_non_null(batch.buffer);
+    batch.tape = text_tape(batch.offsets, batch.buffer, count);
+    return batch;
+}
+
+static void text_batch_free(text_batch_t *batch) {
+    free(batch->offsets);
+    free(batch->buffer);
+}
+
+/* An arena of `executor`; the caller frees it. */
+static uform_arena_t *arena_of(uform_executor_t *executor) {
+    uform_arena_t *arena = NULL;
+    assert_int_equal(uform_arena_create(executor, &arena), UFORM_OK);
+    return arena;
+}
+
+/* The arguments of a blocking text_encode of `tape` on `executor` with `model`, into `arena` and
+ * `encoded`; a test sets the rest. */
+static uform_text_encode_args_t text_args(uform_model_t *model, uform_executor_t *executor,
+                                          uform_outputs_t outputs, uform_arena_t *arena,
+                                          uform_encoded_t *encoded, uform_tape_t tape) {
+    return (uform_text_encode_args_t){.model = model,
+                                      .executor = executor,
+                                      .outputs = outputs,
+                                      .arena = arena,
+                                      .encoded = encoded,
+                                      .texts = tape};
+}
+
 /* Rows of a view as F32 on the host (device views through uform_view_copy). */
 static float *view_rows(uform_view_t const *view) {
     size_t size = uform_scalar_size(view->scalar), bytes = view->rows * view->columns * size;
@@ -187,28 +227,33 @@ static double worst_cosine(uform_view_t const *device, uform_view_t const *host)
     return worst;
 }
 
+/* Every output of the device's encoding at cosine >= 0.999 to the host's, row by row; the worst of each
+ * printed after `what`. */
+static void assert_outputs_agree(uform_encoded_t const *on_device, uform_encoded_t const *on_host,
+                                 char const *what) {
+    double embeddings = worst_cosine(&on_device->embeddings, &on_host->embeddings);
+    double tokens = worst_cosine(&on_device->token_vectors, &on_host->token_vectors);
+    double states = worst_cosine(&on_device->states, &on_host->states);
+    fprintf(stderr, "  %s: worst cosine embeddings %.6f, token vectors %.6f, states %.6f\n", what, embeddings,
+            tokens, states);
+    assert_true(embeddings >= 0.999);
+    assert_true(tokens >= 0.999);
+    assert_true(states >= 0.999);
+}
+
 static void compare_models(uform_model_t *device_model, uform_model_t *host_model, size_t count,
                            uform_scalar_t scalar, size_t matryoshka) {
-    size_t *offsets = malloc((count + 1) * sizeof(size_t));
-    char *buffer = malloc(count * 256);
-    uform_tape_t tape = text_tape(offsets, buffer, count);
-    uform_arena_t *device_arena = NULL, *host_arena = NULL;
-    assert_int_equal(uform_arena_create(vram, &device_arena), UFORM_OK);
-    assert_int_equal(uform_arena_create(ram, &host_arena), UFORM_OK);
-    uform_outputs_t outputs = EVERYTHING;
+    text_batch_t batch = text_batch(count);
+    uform_arena_t *device_arena = arena_of(vram), *host_arena = arena_of(ram);
     uform_encode_stats_t device_stats = {0}, host_stats = {0};
     uform_encode_config_t device_config = {
         .outputs_scalar = scalar, .matryoshka = matryoshka, .stats = &device_stats};
     uform_encode_config_t host_config = {
         .outputs_scalar = scalar, .matryoshka = matryoshka, .stats = &host_stats};
     uform_encoded_t on_device, on_host;
-    uform_text_encode_args_t args = {.model = device_model,
-                                     .executor = vram,
-                                     .outputs = outputs,
-                                     .arena = device_arena,
-                                     .config = &device_config,
-                                     .encoded = &on_device,
-                                     .texts = tape};
+    uform_text_encode_args_t args =
+        text_args(device_model, vram, EVERYTHING, device_arena, &on_device, batch.tape);
+    args.config = &device_config;
     uform_status_t status = uform_text_encode(&args);
     if (status != UFORM_OK) fail_msg("VRAM text_encode: %s", last_error_text().text);
     args.model = host_model, args.executor = ram, args.arena = host_arena, args.config = &host_config;
@@ -221,20 +266,12 @@ static void compare_models(uform_model_t *device_model, uform_model_t *host_mode
         assert_int_equal(on_device.token_vectors.item_offsets[i], on_host.token_vectors.item_offsets[i]);
     for (size_t i = 0; i < count; ++i)
         assert_int_equal(on_device.statuses[i], UFORM_OK);
-    double embeddings = worst_cosine(&on_device.embeddings, &on_host.embeddings);
-    double tokens = worst_cosine(&on_device.token_vectors, &on_host.token_vectors);
-    double states = worst_cosine(&on_device.states, &on_host.states);
-    fprintf(
-        stderr,
-        "  %zu texts, scalar %d, width %zu: worst cosine embeddings %.6f, token vectors %.6f, states %.6f\n",
-        count, (int)scalar, matryoshka, embeddings, tokens, states);
-    assert_true(embeddings >= 0.999);
-    assert_true(tokens >= 0.999);
-    assert_true(states >= 0.999);
+    char what[96];
+    snprintf(what, sizeof what, "%zu texts, scalar %d, width %zu", count, (int)scalar, matryoshka);
+    assert_outputs_agree(&on_device, &on_host, what);
     uform_arena_free(device_arena);
     uform_arena_free(host_arena);
-    free(offsets);
-    free(buffer);
+    text_batch_free(&batch);
 }
 
 /* ---- With a device ------------------------------------------------------------------------------ */
@@ -269,19 +306,11 @@ static void test_base_model_matches_cpu(void **state) {
 static void test_device_views(void **state) {
     (void)state;
     NEED_DEVICE();
-    size_t offsets[TEXTS + 1];
-    char buffer[TEXTS * 256];
-    uform_tape_t tape = text_tape(offsets, buffer, TEXTS);
-    uform_arena_t *arena = NULL, *host_arena = NULL;
-    assert_int_equal(uform_arena_create(vram, &arena), UFORM_OK);
-    assert_int_equal(uform_arena_create_host(&host_arena), UFORM_OK);
+    text_batch_t batch = text_batch(TEXTS);
+    uform_arena_t *arena = arena_of(vram), *host_arena = arena_on_host();
     uform_encoded_t encoded;
-    uform_text_encode_args_t args = {.model = vram_model,
-                                     .executor = vram,
-                                     .outputs = UFORM_OUTPUT_EMBEDDINGS,
-                                     .arena = arena,
-                                     .encoded = &encoded,
-                                     .texts = tape};
+    uform_text_encode_args_t args =
+        text_args(vram_model, vram, UFORM_OUTPUT_EMBEDDINGS, arena, &encoded, batch.tape);
     assert_int_equal(uform_text_encode(&args), UFORM_OK);
     void const *row = NULL;
     assert_int_equal(uform_view_check(&encoded.embeddings), UFORM_DEVICE);
@@ -314,26 +343,32 @@ static void test_device_views(void **state) {
     assert_int_equal(uform_text_encode(&args), UFORM_INVALID_ARGUMENT);
     uform_arena_free(arena);
     uform_arena_free(host_arena);
+    text_batch_free(&batch);
+}
+
+/* text_choose of `choices` over `states` on `executor` with `model`, into `arena`: the probabilities. */
+static uform_view_t choose_on(uform_model_t *model, uform_executor_t *executor, uform_view_t const *states,
+                              uform_tape_t choices, uform_arena_t *arena) {
+    uform_view_t probabilities;
+    uform_text_choose_args_t choose = {.model = model,
+                                       .executor = executor,
+                                       .states = states,
+                                       .choices = choices,
+                                       .arena = arena,
+                                       .probabilities = &probabilities};
+    assert_int_equal(uform_text_choose(&choose), UFORM_OK);
+    return probabilities;
 }
 
 static void test_choose_matches_cpu(void **state) {
     (void)state;
     NEED_DEVICE();
-    size_t offsets[TEXTS + 1];
-    char buffer[TEXTS * 256];
-    uform_tape_t tape = text_tape(offsets, buffer, TEXTS);
-    uform_arena_t *device_states = NULL, *device_out = NULL, *host_states = NULL, *host_out = NULL;
-    assert_int_equal(uform_arena_create(vram, &device_states), UFORM_OK);
-    assert_int_equal(uform_arena_create(vram, &device_out), UFORM_OK);
-    assert_int_equal(uform_arena_create(ram, &host_states), UFORM_OK);
-    assert_int_equal(uform_arena_create(ram, &host_out), UFORM_OK);
+    text_batch_t batch = text_batch(TEXTS);
+    uform_arena_t *device_states = arena_of(vram), *device_out = arena_of(vram), *host_states = arena_of(ram),
+                  *host_out = arena_of(ram);
     uform_encoded_t on_device, on_host;
-    uform_text_encode_args_t args = {.model = vram_model,
-                                     .executor = vram,
-                                     .outputs = UFORM_OUTPUT_STATES,
-                                     .arena = device_states,
-                                     .encoded = &on_device,
-                                     .texts = tape};
+    uform_text_encode_args_t args =
+        text_args(vram_model, vram, UFORM_OUTPUT_STATES, device_states, &on_device, batch.tape);
     assert_int_equal(uform_text_encode(&args), UFORM_OK);
     args.model = ram_model, args.executor = ram, args.arena = host_states, args.encoded = &on_host;
     assert_int_equal(uform_text_encode(&args), UFORM_OK);
@@ -345,21 +380,8 @@ static void test_choose_matches_cpu(void **state) {
         legal_offsets[i + 1] = (i + 1) * 5;
     }
     uform_tape_t choices = {.data = legal, .offsets = legal_offsets, .count = TEXTS, .length = sizeof legal};
-    uform_view_t device_probabilities, host_probabilities;
-    uform_text_choose_args_t choose = {.model = vram_model,
-                                       .executor = vram,
-                                       .states = &on_device.states,
-                                       .choices = choices,
-                                       .arena = device_out,
-                                       .probabilities = &device_probabilities};
-    assert_int_equal(uform_text_choose(&choose), UFORM_OK);
-    choose = (uform_text_choose_args_t){.model = ram_model,
-                                        .executor = ram,
-                                        .states = &on_host.states,
-                                        .choices = choices,
-                                        .arena = host_out,
-                                        .probabilities = &host_probabilities};
-    assert_int_equal(uform_text_choose(&choose), UFORM_OK);
+    uform_view_t device_probabilities = choose_on(vram_model, vram, &on_device.states, choices, device_out);
+    uform_view_t host_probabilities = choose_on(ram_model, ram, &on_host.states, choices, host_out);
     float *a = view_rows(&device_probabilities), *b = view_rows(&host_probabilities);
     double worst = 0;
     for (size_t i = 0; i < TEXTS * 5; ++i)
@@ -372,6 +394,7 @@ static void test_choose_matches_cpu(void **state) {
     uform_arena_free(device_out);
     uform_arena_free(host_states);
     uform_arena_free(host_out);
+    text_batch_free(&batch);
 }
 
 static uform_continuation_t cancel_at_once(void *state, size_t completed, size_t total) {
@@ -385,22 +408,16 @@ static void test_deferred_cancel_contended(void **state) {
     (void)state;
     NEED_DEVICE();
     size_t count = 4000;
-    size_t *offsets = malloc((count + 1) * sizeof(size_t));
-    char *buffer = malloc(count * 256);
-    uform_tape_t tape = text_tape(offsets, buffer, count);
-    uform_arena_t *arena = NULL;
-    assert_int_equal(uform_arena_create(vram, &arena), UFORM_OK);
+    text_batch_t batch = text_batch(count);
+    uform_arena_t *arena = arena_of(vram);
     uform_outcome_t outcome, other;
     uform_outcome_init(&outcome);
     uform_outcome_init(&other);
     uform_encode_config_t config = {.progress = {.handler = cancel_at_once, .steps = 100}};
-    uform_text_encode_args_t args = {.model = vram_model,
-                                     .executor = vram,
-                                     .outputs = UFORM_OUTPUT_EMBEDDINGS,
-                                     .arena = arena,
-                                     .config = &config,
-                                     .texts = tape,
-                                     .outcome = &outcome};
+    uform_text_encode_args_t args =
+        text_args(vram_model, vram, UFORM_OUTPUT_EMBEDDINGS, arena, NULL, batch.tape);
+    args.config = &config;
+    args.outcome = &outcome;
     assert_int_equal(uform_text_encode(&args), UFORM_OK);
     /* The executor is held: a second call is refused at once. */
     uform_executor_nop_args_t nop = {.executor = vram, .outcome = &other};
@@ -419,8 +436,7 @@ static void test_deferred_cancel_contended(void **state) {
     uform_outcome_destroy(&outcome);
     uform_outcome_destroy(&other);
     uform_arena_free(arena);
-    free(offsets);
-    free(buffer);
+    text_batch_free(&batch);
 }
 
 static void test_images_match_cpu(void **state) {
@@ -440,9 +456,7 @@ static void test_images_match_cpu(void **state) {
         pixels[i] = (uint8_t)(seed >> 56);
     }
     uform_tape_t tape = {.data = pixels, .offsets = offsets, .count = count, .length = offsets[count]};
-    uform_arena_t *device_arena = NULL, *host_arena = NULL;
-    assert_int_equal(uform_arena_create(vram, &device_arena), UFORM_OK);
-    assert_int_equal(uform_arena_create(ram, &host_arena), UFORM_OK);
+    uform_arena_t *device_arena = arena_of(vram), *host_arena = arena_of(ram);
     uform_scalar_t const scalars[] = {UFORM_F32, UFORM_BF16, UFORM_I8};
     for (size_t k = 0; k < 3; ++k) {
         uform_encode_config_t config = {.outputs_scalar = scalars[k]};
@@ -464,15 +478,9 @@ static void test_images_match_cpu(void **state) {
         for (size_t i = 0; i < count; ++i)
             assert_int_equal(on_device.statuses[i], on_host.statuses[i]);
         assert_int_equal(on_device.statuses[5], UFORM_INVALID_ARGUMENT);
-        double embeddings = worst_cosine(&on_device.embeddings, &on_host.embeddings);
-        double tokens = worst_cosine(&on_device.token_vectors, &on_host.token_vectors);
-        double states = worst_cosine(&on_device.states, &on_host.states);
-        fprintf(stderr,
-                "  images, scalar %d: worst cosine embeddings %.6f, token vectors %.6f, states %.6f\n",
-                (int)scalars[k], embeddings, tokens, states);
-        assert_true(embeddings >= 0.999);
-        assert_true(tokens >= 0.999);
-        assert_true(states >= 0.999);
+        char what[32];
+        snprintf(what, sizeof what, "images, scalar %d", (int)scalars[k]);
+        assert_outputs_agree(&on_device, &on_host, what);
     }
     uform_arena_free(device_arena);
     uform_arena_free(host_arena);
