@@ -91,6 +91,12 @@ uform_status_t train_params_save(train_params_t const *params, char const *path,
 /* `path` + ".optimizer" into `out` of `capacity` bytes; false when it does not fit. */
 bool train_state_path(char const *path, char *out, size_t capacity);
 
+/* ---- Buffers (train_tower.c) ----------------------------------------------------------------------- */
+
+/* Frees each of the `count` buffers (NULL ones are skipped by free): the trainer's structs list their
+ * buffers once, in a table, to release them. */
+void train_free_each(void *const *buffers, size_t count);
+
 /* ---- Towers (train_tower.c) ------------------------------------------------------------------------ */
 
 typedef struct train_block {

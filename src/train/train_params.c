@@ -760,38 +760,33 @@ static json_t *state_object(json_t *root) {
     return NULL;
 }
 
-/* The step and the optimizer settings of a state object. */
+/* The step and the optimizer settings of a state object: each setting a number into `real`, or a count (a
+ * non-negative integer) into `count`. */
 static bool read_settings(json_t const *object, train_params_t *params) {
     json_t const *step = json_object_get(object, "step"), *optimizer = json_object_get(object, "optimizer");
+    train_optimizer_t *settings = &params->optimizer;
     struct {
         char const *key;
-        double *value;
-    } const reals[] = {
-        {"learning_rate", &params->optimizer.learning_rate},
-        {"weight_decay", &params->optimizer.weight_decay},
-        {"beta1", &params->optimizer.beta1},
-        {"beta2", &params->optimizer.beta2},
-        {"epsilon", &params->optimizer.epsilon},
-        {"clip_norm", &params->optimizer.clip_norm},
-    };
-    struct {
-        char const *key;
-        size_t *value;
-    } const counts[] = {
-        {"warmup_steps", &params->optimizer.warmup_steps},
-        {"total_steps", &params->optimizer.total_steps},
+        double *real;
+        size_t *count;
+    } const fields[] = {
+        {"learning_rate", &settings->learning_rate, NULL},
+        {"weight_decay", &settings->weight_decay, NULL},
+        {"beta1", &settings->beta1, NULL},
+        {"beta2", &settings->beta2, NULL},
+        {"epsilon", &settings->epsilon, NULL},
+        {"clip_norm", &settings->clip_norm, NULL},
+        {"warmup_steps", NULL, &settings->warmup_steps},
+        {"total_steps", NULL, &settings->total_steps},
     };
     if (!json_is_integer(step) || json_integer_value(step) < 0 || !json_is_object(optimizer)) return false;
     params->step = (size_t)json_integer_value(step);
-    for (size_t i = 0; i < sizeof reals / sizeof reals[0]; i++) {
-        json_t const *value = json_object_get(optimizer, reals[i].key);
-        if (!json_is_number(value)) return false;
-        *reals[i].value = json_number_value(value);
-    }
-    for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) {
-        json_t const *value = json_object_get(optimizer, counts[i].key);
-        if (!json_is_integer(value) || json_integer_value(value) < 0) return false;
-        *counts[i].value = (size_t)json_integer_value(value);
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+        json_t const *value = json_object_get(optimizer, fields[i].key);
+        if (fields[i].real && !json_is_number(value)) return false;
+        if (fields[i].count && (!json_is_integer(value) || json_integer_value(value) < 0)) return false;
+        if (fields[i].real) *fields[i].real = json_number_value(value);
+        if (fields[i].count) *fields[i].count = (size_t)json_integer_value(value);
     }
     return true;
 }

@@ -134,15 +134,10 @@ typedef struct batch_plan {
 } batch_plan_t;
 
 static void plan_free(batch_plan_t *plan) {
-    free(plan->text_items);
-    free(plan->text_offsets);
-    free(plan->tokens);
-    free(plan->image_items);
-    free(plan->image_offsets);
-    free(plan->image_patches);
-    free(plan->sound_items);
-    free(plan->sound_offsets);
-    free(plan->sound_patches);
+    void *const buffers[] = {plan->text_items,  plan->text_offsets,  plan->tokens,
+                             plan->image_items, plan->image_offsets, plan->image_patches,
+                             plan->sound_items, plan->sound_offsets, plan->sound_patches};
+    train_free_each(buffers, sizeof buffers / sizeof buffers[0]);
     memset(plan, 0, sizeof *plan);
 }
 
@@ -409,13 +404,9 @@ typedef struct trunk_out {
 } trunk_out_t;
 
 static void trunk_out_free(trunk_out_t *out) {
-    free(out->selected);
-    free(out->projected);
-    free(out->unit);
-    free(out->norms);
-    free(out->d_unit);
-    free(out->d_projected);
-    free(out->d_selected);
+    void *const buffers[] = {out->selected, out->projected,   out->unit,      out->norms,
+                             out->d_unit,   out->d_projected, out->d_selected};
+    train_free_each(buffers, sizeof buffers / sizeof buffers[0]);
     memset(out, 0, sizeof *out);
 }
 
@@ -529,24 +520,14 @@ struct train_work {
 void train_work_free(train_work_t *w) {
     if (!w) return;
     plan_free(&w->plan);
-    free(w->text_x);
-    free(w->image_x);
-    free(w->image_embedded);
-    free(w->sound_x);
-    free(w->sound_embedded);
-    free(w->d_states);
-    free(w->d_x);
-    free(w->logits);
-    free(w->text_rows);
-    free(w->image_rows);
-    free(w->sound_rows);
     trunk_out_free(&w->text_out);
     trunk_out_free(&w->image_out);
     trunk_out_free(&w->sound_out);
-    free(w->e);
-    free(w->de);
-    free(w->video_norms);
-    free(w->related);
+    void *const buffers[] = {
+        w->text_x, w->image_x,     w->image_embedded, w->sound_x,    w->sound_embedded, w->d_states,
+        w->d_x,    w->logits,      w->text_rows,      w->image_rows, w->sound_rows,     w->e,
+        w->de,     w->video_norms, w->related};
+    train_free_each(buffers, sizeof buffers / sizeof buffers[0]);
     free(w);
 }
 

@@ -178,15 +178,15 @@ static float *saved_final(train_tower_t const *tower, train_pass_t const *pass) 
     return pass->saved + tower->depth * pass->capacity * block_floats(tower);
 }
 
+void train_free_each(void *const *buffers, size_t count) {
+    for (size_t i = 0; i < count; ++i)
+        free(buffers[i]);
+}
+
 void train_pass_release(train_pass_t *pass) {
-    free(pass->positions);
-    free(pass->saved);
-    free(pass->states);
-    free(pass->dx);
-    free(pass->dh);
-    free(pass->dqkv);
-    free(pass->dmlp);
-    free(pass->partial);
+    void *const buffers[] = {pass->positions, pass->saved, pass->states, pass->dx,
+                             pass->dh,        pass->dqkv,  pass->dmlp,   pass->partial};
+    train_free_each(buffers, sizeof buffers / sizeof buffers[0]);
     memset(pass, 0, sizeof *pass);
 }
 

@@ -142,6 +142,19 @@ static void step_failed(step_call_t *step, uform_status_t status, char const *wh
     step_end(step, status, NULL);
 }
 
+/* After posting `pending` requests of exchange `phase` (`status`, the posting's): waits for them, or ends the
+ * step with `failure` when the posting failed. */
+static void step_posted(step_call_t *step, uform_status_t status, size_t pending, step_phase_t phase,
+                        char const *failure) {
+    if (status != UFORM_OK) {
+        step_failed(step, status, failure);
+        return;
+    }
+    step->pending = pending;
+    step->phase = phase;
+    step_wait(step);
+}
+
 /* Every process's embeddings are here: this process's share of the loss and of the gradients, then their
  * sums over the mesh. */
 static void step_reduce(step_call_t *step) {
@@ -169,13 +182,7 @@ static void step_reduce(step_call_t *step) {
     step->shares[1] = losses.lm;
     status = mesh_allreduce_f32(trainer->mesh, step->packed, total, &step->requests[0]);
     if (status == UFORM_OK) status = mesh_allreduce_f64(trainer->mesh, step->shares, 2, &step->requests[1]);
-    if (status != UFORM_OK) {
-        step_failed(step, status, "posting the gradients' sum over the mesh failed");
-        return;
-    }
-    step->pending = 2;
-    step->phase = STEP_REDUCE;
-    step_wait(step);
+    step_posted(step, status, 2, STEP_REDUCE, "posting the gradients' sum over the mesh failed");
 }
 
 static void step_exchanged(step_call_t *step) {
@@ -217,13 +224,8 @@ static void step_exchanged(step_call_t *step) {
         uform_status_t status = mesh_allgatherv_f64(mesh, train_work_embeddings(step->work), items * dims,
                                                     step->global, step->counts, step->displacements,
                                                     &step->requests[0]);
-        if (status != UFORM_OK) {
-            step_failed(step, status, "posting the embeddings' exchange over the mesh failed");
-            return;
-        }
-        step->pending = 1;
-        step->phase = STEP_EMBEDDINGS;
-        step_wait(step);
+        step_posted(step, status, 1, STEP_EMBEDDINGS,
+                    "posting the embeddings' exchange over the mesh failed");
         return;
     }
     case STEP_EMBEDDINGS:
@@ -302,13 +304,7 @@ static void step_start(call_t *call) {
         return;
     }
     uform_status_t status = mesh_allgather_u64(mesh, step->local, 3, step->all, &step->requests[0]);
-    if (status != UFORM_OK) {
-        step_failed(step, status, "posting the counts' exchange over the mesh failed");
-        return;
-    }
-    step->pending = 1;
-    step->phase = STEP_COUNTS;
-    step_wait(step);
+    step_posted(step, status, 1, STEP_COUNTS, "posting the counts' exchange over the mesh failed");
 }
 
 static uform_status_t check_trainer(uform_trainer_t *trainer, uform_executor_t *executor, uform_outcome_t *outcome,
