@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "checkpoint.h"
 #include "common.h"
 #include "kernels.h"
 
@@ -67,6 +68,10 @@ void train_params_free(train_params_t *params);
 
 /* The tensor named `name`, or NULL. */
 train_tensor_t *train_params_find(train_params_t const *params, char const *name);
+
+/* The model's own tensor of part `part` (CHECKPOINT_PART_LOGIT_SCALE or CHECKPOINT_PART_LOGIT_BIAS), by
+ * the name the checkpoint schema gives it; NULL when absent. */
+train_tensor_t *train_params_logit(train_params_t const *params, checkpoint_part_t part);
 
 /* Sets every gradient to zero. */
 void train_params_zero_grad(train_params_t *params);

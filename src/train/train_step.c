@@ -31,8 +31,8 @@ static uform_status_t trainer_bind(uform_trainer_t *trainer, char const **messag
     if (info->has_audio &&
         !train_tower_bind(&trainer->audio, &trainer->params, "audio", &info->audio.transformer))
         goto missing;
-    trainer->logit_scale = train_params_find(&trainer->params, "logit.scale");
-    trainer->logit_bias = train_params_find(&trainer->params, "logit.bias");
+    trainer->logit_scale = train_params_logit(&trainer->params, CHECKPOINT_PART_LOGIT_SCALE);
+    trainer->logit_bias = train_params_logit(&trainer->params, CHECKPOINT_PART_LOGIT_BIAS);
     if (!trainer->logit_scale || !trainer->logit_bias) goto missing;
     if (info->has_image) {
         trainer->geometry.size = info->image.size;
