@@ -504,6 +504,36 @@ static void patch_tokens_backward(train_tower_t const *trunk, uform_executor_t *
                           false);
 }
 
+/* The forward pass of a patch trunk (image or audio) over its `items`, patch rows [rows, inputs] at token
+ * `offsets`: its tokens into *x (and the patches' embeddings into *embedded), the transformer, and the
+ * projections of each item's class token (`selected` gets their rows) into `out`. false when out of memory.
+ */
+static bool patch_trunk_forward(train_tower_t const *trunk, uform_executor_t *executor, train_pass_t *pass,
+                                float const *patches, size_t rows, size_t const *offsets, size_t items,
+                                size_t dims, trunk_out_t *out, float **x, float **embedded,
+                                size_t *selected) {
+    if (!trunk_out_make(out, items, trunk->hidden, dims) ||
+        !patch_tokens(trunk, executor, trunk->patches, patches, rows, offsets, items, x, embedded) ||
+        !train_tower_forward(trunk, executor, pass, *x, offsets[items], offsets, items, false, false))
+        return false;
+    for (size_t i = 0; i < items; ++i)
+        selected[i] = offsets[i];
+    trunk_out_forward(executor, trunk, pass, selected, out);
+    return true;
+}
+
+/* The backward pass of patch_trunk_forward, from out->d_unit to every parameter of the trunk; d_states and
+ * d_x are scratch [tokens, hidden], `embedded` is reused as d_embedded. */
+static void patch_trunk_backward(train_tower_t const *trunk, uform_executor_t *executor, train_pass_t *pass,
+                                 float const *patches, size_t rows, size_t const *offsets, size_t items,
+                                 trunk_out_t *out, size_t const *selected, float *d_states, float *d_x,
+                                 float *embedded) {
+    memset(d_states, 0, offsets[items] * trunk->hidden * sizeof(float));
+    trunk_out_backward(executor, trunk, selected, out, d_states);
+    train_tower_backward(trunk, executor, pass, d_states, d_x);
+    patch_tokens_backward(trunk, executor, trunk->patches, patches, rows, offsets, items, d_x, embedded);
+}
+
 /* ---- The step ------------------------------------------------------------------------------------- */
 
 struct train_work {
@@ -680,30 +710,16 @@ uform_status_t train_forward(uform_trainer_t *trainer, uform_executor_t *executo
             w->text_rows[t] = plan->text_offsets[t + 1] - 1;
         trunk_out_forward(executor, trunk, &trainer->text_pass, w->text_rows, &w->text_out);
     }
-    if (plan->images) {
-        train_tower_t const *trunk = &trainer->image;
-        if (!trunk_out_make(&w->image_out, plan->images, trunk->hidden, dims) ||
-            !patch_tokens(trunk, executor, trainer->image.patches, plan->image_patches, plan->image_rows,
-                          plan->image_offsets, plan->images, &w->image_x, &w->image_embedded) ||
-            !train_tower_forward(trunk, executor, &trainer->image_pass, w->image_x, plan->image_offsets[plan->images],
-                                 plan->image_offsets, plan->images, false, false))
-            goto fail;
-        for (size_t i = 0; i < plan->images; ++i)
-            w->image_rows[i] = plan->image_offsets[i];
-        trunk_out_forward(executor, trunk, &trainer->image_pass, w->image_rows, &w->image_out);
-    }
-    if (plan->sounds) {
-        train_tower_t const *trunk = &trainer->audio;
-        if (!trunk_out_make(&w->sound_out, plan->sounds, trunk->hidden, dims) ||
-            !patch_tokens(trunk, executor, trainer->audio.patches, plan->sound_patches, plan->sound_rows,
-                          plan->sound_offsets, plan->sounds, &w->sound_x, &w->sound_embedded) ||
-            !train_tower_forward(trunk, executor, &trainer->audio_pass, w->sound_x, plan->sound_offsets[plan->sounds],
-                                 plan->sound_offsets, plan->sounds, false, false))
-            goto fail;
-        for (size_t i = 0; i < plan->sounds; ++i)
-            w->sound_rows[i] = plan->sound_offsets[i];
-        trunk_out_forward(executor, trunk, &trainer->audio_pass, w->sound_rows, &w->sound_out);
-    }
+    if (plan->images &&
+        !patch_trunk_forward(&trainer->image, executor, &trainer->image_pass, plan->image_patches,
+                             plan->image_rows, plan->image_offsets, plan->images, dims, &w->image_out,
+                             &w->image_x, &w->image_embedded, w->image_rows))
+        goto fail;
+    if (plan->sounds &&
+        !patch_trunk_forward(&trainer->audio, executor, &trainer->audio_pass, plan->sound_patches,
+                             plan->sound_rows, plan->sound_offsets, plan->sounds, dims, &w->sound_out,
+                             &w->sound_x, &w->sound_embedded, w->sound_rows))
+        goto fail;
     if (cancelled(progress, 2)) goto cancel;
 
     /* The embeddings: a clip's is the normalized mean of its frames'. */
@@ -774,24 +790,14 @@ uform_status_t train_backward(uform_trainer_t *trainer, uform_executor_t *execut
         snprintf(message, capacity, "the progress handler cancelled the step");
         return UFORM_CANCELLED;
     }
-    if (plan->images) {
-        train_tower_t const *trunk = &trainer->image;
-        size_t tokens = plan->image_offsets[plan->images];
-        memset(w->d_states, 0, tokens * trunk->hidden * sizeof(float));
-        trunk_out_backward(executor, trunk, w->image_rows, &w->image_out, w->d_states);
-        train_tower_backward(trunk, executor, &trainer->image_pass, w->d_states, w->d_x);
-        patch_tokens_backward(trunk, executor, trainer->image.patches, plan->image_patches, plan->image_rows,
-                              plan->image_offsets, plan->images, w->d_x, w->image_embedded);
-    }
-    if (plan->sounds) {
-        train_tower_t const *trunk = &trainer->audio;
-        size_t tokens = plan->sound_offsets[plan->sounds];
-        memset(w->d_states, 0, tokens * trunk->hidden * sizeof(float));
-        trunk_out_backward(executor, trunk, w->sound_rows, &w->sound_out, w->d_states);
-        train_tower_backward(trunk, executor, &trainer->audio_pass, w->d_states, w->d_x);
-        patch_tokens_backward(trunk, executor, trainer->audio.patches, plan->sound_patches, plan->sound_rows,
-                              plan->sound_offsets, plan->sounds, w->d_x, w->sound_embedded);
-    }
+    if (plan->images)
+        patch_trunk_backward(&trainer->image, executor, &trainer->image_pass, plan->image_patches,
+                             plan->image_rows, plan->image_offsets, plan->images, &w->image_out,
+                             w->image_rows, w->d_states, w->d_x, w->image_embedded);
+    if (plan->sounds)
+        patch_trunk_backward(&trainer->audio, executor, &trainer->audio_pass, plan->sound_patches,
+                             plan->sound_rows, plan->sound_offsets, plan->sounds, &w->sound_out,
+                             w->sound_rows, w->d_states, w->d_x, w->sound_embedded);
     losses->loss = losses->contrastive + trainer->lm_weight * losses->lm;
     message[0] = '\0';
     return UFORM_OK;

@@ -19,6 +19,23 @@ typedef struct trainer_call {
 
 _Static_assert(sizeof(trainer_init_call_t) <= EXECUTOR_CALL_STORAGE, "trainer_init_call_t outgrew the call storage");
 
+/* Opens a call of `size` bytes for `entry` on `executor`, started by `start`; NULL when call_open refuses
+ * it, with the refusal (recorded) in *status. */
+static call_t *open_call(uform_executor_t *executor, uform_outcome_t *outcome, uform_outcome_t *own,
+                         size_t size, char const *entry, void (*start)(call_t *), uform_status_t *status) {
+    call_t *call = NULL;
+    *status = call_open(executor, NULL, outcome, own, size, entry, &call);
+    if (*status != UFORM_OK) return NULL;
+    call->start = start;
+    return call;
+}
+
+/* Submits an opened call: UFORM_OK when it reports on the caller's outcome, else its status once done. */
+static uform_status_t submit_call(call_t *call, uform_outcome_t *outcome, uform_outcome_t *own) {
+    call_submit(call);
+    return outcome ? UFORM_OK : call_wait(outcome_of(own));
+}
+
 static void init_start(call_t *call) {
     trainer_init_call_t *init = container_of(call, trainer_init_call_t, call);
     char const *message = NULL;
@@ -42,16 +59,14 @@ UFORM_EXPORT uform_status_t uform_trainer_init_ram(uform_trainer_init_args_t con
                            "a RAM trainer runs on a host executor; VRAM executors take uform_trainer_init_vram");
     *args->trainer = NULL;
     uform_outcome_t own;
-    call_t *call = NULL;
-    uform_status_t status =
-        call_open(args->executor, NULL, args->outcome, &own, sizeof(trainer_init_call_t), entry, &call);
-    if (status != UFORM_OK) return status;
+    uform_status_t status = UFORM_OK;
+    call_t *call = open_call(args->executor, args->outcome, &own, sizeof(trainer_init_call_t), entry,
+                             init_start, &status);
+    if (!call) return status;
     trainer_init_call_t *init = container_of(call, trainer_init_call_t, call);
-    call->start = init_start;
     init->config = *args->config;
     init->trainer = args->trainer;
-    call_submit(call);
-    return args->outcome ? UFORM_OK : call_wait(outcome_of(&own));
+    return submit_call(call, args->outcome, &own);
 }
 
 UFORM_EXPORT uform_status_t uform_trainer_init_vram(uform_trainer_init_args_t const *args) {
@@ -109,11 +124,8 @@ _Static_assert(sizeof(step_call_t) <= EXECUTOR_CALL_STORAGE, "step_call_t outgre
 static void step_end(step_call_t *step, uform_status_t status, train_losses_t const *losses) {
     uform_trainer_t *trainer = step->trainer;
     train_work_free(step->work);
-    free(step->all);
-    free(step->counts);
-    free(step->displacements);
-    free(step->global);
-    free(step->packed);
+    void *const exchanges[] = {step->all, step->counts, step->displacements, step->global, step->packed};
+    train_free_each(exchanges, sizeof exchanges / sizeof exchanges[0]);
     if (status == UFORM_OK && !isfinite(losses->loss)) {
         status = UFORM_INVALID_ARGUMENT;
         snprintf(trainer->message, sizeof trainer->message,
@@ -329,11 +341,10 @@ UFORM_EXPORT uform_status_t uform_trainer_step(uform_trainer_step_args_t const *
     if (args->relations_count && !args->relations)
         return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry, "relations is NULL");
     uform_outcome_t own;
-    call_t *call = NULL;
-    status = call_open(args->executor, NULL, args->outcome, &own, sizeof(step_call_t), entry, &call);
-    if (status != UFORM_OK) return status;
+    call_t *call =
+        open_call(args->executor, args->outcome, &own, sizeof(step_call_t), entry, step_start, &status);
+    if (!call) return status;
     step_call_t *step = container_of(call, step_call_t, call);
-    call->start = step_start;
     step->trainer = args->trainer;
     step->batch = (train_batch_t){.items = args->contents.count,
                                   .modalities = args->modalities,
@@ -342,8 +353,7 @@ UFORM_EXPORT uform_status_t uform_trainer_step(uform_trainer_step_args_t const *
                                   .relations_count = args->relations_count};
     if (args->progress) step->progress = *args->progress, step->has_progress = true;
     step->stats = args->stats;
-    call_submit(call);
-    return args->outcome ? UFORM_OK : call_wait(outcome_of(&own));
+    return submit_call(call, args->outcome, &own);
 }
 
 /* ---- Save ----------------------------------------------------------------------------------------- */
@@ -371,13 +381,11 @@ UFORM_EXPORT uform_status_t uform_trainer_save(uform_trainer_save_args_t const *
     if (status != UFORM_OK) return status;
     if (!args->path || !*args->path) return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry, "path is empty");
     uform_outcome_t own;
-    call_t *call = NULL;
-    status = call_open(args->executor, NULL, args->outcome, &own, sizeof(save_call_t), entry, &call);
-    if (status != UFORM_OK) return status;
+    call_t *call =
+        open_call(args->executor, args->outcome, &own, sizeof(save_call_t), entry, save_start, &status);
+    if (!call) return status;
     save_call_t *save = container_of(call, save_call_t, call);
-    call->start = save_start;
     save->trainer = args->trainer;
     save->path = args->path;
-    call_submit(call);
-    return args->outcome ? UFORM_OK : call_wait(outcome_of(&own));
+    return submit_call(call, args->outcome, &own);
 }
