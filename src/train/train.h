@@ -104,9 +104,18 @@ void train_free_each(void *const *buffers, size_t count);
 
 /* ---- Towers (train_tower.c) ------------------------------------------------------------------------ */
 
-typedef struct train_block {
-    train_tensor_t *norm1, *norm2, *qkv_w, *qkv_b, *out_w, *out_b, *up_w, *up_b, *down_w, *down_b;
+/* A block's parameters, by name or by checkpoint part: parts[CHECKPOINT_PART_NORM1 ..
+ * CHECKPOINT_PART_DOWN_BIAS] are the named fields in that order. */
+typedef union train_block {
+    struct {
+        train_tensor_t *norm1, *norm2, *qkv_w, *qkv_b, *out_w, *out_b, *up_w, *up_b, *down_w, *down_b;
+    };
+    train_tensor_t *parts[CHECKPOINT_PART_DOWN_BIAS + 1];
 } train_block_t;
+
+_Static_assert(offsetof(train_block_t, down_b) == CHECKPOINT_PART_DOWN_BIAS * sizeof(train_tensor_t *) &&
+                   sizeof(train_block_t) == sizeof(((train_block_t *)0)->parts),
+               "train_block_t's fields follow the checkpoint's block parts");
 
 /* A tower as the trainer sees it: its transformer, projection and input, bound to the parameters of its
  * tensors in the checkpoint schema (checkpoint_schema_tower). */

@@ -57,12 +57,12 @@ missing:
 
 void trainer_destroy(uform_trainer_t *trainer) {
     if (!trainer) return;
-    train_tower_release(&trainer->text);
-    train_tower_release(&trainer->image);
-    train_tower_release(&trainer->audio);
-    train_pass_release(&trainer->text_pass);
-    train_pass_release(&trainer->image_pass);
-    train_pass_release(&trainer->audio_pass);
+    train_tower_t *const towers[] = {&trainer->text, &trainer->image, &trainer->audio};
+    train_pass_t *const passes[] = {&trainer->text_pass, &trainer->image_pass, &trainer->audio_pass};
+    for (size_t i = 0; i < 3; ++i) {
+        train_tower_release(towers[i]);
+        train_pass_release(passes[i]);
+    }
 #if UFORM_WITH_FFMPEG
     if (trainer->frontend_ready) audio_frontend_free(&trainer->frontend);
 #endif

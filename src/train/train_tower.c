@@ -101,28 +101,16 @@ static int bind_visit(checkpoint_schema_tensor_t const *tensor, void *context) {
     train_tower_t *tower = walk->tower;
     train_tensor_t *found = train_params_find(walk->params, tensor->name);
     if (!found) walk->ok = false;
-    train_block_t *b = &tower->blocks[tensor->block];
-    train_tensor_t **slots[] = {
-        [CHECKPOINT_PART_NORM1] = &b->norm1,
-        [CHECKPOINT_PART_NORM2] = &b->norm2,
-        [CHECKPOINT_PART_QKV_WEIGHT] = &b->qkv_w,
-        [CHECKPOINT_PART_QKV_BIAS] = &b->qkv_b,
-        [CHECKPOINT_PART_OUT_WEIGHT] = &b->out_w,
-        [CHECKPOINT_PART_OUT_BIAS] = &b->out_b,
-        [CHECKPOINT_PART_UP_WEIGHT] = &b->up_w,
-        [CHECKPOINT_PART_UP_BIAS] = &b->up_b,
-        [CHECKPOINT_PART_DOWN_WEIGHT] = &b->down_w,
-        [CHECKPOINT_PART_DOWN_BIAS] = &b->down_b,
-        [CHECKPOINT_PART_NORM] = &tower->norm,
-        [CHECKPOINT_PART_PROJ] = &tower->proj,
-        [CHECKPOINT_PART_EMBED] = &tower->embed,
-        [CHECKPOINT_PART_PATCH_WEIGHT] = &tower->patches[0],
-        [CHECKPOINT_PART_PATCH_BIAS] = &tower->patches[1],
-        [CHECKPOINT_PART_CLS] = &tower->patches[2],
-        [CHECKPOINT_PART_POS] = &tower->patches[3],
-    };
-    if ((size_t)tensor->part < sizeof slots / sizeof slots[0] && slots[tensor->part])
-        *slots[tensor->part] = found;
+    /* The tower's own parts, CHECKPOINT_PART_NORM .. CHECKPOINT_PART_POS in order. */
+    train_tensor_t **const slots[] = {&tower->norm,       &tower->proj,       &tower->embed,
+                                      &tower->patches[0], &tower->patches[1], &tower->patches[2],
+                                      &tower->patches[3]};
+    _Static_assert(CHECKPOINT_PART_POS - CHECKPOINT_PART_NORM == 6, "the tower's parts follow its slots");
+    size_t const part = tensor->part;
+    if (part <= CHECKPOINT_PART_DOWN_BIAS)
+        tower->blocks[tensor->block].parts[part] = found;
+    else if (part - CHECKPOINT_PART_NORM < sizeof slots / sizeof slots[0])
+        *slots[part - CHECKPOINT_PART_NORM] = found;
     return 0;
 }
 
