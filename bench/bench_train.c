@@ -161,6 +161,12 @@ static void batch_free(batch_t *batch) {
     free(batch->relations);
 }
 
+/* The batch's items as the step reads them. */
+static uform_tape_t batch_contents(batch_t const *batch) {
+    return (uform_tape_t){
+        .data = batch->data, .offsets = batch->offsets, .count = batch->count, .length = batch->length};
+}
+
 /* Items alternate text and image with images; texts only otherwise. Relations (2k, 2k + 1). */
 static int batch_make(options_t const *options, batch_t *batch) {
     size_t const count = options->batch;
@@ -304,10 +310,7 @@ int main(int argc, char **argv) {
     uform_trainer_step_args_t step = {.trainer = trainer,
                                       .executor = executor,
                                       .modalities = batch.modalities,
-                                      .contents = {.data = batch.data,
-                                                   .offsets = batch.offsets,
-                                                   .count = batch.count,
-                                                   .length = batch.length},
+                                      .contents = batch_contents(&batch),
                                       .relations = batch.relations,
                                       .relations_count = batch.relations_count,
                                       .stats = &stats};

@@ -116,13 +116,12 @@ static int bind_visit(checkpoint_schema_tensor_t const *tensor, void *context) {
 
 bool train_tower_bind(train_tower_t *tower, train_params_t const *params, char const *name,
                       uform_transformer_info_t const *info) {
-    memset(tower, 0, sizeof *tower);
-    tower->kernels = kernels_active();
-    tower->depth = info->depth;
-    tower->hidden = info->hidden;
-    tower->heads = info->heads;
-    tower->mlp = info->mlp;
-    tower->dims = params->info.dims;
+    *tower = (train_tower_t){.kernels = kernels_active(),
+                             .depth = info->depth,
+                             .hidden = info->hidden,
+                             .heads = info->heads,
+                             .mlp = info->mlp,
+                             .dims = params->info.dims};
     tower->blocks = calloc(tower->depth ? tower->depth : 1, sizeof *tower->blocks);
     if (!tower->blocks) return false;
     bind_walk_t walk = {tower, params, true};
