@@ -18,11 +18,12 @@ typedef struct trainer_call {
 } trainer_init_call_t;
 
 _Static_assert(sizeof(trainer_init_call_t) <= EXECUTOR_CALL_STORAGE, "trainer_init_call_t outgrew the call storage");
+_Static_assert(offsetof(trainer_init_call_t, call) == 0, "open_call answers the state at its call");
 
-/* Opens a call of `size` bytes for `entry` on `executor`, started by `start`; NULL when call_open refuses
- * it, with the refusal (recorded) in *status. */
-static call_t *open_call(uform_executor_t *executor, uform_outcome_t *outcome, uform_outcome_t *own,
-                         size_t size, char const *entry, void (*start)(call_t *), uform_status_t *status) {
+/* Opens a call whose state (`size` bytes, the call_t at its start, as call_open lays it out) is started by
+ * `start`: answers that state, or NULL when call_open refuses it, with the refusal (recorded) in *status. */
+static void *open_call(uform_executor_t *executor, uform_outcome_t *outcome, uform_outcome_t *own,
+                       size_t size, char const *entry, void (*start)(call_t *), uform_status_t *status) {
     call_t *call = NULL;
     *status = call_open(executor, NULL, outcome, own, size, entry, &call);
     if (*status != UFORM_OK) return NULL;
@@ -60,13 +61,12 @@ UFORM_EXPORT uform_status_t uform_trainer_init_ram(uform_trainer_init_args_t con
     *args->trainer = NULL;
     uform_outcome_t own;
     uform_status_t status = UFORM_OK;
-    call_t *call = open_call(args->executor, args->outcome, &own, sizeof(trainer_init_call_t), entry,
-                             init_start, &status);
-    if (!call) return status;
-    trainer_init_call_t *init = container_of(call, trainer_init_call_t, call);
+    trainer_init_call_t *init =
+        open_call(args->executor, args->outcome, &own, sizeof *init, entry, init_start, &status);
+    if (!init) return status;
     init->config = *args->config;
     init->trainer = args->trainer;
-    return submit_call(call, args->outcome, &own);
+    return submit_call(&init->call, args->outcome, &own);
 }
 
 UFORM_EXPORT uform_status_t uform_trainer_init_vram(uform_trainer_init_args_t const *args) {
@@ -120,6 +120,7 @@ typedef struct step_call {
 } step_call_t;
 
 _Static_assert(sizeof(step_call_t) <= EXECUTOR_CALL_STORAGE, "step_call_t outgrew the call storage");
+_Static_assert(offsetof(step_call_t, call) == 0, "open_call answers the state at its call");
 
 static void step_end(step_call_t *step, uform_status_t status, train_losses_t const *losses) {
     uform_trainer_t *trainer = step->trainer;
@@ -341,10 +342,9 @@ UFORM_EXPORT uform_status_t uform_trainer_step(uform_trainer_step_args_t const *
     if (args->relations_count && !args->relations)
         return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry, "relations is NULL");
     uform_outcome_t own;
-    call_t *call =
-        open_call(args->executor, args->outcome, &own, sizeof(step_call_t), entry, step_start, &status);
-    if (!call) return status;
-    step_call_t *step = container_of(call, step_call_t, call);
+    step_call_t *step =
+        open_call(args->executor, args->outcome, &own, sizeof *step, entry, step_start, &status);
+    if (!step) return status;
     step->trainer = args->trainer;
     step->batch = (train_batch_t){.items = args->contents.count,
                                   .modalities = args->modalities,
@@ -353,7 +353,7 @@ UFORM_EXPORT uform_status_t uform_trainer_step(uform_trainer_step_args_t const *
                                   .relations_count = args->relations_count};
     if (args->progress) step->progress = *args->progress, step->has_progress = true;
     step->stats = args->stats;
-    return submit_call(call, args->outcome, &own);
+    return submit_call(&step->call, args->outcome, &own);
 }
 
 /* ---- Save ----------------------------------------------------------------------------------------- */
@@ -363,6 +363,8 @@ typedef struct save_call {
     uform_trainer_t *trainer;
     char const *path;
 } save_call_t;
+
+_Static_assert(offsetof(save_call_t, call) == 0, "open_call answers the state at its call");
 
 static void save_start(call_t *call) {
     save_call_t *save = container_of(call, save_call_t, call);
@@ -381,11 +383,10 @@ UFORM_EXPORT uform_status_t uform_trainer_save(uform_trainer_save_args_t const *
     if (status != UFORM_OK) return status;
     if (!args->path || !*args->path) return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry, "path is empty");
     uform_outcome_t own;
-    call_t *call =
-        open_call(args->executor, args->outcome, &own, sizeof(save_call_t), entry, save_start, &status);
-    if (!call) return status;
-    save_call_t *save = container_of(call, save_call_t, call);
+    save_call_t *save =
+        open_call(args->executor, args->outcome, &own, sizeof *save, entry, save_start, &status);
+    if (!save) return status;
     save->trainer = args->trainer;
     save->path = args->path;
-    return submit_call(call, args->outcome, &own);
+    return submit_call(&save->call, args->outcome, &own);
 }
