@@ -34,8 +34,8 @@
 #endif
 
 typedef struct options {
-    size_t depth, hidden, context, image_size, image_patch, batch, text_bytes, threads, warmup, steps;
-    uint64_t seed;
+    uform_trainer_config_t config; /* the defaults with the flags' depth, hidden, context, image and seed */
+    size_t batch, text_bytes, threads, warmup, steps;
     bool images, json;
     char const *save_initial, *save_batch;
 } options_t;
@@ -67,24 +67,16 @@ static bool parse_size(char const *text, size_t *value) {
 }
 
 static int parse(int argc, char **argv, options_t *options) {
-    *options = (options_t){.depth = 2,
-                           .hidden = 128,
-                           .context = 64,
-                           .image_size = 32,
-                           .image_patch = 8,
-                           .batch = 32,
-                           .text_bytes = 64,
-                           .threads = 2,
-                           .warmup = 2,
-                           .steps = 10,
-                           .seed = 42};
+    *options = (options_t){.batch = 32, .text_bytes = 64, .threads = 2, .warmup = 2, .steps = 10};
+    uform_trainer_config_t *config = &options->config;
+    uform_trainer_config_default(config);
     for (int i = 1; i < argc; ++i) {
         char const *flag = argv[i], *value = i + 1 < argc ? argv[i + 1] : NULL;
-        size_t *size = !strcmp(flag, "--depth")         ? &options->depth
-                       : !strcmp(flag, "--hidden")      ? &options->hidden
-                       : !strcmp(flag, "--context")     ? &options->context
-                       : !strcmp(flag, "--image-size")  ? &options->image_size
-                       : !strcmp(flag, "--image-patch") ? &options->image_patch
+        size_t *size = !strcmp(flag, "--depth")         ? &config->depth
+                       : !strcmp(flag, "--hidden")      ? &config->hidden
+                       : !strcmp(flag, "--context")     ? &config->context
+                       : !strcmp(flag, "--image-size")  ? &config->image_size
+                       : !strcmp(flag, "--image-patch") ? &config->image_patch
                        : !strcmp(flag, "--batch")       ? &options->batch
                        : !strcmp(flag, "--text-bytes")  ? &options->text_bytes
                        : !strcmp(flag, "--threads")     ? &options->threads
@@ -99,7 +91,7 @@ static int parse(int argc, char **argv, options_t *options) {
                 fprintf(stderr, "bench_train: bad --seed %s\n", value);
                 return 2;
             }
-            options->seed = seed;
+            config->seed = seed;
             ++i;
         } else if (!strcmp(flag, "--towers") && value &&
                    (!strcmp(value, "text") || !strcmp(value, "text,image"))) {
@@ -169,6 +161,12 @@ static void batch_free(batch_t *batch) {
     free(batch->relations);
 }
 
+/* The batch's items as the step reads them. */
+static uform_tape_t batch_contents(batch_t const *batch) {
+    return (uform_tape_t){
+        .data = batch->data, .offsets = batch->offsets, .count = batch->count, .length = batch->length};
+}
+
 /* Items alternate text and image with images; texts only otherwise. Relations (2k, 2k + 1). */
 static int batch_make(options_t const *options, batch_t *batch) {
     size_t const count = options->batch;
@@ -177,15 +175,18 @@ static int batch_make(options_t const *options, batch_t *batch) {
     batch->offsets = malloc((count + 1) * sizeof *batch->offsets);
     batch->relations = malloc(count * sizeof *batch->relations);
     if (!batch->modalities || !batch->offsets || !batch->relations) goto out_of_memory;
-    size_t const kept = options->text_bytes < options->context ? options->text_bytes : options->context,
-                 patches = options->image_patch ? (options->image_size / options->image_patch) : 0;
+    size_t const kept = options->text_bytes < options->config.context ? options->text_bytes
+                                                                      : options->config.context,
+                 patches = options->config.image_patch
+                               ? (options->config.image_size / options->config.image_patch)
+                               : 0;
     batch->offsets[0] = 0;
     for (size_t i = 0; i < count; ++i) {
         bool image = options->images && i % 2 == 1;
         uint8_t *item = NULL;
         size_t bytes = options->text_bytes;
         if (image) {
-            item = png_of(options->image_size, i, &bytes);
+            item = png_of(options->config.image_size, i, &bytes);
             if (!item) return 1;
         }
         uint8_t *grown = realloc(batch->data, batch->length + bytes + 1);
@@ -274,17 +275,10 @@ int main(int argc, char **argv) {
     options_t options;
     int status = parse(argc, argv, &options);
     if (status) return status;
-    random_state ^= options.seed * 0x2545f4914f6cdd1dull;
+    random_state ^= options.config.seed * 0x2545f4914f6cdd1dull;
 
-    uform_trainer_config_t config;
-    uform_trainer_config_default(&config);
-    config.depth = options.depth;
-    config.hidden = options.hidden;
-    config.context = options.context;
-    config.image_size = options.image_size;
-    config.image_patch = options.image_patch;
+    uform_trainer_config_t config = options.config;
     config.towers = (1u << UFORM_MODALITY_TEXT) | (options.images ? 1u << UFORM_MODALITY_IMAGE : 0);
-    config.seed = options.seed;
 
     batch_t batch;
     uform_executor_t *executor = NULL;
@@ -316,10 +310,7 @@ int main(int argc, char **argv) {
     uform_trainer_step_args_t step = {.trainer = trainer,
                                       .executor = executor,
                                       .modalities = batch.modalities,
-                                      .contents = {.data = batch.data,
-                                                   .offsets = batch.offsets,
-                                                   .count = batch.count,
-                                                   .length = batch.length},
+                                      .contents = batch_contents(&batch),
                                       .relations = batch.relations,
                                       .relations_count = batch.relations_count,
                                       .stats = &stats};
@@ -352,8 +343,8 @@ int main(int argc, char **argv) {
                "\"learning_rate\": %.17g, \"weight_decay\": %.17g, \"beta1\": %.17g, \"beta2\": %.17g, "
                "\"epsilon\": %.17g, \"clip_norm\": %.17g, \"lm_weight\": %.17g, \"warmup_steps\": %zu, "
                "\"total_steps\": %zu}\n",
-               options.depth, options.hidden, options.context, options.images ? "text,image" : "text",
-               options.image_size, options.image_patch, options.batch, options.text_bytes, options.threads,
+               config.depth, config.hidden, config.context, options.images ? "text,image" : "text",
+               config.image_size, config.image_patch, options.batch, options.text_bytes, options.threads,
                options.warmup, options.steps, seconds, steps_per_second,
                steps_per_second * (double)batch.count, steps_per_second * (double)batch.tokens, batch.tokens,
                first.loss, first.contrastive_loss, first.lm_loss, stats.loss, stats.contrastive_loss,
@@ -362,7 +353,7 @@ int main(int argc, char **argv) {
                config.total_steps);
     } else {
         printf("depth %zu, hidden %zu, context %zu, towers %s, batch %zu (%zu tokens), %zu threads\n",
-               options.depth, options.hidden, options.context, options.images ? "text,image" : "text",
+               config.depth, config.hidden, config.context, options.images ? "text,image" : "text",
                options.batch, batch.tokens, options.threads);
         printf("%zu steps in %.3f s: %.3f steps/s, %.1f items/s, %.0f tokens/s\n", options.steps, seconds,
                steps_per_second, steps_per_second * (double)batch.count,

@@ -92,14 +92,9 @@ def batched_embed(model: train_ref.TrainModel, prepared: list):
     """TrainModel.embed with the texts of each kept length stacked into one [n, T] forward (the reference
     runs them one at a time); the same (embeddings [B, dims], LM cross-entropy sum, positions)."""
     embeddings = [None] * len(prepared)
+    model.embed_images(prepared, embeddings)
     lm_sum = torch.zeros((), dtype=model.dtype)
     lm_count = 0
-    images = [i for i, (kind, _) in enumerate(prepared) if kind == "image"]
-    if images:
-        tower = model.towers["image"]
-        states = tower.forward(torch.stack([prepared[i][1] for i in images]))  # [n, 1 + patches, hidden]
-        for row, embedding in zip(images, tower.embed_states(states[:, 0])):
-            embeddings[row] = embedding
     lengths = sorted({data.shape[0] for kind, data in prepared if kind == "text"})
     tower = model.towers.get("text")
     for length in lengths:

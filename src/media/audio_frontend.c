@@ -26,13 +26,11 @@ static double mel_to_hz(double mel) {
 }
 
 void audio_frontend_free(audio_frontend_t *frontend) {
-    free(frontend->hann);
-    free(frontend->first);
-    free(frontend->count);
-    free(frontend->start);
-    free(frontend->weights);
-    free(frontend->chirp);
-    av_free(frontend->kernel);
+    void *const tables[] = {frontend->hann,  frontend->first,   frontend->count,
+                            frontend->start, frontend->weights, frontend->chirp};
+    for (size_t i = 0; i < sizeof tables / sizeof tables[0]; i++)
+        free(tables[i]);
+    av_free(frontend->kernel); /* FFmpeg's allocation */
     memset(frontend, 0, sizeof *frontend);
 }
 

@@ -8,6 +8,7 @@
 #include "errors.h"
 #include "kernels.h"
 #include "seeded.h"
+#include "tiny_checkpoint.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,9 +16,7 @@
 
 #define TINY_ENTRY      "uform_tiny_checkpoint"
 #define TINY_NAME_SIZE  64
-#define TINY_DEPTH      2
 #define TINY_HIDDEN     64
-#define TINY_DIMS       64
 #define TINY_STD        0.02f
 #define TINY_LOG_10     2.302585092994045684f /* logit.scale: exp(scale) = 10 */
 #define TINY_LOGIT_BIAS (-10.0f)
@@ -161,25 +160,39 @@ static uform_model_info_t tiny_info(tiny_sizes_t const *sizes) {
 /* The verb                                                                                       */
 /* ---------------------------------------------------------------------------------------------- */
 
-/* Every tower shares depth, hidden and mlp; the rest are the tiny model's fixed sizes. */
-static tiny_sizes_t tiny_sizes(size_t depth, size_t hidden, size_t mlp, size_t context, size_t size,
-                               size_t patch) {
+void tiny_model_sizes(uform_trainer_config_t *config) {
+    config->depth = 2;
+    config->dims = 64;
+    config->context = 64;
+    config->image_size = 32;
+    config->image_patch = 8;
+    config->video_frames = 4;
+    config->audio_rate = 16000;
+    config->audio_mels = 32;
+    config->audio_seconds = 2;
+}
+
+/* Every tower shares depth, hidden and mlp; the rest are the small model's sizes, its audio front end
+ * docs/DESIGN.md's: window 25 ms, hop 10 ms, 4 frames a patch. */
+static tiny_sizes_t tiny_sizes(uform_trainer_config_t const *model, size_t depth, size_t hidden, size_t mlp,
+                               size_t context, size_t size, size_t patch) {
+    size_t const rate = model->audio_rate;
     tiny_sizes_t sizes = {
         .depth = depth,
         .hidden = hidden,
         .heads = hidden / 64,
         .mlp = mlp,
-        .dims = TINY_DIMS,
+        .dims = model->dims,
         .context = context,
         .size = size,
         .patch = patch,
-        .frames = 4,
-        .rate = 16000,
-        .mels = 32,
-        .window = 400,
-        .hop = 160,
+        .frames = model->video_frames,
+        .rate = rate,
+        .mels = model->audio_mels,
+        .window = rate / 40,
+        .hop = rate / 100,
         .patch_frames = 4,
-        .seconds = 2,
+        .seconds = model->audio_seconds,
     };
     size_t const samples = (size_t)((double)sizes.rate * sizes.seconds);
     sizes.max_patches = (1 + (samples - sizes.window) / sizes.hop) / sizes.patch_frames;
@@ -190,11 +203,13 @@ UFORM_EXPORT uform_status_t uform_tiny_checkpoint(uform_tiny_checkpoint_args_t c
     if (!args) return failed(UFORM_INVALID_ARGUMENT, TINY_ENTRY, "args is NULL");
     if (!args->path || args->path[0] == '\0')
         return failed(UFORM_INVALID_ARGUMENT, TINY_ENTRY, "path is empty");
-    size_t const depth = args->depth ? args->depth : TINY_DEPTH,
+    uform_trainer_config_t model = {0};
+    tiny_model_sizes(&model);
+    size_t const depth = args->depth ? args->depth : model.depth,
                  hidden = args->hidden ? args->hidden : TINY_HIDDEN, mlp = args->mlp ? args->mlp : 2 * hidden,
-                 context = args->context ? args->context : 64,
-                 image_size = args->image_size ? args->image_size : 32,
-                 image_patch = args->image_patch ? args->image_patch : 8;
+                 context = args->context ? args->context : model.context,
+                 image_size = args->image_size ? args->image_size : model.image_size,
+                 image_patch = args->image_patch ? args->image_patch : model.image_patch;
     if (hidden % 64 != 0) return failed(UFORM_INVALID_ARGUMENT, TINY_ENTRY, "hidden is not a multiple of 64");
     if (hidden > 65536) return failed(UFORM_INVALID_ARGUMENT, TINY_ENTRY, "hidden over 65536");
     if (depth > 1024) return failed(UFORM_INVALID_ARGUMENT, TINY_ENTRY, "depth over 1024");
@@ -204,7 +219,7 @@ UFORM_EXPORT uform_status_t uform_tiny_checkpoint(uform_tiny_checkpoint_args_t c
         return failed(UFORM_INVALID_ARGUMENT, TINY_ENTRY,
                       "image_size over 4096 or not a multiple of image_patch");
 
-    tiny_sizes_t const sizes = tiny_sizes(depth, hidden, mlp, context, image_size, image_patch);
+    tiny_sizes_t const sizes = tiny_sizes(&model, depth, hidden, mlp, context, image_size, image_patch);
     uform_model_info_t const info = tiny_info(&sizes);
     size_t count = 0;
     checkpoint_schema_each(&info, count_visit, &count);

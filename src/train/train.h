@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "checkpoint.h"
 #include "common.h"
 #include "kernels.h"
 
@@ -68,6 +69,10 @@ void train_params_free(train_params_t *params);
 /* The tensor named `name`, or NULL. */
 train_tensor_t *train_params_find(train_params_t const *params, char const *name);
 
+/* The model's own tensor of part `part` (CHECKPOINT_PART_LOGIT_SCALE or CHECKPOINT_PART_LOGIT_BIAS), by
+ * the name the checkpoint schema gives it; NULL when absent. */
+train_tensor_t *train_params_logit(train_params_t const *params, checkpoint_part_t part);
+
 /* Sets every gradient to zero. */
 void train_params_zero_grad(train_params_t *params);
 
@@ -91,11 +96,26 @@ uform_status_t train_params_save(train_params_t const *params, char const *path,
 /* `path` + ".optimizer" into `out` of `capacity` bytes; false when it does not fit. */
 bool train_state_path(char const *path, char *out, size_t capacity);
 
+/* ---- Buffers (train_tower.c) ----------------------------------------------------------------------- */
+
+/* Frees each of the `count` buffers (NULL ones are skipped by free): the trainer's structs list their
+ * buffers once, in a table, to release them. */
+void train_free_each(void *const *buffers, size_t count);
+
 /* ---- Towers (train_tower.c) ------------------------------------------------------------------------ */
 
-typedef struct train_block {
-    train_tensor_t *norm1, *norm2, *qkv_w, *qkv_b, *out_w, *out_b, *up_w, *up_b, *down_w, *down_b;
+/* A block's parameters, by name or by checkpoint part: parts[CHECKPOINT_PART_NORM1 ..
+ * CHECKPOINT_PART_DOWN_BIAS] are the named fields in that order. */
+typedef union train_block {
+    struct {
+        train_tensor_t *norm1, *norm2, *qkv_w, *qkv_b, *out_w, *out_b, *up_w, *up_b, *down_w, *down_b;
+    };
+    train_tensor_t *parts[CHECKPOINT_PART_DOWN_BIAS + 1];
 } train_block_t;
+
+_Static_assert(offsetof(train_block_t, down_b) == CHECKPOINT_PART_DOWN_BIAS * sizeof(train_tensor_t *) &&
+                   sizeof(train_block_t) == sizeof(((train_block_t *)0)->parts),
+               "train_block_t's fields follow the checkpoint's block parts");
 
 /* A tower as the trainer sees it: its transformer, projection and input, bound to the parameters of its
  * tensors in the checkpoint schema (checkpoint_schema_tower). */

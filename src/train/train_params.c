@@ -22,6 +22,7 @@
 #include "executor.h"
 #include "kernels.h"
 #include "seeded.h"
+#include "tiny_checkpoint.h"
 #include "train.h"
 
 #include <errno.h>
@@ -127,17 +128,8 @@ static void layout_model(layout_t *layout, uform_model_info_t const *info) {
 UFORM_EXPORT void uform_trainer_config_default(uform_trainer_config_t *config) {
     if (!config) return;
     *config = (uform_trainer_config_t){
-        .depth = 2,
         .hidden = 128,
-        .dims = 64,
         .towers = KNOWN_TOWERS,
-        .context = 64,
-        .image_size = 32,
-        .image_patch = 8,
-        .video_frames = 4,
-        .audio_rate = 16000,
-        .audio_mels = 32,
-        .audio_seconds = 2,
         .learning_rate = 1e-3,
         .weight_decay = 0.01,
         .beta1 = 0.9,
@@ -151,6 +143,7 @@ UFORM_EXPORT void uform_trainer_config_default(uform_trainer_config_t *config) {
         .resume_path = NULL,
         .mesh = NULL,
     };
+    tiny_model_sizes(config); /* the tiny checkpoint's sizes, but hidden and mlp */
 }
 
 static size_t or_default(size_t value, size_t fallback) {
@@ -369,6 +362,28 @@ train_tensor_t *train_params_find(train_params_t const *params, char const *name
     for (size_t i = 0; i < params->count; i++)
         if (strcmp(params->tensors[i].name, name) == 0) return &params->tensors[i];
     return NULL;
+}
+
+typedef struct logit_walk {
+    train_params_t const *params;
+    checkpoint_part_t part;
+    train_tensor_t *found;
+} logit_walk_t;
+
+/* Stops at the model's own tensor (no tower) of the part sought. */
+static int logit_visit(checkpoint_schema_tensor_t const *tensor, void *context) {
+    logit_walk_t *walk = context;
+    if (tensor->tower || tensor->part != walk->part) return 0;
+    walk->found = train_params_find(walk->params, tensor->name);
+    return 1;
+}
+
+train_tensor_t *train_params_logit(train_params_t const *params, checkpoint_part_t part) {
+    uform_model_info_t trained = params->info;
+    trained.has_logit = true; /* a trainer learns them whatever the checkpoint held */
+    logit_walk_t walk = {params, part, NULL};
+    checkpoint_schema_each(&trained, logit_visit, &walk);
+    return walk.found;
 }
 
 void train_params_zero_grad(train_params_t *params) {
@@ -760,38 +775,33 @@ static json_t *state_object(json_t *root) {
     return NULL;
 }
 
-/* The step and the optimizer settings of a state object. */
+/* The step and the optimizer settings of a state object: each setting a number into `real`, or a count (a
+ * non-negative integer) into `count`. */
 static bool read_settings(json_t const *object, train_params_t *params) {
     json_t const *step = json_object_get(object, "step"), *optimizer = json_object_get(object, "optimizer");
+    train_optimizer_t *settings = &params->optimizer;
     struct {
         char const *key;
-        double *value;
-    } const reals[] = {
-        {"learning_rate", &params->optimizer.learning_rate},
-        {"weight_decay", &params->optimizer.weight_decay},
-        {"beta1", &params->optimizer.beta1},
-        {"beta2", &params->optimizer.beta2},
-        {"epsilon", &params->optimizer.epsilon},
-        {"clip_norm", &params->optimizer.clip_norm},
-    };
-    struct {
-        char const *key;
-        size_t *value;
-    } const counts[] = {
-        {"warmup_steps", &params->optimizer.warmup_steps},
-        {"total_steps", &params->optimizer.total_steps},
+        double *real;
+        size_t *count;
+    } const fields[] = {
+        {"learning_rate", &settings->learning_rate, NULL},
+        {"weight_decay", &settings->weight_decay, NULL},
+        {"beta1", &settings->beta1, NULL},
+        {"beta2", &settings->beta2, NULL},
+        {"epsilon", &settings->epsilon, NULL},
+        {"clip_norm", &settings->clip_norm, NULL},
+        {"warmup_steps", NULL, &settings->warmup_steps},
+        {"total_steps", NULL, &settings->total_steps},
     };
     if (!json_is_integer(step) || json_integer_value(step) < 0 || !json_is_object(optimizer)) return false;
     params->step = (size_t)json_integer_value(step);
-    for (size_t i = 0; i < sizeof reals / sizeof reals[0]; i++) {
-        json_t const *value = json_object_get(optimizer, reals[i].key);
-        if (!json_is_number(value)) return false;
-        *reals[i].value = json_number_value(value);
-    }
-    for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) {
-        json_t const *value = json_object_get(optimizer, counts[i].key);
-        if (!json_is_integer(value) || json_integer_value(value) < 0) return false;
-        *counts[i].value = (size_t)json_integer_value(value);
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+        json_t const *value = json_object_get(optimizer, fields[i].key);
+        if (fields[i].real && !json_is_number(value)) return false;
+        if (fields[i].count && (!json_is_integer(value) || json_integer_value(value) < 0)) return false;
+        if (fields[i].real) *fields[i].real = json_number_value(value);
+        if (fields[i].count) *fields[i].count = (size_t)json_integer_value(value);
     }
     return true;
 }

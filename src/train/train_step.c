@@ -31,8 +31,8 @@ static uform_status_t trainer_bind(uform_trainer_t *trainer, char const **messag
     if (info->has_audio &&
         !train_tower_bind(&trainer->audio, &trainer->params, "audio", &info->audio.transformer))
         goto missing;
-    trainer->logit_scale = train_params_find(&trainer->params, "logit.scale");
-    trainer->logit_bias = train_params_find(&trainer->params, "logit.bias");
+    trainer->logit_scale = train_params_logit(&trainer->params, CHECKPOINT_PART_LOGIT_SCALE);
+    trainer->logit_bias = train_params_logit(&trainer->params, CHECKPOINT_PART_LOGIT_BIAS);
     if (!trainer->logit_scale || !trainer->logit_bias) goto missing;
     if (info->has_image) {
         trainer->geometry.size = info->image.size;
@@ -57,12 +57,12 @@ missing:
 
 void trainer_destroy(uform_trainer_t *trainer) {
     if (!trainer) return;
-    train_tower_release(&trainer->text);
-    train_tower_release(&trainer->image);
-    train_tower_release(&trainer->audio);
-    train_pass_release(&trainer->text_pass);
-    train_pass_release(&trainer->image_pass);
-    train_pass_release(&trainer->audio_pass);
+    train_tower_t *const towers[] = {&trainer->text, &trainer->image, &trainer->audio};
+    train_pass_t *const passes[] = {&trainer->text_pass, &trainer->image_pass, &trainer->audio_pass};
+    for (size_t i = 0; i < 3; ++i) {
+        train_tower_release(towers[i]);
+        train_pass_release(passes[i]);
+    }
 #if UFORM_WITH_FFMPEG
     if (trainer->frontend_ready) audio_frontend_free(&trainer->frontend);
 #endif
@@ -134,15 +134,10 @@ typedef struct batch_plan {
 } batch_plan_t;
 
 static void plan_free(batch_plan_t *plan) {
-    free(plan->text_items);
-    free(plan->text_offsets);
-    free(plan->tokens);
-    free(plan->image_items);
-    free(plan->image_offsets);
-    free(plan->image_patches);
-    free(plan->sound_items);
-    free(plan->sound_offsets);
-    free(plan->sound_patches);
+    void *const buffers[] = {plan->text_items,  plan->text_offsets,  plan->tokens,
+                             plan->image_items, plan->image_offsets, plan->image_patches,
+                             plan->sound_items, plan->sound_offsets, plan->sound_patches};
+    train_free_each(buffers, sizeof buffers / sizeof buffers[0]);
     memset(plan, 0, sizeof *plan);
 }
 
@@ -409,13 +404,9 @@ typedef struct trunk_out {
 } trunk_out_t;
 
 static void trunk_out_free(trunk_out_t *out) {
-    free(out->selected);
-    free(out->projected);
-    free(out->unit);
-    free(out->norms);
-    free(out->d_unit);
-    free(out->d_projected);
-    free(out->d_selected);
+    void *const buffers[] = {out->selected, out->projected,   out->unit,      out->norms,
+                             out->d_unit,   out->d_projected, out->d_selected};
+    train_free_each(buffers, sizeof buffers / sizeof buffers[0]);
     memset(out, 0, sizeof *out);
 }
 
@@ -513,6 +504,36 @@ static void patch_tokens_backward(train_tower_t const *trunk, uform_executor_t *
                           false);
 }
 
+/* The forward pass of a patch trunk (image or audio) over its `items`, patch rows [rows, inputs] at token
+ * `offsets`: its tokens into *x (and the patches' embeddings into *embedded), the transformer, and the
+ * projections of each item's class token (`selected` gets their rows) into `out`. false when out of memory.
+ */
+static bool patch_trunk_forward(train_tower_t const *trunk, uform_executor_t *executor, train_pass_t *pass,
+                                float const *patches, size_t rows, size_t const *offsets, size_t items,
+                                size_t dims, trunk_out_t *out, float **x, float **embedded,
+                                size_t *selected) {
+    if (!trunk_out_make(out, items, trunk->hidden, dims) ||
+        !patch_tokens(trunk, executor, trunk->patches, patches, rows, offsets, items, x, embedded) ||
+        !train_tower_forward(trunk, executor, pass, *x, offsets[items], offsets, items, false, false))
+        return false;
+    for (size_t i = 0; i < items; ++i)
+        selected[i] = offsets[i];
+    trunk_out_forward(executor, trunk, pass, selected, out);
+    return true;
+}
+
+/* The backward pass of patch_trunk_forward, from out->d_unit to every parameter of the trunk; d_states and
+ * d_x are scratch [tokens, hidden], `embedded` is reused as d_embedded. */
+static void patch_trunk_backward(train_tower_t const *trunk, uform_executor_t *executor, train_pass_t *pass,
+                                 float const *patches, size_t rows, size_t const *offsets, size_t items,
+                                 trunk_out_t *out, size_t const *selected, float *d_states, float *d_x,
+                                 float *embedded) {
+    memset(d_states, 0, offsets[items] * trunk->hidden * sizeof(float));
+    trunk_out_backward(executor, trunk, selected, out, d_states);
+    train_tower_backward(trunk, executor, pass, d_states, d_x);
+    patch_tokens_backward(trunk, executor, trunk->patches, patches, rows, offsets, items, d_x, embedded);
+}
+
 /* ---- The step ------------------------------------------------------------------------------------- */
 
 struct train_work {
@@ -529,24 +550,14 @@ struct train_work {
 void train_work_free(train_work_t *w) {
     if (!w) return;
     plan_free(&w->plan);
-    free(w->text_x);
-    free(w->image_x);
-    free(w->image_embedded);
-    free(w->sound_x);
-    free(w->sound_embedded);
-    free(w->d_states);
-    free(w->d_x);
-    free(w->logits);
-    free(w->text_rows);
-    free(w->image_rows);
-    free(w->sound_rows);
     trunk_out_free(&w->text_out);
     trunk_out_free(&w->image_out);
     trunk_out_free(&w->sound_out);
-    free(w->e);
-    free(w->de);
-    free(w->video_norms);
-    free(w->related);
+    void *const buffers[] = {
+        w->text_x, w->image_x,     w->image_embedded, w->sound_x,    w->sound_embedded, w->d_states,
+        w->d_x,    w->logits,      w->text_rows,      w->image_rows, w->sound_rows,     w->e,
+        w->de,     w->video_norms, w->related};
+    train_free_each(buffers, sizeof buffers / sizeof buffers[0]);
     free(w);
 }
 
@@ -699,30 +710,16 @@ uform_status_t train_forward(uform_trainer_t *trainer, uform_executor_t *executo
             w->text_rows[t] = plan->text_offsets[t + 1] - 1;
         trunk_out_forward(executor, trunk, &trainer->text_pass, w->text_rows, &w->text_out);
     }
-    if (plan->images) {
-        train_tower_t const *trunk = &trainer->image;
-        if (!trunk_out_make(&w->image_out, plan->images, trunk->hidden, dims) ||
-            !patch_tokens(trunk, executor, trainer->image.patches, plan->image_patches, plan->image_rows,
-                          plan->image_offsets, plan->images, &w->image_x, &w->image_embedded) ||
-            !train_tower_forward(trunk, executor, &trainer->image_pass, w->image_x, plan->image_offsets[plan->images],
-                                 plan->image_offsets, plan->images, false, false))
-            goto fail;
-        for (size_t i = 0; i < plan->images; ++i)
-            w->image_rows[i] = plan->image_offsets[i];
-        trunk_out_forward(executor, trunk, &trainer->image_pass, w->image_rows, &w->image_out);
-    }
-    if (plan->sounds) {
-        train_tower_t const *trunk = &trainer->audio;
-        if (!trunk_out_make(&w->sound_out, plan->sounds, trunk->hidden, dims) ||
-            !patch_tokens(trunk, executor, trainer->audio.patches, plan->sound_patches, plan->sound_rows,
-                          plan->sound_offsets, plan->sounds, &w->sound_x, &w->sound_embedded) ||
-            !train_tower_forward(trunk, executor, &trainer->audio_pass, w->sound_x, plan->sound_offsets[plan->sounds],
-                                 plan->sound_offsets, plan->sounds, false, false))
-            goto fail;
-        for (size_t i = 0; i < plan->sounds; ++i)
-            w->sound_rows[i] = plan->sound_offsets[i];
-        trunk_out_forward(executor, trunk, &trainer->audio_pass, w->sound_rows, &w->sound_out);
-    }
+    if (plan->images &&
+        !patch_trunk_forward(&trainer->image, executor, &trainer->image_pass, plan->image_patches,
+                             plan->image_rows, plan->image_offsets, plan->images, dims, &w->image_out,
+                             &w->image_x, &w->image_embedded, w->image_rows))
+        goto fail;
+    if (plan->sounds &&
+        !patch_trunk_forward(&trainer->audio, executor, &trainer->audio_pass, plan->sound_patches,
+                             plan->sound_rows, plan->sound_offsets, plan->sounds, dims, &w->sound_out,
+                             &w->sound_x, &w->sound_embedded, w->sound_rows))
+        goto fail;
     if (cancelled(progress, 2)) goto cancel;
 
     /* The embeddings: a clip's is the normalized mean of its frames'. */
@@ -793,24 +790,14 @@ uform_status_t train_backward(uform_trainer_t *trainer, uform_executor_t *execut
         snprintf(message, capacity, "the progress handler cancelled the step");
         return UFORM_CANCELLED;
     }
-    if (plan->images) {
-        train_tower_t const *trunk = &trainer->image;
-        size_t tokens = plan->image_offsets[plan->images];
-        memset(w->d_states, 0, tokens * trunk->hidden * sizeof(float));
-        trunk_out_backward(executor, trunk, w->image_rows, &w->image_out, w->d_states);
-        train_tower_backward(trunk, executor, &trainer->image_pass, w->d_states, w->d_x);
-        patch_tokens_backward(trunk, executor, trainer->image.patches, plan->image_patches, plan->image_rows,
-                              plan->image_offsets, plan->images, w->d_x, w->image_embedded);
-    }
-    if (plan->sounds) {
-        train_tower_t const *trunk = &trainer->audio;
-        size_t tokens = plan->sound_offsets[plan->sounds];
-        memset(w->d_states, 0, tokens * trunk->hidden * sizeof(float));
-        trunk_out_backward(executor, trunk, w->sound_rows, &w->sound_out, w->d_states);
-        train_tower_backward(trunk, executor, &trainer->audio_pass, w->d_states, w->d_x);
-        patch_tokens_backward(trunk, executor, trainer->audio.patches, plan->sound_patches, plan->sound_rows,
-                              plan->sound_offsets, plan->sounds, w->d_x, w->sound_embedded);
-    }
+    if (plan->images)
+        patch_trunk_backward(&trainer->image, executor, &trainer->image_pass, plan->image_patches,
+                             plan->image_rows, plan->image_offsets, plan->images, &w->image_out,
+                             w->image_rows, w->d_states, w->d_x, w->image_embedded);
+    if (plan->sounds)
+        patch_trunk_backward(&trainer->audio, executor, &trainer->audio_pass, plan->sound_patches,
+                             plan->sound_rows, plan->sound_offsets, plan->sounds, &w->sound_out,
+                             w->sound_rows, w->d_states, w->d_x, w->sound_embedded);
     losses->loss = losses->contrastive + trainer->lm_weight * losses->lm;
     message[0] = '\0';
     return UFORM_OK;

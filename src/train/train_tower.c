@@ -101,40 +101,27 @@ static int bind_visit(checkpoint_schema_tensor_t const *tensor, void *context) {
     train_tower_t *tower = walk->tower;
     train_tensor_t *found = train_params_find(walk->params, tensor->name);
     if (!found) walk->ok = false;
-    train_block_t *b = &tower->blocks[tensor->block];
-    train_tensor_t **slots[] = {
-        [CHECKPOINT_PART_NORM1] = &b->norm1,
-        [CHECKPOINT_PART_NORM2] = &b->norm2,
-        [CHECKPOINT_PART_QKV_WEIGHT] = &b->qkv_w,
-        [CHECKPOINT_PART_QKV_BIAS] = &b->qkv_b,
-        [CHECKPOINT_PART_OUT_WEIGHT] = &b->out_w,
-        [CHECKPOINT_PART_OUT_BIAS] = &b->out_b,
-        [CHECKPOINT_PART_UP_WEIGHT] = &b->up_w,
-        [CHECKPOINT_PART_UP_BIAS] = &b->up_b,
-        [CHECKPOINT_PART_DOWN_WEIGHT] = &b->down_w,
-        [CHECKPOINT_PART_DOWN_BIAS] = &b->down_b,
-        [CHECKPOINT_PART_NORM] = &tower->norm,
-        [CHECKPOINT_PART_PROJ] = &tower->proj,
-        [CHECKPOINT_PART_EMBED] = &tower->embed,
-        [CHECKPOINT_PART_PATCH_WEIGHT] = &tower->patches[0],
-        [CHECKPOINT_PART_PATCH_BIAS] = &tower->patches[1],
-        [CHECKPOINT_PART_CLS] = &tower->patches[2],
-        [CHECKPOINT_PART_POS] = &tower->patches[3],
-    };
-    if ((size_t)tensor->part < sizeof slots / sizeof slots[0] && slots[tensor->part])
-        *slots[tensor->part] = found;
+    /* The tower's own parts, CHECKPOINT_PART_NORM .. CHECKPOINT_PART_POS in order. */
+    train_tensor_t **const slots[] = {&tower->norm,       &tower->proj,       &tower->embed,
+                                      &tower->patches[0], &tower->patches[1], &tower->patches[2],
+                                      &tower->patches[3]};
+    _Static_assert(CHECKPOINT_PART_POS - CHECKPOINT_PART_NORM == 6, "the tower's parts follow its slots");
+    size_t const part = tensor->part;
+    if (part <= CHECKPOINT_PART_DOWN_BIAS)
+        tower->blocks[tensor->block].parts[part] = found;
+    else if (part - CHECKPOINT_PART_NORM < sizeof slots / sizeof slots[0])
+        *slots[part - CHECKPOINT_PART_NORM] = found;
     return 0;
 }
 
 bool train_tower_bind(train_tower_t *tower, train_params_t const *params, char const *name,
                       uform_transformer_info_t const *info) {
-    memset(tower, 0, sizeof *tower);
-    tower->kernels = kernels_active();
-    tower->depth = info->depth;
-    tower->hidden = info->hidden;
-    tower->heads = info->heads;
-    tower->mlp = info->mlp;
-    tower->dims = params->info.dims;
+    *tower = (train_tower_t){.kernels = kernels_active(),
+                             .depth = info->depth,
+                             .hidden = info->hidden,
+                             .heads = info->heads,
+                             .mlp = info->mlp,
+                             .dims = params->info.dims};
     tower->blocks = calloc(tower->depth ? tower->depth : 1, sizeof *tower->blocks);
     if (!tower->blocks) return false;
     bind_walk_t walk = {tower, params, true};
@@ -178,15 +165,15 @@ static float *saved_final(train_tower_t const *tower, train_pass_t const *pass) 
     return pass->saved + tower->depth * pass->capacity * block_floats(tower);
 }
 
+void train_free_each(void *const *buffers, size_t count) {
+    for (size_t i = 0; i < count; ++i)
+        free(buffers[i]);
+}
+
 void train_pass_release(train_pass_t *pass) {
-    free(pass->positions);
-    free(pass->saved);
-    free(pass->states);
-    free(pass->dx);
-    free(pass->dh);
-    free(pass->dqkv);
-    free(pass->dmlp);
-    free(pass->partial);
+    void *const buffers[] = {pass->positions, pass->saved, pass->states, pass->dx,
+                             pass->dh,        pass->dqkv,  pass->dmlp,   pass->partial};
+    train_free_each(buffers, sizeof buffers / sizeof buffers[0]);
     memset(pass, 0, sizeof *pass);
 }
 

@@ -18,6 +18,24 @@ typedef struct trainer_call {
 } trainer_init_call_t;
 
 _Static_assert(sizeof(trainer_init_call_t) <= EXECUTOR_CALL_STORAGE, "trainer_init_call_t outgrew the call storage");
+_Static_assert(offsetof(trainer_init_call_t, call) == 0, "open_call answers the state at its call");
+
+/* Opens a call whose state (`size` bytes, the call_t at its start, as call_open lays it out) is started by
+ * `start`: answers that state, or NULL when call_open refuses it, with the refusal (recorded) in *status. */
+static void *open_call(uform_executor_t *executor, uform_outcome_t *outcome, uform_outcome_t *own,
+                       size_t size, char const *entry, void (*start)(call_t *), uform_status_t *status) {
+    call_t *call = NULL;
+    *status = call_open(executor, NULL, outcome, own, size, entry, &call);
+    if (*status != UFORM_OK) return NULL;
+    call->start = start;
+    return call;
+}
+
+/* Submits an opened call: UFORM_OK when it reports on the caller's outcome, else its status once done. */
+static uform_status_t submit_call(call_t *call, uform_outcome_t *outcome, uform_outcome_t *own) {
+    call_submit(call);
+    return outcome ? UFORM_OK : call_wait(outcome_of(own));
+}
 
 static void init_start(call_t *call) {
     trainer_init_call_t *init = container_of(call, trainer_init_call_t, call);
@@ -42,16 +60,13 @@ UFORM_EXPORT uform_status_t uform_trainer_init_ram(uform_trainer_init_args_t con
                            "a RAM trainer runs on a host executor; VRAM executors take uform_trainer_init_vram");
     *args->trainer = NULL;
     uform_outcome_t own;
-    call_t *call = NULL;
-    uform_status_t status =
-        call_open(args->executor, NULL, args->outcome, &own, sizeof(trainer_init_call_t), entry, &call);
-    if (status != UFORM_OK) return status;
-    trainer_init_call_t *init = container_of(call, trainer_init_call_t, call);
-    call->start = init_start;
+    uform_status_t status = UFORM_OK;
+    trainer_init_call_t *init =
+        open_call(args->executor, args->outcome, &own, sizeof *init, entry, init_start, &status);
+    if (!init) return status;
     init->config = *args->config;
     init->trainer = args->trainer;
-    call_submit(call);
-    return args->outcome ? UFORM_OK : call_wait(outcome_of(&own));
+    return submit_call(&init->call, args->outcome, &own);
 }
 
 UFORM_EXPORT uform_status_t uform_trainer_init_vram(uform_trainer_init_args_t const *args) {
@@ -105,15 +120,13 @@ typedef struct step_call {
 } step_call_t;
 
 _Static_assert(sizeof(step_call_t) <= EXECUTOR_CALL_STORAGE, "step_call_t outgrew the call storage");
+_Static_assert(offsetof(step_call_t, call) == 0, "open_call answers the state at its call");
 
 static void step_end(step_call_t *step, uform_status_t status, train_losses_t const *losses) {
     uform_trainer_t *trainer = step->trainer;
     train_work_free(step->work);
-    free(step->all);
-    free(step->counts);
-    free(step->displacements);
-    free(step->global);
-    free(step->packed);
+    void *const exchanges[] = {step->all, step->counts, step->displacements, step->global, step->packed};
+    train_free_each(exchanges, sizeof exchanges / sizeof exchanges[0]);
     if (status == UFORM_OK && !isfinite(losses->loss)) {
         status = UFORM_INVALID_ARGUMENT;
         snprintf(trainer->message, sizeof trainer->message,
@@ -140,6 +153,19 @@ static void step_wait(step_call_t *step);
 static void step_failed(step_call_t *step, uform_status_t status, char const *what) {
     snprintf(step->trainer->message, sizeof step->trainer->message, "%s", what);
     step_end(step, status, NULL);
+}
+
+/* After posting `pending` requests of exchange `phase` (`status`, the posting's): waits for them, or ends the
+ * step with `failure` when the posting failed. */
+static void step_posted(step_call_t *step, uform_status_t status, size_t pending, step_phase_t phase,
+                        char const *failure) {
+    if (status != UFORM_OK) {
+        step_failed(step, status, failure);
+        return;
+    }
+    step->pending = pending;
+    step->phase = phase;
+    step_wait(step);
 }
 
 /* Every process's embeddings are here: this process's share of the loss and of the gradients, then their
@@ -169,13 +195,7 @@ static void step_reduce(step_call_t *step) {
     step->shares[1] = losses.lm;
     status = mesh_allreduce_f32(trainer->mesh, step->packed, total, &step->requests[0]);
     if (status == UFORM_OK) status = mesh_allreduce_f64(trainer->mesh, step->shares, 2, &step->requests[1]);
-    if (status != UFORM_OK) {
-        step_failed(step, status, "posting the gradients' sum over the mesh failed");
-        return;
-    }
-    step->pending = 2;
-    step->phase = STEP_REDUCE;
-    step_wait(step);
+    step_posted(step, status, 2, STEP_REDUCE, "posting the gradients' sum over the mesh failed");
 }
 
 static void step_exchanged(step_call_t *step) {
@@ -217,13 +237,8 @@ static void step_exchanged(step_call_t *step) {
         uform_status_t status = mesh_allgatherv_f64(mesh, train_work_embeddings(step->work), items * dims,
                                                     step->global, step->counts, step->displacements,
                                                     &step->requests[0]);
-        if (status != UFORM_OK) {
-            step_failed(step, status, "posting the embeddings' exchange over the mesh failed");
-            return;
-        }
-        step->pending = 1;
-        step->phase = STEP_EMBEDDINGS;
-        step_wait(step);
+        step_posted(step, status, 1, STEP_EMBEDDINGS,
+                    "posting the embeddings' exchange over the mesh failed");
         return;
     }
     case STEP_EMBEDDINGS:
@@ -302,13 +317,7 @@ static void step_start(call_t *call) {
         return;
     }
     uform_status_t status = mesh_allgather_u64(mesh, step->local, 3, step->all, &step->requests[0]);
-    if (status != UFORM_OK) {
-        step_failed(step, status, "posting the counts' exchange over the mesh failed");
-        return;
-    }
-    step->pending = 1;
-    step->phase = STEP_COUNTS;
-    step_wait(step);
+    step_posted(step, status, 1, STEP_COUNTS, "posting the counts' exchange over the mesh failed");
 }
 
 static uform_status_t check_trainer(uform_trainer_t *trainer, uform_executor_t *executor, uform_outcome_t *outcome,
@@ -333,11 +342,9 @@ UFORM_EXPORT uform_status_t uform_trainer_step(uform_trainer_step_args_t const *
     if (args->relations_count && !args->relations)
         return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry, "relations is NULL");
     uform_outcome_t own;
-    call_t *call = NULL;
-    status = call_open(args->executor, NULL, args->outcome, &own, sizeof(step_call_t), entry, &call);
-    if (status != UFORM_OK) return status;
-    step_call_t *step = container_of(call, step_call_t, call);
-    call->start = step_start;
+    step_call_t *step =
+        open_call(args->executor, args->outcome, &own, sizeof *step, entry, step_start, &status);
+    if (!step) return status;
     step->trainer = args->trainer;
     step->batch = (train_batch_t){.items = args->contents.count,
                                   .modalities = args->modalities,
@@ -346,8 +353,7 @@ UFORM_EXPORT uform_status_t uform_trainer_step(uform_trainer_step_args_t const *
                                   .relations_count = args->relations_count};
     if (args->progress) step->progress = *args->progress, step->has_progress = true;
     step->stats = args->stats;
-    call_submit(call);
-    return args->outcome ? UFORM_OK : call_wait(outcome_of(&own));
+    return submit_call(&step->call, args->outcome, &own);
 }
 
 /* ---- Save ----------------------------------------------------------------------------------------- */
@@ -357,6 +363,8 @@ typedef struct save_call {
     uform_trainer_t *trainer;
     char const *path;
 } save_call_t;
+
+_Static_assert(offsetof(save_call_t, call) == 0, "open_call answers the state at its call");
 
 static void save_start(call_t *call) {
     save_call_t *save = container_of(call, save_call_t, call);
@@ -375,13 +383,10 @@ UFORM_EXPORT uform_status_t uform_trainer_save(uform_trainer_save_args_t const *
     if (status != UFORM_OK) return status;
     if (!args->path || !*args->path) return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry, "path is empty");
     uform_outcome_t own;
-    call_t *call = NULL;
-    status = call_open(args->executor, NULL, args->outcome, &own, sizeof(save_call_t), entry, &call);
-    if (status != UFORM_OK) return status;
-    save_call_t *save = container_of(call, save_call_t, call);
-    call->start = save_start;
+    save_call_t *save =
+        open_call(args->executor, args->outcome, &own, sizeof *save, entry, save_start, &status);
+    if (!save) return status;
     save->trainer = args->trainer;
     save->path = args->path;
-    call_submit(call);
-    return args->outcome ? UFORM_OK : call_wait(outcome_of(&own));
+    return submit_call(&save->call, args->outcome, &own);
 }

@@ -355,18 +355,23 @@ class TrainModel:
 
     # -- the loss -------------------------------------------------------------------------------
 
-    def embed(self, prepared: list):
-        """Answers (embeddings [B, dims], LM cross-entropy summed over every predicted position, the
-        count of those positions)."""
-        embeddings = [None] * len(prepared)
-        lm_sum = torch.zeros((), dtype=self.dtype)
-        lm_count = 0
+    def embed_images(self, prepared: list, embeddings: list) -> None:
+        """The embeddings of the items of kind "image" into `embeddings` (a list as long as `prepared`), the
+        images through the image tower as one batch."""
         images = [i for i, (kind, _) in enumerate(prepared) if kind == "image"]
         if images:
             tower = self.towers["image"]
             states = tower.forward(torch.stack([prepared[i][1] for i in images]))  # [n, 1 + patches, hidden]
             for row, i in enumerate(images):
                 embeddings[i] = tower.embed_states(states[row, 0])
+
+    def embed(self, prepared: list):
+        """Answers (embeddings [B, dims], LM cross-entropy summed over every predicted position, the
+        count of those positions)."""
+        embeddings = [None] * len(prepared)
+        lm_sum = torch.zeros((), dtype=self.dtype)
+        lm_count = 0
+        self.embed_images(prepared, embeddings)
         for i, (kind, data) in enumerate(prepared):
             if kind == "text":
                 tower = self.towers["text"]

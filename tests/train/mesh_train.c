@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "small_config.h"
 #include "train_step.h"
 #if UFORM_WITH_MPI
 #include <mpi.h>
@@ -32,12 +33,7 @@ static int fail(char const *what) {
 }
 
 static uform_trainer_config_t config_of(uform_mesh_t *mesh) {
-    uform_trainer_config_t config;
-    uform_trainer_config_default(&config);
-    config.depth = 1;
-    config.hidden = 64;
-    config.dims = 32;
-    config.context = 32;
+    uform_trainer_config_t config = small_config_of(32, 32);
     config.towers = 1u << UFORM_MODALITY_TEXT;
     config.learning_rate = 3e-3;
     config.warmup_steps = 1;

@@ -12,6 +12,7 @@
 #include <cmocka.h>
 
 #include "fixtures.h"
+#include "small_config.h"
 #include "train_step.h"
 
 static uform_tiny_checkpoint_args_t tiny = {.seed = 7, .depth = 1, .hidden = 64, .context = 32};
@@ -23,12 +24,7 @@ static int setup(void **state) {
 
 /* A small config: one block of 64 everywhere, texts and images only. */
 static uform_trainer_config_t small_config(void) {
-    uform_trainer_config_t config;
-    uform_trainer_config_default(&config);
-    config.depth = 1;
-    config.hidden = 64;
-    config.dims = 32;
-    config.context = 32;
+    uform_trainer_config_t config = small_config_of(32, 32);
     config.towers = (1u << UFORM_MODALITY_TEXT) | (1u << UFORM_MODALITY_IMAGE);
     config.learning_rate = 3e-3;
     config.warmup_steps = 2;

@@ -21,6 +21,7 @@
 
 #include "checkpoint.h"
 #include "fixtures.h"
+#include "small_config.h"
 #include "train.h"
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -29,12 +30,7 @@
 
 /* A small model: every tower, depth 1, hidden 64, dims 16, short audio. */
 static uform_trainer_config_t small_config(void) {
-    uform_trainer_config_t config;
-    uform_trainer_config_default(&config);
-    config.depth = 1;
-    config.hidden = 64;
-    config.dims = 16;
-    config.context = 16;
+    uform_trainer_config_t config = small_config_of(16, 16);
     config.audio_seconds = 0.5;
     return config;
 }
