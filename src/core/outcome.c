@@ -147,29 +147,33 @@ void *outcome_take_object(uform_outcome_t *public_outcome, void (*release)(void 
     return object;
 }
 
-static uform_status_t outcome_product_status(outcome_t const *outcome, outcome_product_t product) {
-    if (!outcome_is_initialized(outcome)) return UFORM_INVALID_ARGUMENT;
-    uform_status_t status =
-        outcome_word_status(atomic_load_explicit(&((outcome_t *)outcome)->word, memory_order_acquire));
-    if (status != UFORM_OK) return status;
-    return outcome->product == product ? UFORM_OK : UFORM_INVALID_ARGUMENT;
+/* The outcome behind `public_outcome` when it is final, successful and holds a `product` to copy into
+ * `out`; NULL with the status why not (INVALID_ARGUMENT, or the call's failure) in `*status`. */
+static outcome_t const *outcome_product(uform_outcome_t const *public_outcome, void const *out,
+                                        outcome_product_t product, uform_status_t *status) {
+    *status = UFORM_INVALID_ARGUMENT;
+    if (!public_outcome || !out) return NULL;
+    outcome_t const *outcome = (outcome_t const *)(void const *)public_outcome->opaque;
+    if (!outcome_is_initialized(outcome)) return NULL;
+    *status = outcome_word_status(atomic_load_explicit(&((outcome_t *)outcome)->word, memory_order_acquire));
+    if (*status != UFORM_OK) return NULL;
+    if (outcome->product != product) *status = UFORM_INVALID_ARGUMENT;
+    return *status == UFORM_OK ? outcome : NULL;
 }
 
 UFORM_EXPORT uform_status_t uform_outcome_encoded(uform_outcome_t const *public_outcome,
                                                   uform_encoded_t *encoded) {
-    if (!public_outcome || !encoded) return UFORM_INVALID_ARGUMENT;
-    outcome_t const *outcome = (outcome_t const *)(void const *)public_outcome->opaque;
-    uform_status_t status = outcome_product_status(outcome, OUTCOME_PRODUCT_ENCODED);
-    if (status == UFORM_OK) *encoded = outcome->encoded;
+    uform_status_t status;
+    outcome_t const *outcome = outcome_product(public_outcome, encoded, OUTCOME_PRODUCT_ENCODED, &status);
+    if (outcome) *encoded = outcome->encoded;
     return status;
 }
 
 UFORM_EXPORT uform_status_t uform_outcome_probabilities(uform_outcome_t const *public_outcome,
                                                         uform_view_t *view) {
-    if (!public_outcome || !view) return UFORM_INVALID_ARGUMENT;
-    outcome_t const *outcome = (outcome_t const *)(void const *)public_outcome->opaque;
-    uform_status_t status = outcome_product_status(outcome, OUTCOME_PRODUCT_PROBABILITIES);
-    if (status == UFORM_OK) *view = outcome->probabilities;
+    uform_status_t status;
+    outcome_t const *outcome = outcome_product(public_outcome, view, OUTCOME_PRODUCT_PROBABILITIES, &status);
+    if (outcome) *view = outcome->probabilities;
     return status;
 }
 
