@@ -187,12 +187,18 @@ static void load_weights(load_call_t *load, checkpoint_header_t *header, void *m
     load->target->weights(load);
 }
 
-static void load_header_done(loop_op_t *op) {
+/* The load whose step `op` completed, or NULL once a step that failed (result < 0) has failed the load
+ * with UFORM_IO and `message`. */
+static load_call_t *load_step(loop_op_t *op, char const *message) {
     load_call_t *load = container_of(op, load_call_t, step);
-    if (op->result < 0) {
-        load_fail(load, UFORM_IO, "cannot read checkpoint");
-        return;
-    }
+    if (op->result >= 0) return load;
+    load_fail(load, UFORM_IO, message);
+    return NULL;
+}
+
+static void load_header_done(loop_op_t *op) {
+    load_call_t *load = load_step(op, "cannot read checkpoint");
+    if (!load) return;
     if ((uint64_t)op->result < load->header_length) {
         load_fail(load, UFORM_FORMAT, "checkpoint truncated in its header");
         return;
@@ -211,11 +217,8 @@ static void load_header_done(loop_op_t *op) {
 }
 
 static void load_prefix_done(loop_op_t *op) {
-    load_call_t *load = container_of(op, load_call_t, step);
-    if (op->result < 0) {
-        load_fail(load, UFORM_IO, "cannot read checkpoint");
-        return;
-    }
+    load_call_t *load = load_step(op, "cannot read checkpoint");
+    if (!load) return;
     char const *message = NULL;
     uform_status_t status = checkpoint_prefix(load->prefix, (size_t)op->result, load->statx.stx_size,
                                               &load->header_length, &message);
@@ -252,20 +255,15 @@ static void load_map(load_call_t *load) {
         status = checkpoint_parse((char const *)mapping + 8, header_length, size, &header, &message);
     if (status != UFORM_OK) {
         munmap(mapping, size);
-        {
-            load_fail(load, status, message);
-            return;
-        }
+        load_fail(load, status, message);
+        return;
     }
     load_weights(load, &header, mapping);
 }
 
 static void load_statx_done(loop_op_t *op) {
-    load_call_t *load = container_of(op, load_call_t, step);
-    if (op->result < 0) {
-        load_fail(load, UFORM_IO, "cannot stat checkpoint");
-        return;
-    }
+    load_call_t *load = load_step(op, "cannot stat checkpoint");
+    if (!load) return;
     if (!S_ISREG(load->statx.stx_mode)) {
         load_fail(load, UFORM_IO, "checkpoint is not a regular file");
         return;
@@ -280,11 +278,8 @@ static void load_statx_done(loop_op_t *op) {
 }
 
 static void load_open_done(loop_op_t *op) {
-    load_call_t *load = container_of(op, load_call_t, step);
-    if (op->result < 0) {
-        load_fail(load, UFORM_IO, "cannot open checkpoint");
-        return;
-    }
+    load_call_t *load = load_step(op, "cannot open checkpoint");
+    if (!load) return;
     load->fd = (int)op->result;
     load->step.callback = load_statx_done;
     loop_statx(load->call.executor->loop, &load->step, load->fd, &load->statx);
@@ -335,7 +330,8 @@ uform_status_t model_load(uform_model_load_args_t const *args, model_load_target
         return call_refuse(outcome, UFORM_INVALID_ARGUMENT, entry,
                            "a VRAM executor loads with uform_model_load_vram");
     if (target->device && (!args->executor || !executor_on_device(args->executor)))
-        return call_refuse(outcome, UFORM_INVALID_ARGUMENT, entry, "uform_model_load_vram needs a VRAM executor");
+        return call_refuse(outcome, UFORM_INVALID_ARGUMENT, entry,
+                           "uform_model_load_vram needs a VRAM executor");
     uform_executor_t *executor = call_executor(args->executor);
     if (!executor)
         return call_refuse(outcome, UFORM_OUT_OF_MEMORY, entry, "cannot make the calling thread's executor");
