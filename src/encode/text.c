@@ -156,7 +156,7 @@ static void text_chunk(loop_op_t *op) {
     uint64_t computing = loop_now_ns();
 
     /* x = the byte table's rows: BOS, then the kept bytes of each text.        [tokens, hidden] */
-    uint16_t const *embed = model_tensor(model, "text.embed", NULL);
+    uint16_t const *embed = tower->embed;
     uint8_t const *bytes = texts->data;
     size_t row = 0;
     for (size_t item = first; item < last; ++item) {
@@ -281,7 +281,7 @@ static void choose_start(call_t *call) {
         return;
     }
     float *row = state + hidden;
-    uint16_t const *embed = model_tensor(choose->model, "text.embed", NULL);
+    uint16_t const *embed = tower->embed;
     uint8_t const *legal = choose->choices.data;
     for (size_t item = 0; item < items; ++item) {
         item_offsets[item] = offsets[item] - offsets[0];
