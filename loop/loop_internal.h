@@ -22,8 +22,6 @@ enum {
     LOOP_TAG_CANCEL = 4,   /* a cancel (the doorbell read's on destroy, loop_cancel's): its CQE is ignored */
 };
 
-typedef struct loop_hooks loop_hooks_t;
-
 /* Both backends fill a statx with the same fields. */
 #define LOOP_STATX_MASK (STATX_SIZE | STATX_BASIC_STATS)
 
@@ -46,9 +44,8 @@ struct loop {
 
     /* The loop thread only. */
     alignas(64) loop_backend_t backend;
-    loop_hooks_t const *hooks; /* the backend's */
-    size_t in_flight;          /* submitted, not yet delivered (posts excluded) */
-    loop_op_t *ready_head;     /* final, callback not yet run; FIFO through op->next */
+    size_t in_flight;      /* submitted, not yet delivered (posts excluded) */
+    loop_op_t *ready_head; /* final, callback not yet run; FIFO through op->next */
     loop_op_t *ready_tail;
     loop_op_t *timers; /* portable: pending timers sorted by deadline_ns, earliest first */
     loop_op_t *polls;  /* portable: pending polls, through op->next, newest first */
@@ -68,23 +65,22 @@ struct loop {
 /* Appends a final operation to the ready list; its callback runs in the next loop_run. */
 void loop_ready_push(loop_t *loop, loop_op_t *op);
 
-/* What a backend does for the shared loop (loop.c calls it through loop->hooks). */
-struct loop_hooks {
-    void (*submit)(loop_t *loop, loop_op_t *op);
-    void (*cancel)(loop_t *loop, loop_op_t *op); /* a pending poll or timer */
-    void (*collect)(loop_t *loop);               /* whatever is final, without blocking */
-    bool (*pending)(loop_t *loop);               /* something to deliver, checked without syscalls */
-    int (*wait)(loop_t *loop);                   /* blocks; 0, or -errno when it cannot wait */
-    void (*destroy)(loop_t *loop);               /* NULL: nothing of its own to free */
-};
-
 /* Portable backend (portable.c). */
-extern loop_hooks_t const loop_portable_hooks;
+void loop_portable_submit(loop_t *loop, loop_op_t *op);
+void loop_portable_collect(loop_t *loop);
+bool loop_portable_pending(loop_t *loop);
+int loop_portable_wait(loop_t *loop);
+void loop_portable_cancel(loop_t *loop, loop_op_t *op);
 
 #if UFORM_WITH_URING
-/* io_uring backend (uring.c): the probe and creation, then its hooks. */
-extern loop_hooks_t const loop_uring_hooks;
+/* io_uring backend (uring.c). */
 bool loop_uring_probe(void);
 int loop_uring_create(loop_t *loop, loop_options_t const *options);
+void loop_uring_destroy(loop_t *loop);
+void loop_uring_submit(loop_t *loop, loop_op_t *op);
+void loop_uring_cancel(loop_t *loop, loop_op_t *op);
+void loop_uring_collect(loop_t *loop);
+bool loop_uring_pending(loop_t *loop);
+int loop_uring_wait(loop_t *loop);
 int loop_uring_msg_ring(loop_t *loop, int ring_fd, int32_t res, uint64_t user_data);
 #endif

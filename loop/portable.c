@@ -111,7 +111,7 @@ static int portable_scan(loop_t *loop, bool doorbell, struct timespec const *tim
     return 0;
 }
 
-static void portable_submit(loop_t *loop, loop_op_t *op) {
+void loop_portable_submit(loop_t *loop, loop_op_t *op) {
     if (op->kind == LOOP_OP_TIMER) {
         portable_timer_insert(loop, op);
         return;
@@ -129,7 +129,7 @@ static void portable_submit(loop_t *loop, loop_op_t *op) {
     loop_ready_push(loop, op);
 }
 
-static void portable_collect(loop_t *loop) {
+void loop_portable_collect(loop_t *loop) {
     if (loop->polls) {
         /* Without waiting: a failure (EINTR, ENOMEM) leaves them for the next look. */
         struct timespec const now = {0, 0};
@@ -146,11 +146,11 @@ static void portable_collect(loop_t *loop) {
     }
 }
 
-static bool portable_pending(loop_t *loop) {
+bool loop_portable_pending(loop_t *loop) {
     return loop->timers && loop->timers->deadline_ns <= loop_now_ns();
 }
 
-static int portable_wait(loop_t *loop) {
+int loop_portable_wait(loop_t *loop) {
     struct timespec timeout;
     struct timespec *until = NULL;
     if (loop->timers) {
@@ -173,7 +173,7 @@ static int portable_wait(loop_t *loop) {
     }
 }
 
-static void portable_cancel(loop_t *loop, loop_op_t *op) {
+void loop_portable_cancel(loop_t *loop, loop_op_t *op) {
     bool poll = op->kind == LOOP_OP_POLL;
     for (loop_op_t **link = poll ? &loop->polls : &loop->timers; *link; link = &(*link)->next) {
         if (*link != op) continue;
@@ -184,12 +184,3 @@ static void portable_cancel(loop_t *loop, loop_op_t *op) {
         return;
     }
 }
-
-loop_hooks_t const loop_portable_hooks = {
-    .submit = portable_submit,
-    .cancel = portable_cancel,
-    .collect = portable_collect,
-    .pending = portable_pending,
-    .wait = portable_wait,
-    .destroy = NULL,
-};

@@ -155,7 +155,7 @@ static void uring_handle(loop_t *loop, loop_message_t *message, uint64_t user_da
     case LOOP_TAG_DOORBELL:
         if (!loop) return;
         loop->doorbell_armed = false;
-        /* A failure leaves it unarmed; uring_wait arms it before it sleeps. */
+        /* A failure leaves it unarmed; loop_uring_wait arms it before it sleeps. */
         if (!loop->closing) (void)uring_arm_doorbell(loop);
         return;
     case LOOP_TAG_MESSAGE:
@@ -240,7 +240,7 @@ fail:
     return ret;
 }
 
-static void uring_destroy(loop_t *loop) {
+void loop_uring_destroy(loop_t *loop) {
     struct io_uring *ring = &loop->ring;
     struct io_uring_sqe *sqe;
     loop->closing = true;
@@ -259,7 +259,7 @@ static void uring_destroy(loop_t *loop) {
     io_uring_queue_exit(ring);
 }
 
-static void uring_submit(loop_t *loop, loop_op_t *op) {
+void loop_uring_submit(loop_t *loop, loop_op_t *op) {
     uring_queue(loop, op);
 }
 
@@ -267,14 +267,14 @@ static void uring_submit(loop_t *loop, loop_op_t *op) {
  * is delivered as usual. The cancel is queued ahead of anything a callback resubmits with the same op,
  * and the ring handles a submission in order, so it cannot reach a later use of the op. Without an
  * SQE the op is left to finish by itself. */
-static void uring_cancel(loop_t *loop, loop_op_t *op) {
+void loop_uring_cancel(loop_t *loop, loop_op_t *op) {
     struct io_uring_sqe *sqe;
     if (uring_get_sqe(&loop->ring, &sqe) < 0) return;
     io_uring_prep_cancel(sqe, op, 0);
     io_uring_sqe_set_data64(sqe, LOOP_TAG_CANCEL);
 }
 
-static void uring_collect(loop_t *loop) {
+void loop_uring_collect(loop_t *loop) {
     struct io_uring *ring = &loop->ring;
     /* With DEFER_TASKRUN, finished I/O waits as task work until this thread enters the kernel with
      * GETEVENTS; IORING_SQ_TASKRUN says there is some. Other rings post CQEs by themselves. */
@@ -288,7 +288,7 @@ static void uring_collect(loop_t *loop) {
     uring_reap(ring, loop, &loop->message);
 }
 
-static bool uring_pending(loop_t *loop) {
+bool loop_uring_pending(loop_t *loop) {
     struct io_uring *ring = &loop->ring;
     if (io_uring_cq_ready(ring) > 0) return true;
     /* Only a DEFER ring's task work is surely this thread's to run; on other rings it may belong to
@@ -297,7 +297,7 @@ static bool uring_pending(loop_t *loop) {
     return (flags & IORING_SQ_CQ_OVERFLOW) || (loop->defer_taskrun && (flags & IORING_SQ_TASKRUN));
 }
 
-static int uring_wait(loop_t *loop) {
+int loop_uring_wait(loop_t *loop) {
     if (!loop->doorbell_armed) {
         int ret = uring_arm_doorbell(loop);
         if (ret < 0) return ret;
@@ -368,14 +368,5 @@ int loop_uring_msg_ring(loop_t *loop, int ring_fd, int32_t res, uint64_t user_da
     (void)pthread_mutex_unlock(&loop_messenger.lock);
     return ret;
 }
-
-loop_hooks_t const loop_uring_hooks = {
-    .submit = uring_submit,
-    .cancel = uring_cancel,
-    .collect = uring_collect,
-    .pending = uring_pending,
-    .wait = uring_wait,
-    .destroy = uring_destroy,
-};
 
 #endif
