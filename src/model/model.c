@@ -196,6 +196,18 @@ static load_call_t *load_step(loop_op_t *op, char const *message) {
     return NULL;
 }
 
+/* After the header's parse: the model (load_weights) when it parsed, else the load fails with the
+ * parse's status and message, and the mapping goes. */
+static void load_parsed(load_call_t *load, uform_status_t status, char const *message,
+                        checkpoint_header_t *header, void *mapping) {
+    if (status == UFORM_OK) {
+        load_weights(load, header, mapping);
+        return;
+    }
+    if (mapping) munmap(mapping, load->statx.stx_size);
+    load_fail(load, status, message);
+}
+
 static void load_header_done(loop_op_t *op) {
     load_call_t *load = load_step(op, "cannot read checkpoint");
     if (!load) return;
@@ -209,11 +221,7 @@ static void load_header_done(loop_op_t *op) {
         checkpoint_parse(load->json, load->header_length, load->statx.stx_size, &header, &message);
     free(load->json);
     load->json = NULL;
-    if (status != UFORM_OK) {
-        load_fail(load, status, message);
-        return;
-    }
-    load_weights(load, &header, NULL);
+    load_parsed(load, status, message, &header, NULL);
 }
 
 static void load_prefix_done(loop_op_t *op) {
@@ -253,12 +261,7 @@ static void load_map(load_call_t *load) {
     status = checkpoint_prefix(mapping, 8, size, &header_length, &message);
     if (status == UFORM_OK)
         status = checkpoint_parse((char const *)mapping + 8, header_length, size, &header, &message);
-    if (status != UFORM_OK) {
-        munmap(mapping, size);
-        load_fail(load, status, message);
-        return;
-    }
-    load_weights(load, &header, mapping);
+    load_parsed(load, status, message, &header, mapping);
 }
 
 static void load_statx_done(loop_op_t *op) {

@@ -204,22 +204,6 @@ size_t tower_scratch_bytes(tower_t const *tower, size_t tokens) {
 
 /* ---- Linear layers ------------------------------------------------------------------------------ */
 
-void tower_linear(tower_t const *tower, uform_executor_t *executor, tower_linear_t const *layer,
-                  float const *x, size_t x_stride, size_t m, size_t n_out, float *y, size_t y_stride) {
-    kernel_gemm_t gemm = {
-        .m = m,
-        .n = n_out,
-        .k = layer->k,
-        .x = x,
-        .x_stride = x_stride,
-        .w = layer->packed,
-        .bias = layer->bias,
-        .y = y,
-        .y_stride = y_stride,
-    };
-    tower_fork_gemm(tower->kernels, executor, &gemm);
-}
-
 /* The GEMM of `layer` over `tokens` rows of h[tokens, k] into y[tokens, n]: y = h W^T + b, before the
  * caller adds a residual or an epilogue. */
 static kernel_gemm_t layer_gemm(tower_linear_t const *layer, size_t tokens, float const *h, float *y) {
@@ -232,6 +216,17 @@ static kernel_gemm_t layer_gemm(tower_linear_t const *layer, size_t tokens, floa
                            .bias = layer->bias,
                            .y = y,
                            .y_stride = layer->n};
+}
+
+/* A prefix of `layer`'s outputs (n_out of them: a projection at a matryoshka width) over rows of x at
+ * their own strides. */
+void tower_linear(tower_t const *tower, uform_executor_t *executor, tower_linear_t const *layer,
+                  float const *x, size_t x_stride, size_t m, size_t n_out, float *y, size_t y_stride) {
+    kernel_gemm_t gemm = layer_gemm(layer, m, x, y);
+    gemm.n = n_out;
+    gemm.x_stride = x_stride;
+    gemm.y_stride = y_stride;
+    tower_fork_gemm(tower->kernels, executor, &gemm);
 }
 
 /* x[tokens, n] += h[tokens, k] W^T + b: a layer writing into the residual stream. */

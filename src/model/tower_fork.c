@@ -139,7 +139,7 @@ static kernel_attention_backward_t head_backward(kernel_attention_t const *forwa
         .stride = forward->stride,
         .out = out,
         .d_out = d_out,
-        .out_stride = h,
+        .out_stride = forward->out_stride,
         .d_q = d_qkv,
         .d_k = d_qkv + h,
         .d_v = d_qkv + 2 * h,
