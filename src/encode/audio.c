@@ -308,14 +308,7 @@ static bool audio_outputs(audio_call_t *audio) {
     uform_arena_t *arena = audio->encode.arena;
     size_t items = audio->tape.count;
     uform_encoded_t *encoded = &audio->encode.encoded;
-    if (!encode_statuses(&audio->encode, items)) return false;
-    if ((audio->encode.outputs & UFORM_OUTPUT_EMBEDDINGS) &&
-        !output_view(arena, items, audio->encode.width, audio->encode.scalar, &encoded->embeddings))
-        return false;
-    if ((audio->encode.outputs & UFORM_OUTPUT_STATES) &&
-        !output_view(arena, items, audio->encode.model->audio->hidden, audio->encode.scalar,
-                     &encoded->states))
-        return false;
+    if (!encode_outputs(&audio->encode, items, audio->encode.model->audio->hidden, output_view)) return false;
     if (audio->encode.outputs & UFORM_OUTPUT_TOKEN_VECTORS) {
         size_t rows = 0;
         for (size_t item = 0; item < items; ++item)

@@ -96,6 +96,16 @@ bool encode_statuses(encode_call_t *encode, size_t items) {
     return true;
 }
 
+bool encode_outputs(encode_call_t *encode, size_t items, size_t hidden, output_view_t *view) {
+    uform_encoded_t *encoded = &encode->encoded;
+    if (!encode_statuses(encode, items)) return false;
+    if ((encode->outputs & UFORM_OUTPUT_EMBEDDINGS) &&
+        !view(encode->arena, items, encode->width, encode->scalar, &encoded->embeddings))
+        return false;
+    return !(encode->outputs & UFORM_OUTPUT_STATES) ||
+           view(encode->arena, items, hidden, encode->scalar, &encoded->states);
+}
+
 bool output_view(uform_arena_t *arena, size_t rows, size_t columns, uform_scalar_t scalar,
                  uform_view_t *view) {
     void *data = arena_allocate(arena, rows * columns * uform_scalar_size(scalar) + 1, 64);

@@ -4,7 +4,7 @@
  *
  * A verb's life with these: encode_check on the request at its front door (src/encode/verbs.c); then,
  * in its host or VRAM implementation, call_open, encode_call_init on its state, encode_submit; on the
- * loop thread encode_statuses and output_view for the outputs, output_row (or device kernels) for the
+ * loop thread encode_outputs (encode_statuses, output_view) for the outputs, output_row (or device kernels) for the
  * rows, encode_stop on a failure; at the end encode_end, then call_finish. */
 #pragma once
 
@@ -81,11 +81,19 @@ void encode_end(encode_call_t *encode, outcome_t *outcome, uform_status_t status
  * of the arena (encode->statuses). false when out of memory. */
 bool encode_statuses(encode_call_t *encode, size_t items);
 
+/* The way a verb makes its output views: output_view, or one that also zeroes them (VRAM images). */
+typedef bool output_view_t(uform_arena_t *arena, size_t rows, size_t columns, uform_scalar_t scalar,
+                           uform_view_t *view);
+
+/* The outputs every encode verb makes alike, through `view`: the statuses (encode_statuses), then
+ * embeddings [items, width] and states [items, hidden] where asked; token vectors are each verb's.
+ * false when out of memory. */
+bool encode_outputs(encode_call_t *encode, size_t items, size_t hidden, output_view_t *view);
+
 /* A view of `rows` x `columns` in `scalar` in the arena (device memory in device arenas; not zeroed),
  * with one F32 scale per row beside it for I8. Each allocation has one byte more than it holds, so
  * that an empty view still has an address. false when out of memory. */
-bool output_view(uform_arena_t *arena, size_t rows, size_t columns, uform_scalar_t scalar,
-                 uform_view_t *view);
+output_view_t output_view;
 
 /* Writes one F32 row into row `row` of a host output view, converting to its scalar (and I8 scale). */
 void output_row(kernels_t const *kernels, uform_view_t *view, size_t row, float const *values);

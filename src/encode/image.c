@@ -195,14 +195,7 @@ static bool image_outputs(image_call_t *image) {
     uform_arena_t *arena = image->encode.arena;
     size_t items = image->tape.count;
     uform_encoded_t *encoded = &image->encode.encoded;
-    if (!encode_statuses(&image->encode, items)) return false;
-    if ((image->encode.outputs & UFORM_OUTPUT_EMBEDDINGS) &&
-        !output_view(arena, items, image->encode.width, image->encode.scalar, &encoded->embeddings))
-        return false;
-    if ((image->encode.outputs & UFORM_OUTPUT_STATES) &&
-        !output_view(arena, items, image->encode.model->image->hidden, image->encode.scalar,
-                     &encoded->states))
-        return false;
+    if (!encode_outputs(&image->encode, items, image->encode.model->image->hidden, output_view)) return false;
     if (image->encode.outputs & UFORM_OUTPUT_TOKEN_VECTORS) {
         if (!output_view(arena, items * image->vectors, image->encode.width, image->encode.scalar,
                          &encoded->token_vectors))

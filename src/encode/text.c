@@ -46,13 +46,7 @@ bool text_outputs(encode_call_t *encode, uform_tape_t const *texts, size_t hidde
     uform_arena_t *arena = encode->arena;
     uform_encoded_t *encoded = &encode->encoded;
     size_t items = texts->count;
-    if (!encode_statuses(encode, items)) return false;
-    if ((encode->outputs & UFORM_OUTPUT_EMBEDDINGS) &&
-        !output_view(arena, items, encode->width, encode->scalar, &encoded->embeddings))
-        return false;
-    if ((encode->outputs & UFORM_OUTPUT_STATES) &&
-        !output_view(arena, items, hidden, encode->scalar, &encoded->states))
-        return false;
+    if (!encode_outputs(encode, items, hidden, output_view)) return false;
     if (encode->outputs & UFORM_OUTPUT_TOKEN_VECTORS) {
         if (!output_view(arena, kept_total, encode->width, encode->scalar, &encoded->token_vectors))
             return false;

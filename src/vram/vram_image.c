@@ -301,16 +301,10 @@ static void image_start(call_t *call) {
     image->encode.stats.bytes =
         image->request.encode.tape.offsets[items] - image->request.encode.tape.offsets[0];
     uform_encoded_t *encoded = &image->encode.encoded;
-    bool ok = encode_statuses(&image->encode, items);
     /* Zeroed outputs (the legacy stream orders the memsets before the executor's stream's work, which
      * waits for it: the executor's stream is created non-blocking, so synchronize once instead). */
-    uform_outputs_t outputs = image->encode.outputs;
-    if (ok && (outputs & UFORM_OUTPUT_EMBEDDINGS))
-        ok =
-            output_view_zeroed(arena, items, image->encode.width, image->encode.scalar, &encoded->embeddings);
-    if (ok && (outputs & UFORM_OUTPUT_STATES))
-        ok = output_view_zeroed(arena, items, hidden, image->encode.scalar, &encoded->states);
-    if (ok && (outputs & UFORM_OUTPUT_TOKEN_VECTORS)) {
+    bool ok = encode_outputs(&image->encode, items, hidden, output_view_zeroed);
+    if (ok && (image->encode.outputs & UFORM_OUTPUT_TOKEN_VECTORS)) {
         ok = output_view_zeroed(arena, items * image->patches, image->encode.width, image->encode.scalar,
                                 &encoded->token_vectors);
         size_t *offsets = ok ? arena_allocate_host(arena, (items + 1) * sizeof(size_t), 16) : NULL;
