@@ -36,6 +36,32 @@ uform_status_t call_begin(call_t *call, uform_executor_t *executor, outcome_t *o
 uform_status_t call_open(uform_executor_t *executor, uform_arena_t *arena, uform_outcome_t *outcome,
                          uform_outcome_t *own, size_t state_size, char const *entry, call_t **call);
 
+/* A verb's call from its opening to its submission (call_run). */
+typedef struct call_plan {
+    char const *entry;
+    uform_executor_t *executor; /* NULL: the calling thread's */
+    uform_arena_t *arena;       /* taken before the executor, when not NULL */
+    uform_outcome_t *outcome;   /* NULL: a blocking call, on an outcome of call_run's own */
+    size_t state_size;          /* the state in the executor's call storage, its call_t first */
+    /* NULL: the state lives in the storage; else the verb's own, malloc'ed with its call_t first, and
+     * freed by call_run when the call cannot open. */
+    call_t *state;
+    void (*start)(call_t *call);
+    /* Fills the opened state (in the storage: zeroed past its call_t) from `request`, on the calling
+     * thread; NULL: nothing to fill. */
+    void (*fill)(call_t *call, void const *request);
+    void const *request;
+    /* A blocking call, once final (whatever its status): takes its product from `own` into `product`;
+     * NULL: a call with no product. */
+    void (*keep)(uform_outcome_t *own, void *product);
+    void *product;
+} call_plan_t;
+
+/* Opens the plan's call (as call_open does, on `state` when it has one), fills it and submits it. A
+ * deferred call answers UFORM_OK; a blocking one waits, keeps its product and answers its status. On a
+ * failure to open, nothing is held and the failure is recorded (and `state` freed). */
+uform_status_t call_run(call_plan_t const *plan);
+
 /* Hands a begun call to its executor: its `start` runs on the loop thread. Inline and pool executors
  * run the loop on the calling thread until the outcome is final, then release the executor. */
 void call_submit(call_t *call);

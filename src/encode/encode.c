@@ -48,6 +48,7 @@ void encode_call_init(encode_call_t *encode, encode_request_t const *request) {
     encode->model = request->model;
     model_retain(encode->model);
     encode->arena = request->arena;
+    encode->tape = request->tape;
     encode->outputs = request->outputs;
     encode->scalar = config ? config->outputs_scalar : UFORM_F32;
     encode->width = config && config->matryoshka ? config->matryoshka : request->model->header.info.dims;
@@ -57,12 +58,33 @@ void encode_call_init(encode_call_t *encode, encode_request_t const *request) {
     encode->started_ns = loop_now_ns();
 }
 
-uform_status_t encode_submit(call_t *call, uform_outcome_t *own, encode_request_t const *request) {
-    call_submit(call);
-    if (request->outcome) return UFORM_OK;
-    uform_status_t status = call_wait(outcome_of(own));
-    if (status == UFORM_OK) uform_outcome_encoded(own, request->encoded);
-    return status;
+/* call_run's keep: the encoded views of a successful blocking call (nothing for a failed one). */
+static void encode_keep(uform_outcome_t *own, void *encoded) {
+    uform_outcome_encoded(own, encoded);
+}
+
+call_plan_t encode_plan(char const *entry, encode_request_t const *request, size_t state_size,
+                        void (*start)(call_t *call), void (*fill)(call_t *call, void const *context),
+                        void const *context) {
+    return (call_plan_t){
+        .entry = entry,
+        .executor = request->executor,
+        .arena = request->arena,
+        .outcome = request->outcome,
+        .state_size = state_size,
+        .start = start,
+        .fill = fill,
+        .request = context,
+        .keep = encode_keep,
+        .product = request->encoded,
+    };
+}
+
+uform_status_t encode_run(char const *entry, encode_request_t const *request, size_t state_size,
+                          void (*start)(call_t *call), void (*fill)(call_t *call, void const *context),
+                          void const *context) {
+    call_plan_t const plan = encode_plan(entry, request, state_size, start, fill, context);
+    return call_run(&plan);
 }
 
 void encode_stop(encode_call_t *encode, uform_status_t status, char const *message) {

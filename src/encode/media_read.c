@@ -122,12 +122,12 @@ static void slot_opened(loop_op_t *op) {
 static void media_chunk(media_run_t const *run, size_t chunk, size_t *first, size_t *last) {
     *first = chunk * run->chunk_items;
     *last = *first + run->chunk_items;
-    if (*last > run->tape->count) *last = run->tape->count;
+    if (*last > run->encode->tape.count) *last = run->encode->tape.count;
 }
 
 /* Opens every file of `chunk`. A path that is empty or holds a NUL byte fails at once. */
 static void media_read(media_run_t *run, size_t chunk) {
-    uform_tape_t const *tape = run->tape;
+    uform_tape_t const *tape = &run->encode->tape;
     size_t first, last;
     media_chunk(run, chunk, &first, &last);
     for (size_t item = first; item < last; ++item) {
@@ -244,7 +244,7 @@ static void media_ahead(media_run_t *run, size_t chunk) {
 /* ---- The run ------------------------------------------------------------------------------------ */
 
 bool media_open(media_run_t *run) {
-    size_t items = run->tape->count;
+    size_t items = run->encode->tape.count;
     uform_executor_t *executor = run->executor;
     if (run->chunk_items > items) run->chunk_items = items;
     if (run->chunk_items == 0) run->chunk_items = 1;
@@ -285,7 +285,7 @@ void media_close(media_run_t *run) {
 
 void media_turn(media_run_t *run) {
     encode_call_t *encode = run->encode;
-    size_t chunk = run->next_chunk, items = run->tape->count;
+    size_t chunk = run->next_chunk, items = run->encode->tape.count;
     if (!media_ready(run)) {
         run->waiting = true;
         run->waiting_since_ns = loop_now_ns();
@@ -318,6 +318,10 @@ void media_turn(media_run_t *run) {
 }
 
 void media_start(media_run_t *run) {
+    if (run->encode->failure != UFORM_OK) { /* the call failed before its run could start */
+        run->end(run);
+        return;
+    }
     if (run->files) {
         media_read(run, 0);
         if (run->chunks > 1) media_read(run, 1);

@@ -18,7 +18,7 @@ encode_verbs_t const encode_verbs_host = {
     .text_encode = text_encode_host,
     .text_choose = text_choose_host,
     .image_encode = image_encode_host,
-    .video_encode = video_encode_host,
+    .video_encode = image_encode_host, /* request->video: clips, their frames pooled (video.c) */
     .audio_encode = audio_encode_host,
 };
 

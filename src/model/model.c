@@ -323,6 +323,11 @@ static model_load_target_t const model_load_host = {
 
 /* ---- The verbs ---------------------------------------------------------------------------------- */
 
+/* call_run's keep: the model of a successful blocking load, NULL for a failed one. */
+static void load_keep(uform_outcome_t *own, void *model) {
+    *(uform_model_t **)model = uform_outcome_model(own);
+}
+
 uform_status_t model_load(uform_model_load_args_t const *args, model_load_target_t const *target,
                           char const *entry) {
     uform_outcome_t *outcome = args->outcome;
@@ -349,19 +354,16 @@ uform_status_t model_load(uform_model_load_args_t const *args, model_load_target
         load->progress = args->config->progress;
         load->map = args->config->map && !target->device; /* device weights are copied, never mapped */
     }
-    uform_outcome_t own;
-    if (!outcome) uform_outcome_init(&own);
-    uform_status_t status = call_begin(&load->call, executor, outcome_of(outcome ? outcome : &own), entry);
-    if (status != UFORM_OK) {
-        free(load);
-        return status;
-    }
-    load->call.start = load_start;
-    call_submit(&load->call);
-    if (outcome) return UFORM_OK;
-    status = call_wait(outcome_of(&own));
-    *args->model = uform_outcome_model(&own);
-    return status;
+    call_plan_t const plan = {
+        .entry = entry,
+        .executor = executor,
+        .outcome = outcome,
+        .state = &load->call,
+        .start = load_start,
+        .keep = load_keep,
+        .product = args->model,
+    };
+    return call_run(&plan);
 }
 
 UFORM_EXPORT uform_status_t uform_model_load_ram(uform_model_load_args_t const *args) {
