@@ -131,6 +131,12 @@ uform_status_t call_open(uform_executor_t *executor, uform_arena_t *arena, uform
     return call_hold(executor, arena, outcome, own, state_size, NULL, entry, call);
 }
 
+call_plan_t call_plan(char const *entry, uform_executor_t *executor, uform_arena_t *arena,
+                      uform_outcome_t *outcome, size_t state_size, void (*start)(call_t *call)) {
+    return (call_plan_t){entry, executor, arena,        outcome,     state_size,
+                         NULL,  start,    {NULL, NULL}, {NULL, NULL}};
+}
+
 uform_status_t call_run(call_plan_t const *plan) {
     uform_outcome_t own;
     call_t *call = NULL;
@@ -141,11 +147,11 @@ uform_status_t call_run(call_plan_t const *plan) {
         return status;
     }
     call->start = plan->start;
-    if (plan->fill) plan->fill(call, plan->request);
+    if (plan->fill.fill) plan->fill.fill(call, plan->fill.request);
     call_submit(call);
     if (plan->outcome) return UFORM_OK;
     status = call_wait(outcome_of(&own));
-    if (plan->keep) plan->keep(&own, plan->product);
+    if (plan->keep.keep) plan->keep.keep(&own, plan->keep.product);
     return status;
 }
 

@@ -36,6 +36,18 @@ uform_status_t call_begin(call_t *call, uform_executor_t *executor, outcome_t *o
 uform_status_t call_open(uform_executor_t *executor, uform_arena_t *arena, uform_outcome_t *outcome,
                          uform_outcome_t *own, size_t state_size, char const *entry, call_t **call);
 
+/* Fills an opened state (in the storage: zeroed past its call_t) from `request`, on the calling thread. */
+typedef struct call_fill {
+    void (*fill)(call_t *call, void const *request);
+    void const *request;
+} call_fill_t;
+
+/* A blocking call, once final (whatever its status): takes its product from `own` into `product`. */
+typedef struct call_keep {
+    void (*keep)(uform_outcome_t *own, void *product);
+    void *product;
+} call_keep_t;
+
 /* A verb's call from its opening to its submission (call_run). */
 typedef struct call_plan {
     char const *entry;
@@ -47,15 +59,13 @@ typedef struct call_plan {
      * freed by call_run when the call cannot open. */
     call_t *state;
     void (*start)(call_t *call);
-    /* Fills the opened state (in the storage: zeroed past its call_t) from `request`, on the calling
-     * thread; NULL: nothing to fill. */
-    void (*fill)(call_t *call, void const *request);
-    void const *request;
-    /* A blocking call, once final (whatever its status): takes its product from `own` into `product`;
-     * NULL: a call with no product. */
-    void (*keep)(uform_outcome_t *own, void *product);
-    void *product;
+    call_fill_t fill; /* NULL fill: nothing to fill */
+    call_keep_t keep; /* NULL keep: a call with no product */
 } call_plan_t;
+
+/* The plan of a call in the executor's storage, with nothing to fill and no product yet. */
+call_plan_t call_plan(char const *entry, uform_executor_t *executor, uform_arena_t *arena,
+                      uform_outcome_t *outcome, size_t state_size, void (*start)(call_t *call));
 
 /* Opens the plan's call (as call_open does, on `state` when it has one), fills it and submits it. A
  * deferred call answers UFORM_OK; a blocking one waits, keeps its product and answers its status. On a

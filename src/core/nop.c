@@ -33,14 +33,7 @@ static void nop_fill(call_t *call, void const *request) {
 UFORM_EXPORT uform_status_t uform_executor_nop(uform_executor_nop_args_t const *args) {
     static char const entry[] = "uform_executor_nop";
     if (!args) return failed(UFORM_INVALID_ARGUMENT, entry, "args is NULL");
-    call_plan_t const plan = {
-        .entry = entry,
-        .executor = args->executor,
-        .outcome = args->outcome,
-        .state_size = sizeof(nop_t),
-        .start = nop_start,
-        .fill = nop_fill,
-        .request = args,
-    };
+    call_plan_t plan = call_plan(entry, args->executor, NULL, args->outcome, sizeof(nop_t), nop_start);
+    plan.fill = (call_fill_t){nop_fill, args};
     return call_run(&plan);
 }

@@ -66,18 +66,11 @@ static void encode_keep(uform_outcome_t *own, void *encoded) {
 call_plan_t encode_plan(char const *entry, encode_request_t const *request, size_t state_size,
                         void (*start)(call_t *call), void (*fill)(call_t *call, void const *context),
                         void const *context) {
-    return (call_plan_t){
-        .entry = entry,
-        .executor = request->executor,
-        .arena = request->arena,
-        .outcome = request->outcome,
-        .state_size = state_size,
-        .start = start,
-        .fill = fill,
-        .request = context,
-        .keep = encode_keep,
-        .product = request->encoded,
-    };
+    call_plan_t plan =
+        call_plan(entry, request->executor, request->arena, request->outcome, state_size, start);
+    plan.fill = (call_fill_t){fill, context};
+    plan.keep = (call_keep_t){encode_keep, request->encoded};
+    return plan;
 }
 
 uform_status_t encode_run(char const *entry, encode_request_t const *request, size_t state_size,

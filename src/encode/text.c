@@ -250,18 +250,10 @@ static void choose_keep(uform_outcome_t *own, void *probabilities) {
 }
 
 uform_status_t choose_submit(uform_text_choose_args_t const *args, void (*start)(call_t *call)) {
-    call_plan_t const plan = {
-        .entry = "uform_text_choose",
-        .executor = args->executor,
-        .arena = args->arena,
-        .outcome = args->outcome,
-        .state_size = sizeof(choose_call_t),
-        .start = start,
-        .fill = choose_fill,
-        .request = args,
-        .keep = choose_keep,
-        .product = args->probabilities,
-    };
+    call_plan_t plan = call_plan("uform_text_choose", args->executor, args->arena, args->outcome,
+                                 sizeof(choose_call_t), start);
+    plan.fill = (call_fill_t){choose_fill, args};
+    plan.keep = (call_keep_t){choose_keep, args->probabilities};
     return call_run(&plan);
 }
 

@@ -354,15 +354,9 @@ uform_status_t model_load(uform_model_load_args_t const *args, model_load_target
         load->progress = args->config->progress;
         load->map = args->config->map && !target->device; /* device weights are copied, never mapped */
     }
-    call_plan_t const plan = {
-        .entry = entry,
-        .executor = executor,
-        .outcome = outcome,
-        .state = &load->call,
-        .start = load_start,
-        .keep = load_keep,
-        .product = args->model,
-    };
+    call_plan_t plan = call_plan(entry, executor, NULL, outcome, sizeof *load, load_start);
+    plan.state = &load->call; /* freed by call_run if the call cannot open, else by load_finish */
+    plan.keep = (call_keep_t){load_keep, args->model};
     return call_run(&plan);
 }
 
