@@ -133,8 +133,14 @@ uform_status_t call_open(uform_executor_t *executor, uform_arena_t *arena, uform
 
 call_plan_t call_plan(char const *entry, uform_executor_t *executor, uform_arena_t *arena,
                       uform_outcome_t *outcome, size_t state_size, void (*start)(call_t *call)) {
-    return (call_plan_t){entry, executor, arena,        outcome,     state_size,
-                         NULL,  start,    {NULL, NULL}, {NULL, NULL}};
+    return (call_plan_t){
+        .entry = entry,
+        .executor = executor,
+        .arena = arena,
+        .outcome = outcome,
+        .state_size = state_size,
+        .start = start,
+    };
 }
 
 uform_status_t call_run(call_plan_t const *plan) {

@@ -1,8 +1,9 @@
 /* A call's life: the verb validates its arguments on the calling thread, acquires the executor
  * (`call_begin`, which answers UFORM_CONTENDED at once when another call holds it), prepares its state,
- * and submits it (`call_submit`). The state machine then runs on the executor's loop thread as loop
- * callbacks, and ends with exactly one `call_finish`, which releases the executor, makes the outcome
- * final, and notifies external loops. Nothing touches the call's state after `call_finish`.
+ * and submits it (`call_submit`); `call_run` does all of it from the verb's plan. The state machine then runs
+ * on the executor's loop thread as loop callbacks, and ends with exactly one `call_finish`, which releases
+ * the executor, makes the outcome final, and notifies external loops. Nothing touches the call's state after
+ * `call_finish`.
  *
  * The hold is here too: which call holds an executor, how many are still finishing, and the public
  * verbs that wait for none (uform_executor_drain, uform_executor_free). */
