@@ -360,8 +360,7 @@ static void audio_start(call_t *call) {
     if (chunk_items > AUDIO_CHUNK_MAX) chunk_items = AUDIO_CHUNK_MAX;
     audio->call.op.callback = audio_turn;
     audio->run = (media_run_t){
-        .executor = call->executor,
-        .turn = &call->op,
+        .call = call,
         .encode = &audio->encode,
         .files = audio->input == AUDIO_INPUT_FILES,
         .max_bytes = UFORM_AUDIO_MAX_BYTES,

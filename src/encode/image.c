@@ -227,8 +227,7 @@ static void image_start(call_t *call) {
     if (chunk_items > IMAGE_CHUNK_MAX) chunk_items = IMAGE_CHUNK_MAX;
     image->call.op.callback = image_turn;
     image->run = (media_run_t){
-        .executor = call->executor,
-        .turn = &call->op,
+        .call = call,
         .encode = &image->encode,
         .files = image->input == IMAGE_INPUT_FILES,
         .max_bytes = image->video ? UFORM_VIDEO_MAX_BYTES : UFORM_IMAGE_MAX_BYTES,

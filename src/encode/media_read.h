@@ -63,8 +63,7 @@ typedef struct media_decoded {
 
 struct media_run {
     /* Set by the call before media_open. */
-    uform_executor_t *executor;
-    loop_op_t *turn;       /* the call's op, posted for each turn: its callback calls media_turn */
+    call_t *call; /* on its executor; its op is posted for each turn: its callback calls media_turn */
     encode_call_t *encode; /* its tape holds the items (their paths when `files`); its failure stops the
                               run; statuses, progress and stats are counted in it */
     bool files;
