@@ -347,6 +347,9 @@ static audio_work_t *audio_work(audio_call_t *audio) {
 
 static void audio_start(call_t *call) {
     audio_call_t *audio = container_of(call, audio_call_t, call);
+    uform_model_info_t const *info = &audio->encode.model->header.info;
+    audio->max_patches = info->audio.max_patches;
+    audio->row_floats = info->audio.patch_frames * info->audio.mels;
     size_t items = audio->encode.tape.count;
     audio->encode.stats.items = items;
     size_t span = audio->encode.tape.offsets[items] - audio->encode.tape.offsets[0];
@@ -383,12 +386,9 @@ static void audio_start(call_t *call) {
 static void audio_fill(call_t *call, void const *context) {
     audio_request_t const *request = context;
     audio_call_t *audio = container_of(call, audio_call_t, call);
-    uform_model_info_t const *info = &request->encode.model->header.info;
     encode_call_init(&audio->encode, &request->encode);
     audio->input = request->input;
     audio->rate = request->rate;
-    audio->max_patches = info->audio.max_patches;
-    audio->row_floats = info->audio.patch_frames * info->audio.mels;
 }
 
 #endif /* UFORM_WITH_FFMPEG */
