@@ -61,6 +61,30 @@ uint64_t loop_now_ns(void) {
     return (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
 }
 
+/* What a backend does for the shared parts here. */
+typedef struct loop_hooks {
+    void (*submit)(loop_t *loop, loop_op_t *op);
+    void (*cancel)(loop_t *loop, loop_op_t *op); /* a pending poll or timer */
+    void (*collect)(loop_t *loop);               /* whatever is final, without blocking */
+    bool (*pending)(loop_t *loop);               /* something to deliver, checked without syscalls */
+    int (*wait)(loop_t *loop);                   /* blocks; 0, or -errno when it cannot wait */
+    void (*destroy)(loop_t *loop);               /* NULL: nothing of its own to free */
+} loop_hooks_t;
+
+/* Each backend's hooks, by loop_backend_t (a build without io_uring has none for it). */
+static loop_hooks_t const loop_hooks[] = {
+    [LOOP_BACKEND_PORTABLE] = {loop_portable_submit, loop_portable_cancel, loop_portable_collect,
+                               loop_portable_pending, loop_portable_wait, NULL},
+#if UFORM_WITH_URING
+    [LOOP_BACKEND_URING] = {loop_uring_submit, loop_uring_cancel, loop_uring_collect, loop_uring_pending,
+                            loop_uring_wait, loop_uring_destroy},
+#endif
+};
+
+static loop_hooks_t const *loop_hooks_of(loop_t const *loop) {
+    return &loop_hooks[loop->backend];
+}
+
 /* ---- Creation -------------------------------------------------------------------------------- */
 
 int loop_create(loop_options_t const *options, loop_t **out) {
@@ -119,9 +143,7 @@ fail:
 
 void loop_destroy(loop_t *loop) {
     if (!loop) return;
-#if UFORM_WITH_URING
-    if (loop->backend == LOOP_BACKEND_URING) loop_uring_destroy(loop);
-#endif
+    if (loop_hooks_of(loop)->destroy) loop_hooks_of(loop)->destroy(loop);
     /* Nothing can be done about a failed close here: the descriptor is released either way. */
     (void)close(loop->doorbell_fd);
     free(loop->poll_fds);
@@ -141,13 +163,7 @@ void loop_ready_push(loop_t *loop, loop_op_t *op) {
 
 static void loop_submit(loop_t *loop, loop_op_t *op) {
     loop->in_flight++;
-#if UFORM_WITH_URING
-    if (loop->backend == LOOP_BACKEND_URING) {
-        loop_uring_submit(loop, op);
-        return;
-    }
-#endif
-    loop_portable_submit(loop, op);
+    loop_hooks_of(loop)->submit(loop, op);
 }
 
 void loop_open(loop_t *loop, loop_op_t *op, char const *path, int flags) {
@@ -192,13 +208,7 @@ void loop_poll(loop_t *loop, loop_op_t *op, int fd, short events) {
 
 void loop_cancel(loop_t *loop, loop_op_t *op) {
     if (op->kind != LOOP_OP_POLL && op->kind != LOOP_OP_TIMER) return;
-#if UFORM_WITH_URING
-    if (loop->backend == LOOP_BACKEND_URING) {
-        loop_uring_cancel(loop, op);
-        return;
-    }
-#endif
-    loop_portable_cancel(loop, op);
+    loop_hooks_of(loop)->cancel(loop, op);
 }
 
 size_t loop_in_flight(loop_t const *loop) {
@@ -268,35 +278,16 @@ static void loop_take_posts(loop_t *loop) {
 
 /* ---- Running ----------------------------------------------------------------------------------- */
 
-/* Whatever the backend has final without blocking: CQEs, expired timers. */
-static void loop_collect(loop_t *loop) {
-#if UFORM_WITH_URING
-    if (loop->backend == LOOP_BACKEND_URING) {
-        loop_uring_collect(loop);
-        return;
-    }
-#endif
-    loop_portable_collect(loop);
-}
-
-/* Something the backend would deliver, checked without syscalls. */
-static bool loop_backend_pending(loop_t *loop) {
-#if UFORM_WITH_URING
-    if (loop->backend == LOOP_BACKEND_URING) return loop_uring_pending(loop);
-#endif
-    return loop_portable_pending(loop);
-}
-
 static bool loop_has_work(loop_t *loop) {
     return atomic_load(&loop->posted) != NULL || atomic_load(&loop->woken) || loop->ready_head != NULL ||
-           loop_backend_pending(loop);
+           loop_hooks_of(loop)->pending(loop);
 }
 
 /* Runs the callbacks of everything final now. Operations made final by these callbacks (a portable
  * open submitted from a callback, say) wait for the next call, so that a callback which resubmits
  * cannot keep one loop_run going forever. */
 static size_t loop_deliver(loop_t *loop) {
-    loop_collect(loop);
+    loop_hooks_of(loop)->collect(loop); /* CQEs, expired timers */
     loop_take_posts(loop);
     loop_op_t *op = loop->ready_head;
     loop->ready_head = NULL;
@@ -337,14 +328,7 @@ static int loop_sleep(loop_t *loop) {
     atomic_store(&loop->sleeping, true);
     atomic_thread_fence(memory_order_seq_cst); /* the other half of loop_ring_doorbell's fence */
     int ret = 0;
-    if (!loop_has_work(loop)) {
-#if UFORM_WITH_URING
-        if (loop->backend == LOOP_BACKEND_URING)
-            ret = loop_uring_wait(loop);
-        else
-#endif
-            ret = loop_portable_wait(loop);
-    }
+    if (!loop_has_work(loop)) ret = loop_hooks_of(loop)->wait(loop);
     atomic_store(&loop->sleeping, false);
     return ret;
 }

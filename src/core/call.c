@@ -1,6 +1,7 @@
 /* Calls (call.h): the hold of an executor, a call's begin, submission and finish, and the public verbs
  * that wait until no call holds an executor. */
 #include <sched.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "arena.h"
@@ -103,24 +104,61 @@ uform_status_t call_begin(call_t *call, uform_executor_t *executor, outcome_t *o
     return UFORM_OK;
 }
 
-uform_status_t call_open(uform_executor_t *executor, uform_arena_t *arena, uform_outcome_t *outcome,
-                         uform_outcome_t *own, size_t state_size, char const *entry, call_t **call) {
+/* call_open on `state`, or on the executor's call storage (zeroed past its call_t) for NULL. */
+static uform_status_t call_hold(uform_executor_t *executor, uform_arena_t *arena, uform_outcome_t *outcome,
+                                uform_outcome_t *own, size_t state_size, call_t *state, char const *entry,
+                                call_t **call) {
     executor = call_executor(executor);
     if (!executor)
         return call_refuse(outcome, UFORM_OUT_OF_MEMORY, entry, "cannot make the calling thread's executor");
     if (arena && arena_begin(arena) != UFORM_OK)
         return call_refuse(outcome, UFORM_CONTENDED, entry, "another call holds the arena");
     if (!outcome) uform_outcome_init(outcome = own);
-    call_t *opened = (call_t *)(void *)executor->call_storage;
+    call_t *opened = state ? state : (call_t *)(void *)executor->call_storage;
     uform_status_t status = call_begin(opened, executor, outcome_of(outcome), entry);
     if (status != UFORM_OK) {
         if (arena) arena_end(arena);
         return status;
     }
     /* Held: the storage is this call's; call_begin filled its header. */
-    memset((char *)opened + sizeof *opened, 0, state_size - sizeof *opened);
+    if (!state) memset((char *)opened + sizeof *opened, 0, state_size - sizeof *opened);
     *call = opened;
     return UFORM_OK;
+}
+
+uform_status_t call_open(uform_executor_t *executor, uform_arena_t *arena, uform_outcome_t *outcome,
+                         uform_outcome_t *own, size_t state_size, char const *entry, call_t **call) {
+    return call_hold(executor, arena, outcome, own, state_size, NULL, entry, call);
+}
+
+call_plan_t call_plan(char const *entry, uform_executor_t *executor, uform_arena_t *arena,
+                      uform_outcome_t *outcome, size_t state_size, void (*start)(call_t *call)) {
+    return (call_plan_t){
+        .entry = entry,
+        .executor = executor,
+        .arena = arena,
+        .outcome = outcome,
+        .state_size = state_size,
+        .start = start,
+    };
+}
+
+uform_status_t call_run(call_plan_t const *plan) {
+    uform_outcome_t own;
+    call_t *call = NULL;
+    uform_status_t status = call_hold(plan->executor, plan->arena, plan->outcome, &own, plan->state_size,
+                                      plan->state, plan->entry, &call);
+    if (status != UFORM_OK) {
+        free(plan->state);
+        return status;
+    }
+    call->start = plan->start;
+    if (plan->fill.fill) plan->fill.fill(call, plan->fill.request);
+    call_submit(call);
+    if (plan->outcome) return UFORM_OK;
+    status = call_wait(outcome_of(&own));
+    if (plan->keep.keep) plan->keep.keep(&own, plan->keep.product);
+    return status;
 }
 
 static void call_start(loop_op_t *op) {

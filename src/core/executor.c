@@ -7,7 +7,6 @@
 #include "executor.h"
 #include "futex.h"
 
-
 static executor_ops_t const inline_ops = {.kind = UFORM_EXECUTOR_INLINE};
 
 uform_executor_t *executor_new(executor_ops_t const *ops) {
@@ -138,11 +137,15 @@ void executor_for_threads(uform_executor_t *executor, void (*work)(void *context
 
 /* ---- Memory placement --------------------------------------------------------------------------- */
 
+void *executor_host_allocate(size_t bytes) {
+    if (bytes > SIZE_MAX - 63) return NULL;
+    return aligned_alloc(64, round_up_64(bytes));
+}
+
 void *executor_allocate(uform_executor_t *executor, size_t bytes) {
     if (bytes == 0) bytes = 1;
     if (executor && executor->ops->allocate) return executor->ops->allocate(executor, bytes);
-    if (bytes > SIZE_MAX - 63) return NULL;
-    return aligned_alloc(64, round_up_64(bytes));
+    return executor_host_allocate(bytes);
 }
 
 void executor_deallocate(uform_executor_t *executor, void *memory, size_t bytes) {
@@ -155,17 +158,20 @@ void executor_deallocate(uform_executor_t *executor, void *memory, size_t bytes)
 }
 
 void *executor_device_allocate(uform_executor_t *executor, size_t bytes) {
-    return executor->ops->device_allocate ? executor->ops->device_allocate(executor, bytes) : NULL;
+    executor_device_ops_t const *device = &executor->ops->device;
+    return device->allocate ? device->allocate(executor, bytes) : NULL;
 }
 
 void executor_device_deallocate(uform_executor_t *executor, void *memory) {
-    if (memory && executor->ops->device_deallocate) executor->ops->device_deallocate(executor, memory);
+    if (memory && executor->ops->device.deallocate) executor->ops->device.deallocate(executor, memory);
 }
 
 uform_status_t executor_device_copy_to_host(uform_executor_t *executor, void *host, size_t host_pitch,
-                                            void const *device, size_t device_pitch, size_t width, size_t rows) {
-    if (!executor->ops->device_copy_to_host) return UFORM_DEVICE;
-    return executor->ops->device_copy_to_host(executor, host, host_pitch, device, device_pitch, width, rows);
+                                            void const *device, size_t device_pitch, size_t width,
+                                            size_t rows) {
+    executor_device_ops_t const *ops = &executor->ops->device;
+    if (!ops->copy_to_host) return UFORM_DEVICE;
+    return ops->copy_to_host(executor, host, host_pitch, device, device_pitch, width, rows);
 }
 
 void *executor_scratch(uform_executor_t *executor, size_t bytes) {

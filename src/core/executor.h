@@ -12,10 +12,19 @@
 #include "loop.h"
 
 #define EXECUTOR_CALL_STORAGE 1024
-#define EXECUTOR_WAITERS      (1u << 31)      /* drain or free sleeps on `active` */
+#define EXECUTOR_WAITERS      (1u << 31)   /* drain or free sleeps on `active` */
 #define EXECUTOR_SPIN_NS      100000000ull /* the default spin: 100 ms, like OpenMP runtimes' block time */
 
 struct call;
+
+/* A device executor's memory: its arenas' output memory, and a synchronous 2D copy of `rows` rows of
+ * `width` bytes out of it. */
+typedef struct executor_device_ops {
+    void *(*allocate)(uform_executor_t *executor, size_t bytes);
+    void (*deallocate)(uform_executor_t *executor, void *memory);
+    uform_status_t (*copy_to_host)(uform_executor_t *executor, void *host, size_t host_pitch,
+                                   void const *device, size_t device_pitch, size_t width, size_t rows);
+} executor_device_ops_t;
 
 /* What makes one kind of executor differ from another. NULL members take the default named. */
 typedef struct executor_ops {
@@ -25,18 +34,15 @@ typedef struct executor_ops {
     /* The loop thread's first act, on that thread (RAM: pin it). NULL: nothing. */
     void (*loop_thread_start)(uform_executor_t *executor);
     /* Runs work(context, thread) on every thread of the executor. NULL: once, on the calling thread. */
-    void (*for_threads)(uform_executor_t *executor, void (*work)(void *context, size_t thread), void *context);
+    void (*for_threads)(uform_executor_t *executor, void (*work)(void *context, size_t thread),
+                        void *context);
     /* Every thread, a lent one included (uform_executor_info). NULL: `threads`. */
     size_t (*threads_total)(uform_executor_t const *executor);
     /* Host memory where the executor computes, 64-byte aligned. NULL: aligned_alloc and free. */
     void *(*allocate)(uform_executor_t *executor, size_t bytes);
     void (*deallocate)(uform_executor_t *executor, void *memory, size_t bytes);
-    /* Device executors: their arenas' output memory, and a synchronous 2D copy of `rows` rows of `width`
-     * bytes out of it. NULL: the executor computes in host memory. */
-    void *(*device_allocate)(uform_executor_t *executor, size_t bytes);
-    void (*device_deallocate)(uform_executor_t *executor, void *memory);
-    uform_status_t (*device_copy_to_host)(uform_executor_t *executor, void *host, size_t host_pitch,
-                                          void const *device, size_t device_pitch, size_t width, size_t rows);
+    /* Device executors' memory (VRAM). NULL members: the executor computes in host memory. */
+    executor_device_ops_t device;
 } executor_ops_t;
 
 struct uform_executor {
@@ -88,7 +94,7 @@ uform_executor_t *call_executor(uform_executor_t *executor);
 
 /* Computes in device memory (a VRAM executor): its arenas hold device memory. */
 static inline bool executor_on_device(uform_executor_t const *executor) {
-    return executor->ops->device_allocate != NULL;
+    return executor->ops->device.allocate != NULL;
 }
 
 /* Runs work(context, thread) once for every thread of the executor, the calling (loop) thread as
@@ -142,6 +148,10 @@ static inline bool thread_columns(size_t n, size_t thread, size_t threads, size_
     return first < last;
 }
 
+/* Plain host memory, 64-byte aligned (freed with free): what executors without `allocate` compute in,
+ * and a RAM executor bound to no domain. NULL when out of memory. */
+void *executor_host_allocate(size_t bytes);
+
 /* Host memory placed where the executor computes: 64-byte aligned, bound to its NUMA domains. NULL
  * executor: plain host memory. Answers NULL when out of memory. */
 void *executor_allocate(uform_executor_t *executor, size_t bytes);
@@ -151,7 +161,8 @@ void executor_deallocate(uform_executor_t *executor, void *memory, size_t bytes)
 void *executor_device_allocate(uform_executor_t *executor, size_t bytes);
 void executor_device_deallocate(uform_executor_t *executor, void *memory);
 uform_status_t executor_device_copy_to_host(uform_executor_t *executor, void *host, size_t host_pitch,
-                                            void const *device, size_t device_pitch, size_t width, size_t rows);
+                                            void const *device, size_t device_pitch, size_t width,
+                                            size_t rows);
 
 /* The held executor's scratch, grown to at least `bytes` (its contents are not kept); NULL when out
  * of memory. Valid until the next call on the executor. */

@@ -12,7 +12,6 @@
 #include <hwloc.h>
 #endif
 
-
 typedef struct team team_t;
 
 /* A RAM executor's state. */
@@ -299,12 +298,12 @@ static void *ram_allocate(uform_executor_t *executor, size_t bytes) {
 #if UFORM_WITH_HWLOC
     ram_t const *ram = executor->state;
     if (ram->topology && ram->nodeset)
-        return hwloc_alloc_membind(ram->topology, bytes, ram->nodeset, HWLOC_MEMBIND_BIND, HWLOC_MEMBIND_BYNODESET);
+        return hwloc_alloc_membind(ram->topology, bytes, ram->nodeset, HWLOC_MEMBIND_BIND,
+                                   HWLOC_MEMBIND_BYNODESET);
 #else
     (void)executor;
 #endif
-    if (bytes > SIZE_MAX - 63) return NULL;
-    return aligned_alloc(64, round_up_64(bytes));
+    return executor_host_allocate(bytes);
 }
 
 static void ram_deallocate(uform_executor_t *executor, void *memory, size_t bytes) {
@@ -428,4 +427,3 @@ fail:
     executor_destroy(executor);
     return failed(status, entry, message);
 }
-

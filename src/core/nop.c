@@ -25,16 +25,15 @@ static void nop_start(call_t *call) {
     loop_timer(call->executor->loop, &nop->timer, nop->delay_ns);
 }
 
+/* The call's state from its arguments, on the calling thread. */
+static void nop_fill(call_t *call, void const *request) {
+    container_of(call, nop_t, call)->delay_ns = ((uform_executor_nop_args_t const *)request)->delay_ns;
+}
+
 UFORM_EXPORT uform_status_t uform_executor_nop(uform_executor_nop_args_t const *args) {
     static char const entry[] = "uform_executor_nop";
     if (!args) return failed(UFORM_INVALID_ARGUMENT, entry, "args is NULL");
-    uform_outcome_t own;
-    call_t *call;
-    uform_status_t status = call_open(args->executor, NULL, args->outcome, &own, sizeof(nop_t), entry, &call);
-    if (status != UFORM_OK) return status;
-    nop_t *nop = container_of(call, nop_t, call);
-    call->start = nop_start;
-    nop->delay_ns = args->delay_ns;
-    call_submit(call);
-    return args->outcome ? UFORM_OK : call_wait(outcome_of(&own));
+    call_plan_t plan = call_plan(entry, args->executor, NULL, args->outcome, sizeof(nop_t), nop_start);
+    plan.fill = (call_fill_t){nop_fill, args};
+    return call_run(&plan);
 }

@@ -147,30 +147,31 @@ void *outcome_take_object(uform_outcome_t *public_outcome, void (*release)(void 
     return object;
 }
 
-static uform_status_t outcome_product_status(outcome_t const *outcome, outcome_product_t product) {
+/* Copies the product of a final, successful outcome holding a `product` (its `size` bytes) into `out`;
+ * answers INVALID_ARGUMENT, or the call's failure, without copying otherwise. */
+static uform_status_t outcome_read(uform_outcome_t const *public_outcome, outcome_product_t product,
+                                   void *out, size_t size) {
+    if (!public_outcome || !out) return UFORM_INVALID_ARGUMENT;
+    outcome_t const *outcome = (outcome_t const *)(void const *)public_outcome->opaque;
     if (!outcome_is_initialized(outcome)) return UFORM_INVALID_ARGUMENT;
     uform_status_t status =
         outcome_word_status(atomic_load_explicit(&((outcome_t *)outcome)->word, memory_order_acquire));
     if (status != UFORM_OK) return status;
-    return outcome->product == product ? UFORM_OK : UFORM_INVALID_ARGUMENT;
+    if (outcome->product != product) return UFORM_INVALID_ARGUMENT;
+    void const *held = product == OUTCOME_PRODUCT_ENCODED ? (void const *)&outcome->encoded
+                                                          : (void const *)&outcome->probabilities;
+    memcpy(out, held, size);
+    return UFORM_OK;
 }
 
 UFORM_EXPORT uform_status_t uform_outcome_encoded(uform_outcome_t const *public_outcome,
                                                   uform_encoded_t *encoded) {
-    if (!public_outcome || !encoded) return UFORM_INVALID_ARGUMENT;
-    outcome_t const *outcome = (outcome_t const *)(void const *)public_outcome->opaque;
-    uform_status_t status = outcome_product_status(outcome, OUTCOME_PRODUCT_ENCODED);
-    if (status == UFORM_OK) *encoded = outcome->encoded;
-    return status;
+    return outcome_read(public_outcome, OUTCOME_PRODUCT_ENCODED, encoded, sizeof *encoded);
 }
 
 UFORM_EXPORT uform_status_t uform_outcome_probabilities(uform_outcome_t const *public_outcome,
                                                         uform_view_t *view) {
-    if (!public_outcome || !view) return UFORM_INVALID_ARGUMENT;
-    outcome_t const *outcome = (outcome_t const *)(void const *)public_outcome->opaque;
-    uform_status_t status = outcome_product_status(outcome, OUTCOME_PRODUCT_PROBABILITIES);
-    if (status == UFORM_OK) *view = outcome->probabilities;
-    return status;
+    return outcome_read(public_outcome, OUTCOME_PRODUCT_PROBABILITIES, view, sizeof *view);
 }
 
 /* The word is stored before any notification, so a notified loop reads the final status at once; after

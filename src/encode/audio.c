@@ -65,7 +65,6 @@ typedef struct audio_call {
     encode_call_t encode;
     media_run_t run;
     audio_input_t input;
-    uform_tape_t tape;
     size_t rate;                    /* of the samples */
     size_t *token_offsets;          /* [items + 1] when token vectors are asked, filled chunk by chunk */
     size_t token_rows;              /* token-vector rows assigned so far */
@@ -128,13 +127,13 @@ static uform_status_t audio_prepare(audio_call_t *audio, audio_thread_t *thread,
     audio_frontend_t const *frontend = &work->frontend;
     uform_status_t status = thread_ready(thread, frontend);
     if (status != UFORM_OK) return status;
-    size_t begin = audio->tape.offsets[item], span = audio->tape.offsets[item + 1] - begin;
+    size_t begin = audio->encode.tape.offsets[item], span = audio->encode.tape.offsets[item + 1] - begin;
     float const *samples;
     size_t length, rate, full; /* samples at `rate`, and how many the whole clip has at the model's rate */
     uform_status_t bad;
     if (audio->input == AUDIO_INPUT_SAMPLES) {
         if (span > UFORM_AUDIO_MAX_SAMPLES) return UFORM_INVALID_ARGUMENT;
-        samples = span ? (float const *)audio->tape.data + begin : NULL;
+        samples = span ? (float const *)audio->encode.tape.data + begin : NULL;
         for (size_t i = 0; i < span; ++i)
             if (!isfinite(samples[i])) return UFORM_INVALID_ARGUMENT;
         rate = audio->rate;
@@ -143,7 +142,7 @@ static uform_status_t audio_prepare(audio_call_t *audio, audio_thread_t *thread,
         length = span < needed ? span : needed;
         bad = UFORM_INVALID_ARGUMENT;
     } else {
-        uint8_t const *bytes = span ? (uint8_t const *)audio->tape.data + begin : NULL;
+        uint8_t const *bytes = span ? (uint8_t const *)audio->encode.tape.data + begin : NULL;
         if (audio->input == AUDIO_INPUT_FILES) bytes = media_file(&audio->run, item, &span);
         if (span > UFORM_AUDIO_MAX_BYTES) return UFORM_FORMAT;
         status = audio_decode(bytes, span, frontend, &thread->pcm);
@@ -296,7 +295,7 @@ static void audio_turn(loop_op_t *op) {
 static size_t audio_patches_bound(audio_call_t const *audio, size_t item) {
     audio_frontend_t const *frontend = &audio->work->frontend;
     if (audio->input != AUDIO_INPUT_SAMPLES) return frontend->max_patches;
-    size_t span = audio->tape.offsets[item + 1] - audio->tape.offsets[item];
+    size_t span = audio->encode.tape.offsets[item + 1] - audio->encode.tape.offsets[item];
     size_t full = audio_resampled_length(frontend, span, audio->rate);
     size_t patches =
         audio_frames(frontend, full < frontend->reach ? full : frontend->reach) / frontend->patch_frames;
@@ -306,16 +305,9 @@ static size_t audio_patches_bound(audio_call_t const *audio, size_t item) {
 /* Every output in the arena: statuses, embeddings, states, and room for every token vector. */
 static bool audio_outputs(audio_call_t *audio) {
     uform_arena_t *arena = audio->encode.arena;
-    size_t items = audio->tape.count;
+    size_t items = audio->encode.tape.count;
     uform_encoded_t *encoded = &audio->encode.encoded;
-    if (!encode_statuses(&audio->encode, items)) return false;
-    if ((audio->encode.outputs & UFORM_OUTPUT_EMBEDDINGS) &&
-        !output_view(arena, items, audio->encode.width, audio->encode.scalar, &encoded->embeddings))
-        return false;
-    if ((audio->encode.outputs & UFORM_OUTPUT_STATES) &&
-        !output_view(arena, items, audio->encode.model->audio->hidden, audio->encode.scalar,
-                     &encoded->states))
-        return false;
+    if (!encode_outputs(&audio->encode, items, audio->encode.model->audio->hidden, output_view)) return false;
     if (audio->encode.outputs & UFORM_OUTPUT_TOKEN_VECTORS) {
         size_t rows = 0;
         for (size_t item = 0; item < items; ++item)
@@ -340,7 +332,7 @@ static bool audio_outputs(audio_call_t *audio) {
  * per-thread state. */
 static audio_work_t *audio_work(audio_call_t *audio) {
     uform_model_t const *model = audio->encode.model;
-    size_t const items = audio->tape.count;
+    size_t const items = audio->encode.tape.count;
     audio_work_t *work = calloc(1, sizeof *work);
     if (!work) return NULL;
     audio->work = work;
@@ -355,9 +347,12 @@ static audio_work_t *audio_work(audio_call_t *audio) {
 
 static void audio_start(call_t *call) {
     audio_call_t *audio = container_of(call, audio_call_t, call);
-    size_t items = audio->tape.count;
+    uform_model_info_t const *info = &audio->encode.model->header.info;
+    audio->max_patches = info->audio.max_patches;
+    audio->row_floats = info->audio.patch_frames * info->audio.mels;
+    size_t items = audio->encode.tape.count;
     audio->encode.stats.items = items;
-    size_t span = audio->tape.offsets[items] - audio->tape.offsets[0];
+    size_t span = audio->encode.tape.offsets[items] - audio->encode.tape.offsets[0];
     if (audio->input == AUDIO_INPUT_SAMPLES) audio->encode.stats.bytes = span * sizeof(float);
     if (audio->input == AUDIO_INPUT_MEMORY) audio->encode.stats.bytes = span;
 
@@ -368,10 +363,8 @@ static void audio_start(call_t *call) {
     if (chunk_items > AUDIO_CHUNK_MAX) chunk_items = AUDIO_CHUNK_MAX;
     audio->call.op.callback = audio_turn;
     audio->run = (media_run_t){
-        .executor = call->executor,
-        .turn = &call->op,
+        .call = call,
         .encode = &audio->encode,
-        .tape = &audio->tape,
         .files = audio->input == AUDIO_INPUT_FILES,
         .max_bytes = UFORM_AUDIO_MAX_BYTES,
         .chunk_items = chunk_items,
@@ -386,11 +379,16 @@ static void audio_start(call_t *call) {
     } else if (!audio_outputs(audio)) {
         encode_stop(&audio->encode, UFORM_OUT_OF_MEMORY, "cannot allocate the outputs in the arena");
     }
-    if (audio->encode.failure != UFORM_OK) {
-        audio_end(&audio->run);
-        return;
-    }
     media_start(&audio->run);
+}
+
+/* The call's state from its audio request, on the calling thread. */
+static void audio_fill(call_t *call, void const *context) {
+    audio_request_t const *request = context;
+    audio_call_t *audio = container_of(call, audio_call_t, call);
+    encode_call_init(&audio->encode, &request->encode);
+    audio->input = request->input;
+    audio->rate = request->rate;
 }
 
 #endif /* UFORM_WITH_FFMPEG */
@@ -408,21 +406,6 @@ uform_status_t audio_encode_host(char const *entry, audio_request_t const *reque
         return call_refuse(
             outcome, UFORM_UNSUPPORTED, entry,
             "the audio tower runs on host executors: load the model with uform_model_load_ram");
-    /* The arena first, then the executor: the call holds both until it is final. */
-    uform_outcome_t own;
-    call_t *call = NULL;
-    uform_status_t status =
-        call_open(encode->executor, encode->arena, outcome, &own, sizeof(audio_call_t), entry, &call);
-    if (status != UFORM_OK) return status;
-    audio_call_t *audio = container_of(call, audio_call_t, call);
-    audio->call.start = audio_start;
-    encode_call_init(&audio->encode, encode);
-    uform_model_info_t const *info = &encode->model->header.info;
-    audio->input = request->input;
-    audio->tape = encode->tape;
-    audio->rate = request->rate;
-    audio->max_patches = info->audio.max_patches;
-    audio->row_floats = info->audio.patch_frames * info->audio.mels;
-    return encode_submit(call, &own, encode);
+    return encode_run(entry, encode, sizeof(audio_call_t), audio_start, audio_fill, request);
 #endif
 }

@@ -48,6 +48,7 @@ void encode_call_init(encode_call_t *encode, encode_request_t const *request) {
     encode->model = request->model;
     model_retain(encode->model);
     encode->arena = request->arena;
+    encode->tape = request->tape;
     encode->outputs = request->outputs;
     encode->scalar = config ? config->outputs_scalar : UFORM_F32;
     encode->width = config && config->matryoshka ? config->matryoshka : request->model->header.info.dims;
@@ -57,12 +58,26 @@ void encode_call_init(encode_call_t *encode, encode_request_t const *request) {
     encode->started_ns = loop_now_ns();
 }
 
-uform_status_t encode_submit(call_t *call, uform_outcome_t *own, encode_request_t const *request) {
-    call_submit(call);
-    if (request->outcome) return UFORM_OK;
-    uform_status_t status = call_wait(outcome_of(own));
-    if (status == UFORM_OK) uform_outcome_encoded(own, request->encoded);
-    return status;
+/* call_run's keep: the encoded views of a successful blocking call (nothing for a failed one). */
+static void encode_keep(uform_outcome_t *own, void *encoded) {
+    uform_outcome_encoded(own, encoded);
+}
+
+call_plan_t encode_plan(char const *entry, encode_request_t const *request, size_t state_size,
+                        void (*start)(call_t *call), void (*fill)(call_t *call, void const *context),
+                        void const *context) {
+    call_plan_t plan =
+        call_plan(entry, request->executor, request->arena, request->outcome, state_size, start);
+    plan.fill = (call_fill_t){fill, context};
+    plan.keep = (call_keep_t){encode_keep, request->encoded};
+    return plan;
+}
+
+uform_status_t encode_run(char const *entry, encode_request_t const *request, size_t state_size,
+                          void (*start)(call_t *call), void (*fill)(call_t *call, void const *context),
+                          void const *context) {
+    call_plan_t const plan = encode_plan(entry, request, state_size, start, fill, context);
+    return call_run(&plan);
 }
 
 void encode_stop(encode_call_t *encode, uform_status_t status, char const *message) {
@@ -94,6 +109,16 @@ bool encode_statuses(encode_call_t *encode, size_t items) {
     memset(encode->statuses, 0, items * sizeof *encode->statuses);
     encoded->statuses = encode->statuses;
     return true;
+}
+
+bool encode_outputs(encode_call_t *encode, size_t items, size_t hidden, output_view_t *view) {
+    uform_encoded_t *encoded = &encode->encoded;
+    if (!encode_statuses(encode, items)) return false;
+    if ((encode->outputs & UFORM_OUTPUT_EMBEDDINGS) &&
+        !view(encode->arena, items, encode->width, encode->scalar, &encoded->embeddings))
+        return false;
+    return !(encode->outputs & UFORM_OUTPUT_STATES) ||
+           view(encode->arena, items, hidden, encode->scalar, &encoded->states);
 }
 
 bool output_view(uform_arena_t *arena, size_t rows, size_t columns, uform_scalar_t scalar,

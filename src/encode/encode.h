@@ -3,9 +3,9 @@
  * it writes into the arena.
  *
  * A verb's life with these: encode_check on the request at its front door (src/encode/verbs.c); then,
- * in its host or VRAM implementation, call_open, encode_call_init on its state, encode_submit; on the
- * loop thread encode_statuses and output_view for the outputs, output_row (or device kernels) for the
- * rows, encode_stop on a failure; at the end encode_end, then call_finish. */
+ * in its host or VRAM implementation, call_run of its encode_plan, encode_call_init on its state; on the
+ * loop thread encode_outputs (encode_statuses, output_view) for the outputs, output_row (or device kernels)
+ * for the rows, encode_stop on a failure; at the end encode_end, then call_finish. */
 #pragma once
 
 #include "call.h"
@@ -42,7 +42,8 @@ uform_status_t encode_check(encode_request_t const *request, char const **messag
 /* The state every encode call keeps: a member of each verb's call state. */
 typedef struct encode_call {
     uform_model_t *model; /* retained by encode_call_init, released by encode_end */
-    uform_arena_t *arena; /* taken by call_open, ended by encode_end */
+    uform_arena_t *arena; /* taken by call_run, ended by encode_end */
+    uform_tape_t tape;    /* the items */
     uform_outputs_t outputs;
     uform_scalar_t scalar;
     size_t width; /* embedding and token-vector columns: dims or a matryoshka width */
@@ -58,14 +59,22 @@ typedef struct encode_call {
 } encode_call_t;
 
 /* Fills a zeroed `encode` from a checked request, on the calling thread: retains the model, takes the
- * arena (already held by call_open) and the outputs, reads the config (NULL: F32 at the model's full
+ * arena (already held by call_run), the tape and the outputs, reads the config (NULL: F32 at the model's full
  * width, no progress, no stats) and starts the clock. */
 void encode_call_init(encode_call_t *encode, encode_request_t const *request);
 
-/* Hands a begun call to its executor (call_submit) and answers UFORM_OK when the request has an
- * outcome; a blocking call (no outcome) waits on `own`, the outcome call_open initialized, and stores
- * its product in `request->encoded` on success. Answers the call's status. */
-uform_status_t encode_submit(call_t *call, uform_outcome_t *own, encode_request_t const *request);
+/* The plan (call_run) of an encode call of `state_size` bytes from its checked request: the arena first,
+ * then the executor, both held until the call is final; `fill` fills the state from `context` (the
+ * request, or the image or audio request around it); a blocking call stores its product in
+ * `request->encoded` on success. */
+call_plan_t encode_plan(char const *entry, encode_request_t const *request, size_t state_size,
+                        void (*start)(call_t *call), void (*fill)(call_t *call, void const *context),
+                        void const *context);
+
+/* call_run of encode_plan: the call of a state in the executor's call storage. */
+uform_status_t encode_run(char const *entry, encode_request_t const *request, size_t state_size,
+                          void (*start)(call_t *call), void (*fill)(call_t *call, void const *context),
+                          void const *context);
 
 /* Records the first failure, with its message (static storage); later ones are dropped. */
 void encode_stop(encode_call_t *encode, uform_status_t status, char const *message);
@@ -81,11 +90,19 @@ void encode_end(encode_call_t *encode, outcome_t *outcome, uform_status_t status
  * of the arena (encode->statuses). false when out of memory. */
 bool encode_statuses(encode_call_t *encode, size_t items);
 
+/* The way a verb makes its output views: output_view, or one that also zeroes them (VRAM images). */
+typedef bool output_view_t(uform_arena_t *arena, size_t rows, size_t columns, uform_scalar_t scalar,
+                           uform_view_t *view);
+
+/* The outputs every encode verb makes alike, through `view`: the statuses (encode_statuses), then
+ * embeddings [items, width] and states [items, hidden] where asked; token vectors are each verb's.
+ * false when out of memory. */
+bool encode_outputs(encode_call_t *encode, size_t items, size_t hidden, output_view_t *view);
+
 /* A view of `rows` x `columns` in `scalar` in the arena (device memory in device arenas; not zeroed),
  * with one F32 scale per row beside it for I8. Each allocation has one byte more than it holds, so
  * that an empty view still has an address. false when out of memory. */
-bool output_view(uform_arena_t *arena, size_t rows, size_t columns, uform_scalar_t scalar,
-                 uform_view_t *view);
+output_view_t output_view;
 
 /* Writes one F32 row into row `row` of a host output view, converting to its scalar (and I8 scale). */
 void output_row(kernels_t const *kernels, uform_view_t *view, size_t row, float const *values);

@@ -55,8 +55,8 @@ static void image_end(media_run_t *run) {
 /* One item's patch rows, from its pixels, its file's bytes or its encoded bytes in the tape: one image's,
  * or every sample's of a clip (sample k's patch rows at patches + k * patches * 3 patch^2). */
 static uform_status_t image_prepare(image_call_t *image, size_t item, float *patches) {
-    size_t begin = image->tape.offsets[item], span = image->tape.offsets[item + 1] - begin;
-    uint8_t const *bytes = span ? (uint8_t const *)image->tape.data + begin : NULL;
+    size_t begin = image->encode.tape.offsets[item], span = image->encode.tape.offsets[item + 1] - begin;
+    uint8_t const *bytes = span ? (uint8_t const *)image->encode.tape.data + begin : NULL;
     if (image->input == IMAGE_INPUT_PIXELS) {
         size_t height = image->heights[item], width = image->widths[item], expected = 0;
         if (height == 0 || width == 0 || __builtin_mul_overflow(height, width, &expected) ||
@@ -193,16 +193,9 @@ static void image_turn(loop_op_t *op) {
 /* Every output in the arena: statuses, embeddings, states, and token vectors grouped per item. */
 static bool image_outputs(image_call_t *image) {
     uform_arena_t *arena = image->encode.arena;
-    size_t items = image->tape.count;
+    size_t items = image->encode.tape.count;
     uform_encoded_t *encoded = &image->encode.encoded;
-    if (!encode_statuses(&image->encode, items)) return false;
-    if ((image->encode.outputs & UFORM_OUTPUT_EMBEDDINGS) &&
-        !output_view(arena, items, image->encode.width, image->encode.scalar, &encoded->embeddings))
-        return false;
-    if ((image->encode.outputs & UFORM_OUTPUT_STATES) &&
-        !output_view(arena, items, image->encode.model->image->hidden, image->encode.scalar,
-                     &encoded->states))
-        return false;
+    if (!encode_outputs(&image->encode, items, image->encode.model->image->hidden, output_view)) return false;
     if (image->encode.outputs & UFORM_OUTPUT_TOKEN_VECTORS) {
         if (!output_view(arena, items * image->vectors, image->encode.width, image->encode.scalar,
                          &encoded->token_vectors))
@@ -219,10 +212,10 @@ static bool image_outputs(image_call_t *image) {
 
 static void image_start(call_t *call) {
     image_call_t *image = container_of(call, image_call_t, call);
-    size_t items = image->tape.count;
+    size_t items = image->encode.tape.count;
     image->encode.stats.items = items;
     if (image->input != IMAGE_INPUT_FILES)
-        image->encode.stats.bytes = image->tape.offsets[items] - image->tape.offsets[0];
+        image->encode.stats.bytes = image->encode.tape.offsets[items] - image->encode.tape.offsets[0];
 
     /* Chunks: about IMAGE_CHUNK_TOKENS tokens, at least one item per thread (for clips, only while that
      * stays within VIDEO_CHUNK_TOKENS), at most the batch. */
@@ -234,10 +227,8 @@ static void image_start(call_t *call) {
     if (chunk_items > IMAGE_CHUNK_MAX) chunk_items = IMAGE_CHUNK_MAX;
     image->call.op.callback = image_turn;
     image->run = (media_run_t){
-        .executor = call->executor,
-        .turn = &call->op,
+        .call = call,
         .encode = &image->encode,
-        .tape = &image->tape,
         .files = image->input == IMAGE_INPUT_FILES,
         .max_bytes = image->video ? UFORM_VIDEO_MAX_BYTES : UFORM_IMAGE_MAX_BYTES,
         .chunk_items = chunk_items,
@@ -252,37 +243,18 @@ static void image_start(call_t *call) {
     } else if (!media_open(&image->run)) {
         encode_stop(&image->encode, UFORM_OUT_OF_MEMORY, "cannot allocate the file buffers");
     }
-    if (image->encode.failure != UFORM_OK) {
-        image_end(&image->run);
-        return;
-    }
     media_start(&image->run);
 }
 
 /* ---- The verbs ---------------------------------------------------------------------------------- */
 
-uform_status_t image_encode_host(char const *entry, image_request_t const *request) {
-    return image_encode_call(entry, request, image_rows);
-}
-
-uform_status_t image_encode_call(char const *entry, image_request_t const *request, image_rows_t *rows) {
-    encode_request_t const *encode = &request->encode;
-    uform_model_t const *model = encode->model;
-    if (!model->image) /* a model whose image tower is not prepared on the host */
-        return call_refuse(encode->outcome, UFORM_UNSUPPORTED, entry,
-                           "the model's image tower is not on the host");
-    /* The arena first, then the executor: the call holds both until it is final. */
-    uform_outcome_t own;
-    call_t *call = NULL;
-    uform_status_t status =
-        call_open(encode->executor, encode->arena, encode->outcome, &own, sizeof(image_call_t), entry, &call);
-    if (status != UFORM_OK) return status;
+/* The call's state from its image request, on the calling thread. */
+static void image_fill(call_t *call, void const *context) {
+    image_request_t const *request = context;
     image_call_t *image = container_of(call, image_call_t, call);
-    image->call.start = image_start;
-    encode_call_init(&image->encode, encode);
-    uform_model_info_t const *info = &model->header.info;
+    uform_model_info_t const *info = &request->encode.model->header.info;
+    encode_call_init(&image->encode, &request->encode);
     image->input = request->input;
-    image->tape = encode->tape;
     image->heights = request->heights;
     image->widths = request->widths;
     image->geometry = (image_geometry_t){
@@ -294,8 +266,15 @@ uform_status_t image_encode_call(char const *entry, image_request_t const *reque
     size_t side = info->image.size / info->image.patch;
     image->patches = side * side;
     image->video = request->video;
-    image->rows = rows;
+    image->rows = request->video ? clip_rows : image_rows;
     image->frames = request->video ? info->video.frames : 1;
     image->vectors = request->video ? image->frames : image->patches;
-    return encode_submit(call, &own, encode);
+}
+
+uform_status_t image_encode_host(char const *entry, image_request_t const *request) {
+    encode_request_t const *encode = &request->encode;
+    if (!encode->model->image) /* a model whose image tower is not prepared on the host */
+        return call_refuse(encode->outcome, UFORM_UNSUPPORTED, entry,
+                           "the model's image tower is not on the host");
+    return encode_run(entry, encode, sizeof(image_call_t), image_start, image_fill, request);
 }

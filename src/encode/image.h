@@ -1,6 +1,6 @@
 /* The host's image call, shared by the image verbs (src/encode/image.c) and the video verb
- * (src/encode/video.c): a video call is an image call (image_encode_call with request->video) whose
- * items are clips of `frames` images, their rows pooled per clip. */
+ * (src/encode/video.c): a video call is an image call (image_encode_host with request->video) whose
+ * items are clips of `frames` images, their rows pooled per clip (clip_rows). */
 #pragma once
 
 #include "image_preprocess.h"
@@ -19,7 +19,6 @@ struct image_call {
     encode_call_t encode;
     media_run_t run;
     image_input_t input;
-    uform_tape_t tape;
     size_t const *heights, *widths;
     bool video;     /* items are clips (their bytes or paths) */
     size_t frames;  /* images per item: 1, or the model's frames per clip */
@@ -29,5 +28,5 @@ struct image_call {
     image_rows_t *rows;
 };
 
-/* The image call of `request` (image_encode_host's), its rows written by `rows`. */
-uform_status_t image_encode_call(char const *entry, image_request_t const *request, image_rows_t *rows);
+/* The rows of clips (video.c): `frames` images per item, pooled. */
+image_rows_t clip_rows;

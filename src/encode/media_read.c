@@ -102,7 +102,7 @@ static void slot_statted(loop_op_t *op) {
     }
     slot->op.callback = slot_read;
     slot->run->in_flight++;
-    loop_read(slot->run->executor->loop, &slot->op, slot->fd, slot->buffer, (size_t)size, 0);
+    loop_read(slot->run->call->executor->loop, &slot->op, slot->fd, slot->buffer, (size_t)size, 0);
 }
 
 static void slot_opened(loop_op_t *op) {
@@ -115,19 +115,19 @@ static void slot_opened(loop_op_t *op) {
     }
     slot->op.callback = slot_statted;
     slot->run->in_flight++;
-    loop_statx(slot->run->executor->loop, &slot->op, slot->fd, &slot->statx);
+    loop_statx(slot->run->call->executor->loop, &slot->op, slot->fd, &slot->statx);
 }
 
 /* The items [*first, *last) of `chunk`. */
 static void media_chunk(media_run_t const *run, size_t chunk, size_t *first, size_t *last) {
     *first = chunk * run->chunk_items;
     *last = *first + run->chunk_items;
-    if (*last > run->tape->count) *last = run->tape->count;
+    if (*last > run->encode->tape.count) *last = run->encode->tape.count;
 }
 
 /* Opens every file of `chunk`. A path that is empty or holds a NUL byte fails at once. */
 static void media_read(media_run_t *run, size_t chunk) {
-    uform_tape_t const *tape = run->tape;
+    uform_tape_t const *tape = &run->encode->tape;
     size_t first, last;
     media_chunk(run, chunk, &first, &last);
     for (size_t item = first; item < last; ++item) {
@@ -151,7 +151,7 @@ static void media_read(media_run_t *run, size_t chunk) {
         slot->op.callback = slot_opened;
         run->pending[chunk % 2]++;
         run->in_flight++;
-        loop_open(run->executor->loop, &slot->op, slot->path, O_RDONLY | O_NONBLOCK);
+        loop_open(run->call->executor->loop, &slot->op, slot->path, O_RDONLY | O_NONBLOCK);
     }
 }
 
@@ -196,7 +196,7 @@ static void media_decode_ahead(void *context) {
     size_t first, last;
     media_chunk(run, chunk, &first, &last);
     float *rows = media_rows(run, chunk);
-    loop_t *loop = run->executor->loop;
+    loop_t *loop = run->call->executor->loop;
     media_decoded_t *decoded = run->decoded;
     for (size_t item = first; item < last; ++item) {
         run->decode(run, item, rows + (item - first) * floats, thread);
@@ -210,7 +210,7 @@ static void media_decode_ahead(void *context) {
 static void media_decoded(loop_op_t *op) {
     media_run_t *run = container_of(op, media_decoded_t, op)->run;
     if (--run->undecoded != 0) return;
-    executor_reclaim(run->executor);
+    executor_reclaim(run->call->executor);
     run->lent = false;
     run->encode->stats.decode_ns += run->ahead_ns;
     /* A turn's wait for its chunk is in decode_ns already (the worker's time): from here on, only the
@@ -232,8 +232,8 @@ static void media_ahead(media_run_t *run, size_t chunk) {
         run->decoded[index] = (media_decoded_t){.op = {.callback = media_decoded}, .run = run};
     run->ahead_chunk = chunk;
     run->undecoded = last - first;
-    run->decoder_thread = run->executor->threads - 1;
-    run->lent = executor_lend(run->executor, media_decode_ahead, run);
+    run->decoder_thread = run->call->executor->threads - 1;
+    run->lent = executor_lend(run->call->executor, media_decode_ahead, run);
     if (!run->lent) {
         run->ahead_chunk = SIZE_MAX;
         return;
@@ -244,8 +244,8 @@ static void media_ahead(media_run_t *run, size_t chunk) {
 /* ---- The run ------------------------------------------------------------------------------------ */
 
 bool media_open(media_run_t *run) {
-    size_t items = run->tape->count;
-    uform_executor_t *executor = run->executor;
+    size_t items = run->encode->tape.count;
+    uform_executor_t *executor = run->call->executor;
     if (run->chunk_items > items) run->chunk_items = items;
     if (run->chunk_items == 0) run->chunk_items = 1;
     run->chunks = (items + run->chunk_items - 1) / run->chunk_items;
@@ -278,14 +278,14 @@ void media_close(media_run_t *run) {
     free(run->decoded);
     run->decoded = NULL;
     if (run->rows)
-        executor_deallocate(run->executor, run->rows,
+        executor_deallocate(run->call->executor, run->rows,
                             run->sets * run->chunk_items * run->item_floats * sizeof(float));
     run->rows = NULL;
 }
 
 void media_turn(media_run_t *run) {
     encode_call_t *encode = run->encode;
-    size_t chunk = run->next_chunk, items = run->tape->count;
+    size_t chunk = run->next_chunk, items = run->encode->tape.count;
     if (!media_ready(run)) {
         run->waiting = true;
         run->waiting_since_ns = loop_now_ns();
@@ -298,7 +298,7 @@ void media_turn(media_run_t *run) {
         uint64_t decoding = loop_now_ns();
         media_decode_job_t job = {.run = run, .first = first, .count = last - first, .rows = rows};
         atomic_init(&job.next, 0);
-        executor_for_threads(run->executor, media_decode_work, &job);
+        executor_for_threads(run->call->executor, media_decode_work, &job);
         encode->stats.decode_ns += loop_now_ns() - decoding;
     }
     run->ahead_chunk = SIZE_MAX;
@@ -314,10 +314,14 @@ void media_turn(media_run_t *run) {
         media_settle(run);
         return;
     }
-    loop_post(run->executor->loop, run->turn);
+    loop_post(run->call->executor->loop, &run->call->op);
 }
 
 void media_start(media_run_t *run) {
+    if (run->encode->failure != UFORM_OK) { /* the call failed before its run could start */
+        run->end(run);
+        return;
+    }
     if (run->files) {
         media_read(run, 0);
         if (run->chunks > 1) media_read(run, 1);

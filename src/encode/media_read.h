@@ -1,5 +1,5 @@
-/* The chunked run of an image, video or audio call (src/encode/image.c, src/encode/audio.c), the files it reads and
- * the decoding of its items.
+/* The chunked run of an image, video or audio call (src/encode/image.c, src/encode/audio.c), the files it
+ * reads and the decoding of its items.
  *
  * The call's items go in chunks of `chunk_items`, one chunk per loop turn, so that progress reports,
  * cancellation and other completions are served between chunks. A turn decodes its chunk's items into
@@ -63,10 +63,9 @@ typedef struct media_decoded {
 
 struct media_run {
     /* Set by the call before media_open. */
-    uform_executor_t *executor;
-    loop_op_t *turn;          /* the call's op, posted for each turn: its callback calls media_turn */
-    encode_call_t *encode;    /* its failure stops the run; statuses, progress and stats are counted in it */
-    uform_tape_t const *tape; /* the items; their paths when `files` */
+    call_t *call; /* on its executor; its op is posted for each turn: its callback calls media_turn */
+    encode_call_t *encode; /* its tape holds the items (their paths when `files`); its failure stops the
+                              run; statuses, progress and stats are counted in it */
     bool files;
     size_t max_bytes;   /* a larger file is UFORM_FORMAT */
     size_t chunk_items; /* items per chunk, wanted: media_open keeps it within [1, items] */
@@ -106,7 +105,8 @@ struct media_run {
 bool media_open(media_run_t *run);
 void media_close(media_run_t *run);
 
-/* The first chunks' files are opened, then the first turn runs; the run ends with `end`. */
+/* The first chunks' files are opened, then the first turn runs; the run ends with `end`, at once for a
+ * call that failed already (encode_stop: its outputs, say, could not be allocated). */
 void media_start(media_run_t *run);
 
 /* A turn: waits for its chunk's decoding ahead and for the files it needs, decodes its chunk if that

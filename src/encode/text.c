@@ -22,7 +22,6 @@
 typedef struct text_call {
     call_t call;
     encode_call_t encode;
-    uform_tape_t texts;
     size_t next_item;
 } text_call_t;
 
@@ -46,13 +45,7 @@ bool text_outputs(encode_call_t *encode, uform_tape_t const *texts, size_t hidde
     uform_arena_t *arena = encode->arena;
     uform_encoded_t *encoded = &encode->encoded;
     size_t items = texts->count;
-    if (!encode_statuses(encode, items)) return false;
-    if ((encode->outputs & UFORM_OUTPUT_EMBEDDINGS) &&
-        !output_view(arena, items, encode->width, encode->scalar, &encoded->embeddings))
-        return false;
-    if ((encode->outputs & UFORM_OUTPUT_STATES) &&
-        !output_view(arena, items, hidden, encode->scalar, &encoded->states))
-        return false;
+    if (!encode_outputs(encode, items, hidden, output_view)) return false;
     if (encode->outputs & UFORM_OUTPUT_TOKEN_VECTORS) {
         if (!output_view(arena, kept_total, encode->width, encode->scalar, &encoded->token_vectors))
             return false;
@@ -78,8 +71,8 @@ static void text_chunk(loop_op_t *op);
 /* Allocates every output in the arena, then starts the first chunk. */
 static void text_start(call_t *call) {
     text_call_t *text = container_of(call, text_call_t, call);
-    size_t kept_total = text_count(&text->encode, &text->texts);
-    if (!text_outputs(&text->encode, &text->texts, text->encode.model->text->hidden, kept_total)) {
+    size_t kept_total = text_count(&text->encode, &text->encode.tape);
+    if (!text_outputs(&text->encode, &text->encode.tape, text->encode.model->text->hidden, kept_total)) {
         text_end(text, UFORM_OUT_OF_MEMORY, "cannot allocate the outputs in the arena");
         return;
     }
@@ -138,7 +131,7 @@ static void text_project(text_call_t *text, text_scratch_t *scratch, float const
 static void text_chunk(loop_op_t *op) {
     text_call_t *text = container_of(op, text_call_t, call.op);
     uform_model_t const *model = text->encode.model;
-    uform_tape_t const *texts = &text->texts;
+    uform_tape_t const *texts = &text->encode.tape;
     tower_t const *tower = model->text;
     kernels_t const *kernels = tower->kernels;
     uform_executor_t *executor = text->call.executor;
@@ -156,7 +149,7 @@ static void text_chunk(loop_op_t *op) {
     uint64_t computing = loop_now_ns();
 
     /* x = the byte table's rows: BOS, then the kept bytes of each text.        [tokens, hidden] */
-    uint16_t const *embed = model_tensor(model, "text.embed", NULL);
+    uint16_t const *embed = tower->embed;
     uint8_t const *bytes = texts->data;
     size_t row = 0;
     for (size_t item = first; item < last; ++item) {
@@ -214,18 +207,14 @@ static void text_chunk(loop_op_t *op) {
     loop_post(executor->loop, &text->call.op);
 }
 
-uform_status_t text_encode_host(encode_request_t const *request) {
-    /* The arena first, then the executor: the call holds both until it is final. */
-    uform_outcome_t own;
-    call_t *call = NULL;
-    uform_status_t status = call_open(request->executor, request->arena, request->outcome, &own,
-                                      sizeof(text_call_t), "uform_text_encode", &call);
-    if (status != UFORM_OK) return status;
+/* The call's state from its request, on the calling thread. */
+static void text_fill(call_t *call, void const *request) {
     text_call_t *text = container_of(call, text_call_t, call);
-    text->call.start = text_start;
     encode_call_init(&text->encode, request);
-    text->texts = request->tape;
-    return encode_submit(call, &own, request);
+}
+
+uform_status_t text_encode_host(encode_request_t const *request) {
+    return encode_run("uform_text_encode", request, sizeof(text_call_t), text_start, text_fill, request);
 }
 
 /* ---- text_choose -------------------------------------------------------------------------------- */
@@ -242,14 +231,10 @@ void choose_end(choose_call_t *choose, uform_status_t status, char const *messag
     call_finish(&choose->call, status, message);
 }
 
-uform_status_t choose_submit(uform_text_choose_args_t const *args, void (*start)(call_t *call)) {
-    uform_outcome_t own;
-    call_t *call = NULL;
-    uform_status_t status = call_open(args->executor, args->arena, args->outcome, &own, sizeof(choose_call_t),
-                                      "uform_text_choose", &call);
-    if (status != UFORM_OK) return status;
+/* The call's state from its checked arguments, on the calling thread. */
+static void choose_fill(call_t *call, void const *request) {
+    uform_text_choose_args_t const *args = request;
     choose_call_t *choose = container_of(call, choose_call_t, call);
-    choose->call.start = start;
     choose->model = args->model;
     model_retain(choose->model);
     choose->arena = args->arena;
@@ -257,11 +242,19 @@ uform_status_t choose_submit(uform_text_choose_args_t const *args, void (*start)
     choose->choices = args->choices;
     if (args->progress) choose->progress = *args->progress;
     choose->next_step = 1;
-    call_submit(&choose->call);
-    if (args->outcome) return UFORM_OK;
-    status = call_wait(outcome_of(&own));
-    if (status == UFORM_OK) uform_outcome_probabilities(&own, args->probabilities);
-    return status;
+}
+
+/* call_run's keep: the probabilities of a successful blocking call (nothing for a failed one). */
+static void choose_keep(uform_outcome_t *own, void *probabilities) {
+    uform_outcome_probabilities(own, probabilities);
+}
+
+uform_status_t choose_submit(uform_text_choose_args_t const *args, void (*start)(call_t *call)) {
+    call_plan_t plan = call_plan("uform_text_choose", args->executor, args->arena, args->outcome,
+                                 sizeof(choose_call_t), start);
+    plan.fill = (call_fill_t){choose_fill, args};
+    plan.keep = (call_keep_t){choose_keep, args->probabilities};
+    return call_run(&plan);
 }
 
 /* Per item: logits = state . embed[legal]^T through the tied byte table, then the softmax over them.
@@ -281,7 +274,7 @@ static void choose_start(call_t *call) {
         return;
     }
     float *row = state + hidden;
-    uint16_t const *embed = model_tensor(choose->model, "text.embed", NULL);
+    uint16_t const *embed = tower->embed;
     uint8_t const *legal = choose->choices.data;
     for (size_t item = 0; item < items; ++item) {
         item_offsets[item] = offsets[item] - offsets[0];

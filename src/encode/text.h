@@ -1,5 +1,5 @@
-/* What the host and VRAM forms of the text verbs share (src/encode/text.c, src/vram/vram_text.c): how much of each
- * text the model reads, the outputs of text_encode, and the call of text_choose. */
+/* What the host and VRAM forms of the text verbs share (src/encode/text.c, src/vram/vram_text.c): how much of
+ * each text the model reads, the outputs of text_encode, and the call of text_choose. */
 #pragma once
 
 #include "encode.h"

@@ -18,7 +18,7 @@ encode_verbs_t const encode_verbs_host = {
     .text_encode = text_encode_host,
     .text_choose = text_choose_host,
     .image_encode = image_encode_host,
-    .video_encode = video_encode_host,
+    .video_encode = image_encode_host, /* request->video: clips, their frames pooled (video.c) */
     .audio_encode = audio_encode_host,
 };
 
@@ -113,23 +113,34 @@ static uform_status_t image_check(image_request_t const *request, char const **m
     return UFORM_OK;
 }
 
-/* The input a source names, or false for an unknown source. */
-static bool source_input(uform_source_t source, image_input_t *input) {
-    if (source != UFORM_SOURCE_FILES && source != UFORM_SOURCE_MEMORY) return false;
-    *input = source == UFORM_SOURCE_FILES ? IMAGE_INPUT_FILES : IMAGE_INPUT_MEMORY;
-    return true;
+/* Whether `source` is one the media verbs know: files, or encoded media in memory. */
+static bool source_known(uform_source_t source) {
+    return source == UFORM_SOURCE_FILES || source == UFORM_SOURCE_MEMORY;
+}
+
+/* The image and video doors' end once their own fields are checked: the shared checks, then the model's
+ * implementation of the verb. */
+static uform_status_t image_open(char const *entry, image_request_t const *request) {
+    char const *message = NULL;
+    uform_status_t status = image_check(request, &message);
+    if (status != UFORM_OK) return call_refuse(request->encode.outcome, status, entry, message);
+    encode_verbs_t const *verbs = encode_verbs_of(request->encode.model);
+    return (request->video ? verbs->video_encode : verbs->image_encode)(entry, request);
+}
+
+/* The doors of images and clips from a source: files, or encoded bytes in memory. */
+static uform_status_t image_source_open(char const *entry, uform_source_t source, image_request_t *request) {
+    if (!source_known(source))
+        return call_refuse(request->encode.outcome, UFORM_INVALID_ARGUMENT, entry, "unknown source");
+    request->input = source == UFORM_SOURCE_FILES ? IMAGE_INPUT_FILES : IMAGE_INPUT_MEMORY;
+    return image_open(entry, request);
 }
 
 UFORM_EXPORT uform_status_t uform_image_encode(uform_image_encode_args_t const *args) {
     static char const entry[] = "uform_image_encode";
     if (!args) return failed(UFORM_INVALID_ARGUMENT, entry, "args is NULL");
     image_request_t request = {.encode = ENCODE_REQUEST(args, images)};
-    if (!source_input(args->source, &request.input))
-        return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry, "unknown source");
-    char const *message = NULL;
-    uform_status_t status = image_check(&request, &message);
-    if (status != UFORM_OK) return call_refuse(args->outcome, status, entry, message);
-    return encode_verbs_of(args->model)->image_encode(entry, &request);
+    return image_source_open(entry, args->source, &request);
 }
 
 UFORM_EXPORT uform_status_t uform_image_encode_pixels(uform_image_encode_pixels_args_t const *args) {
@@ -143,22 +154,14 @@ UFORM_EXPORT uform_status_t uform_image_encode_pixels(uform_image_encode_pixels_
         .heights = args->heights,
         .widths = args->widths,
     };
-    char const *message = NULL;
-    uform_status_t status = image_check(&request, &message);
-    if (status != UFORM_OK) return call_refuse(args->outcome, status, entry, message);
-    return encode_verbs_of(args->model)->image_encode(entry, &request);
+    return image_open(entry, &request);
 }
 
 UFORM_EXPORT uform_status_t uform_video_encode(uform_video_encode_args_t const *args) {
     static char const entry[] = "uform_video_encode";
     if (!args) return failed(UFORM_INVALID_ARGUMENT, entry, "args is NULL");
     image_request_t request = {.encode = ENCODE_REQUEST(args, videos), .video = true};
-    if (!source_input(args->source, &request.input))
-        return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry, "unknown source");
-    char const *message = NULL;
-    uform_status_t status = image_check(&request, &message);
-    if (status != UFORM_OK) return call_refuse(args->outcome, status, entry, message);
-    return encode_verbs_of(args->model)->video_encode(entry, &request);
+    return image_source_open(entry, args->source, &request);
 }
 
 /* ---- Audio -------------------------------------------------------------------------------------- */
@@ -172,19 +175,25 @@ static uform_status_t audio_check(audio_request_t const *request, char const **m
     return UFORM_OK;
 }
 
+/* The audio doors' end once their own fields are checked: the shared checks, then the model's
+ * implementation. */
+static uform_status_t audio_open(char const *entry, audio_request_t const *request) {
+    char const *message = NULL;
+    uform_status_t status = audio_check(request, &message);
+    if (status != UFORM_OK) return call_refuse(request->encode.outcome, status, entry, message);
+    return encode_verbs_of(request->encode.model)->audio_encode(entry, request);
+}
+
 UFORM_EXPORT uform_status_t uform_audio_encode(uform_audio_encode_args_t const *args) {
     static char const entry[] = "uform_audio_encode";
     if (!args) return failed(UFORM_INVALID_ARGUMENT, entry, "args is NULL");
-    if (args->source != UFORM_SOURCE_FILES && args->source != UFORM_SOURCE_MEMORY)
+    if (!source_known(args->source))
         return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry, "unknown source");
     audio_request_t const request = {
         .encode = ENCODE_REQUEST(args, sounds),
         .input = args->source == UFORM_SOURCE_FILES ? AUDIO_INPUT_FILES : AUDIO_INPUT_MEMORY,
     };
-    char const *message = NULL;
-    uform_status_t status = audio_check(&request, &message);
-    if (status != UFORM_OK) return call_refuse(args->outcome, status, entry, message);
-    return encode_verbs_of(args->model)->audio_encode(entry, &request);
+    return audio_open(entry, &request);
 }
 
 UFORM_EXPORT uform_status_t uform_audio_encode_samples(uform_audio_encode_samples_args_t const *args) {
@@ -201,8 +210,5 @@ UFORM_EXPORT uform_status_t uform_audio_encode_samples(uform_audio_encode_sample
         .input = AUDIO_INPUT_SAMPLES,
         .rate = args->rate,
     };
-    char const *message = NULL;
-    uform_status_t status = audio_check(&request, &message);
-    if (status != UFORM_OK) return call_refuse(args->outcome, status, entry, message);
-    return encode_verbs_of(args->model)->audio_encode(entry, &request);
+    return audio_open(entry, &request);
 }

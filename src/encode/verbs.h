@@ -50,15 +50,14 @@ typedef struct encode_verbs {
     uform_status_t (*audio_encode)(char const *entry, audio_request_t const *request);
 } encode_verbs_t;
 
-/* The host's verbs (src/encode), every model's unless its load set model->verbs, and the VRAM
- * executor's (src/vram/vram_verbs.c, built with CUDA: the VRAM load sets them). Audio runs on host
- * executors only: both tables hold audio_encode_host, which refuses a model whose audio tower is not on
- * the host. */
+/* The host's verbs (src/encode; image_encode_host runs video too), every model's unless its load set
+ * model->verbs, and the VRAM executor's (src/vram/vram_verbs.c, built with CUDA: the VRAM load sets
+ * them). Audio runs on host executors only: both tables hold audio_encode_host, which refuses a model
+ * whose audio tower is not on the host. */
 extern encode_verbs_t const encode_verbs_host;
 extern encode_verbs_t const encode_verbs_vram;
 
 uform_status_t text_encode_host(encode_request_t const *request);
 uform_status_t text_choose_host(uform_text_choose_args_t const *args);
 uform_status_t image_encode_host(char const *entry, image_request_t const *request);
-uform_status_t video_encode_host(char const *entry, image_request_t const *request);
 uform_status_t audio_encode_host(char const *entry, audio_request_t const *request);

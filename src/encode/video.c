@@ -1,5 +1,5 @@
 /* The video verb on host executors, behind its front door (src/encode/verbs.c): clips through the
- * image tower, in the image call (src/encode/image.h), one image per sampled frame.
+ * image tower, in the image call (image_encode_host, src/encode/image.h), one image per sampled frame.
  *
  * A clip's `frames` images are decoded together (src/media/video_decode.h), run through the tower as
  * images of their chunk, and pooled here: each frame's class state projected at the full dims and
@@ -26,7 +26,7 @@ static void rows_mean(float const *rows, size_t count, size_t stride, size_t col
  * full dims and normalized: f_k [dims]. Per clip, token vectors f_k at the output width (the prefix,
  * renormalized), the embedding normalize(mean_k f_k) at the width (the same prefix rule), the state
  * mean_k s_k [hidden]. */
-static void clip_rows(image_call_t *image, patch_scratch_t const *scratch, size_t kept) {
+void clip_rows(image_call_t *image, patch_scratch_t const *scratch, size_t kept) {
     tower_t const *tower = image->encode.model->image;
     kernels_t const *kernels = tower->kernels;
     size_t const hidden = tower->hidden, dims = tower->dims, width = image->encode.width,
@@ -67,10 +67,4 @@ static void clip_rows(image_call_t *image, patch_scratch_t const *scratch, size_
         }
     }
     image->encode.stats.convert_ns += loop_now_ns() - converting;
-}
-
-/* The image call runs the clips: request->video makes it decode `frames` images per item and pool
- * them here. */
-uform_status_t video_encode_host(char const *entry, image_request_t const *request) {
-    return image_encode_call(entry, request, clip_rows);
 }

@@ -35,8 +35,8 @@ static uint8_t *pixels_for(size_t height, size_t width, uform_status_t *status) 
 }
 #endif
 
-static uform_status_t decode_jpeg(uint8_t const *data, size_t size, image_rgb_t *image) {
 #if UFORM_WITH_JPEG
+static uform_status_t decode_jpeg(uint8_t const *data, size_t size, image_rgb_t *image) {
     tjhandle handle = tjInitDecompress();
     if (!handle) return UFORM_OUT_OF_MEMORY;
     uform_status_t status = UFORM_FORMAT;
@@ -63,14 +63,11 @@ static uform_status_t decode_jpeg(uint8_t const *data, size_t size, image_rgb_t 
 done:
     tjDestroy(handle);
     return status;
-#else
-    (void)data, (void)size, (void)image;
-    return UFORM_UNSUPPORTED;
-#endif
 }
+#endif
 
-static uform_status_t decode_png(uint8_t const *data, size_t size, image_rgb_t *image) {
 #if UFORM_WITH_SPNG
+static uform_status_t decode_png(uint8_t const *data, size_t size, image_rgb_t *image) {
     spng_ctx *context = spng_ctx_new(0);
     if (!context) return UFORM_OUT_OF_MEMORY;
     uform_status_t status = UFORM_FORMAT;
@@ -95,21 +92,19 @@ static uform_status_t decode_png(uint8_t const *data, size_t size, image_rgb_t *
 done:
     spng_ctx_free(context);
     return status;
-#else
-    (void)data, (void)size, (void)image;
-    return UFORM_UNSUPPORTED;
-#endif
 }
+#endif
 
 uform_status_t image_decode(uint8_t const *data, size_t size, image_rgb_t *image) {
     *image = (image_rgb_t){0};
     if (size > UFORM_IMAGE_MAX_BYTES) return UFORM_FORMAT;
-    switch (image_codec(data, size)) {
-    case IMAGE_CODEC_JPEG:
-        return decode_jpeg(data, size, image);
-    case IMAGE_CODEC_PNG:
-        return decode_png(data, size, image);
-    default:
-        return UFORM_FORMAT;
-    }
+    image_codec_t codec = image_codec(data, size);
+    if (codec == IMAGE_CODEC_NONE) return UFORM_FORMAT;
+#if UFORM_WITH_JPEG
+    if (codec == IMAGE_CODEC_JPEG) return decode_jpeg(data, size, image);
+#endif
+#if UFORM_WITH_SPNG
+    if (codec == IMAGE_CODEC_PNG) return decode_png(data, size, image);
+#endif
+    return UFORM_UNSUPPORTED; /* a codec this build lacks */
 }

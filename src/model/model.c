@@ -187,12 +187,30 @@ static void load_weights(load_call_t *load, checkpoint_header_t *header, void *m
     load->target->weights(load);
 }
 
-static void load_header_done(loop_op_t *op) {
+/* The load whose step `op` completed, or NULL once a step that failed (result < 0) has failed the load
+ * with UFORM_IO and `message`. */
+static load_call_t *load_step(loop_op_t *op, char const *message) {
     load_call_t *load = container_of(op, load_call_t, step);
-    if (op->result < 0) {
-        load_fail(load, UFORM_IO, "cannot read checkpoint");
+    if (op->result >= 0) return load;
+    load_fail(load, UFORM_IO, message);
+    return NULL;
+}
+
+/* After the header's parse: the model (load_weights) when it parsed, else the load fails with the
+ * parse's status and message, and the mapping goes. */
+static void load_parsed(load_call_t *load, uform_status_t status, char const *message,
+                        checkpoint_header_t *header, void *mapping) {
+    if (status == UFORM_OK) {
+        load_weights(load, header, mapping);
         return;
     }
+    if (mapping) munmap(mapping, load->statx.stx_size);
+    load_fail(load, status, message);
+}
+
+static void load_header_done(loop_op_t *op) {
+    load_call_t *load = load_step(op, "cannot read checkpoint");
+    if (!load) return;
     if ((uint64_t)op->result < load->header_length) {
         load_fail(load, UFORM_FORMAT, "checkpoint truncated in its header");
         return;
@@ -203,19 +221,12 @@ static void load_header_done(loop_op_t *op) {
         checkpoint_parse(load->json, load->header_length, load->statx.stx_size, &header, &message);
     free(load->json);
     load->json = NULL;
-    if (status != UFORM_OK) {
-        load_fail(load, status, message);
-        return;
-    }
-    load_weights(load, &header, NULL);
+    load_parsed(load, status, message, &header, NULL);
 }
 
 static void load_prefix_done(loop_op_t *op) {
-    load_call_t *load = container_of(op, load_call_t, step);
-    if (op->result < 0) {
-        load_fail(load, UFORM_IO, "cannot read checkpoint");
-        return;
-    }
+    load_call_t *load = load_step(op, "cannot read checkpoint");
+    if (!load) return;
     char const *message = NULL;
     uform_status_t status = checkpoint_prefix(load->prefix, (size_t)op->result, load->statx.stx_size,
                                               &load->header_length, &message);
@@ -250,22 +261,12 @@ static void load_map(load_call_t *load) {
     status = checkpoint_prefix(mapping, 8, size, &header_length, &message);
     if (status == UFORM_OK)
         status = checkpoint_parse((char const *)mapping + 8, header_length, size, &header, &message);
-    if (status != UFORM_OK) {
-        munmap(mapping, size);
-        {
-            load_fail(load, status, message);
-            return;
-        }
-    }
-    load_weights(load, &header, mapping);
+    load_parsed(load, status, message, &header, mapping);
 }
 
 static void load_statx_done(loop_op_t *op) {
-    load_call_t *load = container_of(op, load_call_t, step);
-    if (op->result < 0) {
-        load_fail(load, UFORM_IO, "cannot stat checkpoint");
-        return;
-    }
+    load_call_t *load = load_step(op, "cannot stat checkpoint");
+    if (!load) return;
     if (!S_ISREG(load->statx.stx_mode)) {
         load_fail(load, UFORM_IO, "checkpoint is not a regular file");
         return;
@@ -280,11 +281,8 @@ static void load_statx_done(loop_op_t *op) {
 }
 
 static void load_open_done(loop_op_t *op) {
-    load_call_t *load = container_of(op, load_call_t, step);
-    if (op->result < 0) {
-        load_fail(load, UFORM_IO, "cannot open checkpoint");
-        return;
-    }
+    load_call_t *load = load_step(op, "cannot open checkpoint");
+    if (!load) return;
     load->fd = (int)op->result;
     load->step.callback = load_statx_done;
     loop_statx(load->call.executor->loop, &load->step, load->fd, &load->statx);
@@ -325,6 +323,11 @@ static model_load_target_t const model_load_host = {
 
 /* ---- The verbs ---------------------------------------------------------------------------------- */
 
+/* call_run's keep: the model of a successful blocking load, NULL for a failed one. */
+static void load_keep(uform_outcome_t *own, void *model) {
+    *(uform_model_t **)model = uform_outcome_model(own);
+}
+
 uform_status_t model_load(uform_model_load_args_t const *args, model_load_target_t const *target,
                           char const *entry) {
     uform_outcome_t *outcome = args->outcome;
@@ -335,7 +338,8 @@ uform_status_t model_load(uform_model_load_args_t const *args, model_load_target
         return call_refuse(outcome, UFORM_INVALID_ARGUMENT, entry,
                            "a VRAM executor loads with uform_model_load_vram");
     if (target->device && (!args->executor || !executor_on_device(args->executor)))
-        return call_refuse(outcome, UFORM_INVALID_ARGUMENT, entry, "uform_model_load_vram needs a VRAM executor");
+        return call_refuse(outcome, UFORM_INVALID_ARGUMENT, entry,
+                           "uform_model_load_vram needs a VRAM executor");
     uform_executor_t *executor = call_executor(args->executor);
     if (!executor)
         return call_refuse(outcome, UFORM_OUT_OF_MEMORY, entry, "cannot make the calling thread's executor");
@@ -350,19 +354,10 @@ uform_status_t model_load(uform_model_load_args_t const *args, model_load_target
         load->progress = args->config->progress;
         load->map = args->config->map && !target->device; /* device weights are copied, never mapped */
     }
-    uform_outcome_t own;
-    if (!outcome) uform_outcome_init(&own);
-    uform_status_t status = call_begin(&load->call, executor, outcome_of(outcome ? outcome : &own), entry);
-    if (status != UFORM_OK) {
-        free(load);
-        return status;
-    }
-    load->call.start = load_start;
-    call_submit(&load->call);
-    if (outcome) return UFORM_OK;
-    status = call_wait(outcome_of(&own));
-    *args->model = uform_outcome_model(&own);
-    return status;
+    call_plan_t plan = call_plan(entry, executor, NULL, outcome, sizeof *load, load_start);
+    plan.state = &load->call; /* freed by call_run if the call cannot open, else by load_finish */
+    plan.keep = (call_keep_t){load_keep, args->model};
+    return call_run(&plan);
 }
 
 UFORM_EXPORT uform_status_t uform_model_load_ram(uform_model_load_args_t const *args) {

@@ -86,47 +86,51 @@ typedef struct prepare_walk {
     uint16_t const *cls; /* the class token, until the positions come */
 } prepare_walk_t;
 
+/* Where a part of the schema goes: an F32 vector (norms, biases) or a packed layer (weights); neither
+ * for a patch tower's input and text.embed. */
+typedef struct part_place {
+    float **vector;
+    tower_linear_t *layer;
+} part_place_t;
+
+static part_place_t part_place(tower_t *tower, tower_block_t *block, checkpoint_part_t part) {
+    part_place_t const places[] = {
+        [CHECKPOINT_PART_NORM1] = {.vector = &block->norm1},
+        [CHECKPOINT_PART_NORM2] = {.vector = &block->norm2},
+        [CHECKPOINT_PART_QKV_WEIGHT] = {.layer = &block->qkv},
+        [CHECKPOINT_PART_QKV_BIAS] = {.vector = &block->qkv.bias},
+        [CHECKPOINT_PART_OUT_WEIGHT] = {.layer = &block->out},
+        [CHECKPOINT_PART_OUT_BIAS] = {.vector = &block->out.bias},
+        [CHECKPOINT_PART_UP_WEIGHT] = {.layer = &block->up},
+        [CHECKPOINT_PART_UP_BIAS] = {.vector = &block->up.bias},
+        [CHECKPOINT_PART_DOWN_WEIGHT] = {.layer = &block->down},
+        [CHECKPOINT_PART_DOWN_BIAS] = {.vector = &block->down.bias},
+        [CHECKPOINT_PART_NORM] = {.vector = &tower->norm},
+        [CHECKPOINT_PART_PROJ] = {.layer = &tower->proj},
+    };
+    return (size_t)part < sizeof places / sizeof places[0] ? places[part] : (part_place_t){NULL, NULL};
+}
+
 /* One tensor of the tower's schema into its place. Names and shapes are checked by the checkpoint
  * parser; a failure here can only be memory (answered nonzero). text.embed stays in the checkpoint's
- * memory, where the text verbs read its rows. */
+ * memory, where the text verbs read its rows (tower->embed). */
 static int prepare_visit(checkpoint_schema_tensor_t const *tensor, void *context) {
     prepare_walk_t *walk = context;
     tower_t *tower = walk->tower;
     uint16_t const *values = model_tensor(walk->model, tensor->name, NULL);
     size_t const n = (size_t)tensor->shape[0], k = (size_t)tensor->shape[1];
-    tower_block_t *block = &tower->blocks[tensor->block];
+    part_place_t const place = part_place(tower, &tower->blocks[tensor->block], tensor->part);
+    if (place.vector) return !(*place.vector = prepare_vector(tower, values, n));
+    if (place.layer) return !prepare_linear(tower, values, n, k, place.layer);
     switch (tensor->part) {
-    case CHECKPOINT_PART_NORM1:
-        return !(block->norm1 = prepare_vector(tower, values, n));
-    case CHECKPOINT_PART_NORM2:
-        return !(block->norm2 = prepare_vector(tower, values, n));
-    case CHECKPOINT_PART_QKV_WEIGHT:
-        return !prepare_linear(tower, values, n, k, &block->qkv);
-    case CHECKPOINT_PART_QKV_BIAS:
-        return !(block->qkv.bias = prepare_vector(tower, values, n));
-    case CHECKPOINT_PART_OUT_WEIGHT:
-        return !prepare_linear(tower, values, n, k, &block->out);
-    case CHECKPOINT_PART_OUT_BIAS:
-        return !(block->out.bias = prepare_vector(tower, values, n));
-    case CHECKPOINT_PART_UP_WEIGHT:
-        return !prepare_linear(tower, values, n, k, &block->up);
-    case CHECKPOINT_PART_UP_BIAS:
-        return !(block->up.bias = prepare_vector(tower, values, n));
-    case CHECKPOINT_PART_DOWN_WEIGHT:
-        return !prepare_linear(tower, values, n, k, &block->down);
-    case CHECKPOINT_PART_DOWN_BIAS:
-        return !(block->down.bias = prepare_vector(tower, values, n));
-    case CHECKPOINT_PART_NORM:
-        return !(tower->norm = prepare_vector(tower, values, n));
-    case CHECKPOINT_PART_PROJ:
-        return !prepare_linear(tower, values, n, k, &tower->proj);
     case CHECKPOINT_PART_PATCH_WEIGHT:
     case CHECKPOINT_PART_PATCH_BIAS:
     case CHECKPOINT_PART_CLS:
     case CHECKPOINT_PART_POS:
         return !prepare_patches(tower, tensor, values, &walk->cls);
-    default:
-        return 0; /* text.embed */
+    default: /* text.embed */
+        tower->embed = values;
+        return 0;
     }
 }
 
@@ -200,22 +204,6 @@ size_t tower_scratch_bytes(tower_t const *tower, size_t tokens) {
 
 /* ---- Linear layers ------------------------------------------------------------------------------ */
 
-void tower_linear(tower_t const *tower, uform_executor_t *executor, tower_linear_t const *layer,
-                  float const *x, size_t x_stride, size_t m, size_t n_out, float *y, size_t y_stride) {
-    kernel_gemm_t gemm = {
-        .m = m,
-        .n = n_out,
-        .k = layer->k,
-        .x = x,
-        .x_stride = x_stride,
-        .w = layer->packed,
-        .bias = layer->bias,
-        .y = y,
-        .y_stride = y_stride,
-    };
-    tower_fork_gemm(tower->kernels, executor, &gemm);
-}
-
 /* The GEMM of `layer` over `tokens` rows of h[tokens, k] into y[tokens, n]: y = h W^T + b, before the
  * caller adds a residual or an epilogue. */
 static kernel_gemm_t layer_gemm(tower_linear_t const *layer, size_t tokens, float const *h, float *y) {
@@ -228,6 +216,17 @@ static kernel_gemm_t layer_gemm(tower_linear_t const *layer, size_t tokens, floa
                            .bias = layer->bias,
                            .y = y,
                            .y_stride = layer->n};
+}
+
+/* A prefix of `layer`'s outputs (n_out of them: a projection at a matryoshka width) over rows of x at
+ * their own strides. */
+void tower_linear(tower_t const *tower, uform_executor_t *executor, tower_linear_t const *layer,
+                  float const *x, size_t x_stride, size_t m, size_t n_out, float *y, size_t y_stride) {
+    kernel_gemm_t gemm = layer_gemm(layer, m, x, y);
+    gemm.n = n_out;
+    gemm.x_stride = x_stride;
+    gemm.y_stride = y_stride;
+    tower_fork_gemm(tower->kernels, executor, &gemm);
 }
 
 /* x[tokens, n] += h[tokens, k] W^T + b: a layer writing into the residual stream. */

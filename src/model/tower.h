@@ -43,6 +43,7 @@ typedef struct tower {
     float *norm;             /* [hidden] */
     tower_linear_t proj;     /* [dims, hidden], no bias */
     tower_patches_t patches; /* image and audio towers: their input layer; zeroed for text */
+    uint16_t const *embed;   /* text: the byte table text.embed BF16 [257, hidden], in the model's memory */
     size_t bytes;            /* memory it holds */
 } tower_t;
 

@@ -110,48 +110,63 @@ typedef struct attention_job {
     size_t threads;
 } attention_job_t;
 
+/* One head's attention over the fork's items: q, k and v of qkv [tokens, 3h], `out` [tokens, h] set by
+ * the caller. */
+static kernel_attention_t head_attention(tower_fork_t const *fork, float const *qkv) {
+    size_t h = fork->hidden;
+    return (kernel_attention_t){
+        .q = qkv,
+        .k = qkv + h,
+        .v = qkv + 2 * h,
+        .stride = 3 * h,
+        .out_stride = h,
+        .offsets = fork->offsets,
+        .items = fork->items,
+        .causal = fork->causal,
+        .scale = 0.125f, /* 1 / sqrt(64) */
+    };
+}
+
+/* The backward of `forward`, whose output was `out`: the output's gradient d_out, and the gradients of q,
+ * k and v into d_qkv [tokens, 3h]. */
+static kernel_attention_backward_t head_backward(kernel_attention_t const *forward, float const *out,
+                                                 float const *d_out, float *d_qkv) {
+    size_t h = forward->out_stride;
+    return (kernel_attention_backward_t){
+        .q = forward->q,
+        .k = forward->k,
+        .v = forward->v,
+        .stride = forward->stride,
+        .out = out,
+        .d_out = d_out,
+        .out_stride = forward->out_stride,
+        .d_q = d_qkv,
+        .d_k = d_qkv + h,
+        .d_v = d_qkv + 2 * h,
+        .offsets = forward->offsets,
+        .items = forward->items,
+        .causal = forward->causal,
+        .scale = forward->scale,
+    };
+}
+
 /* The (head, item) pairs are split between threads, each thread's run of pairs cut at head changes. */
 static void attention_work(void *context, size_t thread) {
     attention_job_t const *job = context;
     tower_fork_t const *fork = job->fork;
-    size_t h = fork->hidden, items = fork->items, first, last;
+    size_t items = fork->items, first, last;
     thread_share(fork->heads * items, thread, job->threads, &first, &last);
     while (first < last) {
         size_t head = first / items, item = first % items;
         size_t end = last - head * items < items ? last - head * items : items;
-        float const *qkv = job->qkv + head * KERNEL_HEAD;
+        kernel_attention_t attention = head_attention(fork, job->qkv + head * KERNEL_HEAD);
         if (!job->backward) {
-            kernel_attention_t attention = {
-                .q = qkv,
-                .k = qkv + h,
-                .v = qkv + 2 * h,
-                .stride = 3 * h,
-                .out = job->out + head * KERNEL_HEAD,
-                .out_stride = h,
-                .offsets = fork->offsets,
-                .items = items,
-                .causal = fork->causal,
-                .scale = 0.125f, /* 1 / sqrt(64) */
-            };
+            attention.out = job->out + head * KERNEL_HEAD;
             fork->kernels->attention(&attention, item, end);
         } else {
-            float *d = job->out + head * KERNEL_HEAD;
-            kernel_attention_backward_t backward = {
-                .q = qkv,
-                .k = qkv + h,
-                .v = qkv + 2 * h,
-                .stride = 3 * h,
-                .out = job->att + head * KERNEL_HEAD,
-                .d_out = job->d_att + head * KERNEL_HEAD,
-                .out_stride = h,
-                .d_q = d,
-                .d_k = d + h,
-                .d_v = d + 2 * h,
-                .offsets = fork->offsets,
-                .items = items,
-                .causal = fork->causal,
-                .scale = 0.125f,
-            };
+            kernel_attention_backward_t backward =
+                head_backward(&attention, job->att + head * KERNEL_HEAD, job->d_att + head * KERNEL_HEAD,
+                              job->out + head * KERNEL_HEAD);
             fork->kernels->attention_backward(&backward, item, end);
         }
         first += end - item;

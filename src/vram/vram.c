@@ -82,7 +82,8 @@ void *vram_allocate(uform_executor_t *executor, size_t bytes) {
     int previous = 0;
     cudaGetDevice(&previous);
     void *memory = NULL;
-    if (vram_use(&vram_of(executor)->devices[0]) != UFORM_OK || cudaMalloc(&memory, bytes ? bytes : 1) != cudaSuccess)
+    if (vram_use(&vram_of(executor)->devices[0]) != UFORM_OK ||
+        cudaMalloc(&memory, bytes ? bytes : 1) != cudaSuccess)
         memory = NULL;
     cudaGetLastError();
     cudaSetDevice(previous);
@@ -98,12 +99,13 @@ void vram_deallocate(uform_executor_t *executor, void *memory) {
     cudaSetDevice(previous);
 }
 
-uform_status_t vram_copy_to_host(uform_executor_t *executor, void *host, size_t host_pitch, void const *device,
-                                 size_t device_pitch, size_t width, size_t rows) {
+uform_status_t vram_copy_to_host(uform_executor_t *executor, void *host, size_t host_pitch,
+                                 void const *device, size_t device_pitch, size_t width, size_t rows) {
     int previous = 0;
     cudaGetDevice(&previous);
     bool ok = vram_use(&vram_of(executor)->devices[0]) == UFORM_OK &&
-              cudaMemcpy2D(host, host_pitch, device, device_pitch, width, rows, cudaMemcpyDeviceToHost) == cudaSuccess;
+              cudaMemcpy2D(host, host_pitch, device, device_pitch, width, rows, cudaMemcpyDeviceToHost) ==
+                  cudaSuccess;
     cudaGetLastError();
     cudaSetDevice(previous);
     return ok ? UFORM_OK : UFORM_DEVICE;
@@ -186,8 +188,8 @@ static uint16_t const *carve_bf16(carve_t *carve, char const *name, size_t count
     checkpoint_tensor_t const *tensor = carve_tensor(carve, name, count);
     void *target = carve_take(carve, count * 2);
     if (carve->base && tensor &&
-        cudaMemcpyAsync(target, carve->raw + tensor->begin, count * 2, cudaMemcpyDeviceToDevice, carve->stream) !=
-            cudaSuccess)
+        cudaMemcpyAsync(target, carve->raw + tensor->begin, count * 2, cudaMemcpyDeviceToDevice,
+                        carve->stream) != cudaSuccess)
         carve->failed = true;
     return target;
 }
@@ -196,7 +198,8 @@ static float const *carve_f32(carve_t *carve, char const *name, size_t count) {
     checkpoint_tensor_t const *tensor = carve_tensor(carve, name, count);
     float *target = carve_take(carve, count * sizeof(float));
     if (carve->base && tensor &&
-        cuda_bf16_to_f32(target, (uint16_t const *)(carve->raw + tensor->begin), count, carve->stream) != cudaSuccess)
+        cuda_bf16_to_f32(target, (uint16_t const *)(carve->raw + tensor->begin), count, carve->stream) !=
+            cudaSuccess)
         carve->failed = true;
     return target;
 }
@@ -214,48 +217,31 @@ static int carve_visit(checkpoint_schema_tensor_t const *tensor, void *context) 
     vram_block_t *block = &tower->blocks[tensor->block];
     size_t const n = (size_t)tensor->shape[0], k = tensor->rank == 2 ? (size_t)tensor->shape[1] : 1;
     vram_linear_t *layers[] = {
-        [CHECKPOINT_PART_QKV_WEIGHT] = &block->qkv,   [CHECKPOINT_PART_QKV_BIAS] = &block->qkv,
-        [CHECKPOINT_PART_OUT_WEIGHT] = &block->out,   [CHECKPOINT_PART_OUT_BIAS] = &block->out,
-        [CHECKPOINT_PART_UP_WEIGHT] = &block->up,     [CHECKPOINT_PART_UP_BIAS] = &block->up,
-        [CHECKPOINT_PART_DOWN_WEIGHT] = &block->down, [CHECKPOINT_PART_DOWN_BIAS] = &block->down,
-        [CHECKPOINT_PART_PROJ] = &tower->proj,        [CHECKPOINT_PART_PATCH_WEIGHT] = &tower->patch,
-        [CHECKPOINT_PART_PATCH_BIAS] = &tower->patch,
+        [CHECKPOINT_PART_QKV_WEIGHT] = &block->qkv, [CHECKPOINT_PART_OUT_WEIGHT] = &block->out,
+        [CHECKPOINT_PART_UP_WEIGHT] = &block->up,   [CHECKPOINT_PART_DOWN_WEIGHT] = &block->down,
+        [CHECKPOINT_PART_PROJ] = &tower->proj,      [CHECKPOINT_PART_PATCH_WEIGHT] = &tower->patch,
     };
-    vram_linear_t *layer =
-        (size_t)tensor->part < sizeof layers / sizeof layers[0] ? layers[tensor->part] : NULL;
-    switch (tensor->part) {
-    case CHECKPOINT_PART_NORM1:
-        block->norm1 = carve_f32(carve, tensor->name, n);
-        break;
-    case CHECKPOINT_PART_NORM2:
-        block->norm2 = carve_f32(carve, tensor->name, n);
-        break;
-    case CHECKPOINT_PART_NORM:
-        tower->norm = carve_f32(carve, tensor->name, n);
-        break;
-    case CHECKPOINT_PART_EMBED:
-        tower->embed = carve_bf16(carve, tensor->name, n * k);
-        break;
-    case CHECKPOINT_PART_CLS:
-        tower->cls = carve_f32(carve, tensor->name, n);
-        break;
-    case CHECKPOINT_PART_POS:
-        tower->pos = carve_f32(carve, tensor->name, n * k);
-        tower->positions = n;
-        break;
-    case CHECKPOINT_PART_QKV_WEIGHT:
-    case CHECKPOINT_PART_OUT_WEIGHT:
-    case CHECKPOINT_PART_UP_WEIGHT:
-    case CHECKPOINT_PART_DOWN_WEIGHT:
-    case CHECKPOINT_PART_PROJ:
-    case CHECKPOINT_PART_PATCH_WEIGHT:
+    float const **vectors[] = {
+        [CHECKPOINT_PART_NORM1] = &block->norm1,       [CHECKPOINT_PART_NORM2] = &block->norm2,
+        [CHECKPOINT_PART_QKV_BIAS] = &block->qkv.bias, [CHECKPOINT_PART_OUT_BIAS] = &block->out.bias,
+        [CHECKPOINT_PART_UP_BIAS] = &block->up.bias,   [CHECKPOINT_PART_DOWN_BIAS] = &block->down.bias,
+        [CHECKPOINT_PART_NORM] = &tower->norm,         [CHECKPOINT_PART_PATCH_BIAS] = &tower->patch.bias,
+        [CHECKPOINT_PART_CLS] = &tower->cls,
+    };
+    size_t const part = (size_t)tensor->part;
+    vram_linear_t *layer = part < sizeof layers / sizeof layers[0] ? layers[part] : NULL;
+    float const **vector = part < sizeof vectors / sizeof vectors[0] ? vectors[part] : NULL;
+    if (vector) {
+        *vector = carve_f32(carve, tensor->name, n);
+    } else if (layer) {
         layer->n = n;
         layer->k = k;
         layer->w = carve_bf16(carve, tensor->name, n * k);
-        break;
-    default: /* the biases */
-        layer->bias = carve_f32(carve, tensor->name, n);
-        break;
+    } else if (tensor->part == CHECKPOINT_PART_EMBED) {
+        tower->embed = carve_bf16(carve, tensor->name, n * k);
+    } else { /* CHECKPOINT_PART_POS */
+        tower->pos = carve_f32(carve, tensor->name, n * k);
+        tower->positions = n;
     }
     return 0;
 }
@@ -315,7 +301,9 @@ uform_status_t vram_model_prepare(uform_model_t *model, uform_executor_t *execut
             return *message = "cannot allocate the weights on the device", UFORM_OUT_OF_MEMORY;
         }
         replica->bytes = carve.used;
-        carve = (carve_t){.base = (uintptr_t)replica->weights, .raw = raw[d], .header = &model->header,
+        carve = (carve_t){.base = (uintptr_t)replica->weights,
+                          .raw = raw[d],
+                          .header = &model->header,
                           .stream = device->stream};
         bool ok = carve_model(&carve, replica, &model->header.info);
         if (cudaStreamSynchronize(device->stream) != cudaSuccess || !ok || carve.failed) {
@@ -349,7 +337,8 @@ typedef struct forward_layout {
     uint16_t *mlp; /* [tokens, mlp] */
 } forward_layout_t;
 
-static forward_layout_t forward_layout(vram_tower_t const *tower, void *scratch, size_t tokens, size_t *bytes) {
+static forward_layout_t forward_layout(vram_tower_t const *tower, void *scratch, size_t tokens,
+                                       size_t *bytes) {
     size_t h = round_up_256(tokens * tower->hidden * 2);
     size_t qkv = round_up_256(tokens * 3 * tower->hidden * 2);
     size_t mlp = round_up_256(tokens * tower->mlp * 2);
@@ -369,10 +358,8 @@ bool vram_chunk_scratch(vram_device_t *device, vram_tower_t const *tower, size_t
                         void **parts, size_t tokens, size_t rows, size_t width, vram_pass_t *pass) {
     size_t hidden = tower->hidden;
     size_t pieces[] = {
-        round_up_256(tokens * hidden * sizeof(float)),
-        round_up_256(vram_forward_scratch(tower, tokens)),
-        round_up_256(rows * hidden * sizeof(float)),
-        round_up_256(rows * hidden * 2),
+        round_up_256(tokens * hidden * sizeof(float)), round_up_256(vram_forward_scratch(tower, tokens)),
+        round_up_256(rows * hidden * sizeof(float)),   round_up_256(rows * hidden * 2),
         round_up_256(rows * width * sizeof(float)),
     };
     size_t total = 0;
@@ -395,8 +382,16 @@ bool vram_chunk_scratch(vram_device_t *device, vram_tower_t const *tower, size_t
 static uform_status_t linear(vram_device_t *device, vram_linear_t const *layer, size_t m, uint16_t const *x,
                              void *y, size_t y_stride, cuda_linear_kind_t kind, char const **message) {
     cuda_linear_t job = {
-        .m = m, .n = layer->n, .k = layer->k, .x = x, .x_stride = layer->k, .w = layer->w,
-        .bias = layer->bias, .y = y, .y_stride = y_stride, .kind = kind,
+        .m = m,
+        .n = layer->n,
+        .k = layer->k,
+        .x = x,
+        .x_stride = layer->k,
+        .w = layer->w,
+        .bias = layer->bias,
+        .y = y,
+        .y_stride = y_stride,
+        .kind = kind,
     };
     return cuda_linear(device->gemm, &job, message) == cudaSuccess ? UFORM_OK : UFORM_DEVICE;
 }
@@ -419,14 +414,14 @@ uform_status_t vram_forward(vram_device_t *device, vram_tower_t const *tower, fl
         VRAM_TRY(cuda_attention(layout.h, layout.qkv, offsets, items, tower->heads, max_length, causal,
                                 rotary, 0.125f, stream),
                  "cannot launch attention");
-        if ((status = linear(device, &block->out, tokens, layout.h, x, hidden, CUDA_LINEAR_RESIDUAL, message)) !=
-            UFORM_OK)
+        if ((status = linear(device, &block->out, tokens, layout.h, x, hidden, CUDA_LINEAR_RESIDUAL,
+                             message)) != UFORM_OK)
             return status;
         VRAM_TRY(
             cuda_rmsnorm(layout.h, hidden, NULL, 0, x, hidden, block->norm2, tokens, hidden, 1e-6f, stream),
             "cannot launch rmsnorm");
-        if ((status = linear(device, &block->up, tokens, layout.h, layout.mlp, tower->mlp, CUDA_LINEAR_GELU_BF16,
-                             message)) != UFORM_OK)
+        if ((status = linear(device, &block->up, tokens, layout.h, layout.mlp, tower->mlp,
+                             CUDA_LINEAR_GELU_BF16, message)) != UFORM_OK)
             return status;
         if ((status = linear(device, &block->down, tokens, layout.mlp, x, hidden, CUDA_LINEAR_RESIDUAL,
                              message)) != UFORM_OK)

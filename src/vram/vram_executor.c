@@ -1,5 +1,8 @@
 /* VRAM executors: the kind whose calls run on one loop thread that drives the devices (vram.h), whose
- * arenas hold device memory. A build without CUDA answers UFORM_UNSUPPORTED once the arguments pass. */
+ * arenas hold device memory. A build without CUDA answers UFORM_UNSUPPORTED once the arguments pass,
+ * here for both VRAM entry points: uform_executor_create_vram, and uform_model_load_vram (with CUDA in
+ * src/vram/vram_load.c), so that no model is ever on a device there. */
+#include "call.h"
 #include "executor.h"
 #include "vram.h"
 
@@ -11,20 +14,12 @@ static void vram_executor_destroy(uform_executor_t *executor) {
 static executor_ops_t const vram_ops = {
     .kind = UFORM_EXECUTOR_VRAM,
     .destroy = vram_executor_destroy,
-    .device_allocate = vram_allocate,
-    .device_deallocate = vram_deallocate,
-    .device_copy_to_host = vram_copy_to_host,
+    .device = {vram_allocate, vram_deallocate, vram_copy_to_host},
 };
-#endif
 
-UFORM_EXPORT uform_status_t uform_executor_create_vram(uform_vram_options_t const *options,
-                                                       uform_executor_t **out) {
-    static char const entry[] = "uform_executor_create_vram";
-    if (out) *out = NULL;
-    if (!out) return failed(UFORM_INVALID_ARGUMENT, entry, "executor is NULL");
-    if (options && options->devices_count && !options->devices)
-        return failed(UFORM_INVALID_ARGUMENT, entry, "devices is NULL with a non-zero count");
-#if UFORM_WITH_CUDA
+/* An executor on the devices `options` name, its loop thread started. */
+static uform_status_t vram_executor_create(uform_vram_options_t const *options, uform_executor_t **out,
+                                           char const *entry) {
     uform_executor_t *executor = executor_new(&vram_ops);
     if (!executor) return failed(UFORM_OUT_OF_MEMORY, entry, "cannot allocate the executor");
     char const *message = NULL;
@@ -36,7 +31,31 @@ UFORM_EXPORT uform_status_t uform_executor_create_vram(uform_vram_options_t cons
     }
     *out = executor;
     return UFORM_OK;
+}
 #else
-    return failed(UFORM_UNSUPPORTED, entry, "built without CUDA");
+static char const no_cuda[] = "built without CUDA";
+
+UFORM_EXPORT uform_status_t uform_model_load_vram(uform_model_load_args_t const *args) {
+    static char const entry[] = "uform_model_load_vram";
+    if (!args) return failed(UFORM_INVALID_ARGUMENT, entry, "args is NULL");
+    if (!args->path || !args->path[0])
+        return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry, "path is NULL or empty");
+    return call_refuse(args->outcome, UFORM_UNSUPPORTED, entry, no_cuda);
+}
+
+static uform_status_t vram_executor_create(uform_vram_options_t const *options, uform_executor_t **out,
+                                           char const *entry) {
+    (void)options, (void)out;
+    return failed(UFORM_UNSUPPORTED, entry, no_cuda);
+}
 #endif
+
+UFORM_EXPORT uform_status_t uform_executor_create_vram(uform_vram_options_t const *options,
+                                                       uform_executor_t **out) {
+    static char const entry[] = "uform_executor_create_vram";
+    if (out) *out = NULL;
+    if (!out) return failed(UFORM_INVALID_ARGUMENT, entry, "executor is NULL");
+    if (options && options->devices_count && !options->devices)
+        return failed(UFORM_INVALID_ARGUMENT, entry, "devices is NULL with a non-zero count");
+    return vram_executor_create(options, out, entry);
 }

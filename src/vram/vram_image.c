@@ -25,8 +25,7 @@
 #define VRAM_IMAGE_BYTES ((size_t)256 << 20)
 
 typedef struct vram_image_call {
-    call_t call;    /* a copy of the call in the executor's storage, for its fields */
-    call_t *origin; /* that call, which call_finish ends */
+    call_t call;
     encode_call_t encode;
     image_request_t request;
     size_t patches; /* per image */
@@ -40,7 +39,8 @@ typedef struct vram_image_call {
     loop_op_t poll;
 } vram_image_call_t;
 
-/* The call's state is larger than the executor's call storage (the decoded images): it is allocated. */
+/* The call's state is larger than the executor's call storage (the decoded images): it is allocated,
+ * its call first (call_run's own state). */
 
 static void image_end(vram_image_call_t *image) {
     image->encode.stats.total_ns = loop_now_ns() - image->encode.started_ns;
@@ -48,11 +48,12 @@ static void image_end(vram_image_call_t *image) {
     encode_end(&image->encode, image->call.outcome, image->encode.failure);
     for (size_t i = 0; i < VRAM_IMAGE_CHUNK; ++i)
         free(image->decoded[i].pixels);
-    call_t *origin = image->origin;
     uform_status_t status = image->encode.failure;
     char const *message = image->encode.message;
+    /* call_finish ends the call; the state goes first, as nothing may touch it after. */
+    call_t ending = image->call;
     free(image);
-    call_finish(origin, status, message);
+    call_finish(&ending, status, message);
 }
 
 /* The pixels of item `item` (decoding it for the memory source), or a status for it. */
@@ -285,8 +286,7 @@ static bool output_view_zeroed(uform_arena_t *arena, size_t rows, size_t columns
 }
 
 static void image_start(call_t *call) {
-    /* The state lives in `image`, allocated by the verb; the executor's call storage holds its address. */
-    vram_image_call_t *image = *(vram_image_call_t **)(void *)(call + 1);
+    vram_image_call_t *image = container_of(call, vram_image_call_t, call);
     vram_device_t *device = &vram_of(call->executor)->devices[0];
     image->poll.callback = image_poll;
     if (vram_use(device) != UFORM_OK) {
@@ -301,16 +301,10 @@ static void image_start(call_t *call) {
     image->encode.stats.bytes =
         image->request.encode.tape.offsets[items] - image->request.encode.tape.offsets[0];
     uform_encoded_t *encoded = &image->encode.encoded;
-    bool ok = encode_statuses(&image->encode, items);
     /* Zeroed outputs (the legacy stream orders the memsets before the executor's stream's work, which
      * waits for it: the executor's stream is created non-blocking, so synchronize once instead). */
-    uform_outputs_t outputs = image->encode.outputs;
-    if (ok && (outputs & UFORM_OUTPUT_EMBEDDINGS))
-        ok =
-            output_view_zeroed(arena, items, image->encode.width, image->encode.scalar, &encoded->embeddings);
-    if (ok && (outputs & UFORM_OUTPUT_STATES))
-        ok = output_view_zeroed(arena, items, hidden, image->encode.scalar, &encoded->states);
-    if (ok && (outputs & UFORM_OUTPUT_TOKEN_VECTORS)) {
+    bool ok = encode_outputs(&image->encode, items, hidden, output_view_zeroed);
+    if (ok && (image->encode.outputs & UFORM_OUTPUT_TOKEN_VECTORS)) {
         ok = output_view_zeroed(arena, items * image->patches, image->encode.width, image->encode.scalar,
                                 &encoded->token_vectors);
         size_t *offsets = ok ? arena_allocate_host(arena, (items + 1) * sizeof(size_t), 16) : NULL;
@@ -331,6 +325,17 @@ static void image_start(call_t *call) {
     image_advance(image);
 }
 
+/* The call's state from its image request, on the calling thread. */
+static void image_fill(call_t *call, void const *context) {
+    image_request_t const *request = context;
+    vram_image_call_t *image = container_of(call, vram_image_call_t, call);
+    encode_call_init(&image->encode, &request->encode);
+    image->request = *request;
+    uform_model_info_t const *info = &request->encode.model->header.info;
+    size_t side = info->image.size / info->image.patch;
+    image->patches = side * side;
+}
+
 uform_status_t vram_image_encode(char const *entry, image_request_t const *request) {
     uform_outcome_t *outcome = request->encode.outcome;
     if (request->input == IMAGE_INPUT_FILES)
@@ -338,24 +343,9 @@ uform_status_t vram_image_encode(char const *entry, image_request_t const *reque
                            "VRAM executors read encoded images from memory: pass UFORM_SOURCE_MEMORY");
     vram_image_call_t *image = calloc(1, sizeof *image);
     if (!image) return call_refuse(outcome, UFORM_OUT_OF_MEMORY, entry, "cannot allocate the call");
-    uform_outcome_t own;
-    call_t *call = NULL;
-    uform_status_t status = call_open(request->encode.executor, request->encode.arena, outcome, &own,
-                                      sizeof(call_t) + sizeof(void *), entry, &call);
-    if (status != UFORM_OK) {
-        free(image);
-        return status;
-    }
-    *(vram_image_call_t **)(void *)(call + 1) = image;
-    call->start = image_start;
-    image->call = *call;
-    image->origin = call;
-    encode_call_init(&image->encode, &request->encode);
-    image->request = *request;
-    uform_model_info_t const *info = &request->encode.model->header.info;
-    size_t side = info->image.size / info->image.patch;
-    image->patches = side * side;
-    return encode_submit(call, &own, &request->encode);
+    call_plan_t plan = encode_plan(entry, &request->encode, sizeof *image, image_start, image_fill, request);
+    plan.state = &image->call; /* freed by call_run if the call cannot open, else by image_end */
+    return call_run(&plan);
 }
 
 #endif /* UFORM_WITH_CUDA */

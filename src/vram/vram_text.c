@@ -33,7 +33,6 @@ typedef struct vram_chunk {
 typedef struct vram_text_call {
     call_t call;
     encode_call_t encode;
-    uform_tape_t texts;
     uint64_t polled_ns;
     size_t next_item, done_items;
     size_t next_slot;
@@ -77,7 +76,7 @@ static uform_status_t text_issue(vram_text_call_t *text, size_t s, size_t first,
     vram_tower_t const *tower = &text->encode.model->device->replicas[0].text;
     size_t hidden = tower->hidden, items = last - first, tokens = 0, kept_total = 0, max_length = 0;
     for (size_t item = first; item < last; ++item) {
-        size_t kept = text_kept(text->encode.model, &text->texts, item);
+        size_t kept = text_kept(text->encode.model, &text->encode.tape, item);
         tokens += kept + 1;
         kept_total += kept;
         if (kept + 1 > max_length) max_length = kept + 1;
@@ -87,13 +86,13 @@ static uform_status_t text_issue(vram_text_call_t *text, size_t s, size_t first,
     void *staging = vram_staging(slot, sizing.bytes);
     if (!staging) return *message = "cannot allocate pinned staging memory", UFORM_OUT_OF_MEMORY;
     chunk_inputs_t host = chunk_inputs(staging, tokens, items, kept_total);
-    uint8_t const *bytes = text->bytes ? text->bytes : text->texts.data;
+    uint8_t const *bytes = text->bytes ? text->bytes : text->encode.tape.data;
     size_t row = 0, kept_row = 0;
     for (size_t item = first; item < last; ++item) {
         host.offsets[item - first] = (int32_t)row;
         host.indices[row++] = TEXT_BOS;
-        uint8_t const *item_bytes = bytes + text->texts.offsets[item];
-        for (size_t i = 0, kept = text_kept(text->encode.model, &text->texts, item); i < kept; ++i) {
+        uint8_t const *item_bytes = bytes + text->encode.tape.offsets[item];
+        for (size_t i = 0, kept = text_kept(text->encode.model, &text->encode.tape, item); i < kept; ++i) {
             host.token_rows[kept_row++] = (int32_t)row;
             host.indices[row++] = item_bytes[i];
         }
@@ -142,7 +141,7 @@ static void text_poll(loop_op_t *op);
 /* Issues chunks into free slots, then polls the busy ones; ends the call when nothing is left. */
 static void text_advance(vram_text_call_t *text) {
     vram_device_t *device = &vram_of(text->call.executor)->devices[0];
-    size_t items = text->texts.count;
+    size_t items = text->encode.tape.count;
     for (size_t s = 0; s < VRAM_SLOTS; ++s) {
         vram_chunk_t *chunk = &text->chunks[s];
         if (!chunk->busy) continue;
@@ -164,8 +163,8 @@ static void text_advance(vram_text_call_t *text) {
         size_t s = text->next_slot, first = text->next_item, last = first, tokens = 0;
         while (last < items &&
                (last == first ||
-                tokens + text_kept(text->encode.model, &text->texts, last) + 1 <= VRAM_CHUNK_TOKENS))
-            tokens += text_kept(text->encode.model, &text->texts, last++) + 1;
+                tokens + text_kept(text->encode.model, &text->encode.tape, last) + 1 <= VRAM_CHUNK_TOKENS))
+            tokens += text_kept(text->encode.model, &text->encode.tape, last++) + 1;
         char const *message = NULL;
         uform_status_t status = text_issue(text, s, first, last, &message);
         if (status != UFORM_OK) {
@@ -197,7 +196,7 @@ static void text_poll(loop_op_t *op) {
 static void text_start(call_t *call) {
     vram_text_call_t *text = container_of(call, vram_text_call_t, call);
     vram_device_t *device = &vram_of(call->executor)->devices[0];
-    size_t items = text->texts.count;
+    size_t items = text->encode.tape.count;
     size_t hidden = text->encode.model->header.info.text.transformer.hidden;
     text->poll.callback = text_poll;
     text->polled_ns = loop_now_ns();
@@ -206,15 +205,17 @@ static void text_start(call_t *call) {
         text_end(text);
         return;
     }
-    size_t kept_total = text_count(&text->encode, &text->texts);
+    size_t kept_total = text_count(&text->encode, &text->encode.tape);
 
     /* A tape in device memory is read on the host: the bytes are indices the host packs. */
     struct cudaPointerAttributes attributes;
-    if (text->texts.data && cudaPointerGetAttributes(&attributes, text->texts.data) == cudaSuccess &&
+    if (text->encode.tape.data &&
+        cudaPointerGetAttributes(&attributes, text->encode.tape.data) == cudaSuccess &&
         attributes.type == cudaMemoryTypeDevice) {
-        size_t length = text->texts.offsets[items];
+        size_t length = text->encode.tape.offsets[items];
         uint8_t *copy = malloc(length ? length : 1);
-        if (!copy || cudaMemcpy(copy, text->texts.data, length, cudaMemcpyDeviceToHost) != cudaSuccess) {
+        if (!copy ||
+            cudaMemcpy(copy, text->encode.tape.data, length, cudaMemcpyDeviceToHost) != cudaSuccess) {
             free(copy);
             encode_stop(&text->encode, UFORM_DEVICE, "cannot copy the texts from the device");
             text_end(text);
@@ -224,7 +225,7 @@ static void text_start(call_t *call) {
     }
     cudaGetLastError();
 
-    if (!text_outputs(&text->encode, &text->texts, hidden, kept_total)) {
+    if (!text_outputs(&text->encode, &text->encode.tape, hidden, kept_total)) {
         encode_stop(&text->encode, UFORM_OUT_OF_MEMORY, "cannot allocate the outputs in the arena");
         text_end(text);
         return;
@@ -232,18 +233,14 @@ static void text_start(call_t *call) {
     text_advance(text);
 }
 
-uform_status_t vram_text_encode(encode_request_t const *request) {
-    static char const entry[] = "uform_text_encode";
-    uform_outcome_t own;
-    call_t *call = NULL;
-    uform_status_t status = call_open(request->executor, request->arena, request->outcome, &own,
-                                      sizeof(vram_text_call_t), entry, &call);
-    if (status != UFORM_OK) return status;
+/* The call's state from its request, on the calling thread. */
+static void text_fill(call_t *call, void const *request) {
     vram_text_call_t *text = container_of(call, vram_text_call_t, call);
-    text->call.start = text_start;
     encode_call_init(&text->encode, request);
-    text->texts = request->tape;
-    return encode_submit(call, &own, request);
+}
+
+uform_status_t vram_text_encode(encode_request_t const *request) {
+    return encode_run("uform_text_encode", request, sizeof(vram_text_call_t), text_start, text_fill, request);
 }
 
 /* ---- text_choose -------------------------------------------------------------------------------- */
