@@ -215,7 +215,7 @@ typedef enum uform_executor_kind {
 
 typedef enum uform_mood {
     UFORM_SLEEPING = 0, /* idle workers sleep (futex or ring wait): no CPU, wake-up latency */
-    UFORM_SPINNING = 1, /* idle workers poll for `spin_ns` after each call before sleeping */
+    UFORM_SPINNING = 1, /* idle workers poll: until the next call after a drain, `spin_ns` after a call */
 } uform_mood_t;
 
 /* Creates an executor with no threads: every call handed to it, blocking or deferred, runs to
@@ -284,7 +284,11 @@ UFORM_EXPORT uform_status_t uform_executor_create_vram(uform_vram_options_t cons
 UFORM_EXPORT void uform_executor_free(uform_executor_t *executor);
 
 /* Waits until no call holds the executor, then leaves idle workers in `mood` for later calls.
- * Blocks. Answers UFORM_OK or UFORM_INVALID_ARGUMENT. */
+ * UFORM_SPINNING: the workers and the loop thread poll from now until the next call begins (or a drain
+ * into UFORM_SLEEPING), so that call starts without a wake-up; the cost is one busy core per thread of
+ * the executor for as long as it lasts. After each call they poll for the executor's `spin_ns`, then
+ * sleep. UFORM_SLEEPING: idle threads sleep at once, using no CPU. Blocks. Answers UFORM_OK or
+ * UFORM_INVALID_ARGUMENT. */
 UFORM_EXPORT uform_status_t uform_executor_drain(uform_executor_t *executor, uform_mood_t mood);
 
 typedef struct uform_executor_info {

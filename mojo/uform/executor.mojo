@@ -217,7 +217,9 @@ struct Executor(Movable):
         return Self(_handle=handle, library=library)
 
     def drain(self, mood: Mood = Mood.SLEEPING) raises Error:
-        """Waits until no call holds the executor, then leaves idle workers in `mood`."""
+        """Waits until no call holds the executor, then leaves idle workers in `mood`: `Mood.SPINNING`
+        keeps them polling until the next call (one busy core per thread meanwhile), then `spin_ns`
+        after each call; `Mood.SLEEPING` lets them sleep at once (`uform_executor_drain`)."""
         self.library._check(self.library._symbols[].executor_drain(self._handle, mood.code))
 
     def kind(self) raises Error -> ExecutorKind:

@@ -54,8 +54,10 @@ UFORM_EXPORT uform_status_t uform_executor_drain(uform_executor_t *executor, ufo
         return failed(UFORM_INVALID_ARGUMENT, entry, "unknown mood");
     executor_await_idle(executor);
     atomic_store_explicit(&executor->mood, (uint32_t)mood, memory_order_relaxed);
-    /* A loop thread asleep in the old mood picks the new one up on its next round. */
+    atomic_store_explicit(&executor->spin_held, mood == UFORM_SPINNING, memory_order_relaxed);
+    /* Threads asleep or polling in the old mood pick the new one up at once. */
     if (executor->threaded) loop_wake(executor->loop);
+    if (executor->ops->wake_idle) executor->ops->wake_idle(executor);
     return UFORM_OK;
 }
 
@@ -95,6 +97,8 @@ uform_status_t call_begin(call_t *call, uform_executor_t *executor, outcome_t *o
         return status;
     }
     atomic_fetch_add_explicit(&executor->active, 1, memory_order_acq_rel);
+    /* The spin a drain left ends with this call: afterwards idle threads poll spin_ns at most. */
+    if (executor_spin_held(executor)) atomic_store_explicit(&executor->spin_held, false, memory_order_relaxed);
     call->executor = executor;
     call->outcome = outcome;
     call->entry = entry;

@@ -17,6 +17,7 @@ uform_executor_t *executor_new(executor_ops_t const *ops) {
     atomic_init(&executor->holder, NULL);
     atomic_init(&executor->active, 0);
     atomic_init(&executor->mood, UFORM_SLEEPING);
+    atomic_init(&executor->spin_held, false);
     executor->spin_ns = EXECUTOR_SPIN_NS;
     executor->threads = 1;
     return executor;
@@ -33,10 +34,8 @@ static void *loop_thread_main(void *argument) {
     atomic_store_explicit(&executor->started, created == 0 ? 1u : 2u, memory_order_release);
     futex_wake_all(&executor->started);
     if (created != 0) return NULL;
-    while (!atomic_load_explicit(&executor->stopping, memory_order_acquire)) {
-        bool spinning = atomic_load_explicit(&executor->mood, memory_order_relaxed) == UFORM_SPINNING;
-        loop_run(executor->loop, true, spinning ? executor->spin_ns : 0);
-    }
+    while (!atomic_load_explicit(&executor->stopping, memory_order_acquire))
+        loop_run(executor->loop, true, executor_spin_ns(executor));
     loop_destroy(executor->loop);
     executor->loop = NULL;
     return NULL;

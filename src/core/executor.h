@@ -31,6 +31,8 @@ typedef struct executor_ops {
     uform_executor_kind_t kind;
     /* Frees the kind's state (the loop thread is stopped and the scratch freed before). NULL: none. */
     void (*destroy)(uform_executor_t *executor);
+    /* Makes idle threads read the mood again (a drain changed it). NULL: none but the loop thread. */
+    void (*wake_idle)(uform_executor_t *executor);
     /* The loop thread's first act, on that thread (RAM: pin it). NULL: nothing. */
     void (*loop_thread_start)(uform_executor_t *executor);
     /* Runs work(context, thread) on every thread of the executor. NULL: once, on the calling thread. */
@@ -50,8 +52,9 @@ struct uform_executor {
     _Atomic size_t references;
     _Atomic(struct call *) holder; /* the call holding the executor, or NULL (call.h) */
     _Atomic uint32_t active;       /* calls begun and not settled, | EXECUTOR_WAITERS */
-    _Atomic uint32_t mood;
-    uint64_t spin_ns;
+    _Atomic uint32_t mood;     /* uform_mood_t: how idle threads wait */
+    _Atomic bool spin_held;    /* drained into UFORM_SPINNING: poll until the next call begins */
+    uint64_t spin_ns;          /* otherwise idle threads in UFORM_SPINNING poll this long, then sleep */
     size_t threads;
     size_t domains_count;
     loop_t *loop;  /* inline and pool: created by the first call, driven by the calling thread */
@@ -71,6 +74,18 @@ struct uform_executor {
     void *scratch;
     size_t scratch_bytes;
 };
+
+/* True while idle threads poll without a deadline: from uform_executor_drain(UFORM_SPINNING) until the
+ * next call begins or a drain into UFORM_SLEEPING. */
+static inline bool executor_spin_held(uform_executor_t const *executor) {
+    return atomic_load_explicit(&executor->spin_held, memory_order_relaxed);
+}
+
+/* How long the loop thread polls before it sleeps, in the executor's mood. */
+static inline uint64_t executor_spin_ns(uform_executor_t const *executor) {
+    if (atomic_load_explicit(&executor->mood, memory_order_relaxed) != UFORM_SPINNING) return 0;
+    return executor_spin_held(executor) ? UINT64_MAX : executor->spin_ns;
+}
 
 /* A new executor of the kind `ops`, with one reference and one thread; NULL when out of memory. */
 uform_executor_t *executor_new(executor_ops_t const *ops);

@@ -80,28 +80,34 @@ static void thread_pin(uform_executor_t *executor, size_t index) {
 #endif
 }
 
-/* Waits until *word differs from `seen`: polls for spin_ns in the spinning mood, then sleeps. */
+/* Polls *word while it equals `seen`: until the next call after uform_executor_drain(UFORM_SPINNING)
+ * (executor_spin_held), else for spin_ns. Answers the last value read, `seen` when the spin ran out. */
+static uint32_t team_spin(uform_executor_t *executor, _Atomic uint32_t *word, uint32_t seen) {
+    uint64_t deadline = loop_now_ns() + executor->spin_ns;
+    for (unsigned spins = 1;; ++spins) {
+        cpu_relax();
+        uint32_t value = atomic_load_explicit(word, memory_order_acquire);
+        if (value != seen) return value;
+        if ((spins & 255) == 0 && !executor_spin_held(executor) && loop_now_ns() > deadline) return value;
+    }
+}
+
+/* Waits until *word differs from `seen`: polls in the spinning mood (team_spin), then sleeps. A worker
+ * woken with nothing new (ram_wake_idle, after a drain into the spinning mood) polls again. */
 static uint32_t team_await(team_t *team, _Atomic uint32_t *word, uint32_t seen) {
     uform_executor_t *executor = team->executor;
     uint32_t value = atomic_load_explicit(word, memory_order_acquire);
-    if (value != seen) return value;
-    if (atomic_load_explicit(&executor->mood, memory_order_relaxed) == UFORM_SPINNING) {
-        uint64_t deadline = loop_now_ns() + executor->spin_ns;
-        for (unsigned spins = 1;; ++spins) {
-            cpu_relax();
-            value = atomic_load_explicit(word, memory_order_acquire);
-            if (value != seen) return value;
-            if ((spins & 255) == 0 && loop_now_ns() > deadline) break;
-        }
-    }
-    for (;;) {
+    while (value == seen) {
+        if (atomic_load_explicit(&executor->mood, memory_order_relaxed) == UFORM_SPINNING &&
+            (value = team_spin(executor, word, seen)) != seen)
+            return value;
         atomic_fetch_add_explicit(&team->sleepers, 1, memory_order_seq_cst);
         value = atomic_load_explicit(word, memory_order_seq_cst);
         if (value == seen) futex_wait(word, seen);
         atomic_fetch_sub_explicit(&team->sleepers, 1, memory_order_relaxed);
         value = atomic_load_explicit(word, memory_order_acquire);
-        if (value != seen) return value;
     }
+    return value;
 }
 
 /* The fork that lends the last worker: nobody does anything in it, and the last worker, once it has
@@ -332,9 +338,16 @@ static void ram_destroy(uform_executor_t *executor) {
     free(ram);
 }
 
+/* Wakes the workers asleep on the team's generation, so that they read the mood again. */
+static void ram_wake_idle(uform_executor_t *executor) {
+    team_t *team = team_of(executor);
+    if (team) futex_wake_all(&team->generation);
+}
+
 static executor_ops_t const ram_ops = {
     .kind = UFORM_EXECUTOR_RAM,
     .destroy = ram_destroy,
+    .wake_idle = ram_wake_idle,
     .loop_thread_start = ram_loop_thread_start,
     .for_threads = ram_for_threads,
     .threads_total = ram_threads_total,

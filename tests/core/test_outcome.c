@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "call.h"
@@ -263,6 +264,40 @@ static void drain_moods(void **state) {
     uform_executor_free(executor);
 }
 
+/* CPU seconds the process spends while the calling thread sleeps for `seconds`. */
+static double idle_cpu_seconds(double seconds) {
+    struct timespec before, after, pause = {0, (long)(seconds * 1e9)};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &before);
+    while (nanosleep(&pause, &pause) != 0) continue;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &after);
+    return (double)(after.tv_sec - before.tv_sec) + (double)(after.tv_nsec - before.tv_nsec) * 1e-9;
+}
+
+/* A drain into UFORM_SPINNING keeps the idle threads polling until the next call, not only for spin_ns
+ * (1 ms here): over 0.3 s they use CPU; after the next call, and after a drain into UFORM_SLEEPING,
+ * they sleep. The bounds are far apart: two polling threads use up to 0.6 s, sleeping ones about 0. */
+static void drain_spinning_outlasts_spin_ns(void **state) {
+    (void)state;
+    uform_ram_options_t options = uform_ram_options_default();
+    options.threads = 2;
+    options.spin_ns = 1000000;
+    options.pin = false;
+    uform_executor_t *executor = NULL;
+    assert_int_equal(uform_executor_create_ram(&options, &executor), UFORM_OK);
+    uform_executor_nop_args_t args = {.executor = executor};
+    assert_int_equal(uform_executor_drain(executor, UFORM_SPINNING), UFORM_OK);
+    double spinning = idle_cpu_seconds(0.3);
+    assert_int_equal(uform_executor_nop(&args), UFORM_OK);
+    double after_call = idle_cpu_seconds(0.3);
+    assert_int_equal(uform_executor_drain(executor, UFORM_SPINNING), UFORM_OK);
+    assert_int_equal(uform_executor_drain(executor, UFORM_SLEEPING), UFORM_OK);
+    double sleeping = idle_cpu_seconds(0.3);
+    uform_executor_free(executor);
+    assert_true(spinning > 0.03);
+    assert_true(after_call < 0.02);
+    assert_true(sleeping < 0.02);
+}
+
 /* Each final call counts once on an eventfd, and so does a refusal at submission. */
 static void eventfd_notification(uform_executor_t *executor, int kind, void *context) {
     (void)context;
@@ -486,6 +521,7 @@ int main(void) {
         EVERY_KIND_TEST(two_threads_on_one_executor),
         cmocka_unit_test(free_waits_for_call_in_flight),
         cmocka_unit_test(drain_moods),
+        cmocka_unit_test(drain_spinning_outlasts_spin_ns),
         EVERY_KIND_TEST(eventfd_notification),
         cmocka_unit_test(ring_notification),
         EVERY_KIND_TEST(for_threads_reaches_every_thread),
