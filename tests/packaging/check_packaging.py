@@ -16,6 +16,8 @@
 6. mojo/test.mojo is built with the prefix's compiler, configured as Modular's conda package configures
    it (package root, import path), with no -I and no linker flag, then run with no UFORM_* variable and no LD_LIBRARY_PATH,
    without and with UFORM_TEST_CHECKPOINT: the binding finds the engine in the prefix by itself.
+7. examples/quickstart.mojo, the contract's Quickstart, is built the same way and run with no variable set in a
+   folder holding its model.safetensors; it prints two rows of the model's width and a finite value.
    (The environment holds PATH and HOME alone: no UFORM_* variable, no LD_LIBRARY_PATH.)
 
 Usage: check_packaging.py --source-root DIR --workdir DIR [--mojo PATH]. Exits 77 (skipped, naming what
@@ -23,6 +25,7 @@ to install) where py-rattler-build, py-rattler or the compiler is missing, and f
 """
 import argparse
 import asyncio
+import math
 import os
 import shutil
 import subprocess
@@ -258,6 +261,27 @@ def check_mojo_program(root, work, prefix):
     print(full.stdout + full.stderr)
     check(full.returncode == 0, "mojo/test.mojo passes with UFORM_TEST_CHECKPOINT (the prefix's tiny checkpoint)")
     check("model checks skipped" not in full.stdout, "with UFORM_TEST_CHECKPOINT the model checks run")
+    check_quickstart(root, work, prefix, compiler_env, plain, checkpoint)
+
+
+def check_quickstart(root, work, prefix, compiler_env, plain, checkpoint):
+    """examples/quickstart.mojo, the contract's Quickstart, built with the prefix's compiler and run with nothing
+    in its environment, in a folder that holds its model.safetensors (the prefix's tiny checkpoint)."""
+    folder = work / "quickstart"
+    folder.mkdir()
+    shutil.copyfile(checkpoint, folder / "model.safetensors")
+    program = folder / "quickstart"
+    subprocess.run([str(prefix / "bin" / "mojo"), "build", str(root / "examples" / "quickstart.mojo"), "-o",
+                    str(program)], cwd=folder, env=compiler_env, check=True)
+    run = subprocess.run([str(program)], cwd=folder, env=plain, capture_output=True, text=True)
+    print(run.stdout + run.stderr)
+    check(run.returncode == 0, "the Quickstart runs with no variable set")
+    info = subprocess.run([str(prefix / "bin" / "uform"), "info", "--model", "model.safetensors"], cwd=folder,
+                          env=plain, capture_output=True, text=True, check=True).stdout
+    dims = next(line.split()[-1] for line in info.splitlines() if line.split()[:1] == ["dims"])
+    words = run.stdout.split()
+    check(len(words) == 3 and words[0] == "2" and words[1] == dims and math.isfinite(float(words[2])),
+          f"the Quickstart prints 2 rows of the model's {dims} dims and a finite first value: {run.stdout!r}")
 
 
 def main():
