@@ -116,8 +116,8 @@ static int parse_flags(int argc, char **argv, serve_flags_t *flags) {
          .maximum = 100000,
          .help = "connections one client address may hold at once (default 128); more are\n"
                  "closed as they come. The server holds about 1,000 connections in all (the\n"
-                 "FD_SETSIZE of select, which drives libmicrohttpd); more wait in the kernel's\n"
-                 "listen backlog until one closes"},
+                 "FD_SETSIZE of select, which drives libmicrohttpd: no descriptor past 1023);\n"
+                 "one more is closed as it comes"},
         {"--api-key", FLAG_STRING, &flags->api_key, .value = "KEY",
          .help = "requests must send 'Authorization: Bearer KEY' on every route but /health\n"
                  "(see Keys below; default: UFORM_API_KEY, or no key)"},
@@ -208,7 +208,8 @@ static void watch_sync(serve_t *server) {
     FD_ZERO(&writes);
     FD_ZERO(&errors);
     MHD_socket top = -1;
-    if (MHD_get_fdset2(server->daemon, &reads, &writes, &errors, &top, FD_SETSIZE) != MHD_YES) top = -1;
+    /* MHD_NO still leaves in the sets every descriptor that fits them, and those are served. */
+    (void)MHD_get_fdset2(server->daemon, &reads, &writes, &errors, &top, FD_SETSIZE);
     int last = top > server->watched_top ? top : server->watched_top, held = -1;
     for (int fd = 0; fd <= last; ++fd) {
         uint32_t events = 0;

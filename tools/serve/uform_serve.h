@@ -8,10 +8,10 @@
  * until libmicrohttpd has taken what it holds, a peer's FIN included, so a connection its client closed
  * is closed at once instead of waiting for --timeout (libmicrohttpd's own edge-triggered epoll mode
  * misses a FIN that arrives with a request's last bytes). Select's sets bound the descriptors to
- * FD_SETSIZE (1024): libmicrohttpd holds at most about 1,000 connections at once, the rest wait in the
- * kernel's listen backlog; --ip-connections bounds those of one address. A request for embeddings
- * is parsed when its body is complete, queued, and its connection suspended; the batcher gathers the
- * queued inputs of one modality into one deferred call on the RAM executor (uform_text_encode, or
+ * FD_SETSIZE (1024): libmicrohttpd holds at most about 1,000 connections at once and closes one whose
+ * descriptor would be past them as it comes; --ip-connections bounds those of one address. A request for
+ * embeddings is parsed when its body is complete, queued, and its connection suspended; the batcher gathers
+ * the queued inputs of one modality into one deferred call on the RAM executor (uform_text_encode, or
  * uform_image_encode, uform_audio_encode, uform_video_encode from memory), whose outcome notifies an
  * eventfd polled on the loop; a request is answered, and its connection resumed, once every one of its
  * inputs is encoded.
