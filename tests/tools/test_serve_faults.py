@@ -146,6 +146,39 @@ def half_closed_burst_blocks_server(uform, model, workdir, reference):
     finally:
         server.kill()
 
+    # --ip-connections: a third connection of one address is closed while two are held.
+    server = Server(uform, model, workdir, "ip-connections", "--threads", "1", "--ip-connections", "2")
+    try:
+        held = [socket.create_connection(("127.0.0.1", server.port), timeout=30) for _ in range(2)]
+        def health(sock):
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: test\r\n\r\n")
+            answer = b""
+            while not answer.endswith(b'{"status":"ok"}'):
+                data = sock.recv(1000)
+                assert data, f"a held connection was not answered: {answer!r}"
+                answer += data
+            assert answer.startswith(b"HTTP/1.1 200"), answer
+
+        for sock in held:  # each answered once, so taken by the server, and kept alive
+            health(sock)
+        third = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+        try:
+            third.sendall(b"GET /health HTTP/1.1\r\nHost: test\r\n\r\n")
+            refused = third.recv(100)
+        except (ConnectionResetError, BrokenPipeError):
+            refused = b""
+        third.close()
+        assert refused == b"", f"a third connection was answered: {refused!r}"
+        health(held[0])
+        for sock in held:
+            sock.close()
+        wait_until("a connection after the held ones was refused",
+                   lambda: request(server.port, "GET", "/health")[0] == 200, 10)
+        server.stop()
+        print("--ip-connections 2: a third connection closed, the held ones answered")
+    finally:
+        server.kill()
+
 
 # ---- abandoned_requests_are_computed ------------------------------------------------------------
 
