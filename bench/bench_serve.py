@@ -198,7 +198,7 @@ def main() -> int:
     parser.add_argument("--min-seconds", type=float, default=1.0, help="per direct measurement")
     options = parser.parse_args()
 
-    uform = options.build / "src" / "tools" / "uform"
+    uform = options.build / "tools" / "uform"
     library = options.build / "libuform.so"
     texts = make_texts(512)
     process = None

@@ -11,6 +11,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/epoll.h>
+#include <sys/select.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -32,6 +37,14 @@ static char const help_tail[] =
     "\n"
     "Once it listens it prints one line on standard output:\n"
     "  uform serve: listening on http://HOST:PORT (model NAME)\n"
+    "(https:// with --tls-cert). Listening on an address other than a loopback one without a key, it\n"
+    "says so on standard error.\n"
+    "\n"
+    "Keys: with --api-key, --api-key-file or UFORM_API_KEY (every key any of them gives is taken), a\n"
+    "request to any route but /health must carry 'Authorization: Bearer KEY', as OpenAI's clients send\n"
+    "their api_key; keys are compared in constant time. Without one, or with another, it is answered\n"
+    "401 {\"error\": {\"message\", \"type\": \"invalid_request_error\", \"param\": null, \"code\":\n"
+    "\"invalid_api_key\"}} with 'WWW-Authenticate: Bearer'.\n"
     "\n"
     "Endpoints:\n"
     "  POST /v1/embeddings   OpenAI's request: \"input\" (a string or a list of up to 2048 strings; token\n"
@@ -56,7 +69,9 @@ static char const help_tail[] =
     "  GET /ready            200 while it takes requests, 503 once it shuts down\n"
     "  GET /metrics          Prometheus text: answers by route and status; seconds per stage (queue,\n"
     "                        decode (media batches), compute, encode, serialize, request); requests per\n"
-    "                        batch; batches and inputs by modality; the queue\n"
+    "                        batch; batches and inputs by modality; the queue; requests abandoned\n"
+    "                        (uform_requests_abandoned_total: queued requests whose client closed\n"
+    "                        before their batch, dropped without being encoded)\n"
     "\n"
     "SIGTERM or SIGINT stops it gracefully: no new connections, every request in flight is answered, and\n"
     "it exits 0 (a second signal, or 30 seconds, cuts the rest short and answers what is queued 503).\n"
@@ -97,12 +112,32 @@ static int parse_flags(int argc, char **argv, serve_flags_t *flags) {
                  "16777216)"},
         {"--timeout", FLAG_UNSIGNED, &flags->timeout_s, .value = "SECONDS", .maximum = 86400,
          .help = "idle connections are closed after this (default 60)"},
+        {"--ip-connections", FLAG_UNSIGNED, &flags->ip_connections, .value = "N", .minimum = 1,
+         .maximum = 100000,
+         .help = "connections one client address may hold at once (default 128); more are\n"
+                 "closed as they come. The server holds about 1,000 connections in all (the\n"
+                 "FD_SETSIZE of select, which drives libmicrohttpd: no descriptor past 1023);\n"
+                 "one more is closed as it comes"},
+        {"--api-key", FLAG_STRING, &flags->api_key, .value = "KEY",
+         .help = "requests must send 'Authorization: Bearer KEY' on every route but /health\n"
+                 "(see Keys below; default: UFORM_API_KEY, or no key)"},
+        {"--api-key-file", FLAG_STRING, &flags->api_key_file, .value = "PATH",
+         .help = "keys taken as well, one per line (blank lines and lines starting with #\n"
+                 "are skipped, spaces around a key are not part of it)"},
+        {"--tls-cert", FLAG_STRING, &flags->tls_cert, .value = "PATH",
+         .help = "serves HTTPS (libmicrohttpd's TLS) with this PEM certificate, or chain,\n"
+                 "whose key is --tls-key"},
+        {"--tls-key", FLAG_STRING, &flags->tls_key, .value = "PATH",
+         .help = "the unencrypted PEM private key of --tls-cert"},
         {NULL},
     };
     command_spec_t const spec = {.help = &help, .flags = table};
     int code = command_flags_parse(&spec, argc, argv, &flags->help);
     if (code != COMMAND_OK || flags->help) return code;
     if (flags->batch_bytes == 0) return command_usage(help.name, "--batch-bytes must be at least 1");
+    if (!flags->tls_cert != !flags->tls_key)
+        return command_usage(help.name, "--tls-cert and --tls-key go together");
+    if (flags->api_key && !flags->api_key[0]) return command_usage(help.name, "--api-key must not be empty");
     return COMMAND_OK;
 }
 
@@ -139,8 +174,67 @@ static void serve_post_pump(serve_t *server) {
 
 static void serve_stop(serve_t *server);
 
+/* Sets what the epoll set holds for `fd` (0: nothing). A failure leaves the entry as it was, so that
+ * the next sync tries again; the warning is said once. */
+static void watch_set(serve_t *server, int fd, uint32_t events) {
+    struct epoll_event event = {.events = events, .data.fd = fd};
+    int done;
+    if (!events) {
+        /* A descriptor closed already left the set with it. */
+        (void)epoll_ctl(server->epoll_fd, EPOLL_CTL_DEL, fd, NULL);
+        server->watched[fd] = 0;
+        return;
+    }
+    if (server->watched[fd]) {
+        done = epoll_ctl(server->epoll_fd, EPOLL_CTL_MOD, fd, &event);
+        if (done < 0 && errno == ENOENT) done = epoll_ctl(server->epoll_fd, EPOLL_CTL_ADD, fd, &event);
+    } else {
+        done = epoll_ctl(server->epoll_fd, EPOLL_CTL_ADD, fd, &event);
+        if (done < 0 && errno == EEXIST) done = epoll_ctl(server->epoll_fd, EPOLL_CTL_MOD, fd, &event);
+    }
+    if (done == 0) {
+        server->watched[fd] = events;
+        return;
+    }
+    static bool warned;
+    if (!warned) fprintf(stderr, "uform: cannot watch socket %d: %s\n", fd, strerror(errno));
+    warned = true;
+}
+
+/* Mirrors the descriptors libmicrohttpd wants read or written into the epoll set. */
+static void watch_sync(serve_t *server) {
+    fd_set reads, writes, errors;
+    FD_ZERO(&reads);
+    FD_ZERO(&writes);
+    FD_ZERO(&errors);
+    MHD_socket top = -1;
+    /* MHD_NO still leaves in the sets every descriptor that fits them, and those are served. */
+    (void)MHD_get_fdset2(server->daemon, &reads, &writes, &errors, &top, FD_SETSIZE);
+    int last = top > server->watched_top ? top : server->watched_top, held = -1;
+    for (int fd = 0; fd <= last; ++fd) {
+        uint32_t events = 0;
+        if (fd <= top)
+            events = (FD_ISSET(fd, &reads) ? EPOLLIN : 0u) | (FD_ISSET(fd, &writes) ? EPOLLOUT : 0u);
+        if (events != server->watched[fd]) watch_set(server, fd, events);
+        if (server->watched[fd]) held = fd;
+    }
+    server->watched_top = held;
+}
+
+/* libmicrohttpd closes a connection: its descriptor leaves the set before its number can be reused. */
+static void serve_connection_notify(void *cls, struct MHD_Connection *connection, void **socket_context,
+                                    enum MHD_ConnectionNotificationCode code) {
+    (void)socket_context;
+    serve_t *server = cls;
+    if (code != MHD_CONNECTION_NOTIFY_CLOSED) return;
+    union MHD_ConnectionInfo const *info =
+        MHD_get_connection_info(connection, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (info && info->connect_fd >= 0 && info->connect_fd < FD_SETSIZE && server->watched[info->connect_fd])
+        watch_set(server, info->connect_fd, 0);
+}
+
 /* Lets libmicrohttpd do what it can without blocking, then arranges to be called again when its
- * timeout says: at once (a post to the loop) or by a timer. Its epoll descriptor's poll covers the rest. */
+ * timeout says: at once (a post to the loop) or by a timer. The epoll set's poll covers the rest. */
 static void serve_pump(serve_t *server) {
     if (server->stopping) return;
     MHD_run(server->daemon);
@@ -148,6 +242,7 @@ static void serve_pump(serve_t *server) {
         serve_stop(server);
         return;
     }
+    watch_sync(server);
     MHD_UNSIGNED_LONG_LONG milliseconds = 0;
     if (server->stopping || MHD_get_timeout(server->daemon, &milliseconds) != MHD_YES) return;
     if (milliseconds == 0)
@@ -281,6 +376,45 @@ static enum MHD_Result route_models(serve_t *server, serve_request_t *request, c
     return MHD_YES;
 }
 
+/* Whether `given` is one of the server's keys. Every byte of every key is compared, whatever matched,
+ * so that the time taken tells nothing of how much of a key was right. */
+static bool key_matches(serve_t const *server, char const *given, size_t length) {
+    unsigned matched = 0;
+    for (size_t k = 0; k < server->keys_count; ++k) {
+        unsigned char const *key = (unsigned char const *)server->keys[k];
+        size_t key_length = server->key_lengths[k];
+        unsigned difference = key_length != length;
+        for (size_t i = 0; i < key_length; ++i)
+            difference |= key[i] ^ (i < length ? (unsigned char)given[i] : 0u);
+        matched |= difference == 0;
+    }
+    return matched != 0;
+}
+
+/* Whether the request carries one of the keys as `Authorization: Bearer KEY`; else sets its 401. */
+static bool request_authorized(serve_t *server, serve_request_t *request) {
+    char const *header =
+        MHD_lookup_connection_value(request->connection, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    static char const scheme[] = "Bearer ";
+    bool bearer = header && !strncasecmp(header, scheme, sizeof scheme - 1);
+    if (bearer) {
+        char const *given = header + sizeof scheme - 1;
+        while (*given == ' ')
+            ++given;
+        size_t length = strlen(given);
+        while (length > 0 && given[length - 1] == ' ')
+            --length;
+        if (key_matches(server, given, length)) return true;
+    }
+    api_error(request, MHD_HTTP_UNAUTHORIZED, "invalid_request_error", NULL, "invalid_api_key",
+              bearer ? "Incorrect API key provided: this server takes none of it"
+                     : "You didn't provide an API key: send it as 'Authorization: Bearer KEY' (OpenAI's "
+                       "clients: api_key=KEY)");
+    if (request->response)
+        MHD_add_response_header(request->response, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    return false;
+}
+
 /* One endpoint: its path (with `/NAME` after it too when `named`), the methods it takes, and the
  * handler of a request's first call, given the NAME or NULL. A handler answers at once (request_queue),
  * or leaves an answer for the next call, or returns MHD_YES with none to take a body. */
@@ -329,6 +463,8 @@ static enum MHD_Result route_request(serve_t *server, serve_request_t *request, 
         char const *rest = url + length;
         if (*rest != '\0' && !(endpoint->named && *rest == '/')) continue;
         request->route = endpoint->route;
+        if (endpoint->route != ROUTE_HEALTH && server->keys_count && !request_authorized(server, request))
+            return MHD_YES;
         if (endpoint_takes(endpoint, method))
             return endpoint->handler(server, request, *rest ? rest + 1 : NULL);
         api_error(request, MHD_HTTP_METHOD_NOT_ALLOWED, "invalid_request_error", NULL, "method_not_allowed",
@@ -338,6 +474,7 @@ static enum MHD_Result route_request(serve_t *server, serve_request_t *request, 
         return MHD_YES;
     }
     request->route = ROUTE_OTHER;
+    if (server->keys_count && !request_authorized(server, request)) return MHD_YES;
     api_error(request, MHD_HTTP_NOT_FOUND, "invalid_request_error", NULL, "not_found",
               "no such endpoint: %s %s (see 'uform serve --help')", method, url);
     return MHD_YES;
@@ -409,6 +546,7 @@ static enum MHD_Result serve_access(void *cls, struct MHD_Connection *connection
         server->requests++;
         return route_request(server, request, url, method);
     }
+    if (request->abandoned) return MHD_NO; /* no one to answer: the connection is closed */
     if (request->answered) {
         *upload_data_size = 0;
         return MHD_YES;
@@ -493,7 +631,10 @@ static void serve_drain(serve_t *server, int signal) {
             server->requests);
     /* No new connections; those open finish what they asked. */
     MHD_socket listening = MHD_quiesce_daemon(server->daemon);
-    if (listening != MHD_INVALID_SOCKET) (void)close(listening);
+    if (listening != MHD_INVALID_SOCKET) {
+        if (listening < FD_SETSIZE && server->watched[listening]) watch_set(server, listening, 0);
+        (void)close(listening);
+    }
     serve_timer_want(server, &server->drain_timer,
                      loop_now_ns() + (uint64_t)SERVE_DRAIN_SECONDS * 1000000000u);
     batch_kick(server); /* the queue goes without waiting for its delay */
@@ -527,6 +668,111 @@ static char *default_name(char const *path) {
     return strndup(base, length);
 }
 
+/* Reads the file `path` (named by `flag` in errors) whole, NUL-terminated, into `*text`. */
+static int read_text(char const *flag, char const *path, char **text) {
+    FILE *file = fopen(path, "rb");
+    if (!file) return command_fail("cannot open %s %s: %s", flag, path, strerror(errno));
+    char *data = NULL;
+    size_t length = 0, capacity = 0;
+    int code = COMMAND_OK;
+    for (;;) {
+        if (!command_reserve(&data, &capacity, length + 4097, 4096)) {
+            code = command_fail("cannot read %s %s: out of memory", flag, path);
+            goto done;
+        }
+        size_t got = fread(data + length, 1, 4096, file);
+        length += got;
+        if (got < 4096) break;
+    }
+    if (ferror(file)) {
+        code = command_fail("cannot read %s %s: %s", flag, path, strerror(errno));
+        goto done;
+    }
+    data[length] = '\0';
+    if (strlen(data) != length) {
+        code = command_fail("cannot read %s %s: it holds a NUL byte, not text", flag, path);
+        goto done;
+    }
+    *text = data;
+    data = NULL;
+done:
+    free(data);
+    (void)fclose(file);
+    return code;
+}
+
+/* Takes one key (copied), ignoring spaces around it and a blank or # line. */
+static int keys_add(serve_t *server, char const *key, size_t length) {
+    while (length > 0 && (*key == ' ' || *key == '\t'))
+        ++key, --length;
+    while (length > 0 && (key[length - 1] == ' ' || key[length - 1] == '\t' || key[length - 1] == '\r'))
+        --length;
+    if (length == 0 || key[0] == '#') return COMMAND_OK;
+    char **keys = realloc(server->keys, (server->keys_count + 1) * sizeof *keys);
+    if (keys) server->keys = keys;
+    size_t *lengths = realloc(server->key_lengths, (server->keys_count + 1) * sizeof *lengths);
+    if (lengths) server->key_lengths = lengths;
+    char *copy = keys && lengths ? strndup(key, length) : NULL;
+    if (!copy) return command_fail("out of memory for the API keys");
+    server->keys[server->keys_count] = copy;
+    server->key_lengths[server->keys_count++] = length;
+    return COMMAND_OK;
+}
+
+/* The keys of --api-key, --api-key-file and UFORM_API_KEY. */
+static int keys_load(serve_t *server) {
+    char const *variable = getenv("UFORM_API_KEY");
+    int code = COMMAND_OK;
+    if (server->flags.api_key) code = keys_add(server, server->flags.api_key, strlen(server->flags.api_key));
+    if (code == COMMAND_OK && variable && variable[0]) code = keys_add(server, variable, strlen(variable));
+    if (code != COMMAND_OK || !server->flags.api_key_file) return code;
+    char *text = NULL;
+    if ((code = read_text("--api-key-file", server->flags.api_key_file, &text)) != COMMAND_OK) return code;
+    size_t before = server->keys_count;
+    for (char const *line = text; code == COMMAND_OK && *line;) {
+        char const *end = strchr(line, '\n');
+        size_t length = end ? (size_t)(end - line) : strlen(line);
+        code = keys_add(server, line, length);
+        line += length + (end != NULL);
+    }
+    free(text);
+    if (code == COMMAND_OK && server->keys_count == before)
+        code = command_fail("--api-key-file %s holds no key", server->flags.api_key_file);
+    return code;
+}
+
+static void keys_free(serve_t *server) {
+    for (size_t k = 0; k < server->keys_count; ++k) {
+        /* The key's bytes do not outlive the server in freed memory. */
+        memset(server->keys[k], 0, server->key_lengths[k]);
+        free(server->keys[k]);
+    }
+    free(server->keys);
+    free(server->key_lengths);
+}
+
+/* The PEM files of --tls-cert and --tls-key, where this libmicrohttpd has TLS. */
+static int tls_load(serve_t *server) {
+    if (!server->flags.tls_cert) return COMMAND_OK;
+    if (MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES)
+        return command_fail("--tls-cert: this libmicrohttpd was built without TLS (GnuTLS)");
+    int code = read_text("--tls-cert", server->flags.tls_cert, &server->tls_cert);
+    if (code == COMMAND_OK) code = read_text("--tls-key", server->flags.tls_key, &server->tls_key);
+    return code;
+}
+
+/* Whether the address is a loopback one (127.0.0.0/8, ::1), which only this machine reaches. */
+static bool address_loopback(struct sockaddr const *address) {
+    if (address->sa_family == AF_INET)
+        return (ntohl(((struct sockaddr_in const *)(void const *)address)->sin_addr.s_addr) >> 24) == 127;
+    if (address->sa_family == AF_INET6) {
+        struct in6_addr const *six = &((struct sockaddr_in6 const *)(void const *)address)->sin6_addr;
+        if (IN6_IS_ADDR_V4MAPPED(six)) return six->s6_addr[12] == 127;
+        return IN6_IS_ADDR_LOOPBACK(six);
+    }
+    return false;
+}
+
 static int serve_listen(serve_t *server, struct addrinfo **address) {
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE};
     char port[16];
@@ -534,25 +780,48 @@ static int serve_listen(serve_t *server, struct addrinfo **address) {
     int found = getaddrinfo(server->flags.host, port, &hints, address);
     if (found != 0)
         return command_fail("cannot resolve --host %s: %s", server->flags.host, gai_strerror(found));
-    unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+    server->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+    if (server->epoll_fd < 0) return command_fail("cannot create an epoll descriptor: %s", strerror(errno));
+    server->watched = calloc(FD_SETSIZE, sizeof *server->watched);
+    if (!server->watched) return command_fail("out of memory for the server's sockets");
+    server->watched_top = -1;
+    /* No polling flag: external select mode, whose descriptors watch_sync mirrors. */
+    unsigned flags = MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
     if ((*address)->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
+    if (server->tls_cert) flags |= MHD_USE_TLS;
+    struct MHD_OptionItem tls[] = {
+        {server->tls_cert ? MHD_OPTION_HTTPS_MEM_CERT : MHD_OPTION_END, 0, server->tls_cert},
+        {MHD_OPTION_HTTPS_MEM_KEY, 0, server->tls_key},
+        {MHD_OPTION_END, 0, NULL},
+    };
+    errno = 0;
     server->daemon = MHD_start_daemon(
         flags, (uint16_t)server->flags.port, NULL, NULL, serve_access, server, MHD_OPTION_EXTERNAL_LOGGER,
-        serve_log, server, MHD_OPTION_NOTIFY_COMPLETED, serve_completed, server,
-        MHD_OPTION_CONNECTION_TIMEOUT, server->flags.timeout_s, MHD_OPTION_SOCK_ADDR, (*address)->ai_addr,
-        MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u, MHD_OPTION_END);
+        serve_log, server, MHD_OPTION_NOTIFY_COMPLETED, serve_completed, server, MHD_OPTION_NOTIFY_CONNECTION,
+        serve_connection_notify, server, MHD_OPTION_CONNECTION_TIMEOUT, server->flags.timeout_s,
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, server->flags.ip_connections, MHD_OPTION_SOCK_ADDR,
+        (*address)->ai_addr, MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u, MHD_OPTION_ARRAY, tls, MHD_OPTION_END);
+    if (!server->daemon && server->tls_cert)
+        return command_fail(
+            "cannot listen on %s port %u with --tls-cert %s and --tls-key %s: %s (each must be "
+            "PEM, the key unencrypted and the certificate's)",
+            server->flags.host, server->flags.port, server->flags.tls_cert, server->flags.tls_key,
+            errno ? strerror(errno) : "libmicrohttpd refused them");
     if (!server->daemon)
         return command_fail("cannot listen on %s port %u: %s", server->flags.host, server->flags.port,
                             errno ? strerror(errno) : "libmicrohttpd refused");
-    union MHD_DaemonInfo const *epoll = MHD_get_daemon_info(server->daemon, MHD_DAEMON_INFO_EPOLL_FD);
     union MHD_DaemonInfo const *bound = MHD_get_daemon_info(server->daemon, MHD_DAEMON_INFO_BIND_PORT);
-    if (!epoll || !bound) return command_fail("libmicrohttpd gives no epoll descriptor or port");
-    server->epoll_fd = epoll->epoll_fd;
+    if (!bound) return command_fail("libmicrohttpd gives no port");
     server->flags.port = bound->port;
     bool six = (*address)->ai_family == AF_INET6;
-    printf("uform serve: listening on http://%s%s%s:%u (model %s)\n", six ? "[" : "", server->flags.host,
-           six ? "]" : "", server->flags.port, server->name);
+    printf("uform serve: listening on %s://%s%s%s:%u (model %s)\n", server->tls_cert ? "https" : "http",
+           six ? "[" : "", server->flags.host, six ? "]" : "", server->flags.port, server->name);
     fflush(stdout);
+    if (!server->keys_count && !address_loopback((*address)->ai_addr))
+        fprintf(stderr,
+                "uform serve: listening on %s without an API key: anyone who reaches the port may use it "
+                "(--api-key)\n",
+                server->flags.host);
     return COMMAND_OK;
 }
 
@@ -563,6 +832,7 @@ static int serve_run(serve_t *server, sigset_t const *signals) {
     int code = command_model_path(server->flags.model, buffer, sizeof buffer, &path);
     if (code != COMMAND_OK) return code;
 
+    if ((code = keys_load(server)) != COMMAND_OK || (code = tls_load(server)) != COMMAND_OK) return code;
     server->signal_fd = signalfd(-1, signals, SFD_NONBLOCK | SFD_CLOEXEC);
     if (server->signal_fd < 0) return command_fail("cannot create a signalfd: %s", strerror(errno));
     uform_ram_options_t options = uform_ram_options_default();
@@ -612,7 +882,8 @@ int command_serve(int argc, char **argv) {
                   .batch_bytes = 262144,
                   .queue = 1024,
                   .body_limit = 16u << 20,
-                  .timeout_s = 60},
+                  .timeout_s = 60,
+                  .ip_connections = 128},
         .epoll_fd = -1,
         .encoded_fd = -1,
         .signal_fd = -1,
@@ -642,6 +913,11 @@ int command_serve(int argc, char **argv) {
     batch_close(&server);
     loop_destroy(server.loop);
     if (server.signal_fd >= 0) (void)close(server.signal_fd);
+    if (server.epoll_fd >= 0) (void)close(server.epoll_fd);
+    free(server.watched);
+    keys_free(&server);
+    free(server.tls_cert);
+    free(server.tls_key);
     uform_model_free(server.model);
     uform_executor_free(server.executor);
     free(server.name);

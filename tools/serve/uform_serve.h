@@ -1,10 +1,17 @@
 /* uform serve: what its files share.
  *
  * One thread runs all of it: the loop (loop/loop.h), libmicrohttpd's callbacks, the batcher and the
- * serializer. libmicrohttpd runs without threads of its own: its one epoll descriptor is polled on the
- * loop and MHD_run is called when it is readable or when its timeout is due. A request for embeddings
- * is parsed when its body is complete, queued, and its connection suspended; the batcher gathers the
- * queued inputs of one modality into one deferred call on the RAM executor (uform_text_encode, or
+ * serializer. libmicrohttpd runs without threads of its own, in its external select mode: after each
+ * MHD_run the descriptors it wants read or written (MHD_get_fdset2) are mirrored into the server's own
+ * level-triggered epoll set, whose descriptor is polled on the loop, and MHD_run is called again when it
+ * is readable or when libmicrohttpd's timeout is due. Level-triggered, every readable socket is read
+ * until libmicrohttpd has taken what it holds, a peer's FIN included, so a connection its client closed
+ * is closed at once instead of waiting for --timeout (libmicrohttpd's own edge-triggered epoll mode
+ * misses a FIN that arrives with a request's last bytes). Select's sets bound the descriptors to
+ * FD_SETSIZE (1024): libmicrohttpd holds at most about 1,000 connections at once and closes one whose
+ * descriptor would be past them as it comes; --ip-connections bounds those of one address. A request for
+ * embeddings is parsed when its body is complete, queued, and its connection suspended; the batcher gathers
+ * the queued inputs of one modality into one deferred call on the RAM executor (uform_text_encode, or
  * uform_image_encode, uform_audio_encode, uform_video_encode from memory), whose outcome notifies an
  * eventfd polled on the loop; a request is answered, and its connection resumed, once every one of its
  * inputs is encoded.
@@ -90,6 +97,7 @@ typedef struct serve_metrics {
     serve_histogram_t stages[STAGE_COUNT];
     serve_histogram_t batch_requests; /* requests per batch, buckets by count */
     uint64_t batches, items, bytes, tokens, truncated, rejected_full;
+    uint64_t abandoned; /* queued requests whose client closed before their batch: dropped */
     uint64_t modality_batches[SERVE_MODALITIES], modality_items[SERVE_MODALITIES];
 } serve_metrics_t;
 
@@ -110,6 +118,9 @@ typedef struct serve_flags {
     size_t queue;
     size_t body_limit;
     unsigned timeout_s;
+    unsigned ip_connections;
+    char const *api_key, *api_key_file;
+    char const *tls_cert, *tls_key;
     bool help;
 } serve_flags_t;
 
@@ -164,7 +175,8 @@ struct serve_request {
     bool failed;
     bool settled; /* answered by the batcher: its connection resumed */
     bool suspended;
-    bool answered; /* its answer is queued: later calls only drain what the client still sends */
+    bool answered;  /* its answer is queued: later calls only drain what the client still sends */
+    bool abandoned; /* its client closed while it was queued: its connection is dropped unanswered */
     /* The answer, queued on the connection when the access handler next runs. */
     unsigned status;
     struct MHD_Response *response;
@@ -215,8 +227,19 @@ struct serve {
     serve_batch_t *encoding; /* the batch the executor runs; NULL when idle */
     size_t next_batch;       /* which of `batches` the next call uses */
 
-    /* What the loop watches. */
+    /* The keys a request must carry as `Authorization: Bearer KEY` on every route but /health; none
+     * when `keys_count` is 0. */
+    char **keys;
+    size_t *key_lengths;
+    size_t keys_count;
+    /* The PEM certificate and key, read whole, for libmicrohttpd's TLS. */
+    char *tls_cert, *tls_key;
+
+    /* What the loop watches. `epoll_fd` mirrors libmicrohttpd's sockets: `watched[fd]` is what the set
+     * holds for each descriptor below FD_SETSIZE (EPOLLIN, EPOLLOUT), `watched_top` the highest held. */
     int epoll_fd, encoded_fd, signal_fd;
+    uint32_t *watched;
+    int watched_top;
     loop_op_t http_watch, encoded_watch, signal_watch, pump;
     bool http_armed, encoded_armed, signal_armed, pump_posted;
     serve_timer_t http_timer, batch_timer, drain_timer;

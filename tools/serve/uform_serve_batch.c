@@ -8,13 +8,18 @@
  *
  * An input's vector does not depend on the other inputs of its call (the engine guarantees it), so
  * batching changes when an answer comes, never what it says. An input the engine cannot encode (a
- * corrupt image) fails its own request, whose other parts are then dropped, and no other. */
+ * corrupt image) fails its own request, whose other parts are then dropped, and no other.
+ *
+ * A queued request's connection is suspended, so libmicrohttpd reads nothing of it; before a part goes
+ * into a batch, its socket is peeked, and a request whose client has closed (a FIN or a reset waiting)
+ * is dropped unencoded and counted in uform_requests_abandoned_total. */
 #include <errno.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "uform_serve.h"
@@ -154,6 +159,17 @@ void batch_refuse_queued(serve_t *server, unsigned status, char const *message) 
 
 /* ---- batches ----------------------------------------------------------------------------------- */
 
+/* Whether the client of a queued request has closed its connection: a FIN waiting (recv answers 0) or
+ * a reset. What the client sent after its request stays unread. */
+static bool request_abandoned(serve_request_t const *request) {
+    union MHD_ConnectionInfo const *info =
+        MHD_get_connection_info(request->connection, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!info) return false;
+    char byte;
+    ssize_t got = recv(info->connect_fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    return got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
 /* Room for `bytes` more bytes and `items` more offsets. */
 static bool batch_reserve(serve_batch_t *batch, size_t bytes, size_t items) {
     if (!command_reserve(&batch->bytes, &batch->bytes_capacity, batch->length + bytes, 65536)) return false;
@@ -236,6 +252,14 @@ static void batch_submit(serve_t *server) {
         }
         if (batch->parts_count && bytes + part->budget > budget) break;
         queue_unlink(server, link, previous);
+        if (request_abandoned(request)) {
+            /* Its other parts are dropped below, as a failed request's are. */
+            request->parts_pending--;
+            request->abandoned = request->failed = true;
+            server->metrics.abandoned++;
+            request_settle(server, request);
+            continue;
+        }
         if (request->parts_queued == 0)
             metrics_observe(&server->metrics, STAGE_QUEUE, now - request->queued_ns);
         if (!batch_reserve(batch, part->taped, part->count)) {

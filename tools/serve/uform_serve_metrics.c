@@ -154,6 +154,10 @@ void metrics_render(serve_t const *server, serve_text_t *text) {
                    metrics->truncated);
     render_counter(text, "uform_queue_full_total", "Requests answered 429 because the queue was full.",
                    metrics->rejected_full);
+    render_counter(text, "uform_requests_abandoned_total",
+                   "Queued requests whose client closed its connection before their batch: dropped "
+                   "without being encoded.",
+                   metrics->abandoned);
     render_gauge(text, "uform_queue_requests", "Requests waiting for the executor.", server->queued);
     render_gauge(text, "uform_queue_bytes",
                  "Input bytes waiting for the executor, as --batch-bytes counts them.", server->queued_bytes);
