@@ -177,8 +177,8 @@ UFORM_EXPORT uform_error_t uform_outcome_error(uform_outcome_t const *outcome);
  *
  * `ring_fd`: a completion {user_data, res = final status} is posted into that io_uring with
  * IORING_OP_MSG_RING; -1 turns it off. Answers UFORM_OK, UFORM_INVALID_ARGUMENT, or UFORM_UNSUPPORTED
- * when io_uring is not available in this process (always outside Linux). A failed post (a ring closed meanwhile) does not
- * change the outcome's status. */
+ * when io_uring is not available in this process (always outside Linux). A failed post (a ring closed
+ * meanwhile) does not change the outcome's status. */
 UFORM_EXPORT uform_status_t uform_outcome_notify_eventfd(uform_outcome_t *outcome, int eventfd);
 UFORM_EXPORT uform_status_t uform_outcome_notify_ring(uform_outcome_t *outcome, int ring_fd,
                                                       uint64_t user_data);
@@ -220,7 +220,7 @@ typedef enum uform_executor_kind {
 } uform_executor_kind_t;
 
 typedef enum uform_mood {
-    UFORM_SLEEPING = 0, /* idle workers sleep (futex or ring wait): no CPU, wake-up latency */
+    UFORM_SLEEPING = 0, /* idle workers sleep (a futex or its stand-in): no CPU, wake-up latency */
     UFORM_SPINNING = 1, /* idle workers poll: until the next call after a drain, `spin_ns` after a call */
 } uform_mood_t;
 
