@@ -37,12 +37,17 @@ static inline int bench_compare_u64(void const *a, void const *b) {
     return x < y ? -1 : x > y;
 }
 
-/* Keeps the calling thread on `cpu`; a CPU it cannot have leaves it where it is. */
+/* Keeps the calling thread on `cpu`; a CPU it cannot have leaves it where it is, and so does a system
+ * without thread affinity (the POSIX-only build, macOS). */
 static inline void bench_pin_to_cpu(int cpu) {
+#if UFORM_LINUX
     cpu_set_t set;
     CPU_ZERO(&set);
     CPU_SET(cpu, &set);
     pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+#else
+    (void)cpu;
+#endif
 }
 
 /* Uniform in [-1, 1), from a 32-bit linear congruential state. */

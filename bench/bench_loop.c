@@ -1,24 +1,33 @@
 /* The loop's costs, side by side with what they compete with:
  *   - a plain (indirect) function call;
  *   - the machine's own futex ping-pong between two threads on different CPUs (the floor for any
- *     hand-off that sleeps);
+ *     hand-off that sleeps), beside the same ping-pong on the wait table of futex.h (what the
+ *     POSIX-only build and systems without a futex sleep on);
+ *   - the round trip of a doorbell rung back and forth between two threads that sleep in poll(2):
+ *     the eventfd doorbell (Linux) beside the pipe one (every platform);
  *   - the round trip of an empty deferred call (submit, then wait) on the inline executor, on a RAM
  *     executor whose loop thread spins, and on one whose loop thread sleeps;
  *   - completions per second posted into one loop by two worker threads.
  * Medians of several rounds, in nanoseconds. It prints figures; it never fails on time.
  * Usage: bench_loop [seconds per figure, default 1] */
+#include <errno.h>
 #include <inttypes.h>
-#include <linux/futex.h>
+#include <poll.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
 #include <unistd.h>
+
+#if UFORM_LINUX
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#endif
 
 #include "bench_common.h"
 #include "common.h"
+#include "doorbell.h"
 #include "futex.h"
 #include "loop.h"
 
@@ -77,17 +86,29 @@ static void plain_round(void *context, size_t iterations) {
     *(uint64_t volatile *)context = value;
 }
 
-/* ---- Futex ping-pong ----------------------------------------------------------------------------- */
+/* ---- Wait ping-pong: the futex and the wait table ------------------------------------------------ */
 
 typedef struct ping_pong {
     _Atomic uint32_t word; /* even: the pinger's turn; odd: the ponger's */
     size_t iterations;
     _Atomic bool stop;
+    void (*wait)(_Atomic uint32_t *word, uint32_t value); /* blocks while *word == value */
+    void (*wake)(_Atomic uint32_t *word);
 } ping_pong_t;
 
-static void futex_wait_value(_Atomic uint32_t *word, uint32_t value) {
-    while (atomic_load_explicit(word, memory_order_acquire) == value)
-        syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT_PRIVATE, value, NULL, NULL, 0);
+#if UFORM_LINUX
+static void futex_raw_wait(_Atomic uint32_t *word, uint32_t value) {
+    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT_PRIVATE, value, NULL, NULL, 0);
+}
+
+static void futex_raw_wake(_Atomic uint32_t *word) {
+    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+}
+#endif
+
+static void ping_wait_value(ping_pong_t *game, uint32_t value) {
+    while (atomic_load_explicit(&game->word, memory_order_acquire) == value)
+        game->wait(&game->word, value);
 }
 
 static void *ponger_main(void *argument) {
@@ -95,10 +116,10 @@ static void *ponger_main(void *argument) {
     bench_pin_to_cpu(0);
     uint32_t expected = 1;
     for (;;) {
-        futex_wait_value(&game->word, expected - 1);
+        ping_wait_value(game, expected - 1);
         if (atomic_load(&game->stop)) break;
         atomic_store_explicit(&game->word, expected + 1, memory_order_release);
-        syscall(SYS_futex, (uint32_t *)&game->word, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+        game->wake(&game->word);
         expected += 2;
     }
     return NULL;
@@ -109,21 +130,75 @@ static void ping_round(void *context, size_t iterations) {
     for (size_t i = 0; i < iterations; ++i) {
         uint32_t value = atomic_load_explicit(&game->word, memory_order_acquire);
         atomic_store_explicit(&game->word, value + 1, memory_order_release);
-        syscall(SYS_futex, (uint32_t *)&game->word, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
-        futex_wait_value(&game->word, value + 1);
+        game->wake(&game->word);
+        ping_wait_value(game, value + 1);
     }
 }
 
-static double futex_ping_pong(void) {
-    ping_pong_t game = {.word = 0};
+static double wait_ping_pong(void (*wait)(_Atomic uint32_t *, uint32_t), void (*wake)(_Atomic uint32_t *)) {
+    ping_pong_t game = {.word = 0, .wait = wait, .wake = wake};
     pthread_t ponger;
     if (pthread_create(&ponger, NULL, ponger_main, &game) != 0) return 0;
     double result = measure(ping_round, &game);
     atomic_store(&game.stop, true);
     uint32_t value = atomic_load(&game.word);
     atomic_store(&game.word, value + 1);
-    syscall(SYS_futex, (uint32_t *)&game.word, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+    wake(&game.word);
     pthread_join(ponger, NULL);
+    return result;
+}
+
+/* ---- Doorbell round trips: eventfd and pipe ------------------------------------------------------ */
+
+typedef struct bell_pair {
+    loop_doorbell_t there; /* rung by the pinger, slept on by the ponger */
+    loop_doorbell_t back;  /* the other way */
+    _Atomic bool stop;
+} bell_pair_t;
+
+static void bell_sleep(loop_doorbell_t const *bell) {
+    struct pollfd poller = {.fd = bell->read_fd, .events = POLLIN};
+    int ready;
+    do
+        ready = poll(&poller, 1, -1);
+    while (ready < 0 && errno == EINTR);
+    (void)loop_doorbell_drain(bell);
+}
+
+static void *bell_ponger_main(void *argument) {
+    bell_pair_t *pair = argument;
+    bench_pin_to_cpu(0);
+    for (;;) {
+        bell_sleep(&pair->there);
+        if (atomic_load(&pair->stop)) break;
+        loop_doorbell_ring(&pair->back);
+    }
+    return NULL;
+}
+
+static void bell_round(void *context, size_t iterations) {
+    bell_pair_t *pair = context;
+    for (size_t i = 0; i < iterations; ++i) {
+        loop_doorbell_ring(&pair->there);
+        bell_sleep(&pair->back);
+    }
+}
+
+/* Nanoseconds per round trip over doorbells that `open` makes; 0 when they cannot be made. */
+static double doorbell_round_trip(int (*open)(loop_doorbell_t *bell)) {
+    bell_pair_t pair = {.stop = false};
+    double result = 0;
+    if (open(&pair.there) != 0) return 0;
+    if (open(&pair.back) != 0) goto done;
+    pthread_t ponger;
+    if (pthread_create(&ponger, NULL, bell_ponger_main, &pair) != 0) goto done;
+    result = measure(bell_round, &pair);
+    atomic_store(&pair.stop, true);
+    loop_doorbell_ring(&pair.there);
+    pthread_join(ponger, NULL);
+done:
+    loop_doorbell_close(&pair.there);
+    loop_doorbell_close(&pair.back);
     return result;
 }
 
@@ -222,7 +297,14 @@ int main(int argc, char **argv) {
 
     uint64_t sink = 0;
     double plain = measure(plain_round, &sink);
-    double ping = futex_ping_pong();
+#if UFORM_LINUX
+    double futex_ping = wait_ping_pong(futex_raw_wait, futex_raw_wake);
+#endif
+    double table_ping = wait_ping_pong(futex_table_wait, futex_table_wake_all);
+#if UFORM_LINUX
+    double eventfd_bell = doorbell_round_trip(loop_doorbell_open);
+#endif
+    double pipe_bell = doorbell_round_trip(loop_doorbell_open_pipe);
 
     uform_executor_t *inline_executor = NULL, *ram = NULL;
     uform_ram_options_t options = uform_ram_options_default();
@@ -245,9 +327,23 @@ int main(int argc, char **argv) {
     printf("%-52s %12.1f %10.1f\n", "empty deferred call, inline executor", on_inline, on_inline / plain);
     printf("%-52s %12.1f %10.1f  (goal < 2000)\n", "empty deferred call, RAM executor, spinning", on_spinning,
            on_spinning / plain);
-    printf("%-52s %12.1f %10s\n", "futex ping-pong round trip across CPUs", ping, "");
+#if UFORM_LINUX
+    printf("%-52s %12.1f %10s\n", "futex ping-pong round trip across CPUs", futex_ping, "");
+    printf("%-52s %12.1f %10.2f  (x futex ping-pong)\n", "wait table ping-pong round trip across CPUs",
+           table_ping, table_ping / futex_ping);
+    printf("%-52s %12.1f %10.2f  (x futex ping-pong)\n", "eventfd doorbell round trip across CPUs",
+           eventfd_bell, eventfd_bell / futex_ping);
+    printf("%-52s %12.1f %10.2f  (x futex ping-pong)\n", "pipe doorbell round trip across CPUs", pipe_bell,
+           pipe_bell / futex_ping);
     printf("%-52s %12.1f %10.2f  (x futex ping-pong)\n", "empty deferred call, RAM executor, sleeping",
-           on_sleeping, on_sleeping / ping);
+           on_sleeping, on_sleeping / futex_ping);
+#else
+    printf("%-52s %12.1f %10s\n", "wait table ping-pong round trip across CPUs", table_ping, "");
+    printf("%-52s %12.1f %10.2f  (x wait table ping-pong)\n", "pipe doorbell round trip across CPUs",
+           pipe_bell, pipe_bell / table_ping);
+    printf("%-52s %12.1f %10.2f  (x wait table ping-pong)\n", "empty deferred call, RAM executor, sleeping",
+           on_sleeping, on_sleeping / table_ping);
+#endif
     printf("\n%-52s %12s\n", "completions posted by two worker threads", "per second");
     printf("%-52s %12.3g\n", "  io_uring loop",
            loop_uring_available() ? posts_per_second(LOOP_BACKEND_URING) : 0.0);

@@ -152,7 +152,8 @@ UFORM_EXPORT void uform_outcome_destroy(uform_outcome_t *outcome);
 /* The status word, read without blocking: UFORM_PENDING, or the final status. Never blocks. */
 UFORM_EXPORT uform_status_t uform_outcome_status(uform_outcome_t const *outcome);
 
-/* Blocks until the call is final (briefly spinning, then a futex) and answers its final status; a
+/* Blocks until the call is final (briefly spinning, then a futex on Linux, os_sync_wait_on_address on
+ * macOS 14.4 and later, a condition variable elsewhere) and answers its final status; a
  * failure is also recorded as the calling thread's last error. May be asked any number of times from
  * any number of threads. Answers at once for a final outcome; UFORM_INVALID_ARGUMENT for a NULL or
  * uninitialized one. */
@@ -166,13 +167,18 @@ UFORM_EXPORT uform_error_t uform_outcome_error(uform_outcome_t const *outcome);
  * later calls on the same outcome. The status word is final before the notification is sent, so the
  * notified loop can read it at once.
  *
- * `eventfd`: the engine writes 1 to it (an eventfd(2) counter, for epoll or kqueue servers); -1 turns
- * it off. Answers UFORM_OK, or UFORM_INVALID_ARGUMENT for a NULL outcome.
+ * `eventfd`: a descriptor that becomes readable, for a poll(2), epoll or kqueue loop to watch: the
+ * engine writes the 8 bytes of a uint64_t 1 to it each time the outcome turns final; -1 turns it off.
+ * On Linux, an eventfd(2): its counter grows by 1, and one 8-byte read resets it. On macOS and other
+ * systems without eventfd, the write end of a pipe(2) whose read end the loop watches: each
+ * notification is 8 bytes to read away. Make a pipe's write end non-blocking (O_NONBLOCK): a full
+ * pipe is readable already, and the engine then drops the notification instead of waiting.
+ * Answers UFORM_OK, or UFORM_INVALID_ARGUMENT for a NULL outcome.
  *
  * `ring_fd`: a completion {user_data, res = final status} is posted into that io_uring with
  * IORING_OP_MSG_RING; -1 turns it off. Answers UFORM_OK, UFORM_INVALID_ARGUMENT, or UFORM_UNSUPPORTED
- * when io_uring is not available in this process. A failed post (a ring closed meanwhile) does not
- * change the outcome's status. */
+ * when io_uring is not available in this process (always outside Linux). A failed post (a ring closed
+ * meanwhile) does not change the outcome's status. */
 UFORM_EXPORT uform_status_t uform_outcome_notify_eventfd(uform_outcome_t *outcome, int eventfd);
 UFORM_EXPORT uform_status_t uform_outcome_notify_ring(uform_outcome_t *outcome, int ring_fd,
                                                       uint64_t user_data);
@@ -214,7 +220,7 @@ typedef enum uform_executor_kind {
 } uform_executor_kind_t;
 
 typedef enum uform_mood {
-    UFORM_SLEEPING = 0, /* idle workers sleep (futex or ring wait): no CPU, wake-up latency */
+    UFORM_SLEEPING = 0, /* idle workers sleep (a futex or its stand-in): no CPU, wake-up latency */
     UFORM_SPINNING = 1, /* idle workers poll: until the next call after a drain, `spin_ns` after a call */
 } uform_mood_t;
 

@@ -1,5 +1,5 @@
 /* The parts of the event loop both backends share: backend choice, creation, the posted-operation
- * stack and its eventfd doorbell, the ready list, and loop_run itself. */
+ * stack and its doorbell, the ready list, and loop_run itself. */
 #include "loop_internal.h"
 
 #include <errno.h>
@@ -7,9 +7,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
 #include <time.h>
-#include <unistd.h>
 
 /* ---- Backend choice -------------------------------------------------------------------------- */
 
@@ -110,13 +108,8 @@ int loop_create(loop_options_t const *options, loop_t **out) {
     atomic_init(&loop->woken, false);
     loop->backend = backend;
 
-    /* Blocking on purpose: io_uring would answer -EAGAIN to a read of a non-blocking eventfd instead
-     * of waiting for it, and the portable backend reads it only after poll said it is readable. */
-    loop->doorbell_fd = eventfd(0, EFD_CLOEXEC);
-    if (loop->doorbell_fd < 0) {
-        ret = -errno;
-        goto fail;
-    }
+    ret = loop_doorbell_open(&loop->doorbell);
+    if (ret < 0) goto fail;
 
 #if UFORM_WITH_URING
     if (backend == LOOP_BACKEND_URING) {
@@ -136,7 +129,7 @@ int loop_create(loop_options_t const *options, loop_t **out) {
     return 0;
 
 fail:
-    if (loop->doorbell_fd >= 0) (void)close(loop->doorbell_fd);
+    loop_doorbell_close(&loop->doorbell);
     free(loop);
     return ret;
 }
@@ -144,8 +137,7 @@ fail:
 void loop_destroy(loop_t *loop) {
     if (!loop) return;
     if (loop_hooks_of(loop)->destroy) loop_hooks_of(loop)->destroy(loop);
-    /* Nothing can be done about a failed close here: the descriptor is released either way. */
-    (void)close(loop->doorbell_fd);
+    loop_doorbell_close(&loop->doorbell);
     free(loop->poll_fds);
     free(loop);
 }
@@ -173,7 +165,7 @@ void loop_open(loop_t *loop, loop_op_t *op, char const *path, int flags) {
     loop_submit(loop, op);
 }
 
-void loop_statx(loop_t *loop, loop_op_t *op, int fd, struct statx *out) {
+void loop_statx(loop_t *loop, loop_op_t *op, int fd, loop_stat_t *out) {
     op->kind = LOOP_OP_STATX;
     op->fd = fd;
     op->statx = out;
@@ -221,7 +213,7 @@ size_t loop_in_flight(loop_t const *loop) {
  * poster publishes (its post or the woken flag) and then reads `sleeping`; the loop sets `sleeping`
  * and then re-reads what posters publish. All four accesses are seq_cst, so at least one side sees
  * the other: either the loop does not sleep, or the poster rings. Only the poster that clears the
- * flag writes, so a sleep costs one eventfd write however many posts arrive. */
+ * flag writes, so a sleep costs one doorbell write however many posts arrive. */
 static void loop_ring_doorbell(loop_t *loop) {
     /* A full fence between the poster's publication and its read of `sleeping`, beside the seq_cst
      * accesses: C11 already orders a seq_cst store before a later seq_cst load, but qemu-user's
@@ -230,13 +222,7 @@ static void loop_ring_doorbell(loop_t *loop) {
      * faithfully. Posts are per call, so the fence costs nothing measurable. */
     atomic_thread_fence(memory_order_seq_cst);
     if (!atomic_load(&loop->sleeping) || !atomic_exchange(&loop->sleeping, false)) return;
-    uint64_t one = 1;
-    for (;;) {
-        ssize_t written = write(loop->doorbell_fd, &one, sizeof one);
-        /* EINTR: try again. Any other failure (EAGAIN at a counter near 2^64, EBADF after destroy) has
-         * no one to report to; a counter that large already keeps the doorbell readable. */
-        if (written >= 0 || errno != EINTR) return;
-    }
+    loop_doorbell_ring(&loop->doorbell);
 }
 
 void loop_post(loop_t *loop, loop_op_t *op) {

@@ -7,12 +7,14 @@
  *
  * Backends:
  * - io_uring (liburing): opens, statx, reads, timers and polls are ring operations; posts from other
- *   threads go to an intrusive lock-free stack whose doorbell is an eventfd read kept armed in the ring,
+ *   threads go to an intrusive lock-free stack whose doorbell (loop/doorbell.h) is an eventfd read kept
+ *   armed in the ring,
  *   and the doorbell is rung only when the loop has announced that it is about to sleep.
  * - portable: the same operations are done with plain syscalls when submitted, and their completions
  *   are delivered by the next `loop_run`, never from inside the submitting call; the loop sleeps in
- *   poll(2) on the doorbell eventfd and the descriptors of pending polls, with the nearest timer as
- *   its timeout.
+ *   poll(2) (ppoll on Linux) on the doorbell (an eventfd on Linux, a pipe elsewhere) and the
+ *   descriptors of pending polls, with the nearest timer as its timeout. Without Linux (the POSIX-only
+ *   build, macOS) it is the only backend, and a statx is an fstat(2).
  * `LOOP_BACKEND_AUTO` reads UFORM_LOOP ("uring" or "portable"), then probes io_uring once per process
  * (setup, a NOP, the opcodes needed) and falls back to the portable backend on any failure.
  *
@@ -24,6 +26,17 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/stat.h>
+
+/* What a statx operation fills: Linux's struct statx, or where there is none (the POSIX-only build,
+ * macOS) the fields the engine reads, from fstat(2). */
+#if UFORM_LINUX
+typedef struct statx loop_stat_t;
+#else
+typedef struct loop_stat {
+    uint32_t stx_mode;
+    uint64_t stx_size;
+} loop_stat_t;
+#endif
 
 typedef enum loop_backend {
     LOOP_BACKEND_AUTO = 0,
@@ -59,7 +72,7 @@ struct loop_op {
     size_t length; /* read: bytes wanted */
     size_t done;   /* read: bytes read so far (short reads are continued by the loop) */
     uint64_t offset;
-    struct statx *statx;
+    loop_stat_t *statx;
     int64_t timeout_sec; /* timer: relative, as a __kernel_timespec */
     long long timeout_nsec;
     uint64_t deadline_ns; /* timer, portable backend: absolute CLOCK_MONOTONIC */
@@ -92,7 +105,7 @@ bool loop_uring_available(void);
 /* Submission, from the loop thread only. The callback never runs inside these calls. Opens are
  * O_CLOEXEC added; paths must stay valid until the callback. */
 void loop_open(loop_t *loop, loop_op_t *op, char const *path, int flags);
-void loop_statx(loop_t *loop, loop_op_t *op, int fd, struct statx *out);
+void loop_statx(loop_t *loop, loop_op_t *op, int fd, loop_stat_t *out);
 /* Reads `length` bytes at `offset`, continuing short reads; result = bytes read, which is less than
  * `length` only at end of file, or -errno. */
 void loop_read(loop_t *loop, loop_op_t *op, int fd, void *buffer, size_t length, uint64_t offset);

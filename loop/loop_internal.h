@@ -2,6 +2,7 @@
  * each backend implements. Only the loop's own sources include this; the engine uses loop.h. */
 #pragma once
 
+#include "doorbell.h"
 #include "loop.h"
 #include "uform_config.h"
 
@@ -16,14 +17,16 @@
 /* Reserved user_data of the loop's own ring operations. Every loop_op_t pointer is larger: the first
  * page is never mapped. LIBURING_UDATA_TIMEOUT (all ones) is liburing's own and unused here. */
 enum {
-    LOOP_TAG_DOORBELL = 1, /* the eventfd read that wakes a sleeping loop */
+    LOOP_TAG_DOORBELL = 1, /* the doorbell read that wakes a sleeping loop */
     LOOP_TAG_MESSAGE = 2,  /* an IORING_OP_MSG_RING send; a CQE arrives only when it failed */
     LOOP_TAG_FENCE = 3,    /* the NOP linked after a send; completes with 0 only if the send succeeded */
     LOOP_TAG_CANCEL = 4,   /* a cancel (the doorbell read's on destroy, loop_cancel's): its CQE is ignored */
 };
 
+#if UFORM_LINUX
 /* Both backends fill a statx with the same fields. */
 #define LOOP_STATX_MASK (STATX_SIZE | STATX_BASIC_STATS)
+#endif
 
 /* Mode of files created by an open with O_CREAT: loop_open takes none; the umask applies. */
 #define LOOP_CREATE_MODE 0666
@@ -38,9 +41,9 @@ typedef struct loop_message {
 struct loop {
     /* Touched by other threads (loop_post, loop_wake): kept off the loop thread's cache lines. */
     alignas(64) _Atomic(loop_op_t *) posted; /* Treiber stack, newest first */
-    atomic_bool sleeping; /* the loop is about to block; the first poster to clear it rings */
-    atomic_bool woken;    /* loop_wake was called; consumed by a blocking loop_run */
-    int doorbell_fd;      /* eventfd; set once in loop_create */
+    atomic_bool sleeping;     /* the loop is about to block; the first poster to clear it rings */
+    atomic_bool woken;        /* loop_wake was called; consumed by a blocking loop_run */
+    loop_doorbell_t doorbell; /* set once in loop_create */
 
     /* The loop thread only. */
     alignas(64) loop_backend_t backend;

@@ -1,6 +1,7 @@
 /* The portable backend: operations run as plain syscalls when submitted and are delivered by the
  * next loop_run; timers wait in a list sorted by deadline, polls in a list of their own, and the loop
- * sleeps in ppoll(2) on the doorbell eventfd and the polled descriptors until the nearest timer. */
+ * sleeps in ppoll(2) (poll(2) without Linux) on the doorbell and the polled descriptors until the
+ * nearest timer. */
 #include "loop_internal.h"
 
 #include <errno.h>
@@ -19,8 +20,32 @@ static int64_t portable_open(loop_op_t const *op) {
     }
 }
 
+#if UFORM_LINUX
 static int64_t portable_statx(loop_op_t const *op) {
     return statx(op->fd, "", AT_EMPTY_PATH, LOOP_STATX_MASK, op->statx) == 0 ? 0 : -errno;
+}
+#else
+static int64_t portable_statx(loop_op_t const *op) {
+    struct stat status;
+    if (fstat(op->fd, &status) != 0) return -errno;
+    *op->statx = (loop_stat_t){.stx_mode = (uint32_t)status.st_mode, .stx_size = (uint64_t)status.st_size};
+    return 0;
+}
+#endif
+
+/* Waits in ppoll, or in poll with the timeout rounded up to whole milliseconds (so that a timer is
+ * never found early and the loop never spins on a timeout of 0 before its deadline). */
+static int portable_poll(struct pollfd *fds, nfds_t count, struct timespec const *timeout) {
+#if UFORM_LINUX
+    return ppoll(fds, count, timeout, NULL);
+#else
+    int milliseconds = -1;
+    if (timeout) {
+        uint64_t ms = (uint64_t)timeout->tv_sec * 1000u + ((uint64_t)timeout->tv_nsec + 999999u) / 1000000u;
+        milliseconds = ms > INT_MAX ? INT_MAX : (int)ms;
+    }
+    return poll(fds, count, milliseconds);
+#endif
 }
 
 /* Reads until `length` bytes or end of file, like the ring's continued short reads. Like io_uring,
@@ -80,7 +105,7 @@ static void portable_poll_insert(loop_t *loop, loop_op_t *op) {
     loop->polls_count++;
 }
 
-/* ppoll(2) over the doorbell (first, when `doorbell`) and every pending poll for up to `timeout`
+/* portable_poll over the doorbell (first, when `doorbell`) and every pending poll for up to `timeout`
  * (NULL: no limit); the polls found ready move to the ready list with their events as result.
  * Answers 0 or -errno, and whether the doorbell is readable in *rang. */
 static int portable_scan(loop_t *loop, bool doorbell, struct timespec const *timeout, bool *rang) {
@@ -88,11 +113,12 @@ static int portable_scan(loop_t *loop, bool doorbell, struct timespec const *tim
     struct pollfd *fds = loop->polls_count ? loop->poll_fds : &single;
     nfds_t count = 0;
     *rang = false;
-    if (doorbell) fds[count++] = (struct pollfd){.fd = loop->doorbell_fd, .events = POLLIN, .revents = 0};
+    if (doorbell)
+        fds[count++] = (struct pollfd){.fd = loop->doorbell.read_fd, .events = POLLIN, .revents = 0};
     for (loop_op_t *op = loop->polls; op; op = op->next)
         fds[count++] = (struct pollfd){.fd = op->fd, .events = (short)op->flags, .revents = 0};
     if (count == 0) return 0;
-    int ready = ppoll(fds, count, timeout, NULL);
+    int ready = portable_poll(fds, count, timeout);
     if (ready < 0) return -errno;
     if (ready == 0) return 0;
     *rang = doorbell && (fds[0].revents & POLLIN);
@@ -164,13 +190,8 @@ int loop_portable_wait(loop_t *loop) {
     int ret = portable_scan(loop, true, until, &rang);
     if (ret < 0) return ret == -EINTR ? 0 : ret;
     if (!rang) return 0;
-    /* Resets the counter. Only this thread reads it and poll saw it non-zero, so this cannot block. */
-    uint64_t count;
-    for (;;) {
-        ssize_t got = read(loop->doorbell_fd, &count, sizeof count);
-        if (got >= 0) return 0;
-        if (errno != EINTR) return -errno;
-    }
+    /* Only this thread drains it and poll saw it readable, so this does not block. */
+    return loop_doorbell_drain(&loop->doorbell);
 }
 
 void loop_portable_cancel(loop_t *loop, loop_op_t *op) {

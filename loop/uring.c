@@ -100,7 +100,7 @@ static int uring_arm_doorbell(loop_t *loop) {
     struct io_uring_sqe *sqe;
     int ret = uring_get_sqe(&loop->ring, &sqe);
     if (ret < 0) return ret;
-    io_uring_prep_read(sqe, loop->doorbell_fd, &loop->doorbell_value, sizeof loop->doorbell_value, 0);
+    io_uring_prep_read(sqe, loop->doorbell.read_fd, &loop->doorbell_value, sizeof loop->doorbell_value, 0);
     io_uring_sqe_set_data64(sqe, LOOP_TAG_DOORBELL);
     loop->doorbell_armed = true;
     return 0;

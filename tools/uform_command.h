@@ -35,6 +35,9 @@ int command_fail_engine(void);
  * as they were. */
 bool command_reserve(char **bytes, size_t *capacity, size_t needed, size_t first);
 
+/* A new string of `first`, `second` and `third` one after the other (free it); NULL when out of memory. */
+char *command_join(char const *first, char const *second, char const *third);
+
 /* Whether argv[i] asks for help: `-h` or `--help`. */
 bool command_is_help(char const *argument);
 

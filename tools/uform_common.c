@@ -68,6 +68,16 @@ bool command_is_help(char const *argument) {
     return !strcmp(argument, "-h") || !strcmp(argument, "--help");
 }
 
+char *command_join(char const *first, char const *second, char const *third) {
+    size_t lengths[3] = {strlen(first), strlen(second), strlen(third)};
+    char *joined = malloc(lengths[0] + lengths[1] + lengths[2] + 1);
+    if (!joined) return NULL;
+    memcpy(joined, first, lengths[0]);
+    memcpy(joined + lengths[0], second, lengths[1]);
+    memcpy(joined + lengths[0] + lengths[1], third, lengths[2] + 1);
+    return joined;
+}
+
 int command_parse_u64(char const *text, uint64_t *value) {
     if (text[0] < '0' || text[0] > '9') return -1; /* strtoull would take a sign or spaces */
     char *end = NULL;

@@ -362,7 +362,9 @@ struct ModelDeferredOn[model_origin: ImmOrigin, executor_origin: ImmOrigin](Copy
         self._ring_data = 0
 
     def notify_eventfd(self, eventfd: Int) -> Self:
-        """Each call writes 1 to `eventfd` (an eventfd(2) counter) once final; -1 turns it off."""
+        """Each call writes the 8 bytes of a UInt64 1 to `eventfd` once final, a descriptor that becomes
+        readable: an eventfd(2) on Linux, the write end of a non-blocking pipe on macOS
+        (`uform_outcome_notify_eventfd` in uform.h); -1 turns it off."""
         var other = self.copy()
         other._eventfd = Int32(eventfd)
         return other^

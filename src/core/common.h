@@ -12,6 +12,12 @@
 #include "uform_config.h"
 #include "errors.h"
 
+/* The POSIX-only build (meson.build) compiles with _POSIX_C_SOURCE alone; a dependency's flags that turned
+ * on GNU or BSD extensions would make its check hollow. */
+#if UFORM_POSIX_ONLY && (defined(_GNU_SOURCE) || defined(_DEFAULT_SOURCE) || defined(_BSD_SOURCE))
+#error "the POSIX-only build must not define _GNU_SOURCE, _DEFAULT_SOURCE or _BSD_SOURCE"
+#endif
+
 #define container_of(pointer, type, member) ((type *)((char *)(pointer)-offsetof(type, member)))
 
 /* A pause in a spin loop, so that the sibling hyperthread and the memory system get a turn. */

@@ -49,7 +49,7 @@ typedef struct media_slot {
     media_run_t *run;
     size_t item;
     int fd;
-    struct statx statx;
+    loop_stat_t statx;
     uint8_t *buffer; /* the file's bytes; kept and grown across chunks */
     size_t capacity, size;
     char path[MEDIA_PATH_MAX];

@@ -860,7 +860,17 @@ static uform_status_t write_file(char const *path, char const *header, size_t he
     if (!temporary) return answer(UFORM_OUT_OF_MEMORY, message, "out of memory");
     memcpy(temporary, path, path_length);
     memcpy(temporary + path_length, suffix, sizeof suffix);
+#if UFORM_LINUX
     int fd = mkostemp(temporary, O_CLOEXEC);
+#else
+    /* POSIX 2008 has no mkostemp: the flag is set just after. */
+    int fd = mkstemp(temporary);
+    if (fd >= 0 && fcntl(fd, F_SETFD, FD_CLOEXEC) != 0) {
+        (void)close(fd);
+        (void)unlink(temporary);
+        fd = -1;
+    }
+#endif
     if (fd < 0) {
         *message = "cannot create a temporary checkpoint";
         goto fail;

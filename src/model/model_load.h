@@ -52,7 +52,7 @@ struct load_call {
     size_t next_step;
     bool map;
     int fd;
-    struct statx statx;
+    loop_stat_t statx;
     loop_op_t step; /* open, statx, prefix and header reads, one at a time */
     uint8_t prefix[8];
     char *json;

@@ -4,6 +4,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -11,6 +12,12 @@
 #include "executor.h"
 #include "media_overlap.h"
 #include "media_read.h"
+
+/* Sleeps about `microseconds` (nanosleep: POSIX 2008 has no usleep). */
+static void overlap_sleep_us(long microseconds) {
+    struct timespec pause = {microseconds / 1000000, (microseconds % 1000000) * 1000};
+    nanosleep(&pause, NULL);
+}
 
 /* What the run's test hook saw (media_read.h): which chunks were handed to the lent worker, how many
  * of their items it decoded, and how many computes found the next chunk's decoding under way. */
@@ -33,7 +40,7 @@ static void overlap_observe(media_event_t event, size_t chunk) {
         overlap_computed++;
         if (chunk + 1 >= OVERLAP_CHUNKS || !overlap_handed[chunk + 1]) return;
         for (int waited = 0; waited < 10000 && atomic_load(&overlap_decoded[chunk + 1]) == 0; ++waited)
-            usleep(1000);
+            overlap_sleep_us(1000);
         overlap_seen += atomic_load(&overlap_decoded[chunk + 1]) != 0;
     }
 }
@@ -65,7 +72,7 @@ static _Atomic bool lent_release, lent_returned;
 static void lent_hold(void *context) {
     (void)context;
     while (!atomic_load(&lent_release))
-        usleep(100);
+        overlap_sleep_us(100);
     atomic_store(&lent_returned, true);
 }
 
@@ -88,10 +95,10 @@ static void check_lent_worker_rejoins(void) {
     assert_int_equal(atomic_load(&ran), 1u);
     atomic_store(&lent_release, true);
     for (int waited = 0; waited < 10000 && !atomic_load(&lent_returned); ++waited)
-        usleep(1000);
+        overlap_sleep_us(1000);
     size_t threads = 1;
     for (int waited = 0; waited < 10000 && (threads = executor_fork_threads(executor)) != 2; ++waited)
-        usleep(1000); /* `returned` is set just before the worker says so */
+        overlap_sleep_us(1000); /* `returned` is set just before the worker says so */
     assert_int_equal(threads, 2);
     atomic_store(&ran, 0);
     executor_for_threads(executor, count_thread, &ran);

@@ -207,7 +207,7 @@ static float const small_bias[3] = {0.5f, -1, 0};
 static float const small_sums[2][3] = {{6, 5, 1}, {2.75f, 0.875f, 3}};
 
 static double gelu_double(double x) {
-    return 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+    return 0.5 * x * (1.0 + tanh(sqrt(2.0 / 3.14159265358979323846) * (x + 0.044715 * x * x * x)));
 }
 
 static void small_case(bool x_bf16, bool bias, bool gelu, residual_mode_t residual) {

@@ -155,9 +155,11 @@ static bool make_prefix_only(source_checkpoint_t const *source, buffer_t *out) {
 static bool make_duplicate_key(source_checkpoint_t const *source, buffer_t *out) {
     char *header = edited_header(source, NULL);
     char *entry = json_dumps(json_object_get(source->header, "text.norm.weight"), JSON_COMPACT);
-    char *doubled = NULL;
+    static char const key[] = "{\"text.norm.weight\":";
+    char *doubled = header && entry ? malloc(sizeof key + strlen(entry) + 1 + strlen(header)) : NULL;
     bool made = false;
-    if (header && entry && asprintf(&doubled, "{\"text.norm.weight\":%s,%s", entry, header + 1) >= 0) {
+    if (doubled) {
+        snprintf(doubled, sizeof key + strlen(entry) + 1 + strlen(header), "%s%s,%s", key, entry, header + 1);
         made = assemble(doubled, source_data(source), source_data_size(source), 0, out);
         free(doubled);
     }

@@ -14,6 +14,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -885,7 +886,8 @@ static void test_killed_saves(void **state) {
                 if (train_params_save(&params, path, &message) != UFORM_OK) _exit(1);
             }
         }
-        usleep((useconds_t)(1000 + random_below(40000)));
+        struct timespec pause = {0, (long)(1000 + random_below(40000)) * 1000};
+        nanosleep(&pause, NULL);
         assert_int_equal(kill(child, SIGKILL), 0);
         int status = 0;
         assert_int_equal(waitpid(child, &status, 0), child);

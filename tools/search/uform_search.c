@@ -179,8 +179,8 @@ static int walk_folder(indexer_t *indexer, char const *folder, bool top) {
         uform_modality_t modality = UFORM_MODALITY_TEXT;
         bool folder_entry = S_ISDIR(status.st_mode);
         if (folder_entry ? !walk->recursive : !input_file_modality(name, strlen(name), &modality)) continue;
-        char *path = NULL;
-        if (asprintf(&path, "%s%s%s", folder, slash ? "" : "/", name) < 0) {
+        char *path = command_join(folder, slash ? "" : "/", name);
+        if (!path) {
             code = command_fail("out of memory");
             break;
         }

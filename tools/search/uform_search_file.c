@@ -65,8 +65,8 @@ int search_writer_open(char const *path, char const *model, size_t dims, search_
     writer->dims = dims;
     writer->path = strdup(path);
     writer->offsets = calloc(1, sizeof *writer->offsets);
-    if (!writer->path || !writer->offsets || asprintf(&writer->temporary, "%s.XXXXXX", path) < 0) {
-        writer->temporary = NULL;
+    if (writer->path) writer->temporary = command_join(path, ".XXXXXX", "");
+    if (!writer->path || !writer->offsets || !writer->temporary) {
         search_writer_abort(writer);
         return command_fail("out of memory");
     }

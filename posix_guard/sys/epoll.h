@@ -1,0 +1,3 @@
+/* The POSIX-only build (-Dplatform=posix) finds this before the system's <sys/epoll.h>, which is Linux's
+ * alone. */
+#error "<sys/epoll.h> is Linux-only: the POSIX-only build (-Dplatform=posix) cannot include it"
