@@ -493,6 +493,7 @@ int command_train(int argc, char **argv) {
     handler.sa_flags = SA_RESTART;
     handling = sigaction(SIGINT, &handler, &previous) == 0;
     size_t saved_at = step;
+    bool save_failed = false; /* reported once: the same save is not tried again at the end */
     while (step < flags.steps && !interrupted) {
         if ((code = batcher_next(&batcher)) != COMMAND_OK) break;
         if ((code = step_inputs_fill(&inputs, &manifest, &batcher, flags.strict)) != COMMAND_OK) break;
@@ -516,14 +517,15 @@ int command_train(int argc, char **argv) {
         fflush(stderr);
         line_drawn = terminal;
         if (flags.save_every && step % flags.save_every == 0 && step < flags.steps) {
-            if ((code = save(trainer, executor, flags.out)) != COMMAND_OK) break;
+            save_failed = (code = save(trainer, executor, flags.out)) != COMMAND_OK;
+            if (save_failed) break;
             saved_at = step;
         }
     }
     end_line();
     /* Whatever stopped the loop, steps taken since the last save are kept: an engine error leaves the
      * trainer as it was before the failed step. */
-    if (step > saved_at || (code == COMMAND_OK && saved_at == step)) {
+    if (!save_failed && (step > saved_at || (code == COMMAND_OK && saved_at == step))) {
         int saved = save(trainer, executor, flags.out);
         if (code == COMMAND_OK) code = saved;
     }
