@@ -37,8 +37,11 @@ static char const help_tail[] =
     "\n"
     "Each step prints its line on stderr: step/total, loss, contrastive and lm losses, learning rate and\n"
     "items per second; one line a step, or one line redrawn when stderr is a terminal. Ctrl-C stops\n"
-    "after the current step and saves. Errors are one line on stderr: exit status 1 when the work\n"
-    "failed or was interrupted, 2 for a wrong command line.\n";
+    "after the current step and saves. A save writes the checkpoint and its .optimizer state whole\n"
+    "under staging names (OUT.next, OUT.optimizer.next) before either replaces its file: a full disk or\n"
+    "a kill leaves the previous pair or the new one, and --resume finishes or removes what an\n"
+    "interrupted save left. Errors are one line on stderr, a file named with the system's reason: exit\n"
+    "status 1 when the work failed or was interrupted, 2 for a wrong command line.\n";
 
 typedef struct train_flags {
     char const *data, *out, *resume;
