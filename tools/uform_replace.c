@@ -1,7 +1,7 @@
 /* A file that replaces another whole, so that a full disk, a failed run or a kill leaves the previous
- * file as it was: written under PATH.tmp-XXXXXX beside PATH, synced, renamed over PATH, its folder
- * synced. A writer holds an exclusive flock on its temporary while it lives; a temporary of PATH that
- * can be locked is a dead writer's, and each open removes those. */
+ * file as it was: written under PATH.tmp-XXXXXX beside PATH (beside the file a symbolic link names),
+ * synced, renamed over PATH, its folder synced. A writer holds an exclusive flock on its temporary while it
+ * lives; a temporary of PATH that can be locked is a dead writer's, and each open removes those. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -60,8 +60,12 @@ static void remove_stale(char const *path) {
 
 int replacement_open(char const *path, replacement_t *replacement) {
     *replacement = (replacement_t){0};
+    /* A symbolic link is written through: the file it names is replaced, and the link stays. */
+    struct stat link;
+    char *target = lstat(path, &link) == 0 && S_ISLNK(link.st_mode) ? realpath(path, NULL) : NULL;
+    replacement->path = target ? target : strdup(path);
+    if (replacement->path) path = replacement->path;
     remove_stale(path);
-    replacement->path = strdup(path);
     if (!replacement->path || asprintf(&replacement->temporary, "%s" TEMPORARY_SUFFIX "XXXXXX", path) < 0) {
         free(replacement->path);
         *replacement = (replacement_t){0};

@@ -488,7 +488,8 @@ def bad_manifest_item_loses_good_vectors(uform, model, workdir):
 
 def check_encode_output_faults(uform, model, workdir):
     """`uform encode --output` killed while it writes, or out of room, leaves the previous file whole; the
-    next run removes the temporary the killed one left; the error is one line naming the file."""
+    next run removes the temporary the killed one left; the error is one line naming the file; a symbolic
+    link is written through."""
     output = os.path.join(workdir, "writers", "texts.jsonl")
     os.makedirs(os.path.dirname(output), exist_ok=True)
     texts = b"".join(b"text %d\n" % i for i in range(20000))
@@ -505,6 +506,12 @@ def check_encode_output_faults(uform, model, workdir):
     status, stderr = run_limited(uform, command, 4096, stdin=texts)
     assert status == 1 and stderr == f"uform: cannot write {output}: {os.strerror(27)}\n", stderr
     assert Path(output).read_bytes() == previous and beside(output) == [], beside(output)
+    # Through a symbolic link, the file it names is replaced and the link stays.
+    link = os.path.join(workdir, "writers", "link.jsonl")
+    os.symlink("texts.jsonl", link)
+    Path(output).write_bytes(b"")
+    run(uform, "encode", "--model", model, "--output", link, "a cat")
+    assert os.path.islink(link) and Path(output).read_bytes() == previous
 
 
 
