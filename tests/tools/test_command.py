@@ -422,8 +422,9 @@ def run_limited(uform, arguments, limit, stdin=None):
 
 
 def kill_while_writing(uform, arguments, path, stdin=None):
-    """Starts `uform *arguments`, which writes `path`, and SIGKILLs it once its temporary beside `path`
-    exists: whether it was caught writing (False when it finished first)."""
+    """Starts `uform *arguments`, which writes `path`, and SIGKILLs it once a new file (its temporary)
+    appears beside `path`: whether it was caught writing (False when it finished first)."""
+    before = set(beside(path))  # a killed run's temporary: the run started here removes it
     process = subprocess.Popen([uform, *arguments], stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     if stdin:
@@ -434,7 +435,7 @@ def kill_while_writing(uform, arguments, path, stdin=None):
             pass
     deadline, caught = time.monotonic() + 60, False
     while process.poll() is None and time.monotonic() < deadline:
-        if beside(path):
+        if set(beside(path)) - before:
             process.kill()
             caught = True
             break
