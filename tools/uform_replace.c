@@ -28,8 +28,9 @@ static char *folder_of(char const *path, char const **base) {
 /* Whether `name` in `folder` is a temporary of the base name `base` whose writer is gone. */
 static bool stale_temporary(char const *folder, char const *name, char const *base) {
     size_t const length = strlen(base);
-    if (strncmp(name, base, length) != 0 || strncmp(name + length, TEMPORARY_SUFFIX, 5) != 0 ||
-        strlen(name + length + 5) != TEMPORARY_RANDOM)
+    size_t const suffix = sizeof TEMPORARY_SUFFIX - 1;
+    if (strncmp(name, base, length) != 0 || strncmp(name + length, TEMPORARY_SUFFIX, suffix) != 0 ||
+        strlen(name + length + suffix) != TEMPORARY_RANDOM)
         return false;
     int const folder_fd = open(folder, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (folder_fd < 0) return false;

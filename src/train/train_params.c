@@ -939,8 +939,10 @@ static uform_status_t remove_temporaries(char const *target, char *reason, char 
     if (!listing && errno != ENOENT) status = fault(reason, message, "list the folder of", target, errno);
     for (struct dirent *entry; listing && status == UFORM_OK && (errno = 0, entry = readdir(listing));) {
         char const *name = entry->d_name;
-        if (strncmp(name, base, base_length) != 0 || strncmp(name + base_length, TEMPORARY_SUFFIX, 5) != 0 ||
-            strlen(name) != base_length + 5 + TEMPORARY_RANDOM)
+        size_t const suffix = sizeof TEMPORARY_SUFFIX - 1;
+        if (strncmp(name, base, base_length) != 0 ||
+            strncmp(name + base_length, TEMPORARY_SUFFIX, suffix) != 0 ||
+            strlen(name) != base_length + suffix + TEMPORARY_RANDOM)
             continue;
         char *stale = malloc(folder_length + strlen(name) + 1);
         if (!stale) {
