@@ -893,7 +893,8 @@ typedef struct uform_trainer_config {
     uint64_t seed;           /* initial weights */
     char const *resume_path; /* a checkpoint to continue from: its weights, and when the optimizer
                                 state uform_trainer_save wrote beside it is there and belongs to it,
-                                the master weights, moments and step, bit-exactly; or NULL */
+                                the master weights, moments and step, bit-exactly (what an interrupted
+                                save to it left is settled first: see uform_trainer_save); or NULL */
     uform_mesh_t *mesh;      /* NULL: one process */
 } uform_trainer_config_t;
 
@@ -963,10 +964,14 @@ typedef struct uform_trainer_save_args {
 } uform_trainer_save_args_t;
 /* Writes the BF16 inference checkpoint at `path` (weights rounded from the F32 masters; logit.scale and
  * logit.bias in F32) and beside it, at `path` + ".optimizer", the F32 masters, moments, step and
- * optimizer settings, each atomically (temporary file, fsync, rename): a process killed while saving
- * leaves the previous checkpoint whole and loadable. Resuming from `path` continues bit-exactly. Over a
- * mesh only the first process writes. Answers UFORM_OK, UFORM_INVALID_ARGUMENT, UFORM_IO,
- * UFORM_CONTENDED, UFORM_OUT_OF_MEMORY. */
+ * optimizer settings with the fingerprint of the checkpoint they belong to. Both are written whole and
+ * synced under staging names (`path` + ".next", `path` + ".optimizer.next") before the state, then the
+ * checkpoint, is renamed over its file, so that a failure (a full disk) or a kill at any point leaves on
+ * disk the previous pair or the new one; the next save, or a trainer resuming from `path`, finishes or
+ * removes what an interrupted save left, with the temporaries of killed saves. Resuming from `path`
+ * continues bit-exactly. Over a mesh only the first process writes. Answers UFORM_OK,
+ * UFORM_INVALID_ARGUMENT, UFORM_IO (the message names the file and the system's reason: "cannot write
+ * PATH.optimizer: No space left on device"), UFORM_CONTENDED, UFORM_OUT_OF_MEMORY. */
 UFORM_EXPORT uform_status_t uform_trainer_save(uform_trainer_save_args_t const *args);
 
 /* ---------------------------------------------------------------------------------------------- */

@@ -38,6 +38,20 @@ bool command_reserve(char **bytes, size_t *capacity, size_t needed, size_t first
 /* A new string of `first`, `second` and `third` one after the other (free it); NULL when out of memory. */
 char *command_join(char const *first, char const *second, char const *third);
 
+/* A file that replaces `path` whole (uform_replace.c): written to `file`, a temporary beside it, and
+ * renamed over it by replacement_commit once synced; replacement_abort removes the temporary, so a
+ * failed or killed run leaves the previous file as it was. Temporaries of killed writers of the same
+ * path are removed at the next open. Errors name `path` and the system's reason, printed once. */
+typedef struct replacement {
+    char *path, *temporary;
+    FILE *file;
+} replacement_t;
+int replacement_open(char const *path, replacement_t *replacement);
+/* Flushes, syncs, closes and renames; the replacement is released whatever the outcome. */
+int replacement_commit(replacement_t *replacement);
+/* Closes and removes the temporary; a released replacement is left as it is. */
+void replacement_abort(replacement_t *replacement);
+
 /* Whether argv[i] asks for help: `-h` or `--help`. */
 bool command_is_help(char const *argument);
 
@@ -283,8 +297,9 @@ int output_open(output_format_t format, char const *path, uform_scalar_t scalar,
 int output_write(output_t *output, uform_encoded_t const *encoded, size_t first);
 
 /* Completes the file (the .npy header, once the row count is known) when `complete`, closes it, and
- * frees `output`. A regular file it opened is removed when incomplete or failing, so a file left
- * behind is whole. Answers an exit code; NULL is ignored. */
+ * frees `output`. A regular file (or a new one) is written beside its path and renamed over it only
+ * when complete, so an incomplete or failing run leaves the previous file as it was. Answers an exit
+ * code; NULL is ignored. */
 int output_close(output_t *output, bool complete);
 
 /* ---- the subcommands ---------------------------------------------------------------------------- */

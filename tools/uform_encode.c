@@ -16,8 +16,8 @@ static char const help_head[] =
     "in .jpg, .jpeg or .png (any case) is the path of an image, decoded by its content (JPEG or PNG);\n"
     "any other argument is a text. Texts are bytes: the model reads at most its context of each (see\n"
     "'uform info'). Items are encoded in batches of up to 256 items or 1 MiB; a vector does not\n"
-    "depend on its batch nor on the thread count. An image that cannot be read or decoded ends the\n"
-    "run with its status (io, format, ...).\n"
+    "depend on its batch nor on the thread count. An item that cannot be read or decoded ends the\n"
+    "run with its status (io, format, ...), unless --keep-going.\n"
     "\n";
 
 static char const help_tail[] =
@@ -31,7 +31,7 @@ typedef struct encode_flags {
     size_t threads, dims;
     int scalar; /* a uform_scalar_t */
     int format; /* an output_format_t */
-    bool tokens, help;
+    bool tokens, keep_going, help;
     char const **texts; /* the positional arguments, argc of them at most */
     size_t texts_count;
     size_t literal_from; /* the first positional argument after `--`: texts, whatever they end with */
@@ -42,7 +42,9 @@ typedef struct encoder {
     uform_encode_config_t config;
     uform_outputs_t outputs;
     output_t *output;
+    bool keep_going;
     size_t written; /* items written so far: the index of the next one */
+    size_t failed;  /* of them, the items whose rows hold "error" (--keep-going) */
     progress_t progress;
 } encoder_t;
 
@@ -85,7 +87,8 @@ static int parse_flags(int argc, char **argv, encode_flags_t *flags) {
                  "i8 rows of f32 and npy carry no scales: cosine similarity does not need them,\n"
                  "and jsonl keeps them."},
         {"--output", FLAG_STRING, &flags->output, .value = "FILE",
-         .help = "write there instead of the standard output; a failed run removes it. The\n"
+         .help = "write there instead of the standard output: a file beside it, renamed over\n"
+                 "it once whole, so that a failed or killed run leaves what was there. The\n"
                  "binary formats are not written to a terminal."},
         {"--tokens", FLAG_SWITCH, &flags->tokens,
          .help = "jsonl only: add each item's token vectors, one per byte the model kept of a\n"
@@ -95,6 +98,11 @@ static int parse_flags(int argc, char **argv, encode_flags_t *flags) {
                  "or {\"audio\": PATH} (other keys are ignored; paths are relative to the working\n"
                  "directory; '-' reads standard input). In a build without FFmpeg, a video\n"
                  "or audio item ends the run with the engine's error (unsupported)."},
+        {"--keep-going", FLAG_SWITCH, &flags->keep_going,
+         .help = "jsonl only: an item that fails gets the row {\"index\": i, \"error\": STATUS}\n"
+                 "(io, format, unsupported, ...) and a line on stderr, and the others their\n"
+                 "vectors; the file is written whole, and the run ends with exit status 1 and\n"
+                 "the count of the items that failed"},
         {"--", FLAG_LITERALS, NULL,
          .help = "what follows is text, even when it starts with '-' or ends in .jpg"},
         {NULL},
@@ -107,6 +115,8 @@ static int parse_flags(int argc, char **argv, encode_flags_t *flags) {
         return command_usage("encode", "texts and --manifest exclude each other");
     if (flags->tokens && flags->format != OUTPUT_JSONL)
         return command_usage("encode", "--tokens needs --format jsonl");
+    if (flags->keep_going && flags->format != OUTPUT_JSONL)
+        return command_usage("encode", "--keep-going needs --format jsonl");
     if (!flags->output && flags->format != OUTPUT_JSONL && isatty(STDOUT_FILENO))
         return command_usage("encode", "binary output to a terminal: pass --output FILE, or pipe it");
     return COMMAND_OK;
@@ -118,16 +128,19 @@ static int batch_flush(encoder_t *encoder, encode_batch_t *batch) {
     uform_encoded_t encoded;
     if (encode_batch_run(&encoder->engine, encoder->outputs, &encoder->config, batch, &encoded) != UFORM_OK)
         return command_fail_engine();
-    /* A failed item has zero rows in the output; writing them would pass a bad file off as a vector. */
+    /* A failed item has zero rows in the output; writing them would pass a bad file off as a vector. With
+     * --keep-going its row says why instead (output_write). */
     for (size_t item = 0; item < encoded.items; ++item) {
         if (encoded.statuses[item] == UFORM_OK) continue;
-        if (batch->modality == UFORM_MODALITY_TEXT)
-            return command_fail("item %zu: %s", encoder->written + item,
-                                uform_status_name(encoded.statuses[item]));
-        return command_fail("item %zu: %s '%.*s': %s", encoder->written + item,
-                            command_modality_names[batch->modality],
-                            (int)(batch->offsets[item + 1] - batch->offsets[item]),
-                            batch->bytes + batch->offsets[item], uform_status_name(encoded.statuses[item]));
+        char const *status = uform_status_name(encoded.statuses[item]);
+        int failed = batch->modality == UFORM_MODALITY_TEXT
+                         ? command_fail("item %zu: %s", encoder->written + item, status)
+                         : command_fail("item %zu: %s '%.*s': %s", encoder->written + item,
+                                        command_modality_names[batch->modality],
+                                        (int)(batch->offsets[item + 1] - batch->offsets[item]),
+                                        batch->bytes + batch->offsets[item], status);
+        if (!encoder->keep_going) return failed;
+        ++encoder->failed;
     }
     int code = output_write(encoder->output, &encoded, encoder->written);
     if (code != COMMAND_OK) return code;
@@ -176,6 +189,7 @@ int command_encode(int argc, char **argv) {
 
     if ((code = command_engine_open(path, flags.threads, &encoder.engine)) != COMMAND_OK) goto done;
 
+    encoder.keep_going = flags.keep_going;
     encoder.config =
         (uform_encode_config_t){.outputs_scalar = (uform_scalar_t)flags.scalar, .matryoshka = flags.dims};
     if (flags.tokens) encoder.outputs |= UFORM_OUTPUT_TOKEN_VECTORS;
@@ -191,6 +205,9 @@ int command_encode(int argc, char **argv) {
 done:;
     int closed = output_close(encoder.output, code == COMMAND_OK);
     if (code == COMMAND_OK) code = closed;
+    if (code == COMMAND_OK && encoder.failed)
+        code = command_fail("%zu of %zu items failed; their rows hold \"error\"", encoder.failed,
+                            encoder.written);
     command_engine_close(&encoder.engine);
     input_close(input);
     if (batch) encode_batch_release(batch);

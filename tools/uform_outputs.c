@@ -25,7 +25,11 @@ struct output {
     bool tokens;
     FILE *file;
     char const *path; /* NULL: standard output */
-    bool remove;      /* a regular file this output opened: removed unless complete */
+    /* A regular file (or a new one) is written as a replacement: renamed over `path` once complete, so
+     * that a failed or killed run leaves the previous file as it was; anything else (a pipe, a device)
+     * is written in place. */
+    bool replaces;
+    replacement_t replacement;
     /* .npy: the header is patched at `header_at` when the file allows it, else the rows are held in
      * memory until the count is known. */
     bool patch;
@@ -109,6 +113,11 @@ static int write_jsonl(output_t *output, uform_encoded_t const *encoded, size_t 
     uform_view_t const *embeddings = &encoded->embeddings, *tokens = &encoded->token_vectors;
     bool scaled = output->scalar == UFORM_I8;
     for (size_t item = 0; item < encoded->items; ++item) {
+        if (encoded->statuses[item] != UFORM_OK) { /* kept going past it: its row says why */
+            fprintf(file, "{\"index\":%zu,\"error\":\"%s\"}\n", first + item,
+                    uform_status_name(encoded->statuses[item]));
+            continue;
+        }
         fprintf(file, "{\"index\":%zu,\"embedding\":", first + item);
         int code = write_row(file, embeddings, item);
         if (code != COMMAND_OK) return code;
@@ -207,15 +216,21 @@ int output_open(output_format_t format, char const *path, uform_scalar_t scalar,
     if (!output) return command_fail("out of memory");
     *output =
         (output_t){.format = format, .scalar = scalar, .columns = columns, .tokens = tokens, .path = path};
-    output->file = path ? fopen(path, "wb") : stdout;
-    if (!output->file) {
-        int code = command_fail("cannot open %s: %s", path, strerror(errno));
+    struct stat status;
+    bool const in_place = path && stat(path, &status) == 0 && !S_ISREG(status.st_mode);
+    output->replaces = path && !in_place;
+    int code = output->replaces ? replacement_open(path, &output->replacement) : COMMAND_OK;
+    if (code != COMMAND_OK) {
         free(output);
         return code;
     }
-    struct stat status;
+    output->file = output->replaces ? output->replacement.file : path ? fopen(path, "wb") : stdout;
+    if (!output->file) {
+        code = command_fail("cannot open %s: %s", path, strerror(errno));
+        free(output);
+        return code;
+    }
     bool regular = fstat(fileno(output->file), &status) == 0 && S_ISREG(status.st_mode);
-    output->remove = path && regular;
     if (format == OUTPUT_NPY) {
         /* A file opened for appending writes every byte at its end, so its header cannot be patched. */
         int flags = fcntl(fileno(output->file), F_GETFL);
@@ -226,7 +241,7 @@ int output_open(output_format_t format, char const *path, uform_scalar_t scalar,
         char header[NPY_HEADER_SIZE];
         npy_header(output, header);
         if (fwrite(header, 1, sizeof header, output->file) != sizeof header) {
-            int code = write_failed(output);
+            code = write_failed(output);
             output_close(output, false);
             return code;
         }
@@ -246,10 +261,14 @@ int output_close(output_t *output, bool complete) {
     if (!output) return COMMAND_OK;
     int code = COMMAND_OK;
     if (complete && output->format == OUTPUT_NPY) code = npy_finish(output);
-    if (fflush(output->file) != 0 && code == COMMAND_OK) code = write_failed(output);
-    if (output->file != stdout && fclose(output->file) != 0 && code == COMMAND_OK)
-        code = write_failed(output);
-    if ((!complete || code != COMMAND_OK) && output->remove) unlink(output->path);
+    if (output->replaces) {
+        if (complete && code == COMMAND_OK) code = replacement_commit(&output->replacement);
+        replacement_abort(&output->replacement);
+    } else {
+        if (fflush(output->file) != 0 && code == COMMAND_OK) code = write_failed(output);
+        if (output->file != stdout && fclose(output->file) != 0 && code == COMMAND_OK)
+            code = write_failed(output);
+    }
     free(output->held);
     free(output);
     return code;

@@ -37,8 +37,11 @@ static char const help_tail[] =
     "\n"
     "Each step prints its line on stderr: step/total, loss, contrastive and lm losses, learning rate and\n"
     "items per second; one line a step, or one line redrawn when stderr is a terminal. Ctrl-C stops\n"
-    "after the current step and saves. Errors are one line on stderr: exit status 1 when the work\n"
-    "failed or was interrupted, 2 for a wrong command line.\n";
+    "after the current step and saves. A save writes the checkpoint and its .optimizer state whole\n"
+    "under staging names (OUT.next, OUT.optimizer.next) before either replaces its file: a full disk or\n"
+    "a kill leaves the previous pair or the new one, and --resume finishes or removes what an\n"
+    "interrupted save left. Errors are one line on stderr, a file named with the system's reason: exit\n"
+    "status 1 when the work failed or was interrupted, 2 for a wrong command line.\n";
 
 typedef struct train_flags {
     char const *data, *out, *resume;
@@ -493,6 +496,7 @@ int command_train(int argc, char **argv) {
     handler.sa_flags = SA_RESTART;
     handling = sigaction(SIGINT, &handler, &previous) == 0;
     size_t saved_at = step;
+    bool save_failed = false; /* reported once: the same save is not tried again at the end */
     while (step < flags.steps && !interrupted) {
         if ((code = batcher_next(&batcher)) != COMMAND_OK) break;
         if ((code = step_inputs_fill(&inputs, &manifest, &batcher, flags.strict)) != COMMAND_OK) break;
@@ -516,14 +520,15 @@ int command_train(int argc, char **argv) {
         fflush(stderr);
         line_drawn = terminal;
         if (flags.save_every && step % flags.save_every == 0 && step < flags.steps) {
-            if ((code = save(trainer, executor, flags.out)) != COMMAND_OK) break;
+            save_failed = (code = save(trainer, executor, flags.out)) != COMMAND_OK;
+            if (save_failed) break;
             saved_at = step;
         }
     }
     end_line();
     /* Whatever stopped the loop, steps taken since the last save are kept: an engine error leaves the
      * trainer as it was before the failed step. */
-    if (step > saved_at || (code == COMMAND_OK && saved_at == step)) {
+    if (!save_failed && (step > saved_at || (code == COMMAND_OK && saved_at == step))) {
         int saved = save(trainer, executor, flags.out);
         if (code == COMMAND_OK) code = saved;
     }

@@ -60,9 +60,14 @@ uform_status_t train_params_init(train_params_t *params, uform_model_info_t cons
 /* The weights of a format-4 checkpoint at `path` (BF16 widened), step 0 and zero moments; then, when
  * the optimizer state train_params_save wrote beside it exists and belongs to this checkpoint, the F32
  * master weights, moments and step it holds. A checkpoint without logit.scale/logit.bias gets the
- * seeded defaults. UFORM_OK, UFORM_IO, UFORM_FORMAT (not a checkpoint; a state that belongs to another
- * checkpoint, with the reason), UFORM_OUT_OF_MEMORY; the reason in *message. */
-uform_status_t train_params_load(train_params_t *params, char const *path, char const **message);
+ * seeded defaults. First, what a save to `path` that was interrupted left is settled, as the next save
+ * would (train_params.c's head): its new pair taken when its state was in place, else removed.
+ * UFORM_OK, UFORM_IO (with the file and the system's reason: "cannot rename into PATH: Permission
+ * denied"), UFORM_FORMAT (not a checkpoint; a state that belongs to another checkpoint, with the
+ * reason), UFORM_OUT_OF_MEMORY; the reason in *message, which may point into `reason`
+ * (UFORM_ERROR_MESSAGE_SIZE bytes, the caller's, read before it is reused). */
+uform_status_t train_params_load(train_params_t *params, char const *path, char *reason,
+                                 char const **message);
 
 void train_params_free(train_params_t *params);
 
@@ -88,10 +93,15 @@ double train_params_update(train_params_t *params, uform_executor_t *executor, d
 
 /* Writes the BF16 inference checkpoint at `path` and the optimizer state at
  * train_state_path(path) (F32 master weights, moments, step, the optimizer settings, and a fingerprint
- * of the checkpoint it belongs to), each atomically: a temporary file beside it, fsync, rename, fsync of
- * the directory. A process killed at any point leaves the previous checkpoint whole and loadable.
- * UFORM_OK, UFORM_IO, UFORM_OUT_OF_MEMORY; the reason in *message. */
-uform_status_t train_params_save(train_params_t const *params, char const *path, char const **message);
+ * of the checkpoint it belongs to): both written whole and synced under staging names before either
+ * replaces its file, in the order of train_params.c's head, so that a failure or a kill at any point
+ * leaves on disk the previous pair or the new one, each consistent, and train_params_load takes it.
+ * Stale temporaries of killed saves to `path` are removed. UFORM_OK, UFORM_IO (with the file and the
+ * system's reason: "cannot write PATH: No space left on device"), UFORM_OUT_OF_MEMORY,
+ * UFORM_INVALID_ARGUMENT; the reason in *message, which may point into `reason` as for
+ * train_params_load. */
+uform_status_t train_params_save(train_params_t const *params, char const *path, char *reason,
+                                 char const **message);
 
 /* `path` + ".optimizer" into `out` of `capacity` bytes; false when it does not fit. */
 bool train_state_path(char const *path, char *out, size_t capacity);

@@ -17,7 +17,22 @@
  * loss's temperature exactly. The state, at train_state_path(path), is a safetensors file of F32
  * `value.<name>`, `m.<name>` and `v.<name>` tensors whose `__metadata__["uform"]` object holds the
  * step, the optimizer settings (reals to 17 digits: exact), the checkpoint's format-4 object, and the
- * FNV-1a 64 fingerprint of the checkpoint's data section, which ties the state to that checkpoint. */
+ * FNV-1a 64 fingerprint of the checkpoint's data section, which ties the state to that checkpoint.
+ *
+ * A save replaces the pair (PATH, PATH.optimizer) so that at every instant a consistent pair is on
+ * disk, the old one or the new one, and a resume can tell which:
+ *   1. settle (below) what an interrupted save left;
+ *   2. the new checkpoint to PATH.next, then the new state to PATH.optimizer.next, each written whole to
+ *      a temporary beside it, synced and renamed there, the folder synced (checkpoint_write);
+ *   3. PATH.optimizer.next renamed to PATH.optimizer, the folder synced: from here the state on disk is
+ *      the new one, and the checkpoint it names is PATH.next;
+ *   4. PATH.next renamed to PATH, the folder synced.
+ * A failure or a kill before 3 leaves the old pair (a failed save removes its staged files), after it
+ * the new one, with its checkpoint still at PATH.next until settled. Settling, at every save and every
+ * load, reads PATH.next when there is one: when PATH.optimizer names its fingerprint (the save got past
+ * 3), PATH.next is renamed to PATH; otherwise (it stopped before 3) PATH.next is removed. Then
+ * PATH.optimizer.next and the temporaries of both staging names go. Nothing is removed while a file
+ * that decides cannot be read. */
 #include "checkpoint.h"
 #include "executor.h"
 #include "kernels.h"
@@ -33,6 +48,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -618,36 +634,6 @@ static uform_status_t plan_save(train_params_t const *params, save_plan_t *plan,
     return UFORM_OK;
 }
 
-uform_status_t train_params_save(train_params_t const *params, char const *path, char const **message) {
-    train_optimizer_t const *optimizer = &params->optimizer;
-    double const settings[] = {optimizer->learning_rate, optimizer->weight_decay, optimizer->beta1,
-                               optimizer->beta2,         optimizer->epsilon,      optimizer->clip_norm};
-    for (size_t i = 0; i < sizeof settings / sizeof settings[0]; i++)
-        if (!isfinite(settings[i]))
-            return answer(UFORM_INVALID_ARGUMENT, message, "optimizer settings are not finite");
-    save_plan_t plan = {0};
-    char *model = NULL, *state = NULL, *state_path = state_path_of(path);
-    uint64_t fingerprint = 0;
-    uform_status_t status = state_path ? UFORM_OK : answer(UFORM_OUT_OF_MEMORY, message, "out of memory");
-    if (status == UFORM_OK) status = plan_save(params, &plan, &fingerprint, message);
-    if (status == UFORM_OK) {
-        model = checkpoint_metadata_text(&params->info);
-        state = model ? state_metadata(params, model, fingerprint) : NULL;
-        if (!state) status = answer(UFORM_OUT_OF_MEMORY, message, "cannot write the checkpoint's metadata");
-    }
-    if (status == UFORM_OK) status = checkpoint_write(path, model, plan.model, params->count, message);
-    if (status == UFORM_OK)
-        status = checkpoint_write(state_path, state, plan.state, 3 * params->count, message);
-    free(plan.model);
-    free(plan.state);
-    free(plan.state_names);
-    free(plan.bf16);
-    free(model);
-    free(state);
-    free(state_path);
-    return status;
-}
-
 /* ---------------------------------------------------------------------------------------------- */
 /* Loading                                                                                        */
 /* ---------------------------------------------------------------------------------------------- */
@@ -874,10 +860,249 @@ static uform_status_t load_state(train_params_t *params, char const *path, uint6
     return status;
 }
 
-uform_status_t train_params_load(train_params_t *params, char const *path, char const **message) {
+/* ---------------------------------------------------------------------------------------------- */
+/* The pair on disk (the state machine of a save is in the file's head)                           */
+/* ---------------------------------------------------------------------------------------------- */
+
+#define NEXT_SUFFIX      ".next"
+#define TEMPORARY_SUFFIX ".tmp." /* checkpoint_write's temporaries: the target, ".tmp.", six characters */
+#define TEMPORARY_RANDOM 6
+#define HASH_CHUNK       (1u << 20)
+
+/* The four names of a save to `path`, malloc'ed together. */
+typedef struct save_names {
+    char *checkpoint, *state, *next, *state_next; /* PATH, PATH.optimizer, and their ".next" */
+} save_names_t;
+
+static void names_free(save_names_t *names) {
+    free(names->checkpoint);
+    *names = (save_names_t){0};
+}
+
+static bool names_of(char const *path, save_names_t *names) {
+    size_t const length = strlen(path), each = length + sizeof STATE_SUFFIX + sizeof NEXT_SUFFIX;
+    char *block = malloc(4 * each);
+    *names = (save_names_t){0};
+    if (!block) return false;
+    *names = (save_names_t){block, block + each, block + 2 * each, block + 3 * each};
+    snprintf(names->checkpoint, each, "%s", path);
+    snprintf(names->state, each, "%s%s", path, STATE_SUFFIX);
+    snprintf(names->next, each, "%s%s", path, NEXT_SUFFIX);
+    snprintf(names->state_next, each, "%s%s%s", path, STATE_SUFFIX, NEXT_SUFFIX);
+    return true;
+}
+
+/* A system call on `path` failed with `error`: "cannot write PATH: No space left on device" into
+ * `reason` (UFORM_ERROR_MESSAGE_SIZE bytes, the text cut there). */
+static uform_status_t fault(char *reason, char const **message, char const *verb, char const *path,
+                            int error) {
+    snprintf(reason, UFORM_ERROR_MESSAGE_SIZE, "cannot %s %s: %s", verb, path, strerror(error ? error : EIO));
+    *message = reason;
+    return UFORM_IO;
+}
+
+/* The folder of `path` synced, so that the renames in it are durable. Filesystems that cannot sync a
+ * folder answer EINVAL; that is no fault. */
+static uform_status_t sync_folder(char const *path, char *reason, char const **message) {
+    char const *slash = strrchr(path, '/');
+    char *folder = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
+    if (!folder) return answer(UFORM_OUT_OF_MEMORY, message, "out of memory");
+    uform_status_t status = UFORM_OK;
+    int const fd = open(folder, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0 || (fsync(fd) != 0 && errno != EINVAL))
+        status = fault(reason, message, "sync the folder of", path, errno);
+    if (fd >= 0) close(fd);
+    free(folder);
+    return status;
+}
+
+static uform_status_t rename_into(char const *from, char const *to, char *reason, char const **message) {
+    if (rename(from, to) != 0) return fault(reason, message, "rename into", to, errno);
+    return sync_folder(to, reason, message);
+}
+
+/* Removes `path`; a file that is not there is no fault. */
+static uform_status_t remove_file(char const *path, char *reason, char const **message) {
+    if (unlink(path) != 0 && errno != ENOENT) return fault(reason, message, "remove", path, errno);
+    return UFORM_OK;
+}
+
+/* Removes the temporaries checkpoint_write left beside `target` when its process was killed. */
+static uform_status_t remove_temporaries(char const *target, char *reason, char const **message) {
+    char const *slash = strrchr(target, '/');
+    char const *base = slash ? slash + 1 : target;
+    size_t const folder_length = (size_t)(base - target), base_length = strlen(base);
+    char *folder = folder_length ? strndup(target, folder_length) : strdup(".");
+    if (!folder) return answer(UFORM_OUT_OF_MEMORY, message, "out of memory");
+    uform_status_t status = UFORM_OK;
+    DIR *listing = opendir(folder);
+    if (!listing && errno != ENOENT) status = fault(reason, message, "list the folder of", target, errno);
+    for (struct dirent *entry; listing && status == UFORM_OK && (errno = 0, entry = readdir(listing));) {
+        char const *name = entry->d_name;
+        size_t const suffix = sizeof TEMPORARY_SUFFIX - 1;
+        if (strncmp(name, base, base_length) != 0 ||
+            strncmp(name + base_length, TEMPORARY_SUFFIX, suffix) != 0 ||
+            strlen(name) != base_length + suffix + TEMPORARY_RANDOM)
+            continue;
+        char *stale = malloc(folder_length + strlen(name) + 1);
+        if (!stale) {
+            status = answer(UFORM_OUT_OF_MEMORY, message, "out of memory");
+            break;
+        }
+        memcpy(stale, target, folder_length);
+        strcpy(stale + folder_length, name);
+        status = remove_file(stale, reason, message);
+        free(stale);
+    }
+    if (listing && status == UFORM_OK && errno != 0)
+        status = fault(reason, message, "list the folder of", target, errno);
+    if (listing) closedir(listing);
+    free(folder);
+    return status;
+}
+
+/* The fingerprint of the data section of the checkpoint at `path`: UFORM_FORMAT when it is no
+ * checkpoint, UFORM_IO or UFORM_OUT_OF_MEMORY when that cannot be told. */
+static uform_status_t file_fingerprint(char const *path, uint64_t *fingerprint, char const **message) {
+    open_file_t file;
+    checkpoint_header_t header = {0};
+    uint8_t *chunk = NULL;
+    uform_status_t status = file_open(path, false, &file, message);
+    if (status != UFORM_OK) return status;
+    status = checkpoint_parse(file.json, (size_t)file.json_length, file.size, &header, message);
+    if (status == UFORM_OK && !(chunk = malloc(HASH_CHUNK)))
+        status = answer(UFORM_OUT_OF_MEMORY, message, "out of memory");
+    uint64_t hash = FNV_OFFSET;
+    for (uint64_t done = 0; status == UFORM_OK && done < header.data_size;) {
+        size_t const length =
+            header.data_size - done < HASH_CHUNK ? (size_t)(header.data_size - done) : HASH_CHUNK;
+        status = read_at(file.fd, chunk, length, header.data_offset + done, message);
+        hash = fnv1a(hash, chunk, length);
+        done += length;
+    }
+    *fingerprint = hash;
+    free(chunk);
+    checkpoint_header_free(&header);
+    file_close(&file);
+    return status;
+}
+
+/* Whether the state at `state_path` names `fingerprint` as its checkpoint's: *owns false when it is
+ * missing or malformed; UFORM_IO or UFORM_OUT_OF_MEMORY when that cannot be told. */
+static uform_status_t state_owns(char const *state_path, uint64_t fingerprint, bool *owns,
+                                 char const **message) {
+    open_file_t file;
+    *owns = false;
+    uform_status_t status = file_open(state_path, true, &file, message);
+    if (status == UFORM_FORMAT) return UFORM_OK;
+    if (status != UFORM_OK || file.fd < 0) return status;
+    json_error_t error;
+    json_t *root = json_loadb(file.json, (size_t)file.json_length, JSON_REJECT_DUPLICATES, &error);
+    json_t *object = json_is_object(root) ? state_object(root) : NULL;
+    json_t const *owner = json_object_get(object, "checkpoint");
+    char expected[17];
+    fingerprint_text(fingerprint, expected);
+    *owns = json_is_string(owner) && strcmp(json_string_value(owner), expected) == 0;
+    if (!root && json_error_code(&error) == json_error_out_of_memory)
+        status = answer(UFORM_OUT_OF_MEMORY, message, "cannot parse the optimizer state");
+    json_decref(object);
+    json_decref(root);
+    file_close(&file);
+    return status;
+}
+
+/* Finishes or discards what an interrupted save left: PATH.next becomes PATH when PATH.optimizer is
+ * its state, and is removed otherwise; PATH.optimizer.next and the temporaries go. Nothing is removed
+ * while it cannot be told which. */
+static uform_status_t settle(save_names_t const *names, char *reason, char const **message) {
     uint64_t fingerprint = 0;
+    bool owns = false;
+    struct stat next;
+    uform_status_t status = UFORM_OK;
+    if (lstat(names->next, &next) == 0) {
+        status = file_fingerprint(names->next, &fingerprint, message);
+        if (status == UFORM_OK)
+            status = state_owns(names->state, fingerprint, &owns, message);
+        else if (status == UFORM_FORMAT)
+            status = UFORM_OK; /* no checkpoint: a state cannot own it */
+        if (status == UFORM_OK && owns) status = rename_into(names->next, names->checkpoint, reason, message);
+        if (status == UFORM_OK && !owns) status = remove_file(names->next, reason, message);
+    } else if (errno != ENOENT) {
+        status = fault(reason, message, "read", names->next, errno);
+    }
+    if (status == UFORM_OK) status = remove_file(names->state_next, reason, message);
+    if (status == UFORM_OK) status = remove_temporaries(names->next, reason, message);
+    if (status == UFORM_OK) status = remove_temporaries(names->state_next, reason, message);
+    return status;
+}
+
+/* checkpoint_write to `staged` on behalf of `target`; its failing system call leaves errno set (the
+ * cleanup after it, close and unlink of its temporary, succeeds and keeps it). */
+static uform_status_t stage(char const *staged, char const *target, char const *metadata,
+                            checkpoint_source_t const *sources, size_t count, char *reason,
+                            char const **message) {
+    errno = 0;
+    uform_status_t const status = checkpoint_write(staged, metadata, sources, count, message);
+    if (status == UFORM_IO) return fault(reason, message, "write", target, errno);
+    return status;
+}
+
+uform_status_t train_params_save(train_params_t const *params, char const *path, char *reason,
+                                 char const **message) {
+    train_optimizer_t const *optimizer = &params->optimizer;
+    double const settings[] = {optimizer->learning_rate, optimizer->weight_decay, optimizer->beta1,
+                               optimizer->beta2,         optimizer->epsilon,      optimizer->clip_norm};
+    for (size_t i = 0; i < sizeof settings / sizeof settings[0]; i++)
+        if (!isfinite(settings[i]))
+            return answer(UFORM_INVALID_ARGUMENT, message, "optimizer settings are not finite");
+    save_plan_t plan = {0};
+    save_names_t names;
+    char *model = NULL, *state = NULL;
+    uint64_t fingerprint = 0;
+    bool settled = false, renamed_state = false;
+    uform_status_t status =
+        names_of(path, &names) ? UFORM_OK : answer(UFORM_OUT_OF_MEMORY, message, "out of memory");
+    if (status == UFORM_OK) status = plan_save(params, &plan, &fingerprint, message);
+    if (status == UFORM_OK) {
+        model = checkpoint_metadata_text(&params->info);
+        state = model ? state_metadata(params, model, fingerprint) : NULL;
+        if (!state) status = answer(UFORM_OUT_OF_MEMORY, message, "cannot write the checkpoint's metadata");
+    }
+    if (status == UFORM_OK) settled = (status = settle(&names, reason, message)) == UFORM_OK;
+    if (status == UFORM_OK)
+        status = stage(names.next, names.checkpoint, model, plan.model, params->count, reason, message);
+    if (status == UFORM_OK)
+        status = stage(names.state_next, names.state, state, plan.state, 3 * params->count, reason, message);
+    if (status == UFORM_OK) {
+        renamed_state = rename(names.state_next, names.state) == 0;
+        status = renamed_state ? sync_folder(names.state, reason, message)
+                               : fault(reason, message, "rename into", names.state, errno);
+    }
+    if (status == UFORM_OK) status = rename_into(names.next, names.checkpoint, reason, message);
+    if (status != UFORM_OK && settled && !renamed_state) { /* the old pair stands: drop the new files */
+        unlink(names.next);
+        unlink(names.state_next);
+    }
+    free(plan.model);
+    free(plan.state);
+    free(plan.state_names);
+    free(plan.bf16);
+    free(model);
+    free(state);
+    names_free(&names);
+    return status;
+}
+
+uform_status_t train_params_load(train_params_t *params, char const *path, char *reason,
+                                 char const **message) {
+    uint64_t fingerprint = 0;
+    save_names_t names;
     memset(params, 0, sizeof *params);
-    uform_status_t status = load_checkpoint(params, path, &fingerprint, message);
+    uform_status_t status =
+        names_of(path, &names) ? UFORM_OK : answer(UFORM_OUT_OF_MEMORY, message, "out of memory");
+    if (status == UFORM_OK) status = settle(&names, reason, message);
+    names_free(&names);
+    if (status == UFORM_OK) status = load_checkpoint(params, path, &fingerprint, message);
     if (status == UFORM_OK) status = load_state(params, path, fingerprint, message);
     if (status != UFORM_OK) train_params_free(params);
     return status;

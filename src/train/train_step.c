@@ -70,7 +70,8 @@ void trainer_destroy(uform_trainer_t *trainer) {
     free(trainer);
 }
 
-uform_status_t trainer_create(uform_trainer_config_t const *config, uform_trainer_t **out, char const **message) {
+uform_status_t trainer_create(uform_trainer_config_t const *config, uform_trainer_t **out, char *reason,
+                              char const **message) {
     *out = NULL;
     uform_trainer_t *trainer = calloc(1, sizeof *trainer);
     if (!trainer) {
@@ -79,7 +80,7 @@ uform_status_t trainer_create(uform_trainer_config_t const *config, uform_traine
     }
     uform_status_t status;
     if (config->resume_path) {
-        status = train_params_load(&trainer->params, config->resume_path, message);
+        status = train_params_load(&trainer->params, config->resume_path, reason, message);
     } else {
         uform_model_info_t info;
         status = train_info_from_config(config, &info, message);

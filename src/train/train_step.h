@@ -39,8 +39,9 @@ typedef struct train_progress {
     size_t next_step;
 } train_progress_t;
 
-/* A trainer for `config`: from a checkpoint (resume_path) or seeded. The reason in *message. */
-uform_status_t trainer_create(uform_trainer_config_t const *config, uform_trainer_t **trainer,
+/* A trainer for `config`: from a checkpoint (resume_path) or seeded. The reason in *message, which may
+ * point into `reason` (UFORM_ERROR_MESSAGE_SIZE bytes: see train_params_load). */
+uform_status_t trainer_create(uform_trainer_config_t const *config, uform_trainer_t **trainer, char *reason,
                               char const **message);
 void trainer_destroy(uform_trainer_t *trainer);
 

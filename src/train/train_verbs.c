@@ -40,8 +40,9 @@ static uform_status_t submit_call(call_t *call, uform_outcome_t *outcome, uform_
 static void init_start(call_t *call) {
     trainer_init_call_t *init = container_of(call, trainer_init_call_t, call);
     char const *message = NULL;
+    char reason[UFORM_ERROR_MESSAGE_SIZE];
     uform_trainer_t *trainer = NULL;
-    uform_status_t status = trainer_create(&init->config, &trainer, &message);
+    uform_status_t status = trainer_create(&init->config, &trainer, reason, &message);
     if (status == UFORM_OK) {
         trainer->executor = call->executor;
         trainer->mesh = init->config.mesh;
@@ -369,10 +370,12 @@ _Static_assert(offsetof(save_call_t, call) == 0, "open_call answers the state at
 static void save_start(call_t *call) {
     save_call_t *save = container_of(call, save_call_t, call);
     char const *message = NULL;
+    char reason[UFORM_ERROR_MESSAGE_SIZE];
     uform_mesh_t *mesh = save->trainer->mesh;
     /* Over a mesh every process holds the same weights: the first one writes them. */
-    uform_status_t status =
-        mesh && mesh->rank > 0 ? UFORM_OK : train_params_save(&save->trainer->params, save->path, &message);
+    uform_status_t status = mesh && mesh->rank > 0
+                                ? UFORM_OK
+                                : train_params_save(&save->trainer->params, save->path, reason, &message);
     call_finish(call, status, message);
 }
 

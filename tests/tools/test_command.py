@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Drives the real `uform` command: checkpoint tiny, info, encode in every format, scalar and width,
-images by path and in a manifest, search (index a folder, query it), bad flags and bad paths, and the
-default model.
+images by path and in a manifest, search (index a folder, query it), writers killed or out of room (the
+previous file kept, stale temporaries removed), --keep-going, bad flags and bad paths, and the default
+model.
 
     test_command.py --uform build/tools/uform --workdir build/tests/command
 
@@ -11,9 +12,12 @@ where either is missing, the check fails: tests/reference/interpreter.py)."""
 import json
 import math
 import os
+import resource
+import signal
 import struct
 import subprocess
 import sys
+import time
 import wave
 from pathlib import Path
 
@@ -400,6 +404,118 @@ def check_search(uform, model, workdir):
         assert run(uform, *arguments)[0].startswith(b"usage: uform search"), arguments
 
 
+def beside(path):
+    """The other files whose names start with the base name of `path`, in its folder."""
+    folder, base = os.path.split(path)
+    return sorted(name for name in os.listdir(folder) if name.startswith(base) and name != base)
+
+
+def run_limited(uform, arguments, limit, stdin=None):
+    """Runs `uform *arguments` under a file size limit of `limit` bytes (SIGXFSZ ignored, so a write past
+    it fails with EFBIG, as on a full disk): (exit status, stderr text)."""
+    def limited():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    done = subprocess.run([uform, *arguments], input=stdin, capture_output=True, preexec_fn=limited, timeout=120)
+    return done.returncode, done.stderr.decode("utf-8", "replace")
+
+
+def kill_while_writing(uform, arguments, path, stdin=None):
+    """Starts `uform *arguments`, which writes `path`, and SIGKILLs it once a new file (its temporary)
+    appears beside `path`: whether it was caught writing (False when it finished first)."""
+    before = set(beside(path))  # a killed run's temporary: the run started here removes it
+    process = subprocess.Popen([uform, *arguments], stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if stdin:
+        try:
+            process.stdin.write(stdin)
+            process.stdin.close()
+        except BrokenPipeError:
+            pass
+    deadline, caught = time.monotonic() + 60, False
+    while process.poll() is None and time.monotonic() < deadline:
+        if set(beside(path)) - before:
+            process.kill()
+            caught = True
+            break
+    process.wait(timeout=60)
+    return caught and process.returncode == -signal.SIGKILL
+
+
+def killed_index_leaves_temporary(uform, model, workdir):
+    """`uform search index` killed while it writes leaves the previous index whole, and the next index of
+    the same path removes the temporary the killed one left; a full disk leaves the previous index too,
+    with one line naming the index and the reason."""
+    folder, index = os.path.join(workdir, "media"), os.path.join(workdir, "writers", "media.index")
+    os.makedirs(os.path.dirname(index), exist_ok=True)
+    command = ["search", "index", folder, "--output", index, "--model", model, "--threads", "1"]
+    run(uform, *command)
+    previous = Path(index).read_bytes()
+    caught = 0
+    for _ in range(20):
+        caught += kill_while_writing(uform, command, index)
+        assert Path(index).read_bytes() == previous
+        if caught >= 3:
+            break
+    assert caught >= 1 and beside(index), "no run was caught writing its index"
+    run(uform, *command)
+    assert Path(index).read_bytes() == previous and beside(index) == [], beside(index)
+    status, stderr = run_limited(uform, command, 1024)
+    lines = [line for line in stderr.splitlines() if not line.startswith("uform: warning:")]
+    assert status == 1 and lines == [f"uform: cannot write {index}: {os.strerror(27)}"], stderr
+    assert Path(index).read_bytes() == previous and beside(index) == [], beside(index)
+
+
+def bad_manifest_item_loses_good_vectors(uform, model, workdir):
+    """With --keep-going, a manifest whose middle item cannot be read still gets the vectors of the
+    others, and that item a row {"index", "error"}; the run says so and ends with status 1."""
+    manifest = os.path.join(workdir, "writers", "one-bad.jsonl")
+    os.makedirs(os.path.dirname(manifest), exist_ok=True)
+    with open(manifest, "w") as file:
+        for line in ({"text": "a cat"}, {"image": "missing.png"}, {"text": "a dog"}):
+            file.write(json.dumps(line) + "\n")
+    stdout, stderr = run(uform, "encode", "--model", model, "--manifest", manifest, "--keep-going", expect=1)
+    rows = rows_of(stdout)
+    assert [sorted(row) for row in rows] == [["embedding", "index"], ["error", "index"], ["embedding", "index"]], rows
+    assert [row["index"] for row in rows] == [0, 1, 2] and rows[1]["error"] == "io", rows
+    alone = rows_of(run(uform, "encode", "--model", model, "a cat", "a dog")[0])
+    assert rows[0]["embedding"] == alone[0]["embedding"] and rows[2]["embedding"] == alone[1]["embedding"]
+    assert stderr == "uform: item 1: image 'missing.png': io\nuform: 1 of 3 items failed; their rows hold \"error\"\n", stderr
+    _, stderr = run(uform, "encode", "--model", model, "--manifest", manifest, "--keep-going", "--format", "npy",
+                    "--output", os.path.join(workdir, "writers", "x.npy"), expect=2)
+    assert "--keep-going needs --format jsonl" in stderr, stderr
+
+
+def check_encode_output_faults(uform, model, workdir):
+    """`uform encode --output` killed while it writes, or out of room, leaves the previous file whole; the
+    next run removes the temporary the killed one left; the error is one line naming the file; a symbolic
+    link is written through."""
+    output = os.path.join(workdir, "writers", "texts.jsonl")
+    os.makedirs(os.path.dirname(output), exist_ok=True)
+    texts = b"".join(b"text %d\n" % i for i in range(20000))
+    command = ["encode", "--model", model, "--threads", "1", "--output", output]
+    run(uform, *command, "a cat")
+    previous = Path(output).read_bytes()
+    caught = 0
+    for _ in range(10):
+        caught += kill_while_writing(uform, command, output, stdin=texts)
+        assert Path(output).read_bytes() == previous
+        if caught >= 2:
+            break
+    assert caught >= 1 and beside(output), "no run was caught writing its output"
+    status, stderr = run_limited(uform, command, 4096, stdin=texts)
+    assert status == 1 and stderr == f"uform: cannot write {output}: {os.strerror(27)}\n", stderr
+    assert Path(output).read_bytes() == previous and beside(output) == [], beside(output)
+    # Through a symbolic link, the file it names is replaced and the link stays.
+    link = os.path.join(workdir, "writers", "link.jsonl")
+    os.symlink("texts.jsonl", link)
+    Path(output).write_bytes(b"")
+    run(uform, "encode", "--model", model, "--output", link, "a cat")
+    assert os.path.islink(link) and Path(output).read_bytes() == previous
+
+
+
 def check_errors(uform, model, workdir):
     """Each bad command line or path: its exit status and one line on stderr."""
     # Without libmicrohttpd, `serve` only says it is not built, with status 1, whatever its flags.
@@ -467,7 +583,7 @@ def check_errors(uform, model, workdir):
         _, stderr = run(uform, "encode", "--model", model, "--manifest", "-", stdin=line + b"\n", expect=1)
         assert stderr.startswith("uform: standard input line 1:") and stderr.count("\n") == 1, stderr
 
-    # A failed run leaves no partial file behind.
+    # A failed run leaves no file behind.
     output = os.path.join(workdir, "failed.npy")
     run(uform, "encode", "--model", model, "--dims", "7", "--format", "npy", "--output", output, "x",
         expect=1)
@@ -519,6 +635,9 @@ def main():
     check_encode(options.uform, model, options.workdir)
     check_images(options.uform, model, options.workdir)
     check_search(options.uform, model, options.workdir)
+    killed_index_leaves_temporary(options.uform, model, options.workdir)
+    bad_manifest_item_loses_good_vectors(options.uform, model, options.workdir)
+    check_encode_output_faults(options.uform, model, options.workdir)
     check_errors(options.uform, model, options.workdir)
     check_default_model(options.uform, model, options.workdir)
     print("uform command: all checks passed")

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Drives `uform train` and `uform eval` on a tiny manifest this script writes (texts, and PNG images
 written with the standard library): three steps of a one-block model, the progress lines, the
-checkpoint and `uform info` on it, a resume that continues the step count, Ctrl-C, bad manifests, the
+checkpoint and `uform info` on it, a resume that continues the step count, Ctrl-C, a save that runs
+out of room (reported once, nothing left behind), bad manifests, the
 batches --dry-run shows (passes, --neighbours, identical captions), and the shape of eval's table and JSON.
 
     test_train_command.py --uform build/tools/uform --workdir build/tests/train-command
@@ -10,6 +11,7 @@ The standard library only."""
 import json
 import os
 import re
+import resource
 import signal
 import subprocess
 import sys
@@ -121,6 +123,27 @@ def check_interrupt(uform, manifest, workdir):
                     "4", "--resume", model, *MODEL_FLAGS)
     assert step_lines(stderr, saved + 2) == [saved + 1, saved + 2], stderr
     assert os.path.isfile(resumed) and os.path.isfile(resumed + ".optimizer")
+
+
+def check_full_disk(uform, manifest, model, workdir):
+    """A save that runs out of room (a file size limit the checkpoint fits in and its optimizer state does
+    not) fails once, naming the file and the system's reason, and leaves nothing behind."""
+    limit = os.path.getsize(model) + 4096
+    full = os.path.join(workdir, "full", "model.safetensors")
+    os.makedirs(os.path.dirname(full))
+
+    def limited():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    done = subprocess.run([uform, "train", "--data", manifest, "--out", full, "--steps", "3", "--save-every", "1",
+                           "--batch", "4", *MODEL_FLAGS], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          preexec_fn=limited, timeout=240)
+    stderr = done.stderr.decode()
+    failures = [line for line in stderr.splitlines() if not STEP_LINE.match(line)]
+    expected = f"UForm: io [uform_trainer_save]: cannot write {full}.optimizer: {os.strerror(27)}"
+    assert done.returncode == 1 and failures == [expected], stderr
+    assert os.listdir(os.path.dirname(full)) == [], os.listdir(os.path.dirname(full))
 
 
 def check_errors(uform, manifest, workdir):
@@ -266,6 +289,7 @@ def main():
     model = check_train(options.uform, manifest, options.workdir)
     check_eval(options.uform, model, manifest)
     check_interrupt(options.uform, manifest, options.workdir)
+    check_full_disk(options.uform, manifest, model, options.workdir)
     check_errors(options.uform, manifest, options.workdir)
     check_batches(options.uform, options.workdir)
     print("uform train and eval: all checks passed")

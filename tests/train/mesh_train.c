@@ -84,7 +84,9 @@ static int train(uform_executor_t *executor, uform_mesh_t *mesh, size_t first, s
 static int compare(char const *a_path, char const *b_path) {
     train_params_t a, b;
     char const *message = NULL;
-    if (train_params_load(&a, a_path, &message) != UFORM_OK || train_params_load(&b, b_path, &message) != UFORM_OK) {
+    char reason[UFORM_ERROR_MESSAGE_SIZE];
+    if (train_params_load(&a, a_path, reason, &message) != UFORM_OK ||
+        train_params_load(&b, b_path, reason, &message) != UFORM_OK) {
         fprintf(stderr, "mesh_train: %s\n", message);
         return 1;
     }

@@ -9,6 +9,9 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <math.h>
 #include <signal.h>
@@ -16,6 +19,7 @@
 #include <stdlib.h>
 #include <time.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -26,8 +30,86 @@
 #include "train.h"
 
 /* ---------------------------------------------------------------------------------------------- */
+/* A fault in the k-th file system call                                                           */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* The test binary is linked with --wrap for each call below (tests/meson.build): while
+ * filesystem_fail_at is k > 0, the k-th such call made by this thread fails, a write with ENOSPC and the
+ * others with EIO; a close closes first. filesystem_calls counts them. */
+static _Thread_local size_t filesystem_calls, filesystem_fail_at;
+
+static bool filesystem_fails(int error) {
+    if (!filesystem_fail_at || ++filesystem_calls != filesystem_fail_at) return false;
+    errno = error;
+    return true;
+}
+
+int __real_open64(char const *path, int flags, ...);
+int __real_mkostemp64(char *pattern, int flags);
+int __real_fchmod(int fd, mode_t mode);
+ssize_t __real_write(int fd, void const *data, size_t size);
+int __real_fsync(int fd);
+int __real_close(int fd);
+int __real_rename(char const *from, char const *to);
+int __real_unlink(char const *path);
+DIR *__real_opendir(char const *path);
+
+int __wrap_open64(char const *path, int flags, ...);
+int __wrap_open64(char const *path, int flags, ...) {
+    va_list arguments;
+    va_start(arguments, flags);
+    mode_t const mode = (flags & O_CREAT) ? (mode_t)va_arg(arguments, int) : 0;
+    va_end(arguments);
+    return filesystem_fails(EIO) ? -1 : __real_open64(path, flags, mode);
+}
+
+int __wrap_mkostemp64(char *pattern, int flags);
+int __wrap_mkostemp64(char *pattern, int flags) {
+    return filesystem_fails(ENOSPC) ? -1 : __real_mkostemp64(pattern, flags);
+}
+
+int __wrap_fchmod(int fd, mode_t mode);
+int __wrap_fchmod(int fd, mode_t mode) {
+    return filesystem_fails(EIO) ? -1 : __real_fchmod(fd, mode);
+}
+
+ssize_t __wrap_write(int fd, void const *data, size_t size);
+ssize_t __wrap_write(int fd, void const *data, size_t size) {
+    return filesystem_fails(ENOSPC) ? -1 : __real_write(fd, data, size);
+}
+
+int __wrap_fsync(int fd);
+int __wrap_fsync(int fd) {
+    return filesystem_fails(EIO) ? -1 : __real_fsync(fd);
+}
+
+int __wrap_close(int fd);
+int __wrap_close(int fd) {
+    int const closed = __real_close(fd);
+    return filesystem_fails(EIO) ? -1 : closed;
+}
+
+int __wrap_rename(char const *from, char const *to);
+int __wrap_rename(char const *from, char const *to) {
+    return filesystem_fails(EIO) ? -1 : __real_rename(from, to);
+}
+
+int __wrap_unlink(char const *path);
+int __wrap_unlink(char const *path) {
+    return filesystem_fails(EIO) ? -1 : __real_unlink(path);
+}
+
+DIR *__wrap_opendir(char const *path);
+DIR *__wrap_opendir(char const *path) {
+    return filesystem_fails(EIO) ? NULL : __real_opendir(path);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
 /* Helpers                                                                                        */
 /* ---------------------------------------------------------------------------------------------- */
+
+/* Where a failed save or load writes its reason (the tests run one at a time). */
+static char reason[UFORM_ERROR_MESSAGE_SIZE];
 
 /* A small model: every tower, depth 1, hidden 64, dims 16, short audio. */
 static uform_trainer_config_t small_config(void) {
@@ -460,7 +542,7 @@ static void test_names_match_tiny(void **state) {
     assert_int_equal(header.info.parameters, info.parameters);
     assert_int_equal(header.info.bytes + 4, info.bytes); /* tiny's logit.* are BF16 */
 
-    assert_int_equal(train_params_save(&params, saved, &message), UFORM_OK);
+    assert_int_equal(train_params_save(&params, saved, reason, &message), UFORM_OK);
     char *tiny_metadata = metadata_of(tiny_path), *train_metadata = metadata_of(saved);
     assert_string_equal(tiny_metadata, train_metadata);
     free(tiny_metadata);
@@ -679,7 +761,7 @@ static void test_save_loads(void **state) {
     train_params_t params;
     small_params(&params, 5);
     char const *message = NULL;
-    assert_int_equal(train_params_save(&params, path, &message), UFORM_OK);
+    assert_int_equal(train_params_save(&params, path, reason, &message), UFORM_OK);
     assert_true(file_exists(optimizer));
 
     uform_model_t *model = NULL;
@@ -693,7 +775,7 @@ static void test_save_loads(void **state) {
     /* Without the state: the BF16 weights widened, logit.* exact (F32), step 0, no moments. */
     assert_int_equal(unlink(optimizer), 0);
     train_params_t loaded;
-    assert_int_equal(train_params_load(&loaded, path, &message), UFORM_OK);
+    assert_int_equal(train_params_load(&loaded, path, reason, &message), UFORM_OK);
     assert_info_equal(&params.info, &loaded.info, true);
     assert_int_equal(loaded.count, params.count);
     assert_int_equal(loaded.step, 0);
@@ -717,7 +799,7 @@ static void test_load_other_checkpoints(void **state) {
     fixture_path("tiny.safetensors", path, sizeof path);
     train_params_t params;
     char const *message = NULL;
-    assert_int_equal(train_params_load(&params, path, &message), UFORM_OK);
+    assert_int_equal(train_params_load(&params, path, reason, &message), UFORM_OK);
     assert_true(train_params_find(&params, "logit.scale")->value[0] ==
                 bf16_to_f32(f32_to_bf16(2.302585093f)));
     train_params_free(&params);
@@ -750,7 +832,7 @@ static void test_load_other_checkpoints(void **state) {
     }
     char *metadata = checkpoint_metadata_text(&info);
     assert_int_equal(checkpoint_write(path, metadata, sources, count, &message), UFORM_OK);
-    assert_int_equal(train_params_load(&params, path, &message), UFORM_OK);
+    assert_int_equal(train_params_load(&params, path, reason, &message), UFORM_OK);
     assert_true(params.info.has_text && !params.info.has_image && !params.info.has_audio &&
                 params.info.has_logit);
     assert_int_equal(params.count, count + 2);
@@ -774,8 +856,8 @@ static void test_round_trip(void **state) {
     params.optimizer.learning_rate = 1.0 / 3; /* digits a short decimal does not hold */
     params.optimizer.epsilon = 1e-8 / 7;
     char const *message = NULL;
-    assert_int_equal(train_params_save(&params, path, &message), UFORM_OK);
-    assert_int_equal(train_params_load(&loaded, path, &message), UFORM_OK);
+    assert_int_equal(train_params_save(&params, path, reason, &message), UFORM_OK);
+    assert_int_equal(train_params_load(&loaded, path, reason, &message), UFORM_OK);
     assert_same_params(&params, &loaded, true);
     assert_info_equal(&params.info, &loaded.info, true);
     train_params_free(&loaded);
@@ -794,9 +876,9 @@ static void test_resume(void **state) {
     small_params(&first, 4);
     steps(&first, NULL, 5);
     char const *message = NULL;
-    assert_int_equal(train_params_save(&first, path, &message), UFORM_OK);
+    assert_int_equal(train_params_save(&first, path, reason, &message), UFORM_OK);
     train_params_free(&first);
-    assert_int_equal(train_params_load(&resumed, path, &message), UFORM_OK);
+    assert_int_equal(train_params_load(&resumed, path, reason, &message), UFORM_OK);
     assert_int_equal(resumed.step, 5);
     steps(&resumed, executor, 5);
     assert_same_params(&straight, &resumed, true);
@@ -815,14 +897,14 @@ static void test_state_of_another_checkpoint(void **state) {
     train_params_t params;
     char const *message = NULL;
     small_params(&params, 1);
-    assert_int_equal(train_params_save(&params, a, &message), UFORM_OK);
+    assert_int_equal(train_params_save(&params, a, reason, &message), UFORM_OK);
     steps(&params, NULL, 1);
-    assert_int_equal(train_params_save(&params, b, &message), UFORM_OK);
+    assert_int_equal(train_params_save(&params, b, reason, &message), UFORM_OK);
     train_params_free(&params);
     assert_int_equal(rename(b, a), 0); /* a's checkpoint replaced, a's state left */
 
     message = NULL;
-    assert_int_equal(train_params_load(&params, a, &message), UFORM_FORMAT);
+    assert_int_equal(train_params_load(&params, a, reason, &message), UFORM_FORMAT);
     assert_string_equal(message, "the optimizer state belongs to another checkpoint");
     assert_int_equal(params.count, 0);
     assert_null(params.tensors);
@@ -833,10 +915,10 @@ static void test_state_of_another_checkpoint(void **state) {
     assert_int_equal(fwrite(garbage.data, 1, garbage.size, file), garbage.size);
     assert_int_equal(fclose(file), 0);
     free(garbage.data);
-    assert_int_equal(train_params_load(&params, a, &message), UFORM_FORMAT);
+    assert_int_equal(train_params_load(&params, a, reason, &message), UFORM_FORMAT);
     assert_string_equal(message, "the optimizer state is malformed");
     assert_int_equal(unlink(a_state), 0);
-    assert_int_equal(train_params_load(&params, a, &message), UFORM_OK); /* no state: weights alone */
+    assert_int_equal(train_params_load(&params, a, reason, &message), UFORM_OK); /* no state: weights alone */
     assert_int_equal(params.step, 0);
     train_params_free(&params);
 }
@@ -847,26 +929,66 @@ static void test_missing_and_bad_files(void **state) {
     train_params_t params;
     char const *message = NULL;
     fixture_path("missing.safetensors", path, sizeof path);
-    assert_int_equal(train_params_load(&params, path, &message), UFORM_IO);
+    assert_int_equal(train_params_load(&params, path, reason, &message), UFORM_IO);
     assert_string_equal(message, "cannot open the checkpoint");
     assert_int_equal(params.count, 0);
     fixture_path("", path, sizeof path); /* the folder */
-    assert_int_equal(train_params_load(&params, path, &message), UFORM_IO);
+    assert_int_equal(train_params_load(&params, path, reason, &message), UFORM_IO);
     fixture_path("not-a-checkpoint", path, sizeof path);
     blob_t const text = blob_copy("hello", 5);
     blob_write("not-a-checkpoint", &text);
     free(text.data);
-    assert_int_equal(train_params_load(&params, path, &message), UFORM_FORMAT);
+    assert_int_equal(train_params_load(&params, path, reason, &message), UFORM_FORMAT);
     /* a save into a folder that does not exist */
     fixture_path("no-folder/model.safetensors", path, sizeof path);
     small_params(&params, 1);
-    assert_int_equal(train_params_save(&params, path, &message), UFORM_IO);
+    assert_int_equal(train_params_save(&params, path, reason, &message), UFORM_IO);
     char small[8];
     assert_false(train_state_path(path, small, sizeof small));
     train_params_free(&params);
 }
 
-/* A child saves over and over; killed at random moments, it always leaves a whole checkpoint. */
+/* Nothing of a save is left beside `path` once a load settled it: no staged file, no temporary. */
+static void assert_no_staged_files(char const *path) {
+    char const *slash = strrchr(path, '/');
+    assert_non_null(slash);
+    char folder[512];
+    snprintf(folder, sizeof folder, "%.*s", (int)(slash - path), path);
+    DIR *listing = opendir(folder);
+    assert_non_null(listing);
+    for (struct dirent *entry; (entry = readdir(listing));) {
+        if (strncmp(entry->d_name, slash + 1, strlen(slash + 1)) != 0) continue;
+        char const *rest = entry->d_name + strlen(slash + 1);
+        if (strcmp(rest, "") != 0 && strcmp(rest, ".optimizer") != 0)
+            fail_msg("left beside %s: %s", path, rest);
+    }
+    closedir(listing);
+}
+
+/* The save to `path` of `params` at `step`, with tensor 0's first value `mark`. */
+static void save_marked(train_params_t *params, char const *path, size_t step, float mark) {
+    char const *message = NULL;
+    params->step = step;
+    params->tensors[0].value[0] = mark;
+    if (train_params_save(params, path, reason, &message) != UFORM_OK) fail_msg("%s", message);
+}
+
+/* The pair at `path` loads, for training and for inference, and is the one of `step` and `mark`. */
+static bool pair_is(char const *path, size_t step, float mark) {
+    char const *message = NULL;
+    train_params_t loaded;
+    if (train_params_load(&loaded, path, reason, &message) != UFORM_OK) fail_msg("%s", message);
+    bool const same = loaded.step == step && loaded.tensors[0].value[0] == mark;
+    train_params_free(&loaded);
+    uform_model_t *model = NULL;
+    uform_model_load_args_t const load = {.path = path, .model = &model};
+    if (uform_model_load_ram(&load) != UFORM_OK) fail_msg("%s", last_error_text().text);
+    uform_model_free(model);
+    return same;
+}
+
+/* A child saves over and over; killed at random moments, it always leaves a whole checkpoint and an
+ * optimizer state of its own. */
 static void test_killed_saves(void **state) {
     (void)state;
     char path[512];
@@ -874,7 +996,7 @@ static void test_killed_saves(void **state) {
     train_params_t params;
     char const *message = NULL;
     small_params(&params, 2);
-    assert_int_equal(train_params_save(&params, path, &message), UFORM_OK);
+    assert_int_equal(train_params_save(&params, path, reason, &message), UFORM_OK);
     random_seed(99);
     for (size_t round = 0; round < 6; round++) {
         fflush(NULL);
@@ -883,7 +1005,7 @@ static void test_killed_saves(void **state) {
         if (child == 0) {
             for (;;) {
                 params.tensors[0].value[0] += 1;
-                if (train_params_save(&params, path, &message) != UFORM_OK) _exit(1);
+                if (train_params_save(&params, path, reason, &message) != UFORM_OK) _exit(1);
             }
         }
         struct timespec pause = {0, (long)(1000 + random_below(40000)) * 1000};
@@ -897,15 +1019,134 @@ static void test_killed_saves(void **state) {
         uform_model_load_args_t const load = {.path = path, .model = &model};
         if (uform_model_load_ram(&load) != UFORM_OK) fail_msg("round %zu: %s", round, last_error_text().text);
         uform_model_free(model);
-        /* a kill between the two renames leaves a state of the previous checkpoint */
+        /* a kill at any point leaves a pair that resumes: the old one or a newer one */
         train_params_t loaded;
-        uform_status_t const loaded_status = train_params_load(&loaded, path, &message);
-        if (loaded_status != UFORM_OK)
-            assert_string_equal(message, "the optimizer state belongs to another checkpoint");
-        else
-            assert_true(loaded.tensors[0].value[0] >= params.tensors[0].value[0]);
+        if (train_params_load(&loaded, path, reason, &message) != UFORM_OK)
+            fail_msg("round %zu: %s", round, message);
+        assert_true(loaded.tensors[0].value[0] >= params.tensors[0].value[0]);
+        assert_no_staged_files(path);
         train_params_free(&loaded);
     }
+    train_params_free(&params);
+}
+
+/* ---- faults in a save ------------------------------------------------------------------------------ */
+
+/* The k-th file system call of a save fails, for every k: the save answers UFORM_IO naming the file and
+ * the cause, and the previous pair, or the new one, resumes; or, where the call was a close that loses
+ * nothing, it answers UFORM_OK and the new pair resumes. */
+static void test_failed_save_loses_checkpoint(void **state) {
+    (void)state;
+    char path[512];
+    fixture_path("faults.safetensors", path, sizeof path);
+    train_params_t params;
+    char const *message = NULL;
+    small_params(&params, 3);
+    size_t k = 1, olds = 0, news = 0, closes_ignored = 0;
+    for (;; k++) {
+        save_marked(&params, path, 5, 0.25f);
+        params.step = 6;
+        params.tensors[0].value[0] = 0.5f;
+        filesystem_calls = 0;
+        filesystem_fail_at = k;
+        uform_status_t const status = train_params_save(&params, path, reason, &message);
+        filesystem_fail_at = 0;
+        if (status == UFORM_OK && filesystem_calls < k) break; /* every call was tried */
+        if (status == UFORM_OK) { /* a close that loses nothing (a read-only file, a folder) */
+            if (!pair_is(path, 6, 0.5f)) fail_msg("call %zu failed, the save answered ok, the pair is old", k);
+            closes_ignored++;
+            continue;
+        }
+        if (status != UFORM_IO || strncmp(message, "cannot ", 7) != 0 || strstr(message, path) == NULL ||
+            (strstr(message, strerror(ENOSPC)) == NULL && strstr(message, strerror(EIO)) == NULL))
+            fail_msg("call %zu: %s: %s", k, uform_status_name(status), message);
+        if (pair_is(path, 5, 0.25f))
+            olds++;
+        else if (pair_is(path, 6, 0.5f))
+            news++;
+        else
+            fail_msg("call %zu failed: the pair on disk is neither the old one nor the new one", k);
+        assert_no_staged_files(path);
+    }
+    assert_true(k > 20 && olds > 10 && news >= 1 && closes_ignored < k / 2);
+    train_params_free(&params);
+}
+
+/* A file size limit (RLIMIT_FSIZE, SIGXFSZ ignored) that the checkpoint fits in and its state does not:
+ * the save answers "cannot write PATH.optimizer: File too large" and the previous pair resumes. */
+static void test_save_error_names_no_file(void **state) {
+    (void)state;
+    char path[512], optimizer[512];
+    fixture_path("limited.safetensors", path, sizeof path);
+    state_path(path, optimizer, sizeof optimizer);
+    train_params_t params;
+    small_params(&params, 4);
+    save_marked(&params, path, 7, 0.125f);
+    struct stat checkpoint;
+    assert_int_equal(stat(path, &checkpoint), 0);
+    int channel[2];
+    assert_int_equal(pipe(channel), 0);
+    fflush(NULL);
+    pid_t const child = fork();
+    assert_true(child >= 0);
+    if (child == 0) {
+        struct rlimit const limit = {(rlim_t)checkpoint.st_size + 4096, (rlim_t)checkpoint.st_size + 4096};
+        char const *message = "";
+        signal(SIGXFSZ, SIG_IGN);
+        params.step = 8;
+        params.tensors[0].value[0] = 0.75f;
+        if (setrlimit(RLIMIT_FSIZE, &limit) != 0 ||
+            train_params_save(&params, path, reason, &message) != UFORM_IO)
+            _exit(1);
+        size_t const length = strlen(message);
+        _exit(write(channel[1], message, length) == (ssize_t)length ? 0 : 1);
+    }
+    close(channel[1]);
+    char got[UFORM_ERROR_MESSAGE_SIZE + 1] = {0};
+    ssize_t const length = read(channel[0], got, UFORM_ERROR_MESSAGE_SIZE);
+    close(channel[0]);
+    int status = 0;
+    assert_int_equal(waitpid(child, &status, 0), child);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0 && length > 0);
+    char expected[1024];
+    snprintf(expected, sizeof expected, "cannot write %s: %s", optimizer, strerror(EFBIG));
+    expected[UFORM_ERROR_MESSAGE_SIZE - 1] = '\0'; /* where a message is cut */
+    assert_string_equal(got, expected);
+    assert_true(pair_is(path, 7, 0.125f));
+    assert_no_staged_files(path);
+    train_params_free(&params);
+}
+
+/* What a killed save left is settled by the next load: a checkpoint staged before its state was in
+ * place is removed, with its staged state and the temporaries; one whose state is in place replaces
+ * the old checkpoint. */
+static void test_interrupted_save_settles(void **state) {
+    (void)state;
+    char path[512], optimizer[600], next[600], next_state[700], staged_state[700], stale[700];
+    fixture_path("settle.safetensors", path, sizeof path);
+    state_path(path, optimizer, sizeof optimizer);
+    snprintf(next, sizeof next, "%s.next", path);
+    snprintf(next_state, sizeof next_state, "%s.optimizer", next);
+    snprintf(staged_state, sizeof staged_state, "%s.next", optimizer);
+    snprintf(stale, sizeof stale, "%s.next.tmp.Ab3dE6", path);
+    train_params_t params;
+    small_params(&params, 6);
+    save_marked(&params, path, 8, 1.25f);
+    /* killed before the state's rename: both staged, the old pair in place */
+    save_marked(&params, next, 9, 1.5f);
+    assert_int_equal(rename(next_state, staged_state), 0);
+    FILE *file = fopen(stale, "wb");
+    assert_non_null(file);
+    assert_int_equal(fwrite("half", 1, 4, file), 4);
+    assert_int_equal(fclose(file), 0);
+    assert_true(pair_is(path, 8, 1.25f));
+    assert_false(file_exists(next) || file_exists(staged_state) || file_exists(stale));
+    /* killed after the state's rename: the new pair, its checkpoint still staged */
+    save_marked(&params, next, 9, 1.5f);
+    assert_int_equal(rename(next_state, optimizer), 0);
+    assert_true(pair_is(path, 9, 1.5f));
+    assert_false(file_exists(next));
+    assert_no_staged_files(path);
     train_params_free(&params);
 }
 
@@ -933,6 +1174,9 @@ int main(void) {
         cmocka_unit_test(test_state_of_another_checkpoint),
         cmocka_unit_test(test_missing_and_bad_files),
         cmocka_unit_test(test_killed_saves),
+        cmocka_unit_test(test_failed_save_loses_checkpoint),
+        cmocka_unit_test(test_save_error_names_no_file),
+        cmocka_unit_test(test_interrupted_save_settles),
     };
     return cmocka_run_group_tests(tests, group_setup, fixture_teardown);
 }

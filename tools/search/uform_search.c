@@ -32,7 +32,8 @@ static char const index_help_head[] =
     "modality as 'uform encode' makes them. A file that cannot be read or encoded is reported on one\n"
     "line of stderr with its status (io, format, unsupported, ...) and left out; the run goes on and\n"
     "ends with a count of the files indexed and skipped. INDEX is written to a temporary file beside it,\n"
-    "synced and renamed into place: it is always a whole index, the old one or the new one.\n"
+    "synced and renamed into place: it is always a whole index, the old one or the new one; the\n"
+    "temporary a killed run leaves (INDEX.tmp-XXXXXX) is removed by the next index of the same path.\n"
     "\n";
 
 static char const index_help_tail[] =

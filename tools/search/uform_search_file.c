@@ -1,9 +1,8 @@
-/* The search index file (its layout is in uform_search.h): written to a temporary file that is synced
- * and renamed into place, read back whole and checked before a byte of it is trusted; and the text of
- * a .txt file. */
+/* The search index file (its layout is in uform_search.h): written as a replacement (uform_replace.c: a
+ * temporary beside it, synced and renamed into place; killed writers' temporaries removed at the next
+ * write), read back whole and checked before a byte of it is trusted; and the text of a .txt file. */
 #include <errno.h>
 #include <fcntl.h>
-#include <libgen.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,8 +16,8 @@ _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
                "the vectors are written as the host lays them out");
 
 struct search_writer {
-    char *path, *temporary;
-    FILE *file;
+    replacement_t replacement;
+    FILE *file; /* the replacement's */
     char const *model;
     size_t dims, items;
     /* What follows the vectors, held until they are all written. */
@@ -55,7 +54,7 @@ static uint64_t get_u64(unsigned char const *at) {
 /* ---- writing ---------------------------------------------------------------------------------- */
 
 static int writer_failed(search_writer_t const *writer) {
-    return command_fail("cannot write %s: %s", writer->temporary, strerror(errno ? errno : EIO));
+    return command_fail("cannot write %s: %s", writer->replacement.path, strerror(errno ? errno : EIO));
 }
 
 int search_writer_open(char const *path, char const *model, size_t dims, search_writer_t **opened) {
@@ -63,30 +62,21 @@ int search_writer_open(char const *path, char const *model, size_t dims, search_
     if (!writer) return command_fail("out of memory");
     writer->model = model;
     writer->dims = dims;
-    writer->path = strdup(path);
     writer->offsets = calloc(1, sizeof *writer->offsets);
-    if (writer->path) writer->temporary = command_join(path, ".XXXXXX", "");
-    if (!writer->path || !writer->offsets || !writer->temporary) {
+    if (!writer->offsets) {
         search_writer_abort(writer);
         return command_fail("out of memory");
     }
-    int fd = mkstemp(writer->temporary);
-    if (fd < 0) {
-        int code = command_fail("cannot create %s: %s", writer->temporary, strerror(errno));
-        free(writer->temporary);
-        writer->temporary = NULL; /* nothing to remove */
+    int code = replacement_open(path, &writer->replacement);
+    if (code != COMMAND_OK) {
         search_writer_abort(writer);
         return code;
     }
-    /* mkstemp makes the file private; the index gets the permissions of any file the user creates. */
-    mode_t mask = umask(0);
-    umask(mask);
-    writer->file = fdopen(fd, "wb");
-    if (!writer->file) close(fd);
+    writer->file = writer->replacement.file;
     unsigned char header[SEARCH_HEADER_SIZE] = {0}; /* written again, complete, at the end */
-    if (!writer->file || fchmod(fd, 0666 & ~mask) != 0 ||
-        fwrite(header, 1, sizeof header, writer->file) != sizeof header) {
-        int code = writer_failed(writer);
+    errno = 0;
+    if (fwrite(header, 1, sizeof header, writer->file) != sizeof header) {
+        code = writer_failed(writer);
         search_writer_abort(writer);
         return code;
     }
@@ -114,6 +104,7 @@ int search_writer_add(search_writer_t *writer, uform_modality_t modality, char c
         writer->paths = paths;
         writer->paths_capacity = capacity;
     }
+    errno = 0;
     if (fwrite(vector, sizeof *vector, writer->dims, writer->file) != writer->dims)
         return writer_failed(writer);
     memcpy(writer->paths + writer->paths_bytes, path, length);
@@ -121,19 +112,6 @@ int search_writer_add(search_writer_t *writer, uform_modality_t modality, char c
     writer->modalities[writer->items] = (unsigned char)modality;
     writer->offsets[++writer->items] = writer->paths_bytes;
     return COMMAND_OK;
-}
-
-/* The directory entry of a rename is durable once its directory is synced. */
-static int sync_directory(search_writer_t const *writer) {
-    char *copy = strdup(writer->path);
-    if (!copy) return command_fail("out of memory");
-    int fd = open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    int code = COMMAND_OK;
-    if (fd < 0 || fsync(fd) != 0)
-        code = command_fail("cannot sync the folder of %s: %s", writer->path, strerror(errno));
-    if (fd >= 0) close(fd);
-    free(copy);
-    return code;
 }
 
 int search_writer_commit(search_writer_t *writer) {
@@ -155,28 +133,15 @@ int search_writer_commit(search_writer_t *writer) {
         written = fwrite(offset, 1, sizeof offset, file) == sizeof offset;
     }
     written = written && fwrite(writer->paths, 1, writer->paths_bytes, file) == writer->paths_bytes &&
-              fseeko(file, 0, SEEK_SET) == 0 && fwrite(header, 1, sizeof header, file) == sizeof header &&
-              fflush(file) == 0 && fsync(fileno(file)) == 0;
-    int code = written ? COMMAND_OK : writer_failed(writer);
-    writer->file = NULL;
-    if (fclose(file) != 0 && code == COMMAND_OK) code = writer_failed(writer);
-    if (code == COMMAND_OK && rename(writer->temporary, writer->path) != 0)
-        code = command_fail("cannot rename %s to %s: %s", writer->temporary, writer->path, strerror(errno));
-    if (code == COMMAND_OK) {
-        free(writer->temporary);
-        writer->temporary = NULL; /* renamed: nothing to remove */
-        code = sync_directory(writer);
-    }
+              fseeko(file, 0, SEEK_SET) == 0 && fwrite(header, 1, sizeof header, file) == sizeof header;
+    int code = written ? replacement_commit(&writer->replacement) : writer_failed(writer);
     search_writer_abort(writer);
     return code;
 }
 
 void search_writer_abort(search_writer_t *writer) {
     if (!writer) return;
-    if (writer->file) fclose(writer->file);
-    if (writer->temporary) unlink(writer->temporary);
-    free(writer->temporary);
-    free(writer->path);
+    replacement_abort(&writer->replacement);
     free(writer->modalities);
     free(writer->offsets);
     free(writer->paths);
