@@ -239,9 +239,14 @@ UFORM_EXPORT void uform_ram_options_init(uform_ram_options_t *options);
 
 /* Creates an executor of `threads` worker threads; the first one also runs the executor's loop. Memory
  * it hands out (arenas, model weights) is bound to its domains. `options` may be NULL for defaults.
- * May block while the threads start. Answers UFORM_OK, UFORM_INVALID_ARGUMENT (no such domain, NULL
- * executor), UFORM_UNSUPPORTED (domains asked without hwloc), UFORM_OUT_OF_MEMORY (memory or threads),
- * UFORM_IO (the loop could not be created). */
+ * May block while the threads start. With hwloc, the machine's topology is loaded by the first RAM
+ * executor that succeeds and shared by every later one for the rest of the process (a failed load keeps
+ * nothing: the next creation tries again); that first load runs inside hwloc, whose own handling of a
+ * failed allocation there the engine cannot check (hwloc 2.9 may dereference NULL), so a process that
+ * must survive allocation failure creates its first RAM executor early. Answers UFORM_OK,
+ * UFORM_INVALID_ARGUMENT (no such domain, NULL executor), UFORM_UNSUPPORTED (domains asked without
+ * hwloc), UFORM_OUT_OF_MEMORY (memory or threads, or hwloc out of memory loading the topology), UFORM_IO
+ * (the loop could not be created, or hwloc could not read the topology). */
 UFORM_EXPORT uform_status_t uform_executor_create_ram(uform_ram_options_t const *options,
                                                       uform_executor_t **executor);
 
