@@ -436,11 +436,15 @@ typedef struct uform_model_load_args {
 } uform_model_load_args_t;
 
 /* Loads a checkpoint into host memory: opens, stats and reads it through the executor's loop,
- * validating the header (JSON, dtypes, shapes, offsets, the format-4 metadata, every tensor each
- * tower needs) before reading any tensor byte. Reports progress in bytes; a handler answering
- * UFORM_CANCEL ends the call with UFORM_CANCELLED once in-flight reads drain, freeing everything.
- * Answers UFORM_OK, UFORM_INVALID_ARGUMENT, UFORM_CONTENDED, UFORM_IO (cannot open or read),
- * UFORM_FORMAT (any malformation), UFORM_OUT_OF_MEMORY, UFORM_CANCELLED. */
+ * validating the header (JSON, dtypes, shapes, offsets, each tensor's data aligned to its dtype in the
+ * file, the format-4 metadata and the ranges of its numbers, every tensor each tower needs) before
+ * reading any tensor byte. Reports progress in bytes; a handler answering UFORM_CANCEL ends the call
+ * with UFORM_CANCELLED once in-flight reads drain, freeing everything. Answers UFORM_OK,
+ * UFORM_INVALID_ARGUMENT, UFORM_CONTENDED, UFORM_IO (cannot open or read), UFORM_FORMAT (any
+ * malformation), UFORM_OUT_OF_MEMORY (memory, jansson's parsing the header included), UFORM_CANCELLED.
+ * Outside the engine's control: jansson 2.14, when growing its token buffer fails, drops the byte and
+ * parses on (a header that then fails validation as FORMAT, or a heap overflow inside jansson when the
+ * byte was a string's closing quote). */
 UFORM_EXPORT uform_status_t uform_model_load_ram(uform_model_load_args_t const *args);
 
 /* The same into device memory of a VRAM executor: the statuses of uform_model_load_ram, plus
