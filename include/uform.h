@@ -520,7 +520,10 @@ typedef struct uform_encode_config {
 } uform_encode_config_t;
 
 /* What an encode produced, views into the arena. Unrequested outputs have data == NULL. `statuses`
- * holds one status per item: a failed item's rows are zero and the rest of the batch is encoded. */
+ * holds one status per item: a failed item's rows are zero and the rest of the batch is encoded. Every
+ * verb, whatever its other item statuses: an item whose outputs in host memory would hold a NaN or an
+ * infinity (weights that carry it there) fails with UFORM_FORMAT instead; outputs in device memory are
+ * not checked. */
 typedef struct uform_encoded {
     uform_view_t embeddings, token_vectors, states;
     uform_status_t const *statuses;
