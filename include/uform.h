@@ -556,7 +556,8 @@ typedef enum uform_source {
  * padding and split over the executor's threads. EMBEDDINGS: one row per text; TOKEN_VECTORS: one row
  * per kept byte, grouped per text by item_offsets; STATES: the final state of each text's last
  * position, `hidden` wide. Results are bitwise identical whatever the receiver and thread count, and
- * a text's vectors do not depend on the other texts of the batch. Progress counts texts, reported
+ * a text's vectors do not depend on the other texts of the batch. A text's only item status is
+ * UFORM_FORMAT, for outputs that would not be finite (uform_encoded_t). Progress counts texts, reported
  * between chunks of at most 2048 tokens. Answers UFORM_OK, UFORM_INVALID_ARGUMENT (a NULL or empty
  * tape, offsets out of order or past the tape, an arena of another executor, a bad config),
  * UFORM_CONTENDED (executor or arena held), UFORM_UNSUPPORTED (no text tower), UFORM_OUT_OF_MEMORY,
