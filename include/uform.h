@@ -245,9 +245,14 @@ UFORM_EXPORT void uform_ram_options_init(uform_ram_options_t *options);
 
 /* Creates an executor of `threads` worker threads; the first one also runs the executor's loop. Memory
  * it hands out (arenas, model weights) is bound to its domains. `options` may be NULL for defaults.
- * May block while the threads start. Answers UFORM_OK, UFORM_INVALID_ARGUMENT (no such domain, NULL
- * executor), UFORM_UNSUPPORTED (domains asked without hwloc), UFORM_OUT_OF_MEMORY (memory or threads),
- * UFORM_IO (the loop could not be created). */
+ * May block while the threads start. With hwloc, the machine's topology is loaded by the first RAM
+ * executor that succeeds and shared by every later one for the rest of the process (a failed load keeps
+ * nothing: the next creation tries again); that first load runs inside hwloc, whose own handling of a
+ * failed allocation there the engine cannot check (hwloc 2.9 may dereference NULL), so a process that
+ * must survive allocation failure creates its first RAM executor early. Answers UFORM_OK,
+ * UFORM_INVALID_ARGUMENT (no such domain, NULL executor), UFORM_UNSUPPORTED (domains asked without
+ * hwloc), UFORM_OUT_OF_MEMORY (memory or threads, or hwloc out of memory loading the topology), UFORM_IO
+ * (the loop could not be created, or hwloc could not read the topology). */
 UFORM_EXPORT uform_status_t uform_executor_create_ram(uform_ram_options_t const *options,
                                                       uform_executor_t **executor);
 
@@ -437,11 +442,15 @@ typedef struct uform_model_load_args {
 } uform_model_load_args_t;
 
 /* Loads a checkpoint into host memory: opens, stats and reads it through the executor's loop,
- * validating the header (JSON, dtypes, shapes, offsets, the format-4 metadata, every tensor each
- * tower needs) before reading any tensor byte. Reports progress in bytes; a handler answering
- * UFORM_CANCEL ends the call with UFORM_CANCELLED once in-flight reads drain, freeing everything.
- * Answers UFORM_OK, UFORM_INVALID_ARGUMENT, UFORM_CONTENDED, UFORM_IO (cannot open or read),
- * UFORM_FORMAT (any malformation), UFORM_OUT_OF_MEMORY, UFORM_CANCELLED. */
+ * validating the header (JSON, dtypes, shapes, offsets, each tensor's data aligned to its dtype in the
+ * file, the format-4 metadata and the ranges of its numbers, every tensor each tower needs) before
+ * reading any tensor byte. Reports progress in bytes; a handler answering UFORM_CANCEL ends the call
+ * with UFORM_CANCELLED once in-flight reads drain, freeing everything. Answers UFORM_OK,
+ * UFORM_INVALID_ARGUMENT, UFORM_CONTENDED, UFORM_IO (cannot open or read), UFORM_FORMAT (any
+ * malformation), UFORM_OUT_OF_MEMORY (memory, jansson's parsing the header included), UFORM_CANCELLED.
+ * Outside the engine's control: jansson 2.14, when growing its token buffer fails, drops the byte and
+ * parses on (a header that then fails validation as FORMAT, or a heap overflow inside jansson when the
+ * byte was a string's closing quote). */
 UFORM_EXPORT uform_status_t uform_model_load_ram(uform_model_load_args_t const *args);
 
 /* The same into device memory of a VRAM executor: the statuses of uform_model_load_ram, plus
@@ -517,7 +526,10 @@ typedef struct uform_encode_config {
 } uform_encode_config_t;
 
 /* What an encode produced, views into the arena. Unrequested outputs have data == NULL. `statuses`
- * holds one status per item: a failed item's rows are zero and the rest of the batch is encoded. */
+ * holds one status per item: a failed item's rows are zero and the rest of the batch is encoded. Every
+ * verb, whatever its other item statuses: an item whose outputs in host memory would hold a NaN or an
+ * infinity (weights that carry it there) fails with UFORM_FORMAT instead; outputs in device memory are
+ * not checked. */
 typedef struct uform_encoded {
     uform_view_t embeddings, token_vectors, states;
     uform_status_t const *statuses;
@@ -550,7 +562,8 @@ typedef enum uform_source {
  * padding and split over the executor's threads. EMBEDDINGS: one row per text; TOKEN_VECTORS: one row
  * per kept byte, grouped per text by item_offsets; STATES: the final state of each text's last
  * position, `hidden` wide. Results are bitwise identical whatever the receiver and thread count, and
- * a text's vectors do not depend on the other texts of the batch. Progress counts texts, reported
+ * a text's vectors do not depend on the other texts of the batch. A text's only item status is
+ * UFORM_FORMAT, for outputs that would not be finite (uform_encoded_t). Progress counts texts, reported
  * between chunks of at most 2048 tokens. Answers UFORM_OK, UFORM_INVALID_ARGUMENT (a NULL or empty
  * tape, offsets out of order or past the tape, an arena of another executor, a bad config),
  * UFORM_CONTENDED (executor or arena held), UFORM_UNSUPPORTED (no text tower), UFORM_OUT_OF_MEMORY,

@@ -9,6 +9,8 @@
 
 static executor_ops_t const inline_ops = {.kind = UFORM_EXECUTOR_INLINE};
 
+void (*executor_stop_observer)(uform_executor_t *executor);
+
 uform_executor_t *executor_new(executor_ops_t const *ops) {
     uform_executor_t *executor = calloc(1, sizeof *executor);
     if (!executor) return NULL;
@@ -36,6 +38,10 @@ static void *loop_thread_main(void *argument) {
     if (created != 0) return NULL;
     while (!atomic_load_explicit(&executor->stopping, memory_order_acquire))
         loop_run(executor->loop, true, executor_spin_ns(executor));
+    /* The destroying thread may still be ringing the doorbell (the loop can wake for other reasons
+     * and see `stopping` first): the loop is freed only once that thread says it has rung. */
+    while (!atomic_load_explicit(&executor->rung, memory_order_acquire))
+        futex_wait(&executor->rung, 0);
     loop_destroy(executor->loop);
     executor->loop = NULL;
     return NULL;
@@ -61,7 +67,10 @@ uform_status_t executor_start_loop(uform_executor_t *executor, char const **mess
 void executor_destroy(uform_executor_t *executor) {
     if (executor->threaded && atomic_load(&executor->started) == 1) {
         atomic_store_explicit(&executor->stopping, true, memory_order_release);
+        if (executor_stop_observer) executor_stop_observer(executor);
         loop_wake(executor->loop);
+        atomic_store_explicit(&executor->rung, 1, memory_order_release);
+        futex_wake_all(&executor->rung);
         pthread_join(executor->loop_thread, NULL);
     } else if (executor->loop) {
         loop_destroy(executor->loop);

@@ -63,6 +63,7 @@ struct uform_executor {
     /* The loop thread of threaded executors. */
     pthread_t loop_thread;
     _Atomic bool stopping;
+    _Atomic uint32_t rung;    /* the destroying thread has rung the doorbell: the loop may be freed */
     _Atomic uint32_t started; /* loop thread start: 0 pending, 1 running, 2 failed */
 
     void *state; /* the kind's own */
@@ -93,6 +94,11 @@ uform_executor_t *executor_new(executor_ops_t const *ops);
 /* Starts the loop thread of a threaded executor (its loop made on that thread). UFORM_OK, or a failure
  * with a static message. */
 uform_status_t executor_start_loop(uform_executor_t *executor, char const **message);
+
+/* Test hook: when not NULL, called by executor_destroy on the destroying thread of a threaded executor
+ * between storing `stopping` and ringing the loop's doorbell, the window in which the loop thread may
+ * already be leaving its loop. Set it before the executors it watches are freed. */
+extern void (*executor_stop_observer)(uform_executor_t *executor);
 
 /* Stops the loop thread, frees the scratch, the kind's state and the executor. For executors nobody
  * else has seen (a failed create); the others go through executor_release. */
@@ -126,6 +132,10 @@ void executor_for_threads(uform_executor_t *executor, void (*work)(void *context
  * must end on its own and tell the loop so (loop_post). false, with nothing lent, for inline, pool and
  * VRAM executors, a RAM executor of one thread, or one whose worker is lent already. */
 bool executor_lend(uform_executor_t *executor, void (*work)(void *context), void *context);
+
+/* The hwloc topology a RAM executor reads (the process's, shared by every RAM executor), or NULL: any
+ * other kind, or a build without hwloc. */
+void const *executor_topology(uform_executor_t const *executor);
 
 /* Can lend a worker now: a RAM executor of two threads or more, none lent. */
 bool executor_lends(uform_executor_t const *executor);

@@ -1,6 +1,8 @@
 /* RAM executors: a loop thread (thread 0) and a team of workers (threads 1..n-1) for fork-join compute,
  * pinned to cores of its NUMA domains through hwloc, with memory bound to those domains; the team can
- * lend its last worker to work that runs beside the forks (executor_lend). */
+ * lend its last worker to work that runs beside the forks (executor_lend). The hwloc topology is the
+ * process's, loaded once by the first executor and read by all. */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -17,7 +19,7 @@ typedef struct team team_t;
 /* A RAM executor's state. */
 typedef struct ram {
     team_t *team;
-    void *topology; /* hwloc_topology_t when built with hwloc */
+    void *topology; /* hwloc_topology_t when built with hwloc: the process's (ram_shared_topology) */
     void *cpuset;   /* hwloc_bitmap_t: where the threads run */
     void *nodeset;  /* hwloc_bitmap_t: where memory is bound, or NULL for no binding */
     bool pin;
@@ -28,6 +30,10 @@ static executor_ops_t const ram_ops;
 /* The team of a RAM executor, or NULL (any other kind, or a RAM executor of one thread). */
 static team_t *team_of(uform_executor_t const *executor) {
     return executor->ops == &ram_ops ? ((ram_t *)executor->state)->team : NULL;
+}
+
+void const *executor_topology(uform_executor_t const *executor) {
+    return executor->ops == &ram_ops ? ((ram_t const *)executor->state)->topology : NULL;
 }
 
 /* ---- Fork-join team ----------------------------------------------------------------------------- */
@@ -333,7 +339,6 @@ static void ram_destroy(uform_executor_t *executor) {
 #if UFORM_WITH_HWLOC
     if (ram->cpuset) hwloc_bitmap_free(ram->cpuset);
     if (ram->nodeset) hwloc_bitmap_free(ram->nodeset);
-    if (ram->topology) hwloc_topology_destroy(ram->topology);
 #endif
     free(ram);
 }
@@ -355,16 +360,53 @@ static executor_ops_t const ram_ops = {
     .deallocate = ram_deallocate,
 };
 
+#if UFORM_WITH_HWLOC
+/* The machine's topology, loaded by the first RAM executor and shared by every later one for the rest
+ * of the process (hwloc's queries, binding and allocation only read it, from any thread). A failed
+ * load keeps nothing, and the next executor tries again. */
+static hwloc_topology_t shared_topology;
+static pthread_mutex_t shared_topology_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* hwloc's failure: OUT_OF_MEMORY where it says ENOMEM, else IO (the system's description unreadable). */
+static uform_status_t topology_failure(int error, char const **message) {
+    if (error == ENOMEM) return *message = "out of memory reading the topology", UFORM_OUT_OF_MEMORY;
+    return *message = "cannot read the topology", UFORM_IO;
+}
+
+static uform_status_t ram_shared_topology(hwloc_topology_t *out, char const **message) {
+    uform_status_t status = UFORM_OK;
+    if (pthread_mutex_lock(&shared_topology_lock) != 0)
+        return *message = "cannot lock the topology", UFORM_INTERNAL;
+    if (!shared_topology) {
+        hwloc_topology_t topology;
+        errno = 0;
+        if (hwloc_topology_init(&topology) != 0) {
+            status = topology_failure(errno, message);
+        } else {
+            errno = 0;
+            if (hwloc_topology_load(topology) == 0) {
+                shared_topology = topology;
+            } else {
+                status = topology_failure(errno, message);
+                hwloc_topology_destroy(topology);
+            }
+        }
+    }
+    *out = shared_topology;
+    pthread_mutex_unlock(&shared_topology_lock);
+    return status;
+}
+#endif
+
 /* Resolves the domains into where threads run and where memory binds, and the default thread count. */
 static uform_status_t ram_topology(uform_executor_t *executor, uform_ram_options_t const *options,
                                    size_t *cores, char const **message) {
     ram_t *ram = executor->state;
 #if UFORM_WITH_HWLOC
     hwloc_topology_t topology;
-    if (hwloc_topology_init(&topology) != 0)
-        return *message = "cannot read the topology", UFORM_OUT_OF_MEMORY;
+    uform_status_t status = ram_shared_topology(&topology, message);
+    if (status != UFORM_OK) return status;
     ram->topology = topology;
-    if (hwloc_topology_load(topology) != 0) return *message = "cannot read the topology", UFORM_OUT_OF_MEMORY;
     hwloc_bitmap_t cpuset = hwloc_bitmap_alloc();
     ram->cpuset = cpuset;
     if (!cpuset) return *message = "cannot allocate a cpuset", UFORM_OUT_OF_MEMORY;

@@ -1,4 +1,6 @@
 /* What the encode verbs share (encode.h). */
+#include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "arena.h"
@@ -86,7 +88,74 @@ void encode_stop(encode_call_t *encode, uform_status_t status, char const *messa
     encode->message = message;
 }
 
+/* ---- Non-finite outputs -------------------------------------------------------------------------- */
+
+/* Every element of row `row` is finite: F32 by value, BF16 and F16 by their exponent bits (all ones is
+ * an infinity or a NaN), I8 by its scale (output_row makes it NaN for a row of non-finite values). */
+static bool row_finite(uform_view_t const *view, size_t row) {
+    unsigned char const *data = (unsigned char const *)view->data + row * view->row_stride;
+    uint16_t bits;
+    for (size_t column = 0; column < view->columns; ++column) {
+        switch (view->scalar) {
+        case UFORM_F32: {
+            float value;
+            memcpy(&value, data + column * sizeof value, sizeof value);
+            if (!isfinite(value)) return false;
+            break;
+        }
+        case UFORM_BF16:
+            memcpy(&bits, data + column * sizeof bits, sizeof bits);
+            if ((bits & 0x7F80u) == 0x7F80u) return false;
+            break;
+        case UFORM_F16:
+            memcpy(&bits, data + column * sizeof bits, sizeof bits);
+            if ((bits & 0x7C00u) == 0x7C00u) return false;
+            break;
+        case UFORM_I8:
+            return isfinite(view->scales[row]);
+        }
+    }
+    return true;
+}
+
+/* The rows of `item` in `view`: one, or those its item_offsets give. */
+static void item_rows(uform_view_t const *view, size_t item, size_t *first, size_t *count) {
+    *first = view->item_offsets ? view->item_offsets[item] : item;
+    *count = view->item_offsets ? view->item_offsets[item + 1] - *first : 1;
+}
+
+static bool item_finite(uform_view_t const *view, size_t item) {
+    if (!view->data || view->device) return true;
+    size_t first, count;
+    item_rows(view, item, &first, &count);
+    for (size_t row = first; row < first + count; ++row)
+        if (!row_finite(view, row)) return false;
+    return true;
+}
+
+/* An item whose host outputs hold a NaN or an infinity (weights that carry it there) fails with
+ * UFORM_FORMAT and zero rows, as any failed item, instead of handing the caller a non-finite vector. */
+static void encode_refuse_non_finite(encode_call_t *encode) {
+    uform_encoded_t *encoded = &encode->encoded;
+    uform_view_t *const views[] = {&encoded->embeddings, &encoded->states, &encoded->token_vectors};
+    for (size_t item = 0; item < encoded->items; ++item) {
+        if (encode->statuses[item] != UFORM_OK) continue;
+        bool finite = true;
+        for (size_t i = 0; i < sizeof views / sizeof views[0] && finite; ++i)
+            finite = item_finite(views[i], item);
+        if (finite) continue;
+        encode->statuses[item] = UFORM_FORMAT;
+        for (size_t i = 0; i < sizeof views / sizeof views[0]; ++i) {
+            if (!views[i]->data || views[i]->device) continue;
+            size_t first, count;
+            item_rows(views[i], item, &first, &count);
+            output_zero(views[i], first, count);
+        }
+    }
+}
+
 void encode_end(encode_call_t *encode, outcome_t *outcome, uform_status_t status) {
+    if (status == UFORM_OK && encode->statuses) encode_refuse_non_finite(encode);
     for (size_t item = 0; item < encode->stats.items && encode->statuses; ++item)
         encode->stats.failed += encode->statuses[item] != UFORM_OK;
     if (encode->stats_out) *encode->stats_out = encode->stats;
@@ -139,6 +208,13 @@ void output_row(kernels_t const *kernels, uform_view_t *view, size_t row, float 
     float *scale = view->scales ? (float *)view->scales + row : NULL;
     float ignored;
     kernels->convert(target, values, view->columns, view->scalar, scale ? scale : &ignored);
+    /* Quantized, a non-finite value leaves no trace: the scale says it (encode_refuse_non_finite). */
+    if (scale)
+        for (size_t column = 0; column < view->columns; ++column)
+            if (!isfinite(values[column])) {
+                *scale = NAN;
+                break;
+            }
 }
 
 void output_zero(uform_view_t *view, size_t row, size_t count) {

@@ -91,6 +91,198 @@ uform_status_t checkpoint_prefix(uint8_t const *prefix, size_t prefix_length, ui
     return UFORM_OK;
 }
 
+/* ---- Telling malformed JSON from a failed allocation ----------------------------------------------- */
+
+/* jansson does not always say that an allocation failed: one inside its lexer reads as a syntax error
+ * ("string or '}' expected"). So when it refuses a text, the text is checked here, allocating nothing,
+ * against what jansson accepts (an object or array at the top, at most JSON_CHECK_DEPTH deep, strict
+ * UTF-8, no NUL, paired surrogates, integers within 64 bits, reals that do not overflow): a text that
+ * passes was refused for memory. */
+#define JSON_CHECK_DEPTH 2048 /* jansson's JSON_PARSER_MAX_DEPTH */
+
+typedef struct json_check {
+    unsigned char const *at, *end;
+    size_t depth;
+    uint8_t in_object[JSON_CHECK_DEPTH / 8]; /* per open container: an object (1) or an array (0) */
+} json_check_t;
+
+static void json_check_space(json_check_t *check) {
+    while (check->at < check->end &&
+           (*check->at == ' ' || *check->at == '\t' || *check->at == '\n' || *check->at == '\r'))
+        check->at++;
+}
+
+static bool json_check_byte(json_check_t *check, unsigned char byte) {
+    json_check_space(check);
+    if (check->at == check->end || *check->at != byte) return false;
+    check->at++;
+    return true;
+}
+
+/* Four hex digits after "\u". */
+static bool json_check_hex(json_check_t *check, uint32_t *value) {
+    if (check->end - check->at < 4) return false;
+    *value = 0;
+    for (int i = 0; i < 4; ++i) {
+        unsigned char c = *check->at++;
+        uint32_t digit = c >= '0' && c <= '9'   ? c - (uint32_t)'0'
+                         : c >= 'a' && c <= 'f' ? c - (uint32_t)'a' + 10u
+                         : c >= 'A' && c <= 'F' ? c - (uint32_t)'A' + 10u
+                                                : 16u;
+        if (digit == 16u) return false;
+        *value = *value * 16 + digit;
+    }
+    return true;
+}
+
+static bool json_check_escape(json_check_t *check) {
+    if (check->at == check->end) return false;
+    unsigned char c = *check->at++;
+    if (c != 'u') return strchr("\"\\/bfnrt", c) != NULL && c != '\0';
+    uint32_t unit, low;
+    if (!json_check_hex(check, &unit) || unit == 0 || (unit >= 0xDC00 && unit <= 0xDFFF)) return false;
+    if (unit < 0xD800 || unit > 0xDBFF) return true;
+    return check->end - check->at >= 2 && check->at[0] == '\\' && check->at[1] == 'u' &&
+           (check->at += 2, json_check_hex(check, &low)) && low >= 0xDC00 && low <= 0xDFFF;
+}
+
+/* One UTF-8 sequence of two to four bytes, its first byte `lead` read: shortest form, no surrogate,
+ * at most U+10FFFF. */
+static bool json_check_utf8(json_check_t *check, unsigned char lead) {
+    size_t extra = lead >= 0xF0 ? 3 : lead >= 0xE0 ? 2 : 1;
+    if (lead < 0xC2 || lead > 0xF4 || (size_t)(check->end - check->at) < extra) return false;
+    uint32_t point = lead & (0x3Fu >> extra);
+    for (size_t i = 0; i < extra; ++i) {
+        unsigned char c = *check->at++;
+        if ((c & 0xC0) != 0x80) return false;
+        point = point << 6 | (c & 0x3Fu);
+    }
+    uint32_t const shortest[] = {0, 0x80, 0x800, 0x10000};
+    return point >= shortest[extra] && point <= 0x10FFFF && !(point >= 0xD800 && point <= 0xDFFF);
+}
+
+static bool json_check_string(json_check_t *check) {
+    if (!json_check_byte(check, '"')) return false;
+    while (check->at < check->end) {
+        unsigned char c = *check->at++;
+        if (c == '"') return true;
+        if (c < 0x20) return false;
+        if (c == '\\' && !json_check_escape(check)) return false;
+        if (c >= 0x80 && !json_check_utf8(check, c)) return false;
+    }
+    return false;
+}
+
+static size_t json_check_digits(json_check_t *check) {
+    size_t count = 0;
+    while (check->at < check->end && *check->at >= '0' && *check->at <= '9')
+        check->at++, count++;
+    return count;
+}
+
+/* A number by JSON's grammar; an integer within int64_t, a real whose value is finite (as jansson's
+ * strtoll and strtod read them). */
+static bool json_check_number(json_check_t *check) {
+    unsigned char const *start = check->at;
+    if (check->at < check->end && *check->at == '-') check->at++;
+    unsigned char const *digits = check->at;
+    size_t count = json_check_digits(check);
+    if (count == 0 || (count > 1 && *digits == '0')) return false;
+    bool real = false;
+    if (check->at < check->end && *check->at == '.') {
+        check->at++, real = true;
+        if (json_check_digits(check) == 0) return false;
+    }
+    if (check->at < check->end && (*check->at == 'e' || *check->at == 'E')) {
+        check->at++, real = true;
+        if (check->at < check->end && (*check->at == '+' || *check->at == '-')) check->at++;
+        if (json_check_digits(check) == 0) return false;
+    }
+    char copy[512];
+    size_t length = (size_t)(check->at - start);
+    if (length >= sizeof copy) return false;
+    memcpy(copy, start, length);
+    copy[length] = '\0';
+    errno = 0;
+    if (real) {
+        double value = strtod(copy, NULL);
+        return !(errno == ERANGE && isinf(value));
+    }
+    (void)strtoll(copy, NULL, 10);
+    return errno != ERANGE;
+}
+
+static bool json_check_word(json_check_t *check, char const *word) {
+    size_t length = strlen(word);
+    if ((size_t)(check->end - check->at) < length || memcmp(check->at, word, length) != 0) return false;
+    check->at += length;
+    return true;
+}
+
+/* A scalar value, or the opening of a container (pushed). */
+static bool json_check_value(json_check_t *check) {
+    json_check_space(check);
+    if (check->at == check->end) return false;
+    switch (*check->at) {
+    case '"':
+        return json_check_string(check);
+    case '{':
+    case '[':
+        if (check->depth == JSON_CHECK_DEPTH) return false;
+        if (*check->at == '{')
+            check->in_object[check->depth / 8] |= (uint8_t)(1u << (check->depth % 8));
+        else
+            check->in_object[check->depth / 8] &= (uint8_t) ~(1u << (check->depth % 8));
+        check->depth++;
+        check->at++;
+        return true;
+    case 't':
+        return json_check_word(check, "true");
+    case 'f':
+        return json_check_word(check, "false");
+    case 'n':
+        return json_check_word(check, "null");
+    default:
+        return json_check_number(check);
+    }
+}
+
+static bool json_check_in_object(json_check_t const *check) {
+    size_t top = check->depth - 1;
+    return (check->in_object[top / 8] >> (top % 8)) & 1u;
+}
+
+/* The key of an object's member and its colon. */
+static bool json_check_key(json_check_t *check) {
+    json_check_space(check);
+    return json_check_string(check) && json_check_byte(check, ':');
+}
+
+/* The whole text is one object or array, as jansson (without JSON_DECODE_ANY) accepts it. */
+static bool json_text_valid(char const *text, size_t length) {
+    json_check_t check = {(unsigned char const *)text, (unsigned char const *)text + length, 0, {0}};
+    json_check_space(&check);
+    if (check.at == check.end || (*check.at != '{' && *check.at != '[')) return false;
+    if (!json_check_value(&check)) return false;
+    /* Just after an opening: its first member, or its end. */
+    bool opened = true;
+    while (check.depth > 0) {
+        bool object = json_check_in_object(&check);
+        json_check_space(&check);
+        if (check.at < check.end && *check.at == (object ? '}' : ']')) {
+            check.at++, check.depth--, opened = false;
+            continue;
+        }
+        if (!opened && !json_check_byte(&check, ',')) return false;
+        if (object && !json_check_key(&check)) return false;
+        size_t depth = check.depth;
+        if (!json_check_value(&check)) return false;
+        opened = check.depth > depth;
+    }
+    json_check_space(&check);
+    return check.at == check.end;
+}
+
 /* Parses JSON text, rejecting duplicate keys; `not_json` names any fault other than those two. */
 static uform_status_t load_json(char const *text, size_t length, char const *not_json, json_t **value,
                                 char const **message) {
@@ -103,6 +295,8 @@ static uform_status_t load_json(char const *text, size_t length, char const *not
     case json_error_duplicate_key:
         return malformed(message, "duplicate key in checkpoint JSON");
     default:
+        if (json_text_valid(text, length))
+            return answer(UFORM_OUT_OF_MEMORY, message, "out of memory parsing checkpoint JSON");
         return malformed(message, not_json);
     }
 }
@@ -193,10 +387,27 @@ static uform_status_t allocate_table(json_t *root, checkpoint_header_t *header, 
     return UFORM_OK;
 }
 
-/* Fills the table from every entry but the metadata, sums the sizes, and rejects overlaps. The table
- * ends sorted by name. */
-static uform_status_t collect_tensors(json_t *root, uint64_t data_limit, checkpoint_header_t *header,
+/* The fault of a tensor whose data is not aligned to its dtype, naming the tensor and the offset: built
+ * per thread, valid until the thread's next parse. */
+static _Thread_local char misaligned_message[CHECKPOINT_NAME_LIMIT + 96];
+
+/* The data of every tensor starts at a file offset that is a multiple of its dtype's size, so that a
+ * mapped load (the file mapped at a page boundary) and a load through the ring read its elements at
+ * aligned addresses alike. */
+static uform_status_t check_alignment(checkpoint_tensor_t const *tensor, uint64_t data_offset,
                                       char const **message) {
+    uint64_t const offset = data_offset + tensor->begin;
+    if (offset % dtypes[tensor->dtype].size == 0) return UFORM_OK;
+    snprintf(misaligned_message, sizeof misaligned_message,
+             "tensor %s data at file offset %llu is not aligned to its %zu-byte dtype", tensor->name,
+             (unsigned long long)offset, dtypes[tensor->dtype].size);
+    return malformed(message, misaligned_message);
+}
+
+/* Fills the table from every entry but the metadata, sums the sizes, and rejects overlaps and data
+ * misaligned for its dtype. The table ends sorted by name. */
+static uform_status_t collect_tensors(json_t *root, uint64_t data_offset, uint64_t data_limit,
+                                      checkpoint_header_t *header, char const **message) {
     uform_status_t status = allocate_table(root, header, message);
     if (status != UFORM_OK) return status;
     char *names = header->names;
@@ -218,6 +429,8 @@ static uform_status_t collect_tensors(json_t *root, uint64_t data_limit, checkpo
     for (size_t i = 0; i < header->tensors_count; i++) {
         checkpoint_tensor_t const *tensor = &header->tensors[i];
         if (i > 0 && tensor->begin < header->tensors[i - 1].end) return malformed(message, "tensors overlap");
+        status = check_alignment(tensor, data_offset, message);
+        if (status != UFORM_OK) return status;
         bytes += tensor->end - tensor->begin;
         parameters += (tensor->end - tensor->begin) / dtypes[tensor->dtype].size;
     }
@@ -278,14 +491,21 @@ static uform_status_t parse_text(json_t const *tower, uform_model_info_t *info, 
     return read_sizes(tower, rules, ARRAY_COUNT(rules), message);
 }
 
-/* Three finite numbers; each also positive when `positive`. */
-static bool read_triple(json_t const *value, bool positive, float triple[3]) {
+/* The image normalization's ranges: pixels in [0, 1] become (pixel - mean) / std, so these bounds keep
+ * every normalized value within 9 * 1024 in magnitude, far from what F32 and BF16 can hold. */
+#define IMAGE_MEAN_LIMIT 8.0
+#define IMAGE_STD_LOW    (1.0 / 1024)
+#define IMAGE_STD_HIGH   1024.0
+
+/* Three numbers, each in [low, high]. */
+static bool read_triple(json_t const *value, double low, double high, float triple[3]) {
     if (!json_is_array(value) || json_array_size(value) != 3) return false;
     for (size_t i = 0; i < 3; i++) {
         json_t const *number = json_array_get(value, i);
         if (!json_is_number(number)) return false;
-        triple[i] = (float)json_number_value(number);
-        if (!isfinite(triple[i]) || (positive && !(triple[i] > 0))) return false;
+        double const read = json_number_value(number);
+        if (!(read >= low && read <= high)) return false;
+        triple[i] = (float)read;
     }
     return true;
 }
@@ -301,10 +521,10 @@ static uform_status_t parse_image(json_t const *tower, uform_model_info_t *info,
     if (status != UFORM_OK) return status;
     if (info->image.size % info->image.patch != 0)
         return malformed(message, "image size is not a multiple of patch");
-    if (!read_triple(json_object_get(tower, "mean"), false, info->image.mean))
-        return malformed(message, "image mean malformed");
-    if (!read_triple(json_object_get(tower, "std"), true, info->image.std))
-        return malformed(message, "image std malformed");
+    if (!read_triple(json_object_get(tower, "mean"), -IMAGE_MEAN_LIMIT, IMAGE_MEAN_LIMIT, info->image.mean))
+        return malformed(message, "image mean malformed or out of range");
+    if (!read_triple(json_object_get(tower, "std"), IMAGE_STD_LOW, IMAGE_STD_HIGH, info->image.std))
+        return malformed(message, "image std malformed or out of range");
     return UFORM_OK;
 }
 
@@ -586,7 +806,7 @@ uform_status_t checkpoint_parse(char const *json, size_t length, uint64_t file_s
         status = malformed(message, "header is not a JSON object");
         goto fail;
     }
-    status = collect_tensors(root, file_size - parsed.data_offset, &parsed, message);
+    status = collect_tensors(root, parsed.data_offset, file_size - parsed.data_offset, &parsed, message);
     if (status != UFORM_OK) goto fail;
     status = parse_metadata(json_object_get(root, METADATA_KEY), &parsed.info, message);
     if (status != UFORM_OK) goto fail;

@@ -5,12 +5,15 @@
  *   - the 8-byte little-endian header length against the file size (and a 100 MiB cap);
  *   - the header is a JSON object (jansson); each tensor entry has a known dtype, a shape of
  *     non-negative integers whose product does not overflow, and data_offsets [begin, end] inside the
- *     data section, with end - begin == elements * dtype size; no two tensors overlap;
+ *     data section, with end - begin == elements * dtype size; no two tensors overlap; each
+ *     tensor's data starts at a file offset that is a multiple of its dtype's size (so that the mapped
+ *     and the ring load read aligned elements alike);
  *   - `__metadata__["uform"]` is the format-4 metadata (a JSON object, or a string holding one, as
  *     safetensors requires metadata values to be strings), with sane values;
  *   - every tensor that each present tower needs is there with the right shape and dtype BF16 (or F32
  *     for `logit.*`), and no tensor is unknown.
- * A malformation answers UFORM_FORMAT with a static message naming it. */
+ * A malformation answers UFORM_FORMAT with a static message naming it; that of misaligned data, which
+ * names the tensor and its offset, lives in a buffer of the calling thread until its next parse. */
 #pragma once
 
 #include <stddef.h>

@@ -515,6 +515,62 @@ static void thread_exit_frees_its_executor(void **state) {
     }
 }
 
+/* executor_destroy's window between storing `stopping` and ringing the doorbell, held open: the loop
+ * thread is woken another way (as by a completion) and given up to a second to leave its loop. The
+ * loop must still be there when the destroying thread rings it. */
+static _Atomic size_t stop_observed;
+static _Atomic bool stop_saw_loop_freed;
+
+static void stop_wake_and_linger(uform_executor_t *executor) {
+    loop_t *loop = executor->loop;
+    loop_wake(loop);
+    /* The hang guard: with the loop kept alive, the loop thread waits for the doorbell's end. */
+    struct timespec start, now;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    bool freed = false;
+    do {
+        freed = __atomic_load_n(&executor->loop, __ATOMIC_ACQUIRE) == NULL;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+    } while (!freed &&
+             (now.tv_sec - start.tv_sec) * 1000000000L + (now.tv_nsec - start.tv_nsec) < 1000000000L);
+    atomic_store(&stop_saw_loop_freed, freed);
+    atomic_fetch_add(&stop_observed, 1);
+}
+
+static void executor_destroy_rings_freed_loop(void **state) {
+    (void)state;
+    uform_executor_t *executor = receiver_make(RECEIVER_RAM_TWO, NULL, NULL);
+    assert_non_null(executor);
+    executor_stop_observer = stop_wake_and_linger;
+    uform_executor_free(executor);
+    executor_stop_observer = NULL;
+    assert_int_equal(atomic_load(&stop_observed), 1);
+    assert_false(atomic_load(&stop_saw_loop_freed));
+}
+
+/* The topology is loaded once per process: every RAM executor, made while others live or after they
+ * are gone, reads the same one. */
+static void ram_executors_share_one_topology(void **state) {
+    (void)state;
+#if UFORM_WITH_HWLOC
+    uform_executor_t *first = receiver_make(RECEIVER_RAM_TWO, NULL, NULL);
+    uform_executor_t *second = receiver_make(RECEIVER_RAM, NULL, NULL);
+    void const *topology = executor_topology(first);
+    assert_non_null(topology);
+    assert_ptr_equal(executor_topology(second), topology);
+    uform_executor_free(first);
+    uform_executor_free(second);
+    uform_executor_t *third = receiver_make(RECEIVER_RAM_TWO, NULL, NULL);
+    assert_ptr_equal(executor_topology(third), topology);
+    uform_executor_free(third);
+#else
+    uform_executor_t *executor = receiver_make(RECEIVER_RAM_TWO, NULL, NULL);
+    assert_null(executor_topology(executor));
+    uform_executor_free(executor);
+    skip();
+#endif
+}
+
 static void fork_union_pool(void **state) {
     (void)state;
 #if UFORM_WITH_FORK_UNION
@@ -672,6 +728,8 @@ int main(void) {
         cmocka_unit_test(executor_info_and_options),
         cmocka_unit_test(thread_exit_frees_its_executor),
         cmocka_unit_test(fork_union_pool),
+        cmocka_unit_test(executor_destroy_rings_freed_loop),
+        cmocka_unit_test(ram_executors_share_one_topology),
     };
     printf("loop backend: %s\n", loop_default_backend() == LOOP_BACKEND_URING ? "io_uring" : "portable");
     return cmocka_run_group_tests(tests, NULL, NULL);

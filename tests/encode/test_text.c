@@ -2,6 +2,7 @@
  * determinism across thread counts and receivers, conversions, matryoshka widths, truncation, progress,
  * and bad input that leaves the model, executor and arena usable. Numbers against PyTorch are checked
  * by tests/reference/test_text_reference.py. */
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -269,6 +270,62 @@ static void choose_gives_probabilities(void **state) {
     uform_arena_free(arena);
 }
 
+/* The tiny checkpoint with the first weight of text.proj.weight made +infinity in BF16, written as
+ * `name` in the folder; answers its path in `path` (512 bytes). */
+static void write_infinite_projection(char const *name, char *path) {
+    fixture_path(name, path, 512);
+    uform_tiny_checkpoint_args_t const tiny = {.path = path, .seed = 11, .depth = 1, .hidden = 64};
+    assert_int_equal(uform_tiny_checkpoint(&tiny), UFORM_OK);
+    blob_t blob = blob_read(path);
+    assert_true(blob.size > 8);
+    uint64_t header_length = 0;
+    for (size_t i = 0; i < 8; ++i)
+        header_length |= (uint64_t)blob.data[i] << (8 * i);
+    json_t *header = json_loadb((char const *)blob.data + 8, (size_t)header_length, 0, NULL);
+    assert_non_null(header);
+    json_t const *offsets = json_object_get(json_object_get(header, "text.proj.weight"), "data_offsets");
+    assert_true(json_is_integer(json_array_get(offsets, 0)));
+    size_t const at = 8 + (size_t)header_length + (size_t)json_integer_value(json_array_get(offsets, 0));
+    json_decref(header);
+    blob.data[at] = 0x80, blob.data[at + 1] = 0x7F; /* little-endian 0x7F80 */
+    blob_write(name, &blob);
+    free(blob.data);
+}
+
+/* A model whose weights carry every text to an infinite projection: each item fails with
+ * UFORM_FORMAT and zero rows, in every output scalar, instead of a NaN vector with status OK. */
+static void non_finite_output_has_status(void **state) {
+    (void)state;
+    char path[512];
+    write_infinite_projection("infinite.safetensors", path);
+    uform_model_t *infinite = NULL;
+    uform_model_load_args_t const load = {.path = path, .model = &infinite};
+    assert_int_equal(uform_model_load_ram(&load), UFORM_OK);
+    uform_scalar_t const scalars[] = {UFORM_F32, UFORM_BF16, UFORM_F16, UFORM_I8};
+    for (size_t s = 0; s < sizeof scalars / sizeof scalars[0]; ++s) {
+        uform_arena_t *arena = arena_on_host();
+        uform_encode_stats_t stats = {0};
+        uform_encode_config_t const config = {.outputs_scalar = scalars[s], .stats = &stats};
+        uform_encoded_t encoded;
+        uform_text_encode_args_t args = {.model = infinite,
+                                         .outputs = EVERYTHING,
+                                         .arena = arena,
+                                         .config = &config,
+                                         .encoded = &encoded,
+                                         .texts = sample_tape()};
+        assert_int_equal(uform_text_encode(&args), UFORM_OK);
+        assert_int_equal(stats.failed, SAMPLES);
+        for (size_t i = 0; i < SAMPLES; ++i) {
+            if (encoded.statuses[i] != UFORM_FORMAT)
+                fail_msg("scalar %d, text %zu: status %s", (int)scalars[s], i,
+                         uform_status_name(encoded.statuses[i]));
+            assert_zero_item(&encoded, i);
+        }
+        uform_arena_free(arena);
+    }
+    uform_model_free(infinite);
+}
+
 int main(void) {
     struct CMUnitTest const tests[] = {
         cmocka_unit_test(outputs_have_their_shapes),
@@ -278,6 +335,7 @@ int main(void) {
         cmocka_unit_test(progress_and_cancel),
         cmocka_unit_test(bad_input_leaves_everything_usable),
         cmocka_unit_test(choose_gives_probabilities),
+        cmocka_unit_test(non_finite_output_has_status),
     };
     printf("kernels: %s\n", kernels_active()->name);
     return cmocka_run_group_tests(tests, setup, fixture_teardown);

@@ -11,6 +11,10 @@
 #include <string.h>
 #include <unistd.h>
 
+/* The first tensor of the tiny checkpoint's data section, at the odd offset make_odd_data_offset gives. */
+#define ODD_OFFSET_MESSAGE                                                                                   \
+    "tensor text.blocks.0.norm1.weight data at file offset 4649 is not aligned to its 2-byte dtype"
+
 /* The valid checkpoint every variant starts from, and its header as JSON. */
 typedef struct source_checkpoint {
     uint8_t *bytes;
@@ -123,6 +127,20 @@ static bool make_truncated(source_checkpoint_t const *source, buffer_t *out) {
 static bool make_prefix(source_checkpoint_t const *source, uint64_t header_length, buffer_t *out) {
     if (!copy_source(source, source->size, out)) return false;
     put_prefix(out->data, header_length);
+    return true;
+}
+
+/* The header one space longer, its tensors' offsets unchanged: the data section starts at an odd file
+ * offset, so the first BF16 tensor's data is misaligned (the JSON still valid). */
+static bool make_odd_data_offset(source_checkpoint_t const *source, buffer_t *out) {
+    size_t const header_length = source->data_offset - 8 + 1;
+    out->size = source->size + 1;
+    out->data = malloc(out->size);
+    if (!out->data) return false;
+    put_prefix(out->data, header_length);
+    memcpy(out->data + 8, source->bytes + 8, header_length - 1);
+    out->data[8 + header_length - 1] = ' ';
+    memcpy(out->data + 8 + header_length, source_data(source), source_data_size(source));
     return true;
 }
 
@@ -347,6 +365,16 @@ static bool edit_std_zero(json_t *header, json_t **model, size_t data_size) {
     return set_model(*model, "image", "std", json_pack("[f, f, f]", 0.25, 0.0, 0.25));
 }
 
+static bool edit_std_tiny(json_t *header, json_t **model, size_t data_size) {
+    (void)header, (void)data_size;
+    return set_model(*model, "image", "std", json_pack("[f, f, f]", 0.25, 1e-45, 0.25));
+}
+
+static bool edit_mean_huge(json_t *header, json_t **model, size_t data_size) {
+    (void)header, (void)data_size;
+    return set_model(*model, "image", "mean", json_pack("[f, f, f]", 0.5, -3e38, 0.5));
+}
+
 static bool edit_image_size(json_t *header, json_t **model, size_t data_size) {
     (void)header, (void)data_size;
     return set_model(*model, "image", "size", json_integer(33));
@@ -392,6 +420,7 @@ static variant_t const variants[] = {
     BYTES("header not JSON", "header is not JSON", make_not_json),
     BYTES("header not an object", "header is not a JSON object", make_not_object),
     BYTES("duplicate keys", "duplicate key in checkpoint JSON", make_duplicate_key),
+    BYTES("data section at an odd offset", ODD_OFFSET_MESSAGE, make_odd_data_offset),
     EDIT("overlapping offsets", "tensors overlap", edit_overlap),
     EDIT("offsets beyond the file", "tensor data beyond the file", edit_beyond),
     EDIT("end before begin", "tensor data ends before it begins", edit_end_before_begin),
@@ -418,7 +447,9 @@ static variant_t const variants[] = {
     EDIT("matryoshka not ascending", "matryoshka widths not ascending", edit_matryoshka_order),
     EDIT("matryoshka wider than dims", "matryoshka width out of range", edit_matryoshka_wide),
     EDIT("dims 0", "dims out of range", edit_dims_zero),
-    EDIT("image std 0", "image std malformed", edit_std_zero),
+    EDIT("image std 0", "image std malformed or out of range", edit_std_zero),
+    EDIT("image std 1e-45", "image std malformed or out of range", edit_std_tiny),
+    EDIT("image mean 3e38", "image mean malformed or out of range", edit_mean_huge),
     EDIT("image size not a multiple of patch", "image size is not a multiple of patch", edit_image_size),
     EDIT("audio seconds negative", "audio seconds out of range", edit_audio_seconds),
     EDIT("tower not an object", "tower metadata is not an object", edit_tower_not_object),

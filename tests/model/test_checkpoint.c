@@ -15,6 +15,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include "bad_checkpoints.h"
 #include "checkpoint.h"
 #include "fixtures.h"
@@ -633,6 +635,119 @@ static void test_fuzz_header(void **state) {
     free(bytes);
 }
 
+/* jansson's allocator, failing its `fail_at`th allocation from the last reset. */
+static size_t json_allocations, json_fail_at;
+
+/* The sizes jansson 2.14's token buffer grows through (strbuffer doubles from 16 bytes). When such a
+ * growth fails, its lexer drops the byte (lex_save ignores strbuffer_append_byte's status) and parses
+ * on: the token loses a character, and when that is a string's closing quote, the string's copy is
+ * read and written past its end (a heap overflow inside jansson). That window is jansson's, outside
+ * the engine's reach (uform_model_load_ram says so): those allocations are never failed here. */
+static bool jansson_buffer_growth(size_t size) {
+    return size >= 32 && (size & (size - 1)) == 0;
+}
+
+static void *json_failing_malloc(size_t size) {
+    if (jansson_buffer_growth(size)) return malloc(size);
+    return ++json_allocations == json_fail_at ? NULL : malloc(size);
+}
+
+/* Every other allocation jansson makes while parsing a valid header, failed in turn: each parse answers
+ * OUT_OF_MEMORY (jansson reports some such failures as syntax errors), never FORMAT. */
+static void checkpoint_json_oom_reported_as_format(void **state) {
+    (void)state;
+    char path[512];
+    write_tiny("oom.safetensors", 3, 1, 64, path);
+    uint8_t *bytes;
+    size_t size;
+    read_file(path, &bytes, &size);
+    json_allocations = 0, json_fail_at = 0;
+    json_set_alloc_funcs(json_failing_malloc, free);
+    checkpoint_header_t header;
+    char const *message = NULL;
+    uform_status_t status = parse_bytes(bytes, size, &header, &message);
+    json_set_alloc_funcs(malloc, free);
+    assert_int_equal(status, UFORM_OK);
+    checkpoint_header_free(&header);
+    size_t const allocations = json_allocations;
+    assert_true(allocations > 500);
+    for (json_fail_at = 1; json_fail_at <= allocations; ++json_fail_at) {
+        json_allocations = 0;
+        json_set_alloc_funcs(json_failing_malloc, free);
+        status = parse_bytes(bytes, size, &header, &message);
+        json_set_alloc_funcs(malloc, free);
+        if (status != UFORM_OUT_OF_MEMORY)
+            fail_msg("allocation %zu of %zu failed: status %s (%s)", json_fail_at, allocations,
+                     uform_status_name(status), status == UFORM_OK ? "" : message);
+        assert_string_equal(message, "out of memory parsing checkpoint JSON");
+        assert_header_empty(&header);
+    }
+    free(bytes);
+}
+
+/* Texts jansson refuses, each for another rule of the JSON check that tells them from a failed
+ * allocation: every one stays FORMAT. */
+static void malformed_json_stays_format(void **state) {
+    (void)state;
+    static char const *const texts[] = {
+        "",
+        " ",
+        "\"text\"",
+        "1",
+        "{} x",
+        "[1,]",
+        "{\"a\":1,}",
+        "{\"a\" 1}",
+        "{1:2}",
+        "[01]",
+        "[-]",
+        "[1.]",
+        "[1e]",
+        "[.5]",
+        "[tru]",
+        "[nul]",
+        "[\"\\x\"]",
+        "[\"\\u0000\"]",
+        "[\"\\ud800\"]",
+        "[\"\\udc00\"]",
+        "[\"\\ud800\\u0041\"]",
+        "[\"\\u12\"]",
+        "[\"a\tb\"]",
+        "[\"\xc0\xaf\"]",
+        "[\"\xed\xa0\x80\"]",
+        "[\"\xf4\x90\x80\x80\"]",
+        "[\"\xe2\x82\"]",
+        "[99999999999999999999]",
+        "[-9223372036854775809]",
+        "[1e999]",
+        "[",
+        "{",
+        "[1",
+        "{\"a\":",
+        "]",
+        "[1]]",
+        "[\"open]",
+    };
+    for (size_t i = 0; i < sizeof texts / sizeof texts[0]; ++i) {
+        checkpoint_header_t header;
+        char const *message = NULL;
+        size_t length = strlen(texts[i]);
+        uform_status_t status = checkpoint_parse(texts[i], length, length + 8, &header, &message);
+        if (status != UFORM_FORMAT)
+            fail_msg("text %zu (%s): status %s (%s)", i, texts[i], uform_status_name(status), message);
+    }
+    /* Nesting: 2048 levels parse (then fail as a header), 2049 do not. */
+    static char deep[2 * 2049 + 1];
+    for (size_t levels = 2048; levels <= 2049; ++levels) {
+        memset(deep, '[', levels);
+        memset(deep + levels, ']', levels);
+        checkpoint_header_t header;
+        char const *message = NULL;
+        assert_int_equal(checkpoint_parse(deep, 2 * levels, 2 * levels + 8, &header, &message), UFORM_FORMAT);
+        assert_string_equal(message, levels == 2048 ? "header is not a JSON object" : "header is not JSON");
+    }
+}
+
 int main(void) {
     struct CMUnitTest const tests[] = {
         cmocka_unit_test(test_dtypes),
@@ -647,6 +762,8 @@ int main(void) {
         cmocka_unit_test(test_find),
         cmocka_unit_test(test_bad_checkpoints),
         cmocka_unit_test(test_fuzz_header),
+        cmocka_unit_test(checkpoint_json_oom_reported_as_format),
+        cmocka_unit_test(malformed_json_stays_format),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

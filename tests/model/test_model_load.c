@@ -211,6 +211,47 @@ static void bad_checkpoints_answer_format(void **state) {
     bad_checkpoints_remove(bad, count);
 }
 
+/* The bad checkpoint described as `what`, loaded mapped and through the ring on the calling thread and
+ * on a RAM executor: FORMAT with its message both ways, nothing loaded. */
+static void assert_variant_refused(char const *what) {
+    bad_checkpoint_t bad[BAD_CHECKPOINTS_MAX];
+    size_t count = bad_checkpoints_write(directory, bad, BAD_CHECKPOINTS_MAX);
+    assert_true(count > 0);
+    size_t found = count;
+    for (size_t i = 0; i < count; ++i)
+        if (strcmp(bad[i].what, what) == 0) found = i;
+    if (found == count) fail_msg("no bad checkpoint \"%s\"", what);
+    receiver_t const kinds[] = {RECEIVER_THREAD, RECEIVER_RAM_TWO};
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; ++k) {
+        uform_executor_t *executor = receiver_make(kinds[k], NULL, NULL);
+        for (int map = 0; map < 2; ++map) {
+            uform_load_config_t config = {.map = map};
+            uform_model_t *model = NULL;
+            uform_status_t status = load_blocking(executor, bad[found].path, &config, &model);
+            if (status != UFORM_FORMAT)
+                fail_msg("%s, %s: %s", what, map ? "mapped" : "ring", uform_status_name(status));
+            assert_null(model);
+            assert_string_equal(uform_last_error().message, bad[found].message);
+        }
+        uform_executor_free(executor);
+    }
+    bad_checkpoints_remove(bad, count);
+}
+
+/* A data section at an odd file offset: refused on both paths, instead of a mapped load whose BF16
+ * weights sit at odd addresses. */
+static void odd_data_offset_misaligns_mapped_load(void **state) {
+    (void)state;
+    assert_variant_refused("data section at an odd offset");
+}
+
+/* An image std of 1e-45 (and a mean of -3e38): refused, instead of a model whose images embed to NaN. */
+static void tiny_image_std_embeds_nan(void **state) {
+    (void)state;
+    assert_variant_refused("image std 1e-45");
+    assert_variant_refused("image mean 3e38");
+}
+
 static void missing_files_answer_io(void **state) {
     (void)state;
     char missing[400];
@@ -264,6 +305,8 @@ int main(void) {
         cmocka_unit_test(blocking_and_deferred_agree),
         cmocka_unit_test(progress_and_cancellation),
         cmocka_unit_test(bad_checkpoints_answer_format),
+        cmocka_unit_test(odd_data_offset_misaligns_mapped_load),
+        cmocka_unit_test(tiny_image_std_embeds_nan),
         cmocka_unit_test(missing_files_answer_io),
         cmocka_unit_test(wrong_arguments),
     };
