@@ -49,11 +49,9 @@ static void remove_stale(char const *path) {
     DIR *listing = folder ? opendir(folder) : NULL;
     for (struct dirent *entry; listing && (entry = readdir(listing));) {
         if (!stale_temporary(folder, entry->d_name, base)) continue;
-        char *stale = NULL;
-        if (asprintf(&stale, "%s/%s", folder, entry->d_name) >= 0) {
-            unlink(stale);
-            free(stale);
-        }
+        char *stale = command_join(folder, "/", entry->d_name);
+        if (stale) unlink(stale);
+        free(stale);
     }
     if (listing) closedir(listing);
     free(folder);
@@ -67,12 +65,15 @@ int replacement_open(char const *path, replacement_t *replacement) {
     replacement->path = target ? target : strdup(path);
     if (replacement->path) path = replacement->path;
     remove_stale(path);
-    if (!replacement->path || asprintf(&replacement->temporary, "%s" TEMPORARY_SUFFIX "XXXXXX", path) < 0) {
+    if (replacement->path) replacement->temporary = command_join(path, TEMPORARY_SUFFIX, "XXXXXX");
+    if (!replacement->temporary) {
         free(replacement->path);
         *replacement = (replacement_t){0};
         return command_fail("out of memory");
     }
-    int const fd = mkostemp(replacement->temporary, O_CLOEXEC);
+    /* mkstemp, not mkostemp, which POSIX.1-2008 lacks; the command starts no program while it writes, so
+     * close-on-exec set just after cannot race an exec. */
+    int const fd = mkstemp(replacement->temporary);
     if (fd < 0) {
         int const code = command_fail("cannot create %s: %s", path, strerror(errno));
         free(replacement->temporary);
@@ -80,11 +81,11 @@ int replacement_open(char const *path, replacement_t *replacement) {
         replacement_abort(replacement);
         return code;
     }
-    /* mkostemp makes the file private; the new file gets the permissions of any file the user creates. */
+    /* mkstemp makes the file private; the new file gets the permissions of any file the user creates. */
     mode_t const mask = umask(0);
     umask(mask);
-    if (flock(fd, LOCK_EX | LOCK_NB) != 0 || fchmod(fd, 0666 & ~mask) != 0 ||
-        !(replacement->file = fdopen(fd, "wb"))) {
+    if (fcntl(fd, F_SETFD, FD_CLOEXEC) != 0 || flock(fd, LOCK_EX | LOCK_NB) != 0 ||
+        fchmod(fd, 0666 & ~mask) != 0 || !(replacement->file = fdopen(fd, "wb"))) {
         int const code = command_fail("cannot write %s: %s", path, strerror(errno));
         close(fd);
         replacement_abort(replacement);
