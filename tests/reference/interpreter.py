@@ -26,7 +26,8 @@ CANDIDATES = (REPOSITORY / ".venv" / "bin" / "python3", Path("/usr/bin/python3")
 # (which sees Debian's packages too), as .ci/run installs them.
 DEBIAN_PACKAGES = {"torch": "python3-torch", "numpy": "python3-numpy", "PIL": "python3-pil"}
 PYPI_PACKAGES = {"safetensors": "safetensors", "openai": "openai", "onnxruntime": "onnxruntime",
-                 "mojo": "mojo==1.2.0", "rattler": "py-rattler", "rattler_build": "py-rattler-build"}
+                 "mojo": "mojo==1.2.0", "rattler": "py-rattler", "rattler_build": "py-rattler-build",
+                 "schemathesis": "schemathesis"}
 
 
 def in_ci() -> bool:

@@ -41,10 +41,10 @@ static char const help_tail[] =
     "says so on standard error.\n"
     "\n"
     "Keys: with --api-key, --api-key-file or UFORM_API_KEY (every key any of them gives is taken), a\n"
-    "request to any route but /health must carry 'Authorization: Bearer KEY', as OpenAI's clients send\n"
-    "their api_key; keys are compared in constant time. Without one, or with another, it is answered\n"
-    "401 {\"error\": {\"message\", \"type\": \"invalid_request_error\", \"param\": null, \"code\":\n"
-    "\"invalid_api_key\"}} with 'WWW-Authenticate: Bearer'.\n"
+    "request to any route but /health and /openapi.json must carry 'Authorization: Bearer KEY', as\n"
+    "OpenAI's clients send their api_key; keys are compared in constant time. Without one, or with\n"
+    "another, it is answered 401 {\"error\": {\"message\", \"type\": \"invalid_request_error\",\n"
+    "\"param\": null, \"code\": \"invalid_api_key\"}} with 'WWW-Authenticate: Bearer'.\n"
     "\n"
     "Endpoints:\n"
     "  POST /v1/embeddings   OpenAI's request: \"input\" (a string or a list of up to 2048 strings; token\n"
@@ -66,6 +66,8 @@ static char const help_tail[] =
     "                        400 invalid_media (param \"input[i]\") for its request alone.\n"
     "  GET /v1/models        the served model (also GET /v1/models/NAME)\n"
     "  GET /health           200 while the process serves\n"
+    "  GET /openapi.json     the OpenAPI 3.0 document of these endpoints: every body, status and error\n"
+    "                        shape, and the key as a bearer security scheme\n"
     "  GET /ready            200 while it takes requests, 503 once it shuts down\n"
     "  GET /metrics          Prometheus text: answers by route and status; seconds per stage (queue,\n"
     "                        decode (media batches), compute, encode, serialize, request); requests per\n"
@@ -120,7 +122,7 @@ static int parse_flags(int argc, char **argv, serve_flags_t *flags) {
                  "one more is closed as it comes"},
         {"--api-key", FLAG_STRING, &flags->api_key, .value = "KEY",
          .help = "requests must send 'Authorization: Bearer KEY' on every route but /health\n"
-                 "(see Keys below; default: UFORM_API_KEY, or no key)"},
+                 "and /openapi.json (see Keys below; default: UFORM_API_KEY, or no key)"},
         {"--api-key-file", FLAG_STRING, &flags->api_key_file, .value = "PATH",
          .help = "keys taken as well, one per line (blank lines and lines starting with #\n"
                  "are skipped, spaces around a key are not part of it)"},
@@ -371,6 +373,12 @@ static enum MHD_Result route_metrics(serve_t *server, serve_request_t *request, 
     return MHD_YES;
 }
 
+static enum MHD_Result route_openapi(serve_t *server, serve_request_t *request, char const *name) {
+    (void)name;
+    api_answer_openapi(server, request);
+    return MHD_YES;
+}
+
 static enum MHD_Result route_models(serve_t *server, serve_request_t *request, char const *name) {
     api_answer_models(server, request, name);
     return MHD_YES;
@@ -443,6 +451,12 @@ static serve_endpoint_t const endpoints[] = {
      {MHD_HTTP_METHOD_GET, MHD_HTTP_METHOD_HEAD},
      "GET, HEAD",
      route_models},
+    {"/openapi.json",
+     false,
+     ROUTE_OPENAPI,
+     {MHD_HTTP_METHOD_GET, MHD_HTTP_METHOD_HEAD},
+     "GET, HEAD",
+     route_openapi},
 };
 
 static bool endpoint_takes(serve_endpoint_t const *endpoint, char const *method) {
@@ -463,8 +477,8 @@ static enum MHD_Result route_request(serve_t *server, serve_request_t *request, 
         char const *rest = url + length;
         if (*rest != '\0' && !(endpoint->named && *rest == '/')) continue;
         request->route = endpoint->route;
-        if (endpoint->route != ROUTE_HEALTH && server->keys_count && !request_authorized(server, request))
-            return MHD_YES;
+        bool keyless = endpoint->route == ROUTE_HEALTH || endpoint->route == ROUTE_OPENAPI;
+        if (!keyless && server->keys_count && !request_authorized(server, request)) return MHD_YES;
         if (endpoint_takes(endpoint, method))
             return endpoint->handler(server, request, *rest ? rest + 1 : NULL);
         api_error(request, MHD_HTTP_METHOD_NOT_ALLOWED, "invalid_request_error", NULL, "method_not_allowed",

@@ -65,6 +65,7 @@ typedef enum serve_route {
     ROUTE_HEALTH,
     ROUTE_READY,
     ROUTE_METRICS,
+    ROUTE_OPENAPI,
     ROUTE_OTHER,
     ROUTE_COUNT,
 } serve_route_t;
@@ -289,6 +290,10 @@ void api_answer_text(serve_request_t *request, unsigned status, serve_text_t *te
 
 /* The bodies of GET /v1/models and GET /v1/models/{name}. */
 void api_answer_models(serve_t *server, serve_request_t *request, char const *name);
+
+/* The body of GET /openapi.json: the OpenAPI 3.0 document of every route, with the model's widths as
+ * the values "dimensions" takes (uform_serve_openapi.c). */
+void api_answer_openapi(serve_t const *server, serve_request_t *request);
 
 /* ---- the batcher (uform_serve_batch.c) --------------------------------------------------------- */
 

@@ -6,8 +6,8 @@
 
 #include "uform_serve.h"
 
-static char const *const route_names[ROUTE_COUNT] = {"embeddings", "models",  "health",
-                                                     "ready",      "metrics", "other"};
+static char const *const route_names[ROUTE_COUNT] = {"embeddings", "models",  "health", "ready",
+                                                     "metrics",    "openapi", "other"};
 static char const *const stage_names[STAGE_COUNT] = {"queue",  "decode",    "compute",
                                                      "encode", "serialize", "request"};
 
