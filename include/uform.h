@@ -699,7 +699,7 @@ UFORM_EXPORT uform_status_t uform_image_encode_pixels(uform_image_encode_pixels_
  * finds its span, one decodes) and frames decoded, and UFORM_IMAGE_MAX_PIXELS per frame (checked on the
  * stream's parameters and on every frame, and enforced inside the decoders). Nested opens that a
  * demuxer may attempt (playlists, concat lists, image sequences) are refused: a clip reads only its own
- * bytes. FFmpeg's own log messages go through av_log at the level the application sets.
+ * bytes. FFmpeg's own log messages go through the engine, as for the audio verbs below.
  *
  * Execution, as "Execution of the media verbs" above: chunks of about 2048 tokens (F frames of 1 +
  * patches tokens each; at least one clip per executor thread while that stays within 32768 tokens, at
@@ -727,8 +727,11 @@ UFORM_EXPORT uform_status_t uform_video_encode(uform_video_encode_args_t const *
  *     file name, and demuxes the first audio stream; libavcodec decodes it on one thread; libswresample
  *     converts it to F32 and downmixes it to mono as the mean of all channels. Decoding stops once the
  *     samples the model reads are in hand. Demuxers that would open other files or URLs (playlists,
- *     concat lists) are refused. FFmpeg logs through av_log, whose level and callback stay the
- *     application's: the engine does not change them;
+ *     concat lists) are refused. FFmpeg's log is routed through the engine: at the first clip decoded
+ *     (audio or video) the engine sets av_log's callback, which is process-wide, once. It prints nothing
+ *     unless the environment holds UFORM_LOG=debug, then each of FFmpeg's lines on stderr after
+ *     "uform: ffmpeg: ", up to the level av_log_set_level sets (AV_LOG_INFO by default). An application
+ *     with its own callback sets it after its first media call, and the engine leaves it in place;
  *   - resample to the model's `rate` with libswresample's defaults (the SWR engine: a windowed-sinc filter
  *     of 32 taps, 1024 phases linearly interpolated, Kaiser window of beta 9, cutoff 0.97 of Nyquist,
  *     exact rational ratios, flushed at the end of the clip), mono F32 in and out: n samples at rate r

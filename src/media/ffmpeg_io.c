@@ -1,9 +1,47 @@
 /* Encoded media in memory, opened by an FFmpeg demuxer (ffmpeg_io.h). */
 #include <errno.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <libavutil/log.h>
+
 #include "ffmpeg_io.h"
+
+/* FFmpeg's log, routed through the engine: silent unless UFORM_LOG=debug, then each line on stderr after
+ * "uform: ffmpeg: " (a message of several lines gets it on each), up to the level av_log_set_level sets.
+ * FFmpeg logs from any thread: the lock keeps each message whole and the state of a line that arrives
+ * in pieces. */
+static pthread_once_t log_once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
+static bool log_debug;
+static int log_at_line_start = 1;
+
+static void log_line(void *object, int level, char const *format, va_list arguments) {
+    if (!log_debug || level > av_log_get_level()) return;
+    char message[1024];
+    pthread_mutex_lock(&log_lock);
+    bool at_start = log_at_line_start;
+    if (av_log_format_line2(object, level, format, arguments, message, sizeof message, &log_at_line_start) >=
+        0) {
+        for (char const *line = message; *line;) {
+            char const *newline = strchr(line, '\n');
+            size_t length = newline ? (size_t)(newline - line) + 1 : strlen(line);
+            fprintf(stderr, "%s%.*s", at_start ? "uform: ffmpeg: " : "", (int)length, line);
+            at_start = newline != NULL;
+            line += length;
+        }
+    }
+    pthread_mutex_unlock(&log_lock);
+}
+
+static void log_install(void) {
+    char const *choice = getenv("UFORM_LOG");
+    log_debug = choice && strcmp(choice, "debug") == 0;
+    av_log_set_callback(log_line);
+}
 
 static int memory_read(void *opaque, uint8_t *buffer, int capacity) {
     ffmpeg_memory_t *memory = opaque;
@@ -40,6 +78,7 @@ static int refuse_open(AVFormatContext *format, AVIOContext **io, char const *ur
 uform_status_t ffmpeg_memory_open(ffmpeg_memory_t *memory, uint8_t const *data, size_t size,
                                   size_t buffer_bytes) {
     *memory = (ffmpeg_memory_t){.data = data, .size = size};
+    pthread_once(&log_once, log_install);
     uint8_t *buffer = av_malloc(buffer_bytes);
     if (!buffer) return UFORM_OUT_OF_MEMORY;
     memory->io = avio_alloc_context(buffer, (int)buffer_bytes, 0, memory, memory_read, NULL, memory_seek);

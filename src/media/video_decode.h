@@ -56,6 +56,6 @@ typedef uform_status_t (*video_sink_t)(void *context, size_t first, size_t count
  * zero-length clip, malformed, past the limits), UFORM_UNSUPPORTED (a codec or pixel format this FFmpeg
  * lacks; every clip in a build without FFmpeg), UFORM_OUT_OF_MEMORY, or the sink's failure. Thread-safe:
  * every demuxer, decoder and converter is its own; FFmpeg runs single-threaded inside (callers decode clips
- * in parallel). FFmpeg's own messages go through av_log at the level the application set. */
+ * in parallel). FFmpeg's own messages go through the engine's log callback (ffmpeg_io.c). */
 uform_status_t video_decode(uint8_t const *data, size_t size, size_t frames, video_sink_t sink,
                             void *context);

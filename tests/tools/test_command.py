@@ -487,6 +487,27 @@ def bad_manifest_item_loses_good_vectors(uform, model, workdir):
     assert "--keep-going needs --format jsonl" in stderr, stderr
 
 
+def ffmpeg_log_reaches_stderr(uform, model, workdir):
+    """A corrupt clip ends `uform encode` with the item's one-line error and none of FFmpeg's own lines;
+    with UFORM_LOG=debug, FFmpeg's lines are there, each after the engine's prefix."""
+    clip = os.path.join(workdir, "writers", "cut.mp4")
+    os.makedirs(os.path.dirname(clip), exist_ok=True)
+    whole = (REPOSITORY / "tests" / "fuzz-corpus" / "video_decode" / "mpeg4.mp4").read_bytes()
+    Path(clip).write_bytes(whole[: len(whole) // 2])
+    command = [uform, "encode", "--model", model, "--manifest", "-"]
+    manifest = json.dumps({"video": clip}).encode() + b"\n"
+    done = subprocess.run(command, capture_output=True, timeout=120, input=manifest)
+    lines = done.stderr.decode().splitlines()
+    if lines and lines[-1].endswith("unsupported"):
+        return  # a build without FFmpeg
+    assert done.returncode == 1 and lines == [f"uform: item 0: video '{clip}': format"], lines
+    env = dict(os.environ, UFORM_LOG="debug")
+    done = subprocess.run(command, capture_output=True, timeout=120, input=manifest, env=env)
+    lines = done.stderr.decode().splitlines()
+    assert done.returncode == 1 and lines[-1] == f"uform: item 0: video '{clip}': format", lines
+    assert len(lines) > 1 and all(line.startswith("uform: ffmpeg: ") for line in lines[:-1]), lines
+
+
 def check_encode_output_faults(uform, model, workdir):
     """`uform encode --output` killed while it writes, or out of room, leaves the previous file whole; the
     next run removes the temporary the killed one left; the error is one line naming the file; a symbolic
@@ -637,6 +658,7 @@ def main():
     check_search(options.uform, model, options.workdir)
     killed_index_leaves_temporary(options.uform, model, options.workdir)
     bad_manifest_item_loses_good_vectors(options.uform, model, options.workdir)
+    ffmpeg_log_reaches_stderr(options.uform, model, options.workdir)
     check_encode_output_faults(options.uform, model, options.workdir)
     check_errors(options.uform, model, options.workdir)
     check_default_model(options.uform, model, options.workdir)
