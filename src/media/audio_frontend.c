@@ -12,6 +12,7 @@
 #include <libswresample/swresample.h>
 
 #include "audio_frontend.h"
+#include "ffmpeg_io.h"
 
 #define AUDIO_LOG_FLOOR 1e-10
 
@@ -85,6 +86,7 @@ typedef struct transform {
 static uform_status_t transform_init(transform_t *transform, size_t points, bool inverse) {
     float const scale = 1.0f;
     if (points > INT_MAX) return UFORM_INVALID_ARGUMENT;
+    ffmpeg_log_route(); /* av_tx_init logs */
     int error = av_tx_init(&transform->context, &transform->function, AV_TX_FLOAT_FFT, inverse, (int)points,
                            &scale, 0);
     if (error < 0) return error == AVERROR(ENOMEM) ? UFORM_OUT_OF_MEMORY : UFORM_INTERNAL;
@@ -280,6 +282,7 @@ uform_status_t audio_resample(audio_frontend_t const *frontend, float const *sam
         return UFORM_OK;
     }
     if (in_rate == 0 || in_rate > UFORM_AUDIO_MAX_RATE) return UFORM_INVALID_ARGUMENT;
+    ffmpeg_log_route(); /* swresample logs */
     SwrContext *swr = NULL;
     AVChannelLayout mono = AV_CHANNEL_LAYOUT_MONO;
     int error = swr_alloc_set_opts2(&swr, &mono, AV_SAMPLE_FMT_FLT, (int)frontend->rate, &mono,

@@ -13,7 +13,8 @@
 /* FFmpeg's log, routed through the engine: silent unless UFORM_LOG=debug, then each line on stderr after
  * "uform: ffmpeg: " (a message of several lines gets it on each), up to the level av_log_set_level sets.
  * FFmpeg logs from any thread: the lock keeps each message whole and the state of a line that arrives
- * in pieces. */
+ * in pieces. Every entry into FFmpeg calls ffmpeg_log_route first: its pthread_once orders each thread's
+ * reads of log_debug after the one write, and no FFmpeg line reaches FFmpeg's own default printer. */
 static pthread_once_t log_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 static bool log_debug;
@@ -41,6 +42,10 @@ static void log_install(void) {
     char const *choice = getenv("UFORM_LOG");
     log_debug = choice && strcmp(choice, "debug") == 0;
     av_log_set_callback(log_line);
+}
+
+void ffmpeg_log_route(void) {
+    pthread_once(&log_once, log_install);
 }
 
 static int memory_read(void *opaque, uint8_t *buffer, int capacity) {
@@ -78,7 +83,7 @@ static int refuse_open(AVFormatContext *format, AVIOContext **io, char const *ur
 uform_status_t ffmpeg_memory_open(ffmpeg_memory_t *memory, uint8_t const *data, size_t size,
                                   size_t buffer_bytes) {
     *memory = (ffmpeg_memory_t){.data = data, .size = size};
-    pthread_once(&log_once, log_install);
+    ffmpeg_log_route();
     uint8_t *buffer = av_malloc(buffer_bytes);
     if (!buffer) return UFORM_OUT_OF_MEMORY;
     memory->io = avio_alloc_context(buffer, (int)buffer_bytes, 0, memory, memory_read, NULL, memory_seek);

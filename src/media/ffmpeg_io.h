@@ -9,6 +9,11 @@
 
 #include "uform.h"
 
+/* Routes FFmpeg's log through the engine, once per process (silent unless UFORM_LOG=debug). Whatever
+ * calls into FFmpeg calls it first: ffmpeg_memory_open does, and so does the audio front end's transform
+ * setup. */
+void ffmpeg_log_route(void);
+
 /* A demuxer reading bytes in memory through custom I/O. Demuxers that reach for other files or URLs
  * (playlists, concat lists, image sequences) get none. The I/O reads through the structure: it stays in
  * place while open. */

@@ -13,6 +13,9 @@
  * whole; numbers against PyTorch are checked by tests/reference/test_audio_reference.py. Without FFmpeg
  * only the arguments and the UNSUPPORTED answers are checked. */
 #include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +29,7 @@
 #include <libavutil/log.h>
 
 #include "audio_frontend.h"
+#include "ffmpeg_io.h"
 #endif
 
 static uform_model_t *model;
@@ -204,6 +208,45 @@ static batch_t *varied_lengths(sound_t *sounds, size_t *count) {
         batch_add_sound(batch, &sounds[i]);
     }
     return batch;
+}
+
+/* Regression, ffmpeg_log_setting_raced_the_first_transform: FFmpeg's log callback was installed only
+ * where a demuxer opened, so a thread setting up its spectrum transform (av_tx_init, which logs) while
+ * another opened the first demuxer read the callback's setting unordered, a data race ThreadSanitizer
+ * reports. The transform thread here waits on a relaxed flag, which orders nothing: only the engine's
+ * own ordering keeps the two apart. Runs first, before any other case routes the log. */
+static atomic_bool demuxer_opened;
+
+static void *open_first_demuxer(void *unused) {
+    (void)unused;
+    static uint8_t const junk[64];
+    ffmpeg_memory_t memory;
+    assert_int_equal(ffmpeg_memory_open(&memory, junk, sizeof junk, 4096), UFORM_FORMAT);
+    ffmpeg_memory_close(&memory);
+    atomic_store_explicit(&demuxer_opened, true, memory_order_relaxed);
+    return NULL;
+}
+
+static void *set_up_transform(void *unused) {
+    (void)unused;
+    while (!atomic_load_explicit(&demuxer_opened, memory_order_relaxed))
+        sched_yield();
+    audio_frontend_t frontend;
+    audio_spectrum_t spectrum;
+    assert_int_equal(audio_frontend_init(&frontend, &info), UFORM_OK);
+    assert_int_equal(audio_spectrum_init(&spectrum, &frontend), UFORM_OK);
+    audio_spectrum_free(&spectrum);
+    audio_frontend_free(&frontend);
+    return NULL;
+}
+
+static void ffmpeg_log_setting_raced_the_first_transform(void **state) {
+    (void)state;
+    pthread_t transform, demuxer;
+    assert_int_equal(pthread_create(&transform, NULL, set_up_transform, NULL), 0);
+    assert_int_equal(pthread_create(&demuxer, NULL, open_first_demuxer, NULL), 0);
+    assert_int_equal(pthread_join(demuxer, NULL), 0);
+    assert_int_equal(pthread_join(transform, NULL), 0);
 }
 
 static void samples_outputs_have_their_shapes(void **state) {
@@ -793,6 +836,7 @@ static int setup(void **state) {
 int main(void) {
     struct CMUnitTest const tests[] = {
 #if UFORM_WITH_FFMPEG
+        cmocka_unit_test(ffmpeg_log_setting_raced_the_first_transform), /* first: see there */
         cmocka_unit_test(samples_outputs_have_their_shapes),
         cmocka_unit_test(tones_and_silence),
         cmocka_unit_test(log_mel_against_a_naive_dft),

@@ -3,7 +3,9 @@ own command line (--uform, --workdir, the folder emptied), and PNG images writte
 library. Standard library only."""
 import argparse
 import os
+import resource
 import shutil
+import signal
 import struct
 import subprocess
 import zlib
@@ -23,6 +25,23 @@ def run_text(uform, arguments, timeout, expect=0):
     """run_bytes, stdout decoded too: (stdout text, stderr text)."""
     stdout, stderr = run_bytes(uform, arguments, timeout, expect=expect)
     return stdout.decode("utf-8", "replace"), stderr
+
+
+def run_size_limited(uform, arguments, limit, timeout, stdin=None):
+    """Runs `uform *arguments` under a file size limit of `limit` bytes, SIGXFSZ ignored, so that a write
+    past it fails with EFBIG, as on a full disk: (exit status, stderr text).
+
+    TMPDIR names a folder that does not exist: ThreadSanitizer's runtime, as it starts, writes a 512 KiB
+    file there without checking the write and maps it, so under a smaller limit the process dies of
+    SIGBUS before main; it skips that file when it cannot create it. The command itself reads no TMPDIR."""
+    def limited():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    env = dict(os.environ, TMPDIR=os.path.join(os.sep, "nonexistent", "uform-size-limited"))
+    done = subprocess.run([uform, *arguments], input=stdin, capture_output=True, preexec_fn=limited, env=env,
+                          timeout=timeout)
+    return done.returncode, done.stderr.decode("utf-8", "replace")
 
 
 def parse_options(description):

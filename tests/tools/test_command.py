@@ -12,7 +12,6 @@ where either is missing, the check fails: tests/reference/interpreter.py)."""
 import json
 import math
 import os
-import resource
 import signal
 import struct
 import subprocess
@@ -24,7 +23,7 @@ from pathlib import Path
 REPOSITORY = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPOSITORY / "tests" / "reference"))
 from interpreter import optional_import, partly_unavailable  # noqa: E402  (standard library only)
-from command_support import parse_options, run_bytes, write_png  # noqa: E402
+from command_support import parse_options, run_bytes, run_size_limited, write_png  # noqa: E402
 
 TEXTS = ["a cat", "a dog"]
 
@@ -410,17 +409,6 @@ def beside(path):
     return sorted(name for name in os.listdir(folder) if name.startswith(base) and name != base)
 
 
-def run_limited(uform, arguments, limit, stdin=None):
-    """Runs `uform *arguments` under a file size limit of `limit` bytes (SIGXFSZ ignored, so a write past
-    it fails with EFBIG, as on a full disk): (exit status, stderr text)."""
-    def limited():
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-
-    done = subprocess.run([uform, *arguments], input=stdin, capture_output=True, preexec_fn=limited, timeout=120)
-    return done.returncode, done.stderr.decode("utf-8", "replace")
-
-
 def kill_while_writing(uform, arguments, path, stdin=None):
     """Starts `uform *arguments`, which writes `path`, and SIGKILLs it once a new file (its temporary)
     appears beside `path`: whether it was caught writing (False when it finished first)."""
@@ -461,7 +449,7 @@ def killed_index_leaves_temporary(uform, model, workdir):
     assert caught >= 1 and beside(index), "no run was caught writing its index"
     run(uform, *command)
     assert Path(index).read_bytes() == previous and beside(index) == [], beside(index)
-    status, stderr = run_limited(uform, command, 1024)
+    status, stderr = run_size_limited(uform, command, 1024, 120)
     lines = [line for line in stderr.splitlines() if not line.startswith("uform: warning:")]
     assert status == 1 and lines == [f"uform: cannot write {index}: {os.strerror(27)}"], stderr
     assert Path(index).read_bytes() == previous and beside(index) == [], beside(index)
@@ -525,7 +513,7 @@ def check_encode_output_faults(uform, model, workdir):
         if caught >= 2:
             break
     assert caught >= 1 and beside(output), "no run was caught writing its output"
-    status, stderr = run_limited(uform, command, 4096, stdin=texts)
+    status, stderr = run_size_limited(uform, command, 4096, 120, stdin=texts)
     assert status == 1 and stderr == f"uform: cannot write {output}: {os.strerror(27)}\n", stderr
     assert Path(output).read_bytes() == previous and beside(output) == [], beside(output)
     # Through a symbolic link, the file it names is replaced and the link stays.

@@ -11,12 +11,11 @@ The standard library only."""
 import json
 import os
 import re
-import resource
 import signal
 import subprocess
 import sys
 
-from command_support import parse_options, run_text, write_png
+from command_support import parse_options, run_size_limited, run_text, write_png
 
 IMAGE_SIZE = 32
 MODEL_FLAGS = ["--depth", "1", "--hidden", "64", "--dims", "32", "--image-size", "32", "--image-patch", "8",
@@ -132,17 +131,11 @@ def check_full_disk(uform, manifest, model, workdir):
     full = os.path.join(workdir, "full", "model.safetensors")
     os.makedirs(os.path.dirname(full))
 
-    def limited():
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-
-    done = subprocess.run([uform, "train", "--data", manifest, "--out", full, "--steps", "3", "--save-every", "1",
-                           "--batch", "4", *MODEL_FLAGS], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          preexec_fn=limited, timeout=240)
-    stderr = done.stderr.decode()
+    status, stderr = run_size_limited(uform, ["train", "--data", manifest, "--out", full, "--steps", "3",
+                                              "--save-every", "1", "--batch", "4", *MODEL_FLAGS], limit, 240)
     failures = [line for line in stderr.splitlines() if not STEP_LINE.match(line)]
     expected = f"UForm: io [uform_trainer_save]: cannot write {full}.optimizer: {os.strerror(27)}"
-    assert done.returncode == 1 and failures == [expected], stderr
+    assert status == 1 and failures == [expected], stderr
     assert os.listdir(os.path.dirname(full)) == [], os.listdir(os.path.dirname(full))
 
 
