@@ -701,6 +701,12 @@ UFORM_EXPORT uform_status_t uform_image_encode_pixels(uform_image_encode_pixels_
  * demuxer may attempt (playlists, concat lists, image sequences) are refused: a clip reads only its own
  * bytes. FFmpeg's own log messages go through the engine, as for the audio verbs below.
  *
+ * Outside the engine's control, for the video and audio verbs alike: FFmpeg does not report every
+ * allocation of its own that fails. A demuxer may take one for a malformed file (UFORM_FORMAT for the
+ * item) or go on without what it could not allocate (the item encoded from what FFmpeg read), and
+ * libswresample keeps a buffer it was growing. Every allocation of the engine's, and every failure FFmpeg
+ * reports, answers UFORM_OUT_OF_MEMORY.
+ *
  * Execution, as "Execution of the media verbs" above: chunks of about 2048 tokens (F frames of 1 +
  * patches tokens each; at least one clip per executor thread while that stays within 32768 tokens, at
  * least one clip, at most 64 clips). Each clip is decoded on one thread (FFmpeg single-threaded inside),

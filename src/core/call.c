@@ -98,7 +98,8 @@ uform_status_t call_begin(call_t *call, uform_executor_t *executor, outcome_t *o
     }
     atomic_fetch_add_explicit(&executor->active, 1, memory_order_acq_rel);
     /* The spin a drain left ends with this call: afterwards idle threads poll spin_ns at most. */
-    if (executor_spin_held(executor)) atomic_store_explicit(&executor->spin_held, false, memory_order_relaxed);
+    if (executor_spin_held(executor))
+        atomic_store_explicit(&executor->spin_held, false, memory_order_relaxed);
     call->executor = executor;
     call->outcome = outcome;
     call->entry = entry;
@@ -182,16 +183,20 @@ void call_submit(call_t *call) {
      * the first call, under the executor's hold, and kept for the next ones. The hold is released
      * only once loop_run has returned, so that nobody frees the loop under our feet. */
     outcome_t *outcome = call->outcome;
+    int created = 0;
     if (!executor->loop) {
         loop_options_t options = {.backend = LOOP_BACKEND_AUTO, .single_issuer = false, .entries = 0};
-        if (loop_create(&options, &executor->loop) != 0) executor->loop = NULL;
+        created = loop_create(&options, &executor->loop);
+        if (created != 0) executor->loop = NULL;
     }
     if (executor->loop) {
         call->start(call);
         while (outcome_status(outcome) == UFORM_PENDING)
             loop_run(executor->loop, true, 0);
     } else {
-        call_finish(call, UFORM_IO, "cannot create the executor's event loop");
+        char const *message;
+        uform_status_t const status = executor_loop_failure(created, &message);
+        call_finish(call, status, message);
     }
     executor_unhold(executor);
     executor_settle(executor);

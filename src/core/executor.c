@@ -1,6 +1,7 @@
 /* Executors (executor.h): what every kind shares (creation, references, the loop thread of threaded
  * kinds, forks, memory placement, scratch, info) and the inline kind, whose calls run on the calling
  * thread. The kinds with state of their own live in executor_ram.c, executor_pool.c and src/vram. */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -33,6 +34,7 @@ static void *loop_thread_main(void *argument) {
     /* The ring is made here, on the only thread that will ever use it. */
     loop_options_t options = {.backend = LOOP_BACKEND_AUTO, .single_issuer = true, .entries = 0};
     int created = loop_create(&options, &executor->loop);
+    executor->loop_error = created;
     atomic_store_explicit(&executor->started, created == 0 ? 1u : 2u, memory_order_release);
     futex_wake_all(&executor->started);
     if (created != 0) return NULL;
@@ -47,6 +49,13 @@ static void *loop_thread_main(void *argument) {
     return NULL;
 }
 
+uform_status_t executor_loop_failure(int error, char const **message) {
+    if (error == -ENOMEM) return *message = "no memory for the executor's event loop", UFORM_OUT_OF_MEMORY;
+    if (error == -EMFILE || error == -ENFILE)
+        return *message = "too many open files for the executor's event loop", UFORM_IO;
+    return *message = "cannot create the executor's event loop", UFORM_IO;
+}
+
 uform_status_t executor_start_loop(uform_executor_t *executor, char const **message) {
     executor->threaded = true;
     if (pthread_create(&executor->loop_thread, NULL, loop_thread_main, executor) != 0)
@@ -57,7 +66,7 @@ uform_status_t executor_start_loop(uform_executor_t *executor, char const **mess
     if (started != 1) {
         pthread_join(executor->loop_thread, NULL);
         atomic_store_explicit(&executor->started, 0, memory_order_relaxed);
-        return *message = "cannot create the executor's event loop", UFORM_IO;
+        return executor_loop_failure(executor->loop_error, message);
     }
     return UFORM_OK;
 }

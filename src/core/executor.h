@@ -52,9 +52,9 @@ struct uform_executor {
     _Atomic size_t references;
     _Atomic(struct call *) holder; /* the call holding the executor, or NULL (call.h) */
     _Atomic uint32_t active;       /* calls begun and not settled, | EXECUTOR_WAITERS */
-    _Atomic uint32_t mood;     /* uform_mood_t: how idle threads wait */
-    _Atomic bool spin_held;    /* drained into UFORM_SPINNING: poll until the next call begins */
-    uint64_t spin_ns;          /* otherwise idle threads in UFORM_SPINNING poll this long, then sleep */
+    _Atomic uint32_t mood;         /* uform_mood_t: how idle threads wait */
+    _Atomic bool spin_held;        /* drained into UFORM_SPINNING: poll until the next call begins */
+    uint64_t spin_ns;              /* otherwise idle threads in UFORM_SPINNING poll this long, then sleep */
     size_t threads;
     size_t domains_count;
     loop_t *loop;  /* inline and pool: created by the first call, driven by the calling thread */
@@ -65,6 +65,7 @@ struct uform_executor {
     _Atomic bool stopping;
     _Atomic uint32_t rung;    /* the destroying thread has rung the doorbell: the loop may be freed */
     _Atomic uint32_t started; /* loop thread start: 0 pending, 1 running, 2 failed */
+    int loop_error;           /* loop_create's answer, once started is 2 */
 
     void *state; /* the kind's own */
 
@@ -90,6 +91,10 @@ static inline uint64_t executor_spin_ns(uform_executor_t const *executor) {
 
 /* A new executor of the kind `ops`, with one reference and one thread; NULL when out of memory. */
 uform_executor_t *executor_new(executor_ops_t const *ops);
+
+/* The status and static message of a loop that could not be made from loop_create's answer (-errno):
+ * UFORM_OUT_OF_MEMORY for ENOMEM, else UFORM_IO. */
+uform_status_t executor_loop_failure(int error, char const **message);
 
 /* Starts the loop thread of a threaded executor (its loop made on that thread). UFORM_OK, or a failure
  * with a static message. */

@@ -1,4 +1,5 @@
 /* JPEG and PNG decoding to RGB8, with the limits of image_decode.h checked before allocating. */
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -36,15 +37,26 @@ static uint8_t *pixels_for(size_t height, size_t width, uform_status_t *status) 
 #endif
 
 #if UFORM_WITH_JPEG
+/* A TurboJPEG failure as a status. It says only in words that memory ran out: libjpeg's
+ * JERR_OUT_OF_MEMORY ("Insufficient memory (case N)") or its own "Memory allocation failure". */
+static uform_status_t jpeg_status(tjhandle handle) {
+    char const *text = tjGetErrorStr2(handle);
+    bool const memory =
+        text && (strstr(text, "Insufficient memory") || strstr(text, "Memory allocation failure"));
+    return memory ? UFORM_OUT_OF_MEMORY : UFORM_FORMAT;
+}
+
 static uform_status_t decode_jpeg(uint8_t const *data, size_t size, image_rgb_t *image) {
     tjhandle handle = tjInitDecompress();
     if (!handle) return UFORM_OUT_OF_MEMORY;
     uform_status_t status = UFORM_FORMAT;
     int width = 0, height = 0, subsampling = 0, colorspace = 0;
     if (tjDecompressHeader3(handle, data, (unsigned long)size, &width, &height, &subsampling, &colorspace) !=
-            0 ||
-        width <= 0 || height <= 0)
+        0) {
+        status = jpeg_status(handle);
         goto done;
+    }
+    if (width <= 0 || height <= 0) goto done;
     if (colorspace == TJCS_CMYK || colorspace == TJCS_YCCK) {
         status = UFORM_UNSUPPORTED;
         goto done;
@@ -56,7 +68,7 @@ static uform_status_t decode_jpeg(uint8_t const *data, size_t size, image_rgb_t 
     if (tjDecompress2(handle, data, (unsigned long)size, pixels, width, width * 3, height, TJPF_RGB,
                       TJFLAG_STOPONWARNING | TJFLAG_LIMITSCANS) != 0) {
         free(pixels);
-        status = UFORM_FORMAT;
+        status = jpeg_status(handle);
         goto done;
     }
     *image = (image_rgb_t){pixels, (size_t)height, (size_t)width};
@@ -67,25 +79,60 @@ done:
 #endif
 
 #if UFORM_WITH_SPNG
+/* libspng's allocations, and zlib's through it, noting a failure: libspng answers SPNG_EZLIB alike for
+ * a corrupt stream and for inflate out of memory. One image decodes on one thread, so the note is the
+ * thread's. */
+static _Thread_local bool png_memory_failed;
+
+static void *png_malloc(size_t size) {
+    void *block = malloc(size);
+    if (!block) png_memory_failed = true;
+    return block;
+}
+
+static void *png_realloc(void *block, size_t size) {
+    void *grown = realloc(block, size);
+    if (!grown && size) png_memory_failed = true;
+    return grown;
+}
+
+static void *png_calloc(size_t count, size_t size) {
+    void *block = calloc(count, size);
+    if (!block) png_memory_failed = true;
+    return block;
+}
+
+static struct spng_alloc png_allocator = {png_malloc, png_realloc, png_calloc, free};
+
+/* A libspng failure as a status. */
+static uform_status_t png_status(int error) {
+    return error == SPNG_EMEM || png_memory_failed ? UFORM_OUT_OF_MEMORY : UFORM_FORMAT;
+}
+
 static uform_status_t decode_png(uint8_t const *data, size_t size, image_rgb_t *image) {
-    spng_ctx *context = spng_ctx_new(0);
+    png_memory_failed = false;
+    spng_ctx *context = spng_ctx_new2(&png_allocator, 0);
     if (!context) return UFORM_OUT_OF_MEMORY;
     uform_status_t status = UFORM_FORMAT;
     struct spng_ihdr header;
     size_t bytes = 0;
-    if (spng_set_chunk_limits(context, IMAGE_PNG_CHUNK_MAX, IMAGE_PNG_CHUNK_MAX) != SPNG_OK ||
-        spng_set_png_buffer(context, data, size) != SPNG_OK || spng_get_ihdr(context, &header) != SPNG_OK)
+    int error = spng_set_chunk_limits(context, IMAGE_PNG_CHUNK_MAX, IMAGE_PNG_CHUNK_MAX);
+    if (error == SPNG_OK) error = spng_set_png_buffer(context, data, size);
+    if (error == SPNG_OK) error = spng_get_ihdr(context, &header); /* reads chunks: may allocate */
+    if (error != SPNG_OK) {
+        status = png_status(error);
         goto done;
+    }
     uint8_t *pixels = pixels_for(header.height, header.width, &status);
     if (!pixels) goto done;
-    int error = spng_decoded_image_size(context, SPNG_FMT_RGB8, &bytes);
+    error = spng_decoded_image_size(context, SPNG_FMT_RGB8, &bytes);
     if (error == SPNG_OK && bytes == (size_t)header.height * header.width * 3)
         error = spng_decode_image(context, pixels, bytes, SPNG_FMT_RGB8, 0);
     else if (error == SPNG_OK)
         error = SPNG_EOVERFLOW;
     if (error != SPNG_OK) {
         free(pixels);
-        status = error == SPNG_EMEM ? UFORM_OUT_OF_MEMORY : UFORM_FORMAT;
+        status = png_status(error);
         goto done;
     }
     *image = (image_rgb_t){pixels, header.height, header.width};

@@ -44,6 +44,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <jansson.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -893,26 +894,31 @@ static bool names_of(char const *path, save_names_t *names) {
 }
 
 /* A system call on `path` failed with `error`: "cannot write PATH: No space left on device" into
- * `reason` (UFORM_ERROR_MESSAGE_SIZE bytes, the text cut there). */
+ * `reason` (UFORM_ERROR_MESSAGE_SIZE bytes, the text cut there). UFORM_IO, or UFORM_OUT_OF_MEMORY for
+ * ENOMEM (opendir's buffer, the kernel's own). */
 static uform_status_t fault(char *reason, char const **message, char const *verb, char const *path,
                             int error) {
     snprintf(reason, UFORM_ERROR_MESSAGE_SIZE, "cannot %s %s: %s", verb, path, strerror(error ? error : EIO));
     *message = reason;
-    return UFORM_IO;
+    return error == ENOMEM ? UFORM_OUT_OF_MEMORY : UFORM_IO;
 }
 
 /* The folder of `path` synced, so that the renames in it are durable. Filesystems that cannot sync a
  * folder answer EINVAL; that is no fault. */
 static uform_status_t sync_folder(char const *path, char *reason, char const **message) {
+    /* No allocation: a save that has renamed its state must not fail for memory before its checkpoint
+     * follows. A folder name longer than PATH_MAX could not be opened anyway. */
+    char folder[PATH_MAX];
     char const *slash = strrchr(path, '/');
-    char *folder = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
-    if (!folder) return answer(UFORM_OUT_OF_MEMORY, message, "out of memory");
+    size_t const length = slash ? (slash == path ? 1 : (size_t)(slash - path)) : 1;
+    if (length >= sizeof folder) return fault(reason, message, "sync the folder of", path, ENAMETOOLONG);
+    memcpy(folder, slash ? path : ".", length);
+    folder[length] = '\0';
     uform_status_t status = UFORM_OK;
     int const fd = open(folder, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0 || (fsync(fd) != 0 && errno != EINVAL))
         status = fault(reason, message, "sync the folder of", path, errno);
     if (fd >= 0) close(fd);
-    free(folder);
     return status;
 }
 
