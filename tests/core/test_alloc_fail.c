@@ -14,8 +14,8 @@
  * printed instead. Each stage prints how its failures ended.
  * Stages: creating a RAM executor and an arena; loading the checkpoint, read through the ring and mapped;
  * encoding texts, pixels, PNG and JPEG images from memory and from files, clips, sounds and samples;
- * creating a trainer, a training step over every modality, and a save over a previous checkpoint (the
- * previous pair or the new one on disk after a failed save, nothing else beside them).
+ * creating a trainer, a training step over every modality the build decodes, and a save over a previous
+ * checkpoint (the previous pair or the new one on disk after a failed save, nothing else beside them).
  *
  * Outside the count, named: the machine's topology, loaded by the first RAM executor before any stage
  * (hwloc's window), and every allocation libjansson or libhwloc makes itself (the shim's head says why).
@@ -485,31 +485,60 @@ static void release_trainer(world_t *world) {
     world->trainer = NULL;
 }
 
-/* One batch of every modality: two texts, an image, a clip, a sound; the texts related to the media. */
+/* The training batch: two texts, and the image, the clip and the sound the build can decode, the first
+ * text related to the image, the second to the clip and the sound (without media, to each other). */
+typedef struct training_batch {
+    uint8_t *bytes;
+    size_t offsets[6];
+    uform_modality_t modalities[5];
+    uint32_t relations[6];
+    size_t items, relations_count;
+} training_batch_t;
+
+static training_batch_t batch;
+
+static void batch_add(uform_modality_t modality, void const *data, size_t size) {
+    size_t const at = batch.offsets[batch.items];
+    uint8_t *grown = realloc(batch.bytes, at + size);
+    CHECK(grown);
+    batch.bytes = grown;
+    memcpy(batch.bytes + at, data, size);
+    batch.modalities[batch.items++] = modality;
+    batch.offsets[batch.items] = at + size;
+}
+
+static void batch_relate(uint32_t a, uint32_t b) {
+    batch.relations[2 * batch.relations_count] = a;
+    batch.relations[2 * batch.relations_count++ + 1] = b;
+}
+
+static void batch_make(world_t const *world, uint32_t features) {
+    batch_add(UFORM_MODALITY_TEXT, texts, 12);
+    batch_add(UFORM_MODALITY_TEXT, texts + 12, 19);
+    if (features & UFORM_FEATURE_SPNG) {
+        batch_add(UFORM_MODALITY_IMAGE, world->png.data, world->png.size);
+        batch_relate(0, (uint32_t)batch.items - 1);
+    }
+    if (features & UFORM_FEATURE_FFMPEG) {
+        batch_add(UFORM_MODALITY_VIDEO, world->clip.data, world->clip.size);
+        batch_relate(1, (uint32_t)batch.items - 1);
+        batch_add(UFORM_MODALITY_AUDIO, world->wav.data, world->wav.size);
+        batch_relate(1, (uint32_t)batch.items - 1);
+    }
+    if (batch.relations_count == 0) batch_relate(0, 1);
+}
+
 static uform_status_t step(world_t *world, double *loss) {
-    size_t const sizes[] = {12, 19, world->png.size, world->clip.size, world->wav.size};
-    size_t offsets[6] = {0};
-    for (size_t i = 0; i < 5; ++i)
-        offsets[i + 1] = offsets[i] + sizes[i];
-    uint8_t *bytes = malloc(offsets[5]);
-    if (!bytes) return UFORM_OUT_OF_MEMORY;
-    memcpy(bytes, texts, 31);
-    memcpy(bytes + offsets[2], world->png.data, world->png.size);
-    memcpy(bytes + offsets[3], world->clip.data, world->clip.size);
-    memcpy(bytes + offsets[4], world->wav.data, world->wav.size);
-    uform_modality_t const modalities[] = {UFORM_MODALITY_TEXT, UFORM_MODALITY_TEXT, UFORM_MODALITY_IMAGE,
-                                           UFORM_MODALITY_VIDEO, UFORM_MODALITY_AUDIO};
-    uint32_t const relations[] = {0, 2, 1, 3, 1, 4};
     uform_trainer_step_stats_t stats = {0};
-    uform_trainer_step_args_t args = {.trainer = world->trainer,
-                                      .executor = world->executor,
-                                      .modalities = modalities,
-                                      .contents = {bytes, offsets, 5, offsets[5]},
-                                      .relations = relations,
-                                      .relations_count = 3,
-                                      .stats = &stats};
+    uform_trainer_step_args_t args = {
+        .trainer = world->trainer,
+        .executor = world->executor,
+        .modalities = batch.modalities,
+        .contents = {batch.bytes, batch.offsets, batch.items, batch.offsets[batch.items]},
+        .relations = batch.relations,
+        .relations_count = batch.relations_count,
+        .stats = &stats};
     uform_status_t const status = uform_trainer_step(&args);
-    free(bytes);
     *loss = stats.loss;
     return status;
 }
@@ -581,8 +610,8 @@ static stage_t const stages[] = {
     {"audio", UFORM_FEATURE_FFMPEG, prepare_audio, run_audio, release_pair},
     {"samples", UFORM_FEATURE_FFMPEG, nothing, run_samples, nothing},
     {"trainer", 0, nothing, run_trainer, release_trainer},
-    {"step", UFORM_FEATURE_SPNG | UFORM_FEATURE_FFMPEG, prepare_step, run_step, release_trainer},
-    {"save", UFORM_FEATURE_SPNG | UFORM_FEATURE_FFMPEG, prepare_save, run_save, release_save},
+    {"step", 0, prepare_step, run_step, release_trainer},
+    {"save", 0, prepare_save, run_save, release_save},
 };
 
 /* ---- The sweep --------------------------------------------------------------------------------------- */
@@ -701,7 +730,8 @@ int main(int argc, char **argv) {
     CHECK(uform_model_load_ram(&load_args) == UFORM_OK);
     CHECK(uform_model_info(world.model, &world.info) == UFORM_OK);
 
-    if (features & UFORM_FEATURE_SPNG && features & UFORM_FEATURE_FFMPEG) { /* the pair a save replaces */
+    batch_make(&world, features);
+    { /* the pair a save replaces */
         prepare_step(&world);
         CHECK(save(&world) == UFORM_OK);
         world.previous_checkpoint = blob_read(world.saved);
@@ -727,6 +757,6 @@ int main(int argc, char **argv) {
     uform_executor_free(world.executor);
     free(world.png.data), free(world.jpeg.data), free(world.clip.data), free(world.wav.data);
     free(world.previous_checkpoint.data), free(world.previous_state.data);
-    free(saved_new_checkpoint.data), free(saved_new_state.data);
+    free(saved_new_checkpoint.data), free(saved_new_state.data), free(batch.bytes);
     return 0;
 }
