@@ -60,18 +60,20 @@ def f32_bytes(values):
 # ---- the server ----------------------------------------------------------------------------------
 
 class Server:
-    """`uform serve --port 0` as a child process; its one stdout line says the port."""
+    """`uform serve --port 0` as a child process, over http or https (the scripts of tests/tools share
+    it); its one stdout line says the port."""
 
-    def __init__(self, uform, model, workdir, name, *flags):
+    def __init__(self, uform, model, workdir, name, *flags, env=None):
         self.log_path = os.path.join(workdir, f"{name}.log")
         self.log = open(self.log_path, "wb")
         self.process = subprocess.Popen([uform, "serve", "--model", model, "--port", "0", *flags],
-                                        stdout=subprocess.PIPE, stderr=self.log)
+                                        stdout=subprocess.PIPE, stderr=self.log, env=env)
         ready, _, _ = select.select([self.process.stdout], [], [], 120)
         line = self.process.stdout.readline().decode() if ready else ""
-        found = re.match(r"uform serve: listening on (http://[^ ]+:(\d+)) \(model ([^)]+)\)", line)
+        found = re.match(r"uform serve: listening on (https?://[^ ]+:(\d+)) \(model ([^)]+)\)", line)
         if not found:
             self.process.kill()
+            self.process.wait()
             raise AssertionError(f"no listening line from uform serve: {line!r}\n{self.stderr()}")
         self.url, self.port, self.name = found.group(1), int(found.group(2)), found.group(3)
 
@@ -90,6 +92,11 @@ class Server:
         assert code == expect, f"uform serve exited {code}, expected {expect}\n{log}"
         for report in ("Sanitizer", "runtime error"):
             assert report not in log, log
+
+    def kill(self):
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
 
     def vm_peak_rss(self):
         with open(f"/proc/{self.process.pid}/status") as file:

@@ -22,11 +22,8 @@ import argparse
 import http.client
 import json
 import os
-import re
 import resource
-import select
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -36,46 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reference"))
 from interpreter import SKIP, in_ci, run_under_python_with  # noqa: E402
-from test_serve import CONTEXT, DIMS, TEXTS, embed, encode_rows, f32_bytes, metric, request  # noqa: E402
-
-
-class Server:
-    """`uform serve --port 0` as a child process, over http or https; its one stdout line says the port."""
-
-    def __init__(self, uform, model, workdir, name, *flags, env=None):
-        self.log_path = os.path.join(workdir, f"{name}.log")
-        self.log = open(self.log_path, "wb")
-        self.process = subprocess.Popen([uform, "serve", "--model", model, "--port", "0", *flags],
-                                        stdout=subprocess.PIPE, stderr=self.log, env=env)
-        ready, _, _ = select.select([self.process.stdout], [], [], 120)
-        line = self.process.stdout.readline().decode() if ready else ""
-        found = re.match(r"uform serve: listening on (https?://[^ ]+:(\d+)) \(model ([^)]+)\)", line)
-        if not found:
-            self.process.kill()
-            self.process.wait()
-            raise AssertionError(f"no listening line from uform serve: {line!r}\n{self.stderr()}")
-        self.url, self.port, self.name = found.group(1), int(found.group(2)), found.group(3)
-
-    def stderr(self):
-        if not self.log.closed:
-            self.log.flush()
-        with open(self.log_path, "rb") as file:
-            return file.read().decode("utf-8", "replace")
-
-    def stop(self):
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        code = self.process.wait(timeout=120)
-        self.log.close()
-        log = self.stderr()
-        assert code == 0, f"uform serve exited {code}\n{log}"
-        for report in ("Sanitizer", "runtime error"):
-            assert report not in log, log
-
-    def kill(self):
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
+from test_serve import CONTEXT, DIMS, TEXTS, Server, embed, encode_rows, f32_bytes, metric, request  # noqa: E402
 
 
 def answered_within(port, seconds, body=None):

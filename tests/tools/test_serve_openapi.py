@@ -86,7 +86,7 @@ def main():
     parser.add_argument("--workdir", required=True)
     options = parser.parse_args()
     run_under_python_with(["schemathesis"], flag="UFORM_SERVE_REEXEC")
-    from test_serve_faults import Server  # noqa: E402
+    from test_serve import Server  # noqa: E402
     os.makedirs(options.workdir, exist_ok=True)
     model = os.path.join(options.workdir, "tiny.safetensors")
     subprocess.run([options.uform, "checkpoint", "tiny", model, "--seed", "11", "--context", str(CONTEXT)],
