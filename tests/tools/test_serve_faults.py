@@ -4,8 +4,9 @@
     test_serve_faults.py --uform build/tools/uform --workdir build/tests/serve-faults --case NAME
 
   half_closed_burst_blocks_server  5,000 clients that each send part of a request and close at once:
-                                   every connection is closed as its FIN comes, and a request after the
-                                   burst is answered within 1 s
+                                   every connection is closed as its FIN comes, a request after the
+                                   burst is answered within 1 s, and their 5,000 log lines are printed
+                                   at most 10 a second, the rest counted
   abandoned_requests_are_computed  1,000 requests of 2,048 texts whose clients close once sent: they are
                                    dropped unencoded and counted (uform_requests_abandoned_total), and a
                                    request after them is answered within 1 s
@@ -22,6 +23,7 @@ import argparse
 import http.client
 import json
 import os
+import re
 import resource
 import shutil
 import socket
@@ -98,9 +100,18 @@ def half_closed_burst_blocks_server(uform, model, workdir, reference):
         # Every half-closed connection is closed as its FIN is read, not at the 60 s idle timeout.
         wait_until("the half-closed connections were not closed",
                    lambda: metric(server.port, "uform_requests_in_flight") <= 1, 10)
+        lasted = time.monotonic() - started
         server.stop()
+        # libmicrohttpd's message for each of them is printed at most 10 times a second, the rest counted.
+        log = server.stderr().splitlines()
+        printed = sum(line.endswith("with incomplete request.") for line in log)
+        unprinted = sum(int(found.group(1)) for found in
+                        (re.match(r"uform: http: (\d+) more messages not printed \(at most 10 a second\)$", line)
+                         for line in log) if found)
+        assert printed + unprinted == clients, (printed, unprinted)
+        assert printed <= 10 * (int(lasted) + 2), (printed, lasted)
         print(f"{clients} half-closed connections in {burst:.2f} s: the next request answered in {took:.3f} s, "
-              "every connection closed")
+              f"every connection closed; {printed} of their {clients} log lines printed, the rest counted")
     finally:
         server.kill()
 

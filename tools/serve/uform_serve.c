@@ -595,8 +595,31 @@ static void serve_completed(void *cls, struct MHD_Connection *connection, void *
     serve_drain_check(server);
 }
 
+/* libmicrohttpd's messages go to stderr, at most SERVE_LOG_PER_SECOND in a second: a flood of clients that
+ * each earn one ("Connection was closed by remote side with incomplete request") does not flood the
+ * log. The others are counted, and the count printed before the next message printed, or at the end. */
+#define SERVE_LOG_PER_SECOND 10
+
+static void serve_log_unprinted(serve_t *server) {
+    if (server->log_unprinted)
+        fprintf(stderr, "uform: http: %zu more messages not printed (at most %d a second)\n",
+                server->log_unprinted, SERVE_LOG_PER_SECOND);
+    server->log_unprinted = 0;
+}
+
 static void serve_log(void *cls, char const *format, va_list arguments) {
-    (void)cls;
+    serve_t *server = cls;
+    uint64_t const now = loop_now_ns();
+    if (now - server->log_window_ns >= 1000000000u) {
+        server->log_window_ns = now;
+        server->log_printed = 0;
+    }
+    if (server->log_printed == SERVE_LOG_PER_SECOND) {
+        server->log_unprinted++;
+        return;
+    }
+    server->log_printed++;
+    serve_log_unprinted(server);
     fputs("uform: http: ", stderr);
     vfprintf(stderr, format, arguments);
 }
@@ -925,6 +948,7 @@ int command_serve(int argc, char **argv) {
             loop_run(server.loop, true, 0);
     }
     if (server.daemon) MHD_stop_daemon(server.daemon);
+    serve_log_unprinted(&server);
     batch_close(&server);
     loop_destroy(server.loop);
     if (server.signal_fd >= 0) (void)close(server.signal_fd);

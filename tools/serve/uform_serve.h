@@ -251,6 +251,10 @@ struct serve {
     bool finishing;  /* forced: the queue was refused; the next pump sends what it can and stops */
     bool stopping;   /* everything answered: the watches are being ended */
     serve_metrics_t metrics;
+
+    /* libmicrohttpd's messages: printed in the second from `log_window_ns`, and not printed since. */
+    uint64_t log_window_ns;
+    size_t log_printed, log_unprinted;
 };
 
 /* Arms `timer` to fire by `deadline_ns` (an earlier one than armed cancels and re-arms). */
