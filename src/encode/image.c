@@ -241,7 +241,7 @@ static void image_start(call_t *call) {
     if (!image_outputs(image)) {
         encode_stop(&image->encode, UFORM_OUT_OF_MEMORY, "cannot allocate the outputs in the arena");
     } else if (!media_open(&image->run)) {
-        encode_stop(&image->encode, UFORM_OUT_OF_MEMORY, "cannot allocate the file buffers");
+        encode_stop(&image->encode, UFORM_OUT_OF_MEMORY, "cannot allocate the patch rows and read buffers");
     }
     media_start(&image->run);
 }
