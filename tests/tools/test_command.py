@@ -482,12 +482,13 @@ def ffmpeg_log_reaches_stderr(uform, model, workdir):
     os.makedirs(os.path.dirname(clip), exist_ok=True)
     whole = (REPOSITORY / "tests" / "fuzz-corpus" / "video_decode" / "mpeg4.mp4").read_bytes()
     Path(clip).write_bytes(whole[: len(whole) // 2])
+    if encode_status(uform, model, "video", clip) == "unsupported":
+        print("this build decodes no video: the FFmpeg log check is skipped")
+        return
     command = [uform, "encode", "--model", model, "--manifest", "-"]
     manifest = json.dumps({"video": clip}).encode() + b"\n"
     done = subprocess.run(command, capture_output=True, timeout=120, input=manifest)
     lines = done.stderr.decode().splitlines()
-    if lines and lines[-1].endswith("unsupported"):
-        return  # a build without FFmpeg
     assert done.returncode == 1 and lines == [f"uform: item 0: video '{clip}': format"], lines
     env = dict(os.environ, UFORM_LOG="debug")
     done = subprocess.run(command, capture_output=True, timeout=120, input=manifest, env=env)
