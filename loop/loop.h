@@ -22,10 +22,17 @@
  * embedded in the call state that the callback recovers with `container_of`. */
 #pragma once
 
+#include <errno.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/stat.h>
+
+/* A timer answers -ETIME, as io_uring does. ETIME is a STREAMS error that POSIX leaves optional and
+ * FreeBSD and OpenBSD do not have: there the loop's timers answer ETIMEDOUT, under this name. */
+#ifndef ETIME
+#define ETIME ETIMEDOUT
+#endif
 
 /* What a statx operation fills: Linux's struct statx, or where there is none (the POSIX-only build,
  * macOS) the fields the engine reads, from fstat(2). */
