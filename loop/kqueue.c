@@ -107,7 +107,13 @@ static void poller_deliver(loop_t *loop, struct kevent const *event) {
     }
 }
 
+/* The longest wait asked of kevent: systems refuse a timeout past some bound (select(2)'s 10^8 s on
+ * macOS), and a loop that wakes once in three years to wait again loses nothing. */
+#define POLLER_LONGEST_SECONDS 99999999
+
 int loop_poller_scan(loop_t *loop, bool doorbell, struct timespec const *timeout, bool *rang) {
+    struct timespec longest = {POLLER_LONGEST_SECONDS, 0};
+    if (timeout && timeout->tv_sec > POLLER_LONGEST_SECONDS) timeout = &longest;
     struct kevent single;
     size_t slots = loop->poller_capacity / 2;
     struct kevent *changes = loop->poller_entries;

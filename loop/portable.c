@@ -7,7 +7,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -142,7 +141,7 @@ int loop_portable_wait(loop_t *loop) {
     int ret = loop_poller_scan(loop, true, until, &rang);
     if (ret < 0) return ret == -EINTR ? 0 : ret;
     if (!rang) return 0;
-    /* Only this thread drains it and poll saw it readable, so this does not block. */
+    /* Only this thread drains it and the poller saw it readable, so this does not block. */
     return loop_doorbell_drain(&loop->doorbell);
 }
 
