@@ -72,7 +72,7 @@ typedef struct loop_hooks {
 /* Each backend's hooks, by loop_backend_t (a build without io_uring has none for it). */
 static loop_hooks_t const loop_hooks[] = {
     [LOOP_BACKEND_PORTABLE] = {loop_portable_submit, loop_portable_cancel, loop_portable_collect,
-                               loop_portable_pending, loop_portable_wait, NULL},
+                               loop_portable_pending, loop_portable_wait, loop_portable_destroy},
 #if UFORM_WITH_URING
     [LOOP_BACKEND_URING] = {loop_uring_submit, loop_uring_cancel, loop_uring_collect, loop_uring_pending,
                             loop_uring_wait, loop_uring_destroy},
@@ -124,6 +124,10 @@ int loop_create(loop_options_t const *options, loop_t **out) {
         if (ret < 0) loop->backend = LOOP_BACKEND_PORTABLE;
     }
 #endif
+    if (loop->backend == LOOP_BACKEND_PORTABLE) {
+        ret = loop_portable_create(loop);
+        if (ret < 0) goto fail;
+    }
 
     *out = loop;
     return 0;
@@ -138,7 +142,6 @@ void loop_destroy(loop_t *loop) {
     if (!loop) return;
     if (loop_hooks_of(loop)->destroy) loop_hooks_of(loop)->destroy(loop);
     loop_doorbell_close(&loop->doorbell);
-    free(loop->poll_fds);
     free(loop);
 }
 

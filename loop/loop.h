@@ -11,10 +11,11 @@
  *   armed in the ring,
  *   and the doorbell is rung only when the loop has announced that it is about to sleep.
  * - portable: the same operations are done with plain syscalls when submitted, and their completions
- *   are delivered by the next `loop_run`, never from inside the submitting call; the loop sleeps in
- *   poll(2) (ppoll on Linux) on the doorbell (an eventfd on Linux, a pipe elsewhere) and the
- *   descriptors of pending polls, with the nearest timer as its timeout. Without Linux (the POSIX-only
- *   build, macOS) it is the only backend, and a statx is an fstat(2).
+ *   are delivered by the next `loop_run`, never from inside the submitting call; the loop sleeps in its
+ *   poller, kqueue(2) where the system has it (macOS, the BSDs) and poll(2) elsewhere (ppoll on Linux),
+ *   on the doorbell (an eventfd on Linux, a pipe elsewhere) and the descriptors of pending polls, with
+ *   the nearest timer as its timeout. Without Linux (the POSIX-only build, macOS) it is the only
+ *   backend, and a statx is an fstat(2).
  * `LOOP_BACKEND_AUTO` reads UFORM_LOOP ("uring" or "portable"), then probes io_uring once per process
  * (setup, a NOP, the opcodes needed) and falls back to the portable backend on any failure.
  *
@@ -22,10 +23,17 @@
  * embedded in the call state that the callback recovers with `container_of`. */
 #pragma once
 
+#include <errno.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/stat.h>
+
+/* A timer answers -ETIME, as io_uring does. ETIME is a STREAMS error that POSIX leaves optional and
+ * FreeBSD and OpenBSD do not have: there the loop's timers answer ETIMEDOUT, under this name. */
+#ifndef ETIME
+#define ETIME ETIMEDOUT
+#endif
 
 /* What a statx operation fills: Linux's struct statx, or where there is none (the POSIX-only build,
  * macOS) the fields the engine reads, from fstat(2). */
@@ -115,7 +123,11 @@ void loop_timer(loop_t *loop, loop_op_t *op, uint64_t nanoseconds);
  * the ready events (POLLERR and POLLHUP come unasked), or -errno (-EBADF for a descriptor that is not
  * open). One-shot and level-triggered: an fd already ready completes in the next loop_run, and a
  * callback resubmits to keep watching. `fd` must stay open until the callback. This is how a loop
- * watches descriptors it does not own: an epoll set, an eventfd, a signalfd, a socket. */
+ * watches descriptors it does not own: an epoll set, an eventfd, a signalfd, a socket.
+ * On kqueue (the portable backend on macOS and the BSDs) `events` must hold a read event (POLLIN,
+ * POLLRDNORM, POLLRDBAND, POLLPRI: all answered together, as kqueue cannot tell out-of-band data) or a
+ * write event (POLLOUT, POLLWRNORM, POLLWRBAND), else the poll ends with -EINVAL; a read end whose peer
+ * is gone with nothing left to read answers POLLHUP without POLLIN. */
 void loop_poll(loop_t *loop, loop_op_t *op, int fd, short events);
 
 /* Loop thread: asks a pending poll or timer to end early. Its callback still runs exactly once, from a

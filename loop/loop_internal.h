@@ -9,6 +9,7 @@
 #include <poll.h>
 #include <stdalign.h>
 #include <stdatomic.h>
+#include <time.h>
 
 #if UFORM_WITH_URING
 #include <liburing.h>
@@ -53,8 +54,9 @@ struct loop {
     loop_op_t *timers; /* portable: pending timers sorted by deadline_ns, earliest first */
     loop_op_t *polls;  /* portable: pending polls, through op->next, newest first */
     size_t polls_count;
-    struct pollfd *poll_fds; /* portable: room for the doorbell and every pending poll */
-    size_t poll_fds_capacity;
+    void *poller_entries;   /* portable: the poller's array (struct pollfd, or struct kevent) */
+    size_t poller_capacity; /* its entries */
+    int poller_fd;          /* portable on kqueue: the kqueue; -1 on poll(2) */
 #if UFORM_WITH_URING
     struct io_uring ring;
     bool defer_taskrun;      /* completions appear only when the loop thread enters with GETEVENTS */
@@ -69,11 +71,27 @@ struct loop {
 void loop_ready_push(loop_t *loop, loop_op_t *op);
 
 /* Portable backend (portable.c). */
+int loop_portable_create(loop_t *loop);
+void loop_portable_destroy(loop_t *loop);
 void loop_portable_submit(loop_t *loop, loop_op_t *op);
 void loop_portable_collect(loop_t *loop);
 bool loop_portable_pending(loop_t *loop);
 int loop_portable_wait(loop_t *loop);
 void loop_portable_cancel(loop_t *loop, loop_op_t *op);
+
+/* The portable backend's wait on descriptors, its poller: kqueue.c where the system has kqueue (or
+ * libkqueue, asked for by -Dkqueue=enabled), poll.c elsewhere; meson compiles one of the two. Both watch
+ * the pending polls of loop->polls, which portable.c keeps. */
+/* Opens what the poller needs: the kqueue, with the doorbell's read end registered. 0 or -errno. */
+int loop_poller_open(loop_t *loop);
+void loop_poller_close(loop_t *loop);
+/* Before `op` (a poll on an open descriptor) joins loop->polls: room for its entries. 0, -ENOMEM, or
+ * -EINVAL for events the poller cannot watch (kqueue: neither a read nor a write event). */
+int loop_poller_reserve(loop_t *loop, loop_op_t const *op);
+/* Waits up to `timeout` (NULL: no limit) for the doorbell (when `doorbell`) or a pending poll; the
+ * polls found ready move to the ready list with their poll(2) events as result. Answers 0 or -errno,
+ * and whether the doorbell is readable in *rang. */
+int loop_poller_scan(loop_t *loop, bool doorbell, struct timespec const *timeout, bool *rang);
 
 #if UFORM_WITH_URING
 /* io_uring backend (uring.c). */

@@ -1,14 +1,12 @@
 /* The portable backend: operations run as plain syscalls when submitted and are delivered by the
  * next loop_run; timers wait in a list sorted by deadline, polls in a list of their own, and the loop
- * sleeps in ppoll(2) (poll(2) without Linux) on the doorbell and the polled descriptors until the
- * nearest timer. */
+ * sleeps on the doorbell and the polled descriptors until the nearest timer, in its poller: kqueue
+ * (kqueue.c) where the system has it, poll(2) (poll.c) elsewhere. */
 #include "loop_internal.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <poll.h>
-#include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -32,21 +30,6 @@ static int64_t portable_statx(loop_op_t const *op) {
     return 0;
 }
 #endif
-
-/* Waits in ppoll, or in poll with the timeout rounded up to whole milliseconds (so that a timer is
- * never found early and the loop never spins on a timeout of 0 before its deadline). */
-static int portable_poll(struct pollfd *fds, nfds_t count, struct timespec const *timeout) {
-#if UFORM_LINUX
-    return ppoll(fds, count, timeout, NULL);
-#else
-    int milliseconds = -1;
-    if (timeout) {
-        uint64_t ms = (uint64_t)timeout->tv_sec * 1000u + ((uint64_t)timeout->tv_nsec + 999999u) / 1000000u;
-        milliseconds = ms > INT_MAX ? INT_MAX : (int)ms;
-    }
-    return poll(fds, count, milliseconds);
-#endif
-}
 
 /* Reads until `length` bytes or end of file, like the ring's continued short reads. Like io_uring,
  * an offset of all ones reads at the file position, and a file without positions (a pipe, where
@@ -82,59 +65,27 @@ static void portable_timer_insert(loop_t *loop, loop_op_t *op) {
     *link = op;
 }
 
-/* Keeps room in poll_fds for the doorbell and every pending poll; a poll that finds none fails. */
+/* A poll the poller cannot watch (a descriptor that is not open, events it cannot tell, no memory for
+ * its entries) is final at once with that error. */
 static void portable_poll_insert(loop_t *loop, loop_op_t *op) {
-    if (op->fd < 0) {
-        op->result = -EBADF; /* poll(2) would skip it silently; the ring answers EBADF */
+    /* poll(2) would skip a negative descriptor silently; the ring answers EBADF */
+    int ret = op->fd < 0 ? -EBADF : loop_poller_reserve(loop, op);
+    if (ret < 0) {
+        op->result = ret;
         loop_ready_push(loop, op);
         return;
-    }
-    if (loop->polls_count + 2 > loop->poll_fds_capacity) {
-        size_t capacity = loop->poll_fds_capacity ? 2 * loop->poll_fds_capacity : 8;
-        struct pollfd *grown = realloc(loop->poll_fds, capacity * sizeof *grown);
-        if (!grown) {
-            op->result = -ENOMEM;
-            loop_ready_push(loop, op);
-            return;
-        }
-        loop->poll_fds = grown;
-        loop->poll_fds_capacity = capacity;
     }
     op->next = loop->polls;
     loop->polls = op;
     loop->polls_count++;
 }
 
-/* portable_poll over the doorbell (first, when `doorbell`) and every pending poll for up to `timeout`
- * (NULL: no limit); the polls found ready move to the ready list with their events as result.
- * Answers 0 or -errno, and whether the doorbell is readable in *rang. */
-static int portable_scan(loop_t *loop, bool doorbell, struct timespec const *timeout, bool *rang) {
-    struct pollfd single;
-    struct pollfd *fds = loop->polls_count ? loop->poll_fds : &single;
-    nfds_t count = 0;
-    *rang = false;
-    if (doorbell)
-        fds[count++] = (struct pollfd){.fd = loop->doorbell.read_fd, .events = POLLIN, .revents = 0};
-    for (loop_op_t *op = loop->polls; op; op = op->next)
-        fds[count++] = (struct pollfd){.fd = op->fd, .events = (short)op->flags, .revents = 0};
-    if (count == 0) return 0;
-    int ready = portable_poll(fds, count, timeout);
-    if (ready < 0) return -errno;
-    if (ready == 0) return 0;
-    *rang = doorbell && (fds[0].revents & POLLIN);
-    struct pollfd const *polled = doorbell ? fds + 1 : fds;
-    for (loop_op_t **link = &loop->polls; *link; polled++) {
-        loop_op_t *op = *link;
-        if (!polled->revents) {
-            link = &op->next;
-            continue;
-        }
-        *link = op->next;
-        loop->polls_count--;
-        op->result = polled->revents & POLLNVAL ? -EBADF : (int64_t)(unsigned short)polled->revents;
-        loop_ready_push(loop, op);
-    }
-    return 0;
+int loop_portable_create(loop_t *loop) {
+    return loop_poller_open(loop);
+}
+
+void loop_portable_destroy(loop_t *loop) {
+    loop_poller_close(loop);
 }
 
 void loop_portable_submit(loop_t *loop, loop_op_t *op) {
@@ -160,7 +111,7 @@ void loop_portable_collect(loop_t *loop) {
         /* Without waiting: a failure (EINTR, ENOMEM) leaves them for the next look. */
         struct timespec const now = {0, 0};
         bool rang;
-        (void)portable_scan(loop, false, &now, &rang);
+        (void)loop_poller_scan(loop, false, &now, &rang);
     }
     if (!loop->timers) return;
     uint64_t now = loop_now_ns();
@@ -187,10 +138,10 @@ int loop_portable_wait(loop_t *loop) {
         until = &timeout;
     }
     bool rang = false;
-    int ret = portable_scan(loop, true, until, &rang);
+    int ret = loop_poller_scan(loop, true, until, &rang);
     if (ret < 0) return ret == -EINTR ? 0 : ret;
     if (!rang) return 0;
-    /* Only this thread drains it and poll saw it readable, so this does not block. */
+    /* Only this thread drains it and the poller saw it readable, so this does not block. */
     return loop_doorbell_drain(&loop->doorbell);
 }
 

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <poll.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -845,6 +846,54 @@ static void test_cancel(void **state) {
     loop_destroy(loop);
 }
 
+/* Read and write events over one socket pair, each poll answered only the events it asked (with the
+ * hangup and errors it did not), however many watch one descriptor; and a poll that asks neither to
+ * read nor to write, which poll(2) and io_uring take as a watch for hangup and kqueue cannot watch. */
+static void test_poll_events(void **state) {
+    loop_t *loop = test_loop_new(state, true);
+    int pair[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, pair), 0);
+    test_op_t both, in, out, hangup;
+    test_op_init(&both);
+    test_op_init(&in);
+    test_op_init(&out);
+    test_op_init(&hangup);
+
+    /* Nothing to read: writable only. */
+    loop_poll(loop, &both.op, pair[0], POLLIN | POLLOUT);
+    test_run_until(loop, &both.calls, 1);
+    assert_int_equal(both.result, POLLOUT);
+
+    /* Something to read: a read poll and a write poll on the same descriptor, each with its own. */
+    assert_int_equal(write(pair[1], "x", 1), 1);
+    loop_poll(loop, &in.op, pair[0], POLLIN);
+    loop_poll(loop, &out.op, pair[0], POLLOUT);
+    test_run_until(loop, &in.calls, 1);
+    test_run_until(loop, &out.calls, 1);
+    assert_int_equal(in.result, POLLIN);
+    assert_int_equal(out.result, POLLOUT);
+    char byte;
+    assert_int_equal(read(pair[0], &byte, 1), 1);
+
+    /* The peer gone: a read poll says so. */
+    assert_int_equal(close(pair[1]), 0);
+    loop_poll(loop, &in.op, pair[0], POLLIN);
+    test_run_until(loop, &in.calls, 2);
+    assert_true(in.result > 0 && (in.result & POLLHUP));
+    assert_int_equal(in.result & POLLOUT, 0);
+
+    loop_poll(loop, &hangup.op, pair[0], 0);
+    test_run_until(loop, &hangup.calls, 1);
+    bool on_kqueue = UFORM_WITH_KQUEUE && loop_backend(loop) == LOOP_BACKEND_PORTABLE;
+    if (on_kqueue)
+        assert_int_equal(hangup.result, -EINVAL);
+    else
+        assert_true(hangup.result > 0 && (hangup.result & POLLHUP));
+    assert_int_equal(loop_in_flight(loop), 0);
+    assert_int_equal(close(pair[0]), 0);
+    loop_destroy(loop);
+}
+
 /* ---- Doorbells ------------------------------------------------------------------------------- */
 
 static bool test_readable(int fd) {
@@ -917,6 +966,7 @@ int main(void) {
         TEST_BOTH(test_lifetime),
         TEST_BOTH(test_poll),
         TEST_BOTH(test_cancel),
+        TEST_BOTH(test_poll_events),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
