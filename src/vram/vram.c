@@ -18,11 +18,16 @@ uform_status_t vram_use(vram_device_t const *device) {
 
 uform_status_t vram_open(uform_executor_t *executor, uform_vram_options_t const *options,
                          char const **message) {
+    if (!cuda_library_load(message)) return UFORM_DEVICE;
     int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count <= 0) {
-        cudaGetLastError(); /* the error is reported here; leave none sticky for the caller */
-        return *message = "no CUDA device is present (or no driver)", UFORM_DEVICE;
-    }
+    cudaError_t error = cudaGetDeviceCount(&count);
+    cudaGetLastError(); /* an error is reported here; leave none sticky for the caller */
+    if (error == cudaErrorInsufficientDriver)
+        return *message = "the NVIDIA driver is older than the CUDA runtime the engine was built with",
+               UFORM_DEVICE;
+    if (error == cudaErrorNoDevice || (error == cudaSuccess && count <= 0))
+        return *message = "no CUDA device is present", UFORM_DEVICE;
+    if (error != cudaSuccess) return *message = "the CUDA runtime cannot start on this machine", UFORM_DEVICE;
     size_t wanted = options && options->devices_count ? options->devices_count : 1;
     if (wanted > VRAM_MAX_DEVICES) return *message = "more than 16 devices", UFORM_INVALID_ARGUMENT;
     for (size_t i = 0; options && i < options->devices_count; ++i) {

@@ -20,6 +20,7 @@
 #include <cuda_runtime_api.h>
 
 #include "cuda/cuda_kernels.h"
+#include "cuda/cuda_library.h"
 
 #define VRAM_MAX_DEVICES 16
 #define VRAM_SLOTS       2 /* chunks in flight per device */
@@ -70,8 +71,9 @@ static inline vram_t *vram_of(uform_executor_t const *executor) {
     return executor->state;
 }
 
-/* Opens the devices of `options` (NULL: device 0) for a VRAM executor: UFORM_OK, UFORM_DEVICE (no
- * such device, no driver), UFORM_OUT_OF_MEMORY, with a message. */
+/* Opens the devices of `options` (NULL: device 0) for a VRAM executor, first loading the CUDA libraries
+ * (cuda_library_load: the first VRAM executor of the process loads them): UFORM_OK, UFORM_DEVICE (a
+ * library or the driver missing, no device, no such device), UFORM_OUT_OF_MEMORY, with a message. */
 uform_status_t vram_open(uform_executor_t *executor, uform_vram_options_t const *options,
                          char const **message);
 /* Waits for the devices' streams and frees everything `vram_open` made. */

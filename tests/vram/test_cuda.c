@@ -4,8 +4,9 @@
  * error and, when it fails, the function, the case, the element and both values. Output padding and the
  * rows after each output are checked untouched.
  *
- * Without a CUDA device (or with one older than compute capability 9.0, which the kernels are not built
- * for) the program says why and exits 77, meson's code for a skipped test. */
+ * Without the CUDA libraries (cuda_library_load: the driver first), without a CUDA device, or with one
+ * older than compute capability 9.0, which the kernels are not built for, the program says why and exits
+ * 77, meson's code for a skipped test. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -15,6 +16,7 @@
 #include <cuda_runtime_api.h>
 
 #include "cuda/cuda_kernels.h"
+#include "cuda/cuda_library.h"
 #include "fixtures.h"
 #include "kernels.h"
 
@@ -771,6 +773,11 @@ static int teardown(void **state) {
 }
 
 int main(void) {
+    char const *missing = NULL;
+    if (!cuda_library_load(&missing)) {
+        printf("SKIP: %s\n", missing);
+        return SKIP;
+    }
     int devices = 0;
     cudaError_t error = cudaGetDeviceCount(&devices);
     if (error != cudaSuccess || devices == 0) {
