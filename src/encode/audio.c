@@ -180,6 +180,13 @@ uform_status_t audio_clips_prepare(audio_clips_t *clips, uform_tape_t const *tap
     return UFORM_OK;
 }
 
+bool audio_clips_rows(audio_clips_t const *clips, uform_tape_t const *tape, size_t *rows) {
+    *rows = 0;
+    for (size_t item = 0; item < tape->count; ++item)
+        if (__builtin_add_overflow(*rows, audio_clips_bound(clips, tape, item), rows)) return false;
+    return true;
+}
+
 size_t audio_clips_bound(audio_clips_t const *clips, uform_tape_t const *tape, size_t item) {
     audio_frontend_t const *frontend = &clips->frontend;
     if (clips->input != AUDIO_INPUT_SAMPLES) return frontend->max_patches;
@@ -315,30 +322,11 @@ static void audio_turn(loop_op_t *op) {
 
 /* Every output in the arena: statuses, embeddings, states, and room for every token vector. */
 static bool audio_outputs(audio_call_t *audio) {
-    uform_arena_t *arena = audio->encode.arena;
-    size_t items = audio->encode.tape.count;
-    uform_encoded_t *encoded = &audio->encode.encoded;
+    size_t items = audio->encode.tape.count, rows = 0;
     if (!encode_outputs(&audio->encode, items, audio->encode.model->audio->hidden, output_view)) return false;
-    if (audio->encode.outputs & UFORM_OUTPUT_TOKEN_VECTORS) {
-        size_t rows = 0;
-        for (size_t item = 0; item < items; ++item)
-            if (__builtin_add_overflow(rows, audio_clips_bound(audio->work, &audio->encode.tape, item),
-                                       &rows))
-                return false;
-        size_t bytes = 0; /* what output_view will ask for, checked here for overflow */
-        if (__builtin_mul_overflow(rows, audio->encode.width * uform_scalar_size(audio->encode.scalar),
-                                   &bytes))
-            return false;
-        (void)bytes;
-        if (!output_view(arena, rows, audio->encode.width, audio->encode.scalar, &encoded->token_vectors))
-            return false;
-        audio->token_offsets = arena_allocate(arena, (items + 1) * sizeof(size_t), 16);
-        if (!audio->token_offsets) return false;
-        memset(audio->token_offsets, 0, (items + 1) * sizeof(size_t));
-        encoded->token_vectors.item_offsets = audio->token_offsets;
-        encoded->token_vectors.items = items;
-    }
-    return true;
+    if (!(audio->encode.outputs & UFORM_OUTPUT_TOKEN_VECTORS)) return true;
+    return audio_clips_rows(audio->work, &audio->encode.tape, &rows) &&
+           (audio->token_offsets = encode_token_vectors(&audio->encode, items, rows, 0, output_view));
 }
 
 static void audio_start(call_t *call) {

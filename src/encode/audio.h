@@ -49,4 +49,8 @@ uform_status_t audio_clips_prepare(audio_clips_t *clips, uform_tape_t const *tap
 
 /* The most patches item `item` can have: from its length for samples, max_patches for encoded sounds. */
 size_t audio_clips_bound(audio_clips_t const *clips, uform_tape_t const *tape, size_t item);
+
+/* The most token-vector rows every clip of `tape` together can have (the sum of audio_clips_bound):
+ * false when it overflows. */
+bool audio_clips_rows(audio_clips_t const *clips, uform_tape_t const *tape, size_t *rows);
 #endif

@@ -210,22 +210,10 @@ static void image_turn(loop_op_t *op) {
 
 /* Every output in the arena: statuses, embeddings, states, and token vectors grouped per item. */
 static bool image_outputs(image_call_t *image) {
-    uform_arena_t *arena = image->encode.arena;
     size_t items = image->encode.tape.count;
-    uform_encoded_t *encoded = &image->encode.encoded;
     if (!encode_outputs(&image->encode, items, image->encode.model->image->hidden, output_view)) return false;
-    if (image->encode.outputs & UFORM_OUTPUT_TOKEN_VECTORS) {
-        if (!output_view(arena, items * image->vectors, image->encode.width, image->encode.scalar,
-                         &encoded->token_vectors))
-            return false;
-        size_t *offsets = arena_allocate(arena, (items + 1) * sizeof(size_t), 16);
-        if (!offsets) return false;
-        for (size_t item = 0; item <= items; ++item)
-            offsets[item] = item * image->vectors;
-        encoded->token_vectors.item_offsets = offsets;
-        encoded->token_vectors.items = items;
-    }
-    return true;
+    return !(image->encode.outputs & UFORM_OUTPUT_TOKEN_VECTORS) ||
+           encode_token_vectors(&image->encode, items, items * image->vectors, image->vectors, output_view);
 }
 
 static void image_start(call_t *call) {
