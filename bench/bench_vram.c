@@ -210,6 +210,14 @@ static uform_status_t encode(options_t const *options, uform_model_t *model, ufo
     }
 }
 
+/* The flags that take a value: where each goes, as a string, a size or a number of seconds. */
+typedef struct flag {
+    char const *name;
+    char const **text;
+    size_t *size;
+    double *seconds;
+} flag_t;
+
 static void parse(int argc, char **argv, options_t *options) {
     *options = (options_t){.checkpoint = argv[1],
                            .batches = "1,64,1024",
@@ -219,50 +227,48 @@ static void parse(int argc, char **argv, options_t *options) {
                            .sample_rate = 16000,
                            .sample_seconds = 2};
     char const *kind = NULL;
+    flag_t const flags[] = {
+        {"--batches", &options->batches},
+        {"--texts-out", &options->texts_out},
+        {"--embeddings-out", &options->embeddings_out},
+        {"--pixels-out", &options->pixels_out},
+        {"--samples-out", &options->samples_out},
+        {"--files", &options->list},
+        {"--kind", &kind},
+        {"--device", .size = &options->device},
+        {"--image-height", .size = &options->image_height},
+        {"--image-width", .size = &options->image_width},
+        {"--sample-rate", .size = &options->sample_rate},
+        {"--seconds", .seconds = &options->seconds},
+        {"--sample-seconds", .seconds = &options->sample_seconds},
+    };
     for (int i = 2; i < argc; ++i) {
-        char const *flag = argv[i], *value = i + 1 < argc ? argv[i + 1] : NULL;
-        bool takes = value != NULL;
-        if (!strcmp(flag, "--copy"))
-            options->copy = true;
-        else if (!strcmp(flag, "--images"))
-            options->kind = PIXELS;
-        else if (!strcmp(flag, "--samples"))
-            options->kind = SAMPLES;
-        else if (takes && !strcmp(flag, "--batches"))
-            options->batches = argv[++i];
-        else if (takes && !strcmp(flag, "--texts-out"))
-            options->texts_out = argv[++i];
-        else if (takes && !strcmp(flag, "--embeddings-out"))
-            options->embeddings_out = argv[++i];
-        else if (takes && !strcmp(flag, "--pixels-out"))
-            options->pixels_out = argv[++i];
-        else if (takes && !strcmp(flag, "--samples-out"))
-            options->samples_out = argv[++i];
-        else if (takes && !strcmp(flag, "--files"))
-            options->list = argv[++i];
-        else if (takes && !strcmp(flag, "--kind"))
-            kind = argv[++i];
-        else if (takes && !strcmp(flag, "--seconds"))
-            options->seconds = atof(argv[++i]);
-        else if (takes && !strcmp(flag, "--sample-seconds"))
-            options->sample_seconds = atof(argv[++i]);
-        else if (takes && !strcmp(flag, "--sample-rate"))
-            options->sample_rate = (size_t)atol(argv[++i]);
-        else if (takes && !strcmp(flag, "--device"))
-            options->device = (size_t)atol(argv[++i]);
-        else if (takes && !strcmp(flag, "--image-height"))
-            options->image_height = (size_t)atol(argv[++i]);
-        else if (takes && !strcmp(flag, "--image-width"))
-            options->image_width = (size_t)atol(argv[++i]);
-        else {
-            fprintf(stderr, "bench_vram: unknown argument %s\n", flag);
+        char const *name = argv[i];
+        flag_t const *flag = NULL;
+        for (size_t f = 0; f < sizeof flags / sizeof *flags && i + 1 < argc; ++f)
+            if (!strcmp(name, flags[f].name)) flag = &flags[f];
+        if (flag) {
+            char const *value = argv[++i];
+            if (flag->text) *flag->text = value;
+            if (flag->size) *flag->size = (size_t)atol(value);
+            if (flag->seconds) *flag->seconds = atof(value);
+        } else if (!strcmp(name, "--copy") || !strcmp(name, "--images") || !strcmp(name, "--samples")) {
+            options->copy |= name[2] == 'c';
+            if (name[2] != 'c') options->kind = name[2] == 'i' ? PIXELS : SAMPLES;
+        } else {
+            fprintf(stderr, "bench_vram: unknown argument %s\n", name);
             exit(2);
         }
     }
-    if (options->list) {
-        options->kind = kind && !strcmp(kind, "clips")    ? CLIP_FILES
-                        : kind && !strcmp(kind, "sounds") ? SOUND_FILES
-                                                          : IMAGE_FILES;
+    if (!options->list) return;
+    kind_t const kinds[] = {IMAGE_FILES, CLIP_FILES, SOUND_FILES};
+    char const *const names[] = {"images", "clips", "sounds"};
+    options->kind = IMAGE_FILES;
+    for (size_t k = 0; kind && k < 3; ++k)
+        if (!strcmp(kind, names[k])) options->kind = kinds[k];
+    if (kind && strcmp(kind, "images") && options->kind == IMAGE_FILES) {
+        fprintf(stderr, "bench_vram: --kind is images, clips or sounds, not %s\n", kind);
+        exit(2);
     }
 }
 

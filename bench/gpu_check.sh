@@ -10,7 +10,7 @@
 #
 #     bench/gpu_check.sh              # run the check
 #     bench/gpu_check.sh --prepare    # on a Debian 12 machine with apt: gather the libraries the GPU
-#                                     # machine lacks into .gpu-deps/, to carry there
+#                                     # machine lacks into .gpu-deps/ (ignored by git), to carry there
 #
 # --prepare fetches Debian's packages of jansson, cmocka, libjpeg-turbo, libspng, zlib and pkgconf (headers,
 # shared objects, .pc files, the pkg-config program), and builds a small static FFmpeg from Debian's source
@@ -52,7 +52,6 @@ if [ "${1:-}" = "--prepare" ]; then
     rm -rf .gpu-deps/debs .gpu-deps/apt
     # Links do not travel well: make every library link a copy.
     find .gpu-deps/root -type l | while read -r link; do cp --remove-destination "$(readlink -f "$link")" "$link"; done
-    grep -qx '/.gpu-deps/' .git/info/exclude 2>/dev/null || echo '/.gpu-deps/' >> .git/info/exclude
     du -sh .gpu-deps
     exit 0
 fi
