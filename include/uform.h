@@ -283,10 +283,13 @@ typedef struct uform_vram_options {
 } uform_vram_options_t;
 
 /* Creates an executor with one host thread and one CUDA stream per device. `options` may be NULL for
- * device 0. May block while the devices start. Answers UFORM_OK, UFORM_INVALID_ARGUMENT (NULL executor,
- * NULL devices with a count, more than 16 devices, a device listed twice), UFORM_UNSUPPORTED (a build
- * without CUDA), UFORM_DEVICE (no device or driver, no such device, a stream, event or cuBLASLt handle
- * that cannot be made), UFORM_OUT_OF_MEMORY, UFORM_IO (the loop could not be created). */
+ * device 0. The first VRAM executor of a process opens the NVIDIA driver (libcuda.so.1), the CUDA runtime
+ * and cuBLASLt the build found (a process that makes none maps none of them). May block while they load
+ * and the devices start. Answers UFORM_OK, UFORM_INVALID_ARGUMENT (NULL executor, NULL devices with a
+ * count, more than 16 devices, a device listed twice), UFORM_UNSUPPORTED (a build without CUDA),
+ * UFORM_DEVICE (the driver, the runtime or cuBLASLt missing, named in the message; no device, no such
+ * device, a stream, event or cuBLASLt handle that cannot be made), UFORM_OUT_OF_MEMORY, UFORM_IO (the
+ * loop could not be created). */
 UFORM_EXPORT uform_status_t uform_executor_create_vram(uform_vram_options_t const *options,
                                                        uform_executor_t **executor);
 

@@ -34,9 +34,16 @@ cudaError_t cuda_f32_to_bf16(uint16_t *out, float const *in, size_t n, cudaStrea
 cudaError_t cuda_embed(float *x, uint16_t const *table, int32_t const *indices, size_t rows, size_t hidden,
                        cudaStream_t stream);
 
-/* dst[r, :] = src[rows[r], :] for `count` rows of `columns` F32 (strides in elements). Exact. */
+/* dst[r, :] = src[rows[r], :] for `count` rows of `columns` F32 (strides in elements); a row index below
+ * 0 writes a row of zeros (a failed item's). Exact. */
 cudaError_t cuda_gather_rows(float *dst, size_t dst_stride, float const *src, size_t src_stride,
                              int32_t const *rows, size_t count, size_t columns, cudaStream_t stream);
+
+/* out[g, :] = the mean of rows [g * group, (g + 1) * group) of x, for `groups` groups of `columns` F32
+ * (strides in elements): summed in row order in F32, then divided by `group`, as the host pools a clip's
+ * frames (src/encode/video.c). group 0 answers cudaErrorInvalidValue. Bitwise equal to that loop. */
+cudaError_t cuda_mean_rows(float *out, size_t out_stride, float const *x, size_t x_stride, size_t groups,
+                           size_t group, size_t columns, cudaStream_t stream);
 
 /* x[r, :] += add[r % period, :] for `rows` rows of `columns` F32 (learned positions: `add` holds
  * `period` rows). Exact. */

@@ -49,9 +49,10 @@ extern "C" cudaError_t cuda_embed(float *x, uint16_t const *table, int32_t const
 static __global__ void gather_rows_kernel(float *dst, size_t dst_stride, float const *src, size_t src_stride,
                                           int32_t const *rows, size_t count, size_t columns) {
     for (size_t r = blockIdx.x; r < count; r += gridDim.x) {
-        float const *source = src + (size_t)rows[r] * src_stride;
+        int32_t row = rows[r];
+        float const *source = src + (size_t)(row < 0 ? 0 : row) * src_stride;
         for (size_t c = threadIdx.x; c < columns; c += blockDim.x)
-            dst[r * dst_stride + c] = source[c];
+            dst[r * dst_stride + c] = row < 0 ? 0.0f : source[c];
     }
 }
 
@@ -61,6 +62,30 @@ extern "C" cudaError_t cuda_gather_rows(float *dst, size_t dst_stride, float con
     if (count == 0 || columns == 0) return cudaSuccess;
     gather_rows_kernel<<<cuda_blocks(count, 1), CUDA_THREADS, 0, stream>>>(dst, dst_stride, src, src_stride,
                                                                            rows, count, columns);
+    return cuda_launched();
+}
+
+/* out[g, c] = (x[g * group, c] + ... + x[g * group + group - 1, c]) / group, summed in row order in F32 as
+ * the host's clip pooling does (src/encode/video.c). */
+static __global__ void mean_rows_kernel(float *out, size_t out_stride, float const *x, size_t x_stride,
+                                        size_t groups, size_t group, size_t columns) {
+    for (size_t g = blockIdx.x; g < groups; g += gridDim.x) {
+        float const *rows = x + g * group * x_stride; /* [group, columns] */
+        for (size_t c = threadIdx.x; c < columns; c += blockDim.x) {
+            float sum = 0.0f;
+            for (size_t k = 0; k < group; ++k)
+                sum = __fadd_rn(sum, rows[k * x_stride + c]);
+            out[g * out_stride + c] = __fdiv_rn(sum, (float)group);
+        }
+    }
+}
+
+extern "C" cudaError_t cuda_mean_rows(float *out, size_t out_stride, float const *x, size_t x_stride,
+                                      size_t groups, size_t group, size_t columns, cudaStream_t stream) {
+    if (groups == 0 || columns == 0) return cudaSuccess;
+    if (group == 0) return cudaErrorInvalidValue;
+    mean_rows_kernel<<<cuda_blocks(groups, 1), CUDA_THREADS, 0, stream>>>(out, out_stride, x, x_stride,
+                                                                          groups, group, columns);
     return cuda_launched();
 }
 

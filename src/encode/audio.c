@@ -33,32 +33,13 @@
 #include "tower.h"
 #include "verbs.h"
 #if UFORM_WITH_FFMPEG
-#include "audio_decode.h"
-#include "audio_frontend.h"
-#include "media_read.h"
+#include "audio.h"
 #endif
 
 #if UFORM_WITH_FFMPEG
 
 #define AUDIO_CHUNK_TOKENS 2048
 #define AUDIO_CHUNK_MAX    64
-
-/* One executor thread's FFT and buffers, made with its first clip and kept for the call. */
-typedef struct audio_thread {
-    bool ready;
-    audio_spectrum_t spectrum;
-    audio_pcm_t pcm; /* a decoded clip at its own rate */
-    float *clip;     /* [reach]: the clip at the model's rate */
-} audio_thread_t;
-
-/* What a call holds outside the executor's call storage; freed when it ends. */
-typedef struct audio_work {
-    audio_frontend_t frontend;
-    size_t *patches;    /* [items]: each prepared clip's patches (0 for a failed one) */
-    uint8_t *truncated; /* [items]: the clip was longer than the model's reach */
-    size_t threads_count;
-    audio_thread_t *threads;
-} audio_work_t;
 
 typedef struct audio_call {
     call_t call;
@@ -69,7 +50,7 @@ typedef struct audio_call {
     size_t *token_offsets;          /* [items + 1] when token vectors are asked, filled chunk by chunk */
     size_t token_rows;              /* token-vector rows assigned so far */
     size_t max_patches, row_floats; /* per clip; patch_frames * mels */
-    audio_work_t *work;
+    audio_clips_t *work;
 } audio_call_t;
 
 _Static_assert(sizeof(audio_call_t) <= EXECUTOR_CALL_STORAGE, "audio_call_t outgrew the call storage");
@@ -77,21 +58,8 @@ _Static_assert(sizeof(audio_call_t) <= EXECUTOR_CALL_STORAGE, "audio_call_t outg
 /* ---- The end ------------------------------------------------------------------------------------ */
 
 static void audio_release_work(audio_call_t *audio) {
-    audio_work_t *work = audio->work;
     media_close(&audio->run);
-    if (!work) return;
-    for (size_t t = 0; work->threads && t < work->threads_count; ++t) {
-        audio_thread_t *thread = &work->threads[t];
-        if (!thread->ready) continue;
-        audio_spectrum_free(&thread->spectrum);
-        free(thread->pcm.samples);
-        free(thread->clip);
-    }
-    free(work->threads);
-    free(work->patches);
-    free(work->truncated);
-    audio_frontend_free(&work->frontend);
-    free(work);
+    audio_clips_free(audio->work);
     audio->work = NULL;
 }
 
@@ -120,40 +88,84 @@ static uform_status_t thread_ready(audio_thread_t *thread, audio_frontend_t cons
     return UFORM_OK;
 }
 
-/* One clip's patch rows, from its samples, its file's bytes or its encoded bytes in the tape. Bad
- * samples answer UFORM_INVALID_ARGUMENT, bad sounds UFORM_FORMAT. */
-static uform_status_t audio_prepare(audio_call_t *audio, audio_thread_t *thread, size_t item, float *rows) {
-    audio_work_t *work = audio->work;
-    audio_frontend_t const *frontend = &work->frontend;
-    uform_status_t status = thread_ready(thread, frontend);
-    if (status != UFORM_OK) return status;
-    size_t begin = audio->encode.tape.offsets[item], span = audio->encode.tape.offsets[item + 1] - begin;
-    float const *samples;
-    size_t length, rate, full; /* samples at `rate`, and how many the whole clip has at the model's rate */
-    uform_status_t bad;
-    if (audio->input == AUDIO_INPUT_SAMPLES) {
-        if (span > UFORM_AUDIO_MAX_SAMPLES) return UFORM_INVALID_ARGUMENT;
-        samples = span ? (float const *)audio->encode.tape.data + begin : NULL;
-        for (size_t i = 0; i < span; ++i)
-            if (!isfinite(samples[i])) return UFORM_INVALID_ARGUMENT;
-        rate = audio->rate;
-        full = audio_resampled_length(frontend, span, rate);
-        size_t needed = audio_input_needed(frontend, rate);
-        length = span < needed ? span : needed;
-        bad = UFORM_INVALID_ARGUMENT;
-    } else {
-        uint8_t const *bytes = span ? (uint8_t const *)audio->encode.tape.data + begin : NULL;
-        if (audio->input == AUDIO_INPUT_FILES) bytes = media_file(&audio->run, item, &span);
-        if (span > UFORM_AUDIO_MAX_BYTES) return UFORM_FORMAT;
-        status = audio_decode(bytes, span, frontend, &thread->pcm);
-        if (status != UFORM_OK) return status;
-        if (thread->pcm.length == 0) return UFORM_FORMAT; /* a zero-length clip */
-        samples = thread->pcm.samples;
-        length = thread->pcm.length;
-        rate = thread->pcm.rate;
-        full = thread->pcm.more ? SIZE_MAX : audio_resampled_length(frontend, length, rate);
-        bad = UFORM_FORMAT;
+audio_clips_t *audio_clips_new(audio_input_t input, size_t rate, uform_model_info_t const *info, size_t items,
+                               size_t threads) {
+    audio_clips_t *clips = calloc(1, sizeof *clips);
+    if (!clips) return NULL;
+    clips->input = input;
+    clips->rate = rate;
+    clips->threads_count = threads ? threads : 1;
+    clips->threads = calloc(clips->threads_count, sizeof *clips->threads);
+    clips->patches = calloc(items, sizeof *clips->patches);
+    clips->truncated = calloc(items, sizeof *clips->truncated);
+    if (!clips->threads || !clips->patches || !clips->truncated ||
+        audio_frontend_init(&clips->frontend, info) != UFORM_OK) {
+        audio_clips_free(clips);
+        return NULL;
     }
+    clips->ready = true;
+    return clips;
+}
+
+void audio_clips_free(audio_clips_t *clips) {
+    if (!clips) return;
+    for (size_t t = 0; clips->threads && t < clips->threads_count; ++t) {
+        audio_thread_t *thread = &clips->threads[t];
+        if (!thread->ready) continue;
+        audio_spectrum_free(&thread->spectrum);
+        free(thread->pcm.samples);
+        free(thread->clip);
+    }
+    free(clips->threads);
+    free(clips->patches);
+    free(clips->truncated);
+    if (clips->ready) audio_frontend_free(&clips->frontend);
+    free(clips);
+}
+
+/* The samples of clip `item` at their rate, and how many the whole clip has at the model's (SIZE_MAX:
+ * more than it reads), from its samples or its decoded bytes; `bad` is the status of a clip too short. */
+static uform_status_t clip_samples(audio_clips_t *clips, audio_thread_t *thread, uform_tape_t const *tape,
+                                   media_run_t const *run, size_t item, float const **samples, size_t *length,
+                                   size_t *rate, size_t *full, uform_status_t *bad) {
+    audio_frontend_t const *frontend = &clips->frontend;
+    size_t begin = tape->offsets[item], span = tape->offsets[item + 1] - begin;
+    if (clips->input == AUDIO_INPUT_SAMPLES) {
+        if (span > UFORM_AUDIO_MAX_SAMPLES) return UFORM_INVALID_ARGUMENT;
+        *samples = span ? (float const *)tape->data + begin : NULL;
+        for (size_t i = 0; i < span; ++i)
+            if (!isfinite((*samples)[i])) return UFORM_INVALID_ARGUMENT;
+        *rate = clips->rate;
+        *full = audio_resampled_length(frontend, span, *rate);
+        size_t needed = audio_input_needed(frontend, *rate);
+        *length = span < needed ? span : needed;
+        *bad = UFORM_INVALID_ARGUMENT;
+        return UFORM_OK;
+    }
+    uint8_t const *bytes = span ? (uint8_t const *)tape->data + begin : NULL;
+    if (clips->input == AUDIO_INPUT_FILES) bytes = media_file(run, item, &span);
+    if (span > UFORM_AUDIO_MAX_BYTES) return UFORM_FORMAT;
+    uform_status_t status = audio_decode(bytes, span, frontend, &thread->pcm);
+    if (status != UFORM_OK) return status;
+    if (thread->pcm.length == 0) return UFORM_FORMAT; /* a zero-length clip */
+    *samples = thread->pcm.samples;
+    *length = thread->pcm.length;
+    *rate = thread->pcm.rate;
+    *full = thread->pcm.more ? SIZE_MAX : audio_resampled_length(frontend, *length, *rate);
+    *bad = UFORM_FORMAT;
+    return UFORM_OK;
+}
+
+uform_status_t audio_clips_prepare(audio_clips_t *clips, uform_tape_t const *tape, media_run_t const *run,
+                                   size_t thread_index, size_t item, float *rows) {
+    audio_frontend_t const *frontend = &clips->frontend;
+    audio_thread_t *thread = &clips->threads[thread_index];
+    uform_status_t status = thread_ready(thread, frontend), bad = UFORM_FORMAT;
+    float const *samples = NULL;
+    size_t length = 0, rate = 0, full = 0;
+    if (status == UFORM_OK)
+        status = clip_samples(clips, thread, tape, run, item, &samples, &length, &rate, &full, &bad);
+    if (status != UFORM_OK) return status;
     size_t const kept = full < frontend->reach ? full : frontend->reach;
     size_t patches = audio_frames(frontend, kept) / frontend->patch_frames;
     if (patches > frontend->max_patches) patches = frontend->max_patches;
@@ -163,21 +175,38 @@ static uform_status_t audio_prepare(audio_call_t *audio, audio_thread_t *thread,
     status = audio_resample(frontend, samples, length, rate, thread->clip, used);
     if (status != UFORM_OK) return status == UFORM_INVALID_ARGUMENT ? bad : status;
     audio_log_mel(frontend, &thread->spectrum, thread->clip, frames, rows);
-    work->patches[item] = patches;
-    work->truncated[item] = full > frontend->reach;
+    clips->patches[item] = patches;
+    clips->truncated[item] = full > frontend->reach;
     return UFORM_OK;
+}
+
+bool audio_clips_rows(audio_clips_t const *clips, uform_tape_t const *tape, size_t *rows) {
+    *rows = 0;
+    for (size_t item = 0; item < tape->count; ++item)
+        if (__builtin_add_overflow(*rows, audio_clips_bound(clips, tape, item), rows)) return false;
+    return true;
+}
+
+size_t audio_clips_bound(audio_clips_t const *clips, uform_tape_t const *tape, size_t item) {
+    audio_frontend_t const *frontend = &clips->frontend;
+    if (clips->input != AUDIO_INPUT_SAMPLES) return frontend->max_patches;
+    size_t span = tape->offsets[item + 1] - tape->offsets[item];
+    size_t full = audio_resampled_length(frontend, span, clips->rate);
+    size_t patches =
+        audio_frames(frontend, full < frontend->reach ? full : frontend->reach) / frontend->patch_frames;
+    return patches < frontend->max_patches ? patches : frontend->max_patches;
 }
 
 /* The run's `decode` (media_read.h), on executor thread `thread`, which alone uses its FFT and
  * buffers: a failed clip has no patches. [max_patches, patch_frames * mels] */
 static void audio_decode_item(media_run_t *run, size_t item, float *rows, size_t thread) {
     audio_call_t *audio = container_of(run, audio_call_t, run);
-    audio_work_t *work = audio->work;
+    audio_clips_t *clips = audio->work;
     uform_status_t status = audio->encode.statuses[item]; /* a file that could not be read */
-    if (status == UFORM_OK) status = audio_prepare(audio, &work->threads[thread], item, rows);
+    if (status == UFORM_OK) status = audio_clips_prepare(clips, &audio->encode.tape, run, thread, item, rows);
     if (status != UFORM_OK) {
         audio->encode.statuses[item] = status;
-        work->patches[item] = 0;
+        clips->patches[item] = 0;
     }
 }
 
@@ -214,7 +243,7 @@ static void audio_chunk(media_run_t *run, size_t first, size_t last, float *deco
     tower_t const *tower = audio->encode.model->audio;
     kernels_t const *kernels = tower->kernels;
     uform_executor_t *executor = audio->call.executor;
-    audio_work_t const *work = audio->work;
+    audio_clips_t const *work = audio->work;
     size_t const hidden = tower->hidden, max_patches = audio->max_patches, row_floats = audio->row_floats;
     size_t const count = last - first;
     uint64_t computing = loop_now_ns();
@@ -291,58 +320,13 @@ static void audio_turn(loop_op_t *op) {
     media_turn(&container_of(op, audio_call_t, call.op)->run);
 }
 
-/* The most patches item `item` can have: from its length for samples, max_patches for encoded sounds. */
-static size_t audio_patches_bound(audio_call_t const *audio, size_t item) {
-    audio_frontend_t const *frontend = &audio->work->frontend;
-    if (audio->input != AUDIO_INPUT_SAMPLES) return frontend->max_patches;
-    size_t span = audio->encode.tape.offsets[item + 1] - audio->encode.tape.offsets[item];
-    size_t full = audio_resampled_length(frontend, span, audio->rate);
-    size_t patches =
-        audio_frames(frontend, full < frontend->reach ? full : frontend->reach) / frontend->patch_frames;
-    return patches < frontend->max_patches ? patches : frontend->max_patches;
-}
-
 /* Every output in the arena: statuses, embeddings, states, and room for every token vector. */
 static bool audio_outputs(audio_call_t *audio) {
-    uform_arena_t *arena = audio->encode.arena;
-    size_t items = audio->encode.tape.count;
-    uform_encoded_t *encoded = &audio->encode.encoded;
+    size_t items = audio->encode.tape.count, rows = 0;
     if (!encode_outputs(&audio->encode, items, audio->encode.model->audio->hidden, output_view)) return false;
-    if (audio->encode.outputs & UFORM_OUTPUT_TOKEN_VECTORS) {
-        size_t rows = 0;
-        for (size_t item = 0; item < items; ++item)
-            if (__builtin_add_overflow(rows, audio_patches_bound(audio, item), &rows)) return false;
-        size_t bytes = 0; /* what output_view will ask for, checked here for overflow */
-        if (__builtin_mul_overflow(rows, audio->encode.width * uform_scalar_size(audio->encode.scalar),
-                                   &bytes))
-            return false;
-        (void)bytes;
-        if (!output_view(arena, rows, audio->encode.width, audio->encode.scalar, &encoded->token_vectors))
-            return false;
-        audio->token_offsets = arena_allocate(arena, (items + 1) * sizeof(size_t), 16);
-        if (!audio->token_offsets) return false;
-        memset(audio->token_offsets, 0, (items + 1) * sizeof(size_t));
-        encoded->token_vectors.item_offsets = audio->token_offsets;
-        encoded->token_vectors.items = items;
-    }
-    return true;
-}
-
-/* The front end, the patch layer with the positions and the class token, and the per-item and
- * per-thread state. */
-static audio_work_t *audio_work(audio_call_t *audio) {
-    uform_model_t const *model = audio->encode.model;
-    size_t const items = audio->encode.tape.count;
-    audio_work_t *work = calloc(1, sizeof *work);
-    if (!work) return NULL;
-    audio->work = work;
-    if (audio_frontend_init(&work->frontend, &model->header.info) != UFORM_OK) return NULL;
-    work->threads_count = audio->call.executor->threads ? audio->call.executor->threads : 1;
-    work->threads = calloc(work->threads_count, sizeof *work->threads);
-    work->patches = calloc(items, sizeof *work->patches);
-    work->truncated = calloc(items, sizeof *work->truncated);
-    if (!work->threads || !work->patches || !work->truncated) return NULL;
-    return work;
+    if (!(audio->encode.outputs & UFORM_OUTPUT_TOKEN_VECTORS)) return true;
+    return audio_clips_rows(audio->work, &audio->encode.tape, &rows) &&
+           (audio->token_offsets = encode_token_vectors(&audio->encode, items, rows, 0, output_view));
 }
 
 static void audio_start(call_t *call) {
@@ -374,7 +358,8 @@ static void audio_start(call_t *call) {
         .end = audio_end,
     };
 
-    if (!audio_work(audio) || !media_open(&audio->run)) {
+    audio->work = audio_clips_new(audio->input, audio->rate, info, items, call->executor->threads);
+    if (!audio->work || !media_open(&audio->run)) {
         encode_stop(&audio->encode, UFORM_OUT_OF_MEMORY, "cannot allocate the front end and the patch layer");
     } else if (!audio_outputs(audio)) {
         encode_stop(&audio->encode, UFORM_OUT_OF_MEMORY, "cannot allocate the outputs in the arena");

@@ -190,6 +190,22 @@ bool encode_outputs(encode_call_t *encode, size_t items, size_t hidden, output_v
            view(encode->arena, items, hidden, encode->scalar, &encoded->states);
 }
 
+size_t *encode_token_vectors(encode_call_t *encode, size_t items, size_t rows, size_t per_item,
+                             output_view_t *view) {
+    uform_view_t *vectors = &encode->encoded.token_vectors;
+    size_t bytes = 0; /* what `view` will ask for, checked here for overflow */
+    if (__builtin_mul_overflow(rows, encode->width * uform_scalar_size(encode->scalar), &bytes) ||
+        !view(encode->arena, rows, encode->width, encode->scalar, vectors))
+        return NULL;
+    size_t *offsets = arena_allocate_host(encode->arena, (items + 1) * sizeof(size_t), 16);
+    if (!offsets) return NULL;
+    for (size_t item = 0; item <= items; ++item)
+        offsets[item] = item * per_item;
+    vectors->item_offsets = offsets;
+    vectors->items = items;
+    return offsets;
+}
+
 bool output_view(uform_arena_t *arena, size_t rows, size_t columns, uform_scalar_t scalar,
                  uform_view_t *view) {
     void *data = arena_allocate(arena, rows * columns * uform_scalar_size(scalar) + 1, 64);

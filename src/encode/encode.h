@@ -99,6 +99,13 @@ typedef bool output_view_t(uform_arena_t *arena, size_t rows, size_t columns, uf
  * false when out of memory. */
 bool encode_outputs(encode_call_t *encode, size_t items, size_t hidden, output_view_t *view);
 
+/* The token vectors of `items` items, through `view`: `rows` rows at the output width, and the items'
+ * offsets [items + 1] in host memory of the arena, item i owning rows [i * per_item, (i + 1) * per_item)
+ * (per_item 0: all 0, for a verb that packs them as its chunks finish). Answers the offsets, which the
+ * view's item_offsets holds too, or NULL when out of memory. */
+size_t *encode_token_vectors(encode_call_t *encode, size_t items, size_t rows, size_t per_item,
+                             output_view_t *view);
+
 /* A view of `rows` x `columns` in `scalar` in the arena (device memory in device arenas; not zeroed),
  * with one F32 scale per row beside it for I8. Each allocation has one byte more than it holds, so
  * that an empty view still has an address. false when out of memory. */

@@ -52,20 +52,36 @@ static void image_end(media_run_t *run) {
 
 /* ---- Decoding ----------------------------------------------------------------------------------- */
 
-/* One item's patch rows, from its pixels, its file's bytes or its encoded bytes in the tape: one image's,
- * or every sample's of a clip (sample k's patch rows at patches + k * patches * 3 patch^2). */
-static uform_status_t image_prepare(image_call_t *image, size_t item, float *patches) {
-    size_t begin = image->encode.tape.offsets[item], span = image->encode.tape.offsets[item + 1] - begin;
-    uint8_t const *bytes = span ? (uint8_t const *)image->encode.tape.data + begin : NULL;
-    if (image->input == IMAGE_INPUT_PIXELS) {
-        size_t height = image->heights[item], width = image->widths[item], expected = 0;
+image_source_t image_source_of(image_request_t const *request) {
+    uform_model_info_t const *info = &request->encode.model->header.info;
+    size_t side = info->image.size / info->image.patch;
+    return (image_source_t){
+        .input = request->input,
+        .heights = request->heights,
+        .widths = request->widths,
+        .geometry = {.size = info->image.size,
+                     .patch = info->image.patch,
+                     .mean = {info->image.mean[0], info->image.mean[1], info->image.mean[2]},
+                     .std = {info->image.std[0], info->image.std[1], info->image.std[2]}},
+        .video = request->video,
+        .frames = request->video ? info->video.frames : 1,
+        .patches = side * side,
+    };
+}
+
+uform_status_t image_source_patches(image_source_t const *source, uform_tape_t const *tape,
+                                    media_run_t const *run, size_t item, float *patches) {
+    size_t begin = tape->offsets[item], span = tape->offsets[item + 1] - begin;
+    uint8_t const *bytes = span ? (uint8_t const *)tape->data + begin : NULL;
+    if (source->input == IMAGE_INPUT_PIXELS) {
+        size_t height = source->heights[item], width = source->widths[item], expected = 0;
         if (height == 0 || width == 0 || __builtin_mul_overflow(height, width, &expected) ||
             __builtin_mul_overflow(expected, 3, &expected) || expected != span)
             return UFORM_INVALID_ARGUMENT;
-        return image_preprocess(bytes, height, width, width * 3, &image->geometry, patches);
+        return image_preprocess(bytes, height, width, width * 3, &source->geometry, patches);
     }
-    if (image->input == IMAGE_INPUT_FILES) bytes = media_file(&image->run, item, &span);
-    return media_patches(bytes, span, &image->geometry, image->video ? image->frames : 0, patches);
+    if (source->input == IMAGE_INPUT_FILES) bytes = media_file(run, item, &span);
+    return media_patches(bytes, span, &source->geometry, source->video ? source->frames : 0, patches);
 }
 
 /* The run's `decode` (media_read.h), on any executor thread: a failed item's rows are zero, for the
@@ -74,7 +90,8 @@ static void image_decode_item(media_run_t *run, size_t item, float *patches, siz
     (void)thread;
     image_call_t *image = container_of(run, image_call_t, run);
     uform_status_t status = image->encode.statuses[item]; /* a file that could not be read */
-    if (status == UFORM_OK) status = image_prepare(image, item, patches);
+    if (status == UFORM_OK)
+        status = image_source_patches(&image->source, &image->encode.tape, &image->run, item, patches);
     if (status != UFORM_OK) {
         image->encode.statuses[item] = status;
         memset(patches, 0, run->item_floats * sizeof(float));
@@ -87,10 +104,10 @@ static void image_decode_item(media_run_t *run, size_t item, float *patches, siz
  * its patch rows live in the run (media_read.h), so none here. */
 static bool image_scratch(image_call_t *image, size_t count, patch_scratch_t *scratch) {
     tower_t const *tower = image->encode.model->image;
-    size_t images = count * image->frames;
+    size_t images = count * image->source.frames;
     size_t pooled = tower->dims > tower->hidden ? tower->dims : tower->hidden;
-    return tower_patches_scratch(tower, image->call.executor, images, images * image->patches, 0, pooled,
-                                 scratch);
+    return tower_patches_scratch(tower, image->call.executor, images, images * image->source.patches, 0,
+                                 pooled, scratch);
 }
 
 /* Projects `kept * per_item` rows of final states, normalizes them at the output width, and writes
@@ -116,7 +133,7 @@ static void image_project(image_call_t *image, patch_scratch_t const *scratch, s
  * its token vectors. `kept` images, one per item. */
 static void image_rows(image_call_t *image, patch_scratch_t const *scratch, size_t kept) {
     tower_t const *tower = image->encode.model->image;
-    size_t const hidden = tower->hidden, patches = image->patches;
+    size_t const hidden = tower->hidden, patches = image->source.patches;
     uform_encoded_t *encoded = &image->encode.encoded;
     for (size_t q = 0; q < kept; ++q) {
         float const *state = scratch->x + scratch->offsets[q] * hidden;
@@ -140,8 +157,9 @@ static void image_chunk(media_run_t *run, size_t first, size_t last, float *deco
     image_call_t *image = container_of(run, image_call_t, run);
     tower_t const *tower = image->encode.model->image;
     uform_executor_t *executor = image->call.executor;
-    size_t const hidden = tower->hidden, patches = image->patches, tokens_per_image = 1 + patches;
-    size_t const row_floats = 3 * image->geometry.patch * image->geometry.patch, frames = image->frames;
+    size_t const hidden = tower->hidden, patches = image->source.patches, tokens_per_image = 1 + patches;
+    size_t const row_floats = 3 * image->source.geometry.patch * image->source.geometry.patch,
+                 frames = image->source.frames;
     size_t const count = last - first;
     uint64_t computing = loop_now_ns();
     patch_scratch_t scratch;
@@ -192,35 +210,24 @@ static void image_turn(loop_op_t *op) {
 
 /* Every output in the arena: statuses, embeddings, states, and token vectors grouped per item. */
 static bool image_outputs(image_call_t *image) {
-    uform_arena_t *arena = image->encode.arena;
     size_t items = image->encode.tape.count;
-    uform_encoded_t *encoded = &image->encode.encoded;
     if (!encode_outputs(&image->encode, items, image->encode.model->image->hidden, output_view)) return false;
-    if (image->encode.outputs & UFORM_OUTPUT_TOKEN_VECTORS) {
-        if (!output_view(arena, items * image->vectors, image->encode.width, image->encode.scalar,
-                         &encoded->token_vectors))
-            return false;
-        size_t *offsets = arena_allocate(arena, (items + 1) * sizeof(size_t), 16);
-        if (!offsets) return false;
-        for (size_t item = 0; item <= items; ++item)
-            offsets[item] = item * image->vectors;
-        encoded->token_vectors.item_offsets = offsets;
-        encoded->token_vectors.items = items;
-    }
-    return true;
+    return !(image->encode.outputs & UFORM_OUTPUT_TOKEN_VECTORS) ||
+           encode_token_vectors(&image->encode, items, items * image->vectors, image->vectors, output_view);
 }
 
 static void image_start(call_t *call) {
     image_call_t *image = container_of(call, image_call_t, call);
     size_t items = image->encode.tape.count;
     image->encode.stats.items = items;
-    if (image->input != IMAGE_INPUT_FILES)
+    if (image->source.input != IMAGE_INPUT_FILES)
         image->encode.stats.bytes = image->encode.tape.offsets[items] - image->encode.tape.offsets[0];
 
     /* Chunks: about IMAGE_CHUNK_TOKENS tokens, at least one item per thread (for clips, only while that
      * stays within VIDEO_CHUNK_TOKENS), at most the batch. */
-    size_t item_tokens = image->frames * (1 + image->patches), threads = call->executor->threads;
-    if (image->video && threads > VIDEO_CHUNK_TOKENS / item_tokens)
+    size_t item_tokens = image->source.frames * (1 + image->source.patches),
+           threads = call->executor->threads;
+    if (image->source.video && threads > VIDEO_CHUNK_TOKENS / item_tokens)
         threads = VIDEO_CHUNK_TOKENS / item_tokens;
     size_t chunk_items = IMAGE_CHUNK_TOKENS / item_tokens;
     if (chunk_items < threads) chunk_items = threads;
@@ -229,10 +236,11 @@ static void image_start(call_t *call) {
     image->run = (media_run_t){
         .call = call,
         .encode = &image->encode,
-        .files = image->input == IMAGE_INPUT_FILES,
-        .max_bytes = image->video ? UFORM_VIDEO_MAX_BYTES : UFORM_IMAGE_MAX_BYTES,
+        .files = image->source.input == IMAGE_INPUT_FILES,
+        .max_bytes = image->source.video ? UFORM_VIDEO_MAX_BYTES : UFORM_IMAGE_MAX_BYTES,
         .chunk_items = chunk_items,
-        .item_floats = image->frames * image->patches * 3 * image->geometry.patch * image->geometry.patch,
+        .item_floats = image->source.frames * image->source.patches * 3 * image->source.geometry.patch *
+                       image->source.geometry.patch,
         .decode = image_decode_item,
         .chunk = image_chunk,
         .end = image_end,
@@ -252,23 +260,10 @@ static void image_start(call_t *call) {
 static void image_fill(call_t *call, void const *context) {
     image_request_t const *request = context;
     image_call_t *image = container_of(call, image_call_t, call);
-    uform_model_info_t const *info = &request->encode.model->header.info;
     encode_call_init(&image->encode, &request->encode);
-    image->input = request->input;
-    image->heights = request->heights;
-    image->widths = request->widths;
-    image->geometry = (image_geometry_t){
-        .size = info->image.size,
-        .patch = info->image.patch,
-        .mean = {info->image.mean[0], info->image.mean[1], info->image.mean[2]},
-        .std = {info->image.std[0], info->image.std[1], info->image.std[2]},
-    };
-    size_t side = info->image.size / info->image.patch;
-    image->patches = side * side;
-    image->video = request->video;
+    image->source = image_source_of(request);
     image->rows = request->video ? clip_rows : image_rows;
-    image->frames = request->video ? info->video.frames : 1;
-    image->vectors = request->video ? image->frames : image->patches;
+    image->vectors = request->video ? image->source.frames : image->source.patches;
 }
 
 uform_status_t image_encode_host(char const *entry, image_request_t const *request) {

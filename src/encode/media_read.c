@@ -18,12 +18,14 @@ static void media_settle(media_run_t *run) {
 
 /* The turn of `next_chunk` has what it waits for: its decoding ahead landed, its chunk's files read,
  * and the next chunk's when that one will be decoded ahead. */
-static bool media_ready(media_run_t const *run) {
+static bool media_ready(media_run_t *run) {
     size_t chunk = run->next_chunk;
     if (run->lent) return false;
+    if (run->ready && !run->ready(run, chunk)) return false;
     if (!run->files) return true;
     if (run->ahead_chunk != chunk && run->pending[chunk % 2] != 0) return false;
-    return run->sets == 1 || chunk + 1 >= run->chunks || run->pending[(chunk + 1) % 2] == 0;
+    bool ahead = run->sets == 2 && !run->workers; /* the next chunk will be decoded ahead */
+    return !ahead || chunk + 1 >= run->chunks || run->pending[(chunk + 1) % 2] == 0;
 }
 
 /* A waiting turn whose wait is over goes on. */
@@ -32,6 +34,15 @@ static void media_resume(media_run_t *run) {
     run->waiting = false;
     run->encode->stats.read_ns += loop_now_ns() - run->waiting_since_ns;
     media_turn(run);
+}
+
+void media_poke(media_run_t *run) {
+    media_resume(run);
+}
+
+/* The executor whose threads decode. */
+static uform_executor_t *media_workers(media_run_t const *run) {
+    return run->workers ? run->workers : run->call->executor;
 }
 
 /* ---- Reading files through the ring ------------------------------------------------------------- */
@@ -210,7 +221,7 @@ static void media_decode_ahead(void *context) {
 static void media_decoded(loop_op_t *op) {
     media_run_t *run = container_of(op, media_decoded_t, op)->run;
     if (--run->undecoded != 0) return;
-    executor_reclaim(run->call->executor);
+    executor_reclaim(media_workers(run));
     run->lent = false;
     run->encode->stats.decode_ns += run->ahead_ns;
     /* A turn's wait for its chunk is in decode_ns already (the worker's time): from here on, only the
@@ -232,8 +243,8 @@ static void media_ahead(media_run_t *run, size_t chunk) {
         run->decoded[index] = (media_decoded_t){.op = {.callback = media_decoded}, .run = run};
     run->ahead_chunk = chunk;
     run->undecoded = last - first;
-    run->decoder_thread = run->call->executor->threads - 1;
-    run->lent = executor_lend(run->call->executor, media_decode_ahead, run);
+    run->decoder_thread = media_workers(run)->threads - 1;
+    run->lent = executor_lend(media_workers(run), media_decode_ahead, run);
     if (!run->lent) {
         run->ahead_chunk = SIZE_MAX;
         return;
@@ -250,10 +261,11 @@ bool media_open(media_run_t *run) {
     if (run->chunk_items == 0) run->chunk_items = 1;
     run->chunks = (items + run->chunk_items - 1) / run->chunk_items;
     run->ahead_chunk = SIZE_MAX;
-    run->threads = executor->threads;
-    /* Only a RAM executor lends a worker (executor_lend), and only a second chunk can use it. */
-    bool ahead = executor_lends(executor) && run->chunks >= 2;
-    run->sets = ahead ? 2 : 1;
+    run->threads = media_workers(run)->threads;
+    /* Only a RAM executor lends a worker (executor_lend), and only a second chunk can use it; another
+     * executor's workers decode every chunk on its turn, beside the devices. */
+    bool ahead = !run->workers && executor_lends(executor) && run->chunks >= 2;
+    run->sets = ahead || (run->workers && run->chunks >= 2) ? 2 : 1;
     size_t floats = 0, bytes = 0;
     if (__builtin_mul_overflow(run->sets * run->chunk_items, run->item_floats, &floats) ||
         __builtin_mul_overflow(floats, sizeof(float), &bytes))
@@ -298,13 +310,13 @@ void media_turn(media_run_t *run) {
         uint64_t decoding = loop_now_ns();
         media_decode_job_t job = {.run = run, .first = first, .count = last - first, .rows = rows};
         atomic_init(&job.next, 0);
-        executor_for_threads(run->call->executor, media_decode_work, &job);
+        executor_for_threads(media_workers(run), media_decode_work, &job);
         encode->stats.decode_ns += loop_now_ns() - decoding;
     }
     run->ahead_chunk = SIZE_MAX;
     /* This chunk's file buffers are free now: the chunk after next is read into them. */
     if (run->files && chunk + 2 < run->chunks) media_read(run, chunk + 2);
-    if (run->sets == 2 && chunk + 1 < run->chunks) media_ahead(run, chunk + 1);
+    if (run->sets == 2 && !run->workers && chunk + 1 < run->chunks) media_ahead(run, chunk + 1);
     if (media_observer) media_observer(MEDIA_EVENT_COMPUTE, chunk);
     run->chunk(run, first, last, rows);
     run->next_chunk = ++chunk;

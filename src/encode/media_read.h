@@ -29,6 +29,13 @@
  * of MEDIA_PATH_MAX bytes or more, a file that cannot be opened, stat'ed or read, or is not a regular
  * file), UFORM_FORMAT (an empty file, or one over `max_bytes`), UFORM_OUT_OF_MEMORY.
  *
+ * Another executor's workers: a call on a VRAM executor computes on its devices, so every host thread
+ * may decode. It names its executor's host team as `workers`; each chunk is then decoded on its turn over
+ * all of the team's threads (none is lent), into the other of two sets of rows, while the devices compute
+ * the chunks before from theirs; `ready` says when the turn of a chunk may start (its set of rows, and a
+ * device slot, free again), and the call pokes the run (media_poke) when that may have changed. The wait
+ * for it counts in stats.read_ns with the wait for files.
+ *
  * Once the call records a failure (encode_stop), no chunk, decode or file operation starts, and the call
  * ends when its file operations and its decoding ahead in flight have landed. Everything here runs on
  * the loop thread, but `decode`, which runs on executor threads. */
@@ -78,6 +85,10 @@ struct media_run {
     /* Computes the decoded items [first, last), their patch rows at `rows`, on the loop thread. */
     void (*chunk)(media_run_t *run, size_t first, size_t last, float *rows);
     void (*end)(media_run_t *run); /* ends the call: nothing is in flight */
+    /* Optional. The executor whose threads decode, when not the call's (a VRAM executor's host team). */
+    uform_executor_t *workers;
+    /* Optional. Whether the turn of `chunk` may start; while false the turn waits for media_poke. */
+    bool (*ready)(media_run_t *run, size_t chunk);
 
     /* The run's own. */
     size_t chunks, next_chunk;
@@ -113,6 +124,9 @@ void media_start(media_run_t *run);
  * was not done ahead, hands the next chunk to the lent worker, opens the files of the chunk after, runs
  * `chunk`, reports progress, then posts the next turn or ends the run. */
 void media_turn(media_run_t *run);
+
+/* A turn waiting for `ready` looks again, and goes on if it may. */
+void media_poke(media_run_t *run);
 
 /* The bytes read for item `item` (a file) while its chunk is being decoded: *size is 0 for a file that
  * was not read. */

@@ -30,7 +30,7 @@ void clip_rows(image_call_t *image, patch_scratch_t const *scratch, size_t kept)
     tower_t const *tower = image->encode.model->image;
     kernels_t const *kernels = tower->kernels;
     size_t const hidden = tower->hidden, dims = tower->dims, width = image->encode.width,
-                 frames = image->frames;
+                 frames = image->source.frames;
     uform_encoded_t *encoded = &image->encode.encoded;
     if (kept == 0) return;
     for (size_t q = 0; q < kept; ++q) /* the states to project [kept, hidden] */

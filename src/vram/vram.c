@@ -16,52 +16,87 @@ uform_status_t vram_use(vram_device_t const *device) {
     return cudaSetDevice(device->ordinal) == cudaSuccess ? UFORM_OK : UFORM_DEVICE;
 }
 
-uform_status_t vram_open(uform_executor_t *executor, uform_vram_options_t const *options,
-                         char const **message) {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count <= 0) {
-        cudaGetLastError(); /* the error is reported here; leave none sticky for the caller */
-        return *message = "no CUDA device is present (or no driver)", UFORM_DEVICE;
-    }
-    size_t wanted = options && options->devices_count ? options->devices_count : 1;
-    if (wanted > VRAM_MAX_DEVICES) return *message = "more than 16 devices", UFORM_INVALID_ARGUMENT;
-    for (size_t i = 0; options && i < options->devices_count; ++i) {
-        if (options->devices[i] >= (size_t)count) return *message = "no such CUDA device", UFORM_DEVICE;
+/* What the options say that needs no device: at most VRAM_MAX_DEVICES, none listed twice. */
+static uform_status_t vram_options_check(uform_vram_options_t const *options, char const **message) {
+    if (options && options->devices_count > VRAM_MAX_DEVICES)
+        return *message = "more than 16 devices", UFORM_INVALID_ARGUMENT;
+    for (size_t i = 0; options && i < options->devices_count; ++i)
         for (size_t j = 0; j < i; ++j)
             if (options->devices[j] == options->devices[i])
                 return *message = "a device is listed twice", UFORM_INVALID_ARGUMENT;
+    return UFORM_OK;
+}
+
+/* The CUDA libraries loaded, and how many devices the driver sees. */
+static uform_status_t vram_devices(int *count, char const **message) {
+    if (!cuda_library_load(message)) return UFORM_DEVICE;
+    cudaError_t error = cudaGetDeviceCount(count);
+    cudaGetLastError(); /* an error is reported here; leave none sticky for the caller */
+    if (error == cudaErrorInsufficientDriver)
+        return *message = "the NVIDIA driver is older than the CUDA runtime the engine was built with",
+               UFORM_DEVICE;
+    if (error == cudaErrorNoDevice || (error == cudaSuccess && *count <= 0))
+        return *message = "no CUDA device is present", UFORM_DEVICE;
+    if (error != cudaSuccess) return *message = "the CUDA runtime cannot start on this machine", UFORM_DEVICE;
+    return UFORM_OK;
+}
+
+/* A device's stream, events and cuBLASLt handle (the device current). */
+static uform_status_t vram_device_open(vram_device_t *device, char const **message) {
+    if (cudaSetDevice(device->ordinal) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&device->stream, cudaStreamNonBlocking) != cudaSuccess)
+        return *message = "cannot create a stream on the device", UFORM_DEVICE;
+    for (size_t s = 0; s < VRAM_SLOTS; ++s)
+        if (cudaEventCreateWithFlags(&device->slots[s].done, cudaEventDisableTiming) != cudaSuccess ||
+            cudaEventCreateWithFlags(&device->slots[s].copied, cudaEventDisableTiming) != cudaSuccess)
+            return *message = "cannot create an event on the device", UFORM_DEVICE;
+    if (cuda_gemm_create(&device->gemm, device->stream) != cudaSuccess)
+        return *message = "cannot create the cuBLASLt handle", UFORM_DEVICE;
+    return UFORM_OK;
+}
+
+/* Every other device copies straight into the first's memory where the two can (chunks' outputs land in
+ * the arena there); where they cannot, cudaMemcpyPeerAsync goes through the host. */
+static void vram_peers(vram_t *vram) {
+    for (size_t d = 1; d < vram->count; ++d) {
+        int can = 0;
+        if (cudaDeviceCanAccessPeer(&can, vram->devices[d].ordinal, vram->devices[0].ordinal) ==
+                cudaSuccess &&
+            can && cudaSetDevice(vram->devices[d].ordinal) == cudaSuccess)
+            cudaDeviceEnablePeerAccess(vram->devices[0].ordinal, 0); /* enabled already: no matter */
+        cudaGetLastError();
     }
+}
+
+uform_status_t vram_open(uform_executor_t *executor, uform_vram_options_t const *options,
+                         char const **message) {
+    int count = 0;
+    uform_status_t status = vram_options_check(options, message);
+    if (status == UFORM_OK) status = vram_devices(&count, message);
+    if (status != UFORM_OK) return status;
+    size_t wanted = options && options->devices_count ? options->devices_count : 1;
+    for (size_t i = 0; options && i < options->devices_count; ++i)
+        if (options->devices[i] >= (size_t)count) return *message = "no such CUDA device", UFORM_DEVICE;
     vram_t *vram = calloc(1, sizeof *vram);
     if (!vram) return *message = "cannot allocate the executor", UFORM_OUT_OF_MEMORY;
     executor->state = vram;
     int previous = 0;
     cudaGetDevice(&previous);
-    for (size_t i = 0; i < wanted; ++i) {
+    for (size_t i = 0; i < wanted && status == UFORM_OK; ++i) {
         vram_device_t *device = &vram->devices[i];
         device->ordinal = options && options->devices_count ? (int)options->devices[i] : 0;
         vram->count = i + 1; /* vram_close frees what was made, also after a partial open */
-        if (cudaSetDevice(device->ordinal) != cudaSuccess ||
-            cudaStreamCreateWithFlags(&device->stream, cudaStreamNonBlocking) != cudaSuccess) {
-            cudaSetDevice(previous);
-            return *message = "cannot create a stream on the device", UFORM_DEVICE;
-        }
-        for (size_t s = 0; s < VRAM_SLOTS; ++s)
-            if (cudaEventCreateWithFlags(&device->slots[s].done, cudaEventDisableTiming) != cudaSuccess) {
-                cudaSetDevice(previous);
-                return *message = "cannot create an event on the device", UFORM_DEVICE;
-            }
-        if (cuda_gemm_create(&device->gemm, device->stream) != cudaSuccess) {
-            cudaSetDevice(previous);
-            return *message = "cannot create the cuBLASLt handle", UFORM_DEVICE;
-        }
+        status = vram_device_open(device, message);
     }
+    if (status == UFORM_OK) vram_peers(vram);
     cudaSetDevice(previous);
     executor->threads = 1;
-    return UFORM_OK;
+    return status;
 }
 
 void vram_close(uform_executor_t *executor) {
     vram_t *vram = vram_of(executor);
+    if (vram->workers) uform_executor_free(vram->workers);
     for (size_t i = 0; i < vram->count; ++i) {
         vram_device_t *device = &vram->devices[i];
         if (vram_use(device) != UFORM_OK) continue;
@@ -71,11 +106,52 @@ void vram_close(uform_executor_t *executor) {
         for (size_t s = 0; s < VRAM_SLOTS; ++s) {
             cudaFreeHost(device->slots[s].staging);
             if (device->slots[s].done) cudaEventDestroy(device->slots[s].done);
+            if (device->slots[s].copied) cudaEventDestroy(device->slots[s].copied);
         }
         if (device->stream) cudaStreamDestroy(device->stream);
     }
+    cudaFreeHost(vram->pinned);
     free(vram);
     executor->state = NULL;
+}
+
+void *vram_host_allocate(uform_executor_t *executor, size_t bytes) {
+    vram_t *vram = vram_of(executor);
+    void *memory = NULL;
+    if (vram->pinned_lent || bytes <= vram->pinned_bytes) {
+        if (!vram->pinned_lent) return vram->pinned_lent = true, vram->pinned;
+        return cudaHostAlloc(&memory, bytes ? bytes : 1, cudaHostAllocPortable) == cudaSuccess ? memory
+                                                                                               : NULL;
+    }
+    cudaFreeHost(vram->pinned);
+    vram->pinned = NULL, vram->pinned_bytes = 0;
+    if (cudaHostAlloc(&memory, bytes, cudaHostAllocPortable) != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    vram->pinned = memory, vram->pinned_bytes = bytes, vram->pinned_lent = true;
+    return memory;
+}
+
+void vram_host_deallocate(uform_executor_t *executor, void *memory, size_t bytes) {
+    (void)bytes;
+    vram_t *vram = vram_of(executor);
+    if (memory && memory == vram->pinned)
+        vram->pinned_lent = false;
+    else
+        cudaFreeHost(memory);
+}
+
+uform_executor_t *vram_workers(uform_executor_t *executor, char const **message) {
+    vram_t *vram = vram_of(executor);
+    if (vram->workers) return vram->workers;
+    uform_ram_options_t options = uform_ram_options_default();
+    options.pin = false;
+    if (uform_executor_create_ram(&options, &vram->workers) != UFORM_OK) {
+        vram->workers = NULL;
+        *message = "cannot start the executor's host threads";
+    }
+    return vram->workers;
 }
 
 void *vram_allocate(uform_executor_t *executor, size_t bytes) {
@@ -155,6 +231,114 @@ uint64_t vram_poll_ns(uint64_t elapsed_ns) {
     if (period < 5000) period = 5000;
     if (period > 200000) period = 200000;
     return period;
+}
+
+/* ---- Host memory -------------------------------------------------------------------------------- */
+
+vram_memory_t vram_memory_of(cudaError_t error, struct cudaPointerAttributes const *attributes) {
+    if (error != cudaSuccess) return VRAM_PAGEABLE;
+    switch (attributes->type) {
+    case cudaMemoryTypeHost:
+        return VRAM_PINNED;
+    case cudaMemoryTypeDevice:
+        return VRAM_ON_DEVICE;
+    case cudaMemoryTypeManaged:
+        return VRAM_MANAGED;
+    default:
+        return VRAM_PAGEABLE;
+    }
+}
+
+vram_memory_t vram_memory(void const *pointer) {
+    struct cudaPointerAttributes attributes;
+    memset(&attributes, 0, sizeof attributes);
+    if (!pointer) return VRAM_PAGEABLE;
+    cudaError_t error = cudaPointerGetAttributes(&attributes, pointer);
+    cudaGetLastError();
+    return vram_memory_of(error, &attributes);
+}
+
+typedef struct copy_job {
+    unsigned char *to;
+    unsigned char const *from;
+    size_t bytes, threads;
+} copy_job_t;
+
+static void copy_share(void *context, size_t thread) {
+    copy_job_t const *job = context;
+    size_t first, last;
+    thread_share(job->bytes, thread, job->threads, &first, &last);
+    memcpy(job->to + first, job->from + first, last - first);
+}
+
+void vram_copy(uform_executor_t *executor, void *to, void const *from, size_t bytes) {
+    char const *ignored = NULL;
+    uform_executor_t *workers = bytes >= ((size_t)1 << 20) ? vram_workers(executor, &ignored) : NULL;
+    if (!workers) {
+        memcpy(to, from, bytes);
+        return;
+    }
+    copy_job_t job = {to, from, bytes, executor_fork_threads(workers)};
+    executor_for_threads(workers, copy_share, &job);
+}
+
+/* ---- Chunks in flight ---------------------------------------------------------------------------- */
+
+vram_flight_t *vram_flights_next(vram_t *vram, bool *free) {
+    size_t device, slot;
+    vram_place(vram->flights.issued, vram->count, &device, &slot);
+    vram_flight_t *flight = &vram->flights.slots[device][slot];
+    *free = !flight->busy && !flight->copying;
+    return flight;
+}
+
+void vram_flights_issue(vram_t *vram, size_t first, size_t last) {
+    bool free = false;
+    vram_flight_t *flight = vram_flights_next(vram, &free);
+    *flight = (vram_flight_t){
+        .chunk = vram->flights.issued++, .first = first, .last = last, .busy = true, .copying = true};
+}
+
+/* One event of a flight: *pending cleared once it completed; false on a fault. */
+static bool flight_event(cudaEvent_t event, bool *pending) {
+    bool done = false;
+    if (!*pending) return true;
+    if (vram_event_done(event, &done) != UFORM_OK) return false;
+    *pending = !done;
+    return true;
+}
+
+uform_status_t vram_flights_sweep(vram_t *vram, void (*done)(void *context, vram_flight_t const *flight),
+                                  void *context, char const **message) {
+    uform_status_t status = UFORM_OK;
+    for (size_t d = 0; d < vram->count; ++d)
+        for (size_t s = 0; s < VRAM_SLOTS; ++s) {
+            vram_flight_t *flight = &vram->flights.slots[d][s];
+            vram_slot_t const *slot = &vram->devices[d].slots[s];
+            bool was_busy = flight->busy;
+            if (!flight_event(slot->copied, &flight->copying) || !flight_event(slot->done, &flight->busy)) {
+                flight->busy = flight->copying = false;
+                status = UFORM_DEVICE;
+                *message = "a device operation failed";
+                continue;
+            }
+            if (was_busy && !flight->busy && done) done(context, flight);
+        }
+    return status;
+}
+
+bool vram_flights_busy(vram_t const *vram, bool copied) {
+    for (size_t d = 0; d < vram->count; ++d)
+        for (size_t s = 0; s < VRAM_SLOTS; ++s)
+            if (copied ? vram->flights.slots[d][s].copying : vram->flights.slots[d][s].busy) return true;
+    return false;
+}
+
+vram_flight_t *vram_flights_of(vram_t *vram, size_t chunk) {
+    size_t device, slot;
+    vram_place(chunk, vram->count, &device, &slot);
+    vram_flight_t *flight = &vram->flights.slots[device][slot];
+    return flight->chunk == chunk ? flight : NULL;
 }
 
 /* ---- Weights on devices ------------------------------------------------------------------------- */
@@ -360,7 +544,7 @@ bool vram_chunk_scratch(vram_device_t *device, vram_tower_t const *tower, size_t
     size_t pieces[] = {
         round_up_256(tokens * hidden * sizeof(float)), round_up_256(vram_forward_scratch(tower, tokens)),
         round_up_256(rows * hidden * sizeof(float)),   round_up_256(rows * hidden * 2),
-        round_up_256(rows * width * sizeof(float)),
+        round_up_256(rows * width * sizeof(float)),    round_up_256(rows * width * sizeof(float)),
     };
     size_t total = 0;
     for (size_t i = 0; i < count; ++i)
@@ -375,7 +559,8 @@ bool vram_chunk_scratch(vram_device_t *device, vram_tower_t const *tower, size_t
     pass->forward = base += pieces[0];
     pass->gathered = (float *)(base += pieces[1]);
     pass->gathered_bf16 = (uint16_t *)(base += pieces[2]);
-    pass->projected = (float *)(base + pieces[3]);
+    pass->projected = (float *)(base += pieces[3]);
+    pass->pooled = (float *)(base + pieces[4]);
     return true;
 }
 
@@ -432,20 +617,39 @@ uform_status_t vram_forward(vram_device_t *device, vram_tower_t const *tower, fl
     return UFORM_OK;
 }
 
-uform_status_t vram_project(vram_device_t *device, vram_tower_t const *tower, uint16_t const *x_bf16,
-                            size_t m, size_t width, float *projected, uform_view_t const *view, size_t first,
-                            char const **message) {
+uform_status_t vram_project_rows(vram_device_t *device, vram_tower_t const *tower, uint16_t const *x_bf16,
+                                 size_t m, size_t width, float *projected, char const **message) {
     if (m == 0) return UFORM_OK;
     vram_linear_t narrowed = tower->proj;
     narrowed.n = width; /* a matryoshka width: the first rows of the projection */
     uform_status_t status = linear(device, &narrowed, m, x_bf16, projected, width, CUDA_LINEAR_F32, message);
     if (status != UFORM_OK) return status;
     VRAM_TRY(cuda_normalize(projected, width, m, width, device->stream), "cannot launch normalize");
-    float *scales = view->scales ? (float *)view->scales + first : NULL;
-    VRAM_TRY(cuda_convert((unsigned char *)view->data + first * view->row_stride, view->row_stride, scales,
-                          projected, width, m, width, (int)view->scalar, device->stream),
-             "cannot launch convert");
     return UFORM_OK;
+}
+
+cudaError_t vram_convert_rows(vram_device_t const *device, uform_view_t const *view, size_t first,
+                              float const *x, size_t x_stride, size_t rows, size_t columns) {
+    float *scales = view->scales ? (float *)view->scales + first : NULL;
+    return cuda_convert((unsigned char *)view->data + first * view->row_stride, view->row_stride, scales, x,
+                        x_stride, rows, columns, (int)view->scalar, device->stream);
+}
+
+uform_status_t vram_project(vram_device_t *device, vram_tower_t const *tower, uint16_t const *x_bf16,
+                            size_t m, size_t width, float *projected, uform_view_t const *view, size_t first,
+                            char const **message) {
+    uform_status_t status = vram_project_rows(device, tower, x_bf16, m, width, projected, message);
+    if (status != UFORM_OK || m == 0) return status;
+    VRAM_TRY(vram_convert_rows(device, view, first, projected, width, m, width), "cannot launch convert");
+    return UFORM_OK;
+}
+
+uform_status_t vram_patch_project(vram_device_t *device, vram_tower_t const *tower, uint16_t const *x_bf16,
+                                  size_t m, float *y, char const **message) {
+    uform_status_t status =
+        linear(device, &tower->patch, m, x_bf16, y, tower->hidden, CUDA_LINEAR_F32, message);
+    if (status != UFORM_OK) *message = "cannot run the patch projection";
+    return status;
 }
 
 #endif /* UFORM_WITH_CUDA */

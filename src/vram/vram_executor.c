@@ -14,6 +14,8 @@ static void vram_executor_destroy(uform_executor_t *executor) {
 static executor_ops_t const vram_ops = {
     .kind = UFORM_EXECUTOR_VRAM,
     .destroy = vram_executor_destroy,
+    .allocate = vram_host_allocate,
+    .deallocate = vram_host_deallocate,
     .device = {vram_allocate, vram_deallocate, vram_copy_to_host},
 };
 

@@ -1,16 +1,17 @@
 /* The text tower's verbs on a VRAM executor.
  *
- * text_encode: texts are packed in chunks of at most VRAM_CHUNK_TOKENS tokens. For each chunk the host
- * writes the byte indices, item offsets and the rows to project into a pinned staging slot; one copy
- * takes them to the device, then the embedding gather, the tower, the projections and the output
- * conversions are enqueued on the device's stream, writing straight into the device arena; an event
- * closes the chunk. Two slots per device: the host fills one while the device runs the other. The
- * loop polls the events; each chunk that completes reports progress. Outputs are device views: copy
- * them out with uform_view_copy.
+ * text_encode: texts are packed in chunks of at most VRAM_CHUNK_TOKENS tokens, spread over the executor's
+ * devices (vram_place: chunk k on device k mod N). For each chunk the host writes the byte indices, item
+ * offsets and the rows to project into a pinned staging slot of its device; one copy takes them to the
+ * device, then the embedding gather, the tower, the projections and the output conversions are enqueued
+ * on the device's stream, writing into the device arena (from another device, into its scratch, then
+ * copied to the arena's device: vram_views_t); an event closes the chunk. Two slots per device: the host
+ * fills one while the device runs the other. The loop polls the events; each chunk that completes reports
+ * progress. Outputs are device views: copy them out with uform_view_copy.
  *
- * text_choose: the legal bytes and offsets go to the device in one copy, the states are read where
- * they are (device views of an earlier call, or host rows copied in), one kernel computes every
- * item's softmax into the device arena. */
+ * text_choose: the legal bytes and offsets go to the first device in one copy, the states are read where
+ * they are (device views of an earlier call, or host rows copied in), one kernel computes every item's
+ * softmax into the device arena. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,18 +26,11 @@
 
 #define VRAM_CHUNK_TOKENS 65536
 
-typedef struct vram_chunk {
-    size_t first, last; /* items */
-    bool busy;
-} vram_chunk_t;
-
 typedef struct vram_text_call {
     call_t call;
     encode_call_t encode;
     uint64_t polled_ns;
     size_t next_item, done_items;
-    size_t next_slot;
-    vram_chunk_t chunks[VRAM_SLOTS];
     loop_op_t poll;
     uint8_t const *bytes; /* host copy of the texts when the tape lives on a device */
 } vram_text_call_t;
@@ -69,11 +63,30 @@ static chunk_inputs_t chunk_inputs(void *base, size_t tokens, size_t items, size
     return inputs;
 }
 
-/* Enqueues the chunk of items [first, last) in slot `s` of the first device. */
-static uform_status_t text_issue(vram_text_call_t *text, size_t s, size_t first, size_t last,
-                                 char const **message) {
-    vram_device_t *device = &vram_of(text->call.executor)->devices[0];
-    vram_tower_t const *tower = &text->encode.model->device->replicas[0].text;
+/* The host side of a chunk of items [first, last): its inputs written into `host` (chunk_inputs). */
+static void text_pack(vram_text_call_t const *text, chunk_inputs_t const *host, size_t first, size_t last) {
+    uint8_t const *bytes = text->bytes ? text->bytes : text->encode.tape.data;
+    size_t row = 0, kept_row = 0;
+    for (size_t item = first; item < last; ++item) {
+        host->offsets[item - first] = (int32_t)row;
+        host->indices[row++] = TEXT_BOS;
+        uint8_t const *item_bytes = bytes + text->encode.tape.offsets[item];
+        for (size_t i = 0, kept = text_kept(text->encode.model, &text->encode.tape, item); i < kept; ++i) {
+            host->token_rows[kept_row++] = (int32_t)row;
+            host->indices[row++] = item_bytes[i];
+        }
+        host->last_rows[item - first] = (int32_t)(row - 1);
+    }
+    host->offsets[last - first] = (int32_t)row;
+}
+
+/* Enqueues the next chunk, items [first, last), on its device and slot (vram_place). */
+static uform_status_t text_issue(vram_text_call_t *text, size_t first, size_t last, char const **message) {
+    vram_t *vram = vram_of(text->call.executor);
+    size_t d, s;
+    vram_place(vram->flights.issued, vram->count, &d, &s);
+    vram_device_t *device = &vram->devices[d];
+    vram_tower_t const *tower = &text->encode.model->device->replicas[d].text;
     size_t hidden = tower->hidden, items = last - first, tokens = 0, kept_total = 0, max_length = 0;
     for (size_t item = first; item < last; ++item) {
         size_t kept = text_kept(text->encode.model, &text->encode.tape, item);
@@ -81,106 +94,98 @@ static uform_status_t text_issue(vram_text_call_t *text, size_t s, size_t first,
         kept_total += kept;
         if (kept + 1 > max_length) max_length = kept + 1;
     }
+    if (vram_use(device) != UFORM_OK) return *message = "cannot use the device", UFORM_DEVICE;
     vram_slot_t *slot = &device->slots[s];
     chunk_inputs_t sizing = chunk_inputs(NULL, tokens, items, kept_total);
     void *staging = vram_staging(slot, sizing.bytes);
     if (!staging) return *message = "cannot allocate pinned staging memory", UFORM_OUT_OF_MEMORY;
     chunk_inputs_t host = chunk_inputs(staging, tokens, items, kept_total);
-    uint8_t const *bytes = text->bytes ? text->bytes : text->encode.tape.data;
-    size_t row = 0, kept_row = 0;
-    for (size_t item = first; item < last; ++item) {
-        host.offsets[item - first] = (int32_t)row;
-        host.indices[row++] = TEXT_BOS;
-        uint8_t const *item_bytes = bytes + text->encode.tape.offsets[item];
-        for (size_t i = 0, kept = text_kept(text->encode.model, &text->encode.tape, item); i < kept; ++i) {
-            host.token_rows[kept_row++] = (int32_t)row;
-            host.indices[row++] = item_bytes[i];
-        }
-        host.last_rows[item - first] = (int32_t)(row - 1);
-    }
-    host.offsets[items] = (int32_t)row;
+    text_pack(text, &host, first, last);
 
-    /* Device scratch: inputs, then the pass through the tower over [rows, hidden]. */
+    /* Device scratch: inputs, the shadow of the outputs on a device other than the arena's, then the
+     * pass through the tower over [rows, hidden]. */
+    uform_encoded_t const *encoded = &text->encode.encoded;
+    size_t token_first =
+        (text->encode.outputs & UFORM_OUTPUT_TOKEN_VECTORS) ? encoded->token_vectors.item_offsets[first] : 0;
     size_t rows = items > kept_total ? items : kept_total;
-    void *base = NULL;
+    size_t const sizes[] = {sizing.bytes, d ? vram_views_bytes(&text->encode, items, kept_total, hidden) : 0};
+    void *parts[2];
     vram_pass_t pass;
-    if (!vram_chunk_scratch(device, tower, &sizing.bytes, 1, &base, tokens, rows, text->encode.width, &pass))
+    if (!vram_chunk_scratch(device, tower, sizes, 2, parts, tokens, rows, text->encode.width, &pass))
         return *message = "cannot allocate device scratch", UFORM_OUT_OF_MEMORY;
-    chunk_inputs_t inputs = chunk_inputs(base, tokens, items, kept_total);
+    chunk_inputs_t inputs = chunk_inputs(parts[0], tokens, items, kept_total);
+    vram_views_t views =
+        vram_views_make(&text->encode, d ? parts[1] : NULL, first, items, token_first, kept_total, hidden);
     float *x = pass.x;
     cudaStream_t stream = device->stream;
 
     VRAM_TRY(cudaMemcpyAsync(inputs.indices, staging, sizing.bytes, cudaMemcpyHostToDevice, stream),
              "cannot copy the chunk to the device");
+    VRAM_TRY(cudaEventRecord(slot->copied, stream), "cannot record an event");
     VRAM_TRY(cuda_embed(x, tower->embed, inputs.indices, tokens, hidden, stream), "cannot launch embed");
     uform_status_t status = vram_forward(device, tower, x, tokens, inputs.offsets, items, max_length, true,
                                          true, pass.forward, message);
     if (status != UFORM_OK) return status;
-
-    uform_encoded_t const *encoded = &text->encode.encoded;
     vram_output_rows_t const output = {
         .state_rows = inputs.last_rows,
         .items = items,
-        .first = first,
         .token_rows = inputs.token_rows,
         .tokens = kept_total,
-        .token_first = (text->encode.outputs & UFORM_OUTPUT_TOKEN_VECTORS)
-                           ? encoded->token_vectors.item_offsets[first]
-                           : 0,
         .gather_failed = "cannot launch gather",
         .convert_failed = "cannot launch convert",
     };
-    status = vram_output_write(device, tower, &text->encode, x, &pass, &output, message);
-    if (status != UFORM_OK) return status;
+    if ((status = vram_output_write(device, tower, &text->encode, &views, x, &pass, &output, message)) !=
+            UFORM_OK ||
+        (status = vram_views_land(vram, device, &views, message)) != UFORM_OK)
+        return status;
     VRAM_TRY(cudaEventRecord(slot->done, stream), "cannot record an event");
+    vram_flights_issue(vram, first, last);
     return UFORM_OK;
+}
+
+/* The items of the chunk from `first`: at most VRAM_CHUNK_TOKENS tokens, at least one item. */
+static size_t text_chunk_last(vram_text_call_t const *text, size_t first) {
+    size_t last = first, tokens = 0, items = text->encode.tape.count;
+    while (last < items &&
+           (last == first ||
+            tokens + text_kept(text->encode.model, &text->encode.tape, last) + 1 <= VRAM_CHUNK_TOKENS))
+        tokens += text_kept(text->encode.model, &text->encode.tape, last++) + 1;
+    return last;
+}
+
+/* A chunk done: progress, and cancellation. */
+static void text_done(void *context, vram_flight_t const *flight) {
+    vram_text_call_t *text = context;
+    text->done_items += flight->last - flight->first;
+    if (text->encode.failure == UFORM_OK && progress_report(&text->encode.progress, &text->encode.next_step,
+                                                            text->done_items, text->encode.tape.count))
+        encode_stop(&text->encode, UFORM_CANCELLED, "cancelled by the progress handler");
 }
 
 static void text_poll(loop_op_t *op);
 
-/* Issues chunks into free slots, then polls the busy ones; ends the call when nothing is left. */
+/* Polls the chunks in flight, issues chunks into free slots; ends the call when nothing is left. */
 static void text_advance(vram_text_call_t *text) {
-    vram_device_t *device = &vram_of(text->call.executor)->devices[0];
+    vram_t *vram = vram_of(text->call.executor);
     size_t items = text->encode.tape.count;
-    for (size_t s = 0; s < VRAM_SLOTS; ++s) {
-        vram_chunk_t *chunk = &text->chunks[s];
-        if (!chunk->busy) continue;
-        bool done = false;
-        if (vram_event_done(device->slots[s].done, &done) != UFORM_OK) {
-            encode_stop(&text->encode, UFORM_DEVICE, "a device operation failed");
-            chunk->busy = false;
-            continue;
-        }
-        if (!done) continue;
-        chunk->busy = false;
-        text->done_items += chunk->last - chunk->first;
-        if (text->encode.failure == UFORM_OK &&
-            progress_report(&text->encode.progress, &text->encode.next_step, text->done_items, items))
-            encode_stop(&text->encode, UFORM_CANCELLED, "cancelled by the progress handler");
-    }
+    char const *message = NULL;
+    bool free = false;
+    if (vram_flights_sweep(vram, text_done, text, &message) != UFORM_OK)
+        encode_stop(&text->encode, UFORM_DEVICE, message);
     while (text->encode.failure == UFORM_OK && text->next_item < items &&
-           !text->chunks[text->next_slot].busy) {
-        size_t s = text->next_slot, first = text->next_item, last = first, tokens = 0;
-        while (last < items &&
-               (last == first ||
-                tokens + text_kept(text->encode.model, &text->encode.tape, last) + 1 <= VRAM_CHUNK_TOKENS))
-            tokens += text_kept(text->encode.model, &text->encode.tape, last++) + 1;
-        char const *message = NULL;
-        uform_status_t status = text_issue(text, s, first, last, &message);
+           (vram_flights_next(vram, &free), free)) {
+        size_t last = text_chunk_last(text, text->next_item);
+        uform_status_t status = text_issue(text, text->next_item, last, &message);
         if (status != UFORM_OK) {
             encode_stop(&text->encode, status, message);
             break;
         }
-        text->chunks[s] = (vram_chunk_t){first, last, true};
         text->next_item = last;
-        text->next_slot = (s + 1) % VRAM_SLOTS;
     }
-    bool busy = false;
-    for (size_t s = 0; s < VRAM_SLOTS; ++s)
-        busy |= text->chunks[s].busy;
-    if (!busy) {
+    if (!vram_flights_busy(vram, false)) {
         /* Nothing runs: on failure, make sure nothing enqueued still writes, then end. */
-        if (text->encode.failure != UFORM_OK) cudaStreamSynchronize(device->stream);
+        for (size_t d = 0; text->encode.failure != UFORM_OK && d < vram->count; ++d)
+            cudaStreamSynchronize(vram->devices[d].stream);
         text_end(text);
         return;
     }
@@ -196,6 +201,7 @@ static void text_poll(loop_op_t *op) {
 static void text_start(call_t *call) {
     vram_text_call_t *text = container_of(call, vram_text_call_t, call);
     vram_device_t *device = &vram_of(call->executor)->devices[0];
+    vram_flights_start(vram_of(call->executor));
     size_t items = text->encode.tape.count;
     size_t hidden = text->encode.model->header.info.text.transformer.hidden;
     text->poll.callback = text_poll;
@@ -207,15 +213,13 @@ static void text_start(call_t *call) {
     }
     size_t kept_total = text_count(&text->encode, &text->encode.tape);
 
-    /* A tape in device memory is read on the host: the bytes are indices the host packs. */
-    struct cudaPointerAttributes attributes;
-    if (text->encode.tape.data &&
-        cudaPointerGetAttributes(&attributes, text->encode.tape.data) == cudaSuccess &&
-        attributes.type == cudaMemoryTypeDevice) {
+    /* A tape in device memory is read on the host: the bytes are indices the host packs (pinned and
+     * managed memory the host reads where it is). */
+    if (vram_memory(text->encode.tape.data) == VRAM_ON_DEVICE) {
         size_t length = text->encode.tape.offsets[items];
         uint8_t *copy = malloc(length ? length : 1);
-        if (!copy ||
-            cudaMemcpy(copy, text->encode.tape.data, length, cudaMemcpyDeviceToHost) != cudaSuccess) {
+        if (!copy || cudaMemcpy(copy, text->encode.tape.data, length, cudaMemcpyDefault) != cudaSuccess) {
+            cudaGetLastError();
             free(copy);
             encode_stop(&text->encode, UFORM_DEVICE, "cannot copy the texts from the device");
             text_end(text);
@@ -223,7 +227,6 @@ static void text_start(call_t *call) {
         }
         text->bytes = copy;
     }
-    cudaGetLastError();
 
     if (!text_outputs(&text->encode, &text->encode.tape, hidden, kept_total)) {
         encode_stop(&text->encode, UFORM_OUT_OF_MEMORY, "cannot allocate the outputs in the arena");

@@ -1,14 +1,17 @@
 /* The VRAM executor's verbs (encode_verbs_vram, src/encode/verbs.h): text_encode and text_choose
- * (src/vram/vram_text.c), image_encode of pixels and of encoded images in memory
- * (src/vram/vram_image.c); video is not built on VRAM executors, and audio runs on host executors. */
+ * (src/vram/vram_text.c), image_encode_pixels (src/vram/vram_image.c), and image_encode of files and
+ * encoded images, video_encode, audio_encode and audio_encode_samples (src/vram/vram_media.c). */
 #include "call.h"
 #include "vram.h"
 
 #if UFORM_WITH_CUDA
 
 static uform_status_t vram_video_encode(char const *entry, image_request_t const *request) {
-    return call_refuse(request->encode.outcome, UFORM_UNSUPPORTED, entry,
-                       "video_encode runs on host executors: this VRAM executor encodes texts and images");
+    return vram_media_encode(entry, request, NULL);
+}
+
+static uform_status_t vram_audio_encode(char const *entry, audio_request_t const *request) {
+    return vram_media_encode(entry, NULL, request);
 }
 
 encode_verbs_t const encode_verbs_vram = {
@@ -16,7 +19,7 @@ encode_verbs_t const encode_verbs_vram = {
     .text_choose = vram_text_choose,
     .image_encode = vram_image_encode,
     .video_encode = vram_video_encode,
-    .audio_encode = audio_encode_host, /* refuses a VRAM model: its audio tower is not on the host */
+    .audio_encode = vram_audio_encode,
 };
 
 #endif /* UFORM_WITH_CUDA */

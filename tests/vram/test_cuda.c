@@ -4,8 +4,9 @@
  * error and, when it fails, the function, the case, the element and both values. Output padding and the
  * rows after each output are checked untouched.
  *
- * Without a CUDA device (or with one older than compute capability 9.0, which the kernels are not built
- * for) the program says why and exits 77, meson's code for a skipped test. */
+ * Without the CUDA libraries (cuda_library_load: the driver first), without a CUDA device, or with one
+ * older than compute capability 9.0, which the kernels are not built for, the program says why and exits
+ * 77, meson's code for a skipped test. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -15,6 +16,7 @@
 #include <cuda_runtime_api.h>
 
 #include "cuda/cuda_kernels.h"
+#include "cuda/cuda_library.h"
 #include "fixtures.h"
 #include "kernels.h"
 
@@ -217,8 +219,8 @@ static void gathers_exact(void **state) {
     size_t const count = 300, columns = 130, src_rows = 500, src_stride = 137, dst_stride = 133;
     float *src = floats_uniform(src_rows * src_stride, -5.0f, 5.0f);
     int32_t *picks = host_alloc(count * sizeof(int32_t));
-    for (size_t r = 0; r < count; ++r)
-        picks[r] = (int32_t)random_below(src_rows);
+    for (size_t r = 0; r < count; ++r) /* every seventh a failed item's: a row of zeros */
+        picks[r] = r % 7 == 3 ? -1 : (int32_t)random_below(src_rows);
     float *src_device = device_copy(src, src_rows * src_stride * sizeof(float));
     int32_t *picks_device = device_copy(picks, count * sizeof(int32_t));
     float *dst_device = device_alloc(count * dst_stride * sizeof(float));
@@ -229,13 +231,13 @@ static void gathers_exact(void **state) {
     for (size_t r = 0; r < count; ++r) {
         for (size_t c = 0; c < dst_stride; ++c) {
             float got = dst[r * dst_stride + c];
-            if (c < columns && got != src[(size_t)picks[r] * src_stride + c])
-                fail_msg("cuda_gather_rows: [%zu][%zu] = %g, expected %g", r, c, got,
-                         src[(size_t)picks[r] * src_stride + c]);
+            float want = picks[r] < 0 ? 0.0f : src[(size_t)picks[r] * src_stride + c];
+            if (c < columns && memcmp(&got, &want, sizeof got) != 0)
+                fail_msg("cuda_gather_rows: [%zu][%zu] = %g, expected %g", r, c, got, want);
             if (c >= columns && !isnan(got)) fail_msg("cuda_gather_rows wrote padding [%zu][%zu]", r, c);
         }
     }
-    print_message("  %-64s exact\n", "cuda_gather_rows 300 rows of 130, padded strides");
+    print_message("  %-64s exact\n", "cuda_gather_rows 300 rows of 130, padded strides, index -1");
     free(dst);
 
     /* add_rows: 37 rows of 100 at stride 104, period 5 */
@@ -294,6 +296,41 @@ static void gathers_exact(void **state) {
         device_free(picks_device), device_free(dst_device), device_free(base_device),
         device_free(addend_device), device_free(patches_device), device_free(cls_device),
         device_free(pos_device), device_free(offsets_device), device_free(tokens_device);
+}
+
+/* The clip pooling: a mean of each group of rows, bitwise the host's loop (src/encode/video.c, rows_mean):
+ * summed in order in F32, then divided. Groups of 8, 3 and 1; group 0 refused. */
+static void mean_rows_bitwise(void **state) {
+    (void)state;
+    random_seed(3);
+    size_t const groups = 37, columns = 130, x_stride = 133, out_stride = 131;
+    size_t const sizes[] = {8, 3, 1};
+    for (size_t g = 0; g < COUNT(sizes); ++g) {
+        size_t const group = sizes[g], rows = groups * group;
+        float *x = floats_uniform(rows * x_stride, -3.0f, 3.0f);
+        float *expected = host_alloc(groups * out_stride * sizeof(float));
+        memset(expected, 0xff, groups * out_stride * sizeof(float));
+        for (size_t k = 0; k < groups; ++k)
+            for (size_t c = 0; c < columns; ++c) {
+                float sum = 0.0f;
+                for (size_t r = 0; r < group; ++r)
+                    sum += x[(k * group + r) * x_stride + c];
+                expected[k * out_stride + c] = sum / (float)group;
+            }
+        float *x_device = device_copy(x, rows * x_stride * sizeof(float));
+        float *out_device = device_alloc(groups * out_stride * sizeof(float));
+        char name[64];
+        snprintf(name, sizeof name, "37 groups of %zu rows of 130", group);
+        ran(cuda_mean_rows(out_device, out_stride, x_device, x_stride, groups, group, columns, stream),
+            "cuda_mean_rows", name);
+        float *out = host_copy(out_device, groups * out_stride * sizeof(float));
+        char what[96];
+        snprintf(what, sizeof what, "cuda_mean_rows %s, padded strides", name);
+        check_bits(out, expected, groups * out_stride, sizeof(float), out_stride, what);
+        free(x), free(expected), free(out);
+        device_free(x_device), device_free(out_device);
+    }
+    assert_int_equal(cuda_mean_rows(NULL, 1, NULL, 1, 1, 0, 1, stream), cudaErrorInvalidValue);
 }
 
 /* ---- Normalization ------------------------------------------------------------------------------ */
@@ -771,6 +808,11 @@ static int teardown(void **state) {
 }
 
 int main(void) {
+    char const *missing = NULL;
+    if (!cuda_library_load(&missing)) {
+        printf("SKIP: %s\n", missing);
+        return SKIP;
+    }
     int devices = 0;
     cudaError_t error = cudaGetDeviceCount(&devices);
     if (error != cudaSuccess || devices == 0) {
@@ -791,10 +833,10 @@ int main(void) {
     }
     struct CMUnitTest const tests[] = {
         cmocka_unit_test(conversions_bitwise),      cmocka_unit_test(gathers_exact),
-        cmocka_unit_test(rmsnorm_matches_scalar),   cmocka_unit_test(normalize_matches_scalar),
-        cmocka_unit_test(convert_bitwise),          cmocka_unit_test(choose_matches_scalar),
-        cmocka_unit_test(attention_matches_scalar), cmocka_unit_test(attention_many_and_long),
-        cmocka_unit_test(linear_matches_scalar),
+        cmocka_unit_test(mean_rows_bitwise),        cmocka_unit_test(rmsnorm_matches_scalar),
+        cmocka_unit_test(normalize_matches_scalar), cmocka_unit_test(convert_bitwise),
+        cmocka_unit_test(choose_matches_scalar),    cmocka_unit_test(attention_matches_scalar),
+        cmocka_unit_test(attention_many_and_long),  cmocka_unit_test(linear_matches_scalar),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -4,20 +4,43 @@
  * what must hold anyway is checked: creating a VRAM executor answers UFORM_DEVICE (or UNSUPPORTED in
  * builds without CUDA), a VRAM load refuses host executors, and nothing leaks. On a GPU machine
  * (bench/gpu_check.sh) every check runs: embeddings, token vectors and states of every scalar kind at
- * cosine >= 0.999 to a RAM executor's, text_choose, device views refusing host access, copy-out,
- * stale views, cancellation, contention, and a bad device ordinal. */
+ * cosine >= 0.999 to a RAM executor's, for texts, pixels, images from files and from memory, clips and
+ * sounds (files written by `uform dataset synth`, whose path is the program's argument, and samples),
+ * with failing items among them answering the statuses the RAM executor answers; text_choose, device
+ * views refusing host access, copy-out, stale views, cancellation, contention, a bad device ordinal; an
+ * executor over two devices (where there are two) against the RAM executor; and pixels from pinned and
+ * from device memory bitwise equal to the same pixels in pageable memory. */
+#include <dlfcn.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "fixtures.h"
+#include "uform_config.h"
 
 static char const *checkpoint;
 static char base_checkpoint[512];
-static bool have_device;
+static char const *uform_command; /* the `uform` command, which writes the media files */
+static bool have_device, have_media;
 static uform_executor_t *vram, *ram;
 static uform_model_t *vram_model, *ram_model;
+
+/* Media files in the folder's synth/media/: 12 PNG images, 4 MP4 clips, 4 WAV sounds, as `uform dataset
+ * synth` writes them (clips and sounds only where the build has FFmpeg). */
+static bool media_write(void) {
+    char folder[512], command[2048];
+    fixture_path("synth", folder, sizeof folder);
+    if (!uform_command) {
+        fprintf(stderr, "no `uform` command given: the media checks skip\n");
+        return false;
+    }
+    snprintf(command, sizeof command,
+             "'%s' dataset synth --out '%s' --images 12 --videos 4 --sounds 4 --seed 1 --image-size 48 "
+             "--video-frames 6 > /dev/null",
+             uform_command, folder);
+    return system(command) == 0;
+}
 
 static int setup(void **state) {
     (void)state;
@@ -41,6 +64,7 @@ static int setup(void **state) {
         return -1;
     }
     load = (uform_model_load_args_t){.executor = ram, .path = checkpoint, .model = &ram_model};
+    have_media = media_write();
     return uform_model_load_ram(&load) == UFORM_OK ? 0 : -1;
 }
 
@@ -72,6 +96,30 @@ static void test_create_without_device_or_bad_ordinal(void **state) {
     assert_int_equal(uform_executor_create_vram(NULL, NULL), UFORM_INVALID_ARGUMENT);
     uform_vram_options_t broken = {.devices = NULL, .devices_count = 2};
     assert_int_equal(uform_executor_create_vram(&broken, &executor), UFORM_INVALID_ARGUMENT);
+}
+
+/* Options that are wrong whatever the machine are refused before the driver is asked: a device listed
+ * twice, more than 16 devices, NULL devices with a count. A machine without a driver answered
+ * UFORM_DEVICE for them, one with a driver UFORM_INVALID_ARGUMENT. */
+static void test_bad_options_refused_before_the_driver(void **state) {
+    (void)state;
+    uform_executor_t *executor = NULL;
+    size_t twice[] = {0, 0}, many[17] = {0};
+    for (size_t i = 0; i < 17; ++i)
+        many[i] = i;
+    uform_vram_options_t options = {.devices = twice, .devices_count = 2};
+    uform_status_t expected =
+        uform_features() & UFORM_FEATURE_CUDA ? UFORM_INVALID_ARGUMENT : UFORM_UNSUPPORTED;
+    assert_int_equal(uform_executor_create_vram(&options, &executor), expected);
+    if (expected == UFORM_INVALID_ARGUMENT)
+        assert_string_equal(uform_last_error().message, "a device is listed twice");
+    options = (uform_vram_options_t){.devices = many, .devices_count = 17};
+    assert_int_equal(uform_executor_create_vram(&options, &executor), expected);
+    if (expected == UFORM_INVALID_ARGUMENT)
+        assert_string_equal(uform_last_error().message, "more than 16 devices");
+    options = (uform_vram_options_t){.devices = NULL, .devices_count = 1};
+    assert_int_equal(uform_executor_create_vram(&options, &executor), UFORM_INVALID_ARGUMENT);
+    assert_null(executor);
 }
 
 static void test_load_vram_needs_vram_executor(void **state) {
@@ -487,9 +535,270 @@ static void test_images_match_cpu(void **state) {
     free(pixels);
 }
 
-int main(void) {
+/* ---- Media from files and memory ----------------------------------------------------------------- */
+
+static uform_model_t *encoding;              /* the model media_encode runs */
+static enum { IMAGES, CLIPS, SOUNDS } media; /* the verb media_encode runs */
+
+/* The media verb `media` over a batch of files, encoded media in memory, or samples. */
+static uform_status_t media_encode(batch_t const *batch, uform_executor_t *executor, uform_outputs_t outputs,
+                                   uform_arena_t *arena, uform_encode_config_t const *config,
+                                   uform_outcome_t *outcome, uform_encoded_t *encoded) {
+    uform_tape_t tape = batch_tape(batch);
+    uform_audio_encode_samples_args_t samples = {ENCODE_ARGS(encoding), .samples = tape, .rate = batch->rate};
+    uform_image_encode_args_t images = {ENCODE_ARGS(encoding), .source = batch->source, .images = tape};
+    uform_video_encode_args_t clips = {ENCODE_ARGS(encoding), .source = batch->source, .videos = tape};
+    uform_audio_encode_args_t sounds = {ENCODE_ARGS(encoding), .source = batch->source, .sounds = tape};
+    if (media == IMAGES) return uform_image_encode(&images);
+    if (media == CLIPS) return uform_video_encode(&clips);
+    return batch->kind == BATCH_SAMPLES ? uform_audio_encode_samples(&samples) : uform_audio_encode(&sounds);
+}
+
+/* `batch` encoded on the VRAM and the RAM executor, every output, in `scalar` at `width`: the same
+ * statuses, the same token vectors per item, and every row at cosine >= 0.999. */
+static void compare_batch(batch_encode_t encode, batch_t const *batch, uform_scalar_t scalar, size_t width,
+                          char const *what) {
+    uform_arena_t *device_arena = arena_of(vram), *host_arena = arena_of(ram);
+    uform_encode_config_t config = {.outputs_scalar = scalar, .matryoshka = width};
+    uform_encoded_t on_device, on_host;
+    encoding = vram_model;
+    uform_status_t status = encode(batch, vram, EVERYTHING, device_arena, &config, NULL, &on_device);
+    if (status != UFORM_OK) fail_msg("VRAM %s: %s", what, last_error_text().text);
+    encoding = ram_model;
+    assert_int_equal(encode(batch, ram, EVERYTHING, host_arena, &config, NULL, &on_host), UFORM_OK);
+    assert_int_equal(on_device.items, on_host.items);
+    for (size_t i = 0; i < on_host.items; ++i) {
+        if (on_device.statuses[i] != on_host.statuses[i])
+            fail_msg("%s: item %zu answers %d on the device, %d on the host", what, i, on_device.statuses[i],
+                     on_host.statuses[i]);
+        assert_int_equal(on_device.token_vectors.item_offsets[i + 1],
+                         on_host.token_vectors.item_offsets[i + 1]);
+    }
+    assert_outputs_agree(&on_device, &on_host, what);
+    uform_arena_free(device_arena);
+    uform_arena_free(host_arena);
+}
+
+/* Every file of synth/media/ named `prefix`NNNNNN`suffix` (from 0 until one is missing), then a missing
+ * file and an empty path; and the same in memory, with a truncated copy of the first for the two. */
+static void media_batches(char const *prefix, char const *suffix, batch_t *files, batch_t *memory) {
+    char name[128], path[512];
+    blob_t first = {0};
+    for (size_t i = 0;; ++i) {
+        snprintf(name, sizeof name, "synth/media/%s%06zu%s", prefix, i, suffix);
+        fixture_path(name, path, sizeof path);
+        FILE *file = fopen(path, "rb");
+        if (!file) break;
+        fclose(file);
+        batch_add_path(files, name);
+        blob_t blob = blob_read(path);
+        batch_add(memory, blob.data, blob.size);
+        if (i == 0)
+            first = blob;
+        else
+            free(blob.data);
+    }
+    assert_non_null(first.data);
+    batch_add_path(files, "synth/media/absent");
+    batch_add(files, "", 0);
+    batch_add(memory, first.data, first.size / 3);
+    batch_add(memory, "", 0);
+    free(first.data);
+}
+
+static void compare_media(char const *prefix, char const *suffix, char const *what) {
+    batch_encode_t encode = media_encode;
+    batch_t *files = batch_new(BATCH_FILES), *memory = batch_new(BATCH_MEMORY);
+    media_batches(prefix, suffix, files, memory);
+    uform_model_info_t info;
+    assert_int_equal(uform_model_info(vram_model, &info), UFORM_OK);
+    char name[96];
+    snprintf(name, sizeof name, "%s from files", what);
+    compare_batch(encode, files, UFORM_F32, 0, name);
+    snprintf(name, sizeof name, "%s from memory", what);
+    compare_batch(encode, memory, UFORM_F32, 0, name);
+    snprintf(name, sizeof name, "%s from files, I8", what);
+    compare_batch(encode, files, UFORM_I8, 0, name);
+    if (info.matryoshka_count) {
+        snprintf(name, sizeof name, "%s from memory, BF16 at a matryoshka width", what);
+        compare_batch(encode, memory, UFORM_BF16, info.matryoshka[0], name);
+    }
+    batch_free(files);
+    batch_free(memory);
+}
+
+#define NEED_MEDIA()                                                                                         \
+    do {                                                                                                     \
+        NEED_DEVICE();                                                                                       \
+        if (!have_media) skip();                                                                             \
+    } while (0)
+
+/* Images (PNG), clips (MP4) and sounds (WAV) from files and from memory, with failing items. */
+static void test_media_match_cpu(void **state) {
+    (void)state;
+    NEED_MEDIA();
+    bool ffmpeg = uform_features() & UFORM_FEATURE_FFMPEG;
+    media = IMAGES;
+    compare_media("img-", ".png", "images");
+    if (!ffmpeg) return;
+    media = CLIPS;
+    compare_media("vid-", ".mp4", "clips");
+    media = SOUNDS;
+    compare_media("snd-", ".wav", "sounds");
+}
+
+static void test_sound_samples_match_cpu(void **state) {
+    (void)state;
+    NEED_DEVICE();
+    if (!(uform_features() & UFORM_FEATURE_FFMPEG)) skip();
+    media = SOUNDS;
+    /* Samples at 22050 Hz of several lengths (one past the model's reach), and one holding a NaN. */
+    batch_t *samples = batch_new(BATCH_SAMPLES);
+    samples->rate = 22050;
+    size_t const lengths[] = {22050, 4000, 90000, 300, 12345};
+    for (size_t k = 0; k < sizeof lengths / sizeof *lengths; ++k) {
+        float *wave = malloc(lengths[k] * sizeof(float));
+        assert_non_null(wave);
+        for (size_t i = 0; i < lengths[k]; ++i)
+            wave[i] = 0.5f * sinf((float)i * (0.01f + 0.013f * (float)k)) + 0.1f * sinf((float)i * 0.31f);
+        if (k == 3) wave[7] = NAN;
+        batch_add(samples, wave, lengths[k]);
+        free(wave);
+    }
+    compare_batch(media_encode, samples, UFORM_F32, 0, "sound samples");
+    compare_batch(media_encode, samples, UFORM_F16, 0, "sound samples, F16");
+    batch_free(samples);
+}
+
+/* ---- Several devices ------------------------------------------------------------------------------ */
+
+static void test_two_devices_match_cpu(void **state) {
+    (void)state;
+    NEED_DEVICE();
+    size_t devices[] = {0, 1};
+    uform_vram_options_t options = {.devices = devices, .devices_count = 2};
+    uform_executor_t *pair = NULL;
+    if (uform_executor_create_vram(&options, &pair) != UFORM_OK) {
+        fprintf(stderr, "  two devices: skipped: %s\n", last_error_text().text);
+        skip();
+    }
+    uform_model_t *model = NULL;
+    uform_model_load_args_t load = {.executor = pair, .path = checkpoint, .model = &model};
+    assert_int_equal(uform_model_load_vram(&load), UFORM_OK);
+    /* Enough texts for several chunks, so that both devices take some. */
+    text_batch_t batch = text_batch(4000);
+    uform_arena_t *device_arena = arena_of(pair), *host_arena = arena_of(ram);
+    uform_encoded_t on_device, on_host;
+    uform_text_encode_args_t args = text_args(model, pair, EVERYTHING, device_arena, &on_device, batch.tape);
+    assert_int_equal(uform_text_encode(&args), UFORM_OK);
+    args = text_args(ram_model, ram, EVERYTHING, host_arena, &on_host, batch.tape);
+    assert_int_equal(uform_text_encode(&args), UFORM_OK);
+    assert_outputs_agree(&on_device, &on_host, "4000 texts on two devices");
+    if (have_media) { /* as many image files as a batch takes: two chunks of the media call */
+        uform_executor_t *single = vram;
+        uform_model_t *single_model = vram_model;
+        vram_model = model, vram = pair; /* compare_batch's receiver, for this one */
+        batch_t *files = batch_new(BATCH_FILES), *memory = batch_new(BATCH_MEMORY);
+        media_batches("img-", ".png", files, memory);
+        for (size_t i = 0; files->count < BATCH_MAX - 1; ++i)
+            batch_add(files, files->data + files->offsets[i], files->offsets[i + 1] - files->offsets[i]);
+        media = IMAGES;
+        compare_batch(media_encode, files, UFORM_F32, 0, "images from files on two devices");
+        vram_model = single_model, vram = single;
+        batch_free(files);
+        batch_free(memory);
+    }
+    uform_arena_free(device_arena);
+    uform_arena_free(host_arena);
+    text_batch_free(&batch);
+    uform_model_free(model);
+    uform_executor_free(pair);
+}
+
+/* ---- Pinned and device tapes ---------------------------------------------------------------------- */
+
+typedef struct runtime {
+    int (*host_alloc)(void **pointer, size_t bytes, unsigned flags);
+    int (*free_host)(void *pointer);
+    int (*device_alloc)(void **pointer, size_t bytes);
+    int (*device_free)(void *pointer);
+    int (*copy)(void *to, void const *from, size_t bytes, int kind);
+} runtime_t;
+
+/* The CUDA runtime the engine opened (the same library, opened again). */
+static runtime_t runtime_open(void) {
+    runtime_t runtime = {0};
+#ifdef UFORM_CUDART_SONAME
+    void *library = dlopen(UFORM_CUDART_SONAME, RTLD_NOW | RTLD_NOLOAD);
+    if (!library) return runtime;
+    *(void **)&runtime.host_alloc = dlsym(library, "cudaHostAlloc");
+    *(void **)&runtime.free_host = dlsym(library, "cudaFreeHost");
+    *(void **)&runtime.device_alloc = dlsym(library, "cudaMalloc");
+    *(void **)&runtime.device_free = dlsym(library, "cudaFree");
+    *(void **)&runtime.copy = dlsym(library, "cudaMemcpy");
+#endif
+    return runtime;
+}
+
+/* The embeddings of `tape`'s pixels on the VRAM executor, copied out: [count, width] F32. */
+static float *pixels_embedded(uform_tape_t tape, size_t const *heights, size_t const *widths) {
+    uform_arena_t *arena = arena_of(vram);
+    uform_encoded_t encoded;
+    uform_image_encode_pixels_args_t args = {.model = vram_model,
+                                             .executor = vram,
+                                             .outputs = UFORM_OUTPUT_EMBEDDINGS,
+                                             .arena = arena,
+                                             .encoded = &encoded,
+                                             .pixels = tape,
+                                             .heights = heights,
+                                             .widths = widths};
+    assert_int_equal(uform_image_encode_pixels(&args), UFORM_OK);
+    float *rows = view_rows(&encoded.embeddings);
+    uform_arena_free(arena);
+    return rows;
+}
+
+static void test_pinned_and_device_pixels_bitwise(void **state) {
+    (void)state;
+    NEED_DEVICE();
+    runtime_t runtime = runtime_open();
+    if (!runtime.host_alloc || !runtime.copy) skip();
+    size_t const count = 40, height = 50, width = 70, bytes = count * height * width * 3;
+    size_t offsets[41], heights[40], widths[40];
+    uint8_t *pageable = malloc(bytes), *pinned = NULL, *device = NULL;
+    assert_non_null(pageable);
+    for (size_t i = 0; i < bytes; ++i)
+        pageable[i] = (uint8_t)(i * 2654435761u >> 24);
+    for (size_t i = 0; i <= count; ++i)
+        offsets[i] = i * height * width * 3;
+    for (size_t i = 0; i < count; ++i)
+        heights[i] = height, widths[i] = width;
+    assert_int_equal(runtime.host_alloc((void **)&pinned, bytes, 0), 0);
+    assert_int_equal(runtime.device_alloc((void **)&device, bytes), 0);
+    memcpy(pinned, pageable, bytes);
+    assert_int_equal(runtime.copy(device, pageable, bytes, 1 /* host to device */), 0);
+    uform_tape_t tape = {.data = pageable, .offsets = offsets, .count = count, .length = bytes};
+    float *expected = pixels_embedded(tape, heights, widths);
+    tape.data = pinned;
+    float *from_pinned = pixels_embedded(tape, heights, widths);
+    tape.data = device;
+    float *from_device = pixels_embedded(tape, heights, widths);
+    uform_model_info_t info;
+    assert_int_equal(uform_model_info(vram_model, &info), UFORM_OK);
+    size_t floats = count * info.dims;
+    assert_memory_equal(from_pinned, expected, floats * sizeof(float));
+    assert_memory_equal(from_device, expected, floats * sizeof(float));
+    fprintf(stderr, "  pixels from pinned and from device memory: bitwise the pageable tape's\n");
+    free(expected), free(from_pinned), free(from_device), free(pageable);
+    runtime.free_host(pinned);
+    runtime.device_free(device);
+}
+
+int main(int argc, char **argv) {
+    uform_command = argc > 1 ? argv[1] : NULL;
     struct CMUnitTest const tests[] = {
         cmocka_unit_test(test_create_without_device_or_bad_ordinal),
+        cmocka_unit_test(test_bad_options_refused_before_the_driver),
         cmocka_unit_test(test_load_vram_needs_vram_executor),
         cmocka_unit_test(test_load_vram_refusals),
         cmocka_unit_test(test_text_matches_cpu),
@@ -498,6 +807,10 @@ int main(void) {
         cmocka_unit_test(test_choose_matches_cpu),
         cmocka_unit_test(test_deferred_cancel_contended),
         cmocka_unit_test(test_images_match_cpu),
+        cmocka_unit_test(test_media_match_cpu),
+        cmocka_unit_test(test_sound_samples_match_cpu),
+        cmocka_unit_test(test_pinned_and_device_pixels_bitwise),
+        cmocka_unit_test(test_two_devices_match_cpu),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
