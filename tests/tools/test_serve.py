@@ -458,17 +458,27 @@ def check_queue_and_shutdown(uform, model, workdir, reference):
     print("429 with Retry-After, idle timeout, and SIGTERM with requests in flight: answered, exit 0")
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def serve_test_setup(description, modules, flag, add_arguments=None):
+    """What every server test starts with: its options (--uform, --workdir and what `add_arguments(parser)`
+    adds), the run moved under a Python that has `modules` (re-executed with `flag` set, see
+    interpreter.py), the work folder, and the tiny checkpoint the server loads. Answers (options, model)."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--uform", required=True)
     parser.add_argument("--workdir", required=True)
+    if add_arguments:
+        add_arguments(parser)
     options = parser.parse_args()
-    run_under_python_with(["openai"], flag="UFORM_SERVE_REEXEC")
+    run_under_python_with(modules, flag=flag)
     os.makedirs(options.workdir, exist_ok=True)
-    uform = options.uform
     model = os.path.join(options.workdir, "tiny.safetensors")
-    subprocess.run([uform, "checkpoint", "tiny", model, "--seed", "11", "--context", str(CONTEXT)], check=True,
-                   capture_output=True)
+    subprocess.run([options.uform, "checkpoint", "tiny", model, "--seed", "11", "--context", str(CONTEXT)],
+                   check=True, capture_output=True)
+    return options, model
+
+
+def main():
+    options, model = serve_test_setup(__doc__, ["openai"], "UFORM_SERVE_REEXEC")
+    uform = options.uform
     reference = {DIMS: encode_rows(uform, model, TEXTS), NARROW: encode_rows(uform, model, TEXTS, NARROW)}
 
     server = Server(uform, model, options.workdir, "main", "--threads", "2", "--batch-delay-us", "1000")

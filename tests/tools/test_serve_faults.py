@@ -19,7 +19,6 @@
 Needs the `openai` package, as test_serve.py does (re-run under the project's .venv, else exit 77), and
 the `openssl` command for the tls case. Exit status: 0 pass, 1 fail, 77 skip."""
 
-import argparse
 import http.client
 import json
 import os
@@ -34,8 +33,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reference"))
-from interpreter import SKIP, in_ci, run_under_python_with  # noqa: E402
-from test_serve import CONTEXT, DIMS, TEXTS, Server, embed, encode_rows, f32_bytes, metric, request  # noqa: E402
+from interpreter import SKIP, in_ci  # noqa: E402
+from test_serve import DIMS, TEXTS, Server, embed, encode_rows, f32_bytes, metric, request, serve_test_setup  # noqa: E402
 
 
 def answered_within(port, seconds, body=None):
@@ -330,16 +329,9 @@ CASES = {"half_closed_burst_blocks_server": half_closed_burst_blocks_server,
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--uform", required=True)
-    parser.add_argument("--workdir", required=True)
-    parser.add_argument("--case", required=True, choices=sorted(CASES))
-    options = parser.parse_args()
-    run_under_python_with(["openai"], flag="UFORM_SERVE_REEXEC")
-    os.makedirs(options.workdir, exist_ok=True)
-    model = os.path.join(options.workdir, "tiny.safetensors")
-    subprocess.run([options.uform, "checkpoint", "tiny", model, "--seed", "11", "--context", str(CONTEXT)],
-                   check=True, capture_output=True)
+    options, model = serve_test_setup(
+        __doc__, ["openai"], "UFORM_SERVE_REEXEC",
+        lambda parser: parser.add_argument("--case", required=True, choices=sorted(CASES)))
     reference = encode_rows(options.uform, model, TEXTS)
     assert len(reference[0]) == DIMS * 4
     return CASES[options.case](options.uform, model, options.workdir, reference) or 0

@@ -16,7 +16,6 @@ sends only strings and token ids, so requests go through urllib. Needs Pillow: w
 interpreter lacks it, the script re-runs itself under .venv/bin/python3 or /usr/bin/python3, and exits 77
 (skip) when none has it. Exit status: 0 pass, 1 fail, 77 skip."""
 
-import argparse
 import base64
 import io
 import json
@@ -32,11 +31,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reference"))
-from interpreter import run_under_python_with  # noqa: E402
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_serve import Server as ServeServer, f32_bytes  # noqa: E402
+from test_serve import Server as ServeServer, f32_bytes, serve_test_setup  # noqa: E402
 
 CONTEXT = 64  # the tiny checkpoint's text context, in bytes
 DIMS, NARROW = 64, 32  # its width and its other matryoshka width
@@ -432,22 +428,16 @@ def check_drain(uform, model, workdir, media, reference):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--uform", required=True)
-    parser.add_argument("--workdir", required=True)
-    parser.add_argument("--without", default="", help="the decoders the build lacks: jpeg, spng, ffmpeg")
-    options = parser.parse_args()
+    options, model = serve_test_setup(
+        __doc__, ["PIL"], "UFORM_SERVE_MEDIA_REEXEC",
+        lambda parser: parser.add_argument("--without", default="",
+                                           help="the decoders the build lacks: jpeg, spng, ffmpeg"))
     without = set(filter(None, options.without.split(",")))
-    run_under_python_with(["PIL"], flag="UFORM_SERVE_MEDIA_REEXEC")
-    os.makedirs(options.workdir, exist_ok=True)
     uform = options.uform
     features = subprocess.run([uform, "serve", "--help"], capture_output=True, text=True)
     if features.returncode != 0:
         print(f"SKIP: uform serve is not built: {features.stderr.strip()}")
         return 77
-    model = os.path.join(options.workdir, "tiny.safetensors")
-    subprocess.run([uform, "checkpoint", "tiny", model, "--seed", "11", "--context", str(CONTEXT)], check=True,
-                   capture_output=True)
     made = make_media(options.workdir)
     media = [item for item in made if codec(item[1]) not in without]
     reference = {}

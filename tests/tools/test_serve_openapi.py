@@ -11,7 +11,6 @@ header, where every route but /health and /openapi.json answers the documented 4
 Needs the `schemathesis` package (re-run under the project's .venv, else exit 77, naming it). Exit
 status: 0 pass, 1 fail, 77 skip."""
 
-import argparse
 import json
 import os
 import re
@@ -21,10 +20,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reference"))
-from interpreter import run_under_python_with  # noqa: E402
 
-CONTEXT = 64
 EXAMPLES = 30  # per operation and phase: bounds a run to a few hundred requests
 RUN_SECONDS = 300  # a hang guard: a run takes seconds
 
@@ -81,16 +77,8 @@ def schemathesis(url, workdir, name, *flags, only_401=frozenset()):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--uform", required=True)
-    parser.add_argument("--workdir", required=True)
-    options = parser.parse_args()
-    run_under_python_with(["schemathesis"], flag="UFORM_SERVE_REEXEC")
-    from test_serve import Server  # noqa: E402
-    os.makedirs(options.workdir, exist_ok=True)
-    model = os.path.join(options.workdir, "tiny.safetensors")
-    subprocess.run([options.uform, "checkpoint", "tiny", model, "--seed", "11", "--context", str(CONTEXT)],
-                   check=True, capture_output=True)
+    from test_serve import Server, serve_test_setup  # noqa: E402
+    options, model = serve_test_setup(__doc__, ["schemathesis"], "UFORM_SERVE_REEXEC")
 
     server = Server(options.uform, model, options.workdir, "open", "--threads", "1")
     try:
