@@ -68,6 +68,15 @@ static void write_tiny(char const *name, uint64_t seed, size_t depth, size_t hid
     assert_int_equal(uform_tiny_checkpoint(&args), UFORM_OK);
 }
 
+/* Writes a tiny checkpoint of one block of 64 as `name`: answers its file's bytes (free them). */
+static uint8_t *tiny_file(char const *name, uint64_t seed, size_t *size) {
+    char path[512];
+    write_tiny(name, seed, 1, 64, path);
+    uint8_t *bytes;
+    read_file(path, &bytes, size);
+    return bytes;
+}
+
 /* Writes the tiny checkpoint `name` and parses its file: answers its bytes (free them). */
 static uint8_t *parse_tiny(char const *name, uint64_t seed, size_t depth, size_t hidden,
                            checkpoint_header_t *header, size_t *size) {
@@ -600,11 +609,8 @@ static void test_bad_checkpoints(void **state) {
 /* Every byte of the prefix and header, set to a few other values: the parser answers OK or FORMAT. */
 static void test_fuzz_header(void **state) {
     (void)state;
-    char path[512];
-    write_tiny("fuzz.safetensors", 9, 1, 64, path);
-    uint8_t *bytes;
     size_t size;
-    read_file(path, &bytes, &size);
+    uint8_t *bytes = tiny_file("fuzz.safetensors", 9, &size);
     uint64_t header_length = 0;
     char const *message = NULL;
     assert_int_equal(checkpoint_prefix(bytes, size, size, &header_length, &message), UFORM_OK);
@@ -656,11 +662,8 @@ static void *json_failing_malloc(size_t size) {
  * OUT_OF_MEMORY (jansson reports some such failures as syntax errors), never FORMAT. */
 static void checkpoint_json_oom_reported_as_format(void **state) {
     (void)state;
-    char path[512];
-    write_tiny("oom.safetensors", 3, 1, 64, path);
-    uint8_t *bytes;
     size_t size;
-    read_file(path, &bytes, &size);
+    uint8_t *bytes = tiny_file("oom.safetensors", 3, &size);
     json_allocations = 0, json_fail_at = 0;
     json_set_alloc_funcs(json_failing_malloc, free);
     checkpoint_header_t header;
