@@ -121,7 +121,8 @@ static void configs_and_their_errors(void **state) {
     assert_int_equal(uform_trainer_init_ram(&init), UFORM_IO);
     assert_null(none);
     config.resume_path = NULL;
-    assert_int_equal(uform_trainer_init_vram(&init), UFORM_UNSUPPORTED);
+    assert_int_equal(uform_trainer_init_vram(&init), UFORM_INVALID_ARGUMENT); /* a host executor */
+    assert_null(none);
     init.executor = NULL;
     assert_int_equal(uform_trainer_init_ram(&init), UFORM_INVALID_ARGUMENT);
     assert_int_equal(uform_trainer_init_ram(NULL), UFORM_INVALID_ARGUMENT);
