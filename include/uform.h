@@ -957,8 +957,10 @@ UFORM_EXPORT uform_status_t uform_trainer_init_ram(uform_trainer_init_args_t con
 UFORM_EXPORT uform_status_t uform_trainer_init_vram(uform_trainer_init_args_t const *args);
 
 /* Frees the trainer, its master weights, moments and buffers. No call of it may be pending: wait for a
- * deferred step or save first. Its executor and mesh stay the caller's, and failures it reported stay
- * readable (their messages are copies: see uform_error_t). NULL is ignored. Never fails. */
+ * deferred step or save first. Its executor and mesh stay the caller's (a VRAM trainer keeps its executor
+ * alive until it is freed, as an arena does, since its memory is on the executor's device), and failures
+ * it reported stay readable (their messages are copies: see uform_error_t). NULL is ignored. Never
+ * fails. */
 UFORM_EXPORT void uform_trainer_free(uform_trainer_t *trainer);
 
 typedef struct uform_trainer_step_stats {

@@ -328,7 +328,9 @@ struct backward_shared {
 };
 
 /* Rows [first, first + 32) of one head's q, k, v or dO (source: the item's row 0 at the head's column)
- * into tile [32][BACK_LD] as F32, rotated when `rotate`; rows from `length` on are zeros. */
+ * into tile [32][BACK_LD] as F32, rotated when `rotate` (and rounded to BF16, the values the forward pass's
+ * products saw, so that its log-sum-exp normalizes the probabilities recomputed here); rows from `length`
+ * on are zeros. */
 static __device__ void load_back_tile(float *tile, uint16_t const *source, size_t stride, int first,
                                       int length, bool rotate, double const *frequencies) {
     for (int unit = threadIdx.x; unit < BACK_TILE * HEAD / 2; unit += BACK_THREADS) {
@@ -341,9 +343,9 @@ static __device__ void load_back_tile(float *tile, uint16_t const *source, size_
         if (rotate && position < length) {
             float sine, cosine;
             rotary_sincos(position, frequencies[i], &sine, &cosine);
-            float first_value = low;
-            low = __fsub_rn(__fmul_rn(low, cosine), __fmul_rn(high, sine));
-            high = __fadd_rn(__fmul_rn(high, cosine), __fmul_rn(first_value, sine));
+            float first_value = low; /* rotated, then rounded to BF16 as the forward pass rounds them */
+            low = bf16_value(bf16_bits(__fsub_rn(__fmul_rn(low, cosine), __fmul_rn(high, sine))));
+            high = bf16_value(bf16_bits(__fadd_rn(__fmul_rn(high, cosine), __fmul_rn(first_value, sine))));
         }
         tile[row * BACK_LD + i] = low;
         tile[row * BACK_LD + i + HEAD / 2] = high;

@@ -101,7 +101,8 @@ cudaError_t cuda_attention_lse(uint16_t *out, float *lse, uint16_t const *qkv, i
  * [tokens, heads] (F32 scratch) = rowsum(dO *
  * O); then one block per (key tile, item, head) accumulates dK and dV over the query tiles, and one block
  * per (query tile, item, head) accumulates dQ over the key tiles: every sum in a fixed order, no atomics.
- * Probabilities are recomputed in F32 from q and k (rotated in F32) as P = exp2(scaled score - lse).
+ * Probabilities are recomputed in F32 as P = exp2(scaled score - lse) from q and k rotated and rounded to
+ * BF16 as the forward pass rounds them.
  * Tolerance against the scalar attention_backward (then rope_backward) on the same BF16 inputs: 3e-2
  * relative to the largest |d| of the item and head. */
 cudaError_t cuda_attention_backward(uint16_t *d_qkv, float *d_rows, uint16_t const *qkv, uint16_t const *out,

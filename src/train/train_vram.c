@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "executor.h"
 #include "mesh.h"
 #include "train_device.h"
 #include "train_step.h"
@@ -134,8 +135,10 @@ static void vram_trainer_release(uform_trainer_t *trainer) {
     if (vram->done) cudaEventDestroy(vram->done);
     cudaGetLastError();
     train_device_layout_free(&vram->layout);
+    uform_executor_t *executor = vram->executor;
     free(vram);
     trainer->device = NULL;
+    executor_release(executor); /* its devices outlive the trainer's memory on them */
 }
 
 /* Carves the flat allocation (sizing it when base is 0): its bytes. */
@@ -661,6 +664,7 @@ uform_status_t train_vram_attach(uform_trainer_t *trainer, uform_executor_t *exe
                UFORM_UNSUPPORTED;
     vram_trainer_t *vram = calloc(1, sizeof *vram);
     if (!vram) return *message = "cannot allocate the trainer", UFORM_OUT_OF_MEMORY;
+    executor_retain(executor);
     vram->executor = executor;
     vram->device = &vram_of(executor)->devices[0];
     trainer->device = vram;
