@@ -864,7 +864,7 @@ typedef struct uform_mesh_options {
 } uform_mesh_options_t;
 
 typedef struct uform_mesh_bootstrap_args {
-    uform_executor_t *executor; /* a RAM executor: its loop thread makes every MPI call of the mesh */
+    uform_executor_t *executor; /* its loop thread makes every MPI call of the mesh */
     uform_mesh_options_t const *options; /* NULL: MPI_COMM_WORLD */
     uform_mesh_t **mesh;                 /* blocking and deferred calls alike: receives the mesh */
     uform_outcome_t *outcome;            /* NULL: blocking */
@@ -873,10 +873,11 @@ typedef struct uform_mesh_bootstrap_args {
 /* Joins this process to a mesh: a collective over the communicator's processes (MPI_Comm_dup), so the
  * call is final once every one of them has bootstrapped. Answers UFORM_OK, UFORM_INVALID_ARGUMENT (NULL
  * args, executor or mesh; options.communicator given before MPI was initialized, after it was
- * finalized, or naming MPI_COMM_NULL), UFORM_UNSUPPORTED (a build without MPI; a VRAM executor, as this
- * version has no mesh of device collectives (NCCL); MPI finalized already; MPI initialized by the
- * application below MPI_THREAD_SERIALIZED), UFORM_IO (MPI failed), UFORM_CONTENDED,
- * UFORM_OUT_OF_MEMORY. */
+ * finalized, or naming MPI_COMM_NULL), UFORM_UNSUPPORTED (a build without MPI; a VRAM executor in a
+ * communicator of several processes, as this version has no mesh of device collectives (NCCL), on every
+ * process alike: over a VRAM executor a process alone meshes, and its VRAM trainer steps alone; MPI
+ * finalized already; MPI initialized by the application below MPI_THREAD_SERIALIZED), UFORM_IO (MPI
+ * failed), UFORM_CONTENDED, UFORM_OUT_OF_MEMORY. */
 UFORM_EXPORT uform_status_t uform_mesh_bootstrap(uform_mesh_bootstrap_args_t const *args);
 
 /* Frees the mesh (MPI_Comm_free of its duplicate: every process of the mesh frees its own), which no

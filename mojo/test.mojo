@@ -998,8 +998,10 @@ def training_example(library: Library, devices: List[UInt], options: MeshOptions
 
 def test_training_example(library: Library) raises:
     # Here a VRAM executor raises UNSUPPORTED (no CUDA) or DEVICE (no device), and where one can be had,
-    # Mesh.bootstrap over it raises UNSUPPORTED (this version has no NCCL meshes): the example stops at the
-    # first of them. A VRAM trainer without a mesh runs in test_vram.
+    # Mesh.bootstrap over it raises UNSUPPORTED: without MPI, or because test_mesh finalized this process's
+    # MPI (a process bootstraps once). In a process of its own on a GPU machine with MPI the example runs
+    # through (a mesh of one over the VRAM executor: tests/vram/test_vram_train.c); a VRAM trainer without
+    # a mesh runs in test_vram.
     var caught = Optional[UFormError](None)
     try:
         training_example(library, [0], MeshOptions())

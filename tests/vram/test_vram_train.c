@@ -9,7 +9,8 @@
  *     each next step's loss within 2e-2 of the other residency's;
  *   - a loss or a gradient norm that is not finite (a temperature of exp(1000), of exp(100)) answering
  *     UFORM_INVALID_ARGUMENT naming which, and changing no byte of the next save; a cancelled step and an
- *     item that cannot be decoded changing nothing either.
+ *     item that cannot be decoded changing nothing either;
+ *   - a mesh of one process over the VRAM executor (outside mpirun), and a VRAM trainer stepping with it.
  * Without a CUDA device every check that needs one is skipped, saying why; what holds anyway is checked:
  * a VRAM trainer refuses a host executor. */
 #include <math.h>
@@ -352,6 +353,30 @@ static void vram_steps_that_change_nothing(void **state) {
     uform_trainer_free(trainer);
 }
 
+/* The contract's Training example on one device, outside mpirun: a mesh of one process over the VRAM
+ * executor, and a VRAM trainer made with it steps alone. Last: freeing the mesh finalizes MPI. */
+static void vram_mesh_of_one_process(void **state) {
+    (void)state;
+    NEED_DEVICE();
+    if (!UFORM_WITH_MPI) skip();
+    uform_mesh_t *mesh = NULL;
+    uform_mesh_bootstrap_args_t bootstrap = {.executor = vram, .mesh = &mesh};
+    if (uform_mesh_bootstrap(&bootstrap) != UFORM_OK) fail_msg("bootstrap: %s", last_error_text().text);
+    assert_int_equal(uform_mesh_size(mesh), 1);
+    uform_trainer_config_t config = config_of(NULL);
+    config.mesh = mesh;
+    uform_trainer_t *trainer = NULL;
+    uform_trainer_init_args_t init = {.executor = vram, .config = &config, .trainer = &trainer};
+    if (uform_trainer_init_vram(&init) != UFORM_OK) fail_msg("trainer: %s", last_error_text().text);
+    uform_trainer_step_stats_t stats = {0};
+    assert_int_equal(step_of(trainer, vram, &stats), UFORM_OK);
+    assert_int_equal(stats.step, 1);
+    char path[600];
+    save_to(trainer, vram, "meshed.safetensors", path, sizeof path);
+    uform_trainer_free(trainer);
+    uform_mesh_free(mesh);
+}
+
 int main(int argc, char **argv) {
     uform_command = argc > 1 ? argv[1] : NULL;
     struct CMUnitTest const tests[] = {
@@ -360,6 +385,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(vram_resume_and_repeat_are_bit_exact),
         cmocka_unit_test(saves_move_between_residencies),
         cmocka_unit_test(vram_steps_that_change_nothing),
+        cmocka_unit_test(vram_mesh_of_one_process),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
