@@ -452,19 +452,23 @@ static uform_status_t contrastive_enqueue(uform_trainer_t *trainer, vram_trainer
     return UFORM_OK;
 }
 
-/* The next-byte loss of the texts: share[1], and the states' gradient d_states (written). */
+/* The next-byte loss of the texts: share[1] (0 without texts), and the texts' states' gradient d_states
+ * (written). */
 static uform_status_t lm_enqueue(uform_trainer_t *trainer, vram_trainer_t *vram, vram_step_t *step,
                                  train_step_t const *shared, trunk_step_t *text) {
     vram_device_t *device = vram->device;
     cudaStream_t stream = device->stream;
-    size_t t = text->arrays->tokens, h = text->tower->hidden;
     char const *message = "cannot launch the next-byte loss";
-    if (shared->local_predicted == 0) {
-        if (cudaMemsetAsync(text->pass.d_states, 0, t * h * sizeof(float), stream) ||
+    if (!text->tower ||
+        shared->local_predicted == 0) { /* no share; the texts' states' gradient starts at 0 */
+        if ((text->tower &&
+             cudaMemsetAsync(text->pass.d_states, 0,
+                             text->arrays->tokens * text->tower->hidden * sizeof(float), stream)) ||
             cudaMemsetAsync(&vram->results->shares[1], 0, sizeof(double), stream))
             return cudaGetLastError(), answer(trainer, UFORM_DEVICE, message);
         return UFORM_OK;
     }
+    size_t t = text->arrays->tokens, h = text->tower->hidden;
     /* logits [T, 256] = states embed[0:256]^T; their loss and gradient; embed.grad[0:256] += dlogits^T
      * states, d_states = dlogits embed[0:256] */
     uform_status_t status = vram_train_linear(device, &text->tower->embed, 256, h, NULL,
@@ -530,8 +534,7 @@ static uform_status_t device_backward(train_step_t *shared) {
     size_t dims = trainer->params.info.dims;
     char const *message = "a device operation failed";
     uform_status_t status = contrastive_enqueue(trainer, vram, step, shared);
-    if (status == UFORM_OK && step->trunks[0].tower)
-        status = lm_enqueue(trainer, vram, step, shared, &step->trunks[0]);
+    if (status == UFORM_OK) status = lm_enqueue(trainer, vram, step, shared, &step->trunks[0]);
     if (status != UFORM_OK) return status;
     if (cuda_embeddings_backward(step->d_projected, step->de, step->e, step->item_norms, step->unit,
                                  step->unit_norms, batch_at(step, step->arrays.unit_first),
