@@ -554,21 +554,23 @@ static uform_status_t device_backward(train_step_t *shared) {
 
 /* ---- Update --------------------------------------------------------------------------------------- */
 
+cuda_adamw_t train_vram_adamw(train_optimizer_t const *optimizer, size_t step) {
+    double rate = train_learning_rate(optimizer, step);
+    return (cuda_adamw_t){.learning_rate = rate,
+                          .decay = 1 - rate * optimizer->weight_decay,
+                          .beta1 = optimizer->beta1,
+                          .beta2 = optimizer->beta2,
+                          .correction1 = 1 - pow(optimizer->beta1, (double)step),
+                          .correction2 = 1 - pow(optimizer->beta2, (double)step),
+                          .epsilon = optimizer->epsilon,
+                          .clip_norm = optimizer->clip_norm};
+}
+
 static uform_status_t device_update(train_step_t *shared) {
     uform_trainer_t *trainer = shared->trainer;
     vram_trainer_t *vram = trainer->device;
     vram_step_t *step = shared->work;
-    train_optimizer_t const *optimizer = &trainer->params.optimizer;
-    size_t next = trainer->params.step + 1;
-    double rate = train_learning_rate(optimizer, next);
-    cuda_adamw_t adamw = {.learning_rate = rate,
-                          .decay = 1 - rate * optimizer->weight_decay,
-                          .beta1 = optimizer->beta1,
-                          .beta2 = optimizer->beta2,
-                          .correction1 = 1 - pow(optimizer->beta1, (double)next),
-                          .correction2 = 1 - pow(optimizer->beta2, (double)next),
-                          .epsilon = optimizer->epsilon,
-                          .clip_norm = optimizer->clip_norm};
+    cuda_adamw_t adamw = train_vram_adamw(&trainer->params.optimizer, trainer->params.step + 1);
     cudaStream_t stream = vram->device->stream;
     step_results_t *results = vram->results;
     if (cuda_total_loss(&results->loss, results->shares, trainer->lm_weight, stream) ||

@@ -25,6 +25,7 @@
 #include "fixtures.h"
 #include "kernels.h"
 #include "train_device.h"
+#include "train_vram.h"
 
 #define COUNT(array) (sizeof(array) / sizeof((array)[0]))
 #define SKIP         77
@@ -1532,17 +1533,7 @@ static void optimizer_case_free(optimizer_case_t *c) {
 
 /* The device's update of `c` with loss `loss`: the RAM trainer's AdamW settings of its next step. */
 static uint32_t device_update(optimizer_case_t *c, double loss) {
-    train_optimizer_t const *o = &c->params.optimizer;
-    size_t next = c->params.step + 1;
-    double rate = train_learning_rate(o, next);
-    cuda_adamw_t adamw = {.learning_rate = rate,
-                          .decay = 1 - rate * o->weight_decay,
-                          .beta1 = o->beta1,
-                          .beta2 = o->beta2,
-                          .correction1 = 1 - pow(o->beta1, (double)next),
-                          .correction2 = 1 - pow(o->beta2, (double)next),
-                          .epsilon = o->epsilon,
-                          .clip_norm = o->clip_norm};
+    cuda_adamw_t adamw = train_vram_adamw(&c->params.optimizer, c->params.step + 1);
     c->loss = device_copy(&loss, 8);
     ran(cuda_gradient_norm(c->norm_squared, c->chunk_sums, c->grad, c->layout.chunks, stream),
         "cuda_gradient_norm", "a small model");

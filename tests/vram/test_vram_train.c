@@ -126,15 +126,21 @@ static uform_trainer_t *trainer_on(uform_executor_t *executor, char const *resum
     return trainer;
 }
 
+/* A step of the trainer on the batch, its stats into `stats`. */
+static uform_trainer_step_args_t step_args(uform_trainer_t *trainer, uform_executor_t *executor,
+                                           uform_trainer_step_stats_t *stats) {
+    return (uform_trainer_step_args_t){.trainer = trainer,
+                                       .executor = executor,
+                                       .modalities = modalities,
+                                       .contents = batch_tape(batch),
+                                       .relations = relations,
+                                       .relations_count = relations_count,
+                                       .stats = stats};
+}
+
 static uform_status_t step_of(uform_trainer_t *trainer, uform_executor_t *executor,
                               uform_trainer_step_stats_t *stats) {
-    uform_trainer_step_args_t args = {.trainer = trainer,
-                                      .executor = executor,
-                                      .modalities = modalities,
-                                      .contents = batch_tape(batch),
-                                      .relations = relations,
-                                      .relations_count = relations_count,
-                                      .stats = stats};
+    uform_trainer_step_args_t args = step_args(trainer, executor, stats);
     return uform_trainer_step(&args);
 }
 
@@ -331,13 +337,8 @@ static void vram_steps_that_change_nothing(void **state) {
     uform_trainer_t *trainer = trainer_on(vram, NULL);
     save_to(trainer, vram, "before.safetensors", start, sizeof start);
     uform_progress_t progress = {.handler = cancel_at_forward, .steps = TRAIN_PHASES};
-    uform_trainer_step_args_t args = {.trainer = trainer,
-                                      .executor = vram,
-                                      .modalities = modalities,
-                                      .contents = batch_tape(batch),
-                                      .relations = relations,
-                                      .relations_count = relations_count,
-                                      .progress = &progress};
+    uform_trainer_step_args_t args = step_args(trainer, vram, NULL);
+    args.progress = &progress;
     assert_int_equal(uform_trainer_step(&args), UFORM_CANCELLED);
     uform_modality_t broken[10];
     memcpy(broken, modalities, sizeof broken);
