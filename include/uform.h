@@ -864,7 +864,7 @@ typedef struct uform_mesh_options {
 } uform_mesh_options_t;
 
 typedef struct uform_mesh_bootstrap_args {
-    uform_executor_t *executor; /* its loop thread makes every MPI call of the mesh */
+    uform_executor_t *executor;          /* its loop thread makes every MPI call of the mesh */
     uform_mesh_options_t const *options; /* NULL: MPI_COMM_WORLD */
     uform_mesh_t **mesh;                 /* blocking and deferred calls alike: receives the mesh */
     uform_outcome_t *outcome;            /* NULL: blocking */

@@ -103,9 +103,10 @@ static void bootstrap_start(call_t *call) {
     if (size > 1 && executor_on_device(call->executor)) { /* every process of the run answers alike */
         MPI_Comm_free(&mesh->comm);
         free(mesh);
-        call_finish(call, UFORM_UNSUPPORTED,
-                    "a mesh of several processes over VRAM executors needs device collectives (NCCL), which this "
-                    "version does not build; a process alone meshes");
+        call_finish(
+            call, UFORM_UNSUPPORTED,
+            "a mesh of several processes over VRAM executors needs device collectives (NCCL), which this "
+            "version does not build; a process alone meshes");
         return;
     }
     mesh->rank = (size_t)rank;
