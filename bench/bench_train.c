@@ -1,18 +1,23 @@
-/* Training steps per second of the RAM trainer on one synthetic batch, stepped over and over.
+/* Training steps per second of the RAM trainer, or of the VRAM trainer (--device cuda[:N]), on one
+ * synthetic batch, stepped over and over.
  *
  *     bench_train [--depth 2] [--hidden 128] [--context 64] [--image-size 32] [--image-patch 8]
  *                 [--towers text|text,image] [--batch 32] [--text-bytes 64] [--threads 2]
  *                 [--warmup 2] [--steps 10] [--seed 42] [--save-initial PATH] [--save-batch DIR] [--json]
+ *                 [--device cpu|cuda|cuda:N]
  *
- * The trainer is made by uform_trainer_init_ram from uform_trainer_config_default with the sizes of the
- * flags (dims stays the default). The batch holds --batch texts of --text-bytes random printable bytes
- * and, with --towers text,image, as many 32-bit RGB PNGs of --image-size pixels a side (written here
- * with libspng; without it, images are refused and only texts run), items in order text, image, text,
- * image... Relations pair items 2k and 2k+1: a text with an image, or two texts. --warmup steps run
- * untimed, then --steps steps are timed, each a full uform_trainer_step: the PNGs decoded, forward,
- * backward, clipping and AdamW. Prints steps/s, items/s, tokens/s (a text counts its kept bytes and BOS,
- * an image its patches and class token) and the loss of the first and last step; --json prints one JSON
- * line instead, with the optimizer settings, for bench/bench_train.py to run PyTorch the same way.
+ * The trainer is made by uform_trainer_init_ram (or uform_trainer_init_vram on device N) from
+ * uform_trainer_config_default with the sizes of the flags (dims stays the default). The batch holds --batch
+ * texts of --text-bytes random printable bytes and, with --towers text,image, as many 32-bit RGB PNGs of
+ * --image-size pixels a side (written here with libspng; without it, images are refused and only texts run),
+ * items in order text, image, text, image... Relations pair items 2k and 2k+1: a text with an image, or two
+ * texts. --warmup steps run untimed, then --steps steps are timed, each a full uform_trainer_step: the PNGs
+ * decoded, forward, backward, clipping and AdamW. Prints steps/s, items/s, tokens/s (a text counts its kept
+ * bytes and BOS, an image its patches and class token) and the loss of the first and last step; --json prints
+ * one JSON line instead, with the optimizer settings, for bench/bench_train.py to run PyTorch the same way.
+ * The share of a step before its first progress report (the batch's items decoded and staged by the host) is
+ * measured through a progress handler and printed beside the whole step's time: on a VRAM trainer the rest
+ * is the device's forward, loss, backward and update.
  *
  * --save-initial PATH saves the seeded weights before the first step (uform_trainer_save); --save-batch
  * DIR writes the batch (the PNGs and batch.json in tests/reference/train_reference.py's format, naming
@@ -38,6 +43,7 @@ typedef struct options {
     size_t batch, text_bytes, threads, warmup, steps;
     bool images, json;
     char const *save_initial, *save_batch;
+    long device; /* the CUDA device, or -1 for a RAM trainer */
 } options_t;
 
 /* The batch: contents[offsets[i] .. offsets[i + 1]) is item i. */
@@ -67,7 +73,8 @@ static bool parse_size(char const *text, size_t *value) {
 }
 
 static int parse(int argc, char **argv, options_t *options) {
-    *options = (options_t){.batch = 32, .text_bytes = 64, .threads = 2, .warmup = 2, .steps = 10};
+    *options =
+        (options_t){.batch = 32, .text_bytes = 64, .threads = 2, .warmup = 2, .steps = 10, .device = -1};
     uform_trainer_config_t *config = &options->config;
     uform_trainer_config_default(config);
     for (int i = 1; i < argc; ++i) {
@@ -101,6 +108,15 @@ static int parse(int argc, char **argv, options_t *options) {
             options->save_initial = argv[++i];
         } else if (!strcmp(flag, "--save-batch") && value) {
             options->save_batch = argv[++i];
+        } else if (!strcmp(flag, "--device") && value &&
+                   (!strcmp(value, "cpu") || !strcmp(value, "cuda") || !strncmp(value, "cuda:", 5))) {
+            size_t ordinal = 0;
+            if (!strncmp(value, "cuda:", 5) && !parse_size(value + 5, &ordinal)) {
+                fprintf(stderr, "bench_train: bad --device %s\n", value);
+                return 2;
+            }
+            options->device = strcmp(value, "cpu") ? (long)ordinal : -1;
+            ++i;
         } else if (!strcmp(flag, "--json")) {
             options->json = true;
         } else {
@@ -271,6 +287,36 @@ static int batch_save(batch_t const *batch, options_t const *options, uform_trai
     return 0;
 }
 
+/* The executor of --device and a trainer on it: 0, or 1 on failure (the engine's error kept). */
+static int trainer_make(options_t const *options, uform_trainer_config_t const *config,
+                        uform_executor_t **executor, uform_trainer_t **trainer) {
+    uform_trainer_init_args_t init = {.config = config, .trainer = trainer};
+    if (options->device >= 0) {
+        size_t device = (size_t)options->device;
+        uform_vram_options_t vram = {.devices = &device, .devices_count = 1};
+        if (uform_executor_create_vram(&vram, executor) != UFORM_OK) return 1;
+        init.executor = *executor;
+        return uform_trainer_init_vram(&init) != UFORM_OK;
+    }
+    uform_ram_options_t ram = uform_ram_options_default();
+    ram.threads = options->threads;
+    if (uform_executor_create_ram(&ram, executor) != UFORM_OK) return 1;
+    init.executor = *executor;
+    return uform_trainer_init_ram(&init) != UFORM_OK;
+}
+
+/* The progress of a timed step: when its inputs were ready (the first report). */
+typedef struct host_share {
+    uint64_t started, prepared, total; /* ns: the step's start, its first report, the sum of those spans */
+} host_share_t;
+
+static uform_continuation_t on_progress(void *state, size_t completed, size_t total) {
+    host_share_t *share = state;
+    (void)total;
+    if (completed == 1 && !share->prepared) share->prepared = bench_now_ns();
+    return UFORM_CONTINUE;
+}
+
 int main(int argc, char **argv) {
     options_t options;
     int status = parse(argc, argv, &options);
@@ -285,14 +331,7 @@ int main(int argc, char **argv) {
     uform_trainer_t *trainer = NULL;
     status = 1;
     if (batch_make(&options, &batch)) goto done;
-    uform_ram_options_t ram = uform_ram_options_default();
-    ram.threads = options.threads;
-    if (uform_executor_create_ram(&ram, &executor) != UFORM_OK) {
-        status = failed("cannot create a RAM executor");
-        goto done;
-    }
-    uform_trainer_init_args_t init = {.executor = executor, .config = &config, .trainer = &trainer};
-    if (uform_trainer_init_ram(&init) != UFORM_OK) {
+    if (trainer_make(&options, &config, &executor, &trainer)) {
         status = failed("cannot make the trainer");
         goto done;
     }
@@ -321,43 +360,52 @@ int main(int argc, char **argv) {
         }
         if (i == 0) first = stats;
     }
+    host_share_t share = {0};
+    uform_progress_t progress = {.handler = on_progress, .state = &share, .steps = 4};
+    step.progress = &progress;
     uint64_t start = bench_now_ns();
     for (size_t i = 0; i < options.steps; ++i) {
+        share.started = bench_now_ns(), share.prepared = 0;
         if (uform_trainer_step(&step) != UFORM_OK) {
             status = failed("a timed step");
             goto done;
         }
+        share.total += (share.prepared ? share.prepared : bench_now_ns()) - share.started;
         if (i == 0 && !options.warmup) first = stats;
     }
     double const seconds = (double)(bench_now_ns() - start) / 1e9,
-                 steps_per_second = (double)options.steps / seconds;
+                 steps_per_second = (double)options.steps / seconds,
+                 host = (double)share.total / 1e9 / seconds;
     if (options.json) {
-        printf("{\"engine\": \"uform-ram-trainer\", \"depth\": %zu, \"hidden\": %zu, \"context\": %zu, "
-               "\"towers\": \"%s\", \"image_size\": %zu, \"image_patch\": %zu, \"batch\": %zu, "
-               "\"text_bytes\": %zu, "
-               "\"threads\": %zu, \"warmup\": %zu, \"steps\": %zu, \"seconds\": %.6f, \"steps_per_second\": "
-               "%.4f, "
-               "\"items_per_second\": %.2f, \"tokens_per_second\": %.1f, \"tokens_per_step\": %zu, "
-               "\"first_loss\": %.9g, \"first_contrastive\": %.9g, \"first_lm\": %.9g, "
-               "\"last_loss\": %.9g, \"last_contrastive\": %.9g, \"last_lm\": %.9g, \"last_step\": %zu, "
-               "\"learning_rate\": %.17g, \"weight_decay\": %.17g, \"beta1\": %.17g, \"beta2\": %.17g, "
-               "\"epsilon\": %.17g, \"clip_norm\": %.17g, \"lm_weight\": %.17g, \"warmup_steps\": %zu, "
-               "\"total_steps\": %zu}\n",
-               config.depth, config.hidden, config.context, options.images ? "text,image" : "text",
-               config.image_size, config.image_patch, options.batch, options.text_bytes, options.threads,
-               options.warmup, options.steps, seconds, steps_per_second,
-               steps_per_second * (double)batch.count, steps_per_second * (double)batch.tokens, batch.tokens,
-               first.loss, first.contrastive_loss, first.lm_loss, stats.loss, stats.contrastive_loss,
-               stats.lm_loss, stats.step, config.learning_rate, config.weight_decay, config.beta1,
-               config.beta2, config.epsilon, config.clip_norm, config.lm_weight, config.warmup_steps,
-               config.total_steps);
+        printf(
+            "{\"engine\": \"%s\", \"host_share\": %.4f, \"depth\": %zu, \"hidden\": %zu, \"context\": %zu, "
+            "\"towers\": \"%s\", \"image_size\": %zu, \"image_patch\": %zu, \"batch\": %zu, "
+            "\"text_bytes\": %zu, "
+            "\"threads\": %zu, \"warmup\": %zu, \"steps\": %zu, \"seconds\": %.6f, \"steps_per_second\": "
+            "%.4f, "
+            "\"items_per_second\": %.2f, \"tokens_per_second\": %.1f, \"tokens_per_step\": %zu, "
+            "\"first_loss\": %.9g, \"first_contrastive\": %.9g, \"first_lm\": %.9g, "
+            "\"last_loss\": %.9g, \"last_contrastive\": %.9g, \"last_lm\": %.9g, \"last_step\": %zu, "
+            "\"learning_rate\": %.17g, \"weight_decay\": %.17g, \"beta1\": %.17g, \"beta2\": %.17g, "
+            "\"epsilon\": %.17g, \"clip_norm\": %.17g, \"lm_weight\": %.17g, \"warmup_steps\": %zu, "
+            "\"total_steps\": %zu}\n",
+            options.device >= 0 ? "uform-vram-trainer" : "uform-ram-trainer", host, config.depth,
+            config.hidden, config.context, options.images ? "text,image" : "text", config.image_size,
+            config.image_patch, options.batch, options.text_bytes, options.threads, options.warmup,
+            options.steps, seconds, steps_per_second, steps_per_second * (double)batch.count,
+            steps_per_second * (double)batch.tokens, batch.tokens, first.loss, first.contrastive_loss,
+            first.lm_loss, stats.loss, stats.contrastive_loss, stats.lm_loss, stats.step,
+            config.learning_rate, config.weight_decay, config.beta1, config.beta2, config.epsilon,
+            config.clip_norm, config.lm_weight, config.warmup_steps, config.total_steps);
     } else {
         printf("depth %zu, hidden %zu, context %zu, towers %s, batch %zu (%zu tokens), %zu threads\n",
                config.depth, config.hidden, config.context, options.images ? "text,image" : "text",
                options.batch, batch.tokens, options.threads);
-        printf("%zu steps in %.3f s: %.3f steps/s, %.1f items/s, %.0f tokens/s\n", options.steps, seconds,
-               steps_per_second, steps_per_second * (double)batch.count,
-               steps_per_second * (double)batch.tokens);
+        printf(
+            "%zu steps in %.3f s: %.3f steps/s, %.1f items/s, %.0f tokens/s; %.1f%% of each step preparing "
+            "its inputs on the host\n",
+            options.steps, seconds, steps_per_second, steps_per_second * (double)batch.count,
+            steps_per_second * (double)batch.tokens, 100 * host);
         printf("loss: step 1 %.6f (contrastive %.6f, lm %.6f), step %zu %.6f (contrastive %.6f, lm %.6f)\n",
                first.loss, first.contrastive_loss, first.lm_loss, stats.step, stats.loss,
                stats.contrastive_loss, stats.lm_loss);

@@ -864,7 +864,7 @@ typedef struct uform_mesh_options {
 } uform_mesh_options_t;
 
 typedef struct uform_mesh_bootstrap_args {
-    uform_executor_t *executor; /* a RAM executor: its loop thread makes every MPI call of the mesh */
+    uform_executor_t *executor;          /* its loop thread makes every MPI call of the mesh */
     uform_mesh_options_t const *options; /* NULL: MPI_COMM_WORLD */
     uform_mesh_t **mesh;                 /* blocking and deferred calls alike: receives the mesh */
     uform_outcome_t *outcome;            /* NULL: blocking */
@@ -873,10 +873,11 @@ typedef struct uform_mesh_bootstrap_args {
 /* Joins this process to a mesh: a collective over the communicator's processes (MPI_Comm_dup), so the
  * call is final once every one of them has bootstrapped. Answers UFORM_OK, UFORM_INVALID_ARGUMENT (NULL
  * args, executor or mesh; options.communicator given before MPI was initialized, after it was
- * finalized, or naming MPI_COMM_NULL), UFORM_UNSUPPORTED (a build without MPI; a VRAM executor, as this
- * version has no mesh of device collectives (NCCL); MPI finalized already; MPI initialized by the
- * application below MPI_THREAD_SERIALIZED), UFORM_IO (MPI failed), UFORM_CONTENDED,
- * UFORM_OUT_OF_MEMORY. */
+ * finalized, or naming MPI_COMM_NULL), UFORM_UNSUPPORTED (a build without MPI; a VRAM executor in a
+ * communicator of several processes, as this version has no mesh of device collectives (NCCL), on every
+ * process alike: over a VRAM executor a process alone meshes, and its VRAM trainer steps alone; MPI
+ * finalized already; MPI initialized by the application below MPI_THREAD_SERIALIZED), UFORM_IO (MPI
+ * failed), UFORM_CONTENDED, UFORM_OUT_OF_MEMORY. */
 UFORM_EXPORT uform_status_t uform_mesh_bootstrap(uform_mesh_bootstrap_args_t const *args);
 
 /* Frees the mesh (MPI_Comm_free of its duplicate: every process of the mesh frees its own), which no
@@ -943,14 +944,24 @@ typedef struct uform_trainer_init_args {
  * optimizer state that belongs to another checkpoint), UFORM_CONTENDED, UFORM_OUT_OF_MEMORY. */
 UFORM_EXPORT uform_status_t uform_trainer_init_ram(uform_trainer_init_args_t const *args);
 
-/* A trainer on a VRAM executor: this version trains on host executors only (uform_trainer_init_ram), so
- * it validates its arguments, then answers UFORM_UNSUPPORTED. Answers UFORM_INVALID_ARGUMENT (NULL args,
- * executor, config or trainer) or UFORM_UNSUPPORTED, on the outcome too when one is given. */
+/* A trainer on a VRAM executor, the same as a RAM trainer (the same config, the same step, save and files)
+ * but that its steps run on the executor's first device: BF16 weights and activations there, F32 master
+ * weights, gradients and AdamW moments, the loss, the gradient's clipping and a skipped update (a loss or a
+ * gradient norm that is not finite) decided on the device without the host waiting; the batch's items are
+ * decoded on the executor's host threads. A save copies the masters and moments back and writes the files
+ * a RAM trainer writes, so that either residency resumes from either's saves (to rounding: the device
+ * computes in BF16, the host in F32; on the same residency a resume continues bit-exactly). Answers
+ * UFORM_OK, UFORM_INVALID_ARGUMENT (NULL, a bad config, a host executor), UFORM_IO and UFORM_FORMAT (as
+ * uform_trainer_init_ram), UFORM_UNSUPPORTED (a build without CUDA; a mesh of several processes: this
+ * version has no device collectives), UFORM_DEVICE, UFORM_CONTENDED, UFORM_OUT_OF_MEMORY (host or device
+ * memory). */
 UFORM_EXPORT uform_status_t uform_trainer_init_vram(uform_trainer_init_args_t const *args);
 
 /* Frees the trainer, its master weights, moments and buffers. No call of it may be pending: wait for a
- * deferred step or save first. Its executor and mesh stay the caller's, and failures it reported stay
- * readable (their messages are copies: see uform_error_t). NULL is ignored. Never fails. */
+ * deferred step or save first. Its executor and mesh stay the caller's (a VRAM trainer keeps its executor
+ * alive until it is freed, as an arena does, since its memory is on the executor's device), and failures
+ * it reported stay readable (their messages are copies: see uform_error_t). NULL is ignored. Never
+ * fails. */
 UFORM_EXPORT void uform_trainer_free(uform_trainer_t *trainer);
 
 typedef struct uform_trainer_step_stats {
@@ -974,11 +985,13 @@ typedef struct uform_trainer_step_args {
  * matryoshka prefix (the listed pairs related, in either order; every other pair unrelated) plus
  * lm_weight times the next-byte loss; then gradients clipped and AdamW. Progress counts the step's phases
  * (inputs, forward passes, the text tower's backward pass, the rest) and may cancel. A failed or cancelled
- * step changes nothing. Answers UFORM_OK, UFORM_INVALID_ARGUMENT (NULL, no item, a bad tape, an unknown
- * modality, a relation that is not two distinct items of the batch, another executor), UFORM_UNSUPPORTED
- * (a modality the model lacks or this build cannot decode), UFORM_FORMAT (an item that cannot be decoded:
- * the message names it), UFORM_CONTENDED, UFORM_CANCELLED, UFORM_OUT_OF_MEMORY, UFORM_IO (a collective of
- * the mesh failed). */
+ * step changes nothing; so does a step whose loss or gradient norm is not finite, which answers
+ * UFORM_INVALID_ARGUMENT saying which. Answers UFORM_OK, UFORM_INVALID_ARGUMENT (NULL, no item, a bad tape,
+ * an unknown modality, a relation that is not two distinct items of the batch, another executor; a loss or
+ * norm that is not finite), UFORM_UNSUPPORTED (a modality the model lacks or this build cannot decode),
+ * UFORM_FORMAT (an item that cannot be decoded: the message names it), UFORM_CONTENDED, UFORM_CANCELLED,
+ * UFORM_OUT_OF_MEMORY, UFORM_IO (a collective of the mesh failed), UFORM_DEVICE (a VRAM trainer's device
+ * failed). */
 UFORM_EXPORT uform_status_t uform_trainer_step(uform_trainer_step_args_t const *args);
 
 typedef struct uform_trainer_save_args {

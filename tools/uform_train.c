@@ -1,8 +1,8 @@
 /* uform train: trains a model from scratch, or continues a saved one, on a JSONL manifest, with the
- * engine's trainer on a RAM executor. Batches are whole groups of related items, drawn in a seeded
- * order that depends only on the seed and the step, so that a resumed run draws the batches the
- * uninterrupted one would have; each group drawn may bring its nearest groups along (--neighbours),
- * the hard negatives that teach what tells near groups apart. */
+ * engine's trainer on a RAM executor, or on a VRAM executor's device (--device cuda[:N]). Batches are whole
+ * groups of related items, drawn in a seeded order that depends only on the seed and the step, so that a
+ * resumed run draws the batches the uninterrupted one would have; each group drawn may bring its nearest
+ * groups along (--neighbours), the hard negatives that teach what tells near groups apart. */
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -44,8 +44,9 @@ static char const help_tail[] =
     "status 1 when the work failed or was interrupted, 2 for a wrong command line.\n";
 
 typedef struct train_flags {
-    char const *data, *out, *resume;
+    char const *data, *out, *resume, *device;
     size_t steps, batch, save_every, threads, neighbours;
+    long ordinal; /* the CUDA device of --device, or -1 for the CPU */
     bool warmup_given, strict, dry_run, help;
     uform_trainer_config_t config;
 } train_flags_t;
@@ -100,6 +101,41 @@ static void on_interrupt(int signal_number) {
     interrupted = 1;
 }
 
+/* ---- devices ---------------------------------------------------------------------------------- */
+
+#define DEVICES_PROBED 16 /* a VRAM executor spans at most 16 */
+
+/* --device's value: -1 for cpu (or none), N for cuda:N (0 for cuda). */
+static int device_of(char const *value, long *ordinal) {
+    *ordinal = -1;
+    if (!value || strcmp(value, "cpu") == 0) return COMMAND_OK;
+    uint64_t number = 0;
+    if (strcmp(value, "cuda") == 0)
+        number = 0;
+    else if (strncmp(value, "cuda:", 5) != 0 || command_parse_u64(value + 5, &number) != 0 ||
+             number >= DEVICES_PROBED)
+        return command_usage("train", "--device takes cpu, cuda or cuda:N (N below %d), not '%s'",
+                             DEVICES_PROBED, value);
+    *ordinal = (long)number;
+    return COMMAND_OK;
+}
+
+/* The paragraph of --help that says which devices this machine offers: a VRAM executor is tried on each
+ * CUDA device in turn until one is refused. */
+static void devices_help(void) {
+    printf("\nDevices here: cpu");
+    size_t found = 0;
+    for (size_t d = 0; d < DEVICES_PROBED; ++d, ++found) {
+        uform_executor_t *executor = NULL;
+        uform_vram_options_t options = {.devices = &d, .devices_count = 1};
+        if (uform_executor_create_vram(&options, &executor) != UFORM_OK) break;
+        uform_executor_free(executor);
+        printf(", cuda:%zu", d);
+    }
+    if (found == 0) printf(" (no CUDA device: %s)", uform_last_error().message);
+    printf("\n");
+}
+
 /* ---- flags ------------------------------------------------------------------------------------ */
 
 static command_help_t const help = {.name = "train", .head = help_head, .tail = help_tail, .column = 23};
@@ -127,6 +163,9 @@ static int parse_flags(int argc, char **argv, train_flags_t *flags) {
         {"--save-every", FLAG_SIZE, &flags->save_every, .value = "N",
          .help = "also save every N steps (default 0: only at the end)"},
         command_flag_threads(&flags->threads),
+        {"--device", FLAG_STRING, &flags->device, .value = "D",
+         .help = "where the trainer runs: cpu (default), or cuda or cuda:N, device N of this\n"
+                 "machine (0 when not given); --help lists the devices found"},
         {"--neighbours", FLAG_SIZE, &flags->neighbours, .value = "N", .maximum = NEAREST,
          .help = "each group drawn brings N more (default 0), drawn from its 8 nearest groups\n"
                  "by the words of their texts (see below)"},
@@ -165,7 +204,9 @@ static int parse_flags(int argc, char **argv, train_flags_t *flags) {
     };
     command_spec_t const spec = {.help = &help, .flags = table};
     int code = command_flags_parse(&spec, argc, argv, &flags->help);
+    if (flags->help) devices_help();
     if (code != COMMAND_OK || flags->help) return code;
+    if ((code = device_of(flags->device, &flags->ordinal)) != COMMAND_OK) return code;
     if (!flags->warmup_given) {
         size_t tenth = flags->steps / 10;
         config->warmup_steps = tenth < 100 ? tenth : 100;
@@ -440,6 +481,26 @@ static int save(uform_trainer_t *trainer, uform_executor_t *executor, char const
     return command_fail_engine();
 }
 
+/* The executor --device names and a trainer on it. */
+static int trainer_make(train_flags_t *flags, uform_executor_t **executor, uform_trainer_t **trainer) {
+    uform_trainer_init_args_t init = {.config = &flags->config, .trainer = trainer};
+    uform_status_t status;
+    if (flags->ordinal >= 0) {
+        size_t device = (size_t)flags->ordinal;
+        uform_vram_options_t options = {.devices = &device, .devices_count = 1};
+        status = uform_executor_create_vram(&options, executor);
+        init.executor = *executor;
+        if (status == UFORM_OK) status = uform_trainer_init_vram(&init);
+    } else {
+        uform_ram_options_t options = uform_ram_options_default();
+        options.threads = flags->threads;
+        status = uform_executor_create_ram(&options, executor);
+        init.executor = *executor;
+        if (status == UFORM_OK) status = uform_trainer_init_ram(&init);
+    }
+    return status == UFORM_OK ? COMMAND_OK : command_fail_engine();
+}
+
 int command_train(int argc, char **argv) {
     train_flags_t flags = {.steps = 1000, .batch = 32};
     uform_trainer_config_default(&flags.config);
@@ -480,17 +541,7 @@ int command_train(int argc, char **argv) {
         goto done;
     }
 
-    uform_ram_options_t options = uform_ram_options_default();
-    options.threads = flags.threads;
-    if (uform_executor_create_ram(&options, &executor) != UFORM_OK) {
-        code = command_fail_engine();
-        goto done;
-    }
-    uform_trainer_init_args_t init = {.executor = executor, .config = &flags.config, .trainer = &trainer};
-    if (uform_trainer_init_ram(&init) != UFORM_OK) {
-        code = command_fail_engine();
-        goto done;
-    }
+    if ((code = trainer_make(&flags, &executor, &trainer)) != COMMAND_OK) goto done;
 
     sigemptyset(&handler.sa_mask);
     handler.sa_flags = SA_RESTART;

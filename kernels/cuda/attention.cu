@@ -25,6 +25,7 @@
 #include <cuda_bf16.h>
 
 #include "cuda_common.cuh"
+#include "cuda_train.h"
 
 using namespace nvcuda;
 
@@ -84,15 +85,20 @@ static __device__ __forceinline__ eight_bf16_t load_eight(uint16_t const *at, bo
  * double; only then is it rounded to F32 for the hardware's __sincosf (absolute error under 4e-7 there),
  * so cos and sin stay within 1e-6 of the scalar path's whatever the position, far below the BF16
  * rounding of the rotated values. */
+static __device__ __forceinline__ void rotary_sincos(int position, double frequency, float *sine,
+                                                     float *cosine) {
+    double angle = (double)position * frequency;
+    double turns = rint(angle * 0.15915494309189535); /* 1 / (2 pi) */
+    float reduced = (float)fma(-turns, 6.283185307179586, angle);
+    __sincosf(reduced, sine, cosine);
+}
+
 static __device__ __forceinline__ void rotate_eight(eight_bf16_t *low, eight_bf16_t *high, int position,
                                                     double const *frequencies) {
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
-        double angle = (double)position * frequencies[e];
-        double turns = rint(angle * 0.15915494309189535); /* 1 / (2 pi) */
-        float reduced = (float)fma(-turns, 6.283185307179586, angle);
         float sine, cosine;
-        __sincosf(reduced, &sine, &cosine);
+        rotary_sincos(position, frequencies[e], &sine, &cosine);
         float first = bf16_value(low->bits[e]), second = bf16_value(high->bits[e]);
         low->bits[e] = bf16_bits(__fsub_rn(__fmul_rn(first, cosine), __fmul_rn(second, sine)));
         high->bits[e] = bf16_bits(__fadd_rn(__fmul_rn(second, cosine), __fmul_rn(first, sine)));
@@ -130,8 +136,8 @@ typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> fragment_accumulato
  * 4 blocks per SM, as many as the shared memory allows: 128 registers (a few bytes spill), which ran
  * about 10% faster on an H200 than the 158 the compiler takes unbounded. */
 static __global__ void __launch_bounds__(THREADS, 4)
-    attention_kernel(uint16_t *out, uint16_t const *qkv, int32_t const *offsets, size_t items, int heads,
-                     bool causal, bool rotary, float scale_log2, bool vector) {
+    attention_kernel(uint16_t *out, float *lse, uint16_t const *qkv, int32_t const *offsets, size_t items,
+                     int heads, bool causal, bool rotary, float scale_log2, bool vector) {
     __shared__ attention_shared shared;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int row = lane & 15, half = lane >> 4; /* this lane's row of its warp's 16, and half of the 64 columns */
@@ -248,6 +254,8 @@ static __global__ void __launch_bounds__(THREADS, 4)
         for (int f = 0; f < HEAD / 16; ++f)
             wmma::store_matrix_sync(scores + 16 * f, o[f], LD_F32, wmma::mem_row_major);
         __syncwarp();
+        if (q_index < length && lse && half == 0)
+            lse[(size_t)(first + q_index) * heads + head] = max + log2f(sum);
         if (q_index < length) {
             float const *values = scores + row * LD_F32 + 32 * half;
             float inverse = 1.0f / sum;
@@ -270,15 +278,231 @@ static __global__ void __launch_bounds__(THREADS, 4)
     }
 }
 
-extern "C" cudaError_t cuda_attention(uint16_t *out, uint16_t const *qkv, int32_t const *offsets,
-                                      size_t items, size_t heads, size_t max_length, bool causal, bool rotary,
-                                      float scale, cudaStream_t stream) {
+/* The launch of attention_kernel, with or without the log-sum-exp. */
+static cudaError_t attention_launch(uint16_t *out, float *lse, uint16_t const *qkv, int32_t const *offsets,
+                                    size_t items, size_t heads, size_t max_length, bool causal, bool rotary,
+                                    float scale, cudaStream_t stream) {
     if (items == 0 || heads == 0 || max_length == 0) return cudaSuccess;
     if (heads > 65535 || max_length > (size_t)INT_MAX - TILE || !(scale > 0.0f)) return cudaErrorInvalidValue;
     size_t tiles = (max_length + TILE - 1) / TILE;
     bool vector = (uintptr_t)qkv % 16 == 0 && (uintptr_t)out % 16 == 0;
     dim3 grid((unsigned)tiles, (unsigned)(items < 65535 ? items : 65535), (unsigned)heads);
-    attention_kernel<<<grid, THREADS, 0, stream>>>(out, qkv, offsets, items, (int)heads, causal, rotary,
+    attention_kernel<<<grid, THREADS, 0, stream>>>(out, lse, qkv, offsets, items, (int)heads, causal, rotary,
                                                    scale * LOG2E, vector);
+    return cuda_launched();
+}
+
+extern "C" cudaError_t cuda_attention(uint16_t *out, uint16_t const *qkv, int32_t const *offsets,
+                                      size_t items, size_t heads, size_t max_length, bool causal, bool rotary,
+                                      float scale, cudaStream_t stream) {
+    return attention_launch(out, NULL, qkv, offsets, items, heads, max_length, causal, rotary, scale, stream);
+}
+
+extern "C" cudaError_t cuda_attention_lse(uint16_t *out, float *lse, uint16_t const *qkv,
+                                          int32_t const *offsets, size_t items, size_t heads,
+                                          size_t max_length, bool causal, bool rotary, float scale,
+                                          cudaStream_t stream) {
+    return attention_launch(out, lse, qkv, offsets, items, heads, max_length, causal, rotary, scale, stream);
+}
+
+/* ---- The backward pass ------------------------------------------------------------------------------ *
+ *
+ * SIMT in F32 over tiles of 32 rows (BACK_TILE), 256 threads a block, everything in static shared memory
+ * (42 KiB): the block's own tile of two operands (K and V, or Q and dO), the streamed tile of the other two,
+ * and P and dS [32][33]. A score entry (q, k) is thread e % 32's key against row e / 32 for e = tid + 256 m,
+ * so a warp reads 32 keys' rows on 32 distinct banks (rows 65 floats apart) against one broadcast query
+ * row; an accumulated row of 64 is 8 threads' share, thread t holding columns t % 8 + 8 m, which puts each
+ * rotary pair (i, i + 32) in one thread. */
+
+#define BACK_TILE    32
+#define BACK_THREADS 256
+#define BACK_LD      (HEAD + 1)
+
+struct backward_shared {
+    float own[2][BACK_TILE * BACK_LD];     /* the block's tile: K and V, or Q and dO */
+    float seen[2][BACK_TILE * BACK_LD];    /* the tile streamed past it: Q and dO, or K and V */
+    float p[BACK_TILE * (BACK_TILE + 1)];  /* P [q][k] */
+    float ds[BACK_TILE * (BACK_TILE + 1)]; /* dS [q][k] */
+    float lse[BACK_TILE], d_rows[BACK_TILE];
+    double frequencies[HEAD / 2];
+};
+
+/* Rows [first, first + 32) of one head's q, k, v or dO (source: the item's row 0 at the head's column)
+ * into tile [32][BACK_LD] as F32, rotated when `rotate` (and rounded to BF16, the values the forward pass's
+ * products saw, so that its log-sum-exp normalizes the probabilities recomputed here); rows from `length`
+ * on are zeros. */
+static __device__ void load_back_tile(float *tile, uint16_t const *source, size_t stride, int first,
+                                      int length, bool rotate, double const *frequencies) {
+    for (int unit = threadIdx.x; unit < BACK_TILE * HEAD / 2; unit += BACK_THREADS) {
+        int row = unit / (HEAD / 2), i = unit % (HEAD / 2), position = first + row;
+        float low = 0.0f, high = 0.0f;
+        if (position < length) {
+            low = bf16_value(source[(size_t)position * stride + i]);
+            high = bf16_value(source[(size_t)position * stride + i + HEAD / 2]);
+        }
+        if (rotate && position < length) {
+            float sine, cosine;
+            rotary_sincos(position, frequencies[i], &sine, &cosine);
+            float first_value = low; /* rotated, then rounded to BF16 as the forward pass rounds them */
+            low = bf16_value(bf16_bits(__fsub_rn(__fmul_rn(low, cosine), __fmul_rn(high, sine))));
+            high = bf16_value(bf16_bits(__fadd_rn(__fmul_rn(high, cosine), __fmul_rn(first_value, sine))));
+        }
+        tile[row * BACK_LD + i] = low;
+        tile[row * BACK_LD + i + HEAD / 2] = high;
+    }
+}
+
+/* The softmax statistics of query rows [first, first + 32): lse and rowsum(dO * O), +inf and 0 past the
+ * item (so that their probabilities are 0). */
+static __device__ void load_back_rows(backward_shared *shared, float const *lse, float const *d_rows,
+                                      int first, int length, int heads, int head, int item_first) {
+    if (threadIdx.x < BACK_TILE) {
+        int position = first + (int)threadIdx.x;
+        bool inside = position < length;
+        size_t at = (size_t)(item_first + position) * heads + head;
+        shared->lse[threadIdx.x] = inside ? lse[at] : INFINITY;
+        shared->d_rows[threadIdx.x] = inside ? d_rows[at] : 0.0f;
+    }
+}
+
+/* P and dS of the tile pair: queries in q_tile (rows of q and dO) against keys in k_tile (rows of k and v),
+ * query rows from q_first, keys from k_first. */
+static __device__ void back_scores(backward_shared *shared, float const *q, float const *d_out,
+                                   float const *k, float const *v, int q_first, int k_first, int length,
+                                   bool causal, float scale_log2) {
+    for (int e = threadIdx.x; e < BACK_TILE * BACK_TILE; e += BACK_THREADS) {
+        int qi = e / BACK_TILE, ki = e % BACK_TILE, query = q_first + qi, key = k_first + ki;
+        bool valid = query < length && key < length && (!causal || key <= query);
+        float score = 0.0f, dp = 0.0f;
+        for (int d = 0; d < HEAD; ++d) {
+            score = __fmaf_rn(q[qi * BACK_LD + d], k[ki * BACK_LD + d], score);
+            dp = __fmaf_rn(d_out[qi * BACK_LD + d], v[ki * BACK_LD + d], dp);
+        }
+        float p = valid ? exp2f(score * scale_log2 - shared->lse[qi]) : 0.0f;
+        shared->p[qi * (BACK_TILE + 1) + ki] = p;
+        shared->ds[qi * (BACK_TILE + 1) + ki] = p * (dp - shared->d_rows[qi]);
+    }
+}
+
+/* Writes a row share of 8 columns (t % 8 + 8 m) as BF16 at `target` (the row's head columns), times
+ * `scale`, the rotary rotation undone when `rotate` (pairs m and m + 4). */
+static __device__ void write_back_row(uint16_t *target, float const values[8], float scale, int position,
+                                      bool rotate, double const *frequencies) {
+    int j = threadIdx.x % 8;
+    float out[8];
+#pragma unroll
+    for (int m = 0; m < 8; ++m)
+        out[m] = values[m] * scale;
+    if (rotate) {
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+            float sine, cosine, low = out[m], high = out[m + 4];
+            rotary_sincos(position, frequencies[j + 8 * m], &sine, &cosine);
+            out[m] = __fadd_rn(__fmul_rn(low, cosine), __fmul_rn(high, sine));
+            out[m + 4] = __fsub_rn(__fmul_rn(high, cosine), __fmul_rn(low, sine));
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < 8; ++m)
+        target[j + 8 * m] = bf16_bits(out[m]);
+}
+
+/* d_rows [tokens, heads] = rowsum(dO * O) per head, one thread per (row, head), in column order. */
+static __global__ void attention_rows_kernel(float *d_rows, uint16_t const *out, uint16_t const *d_out,
+                                             size_t tokens, size_t heads) {
+    for (size_t unit = blockIdx.x * (size_t)blockDim.x + threadIdx.x; unit < tokens * heads;
+         unit += (size_t)gridDim.x * blockDim.x) {
+        size_t at = unit / heads * heads * HEAD + unit % heads * HEAD;
+        float sum = 0.0f;
+        for (int d = 0; d < HEAD; ++d)
+            sum = __fmaf_rn(bf16_value(d_out[at + d]), bf16_value(out[at + d]), sum);
+        d_rows[unit] = sum;
+    }
+}
+
+/* The tiles a block holds: with `keys`, tile x of the item's keys (K and V), accumulating dK and dV over
+ * the query tiles that see it; else tile x of its queries (Q and dO, with their rows' statistics),
+ * accumulating dQ over the key tiles it sees. Block (x, items y, y + gridDim.y, ..., head z). */
+template <bool keys>
+static __global__ void __launch_bounds__(BACK_THREADS)
+    attention_back_kernel(uint16_t *d_qkv, uint16_t const *qkv, uint16_t const *d_out, float const *lse,
+                          float const *d_rows, int32_t const *offsets, size_t items, int heads, bool causal,
+                          bool rotary, float scale, float scale_log2) {
+    __shared__ backward_shared shared;
+    int head = blockIdx.z, own_first = blockIdx.x * BACK_TILE, row = threadIdx.x / 8, j = threadIdx.x % 8;
+    size_t qkv_stride = (size_t)3 * heads * HEAD, out_stride = (size_t)heads * HEAD;
+    if (threadIdx.x < HEAD / 2) shared.frequencies[threadIdx.x] = rotary_frequencies[threadIdx.x];
+    for (size_t item = blockIdx.y; item < items; item += gridDim.y) {
+        int first = offsets[item], length = offsets[item + 1] - first;
+        if (own_first >= length) continue;
+        __syncthreads(); /* the previous item is done with the tiles; the frequencies are written */
+        uint16_t const *q = qkv + (size_t)first * qkv_stride + (size_t)head * HEAD, *k = q + out_stride;
+        uint16_t const *v = k + out_stride, *o = d_out + (size_t)first * out_stride + (size_t)head * HEAD;
+        /* own[0], own[1]: K and V, or Q and dO; seen[0], seen[1] the others, streamed */
+        load_back_tile(shared.own[0], keys ? k : q, qkv_stride, own_first, length, rotary,
+                       shared.frequencies);
+        load_back_tile(shared.own[1], keys ? v : o, keys ? qkv_stride : out_stride, own_first, length, false,
+                       shared.frequencies);
+        if (!keys) load_back_rows(&shared, lse, d_rows, own_first, length, heads, head, first);
+        float first_sums[8] = {0}, second_sums[8] = {0}; /* dK and dV, or dQ */
+        int begin = keys && causal ? own_first : 0;
+        int end = !keys && causal && own_first + BACK_TILE < length ? own_first + BACK_TILE : length;
+        for (int seen_first = begin; seen_first < end; seen_first += BACK_TILE) {
+            __syncthreads(); /* every thread is done with the previous tile seen */
+            load_back_tile(shared.seen[0], keys ? q : k, qkv_stride, seen_first, length, rotary,
+                           shared.frequencies);
+            load_back_tile(shared.seen[1], keys ? o : v, keys ? out_stride : qkv_stride, seen_first, length,
+                           false, shared.frequencies);
+            if (keys) load_back_rows(&shared, lse, d_rows, seen_first, length, heads, head, first);
+            __syncthreads();
+            if (keys)
+                back_scores(&shared, shared.seen[0], shared.seen[1], shared.own[0], shared.own[1], seen_first,
+                            own_first, length, causal, scale_log2);
+            else
+                back_scores(&shared, shared.own[0], shared.own[1], shared.seen[0], shared.seen[1], own_first,
+                            seen_first, length, causal, scale_log2);
+            __syncthreads();
+            for (int i = 0; i < BACK_TILE; ++i) {
+                /* keys: dK[row] += dS[i][row] q_i, dV[row] += P[i][row] dO_i; else dQ[row] += dS[row][i] k_i
+                 */
+                int entry = keys ? i * (BACK_TILE + 1) + row : row * (BACK_TILE + 1) + i;
+                float ds = shared.ds[entry], p = shared.p[entry];
+#pragma unroll
+                for (int m = 0; m < 8; ++m) {
+                    first_sums[m] = __fmaf_rn(ds, shared.seen[0][i * BACK_LD + j + 8 * m], first_sums[m]);
+                    if (keys)
+                        second_sums[m] =
+                            __fmaf_rn(p, shared.seen[1][i * BACK_LD + j + 8 * m], second_sums[m]);
+                }
+            }
+        }
+        int position = own_first + row;
+        if (position >= length) continue;
+        uint16_t *target = d_qkv + (size_t)(first + position) * qkv_stride + (size_t)head * HEAD;
+        write_back_row(keys ? target + out_stride : target, first_sums, scale, position, rotary,
+                       shared.frequencies);
+        if (keys)
+            write_back_row(target + 2 * out_stride, second_sums, 1.0f, position, false, shared.frequencies);
+    }
+}
+
+extern "C" cudaError_t cuda_attention_backward(uint16_t *d_qkv, float *d_rows, uint16_t const *qkv,
+                                               uint16_t const *out, uint16_t const *d_out, float const *lse,
+                                               int32_t const *offsets, size_t items, size_t tokens,
+                                               size_t heads, size_t max_length, bool causal, bool rotary,
+                                               float scale, cudaStream_t stream) {
+    if (items == 0 || heads == 0 || max_length == 0 || tokens == 0) return cudaSuccess;
+    if (heads > 65535 || max_length > (size_t)INT_MAX - TILE || !(scale > 0.0f)) return cudaErrorInvalidValue;
+    attention_rows_kernel<<<cuda_blocks(tokens * heads, BACK_THREADS), BACK_THREADS, 0, stream>>>(
+        d_rows, out, d_out, tokens, heads);
+    cudaError_t error = cuda_launched();
+    if (error) return error;
+    dim3 grid((unsigned)((max_length + BACK_TILE - 1) / BACK_TILE), (unsigned)(items < 65535 ? items : 65535),
+              (unsigned)heads);
+    attention_back_kernel<true><<<grid, BACK_THREADS, 0, stream>>>(
+        d_qkv, qkv, d_out, lse, d_rows, offsets, items, (int)heads, causal, rotary, scale, scale * LOG2E);
+    if ((error = cuda_launched())) return error;
+    attention_back_kernel<false><<<grid, BACK_THREADS, 0, stream>>>(
+        d_qkv, qkv, d_out, lse, d_rows, offsets, items, (int)heads, causal, rotary, scale, scale * LOG2E);
     return cuda_launched();
 }

@@ -7,8 +7,11 @@
  *   GELU_BF16: D BF16, epilogue GELU_BIAS (GELU without a bias; cuBLASLt's GELU is the tanh form);
  *   RESIDUAL:  C = D = y F32, beta = 1, epilogue BIAS;
  *   F32:       D F32, beta = 0, epilogue BIAS when there is a bias.
- * The algorithm comes from cublasLtMatmulAlgoGetHeuristic, once per (shape, strides, kind, bias, pointer
- * alignments), and is kept with its descriptors in a small table replaced round-robin.
+ * The backward products of training (cuda_linear_backward in cuda_train.h), with the default epilogue:
+ *   DX:        D (k x m, ld dx_stride) = W (k x n) dy (n x m), F32 or BF16, beta 1 to accumulate;
+ *   DW:        D (k x n, ld k) = x (k x m) op_T(dy: n x m), F32, beta = 1 (gradients accumulate).
+ * The algorithm comes from cublasLtMatmulAlgoGetHeuristic, once per (product, shape, strides, kind, bias,
+ * pointer alignments), and is kept with its descriptors in a small table replaced round-robin.
  *
  * The bias is F32. cuBLASLt is first asked for it as is (BIAS_DATA_TYPE = CUDA_R_32F); beside a BF16 D it
  * wants a BF16 bias (cuBLASLt 13.0 on an H200 refuses the F32 one), so the bias is then rounded into a
@@ -24,6 +27,7 @@
 #include <cublasLt.h>
 
 #include "cuda_common.cuh"
+#include "cuda_train.h"
 
 #define GEMM_WORKSPACE ((size_t)32 << 20) /* bytes, allocated once per cuda_gemm */
 #define GEMM_PLANS     64
@@ -33,14 +37,27 @@
  * copy of it, or in epilogue_kernel after the product. */
 typedef enum gemm_epilogue { EPILOGUE_F32_BIAS, EPILOGUE_BF16_BIAS, EPILOGUE_OURS } gemm_epilogue_t;
 
+/* Which product of a linear layer y = x W^T: the forward one, or a backward one (dx = dy W, dW += dy^T x). */
+typedef enum gemm_product { PRODUCT_FORWARD, PRODUCT_DX, PRODUCT_DW } gemm_product_t;
+
 /* What an algorithm is chosen for. Alignments are the largest power of two, up to 256, dividing each
- * pointer: cuBLASLt assumes 256 unless told, and some algorithms need it. */
+ * pointer (cuBLASLt's A, B and D): cuBLASLt assumes 256 unless told, and some algorithms need it. For the
+ * backward products x_stride is dy's row stride (DX) or x's (DW), y_stride dx's (DX). */
 typedef struct gemm_key {
-    size_t m, n, k, x_stride, y_stride;
+    gemm_product_t product;
+    size_t m, n, k, x_stride, y_stride, dy_stride;
     cuda_linear_kind_t kind;
-    bool bias, fuse;
-    uint32_t x_alignment, w_alignment, y_alignment, bias_alignment;
+    bool bias, fuse, accumulate;
+    uint32_t a_alignment, b_alignment, d_alignment, bias_alignment;
 } gemm_key_t;
+
+/* The product of a key in cuBLASLt's column-major terms: D = op(A) op(B), each operand as stored. */
+typedef struct gemm_shape {
+    cublasOperation_t transa, transb;
+    uint64_t a_rows, a_columns, b_rows, b_columns, d_rows, d_columns;
+    int64_t a_ld, b_ld, d_ld;
+    cudaDataType_t d_type;
+} gemm_shape_t;
 
 typedef struct gemm_plan {
     bool used;
@@ -126,10 +143,11 @@ static uint32_t alignment_of(void const *pointer) {
 }
 
 static bool key_equal(gemm_key_t const *a, gemm_key_t const *b) {
-    return a->m == b->m && a->n == b->n && a->k == b->k && a->x_stride == b->x_stride &&
-           a->y_stride == b->y_stride && a->kind == b->kind && a->bias == b->bias && a->fuse == b->fuse &&
-           a->x_alignment == b->x_alignment && a->w_alignment == b->w_alignment &&
-           a->y_alignment == b->y_alignment && a->bias_alignment == b->bias_alignment;
+    return a->product == b->product && a->m == b->m && a->n == b->n && a->k == b->k &&
+           a->x_stride == b->x_stride && a->y_stride == b->y_stride && a->dy_stride == b->dy_stride &&
+           a->kind == b->kind && a->bias == b->bias && a->fuse == b->fuse && a->accumulate == b->accumulate &&
+           a->a_alignment == b->a_alignment && a->b_alignment == b->b_alignment &&
+           a->d_alignment == b->d_alignment && a->bias_alignment == b->bias_alignment;
 }
 
 static void plan_release(gemm_plan_t *plan) {
@@ -148,6 +166,32 @@ static bool kind_bf16(cuda_linear_kind_t kind) {
     return kind == CUDA_LINEAR_BF16 || kind == CUDA_LINEAR_GELU_BF16;
 }
 
+/* Row-major y [m, n] = x [m, k] W^T is column-major D (n x m) = op_T(W: k x n) x (k x m); dx [m, k] = dy
+ * [m, n] W [n, k] is D (k x m) = W (k x n) dy (n x m); dW [n, k] += dy^T x is D (k x n) = x (k x m) op_T(dy:
+ * n x m). */
+static gemm_shape_t key_shape(gemm_key_t const *key) {
+    gemm_shape_t shape;
+    memset(&shape, 0, sizeof shape);
+    shape.d_type = kind_bf16(key->kind) ? CUDA_R_16BF : CUDA_R_32F;
+    shape.transb = CUBLAS_OP_N;
+    shape.transa = key->product == PRODUCT_FORWARD ? CUBLAS_OP_T : CUBLAS_OP_N;
+    if (key->product == PRODUCT_FORWARD) {
+        shape.a_rows = key->k, shape.a_columns = key->n, shape.a_ld = (int64_t)key->k;
+        shape.b_rows = key->k, shape.b_columns = key->m, shape.b_ld = (int64_t)key->x_stride;
+        shape.d_rows = key->n, shape.d_columns = key->m, shape.d_ld = (int64_t)key->y_stride;
+    } else if (key->product == PRODUCT_DX) {
+        shape.a_rows = key->k, shape.a_columns = key->n, shape.a_ld = (int64_t)key->k;
+        shape.b_rows = key->n, shape.b_columns = key->m, shape.b_ld = (int64_t)key->dy_stride;
+        shape.d_rows = key->k, shape.d_columns = key->m, shape.d_ld = (int64_t)key->y_stride;
+    } else {
+        shape.transb = CUBLAS_OP_T;
+        shape.a_rows = key->k, shape.a_columns = key->m, shape.a_ld = (int64_t)key->x_stride;
+        shape.b_rows = key->n, shape.b_columns = key->m, shape.b_ld = (int64_t)key->dy_stride;
+        shape.d_rows = key->k, shape.d_columns = key->n, shape.d_ld = (int64_t)key->k;
+    }
+    return shape;
+}
+
 /* Builds `plan` for `key` (pointers from `linear`, for the alignments the heuristic assumes) with the
  * bias and GELU applied as `how` says. Answers CUBLAS_STATUS_NOT_SUPPORTED when the heuristic offers no
  * algorithm, or the status of the cuBLASLt call that failed; *message names it. The plan is released on
@@ -159,14 +203,13 @@ static cublasStatus_t plan_build(cuda_gemm_t *gemm, gemm_plan_t *plan, gemm_key_
     void const *bias_pointer =
         how == EPILOGUE_BF16_BIAS ? (void const *)gemm->bias_bf16 : (void const *)linear->bias;
     cublasLtMatmulPreference_t preference = NULL;
-    cublasOperation_t transpose = CUBLAS_OP_T, keep = CUBLAS_OP_N;
+    gemm_shape_t shape = key_shape(key);
     bool gelu_wanted = kind_gelu(key->kind), bias = key->bias;
     cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
     if (fused && gelu_wanted)
         epilogue = bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU;
     else if (fused && bias)
         epilogue = CUBLASLT_EPILOGUE_BIAS;
-    cudaDataType_t out_type = kind_bf16(key->kind) ? CUDA_R_16BF : CUDA_R_32F;
     int32_t bias_type = how == EPILOGUE_BF16_BIAS ? CUDA_R_16BF : CUDA_R_32F;
     uint64_t workspace = GEMM_WORKSPACE;
     cublasLtMatmulHeuristicResult_t result;
@@ -177,10 +220,10 @@ static cublasStatus_t plan_build(cuda_gemm_t *gemm, gemm_plan_t *plan, gemm_key_
     *message = "cublasLtMatmulDescCreate failed";
     if ((status = cublasLtMatmulDescCreate(&plan->operation, CUBLAS_COMPUTE_32F, CUDA_R_32F))) goto fail;
     *message = "cublasLtMatmulDescSetAttribute failed";
-    if ((status = cublasLtMatmulDescSetAttribute(plan->operation, CUBLASLT_MATMUL_DESC_TRANSA, &transpose,
-                                                 sizeof transpose)) ||
-        (status = cublasLtMatmulDescSetAttribute(plan->operation, CUBLASLT_MATMUL_DESC_TRANSB, &keep,
-                                                 sizeof keep)) ||
+    if ((status = cublasLtMatmulDescSetAttribute(plan->operation, CUBLASLT_MATMUL_DESC_TRANSA, &shape.transa,
+                                                 sizeof shape.transa)) ||
+        (status = cublasLtMatmulDescSetAttribute(plan->operation, CUBLASLT_MATMUL_DESC_TRANSB, &shape.transb,
+                                                 sizeof shape.transb)) ||
         (status = cublasLtMatmulDescSetAttribute(plan->operation, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
                                                  sizeof epilogue)))
         goto fail;
@@ -195,10 +238,12 @@ static cublasStatus_t plan_build(cuda_gemm_t *gemm, gemm_plan_t *plan, gemm_key_
             goto fail;
     }
     *message = "cublasLtMatrixLayoutCreate failed";
-    if ((status = cublasLtMatrixLayoutCreate(&plan->a, CUDA_R_16BF, key->k, key->n, (int64_t)key->k)) ||
+    if ((status =
+             cublasLtMatrixLayoutCreate(&plan->a, CUDA_R_16BF, shape.a_rows, shape.a_columns, shape.a_ld)) ||
         (status =
-             cublasLtMatrixLayoutCreate(&plan->b, CUDA_R_16BF, key->k, key->m, (int64_t)key->x_stride)) ||
-        (status = cublasLtMatrixLayoutCreate(&plan->d, out_type, key->n, key->m, (int64_t)key->y_stride)))
+             cublasLtMatrixLayoutCreate(&plan->b, CUDA_R_16BF, shape.b_rows, shape.b_columns, shape.b_ld)) ||
+        (status =
+             cublasLtMatrixLayoutCreate(&plan->d, shape.d_type, shape.d_rows, shape.d_columns, shape.d_ld)))
         goto fail;
     *message = "cublasLtMatmulPreferenceCreate failed";
     if ((status = cublasLtMatmulPreferenceCreate(&preference))) goto fail;
@@ -206,13 +251,13 @@ static cublasStatus_t plan_build(cuda_gemm_t *gemm, gemm_plan_t *plan, gemm_key_
     if ((status = cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                        &workspace, sizeof workspace)) ||
         (status = cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-                                                       &key->w_alignment, sizeof key->w_alignment)) ||
+                                                       &key->a_alignment, sizeof key->a_alignment)) ||
         (status = cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                                                       &key->x_alignment, sizeof key->x_alignment)) ||
+                                                       &key->b_alignment, sizeof key->b_alignment)) ||
         (status = cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-                                                       &key->y_alignment, sizeof key->y_alignment)) ||
+                                                       &key->d_alignment, sizeof key->d_alignment)) ||
         (status = cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
-                                                       &key->y_alignment, sizeof key->y_alignment)))
+                                                       &key->d_alignment, sizeof key->d_alignment)))
         goto fail;
     *message = "cublasLtMatmulAlgoGetHeuristic failed";
     if ((status = cublasLtMatmulAlgoGetHeuristic(gemm->handle, plan->operation, plan->a, plan->b, plan->d,
@@ -285,6 +330,21 @@ static cublasStatus_t plan_run(cuda_gemm_t *gemm, gemm_plan_t *plan, cuda_linear
     return CUBLAS_STATUS_SUCCESS;
 }
 
+/* The cached plan of `key`, or NULL. */
+static gemm_plan_t *plan_find(cuda_gemm_t *gemm, gemm_key_t const *key) {
+    for (unsigned i = 0; i < GEMM_PLANS; ++i)
+        if (gemm->plans[i].used && key_equal(&gemm->plans[i].key, key)) return &gemm->plans[i];
+    return NULL;
+}
+
+/* The slot replaced next, released. */
+static gemm_plan_t *plan_take(cuda_gemm_t *gemm) {
+    gemm_plan_t *plan = &gemm->plans[gemm->next];
+    gemm->next = (gemm->next + 1) % GEMM_PLANS;
+    plan_release(plan);
+    return plan;
+}
+
 /* ---- The interface ------------------------------------------------------------------------------ */
 
 extern "C" cudaError_t cuda_gemm_create(cuda_gemm_t **gemm, cudaStream_t stream) {
@@ -349,19 +409,15 @@ extern "C" cudaError_t cuda_linear(cuda_gemm_t *gemm, cuda_linear_t const *linea
     key.m = linear->m, key.n = linear->n, key.k = linear->k;
     key.x_stride = linear->x_stride, key.y_stride = linear->y_stride;
     key.kind = kind, key.bias = linear->bias != NULL, key.fuse = gemm->fuse;
-    key.x_alignment = alignment_of(linear->x), key.w_alignment = alignment_of(linear->w);
-    key.y_alignment = alignment_of(linear->y), key.bias_alignment = alignment_of(linear->bias);
+    key.b_alignment = alignment_of(linear->x), key.a_alignment = alignment_of(linear->w);
+    key.d_alignment = alignment_of(linear->y), key.bias_alignment = alignment_of(linear->bias);
 
-    gemm_plan_t *plan = NULL;
-    for (unsigned i = 0; i < GEMM_PLANS && !plan; ++i)
-        if (gemm->plans[i].used && key_equal(&gemm->plans[i].key, &key)) plan = &gemm->plans[i];
     cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
     cudaError_t launch = cudaSuccess;
     char const *step = NULL; /* what failed, for *answer; the tries that fell back leave no trace */
+    gemm_plan_t *plan = plan_find(gemm, &key);
     if (!plan) {
-        plan = &gemm->plans[gemm->next];
-        gemm->next = (gemm->next + 1) % GEMM_PLANS;
-        plan_release(plan);
+        plan = plan_take(gemm);
         status = plan_make(gemm, plan, &key, linear, key.fuse, &step);
     }
     if (!status) status = plan_run(gemm, plan, linear, &launch, &step);
@@ -378,4 +434,64 @@ extern "C" cudaError_t cuda_linear(cuda_gemm_t *gemm, cuda_linear_t const *linea
     if (launch) return *message = step, launch;
     gemm->last_fused = plan->fused;
     return cudaSuccess;
+}
+
+/* ---- Backward products ------------------------------------------------------------------------------ */
+
+/* Enqueues D = op(A) op(B) (+ D when key->accumulate) for a backward key: the default epilogue, the plan
+ * cached as the forward ones are. */
+static cudaError_t backward_product(cuda_gemm_t *gemm, gemm_key_t const *key, void const *a, void const *b,
+                                    void *d, char const **message) {
+    cuda_linear_t none;
+    memset(&none, 0, sizeof none); /* no bias: plan_build reads nothing else of it */
+    gemm_plan_t *plan = plan_find(gemm, key);
+    cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
+    if (!plan) {
+        plan = plan_take(gemm);
+        status = plan_build(gemm, plan, key, &none, EPILOGUE_OURS, message);
+    }
+    float alpha = 1.0f, beta = key->accumulate ? 1.0f : 0.0f;
+    if (!status && (status = cublasLtMatmul(gemm->handle, plan->operation, &alpha, a, plan->a, b, plan->b,
+                                            &beta, d, plan->d, d, plan->d, &plan->algo, gemm->workspace,
+                                            GEMM_WORKSPACE, gemm->stream)))
+        *message = "cublasLtMatmul failed";
+    if (status) gemm->last_status = (int)status;
+    return error_of(status);
+}
+
+extern "C" cudaError_t cuda_linear_backward(cuda_gemm_t *gemm, cuda_linear_backward_t const *linear,
+                                            char const **answer) {
+    char const *ignored, **message = answer ? answer : &ignored;
+    if (!gemm || !linear) return *message = "gemm or linear is NULL", cudaErrorInvalidValue;
+    if (linear->m == 0 || linear->n == 0 || linear->k == 0) return cudaSuccess;
+    if (!linear->dy || linear->dy_stride < linear->n)
+        return *message = "dy is NULL or short", cudaErrorInvalidValue;
+    if (linear->dx_bf16 && linear->dx_accumulate)
+        return *message = "a BF16 dx cannot be accumulated", cudaErrorInvalidValue;
+    gemm_key_t key;
+    cudaError_t error = cudaSuccess;
+    if (linear->dw) {
+        if (!linear->x || linear->x_stride < linear->k)
+            return *message = "x is NULL or short", cudaErrorInvalidValue;
+        memset(&key, 0, sizeof key);
+        key.product = PRODUCT_DW, key.m = linear->m, key.n = linear->n, key.k = linear->k;
+        key.x_stride = linear->x_stride, key.dy_stride = linear->dy_stride;
+        key.kind = CUDA_LINEAR_F32, key.accumulate = true;
+        key.a_alignment = alignment_of(linear->x), key.b_alignment = alignment_of(linear->dy);
+        key.d_alignment = alignment_of(linear->dw);
+        error = backward_product(gemm, &key, linear->x, linear->dy, linear->dw, message);
+    }
+    if (!error && linear->dx) {
+        if (!linear->w || linear->dx_stride < linear->k)
+            return *message = "w is NULL or dx short", cudaErrorInvalidValue;
+        memset(&key, 0, sizeof key);
+        key.product = PRODUCT_DX, key.m = linear->m, key.n = linear->n, key.k = linear->k;
+        key.y_stride = linear->dx_stride, key.dy_stride = linear->dy_stride;
+        key.kind = linear->dx_bf16 ? CUDA_LINEAR_BF16 : CUDA_LINEAR_F32,
+        key.accumulate = linear->dx_accumulate;
+        key.a_alignment = alignment_of(linear->w), key.b_alignment = alignment_of(linear->dy);
+        key.d_alignment = alignment_of(linear->dx);
+        error = backward_product(gemm, &key, linear->w, linear->dy, linear->dx, message);
+    }
+    return error;
 }

@@ -267,7 +267,8 @@ struct Trainer[mut: Bool, //, mesh_origin: Origin[mut=mut] = ImmStaticOrigin](Mo
 
     @staticmethod
     def init_vram[m: Bool, //, o: Origin[mut=m]](executor: Executor, config: TrainerConfig[o]) raises Error -> Trainer[o]:
-        """A trainer on a VRAM executor (`uform_trainer_init_vram`): `Status.UNSUPPORTED` in this build."""
+        """A trainer on a VRAM executor (`uform_trainer_init_vram`): its steps on the executor's first device;
+        `Status.INVALID_ARGUMENT` for a host executor."""
         return Trainer[o]._init[True](executor, config)
 
     @staticmethod

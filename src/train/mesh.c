@@ -4,12 +4,15 @@
  * one, else MPI_COMM_WORLD) with errors returned, so a failing collective is a status, never an abort.
  * The trainer's collectives are non-blocking (MPI_Iallgather(v), MPI_Iallreduce): posted by a step and
  * tested by the loop on a short, growing timer, as VRAM executors poll CUDA events. Freeing the last mesh
- * finalizes MPI when the engine initialized it. */
+ * finalizes MPI when the engine initialized it. Over a VRAM executor a process alone meshes (its VRAM
+ * trainer steps alone); several processes would need device collectives, which are not built, and answer
+ * UFORM_UNSUPPORTED, every one of them alike. */
 #include <limits.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 
 #include "call.h"
+#include "executor.h"
 #include "mesh.h"
 
 #if UFORM_WITH_MPI
@@ -97,6 +100,15 @@ static void bootstrap_start(call_t *call) {
     MPI_Comm_set_errhandler(mesh->comm, MPI_ERRORS_RETURN);
     MPI_Comm_rank(mesh->comm, &rank);
     MPI_Comm_size(mesh->comm, &size);
+    if (size > 1 && executor_on_device(call->executor)) { /* every process of the run answers alike */
+        MPI_Comm_free(&mesh->comm);
+        free(mesh);
+        call_finish(
+            call, UFORM_UNSUPPORTED,
+            "a mesh of several processes over VRAM executors needs device collectives (NCCL), which this "
+            "version does not build; a process alone meshes");
+        return;
+    }
     mesh->rank = (size_t)rank;
     mesh->size = (size_t)size;
     atomic_fetch_add(&meshes_alive, 1);
@@ -123,9 +135,6 @@ UFORM_EXPORT uform_status_t uform_mesh_bootstrap(uform_mesh_bootstrap_args_t con
             return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry,
                                "options.communicator is MPI_COMM_NULL");
     }
-    if (executor_on_device(args->executor))
-        return call_refuse(args->outcome, UFORM_UNSUPPORTED, entry,
-                           "RAM executors mesh through MPI; this version has no VRAM mesh (NCCL)");
     *args->mesh = NULL;
     uform_outcome_t own;
     call_t *call = NULL;

@@ -88,7 +88,8 @@ double train_learning_rate(train_optimizer_t const *optimizer, size_t step);
  * tensors in order), clipping when it exceeds clip_norm, then AdamW on every tensor (decoupled decay
  * first, bias-corrected moments, epsilon outside the square root), split over the executor's threads by
  * fixed ranges of scalars. Increments `step`. Answers the unclipped norm; *learning_rate gets the rate
- * used. */
+ * used. A norm that is not finite (a gradient overflowed or is NaN) is answered at once: nothing is
+ * updated, `step` stays and *learning_rate is not written. */
 double train_params_update(train_params_t *params, uform_executor_t *executor, double *learning_rate);
 
 /* Writes the BF16 inference checkpoint at `path` and the optimizer state at

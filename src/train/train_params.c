@@ -514,6 +514,7 @@ double train_params_update(train_params_t *params, uform_executor_t *executor, d
     for (size_t s = 0; s < TRAIN_NORM_SEGMENTS; s++)
         sum += job.segments[s];
     double const norm = sqrt(sum);
+    if (!isfinite(norm)) return norm; /* a gradient overflowed: nothing is updated, the step not counted */
 
     size_t const step = ++params->step;
     double const rate = train_learning_rate(optimizer, step);

@@ -13,8 +13,10 @@
 #include "audio_decode.h"
 #include "audio_frontend.h"
 #include "call.h"
+#include "executor.h"
 #include "image_preprocess.h"
 #include "kernels.h"
+#include "mesh.h"
 #include "train.h"
 #include "train_step.h"
 #include "patches.h"
@@ -23,7 +25,8 @@
 
 static uform_status_t trainer_bind(uform_trainer_t *trainer, char const **message) {
     uform_model_info_t const *info = &trainer->params.info;
-    if (info->has_text && !train_tower_bind(&trainer->text, &trainer->params, "text", &info->text.transformer))
+    if (info->has_text &&
+        !train_tower_bind(&trainer->text, &trainer->params, "text", &info->text.transformer))
         goto missing;
     if (info->has_image &&
         !train_tower_bind(&trainer->image, &trainer->params, "image", &info->image.transformer))
@@ -57,6 +60,7 @@ missing:
 
 void trainer_destroy(uform_trainer_t *trainer) {
     if (!trainer) return;
+    if (trainer->device_release) trainer->device_release(trainer);
     train_tower_t *const towers[] = {&trainer->text, &trainer->image, &trainer->audio};
     train_pass_t *const passes[] = {&trainer->text_pass, &trainer->image_pass, &trainer->audio_pass};
     for (size_t i = 0; i < 3; ++i) {
@@ -78,6 +82,7 @@ uform_status_t trainer_create(uform_trainer_config_t const *config, uform_traine
         *message = "cannot allocate the trainer";
         return UFORM_OUT_OF_MEMORY;
     }
+    trainer->ops = &train_ram_ops;
     uform_status_t status;
     if (config->resume_path) {
         status = train_params_load(&trainer->params, config->resume_path, reason, message);
@@ -114,27 +119,7 @@ uform_status_t trainer_create(uform_trainer_config_t const *config, uform_traine
 
 /* ---- Inputs --------------------------------------------------------------------------------------- */
 
-/* The batch, regrouped per tower. */
-typedef struct batch_plan {
-    size_t items;
-    /* text */
-    size_t texts, text_tokens;
-    size_t *text_items;   /* [texts]: the batch item of each text */
-    size_t *text_offsets; /* [texts + 1] token offsets */
-    uint16_t *tokens;     /* [text_tokens]: 256 for BOS, else the byte */
-    size_t predicted;     /* positions with a next byte */
-    /* image trunk: images and video frames, each one image of 1 + P tokens */
-    size_t images, image_rows; /* image-trunk items, and their patch rows */
-    size_t *image_items;       /* [images]: the batch item of each */
-    size_t *image_offsets;     /* [images + 1] */
-    float *image_patches;      /* [image_rows, 3 patch^2] */
-    /* audio trunk */
-    size_t sounds, sound_rows;
-    size_t *sound_items, *sound_offsets;
-    float *sound_patches; /* [sound_rows, mels * patch_frames] */
-} batch_plan_t;
-
-static void plan_free(batch_plan_t *plan) {
+void plan_free(batch_plan_t *plan) {
     void *const buffers[] = {plan->text_items,  plan->text_offsets,  plan->tokens,
                              plan->image_items, plan->image_offsets, plan->image_patches,
                              plan->sound_items, plan->sound_offsets, plan->sound_patches};
@@ -145,8 +130,8 @@ static void plan_free(batch_plan_t *plan) {
 #if UFORM_WITH_FFMPEG
 /* One sound's patch rows (at most max_patches of them) into *rows (malloc'ed), as the audio verbs make
  * them: decoded, resampled, cut to the model's reach, log-mel. */
-static uform_status_t plan_sound(uform_trainer_t const *trainer, uint8_t const *bytes, size_t span, float **rows,
-                                 size_t *patches) {
+static uform_status_t plan_sound(uform_trainer_t const *trainer, uint8_t const *bytes, size_t span,
+                                 float **rows, size_t *patches) {
     audio_frontend_t const *frontend = &trainer->frontend;
     audio_pcm_t pcm = {0};
     audio_spectrum_t spectrum = {0};
@@ -163,11 +148,13 @@ static uform_status_t plan_sound(uform_trainer_t const *trainer, uint8_t const *
     }
     if (status == UFORM_OK) status = audio_spectrum_init(&spectrum, frontend);
     if (status == UFORM_OK) {
-        size_t frames = *patches * frontend->patch_frames, used = frontend->window + (frames - 1) * frontend->hop;
+        size_t frames = *patches * frontend->patch_frames,
+               used = frontend->window + (frames - 1) * frontend->hop;
         clip = malloc(used * sizeof(float));
         *rows = malloc(frames * frontend->mels * sizeof(float));
         if (!clip || !*rows) status = UFORM_OUT_OF_MEMORY;
-        if (status == UFORM_OK) status = audio_resample(frontend, pcm.samples, pcm.length, pcm.rate, clip, used);
+        if (status == UFORM_OK)
+            status = audio_resample(frontend, pcm.samples, pcm.length, pcm.rate, clip, used);
         if (status == UFORM_INVALID_ARGUMENT) status = UFORM_FORMAT;
         if (status == UFORM_OK) audio_log_mel(frontend, &spectrum, clip, frames, *rows);
     }
@@ -182,21 +169,56 @@ static uform_status_t plan_sound(uform_trainer_t const *trainer, uint8_t const *
 }
 #endif
 
-static uform_status_t plan_batch(uform_trainer_t const *trainer, train_batch_t const *batch, batch_plan_t *plan,
-                                 char *message, size_t capacity) {
-    uform_model_info_t const *info = &trainer->params.info;
-    memset(plan, 0, sizeof *plan);
-    size_t items = batch->items;
-    plan->items = items;
-    size_t patch_floats = 0, per_image = 0, frames = info->video.frames;
+/* The media items of a batch, decoded into the slots the plan gave them: one item at a time per thread. */
+typedef struct decode_job {
+    uform_trainer_t const *trainer;
+    train_batch_t const *batch;
+    batch_plan_t *plan;
+    size_t const *slots;      /* [items]: each media item's first image-trunk entry, or its sound */
+    float **sound_rows;       /* [sounds] */
+    size_t *sound_patches;    /* [sounds] */
+    uform_status_t *statuses; /* [items] */
+    size_t threads;
+} decode_job_t;
+
+static uform_status_t decode_item(decode_job_t const *job, size_t i) {
+    batch_plan_t *plan = job->plan;
+    uform_model_info_t const *info = &job->trainer->params.info;
+    size_t begin = job->batch->contents.offsets[i], span = job->batch->contents.offsets[i + 1] - begin;
+    uint8_t const *bytes = span ? (uint8_t const *)job->batch->contents.data + begin : NULL;
+    uform_modality_t modality = job->batch->modalities[i];
+    if (modality == UFORM_MODALITY_IMAGE || modality == UFORM_MODALITY_VIDEO) {
+        size_t patch = info->image.patch, side = info->image.size / patch;
+        float *rows = plan->image_patches + job->slots[i] * side * side * 3 * patch * patch;
+        return media_patches(bytes, span, &job->trainer->geometry,
+                             modality == UFORM_MODALITY_VIDEO ? info->video.frames : 0, rows);
+    }
+#if UFORM_WITH_FFMPEG
+    size_t sound = job->slots[i];
+    return plan_sound(job->trainer, bytes, span, &job->sound_rows[sound], &job->sound_patches[sound]);
+#else
+    return UFORM_UNSUPPORTED;
+#endif
+}
+
+static void decode_work(void *context, size_t thread) {
+    decode_job_t const *job = context;
+    size_t first, last;
+    thread_share(job->batch->items, thread, job->threads, &first, &last);
+    for (size_t i = first; i < last; ++i)
+        job->statuses[i] = job->batch->modalities[i] == UFORM_MODALITY_TEXT ? UFORM_OK : decode_item(job, i);
+}
+
+/* Counts the batch's items per trunk and allocates the plan's arrays. */
+static bool plan_allocate(uform_model_info_t const *info, train_batch_t const *batch, batch_plan_t *plan) {
+    size_t patch_floats = 0, per_image = 0, frames = info->video.frames, context = info->text.context;
     if (info->has_image) {
         size_t side = info->image.size / info->image.patch;
         per_image = side * side;
         patch_floats = 3 * info->image.patch * info->image.patch;
     }
-    /* Count. */
-    size_t const context = info->text.context;
-    for (size_t i = 0; i < items; ++i) {
+    plan->items = batch->items;
+    for (size_t i = 0; i < batch->items; ++i) {
         size_t span = batch->contents.offsets[i + 1] - batch->contents.offsets[i];
         switch (batch->modalities[i]) {
         case UFORM_MODALITY_TEXT:
@@ -204,9 +226,15 @@ static uform_status_t plan_batch(uform_trainer_t const *trainer, train_batch_t c
             plan->text_tokens += 1 + (span < context ? span : context);
             plan->predicted += span < context ? span : context;
             break;
-        case UFORM_MODALITY_IMAGE: plan->images++; break;
-        case UFORM_MODALITY_VIDEO: plan->images += frames; break;
-        case UFORM_MODALITY_AUDIO: plan->sounds++; break;
+        case UFORM_MODALITY_IMAGE:
+            plan->images++;
+            break;
+        case UFORM_MODALITY_VIDEO:
+            plan->images += frames;
+            break;
+        case UFORM_MODALITY_AUDIO:
+            plan->sounds++;
+            break;
         }
     }
     plan->image_rows = plan->images * per_image;
@@ -218,74 +246,93 @@ static uform_status_t plan_batch(uform_trainer_t const *trainer, train_batch_t c
     plan->image_patches = malloc((plan->image_rows * patch_floats + 1) * sizeof(float));
     plan->sound_items = malloc((plan->sounds + 1) * sizeof(size_t));
     plan->sound_offsets = malloc((plan->sounds + 1) * sizeof(size_t));
-    float **sound_rows = calloc(plan->sounds + 1, sizeof(float *));
-    size_t *sound_patches = calloc(plan->sounds + 1, sizeof(size_t));
-    uform_status_t status = UFORM_OK;
-    if (!plan->text_items || !plan->text_offsets || !plan->tokens || !plan->image_items || !plan->image_offsets ||
-        !plan->image_patches || !plan->sound_items || !plan->sound_offsets || !sound_rows || !sound_patches) {
-        snprintf(message, capacity, "cannot allocate the batch's inputs");
-        status = UFORM_OUT_OF_MEMORY;
-        goto done;
-    }
-    /* Fill. */
-    size_t text = 0, token = 0, image = 0, sound = 0;
+    return plan->text_items && plan->text_offsets && plan->tokens && plan->image_items &&
+           plan->image_offsets && plan->image_patches && plan->sound_items && plan->sound_offsets;
+}
+
+/* The texts' tokens, and every media item's slot: its image-trunk entries or its sound. */
+static void plan_fill(uform_model_info_t const *info, train_batch_t const *batch, batch_plan_t *plan,
+                      size_t *slots) {
+    size_t text = 0, token = 0, image = 0, sound = 0, context = info->text.context;
+    size_t per_image =
+        info->has_image ? (info->image.size / info->image.patch) * (info->image.size / info->image.patch) : 0;
     plan->text_offsets[0] = plan->image_offsets[0] = plan->sound_offsets[0] = 0;
-    for (size_t i = 0; i < items && status == UFORM_OK; ++i) {
+    for (size_t i = 0; i < batch->items; ++i) {
         size_t begin = batch->contents.offsets[i], span = batch->contents.offsets[i + 1] - begin;
-        uint8_t const *bytes = span ? (uint8_t const *)batch->contents.data + begin : NULL;
         uform_modality_t modality = batch->modalities[i];
         if (modality == UFORM_MODALITY_TEXT) {
+            uint8_t const *bytes = span ? (uint8_t const *)batch->contents.data + begin : NULL;
             size_t kept = span < context ? span : context;
             plan->tokens[token++] = 256;
             for (size_t b = 0; b < kept; ++b)
                 plan->tokens[token++] = bytes[b];
             plan->text_items[text] = i;
             plan->text_offsets[++text] = token;
-        } else if (modality == UFORM_MODALITY_IMAGE || modality == UFORM_MODALITY_VIDEO) {
-            bool video = modality == UFORM_MODALITY_VIDEO;
-            status = media_patches(bytes, span, &trainer->geometry, video ? frames : 0,
-                                   plan->image_patches + image * per_image * patch_floats);
-            if (status != UFORM_OK) {
-                snprintf(message, capacity, "item %zu: the %s cannot be decoded (%s)", i, video ? "clip" : "image",
-                         uform_status_name(status));
-                break;
-            }
-            for (size_t k = 0; k < (video ? frames : 1); ++k, ++image) {
+        } else if (modality == UFORM_MODALITY_AUDIO) {
+            plan->sound_items[sound] = i;
+            slots[i] = sound++;
+        } else {
+            slots[i] = image;
+            for (size_t k = 0; k < (modality == UFORM_MODALITY_VIDEO ? info->video.frames : 1);
+                 ++k, ++image) {
                 plan->image_items[image] = i;
                 plan->image_offsets[image + 1] = plan->image_offsets[image] + 1 + per_image;
             }
-        } else {
-#if UFORM_WITH_FFMPEG
-            status = plan_sound(trainer, bytes, span, &sound_rows[sound], &sound_patches[sound]);
-#else
-            status = UFORM_UNSUPPORTED;
-#endif
-            if (status != UFORM_OK) {
-                snprintf(message, capacity, "item %zu: the sound cannot be decoded (%s)", i,
-                         uform_status_name(status));
-                break;
-            }
-            plan->sound_items[sound] = i;
-            plan->sound_offsets[sound + 1] = plan->sound_offsets[sound] + 1 + sound_patches[sound];
-            plan->sound_rows += sound_patches[sound];
-            sound++;
         }
     }
-    if (status == UFORM_OK && plan->sounds) {
-        size_t floats = info->audio.mels * info->audio.patch_frames;
-        plan->sound_patches = malloc(plan->sound_rows * floats * sizeof(float));
-        if (!plan->sound_patches) {
-            snprintf(message, capacity, "cannot allocate the sounds' patches");
-            status = UFORM_OUT_OF_MEMORY;
-        }
-        for (size_t s = 0, row = 0; status == UFORM_OK && s < plan->sounds; row += sound_patches[s], ++s)
-            memcpy(plan->sound_patches + row * floats, sound_rows[s], sound_patches[s] * floats * sizeof(float));
+}
+
+/* The sounds' rows end to end, and their token offsets. */
+static uform_status_t plan_sounds(uform_model_info_t const *info, batch_plan_t *plan,
+                                  float *const *sound_rows, size_t const *sound_patches) {
+    size_t floats = info->audio.mels * info->audio.patch_frames;
+    for (size_t s = 0; s < plan->sounds; ++s) {
+        plan->sound_offsets[s + 1] = plan->sound_offsets[s] + 1 + sound_patches[s];
+        plan->sound_rows += sound_patches[s];
     }
+    plan->sound_patches = malloc((plan->sound_rows * floats + 1) * sizeof(float));
+    if (!plan->sound_patches) return UFORM_OUT_OF_MEMORY;
+    for (size_t s = 0, row = 0; s < plan->sounds; row += sound_patches[s], ++s)
+        memcpy(plan->sound_patches + row * floats, sound_rows[s], sound_patches[s] * floats * sizeof(float));
+    return UFORM_OK;
+}
+
+uform_status_t plan_batch(uform_trainer_t const *trainer, train_batch_t const *batch,
+                          uform_executor_t *workers, batch_plan_t *plan, char *message, size_t capacity) {
+    uform_model_info_t const *info = &trainer->params.info;
+    memset(plan, 0, sizeof *plan);
+    decode_job_t job = {.trainer = trainer, .batch = batch, .plan = plan, .threads = 1};
+    size_t *slots = malloc((batch->items + 1) * sizeof(size_t));
+    job.statuses = malloc((batch->items + 1) * sizeof(uform_status_t));
+    uform_status_t status = UFORM_OK;
+    if (!slots || !job.statuses || !plan_allocate(info, batch, plan) ||
+        !(job.sound_rows = calloc(plan->sounds + 1, sizeof(float *))) ||
+        !(job.sound_patches = calloc(plan->sounds + 1, sizeof(size_t)))) {
+        snprintf(message, capacity, "cannot allocate the batch's inputs");
+        status = UFORM_OUT_OF_MEMORY;
+        goto done;
+    }
+    plan_fill(info, batch, plan, slots);
+    job.slots = slots;
+    if (workers && (job.threads = executor_fork_threads(workers)) > 1)
+        executor_for_threads(workers, decode_work, &job);
+    else
+        decode_work(&job, 0);
+    for (size_t i = 0; i < batch->items && status == UFORM_OK; ++i) /* the first item that failed */
+        if ((status = job.statuses[i]) != UFORM_OK)
+            snprintf(message, capacity, "item %zu: the %s cannot be decoded (%s)", i,
+                     batch->modalities[i] == UFORM_MODALITY_AUDIO   ? "sound"
+                     : batch->modalities[i] == UFORM_MODALITY_VIDEO ? "clip"
+                                                                    : "image",
+                     uform_status_name(status));
+    if (status == UFORM_OK && plan->sounds &&
+        (status = plan_sounds(info, plan, job.sound_rows, job.sound_patches)))
+        snprintf(message, capacity, "cannot allocate the sounds' patches");
 done:
-    for (size_t s = 0; sound_rows && s < plan->sounds; ++s)
-        free(sound_rows[s]);
-    free(sound_rows);
-    free(sound_patches);
+    for (size_t s = 0; job.sound_rows && s < plan->sounds; ++s)
+        free(job.sound_rows[s]);
+    void *const buffers[] = {slots, job.statuses, job.sound_rows, job.sound_patches};
+    train_free_each(buffers, sizeof buffers / sizeof buffers[0]);
     if (status != UFORM_OK) plan_free(plan);
     return status;
 }
@@ -333,8 +380,8 @@ static double sigmoid(double x) {
  * 2 sum_j dL/ds_ij t x_j: each process computes its items' whole gradient from the gathered batch.
  * `related` [local, local]: nonzero where two of this process's items are related (pairs across
  * processes are never related). NaN when out of memory. */
-static double contrastive(uform_trainer_t *trainer, double const *e, size_t global, size_t first, size_t local,
-                          uint8_t const *related, double *de) {
+static double contrastive(uform_trainer_t *trainer, double const *e, size_t global, size_t first,
+                          size_t local, uint8_t const *related, double *de) {
     size_t dims = trainer->params.info.dims;
     memset(de, 0, local * dims * sizeof(double));
     if (global < 2) return 0;
@@ -395,11 +442,11 @@ static double contrastive(uform_trainer_t *trainer, double const *e, size_t glob
  * per trunk item), their raw projections and norms, and the gradients flowing back. */
 typedef struct trunk_out {
     size_t count;
-    float *selected;  /* [count, hidden]: the states projected */
-    float *projected; /* [count, dims] */
-    double *unit;     /* [count, dims]: normalized */
-    double *norms;    /* [count] */
-    double *d_unit;   /* [count, dims] */
+    float *selected;    /* [count, hidden]: the states projected */
+    float *projected;   /* [count, dims] */
+    double *unit;       /* [count, dims]: normalized */
+    double *norms;      /* [count] */
+    double *d_unit;     /* [count, dims] */
     float *d_projected; /* [count, dims] */
     float *d_selected;  /* [count, hidden] */
 } trunk_out_t;
@@ -427,12 +474,13 @@ static bool trunk_out_make(trunk_out_t *out, size_t count, size_t hidden, size_t
 }
 
 /* Gathers the rows `rows[i]` of the trunk's states, projects and normalizes them. */
-static void trunk_out_forward(uform_executor_t *executor, train_tower_t const *trunk, train_pass_t const *pass,
-                              size_t const *rows, trunk_out_t *out) {
+static void trunk_out_forward(uform_executor_t *executor, train_tower_t const *trunk,
+                              train_pass_t const *pass, size_t const *rows, trunk_out_t *out) {
     size_t hidden = trunk->hidden, dims = trunk->dims;
     for (size_t i = 0; i < out->count; ++i)
         memcpy(out->selected + i * hidden, pass->states + rows[i] * hidden, hidden * sizeof(float));
-    train_linear(trunk->kernels, executor, out->selected, out->count, trunk->proj, dims, NULL, out->projected);
+    train_linear(trunk->kernels, executor, out->selected, out->count, trunk->proj, dims, NULL,
+                 out->projected);
     for (size_t i = 0; i < out->count; ++i) {
         for (size_t c = 0; c < dims; ++c)
             out->unit[i * dims + c] = out->projected[i * dims + c];
@@ -460,9 +508,9 @@ static void trunk_out_backward(uform_executor_t *executor, train_tower_t const *
 
 /* The input tokens of a patch trunk: per item, the class token plus position 0, then each patch's
  * embedding plus its position. */
-static bool patch_tokens(train_tower_t const *trunk, uform_executor_t *executor, train_tensor_t *const parts[4],
-                         float const *patches, size_t rows, size_t const *offsets, size_t items, float **x,
-                         float **embedded) {
+static bool patch_tokens(train_tower_t const *trunk, uform_executor_t *executor,
+                         train_tensor_t *const parts[4], float const *patches, size_t rows,
+                         size_t const *offsets, size_t items, float **x, float **embedded) {
     size_t hidden = trunk->hidden, tokens = offsets[items];
     *x = malloc((tokens + 1) * hidden * sizeof(float));
     *embedded = malloc((rows + 1) * hidden * sizeof(float));
@@ -501,8 +549,8 @@ static void patch_tokens_backward(train_tower_t const *trunk, uform_executor_t *
                 d_pos[(1 + p) * hidden + c] += g;
             }
     }
-    train_linear_backward(trunk->kernels, executor, patches, rows, parts[0], hidden, parts[1], d_embedded, NULL,
-                          false);
+    train_linear_backward(trunk->kernels, executor, patches, rows, parts[0], hidden, parts[1], d_embedded,
+                          NULL, false);
 }
 
 /* The forward pass of a patch trunk (image or audio) over its `items`, patch rows [rows, inputs] at token
@@ -543,9 +591,9 @@ struct train_work {
     float *text_x, *image_x, *image_embedded, *sound_x, *sound_embedded, *d_states, *d_x, *logits;
     size_t *text_rows, *image_rows, *sound_rows;
     trunk_out_t text_out, image_out, sound_out;
-    double *e, *de;         /* [items, dims]: this process's embeddings, and their gradients */
-    double *video_norms;    /* [items]: a clip's norm before its normalization */
-    uint8_t *related;       /* [items, items] */
+    double *e, *de;      /* [items, dims]: this process's embeddings, and their gradients */
+    double *video_norms; /* [items]: a clip's norm before its normalization */
+    uint8_t *related;    /* [items, items] */
 };
 
 void train_work_free(train_work_t *w) {
@@ -582,9 +630,16 @@ static double lm_loss(uform_trainer_t *trainer, train_work_t *w, size_t predicte
     size_t hidden = trunk->hidden, tokens = plan->text_tokens;
     if (plan->predicted == 0) return 0;
     /* logits [tokens, 256] = states . embed[0:256]^T */
-    kernel_sgemm_t logits = {.m = tokens, .n = 256, .k = hidden, .a = trainer->text_pass.states, .a_stride = hidden,
-                             .b = trainer->text.embed->value, .b_stride = hidden, .b_transposed = true,
-                             .c = w->logits, .c_stride = 256};
+    kernel_sgemm_t logits = {.m = tokens,
+                             .n = 256,
+                             .k = hidden,
+                             .a = trainer->text_pass.states,
+                             .a_stride = hidden,
+                             .b = trainer->text.embed->value,
+                             .b_stride = hidden,
+                             .b_transposed = true,
+                             .c = w->logits,
+                             .c_stride = 256};
     trunk->kernels->sgemm(&logits, 0, 256);
     double loss = 0, scale = trainer->lm_weight / (double)predicted;
     for (size_t t = 0; t < plan->texts; ++t)
@@ -605,12 +660,27 @@ static double lm_loss(uform_trainer_t *trainer, train_work_t *w, size_t predicte
                 l[j] = (float)(scale * (exp(l[j] - max) / sum - (j == (int)target)));
         }
     /* embed.grad[0:256] += dlogits^T states; d_states += dlogits . embed[0:256] */
-    kernel_sgemm_t d_embed = {.m = 256, .n = hidden, .k = tokens, .a = w->logits, .a_stride = 256,
-                              .a_transposed = true, .b = trainer->text_pass.states, .b_stride = hidden,
-                              .c = trainer->text.embed->grad, .c_stride = hidden, .accumulate = true};
+    kernel_sgemm_t d_embed = {.m = 256,
+                              .n = hidden,
+                              .k = tokens,
+                              .a = w->logits,
+                              .a_stride = 256,
+                              .a_transposed = true,
+                              .b = trainer->text_pass.states,
+                              .b_stride = hidden,
+                              .c = trainer->text.embed->grad,
+                              .c_stride = hidden,
+                              .accumulate = true};
     trunk->kernels->sgemm(&d_embed, 0, hidden);
-    kernel_sgemm_t d_s = {.m = tokens, .n = hidden, .k = 256, .a = w->logits, .a_stride = 256,
-                          .b = trainer->text.embed->value, .b_stride = hidden, .c = d_states, .c_stride = hidden,
+    kernel_sgemm_t d_s = {.m = tokens,
+                          .n = hidden,
+                          .k = 256,
+                          .a = w->logits,
+                          .a_stride = 256,
+                          .b = trainer->text.embed->value,
+                          .b_stride = hidden,
+                          .c = d_states,
+                          .c_stride = hidden,
                           .accumulate = true};
     trunk->kernels->sgemm(&d_s, 0, hidden);
     return loss / (double)predicted;
@@ -620,8 +690,8 @@ static bool cancelled(train_progress_t *progress, size_t phase) {
     return progress && progress_report(progress->progress, &progress->next_step, phase, TRAIN_PHASES);
 }
 
-static uform_status_t validate(uform_trainer_t const *trainer, train_batch_t const *batch, char *message,
-                               size_t capacity) {
+uform_status_t train_validate(uform_trainer_t const *trainer, train_batch_t const *batch, char *message,
+                              size_t capacity) {
     uform_model_info_t const *info = &trainer->params.info;
     size_t items = batch->items;
     for (size_t i = 0; i < items; ++i) {
@@ -643,8 +713,8 @@ static uform_status_t validate(uform_trainer_t const *trainer, train_batch_t con
     for (size_t r = 0; r < batch->relations_count; ++r) {
         uint32_t a = batch->relations[2 * r], b = batch->relations[2 * r + 1];
         if (a >= items || b >= items || a == b) {
-            snprintf(message, capacity, "relation %zu: (%u, %u) is not a pair of two distinct items of %zu", r, a,
-                     b, items);
+            snprintf(message, capacity, "relation %zu: (%u, %u) is not a pair of two distinct items of %zu",
+                     r, a, b, items);
             return UFORM_INVALID_ARGUMENT;
         }
     }
@@ -654,7 +724,7 @@ static uform_status_t validate(uform_trainer_t const *trainer, train_batch_t con
 uform_status_t train_forward(uform_trainer_t *trainer, uform_executor_t *executor, train_batch_t const *batch,
                              train_progress_t *progress, train_work_t **out, char *message, size_t capacity) {
     *out = NULL;
-    uform_status_t status = validate(trainer, batch, message, capacity);
+    uform_status_t status = train_validate(trainer, batch, message, capacity);
     if (status != UFORM_OK) return status;
     train_work_t *w = calloc(1, sizeof *w);
     if (!w) {
@@ -664,7 +734,7 @@ uform_status_t train_forward(uform_trainer_t *trainer, uform_executor_t *executo
     w->batch = *batch;
     uform_model_info_t const *info = &trainer->params.info;
     size_t items = batch->items, dims = info->dims;
-    status = plan_batch(trainer, batch, &w->plan, message, capacity);
+    status = plan_batch(trainer, batch, NULL, &w->plan, message, capacity);
     if (status != UFORM_OK) {
         train_work_free(w);
         return status;
@@ -674,8 +744,10 @@ uform_status_t train_forward(uform_trainer_t *trainer, uform_executor_t *executo
     snprintf(message, capacity, "cannot allocate the step's buffers");
     size_t max_hidden = 0, max_tokens = plan->text_tokens;
     if (info->has_text) max_hidden = info->text.transformer.hidden;
-    if (info->has_image && info->image.transformer.hidden > max_hidden) max_hidden = info->image.transformer.hidden;
-    if (info->has_audio && info->audio.transformer.hidden > max_hidden) max_hidden = info->audio.transformer.hidden;
+    if (info->has_image && info->image.transformer.hidden > max_hidden)
+        max_hidden = info->image.transformer.hidden;
+    if (info->has_audio && info->audio.transformer.hidden > max_hidden)
+        max_hidden = info->audio.transformer.hidden;
     if (plan->image_rows + plan->images > max_tokens) max_tokens = plan->image_rows + plan->images;
     if (plan->sound_rows + plan->sounds > max_tokens) max_tokens = plan->sound_rows + plan->sounds;
     w->d_states = malloc((max_tokens + 1) * max_hidden * sizeof(float));
@@ -703,7 +775,8 @@ uform_status_t train_forward(uform_trainer_t *trainer, uform_executor_t *executo
         w->logits = malloc(plan->text_tokens * 256 * sizeof(float));
         if (!w->text_x || !w->logits || !trunk_out_make(&w->text_out, plan->texts, hidden, dims)) goto fail;
         for (size_t t = 0; t < plan->text_tokens; ++t)
-            memcpy(w->text_x + t * hidden, trainer->text.embed->value + plan->tokens[t] * hidden, hidden * sizeof(float));
+            memcpy(w->text_x + t * hidden, trainer->text.embed->value + plan->tokens[t] * hidden,
+                   hidden * sizeof(float));
         if (!train_tower_forward(trunk, executor, &trainer->text_pass, w->text_x, plan->text_tokens,
                                  plan->text_offsets, plan->texts, true, true))
             goto fail;
@@ -750,7 +823,8 @@ fail:
 
 uform_status_t train_backward(uform_trainer_t *trainer, uform_executor_t *executor, train_work_t *w,
                               double const *global, size_t global_items, size_t first, size_t predicted,
-                              train_losses_t *losses, train_progress_t *progress, char *message, size_t capacity) {
+                              train_losses_t *losses, train_progress_t *progress, char *message,
+                              size_t capacity) {
     uform_model_info_t const *info = &trainer->params.info;
     batch_plan_t const *plan = &w->plan;
     size_t items = w->batch.items, dims = info->dims;
@@ -805,13 +879,169 @@ uform_status_t train_backward(uform_trainer_t *trainer, uform_executor_t *execut
 }
 
 uform_status_t train_compute(uform_trainer_t *trainer, uform_executor_t *executor, train_batch_t const *batch,
-                             train_losses_t *losses, train_progress_t *progress, char *message, size_t capacity) {
+                             train_losses_t *losses, train_progress_t *progress, char *message,
+                             size_t capacity) {
     memset(losses, 0, sizeof *losses);
     train_work_t *work = NULL;
     uform_status_t status = train_forward(trainer, executor, batch, progress, &work, message, capacity);
     if (status != UFORM_OK) return status;
-    status = train_backward(trainer, executor, work, work->e, work->batch.items, 0, work->plan.predicted, losses,
-                            progress, message, capacity);
+    status = train_backward(trainer, executor, work, work->e, work->batch.items, 0, work->plan.predicted,
+                            losses, progress, message, capacity);
     train_work_free(work);
     return status;
 }
+
+/* ---- The RAM trainer's step ------------------------------------------------------------------------ */
+
+/* A step's work on the host, with its exchanges over the mesh. */
+typedef struct ram_step {
+    train_work_t *work;
+    mesh_request_t requests[2];
+    size_t pending; /* requests in flight */
+    int *counts, *displacements;
+    double *global;   /* [global items, dims] */
+    float *packed;    /* every gradient end to end */
+    double shares[2]; /* contrastive, next-byte */
+} ram_step_t;
+
+static uform_status_t ram_forward(train_step_t *step) {
+    uform_trainer_t *trainer = step->trainer;
+    ram_step_t *ram = calloc(1, sizeof *ram);
+    if (!ram) {
+        snprintf(trainer->message, sizeof trainer->message, "cannot allocate the step");
+        return UFORM_OUT_OF_MEMORY;
+    }
+    step->work = ram;
+    train_params_zero_grad(&trainer->params);
+    uform_status_t status = train_forward(trainer, step->executor, &step->batch, &step->tracker, &ram->work,
+                                          trainer->message, sizeof trainer->message);
+    if (status != UFORM_OK) return status;
+    step->local_items = train_work_items(ram->work);
+    step->local_predicted = train_work_predicted(ram->work);
+    return UFORM_OK;
+}
+
+/* The status of posting an exchange, its failure named in the trainer's message. */
+static uform_status_t ram_posted(train_step_t *step, uform_status_t status, char const *exchange) {
+    if (status != UFORM_OK)
+        snprintf(step->trainer->message, sizeof step->trainer->message,
+                 "posting the %s exchange over the mesh failed", exchange);
+    return status;
+}
+
+static uform_status_t ram_embeddings(train_step_t *step) {
+    uform_trainer_t *trainer = step->trainer;
+    uform_mesh_t *mesh = trainer->mesh;
+    ram_step_t *ram = step->work;
+    size_t dims = trainer->params.info.dims;
+    ram->counts = malloc(mesh->size * sizeof(int));
+    ram->displacements = malloc(mesh->size * sizeof(int));
+    ram->global = malloc((step->global_items * dims + 1) * sizeof(double));
+    if (!ram->counts || !ram->displacements || !ram->global) {
+        snprintf(trainer->message, sizeof trainer->message, "cannot allocate the embeddings' exchange");
+        return UFORM_OUT_OF_MEMORY;
+    }
+    for (size_t p = 0, at = 0; p < mesh->size; at += step->process_items[p] * dims, ++p) {
+        ram->counts[p] = (int)(step->process_items[p] * dims);
+        ram->displacements[p] = (int)at;
+    }
+    ram->pending = 1;
+    return ram_posted(step,
+                      mesh_allgatherv_f64(mesh, train_work_embeddings(ram->work), step->local_items * dims,
+                                          ram->global, ram->counts, ram->displacements, &ram->requests[0]),
+                      "embeddings'");
+}
+
+static uform_status_t ram_backward(train_step_t *step) {
+    uform_trainer_t *trainer = step->trainer;
+    ram_step_t *ram = step->work;
+    double const *global = step->meshed ? ram->global : train_work_embeddings(ram->work);
+    uform_status_t status = train_backward(
+        trainer, step->executor, ram->work, global, step->global_items, step->first, step->predicted,
+        &step->losses, step->meshed ? NULL : &step->tracker, trainer->message, sizeof trainer->message);
+    ram->shares[0] = step->losses.contrastive;
+    ram->shares[1] = step->losses.lm;
+    return status;
+}
+
+/* Every gradient into `packed`, end to end, or back from it. */
+static void grads_copy(train_params_t *params, float *packed, bool into_packed) {
+    for (size_t i = 0, at = 0; i < params->count; at += params->tensors[i].count, ++i) {
+        float *grad = params->tensors[i].grad;
+        size_t bytes = params->tensors[i].count * sizeof(float);
+        memcpy(into_packed ? packed + at : grad, into_packed ? grad : packed + at, bytes);
+    }
+}
+
+static uform_status_t ram_reduce(train_step_t *step) {
+    uform_trainer_t *trainer = step->trainer;
+    train_params_t *params = &trainer->params;
+    ram_step_t *ram = step->work;
+    size_t total = 0;
+    for (size_t i = 0; i < params->count; ++i)
+        total += params->tensors[i].count;
+    if (!(ram->packed = malloc((total + 1) * sizeof(float)))) {
+        snprintf(trainer->message, sizeof trainer->message, "cannot allocate the gradients' exchange");
+        return UFORM_OUT_OF_MEMORY;
+    }
+    grads_copy(params, ram->packed, true);
+    ram->pending = 2;
+    uform_status_t status = mesh_allreduce_f32(trainer->mesh, ram->packed, total, &ram->requests[0]);
+    if (status == UFORM_OK) status = mesh_allreduce_f64(trainer->mesh, ram->shares, 2, &ram->requests[1]);
+    return ram_posted(step, status, "gradients' sum");
+}
+
+static uform_status_t ram_update(train_step_t *step) {
+    uform_trainer_t *trainer = step->trainer;
+    train_params_t *params = &trainer->params;
+    ram_step_t *ram = step->work;
+    if (step->meshed) {
+        grads_copy(params, ram->packed, false);
+        step->losses = (train_losses_t){.contrastive = ram->shares[0], .lm = ram->shares[1]};
+        step->losses.loss = step->losses.contrastive + trainer->lm_weight * step->losses.lm;
+    }
+    if (!isfinite(step->losses.loss)) {
+        step->skipped = TRAIN_SKIP_LOSS;
+        return UFORM_OK;
+    }
+    if (!isfinite(train_params_update(params, step->executor, NULL))) step->skipped = TRAIN_SKIP_NORM;
+    return UFORM_OK;
+}
+
+static uform_status_t ram_test(train_step_t *step, bool *done) {
+    ram_step_t *ram = step->work;
+    *done = false;
+    while (ram->pending > 0) {
+        bool complete = false;
+        if (mesh_test(&ram->requests[ram->pending - 1], &complete) != UFORM_OK) {
+            snprintf(step->trainer->message, sizeof step->trainer->message,
+                     "a collective of the mesh failed");
+            return UFORM_IO;
+        }
+        if (!complete) return UFORM_OK;
+        ram->pending--;
+    }
+    *done = true;
+    return UFORM_OK;
+}
+
+static void ram_end(train_step_t *step, uform_status_t status) {
+    ram_step_t *ram = step->work;
+    if (status != UFORM_OK)
+        train_params_zero_grad(&step->trainer->params); /* nothing of a failed step stays */
+    if (!ram) return;
+    train_work_free(ram->work);
+    void *const buffers[] = {ram->counts, ram->displacements, ram->global, ram->packed, ram};
+    train_free_each(buffers, sizeof buffers / sizeof buffers[0]);
+    step->work = NULL;
+}
+
+train_step_ops_t const train_ram_ops = {
+    .forward = ram_forward,
+    .embeddings = ram_embeddings,
+    .backward = ram_backward,
+    .reduce = ram_reduce,
+    .update = ram_update,
+    .test = ram_test,
+    .end = ram_end,
+};

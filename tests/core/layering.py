@@ -59,7 +59,7 @@ RULES = {
     "media": ["core", "loop", "kernels", "public", "config"],
     "encode": ["model", "media", "core", "loop", "kernels", "public", "config"],
     "vram": ["encode", "model", "media", "core", "loop", "kernels", "public", "config"],
-    "train": ["encode", "model", "media", "core", "loop", "kernels", "public", "config"],
+    "train": ["vram", "encode", "model", "media", "core", "loop", "kernels", "public", "config"],
 }
 
 # Types a layer's files must not name: whose types they are, and the patterns that name one.

@@ -400,14 +400,14 @@ static void mesh_refuses_trainer_checks(void **state) {
     assert_int_equal(uform_mesh_size(NULL), 1);
     uform_mesh_free(NULL);
 
-    /* Trainers train on host executors (tests/train/test_train.c); this version builds no VRAM trainer. */
+    /* A RAM trainer on a host executor; a VRAM trainer needs a VRAM executor (tests/vram/test_vram.c). */
     uform_trainer_t *trainer = NULL;
     uform_trainer_config_t config;
     uform_trainer_config_default(&config);
     config.depth = 1;
     config.hidden = 64;
     uform_trainer_init_args_t init = {.executor = executor, .config = &config, .trainer = &trainer};
-    assert_int_equal(uform_trainer_init_vram(&init), UFORM_UNSUPPORTED);
+    assert_int_equal(uform_trainer_init_vram(&init), UFORM_INVALID_ARGUMENT);
     assert_int_equal(uform_trainer_init_ram(&init), UFORM_OK);
     assert_non_null(trainer);
     uform_trainer_free(trainer);

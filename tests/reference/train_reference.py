@@ -411,9 +411,9 @@ class TrainModel:
         return (loss.item(), contrastive.item(), lm.item()), grads
 
 
-def relation_signs(count: int, relations: list, dtype=torch.float64) -> torch.Tensor:
+def relation_signs(count: int, relations: list, dtype=torch.float64, device=None) -> torch.Tensor:
     """z [B, B]: +1 where (i, j) or (j, i) is related, -1 elsewhere (the diagonal is never used)."""
-    z = -torch.ones(count, count, dtype=dtype)
+    z = -torch.ones(count, count, dtype=dtype, device=device)
     for i, j in relations:
         z[i, j] = z[j, i] = 1.0
     return z
@@ -425,8 +425,8 @@ def contrastive_loss(embeddings, relations, widths, scale, bias) -> torch.Tensor
     count = embeddings.shape[0]
     if count < 2:
         return torch.zeros((), dtype=embeddings.dtype) + 0 * (scale.sum() + bias.sum())
-    z = relation_signs(count, relations, embeddings.dtype)
-    pairs = ~torch.eye(count, dtype=torch.bool)
+    z = relation_signs(count, relations, embeddings.dtype, embeddings.device)
+    pairs = ~torch.eye(count, dtype=torch.bool, device=embeddings.device)
     t = torch.exp(scale[0])
     total = torch.zeros((), dtype=embeddings.dtype)
     for width in widths:

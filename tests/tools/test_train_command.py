@@ -170,6 +170,8 @@ def check_errors(uform, manifest, workdir):
         (2, ["train", "--data", manifest, "--out", model, "--steps", "x"]),
         (2, ["train", "--data", manifest, "--out", model, "--lr", "fast"]),
         (2, ["train", "--data", manifest, "--out", model, "--frobnicate"]),
+        (2, ["train", "--data", manifest, "--out", model, "--device", "gpu"]),
+        (2, ["train", "--data", manifest, "--out", model, "--device", "cuda:16"]),
         (2, ["eval", "--model", model]),
         (2, ["eval", "--data", manifest, "--batch", "0"]),
     ]:
@@ -178,6 +180,16 @@ def check_errors(uform, manifest, workdir):
     for arguments in (["train", "--help"], ["eval", "--help"]):
         text, _ = run(uform, *arguments)
         assert text.startswith("usage: uform"), (arguments, text)
+    # The devices found: the CPU, and each CUDA device, or why there is none.
+    text, _ = run(uform, "train", "--help")
+    devices = [line for line in text.splitlines() if line.startswith("Devices here: cpu")]
+    assert len(devices) == 1, text
+    assert "cuda:0" in devices[0] or "no CUDA device" in devices[0], devices
+    if "cuda:0" not in devices[0]:  # a device that is not here: the engine's reason, exit status 1
+        _, stderr = run(uform, "train", "--data", manifest, "--out", model, "--steps", "1", "--device", "cuda",
+                        expect=1)
+        assert "[uform_executor_create_vram]" in stderr and stderr.count("\n") == 1, stderr
+        assert not os.path.exists(model)
     text, _ = run(uform, "--help")
     assert "\n  train " in text and "\n  eval " in text, text
 

@@ -121,7 +121,8 @@ static void configs_and_their_errors(void **state) {
     assert_int_equal(uform_trainer_init_ram(&init), UFORM_IO);
     assert_null(none);
     config.resume_path = NULL;
-    assert_int_equal(uform_trainer_init_vram(&init), UFORM_UNSUPPORTED);
+    assert_int_equal(uform_trainer_init_vram(&init), UFORM_INVALID_ARGUMENT); /* a host executor */
+    assert_null(none);
     init.executor = NULL;
     assert_int_equal(uform_trainer_init_ram(&init), UFORM_INVALID_ARGUMENT);
     assert_int_equal(uform_trainer_init_ram(NULL), UFORM_INVALID_ARGUMENT);
@@ -281,6 +282,29 @@ static void bad_steps_change_nothing(void **state) {
     uform_executor_free(executor);
 }
 
+/* A temperature so high (exp(100)) that the loss stays finite but the gradient of logit.scale overflows F32:
+ * the norm is not finite, and the step answers so and changes nothing, where it used to answer UFORM_OK with
+ * every weight turned NaN. */
+static void nonfinite_norm_step_changes_nothing(void **state) {
+    (void)state;
+    uform_executor_t *executor = ram_executor(2, false);
+    uform_trainer_config_t config = small_config();
+    uform_trainer_t *trainer = make_trainer(executor, &config);
+    trainer->logit_scale->value[0] = 100.0f;
+    train_params_t before = snapshot(&trainer->params);
+    uform_trainer_step_stats_t stats = {0};
+    uform_trainer_step_args_t step = text_step(trainer, executor, &stats);
+    assert_int_equal(uform_trainer_step(&step), UFORM_INVALID_ARGUMENT);
+    assert_non_null(strstr(uform_last_error().message, "norm is not finite"));
+    assert_same_params(&before, &trainer->params);
+    trainer->logit_scale->value[0] = 1.0f; /* and it goes on */
+    assert_int_equal(uform_trainer_step(&step), UFORM_OK);
+    assert_int_equal(stats.step, 1);
+    snapshot_free(&before);
+    uform_trainer_free(trainer);
+    uform_executor_free(executor);
+}
+
 static uform_continuation_t cancel_halfway(void *state, size_t completed, size_t total) {
     size_t *calls = state;
     ++*calls;
@@ -381,6 +405,7 @@ int main(void) {
         cmocka_unit_test(resume_is_bit_exact),
         cmocka_unit_test(steps_do_not_depend_on_threads),
         cmocka_unit_test(bad_steps_change_nothing),
+        cmocka_unit_test(nonfinite_norm_step_changes_nothing),
         cmocka_unit_test(cancel_deferred_and_contended),
         cmocka_unit_test(trainer_messages_outlive_the_trainer),
     };

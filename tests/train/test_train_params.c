@@ -748,6 +748,30 @@ static void test_update_threads(void **state) {
     train_params_free(&alone);
 }
 
+/* A gradient that overflowed to infinity (or NaN) makes the norm not finite: the update is skipped whole,
+ * the step not counted, and every value and moment keeps its bits, where it used to update with a clip
+ * factor of 1 and write NaN into every weight. */
+static void test_nonfinite_gradient_norm_skips_update(void **state) {
+    (void)state;
+    float const poisons[] = {INFINITY, NAN};
+    for (size_t p = 0; p < 2; p++) {
+        train_params_t params, before;
+        small_params(&params, 5);
+        small_params(&before, 5);
+        steps(&params, NULL, 2);
+        steps(&before, NULL, 2);
+        synthetic_grads(&params);
+        params.tensors[params.count / 2].grad[1] = poisons[p];
+        double rate = -1;
+        double const norm = train_params_update(&params, NULL, &rate);
+        assert_false(isfinite(norm));
+        assert_true(rate == -1);
+        assert_same_params(&before, &params, true);
+        train_params_free(&params);
+        train_params_free(&before);
+    }
+}
+
 /* ---------------------------------------------------------------------------------------------- */
 /* Saving and loading                                                                             */
 /* ---------------------------------------------------------------------------------------------- */
@@ -1167,6 +1191,7 @@ int main(void) {
         cmocka_unit_test(test_learning_rate),
         cmocka_unit_test(test_update_reference),
         cmocka_unit_test(test_update_threads),
+        cmocka_unit_test(test_nonfinite_gradient_norm_skips_update),
         cmocka_unit_test(test_save_loads),
         cmocka_unit_test(test_load_other_checkpoints),
         cmocka_unit_test(test_round_trip),

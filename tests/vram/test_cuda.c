@@ -1,6 +1,10 @@
 /* The CUDA kernels (kernels/cuda/cuda_kernels.h) against the scalar CPU path (kernels.h) on random inputs
  * from fixed seeds: conversions, gathers and convert bitwise; RMSNorm, normalize, text_choose, attention
- * and the cuBLASLt linear layers within the tolerances the header gives, each case printing its largest
+ * and the cuBLASLt linear layers within the tolerances the header gives; and the kernels of training
+ * (kernels/cuda/cuda_train.h): GELU and RMSNorm backward, bias gradients, the towers' input gradients
+ * bitwise, attention backward against the scalar path's, the backward products of linear layers, the
+ * next-byte and contrastive losses against the RAM trainer's formulas in double, and AdamW bitwise the RAM
+ * trainer's from the same stored values (skipping a non-finite loss or norm). Each case printing its largest
  * error and, when it fails, the function, the case, the element and both values. Output padding and the
  * rows after each output are checked untouched.
  *
@@ -17,8 +21,11 @@
 
 #include "cuda/cuda_kernels.h"
 #include "cuda/cuda_library.h"
+#include "cuda/cuda_train.h"
 #include "fixtures.h"
 #include "kernels.h"
+#include "train_device.h"
+#include "train_vram.h"
 
 #define COUNT(array) (sizeof(array) / sizeof((array)[0]))
 #define SKIP         77
@@ -795,6 +802,804 @@ static void linear_matches_scalar(void **state) {
     cuda_gemm_destroy(gemm);
 }
 
+/* ---- Training: elementwise and row sums ----------------------------------------------------------- */
+
+/* GELU and its backward pass over BF16 values: one BF16 rounding (2^-7 relative, a rounding of either
+ * side's F32) from the scalar gelu and gelu_backward on the widened inputs. */
+static void gelu_and_backward_match_scalar(void **state) {
+    (void)state;
+    random_seed(20);
+    size_t const n = 100003;
+    uint16_t *u = bf16_uniform(n, -6.0f, 6.0f), *dg = bf16_uniform(n, -2.0f, 2.0f);
+    float *widened = host_alloc(n * sizeof(float)), *gradient = host_alloc(n * sizeof(float));
+    float *expected_g = host_alloc(n * sizeof(float)), *expected_du = host_alloc(n * sizeof(float));
+    kernels_scalar()->bf16_to_f32(widened, u, n);
+    kernels_scalar()->bf16_to_f32(gradient, dg, n);
+    memcpy(expected_g, widened, n * sizeof(float));
+    kernels_scalar()->gelu(expected_g, n);
+    kernels_scalar()->gelu_backward(expected_du, gradient, widened, n);
+    uint16_t *u_device = device_copy(u, n * 2), *dg_device = device_copy(dg, n * 2);
+    uint16_t *g_device = device_alloc(n * 2), *du_device = device_alloc(n * 2);
+    ran(cuda_gelu(g_device, u_device, n, stream), "cuda_gelu", "100003 values");
+    ran(cuda_gelu_backward(du_device, dg_device, u_device, n, stream), "cuda_gelu_backward", "100003 values");
+    uint16_t *g = host_copy(g_device, n * 2), *du = host_copy(du_device, n * 2);
+    check_t forward = check_start(n, "cuda_gelu, 100003 BF16 values in [-6, 6]");
+    check_t backward = check_start(n, "cuda_gelu_backward, 100003 BF16 values");
+    for (size_t i = 0; i < n; ++i) {
+        check_value(&forward, i, bf16_to_f32(g[i]), expected_g[i], 0x1p-7 * fabs(expected_g[i]) + 1e-30);
+        check_value(&backward, i, bf16_to_f32(du[i]), expected_du[i],
+                    0x1p-7 * fabs(expected_du[i]) + 1e-6 * fabs(gradient[i]));
+    }
+    check_end(&forward), check_end(&backward);
+    free(u), free(dg), free(widened), free(gradient), free(expected_g), free(expected_du), free(g), free(du);
+    device_free(u_device), device_free(dg_device), device_free(g_device), device_free(du_device);
+}
+
+/* Bias gradients: sums over rows of F32 and BF16 inputs added to what the output held, within 1e-5 of the
+ * magnitudes summed; the same bits on a second run. */
+static void column_sums_match(void **state) {
+    (void)state;
+    random_seed(21);
+    size_t const rows_cases[] = {1, 255, 256, 257, 3000}, columns_cases[] = {1, 64, 3072};
+    for (size_t r = 0; r < COUNT(rows_cases); ++r)
+        for (size_t c = 0; c < COUNT(columns_cases); ++c)
+            for (int bf16 = 0; bf16 < 2; ++bf16) {
+                size_t rows = rows_cases[r], columns = columns_cases[c], stride = columns + 3;
+                size_t element = bf16 ? 2 : 4;
+                void *x = bf16 ? (void *)bf16_uniform(rows * stride, -1.0f, 1.0f)
+                               : (void *)floats_uniform(rows * stride, -1.0f, 1.0f);
+                float *out0 = floats_uniform(columns, -1.0f, 1.0f);
+                void *x_device = device_copy(x, rows * stride * element);
+                float *out_device = device_copy(out0, columns * 4);
+                float *scratch = device_alloc(cuda_column_sums_scratch(rows, columns) * 4);
+                char name[96];
+                snprintf(name, sizeof name, "cuda_column_sums %s, %zu rows of %zu", bf16 ? "BF16" : "F32",
+                         rows, columns);
+                ran(cuda_column_sums(out_device, x_device, bf16, stride, rows, columns, scratch, stream),
+                    "cuda_column_sums", name);
+                float *out = host_copy(out_device, columns * 4);
+                check_t check = check_start(columns, "%s", name);
+                for (size_t j = 0; j < columns; ++j) {
+                    double sum = out0[j], magnitude = fabs(out0[j]);
+                    for (size_t i = 0; i < rows; ++i) {
+                        double v = bf16 ? bf16_to_f32(((uint16_t *)x)[i * stride + j])
+                                        : ((float *)x)[i * stride + j];
+                        sum += v, magnitude += fabs(v);
+                    }
+                    check_value(&check, j, out[j], sum, 1e-5 * magnitude + 1e-7);
+                }
+                check_end(&check);
+                CUDA_CHECK(cudaMemcpy(out_device, out0, columns * 4, cudaMemcpyHostToDevice));
+                ran(cuda_column_sums(out_device, x_device, bf16, stride, rows, columns, scratch, stream),
+                    "cuda_column_sums", "again");
+                float *again = host_copy(out_device, columns * 4);
+                check_bits(again, out, columns, 4, columns, "cuda_column_sums run twice");
+                free(x), free(out0), free(out), free(again);
+                device_free(x_device), device_free(out_device), device_free(scratch);
+            }
+}
+
+/* The scalar RMSNorm backward as the RAM trainer sums it: per block of CUDA_TRAIN_ROW_BLOCK rows a partial
+ * weight gradient, then the blocks in order onto d_weight. dx into `dx` (added when accumulate). */
+static void scalar_rmsnorm_backward(float *dx, bool accumulate, float *d_weight, float const *dy,
+                                    float const *x, float const *weight, size_t rows, size_t n) {
+    float *partial = host_alloc(n * sizeof(float)), *d = host_alloc(CUDA_TRAIN_ROW_BLOCK * n * sizeof(float));
+    for (size_t first = 0; first < rows; first += CUDA_TRAIN_ROW_BLOCK) {
+        size_t count = rows - first < CUDA_TRAIN_ROW_BLOCK ? rows - first : CUDA_TRAIN_ROW_BLOCK;
+        memset(partial, 0, n * sizeof(float));
+        kernels_scalar()->rmsnorm_backward(d, n, partial, dy + first * n, n, x + first * n, n, weight, count,
+                                           n, 1e-6f);
+        for (size_t i = 0; i < count * n; ++i)
+            dx[first * n + i] = accumulate ? dx[first * n + i] + d[i] : d[i];
+        for (size_t j = 0; j < n; ++j)
+            d_weight[j] += partial[j];
+    }
+    free(partial), free(d);
+}
+
+static void rmsnorm_backward_matches_scalar(void **state) {
+    (void)state;
+    random_seed(22);
+    size_t const rows_cases[] = {1, 63, 64, 65, 300}, n_cases[] = {64, 768};
+    for (size_t r = 0; r < COUNT(rows_cases); ++r)
+        for (size_t c = 0; c < COUNT(n_cases); ++c)
+            for (int accumulate = 0; accumulate < 2; ++accumulate) {
+                size_t rows = rows_cases[r], n = n_cases[c];
+                float *x = floats_uniform(rows * n, -2.0f, 2.0f), *dy = floats_uniform(rows * n, -1.0f, 1.0f);
+                float *weight = floats_uniform(n, 0.5f, 1.5f), *dw0 = floats_uniform(n, -1.0f, 1.0f);
+                float *dx0 = floats_uniform(rows * n, -1.0f, 1.0f);
+                float *dx_expected = host_alloc(rows * n * 4), *dw_expected = host_alloc(n * 4);
+                memcpy(dx_expected, dx0, rows * n * 4), memcpy(dw_expected, dw0, n * 4);
+                scalar_rmsnorm_backward(dx_expected, accumulate, dw_expected, dy, x, weight, rows, n);
+                float *x_device = device_copy(x, rows * n * 4), *dy_device = device_copy(dy, rows * n * 4);
+                float *weight_device = device_copy(weight, n * 4), *dw_device = device_copy(dw0, n * 4);
+                float *dx_device = device_copy(dx0, rows * n * 4);
+                float *partial = device_alloc((rows + CUDA_TRAIN_ROW_BLOCK) / CUDA_TRAIN_ROW_BLOCK * n * 4);
+                char name[96];
+                snprintf(name, sizeof name, "cuda_rmsnorm_backward%s, %zu rows of %zu",
+                         accumulate ? " accumulating" : "", rows, n);
+                ran(cuda_rmsnorm_backward(dx_device, accumulate, dw_device, partial, dy_device, x_device,
+                                          weight_device, rows, n, 1e-6f, stream),
+                    "cuda_rmsnorm_backward", name);
+                float *dx = host_copy(dx_device, rows * n * 4), *dw = host_copy(dw_device, n * 4);
+                check_t dx_check = check_start(n, "%s: dx", name),
+                        dw_check = check_start(n, "%s: d_weight", name);
+                for (size_t i = 0; i < rows; ++i) {
+                    double squares = 0.0, largest = 0.0;
+                    for (size_t j = 0; j < n; ++j)
+                        squares += (double)x[i * n + j] * x[i * n + j];
+                    double inverse = 1.0 / sqrt(squares / (double)n + 1e-6);
+                    for (size_t j = 0; j < n; ++j)
+                        largest = fmax(largest, fabs(weight[j] * dy[i * n + j]) * inverse);
+                    for (size_t j = 0; j < n; ++j)
+                        check_value(&dx_check, i * n + j, dx[i * n + j], dx_expected[i * n + j],
+                                    1e-5 * (largest + (accumulate ? fabs(dx0[i * n + j]) : 0.0)) + 1e-7);
+                }
+                for (size_t j = 0; j < n; ++j) {
+                    double magnitude = fabs(dw0[j]);
+                    for (size_t i = 0; i < rows; ++i) {
+                        double squares = 0.0;
+                        for (size_t k = 0; k < n; ++k)
+                            squares += (double)x[i * n + k] * x[i * n + k];
+                        magnitude += fabs(dy[i * n + j] * x[i * n + j]) / sqrt(squares / (double)n + 1e-6);
+                    }
+                    check_value(&dw_check, j, dw[j], dw_expected[j], 1e-5 * magnitude + 1e-7);
+                }
+                check_end(&dx_check), check_end(&dw_check);
+                free(x), free(dy), free(weight), free(dw0), free(dx0), free(dx_expected), free(dw_expected),
+                    free(dx), free(dw);
+                device_free(x_device), device_free(dy_device), device_free(weight_device),
+                    device_free(dw_device), device_free(dx_device), device_free(partial);
+            }
+}
+
+/* ---- Training: the towers' inputs ----------------------------------------------------------------- */
+
+/* The byte table's gradient through its token lists (train_device_token_order), bitwise the host's loop
+ * over the tokens in order. */
+static void embed_backward_bitwise(void **state) {
+    (void)state;
+    random_seed(23);
+    size_t const tokens = 3000, hidden = 96;
+    uint16_t *bytes = host_alloc(tokens * sizeof(uint16_t));
+    for (size_t t = 0; t < tokens; ++t)
+        bytes[t] = t % 50 == 0 ? 256 : (uint16_t)random_below(t % 3 ? 256 : 4);
+    int32_t starts[258], *order = host_alloc(tokens * sizeof(int32_t));
+    train_device_token_order(bytes, tokens, starts, order);
+    float *dx = floats_uniform(tokens * hidden, -1.0f, 1.0f),
+          *table = floats_uniform(257 * hidden, -1.0f, 1.0f);
+    float *expected = host_alloc(257 * hidden * 4);
+    memcpy(expected, table, 257 * hidden * 4);
+    for (size_t t = 0; t < tokens; ++t)
+        for (size_t c = 0; c < hidden; ++c)
+            expected[bytes[t] * hidden + c] += dx[t * hidden + c];
+    float *dx_device = device_copy(dx, tokens * hidden * 4),
+          *table_device = device_copy(table, 257 * hidden * 4);
+    int32_t *starts_device = device_copy(starts, sizeof starts),
+            *order_device = device_copy(order, tokens * 4);
+    ran(cuda_embed_backward(table_device, dx_device, starts_device, order_device, 257, hidden, stream),
+        "cuda_embed_backward", "3000 tokens of 96");
+    float *got = host_copy(table_device, 257 * hidden * 4);
+    check_bits(got, expected, 257 * hidden, 4, hidden, "cuda_embed_backward 3000 tokens of 96");
+    free(bytes), free(order), free(dx), free(table), free(expected), free(got);
+    device_free(dx_device), device_free(table_device), device_free(starts_device), device_free(order_device);
+}
+
+/* The gradients of assembled tokens (items of 3, 0, 5 and 1 patches): patch rows copied, positions and the
+ * class token summed over the items in order, bitwise the host's loops; rows past the patches untouched. */
+static void assemble_tokens_backward_bitwise(void **state) {
+    (void)state;
+    random_seed(24);
+    int32_t const offsets[] = {0, 3, 3, 8, 9};
+    size_t const items = 4, max_patches = 5, width = 70, tokens = 9 + 4, rows = 9;
+    float *d_x = floats_uniform(tokens * width, -1.0f, 1.0f), *cls0 = floats_uniform(width, -1.0f, 1.0f);
+    float *pos0 = floats_uniform((1 + max_patches) * width, -1.0f, 1.0f);
+    float *cls = host_alloc(width * 4), *pos = host_alloc((1 + max_patches) * width * 4);
+    float *patches = host_alloc(rows * width * 4);
+    memcpy(cls, cls0, width * 4), memcpy(pos, pos0, (1 + max_patches) * width * 4);
+    for (size_t item = 0; item < items; ++item) /* as src/train/train_step.c's patch_tokens_backward */
+        for (int32_t t = 0; t <= offsets[item + 1] - offsets[item]; ++t)
+            for (size_t c = 0; c < width; ++c) {
+                float g = d_x[((size_t)offsets[item] + item + (size_t)t) * width + c];
+                if (t == 0)
+                    cls[c] += g;
+                else
+                    patches[((size_t)offsets[item] + (size_t)t - 1) * width + c] = g;
+                pos[(size_t)t * width + c] += g;
+            }
+    float *d_x_device = device_copy(d_x, tokens * width * 4), *cls_device = device_copy(cls0, width * 4);
+    float *pos_device = device_copy(pos0, (1 + max_patches) * width * 4);
+    float *patches_device = device_alloc((rows + 1) * width * 4);
+    int32_t *offsets_device = device_copy(offsets, sizeof offsets);
+    ran(cuda_assemble_tokens_backward(patches_device, cls_device, pos_device, d_x_device, offsets_device,
+                                      items, max_patches, width, stream),
+        "cuda_assemble_tokens_backward", "3, 0, 5, 1 patches");
+    float *got_patches = host_copy(patches_device, (rows + 1) * width * 4);
+    float *got_cls = host_copy(cls_device, width * 4),
+          *got_pos = host_copy(pos_device, (1 + max_patches) * width * 4);
+    check_bits(got_patches, patches, rows * width, 4, width, "cuda_assemble_tokens_backward patch rows");
+    check_bits(got_cls, cls, width, 4, width, "cuda_assemble_tokens_backward class token");
+    check_bits(got_pos, pos, (1 + max_patches) * width, 4, width, "cuda_assemble_tokens_backward positions");
+    for (size_t c = 0; c < width; ++c)
+        if (!isnan(got_patches[rows * width + c]))
+            fail_msg("cuda_assemble_tokens_backward wrote past the patches");
+    free(d_x), free(cls0), free(pos0), free(cls), free(pos), free(patches), free(got_patches), free(got_cls),
+        free(got_pos);
+    device_free(d_x_device), device_free(cls_device), device_free(pos_device), device_free(patches_device),
+        device_free(offsets_device);
+}
+
+/* ---- Training: attention backward ----------------------------------------------------------------- */
+
+/* The forward with its log-sum-exp, then the backward, against the scalar attention_backward (and
+ * rope_backward) on the same BF16 inputs and the device's own output: per item and head, within 3e-2 of
+ * the largest |d|; the log-sum-exp within 2e-2 of the one of the scores in double; two runs the same bits. */
+static void attention_backward_case(size_t const *lengths, size_t items, size_t heads, bool causal,
+                                    bool rotary) {
+    size_t width = 3 * heads * HEAD, hidden = heads * HEAD, tokens = 0, max_length = 0;
+    size_t *offsets = host_alloc((items + 1) * sizeof(size_t));
+    int32_t *offsets32 = host_alloc((items + 1) * sizeof(int32_t));
+    offsets[0] = 0;
+    for (size_t i = 0; i < items; ++i) {
+        offsets[i + 1] = offsets[i] + lengths[i];
+        if (lengths[i] > max_length) max_length = lengths[i];
+    }
+    tokens = offsets[items];
+    for (size_t i = 0; i <= items; ++i)
+        offsets32[i] = (int32_t)offsets[i];
+    uint16_t *qkv = bf16_uniform(tokens * width, -1.0f, 1.0f),
+             *d_out = bf16_uniform(tokens * hidden, -1.0f, 1.0f);
+    uint16_t *qkv_device = device_copy(qkv, tokens * width * 2),
+             *d_out_device = device_copy(d_out, tokens * hidden * 2);
+    uint16_t *out_device = device_alloc(tokens * hidden * 2),
+             *d_qkv_device = device_alloc(tokens * width * 2);
+    float *lse_device = device_alloc(tokens * heads * 4), *rows_device = device_alloc(tokens * heads * 4);
+    int32_t *offsets_device = device_copy(offsets32, (items + 1) * sizeof(int32_t));
+    char name[128];
+    snprintf(name, sizeof name, "cuda_attention_backward, %zu items up to %zu%s%s, %zu heads", items,
+             max_length, causal ? ", causal" : "", rotary ? ", rotary" : "", heads);
+    ran(cuda_attention_lse(out_device, lse_device, qkv_device, offsets_device, items, heads, max_length,
+                           causal, rotary, 0.125f, stream),
+        "cuda_attention_lse", name);
+    ran(cuda_attention_backward(d_qkv_device, rows_device, qkv_device, out_device, d_out_device, lse_device,
+                                offsets_device, items, tokens, heads, max_length, causal, rotary, 0.125f,
+                                stream),
+        "cuda_attention_backward", name);
+    uint16_t *out = host_copy(out_device, tokens * hidden * 2),
+             *d_qkv = host_copy(d_qkv_device, tokens * width * 2);
+    float *lse = host_copy(lse_device, tokens * heads * 4);
+    /* The reference on the widened inputs, q and k rotated at each row's position in its item. */
+    float *in = host_alloc(tokens * width * 4), *o = host_alloc(tokens * hidden * 4),
+          *d_o = host_alloc(tokens * hidden * 4);
+    float *expected = host_alloc(tokens * width * 4);
+    kernels_scalar()->bf16_to_f32(in, qkv, tokens * width);
+    kernels_scalar()->bf16_to_f32(o, out, tokens * hidden);
+    kernels_scalar()->bf16_to_f32(d_o, d_out, tokens * hidden);
+    for (size_t item = 0; rotary && item < items; ++item)
+        for (size_t row = offsets[item]; row < offsets[item + 1]; ++row) {
+            kernels_scalar()->rope(in + row * width, heads, row - offsets[item]);
+            kernels_scalar()->rope(in + row * width + hidden, heads, row - offsets[item]);
+        }
+    check_t lse_check = check_start(heads, "%s: lse", name);
+    for (size_t item = 0; item < items; ++item)
+        for (size_t row = offsets[item]; row < offsets[item + 1]; ++row)
+            for (size_t h = 0; h < heads; ++h) {
+                size_t end = causal ? row + 1 : offsets[item + 1];
+                double max = -INFINITY, sum = 0.0, scores[4096];
+                for (size_t j = offsets[item]; j < end; ++j) {
+                    double dot = 0.0;
+                    for (size_t d = 0; d < HEAD; ++d)
+                        dot += (double)in[row * width + h * HEAD + d] * in[j * width + hidden + h * HEAD + d];
+                    scores[j - offsets[item]] = 0.125 * dot * 1.4426950408889634;
+                    max = fmax(max, scores[j - offsets[item]]);
+                }
+                for (size_t j = offsets[item]; j < end; ++j)
+                    sum += exp2(scores[j - offsets[item]] - max);
+                double want = max + log2(sum);
+                check_value(&lse_check, row * heads + h, lse[row * heads + h], want,
+                            2e-2 + 1e-2 * fabs(want));
+            }
+    check_end(&lse_check);
+    for (size_t h = 0; h < heads; ++h) {
+        kernel_attention_backward_t a = {.q = in + h * HEAD,
+                                         .k = in + hidden + h * HEAD,
+                                         .v = in + 2 * hidden + h * HEAD,
+                                         .stride = width,
+                                         .out = o + h * HEAD,
+                                         .d_out = d_o + h * HEAD,
+                                         .out_stride = hidden,
+                                         .d_q = expected + h * HEAD,
+                                         .d_k = expected + hidden + h * HEAD,
+                                         .d_v = expected + 2 * hidden + h * HEAD,
+                                         .offsets = offsets,
+                                         .items = items,
+                                         .causal = causal,
+                                         .scale = 0.125f};
+        kernels_scalar()->attention_backward(&a, 0, items);
+    }
+    for (size_t item = 0; rotary && item < items; ++item)
+        for (size_t row = offsets[item]; row < offsets[item + 1]; ++row) {
+            kernels_scalar()->rope_backward(expected + row * width, heads, row - offsets[item]);
+            kernels_scalar()->rope_backward(expected + row * width + hidden, heads, row - offsets[item]);
+        }
+    check_t check = check_start(width, "%s", name);
+    for (size_t item = 0; item < items; ++item)
+        for (size_t h = 0; h < heads; ++h) {
+            double largest = 0.0;
+            for (size_t row = offsets[item]; row < offsets[item + 1]; ++row)
+                for (size_t part = 0; part < 3; ++part)
+                    for (size_t d = 0; d < HEAD; ++d)
+                        largest = fmax(largest, fabs(expected[row * width + part * hidden + h * HEAD + d]));
+            for (size_t row = offsets[item]; row < offsets[item + 1]; ++row)
+                for (size_t part = 0; part < 3; ++part)
+                    for (size_t d = 0; d < HEAD; ++d) {
+                        size_t at = row * width + part * hidden + h * HEAD + d;
+                        check_value(&check, at, bf16_to_f32(d_qkv[at]), expected[at], 3e-2 * largest + 1e-6);
+                    }
+        }
+    check_end(&check);
+    ran(cuda_attention_backward(d_qkv_device, rows_device, qkv_device, out_device, d_out_device, lse_device,
+                                offsets_device, items, tokens, heads, max_length, causal, rotary, 0.125f,
+                                stream),
+        "cuda_attention_backward", "again");
+    uint16_t *again = host_copy(d_qkv_device, tokens * width * 2);
+    check_bits(again, d_qkv, tokens * width, 2, width, "cuda_attention_backward run twice");
+    free(offsets), free(offsets32), free(qkv), free(d_out), free(out), free(d_qkv), free(lse), free(in),
+        free(o), free(d_o), free(expected), free(again);
+    device_free(qkv_device), device_free(d_out_device), device_free(out_device), device_free(d_qkv_device),
+        device_free(lse_device), device_free(rows_device), device_free(offsets_device);
+}
+
+static void attention_backward_matches_scalar(void **state) {
+    (void)state;
+    random_seed(25);
+    size_t const lengths[] = {1, 7, 32, 33, 64, 65, 197};
+    for (int causal = 0; causal < 2; ++causal)
+        for (int rotary = 0; rotary < 2; ++rotary)
+            attention_backward_case(lengths, COUNT(lengths), 2, causal, rotary);
+    size_t const long_item[] = {700};
+    attention_backward_case(long_item, 1, 1, true, true);
+    assert_int_equal(cuda_attention_backward(NULL, NULL, NULL, NULL, NULL, NULL, NULL, 1, 1, 70000, 1, false,
+                                             false, 0.125f, stream),
+                     cudaErrorInvalidValue);
+}
+
+/* ---- Training: linear layers' backward products ----------------------------------------------------- */
+
+/* dW += dy^T x and dx = (or +=) dy W through cuBLASLt against sums in double of the same BF16 operands,
+ * within kernels.h's GEMM tolerance; dx as F32 (written and accumulated) and as BF16. */
+static void linear_backward_case(cuda_gemm_t *gemm, size_t m, size_t n, size_t k, int mode) {
+    bool bf16 = mode == 2, accumulate = mode == 1;
+    uint16_t *x = bf16_uniform(m * k, -1.0f, 1.0f), *w = bf16_uniform(n * k, -1.0f, 1.0f);
+    uint16_t *dy = bf16_uniform(m * n, -1.0f, 1.0f);
+    float *dw0 = floats_uniform(n * k, -1.0f, 1.0f), *dx0 = floats_uniform(m * k, -1.0f, 1.0f);
+    uint16_t *x_device = device_copy(x, m * k * 2), *w_device = device_copy(w, n * k * 2);
+    uint16_t *dy_device = device_copy(dy, m * n * 2);
+    float *dw_device = device_copy(dw0, n * k * 4);
+    void *dx_device = bf16 ? device_alloc(m * k * 2) : device_copy(dx0, m * k * 4);
+    cuda_linear_backward_t job = {.m = m,
+                                  .n = n,
+                                  .k = k,
+                                  .x = x_device,
+                                  .x_stride = k,
+                                  .w = w_device,
+                                  .dy = dy_device,
+                                  .dy_stride = n,
+                                  .dw = dw_device,
+                                  .dx = dx_device,
+                                  .dx_stride = k,
+                                  .dx_bf16 = bf16,
+                                  .dx_accumulate = accumulate};
+    char name[128];
+    snprintf(name, sizeof name, "cuda_linear_backward m %zu n %zu k %zu, dx %s", m, n, k,
+             bf16         ? "BF16"
+             : accumulate ? "F32 accumulated"
+                          : "F32");
+    char const *message = "(none)";
+    cudaError_t launched = cuda_linear_backward(gemm, &job, &message);
+    if (launched != cudaSuccess)
+        fail_msg("%s answered %s: %s; step: %s", name, cudaGetErrorName(launched),
+                 cudaGetErrorString(launched), message);
+    ran(cudaSuccess, "cuda_linear_backward", name);
+    float *dw = host_copy(dw_device, n * k * 4);
+    void *dx = host_copy(dx_device, m * k * (bf16 ? 2 : 4));
+    check_t dw_check = check_start(k, "%s: dW", name), dx_check = check_start(k, "%s: dx", name);
+    for (size_t i = 0; i < n; ++i)
+        for (size_t j = 0; j < k; ++j) {
+            double sum = dw0[i * k + j], magnitude = fabs(dw0[i * k + j]);
+            for (size_t r = 0; r < m; ++r) {
+                double term = (double)bf16_to_f32(dy[r * n + i]) * bf16_to_f32(x[r * k + j]);
+                sum += term, magnitude += fabs(term);
+            }
+            check_value(&dw_check, i * k + j, dw[i * k + j], sum, 1e-2 * magnitude + 1e-6);
+        }
+    for (size_t r = 0; r < m; ++r)
+        for (size_t j = 0; j < k; ++j) {
+            double sum = accumulate ? dx0[r * k + j] : 0.0, magnitude = fabs(sum);
+            for (size_t i = 0; i < n; ++i) {
+                double term = (double)bf16_to_f32(dy[r * n + i]) * bf16_to_f32(w[i * k + j]);
+                sum += term, magnitude += fabs(term);
+            }
+            double got = bf16 ? bf16_to_f32(((uint16_t *)dx)[r * k + j]) : ((float *)dx)[r * k + j];
+            check_value(&dx_check, r * k + j, got, sum, 1e-2 * magnitude + 1e-6);
+        }
+    check_end(&dw_check), check_end(&dx_check);
+    free(x), free(w), free(dy), free(dw0), free(dx0), free(dw), free(dx);
+    device_free(x_device), device_free(w_device), device_free(dy_device), device_free(dw_device),
+        device_free(dx_device);
+}
+
+static void linear_backward_matches_scalar(void **state) {
+    (void)state;
+    random_seed(26);
+    cuda_gemm_t *gemm = NULL;
+    CUDA_CHECK(cuda_gemm_create(&gemm, stream));
+    size_t const shapes[][3] = {
+        {1, 64, 128}, {7, 100, 768}, {130, 768, 3072}, {300, 2304, 768}, {64, 256, 768}};
+    for (size_t s = 0; s < COUNT(shapes); ++s)
+        for (int mode = 0; mode < 3; ++mode)
+            linear_backward_case(gemm, shapes[s][0], shapes[s][1], shapes[s][2], mode);
+    cuda_linear_backward_t wrong = {
+        .m = 1, .n = 8, .k = 8, .dy_stride = 8, .dx_bf16 = true, .dx_accumulate = true};
+    char const *message = NULL;
+    assert_int_equal(cuda_linear_backward(gemm, &wrong, &message), cudaErrorInvalidValue);
+    assert_non_null(message);
+    cuda_gemm_destroy(gemm);
+}
+
+/* ---- Training: the loss ----------------------------------------------------------------------------- */
+
+/* The next-byte loss per row and its gradient against the RAM trainer's formulas in double. */
+static void cross_entropy_matches(void **state) {
+    (void)state;
+    random_seed(27);
+    size_t const rows = 300;
+    double const scale = 0.1 / 250.0;
+    float *logits = floats_uniform(rows * 256, -5.0f, 5.0f);
+    int32_t *targets = host_alloc(rows * sizeof(int32_t));
+    for (size_t r = 0; r < rows; ++r)
+        targets[r] = r % 7 == 6 ? -1 : (int32_t)random_below(256);
+    float *logits_device = device_copy(logits, rows * 256 * 4);
+    int32_t *targets_device = device_copy(targets, rows * 4);
+    uint16_t *d_device = device_alloc(rows * 256 * 2);
+    double *loss_device = device_alloc(rows * 8);
+    ran(cuda_cross_entropy(logits_device, d_device, loss_device, targets_device, rows, scale, stream),
+        "cuda_cross_entropy", "300 rows");
+    float *gradient = host_copy(logits_device, rows * 256 * 4);
+    uint16_t *d = host_copy(d_device, rows * 256 * 2), *rounded = host_alloc(rows * 256 * 2);
+    double *loss = host_copy(loss_device, rows * 8);
+    check_t loss_check = check_start(1, "cuda_cross_entropy 300 rows: loss");
+    check_t gradient_check = check_start(256, "cuda_cross_entropy 300 rows: gradient");
+    for (size_t r = 0; r < rows; ++r) {
+        float const *l = logits + r * 256;
+        double max = l[0], sum = 0.0;
+        for (int j = 1; j < 256; ++j)
+            max = l[j] > max ? l[j] : max;
+        for (int j = 0; j < 256; ++j)
+            sum += exp(l[j] - max);
+        int32_t target = targets[r];
+        double want = target < 0 ? 0.0 : log(sum) + max - l[target];
+        check_value(&loss_check, r, loss[r], want, 1e-9 * fabs(want) + 1e-12);
+        for (int j = 0; j < 256; ++j) {
+            double g = target < 0 ? 0.0 : scale * (exp(l[j] - max) / sum - (j == target));
+            check_value(&gradient_check, r * 256 + (size_t)j, gradient[r * 256 + (size_t)j], (float)g,
+                        1e-6 * scale + 0x1p-22 * fabs(g));
+        }
+    }
+    check_end(&loss_check), check_end(&gradient_check);
+    kernels_scalar()->f32_to_bf16(rounded, gradient, rows * 256);
+    check_bits(d, rounded, rows * 256, 2, 256, "cuda_cross_entropy BF16 gradient");
+    free(logits), free(targets), free(gradient), free(d), free(rounded), free(loss);
+    device_free(logits_device), device_free(targets_device), device_free(d_device), device_free(loss_device);
+}
+
+/* docs/DESIGN.md's contrastive loss of items first .. first + local of a batch of `global`, over prefixes
+ * `widths`, in double: the share, de [local, dims], d scale and d bias. */
+static double reference_contrastive(double const *e, size_t global, size_t first, size_t local, size_t dims,
+                                    uint32_t const *widths, size_t prefixes, uint8_t const *related, double t,
+                                    double b, double *de, double *d_scale, double *d_bias) {
+    double loss = 0.0, *x = host_alloc(global * dims * 8), *dx = host_alloc(dims * 8),
+           *norms = host_alloc(global * 8);
+    memset(de, 0, local * dims * 8);
+    *d_scale = *d_bias = 0.0;
+    for (size_t p = 0; p < prefixes; ++p) {
+        size_t k = widths[p];
+        for (size_t g = 0; g < global; ++g) {
+            double sum = 0.0;
+            for (size_t c = 0; c < k; ++c)
+                sum += e[g * dims + c] * e[g * dims + c];
+            norms[g] = sqrt(sum);
+            for (size_t c = 0; c < k; ++c)
+                x[g * dims + c] = e[g * dims + c] / norms[g];
+        }
+        for (size_t i = 0; i < local; ++i) {
+            double const *xi = x + (first + i) * dims;
+            memset(dx, 0, dims * 8);
+            for (size_t j = 0; j < global; ++j) {
+                if (j == first + i) continue;
+                double dot = 0.0;
+                for (size_t c = 0; c < k; ++c)
+                    dot += xi[c] * x[j * dims + c];
+                bool pair = j >= first && j < first + local && related[i * local + (j - first)];
+                double z = pair ? 1 : -1, s = t * dot + b, sigma = 1 / (1 + exp(z * s));
+                loss += log1p(exp(-z * s)) / (double)global;
+                double ds = -z * sigma / (double)global;
+                *d_scale += ds * dot * t, *d_bias += ds;
+                for (size_t c = 0; c < k; ++c)
+                    dx[c] += 2 * ds * t * x[j * dims + c];
+            }
+            double dot = 0.0;
+            for (size_t c = 0; c < k; ++c)
+                dot += xi[c] * dx[c];
+            for (size_t c = 0; c < k; ++c)
+                de[i * dims + c] += (dx[c] - xi[c] * dot) / norms[first + i];
+        }
+    }
+    free(x), free(dx), free(norms);
+    return loss;
+}
+
+/* The embeddings of units (one, or a clip's three frames, per item), the loss over a batch larger than the
+ * process's part, and the way back, against the references in double. */
+static void contrastive_matches(void **state) {
+    (void)state;
+    random_seed(28);
+    enum { dims = 16, local = 5, first = 3, global = 11, prefixes = 2 };
+    int32_t const unit_first[] = {0, 1, 4, 5, 6}, unit_count[] = {1, 3, 1, 1, 1};
+    size_t const units = 7;
+    uint32_t const widths[] = {8, 16};
+    uint8_t related[local * local] = {0};
+    related[0 * local + 1] = related[1 * local + 0] = related[2 * local + 4] = related[4 * local + 2] = 1;
+    float *projected = floats_uniform(units * dims, -1.0f, 1.0f);
+    double *e = host_alloc(global * dims * 8), *unit = host_alloc(units * dims * 8),
+           *norms = host_alloc(units * 8);
+    double *item_norms = host_alloc(local * 8);
+    for (size_t g = 0; g < global; ++g) /* the other processes' items, unit rows */
+        for (size_t c = 0; c < dims; ++c)
+            e[g * dims + c] = (double)random_uniform(-1.0f, 1.0f);
+    for (size_t u = 0; u < units; ++u) {
+        double sum = 0.0;
+        for (size_t c = 0; c < dims; ++c)
+            sum += (double)projected[u * dims + c] * projected[u * dims + c];
+        norms[u] = sqrt(sum);
+        for (size_t c = 0; c < dims; ++c)
+            unit[u * dims + c] = projected[u * dims + c] / norms[u];
+    }
+    for (size_t i = 0; i < local; ++i) {
+        double *row = e + (first + i) * dims, sum = 0.0;
+        for (size_t c = 0; c < dims; ++c) {
+            row[c] = 0.0;
+            for (int32_t u = unit_first[i]; u < unit_first[i] + unit_count[i]; ++u)
+                row[c] += unit[(size_t)u * dims + c];
+            row[c] /= (double)unit_count[i];
+            sum += row[c] * row[c];
+        }
+        item_norms[i] = sqrt(sum);
+        for (size_t c = 0; c < dims; ++c)
+            row[c] /= unit_count[i] > 1 ? item_norms[i] : 1.0;
+    }
+    float const scale = 2.3f, bias = -1.5f;
+    double de[local * dims], d_scale, d_bias;
+    double share = reference_contrastive(e, global, first, local, dims, widths, prefixes, related,
+                                         exp((double)scale), bias, de, &d_scale, &d_bias);
+    /* the device: the process's embeddings from its units, then the loss over the whole batch */
+    float *projected_device = device_copy(projected, units * dims * 4);
+    int32_t *first_device = device_copy(unit_first, sizeof unit_first),
+            *count_device = device_copy(unit_count, sizeof unit_count);
+    double *e_local = device_alloc(local * dims * 8), *item_norms_device = device_alloc(local * 8);
+    double *unit_device = device_alloc(units * dims * 8), *unit_norms_device = device_alloc(units * 8);
+    ran(cuda_embeddings(e_local, item_norms_device, unit_device, unit_norms_device, projected_device,
+                        first_device, count_device, local, dims, stream),
+        "cuda_embeddings", "5 items, one a clip of 3 frames");
+    double *got_local = host_copy(e_local, local * dims * 8);
+    check_t embeddings = check_start(dims, "cuda_embeddings, 5 items, one of 3 frames");
+    for (size_t i = 0; i < local * dims; ++i)
+        check_value(&embeddings, i, got_local[i], e[first * dims + i], 1e-12);
+    check_end(&embeddings);
+    double *e_device = device_copy(e, global * dims * 8);
+    CUDA_CHECK(cudaMemcpy(e_device + first * dims, e_local, local * dims * 8, cudaMemcpyDeviceToDevice));
+    float logit[4] = {scale, bias, 0.25f, -0.5f};
+    float *logit_device = device_copy(logit, sizeof logit);
+    uint8_t *related_device = device_copy(related, sizeof related);
+    double *de_device = device_alloc(local * dims * 8), *share_device = device_alloc(8);
+    double *x = device_alloc(prefixes * global * dims * 8), *x_norms = device_alloc(prefixes * global * 8);
+    double *rows = device_alloc(local * (global + dims) * 8), *losses = device_alloc(3 * local * 8);
+    cuda_contrastive_t loss = {.dims = dims,
+                               .prefixes = prefixes,
+                               .widths = {8, 16},
+                               .global = global,
+                               .first = first,
+                               .local = local,
+                               .logit_scale = logit_device,
+                               .logit_bias = logit_device + 1,
+                               .d_logit_scale = logit_device + 2,
+                               .d_logit_bias = logit_device + 3};
+    ran(cuda_contrastive(&loss, e_device, related_device, de_device, share_device, x, x_norms, rows, losses,
+                         stream),
+        "cuda_contrastive", "5 items of 11, prefixes 8 and 16");
+    double *got_de = host_copy(de_device, local * dims * 8), *got_share = host_copy(share_device, 8);
+    float *got_logit = host_copy(logit_device, sizeof logit);
+    check_t check = check_start(dims, "cuda_contrastive, 5 items of 11, prefixes 8 and 16");
+    check_value(&check, 0, *got_share, share, 1e-9 * fabs(share));
+    for (size_t i = 0; i < local * dims; ++i)
+        check_value(&check, i, got_de[i], de[i], 1e-9);
+    check_value(&check, 0, got_logit[2], 0.25 + d_scale, 1e-6 * (1 + fabs(d_scale)));
+    check_value(&check, 0, got_logit[3], -0.5 + d_bias, 1e-6 * (1 + fabs(d_bias)));
+    check_end(&check);
+    /* the way back to the units: a clip's gradient through its mean, then each frame's normalization */
+    float *d_projected_device = device_alloc(units * dims * 4);
+    ran(cuda_embeddings_backward(d_projected_device, de_device, e_local, item_norms_device, unit_device,
+                                 unit_norms_device, first_device, count_device, local, dims, stream),
+        "cuda_embeddings_backward", "5 items");
+    float *d_projected = host_copy(d_projected_device, units * dims * 4);
+    check_t back = check_start(dims, "cuda_embeddings_backward, 5 items, one of 3 frames");
+    for (size_t i = 0; i < local; ++i) {
+        double d[16], dot = 0.0;
+        double const *y = e + (first + i) * dims;
+        memcpy(d, de + i * dims, sizeof d);
+        if (unit_count[i] > 1) {
+            for (size_t c = 0; c < dims; ++c)
+                dot += y[c] * d[c];
+            for (size_t c = 0; c < dims; ++c)
+                d[c] = (d[c] - y[c] * dot) / item_norms[i] / (double)unit_count[i];
+        }
+        for (int32_t u = unit_first[i]; u < unit_first[i] + unit_count[i]; ++u) {
+            double const *v = unit + (size_t)u * dims;
+            double unit_dot = 0.0;
+            for (size_t c = 0; c < dims; ++c)
+                unit_dot += v[c] * d[c];
+            for (size_t c = 0; c < dims; ++c) {
+                double want = (d[c] - v[c] * unit_dot) / norms[u];
+                check_value(&back, (size_t)u * dims + c, d_projected[(size_t)u * dims + c], want,
+                            1e-6 * fabs(want) + 1e-9);
+            }
+        }
+    }
+    check_end(&back);
+    free(projected), free(e), free(unit), free(norms), free(item_norms), free(got_local), free(got_de),
+        free(got_share), free(got_logit), free(d_projected);
+    device_free(projected_device), device_free(first_device), device_free(count_device), device_free(e_local),
+        device_free(item_norms_device), device_free(unit_device), device_free(unit_norms_device),
+        device_free(e_device), device_free(logit_device), device_free(related_device), device_free(de_device),
+        device_free(share_device), device_free(x), device_free(x_norms), device_free(rows),
+        device_free(losses), device_free(d_projected_device);
+}
+
+/* ---- Training: the optimizer ------------------------------------------------------------------------ */
+
+/* A small model's parameters with gradients, on the host and in the device's flat buffers. */
+typedef struct optimizer_case {
+    train_params_t params;
+    train_device_layout_t layout;
+    size_t scalars;
+    float *value, *grad, *m, *v, *flat; /* device, and a host staging */
+    uint16_t *bf16;
+    uint8_t *decay;
+    double *norm_squared, *chunk_sums, *loss;
+    uint32_t *skipped;
+} optimizer_case_t;
+
+static void optimizer_case(optimizer_case_t *c, double clip_norm, float poison) {
+    uform_trainer_config_t config;
+    uform_trainer_config_default(&config);
+    config.depth = 1, config.hidden = 64, config.dims = 32;
+    uform_model_info_t info;
+    char const *message = NULL;
+    assert_int_equal(train_info_from_config(&config, &info, &message), UFORM_OK);
+    assert_int_equal(train_params_init(&c->params, &info, 11), UFORM_OK);
+    c->params.optimizer = (train_optimizer_t){.learning_rate = 3e-3,
+                                              .weight_decay = 0.05,
+                                              .beta1 = 0.9,
+                                              .beta2 = 0.95,
+                                              .epsilon = 1e-8,
+                                              .clip_norm = clip_norm,
+                                              .warmup_steps = 3,
+                                              .total_steps = 12};
+    for (size_t t = 0; t < c->params.count; ++t) /* moments and gradients of some size, a step taken */
+        for (size_t i = 0; i < c->params.tensors[t].count; ++i) {
+            c->params.tensors[t].m[i] = 0.001f * (float)sin((double)(i + t));
+            c->params.tensors[t].v[i] = 1e-6f * (float)(1 + (i + t) % 5);
+            c->params.tensors[t].grad[i] = (float)(0.05 * cos(0.3 * (double)i + (double)t));
+        }
+    c->params.tensors[c->params.count / 2].grad[3] = poison;
+    c->params.step = 4;
+    assert_true(train_device_layout(&c->layout, &c->params));
+    c->scalars = c->layout.chunks * TRAIN_DEVICE_CHUNK;
+    c->flat = host_alloc(c->scalars * 4);
+    float **targets[] = {&c->value, &c->m, &c->v};
+    train_device_field_t const fields[] = {TRAIN_DEVICE_VALUE, TRAIN_DEVICE_M, TRAIN_DEVICE_V};
+    for (size_t f = 0; f < 3; ++f) {
+        train_device_pack(&c->layout, &c->params, fields[f], c->flat);
+        *targets[f] = device_copy(c->flat, c->scalars * 4);
+    }
+    memset(c->flat, 0, c->scalars * 4);
+    for (size_t t = 0; t < c->params.count; ++t)
+        memcpy(c->flat + c->layout.offsets[t], c->params.tensors[t].grad, c->params.tensors[t].count * 4);
+    c->grad = device_copy(c->flat, c->scalars * 4);
+    c->bf16 = device_alloc(c->scalars * 2);
+    c->decay = device_copy(c->layout.decay, c->layout.chunks);
+    c->norm_squared = device_alloc(8), c->chunk_sums = device_alloc(c->layout.chunks * 8);
+    c->skipped = device_alloc(4);
+}
+
+static void optimizer_case_free(optimizer_case_t *c) {
+    train_params_free(&c->params);
+    train_device_layout_free(&c->layout);
+    free(c->flat);
+    device_free(c->value), device_free(c->grad), device_free(c->m), device_free(c->v), device_free(c->bf16),
+        device_free(c->decay), device_free(c->norm_squared), device_free(c->chunk_sums),
+        device_free(c->skipped), device_free(c->loss);
+}
+
+/* The device's update of `c` with loss `loss`: the RAM trainer's AdamW settings of its next step. */
+static uint32_t device_update(optimizer_case_t *c, double loss) {
+    cuda_adamw_t adamw = train_vram_adamw(&c->params.optimizer, c->params.step + 1);
+    c->loss = device_copy(&loss, 8);
+    ran(cuda_gradient_norm(c->norm_squared, c->chunk_sums, c->grad, c->layout.chunks, stream),
+        "cuda_gradient_norm", "a small model");
+    ran(cuda_adamw_update(c->value, c->bf16, c->m, c->v, c->grad, c->decay, c->layout.chunks, c->norm_squared,
+                          c->loss, c->skipped, &adamw, stream),
+        "cuda_adamw_update", "a small model");
+    uint32_t *skipped = host_copy(c->skipped, 4), answer = *skipped;
+    free(skipped);
+    return answer;
+}
+
+/* The device's `field` against the host's parameters: bitwise, or within `relative`. */
+static void compare_field(optimizer_case_t *c, float const *device, train_device_field_t field,
+                          double relative, char const *name) {
+    float *got = host_copy(device, c->scalars * 4);
+    train_device_pack(&c->layout, &c->params, field, c->flat);
+    if (relative == 0.0) {
+        check_bits(got, c->flat, c->scalars, 4, TRAIN_DEVICE_CHUNK, name);
+    } else {
+        check_t check = check_start(TRAIN_DEVICE_CHUNK, "%s", name);
+        for (size_t i = 0; i < c->scalars; ++i)
+            check_value(&check, i, got[i], c->flat[i], relative * fabs(c->flat[i]) + 1e-9);
+        check_end(&check);
+    }
+    free(got);
+}
+
+/* AdamW on the device against the RAM trainer's (train_params_update) from the same stored values: the same
+ * bits when the clip does not act, within 1e-6 when it does (the norms' sums differ in order); the BF16 copy
+ * the values rounded; a loss or a gradient that is not finite writes nothing and says so. */
+static void adamw_matches_ram_trainer(void **state) {
+    (void)state;
+    double const clips[] = {1e9, 0.1};
+    for (size_t k = 0; k < COUNT(clips); ++k) {
+        optimizer_case_t c = {0};
+        optimizer_case(&c, clips[k], 0.01f);
+        assert_int_equal(device_update(&c, 1.5), 0);
+        double *norm_squared = host_copy(c.norm_squared, 8);
+        double norm = train_params_update(&c.params, NULL, NULL);
+        assert_true(fabs(sqrt(*norm_squared) - norm) <= 1e-12 * norm);
+        double tolerance = k == 0 ? 0.0 : 1e-6;
+        compare_field(&c, c.value, TRAIN_DEVICE_VALUE, tolerance,
+                      k ? "cuda_adamw_update values, clipped" : "cuda_adamw_update values");
+        compare_field(&c, c.m, TRAIN_DEVICE_M, tolerance,
+                      k ? "cuda_adamw_update m, clipped" : "cuda_adamw_update m");
+        compare_field(&c, c.v, TRAIN_DEVICE_V, tolerance,
+                      k ? "cuda_adamw_update v, clipped" : "cuda_adamw_update v");
+        float *values = host_copy(c.value, c.scalars * 4);
+        uint16_t *rounded = host_alloc(c.scalars * 2), *copy = host_copy(c.bf16, c.scalars * 2);
+        kernels_scalar()->f32_to_bf16(rounded, values, c.scalars);
+        check_bits(copy, rounded, c.scalars, 2, TRAIN_DEVICE_CHUNK, "cuda_adamw_update BF16 copy");
+        free(norm_squared), free(values), free(rounded), free(copy);
+        optimizer_case_free(&c);
+    }
+    float const poisons[] = {0.01f, INFINITY};
+    double const losses[] = {NAN, 1.5};
+    for (size_t k = 0; k < 2; ++k) { /* a NaN loss; an infinite gradient */
+        optimizer_case_t c = {0};
+        optimizer_case(&c, 1.0, poisons[k]);
+        assert_int_equal(device_update(&c, losses[k]), 1);
+        compare_field(&c, c.value, TRAIN_DEVICE_VALUE, 0.0, "cuda_adamw_update skipped: values");
+        compare_field(&c, c.m, TRAIN_DEVICE_M, 0.0, "cuda_adamw_update skipped: m");
+        optimizer_case_free(&c);
+    }
+}
+
 /* ---- Main --------------------------------------------------------------------------------------- */
 
 static int setup(void **state) {
@@ -832,11 +1637,26 @@ int main(void) {
         return SKIP;
     }
     struct CMUnitTest const tests[] = {
-        cmocka_unit_test(conversions_bitwise),      cmocka_unit_test(gathers_exact),
-        cmocka_unit_test(mean_rows_bitwise),        cmocka_unit_test(rmsnorm_matches_scalar),
-        cmocka_unit_test(normalize_matches_scalar), cmocka_unit_test(convert_bitwise),
-        cmocka_unit_test(choose_matches_scalar),    cmocka_unit_test(attention_matches_scalar),
-        cmocka_unit_test(attention_many_and_long),  cmocka_unit_test(linear_matches_scalar),
+        cmocka_unit_test(conversions_bitwise),
+        cmocka_unit_test(gathers_exact),
+        cmocka_unit_test(mean_rows_bitwise),
+        cmocka_unit_test(rmsnorm_matches_scalar),
+        cmocka_unit_test(normalize_matches_scalar),
+        cmocka_unit_test(convert_bitwise),
+        cmocka_unit_test(choose_matches_scalar),
+        cmocka_unit_test(attention_matches_scalar),
+        cmocka_unit_test(attention_many_and_long),
+        cmocka_unit_test(linear_matches_scalar),
+        cmocka_unit_test(gelu_and_backward_match_scalar),
+        cmocka_unit_test(column_sums_match),
+        cmocka_unit_test(rmsnorm_backward_matches_scalar),
+        cmocka_unit_test(embed_backward_bitwise),
+        cmocka_unit_test(assemble_tokens_backward_bitwise),
+        cmocka_unit_test(attention_backward_matches_scalar),
+        cmocka_unit_test(linear_backward_matches_scalar),
+        cmocka_unit_test(cross_entropy_matches),
+        cmocka_unit_test(contrastive_matches),
+        cmocka_unit_test(adamw_matches_ram_trainer),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
