@@ -2,6 +2,7 @@
  * against (kernels.h gives the tolerances). Sums of squares and softmax denominators are accumulated in
  * double here and on every SIMD path, so that only the order of the additions differs between paths. */
 #include <math.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include "gelu.h"
@@ -196,6 +197,34 @@ void kernel_convert_scalar(void *out, float const *x, size_t n, uform_scalar_t s
     case UFORM_I8:
         convert_i8(out, x, n, scale);
         break;
+    }
+}
+
+/* ---- I8 activations ------------------------------------------------------------------------------ */
+
+/* lo = min(0, min x), hi = max(0, max x) over k values; false when one is not finite. */
+static bool row_range(float const *x, size_t k, float *lo, float *hi) {
+    bool finite = true;
+    *lo = *hi = 0.0f;
+    for (size_t i = 0; i < k; ++i) {
+        finite = finite && isfinite(x[i]);
+        *lo = fminf(*lo, x[i]);
+        *hi = fmaxf(*hi, x[i]);
+    }
+    return finite;
+}
+
+void kernel_quantize_rows_scalar(uint8_t *q, size_t q_stride, float *scales, int32_t *zeros, float const *x,
+                                 size_t x_stride, size_t rows, size_t k) {
+    for (size_t r = 0; r < rows; ++r, q += q_stride, x += x_stride) {
+        float lo, hi, inv;
+        bool finite = row_range(x, k, &lo, &hi);
+        if (!kernel_quantize_range(lo, hi, finite, &inv, &zeros[r], &scales[r])) {
+            memset(q, 0, k);
+            continue;
+        }
+        for (size_t i = 0; i < k; ++i)
+            q[i] = kernel_quantize_value(x[i], inv, zeros[r]);
     }
 }
 
