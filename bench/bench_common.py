@@ -173,17 +173,18 @@ def write_redrawn_checkpoint(tool: str, path: Path, seed: int, tower: str, setti
 
 
 def bench_stages(library: str, checkpoint: Path, threads: int, min_seconds: float, encode_files, encode_decoded,
-                 paths: list, decoded: list, batch: int) -> tuple:
-    """The engine over files end to end and over already decoded inputs, on a RAM executor of `threads`:
-    `encode_files(engine, model, group, arena, executor)` and `encode_decoded(...)` each answer the
-    call's result. Answers items per second (end to end, its read and decode stages, its tower stage,
-    decoded inputs only) and the embeddings of the first group of files."""
+                 paths: list, decoded: list, batch: int, weights: str = "stored") -> tuple:
+    """The engine over files end to end and over already decoded inputs, on a RAM executor of `threads`,
+    the model loaded with `weights` ("stored", "bf16" or "i8"): `encode_files(engine, model, group,
+    arena, executor)` and `encode_decoded(...)` each answer the call's result. Answers items per second
+    (end to end, its read and decode stages, its tower stage, decoded inputs only) and the embeddings of
+    the first group of files."""
     import harness
 
     engine = harness.Engine(library)
     executor = engine.ram_executor(threads)
     arena = engine.arena(executor)
-    model = engine.load(str(checkpoint), executor)
+    model = engine.load(str(checkpoint), executor, weights)
     stages = {"read_ns": 0, "decode_ns": 0, "compute_ns": 0, "items": 0}
     try:
         def end_to_end():
@@ -211,7 +212,8 @@ def bench_stages(library: str, checkpoint: Path, threads: int, min_seconds: floa
 
 def compare_stages(args, checkpoint: Path, paths: list, decoded: list, encode_files, encode_decoded, labels: tuple,
                    unit: str, baseline: str, bench_baseline, agreement: str) -> None:
-    """bench_stages (`labels`: its four figures), then, unless --no-torch, the baseline in float32 (PyTorch's
+    """bench_stages (`labels`: its four figures) with BF16 weights, then the end-to-end and encode-only
+    figures with I8 weights (uform_weights_t), then, unless --no-torch, the baseline in float32 (PyTorch's
     default on a CPU) and in bfloat16: `bench_baseline(checkpoint, paths, batch, threads, min_seconds, dtype)`
     answers its items per second and the embeddings of its first group. Prints their agreement, the figures
     and the ratios."""
@@ -220,9 +222,16 @@ def compare_stages(args, checkpoint: Path, paths: list, decoded: list, encode_fi
 
     paths = [str(p) for p in paths]
     e2e, decode, compute, encode, first = bench_stages(args.library, checkpoint, args.threads, args.min_seconds,
-                                                       encode_files, encode_decoded, paths, decoded, args.batch)
+                                                       encode_files, encode_decoded, paths, decoded, args.batch,
+                                                       "bf16")
+    i8_e2e, _, i8_compute, i8_encode, i8_first = bench_stages(args.library, checkpoint, args.threads, args.min_seconds,
+                                                              encode_files, encode_decoded, paths, decoded,
+                                                              args.batch, "i8")
+    print(f"agreement, first batch, I8 weights against BF16: min cosine {harness.cosines(i8_first, first).min():.5f}")
     rows = list(zip(labels, (e2e, decode, compute, encode)))
-    baselines = []
+    rows += [(f"{labels[0]}, I8 weights", i8_e2e), (f"{labels[2]}, I8 weights", i8_compute),
+             (f"{labels[3]}, I8 weights", i8_encode)]
+    baselines = [("uform, BF16 weights", e2e)]
     if not args.no_torch:
         for dtype, name in ((torch.float32, "float32"), (torch.bfloat16, "bfloat16")):
             rate, baseline_first = bench_baseline(checkpoint, paths, args.batch, args.threads, args.min_seconds,
@@ -231,17 +240,21 @@ def compare_stages(args, checkpoint: Path, paths: list, decoded: list, encode_fi
             baselines.append((f"{baseline} {name}", rate))
             print(f"agreement, first batch, {name}: min cosine {harness.cosines(first, baseline_first).min():.5f} "
                   f"({agreement.format(dtype=name)})")
-    print_stages(rows, unit, e2e, encode, baselines)
+    print_stages(rows, unit, e2e, encode, baselines[1:])
+    print_stages([], unit, i8_e2e, i8_encode, baselines, "I8 weights, ")
 
 
-def print_stages(rows: list, unit: str, e2e: float, encode: float, baselines: list) -> None:
-    """The figures of bench_stages (and the baselines': (name, rate) pairs) and the ratios between them."""
+def print_stages(rows: list, unit: str, e2e: float, encode: float, baselines: list, which: str = "") -> None:
+    """The figures of bench_stages (and the baselines': (name, rate) pairs) and the ratios between them;
+    `which` names the engine's weights in the ratios' lines."""
     print()
-    width = max(len(name) for name, _ in rows)
+    width = max([len(name) for name, _ in rows] + [0])
     for name, rate in rows:
         print(f"  {name:<{width}} {rate:8.2f} {unit}/s")
-    print()
-    width = max([len("end to end / encode only:")] + [len(f"end to end / {name}:") for name, _ in baselines])
-    print(f"  {'end to end / encode only:':<{width}} {e2e / encode:.2f}")
+    if rows:
+        print()
+    width = max([len(f"{which}end to end / encode only:")] +
+                [len(f"{which}end to end / {name}:") for name, _ in baselines])
+    print(f"  {f'{which}end to end / encode only:':<{width}} {e2e / encode:.2f}")
     for name, rate in baselines:
-        print(f"  {f'end to end / {name}:':<{width}} {e2e / rate:.2f}")
+        print(f"  {f'{which}end to end / {name}:':<{width}} {e2e / rate:.2f}")
