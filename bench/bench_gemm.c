@@ -182,6 +182,66 @@ static void quantize_work(team_t *team, size_t thread) {
                               last - first, g->k);
 }
 
+/* The inputs every figure reads: activations, bias and output, BF16 weights, and the I8 weights and
+ * activations made from them. */
+typedef struct inputs {
+    float *x, *bias, *y;
+    uint16_t *w;
+    int8_t *w_i8;
+    uint8_t *x_u8;
+    float *w_scales, *x_scales;
+    int32_t *x_zeros;
+} inputs_t;
+
+/* team->gemm of shape (n, k) on team->path, its weights packed as BF16 or quantized to I8: answers the
+ * packed weights (free() them), NULL when out of memory. */
+static void *prepare_shape(team_t *team, inputs_t const *in, bool i8, size_t n, size_t k) {
+    kernels_t const *path = team->path;
+    size_t bytes = i8 ? path->gemm_i8_packed_size(n, k) : path->gemm_packed_size(n, k);
+    void *packed = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (!packed) return NULL;
+    for (size_t c = 0; i8 && c < n; ++c)
+        kernel_quantize_weights(in->w_i8 + c * k, &in->w_scales[c], in->w + c * k, k);
+    if (i8)
+        path->gemm_i8_pack(packed, in->w_i8, in->w_scales, n, k);
+    else
+        path->gemm_pack(packed, in->w, n, k);
+    team->x = in->x;
+    team->gemm = (kernel_gemm_t){.m = TOKENS,
+                                 .n = n,
+                                 .k = k,
+                                 .x = i8 ? NULL : in->x,
+                                 .x_stride = k,
+                                 .w = packed,
+                                 .bias = in->bias,
+                                 .y = in->y,
+                                 .y_stride = n,
+                                 .x_u8 = i8 ? in->x_u8 : NULL,
+                                 .x_scales = i8 ? in->x_scales : NULL,
+                                 .x_zeros = i8 ? in->x_zeros : NULL};
+    return packed;
+}
+
+/* One figure: G(FL)OP/s, its share of the peak and, for I8, the share quantize_rows adds. */
+static void print_figure(bool json, bool i8, char const *path, char const *layer, size_t n, size_t k,
+                         size_t threads, double rate, double ratio, double quantize) {
+    if (json && i8)
+        printf("{\"path\": \"%s\", \"kind\": \"i8\", \"shape\": \"%zu x %zu\", \"m\": %d, \"threads\": %zu, "
+               "\"gops\": %.1f, \"ratio_to_peak\": %.3f, \"quantize_share\": %.3f}\n",
+               path, n, k, TOKENS, threads, rate, ratio, quantize);
+    else if (json)
+        printf("{\"path\": \"%s\", \"shape\": \"%zu x %zu\", \"m\": %d, \"threads\": %zu, \"gflops\": %.1f, "
+               "\"ratio_to_peak\": %.3f}\n",
+               path, n, k, TOKENS, threads, rate, ratio);
+    else if (i8)
+        printf("%-11s %-5s %4zu x %-5zu %7zu %10.1f %7.1f%% %8.1f%%\n", path, layer, n, k, threads, rate,
+               100.0 * ratio, 100.0 * quantize);
+    else
+        printf("%-11s %-5s %4zu x %-5zu %7zu %10.1f %7.1f%%\n", path, layer, n, k, threads, rate,
+               100.0 * ratio);
+    fflush(stdout);
+}
+
 static uint32_t random_state = 12345;
 
 static bool wanted(int argc, char **argv, char const *name) {
@@ -208,143 +268,88 @@ int main(int argc, char **argv) {
     bench_pin_to_cpu(0);
     if (threads_max > 1 && pthread_create(&helper, NULL, helper_main, &team) != 0) threads_max = 1;
 
-    double peak[THREADS_MAX + 1] = {0}, i8_peak[THREADS_MAX + 1] = {0};
+    /* The peaks, BF16 then I8: peaks[0] in GFLOP/s, peaks[1] in GOP/s, per thread count (0: not measured). */
+    double peaks[2][THREADS_MAX + 1] = {{0}};
     __builtin_cpu_init();
-    bool has_peak = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
-    for (size_t threads = 1; has_peak && threads <= threads_max; ++threads) {
-        double flops = (double)PEAK_STEPS * PEAK_CHAINS * 64.0; /* 16 lanes x 2 products x 2 flops */
-        peak[threads] = flops * (double)threads / measure(&team, peak_work, threads) / 1e9;
-        if (json)
-            printf("{\"peak_gflops\": %.1f, \"threads\": %zu}\n", peak[threads], threads);
-        else
-            printf("BF16 dot-product peak (%d vdpbf16ps chains), %zu thread%s: %.1f GFLOP/s\n", PEAK_CHAINS,
-                   threads, threads > 1 ? "s" : "", peak[threads]);
+    struct {
+        bool has;
+        team_work_t work;
+        double ops; /* per step: lanes x products x 2 */
+        char const *key, *what, *unit, *lacking;
+    } const kinds[2] = {
+        {__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16"), peak_work, 16 * 2 * 2,
+         "peak_gflops", "BF16 dot-product peak (24 vdpbf16ps chains)", "GFLOP/s", "AVX512-BF16"},
+        {__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vnni"), i8_peak_work, 16 * 4 * 2,
+         "i8_peak_gops", "I8 dot-product peak (24 vpdpbusd chains)", "GOP/s", "AVX512-VNNI"},
+    };
+    for (size_t kind = 0; kind < 2; ++kind) {
+        for (size_t threads = 1; kinds[kind].has && threads <= threads_max; ++threads) {
+            double ops = (double)PEAK_STEPS * PEAK_CHAINS * kinds[kind].ops;
+            peaks[kind][threads] = ops * (double)threads / measure(&team, kinds[kind].work, threads) / 1e9;
+            if (json)
+                printf("{\"%s\": %.1f, \"threads\": %zu}\n", kinds[kind].key, peaks[kind][threads], threads);
+            else
+                printf("%s, %zu thread%s: %.1f %s\n", kinds[kind].what, threads, threads > 1 ? "s" : "",
+                       peaks[kind][threads], kinds[kind].unit);
+        }
+        if (!kinds[kind].has && !json)
+            printf("%s: this CPU has no %s\n", kinds[kind].what, kinds[kind].lacking);
     }
-    if (!has_peak && !json) printf("BF16 dot-product peak: this CPU has no AVX512-BF16\n");
-    bool has_i8_peak = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vnni");
-    for (size_t threads = 1; has_i8_peak && threads <= threads_max; ++threads) {
-        double ops = (double)PEAK_STEPS * PEAK_CHAINS * 128.0; /* 16 lanes x 4 products x 2 ops */
-        i8_peak[threads] = ops * (double)threads / measure(&team, i8_peak_work, threads) / 1e9;
-        if (json)
-            printf("{\"i8_peak_gops\": %.1f, \"threads\": %zu}\n", i8_peak[threads], threads);
-        else
-            printf("I8 dot-product peak (%d vpdpbusd chains), %zu thread%s: %.1f GOP/s\n", PEAK_CHAINS,
-                   threads, threads > 1 ? "s" : "", i8_peak[threads]);
-    }
-    if (!has_i8_peak && !json) printf("I8 dot-product peak: this CPU has no AVX512-VNNI\n");
-    if (!json)
-        printf("\n%-11s %-5s %-12s %7s %10s %8s\n", "path", "layer", "n x k", "threads", "GFLOP/s", "peak");
-
     size_t k_max = 3072, n_max = 3072;
-    float *x = aligned_alloc(64, TOKENS * k_max * sizeof(float));
-    float *bias = aligned_alloc(64, n_max * sizeof(float));
-    float *y = aligned_alloc(64, TOKENS * n_max * sizeof(float));
-    uint16_t *w = aligned_alloc(64, n_max * k_max * sizeof(uint16_t));
-    int8_t *w_i8 = aligned_alloc(64, n_max * k_max);
-    uint8_t *x_u8 = aligned_alloc(64, TOKENS * k_max);
-    float *w_scales = aligned_alloc(64, n_max * sizeof(float)),
-          *x_scales = aligned_alloc(64, TOKENS * sizeof(float));
-    int32_t *x_zeros = aligned_alloc(64, TOKENS * sizeof(int32_t));
+    inputs_t in = {.x = aligned_alloc(64, TOKENS * k_max * sizeof(float)),
+                   .bias = aligned_alloc(64, n_max * sizeof(float)),
+                   .y = aligned_alloc(64, TOKENS * n_max * sizeof(float)),
+                   .w = aligned_alloc(64, n_max * k_max * sizeof(uint16_t)),
+                   .w_i8 = aligned_alloc(64, n_max * k_max),
+                   .x_u8 = aligned_alloc(64, TOKENS * k_max),
+                   .w_scales = aligned_alloc(64, n_max * sizeof(float)),
+                   .x_scales = aligned_alloc(64, TOKENS * sizeof(float)),
+                   .x_zeros = aligned_alloc(64, TOKENS * sizeof(int32_t))};
     int status = 0;
-    if (!x || !bias || !y || !w || !w_i8 || !x_u8 || !w_scales || !x_scales || !x_zeros) {
+    if (!in.x || !in.bias || !in.y || !in.w || !in.w_i8 || !in.x_u8 || !in.w_scales || !in.x_scales ||
+        !in.x_zeros) {
         fprintf(stderr, "bench_gemm: out of memory\n");
         status = 1;
         goto done;
     }
     for (size_t i = 0; i < TOKENS * k_max; ++i)
-        x[i] = bench_uniform(&random_state);
+        in.x[i] = bench_uniform(&random_state);
     for (size_t i = 0; i < n_max; ++i)
-        bias[i] = bench_uniform(&random_state);
+        in.bias[i] = bench_uniform(&random_state);
     for (size_t i = 0; i < n_max * k_max; ++i)
-        w[i] = f32_to_bf16(0.05f * bench_uniform(&random_state));
+        in.w[i] = f32_to_bf16(0.05f * bench_uniform(&random_state));
 
-    for (size_t p = 0; p < sizeof path_names / sizeof path_names[0]; ++p) {
-        kernels_t const *path = kernels_named(path_names[p]);
-        if (!path || !wanted(argc, argv, path_names[p])) continue;
-        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; ++s) {
-            size_t n = shapes[s][0], k = shapes[s][1];
-            size_t bytes = (path->gemm_packed_size(n, k) + 63) / 64 * 64;
-            void *packed = aligned_alloc(64, bytes);
-            if (!packed) {
-                fprintf(stderr, "bench_gemm: out of memory\n");
-                status = 1;
-                goto done;
-            }
-            path->gemm_pack(packed, w, n, k);
-            team.path = path;
-            team.gemm = (kernel_gemm_t){.m = TOKENS,
-                                        .n = n,
-                                        .k = k,
-                                        .x = x,
-                                        .x_stride = k,
-                                        .w = packed,
-                                        .bias = bias,
-                                        .y = y,
-                                        .y_stride = n};
-            for (size_t threads = 1; threads <= threads_max; ++threads) {
-                double gflops =
-                    2.0 * TOKENS * (double)n * (double)k / measure(&team, gemm_work, threads) / 1e9;
-                double ratio = peak[threads] > 0 ? gflops / peak[threads] : 0.0;
-                if (json)
-                    printf("{\"path\": \"%s\", \"shape\": \"%zu x %zu\", \"m\": %d, \"threads\": %zu, "
-                           "\"gflops\": %.1f, \"ratio_to_peak\": %.3f}\n",
-                           path->name, n, k, TOKENS, threads, gflops, ratio);
-                else
-                    printf("%-11s %-5s %4zu x %-5zu %7zu %10.1f %7.1f%%\n", path->name, shape_names[s], n, k,
-                           threads, gflops, 100.0 * ratio);
-                fflush(stdout);
-            }
-            free(packed);
-        }
-    }
-
-    if (!json)
-        printf("\n%-11s %-5s %-12s %7s %10s %8s %9s\n", "I8 path", "layer", "n x k", "threads", "GOP/s",
-               "peak", "quantize");
     static char const *const i8_path_names[] = {"scalar", "avx2", "avxvnni", "avx512vnni"};
-    for (size_t p = 0; p < sizeof i8_path_names / sizeof i8_path_names[0]; ++p) {
-        kernels_t const *path = kernels_named(i8_path_names[p]);
-        if (!path || !wanted(argc, argv, i8_path_names[p])) continue;
-        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; ++s) {
-            size_t n = shapes[s][0], k = shapes[s][1];
-            for (size_t c = 0; c < n; ++c)
-                kernel_quantize_weights(w_i8 + c * k, &w_scales[c], w + c * k, k);
-            void *packed = aligned_alloc(64, (path->gemm_i8_packed_size(n, k) + 63) / 64 * 64);
-            if (!packed) {
-                fprintf(stderr, "bench_gemm: out of memory\n");
-                status = 1;
-                goto done;
+    for (int i8 = 0; i8 < 2; ++i8) {
+        if (!json && i8)
+            printf("\n%-11s %-5s %-12s %7s %10s %8s %9s\n", "I8 path", "layer", "n x k", "threads", "GOP/s",
+                   "peak", "quantize");
+        else if (!json)
+            printf("\n%-11s %-5s %-12s %7s %10s %8s\n", "path", "layer", "n x k", "threads", "GFLOP/s",
+                   "peak");
+        char const *const *names = i8 ? i8_path_names : path_names;
+        size_t count = i8 ? sizeof i8_path_names / sizeof *names : sizeof path_names / sizeof *names;
+        for (size_t p = 0; p < count; ++p) {
+            team.path = kernels_named(names[p]);
+            if (!team.path || !wanted(argc, argv, names[p])) continue;
+            for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; ++s) {
+                size_t n = shapes[s][0], k = shapes[s][1];
+                void *packed = prepare_shape(&team, &in, i8, n, k);
+                if (!packed) {
+                    fprintf(stderr, "bench_gemm: out of memory\n");
+                    status = 1;
+                    goto done;
+                }
+                for (size_t threads = 1; threads <= threads_max; ++threads) {
+                    double quantize = i8 ? measure(&team, quantize_work, threads) : 0.0;
+                    double seconds = measure(&team, i8 ? gemm_i8_work : gemm_work, threads);
+                    double rate = 2.0 * TOKENS * (double)n * (double)k / seconds / 1e9;
+                    double top = peaks[i8][threads];
+                    print_figure(json, i8, team.path->name, shape_names[s], n, k, threads, rate,
+                                 top > 0 ? rate / top : 0.0, quantize / seconds);
+                }
+                free(packed);
             }
-            path->gemm_i8_pack(packed, w_i8, w_scales, n, k);
-            team.path = path;
-            team.x = x;
-            team.gemm = (kernel_gemm_t){.m = TOKENS,
-                                        .n = n,
-                                        .k = k,
-                                        .x_stride = k,
-                                        .w = packed,
-                                        .bias = bias,
-                                        .y = y,
-                                        .y_stride = n,
-                                        .x_u8 = x_u8,
-                                        .x_scales = x_scales,
-                                        .x_zeros = x_zeros};
-            for (size_t threads = 1; threads <= threads_max; ++threads) {
-                double quantize = measure(&team, quantize_work, threads),
-                       seconds = measure(&team, gemm_i8_work, threads);
-                double gops = 2.0 * TOKENS * (double)n * (double)k / seconds / 1e9;
-                double ratio = i8_peak[threads] > 0 ? gops / i8_peak[threads] : 0.0;
-                if (json)
-                    printf("{\"path\": \"%s\", \"kind\": \"i8\", \"shape\": \"%zu x %zu\", \"m\": %d, "
-                           "\"threads\": %zu, \"gops\": %.1f, \"ratio_to_peak\": %.3f, \"quantize_share\": "
-                           "%.3f}\n",
-                           path->name, n, k, TOKENS, threads, gops, ratio, quantize / seconds);
-                else
-                    printf("%-11s %-5s %4zu x %-5zu %7zu %10.1f %7.1f%% %8.1f%%\n", path->name,
-                           shape_names[s], n, k, threads, gops, 100.0 * ratio, 100.0 * quantize / seconds);
-                fflush(stdout);
-            }
-            free(packed);
         }
     }
 
@@ -353,14 +358,8 @@ done:
         atomic_store(&team.quit, true);
         pthread_join(helper, NULL);
     }
-    free(x);
-    free(bias);
-    free(y);
-    free(w);
-    free(w_i8);
-    free(x_u8);
-    free(w_scales);
-    free(x_scales);
-    free(x_zeros);
+    void *buffers[] = {in.x, in.bias, in.y, in.w, in.w_i8, in.x_u8, in.w_scales, in.x_scales, in.x_zeros};
+    for (size_t i = 0; i < sizeof buffers / sizeof buffers[0]; ++i)
+        free(buffers[i]);
     return status;
 }

@@ -123,10 +123,6 @@ static inline void vi_store(int32_t *to, vint x) {
     _mm256_store_si256((__m256i *)to, x);
 }
 
-static inline vint vi_add(vint a, vint b) {
-    return _mm256_add_epi32(a, b);
-}
-
 static inline vint vi_sub(vint a, vint b) {
     return _mm256_sub_epi32(a, b);
 }

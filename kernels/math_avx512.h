@@ -122,10 +122,6 @@ static inline void vi_store(int32_t *to, vint x) {
     _mm512_store_si512(to, x);
 }
 
-static inline vint vi_add(vint a, vint b) {
-    return _mm512_add_epi32(a, b);
-}
-
 static inline vint vi_sub(vint a, vint b) {
     return _mm512_sub_epi32(a, b);
 }

@@ -16,11 +16,10 @@
 #include <cmocka.h>
 
 #include "fixtures.h"
+#include "gemm_problem.h"
 #include "kernels.h"
 
 #define COUNT(array) (sizeof(array) / sizeof((array)[0]))
-
-static float const SENTINEL = -12345.0f; /* fills y's padding, which no path may write */
 
 /* Every path this CPU and build run, scalar first, then every one with its own I8 GEMM or quantizer. */
 static size_t paths_present(kernels_t const *paths[16]) {
@@ -34,6 +33,7 @@ static size_t paths_present(kernels_t const *paths[16]) {
     return count;
 }
 
+/* I8 weights [n, k] with their scales packed by `path`, 64-byte aligned (free() them). */
 static void *pack(kernels_t const *path, int8_t const *w, float const *scales, size_t n, size_t k) {
     size_t bytes = (path->gemm_i8_packed_size(n, k) + 63) / 64 * 64;
     void *packed = aligned_alloc(64, bytes ? bytes : 64);
@@ -42,175 +42,14 @@ static void *pack(kernels_t const *path, int8_t const *w, float const *scales, s
     return packed;
 }
 
-/* ---- Problems ---------------------------------------------------------------------------------- */
-
-typedef enum residual_mode { RESIDUAL_NONE, RESIDUAL_SEPARATE, RESIDUAL_IN_Y } residual_mode_t;
-
-typedef struct options {
-    bool bias, gelu, scaled; /* scaled: random scales (else 1: y is the exact sum) */
-    residual_mode_t residual;
-} options_t;
-
-/* Combination `number` of 24: bias, GELU, scales, and the residual mode. */
-static options_t options_numbered(size_t number) {
-    return (options_t){.bias = number & 1,
-                       .gelu = number >> 1 & 1,
-                       .scaled = number >> 2 & 1,
-                       .residual = (residual_mode_t)(number >> 3)};
-}
-
-static options_t const EXACT = {0};
-
-/* One problem with padded strides: quantized activations and weights, the outputs of two paths. */
-typedef struct problem {
-    size_t m, n, k, x_stride, y_stride, residual_stride;
-    options_t options;
-    uint8_t *x;
-    int8_t *w;
-    int32_t *zeros;
-    float *x_scales, *w_scales, *bias, *residual, *y, *y_reference;
-} problem_t;
-
-static void *allocate(size_t bytes) {
-    void *memory = malloc(bytes ? bytes : 1);
-    assert_non_null(memory);
-    return memory;
-}
-
-/* Values anywhere in their ranges, -128 weights included; zero points anywhere in 0..255. */
-static void problem_make(problem_t *p, size_t m, size_t n, size_t k, options_t options) {
-    *p = (problem_t){.m = m, .n = n, .k = k, .x_stride = k + 5, .y_stride = n + 3, .options = options};
-    p->residual_stride = options.residual == RESIDUAL_IN_Y ? p->y_stride : n + 7;
-    p->x = allocate(m * p->x_stride);
-    p->w = allocate(n * k);
-    p->zeros = allocate(m * sizeof(int32_t));
-    p->x_scales = allocate(m * sizeof(float));
-    p->w_scales = allocate(n * sizeof(float));
-    p->bias = allocate(n * sizeof(float));
-    p->residual = allocate(m * p->residual_stride * sizeof(float));
-    p->y = allocate(m * p->y_stride * sizeof(float));
-    p->y_reference = allocate(m * p->y_stride * sizeof(float));
-    for (size_t i = 0; i < m * p->x_stride; ++i)
-        p->x[i] = (uint8_t)random_below(256);
-    for (size_t i = 0; i < n * k; ++i)
-        p->w[i] = (int8_t)((int)random_below(256) - 128);
-    for (size_t r = 0; r < m; ++r) {
-        p->zeros[r] = (int32_t)random_below(256);
-        /* sums reach 2^15 k: scales that bring them near 1, so that GELU sees both of its sides */
-        p->x_scales[r] = options.scaled ? random_uniform(0.5f, 2.0f) / (float)k / 1024.0f : 1.0f;
-    }
-    for (size_t c = 0; c < n; ++c) {
-        p->w_scales[c] = options.scaled ? random_uniform(0.5f, 2.0f) : 1.0f;
-        p->bias[c] = random_uniform(-1.0f, 1.0f);
-    }
-    for (size_t i = 0; i < m * p->residual_stride; ++i)
-        p->residual[i] = random_uniform(-1.0f, 1.0f);
-}
-
-static void problem_free(problem_t *p) {
-    free(p->x);
-    free(p->w);
-    free(p->zeros);
-    free(p->x_scales);
-    free(p->w_scales);
-    free(p->bias);
-    free(p->residual);
-    free(p->y);
-    free(p->y_reference);
-}
-
-/* y: the sentinel in the padding, and the residual where y is its own residual. */
-static void prepare_y(problem_t const *p, float *y) {
-    for (size_t row = 0; row < p->m; ++row)
-        for (size_t column = 0; column < p->y_stride; ++column)
-            y[row * p->y_stride + column] = p->options.residual == RESIDUAL_IN_Y && column < p->n
-                                                ? p->residual[row * p->y_stride + column]
-                                                : SENTINEL;
-}
-
-static kernel_gemm_t gemm_of(problem_t const *p, void const *packed, float *y) {
-    options_t const *o = &p->options;
-    return (kernel_gemm_t){
-        .m = p->m,
-        .n = p->n,
-        .k = p->k,
-        .x_stride = p->x_stride,
-        .w = packed,
-        .bias = o->bias ? p->bias : NULL,
-        .residual = o->residual == RESIDUAL_NONE   ? NULL
-                    : o->residual == RESIDUAL_IN_Y ? y
-                                                   : p->residual,
-        .residual_stride = p->residual_stride,
-        .y = y,
-        .y_stride = p->y_stride,
-        .epilogue = o->gelu ? KERNEL_EPILOGUE_GELU : KERNEL_EPILOGUE_NONE,
-        .x_u8 = p->x,
-        .x_scales = p->x_scales,
-        .x_zeros = p->zeros,
-    };
-}
-
-/* y = the I8 GEMM over [0, n) on `path`, in calls over the column ranges that `splits` (tile multiples,
- * ascending, ending with n) delimit. */
-static void run(kernels_t const *path, problem_t const *p, float *y, size_t const *splits, size_t count) {
-    void *packed = pack(path, p->w, p->w_scales, p->n, p->k);
-    prepare_y(p, y);
-    kernel_gemm_t gemm = gemm_of(p, packed, y);
-    for (size_t i = 0, begin = 0; i < count; begin = splits[i++])
-        path->gemm_i8(&gemm, begin, splits[i]);
-    free(packed);
-}
-
-static void run_whole(kernels_t const *path, problem_t const *p, float *y) {
-    run(path, p, y, &p->n, 1);
-}
-
-/* The padding untouched; every output bitwise the scalar one (exact options), or within kernels.h's
- * tolerance: 1e-5 (|S x_scale w_scale| + |bias|) + 1e-6. */
-static void check_against_scalar(problem_t const *p, char const *name) {
-    options_t const *o = &p->options;
-    bool exact = !o->bias && !o->gelu && !o->scaled && o->residual == RESIDUAL_NONE;
-    for (size_t row = 0; row < p->m; ++row) {
-        for (size_t column = 0; column < p->y_stride; ++column) {
-            float got = p->y[row * p->y_stride + column], want = p->y_reference[row * p->y_stride + column];
-            if (column >= p->n) {
-                assert_true(got == SENTINEL);
-                continue;
-            }
-            double allowed = 0.0;
-            if (!exact) {
-                double sum = 0.0;
-                for (size_t i = 0; i < p->k; ++i)
-                    sum += ((double)p->x[row * p->x_stride + i] - p->zeros[row]) * p->w[column * p->k + i];
-                allowed = 1e-5 * (fabs(sum * p->x_scales[row] * p->w_scales[column]) +
-                                  (o->bias ? fabs(p->bias[column]) : 0.0)) +
-                          1e-6;
-            }
-            if (!(fabs((double)got - want) <= allowed)) {
-                print_error(
-                    "%s: m %zu n %zu k %zu bias %d gelu %d scaled %d residual %d: y[%zu][%zu] = %.9g, "
-                    "scalar %.9g, allowed %.3g\n",
-                    name, p->m, p->n, p->k, o->bias, o->gelu, o->scaled, (int)o->residual, row, column,
-                    (double)got, (double)want, allowed);
-                fail();
-            }
-        }
-    }
-}
-
 /* Scalar once, then every other path against it. */
 static void compare_paths(size_t m, size_t n, size_t k, options_t options) {
     kernels_t const *paths[16];
     size_t count = paths_present(paths);
-    problem_t p;
-    problem_make(&p, m, n, k, options);
-    run_whole(paths[0], &p, p.y_reference);
-    for (size_t i = 1; i < count; ++i) {
-        run_whole(paths[i], &p, p.y);
-        check_against_scalar(&p, paths[i]->name);
-    }
-    problem_free(&p);
+    problem_compare(paths + 1, count - 1, m, n, k, options);
 }
+
+static options_t const EXACT = {.i8 = true};
 
 /* ---- Scalar on hand-computed cases -------------------------------------------------------------- */
 
@@ -271,7 +110,7 @@ static void small_case(options_t o) {
 static void test_scalar_small_cases(void **state) {
     (void)state;
     for (size_t number = 0; number < 24; ++number)
-        small_case(options_numbered(number));
+        small_case(options_numbered(true, number));
 }
 
 /* The scalar packing is w itself, then the scales at the next multiple of 64 bytes. */
@@ -375,7 +214,7 @@ static void test_quantize_rows_paths(void **state) {
     static size_t const long_rows[] = {255, 256, 257, 768, 3072, 3075};
     for (size_t length = 1; length < 100 + COUNT(long_rows); ++length) {
         size_t k = length < 100 ? length : long_rows[length - 100], rows = 7;
-        float *x = allocate(rows * (k + 1) * sizeof(float));
+        float *x = problem_allocate(rows * (k + 1) * sizeof(float));
         for (size_t r = 0; r < rows; ++r)
             for (size_t i = 0; i < k + 1; ++i) {
                 float value = random_uniform(-3.0f, 3.0f);
@@ -387,7 +226,7 @@ static void test_quantize_rows_paths(void **state) {
                                      : r == 6 ? (i == 0 ? -INFINITY : value)
                                               : value;
             }
-        uint8_t *q = allocate(rows * k), *q_reference = allocate(rows * k);
+        uint8_t *q = problem_allocate(rows * k), *q_reference = problem_allocate(rows * k);
         float scales[7], scales_reference[7];
         int32_t zeros[7], zeros_reference[7];
         paths[0]->quantize_rows(q_reference, k, scales_reference, zeros_reference, x, k + 1, rows, k);
@@ -410,8 +249,8 @@ static void test_quantized_product_is_close(void **state) {
     (void)state;
     size_t const m = 6, n = 40, k = 768;
     random_seed(12);
-    float *x = allocate(m * k * sizeof(float)), *y = allocate(m * n * sizeof(float));
-    uint16_t *w = allocate(n * k * sizeof(uint16_t));
+    float *x = problem_allocate(m * k * sizeof(float)), *y = problem_allocate(m * n * sizeof(float));
+    uint16_t *w = problem_allocate(n * k * sizeof(uint16_t));
     for (size_t r = 0; r < m; ++r)
         for (size_t i = 0; i < k; ++i) {
             float value = random_uniform(-1.0f, 1.0f);
@@ -419,10 +258,10 @@ static void test_quantized_product_is_close(void **state) {
         }
     for (size_t i = 0; i < n * k; ++i)
         w[i] = f32_to_bf16(random_uniform(-0.05f, 0.05f));
-    int8_t *wq = allocate(n * k);
+    int8_t *wq = problem_allocate(n * k);
     float w_scales[40], x_scales[6];
     int32_t zeros[6];
-    uint8_t *xq = allocate(m * k);
+    uint8_t *xq = problem_allocate(m * k);
     for (size_t c = 0; c < n; ++c)
         kernel_quantize_weights(wq + c * k, &w_scales[c], w + c * k, k);
     kernels_t const *paths[16];
@@ -486,7 +325,7 @@ static void test_paths_match_scalar_on_every_epilogue(void **state) {
         {13, 65, 127}, {7, 130, 2100}, {25, 97, 3}, {5, 1100, 33}, {17, 70, 1030}};
     for (size_t s = 0; s < COUNT(shapes); ++s)
         for (size_t number = 0; number < 24; ++number)
-            compare_paths(shapes[s][0], shapes[s][1], shapes[s][2], options_numbered(number));
+            compare_paths(shapes[s][0], shapes[s][1], shapes[s][2], options_numbered(true, number));
 }
 
 /* At k = KERNEL_I8_DEPTH_MAX with every x 255 over a zero point 0 and every weight -128 (and the
@@ -499,14 +338,14 @@ static void test_largest_sums_are_exact(void **state) {
     problem_make(&p, m, n, k, EXACT);
     for (size_t r = 0; r < m; ++r) {
         p.zeros[r] = r == 1 ? 255 : 0;
-        memset(p.x + r * p.x_stride, r == 1 ? 0 : 255, k);
+        memset(p.x_u8 + r * p.x_stride, r == 1 ? 0 : 255, k);
     }
     for (size_t c = 0; c < n; ++c)
-        memset(p.w + c * k, c % 2 ? 127 : 0x80, k);
+        memset(p.w_i8 + c * k, c % 2 ? 127 : 0x80, k);
     kernels_t const *paths[16];
     size_t count = paths_present(paths);
     for (size_t i = 0; i < count; ++i) {
-        run_whole(paths[i], &p, p.y);
+        problem_run_whole(paths[i], &p, p.y);
         for (size_t r = 0; r < m; ++r)
             for (size_t c = 0; c < n; ++c) {
                 int64_t sum = (int64_t)(r == 1 ? -255 : 255) * (c % 2 ? 127 : -128) * (int64_t)k;
@@ -518,24 +357,6 @@ static void test_largest_sums_are_exact(void **state) {
 
 /* ---- Determinism over column splits ------------------------------------------------------------- */
 
-static void check_splits(kernels_t const *path, size_t m, size_t n, size_t k, options_t options) {
-    problem_t p;
-    problem_make(&p, m, n, k, options);
-    run_whole(path, &p, p.y_reference);
-    size_t tiles = (n + KERNEL_GEMM_TILE - 1) / KERNEL_GEMM_TILE, splits[64] = {0};
-    assert_true(tiles <= 64);
-    for (size_t t = 0; t < tiles; ++t)
-        splits[t] = t + 1 < tiles ? (t + 1) * KERNEL_GEMM_TILE : n;
-    run(path, &p, p.y, splits, tiles);
-    assert_memory_equal(p.y, p.y_reference, m * p.y_stride * sizeof(float));
-    for (size_t first = 1; first < tiles; ++first) {
-        size_t two[2] = {first * KERNEL_GEMM_TILE, n};
-        run(path, &p, p.y, two, 2);
-        assert_memory_equal(p.y, p.y_reference, m * p.y_stride * sizeof(float));
-    }
-    problem_free(&p);
-}
-
 static void test_splits_are_bitwise_identical(void **state) {
     (void)state;
     random_seed(3);
@@ -545,7 +366,8 @@ static void test_splits_are_bitwise_identical(void **state) {
         {13, 200, 127, 23}, {100, 330, 65, 13}, {7, 517, 1601, 7}, {2, 1100, 65, 21}};
     for (size_t i = 0; i < count; ++i)
         for (size_t c = 0; c < COUNT(cases); ++c)
-            check_splits(paths[i], cases[c][0], cases[c][1], cases[c][2], options_numbered(cases[c][3]));
+            problem_check_splits(paths[i], cases[c][0], cases[c][1], cases[c][2],
+                                 options_numbered(true, cases[c][3]));
 }
 
 int main(void) {
