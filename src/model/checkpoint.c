@@ -1092,12 +1092,14 @@ static bool write_contents(int fd, char const *header, size_t header_length,
 }
 
 /* Makes the rename durable. Filesystems that cannot sync a directory answer EINVAL; that is no fault. */
-static bool sync_directory(char const *path) {
+/* Syncs the folder of `path`, its name written into `scratch` (strlen(path) + 2 bytes at least): nothing
+ * is allocated once the file is in place, so that only the system can fail the sync. */
+static bool sync_directory(char const *path, char *scratch) {
     char const *slash = strrchr(path, '/');
-    char *directory = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
-    if (!directory) return false;
-    int fd = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    free(directory);
+    size_t length = !slash ? 1 : slash == path ? 1 : (size_t)(slash - path);
+    memcpy(scratch, slash ? path : ".", length);
+    scratch[length] = '\0';
+    int fd = open(scratch, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0) return false;
     bool synced = fsync(fd) == 0 || errno == EINVAL;
     return (close(fd) == 0 || errno == EINTR) && synced;
@@ -1149,7 +1151,8 @@ static uform_status_t write_file(char const *path, char const *header, size_t he
         *message = "cannot rename checkpoint into place";
         goto fail;
     }
-    status = sync_directory(path) ? UFORM_OK : answer(UFORM_IO, message, "cannot sync checkpoint directory");
+    status = sync_directory(path, temporary) ? UFORM_OK
+                                             : answer(UFORM_IO, message, "cannot sync checkpoint directory");
     free(temporary);
     return status;
 fail:
