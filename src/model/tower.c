@@ -68,10 +68,8 @@ static bool prepare_linear(tower_t *tower, uform_model_t const *model,
                       : stored_i8            ? (void *)widen_weights(values, scales, n, k)
                                              : (void *)quantize_weights(values, n, k);
     if (layer->i8 != stored_i8 && !converted) return false;
-    if (converted) {
-        values = converted;
-        scales = (float const *)(void const *)((int8_t const *)converted + n * k);
-    }
+    if (converted) values = converted;
+    if (converted && layer->i8) scales = (float const *)(void const *)((int8_t const *)converted + n * k);
     size_t bytes = linear_packed_size(tower, layer);
     layer->packed = executor_allocate(tower->placement, bytes);
     if (layer->packed && layer->i8) tower->kernels->gemm_i8_pack(layer->packed, values, scales, n, k);
