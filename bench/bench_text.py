@@ -9,7 +9,8 @@ seed 3), with the same weights and the same number of threads everywhere, on see
 64 to 256 printable bytes (cut to the model's `context`, as every engine does):
   (a) the C engine through ctypes: a RAM executor of `--threads` threads, embeddings, F32 output, the
       model loaded with BF16 weights and again with I8 weights (uform_weights_t: the blocks' linear layers
-      quantized per output row as they load, activations per row as they run);
+      quantized per output row as they load, activations per row as they run), their passes taken in turns
+      and the best pass of each kept, so that other work on a shared machine moves both alike;
   (b) PyTorch eager, the independent reference (tests/reference/uform_reference.py) in bfloat16
       (and float32 with --torch-f32: Debian's PyTorch does float32 GEMMs through libblas.so.3, the reference
       BLAS at about 4 GFLOP/s unless libopenblas0 is installed, while its bfloat16 goes through oneDNN),
@@ -68,31 +69,34 @@ def write_checkpoint(tool: str, path: Path, depth: int, hidden: int, mlp: int, c
 # ------------------------------------------------------------------------------------------------
 
 
-def bench_uform(library: str, checkpoint: Path, texts: list, batch: int, threads: int, min_seconds: float,
-                weights: str):
-    """With `weights` ("bf16" or "i8"): answers (texts per second or None, a note, the embeddings of the first
-    batch or None)."""
+def bench_uform(library: str, checkpoint: Path, texts: list, batch: int, threads: int, min_seconds: float):
+    """The model loaded with BF16 and with I8 weights on one executor, their passes over the texts taken in
+    turns, the best of each (common.interleaved_best). Answers {weights: (texts per second or None, a note,
+    the embeddings of the first batch or None)}."""
     try:
         engine = harness.Engine(library)
     except OSError as error:
-        return None, f"cannot load {library}: {error}", None
-    executor = arena = model = None
+        return {w: (None, f"cannot load {library}: {error}", None) for w in ("bf16", "i8")}
+    executor = arena = None
+    models = {}
     try:
         executor = engine.ram_executor(threads)
         arena = engine.arena(executor)
-        model = engine.load(str(checkpoint), executor, weights)
+        for weights in ("bf16", "i8"):
+            models[weights] = engine.load(str(checkpoint), executor, weights)
         groups = common.groups(texts, batch)
 
-        def encode(group):
+        def encode(model, group):
             return engine.encode(model, group, harness.OUTPUT_EMBEDDINGS, arena, executor)["embeddings"]["values"]
 
-        first = encode(groups[0])  # the warm-up
-        seconds = common.measure(lambda: [encode(g) for g in groups], min_seconds, warm_up=lambda: None)
-        return len(texts) / seconds, "", first
+        firsts = {w: encode(m, groups[0]) for w, m in models.items()}  # the warm-up
+        best = common.interleaved_best({w: (lambda m=m: [encode(m, g) for g in groups]) for w, m in models.items()},
+                                       min_seconds)
+        return {w: (len(texts) / best[w], "", firsts[w]) for w in models}
     except harness.EngineError as error:
-        return None, str(error), None
+        return {w: (None, str(error), None) for w in ("bf16", "i8")}
     finally:
-        if model:
+        for model in models.values():
             engine.library.uform_model_free(model)
         if arena:
             engine.library.uform_arena_free(arena)
@@ -218,10 +222,10 @@ def main(argv=None) -> int:
           f"PyTorch {torch.__version__} (float32 GEMMs on {common.torch_blas()})")
 
     rows = []
-    uform_rate, note, uform_first = bench_uform(library, checkpoint, texts, args.batch, args.threads, args.min_seconds,
-                                                "bf16")
+    uform = bench_uform(library, checkpoint, texts, args.batch, args.threads, args.min_seconds)
+    uform_rate, note, uform_first = uform["bf16"]
     rows.append(("uform (C, RAM executor, F32 out)", uform_rate, note))
-    i8_rate, note, i8_first = bench_uform(library, checkpoint, texts, args.batch, args.threads, args.min_seconds, "i8")
+    i8_rate, note, i8_first = uform["i8"]
     rows.append(("uform, I8 weights", i8_rate, note))
     torch_bf16 = torch_first = torch_f32 = None
     if not args.no_torch:
