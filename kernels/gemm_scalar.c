@@ -3,6 +3,7 @@
  * GEMM, its sum exact in int32 and then scaled (kernels.h), and the weights' quantization; and the
  * training GEMM, c[m, n] (+)= op(a)[m, k] . op(b)[k, n], each output summed in F32 in k order and then
  * added to c. */
+#include <float.h>
 #include <math.h>
 #include <stdbool.h>
 #include <string.h>
@@ -46,18 +47,26 @@ void kernel_gemm_scalar(kernel_gemm_t const *g, size_t n_begin, size_t n_end) {
 
 /* ---- I8 ------------------------------------------------------------------------------------------ */
 
+/* round(ratio) half away from zero, for |ratio| < 2^31: the fraction ratio - trunc(ratio) is exact. Inline
+ * integer arithmetic where roundf would be a call per weight at load. */
+static int32_t round_half_away(float ratio) {
+    int32_t whole = (int32_t)ratio;
+    float fraction = ratio - (float)whole;
+    return whole + (fraction >= 0.5f) - (fraction <= -0.5f);
+}
+
 void kernel_quantize_weights(int8_t *q, float *scale, uint16_t const *w, size_t k) {
     float largest = 0.0f;
     bool finite = true;
     for (size_t i = 0; i < k; ++i) {
-        float value = bf16_to_f32(w[i]);
-        finite = finite && isfinite(value);
-        largest = fmaxf(largest, fabsf(value));
+        float magnitude = fabsf(bf16_to_f32(w[i]));
+        finite = finite && magnitude <= FLT_MAX;
+        largest = magnitude > largest ? magnitude : largest;
     }
     *scale = finite ? largest / 127.0f : NAN;
     for (size_t i = 0; i < k; ++i) {
-        float ratio = finite && largest > 0.0f ? roundf(bf16_to_f32(w[i]) / *scale) : 0.0f;
-        q[i] = (int8_t)fminf(fmaxf(ratio, -127.0f), 127.0f);
+        int32_t value = finite && largest > 0.0f ? round_half_away(bf16_to_f32(w[i]) / *scale) : 0;
+        q[i] = (int8_t)(value < -127 ? -127 : value > 127 ? 127 : value);
     }
 }
 

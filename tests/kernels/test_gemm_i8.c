@@ -149,6 +149,19 @@ static void test_quantize_weights(void **state) {
     assert_true(scale == 0.0f);
     assert_memory_equal(q, (int8_t[4]){0}, 4);
 
+    /* Rows of every magnitude against roundf(w / scale), the definition, bitwise. */
+    random_seed(13);
+    for (size_t row = 0; row < 200; ++row) {
+        uint16_t drawn[97];
+        int8_t got[97];
+        float top = ldexpf(1.0f, (int)random_below(60) - 30);
+        for (size_t i = 0; i < COUNT(drawn); ++i)
+            drawn[i] = f32_to_bf16(random_uniform(-top, top));
+        kernel_quantize_weights(got, &scale, drawn, COUNT(drawn));
+        for (size_t i = 0; i < COUNT(drawn); ++i)
+            assert_int_equal(got[i], (int8_t)roundf(bf16_to_f32(drawn[i]) / scale));
+    }
+
     uint16_t const not_finite[][3] = {{0x3f80, 0x7fc0, 0x3f80}, {0x3f80, 0x7f80, 0x3f80}, {0xff80, 0, 0}};
     for (size_t i = 0; i < COUNT(not_finite); ++i) {
         memset(q, 1, sizeof q);
