@@ -35,6 +35,7 @@ kernels_t const *kernels_scalar(void) {
 }
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 
 static kernels_t const avx2_path = PATH_TABLE("avx2", avx2, avx2, avx2, scalar, avx2, avx2);
 
@@ -57,8 +58,10 @@ static bool cpu_has_avx2(void) {
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
 
+/* AVX-VNNI is CPUID.(EAX=7, ECX=1):EAX bit 4: clang 14's __builtin_cpu_supports has no name for it. */
 static bool cpu_has_avxvnni(void) {
-    return cpu_has_avx2() && __builtin_cpu_supports("avxvnni");
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    return cpu_has_avx2() && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax & (1u << 4));
 }
 
 static bool cpu_has_avx512(void) {
