@@ -19,8 +19,8 @@ passes for at least --min-seconds after one warm-up pass:
       (numpy.fft, band-limited), torch.stft and the mel filters in float32, and the reference's tower
       in float32 (PyTorch's default; on the BLAS the header line names) and in bfloat16, eager
       (torch.set_num_threads(threads) and as many OpenBLAS threads), in the same batches.
-torchaudio is not in Debian 12's PyTorch, hence the hand-made pipeline. It prints figures and ratios and
-never fails on time.
+torchaudio is not in Debian 12's PyTorch, hence the hand-made pipeline. (a) and (c) run again on the model
+loaded with I8 weights (uform_weights_t). It prints figures and ratios and never fails on time.
 """
 
 from __future__ import annotations

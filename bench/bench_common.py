@@ -81,6 +81,21 @@ def measure(run, min_seconds: float, warm_up=None) -> float:
             return elapsed / calls
 
 
+def interleaved_best(runs: dict, min_seconds: float, rounds: int = 3) -> dict:
+    """Seconds per call of each of `runs` (name: callable), the calls taken in turn, round after round, for
+    at least `rounds` rounds and `min_seconds` per run, the best of each: on a machine shared with other
+    work, load that comes and goes moves every run alike, and the best call is the engine's own speed."""
+    best = {name: float("inf") for name in runs}
+    start, done = time.perf_counter(), 0
+    while done < rounds or time.perf_counter() - start < min_seconds * len(runs):
+        for name, run in runs.items():
+            began = time.perf_counter()
+            run()
+            best[name] = min(best[name], time.perf_counter() - began)
+        done += 1
+    return best
+
+
 def groups(items: list, size: int) -> list:
     """`items` in consecutive groups of `size` (the last may be shorter)."""
     return [items[i : i + size] for i in range(0, len(items), size)]
@@ -173,45 +188,53 @@ def write_redrawn_checkpoint(tool: str, path: Path, seed: int, tower: str, setti
 
 
 def bench_stages(library: str, checkpoint: Path, threads: int, min_seconds: float, encode_files, encode_decoded,
-                 paths: list, decoded: list, batch: int) -> tuple:
-    """The engine over files end to end and over already decoded inputs, on a RAM executor of `threads`:
-    `encode_files(engine, model, group, arena, executor)` and `encode_decoded(...)` each answer the
-    call's result. Answers items per second (end to end, its read and decode stages, its tower stage,
-    decoded inputs only) and the embeddings of the first group of files."""
+                 paths: list, decoded: list, batch: int, weights: tuple = ("bf16", "i8")) -> dict:
+    """The engine over files end to end and over already decoded inputs, on a RAM executor of `threads`,
+    the model loaded once with each of `weights` ("bf16", "i8"): `encode_files(engine, model, group, arena,
+    executor)` and `encode_decoded(...)` each answer the call's result. The passes of every model and kind
+    take turns, the best of each kept (interleaved_best). Answers, per weights, items per second (end to
+    end, its read and decode stages, its tower stage, decoded inputs only) and the embeddings of the first
+    group of files."""
     import harness
 
     engine = harness.Engine(library)
     executor = engine.ram_executor(threads)
     arena = engine.arena(executor)
-    model = engine.load(str(checkpoint), executor)
-    stages = {"read_ns": 0, "decode_ns": 0, "compute_ns": 0, "items": 0}
+    models = {w: engine.load(str(checkpoint), executor, w) for w in weights}
+    stages = {w: {"read_ns": 0, "decode_ns": 0, "compute_ns": 0, "items": 0} for w in weights}
     try:
-        def end_to_end():
+        def end_to_end(w):
             for group in groups(paths, batch):
-                stats = encode_files(engine, model, group, arena, executor)["stats"]
+                stats = encode_files(engine, models[w], group, arena, executor)["stats"]
                 for key in ("read_ns", "decode_ns", "compute_ns"):
-                    stages[key] += getattr(stats, key)
-                stages["items"] += stats.items - stats.failed
+                    stages[w][key] += getattr(stats, key)
+                stages[w]["items"] += stats.items - stats.failed
 
-        def decoded_only():
+        def decoded_only(w):
             for group in groups(decoded, batch):
-                encode_decoded(engine, model, group, arena, executor)
+                encode_decoded(engine, models[w], group, arena, executor)
 
-        first = encode_files(engine, model, paths[:batch], arena, executor)["embeddings"]["values"]
-        e2e = len(paths) / measure(end_to_end, min_seconds)
-        decode = stages["items"] / ((stages["read_ns"] + stages["decode_ns"]) * 1e-9)
-        compute = stages["items"] / (stages["compute_ns"] * 1e-9)
-        encode = len(decoded) / measure(decoded_only, min_seconds)
-        return e2e, decode, compute, encode, first
+        firsts = {w: encode_files(engine, models[w], paths[:batch], arena, executor)["embeddings"]["values"]
+                  for w in weights}
+        runs = {(w, kind): (lambda w=w, kind=kind: kind(w)) for w in weights for kind in (end_to_end, decoded_only)}
+        best = interleaved_best(runs, min_seconds)
+        answers = {}
+        for w in weights:
+            s = stages[w]
+            answers[w] = (len(paths) / best[(w, end_to_end)], s["items"] / ((s["read_ns"] + s["decode_ns"]) * 1e-9),
+                          s["items"] / (s["compute_ns"] * 1e-9), len(decoded) / best[(w, decoded_only)], firsts[w])
+        return answers
     finally:
-        engine.library.uform_model_free(model)
+        for model in models.values():
+            engine.library.uform_model_free(model)
         engine.library.uform_arena_free(arena)
         engine.library.uform_executor_free(executor)
 
 
 def compare_stages(args, checkpoint: Path, paths: list, decoded: list, encode_files, encode_decoded, labels: tuple,
                    unit: str, baseline: str, bench_baseline, agreement: str) -> None:
-    """bench_stages (`labels`: its four figures), then, unless --no-torch, the baseline in float32 (PyTorch's
+    """bench_stages (`labels`: its four figures) with BF16 weights and the end-to-end, tower and encode-only
+    figures with I8 weights (uform_weights_t), measured in turns, then, unless --no-torch, the baseline in float32 (PyTorch's
     default on a CPU) and in bfloat16: `bench_baseline(checkpoint, paths, batch, threads, min_seconds, dtype)`
     answers its items per second and the embeddings of its first group. Prints their agreement, the figures
     and the ratios."""
@@ -219,10 +242,15 @@ def compare_stages(args, checkpoint: Path, paths: list, decoded: list, encode_fi
     import torch
 
     paths = [str(p) for p in paths]
-    e2e, decode, compute, encode, first = bench_stages(args.library, checkpoint, args.threads, args.min_seconds,
-                                                       encode_files, encode_decoded, paths, decoded, args.batch)
+    figures = bench_stages(args.library, checkpoint, args.threads, args.min_seconds, encode_files, encode_decoded,
+                           paths, decoded, args.batch)
+    e2e, decode, compute, encode, first = figures["bf16"]
+    i8_e2e, _, i8_compute, i8_encode, i8_first = figures["i8"]
+    print(f"agreement, first batch, I8 weights against BF16: min cosine {harness.cosines(i8_first, first).min():.5f}")
     rows = list(zip(labels, (e2e, decode, compute, encode)))
-    baselines = []
+    rows += [(f"{labels[0]}, I8 weights", i8_e2e), (f"{labels[2]}, I8 weights", i8_compute),
+             (f"{labels[3]}, I8 weights", i8_encode)]
+    baselines = [("uform, BF16 weights", e2e)]
     if not args.no_torch:
         for dtype, name in ((torch.float32, "float32"), (torch.bfloat16, "bfloat16")):
             rate, baseline_first = bench_baseline(checkpoint, paths, args.batch, args.threads, args.min_seconds,
@@ -231,17 +259,21 @@ def compare_stages(args, checkpoint: Path, paths: list, decoded: list, encode_fi
             baselines.append((f"{baseline} {name}", rate))
             print(f"agreement, first batch, {name}: min cosine {harness.cosines(first, baseline_first).min():.5f} "
                   f"({agreement.format(dtype=name)})")
-    print_stages(rows, unit, e2e, encode, baselines)
+    print_stages(rows, unit, e2e, encode, baselines[1:])
+    print_stages([], unit, i8_e2e, i8_encode, baselines, "I8 weights, ")
 
 
-def print_stages(rows: list, unit: str, e2e: float, encode: float, baselines: list) -> None:
-    """The figures of bench_stages (and the baselines': (name, rate) pairs) and the ratios between them."""
+def print_stages(rows: list, unit: str, e2e: float, encode: float, baselines: list, which: str = "") -> None:
+    """The figures of bench_stages (and the baselines': (name, rate) pairs) and the ratios between them;
+    `which` names the engine's weights in the ratios' lines."""
     print()
-    width = max(len(name) for name, _ in rows)
+    width = max([len(name) for name, _ in rows] + [0])
     for name, rate in rows:
         print(f"  {name:<{width}} {rate:8.2f} {unit}/s")
-    print()
-    width = max([len("end to end / encode only:")] + [len(f"end to end / {name}:") for name, _ in baselines])
-    print(f"  {'end to end / encode only:':<{width}} {e2e / encode:.2f}")
+    if rows:
+        print()
+    width = max([len(f"{which}end to end / encode only:")] +
+                [len(f"{which}end to end / {name}:") for name, _ in baselines])
+    print(f"  {f'{which}end to end / encode only:':<{width}} {e2e / encode:.2f}")
     for name, rate in baselines:
-        print(f"  {f'end to end / {name}:':<{width}} {e2e / rate:.2f}")
+        print(f"  {f'{which}end to end / {name}:':<{width}} {e2e / rate:.2f}")

@@ -2,12 +2,16 @@
  *   qkv (n, k) = (2304, 768), out (768, 768), up (3072, 768), down (768, 3072),
  * with bias, on one thread and on two threads splitting n at KERNEL_GEMM_TILE multiples, in GFLOP/s
  * (2 m n k / time, median of several runs), beside the machine's BF16 dot-product peak: independent
- * `vdpbf16ps` chains in registers, on one core and on two at once. It prints figures; it never fails
- * on time.
- * Usage: bench_gemm [--json] [path...]   (paths: scalar avx2 avx512 avx512bf16; default all)
+ * `vdpbf16ps` chains in registers, on one core and on two at once. Then the I8 GEMM of every path with one
+ * (scalar avx2 avxvnni avx512vnni) at the same shapes, in GOP/s, beside the I8 dot-product peak (`vpdpbusd`
+ * chains alike), and the time quantize_rows takes for its activations as a share of the GEMM's. It prints
+ * figures; it never fails on time.
+ * Usage: bench_gemm [--json] [path...]   (paths: scalar avx2 avxvnni avx512 avx512vnni avx512bf16;
+ * default all)
  * --json prints one object per line: {"path", "shape": "n x k", "m", "threads", "gflops",
- * "ratio_to_peak"} per figure, and {"peak_gflops", "threads"} for 1 and 2 threads (none, and ratios 0,
- * without AVX512-BF16). */
+ * "ratio_to_peak"} per BF16 figure, and {"peak_gflops", "threads"} for 1 and 2 threads (none, and ratios 0,
+ * without AVX512-BF16); {"path", "kind": "i8", "shape", "m", "threads", "gops", "ratio_to_peak",
+ * "quantize_share"} per I8 figure and {"i8_peak_gops", "threads"} (none without AVX512-VNNI). */
 #include <immintrin.h>
 #include <pthread.h>
 #include <sched.h>
@@ -29,7 +33,9 @@
 #define THREADS_MAX 2
 
 /* ---- Two threads, woken by spinning on a round counter (a sleeping hand-off would cost more than
- * the noise we measure) ------------------------------------------------------------------------ */
+ * the noise we measure); between two-thread figures the helper naps instead, so that its spinning
+ * does not take the core's resources from one-thread figures (on an SMT sibling, or a vCPU sharing a
+ * physical core, a spinning `pause` loop costs the other thread up to two thirds of its throughput) */
 
 typedef struct team team_t;
 typedef void (*team_work_t)(team_t *team, size_t thread);
@@ -37,11 +43,13 @@ typedef void (*team_work_t)(team_t *team, size_t thread);
 struct team {
     atomic_size_t round, done; /* rounds started by the main thread, finished by the helper */
     atomic_bool quit;
+    atomic_bool spin; /* two-thread figures are being measured: spin for the next round */
     team_work_t work;
     size_t threads;
     /* what the work reads */
     kernels_t const *path;
     kernel_gemm_t gemm;
+    float const *x; /* quantize_work: [m, k] into gemm's x_u8, x_scales, x_zeros */
 };
 
 static void *helper_main(void *context) {
@@ -52,7 +60,10 @@ static void *helper_main(void *context) {
         size_t round;
         while ((round = atomic_load_explicit(&team->round, memory_order_acquire)) == seen) {
             if (atomic_load_explicit(&team->quit, memory_order_relaxed)) return NULL;
-            _mm_pause();
+            if (atomic_load_explicit(&team->spin, memory_order_relaxed))
+                _mm_pause();
+            else
+                nanosleep(&(struct timespec){.tv_nsec = 100000}, NULL);
         }
         seen = round;
         team->work(team, 1);
@@ -78,6 +89,7 @@ static double team_run(team_t *team, team_work_t work, size_t threads) {
 static double measure(team_t *team, team_work_t work, size_t threads) {
     double times[MAX_RUNS], total = 0.0;
     size_t runs = 0;
+    atomic_store_explicit(&team->spin, threads > 1, memory_order_relaxed);
     team_run(team, work, threads);
     while (runs < MAX_RUNS && (runs < MIN_RUNS || total < MIN_SECONDS)) {
         times[runs] = team_run(team, work, threads);
@@ -109,6 +121,29 @@ __attribute__((target("avx512f,avx512bf16"))) static double peak_loop(void) {
     return (double)total;
 }
 
+/* The same for `vpdpbusd` (four u8 by four s8 products into each int32 lane), written in assembly: GCC 12
+ * moves an array of integer vectors through memory at every step, which would measure the moves. */
+#define DPBUSD_CHAIN(register) "vpdpbusd %%zmm24, %%zmm25, %%zmm" #register "\n\t"
+__attribute__((target("avx512f,avx512vnni"))) static double i8_peak_loop(void) {
+    long steps = PEAK_STEPS;
+    __asm__ volatile("vpternlogd $0xff, %%zmm24, %%zmm24, %%zmm24\n\t"
+                     "vpabsb %%zmm24, %%zmm25\n\t" /* bytes of 1 */
+                     "1:\n\t" DPBUSD_CHAIN(0) DPBUSD_CHAIN(1) DPBUSD_CHAIN(2) DPBUSD_CHAIN(3) DPBUSD_CHAIN(4)
+                         DPBUSD_CHAIN(5) DPBUSD_CHAIN(6) DPBUSD_CHAIN(7) DPBUSD_CHAIN(8) DPBUSD_CHAIN(9)
+                             DPBUSD_CHAIN(10) DPBUSD_CHAIN(11) DPBUSD_CHAIN(12) DPBUSD_CHAIN(13)
+                                 DPBUSD_CHAIN(14) DPBUSD_CHAIN(15) DPBUSD_CHAIN(16) DPBUSD_CHAIN(17)
+                                     DPBUSD_CHAIN(18) DPBUSD_CHAIN(19) DPBUSD_CHAIN(20) DPBUSD_CHAIN(21)
+                                         DPBUSD_CHAIN(22) DPBUSD_CHAIN(23) "dec %0\n\t"
+                                                                           "jnz 1b\n\t"
+                     : "+r"(steps)
+                     :
+                     : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9",
+                       "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18",
+                       "xmm19", "xmm20", "xmm21", "xmm22", "xmm23", "xmm24", "xmm25", "cc");
+    return (double)steps;
+}
+#undef DPBUSD_CHAIN
+
 static double volatile peak_sink; /* keeps the loop's result, so that the loop is not removed */
 
 static void peak_work(team_t *team, size_t thread) {
@@ -117,12 +152,94 @@ static void peak_work(team_t *team, size_t thread) {
     peak_sink = peak_loop();
 }
 
+static void i8_peak_work(team_t *team, size_t thread) {
+    (void)team;
+    (void)thread;
+    peak_sink = i8_peak_loop();
+}
+
 /* ---- GEMM ---------------------------------------------------------------------------------------- */
 
 static void gemm_work(team_t *team, size_t thread) {
     size_t begin, end;
     if (bench_share_columns(team->gemm.n, KERNEL_GEMM_TILE, thread, team->threads, &begin, &end))
         team->path->gemm(&team->gemm, begin, end);
+}
+
+static void gemm_i8_work(team_t *team, size_t thread) {
+    size_t begin, end;
+    if (bench_share_columns(team->gemm.n, KERNEL_GEMM_TILE, thread, team->threads, &begin, &end))
+        team->path->gemm_i8(&team->gemm, begin, end);
+}
+
+/* The activations of gemm_i8_work, each thread its share of the rows. */
+static void quantize_work(team_t *team, size_t thread) {
+    kernel_gemm_t const *g = &team->gemm;
+    size_t first = g->m * thread / team->threads, last = g->m * (thread + 1) / team->threads;
+    team->path->quantize_rows((uint8_t *)(uintptr_t)g->x_u8 + first * g->x_stride, g->x_stride,
+                              (float *)(uintptr_t)g->x_scales + first,
+                              (int32_t *)(uintptr_t)g->x_zeros + first, team->x + first * g->k, g->k,
+                              last - first, g->k);
+}
+
+/* The inputs every figure reads: activations, bias and output, BF16 weights, and the I8 weights and
+ * activations made from them. */
+typedef struct inputs {
+    float *x, *bias, *y;
+    uint16_t *w;
+    int8_t *w_i8;
+    uint8_t *x_u8;
+    float *w_scales, *x_scales;
+    int32_t *x_zeros;
+} inputs_t;
+
+/* team->gemm of shape (n, k) on team->path, its weights packed as BF16 or quantized to I8: answers the
+ * packed weights (free() them), NULL when out of memory. */
+static void *prepare_shape(team_t *team, inputs_t const *in, bool i8, size_t n, size_t k) {
+    kernels_t const *path = team->path;
+    size_t bytes = i8 ? path->gemm_i8_packed_size(n, k) : path->gemm_packed_size(n, k);
+    void *packed = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (!packed) return NULL;
+    for (size_t c = 0; i8 && c < n; ++c)
+        kernel_quantize_weights(in->w_i8 + c * k, &in->w_scales[c], in->w + c * k, k);
+    if (i8)
+        path->gemm_i8_pack(packed, in->w_i8, in->w_scales, n, k);
+    else
+        path->gemm_pack(packed, in->w, n, k);
+    team->x = in->x;
+    team->gemm = (kernel_gemm_t){.m = TOKENS,
+                                 .n = n,
+                                 .k = k,
+                                 .x = i8 ? NULL : in->x,
+                                 .x_stride = k,
+                                 .w = packed,
+                                 .bias = in->bias,
+                                 .y = in->y,
+                                 .y_stride = n,
+                                 .x_u8 = i8 ? in->x_u8 : NULL,
+                                 .x_scales = i8 ? in->x_scales : NULL,
+                                 .x_zeros = i8 ? in->x_zeros : NULL};
+    return packed;
+}
+
+/* One figure: G(FL)OP/s, its share of the peak and, for I8, the share quantize_rows adds. */
+static void print_figure(bool json, bool i8, char const *path, char const *layer, size_t n, size_t k,
+                         size_t threads, double rate, double ratio, double quantize) {
+    if (json && i8)
+        printf("{\"path\": \"%s\", \"kind\": \"i8\", \"shape\": \"%zu x %zu\", \"m\": %d, \"threads\": %zu, "
+               "\"gops\": %.1f, \"ratio_to_peak\": %.3f, \"quantize_share\": %.3f}\n",
+               path, n, k, TOKENS, threads, rate, ratio, quantize);
+    else if (json)
+        printf("{\"path\": \"%s\", \"shape\": \"%zu x %zu\", \"m\": %d, \"threads\": %zu, \"gflops\": %.1f, "
+               "\"ratio_to_peak\": %.3f}\n",
+               path, n, k, TOKENS, threads, rate, ratio);
+    else if (i8)
+        printf("%-11s %-5s %4zu x %-5zu %7zu %10.1f %7.1f%% %8.1f%%\n", path, layer, n, k, threads, rate,
+               100.0 * ratio, 100.0 * quantize);
+    else
+        printf("%-11s %-5s %4zu x %-5zu %7zu %10.1f %7.1f%%\n", path, layer, n, k, threads, rate,
+               100.0 * ratio);
+    fflush(stdout);
 }
 
 static uint32_t random_state = 12345;
@@ -151,77 +268,88 @@ int main(int argc, char **argv) {
     bench_pin_to_cpu(0);
     if (threads_max > 1 && pthread_create(&helper, NULL, helper_main, &team) != 0) threads_max = 1;
 
-    double peak[THREADS_MAX + 1] = {0};
+    /* The peaks, BF16 then I8: peaks[0] in GFLOP/s, peaks[1] in GOP/s, per thread count (0: not measured). */
+    double peaks[2][THREADS_MAX + 1] = {{0}};
     __builtin_cpu_init();
-    bool has_peak = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
-    for (size_t threads = 1; has_peak && threads <= threads_max; ++threads) {
-        double flops = (double)PEAK_STEPS * PEAK_CHAINS * 64.0; /* 16 lanes x 2 products x 2 flops */
-        peak[threads] = flops * (double)threads / measure(&team, peak_work, threads) / 1e9;
-        if (json)
-            printf("{\"peak_gflops\": %.1f, \"threads\": %zu}\n", peak[threads], threads);
-        else
-            printf("BF16 dot-product peak (%d vdpbf16ps chains), %zu thread%s: %.1f GFLOP/s\n", PEAK_CHAINS,
-                   threads, threads > 1 ? "s" : "", peak[threads]);
+    struct {
+        bool has;
+        team_work_t work;
+        double ops; /* per step: lanes x products x 2 */
+        char const *key, *what, *unit, *lacking;
+    } const kinds[2] = {
+        {__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16"), peak_work, 16 * 2 * 2,
+         "peak_gflops", "BF16 dot-product peak (24 vdpbf16ps chains)", "GFLOP/s", "AVX512-BF16"},
+        {__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vnni"), i8_peak_work, 16 * 4 * 2,
+         "i8_peak_gops", "I8 dot-product peak (24 vpdpbusd chains)", "GOP/s", "AVX512-VNNI"},
+    };
+    for (size_t kind = 0; kind < 2; ++kind) {
+        for (size_t threads = 1; kinds[kind].has && threads <= threads_max; ++threads) {
+            double ops = (double)PEAK_STEPS * PEAK_CHAINS * kinds[kind].ops;
+            peaks[kind][threads] = ops * (double)threads / measure(&team, kinds[kind].work, threads) / 1e9;
+            if (json)
+                printf("{\"%s\": %.1f, \"threads\": %zu}\n", kinds[kind].key, peaks[kind][threads], threads);
+            else
+                printf("%s, %zu thread%s: %.1f %s\n", kinds[kind].what, threads, threads > 1 ? "s" : "",
+                       peaks[kind][threads], kinds[kind].unit);
+        }
+        if (!kinds[kind].has && !json)
+            printf("%s: this CPU has no %s\n", kinds[kind].what, kinds[kind].lacking);
     }
-    if (!has_peak && !json) printf("BF16 dot-product peak: this CPU has no AVX512-BF16\n");
-    if (!json)
-        printf("\n%-11s %-5s %-12s %7s %10s %8s\n", "path", "layer", "n x k", "threads", "GFLOP/s", "peak");
-
     size_t k_max = 3072, n_max = 3072;
-    float *x = aligned_alloc(64, TOKENS * k_max * sizeof(float));
-    float *bias = aligned_alloc(64, n_max * sizeof(float));
-    float *y = aligned_alloc(64, TOKENS * n_max * sizeof(float));
-    uint16_t *w = aligned_alloc(64, n_max * k_max * sizeof(uint16_t));
+    inputs_t in = {.x = aligned_alloc(64, TOKENS * k_max * sizeof(float)),
+                   .bias = aligned_alloc(64, n_max * sizeof(float)),
+                   .y = aligned_alloc(64, TOKENS * n_max * sizeof(float)),
+                   .w = aligned_alloc(64, n_max * k_max * sizeof(uint16_t)),
+                   .w_i8 = aligned_alloc(64, n_max * k_max),
+                   .x_u8 = aligned_alloc(64, TOKENS * k_max),
+                   .w_scales = aligned_alloc(64, n_max * sizeof(float)),
+                   .x_scales = aligned_alloc(64, TOKENS * sizeof(float)),
+                   .x_zeros = aligned_alloc(64, TOKENS * sizeof(int32_t))};
     int status = 0;
-    if (!x || !bias || !y || !w) {
+    if (!in.x || !in.bias || !in.y || !in.w || !in.w_i8 || !in.x_u8 || !in.w_scales || !in.x_scales ||
+        !in.x_zeros) {
         fprintf(stderr, "bench_gemm: out of memory\n");
         status = 1;
         goto done;
     }
     for (size_t i = 0; i < TOKENS * k_max; ++i)
-        x[i] = bench_uniform(&random_state);
+        in.x[i] = bench_uniform(&random_state);
     for (size_t i = 0; i < n_max; ++i)
-        bias[i] = bench_uniform(&random_state);
+        in.bias[i] = bench_uniform(&random_state);
     for (size_t i = 0; i < n_max * k_max; ++i)
-        w[i] = f32_to_bf16(0.05f * bench_uniform(&random_state));
+        in.w[i] = f32_to_bf16(0.05f * bench_uniform(&random_state));
 
-    for (size_t p = 0; p < sizeof path_names / sizeof path_names[0]; ++p) {
-        kernels_t const *path = kernels_named(path_names[p]);
-        if (!path || !wanted(argc, argv, path_names[p])) continue;
-        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; ++s) {
-            size_t n = shapes[s][0], k = shapes[s][1];
-            size_t bytes = (path->gemm_packed_size(n, k) + 63) / 64 * 64;
-            void *packed = aligned_alloc(64, bytes);
-            if (!packed) {
-                fprintf(stderr, "bench_gemm: out of memory\n");
-                status = 1;
-                goto done;
+    static char const *const i8_path_names[] = {"scalar", "avx2", "avxvnni", "avx512vnni"};
+    for (int i8 = 0; i8 < 2; ++i8) {
+        if (!json && i8)
+            printf("\n%-11s %-5s %-12s %7s %10s %8s %9s\n", "I8 path", "layer", "n x k", "threads", "GOP/s",
+                   "peak", "quantize");
+        else if (!json)
+            printf("\n%-11s %-5s %-12s %7s %10s %8s\n", "path", "layer", "n x k", "threads", "GFLOP/s",
+                   "peak");
+        char const *const *names = i8 ? i8_path_names : path_names;
+        size_t count = i8 ? sizeof i8_path_names / sizeof *names : sizeof path_names / sizeof *names;
+        for (size_t p = 0; p < count; ++p) {
+            team.path = kernels_named(names[p]);
+            if (!team.path || !wanted(argc, argv, names[p])) continue;
+            for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; ++s) {
+                size_t n = shapes[s][0], k = shapes[s][1];
+                void *packed = prepare_shape(&team, &in, i8, n, k);
+                if (!packed) {
+                    fprintf(stderr, "bench_gemm: out of memory\n");
+                    status = 1;
+                    goto done;
+                }
+                for (size_t threads = 1; threads <= threads_max; ++threads) {
+                    double quantize = i8 ? measure(&team, quantize_work, threads) : 0.0;
+                    double seconds = measure(&team, i8 ? gemm_i8_work : gemm_work, threads);
+                    double rate = 2.0 * TOKENS * (double)n * (double)k / seconds / 1e9;
+                    double top = peaks[i8][threads];
+                    print_figure(json, i8, team.path->name, shape_names[s], n, k, threads, rate,
+                                 top > 0 ? rate / top : 0.0, quantize / seconds);
+                }
+                free(packed);
             }
-            path->gemm_pack(packed, w, n, k);
-            team.path = path;
-            team.gemm = (kernel_gemm_t){.m = TOKENS,
-                                        .n = n,
-                                        .k = k,
-                                        .x = x,
-                                        .x_stride = k,
-                                        .w = packed,
-                                        .bias = bias,
-                                        .y = y,
-                                        .y_stride = n};
-            for (size_t threads = 1; threads <= threads_max; ++threads) {
-                double gflops =
-                    2.0 * TOKENS * (double)n * (double)k / measure(&team, gemm_work, threads) / 1e9;
-                double ratio = peak[threads] > 0 ? gflops / peak[threads] : 0.0;
-                if (json)
-                    printf("{\"path\": \"%s\", \"shape\": \"%zu x %zu\", \"m\": %d, \"threads\": %zu, "
-                           "\"gflops\": %.1f, \"ratio_to_peak\": %.3f}\n",
-                           path->name, n, k, TOKENS, threads, gflops, ratio);
-                else
-                    printf("%-11s %-5s %4zu x %-5zu %7zu %10.1f %7.1f%%\n", path->name, shape_names[s], n, k,
-                           threads, gflops, 100.0 * ratio);
-                fflush(stdout);
-            }
-            free(packed);
         }
     }
 
@@ -230,9 +358,8 @@ done:
         atomic_store(&team.quit, true);
         pthread_join(helper, NULL);
     }
-    free(x);
-    free(bias);
-    free(y);
-    free(w);
+    void *buffers[] = {in.x, in.bias, in.y, in.w, in.w_i8, in.x_u8, in.w_scales, in.x_scales, in.x_zeros};
+    for (size_t i = 0; i < sizeof buffers / sizeof buffers[0]; ++i)
+        free(buffers[i]);
     return status;
 }

@@ -22,8 +22,9 @@ same weights and threads everywhere, over a folder of seeded JPEG files written 
       libopenblas0-pthread, as .ci/run does, or the reference BLAS makes this baseline ~10x slower) and in
       bfloat16 (oneDNN's AVX-512 BF16 GEMMs where the CPU has them), torch.set_num_threads(threads) and as
       many OpenBLAS threads, in the same batches.
-It prints figures and ratios (end to end / encode only, end to end / Pillow plus PyTorch) and never
-fails on time.
+(a) and (c) run again on the model loaded with I8 weights (uform_weights_t). It prints figures and ratios
+(end to end / encode only, end to end / Pillow plus PyTorch, and with I8 weights end to end / BF16
+weights') and never fails on time.
 """
 
 from __future__ import annotations

@@ -424,16 +424,32 @@ typedef struct uform_tape {
 /* Models                                                                                         */
 /* ---------------------------------------------------------------------------------------------- */
 
-/* A model owns its weights (BF16, as the checkpoint stores them), placed where the executor that
- * loaded it computes. It may be used by any number of executors of its residency at once; a call
- * keeps it alive until final. */
+/* A model owns its weights (BF16, as the checkpoint stores them, or I8 where it stores or asks for them),
+ * placed where the executor that loaded it computes. It may be used by any number of executors of its
+ * residency at once; a call keeps it alive until final. */
 typedef struct uform_model uform_model_t;
+
+/* The weights of the transformer blocks' linear layers (attn.qkv, attn.out, mlp.up, mlp.down of every
+ * tower) on host executors. I8 weights are one int8 per weight with an F32 scale per output row
+ * (symmetric: w = q * scale), and the activations each such layer reads are quantized per row as it
+ * runs (8 bits with a zero point): about half the memory and, where the CPU has an 8-bit dot product
+ * (AVX512-VNNI, AVX-VNNI, Arm's SDOT or SMMLA), about twice the multiply-adds a second of BF16. Their
+ * embeddings agree with the BF16 weights' to a cosine of about 0.999 (docs/DESIGN.md gives the
+ * measurements). Norms, embeddings, positions, the patch layers and the projections stay BF16; so does a
+ * layer of more than 65536 inputs. */
+typedef enum uform_weights {
+    UFORM_WEIGHTS_STORED = 0, /* as the checkpoint stores each layer: BF16, or I8 with its scales */
+    UFORM_WEIGHTS_BF16,       /* BF16: I8 layers widened, q * scale rounded to BF16 */
+    UFORM_WEIGHTS_I8,         /* I8: BF16 layers quantized as they load, as uform_checkpoint_quantize does */
+} uform_weights_t;
 
 typedef struct uform_load_config {
     uform_progress_t progress; /* completed and total are bytes of tensor data */
     bool map; /* mmap the file instead of reading it through the ring: the weights stay in the page
                  cache, and the file must not shrink while the model lives (the kernel would answer
                  a read past its end with SIGBUS) */
+    uform_weights_t weights; /* host loads; uform_model_load_vram answers UFORM_UNSUPPORTED for I8 weights,
+                                asked or stored */
 } uform_load_config_t;
 
 typedef struct uform_model_load_args {
@@ -1031,6 +1047,20 @@ typedef struct uform_tiny_checkpoint_args {
  * audio) and the logit parameters. Blocks on file writes. Answers UFORM_OK, UFORM_INVALID_ARGUMENT,
  * UFORM_IO, UFORM_OUT_OF_MEMORY. */
 UFORM_EXPORT uform_status_t uform_tiny_checkpoint(uform_tiny_checkpoint_args_t const *args);
+
+typedef struct uform_checkpoint_quantize_args {
+    char const *input;  /* a format-4 checkpoint; read whole before the output is written */
+    char const *output; /* written atomically (a temporary file, fsync, rename); may be the input */
+} uform_checkpoint_quantize_args_t;
+
+/* Writes `input` again with I8 weights (uform_weights_t): every block's linear layer of at most 65536
+ * inputs that the input stores in BF16 is quantized per output row, the same bytes a load asking for
+ * UFORM_WEIGHTS_I8 makes, into an I8 tensor of its name and an F32 tensor of its scales,
+ * `<name>.scale` [out] (docs/DESIGN.md); every other tensor, and layers already I8, are copied. Loads the
+ * input on the calling thread first, with every check of uform_model_load_ram. Blocks on file reads and
+ * writes. Answers UFORM_OK, UFORM_INVALID_ARGUMENT (NULL or empty paths), the statuses of
+ * uform_model_load_ram for the input, UFORM_IO (cannot write the output), UFORM_OUT_OF_MEMORY. */
+UFORM_EXPORT uform_status_t uform_checkpoint_quantize(uform_checkpoint_quantize_args_t const *args);
 
 #ifdef __cplusplus
 }

@@ -6,11 +6,12 @@
 
 #include "paths.h"
 
-/* A path's table: its name, then the path whose GEMM, whose vector kernels (the forward ones, the F32 GEMM
- * and the backward ones but attention's), whose attention, convert and attention backward it takes, each
- * named by its suffix; rope is the scalar one on every path (the rotation is memory-bound). Initialisers
- * only. */
-#define PATH_TABLE(label, gemm_path, vector_path, attention_path, convert_path, attention_backward_path)     \
+/* A path's table: its name, then the path whose GEMM, whose vector kernels (the forward ones, quantize_rows,
+ * the F32 GEMM and the backward ones but attention's), whose attention, convert, attention backward and I8
+ * GEMM it takes, each named by its suffix; rope is the scalar one on every path (the rotation is
+ * memory-bound). Initialisers only. */
+#define PATH_TABLE(label, gemm_path, vector_path, attention_path, convert_path, attention_backward_path,     \
+                   i8_path)                                                                                  \
     {                                                                                                        \
         .name = label, .gemm = kernel_gemm_##gemm_path,                                                      \
         .gemm_packed_size = kernel_gemm_packed_size_##gemm_path, .gemm_pack = kernel_gemm_pack_##gemm_path,  \
@@ -21,26 +22,46 @@
         .sgemm = kernel_sgemm_##vector_path, .rmsnorm_backward = kernel_rmsnorm_backward_##vector_path,      \
         .gelu_backward = kernel_gelu_backward_##vector_path, .gelu = kernel_gelu_##vector_path,              \
         .rope_backward = kernel_rope_backward_scalar,                                                        \
-        .attention_backward = kernel_attention_backward_##attention_backward_path                            \
+        .attention_backward = kernel_attention_backward_##attention_backward_path,                           \
+        .quantize_rows = kernel_quantize_rows_##vector_path, .gemm_i8 = kernel_gemm_i8_##i8_path,            \
+        .gemm_i8_packed_size = kernel_gemm_i8_packed_size_##i8_path,                                         \
+        .gemm_i8_pack = kernel_gemm_i8_pack_##i8_path                                                        \
     }
 
-static kernels_t const scalar_path = PATH_TABLE("scalar", scalar, scalar, scalar, scalar, scalar);
+static kernels_t const scalar_path = PATH_TABLE("scalar", scalar, scalar, scalar, scalar, scalar, scalar);
 
 kernels_t const *kernels_scalar(void) {
     return &scalar_path;
 }
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 
-static kernels_t const avx2_path = PATH_TABLE("avx2", avx2, avx2, avx2, scalar, avx2);
+static kernels_t const avx2_path = PATH_TABLE("avx2", avx2, avx2, avx2, scalar, avx2, avx2);
 
-static kernels_t const avx512_path = PATH_TABLE("avx512", avx512, avx512, avx512, avx512, avx512);
+static kernels_t const avxvnni_path = PATH_TABLE("avxvnni", avx2, avx2, avx2, scalar, avx2, avxvnni);
 
-static kernels_t const avx512bf16_path = PATH_TABLE("avx512bf16", avx512bf16, avx512, avx512, avx512, avx512);
+/* AVX-512 without VNNI (Skylake-SP) takes the AVX2 I8 GEMM. */
+static kernels_t const avx512_path = PATH_TABLE("avx512", avx512, avx512, avx512, avx512, avx512, avx2);
+
+static kernels_t const avx512vnni_path =
+    PATH_TABLE("avx512vnni", avx512, avx512, avx512, avx512, avx512, avx512vnni);
+
+static kernels_t const avx512bf16_path =
+    PATH_TABLE("avx512bf16", avx512bf16, avx512, avx512, avx512, avx512, avx512vnni);
+
+static kernels_t const avxvnni_evex_path =
+    PATH_TABLE("avxvnni_evex", avx512, avx512, avx512, avx512, avx512, avxvnni_evex);
 
 static bool cpu_has_avx2(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
+/* AVX-VNNI is CPUID.(EAX=7, ECX=1):EAX bit 4: clang 14's __builtin_cpu_supports has no name for it. */
+static bool cpu_has_avxvnni(void) {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    return cpu_has_avx2() && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax & (1u << 4));
 }
 
 static bool cpu_has_avx512(void) {
@@ -49,20 +70,36 @@ static bool cpu_has_avx512(void) {
            __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
 }
 
+static bool cpu_has_avx512vnni(void) {
+    return cpu_has_avx512() && __builtin_cpu_supports("avx512vnni");
+}
+
 static bool cpu_has_avx512bf16(void) {
-    return cpu_has_avx512() && __builtin_cpu_supports("avx512bf16");
+    return cpu_has_avx512vnni() && __builtin_cpu_supports("avx512bf16");
 }
 
 kernels_t const *kernels_avx2(void) {
     return cpu_has_avx2() ? &avx2_path : NULL;
 }
 
+kernels_t const *kernels_avxvnni(void) {
+    return cpu_has_avxvnni() ? &avxvnni_path : NULL;
+}
+
 kernels_t const *kernels_avx512(void) {
     return cpu_has_avx512() ? &avx512_path : NULL;
 }
 
+kernels_t const *kernels_avx512vnni(void) {
+    return cpu_has_avx512vnni() ? &avx512vnni_path : NULL;
+}
+
 kernels_t const *kernels_avx512bf16(void) {
     return cpu_has_avx512bf16() ? &avx512bf16_path : NULL;
+}
+
+kernels_t const *kernels_avxvnni_evex(void) {
+    return cpu_has_avx512vnni() ? &avxvnni_evex_path : NULL;
 }
 
 #else
@@ -71,11 +108,23 @@ kernels_t const *kernels_avx2(void) {
     return NULL;
 }
 
+kernels_t const *kernels_avxvnni(void) {
+    return NULL;
+}
+
 kernels_t const *kernels_avx512(void) {
     return NULL;
 }
 
+kernels_t const *kernels_avx512vnni(void) {
+    return NULL;
+}
+
 kernels_t const *kernels_avx512bf16(void) {
+    return NULL;
+}
+
+kernels_t const *kernels_avxvnni_evex(void) {
     return NULL;
 }
 
@@ -83,16 +132,73 @@ kernels_t const *kernels_avx512bf16(void) {
 
 #if defined(__aarch64__)
 
-/* Advanced SIMD is part of every ARMv8-A CPU that runs Linux: no run-time check. */
-static kernels_t const neon_path = PATH_TABLE("neon", neon, neon, neon, scalar, scalar);
+#if defined(__linux__)
+#include <sys/auxv.h>
+
+static bool cpu_has_neon_dot(void) {
+    return getauxval(AT_HWCAP) & HWCAP_ASIMDDP;
+}
+
+static bool cpu_has_neon_i8mm(void) {
+    return getauxval(AT_HWCAP2) & HWCAP2_I8MM;
+}
+#elif defined(__APPLE__)
+#include <sys/sysctl.h>
+
+static bool sysctl_flag(char const *name) {
+    int value = 0;
+    size_t size = sizeof value;
+    return sysctlbyname(name, &value, &size, NULL, 0) == 0 && value;
+}
+
+static bool cpu_has_neon_dot(void) {
+    return sysctl_flag("hw.optional.arm.FEAT_DotProd");
+}
+
+static bool cpu_has_neon_i8mm(void) {
+    return sysctl_flag("hw.optional.arm.FEAT_I8MM");
+}
+#else
+static bool cpu_has_neon_dot(void) {
+    return false;
+}
+
+static bool cpu_has_neon_i8mm(void) {
+    return false;
+}
+#endif
+
+/* Advanced SIMD is part of every ARMv8-A CPU that runs Linux: no run-time check. The dot product (SDOT,
+ * FEAT_DotProd) and the I8 matrix multiply (SMMLA, FEAT_I8MM) are asked of the kernel (cpu_features). */
+static kernels_t const neon_path = PATH_TABLE("neon", neon, neon, neon, scalar, scalar, neon);
+
+static kernels_t const neondot_path = PATH_TABLE("neondot", neon, neon, neon, scalar, scalar, neondot);
+
+static kernels_t const neoni8mm_path = PATH_TABLE("neoni8mm", neon, neon, neon, scalar, scalar, neoni8mm);
 
 kernels_t const *kernels_neon(void) {
     return &neon_path;
 }
 
+kernels_t const *kernels_neondot(void) {
+    return cpu_has_neon_dot() ? &neondot_path : NULL;
+}
+
+kernels_t const *kernels_neoni8mm(void) {
+    return cpu_has_neon_dot() && cpu_has_neon_i8mm() ? &neoni8mm_path : NULL;
+}
+
 #else
 
 kernels_t const *kernels_neon(void) {
+    return NULL;
+}
+
+kernels_t const *kernels_neondot(void) {
+    return NULL;
+}
+
+kernels_t const *kernels_neoni8mm(void) {
     return NULL;
 }
 
@@ -102,9 +208,13 @@ kernels_t const *kernels_named(char const *name) {
     if (!name) return NULL;
     if (!strcmp(name, "scalar")) return kernels_scalar();
     if (!strcmp(name, "avx2")) return kernels_avx2();
+    if (!strcmp(name, "avxvnni")) return kernels_avxvnni();
     if (!strcmp(name, "avx512")) return kernels_avx512();
+    if (!strcmp(name, "avx512vnni")) return kernels_avx512vnni();
     if (!strcmp(name, "avx512bf16")) return kernels_avx512bf16();
     if (!strcmp(name, "neon")) return kernels_neon();
+    if (!strcmp(name, "neondot")) return kernels_neondot();
+    if (!strcmp(name, "neoni8mm")) return kernels_neoni8mm();
     return NULL;
 }
 
@@ -114,8 +224,9 @@ static pthread_once_t active_once = PTHREAD_ONCE_INIT;
 static void kernels_choose(void) {
     active = kernels_named(getenv("UFORM_KERNELS"));
     if (active) return;
-    kernels_t const *(*const best_first[])(void) = {kernels_avx512bf16, kernels_avx512, kernels_avx2,
-                                                    kernels_neon};
+    kernels_t const *(*const best_first[])(void) = {kernels_avx512bf16, kernels_avx512vnni, kernels_avx512,
+                                                    kernels_avxvnni,    kernels_avx2,       kernels_neoni8mm,
+                                                    kernels_neondot,    kernels_neon};
     for (size_t i = 0; i < sizeof best_first / sizeof best_first[0] && !active; ++i)
         active = best_first[i]();
     if (!active) active = kernels_scalar();

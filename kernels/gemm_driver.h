@@ -1,5 +1,5 @@
-/* The BF16-weight GEMM driver every SIMD path shares: y[m, n] = residual + epilogue(x[m, k] . w[n, k]^T
- * + bias) (kernels.h).
+/* The GEMM driver every SIMD path shares, for BF16 weights and for I8 ones: y[m, n] = residual +
+ * epilogue(x[m, k] . w[n, k]^T + bias) (kernels.h).
  *
  * Blocking:
  *   - a tile of `rows` x `columns` outputs lives in registers over a whole depth block (the path's
@@ -13,13 +13,14 @@
  * next one. Each output is the same chain of FMAs (or dot products) over k in order, whatever tile, block
  * or thread computes it, so splitting the columns between threads never changes a bit.
  *
- * A path's file (gemm_<path>.c) brings only what depends on its instruction set: its packing (gemm_pack,
- * gemm_pack_halves where it widens a pair of columns per lane), and in a `gemm_path_t` its tile's sizes, the
- * loading of activations and the micro-kernel with its epilogue (reading g through gemm_epilogue_at; the x86
- * paths share theirs, gemm_epilogue.h). It calls gemm_drive in its own translation unit, compiled with its
- * own target flags, with a pointer to a static constant, as sgemm_driver.h does: the same code as if each
- * path spelled the driver out. Every function here that takes `path` is always_inline: one left out of line
- * would keep `path`, and with it an out-of-line micro-kernel for any row count. */
+ * A path's file (gemm_<path>.c, gemm_i8_<path>.c) brings only what depends on its instruction set: its
+ * packing (gemm_pack, gemm_pack_halves where it widens a pair of columns per lane, gemm_pack_i8 for I8
+ * weights), and in a `gemm_path_t` its tile's sizes, the loading of activations and the micro-kernel with
+ * its epilogue (reading g through gemm_epilogue_at; the x86 paths share theirs, gemm_epilogue.h). It calls
+ * gemm_drive in its own translation unit, compiled with its own target flags, with a pointer to a static
+ * constant, as sgemm_driver.h does: the same code as if each path spelled the driver out. Every function here
+ * that takes `path` is always_inline: one left out of line would keep `path`, and with it an out-of-line
+ * micro-kernel for any row count. */
 #pragma once
 
 #include <stdbool.h>
@@ -36,8 +37,10 @@ enum {
 typedef struct gemm_path {
     size_t rows;    /* rows of x per tile, at most GEMM_ROWS_MAX */
     size_t columns; /* outputs per tile row: the columns of a packed panel */
-    size_t depth;   /* k values per depth block: a multiple of 2 where k is packed in pairs */
-    bool pairs;     /* whether the packed weights hold k in pairs (an odd k padded with a zero) */
+    size_t depth;   /* k values per depth block: a multiple of 2 where k is packed in pairs, of `group` */
+    bool pairs;     /* BF16 weights: whether k is packed in pairs (an odd k padded with a zero) */
+    size_t group;   /* I8 weights: k values packed side by side per column (2, 4 or 8), the last group
+                       padded with zeros; 0 for BF16 weights */
     bool prefetch;  /* whether to fetch the next depth block's activations while the tiles compute */
     /* a_block = the activations x[row, row + rows)[k0, k0 + depth), in the path's layout. */
     void (*load_rows)(void *a_block, kernel_gemm_t const *g, size_t row, size_t rows, size_t k0,
@@ -60,8 +63,8 @@ static inline size_t gemm_panels_of(size_t n, size_t columns) {
  * `columns` columns: [depth][columns / 2] uint32, lane i of row k pairing w[c0 + i][k] (low half) with
  * w[c0 + columns / 2 + i][k] (high half). Columns past n are zero. The panels of one depth block follow
  * each other, so that the tiles of a row block read one sequential stream. */
-static inline __attribute__((always_inline)) void gemm_pack_halves(uint32_t *out, uint16_t const *w, size_t n,
-                                                                   size_t k, size_t columns, size_t depth_max) {
+static inline __attribute__((always_inline)) void
+gemm_pack_halves(uint32_t *out, uint16_t const *w, size_t n, size_t k, size_t columns, size_t depth_max) {
     size_t lanes = columns / 2;
     for (size_t k0 = 0; k0 < k; k0 += depth_max) {
         size_t depth = k - k0 < depth_max ? k - k0 : depth_max;
@@ -97,13 +100,80 @@ static inline __attribute__((always_inline)) gemm_epilogue_t gemm_epilogue_at(ke
     return e;
 }
 
+/* k rounded up to whole groups (I8) or pairs of the path. */
+static inline __attribute__((always_inline)) size_t gemm_grouped(gemm_path_t const *path, size_t k) {
+    size_t group = path->group ? path->group : path->pairs ? 2 : 1;
+    return (k + group - 1) / group * group;
+}
+
+/* Bytes of one packed weight. */
+static inline __attribute__((always_inline)) size_t gemm_element(gemm_path_t const *path) {
+    return path->group ? sizeof(int8_t) : sizeof(uint16_t);
+}
+
 /* The packed panel of `column` in the depth block at k0, of `depth` k values. Every path's gemm_pack
  * stores, for each depth block, the panels of `columns` columns one after the other, each [depth][columns]
- * BF16 values in its own order (depth rounded up to pairs where it pairs k values). */
+ * weights in its own order (depth rounded up to whole groups). */
 static inline __attribute__((always_inline)) void const *
 gemm_panel_at(gemm_path_t const *path, void const *packed, size_t n, size_t k0, size_t depth, size_t column) {
-    size_t panels = gemm_panels_of(n, path->columns), values = path->pairs ? (depth + 1) / 2 * 2 : depth;
-    return (uint16_t const *)packed + (k0 * panels + column / path->columns * values) * path->columns;
+    size_t panels = gemm_panels_of(n, path->columns), values = gemm_grouped(path, depth);
+    return (char const *)packed +
+           (k0 * panels + column / path->columns * values) * path->columns * gemm_element(path);
+}
+
+/* ---- I8 weights ----------------------------------------------------------------------------------
+ * The packing of every SIMD path's I8 GEMM: for each depth block of path->depth k values (the last one
+ * shorter), for each panel of path->columns columns, for each group of path->group k values:
+ * [columns][group] int8, w[c0 + c][k0 + group * g + j] at c * group + j (zero past n and past k). Then,
+ * at the next multiple of 64 bytes, each column's scale and the sum of its weights over k, which takes
+ * the activations' zero point out of the sums: [n rounded up to panels] F32, then as many int32. */
+typedef struct gemm_i8_columns {
+    float const *scales; /* [panels * columns] */
+    int32_t const *sums; /* [panels * columns]: sum over k of w[c, k] */
+} gemm_i8_columns_t;
+
+static inline __attribute__((always_inline)) size_t gemm_i8_panels_bytes(gemm_path_t const *path, size_t n,
+                                                                         size_t k) {
+    size_t bytes = gemm_panels_of(n, path->columns) * path->columns * gemm_grouped(path, k);
+    return (bytes + 63) / 64 * 64;
+}
+
+static inline __attribute__((always_inline)) size_t gemm_i8_packed_size(gemm_path_t const *path, size_t n,
+                                                                        size_t k) {
+    size_t padded = gemm_panels_of(n, path->columns) * path->columns;
+    return gemm_i8_panels_bytes(path, n, k) + padded * (sizeof(float) + sizeof(int32_t));
+}
+
+static inline __attribute__((always_inline)) gemm_i8_columns_t
+gemm_i8_columns_of(gemm_path_t const *path, void const *packed, size_t n, size_t k) {
+    char const *at = (char const *)packed + gemm_i8_panels_bytes(path, n, k);
+    size_t padded = gemm_panels_of(n, path->columns) * path->columns;
+    return (gemm_i8_columns_t){.scales = (float const *)(void const *)at,
+                               .sums = (int32_t const *)(void const *)(at + padded * sizeof(float))};
+}
+
+static inline __attribute__((always_inline)) void gemm_pack_i8(gemm_path_t const *path, void *packed,
+                                                               int8_t const *w, float const *scales, size_t n,
+                                                               size_t k) {
+    size_t columns = path->columns, group = path->group, panels = gemm_panels_of(n, columns);
+    int8_t *out = packed;
+    for (size_t k0 = 0; k0 < k; k0 += path->depth) {
+        size_t end = k - k0 < path->depth ? k : k0 + path->depth;
+        for (size_t panel = 0; panel < panels; ++panel)
+            for (size_t g = k0; g < end; g += group)
+                for (size_t c = panel * columns; c < (panel + 1) * columns; ++c)
+                    for (size_t i = g; i < g + group; ++i)
+                        *out++ = c < n && i < end ? w[c * k + i] : 0;
+    }
+    gemm_i8_columns_t at = gemm_i8_columns_of(path, packed, n, k);
+    float *column_scales = (float *)(uintptr_t)at.scales;
+    int32_t *sums = (int32_t *)(uintptr_t)at.sums;
+    for (size_t c = 0; c < panels * columns; ++c) {
+        column_scales[c] = c < n ? scales[c] : 0.0f;
+        sums[c] = 0;
+        for (size_t i = 0; c < n && i < k; ++i)
+            sums[c] += w[c * k + i];
+    }
 }
 
 /* path->tile for any rows <= path->rows, with `rows` a constant in each case; the cases past path->rows
@@ -137,8 +207,10 @@ typedef struct gemm_prefetcher {
 static inline gemm_prefetcher_t gemm_prefetcher_make(kernel_gemm_t const *g, size_t row, size_t rows,
                                                      size_t k0, size_t depth, size_t tiles) {
     if (!rows) return (gemm_prefetcher_t){0}; /* the last block: nothing next */
-    size_t size = g->x_bf16 ? sizeof(uint16_t) : sizeof(float);
-    char const *x = g->x_bf16 ? (char const *)g->x_bf16 : (char const *)g->x;
+    size_t size = g->x_u8 ? 1 : g->x_bf16 ? sizeof(uint16_t) : sizeof(float);
+    char const *x = g->x_u8     ? (char const *)g->x_u8
+                    : g->x_bf16 ? (char const *)g->x_bf16
+                                : (char const *)g->x;
     gemm_prefetcher_t p = {.row_start = x + (row * g->x_stride + k0) * size,
                            .row_bytes = g->x_stride * size,
                            .row_lines = depth * size / 64 + 1,
@@ -164,8 +236,7 @@ static inline __attribute__((always_inline)) void gemm_drive(gemm_path_t const *
                                                              float *partial) {
     if (n_begin >= n_end) return;
     /* Column blocks of equal width (in whole panels) at most GEMM_BLOCK_BYTES of weights each. */
-    size_t columns = path->columns,
-           panel_bytes = (path->pairs ? (g->k + 1) / 2 * 2 : g->k) * columns * sizeof(uint16_t);
+    size_t columns = path->columns, panel_bytes = gemm_grouped(path, g->k) * columns * gemm_element(path);
     size_t widest = panel_bytes ? GEMM_BLOCK_BYTES / panel_bytes * columns : GEMM_BLOCK_MAX;
     widest = widest < columns ? columns : widest > GEMM_BLOCK_MAX ? GEMM_BLOCK_MAX : widest;
     size_t blocks = (n_end - n_begin + widest - 1) / widest;

@@ -1,7 +1,8 @@
-/* The epilogue the x86 GEMM paths (gemm_avx2.c, gemm_avx512.c, gemm_avx512bf16.c) end a tile with: their
- * tiles are `rows` x 2 vectors of F32 outputs, and y = residual + epilogue(sum + bias) over them is the same
- * steps whatever made the sums, written once over the path's vector primitives (vfloat, vmask, vf_*,
- * columns_mask and gelu_ps of math_<path>.h). A path's file includes this header after its math header. */
+/* The epilogue the x86 GEMM paths (gemm_avx2.c, gemm_avx512.c, gemm_avx512bf16.c, gemm_i8_*.c) end a tile
+ * with: their tiles are `rows` x 2 vectors of F32 outputs, and y = residual + epilogue(sum + bias) over them
+ * is the same steps whatever made the sums, written once over the path's vector primitives (vfloat, vmask,
+ * vf_*, columns_mask and gelu_ps of math_<path>.h); the I8 tiles first turn their int32 sums into F32 ones
+ * (vint, vi_*). A path's file includes this header after its math header. */
 #pragma once
 
 #include <stdbool.h>
@@ -31,4 +32,30 @@ gemm_epilogue(size_t rows, vfloat sum[][2], kernel_gemm_t const *g, size_t row, 
                 value = vf_add(value, vf_maskload(e.residual + r * e.residual_stride + lanes * v, masks[v]));
             vf_maskstore(e.y + r * e.y_stride + lanes * v, masks[v], value);
         }
+}
+
+/* The end of an I8 tile: acc = sum_k x_u8 w over the tile's rows and 2 vectors of columns, then the exact
+ * S = acc - x_zero * sum_k w, and S (x_scale w_scale) in F32 into gemm_epilogue (kernels.h). Always inlined
+ * with a constant `rows`. */
+static inline __attribute__((always_inline)) void gemm_epilogue_i8(gemm_path_t const *path, size_t rows,
+                                                                   vint acc[][2], kernel_gemm_t const *g,
+                                                                   size_t row, size_t column) {
+    size_t const lanes = sizeof(vint) / sizeof(int32_t);
+    gemm_i8_columns_t at = gemm_i8_columns_of(path, g->w, g->n, g->k);
+    vint sums[2];
+    vfloat scales[2], sum[GEMM_ROWS_MAX][2];
+    for (size_t v = 0; v < 2; ++v) {
+        sums[v] = vi_load(at.sums + column + lanes * v);
+        scales[v] = vf_load(at.scales + column + lanes * v);
+    }
+#pragma GCC unroll 14
+    for (size_t r = 0; r < rows; ++r) {
+        vint zero = vi_set1(g->x_zeros[row + r]);
+        vfloat x_scale = vf_set1(g->x_scales[row + r]);
+#pragma GCC unroll 2
+        for (size_t v = 0; v < 2; ++v)
+            sum[r][v] =
+                vf_mul(vf_of_vi(vi_sub(acc[r][v], vi_mullo(zero, sums[v]))), vf_mul(x_scale, scales[v]));
+    }
+    gemm_epilogue(rows, sum, g, row, column);
 }

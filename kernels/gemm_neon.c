@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "gemm_driver.h"
+#include "gemm_epilogue_neon.h"
 #include "math_neon.h"
 #include "paths.h"
 
@@ -55,8 +56,6 @@ void kernel_gemm_pack_neon(void *packed, uint16_t const *w, size_t n, size_t k) 
                 }
     }
 }
-
-/* ---- Epilogue ---------------------------------------------------------------------------------- */
 
 /* ---- Microkernel -------------------------------------------------------------------------------- */
 
@@ -100,34 +99,7 @@ static inline __attribute__((always_inline)) void tile(size_t rows, void const *
                 vst1q_f32(partial + r * COLUMNS + 4 * v, sum[r][v]);
         return;
     }
-    /* y = residual + epilogue(sum + bias) */
-    gemm_epilogue_t e = gemm_epilogue_at(g, row, column);
-    size_t count = g->n - column < COLUMNS ? g->n - column : COLUMNS;
-    float32x4_t biases[VECTORS];
-    if (e.bias)
-        load_columns(biases, e.bias + column, count);
-    else
-#pragma GCC unroll 4
-        for (size_t v = 0; v < VECTORS; ++v)
-            biases[v] = vdupq_n_f32(0.0f);
-#pragma GCC unroll 6
-    for (size_t r = 0; r < rows; ++r) {
-        float32x4_t values[VECTORS];
-#pragma GCC unroll 4
-        for (size_t v = 0; v < VECTORS; ++v) {
-            values[v] = sum[r][v];
-            if (e.bias) values[v] = vaddq_f32(values[v], biases[v]);
-            if (e.gelu) values[v] = gelu_ps(values[v]);
-        }
-        if (e.residual) {
-            float32x4_t residuals[VECTORS];
-            load_columns(residuals, e.residual + r * e.residual_stride, count);
-#pragma GCC unroll 4
-            for (size_t v = 0; v < VECTORS; ++v)
-                values[v] = vaddq_f32(values[v], residuals[v]);
-        }
-        store_columns(e.y + r * e.y_stride, count, values);
-    }
+    gemm_epilogue_neon(rows, sum, g, row, column);
 }
 
 /* ---- Activations -------------------------------------------------------------------------------- */

@@ -1,7 +1,11 @@
 /* The reference GEMM: plain loops that define the numbers every SIMD path is tested against.
- * y[m, n] = residual + epilogue(x[m, k] . w[n, k]^T + bias), each output summed in F32 in k order; and
- * the training GEMM, c[m, n] (+)= op(a)[m, k] . op(b)[k, n], each output summed in F32 in k order and then
+ * y[m, n] = residual + epilogue(x[m, k] . w[n, k]^T + bias), each output summed in F32 in k order; the I8
+ * GEMM, its sum exact in int32 and then scaled (kernels.h), and the weights' quantization; and the
+ * training GEMM, c[m, n] (+)= op(a)[m, k] . op(b)[k, n], each output summed in F32 in k order and then
  * added to c. */
+#include <float.h>
+#include <math.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include "gelu.h"
@@ -16,6 +20,14 @@ void kernel_gemm_pack_scalar(void *packed, uint16_t const *w, size_t n, size_t k
     memcpy(packed, w, n * k * sizeof(uint16_t));
 }
 
+/* y[row, column] = residual + epilogue(sum + bias). */
+static void epilogue(kernel_gemm_t const *g, size_t row, size_t column, float sum) {
+    if (g->bias) sum += g->bias[column];
+    if (g->epilogue == KERNEL_EPILOGUE_GELU) sum = gelu_tanh(sum);
+    if (g->residual) sum += g->residual[row * g->residual_stride + column];
+    g->y[row * g->y_stride + column] = sum;
+}
+
 void kernel_gemm_scalar(kernel_gemm_t const *g, size_t n_begin, size_t n_end) {
     uint16_t const *w = g->w;
     for (size_t row = 0; row < g->m; ++row) {
@@ -28,10 +40,63 @@ void kernel_gemm_scalar(kernel_gemm_t const *g, size_t n_begin, size_t n_end) {
                 float value = x_bf16 ? bf16_to_f32(x_bf16[i]) : x[i];
                 sum += value * bf16_to_f32(w_row[i]);
             }
-            if (g->bias) sum += g->bias[column];
-            if (g->epilogue == KERNEL_EPILOGUE_GELU) sum = gelu_tanh(sum);
-            if (g->residual) sum += g->residual[row * g->residual_stride + column];
-            g->y[row * g->y_stride + column] = sum;
+            epilogue(g, row, column, sum);
+        }
+    }
+}
+
+/* ---- I8 ------------------------------------------------------------------------------------------ */
+
+/* round(ratio) half away from zero, for |ratio| < 2^31: the fraction ratio - trunc(ratio) is exact. Inline
+ * integer arithmetic where roundf would be a call per weight at load. */
+static int32_t round_half_away(float ratio) {
+    int32_t whole = (int32_t)ratio;
+    float fraction = ratio - (float)whole;
+    return whole + (fraction >= 0.5f) - (fraction <= -0.5f);
+}
+
+void kernel_quantize_weights(int8_t *q, float *scale, uint16_t const *w, size_t k) {
+    float largest = 0.0f;
+    bool finite = true;
+    for (size_t i = 0; i < k; ++i) {
+        float magnitude = fabsf(bf16_to_f32(w[i]));
+        finite = finite && magnitude <= FLT_MAX;
+        largest = magnitude > largest ? magnitude : largest;
+    }
+    *scale = finite ? largest / 127.0f : NAN;
+    for (size_t i = 0; i < k; ++i) {
+        int32_t value = finite && largest > 0.0f ? round_half_away(bf16_to_f32(w[i]) / *scale) : 0;
+        q[i] = (int8_t)(value < -127 ? -127 : value > 127 ? 127 : value);
+    }
+}
+
+/* The scalar packing: w [n, k] as it is, then the scales [n] at the next multiple of 64 bytes. */
+static size_t scales_offset(size_t n, size_t k) {
+    return (n * k + 63) / 64 * 64;
+}
+
+size_t kernel_gemm_i8_packed_size_scalar(size_t n, size_t k) {
+    return scales_offset(n, k) + n * sizeof(float);
+}
+
+void kernel_gemm_i8_pack_scalar(void *packed, int8_t const *w, float const *scales, size_t n, size_t k) {
+    memcpy(packed, w, n * k);
+    memcpy((char *)packed + scales_offset(n, k), scales, n * sizeof(float));
+}
+
+/* S = sum_k (x - zero) w in int32, exact for k <= KERNEL_I8_DEPTH_MAX; then y = S (x_scale w_scale). */
+void kernel_gemm_i8_scalar(kernel_gemm_t const *g, size_t n_begin, size_t n_end) {
+    int8_t const *w = g->w;
+    float const *w_scales = (float const *)(void const *)((char const *)g->w + scales_offset(g->n, g->k));
+    for (size_t row = 0; row < g->m; ++row) {
+        uint8_t const *x = g->x_u8 + row * g->x_stride;
+        int32_t zero = g->x_zeros[row];
+        for (size_t column = n_begin; column < n_end; ++column) {
+            int8_t const *w_row = w + column * g->k; /* [k] */
+            int32_t sum = 0;
+            for (size_t i = 0; i < g->k; ++i)
+                sum += ((int32_t)x[i] - zero) * w_row[i];
+            epilogue(g, row, column, (float)sum * (g->x_scales[row] * w_scales[column]));
         }
     }
 }

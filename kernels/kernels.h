@@ -1,6 +1,6 @@
 /* Compute kernels behind one dispatch table, chosen once per process from the CPU's features and
- * overridable with UFORM_KERNELS=scalar|avx2|avx512|avx512bf16|neon (a path the CPU lacks is refused
- * and the best available one is used).
+ * overridable with UFORM_KERNELS=scalar|avx2|avxvnni|avx512|avx512vnni|avx512bf16|neon|neondot|neoni8mm (a
+ * path the CPU lacks is refused and the best available one is used).
  *
  * The scalar path defines the numbers: every other path is tested against it, within the tolerances
  * written next to each function below. Every kernel is deterministic: for the same inputs it gives the
@@ -45,7 +45,31 @@ typedef struct kernel_gemm {
     float *y;
     size_t y_stride;
     kernel_epilogue_t epilogue;
+    /* The I8 GEMM's activations (`gemm_i8`, which reads neither x nor x_bf16): x_u8 [m, x_stride] as
+     * `quantize_rows` writes them, with each row's scale and zero point. */
+    uint8_t const *x_u8;
+    float const *x_scales;
+    int32_t const *x_zeros;
 } kernel_gemm_t;
+
+/* ---- I8 weights and activations ------------------------------------------------------------------
+ * A linear layer with I8 weights computes
+ *     y[r, c] = residual + epilogue(S[r, c] * (x_scales[r] * w_scales[c]) + bias[c]),
+ *     S[r, c] = sum_k (x_u8[r, k] - x_zeros[r]) * w[c, k]                      (exact, in int32)
+ * from weights quantized per output row (kernel_quantize_weights: symmetric, w ~ q * scale) and
+ * activations quantized per row on the fly (quantize_rows: asymmetric, x ~ (q - zero) * scale). S is
+ * exact in int32 on every path for k <= KERNEL_I8_DEPTH_MAX: |x_u8 - zero| <= 255 and |w| <= 128 bound it
+ * by 2^15 k. With unit scales, no bias and no epilogue every path writes the scalar path's bits; otherwise
+ * the F32 steps may round differently (an FMA where scalar multiplies then adds, the vector GELU):
+ * |y - y_scalar| <= 1e-5 * (|S x_scale w_scale| + |bias|) + 1e-6, per element (the GELU's own tolerance
+ * within). */
+#define KERNEL_I8_DEPTH_MAX 65536
+
+/* Per output row of a BF16 weight [k]: scale = max|w| / 127, q = round(w / scale) half away from zero
+ * (as the I8 output conversion), a zero row all 0 with scale 0, a row holding a NaN or an infinity all 0
+ * with scale NaN (so that every output it makes is NaN, as the BF16 weight would make it). One function
+ * for every path: a checkpoint quantized ahead and a model quantized at load hold the same bytes. */
+void kernel_quantize_weights(int8_t *q, float *scale, uint16_t const *w, size_t k);
 
 /* Rotary positions on one head's vector of 64: pairs (i, i + 32) rotated by p * 10000^(-2i/64). */
 #define KERNEL_HEAD 64
@@ -127,7 +151,8 @@ static inline void kernel_attention_backward_clear(kernel_attention_backward_t c
 }
 
 typedef struct kernels {
-    char const *name; /* "scalar", "avx2", "avx512", "avx512bf16", "neon" */
+    char const *name; /* "scalar", "avx2", "avxvnni", "avx512", "avx512vnni", "avx512bf16", "neon",
+                         "neondot", "neoni8mm" */
 
     /* GEMM over output columns [n_begin, n_end), n_begin a multiple of KERNEL_GEMM_TILE. */
     void (*gemm)(kernel_gemm_t const *gemm, size_t n_begin, size_t n_end);
@@ -162,6 +187,25 @@ typedef struct kernels {
     /* BF16 -> F32 and F32 -> BF16 (round to nearest even, NaN kept quiet) of n values. Exact. */
     void (*bf16_to_f32)(float *out, uint16_t const *x, size_t n);
     void (*f32_to_bf16)(uint16_t *out, float const *x, size_t n);
+
+    /* ---- I8 weights (see kernel_gemm_t) ---- */
+
+    /* Activations per row, asymmetric, for gemm_i8: with lo = min(0, min x) and hi = max(0, max x) over
+     * the row's k values, inv = 255 / (hi - lo), zero = rint(-lo inv), q = clamp(rint(x inv) + zero, 0, 255)
+     * (rint: to nearest even), scale = (hi - lo) / 255. A row of zeros has q, zero and scale 0; a row
+     * holding a NaN or an infinity has q and zero 0 and scale NaN, so that its outputs are NaN as the
+     * BF16 GEMM's would be. q [rows, q_stride] takes k values per row. Bitwise equal to scalar on every
+     * path. */
+    void (*quantize_rows)(uint8_t *q, size_t q_stride, float *scales, int32_t *zeros, float const *x,
+                          size_t x_stride, size_t rows, size_t k);
+
+    /* The I8 GEMM over output columns [n_begin, n_end), n_begin a multiple of KERNEL_GEMM_TILE, with
+     * gemm->w packed by gemm_i8_pack and k <= KERNEL_I8_DEPTH_MAX. */
+    void (*gemm_i8)(kernel_gemm_t const *gemm, size_t n_begin, size_t n_end);
+    /* Bytes gemm_i8_pack writes for an I8 weight [n, k] with its n scales, and the packing itself (any
+     * alignment of w and scales; `packed` 64-byte aligned). */
+    size_t (*gemm_i8_packed_size)(size_t n, size_t k);
+    void (*gemm_i8_pack)(void *packed, int8_t const *w, float const *scales, size_t n, size_t k);
 
     /* ---- Training ---- */
 
@@ -205,11 +249,41 @@ kernels_t const *kernels_named(char const *name);
  * not supported by this CPU (scalar never is). */
 kernels_t const *kernels_scalar(void);
 kernels_t const *kernels_avx2(void);
+kernels_t const *kernels_avxvnni(void); /* avx2 with AVX-VNNI's 256-bit I8 GEMM */
 kernels_t const *kernels_avx512(void);
-kernels_t const *kernels_avx512bf16(void);
-kernels_t const *kernels_neon(void); /* every AArch64 CPU; NULL elsewhere */
+kernels_t const *kernels_avx512vnni(void); /* avx512 with AVX512-VNNI's I8 GEMM */
+kernels_t const *kernels_avx512bf16(void); /* CPUs with AVX512-BF16 have AVX512-VNNI: it takes its I8 GEMM */
+kernels_t const *kernels_neon(void);       /* every AArch64 CPU; NULL elsewhere */
+kernels_t const *kernels_neondot(void);    /* neon with the dot product (SDOT) I8 GEMM */
+kernels_t const *kernels_neoni8mm(void);   /* neondot with the I8 matrix multiply (SMMLA) I8 GEMM */
+
+/* The avxvnni path's I8 GEMM compiled a second time for AVX512-VNNI with AVX512-VL (the same instruction,
+ * EVEX-encoded), as a path whose other kernels are avx512's: the code of a CPU with AVX-VNNI, checked on
+ * CPUs that have only AVX512-VNNI (tests/kernels/test_gemm_i8.c). Never chosen by kernels_active. NULL
+ * where the CPU lacks AVX512-VNNI. */
+kernels_t const *kernels_avxvnni_evex(void);
 
 /* Scalar helpers every path shares. */
+
+/* quantize_rows' numbers of one row from its lo = min(0, min x) and hi = max(0, max x), and whether every
+ * value was finite: false for a row written as zeros (its scale 0, or NaN when not finite); else the
+ * multiplier inv, the zero point and the scale. */
+static inline bool kernel_quantize_range(float lo, float hi, bool finite, float *inv, int32_t *zero,
+                                         float *scale) {
+    *inv = 255.0f / (hi - lo);
+    *zero = 0;
+    *scale = finite ? 0.0f : __builtin_nanf("");
+    if (!finite || !(*inv <= 3.40282347e+38f)) return false; /* a range too small to divide by */
+    *zero = (int32_t)__builtin_rintf(-lo * *inv);
+    *scale = (hi - lo) / 255.0f;
+    return true;
+}
+
+/* One value of a row quantize_rows writes: clamp(rint(x inv) + zero, 0, 255). */
+static inline uint8_t kernel_quantize_value(float x, float inv, int32_t zero) {
+    int32_t value = (int32_t)__builtin_rintf(x * inv) + zero;
+    return (uint8_t)(value < 0 ? 0 : value > 255 ? 255 : value);
+}
 static inline float bf16_to_f32(uint16_t value) {
     union {
         uint32_t bits;

@@ -5,6 +5,7 @@
 
 #include <immintrin.h>
 #include <stddef.h>
+#include <stdint.h>
 
 /* Lanes [0, count) set, count = the columns of [column, column + 8) below n, for maskload and maskstore. */
 static inline __m256i columns_mask(size_t column, size_t n) {
@@ -99,6 +100,39 @@ static inline vfloat vf_max(vfloat a, vfloat b) {
 /* a b + c, rounded once. */
 static inline vfloat vf_fmadd(vfloat a, vfloat b, vfloat c) {
     return _mm256_fmadd_ps(a, b, c);
+}
+
+/* int32 vectors, for the I8 GEMM's epilogue (gemm_epilogue.h): each is the one instruction its name says;
+ * vf_of_vi rounds to nearest even, as a C conversion of an int32 to float does. */
+typedef __m256i vint;
+
+static inline vint vi_zero(void) {
+    return _mm256_setzero_si256();
+}
+
+static inline vint vi_set1(int32_t x) {
+    return _mm256_set1_epi32(x);
+}
+
+/* Aligned. */
+static inline vint vi_load(int32_t const *x) {
+    return _mm256_load_si256((__m256i const *)x);
+}
+
+static inline void vi_store(int32_t *to, vint x) {
+    _mm256_store_si256((__m256i *)to, x);
+}
+
+static inline vint vi_sub(vint a, vint b) {
+    return _mm256_sub_epi32(a, b);
+}
+
+static inline vint vi_mullo(vint a, vint b) {
+    return _mm256_mullo_epi32(a, b);
+}
+
+static inline vfloat vf_of_vi(vint x) {
+    return _mm256_cvtepi32_ps(x);
 }
 
 /* The lanes a mask sets (vmask: all bits of a lane set or clear) read or written, the others never

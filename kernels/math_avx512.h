@@ -6,6 +6,7 @@
 
 #include <immintrin.h>
 #include <stddef.h>
+#include <stdint.h>
 
 /* exp(x) within 1e-7 relative for x <= 88, and exactly 0 below ln(FLT_MIN) (-inf included): Cody-Waite
  * reduction x = n ln2 + r with |r| <= ln2 / 2, then Cephes' polynomial for e^r, scaled by 2^n. */
@@ -98,6 +99,39 @@ static inline vfloat vf_max(vfloat a, vfloat b) {
 /* a b + c, rounded once. */
 static inline vfloat vf_fmadd(vfloat a, vfloat b, vfloat c) {
     return _mm512_fmadd_ps(a, b, c);
+}
+
+/* int32 vectors, for the I8 GEMM's epilogue (gemm_epilogue.h): each is the one instruction its name says;
+ * vf_of_vi rounds to nearest even, as a C conversion of an int32 to float does. */
+typedef __m512i vint;
+
+static inline vint vi_zero(void) {
+    return _mm512_setzero_si512();
+}
+
+static inline vint vi_set1(int32_t x) {
+    return _mm512_set1_epi32(x);
+}
+
+/* Aligned. */
+static inline vint vi_load(int32_t const *x) {
+    return _mm512_load_si512(x);
+}
+
+static inline void vi_store(int32_t *to, vint x) {
+    _mm512_store_si512(to, x);
+}
+
+static inline vint vi_sub(vint a, vint b) {
+    return _mm512_sub_epi32(a, b);
+}
+
+static inline vint vi_mullo(vint a, vint b) {
+    return _mm512_mullo_epi32(a, b);
+}
+
+static inline vfloat vf_of_vi(vint x) {
+    return _mm512_cvtepi32_ps(x);
 }
 
 /* The lanes a mask sets read or written, the others never touched: vf_maskload answers 0 in them,

@@ -9,6 +9,17 @@
     size_t kernel_gemm_packed_size_##path(size_t n, size_t k);                                               \
     void kernel_gemm_pack_##path(void *packed, uint16_t const *w, size_t n, size_t k);
 
+/* The I8 GEMM of a path (gemm_i8_<path>.c, on gemm_driver.h but for scalar) and its packing. */
+#define KERNEL_GEMM_I8_FUNCTIONS(path)                                                                       \
+    void kernel_gemm_i8_##path(kernel_gemm_t const *gemm, size_t n_begin, size_t n_end);                     \
+    size_t kernel_gemm_i8_packed_size_##path(size_t n, size_t k);                                            \
+    void kernel_gemm_i8_pack_##path(void *packed, int8_t const *w, float const *scales, size_t n, size_t k);
+
+/* quantize_rows (kernels.h), in vector_<path>.c. */
+#define KERNEL_QUANTIZE_FUNCTIONS(path)                                                                      \
+    void kernel_quantize_rows_##path(uint8_t *q, size_t q_stride, float *scales, int32_t *zeros,             \
+                                     float const *x, size_t x_stride, size_t rows, size_t k);
+
 #define KERNEL_VECTOR_FUNCTIONS(path)                                                                        \
     void kernel_rmsnorm_##path(float *y, size_t y_stride, float const *x, size_t x_stride,                   \
                                float const *weight, size_t rows, size_t n, float eps);                       \
@@ -32,6 +43,8 @@
 
 /* scalar: gemm_scalar.c and vector_scalar.c */
 KERNEL_GEMM_FUNCTIONS(scalar)
+KERNEL_GEMM_I8_FUNCTIONS(scalar)
+KERNEL_QUANTIZE_FUNCTIONS(scalar)
 KERNEL_VECTOR_FUNCTIONS(scalar)
 void kernel_rope_scalar(float *x, size_t heads, size_t position);
 void kernel_convert_scalar(void *out, float const *x, size_t n, uform_scalar_t scalar, float *scale);
@@ -41,13 +54,21 @@ void kernel_rope_backward_scalar(float *x, size_t heads, size_t position);
 #if defined(__x86_64__)
 /* avx2 (with FMA and F16C): gemm_avx2.c, sgemm_avx2.c and vector_avx2.c */
 KERNEL_GEMM_FUNCTIONS(avx2)
+KERNEL_GEMM_I8_FUNCTIONS(avx2)
+KERNEL_QUANTIZE_FUNCTIONS(avx2)
 KERNEL_VECTOR_FUNCTIONS(avx2)
 KERNEL_TRAINING_FUNCTIONS(avx2)
-/* avx512 (F, BW, DQ, VL): gemm_avx512.c, sgemm_avx512.c and vector_avx512.c; avx512bf16 adds its GEMM */
+/* avxvnni adds its I8 GEMM (gemm_i8_avxvnni.c), compiled again for AVX512-VNNI and VL as avxvnni_evex */
+KERNEL_GEMM_I8_FUNCTIONS(avxvnni)
+KERNEL_GEMM_I8_FUNCTIONS(avxvnni_evex)
+/* avx512 (F, BW, DQ, VL): gemm_avx512.c, sgemm_avx512.c and vector_avx512.c; avx512vnni adds its I8 GEMM,
+ * avx512bf16 its GEMM */
 KERNEL_GEMM_FUNCTIONS(avx512)
+KERNEL_QUANTIZE_FUNCTIONS(avx512)
 KERNEL_VECTOR_FUNCTIONS(avx512)
 KERNEL_TRAINING_FUNCTIONS(avx512)
 void kernel_convert_avx512(void *out, float const *x, size_t n, uform_scalar_t scalar, float *scale);
+KERNEL_GEMM_I8_FUNCTIONS(avx512vnni)
 KERNEL_GEMM_FUNCTIONS(avx512bf16)
 #endif
 
@@ -55,7 +76,13 @@ KERNEL_GEMM_FUNCTIONS(avx512bf16)
 /* neon (baseline ARMv8-A Advanced SIMD): gemm_neon.c, sgemm_neon.c and vector_neon.c; its attention
  * backward pass is the scalar one */
 KERNEL_GEMM_FUNCTIONS(neon)
+KERNEL_QUANTIZE_FUNCTIONS(neon)
 KERNEL_VECTOR_FUNCTIONS(neon)
+/* The I8 GEMMs: gemm_i8_neon.c with its dot product widened by SMULL (neon) or SDOT (neondot, compiled
+ * for armv8.2-a+dotprod), and gemm_i8_neoni8mm.c (armv8.6-a+i8mm) */
+KERNEL_GEMM_I8_FUNCTIONS(neon)
+KERNEL_GEMM_I8_FUNCTIONS(neondot)
+KERNEL_GEMM_I8_FUNCTIONS(neoni8mm)
 void kernel_sgemm_neon(kernel_sgemm_t const *sgemm, size_t n_begin, size_t n_end);
 void kernel_rmsnorm_backward_neon(float *dx, size_t dx_stride, float *d_weight, float const *dy,
                                   size_t dy_stride, float const *x, size_t x_stride, float const *weight,

@@ -98,3 +98,46 @@ void kernel_f32_to_bf16_avx2(uint16_t *out, float const *x, size_t n) {
     for (; i < n; ++i)
         out[i] = f32_to_bf16(x[i]);
 }
+
+/* ---- I8 activations ------------------------------------------------------------------------------ */
+
+/* quantize_rows as kernel_quantize_rows_scalar computes it: min and max are exact in any order, x inv is one
+ * rounding, and the conversion rounds to nearest even as rintf does. Masked lanes load 0, which neither
+ * widens the range (it holds 0) nor is flagged. */
+void kernel_quantize_rows_avx2(uint8_t *q, size_t q_stride, float *scales, int32_t *zeros, float const *x,
+                               size_t x_stride, size_t rows, size_t k) {
+    for (size_t r = 0; r < rows; ++r, q += q_stride, x += x_stride) {
+        __m256 lo = _mm256_setzero_ps(), hi = lo, bad = lo;
+        for (size_t i = 0; i < k; i += LANES) {
+            __m256 v = _mm256_maskload_ps(x + i, tail_mask(k - i));
+            lo = _mm256_min_ps(lo, v);
+            hi = _mm256_max_ps(hi, v);
+            bad = _mm256_or_ps(bad, _mm256_cmp_ps(_mm256_sub_ps(v, v), _mm256_setzero_ps(), _CMP_NEQ_UQ));
+        }
+        float lows[LANES], highs[LANES], inv;
+        _mm256_storeu_ps(lows, lo);
+        _mm256_storeu_ps(highs, hi);
+        for (size_t i = 1; i < LANES; ++i) {
+            lows[0] = fminf(lows[0], lows[i]);
+            highs[0] = fmaxf(highs[0], highs[i]);
+        }
+        if (!kernel_quantize_range(lows[0], highs[0], !_mm256_movemask_ps(bad), &inv, &zeros[r],
+                                   &scales[r])) {
+            memset(q, 0, k);
+            continue;
+        }
+        __m256 by = _mm256_set1_ps(inv);
+        __m256i zero = _mm256_set1_epi32(zeros[r]), top = _mm256_set1_epi32(255);
+        size_t i = 0;
+        for (; i + LANES <= k; i += LANES) {
+            __m256i value = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i), by));
+            value = _mm256_min_epi32(_mm256_max_epi32(_mm256_add_epi32(value, zero), _mm256_setzero_si256()),
+                                     top);
+            __m128i words =
+                _mm_packus_epi32(_mm256_castsi256_si128(value), _mm256_extracti128_si256(value, 1));
+            _mm_storel_epi64((__m128i *)(q + i), _mm_packus_epi16(words, words));
+        }
+        for (; i < k; ++i)
+            q[i] = kernel_quantize_value(x[i], inv, zeros[r]);
+    }
+}

@@ -137,6 +137,41 @@ static void convert_i8(int8_t *out, float const *x, size_t n, float *scale) {
     }
 }
 
+/* ---- I8 activations ------------------------------------------------------------------------------ */
+
+/* quantize_rows as kernel_quantize_rows_scalar computes it: min and max are exact in any order, x inv is one
+ * rounding, and the conversion rounds to nearest even as rintf does. */
+void kernel_quantize_rows_avx512(uint8_t *q, size_t q_stride, float *scales, int32_t *zeros, float const *x,
+                                 size_t x_stride, size_t rows, size_t k) {
+    for (size_t r = 0; r < rows; ++r, q += q_stride, x += x_stride) {
+        __m512 lo = _mm512_setzero_ps(), hi = lo;
+        __mmask16 bad = 0;
+        for (size_t i = 0; i < k; i += LANES) {
+            __mmask16 mask = tail_mask(k - i);
+            __m512 v = _mm512_maskz_loadu_ps(mask, x + i);
+            lo = _mm512_min_ps(lo, v);
+            hi = _mm512_max_ps(hi, v);
+            bad |= _mm512_mask_cmp_ps_mask(mask, _mm512_sub_ps(v, v), _mm512_setzero_ps(), _CMP_NEQ_UQ);
+        }
+        float inv;
+        if (!kernel_quantize_range(_mm512_reduce_min_ps(lo), _mm512_reduce_max_ps(hi), !bad, &inv, &zeros[r],
+                                   &scales[r])) {
+            memset(q, 0, k);
+            continue;
+        }
+        __m512 by = _mm512_set1_ps(inv);
+        __m512i zero = _mm512_set1_epi32(zeros[r]), top = _mm512_set1_epi32(255);
+        for (size_t i = 0; i < k; i += LANES) {
+            __mmask16 mask = tail_mask(k - i);
+            __m512i value = _mm512_cvt_roundps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(mask, x + i), by),
+                                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            value = _mm512_min_epi32(_mm512_max_epi32(_mm512_add_epi32(value, zero), _mm512_setzero_si512()),
+                                     top);
+            _mm_mask_storeu_epi8(q + i, mask, _mm512_cvtepi32_epi8(value));
+        }
+    }
+}
+
 /* `scale` is written for I8 only. */
 void kernel_convert_avx512(void *out, float const *x, size_t n, uform_scalar_t scalar, float *scale) {
     switch (scalar) {

@@ -289,6 +289,40 @@ void kernel_normalize_neon(float *x, size_t n) {
 
 /* ---- Conversions -------------------------------------------------------------------------------- */
 
+/* ---- I8 activations ------------------------------------------------------------------------------ */
+
+/* quantize_rows as kernel_quantize_rows_scalar computes it: min and max are exact in any order, x inv is one
+ * rounding, and FCVTNS rounds to nearest even as rintf does. A tail loads 0, which neither widens the
+ * range (it holds 0) nor is flagged. */
+void kernel_quantize_rows_neon(uint8_t *q, size_t q_stride, float *scales, int32_t *zeros, float const *x,
+                               size_t x_stride, size_t rows, size_t k) {
+    for (size_t r = 0; r < rows; ++r, q += q_stride, x += x_stride) {
+        float32x4_t lo = vdupq_n_f32(0.0f), hi = lo;
+        uint32x4_t finite = vdupq_n_u32(~0u);
+        for (size_t i = 0; i < k; i += LANES) {
+            float32x4_t v = load_tail(x + i, k - i, 0.0f);
+            lo = vminq_f32(lo, v);
+            hi = vmaxq_f32(hi, v);
+            finite = vandq_u32(finite, vceqq_f32(vsubq_f32(v, v), vdupq_n_f32(0.0f)));
+        }
+        float inv;
+        if (!kernel_quantize_range(vminvq_f32(lo), vmaxvq_f32(hi), vminvq_u32(finite) != 0, &inv, &zeros[r],
+                                   &scales[r])) {
+            memset(q, 0, k);
+            continue;
+        }
+        int32x4_t zero = vdupq_n_s32(zeros[r]);
+        size_t i = 0;
+        for (; i + 2 * LANES <= k; i += 2 * LANES) {
+            int32x4_t low = vaddq_s32(vcvtnq_s32_f32(vmulq_n_f32(vld1q_f32(x + i), inv)), zero);
+            int32x4_t high = vaddq_s32(vcvtnq_s32_f32(vmulq_n_f32(vld1q_f32(x + i + LANES), inv)), zero);
+            vst1_u8(q + i, vqmovn_u16(vcombine_u16(vqmovun_s32(low), vqmovun_s32(high))));
+        }
+        for (; i < k; ++i)
+            q[i] = kernel_quantize_value(x[i], inv, zeros[r]);
+    }
+}
+
 void kernel_bf16_to_f32_neon(float *out, uint16_t const *x, size_t n) {
     size_t i = 0;
     for (; i + 8 <= n; i += 8) {

@@ -2,6 +2,9 @@
  * against (kernels.h gives the tolerances). Sums of squares and softmax denominators are accumulated in
  * double here and on every SIMD path, so that only the order of the additions differs between paths. */
 #include <math.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "gelu.h"
@@ -32,23 +35,48 @@ static void rope_angles(float cosines[KERNEL_HEAD / 2], float sines[KERNEL_HEAD 
     }
 }
 
-/* Turns each pair of `heads` head vectors [heads, 64] in place by the angles whose sines are given. */
-static void rotate_heads(float *x, size_t heads, float const cosines[KERNEL_HEAD / 2],
-                         float const sines[KERNEL_HEAD / 2]) {
+/* The angles of positions below ROPE_TABLE_POSITIONS, made once per process on first use with rope_angles
+ * (the same numbers): the text tower rotates every query and key of every block at positions that repeat
+ * from item to item, and sin, cos and pow per pair and row cost as much as the rotation. */
+enum { ROPE_TABLE_POSITIONS = 4096 };
+static float *rope_table; /* [positions][2][32]: the cosines, then the sines; NULL when not made */
+static pthread_once_t rope_table_once = PTHREAD_ONCE_INIT;
+
+static void rope_table_make(void) {
+    float *table = malloc(ROPE_TABLE_POSITIONS * KERNEL_HEAD * sizeof(float));
+    for (size_t p = 0; table && p < ROPE_TABLE_POSITIONS; ++p)
+        rope_angles(table + p * KERNEL_HEAD, table + p * KERNEL_HEAD + KERNEL_HEAD / 2, p);
+    rope_table = table;
+}
+
+/* The cosines of `position` (the sines follow them): from the table, or computed into `angles` [64]. */
+static float const *rope_lookup(size_t position, float angles[KERNEL_HEAD]) {
+    pthread_once(&rope_table_once, rope_table_make);
+    if (rope_table && position < ROPE_TABLE_POSITIONS) return rope_table + position * KERNEL_HEAD;
+    rope_angles(angles, angles + KERNEL_HEAD / 2, position);
+    return angles;
+}
+
+/* Turns each pair of `heads` head vectors [heads, 64] in place by the angles whose sines are given. The
+ * halves are copied out first, so that the compiler sees no overlap and vectorizes the two loops. */
+static void rotate_heads(float *restrict x, size_t heads, float const cosines[restrict KERNEL_HEAD / 2],
+                         float const sines[restrict KERNEL_HEAD / 2]) {
     for (size_t h = 0; h < heads; ++h, x += KERNEL_HEAD) {
-        for (size_t i = 0; i < KERNEL_HEAD / 2; ++i) {
-            float first = x[i], second = x[i + KERNEL_HEAD / 2];
-            x[i] = first * cosines[i] - second * sines[i];
-            x[i + KERNEL_HEAD / 2] = second * cosines[i] + first * sines[i];
-        }
+        float first[KERNEL_HEAD / 2], second[KERNEL_HEAD / 2];
+        memcpy(first, x, sizeof first);
+        memcpy(second, x + KERNEL_HEAD / 2, sizeof second);
+        for (size_t i = 0; i < KERNEL_HEAD / 2; ++i)
+            x[i] = first[i] * cosines[i] - second[i] * sines[i];
+        for (size_t i = 0; i < KERNEL_HEAD / 2; ++i)
+            x[i + KERNEL_HEAD / 2] = second[i] * cosines[i] + first[i] * sines[i];
     }
 }
 
 /* Rotary embedding of `heads` head vectors [heads, 64] in place. */
 void kernel_rope_scalar(float *x, size_t heads, size_t position) {
-    float cosines[KERNEL_HEAD / 2], sines[KERNEL_HEAD / 2];
-    rope_angles(cosines, sines, position);
-    rotate_heads(x, heads, cosines, sines);
+    float angles[KERNEL_HEAD];
+    float const *cosines = rope_lookup(position, angles);
+    rotate_heads(x, heads, cosines, cosines + KERNEL_HEAD / 2);
 }
 
 static float dot_head(float const *a, float const *b) {
@@ -199,6 +227,34 @@ void kernel_convert_scalar(void *out, float const *x, size_t n, uform_scalar_t s
     }
 }
 
+/* ---- I8 activations ------------------------------------------------------------------------------ */
+
+/* lo = min(0, min x), hi = max(0, max x) over k values; false when one is not finite. */
+static bool row_range(float const *x, size_t k, float *lo, float *hi) {
+    bool finite = true;
+    *lo = *hi = 0.0f;
+    for (size_t i = 0; i < k; ++i) {
+        finite = finite && isfinite(x[i]);
+        *lo = fminf(*lo, x[i]);
+        *hi = fmaxf(*hi, x[i]);
+    }
+    return finite;
+}
+
+void kernel_quantize_rows_scalar(uint8_t *q, size_t q_stride, float *scales, int32_t *zeros, float const *x,
+                                 size_t x_stride, size_t rows, size_t k) {
+    for (size_t r = 0; r < rows; ++r, q += q_stride, x += x_stride) {
+        float lo, hi, inv;
+        bool finite = row_range(x, k, &lo, &hi);
+        if (!kernel_quantize_range(lo, hi, finite, &inv, &zeros[r], &scales[r])) {
+            memset(q, 0, k);
+            continue;
+        }
+        for (size_t i = 0; i < k; ++i)
+            q[i] = kernel_quantize_value(x[i], inv, zeros[r]);
+    }
+}
+
 /* ---- Training ------------------------------------------------------------------------------------ */
 
 /* For each row of y = x / r * weight, r = sqrt(mean(x^2) + eps): 1/r and sum(weight dy x) in double,
@@ -236,10 +292,10 @@ void kernel_gelu_backward_scalar(float *dx, float const *dy, float const *x, siz
 
 /* The rotation of kernel_rope_scalar by the opposite angles: its transpose. */
 void kernel_rope_backward_scalar(float *x, size_t heads, size_t position) {
-    float cosines[KERNEL_HEAD / 2], sines[KERNEL_HEAD / 2];
-    rope_angles(cosines, sines, position);
+    float angles[KERNEL_HEAD], sines[KERNEL_HEAD / 2];
+    float const *cosines = rope_lookup(position, angles);
     for (size_t i = 0; i < KERNEL_HEAD / 2; ++i)
-        sines[i] = -sines[i];
+        sines[i] = -cosines[KERNEL_HEAD / 2 + i];
     rotate_heads(x, heads, cosines, sines);
 }
 

@@ -6,7 +6,7 @@ from std.sys import size_of, align_of
 from std.ffi import c_size_t
 
 from uform._c import *
-from uform import Status, Outputs, ScalarKind, Mood, Continuation, ExecutorKind, Source, Feature, Modality, TrainerStepStats
+from uform import Status, Outputs, ScalarKind, Mood, Continuation, ExecutorKind, Source, Feature, Modality, TrainerStepStats, Weights
 
 
 def size[T: AnyType](name: StaticString):
@@ -62,9 +62,13 @@ def main():
     at("uform_tape_t", "offsets", Int(Pointer(to=t)), Int(Pointer(to=t.offsets)))
     at("uform_tape_t", "count", Int(Pointer(to=t)), Int(Pointer(to=t.count)))
     at("uform_tape_t", "length", Int(Pointer(to=t)), Int(Pointer(to=t.length)))
-    var l = CLoadConfig(p, False)
+    var l = CLoadConfig(p, False, 0)
     size[CLoadConfig]("uform_load_config_t")
     at("uform_load_config_t", "map", Int(Pointer(to=l)), Int(Pointer(to=l.map)))
+    at("uform_load_config_t", "weights", Int(Pointer(to=l)), Int(Pointer(to=l.weights)))
+    var q = CCheckpointQuantizeArgs(None, None)
+    size[CCheckpointQuantizeArgs]("uform_checkpoint_quantize_args_t")
+    at("uform_checkpoint_quantize_args_t", "output", Int(Pointer(to=q)), Int(Pointer(to=q.output)))
     var m = CModelLoadArgs(None, None, None, None, None)
     size[CModelLoadArgs]("uform_model_load_args_t")
     at("uform_model_load_args_t", "path", Int(Pointer(to=m)), Int(Pointer(to=m.path)))
@@ -282,6 +286,9 @@ def main():
     value("UFORM_BF16", Int(ScalarKind.BF16.code))
     value("UFORM_F16", Int(ScalarKind.F16.code))
     value("UFORM_I8", Int(ScalarKind.I8.code))
+    value("UFORM_WEIGHTS_STORED", Int(Weights.STORED.code))
+    value("UFORM_WEIGHTS_BF16", Int(Weights.BF16.code))
+    value("UFORM_WEIGHTS_I8", Int(Weights.I8.code))
     value("UFORM_SLEEPING", Int(Mood.SLEEPING.code))
     value("UFORM_SPINNING", Int(Mood.SPINNING.code))
     value("UFORM_CONTINUE", Int(Continuation.CONTINUE.code))

@@ -12,7 +12,7 @@ from uform import (
     Arena, Continuation, Deferred, DeferredLoad, Error as UFormError, EncodeConfig, EncodeStats, Executor, ExecutorKind,
     Feature, Library, LoadConfig, PoolWork, ThreadPool, Model, ModelInfo, ModelVerbs, Mood, Outputs, Progress, RamOptions, ScalarKind, Source,
     Status, TapeView, View, VramOptions, Mesh, MeshOptions, Modality, Trainer, TrainerConfig, TrainerInitRamConfig,
-    TrainerInitVramConfig, TrainerStepConfig, TrainerStepStats,
+    TrainerInitVramConfig, TrainerStepConfig, TrainerStepStats, Weights,
 )
 from uform._c import _field
 
@@ -272,6 +272,26 @@ def text_rows[V: ModelVerbs](verbs: V, mut arena: Arena) raises -> List[Float32]
     var offsets: List[UInt] = [0, 5, 10]
     var encoded = verbs.text_encode(TapeView.of(texts, offsets), Outputs.EMBEDDINGS, arena)
     return List[Float32](encoded.embeddings().value().row[DType.float32](1))
+
+
+def test_i8_weights(library: Library, path: String, quantized: String) raises:
+    # A checkpoint quantized ahead loads as I8 and embeds as the BF16 one quantized as it loads, bitwise;
+    # its rows stay near the BF16 weights' rows.
+    var executor = Executor(library)
+    var texts = "a cata dog".as_bytes()
+    var offsets: List[UInt] = [0, 5, 10]
+    var rows = List[List[Float32]]()
+    for which in range(3):
+        var weights = Weights.BF16 if which == 0 else Weights.I8
+        var model = Model.load_ram(executor, quantized if which == 2 else path, LoadConfig(weights=weights))
+        var arena = Arena(executor)
+        var encoded = model.on(executor).text_encode(TapeView.of(texts, offsets), Outputs.EMBEDDINGS, arena)
+        rows.append(List[Float32](encoded.embeddings().value().row[DType.float32](1)))
+    check(rows[1] == rows[2], "I8 at load and I8 stored, bitwise")
+    var dot: Float32 = 0
+    for i in range(len(rows[0])):
+        dot += rows[0][i] * rows[1][i]
+    check(dot > 0.99, "I8 embeddings near BF16 ones")
 
 
 def test_verbs_trait(library: Library, model: Model, executor: Executor) raises:
@@ -1076,4 +1096,8 @@ def main() raises:
         var written = path + ".mojo.safetensors"
         library.write_tiny_checkpoint(written, seed=7)
         _ = Model.load_ram(Executor(library), written)
+        # I8 weights: quantized as the model loads, or ahead into a checkpoint, the same embeddings.
+        var quantized = path + ".mojo-i8.safetensors"
+        library.quantize_checkpoint(written, quantized)
+        test_i8_weights(library, written, quantized)
     print("mojo: all checks passed")

@@ -11,12 +11,14 @@ char const *const command_modality_names[4] = {"text", "image", "video", "audio"
 
 /* ---- the engine ------------------------------------------------------------------------------- */
 
-int command_engine_open(char const *path, size_t threads, command_engine_t *engine) {
+int command_engine_open(char const *path, size_t threads, int weights, command_engine_t *engine) {
     *engine = (command_engine_t){0};
     uform_ram_options_t options = uform_ram_options_default();
     options.threads = threads;
     if (uform_executor_create_ram(&options, &engine->executor) != UFORM_OK) goto fail;
-    uform_model_load_args_t load = {.executor = engine->executor, .path = path, .model = &engine->model};
+    uform_load_config_t config = {.weights = (uform_weights_t)weights};
+    uform_model_load_args_t load = {
+        .executor = engine->executor, .path = path, .config = &config, .model = &engine->model};
     if (uform_model_load_ram(&load) != UFORM_OK) goto fail;
     if (uform_arena_create(engine->executor, &engine->arena) != UFORM_OK) goto fail;
     if (uform_model_info(engine->model, &engine->info) != UFORM_OK) goto fail;

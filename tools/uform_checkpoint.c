@@ -1,5 +1,5 @@
-/* uform checkpoint tiny PATH [...]: checkpoint tools. One for now: the tiny seeded writer, which the
- * uform_tiny_checkpoint tool runs too. */
+/* uform checkpoint tiny PATH [...] and uform checkpoint quantize IN OUT: the checkpoint tools, the tiny
+ * seeded writer (which the uform_tiny_checkpoint tool runs too) and the writer of I8 weights. */
 #include <inttypes.h>
 #include <stdio.h>
 
@@ -8,7 +8,8 @@
 static char const help[] = "usage: uform checkpoint <tool> [options]\n"
                            "\n"
                            "tools:\n"
-                           "  tiny PATH   write a small, seeded, valid checkpoint with every tower\n"
+                           "  tiny PATH          write a small, seeded, valid checkpoint with every tower\n"
+                           "  quantize IN OUT    write IN again with I8 weights\n"
                            "\n"
                            "'uform checkpoint <tool> --help' describes a tool.\n";
 
@@ -63,9 +64,48 @@ int command_checkpoint_tiny(int argc, char **argv) {
     return COMMAND_OK;
 }
 
+static char const quantize_help_head[] =
+    "usage: uform checkpoint quantize IN OUT\n"
+    "\n"
+    "Writes the checkpoint IN again as OUT with I8 weights: the linear layers of every transformer block\n"
+    "(attn.qkv, attn.out, mlp.up, mlp.down) of at most 65536 inputs, quantized per output row to int8\n"
+    "with an F32 scale each (docs/DESIGN.md), the same bytes a load with --weights i8 makes; every\n"
+    "other tensor as it is. OUT is about half the size and loads as I8 (--weights stored, the default;\n"
+    "--weights bf16 widens it back). OUT is written atomically (a temporary file, then a rename) and\n"
+    "may be IN.\n"
+    "\n";
+
+/* The two positional arguments, IN then OUT. */
+static int take_paths(void *context, char const *argument, bool literal) {
+    (void)literal;
+    uform_checkpoint_quantize_args_t *args = context;
+    if (argument[0] == '-' || args->output)
+        return command_usage("checkpoint quantize", "unexpected argument '%s'", argument);
+    *(args->input ? &args->output : &args->input) = argument;
+    return COMMAND_OK;
+}
+
+static command_help_t const quantize_help = {
+    .name = "checkpoint quantize", .head = quantize_help_head, .column = 19, .positional = take_paths};
+
+static int command_checkpoint_quantize(int argc, char **argv) {
+    uform_checkpoint_quantize_args_t args = {0};
+    bool help_shown = false;
+    command_flag_t const flags[] = {{NULL}};
+    command_spec_t const spec = {
+        .help = &quantize_help, .flags = flags, .context = &args, .missing = "IN and OUT are missing"};
+    int code = command_flags_parse(&spec, argc, argv, &help_shown);
+    if (code != COMMAND_OK || help_shown) return code;
+    if (!args.output) return command_usage("checkpoint quantize", "OUT is missing");
+    if (uform_checkpoint_quantize(&args) != UFORM_OK) return command_fail_engine();
+    printf("wrote %s (I8 weights)\n", args.output);
+    return COMMAND_OK;
+}
+
 int command_checkpoint(int argc, char **argv) {
-    static command_tool_t const tools[] = {{"tiny", command_checkpoint_tiny}};
+    static command_tool_t const tools[] = {{"tiny", command_checkpoint_tiny},
+                                           {"quantize", command_checkpoint_quantize}};
     static command_tools_t const checkpoint = {
-        .name = "checkpoint", .help = help, .tools = tools, .count = 1};
+        .name = "checkpoint", .help = help, .tools = tools, .count = 2};
     return command_run_tool(&checkpoint, argc, argv);
 }

@@ -125,6 +125,8 @@ int command_flags_parse(command_spec_t const *spec, int argc, char **argv, bool 
  * paragraph in --help saying what its absence takes; `--threads N`, the RAM executor's threads. */
 command_flag_t command_flag_model(char const **model);
 command_flag_t command_flag_threads(size_t *threads);
+/* --weights stored|bf16|i8 into a uform_weights_t held as an int. */
+command_flag_t command_flag_weights(int *weights);
 
 /* Prints the spec's --help on `stream`. */
 void command_flags_help(command_spec_t const *spec, FILE *stream);
@@ -168,9 +170,10 @@ typedef struct command_engine {
     uform_model_info_t info;
 } command_engine_t;
 
-/* Loads the checkpoint at `path` on an executor of `threads` threads (0: 7/8 of the cores). On
- * failure, prints the engine's error and answers COMMAND_RUNTIME, having released what it made. */
-int command_engine_open(char const *path, size_t threads, command_engine_t *engine);
+/* Loads the checkpoint at `path` on an executor of `threads` threads (0: 7/8 of the cores), with the
+ * blocks' linear weights as `weights` asks (a uform_weights_t). On failure, prints the engine's error
+ * and answers COMMAND_RUNTIME, having released what it made. */
+int command_engine_open(char const *path, size_t threads, int weights, command_engine_t *engine);
 
 /* Releases what command_engine_open made; a zeroed engine is ignored. */
 void command_engine_close(command_engine_t *engine);

@@ -29,8 +29,9 @@ static char const help_tail[] =
 typedef struct encode_flags {
     char const *model, *output, *manifest;
     size_t threads, dims;
-    int scalar; /* a uform_scalar_t */
-    int format; /* an output_format_t */
+    int weights; /* a uform_weights_t */
+    int scalar;  /* a uform_scalar_t */
+    int format;  /* an output_format_t */
     bool tokens, keep_going, help;
     char const **texts; /* the positional arguments, argc of them at most */
     size_t texts_count;
@@ -71,6 +72,7 @@ static int parse_flags(int argc, char **argv, encode_flags_t *flags) {
     command_flag_t const table[] = {
         command_flag_model(&flags->model),
         command_flag_threads(&flags->threads),
+        command_flag_weights(&flags->weights),
         {"--dims", FLAG_SIZE, &flags->dims, .value = "N",
          .help = "a matryoshka width of the model (see 'uform info'): each vector narrowed to\n"
                  "its first N values, unit-norm again"},
@@ -187,7 +189,8 @@ int command_encode(int argc, char **argv) {
         COMMAND_OK)
         goto done;
 
-    if ((code = command_engine_open(path, flags.threads, &encoder.engine)) != COMMAND_OK) goto done;
+    if ((code = command_engine_open(path, flags.threads, flags.weights, &encoder.engine)) != COMMAND_OK)
+        goto done;
 
     encoder.keep_going = flags.keep_going;
     encoder.config =

@@ -31,6 +31,7 @@ static char const help_tail[] =
 typedef struct eval_flags {
     char const *model, *data;
     size_t batch, threads;
+    int weights; /* a uform_weights_t */
     bool json, strict, help;
 } eval_flags_t;
 
@@ -49,6 +50,7 @@ static int parse_flags(int argc, char **argv, eval_flags_t *flags) {
         {"--batch", FLAG_SIZE, &flags->batch, .value = "B", .minimum = 1, .maximum = ENCODE_BATCH_ITEMS,
          .help = "items per engine call, 1 to 256 (default 256)"},
         command_flag_threads(&flags->threads),
+        command_flag_weights(&flags->weights),
         {"--strict", FLAG_SWITCH, &flags->strict,
          .help = "a hit shares a group with the text, whatever the captions say"},
         {"--json", FLAG_SWITCH, &flags->json,
@@ -191,7 +193,7 @@ int command_eval(int argc, char **argv) {
         code = command_fail("%s holds no text: nothing to query with", flags.data);
         goto done;
     }
-    if ((code = command_engine_open(path, flags.threads, &engine)) != COMMAND_OK) goto done;
+    if ((code = command_engine_open(path, flags.threads, flags.weights, &engine)) != COMMAND_OK) goto done;
     size_t const dims = engine.info.dims;
     embeddings = calloc(manifest.count * dims, sizeof(float));
     candidates = malloc(manifest.count * sizeof *candidates);

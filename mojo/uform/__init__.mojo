@@ -7,7 +7,7 @@ from .tape import TapeView
 from .progress import Progress, Continuation
 from .model import (
     Model, ModelVerbs, ModelOn, ModelDeferredOn, Deferred, DeferredLoad, Encoded, EncodeConfig, LoadConfig, Outputs,
-    Source,
+    Source, Weights,
 )
 from ._c import EncodeStats, ModelInfo, TransformerInfo, TextInfo, ImageInfo, VideoInfo, AudioInfo
 from .trainer import (

@@ -109,6 +109,7 @@ struct CLoadConfig(ImplicitlyCopyable):
     """`uform_load_config_t`."""
     var progress: CProgress
     var map: Bool
+    var weights: Int32  # uform_weights_t
 
 
 @fieldwise_init
@@ -334,6 +335,13 @@ struct CTinyCheckpointArgs(ImplicitlyCopyable):
     var context: c_size_t
     var image_size: c_size_t
     var image_patch: c_size_t
+
+
+@fieldwise_init
+struct CCheckpointQuantizeArgs(ImplicitlyCopyable):
+    """`uform_checkpoint_quantize_args_t`."""
+    var input: RawOpt
+    var output: RawOpt
 
 
 @fieldwise_init

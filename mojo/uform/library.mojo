@@ -174,6 +174,7 @@ struct _Symbols(Movable):
     var model_free: FnVoidOfRawOpt
     var text_encode: FnStatusOfRaw
     var tiny_checkpoint: FnStatusOfRaw
+    var checkpoint_quantize: FnStatusOfRaw
     var outcome_notify_eventfd: FnNotifyEventfd
     var outcome_notify_ring: FnNotifyRing
     var outcome_probabilities: FnStatusOfRawRaw
@@ -234,6 +235,7 @@ struct _Symbols(Movable):
         self.model_free = _resolve[FnVoidOfRawOpt](handle, "uform_model_free")
         self.text_encode = _resolve[FnStatusOfRaw](handle, "uform_text_encode")
         self.tiny_checkpoint = _resolve[FnStatusOfRaw](handle, "uform_tiny_checkpoint")
+        self.checkpoint_quantize = _resolve[FnStatusOfRaw](handle, "uform_checkpoint_quantize")
         self.outcome_notify_eventfd = _resolve[FnNotifyEventfd](handle, "uform_outcome_notify_eventfd")
         self.outcome_notify_ring = _resolve[FnNotifyRing](handle, "uform_outcome_notify_ring")
         self.outcome_probabilities = _resolve[FnStatusOfRawRaw](handle, "uform_outcome_probabilities")
@@ -324,6 +326,17 @@ struct Library(ImplicitlyCopyable):
         var args = CTinyCheckpointArgs(_field(bytes.unsafe_ptr()), seed, 0, 0, 0, 0, 0, 0)
         self._check(self._symbols[].tiny_checkpoint(_raw(Pointer(to=args))))
         _ = bytes^  # the path is read by the call: keep it alive until it returns
+
+    def quantize_checkpoint(self, input: String, output: String) raises Error:
+        """`uform_checkpoint_quantize`: `input` written again as `output` with I8 weights."""
+        var input_bytes = List[UInt8](input.as_bytes())
+        input_bytes.append(0)
+        var output_bytes = List[UInt8](output.as_bytes())
+        output_bytes.append(0)
+        var args = CCheckpointQuantizeArgs(_field(input_bytes.unsafe_ptr()), _field(output_bytes.unsafe_ptr()))
+        self._check(self._symbols[].checkpoint_quantize(_raw(Pointer(to=args))))
+        _ = input_bytes^  # the paths are read by the call: keep them alive until it returns
+        _ = output_bytes^
 
     def _last_error(self) -> Error:
         return Error(self._symbols[].last_error(), self)

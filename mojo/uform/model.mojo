@@ -50,14 +50,24 @@ struct EncodeConfig(ImplicitlyCopyable):
         self._c = CEncodeConfig(outputs_scalar.code, c_size_t(matryoshka), progress._c, _field(stats))
 
 
+@fieldwise_init
+struct Weights(Equatable, TrivialRegisterPassable):
+    """`uform_weights_t`: the weights of the blocks' linear layers a host model holds."""
+
+    var code: Int32
+    comptime STORED = Self(0)  # as the checkpoint stores them: BF16, or I8 with their scales
+    comptime BF16 = Self(1)  # I8 layers widened to BF16
+    comptime I8 = Self(2)  # BF16 layers quantized per output row as they load
+
+
 struct LoadConfig(ImplicitlyCopyable):
-    """`uform_load_config_t`: progress in bytes of tensor data, and whether to `mmap` the checkpoint
-    (the file must then not shrink while the model lives)."""
+    """`uform_load_config_t`: progress in bytes of tensor data, whether to `mmap` the checkpoint (the file
+    must then not shrink while the model lives), and the weights of the blocks' linear layers."""
 
     var _c: CLoadConfig
 
-    def __init__(out self, *, progress: Progress = Progress(), map: Bool = False):
-        self._c = CLoadConfig(progress._c, map)
+    def __init__(out self, *, progress: Progress = Progress(), map: Bool = False, weights: Weights = Weights.STORED):
+        self._c = CLoadConfig(progress._c, map, weights.code)
 
 
 struct Encoded[origin: ImmOrigin](_Product, ImplicitlyCopyable):

@@ -745,25 +745,57 @@ int checkpoint_schema_each(uform_model_info_t const *info,
 typedef struct expectation {
     checkpoint_header_t const *header;
     size_t matched; /* tensors found as expected */
+    size_t scales;  /* values of the I8 weights' scales among them, which are not parameters */
     char const **message;
     uform_status_t status;
 } expectation_t;
 
-/* The tensor is there with that shape, BF16 (or, for the logit parameters, F32), and counted. */
-static int expect_tensor(checkpoint_schema_tensor_t const *expected, void *context) {
-    expectation_t *expectation = context;
+/* A block's linear weight: attn.qkv, attn.out, mlp.up or mlp.down. */
+static bool block_weight(checkpoint_part_t part) {
+    return part == CHECKPOINT_PART_QKV_WEIGHT || part == CHECKPOINT_PART_OUT_WEIGHT ||
+           part == CHECKPOINT_PART_UP_WEIGHT || part == CHECKPOINT_PART_DOWN_WEIGHT;
+}
+
+bool checkpoint_quantizable(checkpoint_schema_tensor_t const *tensor) {
+    return block_weight(tensor->part) && tensor->shape[1] <= CHECKPOINT_I8_INPUTS_MAX;
+}
+
+/* The scales of the I8 weight `expected` are there, F32 [out], and counted; else the fault. */
+static char const *expect_scales(expectation_t *expectation, checkpoint_schema_tensor_t const *expected) {
+    char name[sizeof expected->name + sizeof CHECKPOINT_SCALE_SUFFIX];
+    snprintf(name, sizeof name, "%s%s", expected->name, CHECKPOINT_SCALE_SUFFIX);
+    checkpoint_tensor_t const *scales = checkpoint_find(expectation->header, name);
+    if (!scales) return "I8 weight without its scales";
+    if (scales->dtype != CHECKPOINT_F32 || scales->rank != 1 || scales->shape[0] != expected->shape[0])
+        return "I8 weight's scales are not F32 [out]";
+    expectation->matched++;
+    expectation->scales += expected->shape[0];
+    return NULL;
+}
+
+/* The tensor's dtype is one its part allows; else the fault. */
+static char const *expect_dtype(checkpoint_schema_tensor_t const *expected,
+                                checkpoint_tensor_t const *tensor) {
     bool const f32_allowed =
         expected->role == CHECKPOINT_ROLE_LOGIT_SCALE || expected->role == CHECKPOINT_ROLE_LOGIT_BIAS;
+    if (tensor->dtype == CHECKPOINT_BF16 || (f32_allowed && tensor->dtype == CHECKPOINT_F32)) return NULL;
+    if (tensor->dtype == CHECKPOINT_I8 && block_weight(expected->part))
+        return checkpoint_quantizable(expected) ? NULL : "I8 weight of more than 65536 inputs";
+    return f32_allowed                    ? "tensor dtype is not BF16 or F32"
+           : block_weight(expected->part) ? "tensor dtype is not BF16 or I8"
+                                          : "tensor dtype is not BF16";
+}
+
+/* The tensor is there with a dtype its part allows (BF16; F32 for the logit parameters; I8 with its
+ * scales for a block's linear weight) and that shape, and counted. */
+static int expect_tensor(checkpoint_schema_tensor_t const *expected, void *context) {
+    expectation_t *expectation = context;
     checkpoint_tensor_t const *tensor = checkpoint_find(expectation->header, expected->name);
-    char const *fault = NULL;
-    if (!tensor)
-        fault = "missing tensor";
-    else if (tensor->dtype != CHECKPOINT_BF16 && !(f32_allowed && tensor->dtype == CHECKPOINT_F32))
-        fault = f32_allowed ? "tensor dtype is not BF16 or F32" : "tensor dtype is not BF16";
-    else if (tensor->rank != expected->rank)
-        fault = "tensor shape does not match the metadata";
+    char const *fault = tensor ? expect_dtype(expected, tensor) : "missing tensor";
+    if (!fault && tensor->rank != expected->rank) fault = "tensor shape does not match the metadata";
     for (size_t i = 0; !fault && i < expected->rank; i++)
         if (tensor->shape[i] != expected->shape[i]) fault = "tensor shape does not match the metadata";
+    if (!fault && tensor->dtype == CHECKPOINT_I8) fault = expect_scales(expectation, expected);
     if (fault) {
         expectation->status = malformed(expectation->message, fault);
         return 1;
@@ -779,9 +811,10 @@ static uform_status_t check_tensors(checkpoint_header_t *header, char const **me
                bias = checkpoint_find(header, LOGIT_BIAS) != NULL;
     if (scale != bias) return malformed(message, "logit.scale and logit.bias go together");
     header->info.has_logit = scale;
-    expectation_t expectation = {header, 0, message, UFORM_OK};
+    expectation_t expectation = {header, 0, 0, message, UFORM_OK};
     if (checkpoint_schema_each(&header->info, expect_tensor, &expectation)) return expectation.status;
     if (expectation.matched != header->tensors_count) return malformed(message, "unexpected tensor");
+    header->info.parameters -= expectation.scales;
     return UFORM_OK;
 }
 
@@ -1059,12 +1092,14 @@ static bool write_contents(int fd, char const *header, size_t header_length,
 }
 
 /* Makes the rename durable. Filesystems that cannot sync a directory answer EINVAL; that is no fault. */
-static bool sync_directory(char const *path) {
+/* Syncs the folder of `path`, its name written into `scratch` (strlen(path) + 2 bytes at least): nothing
+ * is allocated once the file is in place, so that only the system can fail the sync. */
+static bool sync_directory(char const *path, char *scratch) {
     char const *slash = strrchr(path, '/');
-    char *directory = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
-    if (!directory) return false;
-    int fd = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    free(directory);
+    size_t length = !slash ? 1 : slash == path ? 1 : (size_t)(slash - path);
+    memcpy(scratch, slash ? path : ".", length);
+    scratch[length] = '\0';
+    int fd = open(scratch, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0) return false;
     bool synced = fsync(fd) == 0 || errno == EINVAL;
     return (close(fd) == 0 || errno == EINTR) && synced;
@@ -1116,7 +1151,8 @@ static uform_status_t write_file(char const *path, char const *header, size_t he
         *message = "cannot rename checkpoint into place";
         goto fail;
     }
-    status = sync_directory(path) ? UFORM_OK : answer(UFORM_IO, message, "cannot sync checkpoint directory");
+    status = sync_directory(path, temporary) ? UFORM_OK
+                                             : answer(UFORM_IO, message, "cannot sync checkpoint directory");
     free(temporary);
     return status;
 fail:

@@ -11,11 +11,13 @@
  *   - `__metadata__["uform"]` is the format-4 metadata (a JSON object, or a string holding one, as
  *     safetensors requires metadata values to be strings), with sane values;
  *   - every tensor that each present tower needs is there with the right shape and dtype BF16 (or F32
- *     for `logit.*`), and no tensor is unknown.
+ *     for `logit.*`; or I8 for a block's linear weight of at most CHECKPOINT_I8_INPUTS_MAX inputs, with
+ *     its scales beside it: `<weight>.scale` F32 [out]), and no tensor is unknown.
  * A malformation answers UFORM_FORMAT with a static message naming it; that of misaligned data, which
  * names the tensor and its offset, lives in a buffer of the calling thread until its next parse. */
 #pragma once
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -23,6 +25,10 @@
 
 #define CHECKPOINT_HEADER_LIMIT (100u << 20)
 #define CHECKPOINT_RANK_LIMIT   4
+/* The inputs an I8 weight may have: its sums must stay exact in int32 (KERNEL_I8_DEPTH_MAX, kernels.h). */
+#define CHECKPOINT_I8_INPUTS_MAX 65536
+/* The suffix of an I8 weight's scales: `text.blocks.0.attn.qkv.weight.scale`. */
+#define CHECKPOINT_SCALE_SUFFIX ".scale"
 
 typedef enum checkpoint_dtype {
     CHECKPOINT_BF16 = 0,
@@ -130,6 +136,10 @@ typedef struct checkpoint_schema_tensor {
     uint64_t shape[2];
     checkpoint_role_t role;
 } checkpoint_schema_tensor_t;
+
+/* Whether a tensor of the schema may be stored, or loaded, as I8 weights: a block's attn.qkv, attn.out,
+ * mlp.up or mlp.down weight of at most CHECKPOINT_I8_INPUTS_MAX inputs. */
+bool checkpoint_quantizable(checkpoint_schema_tensor_t const *tensor);
 
 /* Calls `visit` with every tensor `info` implies (docs/DESIGN.md, "Model"), in the order the tiny checkpoint
  * and a trainer starting from scratch write them: per tower text, image, audio (those `info` has), its

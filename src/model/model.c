@@ -160,9 +160,21 @@ static void load_read_done(loop_op_t *op) {
     load_issue_reads(load);
 }
 
+/* Whether a checkpoint stores I8 weights (uform_checkpoint_quantize's). */
+static bool stores_i8(checkpoint_header_t const *header) {
+    for (size_t i = 0; i < header->tensors_count; ++i)
+        if (header->tensors[i].dtype == CHECKPOINT_I8) return true;
+    return false;
+}
+
 /* The header is valid: make the model, then read its tensors, or map them. */
 static void load_weights(load_call_t *load, checkpoint_header_t *header, void *mapping) {
     uform_executor_t *executor = load->call.executor;
+    if (load->target->device && stores_i8(header)) { /* a device target never maps */
+        checkpoint_header_free(header);
+        load_fail(load, UFORM_UNSUPPORTED, "a checkpoint with I8 weights loads on host executors");
+        return;
+    }
     uform_model_t *model = calloc(1, sizeof *model);
     if (!model) {
         checkpoint_header_free(header);
@@ -171,6 +183,7 @@ static void load_weights(load_call_t *load, checkpoint_header_t *header, void *m
         return;
     }
     atomic_init(&model->references, 1);
+    model->weights = load->weights;
     model->header = *header;
     model->data_size = header->data_size;
     load->model = model;
@@ -340,6 +353,12 @@ uform_status_t model_load(uform_model_load_args_t const *args, model_load_target
     if (target->device && (!args->executor || !executor_on_device(args->executor)))
         return call_refuse(outcome, UFORM_INVALID_ARGUMENT, entry,
                            "uform_model_load_vram needs a VRAM executor");
+    uform_weights_t weights = args->config ? args->config->weights : UFORM_WEIGHTS_STORED;
+    if (weights != UFORM_WEIGHTS_STORED && weights != UFORM_WEIGHTS_BF16 && weights != UFORM_WEIGHTS_I8)
+        return call_refuse(outcome, UFORM_INVALID_ARGUMENT, entry,
+                           "config->weights is not a uform_weights_t");
+    if (target->device && weights == UFORM_WEIGHTS_I8)
+        return call_refuse(outcome, UFORM_UNSUPPORTED, entry, "I8 weights run on host executors");
     uform_executor_t *executor = call_executor(args->executor);
     if (!executor)
         return call_refuse(outcome, UFORM_OUT_OF_MEMORY, entry, "cannot make the calling thread's executor");
@@ -353,6 +372,7 @@ uform_status_t model_load(uform_model_load_args_t const *args, model_load_target
     if (args->config) {
         load->progress = args->config->progress;
         load->map = args->config->map && !target->device; /* device weights are copied, never mapped */
+        load->weights = args->config->weights;
     }
     call_plan_t plan = call_plan(entry, executor, NULL, outcome, sizeof *load, load_start);
     plan.state = &load->call; /* freed by call_run if the call cannot open, else by load_finish */

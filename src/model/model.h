@@ -10,13 +10,14 @@ struct encode_verbs;
 
 struct uform_model {
     _Atomic size_t references;
-    struct tower *text;         /* prepared for the kernels when the model has a text tower */
-    struct tower *image;        /* the image tower (video uses it too), when present */
-    struct tower *audio;        /* the audio tower, when present */
-    struct vram_model *device;  /* VRAM models: the weights on each device (src/vram/vram.h); NULL on host */
+    struct tower *text;        /* prepared for the kernels when the model has a text tower */
+    struct tower *image;       /* the image tower (video uses it too), when present */
+    struct tower *audio;       /* the audio tower, when present */
+    struct vram_model *device; /* VRAM models: the weights on each device (src/vram/vram.h); NULL on host */
     void (*device_release)(uform_model_t *model); /* frees `device`; set with it by the VRAM load */
     struct encode_verbs const *verbs; /* the verbs of the model's residency; NULL: the host's (verbs.h) */
-    uform_executor_t *executor; /* owns the placement of `data`; NULL: plain host memory */
+    uform_executor_t *executor;       /* owns the placement of `data`; NULL: plain host memory */
+    uform_weights_t weights;          /* what the load asked of the blocks' linear layers (tower_prepare) */
     checkpoint_header_t header;
     uint8_t *data; /* the data section: tensor t spans data + begin .. data + end */
     size_t data_size;

@@ -51,6 +51,7 @@ struct load_call {
     uform_progress_t progress;
     size_t next_step;
     bool map;
+    uform_weights_t weights;
     int fd;
     loop_stat_t statx;
     loop_op_t step; /* open, statx, prefix and header reads, one at a time */

@@ -1,5 +1,6 @@
 /* The shared transformer: preparing weights for the kernel path (walking the tower's tensors in the
  * checkpoint schema), and the forward pass, its work split by tower_fork.c. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,22 +21,67 @@ static float *prepare_vector(tower_t *tower, uint16_t const *values, size_t n) {
     return vector;
 }
 
-/* Packs weight [n, k] for the kernel path, in memory placed like the tower. */
-static bool prepare_linear(tower_t *tower, uint16_t const *values, size_t n, size_t k,
-                           tower_linear_t *layer) {
-    layer->n = n;
-    layer->k = k;
-    size_t bytes = tower->kernels->gemm_packed_size(n, k);
+/* Bytes of a layer's packed weights. */
+static size_t linear_packed_size(tower_t const *tower, tower_linear_t const *layer) {
+    kernels_t const *kernels = tower->kernels;
+    return layer->i8 ? kernels->gemm_i8_packed_size(layer->n, layer->k)
+                     : kernels->gemm_packed_size(layer->n, layer->k);
+}
+
+/* I8 weights [n, k] quantized per row from BF16 ones, their scales [n] after them, malloc'ed; NULL when
+ * out of memory. */
+static int8_t *quantize_weights(uint16_t const *values, size_t n, size_t k) {
+    int8_t *q = malloc(n * k + n * sizeof(float));
+    for (size_t row = 0; q && row < n; ++row) {
+        float scale;
+        kernel_quantize_weights(q + row * k, &scale, values + row * k, k);
+        memcpy(q + n * k + row * sizeof(float), &scale, sizeof scale);
+    }
+    return q;
+}
+
+/* BF16 weights [n, k] from I8 ones and their scales: q * scale rounded, malloc'ed; NULL when out of
+ * memory. */
+static uint16_t *widen_weights(int8_t const *q, float const *scales, size_t n, size_t k) {
+    uint16_t *values = malloc(n * k * sizeof(uint16_t));
+    for (size_t i = 0; values && i < n * k; ++i)
+        values[i] = f32_to_bf16((float)q[i] * scales[i / k]);
+    return values;
+}
+
+/* Packs weight `tensor` [n, k] for the kernel path, in memory placed like the tower: I8 where it is stored
+ * so (unless the model asks for BF16) or where the model asks for I8 and the layer may be, else BF16;
+ * stored weights of the other kind are converted first. */
+static bool prepare_linear(tower_t *tower, uform_model_t const *model,
+                           checkpoint_schema_tensor_t const *tensor, tower_linear_t *layer) {
+    checkpoint_tensor_t const *stored = NULL;
+    void const *values = model_tensor(model, tensor->name, &stored);
+    char scales_name[sizeof tensor->name + sizeof CHECKPOINT_SCALE_SUFFIX];
+    snprintf(scales_name, sizeof scales_name, "%s%s", tensor->name, CHECKPOINT_SCALE_SUFFIX);
+    float const *scales = model_tensor(model, scales_name, NULL); /* stored I8 only */
+    size_t const n = (size_t)tensor->shape[0], k = (size_t)tensor->shape[1];
+    bool const stored_i8 = stored->dtype == CHECKPOINT_I8;
+    *layer = (tower_linear_t){.n = n, .k = k};
+    layer->i8 = stored_i8 ? model->weights != UFORM_WEIGHTS_BF16
+                          : model->weights == UFORM_WEIGHTS_I8 && checkpoint_quantizable(tensor);
+    void *converted = layer->i8 == stored_i8 ? NULL
+                      : stored_i8            ? (void *)widen_weights(values, scales, n, k)
+                                             : (void *)quantize_weights(values, n, k);
+    if (layer->i8 != stored_i8 && !converted) return false;
+    if (converted) values = converted;
+    if (converted && layer->i8) scales = (float const *)(void const *)((int8_t const *)converted + n * k);
+    size_t bytes = linear_packed_size(tower, layer);
     layer->packed = executor_allocate(tower->placement, bytes);
-    if (!layer->packed) return false;
-    tower->kernels->gemm_pack(layer->packed, values, n, k);
+    if (layer->packed && layer->i8) tower->kernels->gemm_i8_pack(layer->packed, values, scales, n, k);
+    if (layer->packed && !layer->i8) tower->kernels->gemm_pack(layer->packed, values, n, k);
+    if (layer->i8 && k > tower->i8_inputs) tower->i8_inputs = k;
     tower->bytes += bytes;
-    return true;
+    free(converted);
+    return layer->packed != NULL;
 }
 
 static void release_linear(tower_t *tower, tower_linear_t *layer) {
-    executor_deallocate(tower->placement, layer->packed,
-                        tower->kernels->gemm_packed_size(layer->n, layer->k));
+    executor_deallocate(tower->placement, layer->packed, linear_packed_size(tower, layer));
     executor_deallocate(tower->placement, layer->bias, layer->n * sizeof(float));
 }
 
@@ -118,10 +164,10 @@ static int prepare_visit(checkpoint_schema_tensor_t const *tensor, void *context
     prepare_walk_t *walk = context;
     tower_t *tower = walk->tower;
     uint16_t const *values = model_tensor(walk->model, tensor->name, NULL);
-    size_t const n = (size_t)tensor->shape[0], k = (size_t)tensor->shape[1];
+    size_t const n = (size_t)tensor->shape[0];
     part_place_t const place = part_place(tower, &tower->blocks[tensor->block], tensor->part);
     if (place.vector) return !(*place.vector = prepare_vector(tower, values, n));
-    if (place.layer) return !prepare_linear(tower, values, n, k, place.layer);
+    if (place.layer) return !prepare_linear(tower, walk->model, tensor, place.layer);
     switch (tensor->part) {
     case CHECKPOINT_PART_PATCH_WEIGHT:
     case CHECKPOINT_PART_PATCH_BIAS:
@@ -178,21 +224,34 @@ typedef struct scratch_layout {
     float *qkv;          /* [tokens, 3 * hidden] */
     float *mlp;          /* [tokens, mlp] */
     uint32_t *positions; /* [tokens]: the position of each token within its item */
+    tower_quantized_t
+        quantized; /* towers with I8 layers: [tokens, k] of the widest, each row's scale and zero */
 } scratch_layout_t;
 
 static scratch_layout_t scratch_layout(tower_t const *tower, void *scratch, size_t tokens, size_t *bytes) {
-    size_t h = round_up_64(tokens * tower->hidden * sizeof(float));
-    size_t qkv = round_up_64(tokens * 3 * tower->hidden * sizeof(float));
-    size_t mlp = round_up_64(tokens * tower->mlp * sizeof(float));
-    size_t positions = round_up_64(tokens * sizeof(uint32_t));
-    *bytes = h + qkv + mlp + positions;
+    size_t const sizes[] = {
+        round_up_64(tokens * tower->hidden * sizeof(float)),
+        round_up_64(tokens * 3 * tower->hidden * sizeof(float)),
+        round_up_64(tokens * tower->mlp * sizeof(float)),
+        round_up_64(tokens * sizeof(uint32_t)),
+        round_up_64(tokens * tower->i8_inputs),
+        round_up_64(tower->i8_inputs ? tokens * sizeof(float) : 0),
+        round_up_64(tower->i8_inputs ? tokens * sizeof(int32_t) : 0),
+    };
+    size_t at[sizeof sizes / sizeof sizes[0] + 1] = {0};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; ++i)
+        at[i + 1] = at[i] + sizes[i];
+    *bytes = at[sizeof sizes / sizeof sizes[0]];
     char *base = scratch;
     if (!base) return (scratch_layout_t){0};
     return (scratch_layout_t){
         .h = (float *)base,
-        .qkv = (float *)(base + h),
-        .mlp = (float *)(base + h + qkv),
-        .positions = (uint32_t *)(base + h + qkv + mlp),
+        .qkv = (float *)(void *)(base + at[1]),
+        .mlp = (float *)(void *)(base + at[2]),
+        .positions = (uint32_t *)(void *)(base + at[3]),
+        .quantized = {.rows = (uint8_t *)(base + at[4]),
+                      .scales = (float *)(void *)(base + at[5]),
+                      .zeros = (int32_t *)(void *)(base + at[6])},
     };
 }
 
@@ -229,21 +288,31 @@ void tower_linear(tower_t const *tower, uform_executor_t *executor, tower_linear
     tower_fork_gemm(tower->kernels, executor, &gemm);
 }
 
+/* A block's layer over `gemm`'s rows: the BF16 GEMM, or the rows quantized into `quantized` and the I8
+ * GEMM. */
+static void block_linear(tower_t const *tower, uform_executor_t *executor, tower_linear_t const *layer,
+                         kernel_gemm_t const *gemm, tower_quantized_t const *quantized) {
+    if (layer->i8)
+        tower_fork_gemm_i8(tower->kernels, executor, gemm, quantized);
+    else
+        tower_fork_gemm(tower->kernels, executor, gemm);
+}
+
 /* x[tokens, n] += h[tokens, k] W^T + b: a layer writing into the residual stream. */
 static void linear_residual(tower_t const *tower, uform_executor_t *executor, tower_linear_t const *layer,
-                            size_t tokens, float const *h, float *x) {
+                            size_t tokens, float const *h, float *x, tower_quantized_t const *quantized) {
     kernel_gemm_t gemm = layer_gemm(layer, tokens, h, x);
     gemm.residual = x;
     gemm.residual_stride = layer->n;
-    tower_fork_gemm(tower->kernels, executor, &gemm);
+    block_linear(tower, executor, layer, &gemm, quantized);
 }
 
 /* y[tokens, n] = gelu(h[tokens, k] W^T + b). */
 static void linear_gelu(tower_t const *tower, uform_executor_t *executor, tower_linear_t const *layer,
-                        size_t tokens, float const *h, float *y) {
+                        size_t tokens, float const *h, float *y, tower_quantized_t const *quantized) {
     kernel_gemm_t gemm = layer_gemm(layer, tokens, h, y);
     gemm.epilogue = KERNEL_EPILOGUE_GELU;
-    tower_fork_gemm(tower->kernels, executor, &gemm);
+    block_linear(tower, executor, layer, &gemm, quantized);
 }
 
 /* ---- Forward ------------------------------------------------------------------------------------ */
@@ -251,6 +320,7 @@ static void linear_gelu(tower_t const *tower, uform_executor_t *executor, tower_
 void tower_forward(tower_t const *tower, uform_executor_t *executor, tower_batch_t const *batch) {
     size_t bytes = 0, hidden = tower->hidden, tokens = batch->tokens;
     scratch_layout_t scratch = scratch_layout(tower, batch->scratch, tokens, &bytes);
+    tower_quantized_t const *quantized = &scratch.quantized;
     tower_fork_positions(batch->offsets, batch->items, scratch.positions);
     tower_fork_t fork = {.kernels = tower->kernels,
                          .hidden = hidden,
@@ -266,16 +336,16 @@ void tower_forward(tower_t const *tower, uform_executor_t *executor, tower_batch
         tower_block_t const *block = &tower->blocks[i];
         /* h = rms1(x); qkv = rope(h Wqkv^T + b)                             [tokens, 3 * hidden] */
         tower_fork_rows(&fork, executor, TOWER_ROWS_RMSNORM, x, block->norm1, scratch.h);
-        tower_linear(tower, executor, &block->qkv, scratch.h, hidden, tokens, block->qkv.n, scratch.qkv,
-                     3 * hidden);
+        kernel_gemm_t qkv = layer_gemm(&block->qkv, tokens, scratch.h, scratch.qkv);
+        block_linear(tower, executor, &block->qkv, &qkv, quantized);
         if (batch->rotary) tower_fork_rows(&fork, executor, TOWER_ROWS_ROPE, NULL, NULL, scratch.qkv);
         /* h = attention(q, k, v); x += h Wout^T + b                          [tokens, hidden] */
         tower_fork_attention(&fork, executor, scratch.qkv, scratch.h);
-        linear_residual(tower, executor, &block->out, tokens, scratch.h, x);
+        linear_residual(tower, executor, &block->out, tokens, scratch.h, x, quantized);
         /* h = rms2(x); mlp = gelu(h Wup^T + b); x += mlp Wdown^T + b          [tokens, mlp] */
         tower_fork_rows(&fork, executor, TOWER_ROWS_RMSNORM, x, block->norm2, scratch.h);
-        linear_gelu(tower, executor, &block->up, tokens, scratch.h, scratch.mlp);
-        linear_residual(tower, executor, &block->down, tokens, scratch.mlp, x);
+        linear_gelu(tower, executor, &block->up, tokens, scratch.h, scratch.mlp, quantized);
+        linear_residual(tower, executor, &block->down, tokens, scratch.mlp, x, quantized);
     }
     /* x = rms(x) with the final norm */
     tower_fork_rows(&fork, executor, TOWER_ROWS_RMSNORM, x, tower->norm, x);

@@ -13,11 +13,13 @@
 #include "common.h"
 #include "kernels.h"
 
-/* A linear layer `x W^T + b`: W packed for the kernel path, the bias in F32. */
+/* A linear layer `x W^T + b`: W packed for the kernel path, BF16 (gemm_pack) or I8 with its scales
+ * (gemm_i8_pack), the bias in F32. */
 typedef struct tower_linear {
     void *packed;
     float *bias; /* NULL when the layer has none */
     size_t n, k; /* out, in */
+    bool i8;     /* I8 weights: the layer quantizes its activations per row as it runs */
 } tower_linear_t;
 
 /* The input of a tower over patches, prepared once with the tower (tower_prepare) for its kernels: the patch
@@ -44,12 +46,14 @@ typedef struct tower {
     tower_linear_t proj;     /* [dims, hidden], no bias */
     tower_patches_t patches; /* image and audio towers: their input layer; zeroed for text */
     uint16_t const *embed;   /* text: the byte table text.embed BF16 [257, hidden], in the model's memory */
+    size_t i8_inputs;        /* the widest k of its I8 layers (0: none), for the quantized activations */
     size_t bytes;            /* memory it holds */
 } tower_t;
 
 /* Prepares tower `name` ("text", "image", "audio") of a loaded model from its tensors in the checkpoint
- * schema (checkpoint_schema_tower): packs every weight, converts norms and biases to F32, and, for a
- * patch tower, prepares its input layer. Answers UFORM_OK or UFORM_OUT_OF_MEMORY (with nothing held). */
+ * schema (checkpoint_schema_tower): packs every weight, BF16 or I8 as the model's `weights` and the
+ * stored dtypes say (uform_weights_t), converts norms and biases to F32, and, for a patch tower, prepares
+ * its input layer. Answers UFORM_OK or UFORM_OUT_OF_MEMORY (with nothing held). */
 uform_status_t tower_prepare(tower_t *tower, uform_model_t const *model, char const *name,
                              uform_transformer_info_t const *info);
 void tower_release(tower_t *tower);

@@ -18,6 +18,7 @@ typedef struct gemm_job {
     kernels_t const *kernels;
     kernel_gemm_t gemm;
     kernel_sgemm_t sgemm;
+    tower_quantized_t quantized; /* the I8 GEMM's activations */
     size_t threads;
 } gemm_job_t;
 
@@ -26,6 +27,26 @@ static void gemm_work(void *context, size_t thread) {
     size_t begin, end;
     if (thread_columns(job->gemm.n, thread, job->threads, &begin, &end))
         job->kernels->gemm(&job->gemm, begin, end);
+}
+
+static void gemm_i8_work(void *context, size_t thread) {
+    gemm_job_t const *job = context;
+    size_t begin, end;
+    if (thread_columns(job->gemm.n, thread, job->threads, &begin, &end))
+        job->kernels->gemm_i8(&job->gemm, begin, end);
+}
+
+/* Rows of the I8 GEMM's x quantized at the same stride. */
+static void quantize_work(void *context, size_t thread) {
+    gemm_job_t const *job = context;
+    kernel_gemm_t const *g = &job->gemm;
+    tower_quantized_t const *q = &job->quantized;
+    size_t first, last;
+    thread_share(g->m, thread, job->threads, &first, &last);
+    if (first < last)
+        job->kernels->quantize_rows(q->rows + first * g->x_stride, g->x_stride, q->scales + first,
+                                    q->zeros + first, g->x + first * g->x_stride, g->x_stride, last - first,
+                                    g->k);
 }
 
 static void sgemm_work(void *context, size_t thread) {
@@ -38,6 +59,19 @@ static void sgemm_work(void *context, size_t thread) {
 void tower_fork_gemm(kernels_t const *kernels, uform_executor_t *executor, kernel_gemm_t const *gemm) {
     gemm_job_t job = {.kernels = kernels, .gemm = *gemm, .threads = executor_fork_threads(executor)};
     executor_for_threads(executor, gemm_work, &job);
+}
+
+void tower_fork_gemm_i8(kernels_t const *kernels, uform_executor_t *executor, kernel_gemm_t const *gemm,
+                        tower_quantized_t const *quantized) {
+    gemm_job_t job = {.kernels = kernels,
+                      .gemm = *gemm,
+                      .quantized = *quantized,
+                      .threads = executor_fork_threads(executor)};
+    job.gemm.x_u8 = quantized->rows;
+    job.gemm.x_scales = quantized->scales;
+    job.gemm.x_zeros = quantized->zeros;
+    executor_for_threads(executor, quantize_work, &job);
+    executor_for_threads(executor, gemm_i8_work, &job);
 }
 
 void tower_fork_sgemm(kernels_t const *kernels, uform_executor_t *executor, kernel_sgemm_t const *sgemm) {

@@ -1,6 +1,7 @@
 /* The work of a tower's passes split over an executor's threads, shared by the inference forward
  * (tower.c) and the training forward and backward (src/train/train_tower.c):
- *   GEMMs           by KERNEL_GEMM_TILE columns (thread_columns), packed BF16 or F32 weights;
+ *   GEMMs           by KERNEL_GEMM_TILE columns (thread_columns), packed BF16, I8 or F32 weights (the I8
+ *                   GEMM's activations quantized first, by rows);
  *   row kernels     by rows (thread_share): rmsnorm, rope and its transpose, gelu and its derivative,
  *                   residual adds;
  *   attention       by (head, item) pairs, each pair computed whole, forward or backward.
@@ -8,7 +9,6 @@
  * same code whatever the thread count. */
 #pragma once
 
-#include "kernels.h"
 #include "kernels.h"
 
 /* A batch as the forks see it: the tower's widths and the items packed end to end. */
@@ -27,6 +27,19 @@ void tower_fork_positions(size_t const *offsets, size_t items, uint32_t *positio
 /* A whole GEMM (kernels->gemm over packed weights; kernels->sgemm over F32 ones, nothing when m or n
  * is 0), its columns split between the threads. */
 void tower_fork_gemm(kernels_t const *kernels, uform_executor_t *executor, kernel_gemm_t const *gemm);
+
+/* Activations quantized per row for an I8 GEMM (kernels->quantize_rows): rows [m, k], scales [m], zeros [m].
+ */
+typedef struct tower_quantized {
+    uint8_t *rows;
+    float *scales;
+    int32_t *zeros;
+} tower_quantized_t;
+
+/* The I8 GEMM of `gemm` (weights packed by gemm_i8_pack) over its F32 rows x [m, k] at x_stride: the rows
+ * quantized into `quantized` first, split by rows, then kernels->gemm_i8 over them, split by columns. */
+void tower_fork_gemm_i8(kernels_t const *kernels, uform_executor_t *executor, kernel_gemm_t const *gemm,
+                        tower_quantized_t const *quantized);
 void tower_fork_sgemm(kernels_t const *kernels, uform_executor_t *executor, kernel_sgemm_t const *sgemm);
 
 typedef enum tower_rows {

@@ -699,7 +699,17 @@ static uform_status_t file_open(char const *path, bool optional, open_file_t *fi
     return status;
 }
 
-/* Widens the checkpoint's tensors into the master weights; absent ones (logit) keep their start. */
+/* The scales of a checkpoint's I8 weight `name` [out, in]: F32 [out], checked by the parser. */
+static float scale_of(checkpoint_header_t const *header, uint8_t const *data, char const *name, size_t row) {
+    char scales_name[TRAIN_NAME_MAX + sizeof CHECKPOINT_SCALE_SUFFIX];
+    snprintf(scales_name, sizeof scales_name, "%s%s", name, CHECKPOINT_SCALE_SUFFIX);
+    float scale;
+    memcpy(&scale, data + checkpoint_find(header, scales_name)->begin + row * sizeof scale, sizeof scale);
+    return scale;
+}
+
+/* Widens the checkpoint's tensors into the master weights (I8 weights as q * scale); absent ones (logit)
+ * keep their start. */
 static void widen(train_params_t *params, checkpoint_header_t const *header, uint8_t const *data,
                   tensor_start_t const *starts) {
     uint64_t none = 0;
@@ -714,6 +724,9 @@ static void widen(train_params_t *params, checkpoint_header_t const *header, uin
         for (size_t j = 0; j < tensor->count; j++) {
             if (stored->dtype == CHECKPOINT_F32) {
                 memcpy(&tensor->value[j], bytes + 4 * j, sizeof(float));
+            } else if (stored->dtype == CHECKPOINT_I8) {
+                size_t row = j / (size_t)stored->shape[1];
+                tensor->value[j] = (float)(int8_t)bytes[j] * scale_of(header, data, tensor->name, row);
             } else {
                 uint16_t bits;
                 memcpy(&bits, bytes + 2 * j, sizeof bits);

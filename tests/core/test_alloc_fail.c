@@ -12,7 +12,8 @@
  * libavutil is in libavformat, libavcodec, libswscale or libswresample), FFmpeg may not report it
  * (uform.h, the video verbs): UFORM_FORMAT, a different result and blocks left behind are counted and
  * printed instead. Each stage prints how its failures ended.
- * Stages: creating a RAM executor and an arena; loading the checkpoint, read through the ring and mapped;
+ * Stages: creating a RAM executor and an arena; loading the checkpoint, read through the ring and mapped,
+ * and with I8 weights; writing it again with I8 weights (uform_checkpoint_quantize);
  * encoding texts, pixels, PNG and JPEG images from memory and from files, clips, sounds and samples;
  * creating a trainer, a training step over every modality the build decodes, and a save over a previous
  * checkpoint (the previous pair or the new one on disk after a failed save, nothing else beside them).
@@ -300,8 +301,8 @@ static void release_arena(world_t *world) {
 
 /* A loaded model's result: its status, and its counts of parameters and bytes. */
 static uform_model_t *stage_model;
-static void load(world_t *world, result_t *result, bool map) {
-    uform_load_config_t config = {.map = map};
+static void load(world_t *world, result_t *result, bool map, uform_weights_t weights) {
+    uform_load_config_t config = {.map = map, .weights = weights};
     uform_model_load_args_t args = {
         .executor = world->executor, .path = world->checkpoint, .config = &config, .model = &stage_model};
     *result = (result_t){.status = uform_model_load_ram(&args)};
@@ -311,10 +312,24 @@ static void load(world_t *world, result_t *result, bool map) {
     result->number = (double)info.parameters + (double)info.bytes;
 }
 static void run_load(world_t *world, result_t *result) {
-    load(world, result, false);
+    load(world, result, false, UFORM_WEIGHTS_STORED);
 }
 static void run_load_mapped(world_t *world, result_t *result) {
-    load(world, result, true);
+    load(world, result, true, UFORM_WEIGHTS_STORED);
+}
+static void run_load_i8(world_t *world, result_t *result) {
+    load(world, result, false, UFORM_WEIGHTS_I8);
+}
+
+/* The checkpoint written again with I8 weights: its status, and the size of what it wrote. */
+static void run_quantize(world_t *world, result_t *result) {
+    char output[700];
+    snprintf(output, sizeof output, "%s/quantized.safetensors", world->folder);
+    uform_checkpoint_quantize_args_t args = {.input = world->checkpoint, .output = output};
+    *result = (result_t){.status = uform_checkpoint_quantize(&args)};
+    struct stat file;
+    if (result->status == UFORM_OK && stat(output, &file) == 0) result->number = (double)file.st_size;
+    unlink(output);
 }
 static void release_load(world_t *world) {
     (void)world;
@@ -601,6 +616,8 @@ static stage_t const stages[] = {
     {"arena", 0, nothing, run_arena, release_arena},
     {"load", 0, nothing, run_load, release_load},
     {"load-mapped", 0, nothing, run_load_mapped, release_load},
+    {"load-i8", 0, nothing, run_load_i8, release_load},
+    {"quantize", 0, nothing, run_quantize, nothing},
     {"text", 0, nothing, run_text, nothing},
     {"pixels", 0, nothing, run_pixels, nothing},
     {"images", UFORM_FEATURE_SPNG | UFORM_FEATURE_JPEG, prepare_images, run_images, release_pair},

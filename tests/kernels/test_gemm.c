@@ -13,154 +13,19 @@
 
 #include <cmocka.h>
 
+#include "fixtures.h"
+#include "gemm_problem.h"
 #include "kernels.h"
 
 /* ---- Fixtures ---------------------------------------------------------------------------------- */
 
-static uint32_t random_state;
-
-static float random_uniform(void) { /* [-1, 1), from a fixed-seed LCG */
-    random_state = random_state * 1664525u + 1013904223u;
-    return (float)(random_state >> 8) / 8388608.0f - 1.0f;
-}
-
-typedef enum residual_mode { RESIDUAL_NONE, RESIDUAL_SEPARATE, RESIDUAL_IN_Y } residual_mode_t;
-
-typedef struct options {
-    bool bias, gelu, x_bf16;
-    residual_mode_t residual;
-} options_t;
-
-/* One problem with padded strides, its inputs random, the outputs of two paths side by side. */
-typedef struct problem {
-    size_t m, n, k, x_stride, y_stride, residual_stride;
-    options_t options;
-    float *x, *bias, *residual, *y, *y_reference;
-    uint16_t *x_bf16, *w;
-} problem_t;
-
-static float const SENTINEL = -12345.0f; /* fills y's padding, which no path may write */
-
-static void problem_make(problem_t *p, size_t m, size_t n, size_t k, options_t options) {
-    *p = (problem_t){.m = m, .n = n, .k = k, .x_stride = k + 3, .y_stride = n + 5, .options = options};
-    p->residual_stride = options.residual == RESIDUAL_IN_Y ? p->y_stride : n + 7;
-    p->x = malloc(m * p->x_stride * sizeof(float));
-    p->x_bf16 = malloc(m * p->x_stride * sizeof(uint16_t));
-    p->w = malloc(n * k * sizeof(uint16_t));
-    p->bias = malloc(n * sizeof(float));
-    p->residual = malloc(m * p->residual_stride * sizeof(float));
-    p->y = malloc(m * p->y_stride * sizeof(float));
-    p->y_reference = malloc(m * p->y_stride * sizeof(float));
-    assert_non_null(p->x);
-    assert_non_null(p->x_bf16);
-    assert_non_null(p->w);
-    assert_non_null(p->bias);
-    assert_non_null(p->residual);
-    assert_non_null(p->y);
-    assert_non_null(p->y_reference);
-    float w_scale = 3.0f / sqrtf((float)k); /* sums of order 1, so that GELU sees both of its sides */
-    for (size_t i = 0; i < m * p->x_stride; ++i) {
-        p->x[i] = random_uniform();
-        p->x_bf16[i] = f32_to_bf16(random_uniform());
-    }
-    for (size_t i = 0; i < n * k; ++i)
-        p->w[i] = f32_to_bf16(w_scale * random_uniform());
-    for (size_t i = 0; i < n; ++i)
-        p->bias[i] = random_uniform();
-    for (size_t i = 0; i < m * p->residual_stride; ++i)
-        p->residual[i] = random_uniform();
-}
-
-static void problem_free(problem_t *p) {
-    free(p->x);
-    free(p->x_bf16);
-    free(p->w);
-    free(p->bias);
-    free(p->residual);
-    free(p->y);
-    free(p->y_reference);
-}
-
+/* BF16 weights [n, k] packed by `path`, 64-byte aligned (free() them). */
 static void *pack(kernels_t const *path, uint16_t const *w, size_t n, size_t k) {
     size_t bytes = (path->gemm_packed_size(n, k) + 63) / 64 * 64;
     void *packed = aligned_alloc(64, bytes ? bytes : 64);
     assert_non_null(packed);
     path->gemm_pack(packed, w, n, k);
     return packed;
-}
-
-/* y: the sentinel in the padding, and the residual where y is its own residual. */
-static void prepare_y(problem_t const *p, float *y) {
-    for (size_t row = 0; row < p->m; ++row)
-        for (size_t column = 0; column < p->y_stride; ++column)
-            y[row * p->y_stride + column] = p->options.residual == RESIDUAL_IN_Y && column < p->n
-                                                ? p->residual[row * p->y_stride + column]
-                                                : SENTINEL;
-}
-
-static kernel_gemm_t gemm_of(problem_t const *p, void const *packed, float *y) {
-    options_t const *o = &p->options;
-    return (kernel_gemm_t){
-        .m = p->m,
-        .n = p->n,
-        .k = p->k,
-        .x = o->x_bf16 ? NULL : p->x,
-        .x_bf16 = o->x_bf16 ? p->x_bf16 : NULL,
-        .x_stride = p->x_stride,
-        .w = packed,
-        .bias = o->bias ? p->bias : NULL,
-        .residual = o->residual == RESIDUAL_NONE   ? NULL
-                    : o->residual == RESIDUAL_IN_Y ? y
-                                                   : p->residual,
-        .residual_stride = p->residual_stride,
-        .y = y,
-        .y_stride = p->y_stride,
-        .epilogue = o->gelu ? KERNEL_EPILOGUE_GELU : KERNEL_EPILOGUE_NONE,
-    };
-}
-
-/* y = gemm over [0, n) on `path`, in calls over the column ranges that `splits` (tile multiples,
- * ascending, ending with n) delimit. */
-static void run(kernels_t const *path, problem_t const *p, float *y, size_t const *splits, size_t count) {
-    void *packed = pack(path, p->w, p->n, p->k);
-    prepare_y(p, y);
-    kernel_gemm_t gemm = gemm_of(p, packed, y);
-    for (size_t i = 0, begin = 0; i < count; begin = splits[i++])
-        path->gemm(&gemm, begin, splits[i]);
-    free(packed);
-}
-
-static void run_whole(kernels_t const *path, problem_t const *p, float *y) {
-    run(path, p, y, &p->n, 1);
-}
-
-/* |y - y_scalar| <= 1e-2 (|bias| + sum_k |x w|) + 1e-6 per output (kernels.h); the padding untouched. */
-static void check_against_scalar(problem_t const *p, char const *name) {
-    options_t const *o = &p->options;
-    for (size_t row = 0; row < p->m; ++row) {
-        for (size_t column = 0; column < p->y_stride; ++column) {
-            float got = p->y[row * p->y_stride + column], want = p->y_reference[row * p->y_stride + column];
-            if (column >= p->n) {
-                assert_true(got == SENTINEL);
-                continue;
-            }
-            double magnitude = o->bias ? fabs(p->bias[column]) : 0.0;
-            for (size_t i = 0; i < p->k; ++i) {
-                float x =
-                    o->x_bf16 ? bf16_to_f32(p->x_bf16[row * p->x_stride + i]) : p->x[row * p->x_stride + i];
-                magnitude += fabs((double)x * bf16_to_f32(p->w[column * p->k + i]));
-            }
-            double error = fabs((double)got - want), allowed = 1e-2 * magnitude + 1e-6;
-            if (!(error <= allowed)) {
-                print_error(
-                    "%s: m %zu n %zu k %zu bias %d gelu %d x_bf16 %d residual %d: y[%zu][%zu] = %.9g, "
-                    "scalar %.9g, allowed %.3g\n",
-                    name, p->m, p->n, p->k, o->bias, o->gelu, o->x_bf16, (int)o->residual, row, column,
-                    (double)got, (double)want, allowed);
-                fail();
-            }
-        }
-    }
 }
 
 #define SIMD_PATHS 4 /* avx2, avx512, avx512bf16, neon */
@@ -178,22 +43,7 @@ static size_t simd_paths_available(void) {
 
 /* Scalar once, then every SIMD path against it. */
 static void compare_paths(size_t m, size_t n, size_t k, options_t options) {
-    problem_t p;
-    problem_make(&p, m, n, k, options);
-    run_whole(kernels_scalar(), &p, p.y_reference);
-    for (size_t i = 0; i < simd_paths_available(); ++i) {
-        run_whole(simd_paths[i], &p, p.y);
-        check_against_scalar(&p, simd_paths[i]->name);
-    }
-    problem_free(&p);
-}
-
-/* Combination `number` of 24: bias, GELU, BF16 activations, and the residual mode. */
-static options_t options_numbered(size_t number) {
-    return (options_t){.bias = number & 1,
-                       .gelu = number >> 1 & 1,
-                       .x_bf16 = number >> 2 & 1,
-                       .residual = (residual_mode_t)(number >> 3)};
+    problem_compare(simd_paths, simd_paths_available(), m, n, k, options);
 }
 
 /* ---- Scalar on hand-computed cases -------------------------------------------------------------- */
@@ -256,7 +106,7 @@ static void small_case(bool x_bf16, bool bias, bool gelu, residual_mode_t residu
 static void test_scalar_small_exact(void **state) {
     (void)state;
     for (size_t number = 0; number < 24; ++number) {
-        options_t o = options_numbered(number);
+        options_t o = options_numbered(false, number);
         small_case(o.x_bf16, o.bias, o.gelu, o.residual);
     }
 }
@@ -304,10 +154,10 @@ static void test_scalar_k_order(void **state) {
 /* The scalar packing is w itself. */
 static void test_scalar_packing_is_copy(void **state) {
     (void)state;
-    random_state = 7;
+    random_seed(7);
     uint16_t w[5 * 7];
     for (size_t i = 0; i < 35; ++i)
-        w[i] = f32_to_bf16(random_uniform());
+        w[i] = f32_to_bf16(random_uniform(-1.0f, 1.0f));
     assert_int_equal(kernels_scalar()->gemm_packed_size(5, 7), sizeof w);
     void *packed = pack(kernels_scalar(), w, 5, 7);
     assert_memory_equal(packed, w, sizeof w);
@@ -326,12 +176,12 @@ static size_t const sizes_k[] = {1, 2, 3, 31, 64, 65, 127, 768};
 static void test_paths_match_scalar_on_shapes(void **state) {
     (void)state;
     if (!simd_paths_available()) skip();
-    random_state = 1;
+    random_seed(1);
     size_t number = 0;
     for (size_t a = 0; a < COUNT(sizes_m); ++a)
         for (size_t b = 0; b < COUNT(sizes_n); ++b)
             for (size_t c = 0; c < COUNT(sizes_k); ++c)
-                compare_paths(sizes_m[a], sizes_n[b], sizes_k[c], options_numbered(number++ % 23));
+                compare_paths(sizes_m[a], sizes_n[b], sizes_k[c], options_numbered(false, number++ % 23));
 }
 
 /* All 24 combinations on odd shapes, with k over several of every path's depth blocks, and n over
@@ -339,42 +189,18 @@ static void test_paths_match_scalar_on_shapes(void **state) {
 static void test_paths_match_scalar_on_every_epilogue(void **state) {
     (void)state;
     if (!simd_paths_available()) skip();
-    random_state = 2;
+    random_seed(2);
     static size_t const shapes[][3] = {{13, 65, 127}, {7, 130, 1601}, {25, 97, 3}, {5, 1100, 33}};
     for (size_t s = 0; s < COUNT(shapes); ++s)
         for (size_t number = 0; number < 24; ++number)
-            compare_paths(shapes[s][0], shapes[s][1], shapes[s][2], options_numbered(number));
+            compare_paths(shapes[s][0], shapes[s][1], shapes[s][2], options_numbered(false, number));
 }
 
 /* ---- Determinism over column splits ------------------------------------------------------------- */
 
-static void check_splits(kernels_t const *path, size_t m, size_t n, size_t k, options_t options) {
-    problem_t p;
-    problem_make(&p, m, n, k, options);
-    run_whole(path, &p, p.y_reference);
-    size_t tiles = (n + KERNEL_GEMM_TILE - 1) / KERNEL_GEMM_TILE, splits[64] = {0};
-    assert_true(tiles <= 64);
-    /* one call per tile */
-    for (size_t t = 0; t < tiles; ++t)
-        splits[t] = t + 1 < tiles ? (t + 1) * KERNEL_GEMM_TILE : n;
-    run(path, &p, p.y, splits, tiles);
-    assert_memory_equal(p.y, p.y_reference, m * p.y_stride * sizeof(float));
-    /* two and three uneven calls */
-    for (size_t first = 1; first < tiles; ++first) {
-        size_t two[2] = {first * KERNEL_GEMM_TILE, n},
-               three[3] = {KERNEL_GEMM_TILE, first * KERNEL_GEMM_TILE, n};
-        run(path, &p, p.y, two, 2);
-        assert_memory_equal(p.y, p.y_reference, m * p.y_stride * sizeof(float));
-        if (first < 2) continue;
-        run(path, &p, p.y, three, 3);
-        assert_memory_equal(p.y, p.y_reference, m * p.y_stride * sizeof(float));
-    }
-    problem_free(&p);
-}
-
 static void test_splits_are_bitwise_identical(void **state) {
     (void)state;
-    random_state = 3;
+    random_seed(3);
     kernels_t const *paths[] = {kernels_scalar(), kernels_avx2(), kernels_avx512(), kernels_avx512bf16(),
                                 kernels_neon()};
     /* m, n, k and the combination: bias and GELU with the residual in y, separate, or none */
@@ -383,7 +209,8 @@ static void test_splits_are_bitwise_identical(void **state) {
     for (size_t i = 0; i < COUNT(paths); ++i) {
         if (!paths[i]) continue;
         for (size_t c = 0; c < COUNT(cases); ++c)
-            check_splits(paths[i], cases[c][0], cases[c][1], cases[c][2], options_numbered(cases[c][3]));
+            problem_check_splits(paths[i], cases[c][0], cases[c][1], cases[c][2],
+                                 options_numbered(false, cases[c][3]));
     }
 }
 

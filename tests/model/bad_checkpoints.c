@@ -295,6 +295,64 @@ static bool edit_long_name(json_t *header, json_t **model, size_t data_size) {
     return add_tensor(header, name, data_size);
 }
 
+/* text.blocks.0.attn.out.weight [64, 64] made I8: its first 4096 bytes, the rest of its BF16 bytes left
+ * unnamed. */
+static bool make_i8(json_t *header, char const *name) {
+    json_t *offsets = json_object_get(json_object_get(header, name), "data_offsets");
+    json_int_t begin = json_integer_value(json_array_get(offsets, 0));
+    return set_field(header, name, "dtype", json_string("I8")) &&
+           set_field(header, name, "data_offsets", json_pack("[I, I]", begin, begin + 64 * 64));
+}
+
+/* A tensor over `bytes` zero bytes appended to the data section. */
+static bool add_sized(json_t *header, char const *name, char const *dtype, size_t count, size_t data_size) {
+    json_t *entry =
+        json_pack("{s:s, s:[I], s:[I, I]}", "dtype", dtype, "shape", (json_int_t)count, "data_offsets",
+                  (json_int_t)data_size, (json_int_t)(data_size + count * (strcmp(dtype, "F32") ? 2 : 4)));
+    return json_object_set_new(header, name, entry) == 0;
+}
+
+#define OUT_WEIGHT "text.blocks.0.attn.out.weight"
+
+static bool edit_i8_without_scales(json_t *header, json_t **model, size_t data_size) {
+    (void)model, (void)data_size;
+    return make_i8(header, OUT_WEIGHT);
+}
+
+static bool edit_i8_scales_bf16(json_t *header, json_t **model, size_t data_size) {
+    (void)model;
+    return make_i8(header, OUT_WEIGHT) && add_sized(header, OUT_WEIGHT ".scale", "BF16", 64, data_size);
+}
+
+static bool edit_i8_scales_short(json_t *header, json_t **model, size_t data_size) {
+    (void)model;
+    return make_i8(header, OUT_WEIGHT) && add_sized(header, OUT_WEIGHT ".scale", "F32", 32, data_size);
+}
+
+static bool edit_scales_beside_bf16(json_t *header, json_t **model, size_t data_size) {
+    (void)model;
+    return add_sized(header, OUT_WEIGHT ".scale", "F32", 64, data_size);
+}
+
+static bool edit_i8_projection(json_t *header, json_t **model, size_t data_size) {
+    (void)model, (void)data_size;
+    return make_i8(header, "text.proj.weight");
+}
+
+/* F32 of the same byte count: the dtype is refused before the shape. */
+static bool edit_f32_block_weight(json_t *header, json_t **model, size_t data_size) {
+    (void)model, (void)data_size;
+    return set_field(header, OUT_WEIGHT, "dtype", json_string("F32")) &&
+           set_field(header, OUT_WEIGHT, "shape", json_pack("[i, i]", 64, 32));
+}
+
+static bool edit_i8_with_scales(json_t *header, json_t **model, size_t data_size) {
+    (void)model;
+    return make_i8(header, OUT_WEIGHT) && add_sized(header, OUT_WEIGHT ".scale", "F32", 64, data_size);
+}
+
+#undef OUT_WEIGHT
+
 /* ---------------------------------------------------------------------------------------------- */
 /* Faults in the metadata                                                                         */
 /* ---------------------------------------------------------------------------------------------- */
@@ -436,6 +494,15 @@ static variant_t const variants[] = {
     EDIT("missing tensor", "missing tensor", edit_missing_tensor),
     EDIT("logit.scale without logit.bias", "logit.scale and logit.bias go together", edit_missing_logit_bias),
     {"unexpected tensor", UFORM_FORMAT, "unexpected tensor", edit_unexpected_tensor, NULL, 8},
+    EDIT("I8 block weight without its scales", "I8 weight without its scales", edit_i8_without_scales),
+    {"I8 block weight with BF16 scales", UFORM_FORMAT, "I8 weight's scales are not F32 [out]",
+     edit_i8_scales_bf16, NULL, 128},
+    {"I8 block weight with 32 scales", UFORM_FORMAT, "I8 weight's scales are not F32 [out]",
+     edit_i8_scales_short, NULL, 128},
+    {"scales beside a BF16 weight", UFORM_FORMAT, "unexpected tensor", edit_scales_beside_bf16, NULL, 256},
+    EDIT("I8 projection", "tensor dtype is not BF16", edit_i8_projection),
+    EDIT("F32 block linear weight", "tensor dtype is not BF16 or I8", edit_f32_block_weight),
+    {"I8 block weight with its scales (valid)", UFORM_OK, NULL, edit_i8_with_scales, NULL, 256},
     {"tensor name of 300 bytes", UFORM_FORMAT, "tensor name empty or over 255 bytes", edit_long_name, NULL,
      8},
     EDIT("metadata of format 3", "metadata of another format", edit_format_3),

@@ -44,6 +44,7 @@ import numpy as np  # noqa: E402
 
 import audio_reference as audio_ref  # noqa: E402
 import harness  # noqa: E402  (the ctypes mirror, Engine, Report)
+import uform_reference as ref  # noqa: E402
 from harness import BF16, INVALID_ARGUMENT, OK, OUTPUT_EMBEDDINGS, UNSUPPORTED  # noqa: E402
 
 LOG_MEL_ABS_MAX = 1e-3
@@ -114,7 +115,7 @@ def check_samples(engine, report, model, tower, arenas, executors):
                  vectors["offsets"] is not None and list(vectors["offsets"] - vectors["offsets"][0]) == expected.token_offsets,
                  f"{None if vectors['offsets'] is None else vectors['offsets'].tolist()} vs {expected.token_offsets}")
     keep = [i for i, ok in enumerate(expected.ok) if ok]
-    harness.compare_encodings(report, "samples", first, expected, keep)
+    harness.compare_encodings(report, "samples", first, expected, keep, states_maximum=harness.states_max(tower))
     failed = [i for i, ok in enumerate(expected.ok) if not ok]
     report.check("samples: failed items have zero rows",
                  not first["embeddings"]["values"][failed].any() and not first["states"]["values"][failed].any())
@@ -164,13 +165,16 @@ def check_wav(engine, report, model, tower, arena, workdir: Path):
                  from_files["stats"].bytes == sum(len(b) for b in blobs.values()), f"{from_files['stats'].bytes}")
     expected = tower.encode([audio_ref.wav_samples(blob)[0] for blob in blobs.values()])
     harness.compare_encodings(report, "wav (mono, and stereo as the mean of its channels), end to end", from_files,
-                              expected)
+                              expected, states_maximum=harness.states_max(tower))
 
 
-def check_checkpoint(engine, report, label: str, path: Path, workdir: Path, log_mel_tool: str | None) -> None:
+def check_checkpoint(engine, report, label: str, path: Path, workdir: Path, log_mel_tool: str | None,
+                     weights: str = "stored") -> None:
     print(f"\n== {label}: {path}", flush=True)
     tower = audio_ref.load_audio_tower(str(path))
-    with harness.loaded(engine, path) as model:
+    if weights == "i8":
+        ref.quantize_blocks(tower)
+    with harness.loaded(engine, path, weights=weights) as model:
         info = engine.info(model)
         report.check("model info matches the audio metadata",
                      info.has_audio and (info.audio.rate, info.audio.mels, info.audio.window, info.audio.hop,
@@ -221,6 +225,8 @@ def main(argv=None) -> int:
         return SKIP
     harness.check_each(report, checkpoints,
                        lambda label, path: check_checkpoint(engine, report, label, path, workdir, args.log_mel_tool))
+    harness.check_each(report, harness.with_i8_weights(checkpoints),
+                       lambda label, path: check_checkpoint(engine, report, label, path, workdir, args.log_mel_tool, "i8"))
     return harness.summary(report)
 
 

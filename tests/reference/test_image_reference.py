@@ -81,7 +81,7 @@ def check_pixels(engine, report, model, tower, arenas, executors):
                  vectors["offsets"] is not None and np.array_equal(vectors["offsets"] - vectors["offsets"][0],
                                                                   np.arange(len(images) + 1) * tower.patches),
                  f"{None if vectors['offsets'] is None else vectors['offsets'].tolist()}")
-    harness.compare_encodings(report, "pixels", first, expected)
+    harness.compare_encodings(report, "pixels", first, expected, states_maximum=harness.states_max(tower))
 
     info = engine.info(model)
     for width in info.matryoshka[: info.matryoshka_count]:
@@ -161,7 +161,8 @@ def check_decoding(engine, report, model, tower, arena, workdir: Path):
             report.check(f"decoding {name}: engine vs pixels of Pillow's decode", same or cosine >= COSINE_MIN,
                          "bitwise equal" if same else f"cosine {cosine:.6f} (libjpeg-turbo builds differ)")
     expected = tower.encode(decoded)
-    harness.compare_encodings(report, "decoding, end to end", from_files, expected)
+    harness.compare_encodings(report, "decoding, end to end", from_files, expected,
+                              states_maximum=harness.states_max(tower))
 
     # Broken files in a good batch answer their own statuses.
     jpeg_index = next(i for i, (name, _, _) in enumerate(files) if name.endswith(".jpg"))
@@ -186,12 +187,14 @@ def check_decoding(engine, report, model, tower, arena, workdir: Path):
 FEATURE_JPEG, FEATURE_SPNG = 1 << 2, 1 << 3  # uform_feature_t
 
 
-def check_checkpoint(engine, report, label: str, path: Path, workdir: Path) -> None:
+def check_checkpoint(engine, report, label: str, path: Path, workdir: Path, weights: str = "stored") -> None:
     print(f"\n== {label}: {path}", flush=True)
     reference = ref.Reference(str(path))
     tower = reference.image
+    if weights == "i8":
+        ref.quantize_blocks(tower)
     image = reference.config["image"]
-    with harness.loaded(engine, path) as model, harness.executors_and_arenas(engine) as (executors, arenas):
+    with harness.loaded(engine, path, weights=weights) as model, harness.executors_and_arenas(engine) as (executors, arenas):
         info = engine.info(model)
         report.check("model info matches the image metadata",
                      info.has_image and (info.image.size, info.image.patch, info.image.transformer.hidden)
@@ -218,6 +221,8 @@ def main(argv=None) -> int:
         harness.check_each(report, checkpoints,
                            lambda label, path: check_checkpoint(engine, report, label, path, workdir),
                            hint=" (the image tower is not built: this test fails until it works)")
+        harness.check_each(report, harness.with_i8_weights(checkpoints),
+                           lambda label, path: check_checkpoint(engine, report, label, path, workdir, "i8"))
     return harness.summary(report)
 
 

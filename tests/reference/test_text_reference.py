@@ -47,7 +47,7 @@ import numpy as np  # noqa: E402
 import harness  # noqa: E402  (the ctypes mirror, Engine, Report)
 import uform_reference as ref  # noqa: E402
 from harness import (BF16, F16, F32, I8, OK, OUTPUT_EMBEDDINGS, OUTPUT_STATES, OUTPUT_TOKEN_VECTORS,  # noqa: E402
-                     SCALAR_NAMES, STATE_RELATIVE_L2_MAX, UNSUPPORTED, Engine, EngineError, Report, compare_rows)
+                     SCALAR_NAMES, UNSUPPORTED, Engine, EngineError, Report, compare_rows)
 
 CHOOSE_SAME_STATES_ABS = 2e-3
 CHOOSE_REFERENCE_STATES_ABS = 2e-2
@@ -88,14 +88,18 @@ def split_rows(view: dict) -> list:
     return [values[offsets[i] - offsets[0] : offsets[i + 1] - offsets[0]] for i in range(len(offsets) - 1)]
 
 
-def check_checkpoint(engine: Engine, report: Report, label: str, path: Path) -> None:
+def check_checkpoint(engine: Engine, report: Report, label: str, path: Path, weights: str = "stored") -> None:
     print(f"\n== {label}: {path}", flush=True)
-    with harness.loaded(engine, path) as model:
-        _check_model(engine, report, model, path)
+    with harness.loaded(engine, path, weights=weights) as model:
+        _check_model(engine, report, model, path, weights)
 
 
-def _check_model(engine, report, model, path):
+def _check_model(engine, report, model, path, weights):
     reference = ref.Reference(str(path))
+    full = None
+    if weights == "i8":  # the reference quantizes as the engine does; the unquantized one stays near
+        full = reference.text.encode(test_texts(reference.text.context, seed=11)).embeddings
+        ref.quantize_blocks(reference.text)
     info = engine.info(model)
     text = reference.config["text"]
     report.check("model info matches the metadata",
@@ -116,12 +120,13 @@ def _check_model(engine, report, model, path):
     try:
         with harness.executors_and_arenas(engine) as (executors, arenas):
             _check_receivers(engine, report, model, texts, expected, tower, everything, arenas["host"], side_arena,
-                             executors, arenas)
+                             executors, arenas, full)
     finally:
         engine.library.uform_arena_free(side_arena)
 
 
-def _check_receivers(engine, report, model, texts, expected, tower, everything, host_arena, side_arena, executors, arenas):
+def _check_receivers(engine, report, model, texts, expected, tower, everything, host_arena, side_arena, executors, arenas,
+                     unquantized=None):
     # F32, every output, every receiver: bitwise identical.
     receivers = harness.receivers(host_arena, executors, arenas)
     first = harness.encode_on_receivers(
@@ -154,6 +159,9 @@ def _check_receivers(engine, report, model, texts, expected, tower, everything, 
         return
     report.check("embeddings: one row per item", embeddings["rows"] == items, f"{embeddings['rows']}")
     compare_rows(report, "embeddings vs reference", embeddings["values"], expected.embeddings)
+    if unquantized is not None:
+        compare_rows(report, "I8 embeddings vs the reference's without I8", embeddings["values"], unquantized,
+                     minimum=harness.I8_COSINE_MIN)
     report.check("embeddings are unit rows", np.abs(np.linalg.norm(embeddings["values"], axis=1) - 1).max() < 1e-3)
 
     offsets = vectors["offsets"]
@@ -167,8 +175,9 @@ def _check_receivers(engine, report, model, texts, expected, tower, everything, 
     report.check("states: one row per item", states["rows"] == items, f"{states['rows']}")
     if states["rows"] == items:
         relative = np.linalg.norm(states["values"] - expected.states, axis=1) / np.linalg.norm(expected.states, axis=1)
-        report.check("states vs reference, relative L2", relative.max() <= STATE_RELATIVE_L2_MAX,
-                     f"max {relative.max():.2e} (item {int(np.argmax(relative))}, <= {STATE_RELATIVE_L2_MAX}), "
+        maximum = harness.states_max(tower)
+        report.check("states vs reference, relative L2", relative.max() <= maximum,
+                     f"max {relative.max():.2e} (item {int(np.argmax(relative))}, <= {maximum}), "
                      f"max abs {np.abs(states['values'] - expected.states).max():.2e}")
 
     # Matryoshka widths: the prefix renormalized, against the reference and the engine's own rows.
@@ -312,6 +321,8 @@ def main(argv=None) -> int:
     outcome.destroy()
     if callable_engine:
         harness.check_each(report, checkpoints, lambda label, path: check_checkpoint(engine, report, label, path))
+        harness.check_each(report, harness.with_i8_weights(checkpoints),
+                           lambda label, path: check_checkpoint(engine, report, label, path, "i8"))
     return harness.summary(report)
 
 

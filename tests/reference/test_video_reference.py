@@ -100,10 +100,12 @@ def clip_frames(count: int, seed: int, height=40, width=52) -> list:
 CLIPS = [(12, 12), (7, 10), (2, 5), (1, 8)]
 
 
-def check_checkpoint(engine, report, label: str, path: Path, workdir: Path) -> None:
+def check_checkpoint(engine, report, label: str, path: Path, workdir: Path, weights: str = "stored") -> None:
     print(f"\n== {label}: {path}", flush=True)
     tower = ref.Reference(str(path)).image
-    with harness.loaded(engine, path) as model, harness.executors_and_arenas(engine) as (executors, arenas):
+    if weights == "i8":
+        ref.quantize_blocks(tower)
+    with harness.loaded(engine, path, weights=weights) as model, harness.executors_and_arenas(engine) as (executors, arenas):
         check_clips(engine, report, model, tower, arenas["host"], executors[2], arenas[2], workdir)
 
 
@@ -123,7 +125,7 @@ def check_clips(engine, report, model, tower, arena, executor, side_arena, workd
 
     from_memory = engine.encode_videos(model, clips, arena)
     report.check("every clip encodes", from_memory["statuses"] == [OK] * len(clips), f"{from_memory['statuses']}")
-    harness.compare_encodings(report, "clips", from_memory, expected)
+    harness.compare_encodings(report, "clips", from_memory, expected, states_maximum=harness.states_max(tower))
     vectors = from_memory["token_vectors"]
     report.check("token vectors grouped per clip, one per sampled frame",
                  vectors["offsets"] is not None
@@ -192,6 +194,8 @@ def main(argv=None) -> int:
         print(f"SKIP: {args.library} is built without FFmpeg: uform_video_encode answers UNSUPPORTED")
         return SKIP
     harness.check_each(report, checkpoints, lambda label, path: check_checkpoint(engine, report, label, path, workdir))
+    harness.check_each(report, harness.with_i8_weights(checkpoints),
+                       lambda label, path: check_checkpoint(engine, report, label, path, workdir, "i8"))
     return harness.summary(report)
 
 

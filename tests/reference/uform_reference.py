@@ -200,7 +200,8 @@ class RMSNorm(torch.nn.Module):
 
 class BF16Inputs(torch.nn.Module):
     """A linear layer whose input may be rounded to BF16 first: set `round_inputs` to emulate an
-    engine whose GEMMs read BF16 activations, to size the tolerances of the comparisons."""
+    engine whose GEMMs read BF16 activations, to size the tolerances of the comparisons. One with I8
+    weights (`quantize_blocks`) quantizes its input per row as the engine does (`quantize_activations`)."""
 
     round_inputs = False
 
@@ -208,9 +209,12 @@ class BF16Inputs(torch.nn.Module):
         super().__init__()
         self.weight = torch.nn.Parameter(torch.zeros(outputs, inputs), requires_grad=False)  # [out, in]
         self.bias = torch.nn.Parameter(torch.zeros(outputs), requires_grad=False) if bias else None
+        self.i8 = False
 
     def forward(self, x):
-        if BF16Inputs.round_inputs and x.dtype != torch.bfloat16:
+        if self.i8:
+            x = quantize_activations(x)
+        elif BF16Inputs.round_inputs and x.dtype != torch.bfloat16:
             x = x.to(torch.bfloat16).to(x.dtype)
         return F.linear(x, self.weight, self.bias)  # x W^T + b
 
@@ -610,6 +614,45 @@ def quantize_i8_rows(x) -> tuple[np.ndarray, np.ndarray]:
 
 def dequantize_i8_rows(q, scales) -> np.ndarray:
     return np.asarray(q, dtype=np.float32) * np.asarray(scales, dtype=np.float32)[:, None]
+
+
+# ------------------------------------------------------------------------------------------------
+# I8 weights (docs/DESIGN.md, "I8 weights")
+# ------------------------------------------------------------------------------------------------
+
+I8_INPUTS_MAX = 65536  # a layer with more inputs keeps BF16 weights
+
+
+def quantize_activations(x: torch.Tensor) -> torch.Tensor:
+    """The values the engine's I8 layers multiply for activations x [..., k], per row in float32:
+    lo = min(0, min x), hi = max(0, max x), inv = 255 / (hi - lo), zero = rint(-lo inv),
+    q = clamp(rint(x inv) + zero, 0, 255) (rint to nearest even), then (q - zero) (hi - lo) / 255; a row
+    whose range is 0 (or too small to divide by) gives zeros."""
+    x32 = x.to(torch.float32)
+    lo = torch.clamp(x32.amin(dim=-1, keepdim=True), max=0.0)
+    hi = torch.clamp(x32.amax(dim=-1, keepdim=True), min=0.0)
+    span = hi - lo
+    inv = torch.tensor(255.0, dtype=torch.float32) / span
+    usable = torch.isfinite(inv)
+    inv = torch.where(usable, inv, torch.zeros_like(inv))
+    zero = torch.round(-lo * inv)
+    q = torch.clamp(torch.round(x32 * inv) + zero, 0.0, 255.0)
+    values = (q - zero) * (span / torch.tensor(255.0, dtype=torch.float32))
+    return torch.where(usable, values, torch.zeros_like(values)).to(x.dtype)
+
+
+def quantize_blocks(tower) -> None:
+    """A tower as the engine runs it with I8 weights: each block's attn.qkv, attn.out, mlp.up and mlp.down
+    weight (of at most I8_INPUTS_MAX inputs) replaced by its per-row I8 quantization (quantize_i8_rows,
+    dequantized), and the layer's input quantized per row as it runs (quantize_activations)."""
+    for block in tower.blocks:
+        for layer in (block.attn.qkv, block.attn.out, block.mlp.up, block.mlp.down):
+            if layer.weight.shape[1] > I8_INPUTS_MAX:
+                continue
+            q, scales = quantize_i8_rows(layer.weight.detach().to(torch.float32).numpy())
+            layer.weight.data = torch.from_numpy(dequantize_i8_rows(q, scales)).to(layer.weight.dtype)
+            layer.i8 = True
+    tower.i8 = True
 
 
 # ------------------------------------------------------------------------------------------------

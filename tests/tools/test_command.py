@@ -133,6 +133,28 @@ def check_checkpoint_and_info(uform, workdir):
     return model
 
 
+def check_weights(uform, model, workdir):
+    """I8 weights: a quantized checkpoint embeds as the BF16 one loaded with --weights i8, in every command
+    that loads a model; --weights bf16 widens it back; a missing input says so."""
+    quantized = os.path.join(workdir, "tiny-i8.safetensors")
+    text, _ = run(uform, "checkpoint", "quantize", model, quantized)
+    assert text == f"wrote {quantized} (I8 weights)\n".encode(), text
+    assert os.path.getsize(quantized) < 0.7 * os.path.getsize(model)
+    asked = run(uform, "encode", "--model", model, "--weights", "i8", *TEXTS)[0]
+    assert run(uform, "encode", "--model", quantized, *TEXTS)[0] == asked
+    assert run(uform, "encode", "--model", quantized, "--weights", "i8", *TEXTS)[0] == asked
+    assert run(uform, "encode", "--model", model, "--weights", "bf16", *TEXTS)[0] == run(uform, "encode", "--model", model, *TEXTS)[0]
+    bf16 = [row["embedding"] for row in rows_of(run(uform, "encode", "--model", model, *TEXTS)[0])]
+    for row, floats in zip(rows_of(asked), bf16):
+        cosine = sum(a * b for a, b in zip(row["embedding"], floats))  # unit rows
+        assert cosine >= 0.99, cosine
+    widened = rows_of(run(uform, "encode", "--model", quantized, "--weights", "bf16", *TEXTS)[0])
+    assert [row["embedding"] for row in widened] != [row["embedding"] for row in rows_of(asked)]
+    _, stderr = run(uform, "checkpoint", "quantize", os.path.join(workdir, "missing.safetensors"), quantized, expect=1)
+    assert stderr == "UForm: io [uform_checkpoint_quantize]: cannot open checkpoint\n", stderr
+    return quantized
+
+
 def check_encode(uform, model, workdir):
     rows = rows_of(run(uform, "encode", "--model", model, *TEXTS)[0])
     assert len(rows) == 2
@@ -571,7 +593,11 @@ def check_errors(uform, model, workdir):
         (["train", "--steps", "0"], "--steps takes a positive number, not '0' (see 'uform train --help')"),
         (["train", "--lr", "-1"], "--lr takes a number of at least 0, not '-1' (see 'uform train --help')"),
         (["encode", "--scalar", "f64"], "--scalar takes f32, bf16, f16 or i8, not 'f64' (see 'uform encode --help')"),
-        (["checkpoint"], "a tool is missing: tiny (see 'uform checkpoint --help')"),
+        (["checkpoint"], "a tool is missing: tiny or quantize (see 'uform checkpoint --help')"),
+        (["checkpoint", "quantize"], "IN and OUT are missing (see 'uform checkpoint quantize --help')"),
+        (["checkpoint", "quantize", "x"], "OUT is missing (see 'uform checkpoint quantize --help')"),
+        (["checkpoint", "quantize", "x", "y", "z"], "unexpected argument 'z' (see 'uform checkpoint quantize --help')"),
+        (["encode", "--weights", "f64"], "--weights takes stored, bf16 or i8, not 'f64' (see 'uform encode --help')"),
         (["search", "x"], "unknown tool 'x': index or query (see 'uform search --help')"),
     ] + ([(["serve", "--port", "70000"], "--port takes a number up to 65535, not '70000' (see 'uform serve --help')")]
          if serve_built else [])
@@ -601,7 +627,8 @@ def check_errors(uform, model, workdir):
 
     # Help: every subcommand has one, on stdout, with status 0.
     for arguments in (["--help"], ["encode", "--help"], ["info", "-h"], ["checkpoint", "--help"],
-                      ["checkpoint", "tiny", "--help"], ["search", "--help"]) + ((["serve", "--help"],) if serve_built else ()):
+                      ["checkpoint", "tiny", "--help"], ["checkpoint", "quantize", "--help"],
+                      ["search", "--help"]) + ((["serve", "--help"],) if serve_built else ()):
         text, _ = run(uform, *arguments)
         assert text.startswith(b"usage: uform"), (arguments, text)
     # Each flag's description starts in one column, the table's.
@@ -643,6 +670,7 @@ def main():
     options = parse_options(__doc__)
     model = check_checkpoint_and_info(options.uform, options.workdir)
     check_encode(options.uform, model, options.workdir)
+    check_weights(options.uform, model, options.workdir)
     check_images(options.uform, model, options.workdir)
     check_search(options.uform, model, options.workdir)
     killed_index_leaves_temporary(options.uform, model, options.workdir)

@@ -51,6 +51,7 @@ static char const index_help_tail[] =
 typedef struct index_flags {
     char const *folder, *output, *model;
     size_t threads, dims;
+    int weights; /* a uform_weights_t */
     bool recursive, help;
 } index_flags_t;
 
@@ -109,6 +110,7 @@ static int parse_index_flags(int argc, char **argv, index_flags_t *flags) {
          .help = "the checkpoint; default: the default model (below). The index records its\n"
                  "absolute path for 'search query'"},
         command_flag_threads(&flags->threads),
+        command_flag_weights(&flags->weights),
         {"--dims", FLAG_SIZE, &flags->dims, .value = "N", .minimum = 1,
          .help = "a matryoshka width of the model (see 'uform info'); default: its full width"},
         {"--recursive", FLAG_SWITCH, &flags->recursive,
@@ -302,7 +304,8 @@ static int search_index(int argc, char **argv) {
     if (indexer->walk.count) qsort(indexer->walk.found, indexer->walk.count, sizeof(found_t), compare_found);
 
     if ((code = command_model_path(flags.model, buffer, sizeof buffer, &path)) != COMMAND_OK) goto done;
-    if ((code = command_engine_open(path, flags.threads, &indexer->engine)) != COMMAND_OK) goto done;
+    if ((code = command_engine_open(path, flags.threads, flags.weights, &indexer->engine)) != COMMAND_OK)
+        goto done;
     size_t dims = flags.dims ? flags.dims : indexer->engine.info.dims;
     indexer->config = (uform_encode_config_t){.outputs_scalar = UFORM_F32};
     if ((code = command_matryoshka(&indexer->engine, dims, "--dims", &indexer->config.matryoshka)) !=

@@ -29,7 +29,8 @@ typedef enum query_format { QUERY_TEXT = 0, QUERY_JSONL = 1 } query_format_t;
 typedef struct query_flags {
     char const *index, *text, *file, *model;
     size_t threads, top;
-    int format; /* by query_format_t */
+    int weights; /* a uform_weights_t */
+    int format;  /* by query_format_t */
     bool help;
 } query_flags_t;
 
@@ -75,6 +76,7 @@ static int parse_flags(int argc, char **argv, query_flags_t *flags) {
          .help = "the checkpoint; default: the one the index records. Its widths must include\n"
                  "the index's dims"},
         command_flag_threads(&flags->threads),
+        command_flag_weights(&flags->weights),
         {"--", FLAG_LITERALS, NULL, .help = "what follows is the TEXT, even when it starts with '-'"},
         {NULL},
     };
@@ -205,7 +207,7 @@ int search_query(int argc, char **argv) {
         code = command_fail("cannot read the index's model %s: %s (pass --model)", model, strerror(errno));
         goto done;
     }
-    if ((code = command_engine_open(model, flags.threads, &engine)) != COMMAND_OK) goto done;
+    if ((code = command_engine_open(model, flags.threads, flags.weights, &engine)) != COMMAND_OK) goto done;
     uform_encode_config_t config = {.outputs_scalar = UFORM_F32};
     if ((code = command_matryoshka(&engine, index.dims, "the index's dims", &config.matryoshka)) !=
         COMMAND_OK)

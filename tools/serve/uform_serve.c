@@ -95,6 +95,7 @@ static int parse_flags(int argc, char **argv, serve_flags_t *flags) {
                  "file name without .safetensors (tiny-42 for the default model)"},
         {"--threads", FLAG_SIZE, &flags->threads, .value = "N", .maximum = 4096,
          .help = "the executor's worker threads; 0 (the default) takes 7/8 of the cores"},
+        command_flag_weights(&flags->weights),
         {"--host", FLAG_STRING, &flags->host, .value = "ADDRESS",
          .help = "the address to listen on (default 127.0.0.1; 0.0.0.0 or :: for all)"},
         {"--port", FLAG_UNSIGNED, &flags->port, .value = "N", .maximum = 65535,
@@ -876,7 +877,9 @@ static int serve_run(serve_t *server, sigset_t const *signals) {
     uform_ram_options_t options = uform_ram_options_default();
     options.threads = server->flags.threads;
     if (uform_executor_create_ram(&options, &server->executor) != UFORM_OK) return command_fail_engine();
-    uform_model_load_args_t load = {.executor = server->executor, .path = path, .model = &server->model};
+    uform_load_config_t config = {.weights = (uform_weights_t)server->flags.weights};
+    uform_model_load_args_t load = {
+        .executor = server->executor, .path = path, .config = &config, .model = &server->model};
     if (uform_model_load_ram(&load) != UFORM_OK) return command_fail_engine();
     if (uform_model_info(server->model, &server->info) != UFORM_OK) return command_fail_engine();
     if (!server->info.has_text) return command_fail("%s has no text tower: uform serve needs one", path);

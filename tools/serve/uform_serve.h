@@ -113,6 +113,7 @@ void metrics_render(serve_t const *server, serve_text_t *text);
 typedef struct serve_flags {
     char const *model, *name, *host;
     size_t threads;
+    int weights; /* a uform_weights_t */
     unsigned port;
     size_t batch_bytes;
     uint64_t batch_delay_us;
