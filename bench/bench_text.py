@@ -122,7 +122,8 @@ def ort_int8(float32: Path, path: Path, feeds: list, options, min_seconds: float
     try:
         from onnxruntime.quantization import quantize_dynamic
     except ImportError as error:
-        return None, f"onnxruntime.quantization: {error} (pip install onnx)", None
+        return None, (f"onnxruntime.quantization: {error} (pip install --no-deps onnx==1.16.2 ml_dtypes==0.4.1: "
+                      "onnx's own dependencies would replace Debian's numpy, which its torch needs)"), None
     quantize_dynamic(str(float32), str(path))
     session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     seconds = common.measure(lambda: [session.run(None, f) for f in feeds], min_seconds,
