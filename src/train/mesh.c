@@ -385,7 +385,7 @@ UFORM_EXPORT uform_status_t uform_mesh_bootstrap(uform_mesh_bootstrap_args_t con
 
 /* Whether some MPI request of the mesh's may still be written by MPI. */
 static bool requests_pending(uform_mesh_t const *mesh) {
-    return mesh->broken && mesh->collectives != UFORM_MESH_NCCL && mesh->size > 1;
+    return mesh->broken && mesh->size > 1; /* the counts' exchange is over MPI on either road */
 }
 
 /* Frees what the mesh holds but a broken mesh's buffers that MPI may still write, and those of its
