@@ -41,7 +41,11 @@ static char const help_tail[] =
     "under staging names (OUT.next, OUT.optimizer.next) before either replaces its file: a full disk or\n"
     "a kill leaves the previous pair or the new one, and --resume finishes or removes what an\n"
     "interrupted save left. Errors are one line on stderr, a file named with the system's reason: exit\n"
-    "status 1 when the work failed or was interrupted, 2 for a wrong command line.\n";
+    "status 1 when the work failed or was interrupted, 2 for a wrong command line.\n"
+    "\n"
+    "Under mpirun (or a PMI launcher such as srun --mpi) the processes train as one: each steps on whole\n"
+    "groups of the same batch, only the first prints and saves, and a Ctrl-C on any stops all after the\n"
+    "same step; --device cuda is each process's local rank's device, cuda:N device N for all.\n";
 
 typedef struct train_flags {
     char const *data, *out, *resume, *device;
@@ -168,7 +172,7 @@ static int parse_flags(int argc, char **argv, train_flags_t *flags) {
         command_flag_threads(&flags->threads),
         {"--device", FLAG_STRING, &flags->device, .value = "D",
          .help = "where the trainer runs: cpu (default), or cuda or cuda:N, device N of this\n"
-                 "machine (0 when not given); --help lists the devices found"},
+                 "machine (0 when not given; under mpirun the local rank); --help lists the devices found"},
         {"--neighbours", FLAG_SIZE, &flags->neighbours, .value = "N", .maximum = NEAREST,
          .help = "each group drawn brings N more (default 0), drawn from its 8 nearest groups\n"
                  "by the words of their texts (see below)"},

@@ -14,6 +14,10 @@
  *                     copied to pinned memory, an event recorded;
  *           test      the event, polled by the loop: then the results are read, and the step counted
  *                     unless the device skipped it;
+ *           over a mesh of several processes (mesh.h), after forward every process's embeddings gathered
+ *           into the loss's buffer of the whole batch, and after backward the gradients and the loss
+ *           shares summed in place, both posted on the mesh's road (NCCL or staged) and tested by the loop
+ *           with the mesh's timeout; the trainer then lives on the mesh's device of the executor;
  *   save    the masters and moments copied back into the host's parameters, then saved as a RAM
  *           trainer saves them (train_params_save): the same files, which either residency resumes from.
  *
