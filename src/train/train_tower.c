@@ -61,16 +61,8 @@ static void bias_work(void *context, size_t thread) {
 void train_linear(kernels_t const *kernels, uform_executor_t *executor, float const *x, size_t m,
                   train_tensor_t const *weight, size_t n, train_tensor_t const *bias, float *y) {
     size_t k = weight->shape[1];
-    kernel_sgemm_t sgemm = {.m = m,
-                            .n = n,
-                            .k = k,
-                            .a = x,
-                            .a_stride = k,
-                            .b = weight->value,
-                            .b_stride = k,
-                            .b_transposed = true,
-                            .c = y,
-                            .c_stride = n};
+    kernel_sgemm_t sgemm = {.m = m, .n = n, .k = k, .a = x, .a_stride = k, .b = weight->value, .b_stride = k,
+                            .b_transposed = true, .c = y, .c_stride = n};
     tower_fork_sgemm(kernels, executor, &sgemm);
     if (bias) {
         bias_job_t job = {y, bias->value, m, n, executor_fork_threads(executor)};
@@ -83,31 +75,14 @@ void train_linear_backward(kernels_t const *kernels, uform_executor_t *executor,
                            bool accumulate_dx) {
     size_t k = weight->shape[1];
     /* W.grad[n, k] += dy^T [n, m] . x [m, k] */
-    kernel_sgemm_t d_weight = {.m = n,
-                               .n = k,
-                               .k = m,
-                               .a = dy,
-                               .a_stride = n,
-                               .a_transposed = true,
-                               .b = x,
-                               .b_stride = k,
-                               .c = weight->grad,
-                               .c_stride = k,
-                               .accumulate = true};
+    kernel_sgemm_t d_weight = {.m = n, .n = k, .k = m, .a = dy, .a_stride = n, .a_transposed = true, .b = x,
+                               .b_stride = k, .c = weight->grad, .c_stride = k, .accumulate = true};
     tower_fork_sgemm(kernels, executor, &d_weight);
     if (bias) column_sums(executor, dy, m, n, bias->grad);
     if (dx) {
         /* dx [m, k] = dy [m, n] . W [n, k] */
-        kernel_sgemm_t d_x = {.m = m,
-                              .n = k,
-                              .k = n,
-                              .a = dy,
-                              .a_stride = n,
-                              .b = weight->value,
-                              .b_stride = k,
-                              .c = dx,
-                              .c_stride = k,
-                              .accumulate = accumulate_dx};
+        kernel_sgemm_t d_x = {.m = m, .n = k, .k = n, .a = dy, .a_stride = n, .b = weight->value, .b_stride = k,
+                              .c = dx, .c_stride = k, .accumulate = accumulate_dx};
         tower_fork_sgemm(kernels, executor, &d_x);
     }
 }
@@ -260,8 +235,7 @@ static void rms_back_work(void *context, size_t thread) {
     size_t blocks = (tokens + TRAIN_ROW_BLOCK - 1) / TRAIN_ROW_BLOCK, first, last;
     thread_share(blocks, thread, job->threads, &first, &last);
     for (size_t b = first; b < last; ++b) {
-        size_t begin = b * TRAIN_ROW_BLOCK,
-               end = begin + TRAIN_ROW_BLOCK < tokens ? begin + TRAIN_ROW_BLOCK : tokens;
+        size_t begin = b * TRAIN_ROW_BLOCK, end = begin + TRAIN_ROW_BLOCK < tokens ? begin + TRAIN_ROW_BLOCK : tokens;
         float *partial = job->pass->partial + b * h;
         memset(partial, 0, h * sizeof(float));
         job->tower->kernels->rmsnorm_backward(job->dy + begin * h, h, partial, job->dy + begin * h, h,
@@ -344,8 +318,8 @@ void train_tower_backward(train_tower_t const *tower, uform_executor_t *executor
         train_linear_backward(kernels, executor, s.att, tokens, b->out_w, h, b->out_b, dx, pass->dh, false);
         tower_fork_attention_backward(&fork, executor, s.qkv, s.att, pass->dh, pass->dqkv);
         if (pass->rotary) tower_fork_rows(&fork, executor, TOWER_ROWS_ROPE_BACKWARD, NULL, NULL, pass->dqkv);
-        train_linear_backward(kernels, executor, s.h1, tokens, b->qkv_w, 3 * h, b->qkv_b, pass->dqkv,
-                              pass->dh, false);
+        train_linear_backward(kernels, executor, s.h1, tokens, b->qkv_w, 3 * h, b->qkv_b, pass->dqkv, pass->dh,
+                              false);
         rms_backward(tower, executor, pass, pass->dh, s.x_in, b->norm1);
         tower_fork_rows(&fork, executor, TOWER_ROWS_ADD, pass->dh, NULL, dx); /* dx is now d x_in */
     }
