@@ -10,9 +10,12 @@
 # compute-sanitizer, and benchmarks training (the base configuration, batch 256 of texts and images: samples/s
 # and MFU beside a PyTorch bf16 autocast loop of the same model and batch, bench/bench_train.py --device
 # cuda) and texts, images (from pixels and from JPEG files end to end), clips and sounds per second at batch
-# 1, 64 and 1024 on the base configuration beside PyTorch bf16 (eager and SDPA) on the same weights. Meshes
-# of VRAM executors (NCCL) are not built: their checks (2 ranks on one GPU against 1, an injected rank
-# failure) are reported as not built. Meant to finish in under 8 minutes on an H200 (each stage has a limit
+# 1, 64 and 1024 on the base configuration beside PyTorch bf16 (eager and SDPA) on the same weights, and the
+# meshes of VRAM executors under mpirun (tests/train/mesh_train.c's vram modes): 2 ranks on the one GPU
+# against 1 rank on the whole batch (weights to BF16 rounding; the collectives the mesh chose, NCCL's
+# multi-rank mode or staged through pinned memory, are printed), and a rank injected late past the mesh's
+# timeout, which must end its step and the other's with UFORM_DEVICE within the timeout of each one's
+# collective, the mesh unusable after. Meant to finish in under 8 minutes on an H200 (each stage has a limit
 # and the whole a budget), writing its figures to one file: $OUT/gpu_check.txt, or build-gpu/gpu_check.txt.
 #
 #     bench/gpu_check.sh              # run the check
@@ -20,12 +23,15 @@
 #                                     # machine lacks into .gpu-deps/ (ignored by git), to carry there
 #
 # --prepare fetches Debian's packages of jansson, cmocka, libjpeg-turbo, libspng, zlib and pkgconf (headers,
-# shared objects, .pc files, the pkg-config program), and builds a small static FFmpeg from Debian's source
+# shared objects, .pc files, the pkg-config program) and Open MPI's (mpirun, libmpi and the libraries
+# they load: PMIx, hwloc, libevent, libfabric, UCX, verbs, ...), and builds a small static FFmpeg from Debian's source
 # package (the demuxers, decoders, resampler, scaler and MPEG-4 encoder the engine and `uform dataset
 # synth` use, nothing it would fetch; C only, position-independent, to link into libuform.so; about
 # 9 MB), all under .gpu-deps/root. It takes about half an hour on two cores. On the GPU machine the carried libraries go
 # on CPATH, LIBRARY_PATH and LD_LIBRARY_PATH, and the carried pkg-config finds them (PKG_CONFIG_LIBDIR,
-# PKG_CONFIG_SYSROOT_DIR), so that the media verbs are built there too.
+# PKG_CONFIG_SYSROOT_DIR), so that the media verbs are built there too; Open MPI, built for /usr, is moved
+# to the carried folder with OPAL_PREFIX (its plugins, help files and settings found there: this runs
+# offline in a mount namespace where the system's Open MPI is hidden), and its mpirun is mpirun.openmpi.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -35,7 +41,11 @@ if [ "${1:-}" = "--prepare" ]; then
     set -e
     rm -rf .gpu-deps && mkdir -p .gpu-deps/debs .gpu-deps/apt/lists/partial .gpu-deps/apt/cache/archives/partial
     (cd .gpu-deps/debs && apt-get download libjansson4 libjansson-dev libcmocka0 libcmocka-dev libturbojpeg0 \
-        libturbojpeg0-dev libspng0 libspng-dev zlib1g zlib1g-dev pkgconf pkgconf-bin libpkgconf3)
+        libturbojpeg0-dev libspng0 libspng-dev zlib1g zlib1g-dev pkgconf pkgconf-bin libpkgconf3 \
+        libopenmpi3 libopenmpi-dev openmpi-bin openmpi-common libpmix2 libhwloc15 libevent-2.1-7 \
+        libevent-core-2.1-7 libevent-pthreads-2.1-7 libfabric1 libucx0 libibverbs1 librdmacm1 libpsm2-2 \
+        libpsm-infinipath1 libnl-3-200 libnl-route-3-200 libmunge2 libnuma1 libgfortran5 libquadmath0 libltdl7 \
+        libxnvctrl0 libpciaccess0)
     for deb in .gpu-deps/debs/*.deb; do dpkg -x "$deb" .gpu-deps/root; done
     # FFmpeg's source, through a sources list of its own (the system's is left as it is).
     APT=(-o Dir::Etc::SourceList="$ROOT/.gpu-deps/apt/sources.list" -o Dir::Etc::SourceParts=/dev/null
@@ -90,8 +100,12 @@ if [ -d .gpu-deps/root ]; then
     export PATH=$PATH:$DEPS/usr/bin
     export PKG_CONFIG_LIBDIR=$LIBS/pkgconfig:$DEPS/usr/share/pkgconfig:$DEPS/usr/local/ffmpeg/lib/pkgconfig
     export PKG_CONFIG_SYSROOT_DIR=$DEPS
+    export OPAL_PREFIX=$DEPS/usr OPAL_SYSCONFDIR=$DEPS/etc/openmpi
+    export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$LIBS/openmpi/lib
     say "using carried libraries from .gpu-deps"
 fi
+MPIRUN=$(command -v mpirun || command -v mpirun.openmpi || echo mpirun)
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/targets/x86_64-linux/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 # GPU_CHECK_PREBUILT=1 takes build-gpu as it is (built elsewhere with -Dcuda=enabled: the binaries only
@@ -99,7 +113,7 @@ export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/targets/x86_64-linu
 if [ -z "${GPU_CHECK_PREBUILT:-}" ]; then
     stage "build (meson, CUDA enabled, sm_90 + PTX)"
     rm -rf build-gpu/meson-private build-gpu/build.ninja
-    if ! meson setup build-gpu -Dcuda=enabled -Dbuildtype=release -Db_ndebug=false -Dmpi=disabled \
+    if ! meson setup build-gpu -Dcuda=enabled -Dbuildtype=release -Db_ndebug=false \
         -Dmicrohttpd=disabled > "$OUTDIR/setup.log" 2>&1; then
         tail -40 "$OUTDIR/setup.log" | tee -a "$REPORT"
         say "FAILED: meson setup"
@@ -146,7 +160,29 @@ stage "training: the VRAM trainer against the RAM trainer (losses, weights, resu
 run_stage "test_vram_train" 120 "$OUTDIR/test-vram-train.log" build-gpu/tests/test_vram_train build-gpu/tools/uform
 grep -E 'loss|cosine|OK|FAIL|ERROR|error|SKIP' "$OUTDIR/test-vram-train.log" | head -40 | tee -a "$REPORT"
 run_stage "test_train_device" 30 "$OUTDIR/train-device.log" build-gpu/tests/test_train_device
-say "meshes of VRAM executors (2 ranks on one GPU against 1, an injected rank failure ending in UFORM_DEVICE): not built"
+
+stage "meshes of VRAM executors under mpirun: 2 ranks on the one GPU against 1; an injected rank failure"
+MESHES=$OUTDIR/meshes
+mkdir -p "$MESHES"
+mesh_pair() { # 1 rank on the whole batch, 2 on halves, then their weights compared to BF16 rounding
+    build-gpu/tests/mesh_train vram single "$MESHES/single.safetensors" &&
+        "$MPIRUN" --oversubscribe --mca btl self,vader -n 2 build-gpu/tests/mesh_train vram mesh \
+            "$MESHES/mesh.safetensors" &&
+        build-gpu/tests/mesh_train compare "$MESHES/mesh.safetensors" "$MESHES/single.safetensors" 1e-2
+}
+export -f mesh_pair
+export MESHES MPIRUN OUTDIR
+run_stage "2 ranks on one GPU = 1 rank" 120 "$OUTDIR/mesh-pair.log" bash -c mesh_pair
+grep -E 'collectives|worst|differs|FAIL|rror' "$OUTDIR/mesh-pair.log" | head -10 | tee -a "$REPORT"
+mesh_fault() { # every rank's third step ends with UFORM_DEVICE inside its timeout, the mesh unusable after
+    "$MPIRUN" --oversubscribe --mca btl self,vader -n 2 build-gpu/tests/mesh_train vram fault \
+        "$MESHES/fault.safetensors"
+    [ "$(grep -cE '^rank [01]: step 3: device after' "$OUTDIR/mesh-fault.log")" -eq 2 ] &&
+        [ "$(grep -cE '^rank [01]: mesh usable 0, the next step refused 1' "$OUTDIR/mesh-fault.log")" -eq 2 ]
+}
+export -f mesh_fault
+run_stage "injected rank failure ends in UFORM_DEVICE within the timeout" 90 "$OUTDIR/mesh-fault.log" bash -c mesh_fault
+grep -E '^rank|FAIL|rror' "$OUTDIR/mesh-fault.log" | head -10 | tee -a "$REPORT"
 
 stage "benchmark: training, base configuration, uform VRAM trainer vs PyTorch bf16 autocast"
 run_stage "bench_train --device cuda" 150 "$OUTDIR/bench-train.log" python3 bench/bench_train.py --build build-gpu \

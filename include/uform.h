@@ -864,12 +864,32 @@ UFORM_EXPORT uform_status_t uform_outcome_probabilities(uform_outcome_t const *o
  * freeing the last mesh finalizes it then, so a process bootstraps at most once. An application that
  * initialized MPI itself keeps it, and may bootstrap meshes over communicators of its own
  * (options.communicator) as long as it does not finalize MPI. A trainer made with a mesh (config.mesh)
- * over a RAM executor runs data-parallel: each process steps on its own items, the loss spans every
- * process's items (pairs across processes are unrelated; relations index a process's own items),
- * gradients are summed with non-blocking collectives that the executor's loop progresses, and N
- * processes equal one process on the concatenated batch, to rounding. Every process passes the same
- * config, and the same executor to the mesh and its trainer. */
+ * runs data-parallel: each process steps on its own items, the loss spans every process's items (pairs
+ * across processes are unrelated; relations index a process's own items), gradients are summed with
+ * non-blocking collectives that the executor's loop progresses, and N processes equal one process on the
+ * concatenated batch, to rounding. Every process passes the same config, and the same executor to the
+ * mesh and its trainer.
+ *
+ * Over VRAM executors each process's trainer steps on one device of its executor: the process's rank
+ * among those of its node (its local rank) modulo the executor's devices, so that an executor made over
+ * a node's devices spreads its processes over them, and one made over one device puts them all there.
+ * The embeddings' exchange and the gradients' sum run on device memory, over NCCL (opened on first use,
+ * a non-blocking communicator whose unique id rank 0 broadcasts over MPI), or, where some process cannot
+ * load NCCL, or processes share a device and the NCCL found is older than 2.30 (its multi-rank mode,
+ * which the engine enables through NCCL_MULTI_RANK_GPU_ENABLE unless that says 0), staged through pinned
+ * host memory over MPI: chosen at bootstrap, the same on every process, and reported by
+ * uform_mesh_info. A collective of a VRAM mesh (the counts' exchange over MPI included) that does not
+ * finish within options.timeout_seconds ends the step with UFORM_DEVICE on every process that waits for
+ * it, NCCL's communicator aborted: the mesh is then unusable, and every later step over it answers
+ * UFORM_DEVICE saying so (uform_mesh_info's `usable` is false); free it. */
 typedef struct uform_mesh uform_mesh_t;
+
+/* The collectives of a mesh. */
+typedef enum uform_mesh_collectives {
+    UFORM_MESH_HOST = 0,   /* RAM executors: MPI on host memory */
+    UFORM_MESH_NCCL = 1,   /* VRAM executors: NCCL on device memory */
+    UFORM_MESH_STAGED = 2, /* VRAM executors: device to pinned host memory, MPI, and back */
+} uform_mesh_collectives_t;
 
 typedef struct uform_mesh_options {
     /* The address of an MPI_Comm (<mpi.h>) whose processes form the mesh, read at bootstrap and
@@ -877,6 +897,10 @@ typedef struct uform_mesh_options {
      * are that communicator's. The application must have initialized MPI (at MPI_THREAD_SERIALIZED or
      * above: the engine calls MPI from the executor's loop thread). NULL: MPI_COMM_WORLD. */
     void const *communicator;
+    /* VRAM meshes: the seconds a collective may take (NCCL's communicator's start included) before the
+     * step ends with UFORM_DEVICE and the mesh is unusable; 0 takes 300. Meshes over RAM executors wait
+     * as MPI does. */
+    double timeout_seconds;
 } uform_mesh_options_t;
 
 typedef struct uform_mesh_bootstrap_args {
@@ -886,14 +910,14 @@ typedef struct uform_mesh_bootstrap_args {
     uform_outcome_t *outcome;            /* NULL: blocking */
 } uform_mesh_bootstrap_args_t;
 
-/* Joins this process to a mesh: a collective over the communicator's processes (MPI_Comm_dup), so the
- * call is final once every one of them has bootstrapped. Answers UFORM_OK, UFORM_INVALID_ARGUMENT (NULL
- * args, executor or mesh; options.communicator given before MPI was initialized, after it was
- * finalized, or naming MPI_COMM_NULL), UFORM_UNSUPPORTED (a build without MPI; a VRAM executor in a
- * communicator of several processes, as this version has no mesh of device collectives (NCCL), on every
- * process alike: over a VRAM executor a process alone meshes, and its VRAM trainer steps alone; MPI
+/* Joins this process to a mesh: a collective over the communicator's processes (MPI_Comm_dup; over
+ * VRAM executors also the choice of collectives and NCCL's communicator), so the call is final once every
+ * one of them has bootstrapped. Answers UFORM_OK, UFORM_INVALID_ARGUMENT (NULL args, executor or mesh;
+ * options.communicator given before MPI was initialized, after it was finalized, or naming
+ * MPI_COMM_NULL; a negative or non-finite timeout), UFORM_UNSUPPORTED (a build without MPI; MPI
  * finalized already; MPI initialized by the application below MPI_THREAD_SERIALIZED), UFORM_IO (MPI
- * failed), UFORM_CONTENDED, UFORM_OUT_OF_MEMORY. */
+ * failed), UFORM_DEVICE (NCCL's communicator failed or did not start within the timeout, every process
+ * alike), UFORM_CONTENDED, UFORM_OUT_OF_MEMORY. */
 UFORM_EXPORT uform_status_t uform_mesh_bootstrap(uform_mesh_bootstrap_args_t const *args);
 
 /* Frees the mesh (MPI_Comm_free of its duplicate: every process of the mesh frees its own), which no
@@ -906,6 +930,21 @@ UFORM_EXPORT void uform_mesh_free(uform_mesh_t *mesh);
 /* Rank and size of this process in the mesh; 0 and 1 for NULL (one process alone). Never blocks. */
 UFORM_EXPORT size_t uform_mesh_rank(uform_mesh_t const *mesh);
 UFORM_EXPORT size_t uform_mesh_size(uform_mesh_t const *mesh);
+
+typedef struct uform_mesh_info {
+    size_t rank, size;             /* as uform_mesh_rank and uform_mesh_size */
+    size_t local_rank, local_size; /* among the mesh's processes on this node */
+    uform_mesh_collectives_t collectives;
+    int device;             /* the CUDA ordinal this process's VRAM trainer steps on; -1 on RAM */
+    bool shared_device;     /* VRAM meshes: some processes share a device */
+    bool usable;            /* false once a collective timed out (see above) */
+    double timeout_seconds; /* VRAM meshes; 0 on RAM */
+    char const *broken;     /* why the mesh is unusable (static text), or NULL */
+} uform_mesh_info_t;
+
+/* What the mesh is: its ranks, its collectives, its device and whether it is still usable; for NULL, one
+ * process alone on the host. Never blocks. Answers UFORM_OK, or UFORM_INVALID_ARGUMENT for a NULL info. */
+UFORM_EXPORT uform_status_t uform_mesh_info(uform_mesh_t const *mesh, uform_mesh_info_t *info);
 
 typedef struct uform_trainer uform_trainer_t;
 
@@ -967,10 +1006,11 @@ UFORM_EXPORT uform_status_t uform_trainer_init_ram(uform_trainer_init_args_t con
  * decoded on the executor's host threads. A save copies the masters and moments back and writes the files
  * a RAM trainer writes, so that either residency resumes from either's saves (to rounding: the device
  * computes in BF16, the host in F32; on the same residency a resume continues bit-exactly). Answers
- * UFORM_OK, UFORM_INVALID_ARGUMENT (NULL, a bad config, a host executor), UFORM_IO and UFORM_FORMAT (as
- * uform_trainer_init_ram), UFORM_UNSUPPORTED (a build without CUDA; a mesh of several processes: this
- * version has no device collectives), UFORM_DEVICE, UFORM_CONTENDED, UFORM_OUT_OF_MEMORY (host or device
- * memory). */
+ * Over a mesh it steps on the mesh's device of the executor (see uform_mesh_bootstrap). Answers UFORM_OK,
+ * UFORM_INVALID_ARGUMENT (NULL, a bad config, a host executor, a mesh bootstrapped over another
+ * executor), UFORM_IO and UFORM_FORMAT (as uform_trainer_init_ram), UFORM_UNSUPPORTED (a build without
+ * CUDA), UFORM_DEVICE (a device failure; a mesh made unusable), UFORM_CONTENDED, UFORM_OUT_OF_MEMORY
+ * (host or device memory). */
 UFORM_EXPORT uform_status_t uform_trainer_init_vram(uform_trainer_init_args_t const *args);
 
 /* Frees the trainer, its master weights, moments and buffers. No call of it may be pending: wait for a
@@ -1007,7 +1047,7 @@ typedef struct uform_trainer_step_args {
  * norm that is not finite), UFORM_UNSUPPORTED (a modality the model lacks or this build cannot decode),
  * UFORM_FORMAT (an item that cannot be decoded: the message names it), UFORM_CONTENDED, UFORM_CANCELLED,
  * UFORM_OUT_OF_MEMORY, UFORM_IO (a collective of the mesh failed), UFORM_DEVICE (a VRAM trainer's device
- * failed). */
+ * failed; a collective of its mesh timed out, or the mesh was made unusable by one that did). */
 UFORM_EXPORT uform_status_t uform_trainer_step(uform_trainer_step_args_t const *args);
 
 typedef struct uform_trainer_save_args {

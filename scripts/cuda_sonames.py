@@ -3,13 +3,16 @@
 folder of the toolkit's headers, the only part of it the engine compiles against.
 
     cuda_sonames.py NVCC
+    cuda_sonames.py --nccl NVCC
 
 Looks for the toolkit as meson's CUDA dependency does (CUDA_PATH, CUDA_HOME, CUDA_ROOT, then the toolkit
 that holds NVCC, then /usr/local/cuda), in its library folders (lib64, lib, targets/*/lib), for the link
 names libcudart.so and libcublasLt.so, reads the DT_SONAME of each from its ELF dynamic section, and prints
 three lines: the runtime's soname, cuBLASLt's, and the folder holding cuda_runtime_api.h and cublasLt.h
 beside those libraries (the toolkit's include, or the target's). Exits 1, saying why on stderr, when one
-is missing.
+is missing. With --nccl it looks for libnccl.so in the same folders, then the system's (/usr/lib/<triplet>,
+/usr/lib64, /usr/lib), and prints two lines: NCCL's soname and the folder holding nccl.h beside it (the
+toolkit's include, or /usr/include); exit status 1 when there is none.
 """
 import glob
 import os
@@ -59,7 +62,27 @@ def library_folders(nvcc):
             yield folder, [os.path.join(os.path.dirname(folder), "include"), os.path.join(root, "include")]
 
 
+def nccl(nvcc):
+    """NCCL's soname and header folder, or exits 1."""
+    places = list(library_folders(nvcc))
+    for folder in sorted(glob.glob("/usr/lib/*-linux-gnu")) + ["/usr/lib64", "/usr/lib"]:
+        places.append((folder, ["/usr/include"]))
+    for folder, includes in places:
+        path = os.path.join(folder, "libnccl.so")
+        if not os.path.exists(path):
+            continue
+        name = soname(path)
+        headers = [include for include in includes if os.path.exists(os.path.join(include, "nccl.h"))]
+        if name and headers:
+            print("\n".join([name, headers[0]]))
+            return
+    sys.exit("cuda_sonames.py: no libnccl.so with nccl.h beside it")
+
+
 def main():
+    if len(sys.argv) == 3 and sys.argv[1] == "--nccl":
+        nccl(sys.argv[2])
+        return
     if len(sys.argv) != 2:
         sys.exit(__doc__)
     for folder, includes in library_folders(sys.argv[1]):

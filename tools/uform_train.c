@@ -41,12 +41,17 @@ static char const help_tail[] =
     "under staging names (OUT.next, OUT.optimizer.next) before either replaces its file: a full disk or\n"
     "a kill leaves the previous pair or the new one, and --resume finishes or removes what an\n"
     "interrupted save left. Errors are one line on stderr, a file named with the system's reason: exit\n"
-    "status 1 when the work failed or was interrupted, 2 for a wrong command line.\n";
+    "status 1 when the work failed or was interrupted, 2 for a wrong command line.\n"
+    "\n"
+    "Under mpirun (or a PMI launcher such as srun --mpi) the processes train as one: each steps on whole\n"
+    "groups of the same batch, only the first prints and saves, and a Ctrl-C on any stops all after the\n"
+    "same step; --device cuda is each process's local rank's device, cuda:N device N for all.\n";
 
 typedef struct train_flags {
     char const *data, *out, *resume, *device;
     size_t steps, batch, save_every, threads, neighbours;
-    long ordinal; /* the CUDA device of --device, or -1 for the CPU */
+    long ordinal;      /* the CUDA device of --device, or -1 for the CPU */
+    bool device_given; /* cuda:N rather than cuda */
     bool warmup_given, strict, dry_run, help;
     uform_trainer_config_t config;
 } train_flags_t;
@@ -60,6 +65,7 @@ typedef struct batcher {
     size_t *nearest;     /* groups_count x NEAREST: manifest_neighbours */
     size_t *taken;       /* per group: the batch it last joined, + 1 */
     size_t *taken_order; /* the current batch's groups, in the order taken */
+    size_t *taken_first; /* the batch's index of each taken group's first item */
     size_t taken_count;
     size_t *order;   /* groups_count; the one block `taken`, `taken_order` and `stamp` lie in too */
     size_t position; /* the next group of `order` */
@@ -105,11 +111,12 @@ static void on_interrupt(int signal_number) {
 
 #define DEVICES_PROBED 16 /* a VRAM executor spans at most 16 */
 
-/* --device's value: -1 for cpu (or none), N for cuda:N (0 for cuda). */
-static int device_of(char const *value, long *ordinal) {
+/* --device's value: -1 for cpu (or none), N for cuda:N (0 for cuda; *given says which). */
+static int device_of(char const *value, long *ordinal, bool *given) {
     *ordinal = -1;
     if (!value || strcmp(value, "cpu") == 0) return COMMAND_OK;
     uint64_t number = 0;
+    *given = strcmp(value, "cuda") != 0;
     if (strcmp(value, "cuda") == 0)
         number = 0;
     else if (strncmp(value, "cuda:", 5) != 0 || command_parse_u64(value + 5, &number) != 0 ||
@@ -165,7 +172,7 @@ static int parse_flags(int argc, char **argv, train_flags_t *flags) {
         command_flag_threads(&flags->threads),
         {"--device", FLAG_STRING, &flags->device, .value = "D",
          .help = "where the trainer runs: cpu (default), or cuda or cuda:N, device N of this\n"
-                 "machine (0 when not given); --help lists the devices found"},
+                 "machine (0 when not given; under mpirun the local rank); --help lists the devices found"},
         {"--neighbours", FLAG_SIZE, &flags->neighbours, .value = "N", .maximum = NEAREST,
          .help = "each group drawn brings N more (default 0), drawn from its 8 nearest groups\n"
                  "by the words of their texts (see below)"},
@@ -206,7 +213,7 @@ static int parse_flags(int argc, char **argv, train_flags_t *flags) {
     int code = command_flags_parse(&spec, argc, argv, &flags->help);
     if (flags->help) devices_help();
     if (code != COMMAND_OK || flags->help) return code;
-    if ((code = device_of(flags->device, &flags->ordinal)) != COMMAND_OK) return code;
+    if ((code = device_of(flags->device, &flags->ordinal, &flags->device_given)) != COMMAND_OK) return code;
     if (!flags->warmup_given) {
         size_t tenth = flags->steps / 10;
         config->warmup_steps = tenth < 100 ? tenth : 100;
@@ -262,11 +269,12 @@ static int batcher_open(batcher_t *batcher, manifest_t const *manifest, uint64_t
                         size_t neighbours) {
     *batcher = (batcher_t){.manifest = manifest, .seed = seed, .batch = batch, .neighbours = neighbours};
     size_t const groups = manifest->groups_count;
-    batcher->order = calloc(3 * groups + manifest->count, sizeof(size_t)); /* taken and stamp start at 0 */
+    batcher->order = calloc(4 * groups + manifest->count, sizeof(size_t)); /* taken and stamp start at 0 */
     if (!batcher->order) return command_fail("out of memory");
     batcher->taken = batcher->order + groups;
     batcher->taken_order = batcher->taken + groups;
-    batcher->stamp = batcher->taken_order + groups;
+    batcher->taken_first = batcher->taken_order + groups;
+    batcher->stamp = batcher->taken_first + groups;
     batcher->position = manifest->groups_count; /* the first draw begins pass 0 */
     if (neighbours) return manifest_neighbours(manifest, NEAREST, seed, &batcher->nearest);
     return COMMAND_OK;
@@ -283,6 +291,7 @@ static void batcher_close(batcher_t *batcher) {
 static int batcher_take(batcher_t *batcher, size_t group) {
     manifest_t const *manifest = batcher->manifest;
     batcher->taken[group] = batcher->batches;
+    batcher->taken_first[batcher->taken_count] = batcher->count;
     batcher->taken_order[batcher->taken_count++] = group;
     for (size_t k = manifest->group_offsets[group]; k < manifest->group_offsets[group + 1]; ++k) {
         size_t item = manifest->group_items[k];
@@ -348,6 +357,28 @@ static int batcher_next(batcher_t *batcher) {
     return COMMAND_OK;
 }
 
+/* The items [*first, *last) of the batch that process `rank` of a mesh of `size` steps on: whole groups,
+ * the group whose first item is item i going to process i * size / count, so that the shares follow the
+ * batch's order and every process can tell every other's. */
+static void batch_share(batcher_t const *batcher, size_t rank, size_t size, size_t *first, size_t *last) {
+    *first = *last = batcher->count;
+    for (size_t k = batcher->taken_count; k-- > 0;) {
+        size_t start = batcher->taken_first[k], owner = start * size / batcher->count;
+        if (owner > rank) *first = *last = start;
+        if (owner == rank) *first = start;
+    }
+}
+
+/* Whether every process of the mesh has items in this batch. */
+static bool batch_spreads(batcher_t const *batcher, size_t size) {
+    for (size_t rank = 0; rank < size; ++rank) {
+        size_t first = 0, last = 0;
+        batch_share(batcher, rank, size, &first, &last);
+        if (first == last) return false;
+    }
+    return true;
+}
+
 /* What one step hands the trainer: the items' modalities and bytes, and every related pair. */
 typedef struct step_inputs {
     size_t *offsets;              /* [items_capacity + 1], the block `modalities` follows in */
@@ -365,15 +396,15 @@ static void step_inputs_release(step_inputs_t *inputs) {
     *inputs = (step_inputs_t){0};
 }
 
-/* The batch's related pairs into inputs->relations. */
+/* The related pairs of the batch's items [first, last) into inputs->relations, indices from `first`. */
 static int step_relations(step_inputs_t *inputs, manifest_t const *manifest, batcher_t const *batcher,
-                          bool strict) {
-    size_t const count = batcher->count;
+                          bool strict, size_t first, size_t last) {
+    size_t const count = last - first, *items = batcher->items + first;
     inputs->relations_count = 0;
     for (size_t i = 0; i < count; ++i)
         for (size_t j = i + 1; j < count; ++j) {
-            bool related = strict ? manifest_related(manifest, batcher->items[i], batcher->items[j])
-                                  : manifest_alike(manifest, batcher->items[i], batcher->items[j]);
+            bool related = strict ? manifest_related(manifest, items[i], items[j])
+                                  : manifest_alike(manifest, items[i], items[j]);
             if (!related) continue;
             if (inputs->relations_count == inputs->relations_capacity) {
                 size_t capacity = inputs->relations_capacity ? 2 * inputs->relations_capacity : 256;
@@ -389,10 +420,11 @@ static int step_relations(step_inputs_t *inputs, manifest_t const *manifest, bat
     return COMMAND_OK;
 }
 
-/* The batch's modalities, contents and related pairs into `inputs`, its media files read. */
+/* The modalities, contents and related pairs of the batch's items [first, last) into `inputs`, their
+ * media files read. */
 static int step_inputs_fill(step_inputs_t *inputs, manifest_t const *manifest, batcher_t const *batcher,
-                            bool strict) {
-    size_t const count = batcher->count;
+                            bool strict, size_t first, size_t last) {
+    size_t const count = last - first;
     if (count > inputs->items_capacity) {
         free(inputs->offsets);
         inputs->offsets = malloc((count + 1) * sizeof *inputs->offsets + count * sizeof *inputs->modalities);
@@ -403,7 +435,7 @@ static int step_inputs_fill(step_inputs_t *inputs, manifest_t const *manifest, b
     inputs->length = 0;
     inputs->offsets[0] = 0;
     for (size_t i = 0; i < count; ++i) {
-        manifest_item_t const *item = &manifest->items[batcher->items[i]];
+        manifest_item_t const *item = &manifest->items[batcher->items[first + i]];
         inputs->modalities[i] = item->modality;
         if (item->modality == UFORM_MODALITY_TEXT) {
             if (!command_reserve(&inputs->bytes, &inputs->bytes_capacity, inputs->length + item->length + 1,
@@ -420,7 +452,7 @@ static int step_inputs_fill(step_inputs_t *inputs, manifest_t const *manifest, b
         }
         inputs->offsets[i + 1] = inputs->length;
     }
-    return step_relations(inputs, manifest, batcher, strict);
+    return step_relations(inputs, manifest, batcher, strict, first, last);
 }
 
 /* The trainer's view of the `count` items that step_inputs_fill put in `inputs`. */
@@ -439,7 +471,8 @@ static int print_batches(manifest_t const *manifest, batcher_t *batcher, step_in
     for (; step < total && code == COMMAND_OK; ++step) {
         if ((code = batcher_next(batcher)) != COMMAND_OK) break;
         /* Relations only: the texts and files are not read. */
-        if ((code = step_relations(inputs, manifest, batcher, strict)) != COMMAND_OK) break;
+        if ((code = step_relations(inputs, manifest, batcher, strict, 0, batcher->count)) != COMMAND_OK)
+            break;
         json_t *line = json_pack("{s:I, s:[], s:[], s:[]}", "step", (json_int_t)(step + 1), "groups", "lines",
                                  "related");
         bool built = line != NULL;
@@ -481,24 +514,59 @@ static int save(uform_trainer_t *trainer, uform_executor_t *executor, char const
     return command_fail_engine();
 }
 
-/* The executor --device names and a trainer on it. */
-static int trainer_make(train_flags_t *flags, uform_executor_t **executor, uform_trainer_t **trainer) {
+/* ---- meshes ----------------------------------------------------------------------------------- */
+
+/* Whether a launcher started this process as one of several (Open MPI's mpirun, or a PMI/PMIx one such
+ * as Slurm's srun --mpi). */
+static bool launched(void) {
+    char const *const sizes[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"};
+    for (size_t i = 0; i < sizeof sizes / sizeof *sizes; ++i)
+        if (getenv(sizes[i])) return true;
+    return false;
+}
+
+/* This process's rank on its node, as the launcher says (0 when none does). */
+static size_t local_rank(void) {
+    char const *const names[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; ++i) {
+        uint64_t rank = 0;
+        char const *value = getenv(names[i]);
+        if (value && command_parse_u64(value, &rank) == 0 && rank < DEVICES_PROBED) return (size_t)rank;
+    }
+    return 0;
+}
+
+/* The executor --device names (under a launcher, plain `cuda` is device `local rank`), the mesh of the
+ * run when launched as one of several processes, and a trainer on them. */
+static int trainer_make(train_flags_t *flags, uform_executor_t **executor, uform_mesh_t **mesh,
+                        uform_trainer_t **trainer) {
     uform_trainer_init_args_t init = {.config = &flags->config, .trainer = trainer};
     uform_status_t status;
     if (flags->ordinal >= 0) {
-        size_t device = (size_t)flags->ordinal;
+        size_t device = (size_t)flags->ordinal + (flags->device_given ? 0 : local_rank());
         uform_vram_options_t options = {.devices = &device, .devices_count = 1};
         status = uform_executor_create_vram(&options, executor);
-        init.executor = *executor;
-        if (status == UFORM_OK) status = uform_trainer_init_vram(&init);
     } else {
         uform_ram_options_t options = uform_ram_options_default();
         options.threads = flags->threads;
         status = uform_executor_create_ram(&options, executor);
-        init.executor = *executor;
-        if (status == UFORM_OK) status = uform_trainer_init_ram(&init);
     }
+    init.executor = *executor;
+    if (status == UFORM_OK && launched()) {
+        uform_mesh_bootstrap_args_t bootstrap = {.executor = *executor, .mesh = mesh};
+        status = uform_mesh_bootstrap(&bootstrap);
+        flags->config.mesh = *mesh;
+    }
+    if (status == UFORM_OK)
+        status = flags->ordinal >= 0 ? uform_trainer_init_vram(&init) : uform_trainer_init_ram(&init);
     return status == UFORM_OK ? COMMAND_OK : command_fail_engine();
+}
+
+/* Under a mesh, a Ctrl-C cancels the next step on the process that saw it, which cancels it on every
+ * other: all stop after the same step. */
+static uform_continuation_t cancel_when_interrupted(void *state, size_t completed, size_t total) {
+    (void)state, (void)completed, (void)total;
+    return interrupted ? UFORM_CANCEL : UFORM_CONTINUE;
 }
 
 int command_train(int argc, char **argv) {
@@ -508,6 +576,7 @@ int command_train(int argc, char **argv) {
     batcher_t batcher = {0};
     step_inputs_t inputs = {0};
     uform_executor_t *executor = NULL;
+    uform_mesh_t *mesh = NULL;
     uform_trainer_t *trainer = NULL;
     bool terminal = isatty(STDERR_FILENO);
     struct sigaction previous, handler = {.sa_handler = on_interrupt};
@@ -541,22 +610,40 @@ int command_train(int argc, char **argv) {
         goto done;
     }
 
-    if ((code = trainer_make(&flags, &executor, &trainer)) != COMMAND_OK) goto done;
+    if ((code = trainer_make(&flags, &executor, &mesh, &trainer)) != COMMAND_OK) goto done;
+    size_t const rank = uform_mesh_rank(mesh), size = uform_mesh_size(mesh);
+    bool const meshed = size > 1, speaks = rank == 0; /* one progress line for the run: the first's */
+    uform_progress_t const cancelling = {.handler = cancel_when_interrupted};
 
     sigemptyset(&handler.sa_mask);
     handler.sa_flags = SA_RESTART;
     handling = sigaction(SIGINT, &handler, &previous) == 0;
     size_t saved_at = step;
     bool save_failed = false; /* reported once: the same save is not tried again at the end */
-    while (step < flags.steps && !interrupted) {
+    /* Under a mesh an interruption is seen through the next step, cancelled on every process alike. */
+    while (step < flags.steps && (meshed || !interrupted)) {
         if ((code = batcher_next(&batcher)) != COMMAND_OK) break;
-        if ((code = step_inputs_fill(&inputs, &manifest, &batcher, flags.strict)) != COMMAND_OK) break;
+        size_t first = 0, last = batcher.count;
+        if (meshed && !batch_spreads(&batcher, size)) { /* every process finds it so */
+            code = fail_below("a batch of %zu groups has fewer than one for each of the %zu processes: raise "
+                              "--batch",
+                              batcher.taken_count, size);
+            break;
+        }
+        if (meshed) batch_share(&batcher, rank, size, &first, &last);
+        if ((code = step_inputs_fill(&inputs, &manifest, &batcher, flags.strict, first, last)) != COMMAND_OK)
+            break;
         uform_trainer_step_stats_t stats = {0};
         uform_trainer_step_args_t args = {.trainer = trainer, .executor = executor, .stats = &stats};
-        step_inputs_hand(&inputs, batcher.count, &args);
+        if (meshed) args.progress = &cancelling;
+        step_inputs_hand(&inputs, last - first, &args);
         struct timespec started, finished;
         clock_gettime(CLOCK_MONOTONIC, &started);
         if (uform_trainer_step(&args) != UFORM_OK) {
+            if (meshed && uform_last_error().status == UFORM_CANCELLED) {
+                interrupted = 1; /* here or on another process: the run stops after the last step */
+                break;
+            }
             end_line();
             code = command_fail_engine();
             break;
@@ -564,12 +651,14 @@ int command_train(int argc, char **argv) {
         clock_gettime(CLOCK_MONOTONIC, &finished);
         double seconds = seconds_between(&started, &finished);
         step = stats.step;
-        fprintf(stderr, "%sstep %zu/%zu loss %.4f contrastive %.4f lm %.4f lr %.3g %.1f items/s%s",
-                terminal ? "\r\033[K" : "", step, flags.steps, stats.loss, stats.contrastive_loss,
-                stats.lm_loss, stats.learning_rate, seconds > 0 ? (double)batcher.count / seconds : 0.0,
-                terminal ? "" : "\n");
-        fflush(stderr);
-        line_drawn = terminal;
+        if (speaks) {
+            fprintf(stderr, "%sstep %zu/%zu loss %.4f contrastive %.4f lm %.4f lr %.3g %.1f items/s%s",
+                    terminal ? "\r\033[K" : "", step, flags.steps, stats.loss, stats.contrastive_loss,
+                    stats.lm_loss, stats.learning_rate, seconds > 0 ? (double)batcher.count / seconds : 0.0,
+                    terminal ? "" : "\n");
+            fflush(stderr);
+            line_drawn = terminal;
+        }
         if (flags.save_every && step % flags.save_every == 0 && step < flags.steps) {
             save_failed = (code = save(trainer, executor, flags.out)) != COMMAND_OK;
             if (save_failed) break;
@@ -585,12 +674,13 @@ int command_train(int argc, char **argv) {
     }
     if (code == COMMAND_OK && interrupted)
         code = command_fail("interrupted after step %zu of %zu; saved %s", step, flags.steps, flags.out);
-    else if (code == COMMAND_OK)
+    else if (code == COMMAND_OK && speaks)
         fprintf(stderr, "uform: saved %s at step %zu\n", flags.out, step);
 
 done:
     if (handling) sigaction(SIGINT, &previous, NULL);
     uform_trainer_free(trainer);
+    uform_mesh_free(mesh);
     uform_executor_free(executor);
     step_inputs_release(&inputs);
     batcher_close(&batcher);

@@ -21,7 +21,11 @@
  * cuBLASLt's functions are defined with the toolkit's headers in view, which check their signatures; the
  * __cuda* ones, which only nvcc's C++ headers declare, are declared here as crt/host_runtime.h and
  * crt/device_functions.h declare them. An entry point nvcc's objects call that is not defined here fails
- * the link (-Wl,--no-undefined), not a run. */
+ * the link (-Wl,--no-undefined), not a run.
+ *
+ * NCCL is opened the same way, later and apart: by the first mesh over VRAM executors that asks for it
+ * (cuda_library_load_nccl, after the runtime), by the soname the build found, its entry points listed in
+ * NCCL_CALLS and forwarded as the runtime's are. A process that meshes no VRAM executor maps no NCCL. */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -32,6 +36,9 @@
 #include <cuda_runtime_api.h>
 
 #include "uform_config.h"
+#if UFORM_WITH_NCCL
+#include <nccl.h>
+#endif
 #include "cuda_library.h"
 
 #if defined(CUDA_API_PER_THREAD_DEFAULT_STREAM)
@@ -435,4 +442,103 @@ bool cuda_library_load(char const **message) {
 
 bool cuda_library_loaded(void) {
     return atomic_load_explicit(&loaded, memory_order_acquire);
+}
+
+/* ---- NCCL ----------------------------------------------------------------------------------------- */
+
+#if UFORM_WITH_NCCL
+static char const nccl_not_loaded[] = "NCCL is not loaded: no mesh over VRAM executors asked for it";
+
+/* X(library, type, name, parameters, arguments, answer before a load) for every NCCL function forwarded. */
+#define NCCL_CALLS(X)                                                                                        \
+    X(nccl, ncclResult_t, ncclGetVersion, (int *version), (version), ncclInvalidUsage)                       \
+    X(nccl, ncclResult_t, ncclGetUniqueId, (ncclUniqueId * id), (id), ncclInvalidUsage)                      \
+    X(nccl, ncclResult_t, ncclCommInitRankConfig,                                                            \
+      (ncclComm_t * comm, int ranks, ncclUniqueId id, int rank, ncclConfig_t *config),                       \
+      (comm, ranks, id, rank, config), ncclInvalidUsage)                                                     \
+    X(nccl, ncclResult_t, ncclCommGetAsyncError, (ncclComm_t comm, ncclResult_t * error), (comm, error),     \
+      ncclInvalidUsage)                                                                                      \
+    X(nccl, ncclResult_t, ncclCommAbort, (ncclComm_t comm), (comm), ncclInvalidUsage)                        \
+    X(nccl, ncclResult_t, ncclCommFinalize, (ncclComm_t comm), (comm), ncclInvalidUsage)                     \
+    X(nccl, ncclResult_t, ncclCommDestroy, (ncclComm_t comm), (comm), ncclInvalidUsage)                      \
+    X(nccl, ncclResult_t, ncclAllReduce,                                                                     \
+      (void const *send, void *receive, size_t count, ncclDataType_t type, ncclRedOp_t op, ncclComm_t comm,  \
+       cudaStream_t stream),                                                                                 \
+      (send, receive, count, type, op, comm, stream), ncclInvalidUsage)                                      \
+    X(nccl, ncclResult_t, ncclAllGather,                                                                     \
+      (void const *send, void *receive, size_t count, ncclDataType_t type, ncclComm_t comm,                  \
+       cudaStream_t stream),                                                                                 \
+      (send, receive, count, type, comm, stream), ncclInvalidUsage)                                          \
+    X(nccl, ncclResult_t, ncclBroadcast,                                                                     \
+      (void const *send, void *receive, size_t count, ncclDataType_t type, int root, ncclComm_t comm,        \
+       cudaStream_t stream),                                                                                 \
+      (send, receive, count, type, root, comm, stream), ncclInvalidUsage)                                    \
+    X(nccl, ncclResult_t, ncclGroupStart, (void), (), ncclInvalidUsage)                                      \
+    X(nccl, ncclResult_t, ncclGroupEnd, (void), (), ncclInvalidUsage)                                        \
+    X(nccl, char const *, ncclGetErrorString, (ncclResult_t result), (result), nccl_not_loaded)
+
+/* nccl.h declares these two without a prototype, `()`. */
+HIDDEN ncclResult_t ncclGroupStart(void);
+HIDDEN ncclResult_t ncclGroupEnd(void);
+
+static struct { NCCL_CALLS(API_MEMBER) } nccl_api;
+
+static _Atomic bool nccl_loaded;
+static void *nccl_handle;
+
+#define NCCL_FORWARD(library, type, name, parameters, arguments, refusal)                                    \
+    HIDDEN type name parameters {                                                                            \
+        if (!atomic_load_explicit(&nccl_loaded, memory_order_acquire)) return refusal;                       \
+        return nccl_api.name arguments;                                                                      \
+    }
+
+NCCL_CALLS(NCCL_FORWARD)
+
+char const *const cuda_library_nccl_soname = UFORM_NCCL_SONAME;
+
+/* The load itself, under `loading`, the runtime loaded. */
+static bool nccl_open(char const *soname, char const **message) {
+    if (!(nccl_handle = dlopen(soname, RTLD_NOW | RTLD_LOCAL)))
+        return *message = "cannot load " UFORM_NCCL_SONAME ", the NCCL the engine was built with", false;
+    bool found = true;
+#define NCCL_RESOLVE(library, type, name, parameters, arguments, refusal)                                    \
+    found = found && (*(void **)(void *)&nccl_api.name = dlsym(nccl_handle, #name)) != NULL;
+    NCCL_CALLS(NCCL_RESOLVE)
+#undef NCCL_RESOLVE
+    if (found) return true;
+    dlclose(nccl_handle);
+    nccl_handle = NULL;
+    memset(&nccl_api, 0, sizeof nccl_api);
+    return *message = "the NCCL found lacks an entry point the engine calls", false;
+}
+
+bool cuda_library_load_nccl_from(char const *soname, char const **message) {
+    if (atomic_load_explicit(&nccl_loaded, memory_order_acquire)) return true;
+    if (!cuda_library_loaded())
+        return *message = "NCCL is opened after the CUDA runtime: no VRAM executor was made", false;
+    pthread_mutex_lock(&loading);
+    bool ok = atomic_load_explicit(&nccl_loaded, memory_order_relaxed) || nccl_open(soname, message);
+    atomic_store_explicit(&nccl_loaded, ok, memory_order_release);
+    pthread_mutex_unlock(&loading);
+    return ok;
+}
+
+bool cuda_library_nccl_loaded(void) {
+    return atomic_load_explicit(&nccl_loaded, memory_order_acquire);
+}
+#else
+char const *const cuda_library_nccl_soname = NULL;
+
+bool cuda_library_load_nccl_from(char const *soname, char const **message) {
+    (void)soname;
+    return *message = "built without NCCL (the `nccl` feature)", false;
+}
+
+bool cuda_library_nccl_loaded(void) {
+    return false;
+}
+#endif
+
+bool cuda_library_load_nccl(char const **message) {
+    return cuda_library_load_nccl_from(cuda_library_nccl_soname, message);
 }

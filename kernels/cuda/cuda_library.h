@@ -48,6 +48,18 @@ typedef struct cuda_library_registered {
 
 cuda_library_registered_t cuda_library_registrations(void);
 
+/* NCCL, opened by the first mesh over VRAM executors that asks for it, once the runtime is loaded, by the
+ * soname the build found (cuda_library_nccl_soname: UFORM_NCCL_SONAME, NULL in builds without NCCL), with
+ * RTLD_NOW | RTLD_LOCAL. True when it is open (now or earlier); otherwise false with a static message:
+ * the runtime not loaded yet, a build without NCCL, the library missing (named) or lacking an entry point,
+ * having closed what it opened. Before a load NCCL's functions answer ncclInvalidUsage
+ * (ncclGetErrorString a sentence saying NCCL is not loaded). Thread-safe. */
+extern char const *const cuda_library_nccl_soname;
+bool cuda_library_load_nccl(char const **message);
+/* cuda_library_load_nccl of another name (tests: a library that is missing). */
+bool cuda_library_load_nccl_from(char const *soname, char const **message);
+bool cuda_library_nccl_loaded(void);
+
 #ifdef __cplusplus
 }
 #endif

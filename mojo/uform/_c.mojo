@@ -346,8 +346,10 @@ struct CCheckpointQuantizeArgs(ImplicitlyCopyable):
 
 @fieldwise_init
 struct CMeshOptions(ImplicitlyCopyable):
-    """`uform_mesh_options_t`: the address of the `MPI_Comm` to join, or NULL for `MPI_COMM_WORLD`."""
+    """`uform_mesh_options_t`: the address of the `MPI_Comm` to join, or NULL for `MPI_COMM_WORLD`, and the
+    seconds a collective of a VRAM mesh may take (0: 300)."""
     var communicator: RawOpt
+    var timeout_seconds: Float64
 
 
 @fieldwise_init

@@ -31,15 +31,19 @@ struct Modality(Equatable, TrivialRegisterPassable):
 struct MeshOptions(ImplicitlyCopyable):
     """`uform_mesh_options_t`: `communicator`, the address of an `MPI_Comm` of the application's (which
     must have initialized MPI at `MPI_THREAD_SERIALIZED` or above) whose processes form the mesh; `None`
-    joins `MPI_COMM_WORLD`. The address is read during `Mesh.bootstrap` only."""
+    joins `MPI_COMM_WORLD`. The address is read during `Mesh.bootstrap` only. `timeout_seconds`: how long a
+    collective of a mesh over VRAM executors may take before the step raises `Status.DEVICE` and the mesh
+    is unusable (0 takes 300)."""
 
     var communicator: RawOpt
+    var timeout_seconds: Float64
 
-    def __init__(out self, *, communicator: RawOpt = None):
+    def __init__(out self, *, communicator: RawOpt = None, timeout_seconds: Float64 = 0):
         self.communicator = communicator
+        self.timeout_seconds = timeout_seconds
 
     def _c(self) -> CMeshOptions:
-        return CMeshOptions(self.communicator)
+        return CMeshOptions(self.communicator, self.timeout_seconds)
 
 
 struct Mesh(Movable):

@@ -1013,7 +1013,7 @@ static uform_status_t ram_test(train_step_t *step, bool *done) {
     *done = false;
     while (ram->pending > 0) {
         bool complete = false;
-        if (mesh_test(&ram->requests[ram->pending - 1], &complete) != UFORM_OK) {
+        if (mesh_test(step->trainer->mesh, &ram->requests[ram->pending - 1], &complete) != UFORM_OK) {
             snprintf(step->trainer->message, sizeof step->trainer->message,
                      "a collective of the mesh failed");
             return UFORM_IO;

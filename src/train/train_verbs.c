@@ -130,8 +130,6 @@ typedef struct step_call {
     uint64_t polls;
     mesh_request_t counts; /* the counts' exchange, the only one of the step itself */
     bool counting;
-    uint64_t local[3];     /* items, predicted positions, status */
-    uint64_t *all;         /* [size * 3] */
     size_t *process_items; /* [size] */
 } step_call_t;
 
@@ -151,8 +149,7 @@ static void step_end(step_call_t *call, uform_status_t status) {
                 : "the gradient's norm is not finite (a gradient overflowed); nothing was updated");
     }
     trainer->ops->end(step, status);
-    void *const exchanges[] = {call->all, call->process_items};
-    train_free_each(exchanges, sizeof exchanges / sizeof exchanges[0]);
+    free(call->process_items);
     if (status != UFORM_OK) {
         call_finish(&call->call, status, trainer->message);
         return;
@@ -206,7 +203,7 @@ static void step_counted(step_call_t *call) {
     uform_mesh_t *mesh = trainer->mesh;
     uform_status_t worst = UFORM_OK;
     for (size_t p = 0; p < mesh->size; ++p) {
-        uint64_t const *entry = call->all + 3 * p;
+        uint64_t const *entry = mesh->counts_all + 3 * p;
         if (entry[2] != UFORM_OK && worst == UFORM_OK) worst = (uform_status_t)entry[2];
         if (p < mesh->rank) step->first += entry[0];
         call->process_items[p] = entry[0];
@@ -251,10 +248,11 @@ static void step_poll(loop_op_t *op) {
     bool done = false;
     uform_status_t status;
     if (call->counting) {
-        status = mesh_test(&call->counts, &done);
+        char const *message = "a collective of the mesh failed";
+        status = mesh_test(step->trainer->mesh, &call->counts, &done);
+        if (status == UFORM_DEVICE) mesh_usable(step->trainer->mesh, &message);
         if (status != UFORM_OK)
-            snprintf(step->trainer->message, sizeof step->trainer->message,
-                     "a collective of the mesh failed");
+            snprintf(step->trainer->message, sizeof step->trainer->message, "%s", message);
         call->counting = status == UFORM_OK && !done;
     } else {
         status = step->trainer->ops->test(step, &done);
@@ -279,19 +277,19 @@ static void step_wait(step_call_t *call) {
     loop_timer(call->call.executor->loop, &call->poll, delay < 1000000 ? delay : 1000000);
 }
 
-/* Over a mesh: every process learns every other's counts and status first. */
+/* Over a mesh: every process learns every other's counts and status first, in the mesh's own buffers
+ * (which outlive a step whose exchange timed out). */
 static void step_count(step_call_t *call) {
     train_step_t *step = &call->step;
     uform_mesh_t *mesh = step->trainer->mesh;
-    call->local[0] = step->local_items;
-    call->local[1] = step->local_predicted;
-    call->local[2] = (uint64_t)call->local_status;
-    call->all = malloc(3 * mesh->size * sizeof(uint64_t));
+    mesh->counts_local[0] = step->local_items;
+    mesh->counts_local[1] = step->local_predicted;
+    mesh->counts_local[2] = (uint64_t)call->local_status;
     call->process_items = malloc(mesh->size * sizeof(size_t));
     uform_status_t status = UFORM_OUT_OF_MEMORY;
     snprintf(step->trainer->message, sizeof step->trainer->message, "cannot allocate the counts' exchange");
-    if (call->all && call->process_items &&
-        (status = mesh_allgather_u64(mesh, call->local, 3, call->all, &call->counts)) != UFORM_OK)
+    if (call->process_items && (status = mesh_allgather_u64(mesh, mesh->counts_local, 3, mesh->counts_all,
+                                                            &call->counts)) != UFORM_OK)
         snprintf(step->trainer->message, sizeof step->trainer->message,
                  "posting the counts' exchange over the mesh failed");
     call->counting = status == UFORM_OK;
@@ -305,6 +303,12 @@ static void step_start(call_t *base) {
     step->executor = base->executor;
     step->tracker = (train_progress_t){call->has_progress ? &call->progress : NULL, 1};
     step->meshed = trainer->mesh && trainer->mesh->size > 1;
+    char const *broken = NULL;
+    if (mesh_usable(trainer->mesh, &broken) != UFORM_OK) { /* every process of it broke alike */
+        snprintf(trainer->message, sizeof trainer->message, "%s", broken);
+        step_end(call, UFORM_DEVICE);
+        return;
+    }
     call->local_status = trainer->ops->forward(step);
     if (step->meshed) {
         step_count(call);

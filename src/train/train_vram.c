@@ -14,6 +14,10 @@
  *                     copied to pinned memory, an event recorded;
  *           test      the event, polled by the loop: then the results are read, and the step counted
  *                     unless the device skipped it;
+ *           over a mesh of several processes (mesh.h), after forward every process's embeddings gathered
+ *           into the loss's buffer of the whole batch, and after backward the gradients and the loss
+ *           shares summed in place, both posted on the mesh's road (NCCL or staged) and tested by the loop
+ *           with the mesh's timeout; the trainer then lives on the mesh's device of the executor;
  *   save    the masters and moments copied back into the host's parameters, then saved as a RAM
  *           trainer saves them (train_params_save): the same files, which either residency resumes from.
  *
@@ -88,6 +92,7 @@ typedef struct vram_step {
     float *logits;                  /* [T text, 256] */
     uint16_t *d_logits;             /* [T text, 256] */
     double *row_losses;             /* [T text] */
+    size_t *gathered;               /* over a mesh: [size] each process's embeddings' scalars */
     bool update_enqueued;
 } vram_step_t;
 
@@ -339,6 +344,7 @@ static void vram_step_free(vram_step_t *step) {
     plan_free(&step->plan);
     for (size_t t = 0; t < 3; ++t)
         free(step->trunks[t].saved);
+    free(step->gathered);
     free(step);
 }
 
@@ -601,7 +607,12 @@ static uform_status_t device_test(train_step_t *shared, bool *done) {
     uform_trainer_t *trainer = shared->trainer;
     vram_trainer_t *vram = trainer->device;
     vram_step_t *step = shared->work;
+    char const *message = NULL;
     *done = true;
+    if (shared->meshed && !step->update_enqueued) {
+        uform_status_t status = mesh_device_test(trainer->mesh, done, &message);
+        return status == UFORM_OK ? UFORM_OK : answer(trainer, status, message);
+    }
     if (!step->update_enqueued) return UFORM_OK;
     if (vram_event_done(vram->done, done) != UFORM_OK)
         return answer(trainer, UFORM_DEVICE, "a device operation of the step failed");
@@ -621,16 +632,46 @@ static void device_end(train_step_t *shared, uform_status_t status) {
 
 /* ---- Exchanges over a mesh ------------------------------------------------------------------------ */
 
-static uform_status_t device_unmeshed(train_step_t *shared) {
-    return answer(shared->trainer, UFORM_UNSUPPORTED,
-                  "a VRAM trainer steps alone: its mesh has no device collectives");
+/* Every process's embeddings into the loss's buffer of the whole batch (mesh.h: NCCL or staged). */
+static uform_status_t device_embeddings(train_step_t *shared) {
+    uform_trainer_t *trainer = shared->trainer;
+    vram_trainer_t *vram = trainer->device;
+    vram_step_t *step = shared->work;
+    uform_model_info_t const *info = &trainer->params.info;
+    size_t prefixes = info->matryoshka_count ? info->matryoshka_count : 1, size = trainer->mesh->size;
+    loss_buffers_t buffers;
+    if (!(step->gathered = malloc(size * sizeof(size_t))) || !loss_carve(vram, shared, prefixes, &buffers))
+        return answer(trainer, UFORM_OUT_OF_MEMORY, "cannot allocate the embeddings' exchange");
+    for (size_t p = 0; p < size; ++p)
+        step->gathered[p] = shared->process_items[p] * vram->dims;
+    mesh_collective_t gather = {.operation = MESH_ALLGATHERV,
+                                .scalar = MESH_F64,
+                                .device = buffers.e,
+                                .local = step->e,
+                                .counts = step->gathered};
+    char const *message = NULL;
+    uform_status_t status = mesh_device_post(trainer->mesh, &gather, 1, &message);
+    return status == UFORM_OK ? UFORM_OK : answer(trainer, status, message);
+}
+
+/* The gradients' and the loss shares' sums over the mesh, in place on the device. */
+static uform_status_t device_reduce(train_step_t *shared) {
+    uform_trainer_t *trainer = shared->trainer;
+    vram_trainer_t *vram = trainer->device;
+    mesh_collective_t const sums[2] = {
+        {.operation = MESH_ALLREDUCE, .scalar = MESH_F32, .device = vram->grad, .count = vram->scalars},
+        {.operation = MESH_ALLREDUCE, .scalar = MESH_F64, .device = vram->results->shares, .count = 2},
+    };
+    char const *message = NULL;
+    uform_status_t status = mesh_device_post(trainer->mesh, sums, 2, &message);
+    return status == UFORM_OK ? UFORM_OK : answer(trainer, status, message);
 }
 
 static train_step_ops_t const vram_ops = {
     .forward = device_forward,
-    .embeddings = device_unmeshed,
+    .embeddings = device_embeddings,
     .backward = device_backward,
-    .reduce = device_unmeshed,
+    .reduce = device_reduce,
     .update = device_update,
     .test = device_test,
     .end = device_end,
@@ -664,14 +705,17 @@ static uform_status_t vram_trainer_sync(uform_trainer_t *trainer, char const **m
 /* ---- The trainer ---------------------------------------------------------------------------------- */
 
 uform_status_t train_vram_attach(uform_trainer_t *trainer, uform_executor_t *executor, char const **message) {
-    if (trainer->mesh && trainer->mesh->size > 1)
-        return *message = "a VRAM trainer steps alone: meshes of VRAM executors are not built",
-               UFORM_UNSUPPORTED;
+    uform_mesh_t const *mesh = trainer->mesh && trainer->mesh->size > 1 ? trainer->mesh : NULL;
+    if (mesh && mesh->executor != executor)
+        return *message = "the mesh was bootstrapped over another executor than the trainer's",
+               UFORM_INVALID_ARGUMENT;
+    if (mesh_usable(mesh, message) != UFORM_OK) return UFORM_DEVICE;
     vram_trainer_t *vram = calloc(1, sizeof *vram);
     if (!vram) return *message = "cannot allocate the trainer", UFORM_OUT_OF_MEMORY;
     executor_retain(executor);
     vram->executor = executor;
-    vram->device = &vram_of(executor)->devices[0];
+    vram->device =
+        &vram_of(executor)->devices[mesh ? mesh->device_index : 0]; /* a mesh's: its local rank's */
     trainer->device = vram;
     trainer->device_release = vram_trainer_release;
     trainer->device_sync = vram_trainer_sync;

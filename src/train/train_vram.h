@@ -10,9 +10,10 @@
 
 /* Makes `trainer` (made by trainer_create, its parameters on the host) a VRAM trainer on `executor`, a VRAM
  * executor, from its loop thread: its parameters and moments copied into flat buffers on the executor's
- * first device, its step and save the device's. UFORM_OK, UFORM_OUT_OF_MEMORY, UFORM_DEVICE, or
- * UFORM_UNSUPPORTED (a mesh of several processes, whose device collectives are not built), with the reason
- * in *message; on failure trainer_destroy frees what was made. */
+ * first device (over a mesh of several processes, the mesh's device), its step and save the device's.
+ * UFORM_OK, UFORM_OUT_OF_MEMORY, UFORM_DEVICE (a device failure, a broken mesh), or UFORM_INVALID_ARGUMENT
+ * (a mesh bootstrapped over another executor), with the reason in *message; on failure trainer_destroy
+ * frees what was made. */
 uform_status_t train_vram_attach(uform_trainer_t *trainer, uform_executor_t *executor, char const **message);
 
 /* The device's AdamW settings of optimizer step `step` (1-based), as train_params_update derives them. */

@@ -3,7 +3,8 @@
 written with the standard library): three steps of a one-block model, the progress lines, the
 checkpoint and `uform info` on it, a resume that continues the step count, Ctrl-C, a save that runs
 out of room (reported once, nothing left behind), bad manifests, the
-batches --dry-run shows (passes, --neighbours, identical captions), and the shape of eval's table and JSON.
+batches --dry-run shows (passes, --neighbours, identical captions), the shape of eval's table and JSON,
+and two processes under mpirun against one (losses, weights, a Ctrl-C seen by one of them).
 
     test_train_command.py --uform build/tools/uform --workdir build/tests/train-command
 
@@ -11,7 +12,9 @@ The standard library only."""
 import json
 import os
 import re
+import shutil
 import signal
+import struct
 import subprocess
 import sys
 
@@ -288,6 +291,75 @@ def check_eval(uform, model, manifest):
     assert abs(strict["recall@1"] - 0.25) < 1e-6, strict
 
 
+def read_masters(path):
+    """The F32 tensors of an optimizer state (safetensors), by name, as lists of floats."""
+    with open(path, "rb") as file:
+        length = struct.unpack("<Q", file.read(8))[0]
+        header = json.loads(file.read(length))
+        data = file.read()
+    tensors = {}
+    for name, entry in header.items():
+        if name != "__metadata__" and entry["dtype"] == "F32":
+            begin, end = entry["data_offsets"]
+            tensors[name] = struct.unpack(f"<{(end - begin) // 4}f", data[begin:end])
+    return tensors
+
+
+def mpirun(count, *arguments, **popen):
+    """`mpirun -n count` of a command, two or more processes on however many cores, as root where CI is."""
+    environment = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    command = ["mpirun", "--oversubscribe", "--mca", "btl", "self,vader", "-n", str(count), *arguments]
+    return subprocess.Popen(command, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen)
+
+
+def check_mesh(uform, manifest, workdir):
+    """Under mpirun, two processes train as one on the whole batch (each on whole groups of it): the same
+    losses and, to rounding, the same weights; a Ctrl-C seen by one process stops both after one step."""
+    if not shutil.which("mpirun"):
+        assert os.environ.get("CI") != "true", "no mpirun: apt-get install openmpi-bin"
+        print("uform train under mpirun: skipped, no mpirun (apt-get install openmpi-bin)")
+        return
+    flags = ["--data", manifest, "--steps", "3", "--batch", "6", "--strict", *MODEL_FLAGS]
+    single = os.path.join(workdir, "single.safetensors")
+    _, alone = run(uform, "train", "--out", single, *flags)
+    meshed = os.path.join(workdir, "meshed.safetensors")
+    process = mpirun(2, uform, "train", "--out", meshed, *flags)
+    _, stderr = (text.decode() for text in process.communicate(timeout=240))
+    if "no MPI" in stderr:
+        print("uform train under mpirun: skipped, this build has no MPI")
+        return
+    assert process.returncode == 0, stderr
+    assert step_lines(stderr, 3) == [1, 2, 3] and stderr.count("uform: saved") == 1, stderr
+    losses = [STEP_LINE.match(line).group(3) for line in stderr.splitlines() if STEP_LINE.match(line)]
+    assert losses == [STEP_LINE.match(line).group(3) for line in alone.splitlines() if STEP_LINE.match(line)], \
+        (alone, stderr)
+    one, two = read_masters(single + ".optimizer"), read_masters(meshed + ".optimizer")
+    assert one.keys() == two.keys() and one, (one.keys(), two.keys())
+    for name in one:
+        largest = max(abs(value) for value in one[name]) or 1.0
+        worst = max(abs(a - b) for a, b in zip(one[name], two[name]))
+        assert worst <= 1e-4 * largest, (name, worst, largest)
+
+    interrupted = os.path.join(workdir, "meshed-interrupted.safetensors")
+    process = mpirun(2, uform, "train", "--out", interrupted, *flags[:3], "1000000", *flags[4:])
+    try:
+        for raw in process.stderr:
+            if STEP_LINE.match(raw.decode().rstrip("\n")):
+                break
+        ranks = subprocess.run(["pgrep", "-P", str(process.pid)], capture_output=True, text=True).stdout.split()
+        assert len(ranks) == 2, ranks
+        os.kill(int(ranks[-1]), signal.SIGINT)  # one process alone sees it
+        _, rest = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    stops = re.findall(r"uform: interrupted after step (\d+) of 1000000", rest.decode())
+    assert process.returncode != 0 and len(stops) == 2 and stops[0] == stops[1], rest.decode()
+    assert os.path.isfile(interrupted) and os.path.isfile(interrupted + ".optimizer")
+    print(f"uform train under mpirun: 2 processes = 1; a Ctrl-C on one stopped both after step {stops[0]}")
+
+
 def main():
     options = parse_options(__doc__)
     manifest = make_dataset(options.workdir)
@@ -297,6 +369,7 @@ def main():
     check_full_disk(options.uform, manifest, model, options.workdir)
     check_errors(options.uform, manifest, options.workdir)
     check_batches(options.uform, options.workdir)
+    check_mesh(options.uform, manifest, options.workdir)
     print("uform train and eval: all checks passed")
     return 0
 

@@ -6,7 +6,8 @@
  * executor, a model loaded, texts and pixels encoded, arenas), then after uform_executor_create_vram:
  * where that fails because the driver is missing (every CI machine), it answers UFORM_DEVICE naming
  * libcuda.so.1 and still nothing of CUDA is mapped; where the driver is there, the runtime and cuBLASLt
- * are mapped from then on, which shows that the check sees them. A build without CUDA answers
+ * are mapped from then on, which shows that the check sees them, and NCCL still is not (only a mesh over
+ * VRAM executors opens it). A build without CUDA answers
  * UFORM_UNSUPPORTED and maps nothing either. Before the engine opened them itself, the first check
  * failed: every process linked to libuform.so mapped libcudart and libcublasLt at start. Skipped where
  * /proc/self/maps cannot be read. */
@@ -18,7 +19,8 @@
 
 #define SKIP 77
 
-static char const *const cuda_libraries[] = {"libcudart", "libcublasLt", "libcublas.", "libcuda.so"};
+static char const *const cuda_libraries[] = {"libcudart", "libcublasLt", "libcublas.", "libcuda.so",
+                                             "libnccl"};
 static uform_model_t *model; /* on the host */
 
 /* The path of the first mapping of /proc/self/maps whose file names `library` (any of cuda_libraries
@@ -92,6 +94,7 @@ static void vram_executor_loads_cuda_or_names_what_is_missing(void **state) {
     if (status == UFORM_OK) {
         assert_true(mapped("libcudart", found, sizeof found));
         assert_true(mapped("libcublasLt", found, sizeof found));
+        if (mapped("libnccl", found, sizeof found)) fail_msg("a VRAM executor alone maps %s", found);
         uform_executor_free(vram);
         return;
     }

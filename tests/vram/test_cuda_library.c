@@ -9,7 +9,9 @@
  *   - a load with a stand-in for the driver (any library that opens) opens the build's runtime and
  *     cuBLASLt, resolves every entry point in them and replays the recorded kernels into the runtime;
  *     from then on the calls reach the runtime: its own error strings, and a kernel launch through
- *     nvcc's sequence answers the runtime's error where no driver runs it (or runs it on a GPU). */
+ *     nvcc's sequence answers the runtime's error where no driver runs it (or runs it on a GPU);
+ *   - NCCL (where the build found it) refuses before its own load, which waits for the runtime's, names
+ *     a missing library, and once loaded answers its version. */
 #include <stdio.h>
 #include <string.h>
 
@@ -19,6 +21,10 @@
 #include "cuda/cuda_kernels.h"
 #include "cuda/cuda_library.h"
 #include "fixtures.h"
+#include "uform_config.h"
+#if UFORM_WITH_NCCL
+#include <nccl.h>
+#endif
 
 #define SKIP 77
 
@@ -44,6 +50,19 @@ static void refused_before_a_load(void **state) {
     cublasLtHandle_t handle = NULL;
     assert_int_equal(cublasLtCreate(&handle), CUBLAS_STATUS_NOT_INITIALIZED);
     assert_int_equal(cuda_f32_to_bf16(NULL, NULL, 1, NULL), cudaErrorInitializationError);
+    char const *message = NULL;
+    assert_false(cuda_library_load_nccl(&message));
+    assert_non_null(message);
+    assert_false(cuda_library_nccl_loaded());
+#if UFORM_WITH_NCCL
+    assert_non_null(strstr(message, "after the CUDA runtime"));
+    int version = -1;
+    assert_int_equal(ncclGetVersion(&version), ncclInvalidUsage);
+    assert_int_equal(version, -1);
+    assert_non_null(strstr(ncclGetErrorString(ncclSuccess), "not loaded"));
+#else
+    assert_non_null(strstr(message, "without NCCL"));
+#endif
 }
 
 /* A load of `names` fails with the message of `role`, and leaves nothing loaded. */
@@ -111,16 +130,40 @@ static void stand_in_driver_loads_and_replays(void **state) {
     if (created == CUBLAS_STATUS_SUCCESS) cublasLtDestroy(handle);
 }
 
+/* After the runtime: NCCL by another name is named missing and nothing stays loaded; by the build's, it
+ * loads and answers its version (no device needed). */
+static void nccl_loads_after_the_runtime(void **state) {
+    (void)state;
+#if UFORM_WITH_NCCL
+    char const *message = NULL;
+    assert_true(cuda_library_loaded());
+    assert_false(cuda_library_load_nccl_from("libuform-no-such-nccl.so.2", &message));
+    fprintf(stderr, "  a missing NCCL: %s\n", message);
+    assert_non_null(strstr(message, cuda_library_nccl_soname));
+    assert_false(cuda_library_nccl_loaded());
+    assert_false(cuda_library_load_nccl_from("libm.so.6", &message)); /* opens, holds no NCCL */
+    assert_non_null(strstr(message, "lacks an entry point"));
+    if (!cuda_library_load_nccl(&message)) fail_msg("NCCL did not load: %s", message);
+    assert_true(cuda_library_nccl_loaded());
+    int version = 0;
+    assert_int_equal(ncclGetVersion(&version), ncclSuccess);
+    fprintf(stderr, "  %s: version %d\n", cuda_library_nccl_soname, version);
+    assert_true(version >= 20000);
+    assert_null(strstr(ncclGetErrorString(ncclSuccess), "not loaded"));
+#else
+    skip();
+#endif
+}
+
 int main(void) {
     if (cuda_library_loaded()) {
         printf("SKIP: the CUDA libraries are loaded already\n");
         return SKIP;
     }
     struct CMUnitTest const tests[] = {
-        cmocka_unit_test(registrations_recorded),
-        cmocka_unit_test(refused_before_a_load),
-        cmocka_unit_test(missing_libraries_named),
-        cmocka_unit_test(stand_in_driver_loads_and_replays),
+        cmocka_unit_test(registrations_recorded),       cmocka_unit_test(refused_before_a_load),
+        cmocka_unit_test(missing_libraries_named),      cmocka_unit_test(stand_in_driver_loads_and_replays),
+        cmocka_unit_test(nccl_loads_after_the_runtime),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

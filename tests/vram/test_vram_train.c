@@ -355,7 +355,8 @@ static void vram_steps_that_change_nothing(void **state) {
 }
 
 /* The contract's Training example on one device, outside mpirun: a mesh of one process over the VRAM
- * executor, and a VRAM trainer made with it steps alone. Last: freeing the mesh finalizes MPI. */
+ * executor (its collectives chosen: with NCCL, a communicator of one started and destroyed), and a VRAM
+ * trainer made with it steps on device 0. Last: freeing the mesh finalizes MPI. */
 static void vram_mesh_of_one_process(void **state) {
     (void)state;
     NEED_DEVICE();
@@ -364,6 +365,11 @@ static void vram_mesh_of_one_process(void **state) {
     uform_mesh_bootstrap_args_t bootstrap = {.executor = vram, .mesh = &mesh};
     if (uform_mesh_bootstrap(&bootstrap) != UFORM_OK) fail_msg("bootstrap: %s", last_error_text().text);
     assert_int_equal(uform_mesh_size(mesh), 1);
+    uform_mesh_info_t info;
+    assert_int_equal(uform_mesh_info(mesh, &info), UFORM_OK);
+    fprintf(stderr, "  a mesh of one: collectives %d, device %d\n", info.collectives, info.device);
+    assert_true(info.usable && info.device == 0 && info.collectives != UFORM_MESH_HOST &&
+                !info.shared_device);
     uform_trainer_config_t config = config_of(NULL);
     config.mesh = mesh;
     uform_trainer_t *trainer = NULL;
