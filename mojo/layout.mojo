@@ -6,7 +6,7 @@ from std.sys import size_of, align_of
 from std.ffi import c_size_t
 
 from uform._c import *
-from uform import Status, Outputs, ScalarKind, Mood, Continuation, ExecutorKind, Source, Feature, Modality, TrainerStepStats, Weights
+from uform import Status, Outputs, ScalarKind, Mood, Continuation, ExecutorKind, Source, Feature, MeshCollectives, Modality, TrainerStepStats, Weights
 
 
 def size[T: AnyType](name: StaticString):
@@ -216,6 +216,17 @@ def main():
     at("uform_mesh_bootstrap_args_t", "options", Int(Pointer(to=mb)), Int(Pointer(to=mb.options)))
     at("uform_mesh_bootstrap_args_t", "mesh", Int(Pointer(to=mb)), Int(Pointer(to=mb.mesh)))
     at("uform_mesh_bootstrap_args_t", "outcome", Int(Pointer(to=mb)), Int(Pointer(to=mb.outcome)))
+    var mi2 = CMeshInfo(0, 0, 0, 0, 0, 0, False, False, 0, None)
+    size[CMeshInfo]("uform_mesh_info_t")
+    at("uform_mesh_info_t", "size", Int(Pointer(to=mi2)), Int(Pointer(to=mi2.size)))
+    at("uform_mesh_info_t", "local_rank", Int(Pointer(to=mi2)), Int(Pointer(to=mi2.local_rank)))
+    at("uform_mesh_info_t", "local_size", Int(Pointer(to=mi2)), Int(Pointer(to=mi2.local_size)))
+    at("uform_mesh_info_t", "collectives", Int(Pointer(to=mi2)), Int(Pointer(to=mi2.collectives)))
+    at("uform_mesh_info_t", "device", Int(Pointer(to=mi2)), Int(Pointer(to=mi2.device)))
+    at("uform_mesh_info_t", "shared_device", Int(Pointer(to=mi2)), Int(Pointer(to=mi2.shared_device)))
+    at("uform_mesh_info_t", "usable", Int(Pointer(to=mi2)), Int(Pointer(to=mi2.usable)))
+    at("uform_mesh_info_t", "timeout_seconds", Int(Pointer(to=mi2)), Int(Pointer(to=mi2.timeout_seconds)))
+    at("uform_mesh_info_t", "broken", Int(Pointer(to=mi2)), Int(Pointer(to=mi2.broken)))
     var tc = CTrainerConfig.zero()
     size[CTrainerConfig]("uform_trainer_config_t")
     at("uform_trainer_config_t", "depth", Int(Pointer(to=tc)), Int(Pointer(to=tc.depth)))
@@ -310,6 +321,9 @@ def main():
     value("UFORM_FEATURE_MPI", Int(Feature.MPI.code))
     value("UFORM_FEATURE_MICROHTTPD", Int(Feature.MICROHTTPD.code))
     value("UFORM_FEATURE_FORK_UNION", Int(Feature.FORK_UNION.code))
+    value("UFORM_MESH_HOST", Int(MeshCollectives.HOST.code))
+    value("UFORM_MESH_NCCL", Int(MeshCollectives.NCCL.code))
+    value("UFORM_MESH_STAGED", Int(MeshCollectives.STAGED.code))
     value("UFORM_MODALITY_TEXT", Int(Modality.TEXT.code))
     value("UFORM_MODALITY_IMAGE", Int(Modality.IMAGE.code))
     value("UFORM_MODALITY_VIDEO", Int(Modality.VIDEO.code))

@@ -24,7 +24,7 @@ from interpreter import how_to_install, partly_unavailable  # noqa: E402  (stand
 # Exported, not bound yet: each is a verb or accessor the Mojo package does not offer today
 # (uform_ram_options_default, once thought to crash when returning its structure by value, is bound and called
 # by value; mojo/NOTES.md). uform_mesh_info: what a mesh's collectives are and whether it is still usable.
-UNBOUND = {"uform_mesh_info"}
+UNBOUND = set()
 
 
 def exported(library):

@@ -11,7 +11,7 @@ from std.ffi import c_int, external_call
 from uform import (
     Arena, Continuation, Deferred, DeferredLoad, Error as UFormError, EncodeConfig, EncodeStats, Executor, ExecutorKind,
     Feature, Library, LoadConfig, PoolWork, ThreadPool, Model, ModelInfo, ModelVerbs, Mood, Outputs, Progress, RamOptions, ScalarKind, Source,
-    Status, TapeView, View, VramOptions, Mesh, MeshOptions, Modality, Trainer, TrainerConfig, TrainerInitRamConfig,
+    Status, TapeView, View, VramOptions, Mesh, MeshCollectives, MeshOptions, Modality, Trainer, TrainerConfig, TrainerInitRamConfig,
     TrainerInitVramConfig, TrainerStepConfig, TrainerStepStats, Weights,
 )
 from uform._c import _field
@@ -968,6 +968,11 @@ def test_mesh(library: Library) raises:
     if library.has(Feature.MPI):
         var mesh = Mesh.bootstrap(executor, MeshOptions())
         check(mesh.rank() == 0 and mesh.size() == 1, "a mesh of this process alone: rank 0 of 1")
+        var info = mesh.info()
+        check(info.rank == 0 and info.size == 1 and info.local_rank == 0 and info.local_size == 1,
+              "Mesh.info: rank 0 of 1, alone on its node")
+        check(info.collectives == MeshCollectives.HOST and info.device == -1 and info.usable and not info.broken,
+              "Mesh.info: MPI on host memory, no device, usable")
         var config = TrainerInitRamConfig[origin_of(mesh)](library)
         config.depth = 1
         config.hidden = 64
@@ -988,6 +993,9 @@ def test_mesh(library: Library) raises:
     # One process alone (C's NULL mesh): rank 0 of 1, and a trainer config may name it.
     var single = Mesh.single(library)
     check(single.rank() == 0 and single.size() == 1, "the single mesh: rank 0 of 1")
+    var alone = single.info()
+    check(alone.rank == 0 and alone.size == 1 and alone.collectives == MeshCollectives.HOST and alone.usable,
+          "Mesh.info of the single mesh: one process on the host, usable")
     var config = TrainerInitRamConfig[origin_of(single)](library)
     config.depth = 1
     config.hidden = 64

@@ -11,6 +11,6 @@ from .model import (
 )
 from ._c import EncodeStats, ModelInfo, TransformerInfo, TextInfo, ImageInfo, VideoInfo, AudioInfo
 from .trainer import (
-    Modality, Mesh, MeshOptions, Trainer, TrainerConfig, TrainerInitRamConfig, TrainerInitVramConfig, TrainerOn,
-    TrainerDeferredOn, TrainerDeferred, TrainerStepConfig, TrainerStepStats, Saved,
+    Modality, Mesh, MeshCollectives, MeshInfo, MeshOptions, Trainer, TrainerConfig, TrainerInitRamConfig,
+    TrainerInitVramConfig, TrainerOn, TrainerDeferredOn, TrainerDeferred, TrainerStepConfig, TrainerStepStats, Saved,
 )

@@ -362,6 +362,21 @@ struct CMeshBootstrapArgs(ImplicitlyCopyable):
 
 
 @fieldwise_init
+struct CMeshInfo(ImplicitlyCopyable):
+    """`uform_mesh_info_t`: `broken` a static C string, or NULL."""
+    var rank: c_size_t
+    var size: c_size_t
+    var local_rank: c_size_t
+    var local_size: c_size_t
+    var collectives: Int32
+    var device: c_int
+    var shared_device: Bool
+    var usable: Bool
+    var timeout_seconds: Float64
+    var broken: RawOpt
+
+
+@fieldwise_init
 struct CTrainerConfig(ImplicitlyCopyable):
     """`uform_trainer_config_t`, field for field (`TrainerConfig` is its Mojo face)."""
     var depth: c_size_t

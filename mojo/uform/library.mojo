@@ -196,6 +196,7 @@ struct _Symbols(Movable):
     var mesh_free: FnVoidOfRawOpt
     var mesh_rank: FnSizeOfRawOpt
     var mesh_size: FnSizeOfRawOpt
+    var mesh_info: FnStatusOfRawRaw
     var trainer_config_default: FnVoidOfRaw
     var trainer_init_ram: FnStatusOfRaw
     var trainer_init_vram: FnStatusOfRaw
@@ -257,6 +258,7 @@ struct _Symbols(Movable):
         self.mesh_free = _resolve[FnVoidOfRawOpt](handle, "uform_mesh_free")
         self.mesh_rank = _resolve[FnSizeOfRawOpt](handle, "uform_mesh_rank")
         self.mesh_size = _resolve[FnSizeOfRawOpt](handle, "uform_mesh_size")
+        self.mesh_info = _resolve[FnStatusOfRawRaw](handle, "uform_mesh_info")
         self.trainer_config_default = _resolve[FnVoidOfRaw](handle, "uform_trainer_config_default")
         self.trainer_init_ram = _resolve[FnStatusOfRaw](handle, "uform_trainer_init_ram")
         self.trainer_init_vram = _resolve[FnStatusOfRaw](handle, "uform_trainer_init_vram")

@@ -1,12 +1,12 @@
 """The mesh (`uform_mesh_t`) and the trainer (`uform_trainer_t`): its config, the executor receivers
 `trainer.on(executor)` and `trainer.deferred(executor)`, their `step` and `save`, and `TrainerDeferred`."""
 
-from std.ffi import c_size_t
+from std.ffi import c_char, c_size_t
 from std.memory import OwnedPointer
 
 from ._c import *
 from ._c import _raw, _field
-from .library import Library, Status, Error
+from .library import Library, Status, Error, _static
 from .executor import Executor
 from .tape import TapeView
 from .progress import Progress
@@ -26,6 +26,34 @@ struct Modality(Equatable, TrivialRegisterPassable):
     def tower(self) -> UInt32:
         """Its bit in `TrainerConfig.towers` (`1 << uform_modality_t`)."""
         return UInt32(1) << UInt32(self.code)
+
+
+@fieldwise_init
+struct MeshCollectives(Equatable, TrivialRegisterPassable):
+    """`uform_mesh_collectives_t`: how a mesh's processes reduce and gather."""
+
+    var code: Int32
+    comptime HOST = Self(0)  # RAM executors: MPI on host memory
+    comptime NCCL = Self(1)  # VRAM executors: NCCL on device memory
+    comptime STAGED = Self(2)  # VRAM executors: device to pinned host memory, MPI, and back
+
+
+@fieldwise_init
+struct MeshInfo(ImplicitlyCopyable):
+    """`uform_mesh_info_t` (`Mesh.info`): the ranks, the collectives, the CUDA device this process's VRAM
+    trainer steps on (-1 on RAM), whether processes share a device, whether the mesh is still usable, its
+    timeout (VRAM meshes; 0 on RAM) and, once unusable, why (the engine's static text)."""
+
+    var rank: Int
+    var size: Int
+    var local_rank: Int
+    var local_size: Int
+    var collectives: MeshCollectives
+    var device: Int
+    var shared_device: Bool
+    var usable: Bool
+    var timeout_seconds: Float64
+    var broken: Optional[StaticString]
 
 
 struct MeshOptions(ImplicitlyCopyable):
@@ -81,6 +109,17 @@ struct Mesh(Movable):
     def size(self) -> Int:
         """The processes in the run (`uform_mesh_size`)."""
         return Int(self.library._symbols[].mesh_size(self._handle))
+
+    def info(self) raises Error -> MeshInfo:
+        """What the mesh is (`uform_mesh_info`); never blocks."""
+        var c = CMeshInfo(0, 0, 0, 0, 0, 0, False, False, 0, None)
+        self.library._check(self.library._symbols[].mesh_info(self._handle, _raw(Pointer(to=c))))
+        var broken = Optional[StaticString](None)
+        if c.broken:
+            var text = c.broken.value().unsafe_bitcast[c_char]().unsafe_mut_cast[False]()
+            broken = _static(text.unsafe_origin_cast[ImmStaticOrigin]())
+        return MeshInfo(Int(c.rank), Int(c.size), Int(c.local_rank), Int(c.local_size), MeshCollectives(c.collectives),
+                        Int(c.device), c.shared_device, c.usable, c.timeout_seconds, broken)
 
     def __deinit__(deinit self):
         # The last copy of the library may be this one: it must outlive the call (`_ = library^` marks the end).
