@@ -312,6 +312,20 @@ def mpirun(count, *arguments, **popen):
     return subprocess.Popen(command, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen)
 
 
+def children(pid):
+    """The processes whose parent is `pid`, read from /proc (a minimal Debian has no pgrep)."""
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as file:
+                stat = file.read()
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # gone meanwhile
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:  # the field after the state: the parent
+            found.append(int(entry))
+    return sorted(found)
+
+
 def check_mesh(uform, manifest, workdir):
     """Under mpirun, two processes train as one on the whole batch (each on whole groups of it): the same
     losses and, to rounding, the same weights; a Ctrl-C seen by one process stops both after one step."""
@@ -346,7 +360,7 @@ def check_mesh(uform, manifest, workdir):
         for raw in process.stderr:
             if STEP_LINE.match(raw.decode().rstrip("\n")):
                 break
-        ranks = subprocess.run(["pgrep", "-P", str(process.pid)], capture_output=True, text=True).stdout.split()
+        ranks = children(process.pid)
         assert len(ranks) == 2, ranks
         os.kill(int(ranks[-1]), signal.SIGINT)  # one process alone sees it
         _, rest = process.communicate(timeout=120)
