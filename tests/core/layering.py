@@ -251,26 +251,27 @@ def cycle_faults(kind, graph, describe):
     return faults
 
 
+def crossings(graph):
+    """Each edge of `graph` from a file in scope to a layer its rules do not allow: the file, its layer, the
+    target as shown, the target's layer (or where it stands outside every layer), and what the edge holds."""
+    for path in sorted(graph):
+        layer = layer_of(path)
+        if not path.startswith(SCOPE) or layer not in RULES:
+            continue
+        for target, held in sorted(graph[path].items()):
+            other = layer_of(target)
+            if other != layer and other not in RULES[layer]:
+                yield path, layer, shown(target), other or "outside every layer", held
+
+
 def rule_faults(include, calls):
     faults = []
-    for path in sorted(include):
-        layer = layer_of(path)
-        if not path.startswith(SCOPE) or layer not in RULES:
-            continue
-        for target, line in sorted(include[path].items()):
-            other = layer_of(target)
-            if other != layer and other not in RULES[layer]:
-                faults.append(f"include rule: {path}:{line} includes {shown(target)} ({other or 'outside every layer'}); "
-                              f"{layer} may include only {layer}, {', '.join(RULES[layer])}")
-    for path in sorted(calls):
-        layer = layer_of(path)
-        if not path.startswith(SCOPE) or layer not in RULES:
-            continue
-        for target, symbols in sorted(calls[path].items()):
-            other = layer_of(target)
-            if other != layer and other not in RULES[layer]:
-                faults.append(f"call rule: {path} -> {shown(target)} ({other or 'outside every layer'}): "
-                              f"{symbols_text(symbols)}; {layer} may call only {layer}, {', '.join(RULES[layer])}")
+    for path, layer, target, other, line in crossings(include):
+        faults.append(f"include rule: {path}:{line} includes {target} ({other}); "
+                      f"{layer} may include only {layer}, {', '.join(RULES[layer])}")
+    for path, layer, target, other, symbols in crossings(calls):
+        faults.append(f"call rule: {path} -> {target} ({other}): "
+                      f"{symbols_text(symbols)}; {layer} may call only {layer}, {', '.join(RULES[layer])}")
     return faults
 
 

@@ -39,6 +39,7 @@
 #include <dirent.h>
 
 #include "uform.h"
+#include "../train/small_config.h"
 
 /* ---- The shim's controls -------------------------------------------------------------------------- */
 
@@ -383,27 +384,28 @@ static pair_t pair_of(blob_t const *a, blob_t const *b) {
     return pair;
 }
 
-static pair_t stage_pair;
+/* The pair a media stage encodes, and how: its verb (image, video or audio), where the tape's items come
+ * from, and the outputs asked for. */
+static struct staged {
+    pair_t pair;
+    uform_modality_t modality;
+    uform_source_t source;
+    uform_outputs_t outputs;
+} staged;
+
+static void stage_pair(pair_t pair, uform_modality_t modality, uform_source_t source,
+                       uform_outputs_t outputs) {
+    staged = (struct staged){pair, modality, source, outputs};
+}
 static void release_pair(world_t *world) {
     (void)world;
-    free(stage_pair.data);
-    stage_pair.data = NULL;
+    free(staged.pair.data);
+    staged.pair.data = NULL;
 }
 
 static void prepare_images(world_t *world) {
-    stage_pair = pair_of(&world->png, &world->jpeg);
-}
-static void run_images(world_t *world, result_t *result) {
-    uform_encoded_t encoded;
-    uform_image_encode_args_t args = {
-        .model = world->model,
-        .executor = world->executor,
-        .arena = world->arena,
-        .encoded = &encoded,
-        .outputs = UFORM_OUTPUT_EMBEDDINGS | UFORM_OUTPUT_TOKEN_VECTORS,
-        .source = UFORM_SOURCE_MEMORY,
-        .images = {stage_pair.data, stage_pair.offsets, 2, stage_pair.offsets[2]}};
-    result_of_encode(result, uform_image_encode(&args), &encoded);
+    stage_pair(pair_of(&world->png, &world->jpeg), UFORM_MODALITY_IMAGE, UFORM_SOURCE_MEMORY,
+               UFORM_OUTPUT_EMBEDDINGS | UFORM_OUTPUT_TOKEN_VECTORS);
 }
 
 /* The same two images from files, read through the executor's ring. */
@@ -412,51 +414,37 @@ static void prepare_image_files(world_t *world) {
     snprintf(png, sizeof png, "%s/image.png", world->folder);
     snprintf(jpeg, sizeof jpeg, "%s/image.jpg", world->folder);
     blob_t paths[2] = {{(uint8_t *)png, strlen(png)}, {(uint8_t *)jpeg, strlen(jpeg)}};
-    stage_pair = pair_of(&paths[0], &paths[1]);
-}
-static void run_image_files(world_t *world, result_t *result) {
-    uform_encoded_t encoded;
-    uform_image_encode_args_t args = {
-        .model = world->model,
-        .executor = world->executor,
-        .arena = world->arena,
-        .encoded = &encoded,
-        .outputs = UFORM_OUTPUT_EMBEDDINGS,
-        .source = UFORM_SOURCE_FILES,
-        .images = {stage_pair.data, stage_pair.offsets, 2, stage_pair.offsets[2]}};
-    result_of_encode(result, uform_image_encode(&args), &encoded);
+    stage_pair(pair_of(&paths[0], &paths[1]), UFORM_MODALITY_IMAGE, UFORM_SOURCE_FILES,
+               UFORM_OUTPUT_EMBEDDINGS);
 }
 
 static void prepare_video(world_t *world) {
-    stage_pair = pair_of(&world->clip, &world->clip);
-}
-static void run_video(world_t *world, result_t *result) {
-    uform_encoded_t encoded;
-    uform_video_encode_args_t args = {
-        .model = world->model,
-        .executor = world->executor,
-        .arena = world->arena,
-        .encoded = &encoded,
-        .outputs = UFORM_OUTPUT_EMBEDDINGS | UFORM_OUTPUT_TOKEN_VECTORS,
-        .source = UFORM_SOURCE_MEMORY,
-        .videos = {stage_pair.data, stage_pair.offsets, 2, stage_pair.offsets[2]}};
-    result_of_encode(result, uform_video_encode(&args), &encoded);
+    stage_pair(pair_of(&world->clip, &world->clip), UFORM_MODALITY_VIDEO, UFORM_SOURCE_MEMORY,
+               UFORM_OUTPUT_EMBEDDINGS | UFORM_OUTPUT_TOKEN_VECTORS);
 }
 
 static void prepare_audio(world_t *world) {
-    stage_pair = pair_of(&world->wav, &world->wav);
+    stage_pair(pair_of(&world->wav, &world->wav), UFORM_MODALITY_AUDIO, UFORM_SOURCE_MEMORY,
+               UFORM_OUTPUT_EMBEDDINGS | UFORM_OUTPUT_TOKEN_VECTORS);
 }
-static void run_audio(world_t *world, result_t *result) {
+
+/* The arguments the image, video and audio verbs share (their structures differ only in the tape's name),
+ * for the staged pair on `world`'s receiver into `encoded`. */
+#define STAGED_ARGS                                                                                          \
+    .model = world->model, .executor = world->executor, .arena = world->arena, .encoded = &encoded,          \
+    .outputs = staged.outputs, .source = staged.source
+
+/* The staged pair through its verb. */
+static void run_staged(world_t *world, result_t *result) {
     uform_encoded_t encoded;
-    uform_audio_encode_args_t args = {
-        .model = world->model,
-        .executor = world->executor,
-        .arena = world->arena,
-        .encoded = &encoded,
-        .outputs = UFORM_OUTPUT_EMBEDDINGS | UFORM_OUTPUT_TOKEN_VECTORS,
-        .source = UFORM_SOURCE_MEMORY,
-        .sounds = {stage_pair.data, stage_pair.offsets, 2, stage_pair.offsets[2]}};
-    result_of_encode(result, uform_audio_encode(&args), &encoded);
+    uform_tape_t const tape = {staged.pair.data, staged.pair.offsets, 2, staged.pair.offsets[2]};
+    uform_image_encode_args_t const images = {STAGED_ARGS, .images = tape};
+    uform_video_encode_args_t const videos = {STAGED_ARGS, .videos = tape};
+    uform_audio_encode_args_t const sounds = {STAGED_ARGS, .sounds = tape};
+    uform_status_t const status = staged.modality == UFORM_MODALITY_IMAGE   ? uform_image_encode(&images)
+                                  : staged.modality == UFORM_MODALITY_VIDEO ? uform_video_encode(&videos)
+                                                                            : uform_audio_encode(&sounds);
+    result_of_encode(result, status, &encoded);
 }
 
 static void run_samples(world_t *world, result_t *result) {
@@ -475,11 +463,9 @@ static void run_samples(world_t *world, result_t *result) {
     result_of_encode(result, uform_audio_encode_samples(&args), &encoded);
 }
 
+/* The trainers' suites' small model over the default context (64 bytes), with a second of audio. */
 static void trainer_config(uform_trainer_config_t *config) {
-    uform_trainer_config_default(config);
-    config->depth = 1;
-    config->hidden = 64;
-    config->dims = 32;
+    *config = small_config_of(32, 64);
     config->audio_seconds = 1.0;
     config->warmup_steps = 1;
     config->total_steps = 10;
@@ -620,11 +606,10 @@ static stage_t const stages[] = {
     {"quantize", 0, nothing, run_quantize, nothing},
     {"text", 0, nothing, run_text, nothing},
     {"pixels", 0, nothing, run_pixels, nothing},
-    {"images", UFORM_FEATURE_SPNG | UFORM_FEATURE_JPEG, prepare_images, run_images, release_pair},
-    {"image-files", UFORM_FEATURE_SPNG | UFORM_FEATURE_JPEG, prepare_image_files, run_image_files,
-     release_pair},
-    {"video", UFORM_FEATURE_FFMPEG, prepare_video, run_video, release_pair},
-    {"audio", UFORM_FEATURE_FFMPEG, prepare_audio, run_audio, release_pair},
+    {"images", UFORM_FEATURE_SPNG | UFORM_FEATURE_JPEG, prepare_images, run_staged, release_pair},
+    {"image-files", UFORM_FEATURE_SPNG | UFORM_FEATURE_JPEG, prepare_image_files, run_staged, release_pair},
+    {"video", UFORM_FEATURE_FFMPEG, prepare_video, run_staged, release_pair},
+    {"audio", UFORM_FEATURE_FFMPEG, prepare_audio, run_staged, release_pair},
     {"samples", UFORM_FEATURE_FFMPEG, nothing, run_samples, nothing},
     {"trainer", 0, nothing, run_trainer, release_trainer},
     {"step", 0, prepare_step, run_step, release_trainer},

@@ -42,6 +42,20 @@ static uform_model_t *load(char const *path, uform_weights_t weights, uform_exec
     return model;
 }
 
+/* A tiny checkpoint of one block whose MLP is `mlp` wide, `name`.safetensors in the folder, and its copy
+ * quantized ahead, `name`-i8.safetensors: their paths into `path` and `quantized` (512 bytes each). */
+static void write_one_block(char const *name, uint64_t seed, size_t mlp, char *path, char *quantized) {
+    char file[64];
+    snprintf(file, sizeof file, "%s.safetensors", name);
+    fixture_path(file, path, 512);
+    snprintf(file, sizeof file, "%s-i8.safetensors", name);
+    fixture_path(file, quantized, 512);
+    uform_tiny_checkpoint_args_t tiny = {.path = path, .seed = seed, .depth = 1, .mlp = mlp};
+    assert_int_equal(uform_tiny_checkpoint(&tiny), UFORM_OK);
+    uform_checkpoint_quantize_args_t args = {.input = path, .output = quantized};
+    assert_int_equal(uform_checkpoint_quantize(&args), UFORM_OK);
+}
+
 /* A checkpoint's header, parsed. */
 static checkpoint_header_t header_of(blob_t const *file) {
     uint64_t length = 0;
@@ -253,16 +267,11 @@ static void trainer_resumes_from_quantized(void **state) {
 static void wide_layer_stays_bf16(void **state) {
     (void)state;
     char wide[512], wide_quantized[512];
-    fixture_path("wide.safetensors", wide, sizeof wide);
-    fixture_path("wide-i8.safetensors", wide_quantized, sizeof wide_quantized);
-    uform_tiny_checkpoint_args_t tiny = {.path = wide, .seed = 3, .depth = 1, .mlp = KERNEL_I8_DEPTH_MAX + 1};
-    assert_int_equal(uform_tiny_checkpoint(&tiny), UFORM_OK);
+    write_one_block("wide", 3, KERNEL_I8_DEPTH_MAX + 1, wide, wide_quantized);
     uform_model_t *model = load(wide, UFORM_WEIGHTS_I8, NULL);
     assert_true(model->text->blocks[0].up.i8);
     assert_false(model->text->blocks[0].down.i8);
     uform_model_free(model);
-    uform_checkpoint_quantize_args_t args = {.input = wide, .output = wide_quantized};
-    assert_int_equal(uform_checkpoint_quantize(&args), UFORM_OK);
     blob_t file = blob_read(wide_quantized);
     checkpoint_header_t header = header_of(&file);
     assert_int_equal(checkpoint_find(&header, "text.blocks.0.mlp.up.weight")->dtype, CHECKPOINT_I8);
@@ -302,12 +311,7 @@ static void wide_layer_stays_bf16(void **state) {
 static void odd_counts_stay_aligned(void **state) {
     (void)state;
     char odd[512], odd_quantized[512];
-    fixture_path("odd.safetensors", odd, sizeof odd);
-    fixture_path("odd-i8.safetensors", odd_quantized, sizeof odd_quantized);
-    uform_tiny_checkpoint_args_t tiny = {.path = odd, .seed = 4, .depth = 1, .mlp = 129};
-    assert_int_equal(uform_tiny_checkpoint(&tiny), UFORM_OK);
-    uform_checkpoint_quantize_args_t args = {.input = odd, .output = odd_quantized};
-    assert_int_equal(uform_checkpoint_quantize(&args), UFORM_OK);
+    write_one_block("odd", 4, 129, odd, odd_quantized);
     for (int map = 0; map < 2; ++map) {
         uform_load_config_t config = {.map = map};
         uform_model_t *model = NULL;

@@ -60,6 +60,29 @@ static uform_trainer_step_args_t text_step(uform_trainer_t *trainer, uform_execu
         .stats = stats};
 }
 
+/* The trainer most tests step: small_config()'s, on a RAM executor of 2 threads, made before the test and
+ * freed after it (the test's cmocka setup and teardown). */
+typedef struct stepping {
+    uform_executor_t *executor;
+    uform_trainer_t *trainer;
+} stepping_t;
+
+static int stepping_setup(void **state) {
+    static stepping_t stepping;
+    uform_trainer_config_t const config = small_config();
+    stepping.executor = ram_executor(2, false);
+    stepping.trainer = make_trainer(stepping.executor, &config);
+    *state = &stepping;
+    return 0;
+}
+
+static int stepping_teardown(void **state) {
+    stepping_t *stepping = *state;
+    uform_trainer_free(stepping->trainer);
+    uform_executor_free(stepping->executor);
+    return 0;
+}
+
 /* Every master weight, moment and the step, bitwise. */
 static void assert_same_params(train_params_t const *a, train_params_t const *b) {
     assert_int_equal(a->count, b->count);
@@ -139,12 +162,9 @@ static void configs_and_their_errors(void **state) {
 }
 
 static void loss_falls(void **state) {
-    (void)state;
-    uform_executor_t *executor = ram_executor(2, false);
-    uform_trainer_config_t config = small_config();
-    uform_trainer_t *trainer = make_trainer(executor, &config);
+    stepping_t const *stepping = *state;
     uform_trainer_step_stats_t stats, first = {0};
-    uform_trainer_step_args_t step = text_step(trainer, executor, &stats);
+    uform_trainer_step_args_t step = text_step(stepping->trainer, stepping->executor, &stats);
     for (int i = 0; i < 40; ++i) {
         assert_int_equal(uform_trainer_step(&step), UFORM_OK);
         assert_int_equal(stats.step, (size_t)i + 1);
@@ -155,8 +175,6 @@ static void loss_falls(void **state) {
     assert_true(first.lm_loss > 4.5 && first.lm_loss < 6.5);
     assert_true(stats.loss < 0.7 * first.loss);
     assert_true(stats.lm_loss < first.lm_loss && stats.contrastive_loss < first.contrastive_loss);
-    uform_trainer_free(trainer);
-    uform_executor_free(executor);
 }
 
 static void resume_is_bit_exact(void **state) {
@@ -223,10 +241,9 @@ static void steps_do_not_depend_on_threads(void **state) {
 
 /* A bad item, a bad relation or a foreign executor: the status, and nothing changed. */
 static void bad_steps_change_nothing(void **state) {
-    (void)state;
-    uform_executor_t *executor = ram_executor(2, false), *other = ram_executor(1, false);
-    uform_trainer_config_t config = small_config();
-    uform_trainer_t *trainer = make_trainer(executor, &config);
+    stepping_t const *stepping = *state;
+    uform_executor_t *executor = stepping->executor, *other = ram_executor(1, false);
+    uform_trainer_t *trainer = stepping->trainer;
     uform_trainer_step_stats_t stats;
     uform_trainer_step_args_t step = text_step(trainer, executor, &stats);
     assert_int_equal(uform_trainer_step(&step), UFORM_OK);
@@ -277,23 +294,19 @@ static void bad_steps_change_nothing(void **state) {
     assert_int_equal(uform_trainer_step(&step), UFORM_OK);
     assert_int_equal(stats.step, 2);
     snapshot_free(&before);
-    uform_trainer_free(trainer);
     uform_executor_free(other);
-    uform_executor_free(executor);
 }
 
 /* A temperature so high (exp(100)) that the loss stays finite but the gradient of logit.scale overflows F32:
  * the norm is not finite, and the step answers so and changes nothing, where it used to answer UFORM_OK with
  * every weight turned NaN. */
 static void nonfinite_norm_step_changes_nothing(void **state) {
-    (void)state;
-    uform_executor_t *executor = ram_executor(2, false);
-    uform_trainer_config_t config = small_config();
-    uform_trainer_t *trainer = make_trainer(executor, &config);
+    stepping_t const *stepping = *state;
+    uform_trainer_t *trainer = stepping->trainer;
     trainer->logit_scale->value[0] = 100.0f;
     train_params_t before = snapshot(&trainer->params);
     uform_trainer_step_stats_t stats = {0};
-    uform_trainer_step_args_t step = text_step(trainer, executor, &stats);
+    uform_trainer_step_args_t step = text_step(trainer, stepping->executor, &stats);
     assert_int_equal(uform_trainer_step(&step), UFORM_INVALID_ARGUMENT);
     assert_non_null(strstr(uform_last_error().message, "norm is not finite"));
     assert_same_params(&before, &trainer->params);
@@ -301,8 +314,6 @@ static void nonfinite_norm_step_changes_nothing(void **state) {
     assert_int_equal(uform_trainer_step(&step), UFORM_OK);
     assert_int_equal(stats.step, 1);
     snapshot_free(&before);
-    uform_trainer_free(trainer);
-    uform_executor_free(executor);
 }
 
 static uform_continuation_t cancel_halfway(void *state, size_t completed, size_t total) {
@@ -312,10 +323,9 @@ static uform_continuation_t cancel_halfway(void *state, size_t completed, size_t
 }
 
 static void cancel_deferred_and_contended(void **state) {
-    (void)state;
-    uform_executor_t *executor = ram_executor(2, false);
-    uform_trainer_config_t config = small_config();
-    uform_trainer_t *trainer = make_trainer(executor, &config);
+    stepping_t const *stepping = *state;
+    uform_executor_t *executor = stepping->executor;
+    uform_trainer_t *trainer = stepping->trainer;
     uform_trainer_step_stats_t stats = {0};
     train_params_t before = snapshot(&trainer->params);
     size_t calls = 0;
@@ -347,8 +357,6 @@ static void cancel_deferred_and_contended(void **state) {
     assert_int_equal(trainer->params.step, 1);
     uform_outcome_destroy(&held);
     uform_outcome_destroy(&outcome);
-    uform_trainer_free(trainer);
-    uform_executor_free(executor);
 }
 
 /* A trainer builds its failures' messages ("relation 0: ...") in a buffer of its own. Those messages are
@@ -401,12 +409,13 @@ static void trainer_messages_outlive_the_trainer(void **state) {
 int main(void) {
     struct CMUnitTest const tests[] = {
         cmocka_unit_test(configs_and_their_errors),
-        cmocka_unit_test(loss_falls),
+        cmocka_unit_test_setup_teardown(loss_falls, stepping_setup, stepping_teardown),
         cmocka_unit_test(resume_is_bit_exact),
         cmocka_unit_test(steps_do_not_depend_on_threads),
-        cmocka_unit_test(bad_steps_change_nothing),
-        cmocka_unit_test(nonfinite_norm_step_changes_nothing),
-        cmocka_unit_test(cancel_deferred_and_contended),
+        cmocka_unit_test_setup_teardown(bad_steps_change_nothing, stepping_setup, stepping_teardown),
+        cmocka_unit_test_setup_teardown(nonfinite_norm_step_changes_nothing, stepping_setup,
+                                        stepping_teardown),
+        cmocka_unit_test_setup_teardown(cancel_deferred_and_contended, stepping_setup, stepping_teardown),
         cmocka_unit_test(trainer_messages_outlive_the_trainer),
     };
     return cmocka_run_group_tests(tests, setup, fixture_teardown);

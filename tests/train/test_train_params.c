@@ -249,6 +249,35 @@ static void state_path(char const *path, char *out, size_t capacity) {
     assert_true(train_state_path(path, out, capacity));
 }
 
+/* What a save test works on: its checkpoint `name` in the suite's folder, the optimizer state's path beside
+ * it, and the small model's parameters of `seed` to save there. The test's cmocka setup makes them from the
+ * name and seed its entry of the table gives (SAVING_TEST); its teardown frees the parameters. */
+typedef struct saving {
+    char const *name;
+    uint64_t seed;
+    char path[512], optimizer[600];
+    train_params_t params;
+} saving_t;
+
+static int saving_setup(void **state) {
+    saving_t *saving = *state;
+    fixture_path(saving->name, saving->path, sizeof saving->path);
+    state_path(saving->path, saving->optimizer, sizeof saving->optimizer);
+    small_params(&saving->params, saving->seed);
+    return 0;
+}
+
+static int saving_teardown(void **state) {
+    saving_t *saving = *state;
+    train_params_free(&saving->params);
+    return 0;
+}
+
+/* The entry of `test_` in a table: a saving_t of the file `name_` and the seed `seed_` as its state. */
+#define SAVING_TEST(test_, name_, seed_)                                                                     \
+    cmocka_unit_test_prestate_setup_teardown(test_, saving_setup, saving_teardown,                           \
+                                             (&(saving_t){.name = (name_), .seed = (seed_)}))
+
 /* A caller's pool of three "threads" run one after another, last first. */
 static size_t reversed_count(void *pool) {
     (void)pool;
@@ -778,14 +807,11 @@ static void test_nonfinite_gradient_norm_skips_update(void **state) {
 
 /* The checkpoint loads for inference and states the same model; its tensors are the BF16 values. */
 static void test_save_loads(void **state) {
-    (void)state;
-    char path[512], optimizer[600];
-    fixture_path("loads.safetensors", path, sizeof path);
-    state_path(path, optimizer, sizeof optimizer);
-    train_params_t params;
-    small_params(&params, 5);
+    saving_t *saving = *state;
+    char const *path = saving->path, *optimizer = saving->optimizer;
+    train_params_t *params = &saving->params;
     char const *message = NULL;
-    assert_int_equal(train_params_save(&params, path, reason, &message), UFORM_OK);
+    assert_int_equal(train_params_save(params, path, reason, &message), UFORM_OK);
     assert_true(file_exists(optimizer));
 
     uform_model_t *model = NULL;
@@ -793,18 +819,18 @@ static void test_save_loads(void **state) {
     assert_int_equal(uform_model_load_ram(&load), UFORM_OK);
     uform_model_info_t info;
     assert_int_equal(uform_model_info(model, &info), UFORM_OK);
-    assert_info_equal(&params.info, &info, true);
+    assert_info_equal(&params->info, &info, true);
     uform_model_free(model);
 
     /* Without the state: the BF16 weights widened, logit.* exact (F32), step 0, no moments. */
     assert_int_equal(unlink(optimizer), 0);
     train_params_t loaded;
     assert_int_equal(train_params_load(&loaded, path, reason, &message), UFORM_OK);
-    assert_info_equal(&params.info, &loaded.info, true);
-    assert_int_equal(loaded.count, params.count);
+    assert_info_equal(&params->info, &loaded.info, true);
+    assert_int_equal(loaded.count, params->count);
     assert_int_equal(loaded.step, 0);
-    for (size_t t = 0; t < params.count; t++) {
-        train_tensor_t const *a = &params.tensors[t], *b = &loaded.tensors[t];
+    for (size_t t = 0; t < params->count; t++) {
+        train_tensor_t const *a = &params->tensors[t], *b = &loaded.tensors[t];
         bool const exact = strncmp(a->name, "logit.", 6) == 0;
         for (size_t i = 0; i < a->count; i++) {
             float const expected = exact ? a->value[i] : bf16_to_f32(f32_to_bf16(a->value[i]));
@@ -813,7 +839,6 @@ static void test_save_loads(void **state) {
         }
     }
     train_params_free(&loaded);
-    train_params_free(&params);
 }
 
 /* A tiny checkpoint (logit.* in BF16) loads too; a text-only one without logit.* gets their defaults. */
@@ -871,21 +896,18 @@ static void test_load_other_checkpoints(void **state) {
 
 /* After a few updates, save then load gives back every bit: values, moments, step, settings. */
 static void test_round_trip(void **state) {
-    (void)state;
-    char path[512];
-    fixture_path("round-trip.safetensors", path, sizeof path);
-    train_params_t params, loaded;
-    small_params(&params, 21);
-    steps(&params, NULL, 3);
-    params.optimizer.learning_rate = 1.0 / 3; /* digits a short decimal does not hold */
-    params.optimizer.epsilon = 1e-8 / 7;
+    saving_t *saving = *state;
+    train_params_t *params = &saving->params;
+    train_params_t loaded;
+    steps(params, NULL, 3);
+    params->optimizer.learning_rate = 1.0 / 3; /* digits a short decimal does not hold */
+    params->optimizer.epsilon = 1e-8 / 7;
     char const *message = NULL;
-    assert_int_equal(train_params_save(&params, path, reason, &message), UFORM_OK);
-    assert_int_equal(train_params_load(&loaded, path, reason, &message), UFORM_OK);
-    assert_same_params(&params, &loaded, true);
-    assert_info_equal(&params.info, &loaded.info, true);
+    assert_int_equal(train_params_save(params, saving->path, reason, &message), UFORM_OK);
+    assert_int_equal(train_params_load(&loaded, saving->path, reason, &message), UFORM_OK);
+    assert_same_params(params, &loaded, true);
+    assert_info_equal(&params->info, &loaded.info, true);
     train_params_free(&loaded);
-    train_params_free(&params);
 }
 
 /* 10 updates equal 5 updates, a save and a load, and 5 more: bitwise. */
@@ -1014,13 +1036,11 @@ static bool pair_is(char const *path, size_t step, float mark) {
 /* A child saves over and over; killed at random moments, it always leaves a whole checkpoint and an
  * optimizer state of its own. */
 static void test_killed_saves(void **state) {
-    (void)state;
-    char path[512];
-    fixture_path("killed.safetensors", path, sizeof path);
-    train_params_t params;
+    saving_t *saving = *state;
+    char const *path = saving->path;
+    train_params_t *params = &saving->params;
     char const *message = NULL;
-    small_params(&params, 2);
-    assert_int_equal(train_params_save(&params, path, reason, &message), UFORM_OK);
+    assert_int_equal(train_params_save(params, path, reason, &message), UFORM_OK);
     random_seed(99);
     for (size_t round = 0; round < 6; round++) {
         fflush(NULL);
@@ -1028,8 +1048,8 @@ static void test_killed_saves(void **state) {
         assert_true(child >= 0);
         if (child == 0) {
             for (;;) {
-                params.tensors[0].value[0] += 1;
-                if (train_params_save(&params, path, reason, &message) != UFORM_OK) _exit(1);
+                params->tensors[0].value[0] += 1;
+                if (train_params_save(params, path, reason, &message) != UFORM_OK) _exit(1);
             }
         }
         struct timespec pause = {0, (long)(1000 + random_below(40000)) * 1000};
@@ -1047,11 +1067,10 @@ static void test_killed_saves(void **state) {
         train_params_t loaded;
         if (train_params_load(&loaded, path, reason, &message) != UFORM_OK)
             fail_msg("round %zu: %s", round, message);
-        assert_true(loaded.tensors[0].value[0] >= params.tensors[0].value[0]);
+        assert_true(loaded.tensors[0].value[0] >= params->tensors[0].value[0]);
         assert_no_staged_files(path);
         train_params_free(&loaded);
     }
-    train_params_free(&params);
 }
 
 /* ---- faults in a save ------------------------------------------------------------------------------ */
@@ -1060,24 +1079,23 @@ static void test_killed_saves(void **state) {
  * the cause, and the previous pair, or the new one, resumes; or, where the call was a close that loses
  * nothing, it answers UFORM_OK and the new pair resumes. */
 static void test_failed_save_loses_checkpoint(void **state) {
-    (void)state;
-    char path[512];
-    fixture_path("faults.safetensors", path, sizeof path);
-    train_params_t params;
+    saving_t *saving = *state;
+    char const *path = saving->path;
+    train_params_t *params = &saving->params;
     char const *message = NULL;
-    small_params(&params, 3);
     size_t k = 1, olds = 0, news = 0, closes_ignored = 0;
     for (;; k++) {
-        save_marked(&params, path, 5, 0.25f);
-        params.step = 6;
-        params.tensors[0].value[0] = 0.5f;
+        save_marked(params, path, 5, 0.25f);
+        params->step = 6;
+        params->tensors[0].value[0] = 0.5f;
         filesystem_calls = 0;
         filesystem_fail_at = k;
-        uform_status_t const status = train_params_save(&params, path, reason, &message);
+        uform_status_t const status = train_params_save(params, path, reason, &message);
         filesystem_fail_at = 0;
         if (status == UFORM_OK && filesystem_calls < k) break; /* every call was tried */
         if (status == UFORM_OK) { /* a close that loses nothing (a read-only file, a folder) */
-            if (!pair_is(path, 6, 0.5f)) fail_msg("call %zu failed, the save answered ok, the pair is old", k);
+            if (!pair_is(path, 6, 0.5f))
+                fail_msg("call %zu failed, the save answered ok, the pair is old", k);
             closes_ignored++;
             continue;
         }
@@ -1093,19 +1111,15 @@ static void test_failed_save_loses_checkpoint(void **state) {
         assert_no_staged_files(path);
     }
     assert_true(k > 20 && olds > 10 && news >= 1 && closes_ignored < k / 2);
-    train_params_free(&params);
 }
 
 /* A file size limit (RLIMIT_FSIZE, SIGXFSZ ignored) that the checkpoint fits in and its state does not:
  * the save answers "cannot write PATH.optimizer: File too large" and the previous pair resumes. */
 static void test_save_error_names_no_file(void **state) {
-    (void)state;
-    char path[512], optimizer[512];
-    fixture_path("limited.safetensors", path, sizeof path);
-    state_path(path, optimizer, sizeof optimizer);
-    train_params_t params;
-    small_params(&params, 4);
-    save_marked(&params, path, 7, 0.125f);
+    saving_t *saving = *state;
+    char const *path = saving->path, *optimizer = saving->optimizer;
+    train_params_t *params = &saving->params;
+    save_marked(params, path, 7, 0.125f);
     struct stat checkpoint;
     assert_int_equal(stat(path, &checkpoint), 0);
     int channel[2];
@@ -1117,10 +1131,10 @@ static void test_save_error_names_no_file(void **state) {
         struct rlimit const limit = {(rlim_t)checkpoint.st_size + 4096, (rlim_t)checkpoint.st_size + 4096};
         char const *message = "";
         signal(SIGXFSZ, SIG_IGN);
-        params.step = 8;
-        params.tensors[0].value[0] = 0.75f;
+        params->step = 8;
+        params->tensors[0].value[0] = 0.75f;
         if (setrlimit(RLIMIT_FSIZE, &limit) != 0 ||
-            train_params_save(&params, path, reason, &message) != UFORM_IO)
+            train_params_save(params, path, reason, &message) != UFORM_IO)
             _exit(1);
         size_t const length = strlen(message);
         _exit(write(channel[1], message, length) == (ssize_t)length ? 0 : 1);
@@ -1138,26 +1152,23 @@ static void test_save_error_names_no_file(void **state) {
     assert_string_equal(got, expected);
     assert_true(pair_is(path, 7, 0.125f));
     assert_no_staged_files(path);
-    train_params_free(&params);
 }
 
 /* What a killed save left is settled by the next load: a checkpoint staged before its state was in
  * place is removed, with its staged state and the temporaries; one whose state is in place replaces
  * the old checkpoint. */
 static void test_interrupted_save_settles(void **state) {
-    (void)state;
-    char path[512], optimizer[600], next[600], next_state[700], staged_state[700], stale[700];
-    fixture_path("settle.safetensors", path, sizeof path);
-    state_path(path, optimizer, sizeof optimizer);
+    saving_t *saving = *state;
+    char const *path = saving->path, *optimizer = saving->optimizer;
+    train_params_t *params = &saving->params;
+    char next[600], next_state[700], staged_state[700], stale[700];
     snprintf(next, sizeof next, "%s.next", path);
     snprintf(next_state, sizeof next_state, "%s.optimizer", next);
     snprintf(staged_state, sizeof staged_state, "%s.next", optimizer);
     snprintf(stale, sizeof stale, "%s.next.tmp.Ab3dE6", path);
-    train_params_t params;
-    small_params(&params, 6);
-    save_marked(&params, path, 8, 1.25f);
+    save_marked(params, path, 8, 1.25f);
     /* killed before the state's rename: both staged, the old pair in place */
-    save_marked(&params, next, 9, 1.5f);
+    save_marked(params, next, 9, 1.5f);
     assert_int_equal(rename(next_state, staged_state), 0);
     FILE *file = fopen(stale, "wb");
     assert_non_null(file);
@@ -1166,12 +1177,11 @@ static void test_interrupted_save_settles(void **state) {
     assert_true(pair_is(path, 8, 1.25f));
     assert_false(file_exists(next) || file_exists(staged_state) || file_exists(stale));
     /* killed after the state's rename: the new pair, its checkpoint still staged */
-    save_marked(&params, next, 9, 1.5f);
+    save_marked(params, next, 9, 1.5f);
     assert_int_equal(rename(next_state, optimizer), 0);
     assert_true(pair_is(path, 9, 1.5f));
     assert_false(file_exists(next));
     assert_no_staged_files(path);
-    train_params_free(&params);
 }
 
 static int group_setup(void **state) {
@@ -1192,16 +1202,16 @@ int main(void) {
         cmocka_unit_test(test_update_reference),
         cmocka_unit_test(test_update_threads),
         cmocka_unit_test(test_nonfinite_gradient_norm_skips_update),
-        cmocka_unit_test(test_save_loads),
+        SAVING_TEST(test_save_loads, "loads.safetensors", 5),
         cmocka_unit_test(test_load_other_checkpoints),
-        cmocka_unit_test(test_round_trip),
+        SAVING_TEST(test_round_trip, "round-trip.safetensors", 21),
         cmocka_unit_test(test_resume),
         cmocka_unit_test(test_state_of_another_checkpoint),
         cmocka_unit_test(test_missing_and_bad_files),
-        cmocka_unit_test(test_killed_saves),
-        cmocka_unit_test(test_failed_save_loses_checkpoint),
-        cmocka_unit_test(test_save_error_names_no_file),
-        cmocka_unit_test(test_interrupted_save_settles),
+        SAVING_TEST(test_killed_saves, "killed.safetensors", 2),
+        SAVING_TEST(test_failed_save_loses_checkpoint, "faults.safetensors", 3),
+        SAVING_TEST(test_save_error_names_no_file, "limited.safetensors", 4),
+        SAVING_TEST(test_interrupted_save_settles, "settle.safetensors", 6),
     };
     return cmocka_run_group_tests(tests, group_setup, fixture_teardown);
 }

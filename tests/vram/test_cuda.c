@@ -551,23 +551,44 @@ static void choose_matches_scalar(void **state) {
 
 /* ---- Attention ---------------------------------------------------------------------------------- */
 
+/* Items of `lengths` packed end to end: their offsets [items + 1] for the scalar kernels (size_t) and for
+ * the device (int32_t), which the caller frees, and the longest item. Answers the tokens. */
+static size_t pack_items(size_t const *lengths, size_t items, size_t **offsets, int32_t **offsets32,
+                         size_t *max_length) {
+    *offsets = host_alloc((items + 1) * sizeof(size_t));
+    *offsets32 = host_alloc((items + 1) * sizeof(int32_t));
+    (*offsets)[0] = 0;
+    *max_length = 0;
+    for (size_t i = 0; i < items; ++i) {
+        (*offsets)[i + 1] = (*offsets)[i] + lengths[i];
+        if (lengths[i] > *max_length) *max_length = lengths[i];
+    }
+    for (size_t i = 0; i <= items; ++i)
+        (*offsets32)[i] = (int32_t)(*offsets)[i];
+    return (*offsets)[items];
+}
+
+/* `rope` (the scalar rope or rope_backward) on the q and k of every row of `qkv` [tokens, 3 * heads * 64],
+ * at the row's position in its item. */
+static void rope_rows(void (*rope)(float *x, size_t heads, size_t position), float *qkv,
+                      size_t const *offsets, size_t items, size_t heads) {
+    size_t const hidden = heads * HEAD, width = 3 * hidden;
+    for (size_t item = 0; item < items; ++item)
+        for (size_t row = offsets[item]; row < offsets[item + 1]; ++row) {
+            rope(qkv + row * width, heads, row - offsets[item]);
+            rope(qkv + row * width + hidden, heads, row - offsets[item]);
+        }
+}
+
 /* One attention case: items of `lengths` packed end to end, qkv BF16 [tokens, 3 * heads * 64] with
  * values in [-1, 1] and q, k scaled by `amplitude`. The scalar reference runs on the same BF16 values:
  * rope at each row's position in its item when `rotary`, then kernels.h's attention per head. With
  * `misaligned`, qkv and out start 2 bytes past a 16-byte boundary (the kernel's scalar loads). */
 static void attention_case(size_t const *lengths, size_t items, size_t heads, bool causal, bool rotary,
                            float amplitude, bool misaligned, char const *label) {
-    size_t width = 3 * heads * HEAD, hidden = heads * HEAD, tokens = 0, max_length = 0;
-    size_t *offsets = host_alloc((items + 1) * sizeof(size_t));
-    int32_t *offsets32 = host_alloc((items + 1) * sizeof(int32_t));
-    offsets[0] = 0;
-    for (size_t i = 0; i < items; ++i) {
-        offsets[i + 1] = offsets[i] + lengths[i];
-        if (lengths[i] > max_length) max_length = lengths[i];
-    }
-    tokens = offsets[items];
-    for (size_t i = 0; i <= items; ++i)
-        offsets32[i] = (int32_t)offsets[i];
+    size_t width = 3 * heads * HEAD, hidden = heads * HEAD, *offsets, max_length;
+    int32_t *offsets32;
+    size_t tokens = pack_items(lengths, items, &offsets, &offsets32, &max_length);
     uint16_t *qkv = host_alloc(tokens * width * sizeof(uint16_t));
     float *reference_in = host_alloc(tokens * width * sizeof(float));
     double max_v = 0.0;
@@ -578,12 +599,7 @@ static void attention_case(size_t const *lengths, size_t items, size_t heads, bo
             reference_in[row * width + i] = bf16_to_f32(qkv[row * width + i]);
             if (i >= 2 * hidden) max_v = fmax(max_v, fabs(reference_in[row * width + i]));
         }
-    if (rotary)
-        for (size_t item = 0; item < items; ++item)
-            for (size_t row = offsets[item]; row < offsets[item + 1]; ++row) {
-                kernels_scalar()->rope(reference_in + row * width, heads, row - offsets[item]);
-                kernels_scalar()->rope(reference_in + row * width + hidden, heads, row - offsets[item]);
-            }
+    if (rotary) rope_rows(kernels_scalar()->rope, reference_in, offsets, items, heads);
     float *expected = host_alloc((tokens ? tokens : 1) * hidden * sizeof(float));
     for (size_t h = 0; h < heads; ++h) {
         kernel_attention_t a = {
@@ -793,12 +809,6 @@ static void linear_matches_scalar(void **state) {
         linear_case(gemm, shapes[3], (cuda_linear_kind_t)kind, true, false);
         linear_case(gemm, shapes[1], (cuda_linear_kind_t)kind, true, true);
     }
-    cuda_linear_t empty = {.m = 0, .n = 8, .k = 8, .kind = CUDA_LINEAR_F32};
-    char const *message = NULL;
-    assert_int_equal(cuda_linear(gemm, &empty, &message), cudaSuccess);
-    cuda_linear_t wrong = {.m = 1, .n = 8, .k = 8, .x_stride = 4, .y_stride = 8, .kind = CUDA_LINEAR_F32};
-    assert_int_equal(cuda_linear(gemm, &wrong, &message), cudaErrorInvalidValue);
-    assert_non_null(message);
     cuda_gemm_destroy(gemm);
 }
 
@@ -1036,17 +1046,9 @@ static void assemble_tokens_backward_bitwise(void **state) {
  * the largest |d|; the log-sum-exp within 2e-2 of the one of the scores in double; two runs the same bits. */
 static void attention_backward_case(size_t const *lengths, size_t items, size_t heads, bool causal,
                                     bool rotary) {
-    size_t width = 3 * heads * HEAD, hidden = heads * HEAD, tokens = 0, max_length = 0;
-    size_t *offsets = host_alloc((items + 1) * sizeof(size_t));
-    int32_t *offsets32 = host_alloc((items + 1) * sizeof(int32_t));
-    offsets[0] = 0;
-    for (size_t i = 0; i < items; ++i) {
-        offsets[i + 1] = offsets[i] + lengths[i];
-        if (lengths[i] > max_length) max_length = lengths[i];
-    }
-    tokens = offsets[items];
-    for (size_t i = 0; i <= items; ++i)
-        offsets32[i] = (int32_t)offsets[i];
+    size_t width = 3 * heads * HEAD, hidden = heads * HEAD, *offsets, max_length;
+    int32_t *offsets32;
+    size_t tokens = pack_items(lengths, items, &offsets, &offsets32, &max_length);
     uint16_t *qkv = bf16_uniform(tokens * width, -1.0f, 1.0f),
              *d_out = bf16_uniform(tokens * hidden, -1.0f, 1.0f);
     uint16_t *qkv_device = device_copy(qkv, tokens * width * 2),
@@ -1075,11 +1077,7 @@ static void attention_backward_case(size_t const *lengths, size_t items, size_t 
     kernels_scalar()->bf16_to_f32(in, qkv, tokens * width);
     kernels_scalar()->bf16_to_f32(o, out, tokens * hidden);
     kernels_scalar()->bf16_to_f32(d_o, d_out, tokens * hidden);
-    for (size_t item = 0; rotary && item < items; ++item)
-        for (size_t row = offsets[item]; row < offsets[item + 1]; ++row) {
-            kernels_scalar()->rope(in + row * width, heads, row - offsets[item]);
-            kernels_scalar()->rope(in + row * width + hidden, heads, row - offsets[item]);
-        }
+    if (rotary) rope_rows(kernels_scalar()->rope, in, offsets, items, heads);
     check_t lse_check = check_start(heads, "%s: lse", name);
     for (size_t item = 0; item < items; ++item)
         for (size_t row = offsets[item]; row < offsets[item + 1]; ++row)
@@ -1117,11 +1115,7 @@ static void attention_backward_case(size_t const *lengths, size_t items, size_t 
                                          .scale = 0.125f};
         kernels_scalar()->attention_backward(&a, 0, items);
     }
-    for (size_t item = 0; rotary && item < items; ++item)
-        for (size_t row = offsets[item]; row < offsets[item + 1]; ++row) {
-            kernels_scalar()->rope_backward(expected + row * width, heads, row - offsets[item]);
-            kernels_scalar()->rope_backward(expected + row * width + hidden, heads, row - offsets[item]);
-        }
+    if (rotary) rope_rows(kernels_scalar()->rope_backward, expected, offsets, items, heads);
     check_t check = check_start(width, "%s", name);
     for (size_t item = 0; item < items; ++item)
         for (size_t h = 0; h < heads; ++h) {
@@ -1239,10 +1233,25 @@ static void linear_backward_matches_scalar(void **state) {
     for (size_t s = 0; s < COUNT(shapes); ++s)
         for (int mode = 0; mode < 3; ++mode)
             linear_backward_case(gemm, shapes[s][0], shapes[s][1], shapes[s][2], mode);
-    cuda_linear_backward_t wrong = {
-        .m = 1, .n = 8, .k = 8, .dy_stride = 8, .dx_bf16 = true, .dx_accumulate = true};
+    cuda_gemm_destroy(gemm);
+}
+
+/* Layers of both directions that cuBLASLt is never asked for: an empty one is done at once; a stride
+ * shorter than its row, and a BF16 dx to accumulate, are refused with a message. */
+static void linear_jobs_refused(void **state) {
+    (void)state;
+    cuda_gemm_t *gemm = NULL;
+    CUDA_CHECK(cuda_gemm_create(&gemm, stream));
+    cuda_linear_t empty = {.m = 0, .n = 8, .k = 8, .kind = CUDA_LINEAR_F32};
     char const *message = NULL;
-    assert_int_equal(cuda_linear_backward(gemm, &wrong, &message), cudaErrorInvalidValue);
+    assert_int_equal(cuda_linear(gemm, &empty, &message), cudaSuccess);
+    cuda_linear_t wrong = {.m = 1, .n = 8, .k = 8, .x_stride = 4, .y_stride = 8, .kind = CUDA_LINEAR_F32};
+    assert_int_equal(cuda_linear(gemm, &wrong, &message), cudaErrorInvalidValue);
+    assert_non_null(message);
+    cuda_linear_backward_t wrong_backward = {
+        .m = 1, .n = 8, .k = 8, .dy_stride = 8, .dx_bf16 = true, .dx_accumulate = true};
+    message = NULL;
+    assert_int_equal(cuda_linear_backward(gemm, &wrong_backward, &message), cudaErrorInvalidValue);
     assert_non_null(message);
     cuda_gemm_destroy(gemm);
 }
@@ -1654,6 +1663,7 @@ int main(void) {
         cmocka_unit_test(assemble_tokens_backward_bitwise),
         cmocka_unit_test(attention_backward_matches_scalar),
         cmocka_unit_test(linear_backward_matches_scalar),
+        cmocka_unit_test(linear_jobs_refused),
         cmocka_unit_test(cross_entropy_matches),
         cmocka_unit_test(contrastive_matches),
         cmocka_unit_test(adamw_matches_ram_trainer),
