@@ -355,11 +355,8 @@ static uform_status_t joined_of(uform_mesh_options_t const *options, MPI_Comm *j
     return UFORM_OK;
 }
 
-UFORM_EXPORT uform_status_t uform_mesh_bootstrap(uform_mesh_bootstrap_args_t const *args) {
-    static char const entry[] = "uform_mesh_bootstrap";
-    if (!args) return failed(UFORM_INVALID_ARGUMENT, entry, "args is NULL");
-    if (!args->executor || !args->mesh)
-        return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry, "executor or mesh is NULL");
+/* Submits the bootstrap, its executor and mesh given; the options are checked first. */
+static uform_status_t bootstrap_submit(uform_mesh_bootstrap_args_t const *args, char const *entry) {
     double timeout = args->options ? args->options->timeout_seconds : 0;
     if (!isfinite(timeout) || timeout < 0 || timeout > 1e9)
         return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry,
@@ -465,11 +462,8 @@ uform_status_t mesh_device_test(uform_mesh_t *mesh, bool *done, char const **mes
     return UFORM_OK;
 }
 
-UFORM_EXPORT uform_status_t uform_mesh_bootstrap(uform_mesh_bootstrap_args_t const *args) {
-    static char const entry[] = "uform_mesh_bootstrap";
-    if (!args) return failed(UFORM_INVALID_ARGUMENT, entry, "args is NULL");
-    if (!args->executor || !args->mesh)
-        return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry, "executor or mesh is NULL");
+/* Without MPI no mesh can be made. */
+static uform_status_t bootstrap_submit(uform_mesh_bootstrap_args_t const *args, char const *entry) {
     return call_refuse(args->outcome, UFORM_UNSUPPORTED, entry, "this build has no MPI (the `mpi` feature)");
 }
 
@@ -478,3 +472,11 @@ UFORM_EXPORT void uform_mesh_free(uform_mesh_t *mesh) {
 }
 
 #endif
+
+UFORM_EXPORT uform_status_t uform_mesh_bootstrap(uform_mesh_bootstrap_args_t const *args) {
+    static char const entry[] = "uform_mesh_bootstrap";
+    if (!args) return failed(UFORM_INVALID_ARGUMENT, entry, "args is NULL");
+    if (!args->executor || !args->mesh)
+        return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry, "executor or mesh is NULL");
+    return bootstrap_submit(args, entry);
+}
