@@ -41,6 +41,12 @@ uform_status_t mesh_usable(uform_mesh_t const *mesh, char const **message) {
     return UFORM_DEVICE;
 }
 
+uint64_t mesh_poll_ns(uint64_t *polls) {
+    uint64_t delay = 10000u << (*polls < 7 ? *polls : 7);
+    ++*polls;
+    return delay < 1000000 ? delay : 1000000;
+}
+
 UFORM_EXPORT size_t uform_mesh_rank(uform_mesh_t const *mesh) {
     return mesh ? mesh->rank : 0;
 }
@@ -284,12 +290,10 @@ static void bootstrap_poll(loop_op_t *op) {
     bootstrap_wait(bootstrap);
 }
 
-/* Polls again soon: 10 us, growing to 1 ms. */
+/* Polls again soon (mesh_poll_ns). */
 static void bootstrap_wait(bootstrap_call_t *bootstrap) {
-    uint64_t delay = 10000u << (bootstrap->polls < 7 ? bootstrap->polls : 7);
-    bootstrap->polls++;
     bootstrap->poll.callback = bootstrap_poll;
-    loop_timer(bootstrap->call.executor->loop, &bootstrap->poll, delay < 1000000 ? delay : 1000000);
+    loop_timer(bootstrap->call.executor->loop, &bootstrap->poll, mesh_poll_ns(&bootstrap->polls));
 }
 
 /* Over a VRAM executor: the device, the choice of collectives, and NCCL's communicator started. */

@@ -268,12 +268,10 @@ static void step_poll(loop_op_t *op) {
     step_advance(call);
 }
 
-/* Tests again soon: 10 us, growing to 1 ms while nothing completes. */
+/* Tests again soon: 10 us, growing to 1 ms while nothing completes (mesh_poll_ns). */
 static void step_wait(step_call_t *call) {
-    uint64_t delay = 10000u << (call->polls < 7 ? call->polls : 7);
-    call->polls++;
     call->poll.callback = step_poll;
-    loop_timer(call->call.executor->loop, &call->poll, delay < 1000000 ? delay : 1000000);
+    loop_timer(call->call.executor->loop, &call->poll, mesh_poll_ns(&call->polls));
 }
 
 /* Over a mesh: every process learns every other's counts and status first, in the mesh's own buffers
