@@ -327,6 +327,13 @@ uform_status_t vram_flights_sweep(vram_t *vram, void (*done)(void *context, vram
     return status;
 }
 
+void vram_flights_sweep_encode(vram_t *vram, encode_call_t *encode,
+                               void (*done)(void *context, vram_flight_t const *flight), void *context) {
+    char const *message = NULL;
+    if (vram_flights_sweep(vram, done, context, &message) != UFORM_OK)
+        encode_stop(encode, UFORM_DEVICE, message);
+}
+
 bool vram_flights_busy(vram_t const *vram, bool copied) {
     for (size_t d = 0; d < vram->count; ++d)
         for (size_t s = 0; s < VRAM_SLOTS; ++s)
