@@ -233,6 +233,11 @@ uform_status_t vram_model_prepare(uform_model_t *model, uform_executor_t *execut
 
 /* ---- The tower forward on a device -------------------------------------------------------------- */
 
+/* Enqueues y = x[m, k] W^T + b of `layer` through cuBLASLt, y [m, n] at y_stride in the form `kind` asks.
+ * UFORM_OK or UFORM_DEVICE with a message. */
+uform_status_t vram_linear_run(vram_device_t *device, vram_linear_t const *layer, size_t m, uint16_t const *x,
+                               void *y, size_t y_stride, cuda_linear_kind_t kind, char const **message);
+
 /* Device scratch a forward over `tokens` tokens needs (beside x), in bytes. */
 size_t vram_forward_scratch(vram_tower_t const *tower, size_t tokens);
 
