@@ -133,10 +133,7 @@ def main(argv=None) -> int:
     print(f"{len(paths)} stereo PCM16 WAV files of {args.seconds:g} s at {args.rate} Hz, batches of {args.batch}, "
           f"{args.threads} threads, PyTorch {torch.__version__} (float32 GEMMs on {common.torch_blas()})")
     common.compare_stages(args, checkpoint, paths, samples, encode_files, encode_samples,
-                          ("uform end to end (files: read, decode, resample, log-mel, tower)",
-                           "uform decode only (read + decode + resample + log-mel stages)",
-                           "uform tower stage of the end-to-end calls",
-                           "uform encode only (samples at 16 kHz: log-mel and tower)"),
+                          common.stage_labels(("resample", "log-mel"), "samples at 16 kHz: log-mel and tower"),
                           "clips", "numpy + PyTorch", bench_torch, "PyTorch in {dtype}, FFT resampling")
     return 0
 

@@ -231,6 +231,15 @@ def bench_stages(library: str, checkpoint: Path, threads: int, min_seconds: floa
         engine.library.uform_executor_free(executor)
 
 
+def stage_labels(steps: tuple, decoded: str) -> tuple:
+    """compare_stages' four labels for a tower whose files pass through `steps` after their decode (resize;
+    resample, log-mel), its already decoded inputs being `decoded`."""
+    return (f"uform end to end (files: read, decode, {', '.join(steps)}, tower)",
+            f"uform decode only (read + decode + {' + '.join(steps)} stages)",
+            "uform tower stage of the end-to-end calls",
+            f"uform encode only ({decoded})")
+
+
 def compare_stages(args, checkpoint: Path, paths: list, decoded: list, encode_files, encode_decoded, labels: tuple,
                    unit: str, baseline: str, bench_baseline, agreement: str) -> None:
     """bench_stages (`labels`: its four figures) with BF16 weights and the end-to-end, tower and encode-only

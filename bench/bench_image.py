@@ -107,10 +107,7 @@ def main(argv=None) -> int:
     print(f"{len(paths)} JPEG files of {args.width}x{args.height} (quality 90, 4:2:0), batches of {args.batch}, "
           f"{args.threads} threads, PyTorch {torch.__version__} (float32 GEMMs on {common.torch_blas()})")
     common.compare_stages(args, checkpoint, paths, pixels, encode_files, encode_pixels,
-                          ("uform end to end (files: read, decode, resize, tower)",
-                           "uform decode only (read + decode + resize stages)",
-                           "uform tower stage of the end-to-end calls",
-                           "uform encode only (pixels at 224 x 224)"),
+                          common.stage_labels(("resize",), "pixels at 224 x 224"),
                           "images", "Pillow + PyTorch", bench_torch, "PyTorch in {dtype}")
     return 0
 

@@ -147,13 +147,18 @@ void loop_destroy(loop_t *loop) {
 
 /* ---- Submission ------------------------------------------------------------------------------ */
 
+/* Appends the chain first .. last (linked by next, last's NULL) to the ready list. */
+static void loop_ready_append(loop_t *loop, loop_op_t *first, loop_op_t *last) {
+    if (loop->ready_tail)
+        loop->ready_tail->next = first;
+    else
+        loop->ready_head = first;
+    loop->ready_tail = last;
+}
+
 void loop_ready_push(loop_t *loop, loop_op_t *op) {
     op->next = NULL;
-    if (loop->ready_tail)
-        loop->ready_tail->next = op;
-    else
-        loop->ready_head = op;
-    loop->ready_tail = op;
+    loop_ready_append(loop, op, op);
 }
 
 static void loop_submit(loop_t *loop, loop_op_t *op) {
@@ -257,7 +262,7 @@ void loop_wake(loop_t *loop) {
 static void loop_take_posts(loop_t *loop) {
     if (!atomic_load_explicit(&loop->posted, memory_order_relaxed)) return;
     loop_op_t *newest = atomic_exchange_explicit(&loop->posted, NULL, memory_order_acquire);
-    loop_op_t *oldest = NULL;
+    loop_op_t *oldest = NULL, *last = newest; /* the newest ends the reversed chain */
     while (newest) {
         loop_op_t *next = newest->next;
         newest->next = oldest;
@@ -265,13 +270,7 @@ static void loop_take_posts(loop_t *loop) {
         newest = next;
     }
     if (!oldest) return;
-    if (loop->ready_tail)
-        loop->ready_tail->next = oldest;
-    else
-        loop->ready_head = oldest;
-    while (oldest->next)
-        oldest = oldest->next;
-    loop->ready_tail = oldest;
+    loop_ready_append(loop, oldest, last);
 }
 
 /* ---- Running ----------------------------------------------------------------------------------- */

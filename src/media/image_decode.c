@@ -34,6 +34,16 @@ static uint8_t *pixels_for(size_t height, size_t width, uform_status_t *status) 
     *status = pixels ? UFORM_OK : UFORM_OUT_OF_MEMORY;
     return pixels;
 }
+
+/* The buffer of pixels_for, decoded (`status` UFORM_OK) into a height x width image, or freed. */
+static uform_status_t pixels_keep(uint8_t *pixels, size_t height, size_t width, uform_status_t status,
+                                  image_rgb_t *image) {
+    if (status == UFORM_OK)
+        *image = (image_rgb_t){pixels, height, width};
+    else
+        free(pixels);
+    return status;
+}
 #endif
 
 #if UFORM_WITH_JPEG
@@ -65,13 +75,10 @@ static uform_status_t decode_jpeg(uint8_t const *data, size_t size, image_rgb_t 
     if (!pixels) goto done;
     /* A warning (truncated data, corrupt entropy segments) stops the decode: the item fails rather
      * than being encoded from grey fill. LIMITSCANS bounds the work of a progressive bomb. */
-    if (tjDecompress2(handle, data, (unsigned long)size, pixels, width, width * 3, height, TJPF_RGB,
-                      TJFLAG_STOPONWARNING | TJFLAG_LIMITSCANS) != 0) {
-        free(pixels);
-        status = jpeg_status(handle);
-        goto done;
-    }
-    *image = (image_rgb_t){pixels, (size_t)height, (size_t)width};
+    bool const failed = tjDecompress2(handle, data, (unsigned long)size, pixels, width, width * 3, height,
+                                      TJPF_RGB, TJFLAG_STOPONWARNING | TJFLAG_LIMITSCANS) != 0;
+    status =
+        pixels_keep(pixels, (size_t)height, (size_t)width, failed ? jpeg_status(handle) : UFORM_OK, image);
 done:
     tjDestroy(handle);
     return status;
@@ -104,8 +111,9 @@ static void *png_calloc(size_t count, size_t size) {
 
 static struct spng_alloc png_allocator = {png_malloc, png_realloc, png_calloc, free};
 
-/* A libspng failure as a status. */
+/* A libspng answer as a status. */
 static uform_status_t png_status(int error) {
+    if (error == SPNG_OK) return UFORM_OK;
     return error == SPNG_EMEM || png_memory_failed ? UFORM_OUT_OF_MEMORY : UFORM_FORMAT;
 }
 
@@ -130,12 +138,7 @@ static uform_status_t decode_png(uint8_t const *data, size_t size, image_rgb_t *
         error = spng_decode_image(context, pixels, bytes, SPNG_FMT_RGB8, 0);
     else if (error == SPNG_OK)
         error = SPNG_EOVERFLOW;
-    if (error != SPNG_OK) {
-        free(pixels);
-        status = png_status(error);
-        goto done;
-    }
-    *image = (image_rgb_t){pixels, header.height, header.width};
+    status = pixels_keep(pixels, header.height, header.width, png_status(error), image);
 done:
     spng_ctx_free(context);
     return status;

@@ -41,6 +41,12 @@ uform_status_t mesh_usable(uform_mesh_t const *mesh, char const **message) {
     return UFORM_DEVICE;
 }
 
+uint64_t mesh_poll_ns(uint64_t *polls) {
+    uint64_t delay = 10000u << (*polls < 7 ? *polls : 7);
+    ++*polls;
+    return delay < 1000000 ? delay : 1000000;
+}
+
 UFORM_EXPORT size_t uform_mesh_rank(uform_mesh_t const *mesh) {
     return mesh ? mesh->rank : 0;
 }
@@ -284,12 +290,10 @@ static void bootstrap_poll(loop_op_t *op) {
     bootstrap_wait(bootstrap);
 }
 
-/* Polls again soon: 10 us, growing to 1 ms. */
+/* Polls again soon (mesh_poll_ns). */
 static void bootstrap_wait(bootstrap_call_t *bootstrap) {
-    uint64_t delay = 10000u << (bootstrap->polls < 7 ? bootstrap->polls : 7);
-    bootstrap->polls++;
     bootstrap->poll.callback = bootstrap_poll;
-    loop_timer(bootstrap->call.executor->loop, &bootstrap->poll, delay < 1000000 ? delay : 1000000);
+    loop_timer(bootstrap->call.executor->loop, &bootstrap->poll, mesh_poll_ns(&bootstrap->polls));
 }
 
 /* Over a VRAM executor: the device, the choice of collectives, and NCCL's communicator started. */
@@ -355,11 +359,8 @@ static uform_status_t joined_of(uform_mesh_options_t const *options, MPI_Comm *j
     return UFORM_OK;
 }
 
-UFORM_EXPORT uform_status_t uform_mesh_bootstrap(uform_mesh_bootstrap_args_t const *args) {
-    static char const entry[] = "uform_mesh_bootstrap";
-    if (!args) return failed(UFORM_INVALID_ARGUMENT, entry, "args is NULL");
-    if (!args->executor || !args->mesh)
-        return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry, "executor or mesh is NULL");
+/* Submits the bootstrap, its executor and mesh given; the options are checked first. */
+static uform_status_t bootstrap_submit(uform_mesh_bootstrap_args_t const *args, char const *entry) {
     double timeout = args->options ? args->options->timeout_seconds : 0;
     if (!isfinite(timeout) || timeout < 0 || timeout > 1e9)
         return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry,
@@ -465,11 +466,8 @@ uform_status_t mesh_device_test(uform_mesh_t *mesh, bool *done, char const **mes
     return UFORM_OK;
 }
 
-UFORM_EXPORT uform_status_t uform_mesh_bootstrap(uform_mesh_bootstrap_args_t const *args) {
-    static char const entry[] = "uform_mesh_bootstrap";
-    if (!args) return failed(UFORM_INVALID_ARGUMENT, entry, "args is NULL");
-    if (!args->executor || !args->mesh)
-        return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry, "executor or mesh is NULL");
+/* Without MPI no mesh can be made. */
+static uform_status_t bootstrap_submit(uform_mesh_bootstrap_args_t const *args, char const *entry) {
     return call_refuse(args->outcome, UFORM_UNSUPPORTED, entry, "this build has no MPI (the `mpi` feature)");
 }
 
@@ -478,3 +476,11 @@ UFORM_EXPORT void uform_mesh_free(uform_mesh_t *mesh) {
 }
 
 #endif
+
+UFORM_EXPORT uform_status_t uform_mesh_bootstrap(uform_mesh_bootstrap_args_t const *args) {
+    static char const entry[] = "uform_mesh_bootstrap";
+    if (!args) return failed(UFORM_INVALID_ARGUMENT, entry, "args is NULL");
+    if (!args->executor || !args->mesh)
+        return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry, "executor or mesh is NULL");
+    return bootstrap_submit(args, entry);
+}

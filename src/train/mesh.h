@@ -118,6 +118,10 @@ void mesh_break(uform_mesh_t *mesh, char const *why);
 /* UFORM_OK when the mesh may run a step, else UFORM_DEVICE with the reason in *message. */
 uform_status_t mesh_usable(uform_mesh_t const *mesh, char const **message);
 
+/* The delay before polling again what was polled `*polls` times without completing (counted here):
+ * 10 us, doubling to 1 ms. */
+uint64_t mesh_poll_ns(uint64_t *polls);
+
 /* ---- Device collectives of a VRAM mesh ------------------------------------------------------------ */
 
 /* Posts `count` collectives (at most MESH_COLLECTIVES) over the mesh's road, after the device work

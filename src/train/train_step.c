@@ -624,23 +624,15 @@ double const *train_work_embeddings(train_work_t const *work) {
 
 /* The next-byte loss's share of this process (its cross-entropy sum over `predicted` positions of the
  * whole batch), its gradient added into d_states and text.embed. */
-static double lm_loss(uform_trainer_t *trainer, train_work_t *w, size_t predicted, float *d_states) {
+static double lm_loss(uform_trainer_t *trainer, uform_executor_t *executor, train_work_t *w, size_t predicted,
+                      float *d_states) {
     batch_plan_t const *plan = &w->plan;
     train_tower_t const *trunk = &trainer->text;
-    size_t hidden = trunk->hidden, tokens = plan->text_tokens;
+    float const *states = trainer->text_pass.states;
+    size_t tokens = plan->text_tokens;
     if (plan->predicted == 0) return 0;
     /* logits [tokens, 256] = states . embed[0:256]^T */
-    kernel_sgemm_t logits = {.m = tokens,
-                             .n = 256,
-                             .k = hidden,
-                             .a = trainer->text_pass.states,
-                             .a_stride = hidden,
-                             .b = trainer->text.embed->value,
-                             .b_stride = hidden,
-                             .b_transposed = true,
-                             .c = w->logits,
-                             .c_stride = 256};
-    trunk->kernels->sgemm(&logits, 0, 256);
+    train_linear(trunk->kernels, executor, states, tokens, trunk->embed, 256, NULL, w->logits);
     double loss = 0, scale = trainer->lm_weight / (double)predicted;
     for (size_t t = 0; t < plan->texts; ++t)
         for (size_t row = plan->text_offsets[t]; row < plan->text_offsets[t + 1]; ++row) {
@@ -660,29 +652,8 @@ static double lm_loss(uform_trainer_t *trainer, train_work_t *w, size_t predicte
                 l[j] = (float)(scale * (exp(l[j] - max) / sum - (j == (int)target)));
         }
     /* embed.grad[0:256] += dlogits^T states; d_states += dlogits . embed[0:256] */
-    kernel_sgemm_t d_embed = {.m = 256,
-                              .n = hidden,
-                              .k = tokens,
-                              .a = w->logits,
-                              .a_stride = 256,
-                              .a_transposed = true,
-                              .b = trainer->text_pass.states,
-                              .b_stride = hidden,
-                              .c = trainer->text.embed->grad,
-                              .c_stride = hidden,
-                              .accumulate = true};
-    trunk->kernels->sgemm(&d_embed, 0, hidden);
-    kernel_sgemm_t d_s = {.m = tokens,
-                          .n = hidden,
-                          .k = 256,
-                          .a = w->logits,
-                          .a_stride = 256,
-                          .b = trainer->text.embed->value,
-                          .b_stride = hidden,
-                          .c = d_states,
-                          .c_stride = hidden,
-                          .accumulate = true};
-    trunk->kernels->sgemm(&d_s, 0, hidden);
+    train_linear_backward(trunk->kernels, executor, states, tokens, trunk->embed, 256, NULL, w->logits,
+                          d_states, true);
     return loss / (double)predicted;
 }
 
@@ -852,7 +823,7 @@ uform_status_t train_backward(uform_trainer_t *trainer, uform_executor_t *execut
         train_tower_t const *trunk = &trainer->text;
         size_t hidden = trunk->hidden;
         memset(w->d_states, 0, plan->text_tokens * hidden * sizeof(float));
-        losses->lm = lm_loss(trainer, w, predicted, w->d_states);
+        losses->lm = lm_loss(trainer, executor, w, predicted, w->d_states);
         trunk_out_backward(executor, trunk, w->text_rows, &w->text_out, w->d_states);
         train_tower_backward(trunk, executor, &trainer->text_pass, w->d_states, w->d_x);
         for (size_t t = 0; t < plan->text_tokens; ++t) {

@@ -60,11 +60,26 @@ static void init_start(call_t *call) {
     call_finish(call, status, message);
 }
 
-/* Submits the init call of either residency, the arguments checked. */
-static uform_status_t init_submit(uform_trainer_init_args_t const *args, char const *entry) {
+/* The init arguments' refusal, or UFORM_OK: a trainer runs on a VRAM executor when `device`, on a host
+ * one otherwise (`elsewhere` says why not). */
+static uform_status_t init_check(uform_trainer_init_args_t const *args, char const *entry, bool device,
+                                 char const *elsewhere) {
+    if (!args) return failed(UFORM_INVALID_ARGUMENT, entry, "args is NULL");
+    if (!args->executor || !args->config || !args->trainer)
+        return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry,
+                           "executor, config or trainer is NULL");
+    if (executor_on_device(args->executor) != device)
+        return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry, elsewhere);
+    return UFORM_OK;
+}
+
+/* Submits the init call of either residency, the arguments checked (init_check). */
+static uform_status_t init_submit(uform_trainer_init_args_t const *args, char const *entry, bool device,
+                                  char const *elsewhere) {
+    uform_status_t status = init_check(args, entry, device, elsewhere);
+    if (status != UFORM_OK) return status;
     *args->trainer = NULL;
     uform_outcome_t own;
-    uform_status_t status = UFORM_OK;
     trainer_init_call_t *init =
         open_call(args->executor, args->outcome, &own, sizeof *init, entry, init_start, &status);
     if (!init) return status;
@@ -74,29 +89,13 @@ static uform_status_t init_submit(uform_trainer_init_args_t const *args, char co
 }
 
 UFORM_EXPORT uform_status_t uform_trainer_init_ram(uform_trainer_init_args_t const *args) {
-    static char const entry[] = "uform_trainer_init_ram";
-    if (!args) return failed(UFORM_INVALID_ARGUMENT, entry, "args is NULL");
-    if (!args->executor || !args->config || !args->trainer)
-        return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry,
-                           "executor, config or trainer is NULL");
-    if (executor_on_device(args->executor))
-        return call_refuse(
-            args->outcome, UFORM_INVALID_ARGUMENT, entry,
-            "a RAM trainer runs on a host executor; VRAM executors take uform_trainer_init_vram");
-    return init_submit(args, entry);
+    return init_submit(args, "uform_trainer_init_ram", false,
+                       "a RAM trainer runs on a host executor; VRAM executors take uform_trainer_init_vram");
 }
 
 UFORM_EXPORT uform_status_t uform_trainer_init_vram(uform_trainer_init_args_t const *args) {
-    static char const entry[] = "uform_trainer_init_vram";
-    if (!args) return failed(UFORM_INVALID_ARGUMENT, entry, "args is NULL");
-    if (!args->executor || !args->config || !args->trainer)
-        return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry,
-                           "executor, config or trainer is NULL");
-    if (!executor_on_device(args->executor))
-        return call_refuse(
-            args->outcome, UFORM_INVALID_ARGUMENT, entry,
-            "a VRAM trainer runs on a VRAM executor; host executors take uform_trainer_init_ram");
-    return init_submit(args, entry);
+    return init_submit(args, "uform_trainer_init_vram", true,
+                       "a VRAM trainer runs on a VRAM executor; host executors take uform_trainer_init_ram");
 }
 
 UFORM_EXPORT void uform_trainer_free(uform_trainer_t *trainer) {
@@ -269,12 +268,10 @@ static void step_poll(loop_op_t *op) {
     step_advance(call);
 }
 
-/* Tests again soon: 10 us, growing to 1 ms while nothing completes. */
+/* Tests again soon: 10 us, growing to 1 ms while nothing completes (mesh_poll_ns). */
 static void step_wait(step_call_t *call) {
-    uint64_t delay = 10000u << (call->polls < 7 ? call->polls : 7);
-    call->polls++;
     call->poll.callback = step_poll;
-    loop_timer(call->call.executor->loop, &call->poll, delay < 1000000 ? delay : 1000000);
+    loop_timer(call->call.executor->loop, &call->poll, mesh_poll_ns(&call->polls));
 }
 
 /* Over a mesh: every process learns every other's counts and status first, in the mesh's own buffers

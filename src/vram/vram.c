@@ -327,6 +327,13 @@ uform_status_t vram_flights_sweep(vram_t *vram, void (*done)(void *context, vram
     return status;
 }
 
+void vram_flights_sweep_encode(vram_t *vram, encode_call_t *encode,
+                               void (*done)(void *context, vram_flight_t const *flight), void *context) {
+    char const *message = NULL;
+    if (vram_flights_sweep(vram, done, context, &message) != UFORM_OK)
+        encode_stop(encode, UFORM_DEVICE, message);
+}
+
 bool vram_flights_busy(vram_t const *vram, bool copied) {
     for (size_t d = 0; d < vram->count; ++d)
         for (size_t s = 0; s < VRAM_SLOTS; ++s)
@@ -564,8 +571,8 @@ bool vram_chunk_scratch(vram_device_t *device, vram_tower_t const *tower, size_t
     return true;
 }
 
-static uform_status_t linear(vram_device_t *device, vram_linear_t const *layer, size_t m, uint16_t const *x,
-                             void *y, size_t y_stride, cuda_linear_kind_t kind, char const **message) {
+uform_status_t vram_linear_run(vram_device_t *device, vram_linear_t const *layer, size_t m, uint16_t const *x,
+                               void *y, size_t y_stride, cuda_linear_kind_t kind, char const **message) {
     cuda_linear_t job = {
         .m = m,
         .n = layer->n,
@@ -593,23 +600,23 @@ uform_status_t vram_forward(vram_device_t *device, vram_tower_t const *tower, fl
         VRAM_TRY(
             cuda_rmsnorm(layout.h, hidden, NULL, 0, x, hidden, block->norm1, tokens, hidden, 1e-6f, stream),
             "cannot launch rmsnorm");
-        if ((status = linear(device, &block->qkv, tokens, layout.h, layout.qkv, 3 * hidden, CUDA_LINEAR_BF16,
-                             message)) != UFORM_OK)
+        if ((status = vram_linear_run(device, &block->qkv, tokens, layout.h, layout.qkv, 3 * hidden,
+                                      CUDA_LINEAR_BF16, message)) != UFORM_OK)
             return status;
         VRAM_TRY(cuda_attention(layout.h, layout.qkv, offsets, items, tower->heads, max_length, causal,
                                 rotary, 0.125f, stream),
                  "cannot launch attention");
-        if ((status = linear(device, &block->out, tokens, layout.h, x, hidden, CUDA_LINEAR_RESIDUAL,
-                             message)) != UFORM_OK)
+        if ((status = vram_linear_run(device, &block->out, tokens, layout.h, x, hidden, CUDA_LINEAR_RESIDUAL,
+                                      message)) != UFORM_OK)
             return status;
         VRAM_TRY(
             cuda_rmsnorm(layout.h, hidden, NULL, 0, x, hidden, block->norm2, tokens, hidden, 1e-6f, stream),
             "cannot launch rmsnorm");
-        if ((status = linear(device, &block->up, tokens, layout.h, layout.mlp, tower->mlp,
-                             CUDA_LINEAR_GELU_BF16, message)) != UFORM_OK)
+        if ((status = vram_linear_run(device, &block->up, tokens, layout.h, layout.mlp, tower->mlp,
+                                      CUDA_LINEAR_GELU_BF16, message)) != UFORM_OK)
             return status;
-        if ((status = linear(device, &block->down, tokens, layout.mlp, x, hidden, CUDA_LINEAR_RESIDUAL,
-                             message)) != UFORM_OK)
+        if ((status = vram_linear_run(device, &block->down, tokens, layout.mlp, x, hidden,
+                                      CUDA_LINEAR_RESIDUAL, message)) != UFORM_OK)
             return status;
     }
     VRAM_TRY(cuda_rmsnorm(NULL, 0, x, hidden, x, hidden, tower->norm, tokens, hidden, 1e-6f, stream),
@@ -622,7 +629,8 @@ uform_status_t vram_project_rows(vram_device_t *device, vram_tower_t const *towe
     if (m == 0) return UFORM_OK;
     vram_linear_t narrowed = tower->proj;
     narrowed.n = width; /* a matryoshka width: the first rows of the projection */
-    uform_status_t status = linear(device, &narrowed, m, x_bf16, projected, width, CUDA_LINEAR_F32, message);
+    uform_status_t status =
+        vram_linear_run(device, &narrowed, m, x_bf16, projected, width, CUDA_LINEAR_F32, message);
     if (status != UFORM_OK) return status;
     VRAM_TRY(cuda_normalize(projected, width, m, width, device->stream), "cannot launch normalize");
     return UFORM_OK;
@@ -647,7 +655,7 @@ uform_status_t vram_project(vram_device_t *device, vram_tower_t const *tower, ui
 uform_status_t vram_patch_project(vram_device_t *device, vram_tower_t const *tower, uint16_t const *x_bf16,
                                   size_t m, float *y, char const **message) {
     uform_status_t status =
-        linear(device, &tower->patch, m, x_bf16, y, tower->hidden, CUDA_LINEAR_F32, message);
+        vram_linear_run(device, &tower->patch, m, x_bf16, y, tower->hidden, CUDA_LINEAR_F32, message);
     if (status != UFORM_OK) *message = "cannot run the patch projection";
     return status;
 }

@@ -161,6 +161,13 @@ static inline void vram_flights_start(vram_t *vram) {
 /* The slot of the next chunk (`issued`), and whether it is free (its last chunk done). */
 vram_flight_t *vram_flights_next(vram_t *vram, bool *free);
 
+/* Whether the slot of the next chunk is free. */
+static inline bool vram_flights_free(vram_t *vram) {
+    bool free_slot = false;
+    vram_flights_next(vram, &free_slot);
+    return free_slot;
+}
+
 /* Records chunk `issued` in its slot as enqueued (both events recorded), for items [first, last). */
 void vram_flights_issue(vram_t *vram, size_t first, size_t last);
 
@@ -169,6 +176,10 @@ void vram_flights_issue(vram_t *vram, size_t first, size_t last);
  * answer is UFORM_DEVICE (with *message); else UFORM_OK. Loop thread. */
 uform_status_t vram_flights_sweep(vram_t *vram, void (*done)(void *context, vram_flight_t const *flight),
                                   void *context, char const **message);
+
+/* vram_flights_sweep for an encode call: a fault stops it (encode_stop, UFORM_DEVICE). */
+void vram_flights_sweep_encode(vram_t *vram, encode_call_t *encode,
+                               void (*done)(void *context, vram_flight_t const *flight), void *context);
 
 /* Whether some chunk's `done` (with `copied` true: or its `copied`) has not been seen yet. */
 bool vram_flights_busy(vram_t const *vram, bool copied);
@@ -221,6 +232,11 @@ uform_status_t vram_model_prepare(uform_model_t *model, uform_executor_t *execut
                                   char const **message);
 
 /* ---- The tower forward on a device -------------------------------------------------------------- */
+
+/* Enqueues y = x[m, k] W^T + b of `layer` through cuBLASLt, y [m, n] at y_stride in the form `kind` asks.
+ * UFORM_OK or UFORM_DEVICE with a message. */
+uform_status_t vram_linear_run(vram_device_t *device, vram_linear_t const *layer, size_t m, uint16_t const *x,
+                               void *y, size_t y_stride, cuda_linear_kind_t kind, char const **message);
 
 /* Device scratch a forward over `tokens` tokens needs (beside x), in bytes. */
 size_t vram_forward_scratch(vram_tower_t const *tower, size_t tokens);

@@ -279,11 +279,8 @@ static void image_advance(vram_image_call_t *image) {
     vram_t *vram = vram_of(image->call.executor);
     size_t items = image->request.encode.tape.count;
     char const *message = NULL;
-    bool free = false;
-    if (vram_flights_sweep(vram, image_done, image, &message) != UFORM_OK)
-        encode_stop(&image->encode, UFORM_DEVICE, message);
-    while (image->encode.failure == UFORM_OK && image->next_item < items &&
-           (vram_flights_next(vram, &free), free)) {
+    vram_flights_sweep_encode(vram, &image->encode, image_done, image);
+    while (image->encode.failure == UFORM_OK && image->next_item < items && vram_flights_free(vram)) {
         size_t first, last;
         image_next_run(image, &first, &last);
         image->next_item = last;

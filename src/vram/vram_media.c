@@ -93,9 +93,7 @@ static void vram_media_finish(vram_media_call_t *media) {
 
 /* Looks at the chunks in flight; a device fault stops the call. */
 static void vram_media_sweep(vram_media_call_t *media) {
-    char const *message = NULL;
-    if (vram_flights_sweep(vram_media_devices(media), NULL, NULL, &message) != UFORM_OK)
-        encode_stop(&media->encode, UFORM_DEVICE, message);
+    vram_flights_sweep_encode(vram_media_devices(media), &media->encode, NULL, NULL);
 }
 
 static void vram_media_arm(vram_media_call_t *media) {
@@ -141,9 +139,7 @@ static bool vram_media_ready(media_run_t *run, size_t chunk) {
     vram_t *vram = vram_media_devices(media);
     vram_media_sweep(media);
     vram_flight_t const *before = chunk >= 2 ? vram_flights_of(vram, chunk - 2) : NULL;
-    bool free = false;
-    vram_flights_next(vram, &free);
-    if ((before && before->copying) || !free) {
+    if ((before && before->copying) || !vram_flights_free(vram)) {
         vram_media_arm(media);
         return false;
     }

@@ -169,11 +169,8 @@ static void text_advance(vram_text_call_t *text) {
     vram_t *vram = vram_of(text->call.executor);
     size_t items = text->encode.tape.count;
     char const *message = NULL;
-    bool free = false;
-    if (vram_flights_sweep(vram, text_done, text, &message) != UFORM_OK)
-        encode_stop(&text->encode, UFORM_DEVICE, message);
-    while (text->encode.failure == UFORM_OK && text->next_item < items &&
-           (vram_flights_next(vram, &free), free)) {
+    vram_flights_sweep_encode(vram, &text->encode, text_done, text);
+    while (text->encode.failure == UFORM_OK && text->next_item < items && vram_flights_free(vram)) {
         size_t last = text_chunk_last(text, text->next_item);
         uform_status_t status = text_issue(text, text->next_item, last, &message);
         if (status != UFORM_OK) {

@@ -63,17 +63,8 @@ float *vram_train_pass_input(vram_train_pass_t const *pass) {
 static uform_status_t product(vram_device_t *device, vram_param_t const *weight, size_t n, size_t k,
                               vram_param_t const *bias, uint16_t const *x, size_t m, void *y, size_t y_stride,
                               cuda_linear_kind_t kind, char const **message) {
-    cuda_linear_t job = {.m = m,
-                         .n = n,
-                         .k = k,
-                         .x = x,
-                         .x_stride = k,
-                         .w = weight->bf16,
-                         .bias = bias ? bias->value : NULL,
-                         .y = y,
-                         .y_stride = y_stride,
-                         .kind = kind};
-    return cuda_linear(device->gemm, &job, message) == cudaSuccess ? UFORM_OK : UFORM_DEVICE;
+    vram_linear_t layer = {.w = weight->bf16, .bias = bias ? bias->value : NULL, .n = n, .k = k};
+    return vram_linear_run(device, &layer, m, x, y, y_stride, kind, message);
 }
 
 uform_status_t vram_train_linear(vram_device_t *device, vram_param_t const *weight, size_t n, size_t k,
