@@ -12,7 +12,8 @@ builds less two things, and gives each file the arguments meson gives a macOS ho
     (-D_XOPEN_SOURCE in the command) and posix_guard/, so that src/core/futex.c compiles its os_sync branch and every file sees Darwin's
     headers in full, as on a Mac; uform_config.h with UFORM_WITH_KQUEUE 1;
   - the loop's kqueue poller (loop/kqueue.c) for poll(2)'s (loop/poll.c), and the NEON kernels
-    (kernels/*_neon.c) beside the scalar ones, as meson picks them for an AArch64 host (--swap, --add).
+    (kernels/*_neon.c) beside the scalar ones, and the I8 dot product and matrix multiply paths under
+    their own flags, as meson picks them for an AArch64 host (--swap, --add, --add-with).
 
 Each file compiles for aarch64-macos with the build's own warnings and -Werror. The third-party headers
 (jansson, hwloc, libjpeg-turbo, libspng, FFmpeg, Open MPI, libmicrohttpd, espeak-ng) are this
@@ -34,7 +35,7 @@ zig's SDK lacks: the check declares those two functions as Apple's SDK does (mac
 signatures of Apple's documentation) in a header of its own, so the branch compiles and the two
 symbols must resolve in libSystem.tbd, but the declarations are not Apple's file.
 
-  macos_build.py --build-dir BUILD --work DIR [--swap OLD NEW]... [--add SOURCE]...
+  macos_build.py --build-dir BUILD --work DIR [--swap OLD NEW]... [--add SOURCE]... [--add-with=SOURCE,FLAG,...]...
 
 Exits 77 (skipped, naming the package) where ziglang is not installed; under CI=true that fails.
 """
@@ -244,15 +245,31 @@ def compile_targets(build, work, config, swaps, additions):
         objects[target].append(compile_one(source, arguments, build, work, target))
     if engine_arguments is None:
         fail(f"no object of {TARGETS['engine']} in compile_commands.json: is this the POSIX-only build?")
-    for source in additions:
-        objects["engine"].append(compile_one(os.path.normpath(source), engine_arguments, build, work, "engine"))
+    for source, flags in additions:
+        objects["engine"].append(compile_one(os.path.normpath(source), engine_arguments + zig_flags(flags), build, work,
+                                             "engine", "-".join(flag.lstrip("-") for flag in flags)))
     return objects
 
 
-def compile_one(source, arguments, build, work, target):
+def zig_flags(flags):
+    """A source's own flags as zig cc takes them: it reads -march as a CPU's name, so the features an
+    `-march=ARCH+feature...` adds go to clang as target features instead (the base architecture is
+    the target's, Apple silicon's, already)."""
+    kept = []
+    for flag in flags:
+        if flag.startswith("-march="):
+            for feature in flag.split("+")[1:]:
+                kept += ["-Xclang", "-target-feature", "-Xclang", "+" + feature]
+        else:
+            kept.append(flag)
+    return kept
+
+
+def compile_one(source, arguments, build, work, target, variant=""):
+    """Compiles one source; a `variant` (of the same source under other flags) names its object apart."""
     folder = work / "objects" / target
     folder.mkdir(parents=True, exist_ok=True)
-    output = folder / (Path(source).name + ".o")
+    output = folder / (Path(source).name + (f".{variant}" if variant else "") + ".o")
     if output.exists():
         fail(f"two sources named {Path(source).name} in {target}")
     run(zig_cc(TARGET) + arguments + ["-c", source, "-o", str(output)], f"{source} does not compile for macOS",
@@ -340,6 +357,8 @@ def main():
     parser.add_argument("--work", required=True, type=Path)
     parser.add_argument("--swap", nargs=2, action="append", default=[], metavar=("OLD", "NEW"))
     parser.add_argument("--add", action="append", default=[])
+    parser.add_argument("--add-with", action="append", default=[], metavar="SOURCE,FLAG,...",
+                        help="a source added with flags of its own")
     options = parser.parse_args()
     run_under_python_with(["ziglang"])
     build = options.build_dir.resolve()
@@ -354,7 +373,9 @@ def main():
     if missing:
         print(f"note: left out, pkg-config does not know them: {', '.join(missing)}")
     config = macos_config(build, work)
-    objects = compile_targets(build, work, config, swaps, options.add)
+    additions = [(source, []) for source in options.add]
+    additions += [(source, flags) for source, *flags in (value.split(",") for value in options.add_with)]
+    objects = compile_targets(build, work, config, swaps, additions)
     print(f"ok: {len(objects['engine'])} engine and {len(objects['command'])} command sources compile for "
           f"{TARGET} with -Werror")
     check_calls(objects)

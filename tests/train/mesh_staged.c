@@ -10,11 +10,11 @@
  *   - the timeout: rank 1 stays away from a collective past the mesh's timeout, and rank 0's ends with
  *     UFORM_DEVICE inside it (plus the poll's slack), the mesh refusing what follows, saying why.
  * Exit status 77 (skip) when this build has no MPI. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "loop.h"
 #include "mesh.h"
@@ -27,9 +27,16 @@
         }                                                                                                    \
     } while (0)
 
+#if UFORM_WITH_MPI
+
 static int rank, size, failures;
 
-#if UFORM_WITH_MPI
+/* Sleeps `seconds` (nanosleep: usleep is not in POSIX.1-2008, which the POSIX-only build compiles to). */
+static void sleep_for(double seconds) {
+    struct timespec time = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
+    while (nanosleep(&time, &time) != 0 && errno == EINTR)
+        continue; /* interrupted: the rest of it */
+}
 
 /* ---- The device's double -------------------------------------------------------------------------- */
 
@@ -111,7 +118,7 @@ static uform_status_t drive(uform_mesh_t *mesh, size_t *tests, char const **mess
     uform_status_t status = UFORM_OK;
     for (*tests = 0; status == UFORM_OK && !done; ++*tests) {
         status = mesh_device_test(mesh, &done, message);
-        if (!done) usleep(200);
+        if (!done) sleep_for(200e-6);
     }
     return status;
 }
@@ -237,7 +244,7 @@ static void staged_timeout(void) {
     char const *message = NULL;
     size_t tests = 0;
     if (rank == 1) { /* away past the others' timeout, then there, so that MPI's requests complete */
-        usleep((useconds_t)(3 * TIMEOUT * 1e6));
+        sleep_for(3 * TIMEOUT);
     } else {
         uint64_t start = loop_now_ns();
         CHECK(mesh_device_post(&mesh, &sum, 1, &message) == UFORM_OK);

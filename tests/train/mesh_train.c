@@ -13,12 +13,12 @@
  * 1 stays away from the third for 1.5 timeouts; each rank's third step must end with UFORM_DEVICE within the
  * timeout of its own collective (plus 2 s), the mesh unusable after, saying so: each prints "rank R: step 3:
  * device after S s". Exit status 77 (skip) when this build has no MPI, or in vram mode without a device. */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "small_config.h"
 #include "train_step.h"
@@ -55,12 +55,19 @@ static uform_trainer_config_t config_of(uform_mesh_t *mesh) {
     return config;
 }
 
+/* Sleeps `seconds` (nanosleep: usleep is not in POSIX.1-2008, which the POSIX-only build compiles to). */
+static void sleep_for(double seconds) {
+    struct timespec time = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
+    while (nanosleep(&time, &time) != 0 && errno == EINTR)
+        continue; /* interrupted: the rest of it */
+}
+
 /* The third step of the fault mode: rank 1 comes 1.5 timeouts late; each rank's step must end with
  * UFORM_DEVICE within its collective's timeout, and the mesh refuse the next, saying so. Rank 0 stays
  * until rank 1 has failed too (an exit would end the run under it). */
 static int fault(uform_trainer_step_args_t *step, uform_mesh_t *mesh) {
     size_t rank = uform_mesh_rank(mesh);
-    if (rank == 1) usleep((useconds_t)(1.5 * TIMEOUT * 1e6));
+    if (rank == 1) sleep_for(1.5 * TIMEOUT);
     struct timespec start, end;
     clock_gettime(CLOCK_MONOTONIC, &start);
     uform_status_t status = uform_trainer_step(step);
@@ -74,7 +81,7 @@ static int fault(uform_trainer_step_args_t *step, uform_mesh_t *mesh) {
     bool refused = uform_trainer_step(step) == UFORM_DEVICE && strstr(uform_last_error().message, "unusable");
     printf("rank %zu: mesh usable %d, the next step refused %d\n", rank, info.usable, refused);
     fflush(stdout);
-    if (rank == 0) sleep((unsigned)(2 * TIMEOUT));
+    if (rank == 0) sleep_for(2 * TIMEOUT);
     bool ok = status == UFORM_DEVICE && seconds < 2.5 * TIMEOUT + 2 && !info.usable && refused;
     return ok ? 0 : 1;
 }
