@@ -151,8 +151,11 @@ static inline void kernel_attention_backward_clear(kernel_attention_backward_t c
 }
 
 typedef struct kernels {
-    char const *name; /* "scalar", "avx2", "avxvnni", "avx512", "avx512vnni", "avx512bf16", "neon",
-                         "neondot", "neoni8mm" */
+    /* "scalar", "avx2", "avxvnni" (avx2 with AVX-VNNI's 256-bit I8 GEMM), "avx512", "avx512vnni" (avx512 with
+     * AVX512-VNNI's I8 GEMM), "avx512bf16" (with avx512vnni's I8 GEMM: CPUs with AVX512-BF16 have
+     * AVX512-VNNI), "neon" (every AArch64 CPU), "neondot" (neon with the dot product's I8 GEMM, SDOT) or
+     * "neoni8mm" (neondot with the I8 matrix multiply's, SMMLA) */
+    char const *name;
 
     /* GEMM over output columns [n_begin, n_end), n_begin a multiple of KERNEL_GEMM_TILE. */
     void (*gemm)(kernel_gemm_t const *gemm, size_t n_begin, size_t n_end);
@@ -242,26 +245,16 @@ typedef struct kernels {
 /* The table this process uses: chosen once, on first use (thread-safe). */
 kernels_t const *kernels_active(void);
 
-/* A path by name, when this CPU and build can run it; NULL otherwise. For tests and benchmarks. */
+/* A path by name, when this CPU and build can run it; NULL otherwise (the scalar path never is). For tests
+ * that compare each path against scalar, and benchmarks. The names are kernels_t.name's, and
+ * "avxvnni_evex": the avxvnni path's I8 GEMM compiled a second time for AVX512-VNNI with AVX512-VL (the same
+ * instruction, EVEX-encoded), as a path whose other kernels are avx512's, so that CPUs with AVX512-VNNI but
+ * without AVX-VNNI check that code (tests/kernels/test_gemm_i8.c); kernels_active never chooses it, nor
+ * does UFORM_KERNELS name it. */
 kernels_t const *kernels_named(char const *name);
 
-/* The paths, for tests that compare each against scalar. Any of them may be NULL when not built or
- * not supported by this CPU (scalar never is). */
+/* The scalar path, which every build and CPU runs. */
 kernels_t const *kernels_scalar(void);
-kernels_t const *kernels_avx2(void);
-kernels_t const *kernels_avxvnni(void); /* avx2 with AVX-VNNI's 256-bit I8 GEMM */
-kernels_t const *kernels_avx512(void);
-kernels_t const *kernels_avx512vnni(void); /* avx512 with AVX512-VNNI's I8 GEMM */
-kernels_t const *kernels_avx512bf16(void); /* CPUs with AVX512-BF16 have AVX512-VNNI: it takes its I8 GEMM */
-kernels_t const *kernels_neon(void);       /* every AArch64 CPU; NULL elsewhere */
-kernels_t const *kernels_neondot(void);    /* neon with the dot product (SDOT) I8 GEMM */
-kernels_t const *kernels_neoni8mm(void);   /* neondot with the I8 matrix multiply (SMMLA) I8 GEMM */
-
-/* The avxvnni path's I8 GEMM compiled a second time for AVX512-VNNI with AVX512-VL (the same instruction,
- * EVEX-encoded), as a path whose other kernels are avx512's: the code of a CPU with AVX-VNNI, checked on
- * CPUs that have only AVX512-VNNI (tests/kernels/test_gemm_i8.c). Never chosen by kernels_active. NULL
- * where the CPU lacks AVX512-VNNI. */
-kernels_t const *kernels_avxvnni_evex(void);
 
 /* Scalar helpers every path shares. */
 

@@ -29,12 +29,15 @@ void check_near(double actual, double expected, double tolerance, char const *wh
     fail_msg("%s[%zu] = %.9g, expected %.9g within %.3g", what, index, actual, expected, tolerance);
 }
 
+/* The SIMD paths the suites compare with scalar, by kernels_named's names. */
+static char const *const simd_names[SIMD_PATHS] = {"avx2", "avx512", "avx512bf16", "neon"};
+
 size_t simd_paths_present(kernels_t const *paths[SIMD_PATHS]) {
-    kernels_t const *candidates[SIMD_PATHS] = {kernels_avx2(), kernels_avx512(), kernels_avx512bf16(),
-                                               kernels_neon()};
     size_t count = 0;
-    for (size_t i = 0; i < COUNT(candidates); ++i)
-        if (candidates[i]) paths[count++] = candidates[i];
+    for (size_t i = 0; i < SIMD_PATHS; ++i) {
+        kernels_t const *path = kernels_named(simd_names[i]);
+        if (path) paths[count++] = path;
+    }
     return count;
 }
 
@@ -48,12 +51,9 @@ size_t simd_paths(kernels_t const *paths[SIMD_PATHS]) {
 }
 
 void print_simd_paths(void) {
-    kernels_t const *candidates[SIMD_PATHS] = {kernels_avx2(), kernels_avx512(), kernels_avx512bf16(),
-                                               kernels_neon()};
-    char const *names[SIMD_PATHS] = {"avx2", "avx512", "avx512bf16", "neon"};
-    for (size_t i = 0; i < COUNT(candidates); ++i)
-        print_message("path %s: %s\n", names[i],
-                      candidates[i] ? "compared with scalar" : "not run on this CPU");
+    for (size_t i = 0; i < SIMD_PATHS; ++i)
+        print_message("path %s: %s\n", simd_names[i],
+                      kernels_named(simd_names[i]) ? "compared with scalar" : "not run on this CPU");
 }
 
 qkv_batch_t qkv_batch_make(float amplitude) {

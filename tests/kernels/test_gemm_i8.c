@@ -23,13 +23,13 @@
 
 /* Every path this CPU and build run, scalar first, then every one with its own I8 GEMM or quantizer. */
 static size_t paths_present(kernels_t const *paths[16]) {
-    kernels_t const *all[] = {kernels_scalar(),       kernels_avx2(),   kernels_avxvnni(),
-                              kernels_avxvnni_evex(), kernels_avx512(), kernels_avx512vnni(),
-                              kernels_avx512bf16(),   kernels_neon(),   kernels_neondot(),
-                              kernels_neoni8mm()};
+    static char const *const names[] = {"scalar",     "avx2",       "avxvnni", "avxvnni_evex", "avx512",
+                                        "avx512vnni", "avx512bf16", "neon",    "neondot",      "neoni8mm"};
     size_t count = 0;
-    for (size_t i = 0; i < COUNT(all); ++i)
-        if (all[i]) paths[count++] = all[i];
+    for (size_t i = 0; i < COUNT(names); ++i) {
+        kernels_t const *path = kernels_named(names[i]);
+        if (path) paths[count++] = path;
+    }
     return count;
 }
 
