@@ -102,7 +102,7 @@ typedef struct kernel_attention {
  *   b[j * b_stride + p]);
  * - c never overlaps a or b.
  * The three products of a linear layer y = x W^T (W [n, k]) are: forward a = x, b = W transposed;
- * dx = dy W: a = dy, b = W; dW += dy^T x: a = dy transposed, b = x, accumulate.
+ * dx = dy W: a = dy, b = W; dW += dy^T x: a = dy transposed, b = x, accumulate (kernel_sgemm_linear).
  * Every path sums over k in ascending blocks in its own fixed order; the same path gives the same bits
  * whatever the column range a thread is handed (ranges split at KERNEL_GEMM_TILE). The SIMD paths pack
  * blocks of a and b on the calling thread's stack: up to 140 KiB of it.
@@ -120,6 +120,36 @@ typedef struct kernel_sgemm {
     size_t c_stride;
     bool accumulate;
 } kernel_sgemm_t;
+
+/* The three products of a linear layer y [m, n] = x [m, k] . W [n, k]^T over dense rows, as sgemm's operands
+ * (above). */
+typedef enum kernel_linear_product {
+    KERNEL_LINEAR_FORWARD, /* y [m, n] = x . W^T: a = x, b = W (transposed) */
+    KERNEL_LINEAR_DX,      /* dx [m, k] = dy . W: a = dy, b = W */
+    KERNEL_LINEAR_DW,      /* dW [n, k] += dy^T . x: a = dy (transposed), b = x, accumulated */
+} kernel_linear_product_t;
+
+/* The sgemm of `product` for a layer of m rows, n outputs and k inputs: c is y, dx or dW. */
+static inline kernel_sgemm_t kernel_sgemm_linear(kernel_linear_product_t product, size_t m, size_t n,
+                                                 size_t k, float const *a, float const *b, float *c) {
+    /* c's rows and columns, the depth, and a's row stride: y [m, n] over k from x [m, k]; dx [m, k] over n
+     * from dy [m, n]; dW [n, k] over m from dy [m, n] read transposed. */
+    size_t const shapes[][4] = {{m, n, k, k}, {m, k, n, n}, {n, k, m, n}};
+    size_t const *shape = shapes[product];
+    bool forward = product == KERNEL_LINEAR_FORWARD, dw = product == KERNEL_LINEAR_DW;
+    return (kernel_sgemm_t){.m = shape[0],
+                            .n = shape[1],
+                            .k = shape[2],
+                            .a = a,
+                            .a_stride = shape[3],
+                            .a_transposed = dw,
+                            .b = b,
+                            .b_stride = k,
+                            .b_transposed = forward,
+                            .c = c,
+                            .c_stride = shape[1],
+                            .accumulate = dw};
+}
 
 /* The backward pass of one head of kernel_attention_t, for the items [item_begin, item_end): with the
  * forward's q, k, v (rotary already applied), its output `out` and the gradient `d_out` of the output,

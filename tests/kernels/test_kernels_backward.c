@@ -389,19 +389,8 @@ static void scalar_sgemm_linear_layer_gradcheck(void **state) {
     float *x = floats_uniform(m * k, -1.0f, 1.0f), *w = floats_uniform(n * k, -1.0f, 1.0f);
     float *dy = floats_uniform(m * n, -1.0f, 1.0f), *dx = floats_filled(m * k, SENTINEL);
     float *dw = floats_uniform(n * k, -1.0f, 1.0f), *dw_before = floats_copy(dw, n * k);
-    kernel_sgemm_t const d_input = {
-        .m = m, .n = k, .k = n, .a = dy, .a_stride = n, .b = w, .b_stride = k, .c = dx, .c_stride = k};
-    kernel_sgemm_t const d_weight = {.m = n,
-                                     .n = k,
-                                     .k = m,
-                                     .a = dy,
-                                     .a_stride = n,
-                                     .a_transposed = true,
-                                     .b = x,
-                                     .b_stride = k,
-                                     .c = dw,
-                                     .c_stride = k,
-                                     .accumulate = true};
+    kernel_sgemm_t const d_input = kernel_sgemm_linear(KERNEL_LINEAR_DX, m, n, k, dy, w, dx);
+    kernel_sgemm_t const d_weight = kernel_sgemm_linear(KERNEL_LINEAR_DW, m, n, k, dy, x, dw);
     kernels_scalar()->sgemm(&d_input, 0, k);
     kernels_scalar()->sgemm(&d_weight, 0, k);
     double *xd = test_malloc(m * k * sizeof(double)), *wd = test_malloc(n * k * sizeof(double));
