@@ -4,6 +4,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include <cmocka.h>
 
@@ -54,6 +55,24 @@ void print_simd_paths(void) {
     for (size_t i = 0; i < SIMD_PATHS; ++i)
         print_message("path %s: %s\n", simd_names[i],
                       kernels_named(simd_names[i]) ? "compared with scalar" : "not run on this CPU");
+}
+
+void gemm_gelu(kernels_t const *path, float const *x, size_t m, float *y) {
+    uint16_t one = f32_to_bf16(1.0f);
+    void *packed = aligned_alloc(64, (path->gemm_packed_size(1, 1) + 63) / 64 * 64);
+    assert_non_null(packed);
+    path->gemm_pack(packed, &one, 1, 1);
+    kernel_gemm_t gemm = {.m = m,
+                          .n = 1,
+                          .k = 1,
+                          .x = x,
+                          .x_stride = 1,
+                          .w = packed,
+                          .y = y,
+                          .y_stride = 1,
+                          .epilogue = KERNEL_EPILOGUE_GELU};
+    path->gemm(&gemm, 0, 1);
+    free(packed);
 }
 
 qkv_batch_t qkv_batch_make(float amplitude) {

@@ -1,5 +1,6 @@
-/* Helpers the kernel suites share (test_kernels.c, test_kernels_backward.c): cmocka-allocated float
- * buffers, element checks, the SIMD paths this CPU runs, and a packed batch of items for attention. */
+/* Helpers the kernel suites share (test_kernels.c, test_kernels_backward.c, test_gemm.c): cmocka-allocated
+ * float buffers, element checks, the SIMD paths this CPU runs, the GEMM's GELU epilogue on its own, and a
+ * packed batch of items for attention. */
 #pragma once
 
 #include <stddef.h>
@@ -25,6 +26,10 @@ size_t simd_paths(kernels_t const *paths[SIMD_PATHS]);
 
 /* Says, for each SIMD path, whether it is compared with scalar or not run on this CPU. */
 void print_simd_paths(void);
+
+/* y [m] = the GELU epilogue of `path`'s GEMM on x [m]: a GEMM of k = 1 against a weight of 1 feeds each value
+ * to the epilogue unchanged. */
+void gemm_gelu(kernels_t const *path, float const *x, size_t m, float *y);
 
 /* A batch of items of these lengths packed end to end in qkv rows [tokens, 3 * HIDDEN], as the towers
  * lay them out: q, then k, then v, head h at columns h * 64 of each. */

@@ -106,24 +106,11 @@ static void test_scalar_gelu_points(void **state) {
     (void)state;
     static float const points[] = {-6, -3, -1.5f, -1, -0.5f, -0.01f, 0, 0.01f, 0.5f, 1, 1.5f, 3, 6};
     size_t count = sizeof points / sizeof points[0];
-    kernels_t const *scalar = kernels_scalar();
-    uint16_t one = f32_to_bf16(1.0f);
-    void *packed = pack(scalar, &one, 1, 1);
     float y[sizeof points / sizeof points[0]];
-    kernel_gemm_t gemm = {.m = count,
-                          .n = 1,
-                          .k = 1,
-                          .x = points,
-                          .x_stride = 1,
-                          .w = packed,
-                          .y = y,
-                          .y_stride = 1,
-                          .epilogue = KERNEL_EPILOGUE_GELU};
-    scalar->gemm(&gemm, 0, 1);
+    gemm_gelu(kernels_scalar(), points, count, y);
     for (size_t i = 0; i < count; ++i)
         assert_true(fabs(y[i] - gelu_double(points[i])) <= 1e-6 * fmax(1, fabs(points[i])));
     assert_true(y[6] == 0.0f);
-    free(packed);
 }
 
 /* The sum runs in k order in F32: (1e8 + 1) rounds to 1e8, then - 1e8 gives 0, where exact or pairwise

@@ -154,22 +154,10 @@ static void scalar_gelu_is_the_gemm_epilogue(void **state) {
     size_t const m = 300;
     random_seed(103);
     float *x = floats_uniform(m, -8.0f, 8.0f), *y = test_malloc(m * sizeof(float));
-    uint16_t one = f32_to_bf16(1.0f);
-    void *packed = test_malloc(kernels_scalar()->gemm_packed_size(1, 1));
-    kernels_scalar()->gemm_pack(packed, &one, 1, 1);
-    kernel_gemm_t gemm = {.m = m,
-                          .n = 1,
-                          .k = 1,
-                          .x = x,
-                          .x_stride = 1,
-                          .w = packed,
-                          .y = y,
-                          .y_stride = 1,
-                          .epilogue = KERNEL_EPILOGUE_GELU};
-    kernels_scalar()->gemm(&gemm, 0, 1);
+    gemm_gelu(kernels_scalar(), x, m, y);
     kernels_scalar()->gelu(x, m);
     assert_memory_equal(x, y, m * sizeof(float));
-    test_free(x), test_free(y), test_free(packed);
+    test_free(x), test_free(y);
 }
 
 /* rope is linear: its gradient is its transpose, <rope(x), y> = <x, rope_backward(y)>, and undoes it. */
