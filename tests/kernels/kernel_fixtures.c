@@ -88,6 +88,22 @@ qkv_batch_t qkv_batch_make(float amplitude) {
     return batch;
 }
 
+kernel_attention_t qkv_batch_head(qkv_batch_t const *batch, size_t head, bool causal, float *out) {
+    float const *qkv = batch->qkv + head * KERNEL_HEAD;
+    return (kernel_attention_t){
+        .q = qkv,
+        .k = qkv + HIDDEN,
+        .v = qkv + 2 * HIDDEN,
+        .stride = 3 * HIDDEN,
+        .out = out + head * KERNEL_HEAD,
+        .out_stride = HIDDEN,
+        .offsets = batch->offsets,
+        .items = ITEMS,
+        .causal = causal,
+        .scale = 0.125f,
+    };
+}
+
 void attention_row_double(double const *q, double const *k, double const *v, size_t row, size_t first,
                           size_t end, double scale, double out[KERNEL_HEAD]) {
     double scores[256], max = -INFINITY, sum = 0.0;

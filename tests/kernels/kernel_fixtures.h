@@ -3,6 +3,7 @@
  * packed batch of items for attention. */
 #pragma once
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "kernels.h"
@@ -46,6 +47,10 @@ typedef struct qkv_batch {
 /* Values in [-1, 1]; queries and keys in [-amplitude, amplitude] (large ones make peaked softmaxes whose
  * max moves from tile to tile). */
 qkv_batch_t qkv_batch_make(float amplitude);
+
+/* One head of attention over the batch, scale 1/8: q, k and v of head `head`, its rows written to out
+ * [tokens, HIDDEN] at the same columns. */
+kernel_attention_t qkv_batch_head(qkv_batch_t const *batch, size_t head, bool causal, float *out);
 
 /* One head of attention over keys [first, end) for the query row `row`, in double: out [64]. Rows are
  * KERNEL_HEAD apart in q, k, v (a packed [tokens, 64] per tensor). */

@@ -611,17 +611,7 @@ static attention_batch_t attention_batch_make(float amplitude, bool causal) {
     attention_batch_t batch = {.rows = qkv_batch_make(amplitude)};
     batch.out = floats_filled(batch.rows.tokens * HIDDEN, 0.0f);
     batch.d_out = floats_uniform(batch.rows.tokens * HIDDEN, -1.0f, 1.0f);
-    float const *qkv = batch.rows.qkv + KERNEL_HEAD;
-    kernel_attention_t forward = {.q = qkv,
-                                  .k = qkv + HIDDEN,
-                                  .v = qkv + 2 * HIDDEN,
-                                  .stride = 3 * HIDDEN,
-                                  .out = batch.out + KERNEL_HEAD,
-                                  .out_stride = HIDDEN,
-                                  .offsets = batch.rows.offsets,
-                                  .items = ITEMS,
-                                  .causal = causal,
-                                  .scale = 0.125f};
+    kernel_attention_t forward = qkv_batch_head(&batch.rows, 1, causal, batch.out);
     kernels_scalar()->attention(&forward, 0, ITEMS);
     return batch;
 }
