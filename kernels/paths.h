@@ -90,3 +90,29 @@ void kernel_rmsnorm_backward_neon(float *dx, size_t dx_stride, float *d_weight, 
 void kernel_gelu_backward_neon(float *dx, float const *dy, float const *x, size_t n);
 void kernel_gelu_neon(float *x, size_t n);
 #endif
+
+/* A path's conversions of n F32 values, for its kernel_convert (kernels.h): F32 is a copy on every path. */
+typedef struct kernel_converters {
+    void (*bf16)(uint16_t *out, float const *x, size_t n);
+    void (*f16)(uint16_t *out, float const *x, size_t n);
+    void (*i8)(int8_t *out, float const *x, size_t n, float *scale); /* the row's scale into *scale */
+} kernel_converters_t;
+
+/* kernel_convert by a path's conversions: `scale` is written for I8 only. */
+static inline void kernel_convert_by(kernel_converters_t const *to, void *out, float const *x, size_t n,
+                                     uform_scalar_t scalar, float *scale) {
+    switch (scalar) {
+    case UFORM_F32:
+        memcpy(out, x, n * sizeof(float));
+        break;
+    case UFORM_BF16:
+        to->bf16(out, x, n);
+        break;
+    case UFORM_F16:
+        to->f16(out, x, n);
+        break;
+    case UFORM_I8:
+        to->i8(out, x, n, scale);
+        break;
+    }
+}
