@@ -52,7 +52,7 @@ KERNEL_TRAINING_FUNCTIONS(scalar)
 void kernel_rope_backward_scalar(float *x, size_t heads, size_t position);
 
 #if defined(__x86_64__)
-/* avx2 (with FMA and F16C): gemm_avx2.c, sgemm_avx2.c and vector_avx2.c */
+/* avx2 (with FMA and F16C): gemm_fma.c, sgemm_avx2.c and vector_avx2.c */
 KERNEL_GEMM_FUNCTIONS(avx2)
 KERNEL_GEMM_I8_FUNCTIONS(avx2)
 KERNEL_QUANTIZE_FUNCTIONS(avx2)
@@ -61,7 +61,7 @@ KERNEL_TRAINING_FUNCTIONS(avx2)
 /* avxvnni adds its I8 GEMM (gemm_i8_avxvnni.c), compiled again for AVX512-VNNI and VL as avxvnni_evex */
 KERNEL_GEMM_I8_FUNCTIONS(avxvnni)
 KERNEL_GEMM_I8_FUNCTIONS(avxvnni_evex)
-/* avx512 (F, BW, DQ, VL): gemm_avx512.c, sgemm_avx512.c and vector_avx512.c; avx512vnni adds its I8 GEMM,
+/* avx512 (F, BW, DQ, VL): gemm_fma.c, sgemm_avx512.c and vector_avx512.c; avx512vnni adds its I8 GEMM,
  * avx512bf16 its GEMM */
 KERNEL_GEMM_FUNCTIONS(avx512)
 KERNEL_QUANTIZE_FUNCTIONS(avx512)
