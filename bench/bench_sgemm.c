@@ -87,37 +87,11 @@ static bool wanted(int argc, char **argv, char const *name) {
     return !any;
 }
 
-/* The product `product` (0 forward, 1 dx, 2 dW) of a layer W [n, k] over m tokens. */
-static kernel_sgemm_t product_of(size_t product, size_t m, size_t n, size_t k, float const *x, float const *w,
-                                 float const *dy, float *out) {
-    switch (product) {
-    case 0:
-        return (kernel_sgemm_t){.m = m,
-                                .n = n,
-                                .k = k,
-                                .a = x,
-                                .a_stride = k,
-                                .b = w,
-                                .b_stride = k,
-                                .b_transposed = true,
-                                .c = out,
-                                .c_stride = n};
-    case 1:
-        return (kernel_sgemm_t){
-            .m = m, .n = k, .k = n, .a = dy, .a_stride = n, .b = w, .b_stride = k, .c = out, .c_stride = k};
-    default:
-        return (kernel_sgemm_t){.m = n,
-                                .n = k,
-                                .k = m,
-                                .a = dy,
-                                .a_stride = n,
-                                .a_transposed = true,
-                                .b = x,
-                                .b_stride = k,
-                                .c = out,
-                                .c_stride = k,
-                                .accumulate = true};
-    }
+/* The product `product` of a layer W [n, k] over m tokens: x and W's, or dy's with W (dx) or x (dW). */
+static kernel_sgemm_t product_of(kernel_linear_product_t product, size_t m, size_t n, size_t k,
+                                 float const *x, float const *w, float const *dy, float *out) {
+    float const *a = product == KERNEL_LINEAR_FORWARD ? x : dy, *b = product == KERNEL_LINEAR_DW ? x : w;
+    return kernel_sgemm_linear(product, m, n, k, a, b, out);
 }
 
 int main(int argc, char **argv) {
@@ -157,7 +131,8 @@ int main(int argc, char **argv) {
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; ++s) {
             size_t n = shapes[s][0], k = shapes[s][1];
             for (size_t product = 0; product < 3; ++product) {
-                kernel_sgemm_t sgemm = product_of(product, m, n, k, x, w, dy, product == 2 ? dw : out);
+                kernel_sgemm_t sgemm =
+                    product_of((kernel_linear_product_t)product, m, n, k, x, w, dy, product == 2 ? dw : out);
                 printf("%-11s %-5s %4zu x %-4zu %-8s", path->name, shape_names[s], n, k,
                        product_names[product]);
                 for (size_t threads = 1; threads <= threads_max; ++threads) {

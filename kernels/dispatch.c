@@ -34,6 +34,11 @@ kernels_t const *kernels_scalar(void) {
     return &scalar_path;
 }
 
+/* Every CPU runs the scalar path, and every AArch64 CPU the neon one. */
+static bool cpu_any(void) {
+    return true;
+}
+
 #if defined(__x86_64__)
 #include <cpuid.h>
 
@@ -77,57 +82,6 @@ static bool cpu_has_avx512vnni(void) {
 static bool cpu_has_avx512bf16(void) {
     return cpu_has_avx512vnni() && __builtin_cpu_supports("avx512bf16");
 }
-
-kernels_t const *kernels_avx2(void) {
-    return cpu_has_avx2() ? &avx2_path : NULL;
-}
-
-kernels_t const *kernels_avxvnni(void) {
-    return cpu_has_avxvnni() ? &avxvnni_path : NULL;
-}
-
-kernels_t const *kernels_avx512(void) {
-    return cpu_has_avx512() ? &avx512_path : NULL;
-}
-
-kernels_t const *kernels_avx512vnni(void) {
-    return cpu_has_avx512vnni() ? &avx512vnni_path : NULL;
-}
-
-kernels_t const *kernels_avx512bf16(void) {
-    return cpu_has_avx512bf16() ? &avx512bf16_path : NULL;
-}
-
-kernels_t const *kernels_avxvnni_evex(void) {
-    return cpu_has_avx512vnni() ? &avxvnni_evex_path : NULL;
-}
-
-#else
-
-kernels_t const *kernels_avx2(void) {
-    return NULL;
-}
-
-kernels_t const *kernels_avxvnni(void) {
-    return NULL;
-}
-
-kernels_t const *kernels_avx512(void) {
-    return NULL;
-}
-
-kernels_t const *kernels_avx512vnni(void) {
-    return NULL;
-}
-
-kernels_t const *kernels_avx512bf16(void) {
-    return NULL;
-}
-
-kernels_t const *kernels_avxvnni_evex(void) {
-    return NULL;
-}
-
 #endif
 
 #if defined(__aarch64__)
@@ -168,6 +122,11 @@ static bool cpu_has_neon_i8mm(void) {
 }
 #endif
 
+/* neoni8mm is neondot with the I8 matrix multiply: it needs both extensions. */
+static bool cpu_has_neon_dot_i8mm(void) {
+    return cpu_has_neon_dot() && cpu_has_neon_i8mm();
+}
+
 /* Advanced SIMD is part of every ARMv8-A CPU that runs Linux: no run-time check. The dot product (SDOT,
  * FEAT_DotProd) and the I8 matrix multiply (SMMLA, FEAT_I8MM) are asked of the kernel (cpu_features). */
 static kernels_t const neon_path = PATH_TABLE("neon", neon, neon, neon, scalar, scalar, neon);
@@ -175,61 +134,53 @@ static kernels_t const neon_path = PATH_TABLE("neon", neon, neon, neon, scalar, 
 static kernels_t const neondot_path = PATH_TABLE("neondot", neon, neon, neon, scalar, scalar, neondot);
 
 static kernels_t const neoni8mm_path = PATH_TABLE("neoni8mm", neon, neon, neon, scalar, scalar, neoni8mm);
-
-kernels_t const *kernels_neon(void) {
-    return &neon_path;
-}
-
-kernels_t const *kernels_neondot(void) {
-    return cpu_has_neon_dot() ? &neondot_path : NULL;
-}
-
-kernels_t const *kernels_neoni8mm(void) {
-    return cpu_has_neon_dot() && cpu_has_neon_i8mm() ? &neoni8mm_path : NULL;
-}
-
-#else
-
-kernels_t const *kernels_neon(void) {
-    return NULL;
-}
-
-kernels_t const *kernels_neondot(void) {
-    return NULL;
-}
-
-kernels_t const *kernels_neoni8mm(void) {
-    return NULL;
-}
-
 #endif
 
-kernels_t const *kernels_named(char const *name) {
-    if (!name) return NULL;
-    if (!strcmp(name, "scalar")) return kernels_scalar();
-    if (!strcmp(name, "avx2")) return kernels_avx2();
-    if (!strcmp(name, "avxvnni")) return kernels_avxvnni();
-    if (!strcmp(name, "avx512")) return kernels_avx512();
-    if (!strcmp(name, "avx512vnni")) return kernels_avx512vnni();
-    if (!strcmp(name, "avx512bf16")) return kernels_avx512bf16();
-    if (!strcmp(name, "neon")) return kernels_neon();
-    if (!strcmp(name, "neondot")) return kernels_neondot();
-    if (!strcmp(name, "neoni8mm")) return kernels_neoni8mm();
+/* The paths this build has, best first: the order kernels_active tries them in. */
+typedef struct built_path {
+    kernels_t const *table;
+    bool (*runs)(void); /* whether this CPU runs it */
+    bool chosen;        /* whether UFORM_KERNELS may name it and kernels_active choose it */
+} built_path_t;
+
+static built_path_t const built_paths[] = {
+#if defined(__x86_64__)
+    {&avx512bf16_path, cpu_has_avx512bf16, true},
+    {&avx512vnni_path, cpu_has_avx512vnni, true},
+    {&avx512_path, cpu_has_avx512, true},
+    {&avxvnni_path, cpu_has_avxvnni, true},
+    {&avx2_path, cpu_has_avx2, true},
+    {&avxvnni_evex_path, cpu_has_avx512vnni, false},
+#endif
+#if defined(__aarch64__)
+    {&neoni8mm_path, cpu_has_neon_dot_i8mm, true},
+    {&neondot_path, cpu_has_neon_dot, true},
+    {&neon_path, cpu_any, true},
+#endif
+    {&scalar_path, cpu_any, true},
+};
+
+/* The built path called `name` (only a chosen one when `chosen_only`), when this CPU runs it. */
+static kernels_t const *built_named(char const *name, bool chosen_only) {
+    for (size_t i = 0; name && i < sizeof built_paths / sizeof built_paths[0]; ++i) {
+        built_path_t const *built = &built_paths[i];
+        if (strcmp(built->table->name, name) || (chosen_only && !built->chosen)) continue;
+        return built->runs() ? built->table : NULL;
+    }
     return NULL;
+}
+
+kernels_t const *kernels_named(char const *name) {
+    return built_named(name, false);
 }
 
 static kernels_t const *active;
 static pthread_once_t active_once = PTHREAD_ONCE_INIT;
 
 static void kernels_choose(void) {
-    active = kernels_named(getenv("UFORM_KERNELS"));
-    if (active) return;
-    kernels_t const *(*const best_first[])(void) = {kernels_avx512bf16, kernels_avx512vnni, kernels_avx512,
-                                                    kernels_avxvnni,    kernels_avx2,       kernels_neoni8mm,
-                                                    kernels_neondot,    kernels_neon};
-    for (size_t i = 0; i < sizeof best_first / sizeof best_first[0] && !active; ++i)
-        active = best_first[i]();
-    if (!active) active = kernels_scalar();
+    active = built_named(getenv("UFORM_KERNELS"), true);
+    for (size_t i = 0; !active && i < sizeof built_paths / sizeof built_paths[0]; ++i)
+        if (built_paths[i].chosen && built_paths[i].runs()) active = built_paths[i].table;
 }
 
 kernels_t const *kernels_active(void) {

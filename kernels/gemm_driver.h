@@ -58,8 +58,8 @@ static inline size_t gemm_panels_of(size_t n, size_t columns) {
     return (n + columns - 1) / columns;
 }
 
-/* The packing of the paths that widen BF16 weights to F32 with one shift and one mask (gemm_avx2.c,
- * gemm_avx512.c): for each depth block of `depth_max` k values (the last one shorter), for each panel of
+/* The packing of the paths that widen BF16 weights to F32 with one shift and one mask (gemm_fma.c, avx2 and
+ * avx512): for each depth block of `depth_max` k values (the last one shorter), for each panel of
  * `columns` columns: [depth][columns / 2] uint32, lane i of row k pairing w[c0 + i][k] (low half) with
  * w[c0 + columns / 2 + i][k] (high half). Columns past n are zero. The panels of one depth block follow
  * each other, so that the tiles of a row block read one sequential stream. */

@@ -1,8 +1,8 @@
-/* The epilogue the x86 GEMM paths (gemm_avx2.c, gemm_avx512.c, gemm_avx512bf16.c, gemm_i8_*.c) end a tile
- * with: their tiles are `rows` x 2 vectors of F32 outputs, and y = residual + epilogue(sum + bias) over them
- * is the same steps whatever made the sums, written once over the path's vector primitives (vfloat, vmask,
- * vf_*, columns_mask and gelu_ps of math_<path>.h); the I8 tiles first turn their int32 sums into F32 ones
- * (vint, vi_*). A path's file includes this header after its math header. */
+/* The epilogue the x86 GEMM paths (gemm_fma.c, gemm_avx512bf16.c, gemm_i8_*.c) end a tile with: their tiles
+ * are `rows` x 2 vectors of F32 outputs, and y = residual + epilogue(sum + bias) over them is the same steps
+ * whatever made the sums, written once over the path's vector primitives (vfloat, vmask, vf_*, columns_mask
+ * and gelu_ps of math_<path>.h); the I8 tiles first turn their int32 sums into F32 ones (vint, vi_*). A
+ * path's file includes this header after its math header. */
 #pragma once
 
 #include <stdbool.h>

@@ -76,6 +76,20 @@ static inline __attribute__((always_inline)) void dot_rows(size_t rows, int32x4_
     if (rows > 5) acc[5][v] = DOT_LANE(acc[5][v], w, x_high, 1);
 }
 
+/* A tile row's int32 partial sums [COLUMNS] from `from`, or zeros where it is NULL (before the first depth
+ * block), and back: as load_columns and store_columns (math_neon.h) move the F32 ones. */
+static inline void load_sums(int32x4_t v[VECTORS], int32_t const *from) {
+#pragma GCC unroll 4
+    for (size_t i = 0; i < VECTORS; ++i)
+        v[i] = from ? vld1q_s32(from + 4 * i) : vdupq_n_s32(0);
+}
+
+static inline void store_sums(int32_t *to, int32x4_t const v[VECTORS]) {
+#pragma GCC unroll 4
+    for (size_t i = 0; i < VECTORS; ++i)
+        vst1q_s32(to + 4 * i, v[i]);
+}
+
 /* One tile: `rows` (<= ROWS) rows of a_block times one panel's groups of `depth` k values [groups][16][4]
  * s8. int32 partial sums of a depth block that is not the last go to `partial` [ROWS][COLUMNS] and come
  * back for the next one. Always inlined with a constant `rows` so the accumulators stay in registers. */
@@ -87,9 +101,7 @@ static inline __attribute__((always_inline)) void tile(size_t rows, void const *
     int32x4_t acc[ROWS][VECTORS];
 #pragma GCC unroll 6
     for (size_t r = 0; r < rows; ++r)
-#pragma GCC unroll 4
-        for (size_t v = 0; v < VECTORS; ++v)
-            acc[r][v] = first ? vdupq_n_s32(0) : vld1q_s32(sums + r * COLUMNS + 4 * v);
+        load_sums(acc[r], first ? NULL : sums + r * COLUMNS);
 #pragma GCC unroll 2
     for (size_t p = 0; p < (depth + GROUP - 1) / GROUP; ++p, a += ROW_LANES * GROUP, b += COLUMNS * GROUP) {
         int8x16_t x_low = vld1q_s8(a), x_high = vld1q_s8(a + 16);
@@ -100,9 +112,7 @@ static inline __attribute__((always_inline)) void tile(size_t rows, void const *
     if (!last) {
 #pragma GCC unroll 6
         for (size_t r = 0; r < rows; ++r)
-#pragma GCC unroll 4
-            for (size_t v = 0; v < VECTORS; ++v)
-                vst1q_s32(sums + r * COLUMNS + 4 * v, acc[r][v]);
+            store_sums(sums + r * COLUMNS, acc[r]);
         return;
     }
     gemm_epilogue_neon_i8(&path, rows, acc, g, row, column);

@@ -79,9 +79,7 @@ static inline __attribute__((always_inline)) void tile(size_t rows, void const *
     float32x4_t sum[ROWS][VECTORS];
 #pragma GCC unroll 6
     for (size_t r = 0; r < rows; ++r)
-#pragma GCC unroll 4
-        for (size_t v = 0; v < VECTORS; ++v)
-            sum[r][v] = first ? vdupq_n_f32(0.0f) : vld1q_f32(partial + r * COLUMNS + 4 * v);
+        load_columns(sum[r], first ? NULL : partial + r * COLUMNS, COLUMNS);
 #pragma GCC unroll 2
     for (size_t i = 0; i < depth; ++i, a += ROW_LANES, b += COLUMNS) {
         float32x4_t x_low = vld1q_f32(a), x_high = vld1q_f32(a + 4);
@@ -94,9 +92,7 @@ static inline __attribute__((always_inline)) void tile(size_t rows, void const *
     if (!last) {
 #pragma GCC unroll 6
         for (size_t r = 0; r < rows; ++r)
-#pragma GCC unroll 4
-            for (size_t v = 0; v < VECTORS; ++v)
-                vst1q_f32(partial + r * COLUMNS + 4 * v, sum[r][v]);
+            store_columns(partial + r * COLUMNS, COLUMNS, sum[r]);
         return;
     }
     gemm_epilogue_neon(rows, sum, g, row, column);

@@ -102,7 +102,7 @@ typedef struct kernel_attention {
  *   b[j * b_stride + p]);
  * - c never overlaps a or b.
  * The three products of a linear layer y = x W^T (W [n, k]) are: forward a = x, b = W transposed;
- * dx = dy W: a = dy, b = W; dW += dy^T x: a = dy transposed, b = x, accumulate.
+ * dx = dy W: a = dy, b = W; dW += dy^T x: a = dy transposed, b = x, accumulate (kernel_sgemm_linear).
  * Every path sums over k in ascending blocks in its own fixed order; the same path gives the same bits
  * whatever the column range a thread is handed (ranges split at KERNEL_GEMM_TILE). The SIMD paths pack
  * blocks of a and b on the calling thread's stack: up to 140 KiB of it.
@@ -120,6 +120,36 @@ typedef struct kernel_sgemm {
     size_t c_stride;
     bool accumulate;
 } kernel_sgemm_t;
+
+/* The three products of a linear layer y [m, n] = x [m, k] . W [n, k]^T over dense rows, as sgemm's operands
+ * (above). */
+typedef enum kernel_linear_product {
+    KERNEL_LINEAR_FORWARD, /* y [m, n] = x . W^T: a = x, b = W (transposed) */
+    KERNEL_LINEAR_DX,      /* dx [m, k] = dy . W: a = dy, b = W */
+    KERNEL_LINEAR_DW,      /* dW [n, k] += dy^T . x: a = dy (transposed), b = x, accumulated */
+} kernel_linear_product_t;
+
+/* The sgemm of `product` for a layer of m rows, n outputs and k inputs: c is y, dx or dW. */
+static inline kernel_sgemm_t kernel_sgemm_linear(kernel_linear_product_t product, size_t m, size_t n,
+                                                 size_t k, float const *a, float const *b, float *c) {
+    /* c's rows and columns, the depth, and a's row stride: y [m, n] over k from x [m, k]; dx [m, k] over n
+     * from dy [m, n]; dW [n, k] over m from dy [m, n] read transposed. */
+    size_t const shapes[][4] = {{m, n, k, k}, {m, k, n, n}, {n, k, m, n}};
+    size_t const *shape = shapes[product];
+    bool forward = product == KERNEL_LINEAR_FORWARD, dw = product == KERNEL_LINEAR_DW;
+    return (kernel_sgemm_t){.m = shape[0],
+                            .n = shape[1],
+                            .k = shape[2],
+                            .a = a,
+                            .a_stride = shape[3],
+                            .a_transposed = dw,
+                            .b = b,
+                            .b_stride = k,
+                            .b_transposed = forward,
+                            .c = c,
+                            .c_stride = shape[1],
+                            .accumulate = dw};
+}
 
 /* The backward pass of one head of kernel_attention_t, for the items [item_begin, item_end): with the
  * forward's q, k, v (rotary already applied), its output `out` and the gradient `d_out` of the output,
@@ -151,8 +181,11 @@ static inline void kernel_attention_backward_clear(kernel_attention_backward_t c
 }
 
 typedef struct kernels {
-    char const *name; /* "scalar", "avx2", "avxvnni", "avx512", "avx512vnni", "avx512bf16", "neon",
-                         "neondot", "neoni8mm" */
+    /* "scalar", "avx2", "avxvnni" (avx2 with AVX-VNNI's 256-bit I8 GEMM), "avx512", "avx512vnni" (avx512 with
+     * AVX512-VNNI's I8 GEMM), "avx512bf16" (with avx512vnni's I8 GEMM: CPUs with AVX512-BF16 have
+     * AVX512-VNNI), "neon" (every AArch64 CPU), "neondot" (neon with the dot product's I8 GEMM, SDOT) or
+     * "neoni8mm" (neondot with the I8 matrix multiply's, SMMLA) */
+    char const *name;
 
     /* GEMM over output columns [n_begin, n_end), n_begin a multiple of KERNEL_GEMM_TILE. */
     void (*gemm)(kernel_gemm_t const *gemm, size_t n_begin, size_t n_end);
@@ -242,26 +275,16 @@ typedef struct kernels {
 /* The table this process uses: chosen once, on first use (thread-safe). */
 kernels_t const *kernels_active(void);
 
-/* A path by name, when this CPU and build can run it; NULL otherwise. For tests and benchmarks. */
+/* A path by name, when this CPU and build can run it; NULL otherwise (the scalar path never is). For tests
+ * that compare each path against scalar, and benchmarks. The names are kernels_t.name's, and
+ * "avxvnni_evex": the avxvnni path's I8 GEMM compiled a second time for AVX512-VNNI with AVX512-VL (the same
+ * instruction, EVEX-encoded), as a path whose other kernels are avx512's, so that CPUs with AVX512-VNNI but
+ * without AVX-VNNI check that code (tests/kernels/test_gemm_i8.c); kernels_active never chooses it, nor
+ * does UFORM_KERNELS name it. */
 kernels_t const *kernels_named(char const *name);
 
-/* The paths, for tests that compare each against scalar. Any of them may be NULL when not built or
- * not supported by this CPU (scalar never is). */
+/* The scalar path, which every build and CPU runs. */
 kernels_t const *kernels_scalar(void);
-kernels_t const *kernels_avx2(void);
-kernels_t const *kernels_avxvnni(void); /* avx2 with AVX-VNNI's 256-bit I8 GEMM */
-kernels_t const *kernels_avx512(void);
-kernels_t const *kernels_avx512vnni(void); /* avx512 with AVX512-VNNI's I8 GEMM */
-kernels_t const *kernels_avx512bf16(void); /* CPUs with AVX512-BF16 have AVX512-VNNI: it takes its I8 GEMM */
-kernels_t const *kernels_neon(void);       /* every AArch64 CPU; NULL elsewhere */
-kernels_t const *kernels_neondot(void);    /* neon with the dot product (SDOT) I8 GEMM */
-kernels_t const *kernels_neoni8mm(void);   /* neondot with the I8 matrix multiply (SMMLA) I8 GEMM */
-
-/* The avxvnni path's I8 GEMM compiled a second time for AVX512-VNNI with AVX512-VL (the same instruction,
- * EVEX-encoded), as a path whose other kernels are avx512's: the code of a CPU with AVX-VNNI, checked on
- * CPUs that have only AVX512-VNNI (tests/kernels/test_gemm_i8.c). Never chosen by kernels_active. NULL
- * where the CPU lacks AVX512-VNNI. */
-kernels_t const *kernels_avxvnni_evex(void);
 
 /* Scalar helpers every path shares. */
 

@@ -101,8 +101,9 @@ static inline vfloat vf_fmadd(vfloat a, vfloat b, vfloat c) {
     return _mm512_fmadd_ps(a, b, c);
 }
 
-/* int32 vectors, for the I8 GEMM's epilogue (gemm_epilogue.h): each is the one instruction its name says;
- * vf_of_vi rounds to nearest even, as a C conversion of an int32 to float does. */
+/* int32 vectors, for the I8 GEMM's epilogue (gemm_epilogue.h) and the widening of BF16 weights (gemm_fma.c):
+ * each is the one instruction its name says; vf_of_vi rounds to nearest even, as a C conversion of an int32
+ * to float does. */
 typedef __m512i vint;
 
 static inline vint vi_zero(void) {
@@ -132,6 +133,15 @@ static inline vint vi_mullo(vint a, vint b) {
 
 static inline vfloat vf_of_vi(vint x) {
     return _mm512_cvtepi32_ps(x);
+}
+
+/* The F32 whose high half is the BF16 in the low (vf_of_low_halves) or the high half of each lane. */
+static inline vfloat vf_of_low_halves(vint x) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+}
+
+static inline vfloat vf_of_high_halves(vint x) {
+    return _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32((int)0xffff0000u)));
 }
 
 /* The lanes a mask sets read or written, the others never touched: vf_maskload answers 0 in them,

@@ -42,9 +42,15 @@ static inline float32x4_t gelu_ps(float32x4_t x) {
 #define NEON_ROW_COLUMNS 16
 #define NEON_TILE_ROWS   6
 
-/* v = from[0, count) as vectors of F32, zero past count (count <= NEON_ROW_COLUMNS): NEON has no masked
- * loads. */
+/* v = from[0, count) as vectors of F32, zero past count (count <= NEON_ROW_COLUMNS), or all zero when `from`
+ * is NULL (a tile row's sums before its first k): NEON has no masked loads. */
 static inline void load_columns(float32x4_t v[NEON_ROW_COLUMNS / 4], float const *from, size_t count) {
+    if (!from) {
+#pragma GCC unroll 4
+        for (size_t i = 0; i < NEON_ROW_COLUMNS / 4; ++i)
+            v[i] = vdupq_n_f32(0.0f);
+        return;
+    }
     float padded[NEON_ROW_COLUMNS];
     if (count < NEON_ROW_COLUMNS) {
         memset(padded, 0, sizeof padded);

@@ -52,7 +52,7 @@ KERNEL_TRAINING_FUNCTIONS(scalar)
 void kernel_rope_backward_scalar(float *x, size_t heads, size_t position);
 
 #if defined(__x86_64__)
-/* avx2 (with FMA and F16C): gemm_avx2.c, sgemm_avx2.c and vector_avx2.c */
+/* avx2 (with FMA and F16C): gemm_fma.c, sgemm_avx2.c and vector_avx2.c */
 KERNEL_GEMM_FUNCTIONS(avx2)
 KERNEL_GEMM_I8_FUNCTIONS(avx2)
 KERNEL_QUANTIZE_FUNCTIONS(avx2)
@@ -61,7 +61,7 @@ KERNEL_TRAINING_FUNCTIONS(avx2)
 /* avxvnni adds its I8 GEMM (gemm_i8_avxvnni.c), compiled again for AVX512-VNNI and VL as avxvnni_evex */
 KERNEL_GEMM_I8_FUNCTIONS(avxvnni)
 KERNEL_GEMM_I8_FUNCTIONS(avxvnni_evex)
-/* avx512 (F, BW, DQ, VL): gemm_avx512.c, sgemm_avx512.c and vector_avx512.c; avx512vnni adds its I8 GEMM,
+/* avx512 (F, BW, DQ, VL): gemm_fma.c, sgemm_avx512.c and vector_avx512.c; avx512vnni adds its I8 GEMM,
  * avx512bf16 its GEMM */
 KERNEL_GEMM_FUNCTIONS(avx512)
 KERNEL_QUANTIZE_FUNCTIONS(avx512)
@@ -90,3 +90,29 @@ void kernel_rmsnorm_backward_neon(float *dx, size_t dx_stride, float *d_weight, 
 void kernel_gelu_backward_neon(float *dx, float const *dy, float const *x, size_t n);
 void kernel_gelu_neon(float *x, size_t n);
 #endif
+
+/* A path's conversions of n F32 values, for its kernel_convert (kernels.h): F32 is a copy on every path. */
+typedef struct kernel_converters {
+    void (*bf16)(uint16_t *out, float const *x, size_t n);
+    void (*f16)(uint16_t *out, float const *x, size_t n);
+    void (*i8)(int8_t *out, float const *x, size_t n, float *scale); /* the row's scale into *scale */
+} kernel_converters_t;
+
+/* kernel_convert by a path's conversions: `scale` is written for I8 only. */
+static inline void kernel_convert_by(kernel_converters_t const *to, void *out, float const *x, size_t n,
+                                     uform_scalar_t scalar, float *scale) {
+    switch (scalar) {
+    case UFORM_F32:
+        memcpy(out, x, n * sizeof(float));
+        break;
+    case UFORM_BF16:
+        to->bf16(out, x, n);
+        break;
+    case UFORM_F16:
+        to->f16(out, x, n);
+        break;
+    case UFORM_I8:
+        to->i8(out, x, n, scale);
+        break;
+    }
+}

@@ -28,15 +28,8 @@ static inline __attribute__((always_inline)) void tile(size_t rows, float const 
                                                        bool load) {
     float32x4_t sum[ROWS][VECTORS];
 #pragma GCC unroll 6
-    for (size_t r = 0; r < rows; ++r) {
-        if (load) {
-            load_columns(sum[r], c + r * c_stride, count);
-            continue;
-        }
-#pragma GCC unroll 4
-        for (size_t v = 0; v < VECTORS; ++v)
-            sum[r][v] = vdupq_n_f32(0.0f);
-    }
+    for (size_t r = 0; r < rows; ++r)
+        load_columns(sum[r], load ? c + r * c_stride : NULL, count);
 #pragma GCC unroll 2
     for (size_t i = 0; i < depth; ++i, a += ROW_LANES, b += COLUMNS) {
         float32x4_t a_low = vld1q_f32(a), a_high = vld1q_f32(a + 4);

@@ -172,20 +172,8 @@ void kernel_quantize_rows_avx512(uint8_t *q, size_t q_stride, float *scales, int
     }
 }
 
-/* `scale` is written for I8 only. */
+static kernel_converters_t const converters = {kernel_f32_to_bf16_avx512, convert_f16, convert_i8};
+
 void kernel_convert_avx512(void *out, float const *x, size_t n, uform_scalar_t scalar, float *scale) {
-    switch (scalar) {
-    case UFORM_F32:
-        memcpy(out, x, n * sizeof(float));
-        break;
-    case UFORM_BF16:
-        kernel_f32_to_bf16_avx512(out, x, n);
-        break;
-    case UFORM_F16:
-        convert_f16(out, x, n);
-        break;
-    case UFORM_I8:
-        convert_i8(out, x, n, scale);
-        break;
-    }
+    kernel_convert_by(&converters, out, x, n, scalar, scale);
 }

@@ -177,9 +177,14 @@ static void load_queries(float queries[KERNEL_HEAD][LANES], float const *q, size
     }
 }
 
-/* scores[j][i] = queries[.][i] . k[j] for the SCORE_GROUP keys j whose rows are `keys[j]`. */
+/* scores[j][i] = queries[.][i] . k[j] for the SCORE_GROUP keys from row k (rows at `stride`), of which
+ * `count` are left in the tile: a last, partial group repeats the tile's last key, whose extra scores are
+ * never read. */
 static inline void score_group(float scores[SCORE_GROUP][LANES], float const queries[KERNEL_HEAD][LANES],
-                               float const *const keys[SCORE_GROUP]) {
+                               float const *k, size_t stride, size_t count) {
+    float const *keys[SCORE_GROUP];
+    for (size_t j = 0; j < SCORE_GROUP; ++j)
+        keys[j] = k + (j < count ? j : count - 1) * stride;
     vfloat sums[SCORE_GROUP];
 #pragma GCC unroll 16
     for (size_t j = 0; j < SCORE_GROUP; ++j)
@@ -195,16 +200,11 @@ static inline void score_group(float scores[SCORE_GROUP][LANES], float const que
         vf_store(scores[j], sums[j]);
 }
 
-/* Scores of the tile's `count` keys (rows of k at `stride`) against the block's queries: [64 keys][LANES].
- * A last, partial group repeats the tile's last key; those extra scores are never read. */
+/* Scores of the tile's `count` keys (rows of k at `stride`) against the block's queries: [64 keys][LANES]. */
 static void tile_scores(float scores[ATTENTION_TILE][LANES], float const queries[KERNEL_HEAD][LANES],
                         float const *k, size_t stride, size_t count) {
-    for (size_t j = 0; j < count; j += SCORE_GROUP) {
-        float const *keys[SCORE_GROUP];
-        for (size_t g = 0; g < SCORE_GROUP; ++g)
-            keys[g] = k + (j + g < count ? j + g : count - 1) * stride;
-        score_group(scores + j, queries, keys);
-    }
+    for (size_t j = 0; j < count; j += SCORE_GROUP)
+        score_group(scores + j, queries, k + j * stride, stride, count - j);
 }
 
 /* Online softmax state of a block: per query lane the running max and sum of exp(score - max), and the
@@ -278,8 +278,7 @@ static void attend_block(kernel_attention_t const *a, size_t first_query, size_t
                          size_t end_key) {
     _Alignas(VECTOR_ALIGN) float queries[KERNEL_HEAD][LANES];
     _Alignas(VECTOR_ALIGN) float scores[ATTENTION_TILE][LANES];
-    online_block_t state = {.max = vf_set1(-INFINITY), .sum = vf_zero()};
-    memset(state.values, 0, sizeof state.values);
+    online_block_t state = {.max = vf_set1(-INFINITY), .sum = vf_zero()}; /* and the values 0 */
     load_queries(queries, a->q + first_query * a->stride, a->stride, rows, a->scale);
     for (size_t tile = first_key; tile < end_key; tile += ATTENTION_TILE) {
         size_t count = end_key - tile < ATTENTION_TILE ? end_key - tile : ATTENTION_TILE;

@@ -105,9 +105,14 @@ static void load_queries(float queries[KERNEL_HEAD][QUERIES], float const *q, si
         }
 }
 
-/* scores[j][i] = queries[.][i] . k[j] for the SCORE_GROUP keys j whose rows are `keys[j]`. */
+/* scores[j][i] = queries[.][i] . k[j] for the SCORE_GROUP keys from row k (rows at `stride`), of which
+ * `count` are left in the tile: a last, partial group repeats the tile's last key, whose extra scores are
+ * never read. */
 static inline void score_group(float scores[SCORE_GROUP][QUERIES], float const queries[KERNEL_HEAD][QUERIES],
-                               float const *const keys[SCORE_GROUP]) {
+                               float const *k, size_t stride, size_t count) {
+    float const *keys[SCORE_GROUP];
+    for (size_t j = 0; j < SCORE_GROUP; ++j)
+        keys[j] = k + (j < count ? j : count - 1) * stride;
     float32x4_t sums[SCORE_GROUP][2];
 #pragma GCC unroll 8
     for (size_t j = 0; j < SCORE_GROUP; ++j)
@@ -128,16 +133,11 @@ static inline void score_group(float scores[SCORE_GROUP][QUERIES], float const q
     }
 }
 
-/* Scores of the tile's `count` keys (rows of k at `stride`) against the block's queries: [64 keys][8].
- * A last, partial group repeats the tile's last key; those extra scores are never read. */
+/* Scores of the tile's `count` keys (rows of k at `stride`) against the block's queries: [64 keys][8]. */
 static void tile_scores(float scores[ATTENTION_TILE][QUERIES], float const queries[KERNEL_HEAD][QUERIES],
                         float const *k, size_t stride, size_t count) {
-    for (size_t j = 0; j < count; j += SCORE_GROUP) {
-        float const *keys[SCORE_GROUP];
-        for (size_t g = 0; g < SCORE_GROUP; ++g)
-            keys[g] = k + (j + g < count ? j + g : count - 1) * stride;
-        score_group(scores + j, queries, keys);
-    }
+    for (size_t j = 0; j < count; j += SCORE_GROUP)
+        score_group(scores + j, queries, k + j * stride, stride, count - j);
 }
 
 /* Causal attention: query lane i of a block starting at row `first_query` sees key `first_key + j` only
@@ -233,12 +233,8 @@ static void attend_block(kernel_attention_t const *a, size_t first_query, size_t
                          size_t end_key) {
     _Alignas(16) float queries[KERNEL_HEAD][QUERIES];
     _Alignas(16) float scores[ATTENTION_TILE][QUERIES];
-    online_block_t state;
-    for (size_t h = 0; h < 2; ++h) {
-        state.max[h] = vdupq_n_f32(-INFINITY);
-        state.sum[h] = vdupq_n_f32(0.0f);
-    }
-    memset(state.values, 0, sizeof state.values);
+    float32x4_t const none = vdupq_n_f32(-INFINITY), zero = vdupq_n_f32(0.0f);
+    online_block_t state = {.max = {none, none}, .sum = {zero, zero}}; /* and the values 0 */
     load_queries(queries, a->q + first_query * a->stride, a->stride, rows, a->scale);
     for (size_t tile = first_key; tile < end_key; tile += ATTENTION_TILE) {
         size_t count = end_key - tile < ATTENTION_TILE ? end_key - tile : ATTENTION_TILE;

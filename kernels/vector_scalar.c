@@ -208,23 +208,15 @@ static void convert_i8(int8_t *out, float const *x, size_t n, float *scale) {
         out[i] = max == 0.0f ? 0 : (int8_t)roundf(x[i] / *scale);
 }
 
-/* `scale` is written for I8 only. */
+static void convert_f16(uint16_t *out, float const *x, size_t n) {
+    for (size_t i = 0; i < n; ++i)
+        out[i] = f32_to_f16(x[i]);
+}
+
+static kernel_converters_t const converters = {kernel_f32_to_bf16_scalar, convert_f16, convert_i8};
+
 void kernel_convert_scalar(void *out, float const *x, size_t n, uform_scalar_t scalar, float *scale) {
-    switch (scalar) {
-    case UFORM_F32:
-        memcpy(out, x, n * sizeof(float));
-        break;
-    case UFORM_BF16:
-        kernel_f32_to_bf16_scalar(out, x, n);
-        break;
-    case UFORM_F16:
-        for (size_t i = 0; i < n; ++i)
-            ((uint16_t *)out)[i] = f32_to_f16(x[i]);
-        break;
-    case UFORM_I8:
-        convert_i8(out, x, n, scale);
-        break;
-    }
+    kernel_convert_by(&converters, out, x, n, scalar, scale);
 }
 
 /* ---- I8 activations ------------------------------------------------------------------------------ */

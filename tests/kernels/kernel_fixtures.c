@@ -4,6 +4,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include <cmocka.h>
 
@@ -29,12 +30,15 @@ void check_near(double actual, double expected, double tolerance, char const *wh
     fail_msg("%s[%zu] = %.9g, expected %.9g within %.3g", what, index, actual, expected, tolerance);
 }
 
+/* The SIMD paths the suites compare with scalar, by kernels_named's names. */
+static char const *const simd_names[SIMD_PATHS] = {"avx2", "avx512", "avx512bf16", "neon"};
+
 size_t simd_paths_present(kernels_t const *paths[SIMD_PATHS]) {
-    kernels_t const *candidates[SIMD_PATHS] = {kernels_avx2(), kernels_avx512(), kernels_avx512bf16(),
-                                               kernels_neon()};
     size_t count = 0;
-    for (size_t i = 0; i < COUNT(candidates); ++i)
-        if (candidates[i]) paths[count++] = candidates[i];
+    for (size_t i = 0; i < SIMD_PATHS; ++i) {
+        kernels_t const *path = kernels_named(simd_names[i]);
+        if (path) paths[count++] = path;
+    }
     return count;
 }
 
@@ -48,12 +52,27 @@ size_t simd_paths(kernels_t const *paths[SIMD_PATHS]) {
 }
 
 void print_simd_paths(void) {
-    kernels_t const *candidates[SIMD_PATHS] = {kernels_avx2(), kernels_avx512(), kernels_avx512bf16(),
-                                               kernels_neon()};
-    char const *names[SIMD_PATHS] = {"avx2", "avx512", "avx512bf16", "neon"};
-    for (size_t i = 0; i < COUNT(candidates); ++i)
-        print_message("path %s: %s\n", names[i],
-                      candidates[i] ? "compared with scalar" : "not run on this CPU");
+    for (size_t i = 0; i < SIMD_PATHS; ++i)
+        print_message("path %s: %s\n", simd_names[i],
+                      kernels_named(simd_names[i]) ? "compared with scalar" : "not run on this CPU");
+}
+
+void gemm_gelu(kernels_t const *path, float const *x, size_t m, float *y) {
+    uint16_t one = f32_to_bf16(1.0f);
+    void *packed = aligned_alloc(64, (path->gemm_packed_size(1, 1) + 63) / 64 * 64);
+    assert_non_null(packed);
+    path->gemm_pack(packed, &one, 1, 1);
+    kernel_gemm_t gemm = {.m = m,
+                          .n = 1,
+                          .k = 1,
+                          .x = x,
+                          .x_stride = 1,
+                          .w = packed,
+                          .y = y,
+                          .y_stride = 1,
+                          .epilogue = KERNEL_EPILOGUE_GELU};
+    path->gemm(&gemm, 0, 1);
+    free(packed);
 }
 
 qkv_batch_t qkv_batch_make(float amplitude) {
@@ -67,6 +86,22 @@ qkv_batch_t qkv_batch_make(float amplitude) {
         for (size_t i = 0; i < 2 * HIDDEN; ++i)
             batch.qkv[row * 3 * HIDDEN + i] *= amplitude;
     return batch;
+}
+
+kernel_attention_t qkv_batch_head(qkv_batch_t const *batch, size_t head, bool causal, float *out) {
+    float const *qkv = batch->qkv + head * KERNEL_HEAD;
+    return (kernel_attention_t){
+        .q = qkv,
+        .k = qkv + HIDDEN,
+        .v = qkv + 2 * HIDDEN,
+        .stride = 3 * HIDDEN,
+        .out = out + head * KERNEL_HEAD,
+        .out_stride = HIDDEN,
+        .offsets = batch->offsets,
+        .items = ITEMS,
+        .causal = causal,
+        .scale = 0.125f,
+    };
 }
 
 void attention_row_double(double const *q, double const *k, double const *v, size_t row, size_t first,

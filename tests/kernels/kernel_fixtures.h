@@ -1,7 +1,9 @@
-/* Helpers the kernel suites share (test_kernels.c, test_kernels_backward.c): cmocka-allocated float
- * buffers, element checks, the SIMD paths this CPU runs, and a packed batch of items for attention. */
+/* Helpers the kernel suites share (test_kernels.c, test_kernels_backward.c, test_gemm.c): cmocka-allocated
+ * float buffers, element checks, the SIMD paths this CPU runs, the GEMM's GELU epilogue on its own, and a
+ * packed batch of items for attention. */
 #pragma once
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "kernels.h"
@@ -26,6 +28,10 @@ size_t simd_paths(kernels_t const *paths[SIMD_PATHS]);
 /* Says, for each SIMD path, whether it is compared with scalar or not run on this CPU. */
 void print_simd_paths(void);
 
+/* y [m] = the GELU epilogue of `path`'s GEMM on x [m]: a GEMM of k = 1 against a weight of 1 feeds each value
+ * to the epilogue unchanged. */
+void gemm_gelu(kernels_t const *path, float const *x, size_t m, float *y);
+
 /* A batch of items of these lengths packed end to end in qkv rows [tokens, 3 * HIDDEN], as the towers
  * lay them out: q, then k, then v, head h at columns h * 64 of each. */
 #define HEADS  3
@@ -41,6 +47,10 @@ typedef struct qkv_batch {
 /* Values in [-1, 1]; queries and keys in [-amplitude, amplitude] (large ones make peaked softmaxes whose
  * max moves from tile to tile). */
 qkv_batch_t qkv_batch_make(float amplitude);
+
+/* One head of attention over the batch, scale 1/8: q, k and v of head `head`, its rows written to out
+ * [tokens, HIDDEN] at the same columns. */
+kernel_attention_t qkv_batch_head(qkv_batch_t const *batch, size_t head, bool causal, float *out);
 
 /* One head of attention over keys [first, end) for the query row `row`, in double: out [64]. Rows are
  * KERNEL_HEAD apart in q, k, v (a packed [tokens, 64] per tensor). */

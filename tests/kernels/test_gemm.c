@@ -15,6 +15,7 @@
 
 #include "fixtures.h"
 #include "gemm_problem.h"
+#include "kernel_fixtures.h"
 #include "kernels.h"
 
 /* ---- Fixtures ---------------------------------------------------------------------------------- */
@@ -28,22 +29,11 @@ static void *pack(kernels_t const *path, uint16_t const *w, size_t n, size_t k) 
     return packed;
 }
 
-#define SIMD_PATHS 4 /* avx2, avx512, avx512bf16, neon */
-
-static kernels_t const *simd_paths[SIMD_PATHS];
-
-static size_t simd_paths_available(void) {
-    kernels_t const *all[SIMD_PATHS] = {kernels_avx2(), kernels_avx512(), kernels_avx512bf16(),
-                                        kernels_neon()};
-    size_t count = 0;
-    for (size_t i = 0; i < SIMD_PATHS; ++i)
-        if (all[i]) simd_paths[count++] = all[i];
-    return count;
-}
+static kernels_t const *simd[SIMD_PATHS];
 
 /* Scalar once, then every SIMD path against it. */
 static void compare_paths(size_t m, size_t n, size_t k, options_t options) {
-    problem_compare(simd_paths, simd_paths_available(), m, n, k, options);
+    problem_compare(simd, simd_paths_present(simd), m, n, k, options);
 }
 
 /* ---- Scalar on hand-computed cases -------------------------------------------------------------- */
@@ -116,24 +106,11 @@ static void test_scalar_gelu_points(void **state) {
     (void)state;
     static float const points[] = {-6, -3, -1.5f, -1, -0.5f, -0.01f, 0, 0.01f, 0.5f, 1, 1.5f, 3, 6};
     size_t count = sizeof points / sizeof points[0];
-    kernels_t const *scalar = kernels_scalar();
-    uint16_t one = f32_to_bf16(1.0f);
-    void *packed = pack(scalar, &one, 1, 1);
     float y[sizeof points / sizeof points[0]];
-    kernel_gemm_t gemm = {.m = count,
-                          .n = 1,
-                          .k = 1,
-                          .x = points,
-                          .x_stride = 1,
-                          .w = packed,
-                          .y = y,
-                          .y_stride = 1,
-                          .epilogue = KERNEL_EPILOGUE_GELU};
-    scalar->gemm(&gemm, 0, 1);
+    gemm_gelu(kernels_scalar(), points, count, y);
     for (size_t i = 0; i < count; ++i)
         assert_true(fabs(y[i] - gelu_double(points[i])) <= 1e-6 * fmax(1, fabs(points[i])));
     assert_true(y[6] == 0.0f);
-    free(packed);
 }
 
 /* The sum runs in k order in F32: (1e8 + 1) rounds to 1e8, then - 1e8 gives 0, where exact or pairwise
@@ -169,13 +146,12 @@ static void test_scalar_packing_is_copy(void **state) {
 static size_t const sizes_m[] = {1, 2, 3, 7, 13, 64, 100};
 static size_t const sizes_n[] = {1, 15, 16, 17, 63, 64, 65, 130, 200};
 static size_t const sizes_k[] = {1, 2, 3, 31, 64, 65, 127, 768};
-#define COUNT(array) (sizeof(array) / sizeof((array)[0]))
 
 /* Every (m, n, k) of the lists, each with the next of 23 of the combinations (23 is prime to the
  * lists' lengths, so every combination meets every size); the 24th is in the next test. */
 static void test_paths_match_scalar_on_shapes(void **state) {
     (void)state;
-    if (!simd_paths_available()) skip();
+    if (!simd_paths_present(simd)) skip();
     random_seed(1);
     size_t number = 0;
     for (size_t a = 0; a < COUNT(sizes_m); ++a)
@@ -188,7 +164,7 @@ static void test_paths_match_scalar_on_shapes(void **state) {
  * several column blocks. */
 static void test_paths_match_scalar_on_every_epilogue(void **state) {
     (void)state;
-    if (!simd_paths_available()) skip();
+    if (!simd_paths_present(simd)) skip();
     random_seed(2);
     static size_t const shapes[][3] = {{13, 65, 127}, {7, 130, 1601}, {25, 97, 3}, {5, 1100, 33}};
     for (size_t s = 0; s < COUNT(shapes); ++s)
@@ -201,17 +177,15 @@ static void test_paths_match_scalar_on_every_epilogue(void **state) {
 static void test_splits_are_bitwise_identical(void **state) {
     (void)state;
     random_seed(3);
-    kernels_t const *paths[] = {kernels_scalar(), kernels_avx2(), kernels_avx512(), kernels_avx512bf16(),
-                                kernels_neon()};
+    kernels_t const *paths[SIMD_PATHS + 1] = {kernels_scalar()};
+    size_t count = 1 + simd_paths_present(paths + 1);
     /* m, n, k and the combination: bias and GELU with the residual in y, separate, or none */
     static size_t const cases[][4] = {
         {13, 200, 127, 19}, {100, 330, 65, 11}, {7, 517, 1601, 23}, {3, 129, 768, 7}, {2, 1100, 65, 13}};
-    for (size_t i = 0; i < COUNT(paths); ++i) {
-        if (!paths[i]) continue;
+    for (size_t i = 0; i < count; ++i)
         for (size_t c = 0; c < COUNT(cases); ++c)
             problem_check_splits(paths[i], cases[c][0], cases[c][1], cases[c][2],
                                  options_numbered(false, cases[c][3]));
-    }
 }
 
 int main(void) {

@@ -23,13 +23,13 @@
 
 /* Every path this CPU and build run, scalar first, then every one with its own I8 GEMM or quantizer. */
 static size_t paths_present(kernels_t const *paths[16]) {
-    kernels_t const *all[] = {kernels_scalar(),       kernels_avx2(),   kernels_avxvnni(),
-                              kernels_avxvnni_evex(), kernels_avx512(), kernels_avx512vnni(),
-                              kernels_avx512bf16(),   kernels_neon(),   kernels_neondot(),
-                              kernels_neoni8mm()};
+    static char const *const names[] = {"scalar",     "avx2",       "avxvnni", "avxvnni_evex", "avx512",
+                                        "avx512vnni", "avx512bf16", "neon",    "neondot",      "neoni8mm"};
     size_t count = 0;
-    for (size_t i = 0; i < COUNT(all); ++i)
-        if (all[i]) paths[count++] = all[i];
+    for (size_t i = 0; i < COUNT(names); ++i) {
+        kernels_t const *path = kernels_named(names[i]);
+        if (path) paths[count++] = path;
+    }
     return count;
 }
 
@@ -261,56 +261,37 @@ static void test_quantize_rows_paths(void **state) {
 static void test_quantized_product_is_close(void **state) {
     (void)state;
     size_t const m = 6, n = 40, k = 768;
+    problem_t p;
+    problem_make(&p, m, n, k, (options_t){.i8 = true});
     random_seed(12);
-    float *x = problem_allocate(m * k * sizeof(float)), *y = problem_allocate(m * n * sizeof(float));
-    uint16_t *w = problem_allocate(n * k * sizeof(uint16_t));
     for (size_t r = 0; r < m; ++r)
         for (size_t i = 0; i < k; ++i) {
             float value = random_uniform(-1.0f, 1.0f);
-            x[r * k + i] = r % 3 == 0 ? value : r % 3 == 1 ? value + 2.0f : fmaxf(value, -0.17f);
+            p.x[r * p.x_stride + i] = r % 3 == 0 ? value : r % 3 == 1 ? value + 2.0f : fmaxf(value, -0.17f);
         }
     for (size_t i = 0; i < n * k; ++i)
-        w[i] = f32_to_bf16(random_uniform(-0.05f, 0.05f));
-    int8_t *wq = problem_allocate(n * k);
-    float w_scales[40], x_scales[6];
-    int32_t zeros[6];
-    uint8_t *xq = problem_allocate(m * k);
+        p.w[i] = f32_to_bf16(random_uniform(-0.05f, 0.05f));
     for (size_t c = 0; c < n; ++c)
-        kernel_quantize_weights(wq + c * k, &w_scales[c], w + c * k, k);
+        kernel_quantize_weights(p.w_i8 + c * k, &p.w_scales[c], p.w + c * k, k);
     kernels_t const *paths[16];
     size_t count = paths_present(paths);
-    for (size_t p = 0; p < count; ++p) {
-        paths[p]->quantize_rows(xq, k, x_scales, zeros, x, k, m, k);
-        void *packed = pack(paths[p], wq, w_scales, n, k);
-        kernel_gemm_t gemm = {.m = m,
-                              .n = n,
-                              .k = k,
-                              .x_stride = k,
-                              .w = packed,
-                              .y = y,
-                              .y_stride = n,
-                              .x_u8 = xq,
-                              .x_scales = x_scales,
-                              .x_zeros = zeros};
-        paths[p]->gemm_i8(&gemm, 0, n);
+    for (size_t path = 0; path < count; ++path) {
+        paths[path]->quantize_rows(p.x_u8, p.x_stride, p.x_scales, p.zeros, p.x, p.x_stride, m, k);
+        problem_run_whole(paths[path], &p, p.y);
         for (size_t r = 0; r < m; ++r) {
             double error = 0.0, norm = 0.0;
             for (size_t c = 0; c < n; ++c) {
                 double exact = 0.0;
                 for (size_t i = 0; i < k; ++i)
-                    exact += (double)x[r * k + i] * bf16_to_f32(w[c * k + i]);
-                error += (y[r * n + c] - exact) * (y[r * n + c] - exact);
+                    exact += (double)p.x[r * p.x_stride + i] * bf16_to_f32(p.w[c * k + i]);
+                double got = p.y[r * p.y_stride + c];
+                error += (got - exact) * (got - exact);
                 norm += exact * exact;
             }
             assert_true(sqrt(error) <= 0.02 * sqrt(norm));
         }
-        free(packed);
     }
-    free(x);
-    free(y);
-    free(w);
-    free(wq);
-    free(xq);
+    problem_free(&p);
 }
 
 /* ---- Every path against scalar ------------------------------------------------------------------ */

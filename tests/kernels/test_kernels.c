@@ -84,22 +84,6 @@ static void scalar_rope_matches_formula(void **state) {
     test_free(x);
 }
 
-static kernel_attention_t batch_head(qkv_batch_t const *batch, size_t head, bool causal, float *out) {
-    float const *qkv = batch->qkv + head * KERNEL_HEAD;
-    return (kernel_attention_t){
-        .q = qkv,
-        .k = qkv + HIDDEN,
-        .v = qkv + 2 * HIDDEN,
-        .stride = 3 * HIDDEN,
-        .out = out + head * KERNEL_HEAD,
-        .out_stride = HIDDEN,
-        .offsets = batch->offsets,
-        .items = ITEMS,
-        .causal = causal,
-        .scale = 0.125f,
-    };
-}
-
 /* Every output column outside head `head` still holds the sentinel. */
 static void check_other_heads_untouched(float const *out, size_t tokens, size_t head) {
     for (size_t row = 0; row < tokens; ++row)
@@ -129,7 +113,7 @@ static void scalar_attention_matches_naive(void **state) {
         qkv_batch_t batch = qkv_batch_make(amplitudes[m]);
         for (int causal = 0; causal < 2; ++causal) {
             float *out = floats_filled(batch.tokens * HIDDEN, SENTINEL);
-            kernel_attention_t a = batch_head(&batch, 1, causal, out);
+            kernel_attention_t a = qkv_batch_head(&batch, 1, causal, out);
             kernels_scalar()->attention(&a, 0, ITEMS);
             check_other_heads_untouched(out, batch.tokens, 1);
             double *q = head_in_double(&batch, 1), *k = q + batch.tokens * KERNEL_HEAD,
@@ -411,7 +395,7 @@ static void check_attention_path(kernels_t const *path, qkv_batch_t const *batch
     size_t const cuts[] = {0, 2, 3, 3, 5, ITEMS};
     size_t floats = batch->tokens * HIDDEN;
     float *whole = floats_filled(floats, SENTINEL), *pieces = floats_filled(floats, SENTINEL);
-    kernel_attention_t a = batch_head(batch, 2, causal, whole);
+    kernel_attention_t a = qkv_batch_head(batch, 2, causal, whole);
     path->attention(&a, 0, ITEMS);
     check_other_heads_untouched(whole, batch->tokens, 2);
     for (size_t i = 0; i < floats; ++i)
@@ -433,7 +417,7 @@ static void paths_attention_match_scalar(void **state) {
         qkv_batch_t batch = qkv_batch_make(amplitudes[m]);
         for (int causal = 0; causal < 2; ++causal) {
             float *expected = floats_filled(batch.tokens * HIDDEN, SENTINEL);
-            kernel_attention_t a = batch_head(&batch, 2, causal, expected);
+            kernel_attention_t a = qkv_batch_head(&batch, 2, causal, expected);
             kernels_scalar()->attention(&a, 0, ITEMS);
             for (size_t p = 0; p < path_count; ++p)
                 check_attention_path(paths[p], &batch, causal, expected);

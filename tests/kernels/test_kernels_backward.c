@@ -154,22 +154,10 @@ static void scalar_gelu_is_the_gemm_epilogue(void **state) {
     size_t const m = 300;
     random_seed(103);
     float *x = floats_uniform(m, -8.0f, 8.0f), *y = test_malloc(m * sizeof(float));
-    uint16_t one = f32_to_bf16(1.0f);
-    void *packed = test_malloc(kernels_scalar()->gemm_packed_size(1, 1));
-    kernels_scalar()->gemm_pack(packed, &one, 1, 1);
-    kernel_gemm_t gemm = {.m = m,
-                          .n = 1,
-                          .k = 1,
-                          .x = x,
-                          .x_stride = 1,
-                          .w = packed,
-                          .y = y,
-                          .y_stride = 1,
-                          .epilogue = KERNEL_EPILOGUE_GELU};
-    kernels_scalar()->gemm(&gemm, 0, 1);
+    gemm_gelu(kernels_scalar(), x, m, y);
     kernels_scalar()->gelu(x, m);
     assert_memory_equal(x, y, m * sizeof(float));
-    test_free(x), test_free(y), test_free(packed);
+    test_free(x), test_free(y);
 }
 
 /* rope is linear: its gradient is its transpose, <rope(x), y> = <x, rope_backward(y)>, and undoes it. */
@@ -389,19 +377,8 @@ static void scalar_sgemm_linear_layer_gradcheck(void **state) {
     float *x = floats_uniform(m * k, -1.0f, 1.0f), *w = floats_uniform(n * k, -1.0f, 1.0f);
     float *dy = floats_uniform(m * n, -1.0f, 1.0f), *dx = floats_filled(m * k, SENTINEL);
     float *dw = floats_uniform(n * k, -1.0f, 1.0f), *dw_before = floats_copy(dw, n * k);
-    kernel_sgemm_t const d_input = {
-        .m = m, .n = k, .k = n, .a = dy, .a_stride = n, .b = w, .b_stride = k, .c = dx, .c_stride = k};
-    kernel_sgemm_t const d_weight = {.m = n,
-                                     .n = k,
-                                     .k = m,
-                                     .a = dy,
-                                     .a_stride = n,
-                                     .a_transposed = true,
-                                     .b = x,
-                                     .b_stride = k,
-                                     .c = dw,
-                                     .c_stride = k,
-                                     .accumulate = true};
+    kernel_sgemm_t const d_input = kernel_sgemm_linear(KERNEL_LINEAR_DX, m, n, k, dy, w, dx);
+    kernel_sgemm_t const d_weight = kernel_sgemm_linear(KERNEL_LINEAR_DW, m, n, k, dy, x, dw);
     kernels_scalar()->sgemm(&d_input, 0, k);
     kernels_scalar()->sgemm(&d_weight, 0, k);
     double *xd = test_malloc(m * k * sizeof(double)), *wd = test_malloc(n * k * sizeof(double));
@@ -634,17 +611,7 @@ static attention_batch_t attention_batch_make(float amplitude, bool causal) {
     attention_batch_t batch = {.rows = qkv_batch_make(amplitude)};
     batch.out = floats_filled(batch.rows.tokens * HIDDEN, 0.0f);
     batch.d_out = floats_uniform(batch.rows.tokens * HIDDEN, -1.0f, 1.0f);
-    float const *qkv = batch.rows.qkv + KERNEL_HEAD;
-    kernel_attention_t forward = {.q = qkv,
-                                  .k = qkv + HIDDEN,
-                                  .v = qkv + 2 * HIDDEN,
-                                  .stride = 3 * HIDDEN,
-                                  .out = batch.out + KERNEL_HEAD,
-                                  .out_stride = HIDDEN,
-                                  .offsets = batch.rows.offsets,
-                                  .items = ITEMS,
-                                  .causal = causal,
-                                  .scale = 0.125f};
+    kernel_attention_t forward = qkv_batch_head(&batch.rows, 1, causal, batch.out);
     kernels_scalar()->attention(&forward, 0, ITEMS);
     return batch;
 }
