@@ -34,7 +34,7 @@ static uform_status_t decoder_start(decoder_t *decoder, AVFrame const *frame) {
     if (frame->sample_rate <= 0 || (size_t)frame->sample_rate > UFORM_AUDIO_MAX_RATE || channels <= 0 ||
         channels > AUDIO_CHANNELS_MAX)
         return UFORM_FORMAT;
-    AVChannelLayout layout;
+    AVChannelLayout layout = {0}; /* av_channel_layout_copy frees what its target holds first */
     if (frame->ch_layout.order == AV_CHANNEL_ORDER_UNSPEC)
         av_channel_layout_default(&layout, channels);
     else if (av_channel_layout_copy(&layout, &frame->ch_layout) < 0)
