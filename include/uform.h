@@ -514,6 +514,8 @@ typedef struct uform_model_info {
         size_t rate, mels, window, hop, patch_frames, max_patches;
         double seconds;
     } audio;
+    uform_weights_t weights; /* the blocks' linear layers as the model runs them: UFORM_WEIGHTS_I8 where they
+                                are I8 (stored so, or quantized as they loaded), else UFORM_WEIGHTS_BF16 */
 } uform_model_info_t;
 
 /* Answers UFORM_OK or UFORM_INVALID_ARGUMENT. Never blocks. */

@@ -204,6 +204,7 @@ def main():
     at("uform_model_info_t", "audio.patch_frames", Int(Pointer(to=mi)), Int(Pointer(to=mi.audio.patch_frames)))
     at("uform_model_info_t", "audio.max_patches", Int(Pointer(to=mi)), Int(Pointer(to=mi.audio.max_patches)))
     at("uform_model_info_t", "audio.seconds", Int(Pointer(to=mi)), Int(Pointer(to=mi.audio.seconds)))
+    at("uform_model_info_t", "weights", Int(Pointer(to=mi)), Int(Pointer(to=mi.weights)))
     at("uform_model_info_t", "image.mean[1]", Int(Pointer(to=mi)), Int(Pointer(to=mi.image.mean[1])))
     at("uform_model_info_t", "image.std[2]", Int(Pointer(to=mi)), Int(Pointer(to=mi.image.std[2])))
     at("uform_model_info_t", "matryoshka[15]", Int(Pointer(to=mi)), Int(Pointer(to=mi.matryoshka[15])))

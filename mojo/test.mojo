@@ -284,6 +284,7 @@ def test_i8_weights(library: Library, path: String, quantized: String) raises:
     for which in range(3):
         var weights = Weights.BF16 if which == 0 else Weights.I8
         var model = Model.load_ram(executor, quantized if which == 2 else path, LoadConfig(weights=weights))
+        check(model.info().weights == weights.code, "ModelInfo.weights says how the layers run")
         var arena = Arena(executor)
         var encoded = model.on(executor).text_encode(TapeView.of(texts, offsets), Outputs.EMBEDDINGS, arena)
         rows.append(List[Float32](encoded.embeddings().value().row[DType.float32](1)))

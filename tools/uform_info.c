@@ -10,8 +10,8 @@ static char const help_head[] =
     "usage: uform info [--model PATH] [--json]\n"
     "\n"
     "Describes a checkpoint: its embedding width, matryoshka widths, parameters and bytes of\n"
-    "weights, and per tower (text, image, video, audio) the transformer's depth, hidden width,\n"
-    "heads and MLP width with the tower's own sizes.\n"
+    "weights, whether the blocks' linear layers are BF16 or I8, and per tower (text, image, video,\n"
+    "audio) the transformer's depth, hidden width, heads and MLP width with the tower's own sizes.\n"
     "\n";
 
 /* ---- text ------------------------------------------------------------------------------------- */
@@ -27,6 +27,8 @@ static void print_text(char const *path, uform_model_info_t const *info) {
         printf(" %zu", info->matryoshka[i]);
     printf("\n%-11s %zu\n%-11s %zu\n%-11s %s\n", "parameters", info->parameters, "bytes", info->bytes,
            "logit", info->has_logit ? "yes" : "no");
+    printf("%-11s %s\n", "weights",
+           info->weights == UFORM_WEIGHTS_I8 ? "I8 (the blocks' linear layers; BF16 elsewhere)" : "BF16");
     if (info->has_text) {
         print_transformer("text", &info->text.transformer);
         printf(" context %zu bytes\n", info->text.context);
@@ -122,6 +124,7 @@ static json_t *info_json(char const *path, uform_model_info_t const *info) {
     failures += set(root, "path", json_string(path)) + set_size(root, "dims", info->dims) +
                 set(root, "matryoshka", matryoshka) + set_size(root, "parameters", info->parameters) +
                 set_size(root, "bytes", info->bytes) + set(root, "logit", json_boolean(info->has_logit)) +
+                set(root, "weights", json_string(info->weights == UFORM_WEIGHTS_I8 ? "i8" : "bf16")) +
                 set(root, "towers", towers);
     return checked(root, failures);
 }

@@ -308,13 +308,14 @@ struct ModelInfo(Copyable):
     var image: ImageInfo
     var video: VideoInfo
     var audio: AudioInfo
+    var weights: Int32  # uform_weights_t (Weights.BF16 or Weights.I8): the blocks' linear layers as they run
 
     def __init__(out self):
         var zero = TransformerInfo.zero()
         self = Self(0, Array[c_size_t, MATRYOSHKA_MAX](fill=0), 0, 0, 0, False, False, False, False, False,
                     TextInfo(zero, 0),
                     ImageInfo(zero, 0, 0, Array[Float32, 3](fill=0), Array[Float32, 3](fill=0)),
-                    VideoInfo(0), AudioInfo(zero, 0, 0, 0, 0, 0, 0, 0))
+                    VideoInfo(0), AudioInfo(zero, 0, 0, 0, 0, 0, 0, 0), 0)
 
     def matryoshka_widths(self) -> List[Int]:
         """The valid embedding prefixes, ascending."""

@@ -56,6 +56,11 @@ UFORM_EXPORT uform_model_t *uform_outcome_model(uform_outcome_t *outcome) {
 UFORM_EXPORT uform_status_t uform_model_info(uform_model_t const *model, uform_model_info_t *info) {
     if (!model || !info) return failed(UFORM_INVALID_ARGUMENT, "uform_model_info", "model or info is NULL");
     *info = model->header.info;
+    bool i8 = false;
+    struct tower const *towers[] = {model->text, model->image, model->audio};
+    for (size_t i = 0; i < sizeof towers / sizeof towers[0]; ++i)
+        i8 |= towers[i] && towers[i]->i8_inputs > 0;
+    info->weights = i8 ? UFORM_WEIGHTS_I8 : UFORM_WEIGHTS_BF16;
     return UFORM_OK;
 }
 

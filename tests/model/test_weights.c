@@ -181,8 +181,12 @@ static void quantized_file_holds_i8_layers(void **state) {
 
 /* ---- Loads -------------------------------------------------------------------------------------- */
 
-/* Which layers of a loaded tower hold I8 weights: the blocks' four as asked, the projection never. */
+/* Which layers of a loaded tower hold I8 weights: the blocks' four as asked, the projection never; and the
+ * model's info says so. */
 static void assert_layers(uform_model_t const *model, bool i8) {
+    uform_model_info_t info;
+    assert_int_equal(uform_model_info(model, &info), UFORM_OK);
+    assert_int_equal(info.weights, i8 ? UFORM_WEIGHTS_I8 : UFORM_WEIGHTS_BF16);
     struct tower const *towers[] = {model->text, model->image, model->audio};
     for (size_t t = 0; t < 3; ++t)
         for (size_t b = 0; b < towers[t]->depth; ++b) {
@@ -271,6 +275,9 @@ static void wide_layer_stays_bf16(void **state) {
     uform_model_t *model = load(wide, UFORM_WEIGHTS_I8, NULL);
     assert_true(model->text->blocks[0].up.i8);
     assert_false(model->text->blocks[0].down.i8);
+    uform_model_info_t info;
+    assert_int_equal(uform_model_info(model, &info), UFORM_OK);
+    assert_int_equal(info.weights, UFORM_WEIGHTS_I8); /* some of its layers are */
     uform_model_free(model);
     blob_t file = blob_read(wide_quantized);
     checkpoint_header_t header = header_of(&file);

@@ -138,7 +138,8 @@ class uform_model_info_t(Struct):
     _fields_ = [("dims", c_size), ("matryoshka", c_size * 16), ("matryoshka_count", c_size), ("parameters", c_size),
                 ("bytes", c_size), ("has_text", ctypes.c_bool), ("has_image", ctypes.c_bool),
                 ("has_video", ctypes.c_bool), ("has_audio", ctypes.c_bool), ("has_logit", ctypes.c_bool),
-                ("text", _text_info), ("image", _image_info), ("video", _video_info), ("audio", _audio_info)]
+                ("text", _text_info), ("image", _image_info), ("video", _video_info), ("audio", _audio_info),
+                ("weights", ctypes.c_int)]
 
 
 class uform_encode_stats_t(Struct):

@@ -139,6 +139,9 @@ def check_weights(uform, model, workdir):
     quantized = os.path.join(workdir, "tiny-i8.safetensors")
     text, _ = run(uform, "checkpoint", "quantize", model, quantized)
     assert text == f"wrote {quantized} (I8 weights)\n".encode(), text
+    assert json.loads(run(uform, "info", "--model", quantized, "--json")[0])["weights"] == "i8"
+    assert json.loads(run(uform, "info", "--model", model, "--json")[0])["weights"] == "bf16"
+    assert b"\nweights     I8 (the blocks' linear layers; BF16 elsewhere)\n" in run(uform, "info", "--model", quantized)[0]
     assert os.path.getsize(quantized) < 0.7 * os.path.getsize(model)
     asked = run(uform, "encode", "--model", model, "--weights", "i8", *TEXTS)[0]
     assert run(uform, "encode", "--model", quantized, *TEXTS)[0] == asked
