@@ -401,7 +401,8 @@ UFORM_EXPORT uform_status_t uform_view_row(uform_view_t const *view, size_t row,
  * ignored otherwise) one F32 per row. Blocks until copied. Answers UFORM_OK, UFORM_INVALID_ARGUMENT
  * (a NULL or stale view, NULL data, `capacity` bytes too few, NULL scales for an I8 view),
  * UFORM_DEVICE (the copy failed). */
-UFORM_EXPORT uform_status_t uform_view_copy(uform_view_t const *view, void *data, size_t capacity, float *scales);
+UFORM_EXPORT uform_status_t uform_view_copy(uform_view_t const *view, void *data, size_t capacity,
+                                            float *scales);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Tapes                                                                                          */
@@ -1075,12 +1076,12 @@ UFORM_EXPORT uform_status_t uform_trainer_save(uform_trainer_save_args_t const *
 /* ---------------------------------------------------------------------------------------------- */
 
 typedef struct uform_tiny_checkpoint_args {
-    char const *path; /* written atomically: a temporary file, fsync, rename */
-    uint64_t seed;    /* the same seed writes the same bytes */
-    size_t depth;     /* of every tower; 0 takes 2 */
-    size_t hidden;    /* of every tower, a multiple of 64; 0 takes 64 */
-    size_t mlp;       /* of every tower; 0 takes 2 * hidden */
-    size_t context;   /* of the text tower, in bytes; 0 takes 64 */
+    char const *path;   /* written atomically: a temporary file, fsync, rename */
+    uint64_t seed;      /* the same seed writes the same bytes */
+    size_t depth;       /* of every tower; 0 takes 2 */
+    size_t hidden;      /* of every tower, a multiple of 64; 0 takes 64 */
+    size_t mlp;         /* of every tower; 0 takes 2 * hidden */
+    size_t context;     /* of the text tower, in bytes; 0 takes 64 */
     size_t image_size;  /* the image tower's input side in pixels; 0 takes 32 */
     size_t image_patch; /* its patch side, dividing image_size; 0 takes 8 */
 } uform_tiny_checkpoint_args_t;

@@ -154,7 +154,8 @@ static void *pool_allocate(uform_arena_t *arena, arena_pool_t *pool, size_t byte
     size_t start = block ? (block->used + alignment - 1) & ~(alignment - 1) : 0;
     if (!block || start + bytes > block->size) {
         size_t size = pool->capacity > bytes ? pool->capacity : bytes;
-        arena_block_t *grown = arena_block_new(arena, pool, size < ARENA_MINIMUM_BLOCK ? ARENA_MINIMUM_BLOCK : size);
+        arena_block_t *grown =
+            arena_block_new(arena, pool, size < ARENA_MINIMUM_BLOCK ? ARENA_MINIMUM_BLOCK : size);
         if (!grown) return NULL;
         grown->next = pool->blocks;
         pool->blocks = grown;
@@ -226,7 +227,8 @@ UFORM_EXPORT uform_status_t uform_view_row(uform_view_t const *view, size_t row,
     return UFORM_OK;
 }
 
-UFORM_EXPORT uform_status_t uform_view_copy(uform_view_t const *view, void *data, size_t capacity, float *scales) {
+UFORM_EXPORT uform_status_t uform_view_copy(uform_view_t const *view, void *data, size_t capacity,
+                                            float *scales) {
     static char const entry[] = "uform_view_copy";
     if (!view || !view->arena || !data) return failed(UFORM_INVALID_ARGUMENT, entry, "view or data is NULL");
     if (view->generation != atomic_load_explicit(&view->arena->generation, memory_order_acquire))
@@ -238,8 +240,8 @@ UFORM_EXPORT uform_status_t uform_view_copy(uform_view_t const *view, void *data
     if (view->rows == 0) return UFORM_OK;
     if (!view->device) {
         for (size_t row = 0; row < view->rows; ++row)
-            memcpy((unsigned char *)data + row * row_bytes, (unsigned char const *)view->data + row * view->row_stride,
-                   row_bytes);
+            memcpy((unsigned char *)data + row * row_bytes,
+                   (unsigned char const *)view->data + row * view->row_stride, row_bytes);
         if (view->scalar == UFORM_I8) memcpy(scales, view->scales, view->rows * sizeof(float));
         return UFORM_OK;
     }

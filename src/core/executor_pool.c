@@ -15,7 +15,8 @@ typedef struct pool {
     void *pool;
 } pool_t;
 
-static void pool_for_threads(uform_executor_t *executor, void (*work)(void *context, size_t thread), void *context) {
+static void pool_for_threads(uform_executor_t *executor, void (*work)(void *context, size_t thread),
+                             void *context) {
     pool_t const *pool = executor->state;
     pool->vtable.for_threads(pool->pool, work, context);
 }

@@ -11,9 +11,9 @@
 
 #include "audio_frontend.h"
 
-#define AUDIO_CHANNELS_MAX 64                /* channels of a decoded stream; more answer UFORM_FORMAT */
-#define AUDIO_PACKETS_MAX  ((size_t)1 << 20) /* packets demuxed per clip (of any stream); more: UFORM_FORMAT \
-                                              */
+/* Channels of a decoded stream, and packets demuxed per clip (of any stream); more answer UFORM_FORMAT. */
+#define AUDIO_CHANNELS_MAX 64
+#define AUDIO_PACKETS_MAX  ((size_t)1 << 20)
 
 typedef struct audio_pcm {
     float *samples;  /* malloc'ed and grown; the caller keeps it across items and frees it */

@@ -24,7 +24,7 @@ typedef struct audio_frontend {
     size_t bins;  /* window / 2 + 1 */
     size_t limit; /* floor(seconds * rate): the samples `seconds` allows */
     size_t reach; /* the samples the model reads at most: min(limit, window + (max_patches * patch_frames - 1)
-                     * hop) */
+                   * hop) */
     float *hann;  /* [window], periodic */
     /* The DFT of `window` points through libavutil's complex FFT (av_tx): directly when `window` is a
      * power of two; otherwise by Bluestein's chirp-z over FFTs of `fft` points, a power of two of at

@@ -1,5 +1,5 @@
-/* Encoded media in memory, opened by an FFmpeg demuxer (src/media/audio_decode.c, src/media/video_decode.c). Built
- * only with FFmpeg. */
+/* Encoded media in memory, opened by an FFmpeg demuxer (src/media/audio_decode.c, src/media/video_decode.c).
+ * Built only with FFmpeg. */
 #pragma once
 
 #include <stddef.h>

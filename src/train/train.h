@@ -28,7 +28,7 @@ typedef struct train_tensor {
     size_t shape[2];           /* shape[1] is 1 for rank 1 */
     size_t count;              /* scalars */
     float *value;              /* the F32 master weights */
-    float *grad;               /* the gradient of the current step's loss, accumulated by the backward passes */
+    float *grad;               /* the current step's loss gradient, accumulated by the backward passes */
     float *m, *v;              /* AdamW's first and second moments */
     bool decay;                /* weight decay applies: rank 2 and named "*.weight" */
 } train_tensor_t;
@@ -151,9 +151,9 @@ typedef struct train_pass {
     size_t tokens, items, capacity; /* capacity: tokens the buffers hold */
     size_t const *offsets;          /* items + 1 token offsets, borrowed for the pass */
     bool causal, rotary;
-    uint32_t *positions;   /* [tokens] */
-    float *saved;          /* per block: x_in, h1, qkv, att, x_mid, h2, u, g; then x_final */
-    float *states;         /* [tokens, hidden]: the final-normed states */
+    uint32_t *positions;                    /* [tokens] */
+    float *saved;                           /* per block: x_in, h1, qkv, att, x_mid, h2, u, g; then x_final */
+    float *states;                          /* [tokens, hidden]: the final-normed states */
     float *dx, *dh, *dqkv, *dmlp, *partial; /* backward buffers */
     size_t partial_rows;
 } train_pass_t;
