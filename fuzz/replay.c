@@ -1,82 +1,66 @@
 /* A main for the fuzz targets outside libFuzzer: each file named, and each file of each folder named (not
- * recursing), is handed once to LLVMFuzzerTestOneInput, after LLVMFuzzerInitialize where the target has
- * one. The tests build the targets with it and run the seed corpora under Valgrind's memcheck, which sees
- * the reads of uninitialised memory that AddressSanitizer does not. */
+ * recursing, in name order), is handed once to LLVMFuzzerTestOneInput, after LLVMFuzzerInitialize where the
+ * target has one. The tests build the targets with it and run the seed corpora under Valgrind's memcheck,
+ * which sees the reads of uninitialised memory that AddressSanitizer does not. */
 #include <dirent.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 #include <sys/stat.h>
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) __attribute__((weak));
 int LLVMFuzzerTestOneInput(uint8_t const *data, size_t size);
 
-/* Reads `path` whole and runs it; 0, or 1 where the file cannot be read. */
-static int run_file(char const *path) {
+/* Runs the `size` bytes of `path` from a buffer of exactly that size, so that a read past the end shows
+ * under memcheck; 0, or 1 where the file cannot be read. */
+static int run_file(char const *path, size_t size) {
     FILE *file = fopen(path, "rb");
     if (!file) return perror(path), 1;
-    uint8_t *data = NULL;
-    size_t size = 0, capacity = 0;
-    for (;;) {
-        if (size == capacity) {
-            capacity = capacity ? 2 * capacity : 4096;
-            uint8_t *grown = realloc(data, capacity);
-            if (!grown) return fclose(file), free(data), fprintf(stderr, "%s: out of memory\n", path), 1;
-            data = grown;
-        }
-        size_t got = fread(data + size, 1, capacity - size, file);
-        size += got;
-        if (got == 0) break;
-    }
-    int failed = ferror(file);
+    uint8_t *data = malloc(size ? size : 1);
+    int failed = !data || fread(data, 1, size, file) != size;
+    if (failed) fprintf(stderr, "%s: cannot read %zu bytes\n", path, size);
     fclose(file);
-    if (failed) return free(data), perror(path), 1;
-    /* An exact copy, so that a read past the end shows under memcheck. */
-    uint8_t *exact = malloc(size ? size : 1);
-    if (!exact) return free(data), fprintf(stderr, "%s: out of memory\n", path), 1;
-    memcpy(exact, data, size);
+    if (!failed) {
+        LLVMFuzzerTestOneInput(data, size);
+        printf("ran %s (%zu bytes)\n", path, size);
+    }
     free(data);
-    LLVMFuzzerTestOneInput(exact, size);
-    free(exact);
-    printf("ran %s (%zu bytes)\n", path, size);
-    return 0;
+    return failed;
 }
 
-static int by_name(void const *a, void const *b) {
-    return strcmp(*(char *const *)a, *(char *const *)b);
+static int run_path(char const *path, bool in_folder);
+
+static int visible(struct dirent const *entry) {
+    return entry->d_name[0] != '.';
 }
 
 /* Runs every regular file of folder `path`, in name order. */
 static int run_folder(char const *path) {
-    DIR *folder = opendir(path);
-    if (!folder) return perror(path), 1;
-    char **names = NULL;
-    size_t count = 0;
+    struct dirent **entries = NULL;
+    int count = scandir(path, &entries, visible, alphasort);
+    if (count < 0) return perror(path), 1;
     int failed = 0;
-    for (struct dirent *entry; !failed && (entry = readdir(folder));) {
-        if (entry->d_name[0] == '.') continue;
-        char **grown = realloc(names, (count + 1) * sizeof *names);
-        size_t length = strlen(path) + strlen(entry->d_name) + 2;
-        char *name = grown ? malloc(length) : NULL;
-        if (grown) names = grown;
-        if (!name) {
+    for (int i = 0; i < count; ++i) {
+        char name[4096];
+        if (snprintf(name, sizeof name, "%s/%s", path, entries[i]->d_name) >= (int)sizeof name) {
+            fprintf(stderr, "%s/%s: path too long\n", path, entries[i]->d_name);
             failed = 1;
-            break;
+        } else {
+            failed |= run_path(name, true);
         }
-        snprintf(name, length, "%s/%s", path, entry->d_name);
-        names[count++] = name;
+        free(entries[i]);
     }
-    closedir(folder);
-    if (failed) fprintf(stderr, "%s: out of memory\n", path);
-    qsort(names, count, sizeof *names, by_name);
-    for (size_t i = 0; i < count; ++i) {
-        struct stat status;
-        if (!failed && stat(names[i], &status) == 0 && S_ISREG(status.st_mode)) failed |= run_file(names[i]);
-        free(names[i]);
-    }
-    free(names);
+    free(entries);
     return failed;
+}
+
+/* A file, or a folder named on the command line; a folder's own folders are passed over. */
+static int run_path(char const *path, bool in_folder) {
+    struct stat status;
+    if (stat(path, &status) != 0) return perror(path), 1;
+    if (S_ISDIR(status.st_mode)) return in_folder ? 0 : run_folder(path);
+    return S_ISREG(status.st_mode) ? run_file(path, (size_t)status.st_size) : 0;
 }
 
 int main(int argc, char **argv) {
@@ -86,14 +70,7 @@ int main(int argc, char **argv) {
     }
     if (LLVMFuzzerInitialize) LLVMFuzzerInitialize(&argc, &argv);
     int failed = 0;
-    for (int i = 1; i < argc; ++i) {
-        struct stat status;
-        if (stat(argv[i], &status) != 0) {
-            perror(argv[i]);
-            failed = 1;
-        } else {
-            failed |= S_ISDIR(status.st_mode) ? run_folder(argv[i]) : run_file(argv[i]);
-        }
-    }
+    for (int i = 1; i < argc; ++i)
+        failed |= run_path(argv[i], false);
     return failed;
 }
