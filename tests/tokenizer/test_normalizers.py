@@ -8,7 +8,8 @@ tests/tokenizer/normalize_driver.c:
   the normalized text and the span of original bytes of every code point, which tokenizers gives through
   PreTokenizedString splits of one code point each;
 - texts cut by added tokens, whose pieces pass untouched and whose other pieces keep their offsets;
-- every code point assigned in Unicode 3.2 (older than every table involved) through each normalizer;
+- every code point assigned in Unicode 3.2 (older than every table involved) through each normalizer, and
+  every code point of the BMP after NBSP through Precompiled (grapheme cluster boundaries);
 - the JSON forms serde's untagged NormalizerWrapper takes (any "type" for the structs, fields as arrays,
   lenient base64) and the ones it refuses, with the status and message the engine answers.
 
@@ -309,6 +310,24 @@ def compare_code_points(tokenizers, driver, normalizers, checker):
                      f"{len(got_parts)} parts here, {len(want_parts)} there")
 
 
+def compare_clusters(tokenizers, driver, charsmaps, checker):
+    """Grapheme clusters under Precompiled: a cluster of fewer than 6 bytes is replaced whole when its
+    first code point is in the charsmap, so NBSP (replaced by a space) followed by each code point of the
+    BMP shows where utf8proc and unicode-segmentation put a boundary."""
+    separator = "\u2fff"
+    points = [chr(c) for c in range(0x20, 0x10000) if not 0xD800 <= c < 0xE000 and c != 0x2FFF]
+    text = separator.join("\u00a0" + p for p in points)
+    normalizers = [{"type": "Precompiled", "precompiled_charsmap": charsmap} for charsmap in charsmaps.values()]
+    results = run_driver(driver, [{"normalizer": n, "cases": [text], "text_only": True} for n in normalizers])
+    for normalizer, result in zip(normalizers, results):
+        checker.checks += 1
+        got = "".join(p["text"] for p in result["results"][0]).split(separator)
+        want = reference_normalizer(tokenizers, normalizer).normalize_str(text).split(separator)
+        differing = [f"U+{ord(p):04X}" for p, g, w in zip(points, got, want) if g != w]
+        if differing or len(got) != len(want):
+            checker.fail(f"Precompiled after NBSP: {len(differing)} code points differ ({', '.join(differing[:12])})")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--driver", required=True)
@@ -329,6 +348,7 @@ def main():
              unit("NFKD"), unit("Lowercase"), unit("StripAccents"), unit("Nmt")]
     whole += [{"type": "Precompiled", "precompiled_charsmap": charsmap} for charsmap in charsmaps.values()]
     compare_code_points(tokenizers, arguments.driver, whole, checker)
+    compare_clusters(tokenizers, arguments.driver, charsmaps, checker)
     print(f"{checker.checks - checker.failures} of {checker.checks} checks pass", flush=True)
     sys.exit(1 if checker.failures else 0)
 
