@@ -1356,7 +1356,9 @@ static uform_status_t sequence_add(normalizer_t *sequence, normalizer_t *child, 
         sequence->sequence.items[sequence->sequence.count++] = child;
         return UFORM_OK;
     }
-    memcpy(sequence->sequence.items + count, child->sequence.items, adding * sizeof *child->sequence.items);
+    if (adding)
+        memcpy(sequence->sequence.items + count, child->sequence.items,
+               adding * sizeof *child->sequence.items);
     sequence->sequence.count += adding;
     free(child->sequence.items);
     free(child);
