@@ -408,8 +408,8 @@ typedef struct form {
 
 /* A pending nonstarter as one integer whose order is (class, arrival): sorting the integers sorts the
  * run stably by class. */
-static inline uint64_t run_entry(uint32_t ch, int change, uint32_t class, uint64_t arrival) {
-    return (uint64_t) class << 54 | arrival << 22 | (uint64_t)(change != 0) << 21 | ch;
+static inline uint64_t run_entry(uint32_t ch, int change, uint32_t ccc, uint64_t arrival) {
+    return (uint64_t)ccc << 54 | arrival << 22 | (uint64_t)(change != 0) << 21 | ch;
 }
 static inline uint32_t run_char(uint64_t entry) {
     return (uint32_t)(entry & 0x1FFFFF);
@@ -447,9 +447,9 @@ static uform_status_t form_release(form_t *form) {
     return status;
 }
 
-static void form_block(form_t *form, uint32_t ch, int change, uint32_t class) {
-    form->run[form->blocked++] = run_entry(ch, change, class, 0);
-    form->last_class = (int)class;
+static void form_block(form_t *form, uint32_t ch, int change, uint32_t ccc) {
+    form->run[form->blocked++] = run_entry(ch, change, ccc, 0);
+    form->last_class = (int)ccc;
 }
 
 static bool form_fold(form_t *form, uint32_t ch, int change) {
@@ -461,16 +461,16 @@ static bool form_fold(form_t *form, uint32_t ch, int change) {
 }
 
 /* Recompositions' step for one decomposed part (its "Composing" state). */
-static uform_status_t form_compose(form_t *form, uint32_t ch, int change, uint32_t class) {
+static uform_status_t form_compose(form_t *form, uint32_t ch, int change, uint32_t ccc) {
     if (!form->has_composee) {
-        if (class != 0) return form_emit(form, ch, change);
+        if (ccc != 0) return form_emit(form, ch, change);
         form->has_composee = true, form->composee = ch, form->composee_change = change;
         return UFORM_OK;
     }
-    bool blocked = form->last_class >= 0 && (uint32_t)form->last_class >= class;
+    bool blocked = form->last_class >= 0 && (uint32_t)form->last_class >= ccc;
     if (!blocked && form_fold(form, ch, change)) return UFORM_OK;
-    if (class != 0) {
-        form_block(form, ch, change, class);
+    if (ccc != 0) {
+        form_block(form, ch, change, ccc);
         return UFORM_OK;
     }
     uform_status_t status = form_release(form);
@@ -478,8 +478,8 @@ static uform_status_t form_compose(form_t *form, uint32_t ch, int change, uint32
     return status;
 }
 
-static uform_status_t form_take(form_t *form, uint32_t ch, int change, uint32_t class) {
-    return form->compose ? form_compose(form, ch, change, class) : form_emit(form, ch, change);
+static uform_status_t form_take(form_t *form, uint32_t ch, int change, uint32_t ccc) {
+    return form->compose ? form_compose(form, ch, change, ccc) : form_emit(form, ch, change);
 }
 
 static int compare_entries(void const *a, void const *b) {
@@ -517,7 +517,7 @@ static uform_status_t form_flush(form_t *form) {
     return status;
 }
 
-static uform_status_t form_queue(form_t *form, uint32_t ch, int change, uint32_t class) {
+static uform_status_t form_queue(form_t *form, uint32_t ch, int change, uint32_t ccc) {
     if (form->run_count == form->run_capacity) {
         size_t capacity = form->run_capacity ? form->run_capacity * 2 : 64;
         uint8_t *bytes =
@@ -526,13 +526,14 @@ static uform_status_t form_queue(form_t *form, uint32_t ch, int change, uint32_t
         form->run = (uint64_t *)bytes;
         form->run_capacity = capacity;
     }
-    form->run[form->run_count] = run_entry(ch, change, class, form->run_count);
+    if (form->run_count > UINT32_MAX) return UFORM_OUT_OF_MEMORY; /* arrivals are 32 bits */
+    form->run[form->run_count] = run_entry(ch, change, ccc, form->run_count);
     form->run_count++;
     return UFORM_OK;
 }
 
-static uform_status_t form_part(form_t *form, uint32_t ch, int change, uint32_t class) {
-    if (class) return form_queue(form, ch, change, class);
+static uform_status_t form_part(form_t *form, uint32_t ch, int change, uint32_t ccc) {
+    if (ccc) return form_queue(form, ch, change, ccc);
     uform_status_t status = form->run_count ? form_flush(form) : UFORM_OK;
     return status == UFORM_OK ? form_take(form, ch, change, 0) : status;
 }
