@@ -820,7 +820,7 @@ static uform_status_t precompiled_piece(precompiled_t const *map, pieces_t const
 /* ---- Replace ------------------------------------------------------------------------------------ */
 
 static pthread_once_t onig_once = PTHREAD_ONCE_INIT;
-/* The onig crate compiles one pattern at a time: onig_new's lazily built tables are not guarded. */
+/* onig_new one at a time, as the onig crate holds a global lock around it. */
 static pthread_mutex_t onig_compile_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static void onig_start(void) {
