@@ -68,11 +68,11 @@ static char const *const kind_names[KIND_COUNT] = {
     "Sequence",       "Lowercase", "Nmt",          "Precompiled", "Replace", "Prepend",
 };
 
-#define ASCII_DROP (-1)
+#define DROPPED (-1)
 
 typedef struct bert {
     bool clean_text, chinese, strip_accents, lowercase;
-    int16_t clean[128]; /* per ASCII code point: what clean_text makes of it, or ASCII_DROP */
+    int16_t clean[128]; /* per ASCII code point: what clean_text makes of it, or DROPPED */
     int16_t whole[128]; /* and what the whole normalizer makes of it */
 } bert_t;
 
@@ -116,28 +116,31 @@ struct normalizer {
 
 /* ---- Unicode ----------------------------------------------------------------------------------- */
 
-static inline utf8proc_category_t category(uint32_t ch) {
-    return utf8proc_category((utf8proc_int32_t)ch);
+typedef utf8proc_property_t property_t;
+
+static inline property_t const *property(uint32_t ch) {
+    return utf8proc_get_property((utf8proc_int32_t)ch);
 }
 
-/* Rust's char::is_whitespace (White_Space): the space separators, line and paragraph separators, and
- * the controls TAB to CR and NEL. */
-static bool is_white_space(uint32_t ch) {
-    if (ch < 0x80) return ch == ' ' || (ch >= '\t' && ch <= '\r');
-    if (ch == 0x85) return true;
-    utf8proc_category_t kind = category(ch);
+static inline bool is_separator(int kind) {
     return kind == UTF8PROC_CATEGORY_ZS || kind == UTF8PROC_CATEGORY_ZL || kind == UTF8PROC_CATEGORY_ZP;
 }
 
+/* Rust's char::is_whitespace (White_Space): the separators (space, line, paragraph), and the controls TAB
+ * to CR and NEL. */
+static bool is_white_space(uint32_t ch) {
+    if (ch < 0x80) return ch == ' ' || (ch >= '\t' && ch <= '\r');
+    return ch == 0x85 || is_separator(property(ch)->category);
+}
+
 /* unicode_categories' is_other: control, format, private use (surrogates are not code points here). */
-static bool is_other(uint32_t ch) {
-    utf8proc_category_t kind = category(ch);
+static inline bool is_other(int kind) {
     return kind == UTF8PROC_CATEGORY_CC || kind == UTF8PROC_CATEGORY_CF || kind == UTF8PROC_CATEGORY_CO;
 }
 
 /* unicode-normalization's is_combining_mark: General_Category M. */
 static bool is_mark(uint32_t ch) {
-    utf8proc_category_t kind = category(ch);
+    int kind = property(ch)->category;
     return kind == UTF8PROC_CATEGORY_MN || kind == UTF8PROC_CATEGORY_MC || kind == UTF8PROC_CATEGORY_ME;
 }
 
@@ -151,26 +154,34 @@ static bool is_chinese(uint32_t ch) {
 
 #define CAPITAL_I_WITH_DOT 0x130
 
-/* Rust's char::to_lowercase: the simple mapping, which utf8proc gives, except for the one code point
- * whose full mapping (SpecialCasing.txt, unconditional) is longer: U+0130 is "i" and U+0307. Answers
- * how many code points it wrote. */
-static int lowercase(uint32_t ch, uint32_t lower[2]) {
-    if (ch < 0x80) {
-        lower[0] = ch - 'A' < 26u ? ch + ('a' - 'A') : ch;
-        return 1;
-    }
+/* Rust's char::to_lowercase past ASCII: the simple mapping, which utf8proc gives, except for the one code
+ * point whose full mapping (SpecialCasing.txt, unconditional) is longer: U+0130 is "i" and U+0307.
+ * Answers how many code points it wrote. */
+static int lowercase_of(uint32_t ch, property_t const *properties, uint32_t lower[2]) {
     if (ch == CAPITAL_I_WITH_DOT) {
         lower[0] = 'i';
         lower[1] = 0x307;
         return 2;
     }
-    lower[0] = (uint32_t)utf8proc_tolower((utf8proc_int32_t)ch);
+    bool mapped = properties->lowercase_seqindex != UINT16_MAX;
+    lower[0] = mapped ? (uint32_t)utf8proc_tolower((utf8proc_int32_t)ch) : ch;
+    return 1;
+}
+
+static inline uint32_t ascii_lowercase(uint32_t ch) {
+    return ch - 'A' < 26u ? ch + ('a' - 'A') : ch;
+}
+
+static int lowercase(uint32_t ch, uint32_t lower[2]) {
+    if (ch >= 0x80) return lowercase_of(ch, property(ch), lower);
+    lower[0] = ascii_lowercase(ch);
     return 1;
 }
 
 /* The longest full decomposition utf8proc writes is 18 code points (U+FDFA, compatibility). */
 #define DECOMPOSITION_MAX 32
 
+/* The full decomposition of `ch` (itself when it has none). */
 static int decompose(uint32_t ch, bool compat, uint32_t parts[DECOMPOSITION_MAX]) {
     int boundclass = 0;
     utf8proc_option_t options = UTF8PROC_DECOMPOSE | (compat ? UTF8PROC_COMPAT : 0);
@@ -233,8 +244,43 @@ static uint32_t utf8_take(uint8_t const *text, size_t *at) {
     return ch;
 }
 
+/* utf8_put, with ASCII inline. */
+static inline size_t put_utf8(uint8_t *text, uint32_t ch) {
+    if (ch >= 0x80) return utf8_put(text, ch);
+    *text = (uint8_t)ch;
+    return 1;
+}
+
 static size_t utf8_size(uint32_t ch) {
     return ch < 0x80 ? 1 : ch < 0x800 ? 2 : ch < 0x10000 ? 3 : 4;
+}
+
+/* ---- pushing and the transform rule --------------------------------------------------------- */
+
+/* pieces_push, with the common case (room left) inline: the stages push every code point they write. */
+static inline uform_status_t push(pieces_t *out, uint32_t ch, piece_span_t span) {
+    if (out->length >= out->char_capacity) return pieces_push(out, ch, span);
+    out->chars[out->length] = ch;
+    out->spans[out->length] = span;
+    out->length++;
+    return UFORM_OK;
+}
+
+/* piece_rewrite_emit's rule: the span a code point emitted with `change` takes, and the step over the
+ * source; emit pushes it inline, and BertNormalizer writes something else than what was emitted. */
+static piece_span_t rewrite_span(piece_rewrite_t *rewrite, int change) {
+    if (change > 0)
+        return rewrite->next > 0 ? rewrite->spans[rewrite->next - 1]
+                                 : (piece_span_t){rewrite->shift, rewrite->shift};
+    uint32_t at = rewrite->next < rewrite->size ? rewrite->next : rewrite->size - 1;
+    piece_span_t span = rewrite->size ? rewrite->spans[at] : (piece_span_t){rewrite->shift, rewrite->shift};
+    uint32_t consumed = 1u + (uint32_t)(-change);
+    rewrite->next = rewrite->size - rewrite->next < consumed ? rewrite->size : rewrite->next + consumed;
+    return span;
+}
+
+static inline uform_status_t emit(piece_rewrite_t *rewrite, uint32_t ch, int change) {
+    return push(rewrite->out, ch, rewrite_span(rewrite, change));
 }
 
 /* ---- stages that keep each code point's span ----------------------------------------------------- */
@@ -247,8 +293,8 @@ static uform_status_t piece_open(pieces_t *out, pieces_t const *in, size_t index
 static uform_status_t push_lowercase(pieces_t *out, uint32_t ch, piece_span_t span) {
     uint32_t lower[2];
     int count = lowercase(ch, lower);
-    uform_status_t status = pieces_push(out, lower[0], span);
-    if (status == UFORM_OK && count == 2) status = pieces_push(out, lower[1], span);
+    uform_status_t status = push(out, lower[0], span);
+    if (status == UFORM_OK && count == 2) status = push(out, lower[1], span);
     return status;
 }
 
@@ -268,7 +314,7 @@ static uform_status_t strip_accents_piece(pieces_t const *in, size_t index, piec
     piece_span_t const *spans = pieces_spans(in, index);
     uform_status_t status = piece_open(out, in, index);
     for (uint32_t i = 0, n = pieces_size(in, index); i < n && status == UFORM_OK; ++i)
-        if (chars[i] < 0x300 || !is_mark(chars[i])) status = pieces_push(out, chars[i], spans[i]);
+        if (chars[i] < 0x300 || !is_mark(chars[i])) status = push(out, chars[i], spans[i]);
     if (status == UFORM_OK) pieces_end(out);
     return status;
 }
@@ -288,7 +334,7 @@ static uform_status_t strip_piece(normalizer_t const *normalizer, pieces_t const
             end--;
     uform_status_t status = piece_open(out, in, index);
     for (uint32_t i = begin; i < end && status == UFORM_OK; ++i)
-        status = pieces_push(out, chars[i], spans[i]);
+        status = push(out, chars[i], spans[i]);
     if (status == UFORM_OK) pieces_end(out);
     return status;
 }
@@ -297,7 +343,7 @@ static uform_status_t strip_piece(normalizer_t const *normalizer, pieces_t const
 static int32_t nmt_map(uint32_t ch) {
     if ((ch >= 0x01 && ch <= 0x08) || ch == 0x0B || (ch >= 0x0E && ch <= 0x1F) || ch == 0x7F || ch == 0x8F ||
         ch == 0x9F)
-        return ASCII_DROP;
+        return DROPPED;
     if (ch == 0x09 || ch == 0x0A || ch == 0x0C || ch == 0x0D || ch == 0x1680 ||
         (ch >= 0x200B && ch <= 0x200F) || ch == 0x2028 || ch == 0x2029 || ch == 0x2581 || ch == 0xFEFF ||
         ch == 0xFFFD)
@@ -311,7 +357,7 @@ static uform_status_t nmt_piece(pieces_t const *in, size_t index, pieces_t *out)
     uform_status_t status = piece_open(out, in, index);
     for (uint32_t i = 0, n = pieces_size(in, index); i < n && status == UFORM_OK; ++i) {
         int32_t mapped = nmt_map(chars[i]);
-        if (mapped != ASCII_DROP) status = pieces_push(out, (uint32_t)mapped, spans[i]);
+        if (mapped != DROPPED) status = push(out, (uint32_t)mapped, spans[i]);
     }
     if (status == UFORM_OK) pieces_end(out);
     return status;
@@ -330,28 +376,15 @@ static uform_status_t prepend_piece(normalizer_t const *normalizer, pieces_t con
         normalizer->prepend.size ? spans[0] : (piece_span_t){in->shifts[index], in->shifts[index]};
     uform_status_t status = piece_open(out, in, index);
     for (size_t i = 0; i < normalizer->prepend.size && status == UFORM_OK; ++i)
-        status = pieces_push(out, normalizer->prepend.chars[i], first);
-    if (status == UFORM_OK) status = pieces_push(out, chars[0], first);
+        status = push(out, normalizer->prepend.chars[i], first);
+    if (status == UFORM_OK) status = push(out, chars[0], first);
     for (uint32_t i = 1; i < size && status == UFORM_OK; ++i)
-        status = pieces_push(out, chars[i], spans[i]);
+        status = push(out, chars[i], spans[i]);
     if (status == UFORM_OK) pieces_end(out);
     return status;
 }
 
 /* ---- normal forms ------------------------------------------------------------------------------- */
-
-/* The span piece_rewrite_emit gives a code point emitted with `change`, and its step over the source,
- * without the push: BertNormalizer writes something else than what its decomposition emitted. */
-static piece_span_t rewrite_span(piece_rewrite_t *rewrite, int change) {
-    if (change > 0)
-        return rewrite->next > 0 ? rewrite->spans[rewrite->next - 1]
-                                 : (piece_span_t){rewrite->shift, rewrite->shift};
-    uint32_t at = rewrite->next < rewrite->size ? rewrite->next : rewrite->size - 1;
-    piece_span_t span = rewrite->size ? rewrite->spans[at] : (piece_span_t){rewrite->shift, rewrite->shift};
-    uint32_t consumed = 1u + (uint32_t)(-change);
-    rewrite->next = rewrite->size - rewrite->next < consumed ? rewrite->size : rewrite->next + consumed;
-    return span;
-}
 
 /* unicode-normalization-alignments' Decompositions and Recompositions, streamed: each code point is
  * decomposed (its first part changes nothing, the others are inserted); a run of nonstarters is sorted
@@ -375,8 +408,8 @@ typedef struct form {
 
 /* A pending nonstarter as one integer whose order is (class, arrival): sorting the integers sorts the
  * run stably by class. */
-static inline uint64_t run_entry(uint32_t ch, int change, uint32_t class, uint64_t arrival) {
-    return (uint64_t) class << 54 | arrival << 22 | (uint64_t)(change != 0) << 21 | ch;
+static inline uint64_t run_entry(uint32_t ch, int change, uint32_t ccc, uint64_t arrival) {
+    return (uint64_t)ccc << 54 | arrival << 22 | (uint64_t)(change != 0) << 21 | ch;
 }
 static inline uint32_t run_char(uint64_t entry) {
     return (uint32_t)(entry & 0x1FFFFF);
@@ -389,10 +422,17 @@ static inline uint32_t run_class(uint64_t entry) {
 }
 
 static uform_status_t form_emit(form_t *form, uint32_t ch, int change) {
-    if (!form->strip_marks) return piece_rewrite_emit(&form->rewrite, ch, change);
+    if (!form->strip_marks) return emit(&form->rewrite, ch, change);
     piece_span_t span = rewrite_span(&form->rewrite, change);
-    if (ch >= 0x300 && category(ch) == UTF8PROC_CATEGORY_MN) return UFORM_OK;
-    return form->lowercase ? push_lowercase(form->out, ch, span) : pieces_push(form->out, ch, span);
+    if (ch < 0x80) return push(form->out, form->lowercase ? ascii_lowercase(ch) : ch, span);
+    property_t const *properties = property(ch);
+    if (properties->category == UTF8PROC_CATEGORY_MN) return UFORM_OK;
+    if (!form->lowercase) return push(form->out, ch, span);
+    uint32_t lower[2];
+    uform_status_t status = UFORM_OK;
+    for (int i = 0, count = lowercase_of(ch, properties, lower); i < count && status == UFORM_OK; ++i)
+        status = push(form->out, lower[i], span);
+    return status;
 }
 
 /* Emits the composee and the parts blocked behind it. */
@@ -407,9 +447,9 @@ static uform_status_t form_release(form_t *form) {
     return status;
 }
 
-static void form_block(form_t *form, uint32_t ch, int change, uint32_t class) {
-    form->run[form->blocked++] = run_entry(ch, change, class, 0);
-    form->last_class = (int)class;
+static void form_block(form_t *form, uint32_t ch, int change, uint32_t ccc) {
+    form->run[form->blocked++] = run_entry(ch, change, ccc, 0);
+    form->last_class = (int)ccc;
 }
 
 static bool form_fold(form_t *form, uint32_t ch, int change) {
@@ -421,16 +461,16 @@ static bool form_fold(form_t *form, uint32_t ch, int change) {
 }
 
 /* Recompositions' step for one decomposed part (its "Composing" state). */
-static uform_status_t form_compose(form_t *form, uint32_t ch, int change, uint32_t class) {
+static uform_status_t form_compose(form_t *form, uint32_t ch, int change, uint32_t ccc) {
     if (!form->has_composee) {
-        if (class != 0) return form_emit(form, ch, change);
+        if (ccc != 0) return form_emit(form, ch, change);
         form->has_composee = true, form->composee = ch, form->composee_change = change;
         return UFORM_OK;
     }
-    bool blocked = form->last_class >= 0 && (uint32_t)form->last_class >= class;
+    bool blocked = form->last_class >= 0 && (uint32_t)form->last_class >= ccc;
     if (!blocked && form_fold(form, ch, change)) return UFORM_OK;
-    if (class != 0) {
-        form_block(form, ch, change, class);
+    if (ccc != 0) {
+        form_block(form, ch, change, ccc);
         return UFORM_OK;
     }
     uform_status_t status = form_release(form);
@@ -438,8 +478,8 @@ static uform_status_t form_compose(form_t *form, uint32_t ch, int change, uint32
     return status;
 }
 
-static uform_status_t form_take(form_t *form, uint32_t ch, int change, uint32_t class) {
-    return form->compose ? form_compose(form, ch, change, class) : form_emit(form, ch, change);
+static uform_status_t form_take(form_t *form, uint32_t ch, int change, uint32_t ccc) {
+    return form->compose ? form_compose(form, ch, change, ccc) : form_emit(form, ch, change);
 }
 
 static int compare_entries(void const *a, void const *b) {
@@ -477,7 +517,7 @@ static uform_status_t form_flush(form_t *form) {
     return status;
 }
 
-static uform_status_t form_queue(form_t *form, uint32_t ch, int change, uint32_t class) {
+static uform_status_t form_queue(form_t *form, uint32_t ch, int change, uint32_t ccc) {
     if (form->run_count == form->run_capacity) {
         size_t capacity = form->run_capacity ? form->run_capacity * 2 : 64;
         uint8_t *bytes =
@@ -486,24 +526,28 @@ static uform_status_t form_queue(form_t *form, uint32_t ch, int change, uint32_t
         form->run = (uint64_t *)bytes;
         form->run_capacity = capacity;
     }
-    form->run[form->run_count] = run_entry(ch, change, class, form->run_count);
+    if (form->run_count > UINT32_MAX) return UFORM_OUT_OF_MEMORY; /* arrivals are 32 bits */
+    form->run[form->run_count] = run_entry(ch, change, ccc, form->run_count);
     form->run_count++;
     return UFORM_OK;
 }
 
-static uform_status_t form_part(form_t *form, uint32_t ch, int change) {
-    uint32_t class = (uint32_t)utf8proc_get_property((utf8proc_int32_t)ch)->combining_class;
-    if (class) return form_queue(form, ch, change, class);
+static uform_status_t form_part(form_t *form, uint32_t ch, int change, uint32_t ccc) {
+    if (ccc) return form_queue(form, ch, change, ccc);
     uform_status_t status = form->run_count ? form_flush(form) : UFORM_OK;
     return status == UFORM_OK ? form_take(form, ch, change, 0) : status;
 }
 
+/* A code point without a decomposition (most) is its own single part: one property lookup. */
 static uform_status_t form_feed(form_t *form, uint32_t ch) {
+    property_t const *properties = property(ch);
+    if (properties->decomp_seqindex == UINT16_MAX && ch - HANGUL_S_BASE >= HANGUL_S_COUNT)
+        return form_part(form, ch, 0, properties->combining_class);
     uint32_t parts[DECOMPOSITION_MAX];
     int count = decompose(ch, form->compat, parts);
     uform_status_t status = UFORM_OK;
     for (int i = 0; i < count && status == UFORM_OK; ++i)
-        status = form_part(form, parts[i], i > 0);
+        status = form_part(form, parts[i], i > 0, property(parts[i])->combining_class);
     return status;
 }
 
@@ -512,6 +556,14 @@ static uform_status_t form_settle(form_t *form) {
     uform_status_t status = form->run_count ? form_flush(form) : UFORM_OK;
     if (status == UFORM_OK && form->compose) status = form_release(form);
     return status;
+}
+
+/* An ASCII code point with nothing pending before it: the changes emitted so far consumed every code
+ * point before it (a composite's consumption is its parts'), so it replaces itself, keeping its span. */
+static inline uform_status_t form_ascii(form_t *form, uint32_t ch, uint32_t at) {
+    form->rewrite.next = at + 1;
+    uint32_t written = form->strip_marks && form->lowercase ? ascii_lowercase(ch) : ch;
+    return push(form->out, written, form->rewrite.spans[at]);
 }
 
 /* Rewrites piece `index` of `in` into the normal form. An ASCII code point is its own decomposition
@@ -523,8 +575,8 @@ static uform_status_t form_piece(form_t *form, pieces_t const *in, size_t index)
     for (uint32_t i = 0; i < size && status == UFORM_OK; ++i) {
         uint32_t ch = chars[i];
         if (ch < 0x80 && (!form->compose || i + 1 == size || chars[i + 1] < 0x80)) {
-            status = form_settle(form);
-            if (status == UFORM_OK) status = form_emit(form, ch, 0);
+            if (form->run_count || form->has_composee) status = form_settle(form);
+            if (status == UFORM_OK) status = form_ascii(form, ch, i);
         } else {
             status = form_feed(form, ch);
         }
@@ -542,15 +594,14 @@ static form_t form_make(pieces_t *out, tokenizer_work_t *work, bool compat, bool
 
 /* clean_text and handle_chinese_chars on one code point past ASCII: what they write (0 to 3). */
 static int bert_clean(bert_t const *bert, uint32_t ch, uint32_t written[3]) {
-    if (bert->clean_text) {
-        if (ch == 0xFFFD || is_other(ch)) return 0;
-        if (is_white_space(ch)) ch = ' ';
-    }
-    if (bert->chinese && is_chinese(ch)) {
+    if (bert->chinese && is_chinese(ch)) { /* letters (Lo), which clean_text keeps */
         written[0] = ' ', written[1] = ch, written[2] = ' ';
         return 3;
     }
-    written[0] = ch;
+    int kind = bert->clean_text ? property(ch)->category : UTF8PROC_CATEGORY_LO;
+    if (ch == 0xFFFD && bert->clean_text) return 0;
+    if (is_other(kind)) return 0; /* NEL, a control, goes before it would be a space */
+    written[0] = is_separator(kind) ? ' ' : ch;
     return 1;
 }
 
@@ -561,14 +612,14 @@ static uform_status_t bert_keeping(bert_t const *bert, pieces_t const *in, size_
     uform_status_t status = piece_open(out, in, index);
     for (uint32_t i = 0, n = pieces_size(in, index); i < n && status == UFORM_OK; ++i) {
         if (chars[i] < 0x80) {
-            if (bert->whole[chars[i]] != ASCII_DROP)
-                status = pieces_push(out, (uint32_t)bert->whole[chars[i]], spans[i]);
+            if (bert->whole[chars[i]] != DROPPED)
+                status = push(out, (uint32_t)bert->whole[chars[i]], spans[i]);
             continue;
         }
         uint32_t written[3];
         for (int j = 0, count = bert_clean(bert, chars[i], written); j < count && status == UFORM_OK; ++j)
-            status = bert->lowercase ? push_lowercase(out, written[j], spans[i])
-                                     : pieces_push(out, written[j], spans[i]);
+            status =
+                bert->lowercase ? push_lowercase(out, written[j], spans[i]) : push(out, written[j], spans[i]);
     }
     if (status == UFORM_OK) pieces_end(out);
     return status;
@@ -581,13 +632,13 @@ static uform_status_t bert_clean_piece(bert_t const *bert, pieces_t const *in, s
     uform_status_t status = piece_open(out, in, index);
     for (uint32_t i = 0, n = pieces_size(in, index); i < n && status == UFORM_OK; ++i) {
         if (chars[i] < 0x80) {
-            if (bert->clean[chars[i]] != ASCII_DROP)
-                status = pieces_push(out, (uint32_t)bert->clean[chars[i]], spans[i]);
+            if (bert->clean[chars[i]] != DROPPED)
+                status = push(out, (uint32_t)bert->clean[chars[i]], spans[i]);
             continue;
         }
         uint32_t written[3];
         for (int j = 0, count = bert_clean(bert, chars[i], written); j < count && status == UFORM_OK; ++j)
-            status = pieces_push(out, written[j], spans[i]);
+            status = push(out, written[j], spans[i]);
     }
     if (status == UFORM_OK) pieces_end(out);
     return status;
@@ -682,8 +733,7 @@ typedef struct delayed {
 } delayed_t;
 
 static uform_status_t delayed_push(delayed_t *list, uint32_t ch, int change) {
-    uform_status_t status =
-        list->pending ? piece_rewrite_emit(&list->rewrite, list->ch, list->change) : UFORM_OK;
+    uform_status_t status = list->pending ? emit(&list->rewrite, list->ch, list->change) : UFORM_OK;
     list->pending = true, list->ch = ch, list->change = change;
     return status;
 }
@@ -762,7 +812,7 @@ static uform_status_t precompiled_piece(precompiled_t const *map, pieces_t const
         status = precompiled_cluster(map, &list, chars + begin, i - begin);
         begin = i;
     }
-    if (status == UFORM_OK && list.pending) status = piece_rewrite_emit(&list.rewrite, list.ch, list.change);
+    if (status == UFORM_OK && list.pending) status = emit(&list.rewrite, list.ch, list.change);
     if (status == UFORM_OK) piece_rewrite_end(&list.rewrite);
     return status;
 }
@@ -770,7 +820,7 @@ static uform_status_t precompiled_piece(precompiled_t const *map, pieces_t const
 /* ---- Replace ------------------------------------------------------------------------------------ */
 
 static pthread_once_t onig_once = PTHREAD_ONCE_INIT;
-/* The onig crate compiles one pattern at a time: onig_new's lazily built tables are not guarded. */
+/* onig_new one at a time, as the onig crate holds a global lock around it. */
 static pthread_mutex_t onig_compile_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static void onig_start(void) {
@@ -787,7 +837,7 @@ static uform_status_t replace_content(replace_t const *replace, pieces_t const *
         end ? pieces_spans(in, index)[end - 1] : (piece_span_t){in->shifts[index], in->shifts[index]};
     uform_status_t status = UFORM_OK;
     for (size_t i = 0; i < replace->content_size && status == UFORM_OK; ++i)
-        status = pieces_push(out, replace->content[i], span);
+        status = push(out, replace->content[i], span);
     return status;
 }
 
@@ -797,7 +847,7 @@ static uform_status_t copy_range(pieces_t const *in, size_t index, uint32_t begi
     piece_span_t const *spans = pieces_spans(in, index);
     uform_status_t status = UFORM_OK;
     for (uint32_t i = begin; i < end && status == UFORM_OK; ++i)
-        status = pieces_push(out, chars[i], spans[i]);
+        status = push(out, chars[i], spans[i]);
     return status;
 }
 
@@ -844,35 +894,52 @@ static uint32_t cursor_index(utf8_cursor_t *cursor, size_t byte) {
 /* onig's find_iter (6.4) over the piece as UTF-8: each search starts where the last match ended; an
  * empty match where the last match ended is skipped, and the search starts a code point further. A
  * failed search (a retry limit) ends the matches. */
+typedef struct finder {
+    OnigRegex regex;
+    OnigRegion *region;
+    uint32_t const *chars;
+    utf8_cursor_t cursor; /* over the piece's UTF-8 */
+    size_t length, from, last_end;
+    bool matched;
+} finder_t;
+
+/* The next match, as code points [*begin, *end). */
+static bool finder_next(finder_t *finder, uint32_t *begin, uint32_t *end) {
+    uint8_t const *text = finder->cursor.text, *stop = text + finder->length;
+    while (finder->from <= finder->length) {
+        onig_region_clear(finder->region);
+        if (onig_search(finder->regex, text, stop, text + finder->from, stop, finder->region,
+                        ONIG_OPTION_NONE) < 0)
+            return false;
+        size_t first = (size_t)finder->region->beg[0], last = (size_t)finder->region->end[0];
+        if (first == last && finder->matched && last == finder->last_end) {
+            bool inside = finder->from < finder->length;
+            finder->from +=
+                inside ? utf8_size(finder->chars[cursor_index(&finder->cursor, finder->from)]) : 1;
+            continue;
+        }
+        finder->from = finder->last_end = last;
+        finder->matched = true;
+        *begin = cursor_index(&finder->cursor, first);
+        *end = cursor_index(&finder->cursor, last);
+        return true;
+    }
+    return false;
+}
+
 static uform_status_t replace_regex(replacing_t *replacing, tokenizer_work_t *work) {
     uint32_t const *chars = pieces_chars(replacing->in, replacing->index);
     uint32_t size = pieces_size(replacing->in, replacing->index);
     uint8_t *text = work_bytes(work, (size_t)size * 4 + 1); /* the piece's chars took as many bytes */
     if (!text) return UFORM_OUT_OF_MEMORY;
     if (!work->region && !(work->region = onig_region_new())) return UFORM_OUT_OF_MEMORY;
-    OnigRegion *region = work->region;
-    size_t length = 0;
+    finder_t finder = {
+        .regex = replacing->replace->regex, .region = work->region, .chars = chars, .cursor.text = text};
     for (uint32_t i = 0; i < size; ++i)
-        length += utf8_put(text + length, chars[i]);
-    utf8_cursor_t cursor = {.text = text};
-    bool matched = false;
-    size_t last_end = 0;
+        finder.length += put_utf8(text + finder.length, chars[i]);
     uform_status_t status = UFORM_OK;
-    for (size_t from = 0; from <= length && status == UFORM_OK;) {
-        onig_region_clear(region);
-        if (onig_search(replacing->replace->regex, text, text + length, text + from, text + length, region,
-                        ONIG_OPTION_NONE) < 0)
-            break;
-        size_t begin = (size_t)region->beg[0], end = (size_t)region->end[0];
-        if (begin == end && matched && end == last_end) {
-            from += from < length ? utf8_size(chars[cursor_index(&cursor, from)]) : 1;
-            continue;
-        }
-        from = last_end = end;
-        matched = true;
-        uint32_t first = cursor_index(&cursor, begin);
-        status = replacing_match(replacing, first, cursor_index(&cursor, end));
-    }
+    for (uint32_t begin, end; status == UFORM_OK && finder_next(&finder, &begin, &end);)
+        status = replacing_match(replacing, begin, end);
     return status;
 }
 
@@ -1025,7 +1092,7 @@ static void bert_tables(bert_t *bert) {
     for (uint32_t ch = 0; ch < 128; ++ch) {
         int16_t clean = (int16_t)ch;
         if (bert->clean_text && (ch < 0x20 || ch == 0x7F) && ch != '\t' && ch != '\n' && ch != '\r')
-            clean = ASCII_DROP;
+            clean = DROPPED;
         else if (bert->clean_text && is_white_space(ch))
             clean = ' ';
         bert->clean[ch] = clean;
@@ -1290,7 +1357,9 @@ static uform_status_t sequence_add(normalizer_t *sequence, normalizer_t *child, 
         sequence->sequence.items[sequence->sequence.count++] = child;
         return UFORM_OK;
     }
-    memcpy(sequence->sequence.items + count, child->sequence.items, adding * sizeof *child->sequence.items);
+    if (adding)
+        memcpy(sequence->sequence.items + count, child->sequence.items,
+               adding * sizeof *child->sequence.items);
     sequence->sequence.count += adding;
     free(child->sequence.items);
     free(child);

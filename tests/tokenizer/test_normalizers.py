@@ -8,7 +8,8 @@ tests/tokenizer/normalize_driver.c:
   the normalized text and the span of original bytes of every code point, which tokenizers gives through
   PreTokenizedString splits of one code point each;
 - texts cut by added tokens, whose pieces pass untouched and whose other pieces keep their offsets;
-- every code point assigned in Unicode 3.2 (older than every table involved) through each normalizer;
+- every code point assigned in Unicode 3.2 (older than every table involved) through each normalizer, and
+  every code point of the BMP after NBSP through Precompiled (grapheme cluster boundaries);
 - the JSON forms serde's untagged NormalizerWrapper takes (any "type" for the structs, fields as arrays,
   lenient base64) and the ones it refuses, with the status and message the engine answers.
 
@@ -32,11 +33,13 @@ TEXTS = [
     "", "a", "Hello, World!", "  leading and trailing  ", "\t tabs\tand\nlines\r\n", "Crème brûlée à la française",
     "e\u0301\u0316x", "a\u0316\u0301", "\u1e0b\u0323", "\u1e0d\u0307", "q\u0307\u0323", "a\u0301\u0300\u0302\u0303",
     "Z\u0351\u036b\u0343\u036a\u0302\u036b\u033d\u034f\u0334\u0319\u0324\u031e\u0349\u035a\u032f\u031e\u0320\u034dA",
-    "\u0301leading mark", "\u0344\u0345 \u0f73 \u0f75 \u0f81", "\u0958\u0915\u093c", "\u212b\u00c5A\u030a", "\u2126\u212a",
-    "한국어 텍스트", "\u1100\u1161\u11a8", "\u1100\u1161\u11a7", "\uac00\u11a8", "\uac00\u11a7", "\u1100\u1100\u1161",
+    "\u0301leading mark", "\u0344\u0345 \u0f73 \u0f75 \u0f81", "\u0958\u0915\u093c", "\u212b\u00c5A\u030a",
+    "\u2126\u212a", "한국어 텍스트", "\u1100\u1161\u11a8", "\u1100\u1161\u11a7", "\uac00\u11a8", "\uac00\u11a7",
+    "\u1100\u1100\u1161",
     "中文字符和日本語のテキスト", "漢字かなカナ\uff76\uff9e", "\U00020000\U0002a6df\uf900\U0002f800",
-    "ﬁ ﬂ ﬃ ㎏ ½ ² ℃ ™ ① ㈱ \ufdfa", "İstanbul ıi IJ", "ΣΑΣ ὈΔΥΣΣΕΎΣ ς", "ǅ ǈ ǋ ẞ ß", "ＦＵＬＬ　ｗｉｄｔｈ！",
-    "مرحبا بالعالم \u0627\u0653 \ufefb", "नमस्ते दुनिया \u0915\u094d\u0937", "สวัสดีชาวโลก ำ",
+    "ﬁ ﬂ ﬃ ㎏ ½ ² ℃ ™ ① ㈱ \ufdfa", "İstanbul ıi IJ", "ΣΑΣ ὈΔΥΣΣΕΎΣ ς", "ǅ ǈ ǋ ẞ ß",
+    "ＦＵＬＬ　ｗｉｄｔｈ！", "مرحبا بالعالم \u0627\u0653 \ufefb", "नमस्ते दुनिया \u0915\u094d\u0937",
+    "สวัสดีชาวโลก ำ",
     "👨\u200d👩\u200d👧\u200d👦 🇫🇷🇩🇪🇺 👍🏽 ❤\ufe0f", "x\u0600y \u0605a",
     "\x00\x01\x08\x1b\x1f\x7f\x80\x85\x8f\x9f\u00a0", "\ufffd\u00ad\u200b\u200c\u200d\u200e\ufeff\u2060",
     "\t\n\r\x0b\x0c \u2028\u2029\u3000\u1680\u2000\u2005\u200a\u202f\u205f\u180e", "\ue000\U000f0000 private",
@@ -69,6 +72,18 @@ def replace(kind, pattern, content):
     return {"type": "Replace", "pattern": {kind: pattern}, "content": content}
 
 
+def strip(left, right):
+    return {"type": "Strip", "strip_left": left, "strip_right": right}
+
+
+def prepend(text):
+    return {"type": "Prepend", "prepend": text}
+
+
+def precompiled(charsmap):
+    return {"type": "Precompiled", "precompiled_charsmap": charsmap}
+
+
 def configs(charsmaps):
     """The normalizers every text goes through."""
     made = [
@@ -77,24 +92,24 @@ def configs(charsmaps):
         {**BERT, "handle_chinese_chars": False, "strip_accents": False},
         {**BERT, "clean_text": False, "strip_accents": False, "lowercase": False},
         unit("NFC"), unit("NFD"), unit("NFKC"), unit("NFKD"), unit("Lowercase"), unit("StripAccents"), unit("Nmt"),
-        {"type": "Strip", "strip_left": True, "strip_right": True}, {"type": "Strip", "strip_left": True, "strip_right": False},
-        {"type": "Strip", "strip_left": False, "strip_right": True}, {"type": "Strip", "strip_left": False, "strip_right": False},
+        strip(True, True), strip(True, False), strip(False, True), strip(False, False),
         replace("String", " ", "\u2581"), replace("String", "ab", "X"), replace("String", "", "-"),
         replace("String", "\u00e9", ""), replace("String", "a.", "[dot]"), replace("Regex", r"\s+", " "),
         replace("Regex", " {2,}", " "), replace("Regex", "(?=a)", "^"), replace("Regex", "a|(?=c)", "X"),
-        replace("Regex", r"\p{Mn}", ""), replace("Regex", "", "|"), replace("Regex", "$", "!"), replace("Regex", r"\b", "|"),
+        replace("Regex", r"\p{Mn}", ""), replace("Regex", "", "|"), replace("Regex", "$", "!"),
+        replace("Regex", r"\b", "|"),
         replace("Regex", ".", "<>"), replace("Regex", r"(\X)", "[]"), replace("Regex", "^ +", ""),
-        {"type": "Prepend", "prepend": "\u2581"}, {"type": "Prepend", "prepend": ""}, {"type": "Prepend", "prepend": "ab"},
+        prepend("\u2581"), prepend(""), prepend("ab"),
         {"type": "Sequence", "normalizers": []},
         {"type": "Sequence", "normalizers": [unit("NFD"), unit("StripAccents"), unit("Lowercase")]},
-        {"type": "Sequence", "normalizers": [replace("String", " ", "\u2581"), {"type": "Prepend", "prepend": "\u2581"}]},
+        {"type": "Sequence", "normalizers": [replace("String", " ", "\u2581"), prepend("\u2581")]},
         {"type": "Sequence", "normalizers": [{"type": "Sequence", "normalizers": [unit("NFKC")]}, unit("Lowercase"),
                                              {"type": "Sequence", "normalizers": [{"type": "Strip", "strip_left": True,
                                                                                    "strip_right": True}]}]},
     ]
     for name, charsmap in charsmaps.items():
-        made.append({"type": "Precompiled", "precompiled_charsmap": charsmap})
-        made.append({"type": "Sequence", "normalizers": [{"type": "Precompiled", "precompiled_charsmap": charsmap},
+        made.append(precompiled(charsmap))
+        made.append({"type": "Sequence", "normalizers": [precompiled(charsmap),
                                                          replace("Regex", " {2,}", " ")]})
     return made
 
@@ -109,8 +124,7 @@ QUIRKS = [
     {"type": "Sequence", "normalizers": [[True, True, None, True], [True, False], ["Lowercase"], ["\u2581"], [[]],
                                          [{"String": "e"}, "E"]]},
     {"type": "StripAccents", "extra": [1, 2]},
-    {"type": "BertNormalizer", "clean_text": True, "handle_chinese_chars": True, "lowercase": True, "strip_accents": None,
-     "unknown": 1},
+    {**BERT, "unknown": 1},
 ]
 
 # Refused by both: (normalizer, status, message). Charsmaps given as bytes are base64-encoded here.
@@ -125,7 +139,8 @@ REFUSALS = [
     ({"type": "Strip", "strip_left": True}, "format", 'Strip: "strip_right" is missing'),
     (replace("Regex", "(", "x"), "format", "Replace: bad regex: end pattern with unmatched parenthesis"),
     ({"type": "Replace", "pattern": "a", "content": "x"}, "format", 'Replace: "pattern" is not'),
-    ({"type": "Replace", "pattern": {"String": "a", "Regex": "b"}, "content": "x"}, "format", 'Replace: "pattern" is not'),
+    ({"type": "Replace", "pattern": {"String": "a", "Regex": "b"}, "content": "x"}, "format",
+     'Replace: "pattern" is not'),
     ({"type": "Replace", "pattern": {"String": "a"}}, "format", 'Replace: "content" is missing'),
     ({"type": "Prepend"}, "format", 'Prepend: "prepend" is missing'),
     ({"type": "Prepend", "prepend": 3}, "format", 'Prepend: "prepend" is not a string'),
@@ -135,18 +150,47 @@ REFUSALS = [
     ({"typ": "NFC"}, "format", 'normalizer has no "type" string'),
     ({"type": "Precompiled"}, "format", 'Precompiled: "precompiled_charsmap" is missing'),
     ({"type": "Precompiled", "precompiled_charsmap": None}, "format", 'Precompiled: "precompiled_charsmap" is missing'),
-    ({"type": "Precompiled", "precompiled_charsmap": "!!!!"}, "format", "Precompiled: \"precompiled_charsmap\" is not base64"),
+    (precompiled("!!!!"), "format", 'Precompiled: "precompiled_charsmap" is not base64'),
     ({"type": "Precompiled", "precompiled_charsmap": "AAAAAAB="}, "format", "is not base64"),
     ({"type": "Precompiled", "precompiled_charsmap": "AAAAA"}, "format", "is not base64"),
     ({"type": "Precompiled", "precompiled_charsmap": "AA==AA=="}, "format", "is not base64"),
     ({"type": "Precompiled", "precompiled_charsmap": "AAA AAA="}, "format", "is not base64"),
     ({"type": "Precompiled", "precompiled_charsmap": ""}, "format", "Precompiled: the charsmap has no trie size"),
-    ({"type": "Precompiled", "precompiled_charsmap": b"\x10\x00\x00\x00\x00"}, "format", "the trie runs past the charsmap"),
+    (precompiled(b"\x10\x00\x00\x00\x00"), "format", "the trie runs past the charsmap"),
     ({"type": "Precompiled", "precompiled_charsmap": b"\x00\x00\x00\x00a\xff"}, "format", "replacements are not UTF-8"),
 ]
 
-# Taken by both, not applied (tokenizers panics on an empty trie): base64 with and without padding.
+# Taken by both (base64 with and without padding), whose tries are empty: tokenizers panics on them, the
+# engine leaves the text as it was.
 ACCEPTED = ["AAAAAA", "AAAAAA=", "AAAAAA==", "AAAAAAA", "AAAAAAAA", "BQAAAAAAAAAAAA==", "AAAAAGHDqQ=="]
+
+
+# Worked by hand from tokenizers' transform rule: (normalizer, case, [(text, id, spans of its code points)]).
+HAND_WORKED = [
+    (unit("NFD"), "\u00e9", [("e\u0301", -1, [[0, 2], [0, 2]])]),  # the mark is inserted after its base
+    (unit("NFD"), "a\u0301\u0316", [("a\u0316\u0301", -1, [[0, 1], [1, 3], [3, 5]])]),  # reordered, spans stay
+    (unit("NFC"), "e\u0301x", [("\u00e9x", -1, [[0, 1], [3, 4]])]),  # the composite replaces e, the mark is removed
+    (unit("Lowercase"), "\u0130x", [("i\u0307x", -1, [[0, 2], [0, 2], [2, 3]])]),
+    (BERT, "a\u4e2d\u00c9", [("a \u4e2d e", -1, [[0, 1], [1, 4], [1, 4], [1, 4], [4, 6]])]),
+    ({"type": "Strip", "strip_left": True, "strip_right": True}, "  ab ", [("ab", -1, [[2, 3], [3, 4]])]),
+    (replace("Regex", " {2,}", " "), "a   b", [("a b", -1, [[0, 1], [3, 4], [4, 5]])]),  # the match's last span
+    (replace("String", "", "-"), "ab", [("-a-b-", -1, [[0, 0], [0, 1], [0, 1], [1, 2], [1, 2]])]),
+    (prepend("\u2581"), [["[CLS]", 1], ["ab", None]],
+     [("[CLS]", 1, [[0, 1], [1, 2], [2, 3], [3, 4], [4, 5]]), ("\u2581ab", -1, [[5, 6], [5, 6], [6, 7]])]),
+    (prepend(""), [["x", 1], ["ab", None]],
+     [("x", 1, [[0, 1]]), ("ab", -1, [[1, 1], [2, 3]])]),  # the first code point, inserted, at the piece's start
+]
+
+
+def compare_hand_worked(tokenizers, driver, checker):
+    """The spans worked by hand are tokenizers' and the engine's."""
+    results = run_driver(driver, [{"normalizer": n, "cases": [case]} for n, case, _ in HAND_WORKED])
+    for (normalizer, case, expected), result in zip(HAND_WORKED, results):
+        name = "hand-worked " + json.dumps(normalizer)[:60]
+        reference = reference_case(tokenizers, reference_normalizer(tokenizers, normalizer), case)
+        checker.pieces(name + " in tokenizers", case, [{"text": t, "id": i, "spans": s} for t, i, s in reference],
+                       expected)
+        checker.pieces(name, case, result["results"][0] if result["status"] == "ok" else result["status"], expected)
 
 
 def encoded(normalizer):
@@ -213,8 +257,9 @@ def spm_charsmaps(spm, model_pb2):
     charsmaps = {}
     for rule in ("nmt_nfkc", "nfkc_cf"):
         model = io.BytesIO()
-        spm.SentencePieceTrainer.train(sentence_iterator=iter(["hello world this is a test of the sentencepiece trainer"] * 20), model_writer=model,
-                                       vocab_size=20, normalization_rule_name=rule, minloglevel=2)
+        sentences = iter(["hello world this is a test of the sentencepiece trainer"] * 20)
+        spm.SentencePieceTrainer.train(sentence_iterator=sentences, model_writer=model, vocab_size=20,
+                                       normalization_rule_name=rule, minloglevel=2)
         proto = model_pb2.ModelProto()
         proto.ParseFromString(model.getvalue())
         charsmaps[rule] = base64.b64encode(proto.normalizer_spec.precompiled_charsmap).decode()
@@ -265,7 +310,8 @@ def compare_behaviour(tokenizers, driver, normalizers, cases, checker):
 
 def compare_refusals(tokenizers, driver, checker):
     runs = [{"normalizer": encoded(normalizer), "cases": []} for normalizer, _, _ in REFUSALS]
-    runs += [{"normalizer": {"type": "Precompiled", "precompiled_charsmap": text}, "cases": []} for text in ACCEPTED]
+    runs += [{"normalizer": precompiled(text), "cases": ["a\u00e9\r\n"]}
+             for text in ACCEPTED]
     results = run_driver(driver, runs)
     for (normalizer, status, message), run, result in zip(REFUSALS, runs, results):
         checker.checks += 1
@@ -274,11 +320,14 @@ def compare_refusals(tokenizers, driver, checker):
         if result["status"] != status or message not in result["message"]:
             checker.fail(f"{json.dumps(run['normalizer'])}: {result['status']} {result['message']!r}, "
                          f"not {status} {message!r}")
+    unchanged = [("a\u00e9\r\n", -1, [[0, 1], [1, 3], [3, 4], [4, 5]])]
     for run, result in zip(runs[len(REFUSALS):], results[len(REFUSALS):]):
         checker.checks += 1
         if reference_normalizer(tokenizers, run["normalizer"]) is None or result["status"] != "ok":
             checker.fail(f"{json.dumps(run['normalizer'])} is taken by tokenizers, here {result['status']} "
                          f"{result['message']!r}")
+        else:  # tokenizers panics on a trie without units; here the text is left as it was
+            checker.pieces(json.dumps(run["normalizer"]), run["cases"][0], result["results"][0], unchanged)
 
 
 # Assigned in Unicode 3.2, but their General_Category changed since tokenizers' unicode_categories (8.0):
@@ -309,6 +358,24 @@ def compare_code_points(tokenizers, driver, normalizers, checker):
                      f"{len(got_parts)} parts here, {len(want_parts)} there")
 
 
+def compare_clusters(tokenizers, driver, charsmaps, checker):
+    """Grapheme clusters under Precompiled: a cluster of fewer than 6 bytes is replaced whole when its
+    first code point is in the charsmap, so NBSP (replaced by a space) followed by each code point of the
+    BMP shows where utf8proc and unicode-segmentation put a boundary."""
+    separator = "\u2fff"
+    points = [chr(c) for c in range(0x20, 0x10000) if not 0xD800 <= c < 0xE000 and c != 0x2FFF]
+    text = separator.join("\u00a0" + p for p in points)
+    normalizers = [precompiled(charsmap) for charsmap in charsmaps.values()]
+    results = run_driver(driver, [{"normalizer": n, "cases": [text], "text_only": True} for n in normalizers])
+    for normalizer, result in zip(normalizers, results):
+        checker.checks += 1
+        got = "".join(p["text"] for p in result["results"][0]).split(separator)
+        want = reference_normalizer(tokenizers, normalizer).normalize_str(text).split(separator)
+        differing = [f"U+{ord(p):04X}" for p, g, w in zip(points, got, want) if g != w]
+        if differing or len(got) != len(want):
+            checker.fail(f"Precompiled after NBSP: {len(differing)} code points differ ({', '.join(differing[:12])})")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--driver", required=True)
@@ -322,13 +389,15 @@ def main():
     charsmaps = spm_charsmaps(spm, model_pb2) if model_pb2 else {}
     checker = Checker()
     cases = TEXTS + random_texts(150) + SEGMENTS
+    compare_hand_worked(tokenizers, arguments.driver, checker)
     compare_behaviour(tokenizers, arguments.driver, configs(charsmaps), cases, checker)
     compare_behaviour(tokenizers, arguments.driver, QUIRKS, TEXTS, checker)
     compare_refusals(tokenizers, arguments.driver, checker)
     whole = [BERT, {**BERT, "lowercase": False, "strip_accents": True}, unit("NFC"), unit("NFD"), unit("NFKC"),
              unit("NFKD"), unit("Lowercase"), unit("StripAccents"), unit("Nmt")]
-    whole += [{"type": "Precompiled", "precompiled_charsmap": charsmap} for charsmap in charsmaps.values()]
+    whole += [precompiled(charsmap) for charsmap in charsmaps.values()]
     compare_code_points(tokenizers, arguments.driver, whole, checker)
+    compare_clusters(tokenizers, arguments.driver, charsmaps, checker)
     print(f"{checker.checks - checker.failures} of {checker.checks} checks pass", flush=True)
     sys.exit(1 if checker.failures else 0)
 
