@@ -87,9 +87,11 @@ uform_status_t pieces_emit_range(pieces_t *out, pieces_t const *in, size_t index
     uform_status_t status = pieces_begin(out, shift, in->ids[index]);
     if (status == UFORM_OK) status = pieces_reserve(out, end - begin);
     if (status != UFORM_OK) return status;
-    memcpy(out->chars + out->length, chars + begin, (end - begin) * sizeof *chars);
-    memcpy(out->spans + out->length, spans + begin, (end - begin) * sizeof *spans);
-    out->length += end - begin;
+    if (begin < end) { /* an empty range may meet arrays not yet made */
+        memcpy(out->chars + out->length, chars + begin, (end - begin) * sizeof *chars);
+        memcpy(out->spans + out->length, spans + begin, (end - begin) * sizeof *spans);
+        out->length += end - begin;
+    }
     pieces_end(out);
     return UFORM_OK;
 }
