@@ -303,7 +303,7 @@ def compare_run(outcome: Outcome, tokenizer, command: list, run: Run) -> None:
             lines = list(itertools.islice(process.stdout, len(chunk)))
             printed += len(lines)
             outcome.texts += len(chunk)
-            outcome.tokens += sum(map(len, expected.ids))
+            outcome.tokens += sum(map(len, expected.ids[:len(lines)]))
             if len(lines) == len(chunk) and lines_match(b"".join(lines), expected.skeleton, expected.numbers):
                 continue
             for k, line in enumerate(lines):
@@ -413,6 +413,9 @@ def main() -> int:
         if unknown:
             parser.error(f"unknown fixtures: {', '.join(unknown)} (known: {', '.join(files)})")
         files = {name: files[name] for name in chosen}
+    counts = corpus.script_counts(lines)
+    print(f"corpus: {len(lines)} lines in {len(counts)} scripts: "
+          + ", ".join(f"{script} {count}" for script, count in counts[:24]) + ", ...", flush=True)
     items = corpus_items(corpus, lines, args.stride)
     if args.self_check:
         return self_check(files, items, args.null)
