@@ -120,6 +120,7 @@ typedef enum uform_feature {
     UFORM_FEATURE_MPI = 1u << 7,        /* mesh bootstrap, host collectives */
     UFORM_FEATURE_MICROHTTPD = 1u << 8, /* the embedding server */
     UFORM_FEATURE_FORK_UNION = 1u << 9, /* executors over fork_union pools */
+    UFORM_FEATURE_TOKENIZERS = 1u << 10, /* tokenizer.json files (utf8proc and Oniguruma) */
 } uform_feature_t;
 
 /* A bitwise OR of uform_feature_t. Never fails. */
@@ -364,7 +365,8 @@ typedef enum uform_scalar {
     UFORM_F32 = 0,
     UFORM_BF16 = 1,
     UFORM_F16 = 2,
-    UFORM_I8 = 3, /* scaled per row: value = q * scale, with the scale in `scales` */
+    UFORM_I8 = 3,  /* scaled per row: value = q * scale, with the scale in `scales` */
+    UFORM_U32 = 4, /* unsigned 32-bit integers: token ids and byte offsets */
 } uform_scalar_t;
 
 /* Size in bytes of one scalar of a kind (0 for an unknown kind). Never fails. */
@@ -857,6 +859,109 @@ UFORM_EXPORT uform_status_t uform_text_choose(uform_text_choose_args_t const *ar
 
 /* Reads the probabilities of a final, successful text_choose outcome. As uform_outcome_encoded. */
 UFORM_EXPORT uform_status_t uform_outcome_probabilities(uform_outcome_t const *outcome, uform_view_t *view);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Tokenizers                                                                                     */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* A tokenizer cuts UTF-8 texts into the token ids a pretrained text encoder reads, exactly as Hugging
+ * Face's `tokenizers` (0.19) cuts them from the same `tokenizer.json`: the added tokens first (matched
+ * on the raw text, then on the normalized text, longest first), then the normalizer, the pre-tokenizer,
+ * the model, truncation, the post-processor's special tokens and padding, each as that library defines
+ * it. Every token carries the span of input bytes it covers ([0, 0) for the special tokens a
+ * post-processor or padding adds), as tokenizers' offsets do, but in bytes rather than characters.
+ *
+ * The components read (any other answers UFORM_UNSUPPORTED naming it):
+ *   - normalizers: BertNormalizer, NFC, NFD, NFKC, NFKD, Lowercase, Strip, StripAccents, Replace,
+ *     Prepend, Precompiled (SentencePiece's charsmap), Nmt, Sequence;
+ *   - pre-tokenizers: BertPreTokenizer, Whitespace, WhitespaceSplit, Punctuation, Split, ByteLevel,
+ *     Metaspace, Digits, Sequence;
+ *   - models: WordPiece, BPE (without dropout), Unigram, WordLevel;
+ *   - post-processors: BertProcessing, RobertaProcessing, TemplateProcessing, ByteLevel, Sequence;
+ *   - truncation (its max_length less the special tokens, as tokenizers counts them) and padding
+ *     (Fixed per text; BatchLongest to the longest text of one call). The decoder is not read.
+ * Unicode comes from utf8proc (Unicode 15.0) and regular expressions from Oniguruma (6.9, Unicode 14.0),
+ * as tokenizers uses Oniguruma too. tokenizers' own tables are older (its normal forms and StripAccents
+ * Unicode 9.0, BertNormalizer's and the punctuation pre-tokenizers' categories Unicode 8.0): code points
+ * assigned since those versions may be cut differently (a few hundred marks, format characters and
+ * punctuation of recent scripts; docs/DESIGN.md, "Tokenizers", lists them). Every code point assigned in
+ * older versions is cut the same.
+ *
+ * A text that is not valid UTF-8 cannot reach tokenizers at all (a Rust `str` and a Python `str`
+ * hold only valid text): here it fails alone, with item status UFORM_FORMAT and no tokens, and the
+ * other texts of the call are cut as if alone.
+ *
+ * Builds without utf8proc and Oniguruma answer UFORM_UNSUPPORTED to every tokenizer function. A tokenizer is read-only once opened: any number of calls, on any
+ * executors and threads, may use it at once. */
+typedef struct uform_tokenizer uform_tokenizer_t;
+
+/* Opens a tokenizer from `path`: a `tokenizer.json`, or a folder holding one. Reads and checks the whole
+ * file on the calling thread (blocking). Answers UFORM_OK, UFORM_INVALID_ARGUMENT (NULL arguments),
+ * UFORM_IO (cannot open or read), UFORM_FORMAT (malformed JSON, or a component that is: the message
+ * names the fault), UFORM_UNSUPPORTED (a component outside the list above, or a build without
+ * tokenizers: the message names it), UFORM_OUT_OF_MEMORY. */
+UFORM_EXPORT uform_status_t uform_tokenizer_open(char const *path, uform_tokenizer_t **tokenizer);
+
+/* The same from the `length` bytes of a tokenizer.json in memory (read only during the call). */
+UFORM_EXPORT uform_status_t uform_tokenizer_parse(void const *json, size_t length, uform_tokenizer_t **tokenizer);
+
+/* Frees the tokenizer; it must not be in use by a pending call. NULL is ignored. */
+UFORM_EXPORT void uform_tokenizer_free(uform_tokenizer_t *tokenizer);
+
+typedef struct uform_tokenizer_info {
+    size_t vocabulary;    /* ids are below this: the model's vocabulary and the added tokens */
+    size_t max_length;    /* the file's truncation, in tokens with the special ones; 0 for none */
+    size_t special_added; /* tokens the post-processor adds to one text */
+    char model[16];       /* "WordPiece", "BPE", "Unigram", "WordLevel" */
+} uform_tokenizer_info_t;
+
+/* Answers UFORM_OK or UFORM_INVALID_ARGUMENT. Never blocks. */
+UFORM_EXPORT uform_status_t uform_tokenizer_info(uform_tokenizer_t const *tokenizer, uform_tokenizer_info_t *info);
+
+typedef struct uform_tokenize_stats {
+    size_t items, failed; /* texts asked, texts whose status is not UFORM_OK */
+    size_t bytes, tokens; /* input bytes, tokens produced (special tokens and padding included) */
+    size_t truncated;     /* texts the truncation cut */
+    uint64_t total_ns;
+} uform_tokenize_stats_t;
+
+typedef struct uform_tokenize_config {
+    bool without_special_tokens; /* true: no post-processor tokens (tokenizers' add_special_tokens=False) */
+    uform_progress_t progress;   /* completed and total are texts */
+    uform_tokenize_stats_t *stats; /* written when the call is final; may be NULL */
+} uform_tokenize_config_t;
+
+/* What a tokenize call produced, views into the arena (host memory). `ids`: one U32 per token, one
+ * column, grouped per text by `ids.item_offsets`; `spans`: one row of two U32 per token, the input
+ * bytes [begin, end) it covers, counted from the text's first byte, grouped by the same offsets.
+ * `statuses`: one per text, UFORM_OK or UFORM_FORMAT (not UTF-8, or longer than 4 GiB), a failed text
+ * having no tokens. */
+typedef struct uform_tokenized {
+    uform_view_t ids, spans;
+    uform_status_t const *statuses;
+    size_t items;
+} uform_tokenized_t;
+
+/* Reads the products of a final, successful tokenize outcome. As uform_outcome_encoded. */
+UFORM_EXPORT uform_status_t uform_outcome_tokenized(uform_outcome_t const *outcome, uform_tokenized_t *tokenized);
+
+/* Cuts every text of `texts` (UTF-8 bytes) into tokens, in the arena, split over the executor's
+ * threads in chunks (progress counts texts, reported between chunks; each text's tokens do not depend
+ * on the others, save for BatchLongest padding, which pads to the longest text of the call). A text
+ * needs no terminating NUL; an empty text gets the special tokens alone. Answers UFORM_OK,
+ * UFORM_INVALID_ARGUMENT (a NULL tokenizer, arena or tape, offsets out of order or past the tape, an
+ * arena of another executor, a device arena), UFORM_CONTENDED, UFORM_UNSUPPORTED (a build without
+ * tokenizers; a VRAM executor), UFORM_OUT_OF_MEMORY, UFORM_CANCELLED. */
+typedef struct uform_text_tokenize_args {
+    uform_tokenizer_t const *tokenizer;
+    uform_executor_t *executor; /* NULL: the calling thread */
+    uform_tape_t texts;         /* bytes */
+    uform_arena_t *arena;
+    uform_tokenize_config_t const *config; /* NULL: defaults */
+    uform_tokenized_t *tokenized;          /* blocking calls: receives the views */
+    uform_outcome_t *outcome;              /* NULL: blocking */
+} uform_text_tokenize_args_t;
+UFORM_EXPORT uform_status_t uform_text_tokenize(uform_text_tokenize_args_t const *args);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Mesh and trainer                                                                               */

@@ -114,5 +114,7 @@ static inline void kernel_convert_by(kernel_converters_t const *to, void *out, f
     case UFORM_I8:
         to->i8(out, x, n, scale);
         break;
+    case UFORM_U32: /* not a kind the towers write: uform_encode_config_t refuses it */
+        break;
     }
 }

@@ -15,6 +15,7 @@ typedef struct command {
 
 static command_t const commands[] = {
     {"encode", command_encode, "embed texts from arguments, standard input or a JSONL manifest"},
+    {"tokenize", command_tokenize, "token ids and byte spans of texts, as a model's tokenizer.json cuts them"},
     {"info", command_info, "describe a checkpoint: towers, sizes, matryoshka widths, parameters"},
     {"checkpoint", command_checkpoint, "checkpoint tools: 'checkpoint tiny' writes a small seeded model"},
     {"search", command_search, "index a folder of media into a file, then query it by a text or a file"},

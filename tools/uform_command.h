@@ -312,6 +312,7 @@ int command_checkpoint(int argc, char **argv);
 /* `uform checkpoint tiny`, argv[0] being "tiny"; also the whole of the uform_tiny_checkpoint tool. */
 int command_checkpoint_tiny(int argc, char **argv);
 int command_encode(int argc, char **argv);
+int command_tokenize(int argc, char **argv);
 int command_serve(int argc, char **argv);
 int command_search(int argc, char **argv);
 

@@ -80,6 +80,8 @@ static float scalar_value(void const *row, size_t column, uform_scalar_t scalar)
         return half_to_float(half);
     case UFORM_I8:
         return (float)((int8_t const *)row)[column];
+    case UFORM_U32:
+        return (float)((uint32_t const *)row)[column];
     }
     return value;
 }

@@ -18,6 +18,7 @@ struct ScalarKind(Equatable, TrivialRegisterPassable, Writable):
     comptime BF16 = Self(1)
     comptime F16 = Self(2)
     comptime I8 = Self(3)  # scaled per row: value = q * scale
+    comptime U32 = Self(4)  # token ids and byte offsets (the tokenizers' views)
 
     def dtype(self) -> DType:
         if self == Self.BF16:
@@ -26,6 +27,8 @@ struct ScalarKind(Equatable, TrivialRegisterPassable, Writable):
             return DType.float16
         if self == Self.I8:
             return DType.int8
+        if self == Self.U32:
+            return DType.uint32
         return DType.float32
 
     def write_to(self, mut writer: Some[Writer]):

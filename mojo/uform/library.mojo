@@ -59,6 +59,7 @@ struct Feature(Equatable, TrivialRegisterPassable):
     comptime MPI = Self(1 << 7)
     comptime MICROHTTPD = Self(1 << 8)
     comptime FORK_UNION = Self(1 << 9)
+    comptime TOKENIZERS = Self(1 << 10)
 
 
 def _c_string(s: StaticString) -> CString:

@@ -203,6 +203,8 @@ UFORM_EXPORT size_t uform_scalar_size(uform_scalar_t scalar) {
         return 2;
     case UFORM_I8:
         return 1;
+    case UFORM_U32:
+        return 4;
     }
     return 0;
 }

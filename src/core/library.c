@@ -10,6 +10,7 @@ UFORM_EXPORT uint32_t uform_features(void) {
     if (UFORM_WITH_URING && loop_uring_available()) features |= UFORM_FEATURE_URING;
     if (UFORM_WITH_HWLOC) features |= UFORM_FEATURE_HWLOC;
     if (UFORM_WITH_FORK_UNION) features |= UFORM_FEATURE_FORK_UNION;
+    if (UFORM_WITH_TOKENIZERS) features |= UFORM_FEATURE_TOKENIZERS;
     if (UFORM_WITH_JPEG) features |= UFORM_FEATURE_JPEG;
     if (UFORM_WITH_SPNG) features |= UFORM_FEATURE_SPNG;
     if (UFORM_WITH_FFMPEG) features |= UFORM_FEATURE_FFMPEG;

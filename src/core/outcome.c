@@ -158,8 +158,9 @@ static uform_status_t outcome_read(uform_outcome_t const *public_outcome, outcom
         outcome_word_status(atomic_load_explicit(&((outcome_t *)outcome)->word, memory_order_acquire));
     if (status != UFORM_OK) return status;
     if (outcome->product != product) return UFORM_INVALID_ARGUMENT;
-    void const *held = product == OUTCOME_PRODUCT_ENCODED ? (void const *)&outcome->encoded
-                                                          : (void const *)&outcome->probabilities;
+    void const *held = product == OUTCOME_PRODUCT_ENCODED         ? (void const *)&outcome->encoded
+                       : product == OUTCOME_PRODUCT_PROBABILITIES ? (void const *)&outcome->probabilities
+                                                                  : (void const *)&outcome->tokenized;
     memcpy(out, held, size);
     return UFORM_OK;
 }
@@ -172,6 +173,11 @@ UFORM_EXPORT uform_status_t uform_outcome_encoded(uform_outcome_t const *public_
 UFORM_EXPORT uform_status_t uform_outcome_probabilities(uform_outcome_t const *public_outcome,
                                                         uform_view_t *view) {
     return outcome_read(public_outcome, OUTCOME_PRODUCT_PROBABILITIES, view, sizeof *view);
+}
+
+UFORM_EXPORT uform_status_t uform_outcome_tokenized(uform_outcome_t const *public_outcome,
+                                                    uform_tokenized_t *tokenized) {
+    return outcome_read(public_outcome, OUTCOME_PRODUCT_TOKENIZED, tokenized, sizeof *tokenized);
 }
 
 /* The word is stored before any notification, so a notified loop reads the final status at once; after

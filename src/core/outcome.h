@@ -15,6 +15,7 @@ typedef enum outcome_product {
     OUTCOME_PRODUCT_OBJECT,        /* `object`, released by `release` unless the caller takes it */
     OUTCOME_PRODUCT_ENCODED,       /* views into the caller's arena: nothing to release */
     OUTCOME_PRODUCT_PROBABILITIES, /* likewise */
+    OUTCOME_PRODUCT_TOKENIZED,     /* likewise */
 } outcome_product_t;
 
 typedef struct outcome {
@@ -33,6 +34,7 @@ typedef struct outcome {
         };
         uform_encoded_t encoded;
         uform_view_t probabilities;
+        uform_tokenized_t tokenized;
     };
 } outcome_t;
 

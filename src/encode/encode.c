@@ -26,7 +26,7 @@ uform_status_t encode_check(encode_request_t const *request, char const **messag
     uform_status_t residency = model_residency(model, executor, message);
     if (residency != UFORM_OK) return residency;
     if (config) {
-        if (uform_scalar_size(config->outputs_scalar) == 0)
+        if (uform_scalar_size(config->outputs_scalar) == 0 || config->outputs_scalar == UFORM_U32)
             return *message = "unknown outputs scalar", UFORM_INVALID_ARGUMENT;
         if (config->matryoshka) {
             uform_model_info_t const *info = &model->header.info;
@@ -113,6 +113,8 @@ static bool row_finite(uform_view_t const *view, size_t row) {
             break;
         case UFORM_I8:
             return isfinite(view->scales[row]);
+        case UFORM_U32: /* integers are finite */
+            return true;
         }
     }
     return true;

@@ -46,6 +46,7 @@ LAYERS = {
     "src/encode": "encode",
     "src/vram": "vram",
     "src/train": "train",
+    "src/tokenizer": "tokenizer",
     "loop": "loop",
     "kernels": "kernels",
     "include": "public",
@@ -55,11 +56,12 @@ LAYERS = {
 # What each layer of src/ may include and call, besides itself.
 RULES = {
     "core": ["loop", "kernels", "public", "config"],
-    "model": ["core", "loop", "kernels", "public", "config"],
+    "tokenizer": ["core", "loop", "public", "config"],
+    "model": ["tokenizer", "core", "loop", "kernels", "public", "config"],
     "media": ["core", "loop", "kernels", "public", "config"],
-    "encode": ["model", "media", "core", "loop", "kernels", "public", "config"],
-    "vram": ["encode", "model", "media", "core", "loop", "kernels", "public", "config"],
-    "train": ["vram", "encode", "model", "media", "core", "loop", "kernels", "public", "config"],
+    "encode": ["model", "media", "tokenizer", "core", "loop", "kernels", "public", "config"],
+    "vram": ["encode", "model", "media", "tokenizer", "core", "loop", "kernels", "public", "config"],
+    "train": ["vram", "encode", "model", "media", "tokenizer", "core", "loop", "kernels", "public", "config"],
 }
 
 # Types a layer's files must not name: whose types they are, and the patterns that name one.
@@ -74,7 +76,7 @@ NAMES_NO_TYPES = {
 
 # The include folders of the engine (meson.build's internal_inc), after the including file's own.
 INCLUDE_DIRS = [".", "include", "loop", "kernels", "src/core", "src/model", "src/encode", "src/media", "src/vram",
-                "src/train"]
+                "src/train", "src/tokenizer"]
 # Headers meson writes into the build folder.
 GENERATED_HEADERS = ["uform_config.h"]
 ENGINE_ARCHIVE = "libuform_internal.a"
