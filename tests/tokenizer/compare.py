@@ -8,13 +8,15 @@ corpus and the edge cases (corpus.py).
                                               with exactly the texts it perturbed
 
 For each fixture the command runs once with the texts that fit a line on its standard input, one per line,
-and once with the rest (those with a "\\n", or a "\\r" at the end) as arguments after "--" or, under
---null, NUL-terminated on its standard input with --null. The reference is
-`Tokenizer.from_file(FILE).encode_batch(texts)` (special tokens added, the file's own truncation and
-padding applied), its character offsets turned into UTF-8 byte offsets. A text passes where the command
-printed {"index": i, "ids": [...], "spans": [[begin, end], ...]} with the reference's ids and spans. A
-mismatch prints the fixture, the text, both id lists around the first difference and the spans there;
-the run ends with "N passed, N failed", counting fixtures.
+and once with the rest (those with a "\\n", or a "\\r" at the end) as arguments after "--" (or, as
+--line-ends-via says, NUL-terminated on its standard input with --null, or as a JSONL manifest there with
+--manifest -). The reference is `Tokenizer.from_file(FILE).encode_batch(texts)` (special tokens added,
+the file's own truncation and padding applied), its character offsets turned into UTF-8 byte offsets. A
+text passes where the command printed {"index": i, "ids": [...], "spans": [[begin, end], ...]} with the
+reference's ids and spans: compared a chunk at a time as bytes and arrays while the lines have that form
+(those keys in that order, any blanks), else as JSON line by line. A mismatch prints the fixture, the
+text, both id lists around the first difference and the spans there (the first ten per fixture; every
+one goes to WORKDIR/mismatches/FIXTURE.txt); the run ends with "N passed, N failed", counting fixtures.
 
 The corpus and fixtures are built once into the workdir and reused while their stamps match. Outside CI
 a missing Python or Debian package skips the check (exit 77); under CI=true it fails
@@ -74,6 +76,7 @@ class Outcome:
     tokens: int = 0
     mismatches: int = 0
     faults: list = field(default_factory=list)  # the command's own failures: exit status, missing lines
+    log: object = None  # a text file that gets every mismatch's report, or None
 
     @property
     def passed(self) -> bool:
@@ -89,17 +92,21 @@ def fits_a_line(text: str) -> bool:
     return "\n" not in text and not text.endswith("\r")
 
 
-def plan_runs(items: list, null: bool) -> list:
+def plan_runs(items: list, via: str) -> list:
     """The runs of the command that give it every item: the texts that fit a line on standard input,
-    the rest as arguments after "--" (or NUL-terminated on standard input with --null, `null`). The one
-    place that says how a text reaches the command."""
+    the rest `via` arguments after "--", NUL-terminated on standard input with --null, or a JSONL
+    manifest on standard input with --manifest -. The one place that says how a text reaches the
+    command."""
     lines = [item for item in items if fits_a_line(item.text)]
     rest = [item for item in items if not fits_a_line(item.text)]
-    if any("\0" in item.text for item in rest):
-        raise ValueError("a text with both a line end and a NUL cannot reach the command")
+    if via != "manifest" and any("\0" in item.text for item in rest):
+        raise ValueError("a text with both a line end and a NUL reaches the command in a manifest only")
     runs = [Run(lines, [], "".join(item.text + "\n" for item in lines).encode("utf-8"))]
-    if rest and null:
+    if rest and via == "null":
         runs.append(Run(rest, ["--null"], "".join(item.text + "\0" for item in rest).encode("utf-8")))
+    elif rest and via == "manifest":
+        runs.append(Run(rest, ["--manifest", "-"], "".join(json.dumps({"text": item.text}) + "\n"
+                                                            for item in rest).encode("utf-8")))
     elif rest:
         runs.append(Run(rest, ["--", *(item.text for item in rest)], None))
     return runs
@@ -281,9 +288,12 @@ def compare_line(outcome: Outcome, item: Item, index: int, line: bytes, ids: lis
             and "error" not in got):
         return
     outcome.mismatches += 1
-    if outcome.mismatches <= PRINTED_MISMATCHES:
-        print(report(outcome.name, item, index, got if isinstance(got, dict) else None, line, ids, spans, offsets),
-              flush=True)
+    if outcome.mismatches <= PRINTED_MISMATCHES or outcome.log:
+        text = report(outcome.name, item, index, got if isinstance(got, dict) else None, line, ids, spans, offsets)
+        if outcome.mismatches <= PRINTED_MISMATCHES:
+            print(text, flush=True)
+        if outcome.log:
+            outcome.log.write(text + "\n")
 
 
 def compare_run(outcome: Outcome, tokenizer, command: list, run: Run) -> None:
@@ -303,7 +313,7 @@ def compare_run(outcome: Outcome, tokenizer, command: list, run: Run) -> None:
             lines = list(itertools.islice(process.stdout, len(chunk)))
             printed += len(lines)
             outcome.texts += len(chunk)
-            outcome.tokens += sum(map(len, expected.ids))
+            outcome.tokens += sum(map(len, expected.ids[:len(lines)]))
             if len(lines) == len(chunk) and lines_match(b"".join(lines), expected.skeleton, expected.numbers):
                 continue
             for k, line in enumerate(lines):
@@ -326,18 +336,31 @@ def compare_run(outcome: Outcome, tokenizer, command: list, run: Run) -> None:
         outcome.faults.append("its standard error ends: " + errors[-2000:])
 
 
-def compare_fixture(name: str, path: Path, uform: Path, items: list, null: bool, extra: list) -> Outcome:
-    """One fixture over every item: its outcome, printed."""
+def compare_fixture(name: str, path: Path, uform: Path, items: list, via: str, extra: list,
+                    logs: Path | None) -> Outcome:
+    """One fixture over every item: its outcome, printed; every mismatch's report in logs/<name>.txt
+    where `logs` is given (the file removed when there is none)."""
     from tokenizers import Tokenizer
 
     started = time.monotonic()
     outcome = Outcome(name)
     tokenizer = Tokenizer.from_file(str(path))
     command = command_line(uform) + extra + ["tokenize", "--tokenizer", str(path)]
-    for run in plan_runs(items, null):
-        compare_run(outcome, tokenizer, command, run)
+    log_path = logs / f"{name}.txt" if logs else None
+    if log_path:
+        logs.mkdir(parents=True, exist_ok=True)
+        outcome.log = log_path.open("w", encoding="utf-8")
+    try:
+        for run in plan_runs(items, via):
+            compare_run(outcome, tokenizer, command, run)
+    finally:
+        if outcome.log:
+            outcome.log.close()
+    if log_path and not outcome.mismatches:
+        log_path.unlink()
     if outcome.mismatches > PRINTED_MISMATCHES:
-        print(f"  ... and {outcome.mismatches - PRINTED_MISMATCHES} more mismatches of {name}")
+        print(f"  ... and {outcome.mismatches - PRINTED_MISMATCHES} more mismatches of {name}"
+              + (f" (every one in {log_path})" if log_path else ""))
     for fault in outcome.faults:
         print(f"FAULT {name}: {fault}")
     print(f"{name}: {outcome.texts} texts, {outcome.tokens} tokens, {outcome.mismatches} mismatches: "
@@ -366,25 +389,25 @@ def prepare(workdir: Path):
     return corpus, corpus.read_corpus(corpus_path), files
 
 
-def compare_all(files: dict, uform: Path, items: list, null: bool, extra: list = ()) -> list:
+def compare_all(files: dict, uform: Path, items: list, via: str, extra: list = (), logs: Path | None = None) -> list:
     """Every fixture of `files` compared: the outcomes, and the summary line printed."""
-    outcomes = [compare_fixture(name, path, uform, items, null, list(extra)) for name, path in files.items()]
+    outcomes = [compare_fixture(name, path, uform, items, via, list(extra), logs) for name, path in files.items()]
     passed = sum(o.passed for o in outcomes)
     print(f"{passed} passed, {len(outcomes) - passed} failed", flush=True)
     return outcomes
 
 
-def self_check(files: dict, items: list, null: bool) -> int:
+def self_check(files: dict, items: list, via: str) -> int:
     """The comparison on stand_in.py: as the reference, every fixture passes; perturbed, every fixture
     fails with exactly the texts the stand-in perturbed, and no fault."""
     import stand_in
 
     stand = HERE / "stand_in.py"
     print("--- the stand-in as the reference: every fixture passes")
-    faithful = compare_all(files, stand, items, null)
+    faithful = compare_all(files, stand, items, via)
     print("--- the stand-in perturbed: every fixture fails with the perturbed texts")
-    perturbed = compare_all(files, stand, items, null, ["--perturb"])
-    expected = sum(stand_in.perturbed(i) for run in plan_runs(items, null) for i in range(len(run.items)))
+    perturbed = compare_all(files, stand, items, via, ["--perturb"])
+    expected = sum(stand_in.perturbed(i) for run in plan_runs(items, via) for i in range(len(run.items)))
     wrong = [o.name for o in faithful if not o.passed] + \
         [o.name for o in perturbed if o.mismatches != expected or o.faults]
     print(f"self-check: {expected} perturbed texts expected per fixture; "
@@ -396,8 +419,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--uform", type=Path, help="the uform program (a .py file runs under this Python)")
     parser.add_argument("--workdir", type=Path, required=True, help="where the corpus and fixtures are built")
-    parser.add_argument("--null", action="store_true",
-                        help="give the texts that do not fit a line NUL-terminated, with --null, not as arguments")
+    parser.add_argument("--line-ends-via", choices=["arguments", "null", "manifest"], default="arguments",
+                        help="how the texts that do not fit a line reach the command: as arguments after --"
+                        " (the default), NUL-terminated with --null, or a JSONL manifest with --manifest -")
     parser.add_argument("--fixtures", help="a comma-separated subset of the fixtures")
     parser.add_argument("--stride", type=int, default=1, help="every STRIDE-th corpus line only")
     parser.add_argument("--self-check", action="store_true", help="check the comparison on stand_in.py")
@@ -413,10 +437,13 @@ def main() -> int:
         if unknown:
             parser.error(f"unknown fixtures: {', '.join(unknown)} (known: {', '.join(files)})")
         files = {name: files[name] for name in chosen}
+    counts = corpus.script_counts(lines)
+    print(f"corpus: {len(lines)} lines in {len(counts)} scripts: "
+          + ", ".join(f"{script} {count}" for script, count in counts[:24]) + ", ...", flush=True)
     items = corpus_items(corpus, lines, args.stride)
     if args.self_check:
-        return self_check(files, items, args.null)
-    outcomes = compare_all(files, args.uform, items, args.null)
+        return self_check(files, items, args.line_ends_via)
+    outcomes = compare_all(files, args.uform, items, args.line_ends_via, logs=args.workdir / "mismatches")
     return 0 if all(o.passed for o in outcomes) else 1
 
 

@@ -2,13 +2,14 @@
 """A stand-in for `uform tokenize` in Python, as its contract says, for checking compare.py without the
 engine:
 
-    stand_in.py [--perturb] tokenize --tokenizer FILE [--null] [-- TEXT ...]
+    stand_in.py [--perturb] tokenize --tokenizer FILE [--null | --manifest -] [-- TEXT ...]
 
 Texts are the arguments after "--", or else the lines of standard input (without "\\n" or "\\r\\n"), or
-under --null its NUL-terminated pieces. One JSON line per text: {"index": i, "ids": [...], "spans":
-[[begin, end], ...]} with UTF-8 byte offsets, or {"index": i, "error": "..."} for a text that is not
-UTF-8. --perturb changes the texts that `perturbed` picks: the last id of some, the last non-empty span
-of others, so that compare.py must find each one.
+under --null its NUL-terminated pieces, or under --manifest - the "text" of each of its JSON lines. One
+JSON line per text: {"index": i, "ids": [...], "spans": [[begin, end], ...]} with UTF-8 byte offsets,
+or {"index": i, "error": "..."} for a text that is not UTF-8. --perturb changes the texts that
+`perturbed` picks: the last id of some, the last non-empty span of others, so that compare.py must find
+each one.
 """
 
 from __future__ import annotations
@@ -64,10 +65,14 @@ def main() -> int:
     parser.add_argument("verb", choices=["tokenize"])
     parser.add_argument("--tokenizer", required=True)
     parser.add_argument("--null", action="store_true")
+    parser.add_argument("--manifest", choices=["-"])
     args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     tokenizer = Tokenizer.from_file(args.tokenizer)
     if texts_given is not None:
         raw = [text.encode("utf-8", "surrogateescape") for text in texts_given]
+    elif args.manifest:
+        raw = [json.loads(line)["text"].encode("utf-8") for line in sys.stdin.buffer.read().split(b"\n")
+               if line.strip()]
     else:
         raw = texts_of(sys.stdin.buffer.read(), b"\0" if args.null else b"\n")
     out = sys.stdout
