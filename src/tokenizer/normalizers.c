@@ -255,16 +255,7 @@ static size_t utf8_size(uint32_t ch) {
     return ch < 0x80 ? 1 : ch < 0x800 ? 2 : ch < 0x10000 ? 3 : 4;
 }
 
-/* ---- pushing and the transform rule --------------------------------------------------------- */
-
-/* pieces_push, with the common case (room left) inline: the stages push every code point they write. */
-static inline uform_status_t push(pieces_t *out, uint32_t ch, piece_span_t span) {
-    if (out->length >= out->char_capacity) return pieces_push(out, ch, span);
-    out->chars[out->length] = ch;
-    out->spans[out->length] = span;
-    out->length++;
-    return UFORM_OK;
-}
+/* ---- the transform rule ------------------------------------------------------------------------- */
 
 /* piece_rewrite_emit's rule: the span a code point emitted with `change` takes, and the step over the
  * source; emit pushes it inline, and BertNormalizer writes something else than what was emitted. */
@@ -280,7 +271,7 @@ static piece_span_t rewrite_span(piece_rewrite_t *rewrite, int change) {
 }
 
 static inline uform_status_t emit(piece_rewrite_t *rewrite, uint32_t ch, int change) {
-    return push(rewrite->out, ch, rewrite_span(rewrite, change));
+    return pieces_push(rewrite->out, ch, rewrite_span(rewrite, change));
 }
 
 /* ---- stages that keep each code point's span ----------------------------------------------------- */
@@ -293,8 +284,8 @@ static uform_status_t piece_open(pieces_t *out, pieces_t const *in, size_t index
 static uform_status_t push_lowercase(pieces_t *out, uint32_t ch, piece_span_t span) {
     uint32_t lower[2];
     int count = lowercase(ch, lower);
-    uform_status_t status = push(out, lower[0], span);
-    if (status == UFORM_OK && count == 2) status = push(out, lower[1], span);
+    uform_status_t status = pieces_push(out, lower[0], span);
+    if (status == UFORM_OK && count == 2) status = pieces_push(out, lower[1], span);
     return status;
 }
 
@@ -314,7 +305,7 @@ static uform_status_t strip_accents_piece(pieces_t const *in, size_t index, piec
     piece_span_t const *spans = pieces_spans(in, index);
     uform_status_t status = piece_open(out, in, index);
     for (uint32_t i = 0, n = pieces_size(in, index); i < n && status == UFORM_OK; ++i)
-        if (chars[i] < 0x300 || !is_mark(chars[i])) status = push(out, chars[i], spans[i]);
+        if (chars[i] < 0x300 || !is_mark(chars[i])) status = pieces_push(out, chars[i], spans[i]);
     if (status == UFORM_OK) pieces_end(out);
     return status;
 }
@@ -334,7 +325,7 @@ static uform_status_t strip_piece(normalizer_t const *normalizer, pieces_t const
             end--;
     uform_status_t status = piece_open(out, in, index);
     for (uint32_t i = begin; i < end && status == UFORM_OK; ++i)
-        status = push(out, chars[i], spans[i]);
+        status = pieces_push(out, chars[i], spans[i]);
     if (status == UFORM_OK) pieces_end(out);
     return status;
 }
@@ -357,7 +348,7 @@ static uform_status_t nmt_piece(pieces_t const *in, size_t index, pieces_t *out)
     uform_status_t status = piece_open(out, in, index);
     for (uint32_t i = 0, n = pieces_size(in, index); i < n && status == UFORM_OK; ++i) {
         int32_t mapped = nmt_map(chars[i]);
-        if (mapped != DROPPED) status = push(out, (uint32_t)mapped, spans[i]);
+        if (mapped != DROPPED) status = pieces_push(out, (uint32_t)mapped, spans[i]);
     }
     if (status == UFORM_OK) pieces_end(out);
     return status;
@@ -376,10 +367,10 @@ static uform_status_t prepend_piece(normalizer_t const *normalizer, pieces_t con
         normalizer->prepend.size ? spans[0] : (piece_span_t){in->shifts[index], in->shifts[index]};
     uform_status_t status = piece_open(out, in, index);
     for (size_t i = 0; i < normalizer->prepend.size && status == UFORM_OK; ++i)
-        status = push(out, normalizer->prepend.chars[i], first);
-    if (status == UFORM_OK) status = push(out, chars[0], first);
+        status = pieces_push(out, normalizer->prepend.chars[i], first);
+    if (status == UFORM_OK) status = pieces_push(out, chars[0], first);
     for (uint32_t i = 1; i < size && status == UFORM_OK; ++i)
-        status = push(out, chars[i], spans[i]);
+        status = pieces_push(out, chars[i], spans[i]);
     if (status == UFORM_OK) pieces_end(out);
     return status;
 }
@@ -424,14 +415,14 @@ static inline uint32_t run_class(uint64_t entry) {
 static uform_status_t form_emit(form_t *form, uint32_t ch, int change) {
     if (!form->strip_marks) return emit(&form->rewrite, ch, change);
     piece_span_t span = rewrite_span(&form->rewrite, change);
-    if (ch < 0x80) return push(form->out, form->lowercase ? ascii_lowercase(ch) : ch, span);
+    if (ch < 0x80) return pieces_push(form->out, form->lowercase ? ascii_lowercase(ch) : ch, span);
     property_t const *properties = property(ch);
     if (properties->category == UTF8PROC_CATEGORY_MN) return UFORM_OK;
-    if (!form->lowercase) return push(form->out, ch, span);
+    if (!form->lowercase) return pieces_push(form->out, ch, span);
     uint32_t lower[2];
     uform_status_t status = UFORM_OK;
     for (int i = 0, count = lowercase_of(ch, properties, lower); i < count && status == UFORM_OK; ++i)
-        status = push(form->out, lower[i], span);
+        status = pieces_push(form->out, lower[i], span);
     return status;
 }
 
@@ -563,7 +554,7 @@ static uform_status_t form_settle(form_t *form) {
 static inline uform_status_t form_ascii(form_t *form, uint32_t ch, uint32_t at) {
     form->rewrite.next = at + 1;
     uint32_t written = form->strip_marks && form->lowercase ? ascii_lowercase(ch) : ch;
-    return push(form->out, written, form->rewrite.spans[at]);
+    return pieces_push(form->out, written, form->rewrite.spans[at]);
 }
 
 /* Rewrites piece `index` of `in` into the normal form. An ASCII code point is its own decomposition
@@ -613,13 +604,13 @@ static uform_status_t bert_keeping(bert_t const *bert, pieces_t const *in, size_
     for (uint32_t i = 0, n = pieces_size(in, index); i < n && status == UFORM_OK; ++i) {
         if (chars[i] < 0x80) {
             if (bert->whole[chars[i]] != DROPPED)
-                status = push(out, (uint32_t)bert->whole[chars[i]], spans[i]);
+                status = pieces_push(out, (uint32_t)bert->whole[chars[i]], spans[i]);
             continue;
         }
         uint32_t written[3];
         for (int j = 0, count = bert_clean(bert, chars[i], written); j < count && status == UFORM_OK; ++j)
-            status =
-                bert->lowercase ? push_lowercase(out, written[j], spans[i]) : push(out, written[j], spans[i]);
+            status = bert->lowercase ? push_lowercase(out, written[j], spans[i])
+                                     : pieces_push(out, written[j], spans[i]);
     }
     if (status == UFORM_OK) pieces_end(out);
     return status;
@@ -633,12 +624,12 @@ static uform_status_t bert_clean_piece(bert_t const *bert, pieces_t const *in, s
     for (uint32_t i = 0, n = pieces_size(in, index); i < n && status == UFORM_OK; ++i) {
         if (chars[i] < 0x80) {
             if (bert->clean[chars[i]] != DROPPED)
-                status = push(out, (uint32_t)bert->clean[chars[i]], spans[i]);
+                status = pieces_push(out, (uint32_t)bert->clean[chars[i]], spans[i]);
             continue;
         }
         uint32_t written[3];
         for (int j = 0, count = bert_clean(bert, chars[i], written); j < count && status == UFORM_OK; ++j)
-            status = push(out, written[j], spans[i]);
+            status = pieces_push(out, written[j], spans[i]);
     }
     if (status == UFORM_OK) pieces_end(out);
     return status;
@@ -837,7 +828,7 @@ static uform_status_t replace_content(replace_t const *replace, pieces_t const *
         end ? pieces_spans(in, index)[end - 1] : (piece_span_t){in->shifts[index], in->shifts[index]};
     uform_status_t status = UFORM_OK;
     for (size_t i = 0; i < replace->content_size && status == UFORM_OK; ++i)
-        status = push(out, replace->content[i], span);
+        status = pieces_push(out, replace->content[i], span);
     return status;
 }
 
@@ -847,7 +838,7 @@ static uform_status_t copy_range(pieces_t const *in, size_t index, uint32_t begi
     piece_span_t const *spans = pieces_spans(in, index);
     uform_status_t status = UFORM_OK;
     for (uint32_t i = begin; i < end && status == UFORM_OK; ++i)
-        status = push(out, chars[i], spans[i]);
+        status = pieces_push(out, chars[i], spans[i]);
     return status;
 }
 
