@@ -255,25 +255,6 @@ static size_t utf8_size(uint32_t ch) {
     return ch < 0x80 ? 1 : ch < 0x800 ? 2 : ch < 0x10000 ? 3 : 4;
 }
 
-/* ---- the transform rule ------------------------------------------------------------------------- */
-
-/* piece_rewrite_emit's rule: the span a code point emitted with `change` takes, and the step over the
- * source; emit pushes it inline, and BertNormalizer writes something else than what was emitted. */
-static piece_span_t rewrite_span(piece_rewrite_t *rewrite, int change) {
-    if (change > 0)
-        return rewrite->next > 0 ? rewrite->spans[rewrite->next - 1]
-                                 : (piece_span_t){rewrite->shift, rewrite->shift};
-    uint32_t at = rewrite->next < rewrite->size ? rewrite->next : rewrite->size - 1;
-    piece_span_t span = rewrite->size ? rewrite->spans[at] : (piece_span_t){rewrite->shift, rewrite->shift};
-    uint32_t consumed = 1u + (uint32_t)(-change);
-    rewrite->next = rewrite->size - rewrite->next < consumed ? rewrite->size : rewrite->next + consumed;
-    return span;
-}
-
-static inline uform_status_t emit(piece_rewrite_t *rewrite, uint32_t ch, int change) {
-    return pieces_push(rewrite->out, ch, rewrite_span(rewrite, change));
-}
-
 /* ---- stages that keep each code point's span ----------------------------------------------------- */
 
 /* Begins the rewrite of piece `index` of `in` in `out`: same shift, same id. */
@@ -413,8 +394,8 @@ static inline uint32_t run_class(uint64_t entry) {
 }
 
 static uform_status_t form_emit(form_t *form, uint32_t ch, int change) {
-    if (!form->strip_marks) return emit(&form->rewrite, ch, change);
-    piece_span_t span = rewrite_span(&form->rewrite, change);
+    if (!form->strip_marks) return piece_rewrite_emit(&form->rewrite, ch, change);
+    piece_span_t span = piece_rewrite_span(&form->rewrite, change);
     if (ch < 0x80) return pieces_push(form->out, form->lowercase ? ascii_lowercase(ch) : ch, span);
     property_t const *properties = property(ch);
     if (properties->category == UTF8PROC_CATEGORY_MN) return UFORM_OK;
@@ -724,7 +705,8 @@ typedef struct delayed {
 } delayed_t;
 
 static uform_status_t delayed_push(delayed_t *list, uint32_t ch, int change) {
-    uform_status_t status = list->pending ? emit(&list->rewrite, list->ch, list->change) : UFORM_OK;
+    uform_status_t status =
+        list->pending ? piece_rewrite_emit(&list->rewrite, list->ch, list->change) : UFORM_OK;
     list->pending = true, list->ch = ch, list->change = change;
     return status;
 }
@@ -803,7 +785,7 @@ static uform_status_t precompiled_piece(precompiled_t const *map, pieces_t const
         status = precompiled_cluster(map, &list, chars + begin, i - begin);
         begin = i;
     }
-    if (status == UFORM_OK && list.pending) status = emit(&list.rewrite, list.ch, list.change);
+    if (status == UFORM_OK && list.pending) status = piece_rewrite_emit(&list.rewrite, list.ch, list.change);
     if (status == UFORM_OK) piece_rewrite_end(&list.rewrite);
     return status;
 }

@@ -1,4 +1,5 @@
-/* Pieces: growing the arrays, the transform rule of tokenizers' NormalizedString, UTF-8 in and out. */
+/* Pieces: growing the arrays, a rewrite begun (the transform rule itself is inline in pieces.h), UTF-8 in
+ * and out. */
 #include "pieces.h"
 
 #include <stdlib.h>
@@ -106,22 +107,6 @@ uform_status_t piece_rewrite_begin(piece_rewrite_t *rewrite, pieces_t *out, piec
     };
     if (rewrite->next > rewrite->size) rewrite->next = rewrite->size;
     return pieces_begin(out, in->shifts[index], in->ids[index]);
-}
-
-uform_status_t piece_rewrite_emit(piece_rewrite_t *rewrite, uint32_t ch, int change) {
-    piece_span_t span;
-    if (change > 0) {
-        span = rewrite->next > 0 ? rewrite->spans[rewrite->next - 1]
-                                 : (piece_span_t){rewrite->shift, rewrite->shift};
-    } else {
-        /* A replacing code point past the source's end has nothing to take its span from: tokenizers
-         * would index out of bounds, so a stage never emits one; the last span stands in. */
-        uint32_t at = rewrite->next < rewrite->size ? rewrite->next : rewrite->size - 1;
-        span = rewrite->size ? rewrite->spans[at] : (piece_span_t){rewrite->shift, rewrite->shift};
-        uint32_t consumed = 1u + (uint32_t)(-change);
-        rewrite->next = rewrite->size - rewrite->next < consumed ? rewrite->size : rewrite->next + consumed;
-    }
-    return pieces_push(rewrite->out, ch, span);
 }
 
 void piece_rewrite_end(piece_rewrite_t *rewrite) { pieces_end(rewrite->out); }
