@@ -31,17 +31,16 @@
  * - Lowercase (Rust's std, Unicode 15.1), Nmt and Precompiled agree for every code point of 15.0.
  *   Precompiled's grapheme clusters are unicode-segmentation 1.11's there (Unicode 15.1 without rule
  *   GB9c), utf8proc's here (15.0, also without GB9c).
- * Where tokenizers panics (a charsmap whose trie points outside itself, a regex search that fails), that
- * lookup or search finds nothing here. */
+ * Where tokenizers panics, a charsmap lookup whose trie points outside itself finds nothing here, and
+ * Replace answers UFORM_UNSUPPORTED where its search fails (Oniguruma's retry limit) or a match cuts a
+ * code point, as Split does (regex.h). */
 #include <limits.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include <oniguruma.h>
 #include <utf8proc.h>
 
-#include "components.h"
+#include "regex.h"
 
 /* ---- the normalizers ------------------------------------------------------------------------- */
 
@@ -88,8 +87,7 @@ typedef struct precompiled {
 } precompiled_t;
 
 typedef struct replace {
-    OnigRegex regex;  /* NULL for a literal of one code point, */
-    uint32_t literal; /* which is found without it */
+    tokenizer_regex_t *regex;
     uint32_t *content;
     size_t content_size;
 } replace_t;
@@ -242,13 +240,6 @@ static uint32_t utf8_take(uint8_t const *text, size_t *at) {
     while (extra--)
         ch = ch << 6 | (text[(*at)++] & 0x3F);
     return ch;
-}
-
-/* utf8_put, with ASCII inline. */
-static inline size_t put_utf8(uint8_t *text, uint32_t ch) {
-    if (ch >= 0x80) return utf8_put(text, ch);
-    *text = (uint8_t)ch;
-    return 1;
 }
 
 static size_t utf8_size(uint32_t ch) {
@@ -792,15 +783,6 @@ static uform_status_t precompiled_piece(precompiled_t const *map, pieces_t const
 
 /* ---- Replace ------------------------------------------------------------------------------------ */
 
-static pthread_once_t onig_once = PTHREAD_ONCE_INIT;
-/* onig_new one at a time, as the onig crate holds a global lock around it. */
-static pthread_mutex_t onig_compile_lock = PTHREAD_MUTEX_INITIALIZER;
-
-static void onig_start(void) {
-    OnigEncoding encodings[] = {ONIG_ENCODING_UTF8};
-    onig_initialize(encodings, 1);
-}
-
 /* The content, inserted where the match ends: every code point of it takes the span of the match's last
  * code point, or of the one before an empty match (the empty span at the piece's start before the
  * first). */
@@ -824,105 +806,21 @@ static uform_status_t copy_range(pieces_t const *in, size_t index, uint32_t begi
     return status;
 }
 
-/* Code points [begin, end) of the piece matched: what lies between the last match and this one copied,
- * the match replaced. */
-typedef struct replacing {
-    replace_t const *replace;
-    pieces_t const *in;
-    size_t index;
-    pieces_t *out;
-    uint32_t copied; /* code points of the source written or replaced so far */
-} replacing_t;
-
-static uform_status_t replacing_match(replacing_t *replacing, uint32_t begin, uint32_t end) {
-    uform_status_t status =
-        copy_range(replacing->in, replacing->index, replacing->copied, begin, replacing->out);
-    if (status == UFORM_OK)
-        status = replace_content(replacing->replace, replacing->in, replacing->index, end, replacing->out);
-    replacing->copied = end;
-    return status;
-}
-
-static uform_status_t replace_literal(replacing_t *replacing) {
-    uint32_t const *chars = pieces_chars(replacing->in, replacing->index);
-    uform_status_t status = UFORM_OK;
-    for (uint32_t i = 0, n = pieces_size(replacing->in, replacing->index); i < n && status == UFORM_OK; ++i)
-        if (chars[i] == replacing->replace->literal) status = replacing_match(replacing, i, i + 1);
-    return status;
-}
-
-/* Byte offsets of the UTF-8 text to code point indices, for offsets that only grow. */
-typedef struct utf8_cursor {
-    uint8_t const *text;
-    size_t byte;
-    uint32_t index;
-} utf8_cursor_t;
-
-static uint32_t cursor_index(utf8_cursor_t *cursor, size_t byte) {
-    for (; cursor->byte < byte; cursor->byte++)
-        cursor->index += (cursor->text[cursor->byte] & 0xC0) != 0x80;
-    return cursor->index;
-}
-
-/* onig's find_iter (6.4) over the piece as UTF-8: each search starts where the last match ended; an
- * empty match where the last match ended is skipped, and the search starts a code point further. A
- * failed search (a retry limit) ends the matches. */
-typedef struct finder {
-    OnigRegex regex;
-    OnigRegion *region;
-    uint32_t const *chars;
-    utf8_cursor_t cursor; /* over the piece's UTF-8 */
-    size_t length, from, last_end;
-    bool matched;
-} finder_t;
-
-/* The next match, as code points [*begin, *end). */
-static bool finder_next(finder_t *finder, uint32_t *begin, uint32_t *end) {
-    uint8_t const *text = finder->cursor.text, *stop = text + finder->length;
-    while (finder->from <= finder->length) {
-        onig_region_clear(finder->region);
-        if (onig_search(finder->regex, text, stop, text + finder->from, stop, finder->region,
-                        ONIG_OPTION_NONE) < 0)
-            return false;
-        size_t first = (size_t)finder->region->beg[0], last = (size_t)finder->region->end[0];
-        if (first == last && finder->matched && last == finder->last_end) {
-            bool inside = finder->from < finder->length;
-            finder->from +=
-                inside ? utf8_size(finder->chars[cursor_index(&finder->cursor, finder->from)]) : 1;
-            continue;
-        }
-        finder->from = finder->last_end = last;
-        finder->matched = true;
-        *begin = cursor_index(&finder->cursor, first);
-        *end = cursor_index(&finder->cursor, last);
-        return true;
-    }
-    return false;
-}
-
-static uform_status_t replace_regex(replacing_t *replacing, tokenizer_work_t *work) {
-    uint32_t const *chars = pieces_chars(replacing->in, replacing->index);
-    uint32_t size = pieces_size(replacing->in, replacing->index);
-    uint8_t *text = work_bytes(work, (size_t)size * 4 + 1); /* the piece's chars took as many bytes */
-    if (!text) return UFORM_OUT_OF_MEMORY;
-    if (!work->region && !(work->region = onig_region_new())) return UFORM_OUT_OF_MEMORY;
-    finder_t finder = {
-        .regex = replacing->replace->regex, .region = work->region, .chars = chars, .cursor.text = text};
-    for (uint32_t i = 0; i < size; ++i)
-        finder.length += put_utf8(text + finder.length, chars[i]);
-    uform_status_t status = UFORM_OK;
-    for (uint32_t begin, end; status == UFORM_OK && finder_next(&finder, &begin, &end);)
-        status = replacing_match(replacing, begin, end);
-    return status;
-}
-
+/* The segments of tokenizers' find_matches (regex.h): runs copied, matches replaced. */
 static uform_status_t replace_piece(replace_t const *replace, pieces_t const *in, size_t index, pieces_t *out,
                                     tokenizer_work_t *work) {
-    replacing_t replacing = {.replace = replace, .in = in, .index = index, .out = out};
+    tokenizer_regex_segments_t segments;
     uform_status_t status = piece_open(out, in, index);
     if (status == UFORM_OK)
-        status = replace->regex ? replace_regex(&replacing, work) : replace_literal(&replacing);
-    if (status == UFORM_OK) status = copy_range(in, index, replacing.copied, pieces_size(in, index), out);
+        status = tokenizer_regex_segments_begin(&segments, replace->regex, pieces_chars(in, index),
+                                                pieces_size(in, index), work);
+    for (bool more = true; status == UFORM_OK;) {
+        tokenizer_regex_segment_t segment;
+        status = tokenizer_regex_segments_next(&segments, &segment, &more);
+        if (status != UFORM_OK || !more) break;
+        status = segment.is_match ? replace_content(replace, in, index, segment.end, out)
+                                  : copy_range(in, index, segment.begin, segment.end, out);
+    }
     if (status == UFORM_OK) pieces_end(out);
     return status;
 }
@@ -1205,24 +1103,6 @@ static uform_status_t parse_precompiled(fields_t const *fields, normalizer_t *no
 
 /* ---- reading Replace ---- */
 
-/* A literal goes through onig as plain text (tokenizers escapes it as a regex). */
-static uform_status_t regex_compile(json_t const *pattern, bool literal, OnigRegex *regex,
-                                    tokenizer_fault_t *fault) {
-    pthread_once(&onig_once, onig_start);
-    OnigErrorInfo info = {0};
-    OnigUChar const *text = (OnigUChar const *)json_string_value(pattern);
-    pthread_mutex_lock(&onig_compile_lock);
-    int code = onig_new(regex, text, text + json_string_length(pattern), ONIG_OPTION_NONE, ONIG_ENCODING_UTF8,
-                        literal ? ONIG_SYNTAX_ASIS : ONIG_SYNTAX_DEFAULT, &info);
-    pthread_mutex_unlock(&onig_compile_lock);
-    if (code == ONIG_NORMAL) return UFORM_OK;
-    *regex = NULL;
-    if (code == ONIGERR_MEMORY) return UFORM_OUT_OF_MEMORY;
-    OnigUChar message[ONIG_MAX_ERROR_MESSAGE_LEN];
-    onig_error_code_to_str(message, code, &info);
-    return tokenizer_fail(fault, UFORM_FORMAT, "Replace: bad regex: %s", (char const *)message);
-}
-
 /* ReplacePattern, an externally tagged enum: {"String": "..."} or {"Regex": "..."}. */
 static uform_status_t replace_pattern(json_t const *pattern, replace_t *replace, tokenizer_fault_t *fault) {
     char const *tag = json_is_object(pattern) && json_object_size(pattern) == 1
@@ -1233,19 +1113,12 @@ static uform_status_t replace_pattern(json_t const *pattern, replace_t *replace,
     if (!tag || (!literal && strcmp(tag, "Regex") != 0) || !json_is_string(value))
         return tokenizer_fail(fault, UFORM_FORMAT,
                               "Replace: \"pattern\" is not {\"String\": ...} or {\"Regex\": ...}");
-    if (literal) {
-        uint32_t *chars;
-        size_t size;
-        uform_status_t status = decode_string(value, &chars, &size, "Replace", fault);
-        if (status == UFORM_OK && size == 1) replace->literal = chars[0];
-        free(chars);
-        if (status != UFORM_OK || size == 1) return status;
-    }
-    return regex_compile(value, literal, &replace->regex, fault);
+    return tokenizer_regex_compile(json_string_value(value), json_string_length(value), literal,
+                                   &replace->regex, "Replace", fault);
 }
 
 static void replace_free(replace_t *replace) {
-    if (replace->regex) onig_free(replace->regex);
+    tokenizer_regex_free(replace->regex);
     free(replace->content);
 }
 
