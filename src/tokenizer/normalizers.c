@@ -296,8 +296,7 @@ static uform_status_t strip_piece(normalizer_t const *normalizer, pieces_t const
         while (end > begin && is_white_space(chars[end - 1]))
             end--;
     uform_status_t status = piece_open(out, in, index);
-    for (uint32_t i = begin; i < end && status == UFORM_OK; ++i)
-        status = pieces_push(out, chars[i], spans[i]);
+    if (status == UFORM_OK) status = pieces_append(out, chars + begin, spans + begin, end - begin);
     if (status == UFORM_OK) pieces_end(out);
     return status;
 }
@@ -341,8 +340,7 @@ static uform_status_t prepend_piece(normalizer_t const *normalizer, pieces_t con
     for (size_t i = 0; i < normalizer->prepend.size && status == UFORM_OK; ++i)
         status = pieces_push(out, normalizer->prepend.chars[i], first);
     if (status == UFORM_OK) status = pieces_push(out, chars[0], first);
-    for (uint32_t i = 1; i < size && status == UFORM_OK; ++i)
-        status = pieces_push(out, chars[i], spans[i]);
+    if (status == UFORM_OK) status = pieces_append(out, chars + 1, spans + 1, size - 1);
     if (status == UFORM_OK) pieces_end(out);
     return status;
 }
@@ -796,30 +794,23 @@ static uform_status_t replace_content(replace_t const *replace, pieces_t const *
     return status;
 }
 
-static uform_status_t copy_range(pieces_t const *in, size_t index, uint32_t begin, uint32_t end,
-                                 pieces_t *out) {
-    uint32_t const *chars = pieces_chars(in, index);
-    piece_span_t const *spans = pieces_spans(in, index);
-    uform_status_t status = UFORM_OK;
-    for (uint32_t i = begin; i < end && status == UFORM_OK; ++i)
-        status = pieces_push(out, chars[i], spans[i]);
-    return status;
-}
-
 /* The segments of tokenizers' find_matches (regex.h): runs copied, matches replaced. */
 static uform_status_t replace_piece(replace_t const *replace, pieces_t const *in, size_t index, pieces_t *out,
                                     tokenizer_work_t *work) {
+    uint32_t const *chars = pieces_chars(in, index);
+    piece_span_t const *spans = pieces_spans(in, index);
     tokenizer_regex_segments_t segments;
     uform_status_t status = piece_open(out, in, index);
     if (status == UFORM_OK)
-        status = tokenizer_regex_segments_begin(&segments, replace->regex, pieces_chars(in, index),
-                                                pieces_size(in, index), work);
+        status =
+            tokenizer_regex_segments_begin(&segments, replace->regex, chars, pieces_size(in, index), work);
     for (bool more = true; status == UFORM_OK;) {
         tokenizer_regex_segment_t segment;
         status = tokenizer_regex_segments_next(&segments, &segment, &more);
         if (status != UFORM_OK || !more) break;
         status = segment.is_match ? replace_content(replace, in, index, segment.end, out)
-                                  : copy_range(in, index, segment.begin, segment.end, out);
+                                  : pieces_append(out, chars + segment.begin, spans + segment.begin,
+                                                  segment.end - segment.begin);
     }
     if (status == UFORM_OK) pieces_end(out);
     return status;

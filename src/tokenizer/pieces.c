@@ -73,10 +73,8 @@ void pieces_end(pieces_t *pieces) {
 
 uform_status_t pieces_copy(pieces_t *to, pieces_t const *from, size_t index) {
     uform_status_t status = pieces_begin(to, from->shifts[index], from->ids[index]);
-    uint32_t const *chars = pieces_chars(from, index);
-    piece_span_t const *spans = pieces_spans(from, index);
-    for (uint32_t i = 0, n = pieces_size(from, index); i < n && status == UFORM_OK; ++i)
-        status = pieces_push(to, chars[i], spans[i]);
+    if (status == UFORM_OK)
+        status = pieces_append(to, pieces_chars(from, index), pieces_spans(from, index), pieces_size(from, index));
     if (status == UFORM_OK) pieces_end(to);
     return status;
 }
@@ -86,13 +84,9 @@ uform_status_t pieces_emit_range(pieces_t *out, pieces_t const *in, size_t index
     uint32_t const *chars = pieces_chars(in, index);
     uint32_t shift = begin < end ? spans[begin].begin : in->shifts[index];
     uform_status_t status = pieces_begin(out, shift, in->ids[index]);
-    if (status == UFORM_OK) status = pieces_reserve(out, end - begin);
-    if (status != UFORM_OK) return status;
-    memcpy(out->chars + out->length, chars + begin, (end - begin) * sizeof *chars);
-    memcpy(out->spans + out->length, spans + begin, (end - begin) * sizeof *spans);
-    out->length += end - begin;
-    pieces_end(out);
-    return UFORM_OK;
+    if (status == UFORM_OK) status = pieces_append(out, chars + begin, spans + begin, end - begin);
+    if (status == UFORM_OK) pieces_end(out);
+    return status;
 }
 
 uform_status_t piece_rewrite_begin(piece_rewrite_t *rewrite, pieces_t *out, pieces_t const *in, size_t index,

@@ -21,6 +21,8 @@
  * that no emitted one replaced (removed, or left when the stage ends) vanish with their spans. */
 #pragma once
 
+#include <string.h>
+
 #include "common.h"
 
 /* Original bytes [begin, end) of the item's text. */
@@ -63,6 +65,21 @@ static inline uform_status_t pieces_push(pieces_t *pieces, uint32_t ch, piece_sp
     pieces->chars[pieces->length] = ch;
     pieces->spans[pieces->length] = span;
     pieces->length++;
+    return UFORM_OK;
+}
+
+/* Appends `count` code points with their spans (a run of another piece, spans kept) to the piece begun.
+ * Answers UFORM_OK or UFORM_OUT_OF_MEMORY. */
+static inline uform_status_t pieces_append(pieces_t *pieces, uint32_t const *chars, piece_span_t const *spans,
+                                           uint32_t count) {
+    if (count == 0) return UFORM_OK;
+    if (pieces->char_capacity - pieces->length < count) {
+        uform_status_t status = pieces_reserve(pieces, count);
+        if (status != UFORM_OK) return status;
+    }
+    memcpy(pieces->chars + pieces->length, chars, count * sizeof *chars);
+    memcpy(pieces->spans + pieces->length, spans, count * sizeof *spans);
+    pieces->length += count;
     return UFORM_OK;
 }
 
