@@ -235,14 +235,9 @@ static uform_status_t next_from_search(tokenizer_regex_segments_t *segments,
     return UFORM_OK;
 }
 
-uform_status_t tokenizer_regex_segments_next(tokenizer_regex_segments_t *segments,
-                                             tokenizer_regex_segment_t *segment, bool *more) {
+uform_status_t tokenizer_regex_segments_search(tokenizer_regex_segments_t *segments,
+                                               tokenizer_regex_segment_t *segment, bool *more) {
     *more = true;
-    if (segments->match_pending) {
-        segments->match_pending = false;
-        *segment = segments->match;
-        return UFORM_OK;
-    }
     if (!segments->done) {
         bool found;
         uform_status_t status = next_from_search(segments, segment, &found);

@@ -56,8 +56,19 @@ typedef struct tokenizer_regex_segments {
 uform_status_t tokenizer_regex_segments_begin(tokenizer_regex_segments_t *segments,
                                               tokenizer_regex_t const *regex, uint32_t const *chars,
                                               uint32_t size, tokenizer_work_t *work);
+/* The segment after those given, found by a search (tokenizer_regex_segments_next's slow path). */
+uform_status_t tokenizer_regex_segments_search(tokenizer_regex_segments_t *segments,
+                                               tokenizer_regex_segment_t *segment, bool *more);
+
 /* The next segment in `*segment`, with *more true; *more false after the last one. Answers UFORM_OK,
  * UFORM_OUT_OF_MEMORY, or UFORM_UNSUPPORTED where tokenizers panics: Oniguruma gave up on the text
- * (its retry limit), or a pattern of raw bytes matched inside a code point. */
-uform_status_t tokenizer_regex_segments_next(tokenizer_regex_segments_t *segments,
-                                             tokenizer_regex_segment_t *segment, bool *more);
+ * (its retry limit), or a pattern of raw bytes matched inside a code point. A match found with the run
+ * before it comes inline: a text of many short matches makes two segments a search. */
+static inline uform_status_t tokenizer_regex_segments_next(tokenizer_regex_segments_t *segments,
+                                                           tokenizer_regex_segment_t *segment, bool *more) {
+    if (!segments->match_pending) return tokenizer_regex_segments_search(segments, segment, more);
+    segments->match_pending = false;
+    *segment = segments->match;
+    *more = true;
+    return UFORM_OK;
+}
