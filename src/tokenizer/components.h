@@ -85,8 +85,8 @@ uint8_t *work_bytes(tokenizer_work_t *work, size_t size);
 
 typedef struct normalizer normalizer_t;
 
-/* BertNormalizer, NFC, NFD, NFKC, NFKD, Lowercase, Strip, StripAccents, Replace, Prepend, Precompiled,
- * Sequence. */
+/* BertNormalizer, NFC, NFD, NFKC, NFKD, Lowercase, Nmt, Strip, StripAccents, Replace, Prepend,
+ * Precompiled, Sequence. */
 uform_status_t normalizer_parse(json_t const *object, normalizer_t **normalizer, tokenizer_fault_t *fault);
 void normalizer_free(normalizer_t *normalizer);
 /* Rewrites every open piece of `in` into `out` (added-token pieces copied through). */
