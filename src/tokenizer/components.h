@@ -89,7 +89,8 @@ typedef struct normalizer normalizer_t;
  * Precompiled, Sequence. */
 uform_status_t normalizer_parse(json_t const *object, normalizer_t **normalizer, tokenizer_fault_t *fault);
 void normalizer_free(normalizer_t *normalizer);
-/* Rewrites every open piece of `in` into `out` (added-token pieces copied through). */
+/* Rewrites every open piece of `in` into `out` (added-token pieces copied through). Answers UFORM_OK,
+ * UFORM_OUT_OF_MEMORY, or UFORM_UNSUPPORTED where tokenizers panics (Replace's search: regex.h). */
 uform_status_t normalizer_apply(normalizer_t const *normalizer, pieces_t const *in, pieces_t *out,
                                 tokenizer_work_t *work);
 
