@@ -35,10 +35,10 @@ typedef struct tokenizer_regex_segment {
 
 typedef struct tokenizer_regex_segments {
     tokenizer_regex_t const *regex;
-    uint32_t const *chars;
-    uint8_t const *text; /* the code points' UTF-8 (in work->bytes), where Oniguruma searches */
-    size_t length;       /* its bytes */
-    uint32_t size;       /* its code points */
+    uint32_t const *chars; /* the text, where a literal of one code point is scanned for */
+    uint8_t const *text;   /* the code points' UTF-8 (in work->bytes), where Oniguruma searches */
+    size_t length;         /* its bytes */
+    uint32_t size;         /* its code points */
     void *region;
     size_t from;            /* the byte where the next search starts; past `length` when none is left */
     int64_t last_match_end; /* its byte; -1 before the first match */
