@@ -85,11 +85,12 @@ uint8_t *work_bytes(tokenizer_work_t *work, size_t size);
 
 typedef struct normalizer normalizer_t;
 
-/* BertNormalizer, NFC, NFD, NFKC, NFKD, Lowercase, Strip, StripAccents, Replace, Prepend, Precompiled,
- * Sequence. */
+/* BertNormalizer, NFC, NFD, NFKC, NFKD, Lowercase, Nmt, Strip, StripAccents, Replace, Prepend,
+ * Precompiled, Sequence. */
 uform_status_t normalizer_parse(json_t const *object, normalizer_t **normalizer, tokenizer_fault_t *fault);
 void normalizer_free(normalizer_t *normalizer);
-/* Rewrites every open piece of `in` into `out` (added-token pieces copied through). */
+/* Rewrites every open piece of `in` into `out` (added-token pieces copied through). Answers UFORM_OK,
+ * UFORM_OUT_OF_MEMORY, or UFORM_UNSUPPORTED where tokenizers panics (Replace's search: regex.h). */
 uform_status_t normalizer_apply(normalizer_t const *normalizer, pieces_t const *in, pieces_t *out,
                                 tokenizer_work_t *work);
 

@@ -31,17 +31,16 @@
  * - Lowercase (Rust's std, Unicode 15.1), Nmt and Precompiled agree for every code point of 15.0.
  *   Precompiled's grapheme clusters are unicode-segmentation 1.11's there (Unicode 15.1 without rule
  *   GB9c), utf8proc's here (15.0, also without GB9c).
- * Where tokenizers panics (a charsmap whose trie points outside itself, a regex search that fails), that
- * lookup or search finds nothing here. */
+ * Where tokenizers panics, a charsmap lookup whose trie points outside itself finds nothing here, and
+ * Replace answers UFORM_UNSUPPORTED where its search fails (Oniguruma's retry limit) or a match cuts a
+ * code point, as Split does (regex.h). */
 #include <limits.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include <oniguruma.h>
 #include <utf8proc.h>
 
-#include "components.h"
+#include "regex.h"
 
 /* ---- the normalizers ------------------------------------------------------------------------- */
 
@@ -88,8 +87,7 @@ typedef struct precompiled {
 } precompiled_t;
 
 typedef struct replace {
-    OnigRegex regex;  /* NULL for a literal of one code point, */
-    uint32_t literal; /* which is found without it */
+    tokenizer_regex_t *regex;
     uint32_t *content;
     size_t content_size;
 } replace_t;
@@ -244,43 +242,8 @@ static uint32_t utf8_take(uint8_t const *text, size_t *at) {
     return ch;
 }
 
-/* utf8_put, with ASCII inline. */
-static inline size_t put_utf8(uint8_t *text, uint32_t ch) {
-    if (ch >= 0x80) return utf8_put(text, ch);
-    *text = (uint8_t)ch;
-    return 1;
-}
-
 static size_t utf8_size(uint32_t ch) {
     return ch < 0x80 ? 1 : ch < 0x800 ? 2 : ch < 0x10000 ? 3 : 4;
-}
-
-/* ---- pushing and the transform rule --------------------------------------------------------- */
-
-/* pieces_push, with the common case (room left) inline: the stages push every code point they write. */
-static inline uform_status_t push(pieces_t *out, uint32_t ch, piece_span_t span) {
-    if (out->length >= out->char_capacity) return pieces_push(out, ch, span);
-    out->chars[out->length] = ch;
-    out->spans[out->length] = span;
-    out->length++;
-    return UFORM_OK;
-}
-
-/* piece_rewrite_emit's rule: the span a code point emitted with `change` takes, and the step over the
- * source; emit pushes it inline, and BertNormalizer writes something else than what was emitted. */
-static piece_span_t rewrite_span(piece_rewrite_t *rewrite, int change) {
-    if (change > 0)
-        return rewrite->next > 0 ? rewrite->spans[rewrite->next - 1]
-                                 : (piece_span_t){rewrite->shift, rewrite->shift};
-    uint32_t at = rewrite->next < rewrite->size ? rewrite->next : rewrite->size - 1;
-    piece_span_t span = rewrite->size ? rewrite->spans[at] : (piece_span_t){rewrite->shift, rewrite->shift};
-    uint32_t consumed = 1u + (uint32_t)(-change);
-    rewrite->next = rewrite->size - rewrite->next < consumed ? rewrite->size : rewrite->next + consumed;
-    return span;
-}
-
-static inline uform_status_t emit(piece_rewrite_t *rewrite, uint32_t ch, int change) {
-    return push(rewrite->out, ch, rewrite_span(rewrite, change));
 }
 
 /* ---- stages that keep each code point's span ----------------------------------------------------- */
@@ -293,8 +256,8 @@ static uform_status_t piece_open(pieces_t *out, pieces_t const *in, size_t index
 static uform_status_t push_lowercase(pieces_t *out, uint32_t ch, piece_span_t span) {
     uint32_t lower[2];
     int count = lowercase(ch, lower);
-    uform_status_t status = push(out, lower[0], span);
-    if (status == UFORM_OK && count == 2) status = push(out, lower[1], span);
+    uform_status_t status = pieces_push(out, lower[0], span);
+    if (status == UFORM_OK && count == 2) status = pieces_push(out, lower[1], span);
     return status;
 }
 
@@ -314,7 +277,7 @@ static uform_status_t strip_accents_piece(pieces_t const *in, size_t index, piec
     piece_span_t const *spans = pieces_spans(in, index);
     uform_status_t status = piece_open(out, in, index);
     for (uint32_t i = 0, n = pieces_size(in, index); i < n && status == UFORM_OK; ++i)
-        if (chars[i] < 0x300 || !is_mark(chars[i])) status = push(out, chars[i], spans[i]);
+        if (chars[i] < 0x300 || !is_mark(chars[i])) status = pieces_push(out, chars[i], spans[i]);
     if (status == UFORM_OK) pieces_end(out);
     return status;
 }
@@ -333,8 +296,7 @@ static uform_status_t strip_piece(normalizer_t const *normalizer, pieces_t const
         while (end > begin && is_white_space(chars[end - 1]))
             end--;
     uform_status_t status = piece_open(out, in, index);
-    for (uint32_t i = begin; i < end && status == UFORM_OK; ++i)
-        status = push(out, chars[i], spans[i]);
+    if (status == UFORM_OK) status = pieces_append(out, chars + begin, spans + begin, end - begin);
     if (status == UFORM_OK) pieces_end(out);
     return status;
 }
@@ -357,7 +319,7 @@ static uform_status_t nmt_piece(pieces_t const *in, size_t index, pieces_t *out)
     uform_status_t status = piece_open(out, in, index);
     for (uint32_t i = 0, n = pieces_size(in, index); i < n && status == UFORM_OK; ++i) {
         int32_t mapped = nmt_map(chars[i]);
-        if (mapped != DROPPED) status = push(out, (uint32_t)mapped, spans[i]);
+        if (mapped != DROPPED) status = pieces_push(out, (uint32_t)mapped, spans[i]);
     }
     if (status == UFORM_OK) pieces_end(out);
     return status;
@@ -376,10 +338,9 @@ static uform_status_t prepend_piece(normalizer_t const *normalizer, pieces_t con
         normalizer->prepend.size ? spans[0] : (piece_span_t){in->shifts[index], in->shifts[index]};
     uform_status_t status = piece_open(out, in, index);
     for (size_t i = 0; i < normalizer->prepend.size && status == UFORM_OK; ++i)
-        status = push(out, normalizer->prepend.chars[i], first);
-    if (status == UFORM_OK) status = push(out, chars[0], first);
-    for (uint32_t i = 1; i < size && status == UFORM_OK; ++i)
-        status = push(out, chars[i], spans[i]);
+        status = pieces_push(out, normalizer->prepend.chars[i], first);
+    if (status == UFORM_OK) status = pieces_push(out, chars[0], first);
+    if (status == UFORM_OK) status = pieces_append(out, chars + 1, spans + 1, size - 1);
     if (status == UFORM_OK) pieces_end(out);
     return status;
 }
@@ -422,16 +383,16 @@ static inline uint32_t run_class(uint64_t entry) {
 }
 
 static uform_status_t form_emit(form_t *form, uint32_t ch, int change) {
-    if (!form->strip_marks) return emit(&form->rewrite, ch, change);
-    piece_span_t span = rewrite_span(&form->rewrite, change);
-    if (ch < 0x80) return push(form->out, form->lowercase ? ascii_lowercase(ch) : ch, span);
+    if (!form->strip_marks) return piece_rewrite_emit(&form->rewrite, ch, change);
+    piece_span_t span = piece_rewrite_span(&form->rewrite, change);
+    if (ch < 0x80) return pieces_push(form->out, form->lowercase ? ascii_lowercase(ch) : ch, span);
     property_t const *properties = property(ch);
     if (properties->category == UTF8PROC_CATEGORY_MN) return UFORM_OK;
-    if (!form->lowercase) return push(form->out, ch, span);
+    if (!form->lowercase) return pieces_push(form->out, ch, span);
     uint32_t lower[2];
     uform_status_t status = UFORM_OK;
     for (int i = 0, count = lowercase_of(ch, properties, lower); i < count && status == UFORM_OK; ++i)
-        status = push(form->out, lower[i], span);
+        status = pieces_push(form->out, lower[i], span);
     return status;
 }
 
@@ -563,7 +524,7 @@ static uform_status_t form_settle(form_t *form) {
 static inline uform_status_t form_ascii(form_t *form, uint32_t ch, uint32_t at) {
     form->rewrite.next = at + 1;
     uint32_t written = form->strip_marks && form->lowercase ? ascii_lowercase(ch) : ch;
-    return push(form->out, written, form->rewrite.spans[at]);
+    return pieces_push(form->out, written, form->rewrite.spans[at]);
 }
 
 /* Rewrites piece `index` of `in` into the normal form. An ASCII code point is its own decomposition
@@ -613,13 +574,13 @@ static uform_status_t bert_keeping(bert_t const *bert, pieces_t const *in, size_
     for (uint32_t i = 0, n = pieces_size(in, index); i < n && status == UFORM_OK; ++i) {
         if (chars[i] < 0x80) {
             if (bert->whole[chars[i]] != DROPPED)
-                status = push(out, (uint32_t)bert->whole[chars[i]], spans[i]);
+                status = pieces_push(out, (uint32_t)bert->whole[chars[i]], spans[i]);
             continue;
         }
         uint32_t written[3];
         for (int j = 0, count = bert_clean(bert, chars[i], written); j < count && status == UFORM_OK; ++j)
-            status =
-                bert->lowercase ? push_lowercase(out, written[j], spans[i]) : push(out, written[j], spans[i]);
+            status = bert->lowercase ? push_lowercase(out, written[j], spans[i])
+                                     : pieces_push(out, written[j], spans[i]);
     }
     if (status == UFORM_OK) pieces_end(out);
     return status;
@@ -633,12 +594,12 @@ static uform_status_t bert_clean_piece(bert_t const *bert, pieces_t const *in, s
     for (uint32_t i = 0, n = pieces_size(in, index); i < n && status == UFORM_OK; ++i) {
         if (chars[i] < 0x80) {
             if (bert->clean[chars[i]] != DROPPED)
-                status = push(out, (uint32_t)bert->clean[chars[i]], spans[i]);
+                status = pieces_push(out, (uint32_t)bert->clean[chars[i]], spans[i]);
             continue;
         }
         uint32_t written[3];
         for (int j = 0, count = bert_clean(bert, chars[i], written); j < count && status == UFORM_OK; ++j)
-            status = push(out, written[j], spans[i]);
+            status = pieces_push(out, written[j], spans[i]);
     }
     if (status == UFORM_OK) pieces_end(out);
     return status;
@@ -733,7 +694,8 @@ typedef struct delayed {
 } delayed_t;
 
 static uform_status_t delayed_push(delayed_t *list, uint32_t ch, int change) {
-    uform_status_t status = list->pending ? emit(&list->rewrite, list->ch, list->change) : UFORM_OK;
+    uform_status_t status =
+        list->pending ? piece_rewrite_emit(&list->rewrite, list->ch, list->change) : UFORM_OK;
     list->pending = true, list->ch = ch, list->change = change;
     return status;
 }
@@ -812,21 +774,12 @@ static uform_status_t precompiled_piece(precompiled_t const *map, pieces_t const
         status = precompiled_cluster(map, &list, chars + begin, i - begin);
         begin = i;
     }
-    if (status == UFORM_OK && list.pending) status = emit(&list.rewrite, list.ch, list.change);
+    if (status == UFORM_OK && list.pending) status = piece_rewrite_emit(&list.rewrite, list.ch, list.change);
     if (status == UFORM_OK) piece_rewrite_end(&list.rewrite);
     return status;
 }
 
 /* ---- Replace ------------------------------------------------------------------------------------ */
-
-static pthread_once_t onig_once = PTHREAD_ONCE_INIT;
-/* onig_new one at a time, as the onig crate holds a global lock around it. */
-static pthread_mutex_t onig_compile_lock = PTHREAD_MUTEX_INITIALIZER;
-
-static void onig_start(void) {
-    OnigEncoding encodings[] = {ONIG_ENCODING_UTF8};
-    onig_initialize(encodings, 1);
-}
 
 /* The content, inserted where the match ends: every code point of it takes the span of the match's last
  * code point, or of the one before an empty match (the empty span at the piece's start before the
@@ -837,119 +790,28 @@ static uform_status_t replace_content(replace_t const *replace, pieces_t const *
         end ? pieces_spans(in, index)[end - 1] : (piece_span_t){in->shifts[index], in->shifts[index]};
     uform_status_t status = UFORM_OK;
     for (size_t i = 0; i < replace->content_size && status == UFORM_OK; ++i)
-        status = push(out, replace->content[i], span);
+        status = pieces_push(out, replace->content[i], span);
     return status;
 }
 
-static uform_status_t copy_range(pieces_t const *in, size_t index, uint32_t begin, uint32_t end,
-                                 pieces_t *out) {
-    uint32_t const *chars = pieces_chars(in, index);
-    piece_span_t const *spans = pieces_spans(in, index);
-    uform_status_t status = UFORM_OK;
-    for (uint32_t i = begin; i < end && status == UFORM_OK; ++i)
-        status = push(out, chars[i], spans[i]);
-    return status;
-}
-
-/* Code points [begin, end) of the piece matched: what lies between the last match and this one copied,
- * the match replaced. */
-typedef struct replacing {
-    replace_t const *replace;
-    pieces_t const *in;
-    size_t index;
-    pieces_t *out;
-    uint32_t copied; /* code points of the source written or replaced so far */
-} replacing_t;
-
-static uform_status_t replacing_match(replacing_t *replacing, uint32_t begin, uint32_t end) {
-    uform_status_t status =
-        copy_range(replacing->in, replacing->index, replacing->copied, begin, replacing->out);
-    if (status == UFORM_OK)
-        status = replace_content(replacing->replace, replacing->in, replacing->index, end, replacing->out);
-    replacing->copied = end;
-    return status;
-}
-
-static uform_status_t replace_literal(replacing_t *replacing) {
-    uint32_t const *chars = pieces_chars(replacing->in, replacing->index);
-    uform_status_t status = UFORM_OK;
-    for (uint32_t i = 0, n = pieces_size(replacing->in, replacing->index); i < n && status == UFORM_OK; ++i)
-        if (chars[i] == replacing->replace->literal) status = replacing_match(replacing, i, i + 1);
-    return status;
-}
-
-/* Byte offsets of the UTF-8 text to code point indices, for offsets that only grow. */
-typedef struct utf8_cursor {
-    uint8_t const *text;
-    size_t byte;
-    uint32_t index;
-} utf8_cursor_t;
-
-static uint32_t cursor_index(utf8_cursor_t *cursor, size_t byte) {
-    for (; cursor->byte < byte; cursor->byte++)
-        cursor->index += (cursor->text[cursor->byte] & 0xC0) != 0x80;
-    return cursor->index;
-}
-
-/* onig's find_iter (6.4) over the piece as UTF-8: each search starts where the last match ended; an
- * empty match where the last match ended is skipped, and the search starts a code point further. A
- * failed search (a retry limit) ends the matches. */
-typedef struct finder {
-    OnigRegex regex;
-    OnigRegion *region;
-    uint32_t const *chars;
-    utf8_cursor_t cursor; /* over the piece's UTF-8 */
-    size_t length, from, last_end;
-    bool matched;
-} finder_t;
-
-/* The next match, as code points [*begin, *end). */
-static bool finder_next(finder_t *finder, uint32_t *begin, uint32_t *end) {
-    uint8_t const *text = finder->cursor.text, *stop = text + finder->length;
-    while (finder->from <= finder->length) {
-        onig_region_clear(finder->region);
-        if (onig_search(finder->regex, text, stop, text + finder->from, stop, finder->region,
-                        ONIG_OPTION_NONE) < 0)
-            return false;
-        size_t first = (size_t)finder->region->beg[0], last = (size_t)finder->region->end[0];
-        if (first == last && finder->matched && last == finder->last_end) {
-            bool inside = finder->from < finder->length;
-            finder->from +=
-                inside ? utf8_size(finder->chars[cursor_index(&finder->cursor, finder->from)]) : 1;
-            continue;
-        }
-        finder->from = finder->last_end = last;
-        finder->matched = true;
-        *begin = cursor_index(&finder->cursor, first);
-        *end = cursor_index(&finder->cursor, last);
-        return true;
-    }
-    return false;
-}
-
-static uform_status_t replace_regex(replacing_t *replacing, tokenizer_work_t *work) {
-    uint32_t const *chars = pieces_chars(replacing->in, replacing->index);
-    uint32_t size = pieces_size(replacing->in, replacing->index);
-    uint8_t *text = work_bytes(work, (size_t)size * 4 + 1); /* the piece's chars took as many bytes */
-    if (!text) return UFORM_OUT_OF_MEMORY;
-    if (!work->region && !(work->region = onig_region_new())) return UFORM_OUT_OF_MEMORY;
-    finder_t finder = {
-        .regex = replacing->replace->regex, .region = work->region, .chars = chars, .cursor.text = text};
-    for (uint32_t i = 0; i < size; ++i)
-        finder.length += put_utf8(text + finder.length, chars[i]);
-    uform_status_t status = UFORM_OK;
-    for (uint32_t begin, end; status == UFORM_OK && finder_next(&finder, &begin, &end);)
-        status = replacing_match(replacing, begin, end);
-    return status;
-}
-
+/* The segments of tokenizers' find_matches (regex.h): runs copied, matches replaced. */
 static uform_status_t replace_piece(replace_t const *replace, pieces_t const *in, size_t index, pieces_t *out,
                                     tokenizer_work_t *work) {
-    replacing_t replacing = {.replace = replace, .in = in, .index = index, .out = out};
+    uint32_t const *chars = pieces_chars(in, index);
+    piece_span_t const *spans = pieces_spans(in, index);
+    tokenizer_regex_segments_t segments;
     uform_status_t status = piece_open(out, in, index);
     if (status == UFORM_OK)
-        status = replace->regex ? replace_regex(&replacing, work) : replace_literal(&replacing);
-    if (status == UFORM_OK) status = copy_range(in, index, replacing.copied, pieces_size(in, index), out);
+        status =
+            tokenizer_regex_segments_begin(&segments, replace->regex, chars, pieces_size(in, index), work);
+    for (bool more = true; status == UFORM_OK;) {
+        tokenizer_regex_segment_t segment;
+        status = tokenizer_regex_segments_next(&segments, &segment, &more);
+        if (status != UFORM_OK || !more) break;
+        status = segment.is_match ? replace_content(replace, in, index, segment.end, out)
+                                  : pieces_append(out, chars + segment.begin, spans + segment.begin,
+                                                  segment.end - segment.begin);
+    }
     if (status == UFORM_OK) pieces_end(out);
     return status;
 }
@@ -1232,24 +1094,6 @@ static uform_status_t parse_precompiled(fields_t const *fields, normalizer_t *no
 
 /* ---- reading Replace ---- */
 
-/* A literal goes through onig as plain text (tokenizers escapes it as a regex). */
-static uform_status_t regex_compile(json_t const *pattern, bool literal, OnigRegex *regex,
-                                    tokenizer_fault_t *fault) {
-    pthread_once(&onig_once, onig_start);
-    OnigErrorInfo info = {0};
-    OnigUChar const *text = (OnigUChar const *)json_string_value(pattern);
-    pthread_mutex_lock(&onig_compile_lock);
-    int code = onig_new(regex, text, text + json_string_length(pattern), ONIG_OPTION_NONE, ONIG_ENCODING_UTF8,
-                        literal ? ONIG_SYNTAX_ASIS : ONIG_SYNTAX_DEFAULT, &info);
-    pthread_mutex_unlock(&onig_compile_lock);
-    if (code == ONIG_NORMAL) return UFORM_OK;
-    *regex = NULL;
-    if (code == ONIGERR_MEMORY) return UFORM_OUT_OF_MEMORY;
-    OnigUChar message[ONIG_MAX_ERROR_MESSAGE_LEN];
-    onig_error_code_to_str(message, code, &info);
-    return tokenizer_fail(fault, UFORM_FORMAT, "Replace: bad regex: %s", (char const *)message);
-}
-
 /* ReplacePattern, an externally tagged enum: {"String": "..."} or {"Regex": "..."}. */
 static uform_status_t replace_pattern(json_t const *pattern, replace_t *replace, tokenizer_fault_t *fault) {
     char const *tag = json_is_object(pattern) && json_object_size(pattern) == 1
@@ -1260,19 +1104,12 @@ static uform_status_t replace_pattern(json_t const *pattern, replace_t *replace,
     if (!tag || (!literal && strcmp(tag, "Regex") != 0) || !json_is_string(value))
         return tokenizer_fail(fault, UFORM_FORMAT,
                               "Replace: \"pattern\" is not {\"String\": ...} or {\"Regex\": ...}");
-    if (literal) {
-        uint32_t *chars;
-        size_t size;
-        uform_status_t status = decode_string(value, &chars, &size, "Replace", fault);
-        if (status == UFORM_OK && size == 1) replace->literal = chars[0];
-        free(chars);
-        if (status != UFORM_OK || size == 1) return status;
-    }
-    return regex_compile(value, literal, &replace->regex, fault);
+    return tokenizer_regex_compile(json_string_value(value), json_string_length(value), literal,
+                                   &replace->regex, "Replace", fault);
 }
 
 static void replace_free(replace_t *replace) {
-    if (replace->regex) onig_free(replace->regex);
+    tokenizer_regex_free(replace->regex);
     free(replace->content);
 }
 

@@ -1,4 +1,5 @@
-/* Pieces: growing the arrays, the transform rule of tokenizers' NormalizedString, UTF-8 in and out. */
+/* Pieces: growing the arrays, a rewrite begun (the transform rule itself is inline in pieces.h), UTF-8 in
+ * and out. */
 #include "pieces.h"
 
 #include <stdlib.h>
@@ -72,10 +73,8 @@ void pieces_end(pieces_t *pieces) {
 
 uform_status_t pieces_copy(pieces_t *to, pieces_t const *from, size_t index) {
     uform_status_t status = pieces_begin(to, from->shifts[index], from->ids[index]);
-    uint32_t const *chars = pieces_chars(from, index);
-    piece_span_t const *spans = pieces_spans(from, index);
-    for (uint32_t i = 0, n = pieces_size(from, index); i < n && status == UFORM_OK; ++i)
-        status = pieces_push(to, chars[i], spans[i]);
+    if (status == UFORM_OK)
+        status = pieces_append(to, pieces_chars(from, index), pieces_spans(from, index), pieces_size(from, index));
     if (status == UFORM_OK) pieces_end(to);
     return status;
 }
@@ -85,15 +84,9 @@ uform_status_t pieces_emit_range(pieces_t *out, pieces_t const *in, size_t index
     uint32_t const *chars = pieces_chars(in, index);
     uint32_t shift = begin < end ? spans[begin].begin : in->shifts[index];
     uform_status_t status = pieces_begin(out, shift, in->ids[index]);
-    if (status == UFORM_OK) status = pieces_reserve(out, end - begin);
-    if (status != UFORM_OK) return status;
-    if (begin < end) { /* an empty range may meet arrays not yet made */
-        memcpy(out->chars + out->length, chars + begin, (end - begin) * sizeof *chars);
-        memcpy(out->spans + out->length, spans + begin, (end - begin) * sizeof *spans);
-        out->length += end - begin;
-    }
-    pieces_end(out);
-    return UFORM_OK;
+    if (status == UFORM_OK) status = pieces_append(out, chars + begin, spans + begin, end - begin);
+    if (status == UFORM_OK) pieces_end(out);
+    return status;
 }
 
 uform_status_t piece_rewrite_begin(piece_rewrite_t *rewrite, pieces_t *out, pieces_t const *in, size_t index,
@@ -108,22 +101,6 @@ uform_status_t piece_rewrite_begin(piece_rewrite_t *rewrite, pieces_t *out, piec
     };
     if (rewrite->next > rewrite->size) rewrite->next = rewrite->size;
     return pieces_begin(out, in->shifts[index], in->ids[index]);
-}
-
-uform_status_t piece_rewrite_emit(piece_rewrite_t *rewrite, uint32_t ch, int change) {
-    piece_span_t span;
-    if (change > 0) {
-        span = rewrite->next > 0 ? rewrite->spans[rewrite->next - 1]
-                                 : (piece_span_t){rewrite->shift, rewrite->shift};
-    } else {
-        /* A replacing code point past the source's end has nothing to take its span from: tokenizers
-         * would index out of bounds, so a stage never emits one; the last span stands in. */
-        uint32_t at = rewrite->next < rewrite->size ? rewrite->next : rewrite->size - 1;
-        span = rewrite->size ? rewrite->spans[at] : (piece_span_t){rewrite->shift, rewrite->shift};
-        uint32_t consumed = 1u + (uint32_t)(-change);
-        rewrite->next = rewrite->size - rewrite->next < consumed ? rewrite->size : rewrite->next + consumed;
-    }
-    return pieces_push(rewrite->out, ch, span);
 }
 
 void piece_rewrite_end(piece_rewrite_t *rewrite) { pieces_end(rewrite->out); }

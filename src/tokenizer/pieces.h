@@ -21,6 +21,8 @@
  * that no emitted one replaced (removed, or left when the stage ends) vanish with their spans. */
 #pragma once
 
+#include <string.h>
+
 #include "common.h"
 
 /* Original bytes [begin, end) of the item's text. */
@@ -66,6 +68,21 @@ static inline uform_status_t pieces_push(pieces_t *pieces, uint32_t ch, piece_sp
     return UFORM_OK;
 }
 
+/* Appends `count` code points with their spans (a run of another piece, spans kept) to the piece begun.
+ * Answers UFORM_OK or UFORM_OUT_OF_MEMORY. */
+static inline uform_status_t pieces_append(pieces_t *pieces, uint32_t const *chars, piece_span_t const *spans,
+                                           uint32_t count) {
+    if (count == 0) return UFORM_OK;
+    if (pieces->char_capacity - pieces->length < count) {
+        uform_status_t status = pieces_reserve(pieces, count);
+        if (status != UFORM_OK) return status;
+    }
+    memcpy(pieces->chars + pieces->length, chars, count * sizeof *chars);
+    memcpy(pieces->spans + pieces->length, spans, count * sizeof *spans);
+    pieces->length += count;
+    return UFORM_OK;
+}
+
 /* Ends the piece begun; an empty one that is not an added token is dropped (tokenizers drops empty
  * splits). */
 void pieces_end(pieces_t *pieces);
@@ -98,7 +115,27 @@ typedef struct piece_rewrite {
 
 uform_status_t piece_rewrite_begin(piece_rewrite_t *rewrite, pieces_t *out, pieces_t const *in, size_t index,
                                    uint32_t skip);
-uform_status_t piece_rewrite_emit(piece_rewrite_t *rewrite, uint32_t ch, int change);
+
+/* The span a code point emitted with `change` takes, the source cursor moved past the code points it
+ * replaces and removes: the rule alone, for a stage that writes something else than what it emits
+ * (or nothing). Inline, as the emit below: the stages emit every code point they write. */
+static inline piece_span_t piece_rewrite_span(piece_rewrite_t *rewrite, int change) {
+    piece_span_t const start = {rewrite->shift, rewrite->shift};
+    if (change > 0) return rewrite->next > 0 ? rewrite->spans[rewrite->next - 1] : start;
+    /* A replacing code point past the source's end has nothing to take its span from: tokenizers
+     * would index out of bounds, so a stage never emits one; the last span stands in. */
+    uint32_t at = rewrite->next < rewrite->size ? rewrite->next : rewrite->size - 1;
+    piece_span_t span = rewrite->size ? rewrite->spans[at] : start;
+    uint32_t consumed = 1u + (uint32_t)(-change);
+    rewrite->next = rewrite->size - rewrite->next < consumed ? rewrite->size : rewrite->next + consumed;
+    return span;
+}
+
+/* Appends `ch` to the new piece with the span the rule gives it. Answers UFORM_OK or UFORM_OUT_OF_MEMORY. */
+static inline uform_status_t piece_rewrite_emit(piece_rewrite_t *rewrite, uint32_t ch, int change) {
+    return pieces_push(rewrite->out, ch, piece_rewrite_span(rewrite, change));
+}
+
 void piece_rewrite_end(piece_rewrite_t *rewrite);
 
 /* Sub-pieces: a stage that splits a piece without rewriting it (pre-tokenizers) emits source code

@@ -15,7 +15,8 @@
 #include "regex.h"
 
 struct tokenizer_regex {
-    OnigRegex onig;
+    OnigRegex onig;  /* NULL for a literal of one code point, */
+    uint32_t single; /* which a scan finds */
 };
 
 static pthread_once_t onig_once = PTHREAD_ONCE_INIT;
@@ -60,33 +61,35 @@ static uform_status_t copy_pattern(char const *pattern, size_t length, bool lite
     return UFORM_OK;
 }
 
-uform_status_t tokenizer_regex_compile(char const *pattern, size_t length, bool literal,
-                                       tokenizer_regex_t **regex, char const *what,
-                                       tokenizer_fault_t *fault) {
-    *regex = NULL;
+/* The code point a pattern is, when it is one alone. */
+static bool one_code_point(char const *pattern, size_t length, uint32_t *ch) {
+    utf8proc_int32_t value = -1;
+    utf8proc_ssize_t used =
+        utf8proc_iterate((utf8proc_uint8_t const *)pattern, (utf8proc_ssize_t)length, &value);
+    if (length == 0 || used != (utf8proc_ssize_t)length) return false;
+    *ch = (uint32_t)value;
+    return true;
+}
+
+static uform_status_t onig_compile(char const *pattern, size_t length, bool literal, OnigRegex *onig,
+                                   char const *what, tokenizer_fault_t *fault) {
     if (tokenizer_onig_init() != UFORM_OK)
         return tokenizer_fail(fault, UFORM_INTERNAL, "%s: Oniguruma could not be initialized", what);
     char *copy = NULL;
     size_t size = 0;
     uform_status_t status = copy_pattern(pattern, length, literal, &copy, &size, what, fault);
     if (status != UFORM_OK) return status;
-    tokenizer_regex_t *made = calloc(1, sizeof *made);
-    if (!made) {
-        free(copy);
-        return tokenizer_fail(fault, UFORM_OUT_OF_MEMORY, "%s: out of memory", what);
-    }
     OnigErrorInfo info = {0};
     OnigUChar const *begin = (OnigUChar const *)copy;
     pthread_mutex_lock(&compile_lock);
-    int result = onig_new(&made->onig, begin, begin + size, ONIG_OPTION_NONE, ONIG_ENCODING_UTF8,
-                          ONIG_SYNTAX_DEFAULT, &info);
+    int result =
+        onig_new(onig, begin, begin + size, ONIG_OPTION_NONE, ONIG_ENCODING_UTF8, ONIG_SYNTAX_DEFAULT, &info);
     pthread_mutex_unlock(&compile_lock);
     if (result == ONIG_NORMAL) {
         free(copy);
-        *regex = made;
         return UFORM_OK;
     }
-    free(made);
+    *onig = NULL;
     OnigUChar message[ONIG_MAX_ERROR_MESSAGE_LEN];
     onig_error_code_to_str(message, result, &info); /* before the copy goes: `info` may point into it */
     free(copy);
@@ -95,16 +98,42 @@ uform_status_t tokenizer_regex_compile(char const *pattern, size_t length, bool 
     return tokenizer_fail(fault, UFORM_FORMAT, "%s: bad regular expression: %s", what, (char const *)message);
 }
 
+uform_status_t tokenizer_regex_compile(char const *pattern, size_t length, bool literal,
+                                       tokenizer_regex_t **regex, char const *what,
+                                       tokenizer_fault_t *fault) {
+    tokenizer_regex_t *made = calloc(1, sizeof *made);
+    *regex = NULL;
+    if (!made) return tokenizer_fail(fault, UFORM_OUT_OF_MEMORY, "%s: out of memory", what);
+    uform_status_t status = UFORM_OK;
+    if (!literal || !one_code_point(pattern, length, &made->single))
+        status = onig_compile(pattern, length, literal, &made->onig, what, fault);
+    if (status == UFORM_OK)
+        *regex = made;
+    else
+        free(made);
+    return status;
+}
+
 void tokenizer_regex_free(tokenizer_regex_t *regex) {
     if (!regex) return;
-    onig_free(regex->onig);
+    if (regex->onig) onig_free(regex->onig);
     free(regex);
 }
 
 uform_status_t tokenizer_regex_segments_begin(tokenizer_regex_segments_t *segments,
                                               tokenizer_regex_t const *regex, uint32_t const *chars,
                                               uint32_t size, tokenizer_work_t *work) {
+    *segments =
+        (tokenizer_regex_segments_t){.regex = regex, .chars = chars, .size = size, .last_match_end = -1};
+    if (size == 0) {
+        /* find_matches answers an empty text with one empty run, unsearched. */
+        segments->done = true;
+        segments->match_pending = true;
+        return UFORM_OK;
+    }
+    if (!regex->onig) return UFORM_OK; /* a literal of one code point: scanned for in `chars` */
     if (!work->region && !(work->region = onig_region_new())) return UFORM_OUT_OF_MEMORY;
+    segments->region = work->region;
     uint8_t *text = work_bytes(work, 4 * (size_t)size + 1);
     if (!text) return UFORM_OUT_OF_MEMORY;
     size_t length = 0;
@@ -114,17 +143,8 @@ uform_status_t tokenizer_regex_segments_begin(tokenizer_regex_segments_t *segmen
         else
             length += utf8_put(text + length, chars[i]);
     }
-    *segments = (tokenizer_regex_segments_t){.regex = regex,
-                                             .text = text,
-                                             .length = length,
-                                             .size = size,
-                                             .region = work->region,
-                                             .last_match_end = -1};
-    if (size == 0) {
-        /* find_matches answers an empty text with one empty run, unsearched. */
-        segments->done = true;
-        segments->match_pending = true;
-    }
+    segments->text = text;
+    segments->length = length;
     return UFORM_OK;
 }
 
@@ -169,15 +189,39 @@ static uform_status_t search_next(tokenizer_regex_segments_t *segments, size_t *
     return UFORM_OK;
 }
 
-/* The next match in code points, with the run before it when there is one. */
-static uform_status_t next_from_search(tokenizer_regex_segments_t *segments,
-                                       tokenizer_regex_segment_t *segment, bool *found) {
+/* The next occurrence of a literal of one code point, from where the last match ended: its matches
+ * as Oniguruma finds them (never empty, each search from the last end). */
+static bool scan_next(tokenizer_regex_segments_t const *segments, uint32_t *at) {
+    for (uint32_t i = segments->covered; i < segments->size; ++i)
+        if (segments->chars[i] == segments->regex->single) {
+            *at = i;
+            return true;
+        }
+    return false;
+}
+
+/* The next match in code points: *found false when none is left. */
+static uform_status_t next_match(tokenizer_regex_segments_t *segments, uint32_t *begin, uint32_t *end,
+                                 bool *found) {
+    if (!segments->regex->onig) {
+        *found = scan_next(segments, begin);
+        *end = *begin + 1;
+        return UFORM_OK;
+    }
     size_t begin_byte, end_byte;
     uform_status_t status = search_next(segments, &begin_byte, &end_byte, found);
     if (status != UFORM_OK || !*found) return status;
-    uint32_t begin, end;
-    if (!char_index(segments, begin_byte, &begin) || !char_index(segments, end_byte, &end))
+    if (!char_index(segments, begin_byte, begin) || !char_index(segments, end_byte, end))
         return UFORM_UNSUPPORTED; /* tokenizers cannot slice there either: "bad split" */
+    return UFORM_OK;
+}
+
+/* The next match, with the run before it when there is one. */
+static uform_status_t next_from_search(tokenizer_regex_segments_t *segments,
+                                       tokenizer_regex_segment_t *segment, bool *found) {
+    uint32_t begin = 0, end = 0;
+    uform_status_t status = next_match(segments, &begin, &end, found);
+    if (status != UFORM_OK || !*found) return status;
     tokenizer_regex_segment_t match = {begin, end, true};
     uint32_t covered = segments->covered;
     segments->covered = end;
@@ -191,14 +235,9 @@ static uform_status_t next_from_search(tokenizer_regex_segments_t *segments,
     return UFORM_OK;
 }
 
-uform_status_t tokenizer_regex_segments_next(tokenizer_regex_segments_t *segments,
-                                             tokenizer_regex_segment_t *segment, bool *more) {
+uform_status_t tokenizer_regex_segments_search(tokenizer_regex_segments_t *segments,
+                                               tokenizer_regex_segment_t *segment, bool *more) {
     *more = true;
-    if (segments->match_pending) {
-        segments->match_pending = false;
-        *segment = segments->match;
-        return UFORM_OK;
-    }
     if (!segments->done) {
         bool found;
         uform_status_t status = next_from_search(segments, segment, &found);

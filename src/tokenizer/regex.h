@@ -15,9 +15,10 @@ typedef struct tokenizer_regex tokenizer_regex_t;
 uform_status_t tokenizer_onig_init(void);
 
 /* Compiles `pattern` (`length` bytes of UTF-8): a regular expression, or with `literal` a string
- * matched as it is, escaped as tokenizers escapes its String patterns (the regex crate's escape).
- * Answers UFORM_OK, UFORM_FORMAT naming `what` and Oniguruma's message for a pattern it rejects (or
- * that is not UTF-8), UFORM_OUT_OF_MEMORY. */
+ * matched as it is, escaped as tokenizers escapes its String patterns (the regex crate's escape). A
+ * literal of one code point, whose matches are its occurrences, is found by a scan of the code points
+ * without Oniguruma. Answers UFORM_OK, UFORM_FORMAT naming `what` and Oniguruma's message for a pattern it
+ * rejects (or that is not UTF-8), UFORM_OUT_OF_MEMORY. */
 uform_status_t tokenizer_regex_compile(char const *pattern, size_t length, bool literal,
                                        tokenizer_regex_t **regex, char const *what, tokenizer_fault_t *fault);
 void tokenizer_regex_free(tokenizer_regex_t *regex);
@@ -34,9 +35,10 @@ typedef struct tokenizer_regex_segment {
 
 typedef struct tokenizer_regex_segments {
     tokenizer_regex_t const *regex;
-    uint8_t const *text; /* the code points' UTF-8 (in work->bytes) */
-    size_t length;       /* its bytes */
-    uint32_t size;       /* its code points */
+    uint32_t const *chars; /* the text, where a literal of one code point is scanned for */
+    uint8_t const *text;   /* the code points' UTF-8 (in work->bytes), where Oniguruma searches */
+    size_t length;         /* its bytes */
+    uint32_t size;         /* its code points */
     void *region;
     size_t from;            /* the byte where the next search starts; past `length` when none is left */
     int64_t last_match_end; /* its byte; -1 before the first match */
@@ -48,13 +50,25 @@ typedef struct tokenizer_regex_segments {
     bool done;
 } tokenizer_regex_segments_t;
 
-/* Starts the segments of chars[0, size), whose UTF-8 it writes to work->bytes (theirs until the last
- * segment); makes work->region on first use. Answers UFORM_OK or UFORM_OUT_OF_MEMORY. */
+/* Starts the segments of chars[0, size) (read until the last segment), whose UTF-8 it writes to
+ * work->bytes (theirs until the last segment) where Oniguruma searches them; makes work->region on
+ * first use. Answers UFORM_OK or UFORM_OUT_OF_MEMORY. */
 uform_status_t tokenizer_regex_segments_begin(tokenizer_regex_segments_t *segments,
                                               tokenizer_regex_t const *regex, uint32_t const *chars,
                                               uint32_t size, tokenizer_work_t *work);
+/* The segment after those given, found by a search (tokenizer_regex_segments_next's slow path). */
+uform_status_t tokenizer_regex_segments_search(tokenizer_regex_segments_t *segments,
+                                               tokenizer_regex_segment_t *segment, bool *more);
+
 /* The next segment in `*segment`, with *more true; *more false after the last one. Answers UFORM_OK,
  * UFORM_OUT_OF_MEMORY, or UFORM_UNSUPPORTED where tokenizers panics: Oniguruma gave up on the text
- * (its retry limit), or a pattern of raw bytes matched inside a code point. */
-uform_status_t tokenizer_regex_segments_next(tokenizer_regex_segments_t *segments,
-                                             tokenizer_regex_segment_t *segment, bool *more);
+ * (its retry limit), or a pattern of raw bytes matched inside a code point. A match found with the run
+ * before it comes inline: a text of many short matches makes two segments a search. */
+static inline uform_status_t tokenizer_regex_segments_next(tokenizer_regex_segments_t *segments,
+                                                           tokenizer_regex_segment_t *segment, bool *more) {
+    if (!segments->match_pending) return tokenizer_regex_segments_search(segments, segment, more);
+    segments->match_pending = false;
+    *segment = segments->match;
+    *more = true;
+    return UFORM_OK;
+}

@@ -137,7 +137,7 @@ REFUSALS = [
     ({**BERT, "lowercase": None}, "format", 'BertNormalizer: "lowercase" is missing'),
     ({**BERT, "strip_accents": "yes"}, "format", 'BertNormalizer: "strip_accents" is not a boolean'),
     ({"type": "Strip", "strip_left": True}, "format", 'Strip: "strip_right" is missing'),
-    (replace("Regex", "(", "x"), "format", "Replace: bad regex: end pattern with unmatched parenthesis"),
+    (replace("Regex", "(", "x"), "format", "Replace: bad regular expression: end pattern with unmatched parenthesis"),
     ({"type": "Replace", "pattern": "a", "content": "x"}, "format", 'Replace: "pattern" is not'),
     ({"type": "Replace", "pattern": {"String": "a", "Regex": "b"}, "content": "x"}, "format",
      'Replace: "pattern" is not'),
