@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <oniguruma.h>
 #include <utf8proc.h>
 
 #include "tokenizer.h"
@@ -151,6 +152,7 @@ uform_status_t added_tokens_parse(json_t const *array, model_t const *model, nor
     }
     for (size_t t = 0; t < TOKENIZER_WORK_TEMPS; ++t) pieces_free(&work.temps[t]);
     free(work.bytes);
+    if (work.region) onig_region_free(work.region, 1); /* a Replace normalizer's searches made it */
     free(entries);
     free(ids);
     if (status == UFORM_OUT_OF_MEMORY) status = tokenizer_fail(fault, status, "added_tokens: out of memory");
