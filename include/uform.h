@@ -121,6 +121,7 @@ typedef enum uform_feature {
     UFORM_FEATURE_MICROHTTPD = 1u << 8, /* the embedding server */
     UFORM_FEATURE_FORK_UNION = 1u << 9, /* executors over fork_union pools */
     UFORM_FEATURE_TOKENIZERS = 1u << 10, /* tokenizer.json files (utf8proc and Oniguruma) */
+    UFORM_FEATURE_SENTENCEPIECE = 1u << 11, /* SentencePiece .model files (libsentencepiece) */
 } uform_feature_t;
 
 /* A bitwise OR of uform_feature_t. Never fails. */
