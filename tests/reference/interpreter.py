@@ -27,7 +27,8 @@ CANDIDATES = (REPOSITORY / ".venv" / "bin" / "python3", Path("/usr/bin/python3")
 DEBIAN_PACKAGES = {"torch": "python3-torch", "numpy": "python3-numpy", "PIL": "python3-pil"}
 PYPI_PACKAGES = {"safetensors": "safetensors", "openai": "openai", "onnxruntime": "onnxruntime",
                  "mojo": "mojo==1.2.0", "rattler": "py-rattler", "rattler_build": "py-rattler-build",
-                 "schemathesis": "schemathesis", "ziglang": "ziglang", "tokenizers": "tokenizers==0.19.1"}
+                 "schemathesis": "schemathesis", "ziglang": "ziglang", "tokenizers": "tokenizers==0.19.1",
+                 "sentencepiece": "sentencepiece", "transformers": "transformers==4.44.2", "google": "protobuf"}
 
 
 def in_ci() -> bool:
