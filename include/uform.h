@@ -874,16 +874,19 @@ UFORM_EXPORT uform_status_t uform_outcome_probabilities(uform_outcome_t const *o
  *
  * The components read (any other answers UFORM_UNSUPPORTED naming it):
  *   - normalizers: BertNormalizer, NFC, NFD, NFKC, NFKD, Lowercase, Strip, StripAccents, Replace,
- *     Prepend, Precompiled (SentencePiece's charsmap), Sequence;
+ *     Prepend, Precompiled (SentencePiece's charsmap), Nmt, Sequence;
  *   - pre-tokenizers: BertPreTokenizer, Whitespace, WhitespaceSplit, Punctuation, Split, ByteLevel,
  *     Metaspace, Digits, Sequence;
  *   - models: WordPiece, BPE (without dropout), Unigram, WordLevel;
  *   - post-processors: BertProcessing, RobertaProcessing, TemplateProcessing, ByteLevel, Sequence;
  *   - truncation (its max_length less the special tokens, as tokenizers counts them) and padding
  *     (Fixed per text; BatchLongest to the longest text of one call). The decoder is not read.
- * Unicode comes from utf8proc (Unicode 15) and regular expressions from Oniguruma, as tokenizers uses
- * Oniguruma too; tokenizers' own tables are those of the Rust crates it was built with, so the two may
- * differ on code points assigned after either's Unicode version (docs/DESIGN.md, "Tokenizers").
+ * Unicode comes from utf8proc (Unicode 15.0) and regular expressions from Oniguruma (6.9, Unicode 14.0),
+ * as tokenizers uses Oniguruma too. tokenizers' own tables are older (its normal forms and StripAccents
+ * Unicode 9.0, BertNormalizer's and the punctuation pre-tokenizers' categories Unicode 8.0): code points
+ * assigned since those versions may be cut differently (a few hundred marks, format characters and
+ * punctuation of recent scripts; docs/DESIGN.md, "Tokenizers", lists them). Every code point assigned in
+ * older versions is cut the same.
  *
  * A text that is not valid UTF-8 cannot reach tokenizers at all (a Rust `str` and a Python `str`
  * hold only valid text): here it fails alone, with item status UFORM_FORMAT and no tokens, and the

@@ -67,6 +67,8 @@ static int parse_flags(int argc, char **argv, tokenize_flags_t *flags) {
     if (code != COMMAND_OK || flags->help) return code;
     if (!flags->tokenizer == !flags->model)
         return command_usage("tokenize", "give one of --tokenizer FILE and --model PATH");
+    if (flags->manifest && flags->texts_count)
+        return command_usage("tokenize", "give texts as arguments or a --manifest, not both");
     return COMMAND_OK;
 }
 
@@ -193,6 +195,12 @@ int command_tokenize(int argc, char **argv) {
     int code = run.offsets ? parse_flags(argc, argv, &flags) : command_fail("out of memory");
     if (code != COMMAND_OK || flags.help) goto done;
     char const *path = flags.tokenizer ? flags.tokenizer : flags.model;
+    size_t length = strlen(path);
+    if (flags.model && length > 12 && strcmp(path + length - 12, ".safetensors") == 0) {
+        code = command_fail("%s is a checkpoint of the engine's own format, whose texts are bytes: it has no "
+                            "tokenizer", path);
+        goto done;
+    }
     uform_ram_options_t options = uform_ram_options_default();
     options.threads = flags.threads;
     run.config.without_special_tokens = flags.plain;

@@ -73,21 +73,25 @@ static uform_status_t bpe_option(json_t const *object, char const *key, char **c
 }
 
 /* Dropout draws at random which merges to skip, so a cut with it could not match tokenizers' id for id:
- * only none (or 0, which skips none) is taken. tokenizers refuses a dropout outside (0, 1]. */
-static uform_status_t bpe_dropout(json_t const *object, tokenizer_fault_t *fault) {
+ * only none (or 0, which skips none) is taken. tokenizers refuses a dropout outside (0, 1]; one within is
+ * refused here (UNSUPPORTED) only once the rest of the object has read, so that an object without a
+ * "type" that tokenizers would not read as BPE goes on to the next model. */
+static uform_status_t bpe_dropout(json_t const *object, bool *dropping, tokenizer_fault_t *fault) {
     json_t const *dropout = json_object_get(object, "dropout");
+    *dropping = false;
     if (!dropout || json_is_null(dropout)) return UFORM_OK;
     if (!json_is_number(dropout))
         return tokenizer_fail(fault, UFORM_FORMAT, "BPE: \"dropout\" is not a number");
     float p = (float)json_number_value(dropout);
-    if (p == 0.0f) return UFORM_OK;
     if (p < 0.0f || p > 1.0f)
         return tokenizer_fail(fault, UFORM_FORMAT, "BPE: dropout should be between 0 and 1");
-    return tokenizer_fail(fault, UFORM_UNSUPPORTED, "BPE dropout");
+    *dropping = p > 0.0f;
+    return UFORM_OK;
 }
 
-static uform_status_t bpe_options(json_t const *object, bpe_t *bpe, tokenizer_fault_t *fault) {
-    uform_status_t status = bpe_dropout(object, fault);
+static uform_status_t bpe_options(json_t const *object, bpe_t *bpe, bool *dropping,
+                                  tokenizer_fault_t *fault) {
+    uform_status_t status = bpe_dropout(object, dropping, fault);
     if (status == UFORM_OK)
         status = bpe_option(object, "unk_token", &bpe->unk_token, &bpe->unk_length, fault);
     if (status == UFORM_OK)
@@ -219,13 +223,15 @@ uform_status_t bpe_parse(json_t const *object, model_t *model, tokenizer_fault_t
     model->kind = MODEL_BPE;
     bpe_t *bpe = model->bpe = calloc(1, sizeof *bpe);
     if (!bpe) return tokenizer_fail(fault, UFORM_OUT_OF_MEMORY, "BPE: out of memory");
-    uform_status_t status = bpe_options(object, bpe, fault);
+    bool dropping;
+    uform_status_t status = bpe_options(object, bpe, &dropping, fault);
     if (status != UFORM_OK) return status;
     json_t const *merges = json_object_get(object, "merges");
     if (!json_object_get(object, "vocab") || !merges)
         return tokenizer_fail(fault, UFORM_FORMAT, "BPE: \"vocab\" or \"merges\" is missing");
     if ((status = model_vocab_object(object, &model->vocab, "BPE", fault)) != UFORM_OK) return status;
     if ((status = bpe_merges(merges, bpe, &model->vocab, fault)) != UFORM_OK) return status;
+    if (dropping) return tokenizer_fail(fault, UFORM_UNSUPPORTED, "BPE dropout");
     bpe->unk_id = bpe->unk_token ? vocab_find(&model->vocab, bpe->unk_token, bpe->unk_length) : -1;
     model_byte_ids(&model->vocab, bpe->byte_ids);
     return UFORM_OK;
@@ -259,12 +265,14 @@ static uform_status_t bpe_add(bpe_word_t *word, uint32_t id, uint32_t length) {
 }
 
 /* The string a code point is looked up as: its bytes with the prefix before (past the first) and the
- * suffix after (on the last); `*size` bytes, in the scratch's key where anything is added. */
+ * suffix after (on the last); `*size` bytes, in the scratch's key where anything is added (an empty
+ * prefix or suffix, as CLIP's and RoBERTa's files give, adds nothing). */
 static uint8_t const *bpe_unit(bpe_t const *bpe, model_text_t const *text, uint32_t index,
                                model_work_t *scratch, size_t *size) {
     uint8_t const *bytes = text->bytes + text->offsets[index];
     size_t length = text->offsets[index + 1] - text->offsets[index];
-    bool prefixed = index > 0 && bpe->prefix, suffixed = index + 1 == text->length && bpe->suffix;
+    bool prefixed = index > 0 && bpe->prefix_length,
+         suffixed = index + 1 == text->length && bpe->suffix_length;
     if (!prefixed && !suffixed) {
         *size = length;
         return bytes;

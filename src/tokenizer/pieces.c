@@ -53,16 +53,12 @@ uform_status_t pieces_begin(pieces_t *pieces, uint32_t shift, int32_t id) {
     return UFORM_OK;
 }
 
-uform_status_t pieces_push(pieces_t *pieces, uint32_t ch, piece_span_t span) {
-    if (pieces->length + 1 > pieces->char_capacity) {
-        size_t c1 = pieces->char_capacity, c2 = pieces->char_capacity;
-        if (!grow((void **)&pieces->chars, &c1, pieces->length + 1, sizeof *pieces->chars)) return UFORM_OUT_OF_MEMORY;
-        if (!grow((void **)&pieces->spans, &c2, pieces->length + 1, sizeof *pieces->spans)) return UFORM_OUT_OF_MEMORY;
-        pieces->char_capacity = c1 < c2 ? c1 : c2;
-    }
-    pieces->chars[pieces->length] = ch;
-    pieces->spans[pieces->length] = span;
-    pieces->length++;
+uform_status_t pieces_reserve(pieces_t *pieces, size_t extra) {
+    if (extra >= UINT32_MAX - pieces->length) return UFORM_OUT_OF_MEMORY;
+    size_t need = pieces->length + extra, c1 = pieces->char_capacity, c2 = pieces->char_capacity;
+    if (!grow((void **)&pieces->chars, &c1, need, sizeof *pieces->chars)) return UFORM_OUT_OF_MEMORY;
+    if (!grow((void **)&pieces->spans, &c2, need, sizeof *pieces->spans)) return UFORM_OUT_OF_MEMORY;
+    pieces->char_capacity = c1 < c2 ? c1 : c2;
     return UFORM_OK;
 }
 
@@ -89,9 +85,15 @@ uform_status_t pieces_emit_range(pieces_t *out, pieces_t const *in, size_t index
     uint32_t const *chars = pieces_chars(in, index);
     uint32_t shift = begin < end ? spans[begin].begin : in->shifts[index];
     uform_status_t status = pieces_begin(out, shift, in->ids[index]);
-    for (uint32_t i = begin; i < end && status == UFORM_OK; ++i) status = pieces_push(out, chars[i], spans[i]);
-    if (status == UFORM_OK) pieces_end(out);
-    return status;
+    if (status == UFORM_OK) status = pieces_reserve(out, end - begin);
+    if (status != UFORM_OK) return status;
+    if (begin < end) { /* an empty range may meet arrays not yet made */
+        memcpy(out->chars + out->length, chars + begin, (end - begin) * sizeof *chars);
+        memcpy(out->spans + out->length, spans + begin, (end - begin) * sizeof *spans);
+        out->length += end - begin;
+    }
+    pieces_end(out);
+    return UFORM_OK;
 }
 
 uform_status_t piece_rewrite_begin(piece_rewrite_t *rewrite, pieces_t *out, pieces_t const *in, size_t index,

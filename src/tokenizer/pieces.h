@@ -50,8 +50,21 @@ void pieces_clear(pieces_t *pieces);
 /* Begins a piece at original byte `shift`, with `id` (PIECE_OPEN or an added token's id). */
 uform_status_t pieces_begin(pieces_t *pieces, uint32_t shift, int32_t id);
 
+/* Room for `extra` more code points (pieces_push's slow path). Answers UFORM_OK, or UFORM_OUT_OF_MEMORY
+ * (a list of UINT32_MAX code points included: offsets are 32-bit). */
+uform_status_t pieces_reserve(pieces_t *pieces, size_t extra);
+
 /* Appends a code point with its span to the piece begun. Answers UFORM_OK or UFORM_OUT_OF_MEMORY. */
-uform_status_t pieces_push(pieces_t *pieces, uint32_t ch, piece_span_t span);
+static inline uform_status_t pieces_push(pieces_t *pieces, uint32_t ch, piece_span_t span) {
+    if (pieces->length == pieces->char_capacity) {
+        uform_status_t status = pieces_reserve(pieces, 1);
+        if (status != UFORM_OK) return status;
+    }
+    pieces->chars[pieces->length] = ch;
+    pieces->spans[pieces->length] = span;
+    pieces->length++;
+    return UFORM_OK;
+}
 
 /* Ends the piece begun; an empty one that is not an added token is dropped (tokenizers drops empty
  * splits). */

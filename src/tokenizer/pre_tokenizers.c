@@ -1,5 +1,5 @@
 /* Pre-tokenizers: each open piece cut into the pieces the model will cut, as Hugging Face's tokenizers
- * 0.19.1 cuts them (its pre_tokenizers folder), spans kept; ByteLevel and Metaspace rewrite their pieces too.
+ * 0.19.1 cuts them (its pre_tokenizers folder), spans kept; ByteLevel and Metaspace rewrite theirs too.
  *
  *   BertPreTokenizer  whitespace removed, punctuation alone
  *   Whitespace        runs of \w, runs of [^\w\s] (the regex crate's classes), whitespace removed
@@ -8,7 +8,7 @@
  *                     MergedWithNext, Contiguous: tokenizers' SplitDelimiterBehavior)
  *   Digits            numeric code points alone, or in runs
  *   Split             an Oniguruma pattern's matches (or the runs between them) split off by a behavior
- *   ByteLevel         a space prepended, GPT-2's pattern, then every UTF-8 byte as one of GPT-2's characters
+ *   ByteLevel         a space prepended, GPT-2's pattern, each UTF-8 byte as one of GPT-2's characters
  *   Metaspace         ' ' replaced, the replacement prepended, cut before each replacement
  *   Sequence          each in turn (nested sequences flattened when read)
  *
@@ -22,7 +22,7 @@
  *     (Unicode 15.0; Rust's std has 15.x, with the same sets for these). unicode_categories 0.1.1
  *     still has Unicode 8.0's tables: the 127 code points that became punctuation later (U+061D,
  *     U+2E43..U+2E5D, and in recent scripts: Newa, Adlam, Tangut, Kawi...) are punctuation here and not
- *     there, and U+166D and U+111C9, punctuation in 8.0 and not since, are punctuation there only.
+ *     there, and U+166D and U+111C9, punctuation in 8.0 and no longer in 15.0, are punctuation there only.
  *   - Oniguruma's \p{L}, \p{N} and \s for GPT-2's pattern, from Oniguruma itself (6.9.8, Unicode 14.0:
  *     the very tables tokenizers' bundled Oniguruma 6.9.8 has).
  *   - The regex crate's \w (Alphabetic, M, Nd, Pc, Join_Control; regex-syntax 0.8 has Unicode 15.0):
@@ -87,58 +87,60 @@ enum {
     CLASS_LETTER = 1u << 4,      /* Oniguruma's \p{L} */
     CLASS_NUMBER = 1u << 5,      /* Oniguruma's \p{N} */
     CLASS_SPACE = 1u << 6,       /* Oniguruma's \s */
-    CLASS_ALL = 0x7F,
 };
 
-/* Read-only once made (pthread_once): ASCII's classes, Oniguruma's property numbers, and GPT-2's
- * characters for the bytes. */
+/* The code points below this have their classes in a table (the BMP and the SMP, emoji among them);
+ * the others ask the libraries each time. */
+#define TABLED_END 0x20000u
+
+/* Read-only once made (pthread_once): the classes of the tabled code points, Oniguruma's property
+ * numbers, and GPT-2's characters for the bytes. */
 static struct {
     pthread_once_t once;
     uform_status_t status;
     OnigCtype letter, number, alphabetic, join_control;
-    uint8_t ascii[128];
     uint16_t byte_chars[256];
+    uint8_t classes[TABLED_END];
 } tables = {.once = PTHREAD_ONCE_INIT, .status = UFORM_INTERNAL};
 
 static bool onig_is(uint32_t ch, OnigCtype ctype) {
     return ONIGENC_IS_CODE_CTYPE(ONIG_ENCODING_UTF8, ch, ctype) > 0;
 }
 
-static bool is_white_space(uint32_t ch, utf8proc_category_t category) {
-    return category == UTF8PROC_CATEGORY_ZS || category == UTF8PROC_CATEGORY_ZL ||
-           category == UTF8PROC_CATEGORY_ZP || (ch >= 0x09 && ch <= 0x0D) || ch == 0x85;
-}
-
-static bool is_punctuation(uint32_t ch, utf8proc_category_t category) {
-    bool ascii = (ch >= 0x21 && ch <= 0x2F) || (ch >= 0x3A && ch <= 0x40) || (ch >= 0x5B && ch <= 0x60) ||
-                 (ch >= 0x7B && ch <= 0x7E);
-    return ascii || (category >= UTF8PROC_CATEGORY_PC && category <= UTF8PROC_CATEGORY_PO);
-}
-
-static bool is_word(uint32_t ch, utf8proc_category_t category) {
-    bool by_category = (category >= UTF8PROC_CATEGORY_LU && category <= UTF8PROC_CATEGORY_NL) ||
-                       category == UTF8PROC_CATEGORY_PC;
-    return by_category || onig_is(ch, tables.alphabetic) || onig_is(ch, tables.join_control);
-}
-
-/* The classes among `wanted` that `ch` has, from the libraries. */
-static unsigned unicode_classes(uint32_t ch, unsigned wanted) {
+/* The classes that come from utf8proc's categories, \w only partly (onig_classes adds the rest). */
+static unsigned category_classes(uint32_t ch) {
     utf8proc_category_t category = utf8proc_category((utf8proc_int32_t)ch);
+    bool ascii_punctuation = (ch >= 0x21 && ch <= 0x2F) || (ch >= 0x3A && ch <= 0x40) ||
+                             (ch >= 0x5B && ch <= 0x60) || (ch >= 0x7B && ch <= 0x7E);
     unsigned classes = 0;
-    if (wanted & CLASS_WHITESPACE && is_white_space(ch, category)) classes |= CLASS_WHITESPACE;
-    if (wanted & CLASS_PUNCTUATION && is_punctuation(ch, category)) classes |= CLASS_PUNCTUATION;
-    if (wanted & CLASS_NUMERIC && category >= UTF8PROC_CATEGORY_ND && category <= UTF8PROC_CATEGORY_NO)
-        classes |= CLASS_NUMERIC;
-    if (wanted & CLASS_WORD && is_word(ch, category)) classes |= CLASS_WORD;
-    if (wanted & CLASS_LETTER && onig_is(ch, tables.letter)) classes |= CLASS_LETTER;
-    if (wanted & CLASS_NUMBER && onig_is(ch, tables.number)) classes |= CLASS_NUMBER;
-    if (wanted & CLASS_SPACE && ONIGENC_IS_CODE_CTYPE(ONIG_ENCODING_UTF8, ch, ONIGENC_CTYPE_SPACE) > 0)
-        classes |= CLASS_SPACE;
+    if (category == UTF8PROC_CATEGORY_ZS || category == UTF8PROC_CATEGORY_ZL ||
+        category == UTF8PROC_CATEGORY_ZP || (ch >= 0x09 && ch <= 0x0D) || ch == 0x85)
+        classes |= CLASS_WHITESPACE;
+    if (ascii_punctuation || (category >= UTF8PROC_CATEGORY_PC && category <= UTF8PROC_CATEGORY_PO))
+        classes |= CLASS_PUNCTUATION;
+    if (category >= UTF8PROC_CATEGORY_ND && category <= UTF8PROC_CATEGORY_NO) classes |= CLASS_NUMERIC;
+    if ((category >= UTF8PROC_CATEGORY_LU && category <= UTF8PROC_CATEGORY_NL) ||
+        category == UTF8PROC_CATEGORY_PC)
+        classes |= CLASS_WORD;
     return classes;
 }
 
+/* The classes that come from Oniguruma's properties, among `wanted`. */
+static unsigned onig_classes(uint32_t ch, unsigned wanted) {
+    unsigned classes = 0;
+    if (wanted & CLASS_WORD && (onig_is(ch, tables.alphabetic) || onig_is(ch, tables.join_control)))
+        classes |= CLASS_WORD;
+    if (wanted & CLASS_LETTER && onig_is(ch, tables.letter)) classes |= CLASS_LETTER;
+    if (wanted & CLASS_NUMBER && onig_is(ch, tables.number)) classes |= CLASS_NUMBER;
+    if (wanted & CLASS_SPACE && onig_is(ch, ONIGENC_CTYPE_SPACE)) classes |= CLASS_SPACE;
+    return classes;
+}
+
+/* The classes among `wanted` that `ch` has. */
 static inline unsigned classes_of(uint32_t ch, unsigned wanted) {
-    return ch < 128 ? tables.ascii[ch] & wanted : unicode_classes(ch, wanted);
+    if (ch < TABLED_END) return tables.classes[ch] & wanted;
+    unsigned classes = category_classes(ch) & wanted;
+    return classes | onig_classes(ch, wanted & ~classes);
 }
 
 static bool onig_property(char const *name, OnigCtype *ctype) {
@@ -148,6 +150,22 @@ static bool onig_property(char const *name, OnigCtype *ctype) {
     int found = ONIGENC_PROPERTY_NAME_TO_CTYPE(ONIG_ENCODING_UTF8, buffer, buffer + length);
     *ctype = (OnigCtype)found;
     return found >= 0;
+}
+
+/* Sets `class` on the tabled code points of an Oniguruma property, from its list of ranges (Latin-1's
+ * code points one by one: Oniguruma answers them from a table of its own). */
+static bool table_property(OnigCtype ctype, unsigned class) {
+    OnigCodePoint single_bytes;
+    OnigCodePoint const *ranges;
+    if (ONIGENC_GET_CTYPE_CODE_RANGE(ONIG_ENCODING_UTF8, ctype, &single_bytes, &ranges) != 0) return false;
+    for (uint32_t ch = 0; ch < 0x100; ++ch)
+        if (onig_is(ch, ctype)) tables.classes[ch] |= (uint8_t) class;
+    for (OnigCodePoint i = 0; i < ranges[0]; ++i) {
+        uint32_t from = ranges[1 + 2 * i], to = ranges[2 + 2 * i];
+        for (uint32_t ch = from < 0x100 ? 0x100 : from; ch <= to && ch < TABLED_END; ++ch)
+            tables.classes[ch] |= (uint8_t) class;
+    }
+    return true;
 }
 
 /* GPT-2's bytes_to_unicode: the printable bytes stand for themselves, the others, in order, for the
@@ -166,8 +184,12 @@ static void make_tables(void) {
         !onig_property("Alphabetic", &tables.alphabetic) ||
         !onig_property("Join_Control", &tables.join_control))
         return;
-    for (uint32_t ch = 0; ch < 128; ++ch)
-        tables.ascii[ch] = (uint8_t)unicode_classes(ch, CLASS_ALL);
+    for (uint32_t ch = 0; ch < TABLED_END; ++ch)
+        tables.classes[ch] = (uint8_t)category_classes(ch);
+    if (!table_property(tables.alphabetic, CLASS_WORD) || !table_property(tables.join_control, CLASS_WORD) ||
+        !table_property(tables.letter, CLASS_LETTER) || !table_property(tables.number, CLASS_NUMBER) ||
+        !table_property(ONIGENC_CTYPE_SPACE, CLASS_SPACE))
+        return;
     make_byte_chars();
     tables.status = UFORM_OK;
 }
@@ -223,14 +245,9 @@ static uform_status_t splitter_push(splitter_t *splitter, uint32_t begin, uint32
         return UFORM_OK;
     }
     uform_status_t status = splitter_flush(splitter);
-    *splitter = (splitter_t){.out = splitter->out,
-                             .in = splitter->in,
-                             .index = splitter->index,
-                             .behavior = splitter->behavior,
-                             .begin = begin,
-                             .end = end,
-                             .held = true,
-                             .previous_match = is_match};
+    splitter->begin = begin;
+    splitter->end = end;
+    splitter->held = true;
     return status;
 }
 

@@ -13,6 +13,7 @@
 
 #include <oniguruma.h>
 
+#include "models.h"
 #include "tokenizer.h"
 
 /* ---- reading tokenizer.json -------------------------------------------------------------------- */
@@ -283,7 +284,8 @@ uform_status_t tokenizer_cut(uform_tokenizer_t const *tokenizer, uint8_t const *
     if (status == UFORM_OK && tokenizer->post) status = post_processor_apply(tokenizer->post, out, add_special);
     if (status == UFORM_OK && tokenizer->padding.on && !tokenizer->padding.batch_longest)
         status = tokenizer_pad(tokenizer, out->tokens, tokenizer->padding.length);
-    if (status == UFORM_FORMAT && !*message) *message = "the model cannot cut the text";
+    if (status == UFORM_FORMAT && !*message)
+        *message = *model_work_fault(work) ? model_work_fault(work) : "the model cannot cut the text";
     return status;
 }
 

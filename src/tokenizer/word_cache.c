@@ -66,7 +66,8 @@ void word_cache_put(word_cache_t *cache, uint8_t const *word, uint32_t size, uin
     word_cache_entry_t *entry = &cache->entries[cache->entry_count];
     *entry = (word_cache_entry_t){hash, cache->key_bytes, size, cache->token_count, count};
     memcpy(cache->keys + cache->key_bytes, word, size);
-    memcpy(cache->tokens + cache->token_count, tokens, count * sizeof *tokens);
+    if (count) /* a word may have no tokens (BPE drops unknown code points without an unk token) */
+        memcpy(cache->tokens + cache->token_count, tokens, count * sizeof *tokens);
     cache->key_bytes += size;
     cache->token_count += count;
     uint32_t slot = (uint32_t)hash & (WORD_CACHE_SLOTS - 1);

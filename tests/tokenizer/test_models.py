@@ -8,7 +8,8 @@ normalizer or pre-tokenizer (where the whole text is one piece too). The texts: 
 scripts, long words, unknown characters, random strings. Malformed models must be refused by both.
 
     test_models.py --driver build/tests/tokenizer/model_driver --workdir DIR
-    test_models.py --driver ... --workdir DIR --bench     words/s of BPE and Unigram, here and in Rust
+    test_models.py --driver ... --workdir DIR --bench [tokenizer.json ...] [--corpus TEXT]
+        words/s of models (BPE and Unigram trained here, or those given), here and in Rust
 """
 
 from __future__ import annotations
@@ -226,7 +227,9 @@ def wordlevel_models() -> dict:
     base = trained(models.WordLevel(unk_token="<unk>"),
                    trainers.WordLevelTrainer(vocab_size=300, special_tokens=["<unk>"], show_progress=False))
     return {"wordlevel": base, "wordlevel-untyped": edited(base, type=KeyError),
-            "wordlevel-unk-missing": edited(base, unk_token="<none>")}
+            "wordlevel-unk-missing": edited(base, unk_token="<none>"),
+            # Not a BPE for tokenizers (its prefix is no string), whose dropout then does not matter.
+            "wordlevel-untyped-dropout": edited(base, type=KeyError, dropout=0.5, continuing_subword_prefix=3)}
 
 
 # Malformed models: tokenizers refuses each, and so must the driver ("refused ...").
@@ -272,6 +275,14 @@ BAD = {
 
 
 # ---- comparing ------------------------------------------------------------------------------------
+
+
+# Models tokenizers reads that the driver refuses as UNSUPPORTED: BPE dropout draws merges at random.
+UNSUPPORTED = {
+    "bpe-dropout": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": ["a b"], "dropout": 0.5},
+    "bpe-dropout-untyped": {"vocab": {"a": 0, "b": 1, "ab": 2}, "merges": ["a b"], "dropout": 1,
+                            "unk_token": "a"},
+}
 
 
 def char_offsets(text: str, span: tuple) -> tuple:
@@ -369,6 +380,16 @@ def refused(driver: str, workdir: Path, name: str, model) -> int:
     return 0
 
 
+def unsupported(driver: str, workdir: Path, name: str, model) -> int:
+    Tokenizer.from_str(tokenizer_json(model))
+    got = driver_run(driver, workdir, name, model, ["a"])
+    if not (got and isinstance(got[0], str) and got[0].startswith("refused unsupported")):
+        print(f"FAIL {name}: the driver should refuse it as unsupported: {got}")
+        return 1
+    print(f"ok   {name}: unsupported ({got[0][8:]})")
+    return 0
+
+
 def python_side(name: str, model: dict) -> dict:
     """The model as tokenizers 0.19.1 reads it: merges as strings, no dropout 0 (which it refuses)."""
     if name == "bpe-pairs":
@@ -385,44 +406,72 @@ def all_models() -> dict:
 # ---- speed ----------------------------------------------------------------------------------------
 
 
-def bench(driver: str, workdir: Path) -> None:
-    """Words per second of BPE and Unigram over Python's own sources, single thread, here and in Rust
-    (a WhitespaceSplit pre-tokenizer gives Rust the same words)."""
-    sources = sorted(Path(json.__file__).resolve().parents[1].glob("*.py"))
-    text = "\n".join(p.read_text(errors="replace") for p in sources)[:8_000_000]
-    path = workdir / "bench.txt"
-    path.write_text(text)
-    lines = text.split("\n")[:100000]
-    bpe = trained(models.BPE(unk_token="<unk>"), trainers.BpeTrainer(vocab_size=8000, special_tokens=["<unk>"],
-                                                                      show_progress=False), lines)
-    unigram = trained(models.Unigram(), trainers.UnigramTrainer(vocab_size=8000, special_tokens=["<unk>"],
-                                                                unk_token="<unk>", show_progress=False), lines)
-    words = len(text.split())
-    for name, model in (("BPE", bpe), ("Unigram", unigram)):
-        model_path = workdir / f"bench-{name}.json"
+def bench_words(tokenizer_file: str, corpus: str) -> tuple:
+    """The model of a tokenizer.json, and the corpus cut into words by its own normalizer and
+    pre-tokenizer (what its model would be given), joined by spaces."""
+    whole = json.loads(Path(tokenizer_file).read_text())
+    tokenizer = Tokenizer.from_file(tokenizer_file)
+    words = []
+    for line in corpus.split("\n"):
+        if tokenizer.normalizer:
+            line = tokenizer.normalizer.normalize_str(line)
+        pieces = tokenizer.pre_tokenizer.pre_tokenize_str(line) if tokenizer.pre_tokenizer else [(line, None)]
+        words += [piece for piece, _ in pieces if piece.strip() and not any(c.isspace() for c in piece)]
+    return whole["model"], " ".join(words)
+
+
+def bench(driver: str, workdir: Path, tokenizer_files: list, corpus_file: str) -> None:
+    """Words per second of models, single thread, here and in Rust (the same words: a WhitespaceSplit
+    pre-tokenizer gives Rust the words the driver cuts). Without tokenizer files, a BPE and a Unigram
+    trained on Python's own sources; the corpus is Python's sources or `corpus_file`."""
+    if corpus_file:
+        corpus = Path(corpus_file).read_text(errors="replace")[:3_000_000]
+    else:
+        sources = sorted(Path(json.__file__).resolve().parents[1].glob("*.py"))
+        corpus = "\n".join(p.read_text(errors="replace") for p in sources)[:3_000_000]
+    cases = []
+    for name in tokenizer_files:
+        model, text = bench_words(name, corpus)
+        cases.append((Path(name).parent.name, model, text))
+    if not tokenizer_files:
+        lines = corpus.split("\n")
+        bpe_trainer = trainers.BpeTrainer(vocab_size=8000, special_tokens=["<unk>"], show_progress=False)
+        unigram_trainer = trainers.UnigramTrainer(vocab_size=8000, special_tokens=["<unk>"], unk_token="<unk>",
+                                                  show_progress=False)
+        cases.append(("BPE", trained(models.BPE(unk_token="<unk>"), bpe_trainer, lines), corpus))
+        cases.append(("Unigram", trained(models.Unigram(), unigram_trainer, lines), corpus))
+    for name, model, text in cases:
+        model_path, text_path = workdir / f"bench-{name}.json", workdir / f"bench-{name}.txt"
         model_path.write_text(json.dumps(model, ensure_ascii=False))
-        run = subprocess.run([driver, "--bench", str(model_path), str(path), "3"], capture_output=True, text=True)
+        text_path.write_text(text)
+        run = subprocess.run([driver, "--bench", str(model_path), str(text_path), "3"], capture_output=True, text=True)
         tokenizer = Tokenizer.from_str(tokenizer_json(model))
         tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+        split = text.split()
+        words = len(split)
+        chunks = [" ".join(split[i:i + 256]) for i in range(0, words, 256)]
         start = time.perf_counter()
         for _ in range(3):
-            tokenizer.encode(text)
+            tokenizer.encode_batch(chunks)
         seconds = time.perf_counter() - start
         print(f"{name}: uform {run.stdout.strip()}; tokenizers {3 * words / seconds:.0f} words/s "
-              f"({3 * words} words, {seconds:.3f} s)")
+              f"({3 * words} words, {seconds:.3f} s)", flush=True)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--driver", required=True)
     parser.add_argument("--workdir", required=True)
-    parser.add_argument("--bench", action="store_true")
+    parser.add_argument("--bench", nargs="*", metavar="TOKENIZER_JSON",
+                        help="time models (trained here, or those of tokenizer.json files) instead of testing")
+    parser.add_argument("--corpus", help="the text --bench cuts (default: Python's own sources)")
     args = parser.parse_args()
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     print(f"tokenizers {tokenizers.__version__}", flush=True)
-    if args.bench:
-        bench(args.driver, workdir)
+    if args.bench is not None:
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread, as the driver
+        bench(args.driver, workdir, args.bench, args.corpus)
         return 0
     cases = texts()
     faults = 0
@@ -430,6 +479,8 @@ def main() -> int:
         faults += compare(args.driver, workdir, name, model, python_side(name, model), cases)
     for name, model in BAD.items():
         faults += refused(args.driver, workdir, name, model)
+    for name, model in UNSUPPORTED.items():
+        faults += unsupported(args.driver, workdir, name, model)
     print("FAIL" if faults else "PASS", f"({faults} failing)" if faults else "")
     return 1 if faults else 0
 

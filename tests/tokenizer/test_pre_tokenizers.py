@@ -21,11 +21,16 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reference"))
-from interpreter import run_under_python_with  # noqa: E402
+from interpreter import run_under_python_with, unavailable  # noqa: E402
 
 run_under_python_with(["tokenizers"])
 
+import tokenizers  # noqa: E402
 from tokenizers import Tokenizer  # noqa: E402
+
+# The engine follows 0.19.1, whose objects and cuts later versions changed.
+if tokenizers.__version__ != "0.19.1":
+    unavailable(f"tokenizers {tokenizers.__version__} is not the reference: .venv/bin/pip install tokenizers==0.19.1")
 
 # Punctuation by Unicode 15.0 (utf8proc) that tokenizers' unicode_categories 0.1.1 (Unicode 8.0) does
 # not know, and the two code points it still takes for punctuation (pre_tokenizers.c's head).

@@ -370,6 +370,46 @@ static void test_sentencepiece_files(void **state) {
     if (!strstr(uform_last_error().message, named)) fail_msg("\"%s\" does not name %s", uform_last_error().message, named);
 }
 
+/* Every seed tokenizer of the fuzz corpus, cut short at many lengths and with bytes changed at many
+ * places: each answers OK, FORMAT or UNSUPPORTED with a message, and one that opens still cuts texts. */
+static void test_corrupted_files(void **state) {
+    (void)state;
+    static char const *const names[] = {"wordpiece_bert.json", "bpe_byte_level.json", "bpe_clip.json",
+                                        "unigram_metaspace.json", "wordlevel.json"};
+    uform_arena_t *arena = arena_on_host();
+    uform_tokenized_t tokenized;
+    size_t refused = 0, opened = 0;
+    for (size_t n = 0; n < sizeof names / sizeof names[0]; ++n) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/tests/fuzz-corpus/tokenizer_json/%s", UFORM_SOURCE_ROOT, names[n]);
+        blob_t blob = blob_read(path);
+        uint8_t *copy = malloc(blob.size);
+        assert_non_null(copy);
+        for (size_t trial = 0; trial < 200; ++trial) {
+            size_t length = blob.size;
+            memcpy(copy, blob.data, blob.size);
+            if (trial % 2) length = random_below(blob.size);
+            else for (size_t flips = 1 + random_below(4); flips; --flips) copy[random_below(blob.size)] = (uint8_t)random_bits();
+            uform_tokenizer_t *tokenizer = NULL;
+            uform_status_t status = uform_tokenizer_parse(copy, length, &tokenizer);
+            if (status != UFORM_OK) {
+                if (status != UFORM_FORMAT && status != UFORM_UNSUPPORTED) fail_msg("status %d", status);
+                assert_true(strlen(uform_last_error().message) > 0);
+                assert_null(tokenizer);
+                refused++;
+                continue;
+            }
+            opened++;
+            cut_one(tokenizer, "Hello, [MASK] world! \xd0\x9f\xd1\x80\xd0\xb8\xd0\xb2\xd0\xb5\xd1\x82", false, arena, &tokenized);
+            uform_tokenizer_free(tokenizer);
+        }
+        free(copy);
+        free(blob.data);
+    }
+    assert_true(refused > 0);
+    uform_arena_free(arena);
+}
+
 static int tokenize_setup(void **state) {
     (void)state;
     uform_tiny_checkpoint_args_t tiny_checkpoint = {.seed = 1};
@@ -385,6 +425,7 @@ int main(void) {
         cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_files),
         cmocka_unit_test(test_sentencepiece_files),
+        cmocka_unit_test(test_corrupted_files),
     };
     return cmocka_run_group_tests_name("tokenize", tests, tokenize_setup, fixture_teardown);
 }

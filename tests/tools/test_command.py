@@ -669,6 +669,48 @@ def check_default_model(uform, model, workdir):
     assert top[0][2] == "dog.txt" and abs(top[0][1] - 1) < 1e-5, top
 
 
+def check_tokenize(uform, workdir):
+    """uform tokenize: the same rows from arguments, standard input and a manifest (texts with newlines
+    there), spans within each text, --no-special, a folder for --model, a text that is not UTF-8 failing
+    alone with exit status 1, and the command line's faults. Its ids against tokenizers:
+    tests/tokenizer/compare.py."""
+    tokenizer = str(REPOSITORY / "tests" / "fuzz-corpus" / "tokenizer_json" / "wordpiece_bert.json")
+    help_text = run(uform, "tokenize", "--help")[0].decode()
+    assert help_text.startswith("usage: uform tokenize"), help_text
+    probe = subprocess.run([uform, "tokenize", "--tokenizer", tokenizer, "a"], capture_output=True, timeout=120)
+    if probe.returncode != 0 and b"unsupported" in probe.stderr:
+        print("uform tokenize: built without tokenizers, skipping its checks")
+        return
+    texts = ["The quick brown fox.", "", "naïve café, 日本語!", "-dash first"]
+    by_arguments = rows_of(run(uform, "tokenize", "--tokenizer", tokenizer, "--", *texts)[0])
+    by_lines = rows_of(run(uform, "tokenize", "--tokenizer", tokenizer, stdin="\n".join(texts).encode() + b"\n")[0])
+    manifest = "".join(json.dumps({"text": text}) + "\n" for text in texts + ["two\nlines"])
+    by_manifest = rows_of(run(uform, "tokenize", "--tokenizer", tokenizer, "--manifest", "-", stdin=manifest.encode())[0])
+    assert by_arguments == by_lines == by_manifest[:len(texts)], (by_arguments, by_lines, by_manifest)
+    for text, row in zip(texts + ["two\nlines"], by_manifest):
+        size = len(text.encode())
+        assert len(row["ids"]) == len(row["spans"]) >= 2, row
+        assert row["spans"][0] == [0, 0] and row["spans"][-1] == [0, 0], row
+        assert all(0 <= begin <= end <= size for begin, end in row["spans"]), row
+    plain = rows_of(run(uform, "tokenize", "--tokenizer", tokenizer, "--no-special", texts[0])[0])
+    assert plain[0]["ids"] == by_arguments[0]["ids"][1:-1], plain
+    folder = os.path.join(workdir, "tokenizer-folder")
+    os.makedirs(folder, exist_ok=True)
+    with open(tokenizer, "rb") as source, open(os.path.join(folder, "tokenizer.json"), "wb") as copy:
+        copy.write(source.read())
+    assert rows_of(run(uform, "tokenize", "--model", folder, "--", *texts)[0]) == by_arguments
+    out, err = run(uform, "tokenize", "--tokenizer", tokenizer, stdin=b"good\nbad \xff\nalso good\n", expect=1)
+    rows = rows_of(out)
+    assert rows[1] == {"index": 1, "error": "format"} and "ids" in rows[0] and "ids" in rows[2], rows
+    assert "1 of 3 texts" in err, err
+    run(uform, "tokenize", "a", expect=2)
+    run(uform, "tokenize", "--tokenizer", tokenizer, "--model", folder, "a", expect=2)
+    err = run(uform, "tokenize", "--tokenizer", os.path.join(workdir, "absent.json"), "a", expect=1)[1]
+    assert err.startswith("UForm: io") and err.count("\n") == 1, err
+    err = run(uform, "tokenize", "--model", os.path.join(workdir, "tiny.safetensors"), "a", expect=1)[1]
+    assert "no tokenizer" in err, err
+
+
 def main():
     options = parse_options(__doc__)
     model = check_checkpoint_and_info(options.uform, options.workdir)
@@ -682,6 +724,7 @@ def main():
     check_encode_output_faults(options.uform, model, options.workdir)
     check_errors(options.uform, model, options.workdir)
     check_default_model(options.uform, model, options.workdir)
+    check_tokenize(options.uform, options.workdir)
     print("uform command: all checks passed")
     return 0
 

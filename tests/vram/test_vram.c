@@ -252,6 +252,8 @@ static float *view_rows(uform_view_t const *view) {
             case UFORM_I8:
                 value = (float)(int8_t)raw[i] * scales[r];
                 break;
+            case UFORM_U32: /* no tower writes it */
+                fail_msg("a U32 view of embeddings");
             }
             out[i] = value;
         }
