@@ -562,10 +562,10 @@ static uform_status_t siglip_text(spiece_t const *spiece, pieces_t const *in, pi
     return status;
 }
 
-/* Whether token 0 is a piece whose string is "▁" (SiglipTokenizer.tokenize drops it before a special
- * token). */
-static bool first_is_space(sentencepiece_pieces_t const *encoded, size_t skip, bool first) {
-    if (!first || encoded->count <= skip) return false;
+/* Whether piece `skip`, the text's first token, is "▁" (SiglipTokenizer.tokenize drops it before a
+ * special token). */
+static bool first_is_space(sentencepiece_pieces_t const *encoded, size_t skip) {
+    if (encoded->count <= skip) return false;
     sentencepiece_piece_t const *piece = &encoded->pieces[skip];
     return piece->length == 3 && memcmp(encoded->strings + piece->string, "\xE2\x96\x81", 3) == 0;
 }
@@ -596,7 +596,7 @@ static uform_status_t segments_cut(spiece_t const *spiece, pieces_t const *text,
         }
         if (status == UFORM_OK) status = encode_append(spiece, &input, skip, scratch, out, message);
         if (status == UFORM_OK && first == 0 && out->count > 0)
-            *space_first = first_is_space(&scratch->encoded, scratch->encoded.count < skip ? 0 : skip, true);
+            *space_first = first_is_space(&scratch->encoded, scratch->encoded.count < skip ? 0 : skip);
     }
     return status;
 }
