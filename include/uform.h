@@ -899,8 +899,9 @@ UFORM_EXPORT uform_status_t uform_outcome_probabilities(uform_outcome_t const *o
  * a bare .model file is cut as SentencePieceProcessor.encode cuts (no special tokens). Neither truncates
  * nor pads. Spans come from SentencePiece's own byte offsets, mapped back through SigLIP's preprocessing:
  * text it removed lies in no token's span unless inside one. Debian's libsentencepiece (0.1.97) may break
- * an exact tie of two Unigram segmentations (the same pieces in another order: "w" "ww", "ww" "w")
- * otherwise than PyPI's (0.2); docs/DESIGN.md, "Tokenizers", says more.
+ * an exact tie of two Unigram segmentations (the same pieces in another order: "w" "ww", "ww" "w"), or
+ * in a text of a megabyte a near one, otherwise than PyPI's (0.2); docs/DESIGN.md, "Tokenizers", says
+ * more.
  *
  * Builds without utf8proc and Oniguruma answer UFORM_UNSUPPORTED to every tokenizer function; builds
  * without libsentencepiece (UFORM_FEATURE_SENTENCEPIECE) to a SentencePiece model. A tokenizer is
