@@ -121,6 +121,7 @@ typedef enum uform_feature {
     UFORM_FEATURE_MICROHTTPD = 1u << 8, /* the embedding server */
     UFORM_FEATURE_FORK_UNION = 1u << 9, /* executors over fork_union pools */
     UFORM_FEATURE_TOKENIZERS = 1u << 10, /* tokenizer.json files (utf8proc and Oniguruma) */
+    UFORM_FEATURE_SENTENCEPIECE = 1u << 11, /* SentencePiece .model files (libsentencepiece) */
 } uform_feature_t;
 
 /* A bitwise OR of uform_feature_t. Never fails. */
@@ -891,18 +892,36 @@ UFORM_EXPORT uform_status_t uform_outcome_probabilities(uform_outcome_t const *o
  * hold only valid text): here it fails alone, with item status UFORM_FORMAT and no tokens, and the
  * other texts of the call are cut as if alone.
  *
- * Builds without utf8proc and Oniguruma answer UFORM_UNSUPPORTED to every tokenizer function. A tokenizer is read-only once opened: any number of calls, on any
- * executors and threads, may use it at once. */
+ * Folders published without a tokenizer.json (SigLIP's) hold a SentencePiece model instead, cut by
+ * libsentencepiece itself as transformers' (4.44) slow tokenizers cut with it, their class named by the
+ * folder's tokenizer_config.json: SiglipTokenizer (lowercased, ASCII punctuation removed, whitespace
+ * collapsed, </s> after the text) and XLMRobertaTokenizer (fairseq's ids, <s> and </s> around the text);
+ * a bare .model file is cut as SentencePieceProcessor.encode cuts (no special tokens). Neither truncates
+ * nor pads. Spans come from SentencePiece's own byte offsets, mapped back through SigLIP's preprocessing:
+ * text it removed lies in no token's span unless inside one. Debian's libsentencepiece (0.1.97) may break
+ * an exact tie of two Unigram segmentations (the same pieces in another order: "w" "ww", "ww" "w"), or
+ * in a text of a megabyte a near one, otherwise than PyPI's (0.2); docs/DESIGN.md, "Tokenizers", says
+ * more.
+ *
+ * Builds without utf8proc and Oniguruma answer UFORM_UNSUPPORTED to every tokenizer function; builds
+ * without libsentencepiece (UFORM_FEATURE_SENTENCEPIECE) to a SentencePiece model. A tokenizer is
+ * read-only once opened: any number of calls, on any executors and threads, may use it at once. */
 typedef struct uform_tokenizer uform_tokenizer_t;
 
-/* Opens a tokenizer from `path`: a `tokenizer.json`, or a folder holding one. Reads and checks the whole
+/* Opens a tokenizer from `path`: a file, a `tokenizer.json` (its first byte past whitespace is '{') or
+ * else a SentencePiece model (`spiece.model`, `sentencepiece.bpe.model`: cut as SentencePiece's encode
+ * cuts); or a model's folder, read from its tokenizer.json, or without one from its spiece.model or
+ * sentencepiece.bpe.model and the tokenizer_config.json that names the class (SiglipTokenizer,
+ * XLMRobertaTokenizer; its do_lower_case read, other special tokens refused). Reads and checks the whole
  * file on the calling thread (blocking). Answers UFORM_OK, UFORM_INVALID_ARGUMENT (NULL arguments),
- * UFORM_IO (cannot open or read), UFORM_FORMAT (malformed JSON, or a component that is: the message
- * names the fault), UFORM_UNSUPPORTED (a component outside the list above, or a build without
- * tokenizers: the message names it), UFORM_OUT_OF_MEMORY. */
+ * UFORM_IO (cannot open or read, a model without tokenizer_config.json in a folder), UFORM_FORMAT
+ * (malformed JSON, a component that is, a file SentencePiece does not read as a model: the message names
+ * the fault), UFORM_UNSUPPORTED (a component or tokenizer class outside the lists above, or a build
+ * without tokenizers or without SentencePiece: the message names it), UFORM_OUT_OF_MEMORY. */
 UFORM_EXPORT uform_status_t uform_tokenizer_open(char const *path, uform_tokenizer_t **tokenizer);
 
-/* The same from the `length` bytes of a tokenizer.json in memory (read only during the call). */
+/* The same from the `length` bytes of a tokenizer.json in memory (read only during the call; never a
+ * SentencePiece model). */
 UFORM_EXPORT uform_status_t uform_tokenizer_parse(void const *json, size_t length, uform_tokenizer_t **tokenizer);
 
 /* Frees the tokenizer; it must not be in use by a pending call. NULL is ignored. */
@@ -911,8 +930,9 @@ UFORM_EXPORT void uform_tokenizer_free(uform_tokenizer_t *tokenizer);
 typedef struct uform_tokenizer_info {
     size_t vocabulary;    /* ids are below this: the model's vocabulary and the added tokens */
     size_t max_length;    /* the file's truncation, in tokens with the special ones; 0 for none */
-    size_t special_added; /* tokens the post-processor adds to one text */
-    char model[16];       /* "WordPiece", "BPE", "Unigram", "WordLevel" */
+    size_t special_added; /* tokens the post-processor (or a SentencePiece class) adds to one text */
+    char model[16];       /* "WordPiece", "BPE", "Unigram", "WordLevel"; a SentencePiece model's trainer:
+                             "Unigram", "BPE", "Word", "Char" */
 } uform_tokenizer_info_t;
 
 /* Answers UFORM_OK or UFORM_INVALID_ARGUMENT. Never blocks. */

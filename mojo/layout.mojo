@@ -324,6 +324,7 @@ def main():
     value("UFORM_FEATURE_MICROHTTPD", Int(Feature.MICROHTTPD.code))
     value("UFORM_FEATURE_FORK_UNION", Int(Feature.FORK_UNION.code))
     value("UFORM_FEATURE_TOKENIZERS", Int(Feature.TOKENIZERS.code))
+    value("UFORM_FEATURE_SENTENCEPIECE", Int(Feature.SENTENCEPIECE.code))
     value("UFORM_MESH_HOST", Int(MeshCollectives.HOST.code))
     value("UFORM_MESH_NCCL", Int(MeshCollectives.NCCL.code))
     value("UFORM_MESH_STAGED", Int(MeshCollectives.STAGED.code))

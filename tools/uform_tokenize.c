@@ -13,7 +13,9 @@ static char const help_head[] =
     "Cuts the TEXTs given, or the texts of a --manifest, or else one text per line of standard input\n"
     "(without its \\n or \\r\\n; an empty line is an empty text) into the token ids a pretrained\n"
     "model reads, exactly as Hugging Face's tokenizers cuts them from the same tokenizer.json, with the\n"
-    "special tokens its post-processor adds. Prints one JSON line per text:\n"
+    "special tokens its post-processor adds (a SentencePiece model as transformers' slow tokenizer of\n"
+    "the folder's tokenizer_config.json cuts with it, or a bare .model file as SentencePiece encodes).\n"
+    "Prints one JSON line per text:\n"
     "  {\"index\": 0, \"ids\": [101, 7592, 102], \"spans\": [[0, 0], [0, 5], [0, 0]]}\n"
     "where each span is the bytes [begin, end) of the text that the token covers ([0, 0] for special\n"
     "tokens). A text that is not valid UTF-8 prints {\"index\": i, \"error\": \"...\"} and the run goes on;\n"
@@ -47,9 +49,10 @@ static command_help_t const help = {
 static int parse_flags(int argc, char **argv, tokenize_flags_t *flags) {
     command_flag_t const table[] = {
         {"--tokenizer", FLAG_STRING, &flags->tokenizer, .value = "FILE",
-         .help = "a tokenizer.json (Hugging Face tokenizers' format)"},
+         .help = "a tokenizer.json (Hugging Face tokenizers' format), or a SentencePiece .model"},
         {"--model", FLAG_STRING, &flags->model, .value = "PATH",
-         .help = "a model folder as published (its tokenizer.json), or a tokenizer file"},
+         .help = "a model folder as published (its tokenizer.json, or its spiece.model or\n"
+                 "sentencepiece.bpe.model with tokenizer_config.json), or a tokenizer file"},
         {"--manifest", FLAG_STRING, &flags->manifest, .value = "PATH",
          .help = "a JSONL file of {\"text\": ...} objects, one per line ('-': standard input);\n"
                  "texts may then hold newlines"},

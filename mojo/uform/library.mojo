@@ -60,6 +60,7 @@ struct Feature(Equatable, TrivialRegisterPassable):
     comptime MICROHTTPD = Self(1 << 8)
     comptime FORK_UNION = Self(1 << 9)
     comptime TOKENIZERS = Self(1 << 10)
+    comptime SENTENCEPIECE = Self(1 << 11)
 
 
 def _c_string(s: StaticString) -> CString:

@@ -72,6 +72,7 @@ typedef struct tokenizer_work {
     size_t bytes_capacity;
     void *region; /* an OnigRegion, made on first use */
     void *model;  /* the model's own scratch (model_work_free frees it) */
+    void *spiece; /* a SentencePiece tokenizer's scratch (spiece_work_free frees it) */
 } tokenizer_work_t;
 
 /* Takes the next temporary list (cleared), or NULL when TOKENIZER_WORK_TEMPS are taken; give it back

@@ -114,6 +114,7 @@ static void tokenize_end(tokenize_call_t *call, uform_status_t status, char cons
 
 /* Appends one text's tokens to its thread's lists. */
 static uform_status_t share_keep(tokenize_thread_t *share, tokens_t const *tokens) {
+    if (tokens->count == 0) return UFORM_OK; /* its lists may not exist yet: no memcpy from NULL */
     if (share->count + tokens->count > share->capacity) {
         size_t capacity = share->capacity + share->capacity / 2;
         if (capacity < share->count + tokens->count) capacity = share->count + tokens->count;

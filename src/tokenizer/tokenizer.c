@@ -3,7 +3,9 @@
  *   UTF-8 -> one piece -> added tokens (raw) -> normalizer -> added tokens (normalized)
  *         -> pre-tokenizer -> model, piece by piece -> truncation -> post-processor -> padding
  *
- * Each stage reads one piece list and writes the next (two lists taken from the work, in turns). */
+ * Each stage reads one piece list and writes the next (two lists taken from the work, in turns). A folder
+ * without tokenizer.json, or a file that is not JSON, is a SentencePiece model instead, which spiece.c
+ * reads and cuts as transformers' slow tokenizers do. */
 #include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +20,7 @@
 
 static void tokenizer_destroy(uform_tokenizer_t *tokenizer) {
     if (!tokenizer) return;
+    spiece_free(tokenizer->spiece);
     normalizer_free(tokenizer->normalizer);
     pre_tokenizer_free(tokenizer->pre_tokenizer);
     if (tokenizer->model) model_free(tokenizer->model);
@@ -270,6 +273,7 @@ uform_status_t tokenizer_cut(uform_tokenizer_t const *tokenizer, uint8_t const *
     out->tokens->count = 0;
     *truncated = false;
     *message = NULL;
+    if (tokenizer->spiece) return spiece_cut(tokenizer->spiece, text, length, add_special, work, out->tokens, message);
     pieces_t *a = work_take(work), *b = work_take(work), *last = NULL;
     if (!a || !b) return UFORM_INTERNAL;
     uform_status_t status = pieces_stages(tokenizer, text, length, work, a, b, &last, message);
@@ -290,6 +294,7 @@ void tokenizer_work_free(tokenizer_work_t *work) {
     free(work->bytes);
     if (work->region) onig_region_free(work->region, 1);
     model_work_free(work);
+    spiece_work_free(work);
     *work = (tokenizer_work_t){0};
 }
 
@@ -304,15 +309,27 @@ UFORM_EXPORT uform_status_t uform_tokenizer_parse(void const *json, size_t lengt
     return status == UFORM_OK ? UFORM_OK : failed(status, entry, fault.message);
 }
 
-/* The whole file at `path` into a new buffer; a folder stands for its tokenizer.json. */
-static uform_status_t file_read(char const *path, char **data, size_t *length, char const **message) {
-    struct stat about;
-    char joined[4096];
-    if (stat(path, &about) == 0 && S_ISDIR(about.st_mode)) {
-        if (snprintf(joined, sizeof joined, "%s/tokenizer.json", path) >= (int)sizeof joined)
+#define TOKENIZER_PATH_SIZE 4096
+
+/* A folder's tokenizer files: its tokenizer.json; else its SentencePiece model (spiece.model, as SigLIP's
+ * and T5's folders hold it, or sentencepiece.bpe.model, as XLM-R's) and the tokenizer_config.json beside
+ * it into `config`. */
+static uform_status_t folder_files(char const *folder, char *file, char *config, char const **message) {
+    static char const *const names[] = {"tokenizer.json", "spiece.model", "sentencepiece.bpe.model"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; ++i) {
+        struct stat about;
+        if (snprintf(file, TOKENIZER_PATH_SIZE, "%s/%s", folder, names[i]) >= TOKENIZER_PATH_SIZE ||
+            snprintf(config, TOKENIZER_PATH_SIZE, "%s/tokenizer_config.json", folder) >= TOKENIZER_PATH_SIZE)
             return *message = "the folder's path is too long", UFORM_INVALID_ARGUMENT;
-        path = joined;
+        if (stat(file, &about) != 0) continue;
+        if (i == 0) config[0] = '\0';
+        return UFORM_OK;
     }
+    return *message = "the folder holds no tokenizer.json, spiece.model or sentencepiece.bpe.model", UFORM_IO;
+}
+
+/* The whole file at `path` into a new buffer. */
+static uform_status_t file_read(char const *path, char **data, size_t *length, char const **message) {
     FILE *file = fopen(path, "rb");
     if (!file) return *message = "cannot open the tokenizer file", UFORM_IO;
     long size = fseek(file, 0, SEEK_END) == 0 ? ftell(file) : -1;
@@ -329,17 +346,43 @@ static uform_status_t file_read(char const *path, char **data, size_t *length, c
     return UFORM_OK;
 }
 
+/* A tokenizer.json begins with '{', after whitespace; anything else is read as a SentencePiece model. */
+static bool json_file(char const *data, size_t length) {
+    size_t at = 0;
+    while (at < length && (data[at] == ' ' || data[at] == '\t' || data[at] == '\n' || data[at] == '\r')) at++;
+    return at < length && data[at] == '{';
+}
+
+/* A tokenizer over a SentencePiece model's bytes (spiece.h); `config` NULL for a bare model file. */
+static uform_status_t spiece_tokenizer(void const *model, size_t length, char const *config, uform_tokenizer_t **out,
+                                       tokenizer_fault_t *fault) {
+    uform_tokenizer_t *tokenizer = calloc(1, sizeof *tokenizer);
+    if (!tokenizer) return tokenizer_fail(fault, UFORM_OUT_OF_MEMORY, "out of memory");
+    uform_status_t status = spiece_read(model, length, config, &tokenizer->spiece, fault);
+    if (status != UFORM_OK) {
+        free(tokenizer);
+        return status;
+    }
+    *out = tokenizer;
+    return UFORM_OK;
+}
+
 UFORM_EXPORT uform_status_t uform_tokenizer_open(char const *path, uform_tokenizer_t **tokenizer) {
     static char const entry[] = "uform_tokenizer_open";
     if (!path || !tokenizer) return failed(UFORM_INVALID_ARGUMENT, entry, "path or tokenizer is NULL");
     *tokenizer = NULL;
+    char file[TOKENIZER_PATH_SIZE], config[TOKENIZER_PATH_SIZE] = "";
+    char const *message = NULL;
+    struct stat about;
+    bool folder = stat(path, &about) == 0 && S_ISDIR(about.st_mode);
+    uform_status_t status = folder ? folder_files(path, file, config, &message) : UFORM_OK;
     char *data = NULL;
     size_t length = 0;
-    char const *message = NULL;
-    uform_status_t status = file_read(path, &data, &length, &message);
+    if (status == UFORM_OK) status = file_read(folder ? file : path, &data, &length, &message);
     if (status != UFORM_OK) return failed(status, entry, message);
     tokenizer_fault_t fault = {{0}};
-    status = tokenizer_read(data, length, tokenizer, &fault);
+    if (folder ? !config[0] : json_file(data, length)) status = tokenizer_read(data, length, tokenizer, &fault);
+    else status = spiece_tokenizer(data, length, folder ? config : NULL, tokenizer, &fault);
     free(data);
     return status == UFORM_OK ? UFORM_OK : failed(status, entry, fault.message);
 }
@@ -348,6 +391,10 @@ UFORM_EXPORT void uform_tokenizer_free(uform_tokenizer_t *tokenizer) { tokenizer
 
 UFORM_EXPORT uform_status_t uform_tokenizer_info(uform_tokenizer_t const *tokenizer, uform_tokenizer_info_t *info) {
     if (!tokenizer || !info) return failed(UFORM_INVALID_ARGUMENT, "uform_tokenizer_info", "tokenizer or info is NULL");
+    if (tokenizer->spiece) {
+        spiece_info(tokenizer->spiece, info);
+        return UFORM_OK;
+    }
     *info = (uform_tokenizer_info_t){
         .vocabulary = tokenizer->added.next_id,
         .max_length = tokenizer->truncation.on ? tokenizer->truncation.max_length : 0,

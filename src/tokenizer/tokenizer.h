@@ -1,10 +1,11 @@
 /* The tokenizer as a whole (tokenizer.c): its parts read from tokenizer.json, and cutting one text into
  * tokens; the added tokens (added_tokens.c) and the post-processors (post_processors.c) it runs around
- * the components of components.h. The public functions (uform_tokenizer_*, uform_text_tokenize) are
- * built on these. */
+ * the components of components.h; or, for a SentencePiece model file, the slow tokenizer of spiece.h.
+ * The public functions (uform_tokenizer_*, uform_text_tokenize) are built on these. */
 #pragma once
 
 #include "components.h"
+#include "spiece.h"
 
 /* ---- added tokens ------------------------------------------------------------------------------ */
 
@@ -77,6 +78,7 @@ uform_status_t post_processor_apply(post_processor_t const *post, post_tokens_t 
 typedef enum truncation_direction { TRUNCATE_RIGHT, TRUNCATE_LEFT } truncation_direction_t;
 
 struct uform_tokenizer {
+    spiece_t *spiece;               /* a SentencePiece model file's: then it alone cuts, nothing below */
     normalizer_t *normalizer;       /* NULL: none */
     pre_tokenizer_t *pre_tokenizer; /* NULL: none */
     model_t *model;

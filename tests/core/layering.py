@@ -106,11 +106,11 @@ def strip_comments_and_strings(text, strings=True):
 
 
 def engine_sources(root):
-    """Every .c and .h under src/, relative to the source root."""
+    """Every .c, .cc and .h under src/, relative to the source root."""
     found = []
     for folder, _, names in os.walk(os.path.join(root, SCOPE)):
         for name in names:
-            if name.endswith((".c", ".h")):
+            if name.endswith((".c", ".cc", ".h")):
                 found.append(os.path.relpath(os.path.join(folder, name), root))
     return sorted(found)
 

@@ -67,6 +67,7 @@ static void names_and_rendering(void **state) {
     assert_int_equal(!!(features & UFORM_FEATURE_CUDA), UFORM_WITH_CUDA);
     assert_int_equal(!!(features & UFORM_FEATURE_MPI), UFORM_WITH_MPI);
     assert_int_equal(!!(features & UFORM_FEATURE_TOKENIZERS), UFORM_WITH_TOKENIZERS);
+    assert_int_equal(!!(features & UFORM_FEATURE_SENTENCEPIECE), UFORM_WITH_SENTENCEPIECE);
     assert_false(features & (UFORM_FEATURE_NCCL | UFORM_FEATURE_MICROHTTPD));
 }
 

@@ -4,11 +4,14 @@
  * in the text, a text that is not UTF-8 failing alone, progress and cancellation, and files and
  * arguments refused with the status that names their fault. Tokenizers against the reference on a real
  * corpus: tests/tokenizer/compare.py. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "fixtures.h"
+#include "uform_config.h"
 
 /* WordPiece over 21 tokens, BertNormalizer (lowercase), BertPreTokenizer, "[CLS] $A [SEP]", the five
  * special tokens added as `normalized: false`. %s: the "truncation" and "padding" members. */
@@ -316,6 +319,57 @@ static void test_files(void **state) {
     }
 }
 
+/* A file that is not JSON is read as a SentencePiece model (tests/tokenizer/test_spiece.py cuts real
+ * ones): an empty or a corrupt one is refused with UFORM_FORMAT naming the fault, a folder's model with
+ * no tokenizer_config.json with UFORM_IO, an unknown tokenizer class with UFORM_UNSUPPORTED; a build
+ * without libsentencepiece refuses each as UFORM_UNSUPPORTED, saying so. */
+static void test_sentencepiece_files(void **state) {
+    (void)state;
+    uint8_t noise[4096];
+    random_seed(5);
+    for (size_t i = 0; i < sizeof noise; ++i) noise[i] = (uint8_t)(random_bits() | 0x80);
+    static uint8_t const header[] = {0x0A, 0x0B, 0x0A, 0x05, 0x3C, 0x75, 0x6E, 0x6B}; /* a piece cut short */
+    struct {
+        char const *name;
+        void const *data;
+        size_t size;
+        uform_status_t status;
+        char const *named;
+    } const files[] = {
+        {"empty.model", "", 0, UFORM_FORMAT, "empty"},
+        {"noise.model", noise, sizeof noise, UFORM_FORMAT, "not a SentencePiece model"},
+        {"header.model", header, sizeof header, UFORM_FORMAT, "not a SentencePiece model"},
+    };
+    char path[4096], folder[4096];
+    uform_tokenizer_t *tokenizer = NULL;
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; ++i) {
+        blob_t blob = blob_copy(files[i].data, files[i].size);
+        blob_write(files[i].name, &blob);
+        free(blob.data);
+        fixture_path(files[i].name, path, sizeof path);
+        tokenizer = (uform_tokenizer_t *)1;
+        uform_status_t expected = UFORM_WITH_SENTENCEPIECE ? files[i].status : UFORM_UNSUPPORTED;
+        assert_int_equal(uform_tokenizer_open(path, &tokenizer), expected);
+        assert_null(tokenizer);
+        char const *named = UFORM_WITH_SENTENCEPIECE ? files[i].named : "built without SentencePiece";
+        if (!strstr(uform_last_error().message, named))
+            fail_msg("%s: \"%s\" does not name %s", files[i].name, uform_last_error().message, named);
+    }
+    fixture_path("t5", folder, sizeof folder);
+    assert_true(mkdir(folder, 0755) == 0 || errno == EEXIST);
+    blob_t blob = blob_copy(noise, sizeof noise);
+    blob_write("t5/spiece.model", &blob);
+    free(blob.data);
+    assert_int_equal(uform_tokenizer_open(folder, &tokenizer), UFORM_WITH_SENTENCEPIECE ? UFORM_IO : UFORM_UNSUPPORTED);
+    static char const config[] = "{\"tokenizer_class\": \"T5Tokenizer\"}";
+    blob = blob_copy(config, strlen(config));
+    blob_write("t5/tokenizer_config.json", &blob);
+    free(blob.data);
+    assert_int_equal(uform_tokenizer_open(folder, &tokenizer), UFORM_UNSUPPORTED);
+    char const *named = UFORM_WITH_SENTENCEPIECE ? "T5Tokenizer" : "built without SentencePiece";
+    if (!strstr(uform_last_error().message, named)) fail_msg("\"%s\" does not name %s", uform_last_error().message, named);
+}
+
 /* Every seed tokenizer of the fuzz corpus, cut short at many lengths and with bytes changed at many
  * places: each answers OK, FORMAT or UNSUPPORTED with a message, and one that opens still cuts texts. */
 static void test_corrupted_files(void **state) {
@@ -370,6 +424,7 @@ int main(void) {
         cmocka_unit_test(test_progress_and_cancel),
         cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_files),
+        cmocka_unit_test(test_sentencepiece_files),
         cmocka_unit_test(test_corrupted_files),
     };
     return cmocka_run_group_tests_name("tokenize", tests, tokenize_setup, fixture_teardown);
