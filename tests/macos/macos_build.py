@@ -16,7 +16,8 @@ builds less two things, and gives each file the arguments meson gives a macOS ho
     their own flags, as meson picks them for an AArch64 host (--swap, --add, --add-with).
 
 Each file compiles for aarch64-macos with the build's own warnings and -Werror. The third-party headers
-(jansson, hwloc, libjpeg-turbo, libspng, FFmpeg, Open MPI, libmicrohttpd, espeak-ng) are this
+(jansson, hwloc, libjpeg-turbo, libspng, FFmpeg, Open MPI, libmicrohttpd, espeak-ng, utf8proc,
+Oniguruma) are this
 machine's, each library's own folder or file linked into a folder of their own, so that no other
 header of Debian's (glibc's, Linux's) can stand in for one Darwin lacks. Then the objects link, as
 libuform.dylib and the `uform` command, with undefined symbols as errors: each call must resolve in
@@ -88,6 +89,8 @@ THIRD_PARTY = [
     ("libswscale", ["libswscale"], ["swscale"]),
     ("libmicrohttpd", ["microhttpd.h"], ["microhttpd"]),
     ("espeak-ng", ["espeak-ng"], ["espeak-ng"]),
+    ("libutf8proc", ["utf8proc.h"], ["utf8proc"]),
+    ("oniguruma", ["oniguruma.h"], ["onig"]),
     ("ompi-c", ["mpi.h", "mpi_portable_platform.h", "mpi-ext.h", "openmpi"], ["mpi"]),
 ]
 # os/os_sync_wait_on_address.h of Apple's SDK (macOS 14.4), which zig's copy of the SDK lacks: the two
