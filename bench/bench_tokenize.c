@@ -67,7 +67,8 @@ int main(int argc, char **argv) {
     uform_arena_t *arena = NULL;
     uform_ram_options_t options = uform_ram_options_default();
     options.threads = threads;
-    if (uform_tokenizer_open(argv[1], &tokenizer) != UFORM_OK || uform_executor_create_ram(&options, &executor) != UFORM_OK ||
+    if (uform_tokenizer_open(argv[1], &tokenizer) != UFORM_OK ||
+        uform_executor_create_ram(&options, &executor) != UFORM_OK ||
         uform_arena_create(executor, &arena) != UFORM_OK) {
         char text[256];
         uform_error_t error = uform_last_error();
@@ -98,7 +99,8 @@ int main(int argc, char **argv) {
         if (took < best) best = took;
         passes++;
     } while (now() - started < min_seconds || passes < 2);
-    printf("{\"texts\": %zu, \"bytes\": %zu, \"tokens\": %zu, \"failed\": %zu, \"passes\": %zu, \"seconds\": %.6f, "
+    printf("{\"texts\": %zu, \"bytes\": %zu, \"tokens\": %zu, \"failed\": %zu, \"passes\": %zu, \"seconds\": "
+           "%.6f, "
            "\"tokens_per_second\": %.1f}\n",
            count, offsets[count], stats.tokens, stats.failed, passes, best, (double)stats.tokens / best);
     uform_arena_free(arena);

@@ -8,7 +8,10 @@
 int LLVMFuzzerTestOneInput(uint8_t const *data, size_t size);
 
 static char const *const texts[] = {
-    "", "Hello, world! It's 3.14", "  naïve café — [MASK] <mask> <s> 日本語 🐈‍⬛ e\xcc\x81", "a\tb\nc\x00d",
+    "",
+    "Hello, world! It's 3.14",
+    "  naïve café — [MASK] <mask> <s> 日本語 🐈‍⬛ e\xcc\x81",
+    "a\tb\nc\x00d",
 };
 
 int LLVMFuzzerTestOneInput(uint8_t const *data, size_t size) {
@@ -21,8 +24,8 @@ int LLVMFuzzerTestOneInput(uint8_t const *data, size_t size) {
         bool truncated;
         char const *message;
         size_t length = i == 3 ? 7 : strlen(texts[i]);
-        if (tokenizer_cut(tokenizer, (uint8_t const *)texts[i], length, true, &work, &out, &truncated, &message) ==
-            UFORM_INTERNAL)
+        if (tokenizer_cut(tokenizer, (uint8_t const *)texts[i], length, true, &work, &out, &truncated,
+                          &message) == UFORM_INTERNAL)
             __builtin_trap();
     }
     free(out.blanks);

@@ -93,9 +93,11 @@ enum { BATCH_TEXTS = 4096, BATCH_BYTES = 1 << 20 };
 static size_t put_number(char *out, size_t value) {
     char digits[24];
     size_t count = 0;
-    do digits[count++] = (char)('0' + value % 10);
+    do
+        digits[count++] = (char)('0' + value % 10);
     while (value /= 10);
-    for (size_t i = 0; i < count; ++i) out[i] = digits[count - 1 - i];
+    for (size_t i = 0; i < count; ++i)
+        out[i] = digits[count - 1 - i];
     return count;
 }
 
@@ -108,7 +110,8 @@ static int write_item(tokenize_run_t *run, uform_tokenized_t const *tokenized, s
     size_t at = (size_t)sprintf(out, "{\"index\": ");
     at += put_number(out + at, run->written + item);
     if (tokenized->statuses[item] != UFORM_OK) {
-        at += (size_t)sprintf(out + at, ", \"error\": \"%s\"}\n", uform_status_name(tokenized->statuses[item]));
+        at +=
+            (size_t)sprintf(out + at, ", \"error\": \"%s\"}\n", uform_status_name(tokenized->statuses[item]));
         run->failed++;
         return fwrite(out, 1, at, stdout) == at ? COMMAND_OK : command_fail("cannot write standard output");
     }
@@ -175,7 +178,8 @@ static int tokenize_all(tokenize_run_t *run, tokenize_flags_t const *flags) {
         code = input_next(input, &item, &done);
         if (code != COMMAND_OK || done) break;
         if (item.modality != UFORM_MODALITY_TEXT) {
-            code = command_fail("item %zu is not a text: uform tokenize cuts texts only", run->written + run->count);
+            code = command_fail("item %zu is not a text: uform tokenize cuts texts only",
+                                run->written + run->count);
             break;
         }
         code = add_text(run, item.bytes, item.length);
@@ -198,7 +202,8 @@ int command_tokenize(int argc, char **argv) {
     size_t length = strlen(path);
     if (flags.model && length > 12 && strcmp(path + length - 12, ".safetensors") == 0) {
         code = command_fail("%s is a checkpoint of the engine's own format, whose texts are bytes: it has no "
-                            "tokenizer", path);
+                            "tokenizer",
+                            path);
         goto done;
     }
     uform_ram_options_t options = uform_ram_options_default();

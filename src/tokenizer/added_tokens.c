@@ -22,7 +22,8 @@ static bool is_space(uint32_t ch) {
 /* Rust regex's `\w`: Alphabetic, marks, decimal digits, connector punctuation, joiners (utf8proc's
  * categories; Alphabetic's few symbols, such as circled letters, are not words here). */
 static bool is_word(uint32_t ch) {
-    if (ch < 0x80) return (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || ch == '_';
+    if (ch < 0x80)
+        return (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || ch == '_';
     if (ch == 0x200C || ch == 0x200D) return true;
     switch (utf8proc_category((utf8proc_int32_t)ch)) {
     case UTF8PROC_CATEGORY_LU:
@@ -43,7 +44,8 @@ static bool is_word(uint32_t ch) {
 }
 
 static void set_free(added_set_t *set) {
-    for (size_t i = 0; i < set->count; ++i) free(set->patterns[i].chars);
+    for (size_t i = 0; i < set->count; ++i)
+        free(set->patterns[i].chars);
     free(set->patterns);
     *set = (added_set_t){0};
 }
@@ -69,15 +71,19 @@ typedef struct added_entry {
 
 static uform_status_t entry_parse(json_t const *object, added_entry_t *entry, tokenizer_fault_t *fault) {
     static char const what[] = "added token";
-    if (!json_is_object(object)) return tokenizer_fail(fault, UFORM_FORMAT, "added_tokens: an entry is not an object");
-    uform_status_t status = json_get_string(object, "content", NULL, &entry->content, &entry->length, what, fault);
+    if (!json_is_object(object))
+        return tokenizer_fail(fault, UFORM_FORMAT, "added_tokens: an entry is not an object");
+    uform_status_t status =
+        json_get_string(object, "content", NULL, &entry->content, &entry->length, what, fault);
     if (status == UFORM_OK && !entry->content)
         return tokenizer_fail(fault, UFORM_FORMAT, "added_tokens: an entry has no \"content\"");
-    if (status == UFORM_OK) status = json_get_bool(object, "single_word", false, &entry->single_word, what, fault);
+    if (status == UFORM_OK)
+        status = json_get_bool(object, "single_word", false, &entry->single_word, what, fault);
     if (status == UFORM_OK) status = json_get_bool(object, "lstrip", false, &entry->lstrip, what, fault);
     if (status == UFORM_OK) status = json_get_bool(object, "rstrip", false, &entry->rstrip, what, fault);
     if (status == UFORM_OK) status = json_get_bool(object, "special", false, &entry->special, what, fault);
-    if (status == UFORM_OK) status = json_get_bool(object, "normalized", !entry->special, &entry->normalized, what, fault);
+    if (status == UFORM_OK)
+        status = json_get_bool(object, "normalized", !entry->special, &entry->normalized, what, fault);
     return status;
 }
 
@@ -85,8 +91,11 @@ static uform_status_t entry_parse(json_t const *object, added_entry_t *entry, to
 static uform_status_t pattern_from(pieces_t const *pieces, added_entry_t const *entry, uint32_t id,
                                    added_pattern_t *pattern) {
     uint32_t size = pieces->count ? pieces_size(pieces, 0) : 0;
-    *pattern = (added_pattern_t){.size = size, .id = id, .single_word = entry->single_word,
-                                 .lstrip = entry->lstrip, .rstrip = entry->rstrip};
+    *pattern = (added_pattern_t){.size = size,
+                                 .id = id,
+                                 .single_word = entry->single_word,
+                                 .lstrip = entry->lstrip,
+                                 .rstrip = entry->rstrip};
     if (!size) return UFORM_OK;
     pattern->chars = malloc(size * sizeof *pattern->chars);
     if (!pattern->chars) return UFORM_OUT_OF_MEMORY;
@@ -96,8 +105,8 @@ static uform_status_t pattern_from(pieces_t const *pieces, added_entry_t const *
 
 /* The id tokenizers gives a token: its content's id among the added tokens met so far, else in the
  * model's vocabulary, else the next after both. */
-static uint32_t entry_id(added_entry_t const *entries, uint32_t const *ids, size_t index, vocab_t const *vocab,
-                         uint32_t *next_id) {
+static uint32_t entry_id(added_entry_t const *entries, uint32_t const *ids, size_t index,
+                         vocab_t const *vocab, uint32_t *next_id) {
     for (size_t i = 0; i < index; ++i)
         if (entries[i].length == entries[index].length &&
             memcmp(entries[i].content, entries[index].content, entries[index].length) == 0)
@@ -146,11 +155,13 @@ uform_status_t added_tokens_parse(json_t const *array, model_t const *model, nor
         status = entry_parse(json_array_get(array, i), &entries[i], fault);
         if (status != UFORM_OK || entries[i].length == 0) continue;
         ids[i] = entry_id(entries, ids, i, vocab, &added->next_id);
-        status = set_add(entries[i].normalized ? &added->normalized : &added->raw, &entries[i], ids[i], normalizer,
-                         &work);
-        if (status == UFORM_FORMAT) status = tokenizer_fail(fault, UFORM_FORMAT, "added_tokens: content is not UTF-8");
+        status = set_add(entries[i].normalized ? &added->normalized : &added->raw, &entries[i], ids[i],
+                         normalizer, &work);
+        if (status == UFORM_FORMAT)
+            status = tokenizer_fail(fault, UFORM_FORMAT, "added_tokens: content is not UTF-8");
     }
-    for (size_t t = 0; t < TOKENIZER_WORK_TEMPS; ++t) pieces_free(&work.temps[t]);
+    for (size_t t = 0; t < TOKENIZER_WORK_TEMPS; ++t)
+        pieces_free(&work.temps[t]);
     free(work.bytes);
     if (work.region) onig_region_free(work.region, 1); /* a Replace normalizer's searches made it */
     free(entries);
@@ -161,21 +172,26 @@ uform_status_t added_tokens_parse(json_t const *array, model_t const *model, nor
         return status;
     }
     qsort(added->raw.patterns, added->raw.count, sizeof *added->raw.patterns, pattern_order);
-    qsort(added->normalized.patterns, added->normalized.count, sizeof *added->normalized.patterns, pattern_order);
+    qsort(added->normalized.patterns, added->normalized.count, sizeof *added->normalized.patterns,
+          pattern_order);
     return UFORM_OK;
 }
 
 /* The longest pattern matching `chars` at `at`, or NULL. */
-static added_pattern_t const *match_at(added_set_t const *set, uint32_t const *chars, uint32_t size, uint32_t at) {
+static added_pattern_t const *match_at(added_set_t const *set, uint32_t const *chars, uint32_t size,
+                                       uint32_t at) {
     size_t low = 0, high = set->count;
     while (low < high) {
         size_t middle = (low + high) / 2;
-        if (set->patterns[middle].chars[0] < chars[at]) low = middle + 1;
-        else high = middle;
+        if (set->patterns[middle].chars[0] < chars[at])
+            low = middle + 1;
+        else
+            high = middle;
     }
     for (size_t i = low; i < set->count && set->patterns[i].chars[0] == chars[at]; ++i) {
         added_pattern_t const *pattern = &set->patterns[i];
-        if (pattern->size <= size - at && memcmp(pattern->chars, chars + at, pattern->size * sizeof *chars) == 0)
+        if (pattern->size <= size - at &&
+            memcmp(pattern->chars, chars + at, pattern->size * sizeof *chars) == 0)
             return pattern;
     }
     return NULL;
@@ -183,7 +199,8 @@ static added_pattern_t const *match_at(added_set_t const *set, uint32_t const *c
 
 /* Emits a piece for source code points [begin, end) of piece `index`, as an added token when `id`
  * is not PIECE_OPEN (tokenizers' split_with_indices: a slice, its spans kept). */
-static uform_status_t emit(pieces_t *out, pieces_t const *in, size_t index, uint32_t begin, uint32_t end, int32_t id) {
+static uform_status_t emit(pieces_t *out, pieces_t const *in, size_t index, uint32_t begin, uint32_t end,
+                           int32_t id) {
     if (id == PIECE_OPEN) return pieces_emit_range(out, in, index, begin, end);
     size_t first = out->count;
     uform_status_t status = pieces_emit_range(out, in, index, begin, end);
@@ -209,16 +226,19 @@ static uform_status_t split_piece(added_set_t const *set, pieces_t const *in, si
             continue;
         if (pattern->lstrip) {
             uint32_t left = start;
-            while (left > 0 && is_space(chars[left - 1])) left--;
+            while (left > 0 && is_space(chars[left - 1]))
+                left--;
             start = left > start_offset ? left : start_offset;
         }
         if (pattern->rstrip)
-            while (stop < size && is_space(chars[stop])) stop++;
+            while (stop < size && is_space(chars[stop]))
+                stop++;
         if (start_offset < start) status = emit(out, in, index, start_offset, start, PIECE_OPEN);
         if (status == UFORM_OK) status = emit(out, in, index, start, stop, (int32_t)pattern->id);
         start_offset = stop;
     }
-    if (status == UFORM_OK && start_offset < size) status = emit(out, in, index, start_offset, size, PIECE_OPEN);
+    if (status == UFORM_OK && start_offset < size)
+        status = emit(out, in, index, start_offset, size, PIECE_OPEN);
     return status;
 }
 

@@ -23,23 +23,25 @@ uform_status_t tokenizer_fail(tokenizer_fault_t *fault, uform_status_t status, c
 /* JSON helpers: a member's value of the right type, or a default when absent or null. Each answers
  * UFORM_FORMAT through `fault` for a member present with another type; `what` names the object in
  * the message ("BertNormalizer"). */
-uform_status_t json_get_bool(json_t const *object, char const *key, bool fallback, bool *value, char const *what,
-                             tokenizer_fault_t *fault);
+uform_status_t json_get_bool(json_t const *object, char const *key, bool fallback, bool *value,
+                             char const *what, tokenizer_fault_t *fault);
 uform_status_t json_get_size(json_t const *object, char const *key, size_t fallback, size_t *value,
                              char const *what, tokenizer_fault_t *fault);
 /* A string member (not copied: it lives as long as `object`); `fallback` may be NULL. */
-uform_status_t json_get_string(json_t const *object, char const *key, char const *fallback, char const **value,
-                               size_t *length, char const *what, tokenizer_fault_t *fault);
+uform_status_t json_get_string(json_t const *object, char const *key, char const *fallback,
+                               char const **value, size_t *length, char const *what,
+                               tokenizer_fault_t *fault);
 /* A type tag: the member "type" as a string; UFORM_FORMAT when missing. */
-uform_status_t json_get_type(json_t const *object, char const **type, char const *what, tokenizer_fault_t *fault);
+uform_status_t json_get_type(json_t const *object, char const **type, char const *what,
+                             tokenizer_fault_t *fault);
 
 /* ---- the vocabulary: token strings to ids and back --------------------------------------------- */
 
 typedef struct vocab {
-    char *bytes;        /* every token's UTF-8, end to end */
-    uint32_t *offsets;  /* `count + 1`: token id i is bytes [offsets[i], offsets[i + 1]); ids are dense */
-    bool *present;      /* per id: false for an id no token has (a gap in the file's ids) */
-    uint32_t *table;    /* open addressing: id + 1, or 0 for empty */
+    char *bytes;       /* every token's UTF-8, end to end */
+    uint32_t *offsets; /* `count + 1`: token id i is bytes [offsets[i], offsets[i + 1]); ids are dense */
+    bool *present;     /* per id: false for an id no token has (a gap in the file's ids) */
+    uint32_t *table;   /* open addressing: id + 1, or 0 for empty */
     size_t count, table_size;
 } vocab_t;
 
@@ -101,7 +103,8 @@ typedef struct pre_tokenizer pre_tokenizer_t;
 
 /* BertPreTokenizer, Whitespace, WhitespaceSplit, Punctuation, Split, ByteLevel, Metaspace, Digits,
  * Sequence. */
-uform_status_t pre_tokenizer_parse(json_t const *object, pre_tokenizer_t **pre_tokenizer, tokenizer_fault_t *fault);
+uform_status_t pre_tokenizer_parse(json_t const *object, pre_tokenizer_t **pre_tokenizer,
+                                   tokenizer_fault_t *fault);
 void pre_tokenizer_free(pre_tokenizer_t *pre_tokenizer);
 /* Splits (and, for ByteLevel and Metaspace, rewrites) every open piece of `in` into pieces of `out`. */
 uform_status_t pre_tokenizer_apply(pre_tokenizer_t const *pre_tokenizer, pieces_t const *in, pieces_t *out,

@@ -21,8 +21,8 @@ static json_t const *member(json_t const *object, char const *key) {
     return value && !json_is_null(value) ? value : NULL;
 }
 
-uform_status_t json_get_bool(json_t const *object, char const *key, bool fallback, bool *value, char const *what,
-                             tokenizer_fault_t *fault) {
+uform_status_t json_get_bool(json_t const *object, char const *key, bool fallback, bool *value,
+                             char const *what, tokenizer_fault_t *fault) {
     json_t const *found = member(object, key);
     if (!found) {
         *value = fallback;
@@ -47,8 +47,9 @@ uform_status_t json_get_size(json_t const *object, char const *key, size_t fallb
     return UFORM_OK;
 }
 
-uform_status_t json_get_string(json_t const *object, char const *key, char const *fallback, char const **value,
-                               size_t *length, char const *what, tokenizer_fault_t *fault) {
+uform_status_t json_get_string(json_t const *object, char const *key, char const *fallback,
+                               char const **value, size_t *length, char const *what,
+                               tokenizer_fault_t *fault) {
     json_t const *found = member(object, key);
     if (!found) {
         *value = fallback;
@@ -62,7 +63,8 @@ uform_status_t json_get_string(json_t const *object, char const *key, char const
     return UFORM_OK;
 }
 
-uform_status_t json_get_type(json_t const *object, char const **type, char const *what, tokenizer_fault_t *fault) {
+uform_status_t json_get_type(json_t const *object, char const **type, char const *what,
+                             tokenizer_fault_t *fault) {
     if (!json_is_object(object)) return tokenizer_fail(fault, UFORM_FORMAT, "%s is not an object", what);
     json_t const *found = json_object_get(object, "type");
     if (!found || !json_is_string(found))

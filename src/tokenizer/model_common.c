@@ -103,4 +103,3 @@ uform_status_t model_vocab_object(json_t const *object, vocab_t *vocab, char con
     free(entries);
     return status;
 }
-

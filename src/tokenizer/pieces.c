@@ -74,12 +74,14 @@ void pieces_end(pieces_t *pieces) {
 uform_status_t pieces_copy(pieces_t *to, pieces_t const *from, size_t index) {
     uform_status_t status = pieces_begin(to, from->shifts[index], from->ids[index]);
     if (status == UFORM_OK)
-        status = pieces_append(to, pieces_chars(from, index), pieces_spans(from, index), pieces_size(from, index));
+        status =
+            pieces_append(to, pieces_chars(from, index), pieces_spans(from, index), pieces_size(from, index));
     if (status == UFORM_OK) pieces_end(to);
     return status;
 }
 
-uform_status_t pieces_emit_range(pieces_t *out, pieces_t const *in, size_t index, uint32_t begin, uint32_t end) {
+uform_status_t pieces_emit_range(pieces_t *out, pieces_t const *in, size_t index, uint32_t begin,
+                                 uint32_t end) {
     piece_span_t const *spans = pieces_spans(in, index);
     uint32_t const *chars = pieces_chars(in, index);
     uint32_t shift = begin < end ? spans[begin].begin : in->shifts[index];
@@ -103,7 +105,9 @@ uform_status_t piece_rewrite_begin(piece_rewrite_t *rewrite, pieces_t *out, piec
     return pieces_begin(out, in->shifts[index], in->ids[index]);
 }
 
-void piece_rewrite_end(piece_rewrite_t *rewrite) { pieces_end(rewrite->out); }
+void piece_rewrite_end(piece_rewrite_t *rewrite) {
+    pieces_end(rewrite->out);
+}
 
 size_t utf8_put(uint8_t *buffer, uint32_t ch) {
     if (ch < 0x80) {
@@ -138,10 +142,14 @@ static size_t utf8_next(uint8_t const *text, size_t available, uint32_t *ch) {
     }
     size_t size;
     uint32_t value, least;
-    if (lead >= 0xC2 && lead <= 0xDF) size = 2, value = lead & 0x1F, least = 0x80;
-    else if (lead >= 0xE0 && lead <= 0xEF) size = 3, value = lead & 0x0F, least = 0x800;
-    else if (lead >= 0xF0 && lead <= 0xF4) size = 4, value = lead & 0x07, least = 0x10000;
-    else return 0;
+    if (lead >= 0xC2 && lead <= 0xDF)
+        size = 2, value = lead & 0x1F, least = 0x80;
+    else if (lead >= 0xE0 && lead <= 0xEF)
+        size = 3, value = lead & 0x0F, least = 0x800;
+    else if (lead >= 0xF0 && lead <= 0xF4)
+        size = 4, value = lead & 0x07, least = 0x10000;
+    else
+        return 0;
     if (available < size) return 0;
     for (size_t i = 1; i < size; ++i) {
         if ((text[i] & 0xC0) != 0x80) return 0;

@@ -141,7 +141,8 @@ void piece_rewrite_end(piece_rewrite_t *rewrite);
 /* Sub-pieces: a stage that splits a piece without rewriting it (pre-tokenizers) emits source code
  * points [begin, end) of piece `index` as a new piece, spans kept; its shift is the span begin of its
  * first code point (tokenizers' slice), or the source piece's shift for an empty range. */
-uform_status_t pieces_emit_range(pieces_t *out, pieces_t const *in, size_t index, uint32_t begin, uint32_t end);
+uform_status_t pieces_emit_range(pieces_t *out, pieces_t const *in, size_t index, uint32_t begin,
+                                 uint32_t end);
 
 /* UTF-8 decoding of an item's text into one open piece. Answers UFORM_OK, UFORM_FORMAT for text that
  * is not valid UTF-8 (*bad set to the byte offset of the first fault), UFORM_OUT_OF_MEMORY. */

@@ -39,9 +39,9 @@ struct post_processor {
 
 /* Rust's char::is_whitespace (the White_Space property), or 'Ġ', byte-level's space. */
 static bool is_blank(uint32_t ch) {
-    return ch == 0x120 || (ch >= 0x09 && ch <= 0x0D) || ch == 0x20 || ch == 0x85 || ch == 0xA0 || ch == 0x1680 ||
-           (ch >= 0x2000 && ch <= 0x200A) || ch == 0x2028 || ch == 0x2029 || ch == 0x202F || ch == 0x205F ||
-           ch == 0x3000;
+    return ch == 0x120 || (ch >= 0x09 && ch <= 0x0D) || ch == 0x20 || ch == 0x85 || ch == 0xA0 ||
+           ch == 0x1680 || (ch >= 0x2000 && ch <= 0x200A) || ch == 0x2028 || ch == 0x2029 || ch == 0x202F ||
+           ch == 0x205F || ch == 0x3000;
 }
 
 /* The blanks of a UTF-8 token string (a string of the file: valid UTF-8, as jansson checks). */
@@ -52,19 +52,27 @@ static token_blanks_t blanks_of(char const *string, size_t length) {
     for (size_t at = 0; at < length;) {
         uint8_t lead = (uint8_t)string[at];
         size_t size = lead < 0x80 ? 1 : lead < 0xE0 ? 2 : lead < 0xF0 ? 3 : 4;
-        uint32_t ch = lead < 0x80 ? lead : lead < 0xE0 ? lead & 0x1F : lead < 0xF0 ? lead & 0x0F : lead & 0x07;
-        for (size_t i = 1; i < size && at + i < length; ++i) ch = ch << 6 | ((uint8_t)string[at + i] & 0x3F);
+        uint32_t ch = lead < 0x80   ? lead
+                      : lead < 0xE0 ? lead & 0x1F
+                      : lead < 0xF0 ? lead & 0x0F
+                                    : lead & 0x07;
+        for (size_t i = 1; i < size && at + i < length; ++i)
+            ch = ch << 6 | ((uint8_t)string[at + i] & 0x3F);
         at += size;
         bool blank = is_blank(ch);
-        if (leading && blank) blanks.leading++;
-        else leading = false;
+        if (leading && blank)
+            blanks.leading++;
+        else
+            leading = false;
         run = blank ? run + 1 : 0;
     }
     blanks.trailing = (uint32_t)run;
     return blanks;
 }
 
-token_blanks_t token_blanks(char const *string, size_t length) { return blanks_of(string, length); }
+token_blanks_t token_blanks(char const *string, size_t length) {
+    return blanks_of(string, length);
+}
 
 /* ---- reading --------------------------------------------------------------------------------- */
 
@@ -78,10 +86,12 @@ void post_processor_free(post_processor_t *post) {
     if (!post) return;
     special_free(&post->cls);
     special_free(&post->sep);
-    for (size_t i = 0; i < post->specials_count; ++i) special_free(&post->specials[i]);
+    for (size_t i = 0; i < post->specials_count; ++i)
+        special_free(&post->specials[i]);
     free(post->specials);
     free(post->single);
-    for (size_t i = 0; i < post->children_count; ++i) post_processor_free(post->children[i]);
+    for (size_t i = 0; i < post->children_count; ++i)
+        post_processor_free(post->children[i]);
     free(post->children);
     free(post);
 }
@@ -97,14 +107,15 @@ static uform_status_t special_one(post_special_t *special, char const *string, s
 }
 
 /* BertProcessing's and RobertaProcessing's ["[SEP]", 102]. */
-static uform_status_t pair_parse(json_t const *object, char const *key, char const *what, post_special_t *special,
-                                 tokenizer_fault_t *fault) {
+static uform_status_t pair_parse(json_t const *object, char const *key, char const *what,
+                                 post_special_t *special, tokenizer_fault_t *fault) {
     json_t const *pair = json_object_get(object, key);
     json_t const *string = json_array_get(pair, 0), *id = json_array_get(pair, 1);
-    if (!json_is_array(pair) || json_array_size(pair) != 2 || !json_is_string(string) || !json_is_integer(id) ||
-        json_integer_value(id) < 0 || json_integer_value(id) > UINT32_MAX)
+    if (!json_is_array(pair) || json_array_size(pair) != 2 || !json_is_string(string) ||
+        !json_is_integer(id) || json_integer_value(id) < 0 || json_integer_value(id) > UINT32_MAX)
         return tokenizer_fail(fault, UFORM_FORMAT, "%s: \"%s\" is not a [token, id] pair", what, key);
-    if (special_one(special, json_string_value(string), json_string_length(string), (uint32_t)json_integer_value(id)))
+    if (special_one(special, json_string_value(string), json_string_length(string),
+                    (uint32_t)json_integer_value(id)))
         return tokenizer_fail(fault, UFORM_OUT_OF_MEMORY, "%s: out of memory", what);
     return UFORM_OK;
 }
@@ -128,24 +139,29 @@ static uform_status_t roberta_parse(json_t const *object, post_processor_t *post
     uform_status_t status = pair_parse(object, "sep", what, &post->sep, fault);
     if (status == UFORM_OK) status = pair_parse(object, "cls", what, &post->cls, fault);
     if (status == UFORM_OK) status = required_bool(object, "trim_offsets", &post->trim_offsets, what, fault);
-    if (status == UFORM_OK) status = required_bool(object, "add_prefix_space", &post->add_prefix_space, what, fault);
+    if (status == UFORM_OK)
+        status = required_bool(object, "add_prefix_space", &post->add_prefix_space, what, fault);
     return status;
 }
 
 /* ByteLevel as a post-processor reads the pre-tokenizer's fields; tokenizers defaults each one. */
-static uform_status_t byte_level_parse(json_t const *object, post_processor_t *post, tokenizer_fault_t *fault) {
+static uform_status_t byte_level_parse(json_t const *object, post_processor_t *post,
+                                       tokenizer_fault_t *fault) {
     static char const what[] = "ByteLevel post-processor";
     uform_status_t status = json_get_bool(object, "trim_offsets", true, &post->trim_offsets, what, fault);
-    if (status == UFORM_OK) status = json_get_bool(object, "add_prefix_space", true, &post->add_prefix_space, what, fault);
+    if (status == UFORM_OK)
+        status = json_get_bool(object, "add_prefix_space", true, &post->add_prefix_space, what, fault);
     return status;
 }
 
 /* One entry of special_tokens: {"id": "[CLS]", "ids": [101], "tokens": ["[CLS]"]}. */
-static uform_status_t template_special_parse(json_t const *value, post_special_t *special, tokenizer_fault_t *fault) {
+static uform_status_t template_special_parse(json_t const *value, post_special_t *special,
+                                             tokenizer_fault_t *fault) {
     json_t const *ids = json_object_get(value, "ids"), *tokens = json_object_get(value, "tokens");
     if (!json_is_object(value) || !json_is_array(ids) || !json_is_array(tokens) ||
         json_array_size(ids) != json_array_size(tokens))
-        return tokenizer_fail(fault, UFORM_FORMAT, "TemplateProcessing: a special token needs as many ids as tokens");
+        return tokenizer_fail(fault, UFORM_FORMAT,
+                              "TemplateProcessing: a special token needs as many ids as tokens");
     size_t count = json_array_size(ids);
     special->ids = calloc(count + 1, sizeof *special->ids);
     special->blanks = calloc(count + 1, sizeof *special->blanks);
@@ -155,7 +171,8 @@ static uform_status_t template_special_parse(json_t const *value, post_special_t
         json_t const *id = json_array_get(ids, i), *token = json_array_get(tokens, i);
         if (!json_is_integer(id) || json_integer_value(id) < 0 || json_integer_value(id) > UINT32_MAX ||
             !json_is_string(token))
-            return tokenizer_fail(fault, UFORM_FORMAT, "TemplateProcessing: a special token's id or string is malformed");
+            return tokenizer_fail(fault, UFORM_FORMAT,
+                                  "TemplateProcessing: a special token's id or string is malformed");
         special->ids[i] = (uint32_t)json_integer_value(id);
         special->blanks[i] = blanks_of(json_string_value(token), json_string_length(token));
     }
@@ -176,14 +193,17 @@ static uform_status_t template_parse(json_t const *object, char const *key, json
         return tokenizer_fail(fault, UFORM_OUT_OF_MEMORY, "TemplateProcessing: out of memory");
     for (size_t i = 0; i < count; ++i) {
         json_t const *piece = json_array_get(template, i);
-        json_t const *sequence = json_object_get(piece, "Sequence"), *token = json_object_get(piece, "SpecialToken");
+        json_t const *sequence = json_object_get(piece, "Sequence"),
+                     *token = json_object_get(piece, "SpecialToken");
         json_t const *id = json_object_get(sequence ? sequence : token, "id");
         if (!json_is_object(piece) || json_object_size(piece) != 1 || !json_is_string(id))
-            return tokenizer_fail(fault, UFORM_FORMAT, "TemplateProcessing: a piece of \"%s\" is malformed", key);
+            return tokenizer_fail(fault, UFORM_FORMAT, "TemplateProcessing: a piece of \"%s\" is malformed",
+                                  key);
         if (sequence) {
             bool a = strcmp(json_string_value(id), "A") == 0;
             if (!a && strcmp(json_string_value(id), "B") != 0)
-                return tokenizer_fail(fault, UFORM_FORMAT, "TemplateProcessing: unknown sequence in \"%s\"", key);
+                return tokenizer_fail(fault, UFORM_FORMAT, "TemplateProcessing: unknown sequence in \"%s\"",
+                                      key);
             has_a |= a;
             has_b |= !a;
             if (single && !a)
@@ -213,11 +233,13 @@ static uform_status_t template_processing_parse(json_t const *object, post_proce
     if (!json_is_object(specials))
         return tokenizer_fail(fault, UFORM_FORMAT, "TemplateProcessing: \"special_tokens\" is not an object");
     post->specials = calloc(json_object_size(specials) + 1, sizeof *post->specials);
-    if (!post->specials) return tokenizer_fail(fault, UFORM_OUT_OF_MEMORY, "TemplateProcessing: out of memory");
+    if (!post->specials)
+        return tokenizer_fail(fault, UFORM_OUT_OF_MEMORY, "TemplateProcessing: out of memory");
     uform_status_t status = UFORM_OK;
     for (void *iter = json_object_iter((json_t *)specials); iter && status == UFORM_OK;
          iter = json_object_iter_next((json_t *)specials, iter))
-        status = template_special_parse(json_object_iter_value(iter), &post->specials[post->specials_count++], fault);
+        status = template_special_parse(json_object_iter_value(iter), &post->specials[post->specials_count++],
+                                        fault);
     if (status == UFORM_OK) status = template_parse(object, "single", specials, post, true, fault);
     if (status == UFORM_OK) status = template_parse(object, "pair", specials, post, false, fault);
     return status;
@@ -228,7 +250,8 @@ static uform_status_t sequence_parse(json_t const *object, post_processor_t *pos
     if (!json_is_array(children))
         return tokenizer_fail(fault, UFORM_FORMAT, "post-processor Sequence: \"processors\" is not a list");
     post->children = calloc(json_array_size(children) + 1, sizeof *post->children);
-    if (!post->children) return tokenizer_fail(fault, UFORM_OUT_OF_MEMORY, "post-processor Sequence: out of memory");
+    if (!post->children)
+        return tokenizer_fail(fault, UFORM_OUT_OF_MEMORY, "post-processor Sequence: out of memory");
     uform_status_t status = UFORM_OK;
     for (size_t i = 0; i < json_array_size(children) && status == UFORM_OK; ++i) {
         status = post_processor_parse(json_array_get(children, i), &post->children[i], fault);
@@ -243,13 +266,18 @@ uform_status_t post_processor_parse(json_t const *object, post_processor_t **out
     if (status != UFORM_OK) return status;
     post_processor_t *post = calloc(1, sizeof *post);
     if (!post) return tokenizer_fail(fault, UFORM_OUT_OF_MEMORY, "post-processor: out of memory");
-    if (strcmp(type, "BertProcessing") == 0) post->kind = POST_BERT, status = bert_parse(object, post, fault);
-    else if (strcmp(type, "RobertaProcessing") == 0) post->kind = POST_ROBERTA, status = roberta_parse(object, post, fault);
-    else if (strcmp(type, "ByteLevel") == 0) post->kind = POST_BYTE_LEVEL, status = byte_level_parse(object, post, fault);
+    if (strcmp(type, "BertProcessing") == 0)
+        post->kind = POST_BERT, status = bert_parse(object, post, fault);
+    else if (strcmp(type, "RobertaProcessing") == 0)
+        post->kind = POST_ROBERTA, status = roberta_parse(object, post, fault);
+    else if (strcmp(type, "ByteLevel") == 0)
+        post->kind = POST_BYTE_LEVEL, status = byte_level_parse(object, post, fault);
     else if (strcmp(type, "TemplateProcessing") == 0)
         post->kind = POST_TEMPLATE, status = template_processing_parse(object, post, fault);
-    else if (strcmp(type, "Sequence") == 0) post->kind = POST_SEQUENCE, status = sequence_parse(object, post, fault);
-    else status = tokenizer_fail(fault, UFORM_UNSUPPORTED, "post-processor: unsupported type \"%.60s\"", type);
+    else if (strcmp(type, "Sequence") == 0)
+        post->kind = POST_SEQUENCE, status = sequence_parse(object, post, fault);
+    else
+        status = tokenizer_fail(fault, UFORM_UNSUPPORTED, "post-processor: unsupported type \"%.60s\"", type);
     if (status != UFORM_OK) {
         post_processor_free(post);
         return status;
@@ -267,10 +295,12 @@ size_t post_processor_added(post_processor_t const *post) {
     case POST_BYTE_LEVEL:
         return 0;
     case POST_TEMPLATE:
-        for (size_t i = 0; i < post->single_count; ++i) added += post->single[i].special ? post->single[i].special->count : 0;
+        for (size_t i = 0; i < post->single_count; ++i)
+            added += post->single[i].special ? post->single[i].special->count : 0;
         return added;
     case POST_SEQUENCE:
-        for (size_t i = 0; i < post->children_count; ++i) added += post_processor_added(post->children[i]);
+        for (size_t i = 0; i < post->children_count; ++i)
+            added += post_processor_added(post->children[i]);
         return added;
     }
     return 0;
@@ -316,8 +346,8 @@ static uform_status_t blanks_fit(post_tokens_t *tokens, size_t count) {
 }
 
 /* Inserts `count` special tokens at `at`: ids, spans [0, 0), blanks. */
-static uform_status_t insert(post_tokens_t *tokens, size_t at, uint32_t const *ids, token_blanks_t const *blanks,
-                             size_t count) {
+static uform_status_t insert(post_tokens_t *tokens, size_t at, uint32_t const *ids,
+                             token_blanks_t const *blanks, size_t count) {
     tokens_t *list = tokens->tokens;
     size_t old = list->count;
     for (size_t i = 0; i < count; ++i)
@@ -342,7 +372,8 @@ static uform_status_t insert(post_tokens_t *tokens, size_t at, uint32_t const *i
 static uform_status_t apply_template(post_processor_t const *post, post_tokens_t *tokens) {
     tokens_t *list = tokens->tokens;
     size_t sequence = list->count, sequences = 0, at = 0;
-    for (size_t i = 0; i < post->single_count; ++i) sequences += post->single[i].special == NULL;
+    for (size_t i = 0; i < post->single_count; ++i)
+        sequences += post->single[i].special == NULL;
     if (sequences == 0) {
         list->count = 0;
     } else {
@@ -362,7 +393,8 @@ static uform_status_t apply_template(post_processor_t const *post, post_tokens_t
             at += sequence;
             continue;
         }
-        if (insert(tokens, at, special->ids, special->blanks, special->count) != UFORM_OK) return UFORM_OUT_OF_MEMORY;
+        if (insert(tokens, at, special->ids, special->blanks, special->count) != UFORM_OK)
+            return UFORM_OUT_OF_MEMORY;
         at += special->count;
     }
     return UFORM_OK;
@@ -380,7 +412,8 @@ uform_status_t post_processor_apply(post_processor_t const *post, post_tokens_t 
     case POST_BERT:
         if (!add_special) return UFORM_OK;
         status = insert(tokens, 0, post->cls.ids, post->cls.blanks, 1);
-        if (status == UFORM_OK) status = insert(tokens, tokens->tokens->count, post->sep.ids, post->sep.blanks, 1);
+        if (status == UFORM_OK)
+            status = insert(tokens, tokens->tokens->count, post->sep.ids, post->sep.blanks, 1);
         return status;
     case POST_TEMPLATE:
         return add_special ? apply_template(post, tokens) : UFORM_OK;

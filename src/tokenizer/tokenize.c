@@ -26,7 +26,8 @@ static uform_status_t tokenize_check(uform_text_tokenize_args_t const *args, cha
     if (!args->tokenizer) return *message = "tokenizer is NULL", UFORM_INVALID_ARGUMENT;
     if (!args->arena) return *message = "arena is NULL", UFORM_INVALID_ARGUMENT;
     if (!args->outcome && !args->tokenized) return *message = "tokenized is NULL", UFORM_INVALID_ARGUMENT;
-    if (args->arena->outputs.device) return *message = "the arena holds device memory", UFORM_INVALID_ARGUMENT;
+    if (args->arena->outputs.device)
+        return *message = "the arena holds device memory", UFORM_INVALID_ARGUMENT;
     uform_status_t status = arena_check(args->arena, args->executor, message);
     if (status != UFORM_OK) return status;
     if (args->texts.count == 0) return *message = "the tape holds no items", UFORM_INVALID_ARGUMENT;
@@ -34,7 +35,8 @@ static uform_status_t tokenize_check(uform_text_tokenize_args_t const *args, cha
     if (status != UFORM_OK) return status;
     if (args->executor && executor_on_device(args->executor))
         return *message = "texts are tokenized on host executors", UFORM_UNSUPPORTED;
-    if (!UFORM_WITH_TOKENIZERS) return *message = "built without tokenizers (utf8proc, Oniguruma)", UFORM_UNSUPPORTED;
+    if (!UFORM_WITH_TOKENIZERS)
+        return *message = "built without tokenizers (utf8proc, Oniguruma)", UFORM_UNSUPPORTED;
     return UFORM_OK;
 }
 
@@ -45,7 +47,7 @@ typedef struct tokenize_thread {
     tokenizer_work_t work;
     tokens_t sequence; /* one text's tokens while it is cut */
     post_tokens_t post;
-    uint32_t *ids;        /* every text this thread cut, end to end */
+    uint32_t *ids; /* every text this thread cut, end to end */
     piece_span_t *spans;
     size_t count, capacity;
     size_t failed, truncated;
@@ -141,18 +143,22 @@ static void tokenize_share(void *context, size_t thread) {
     share->post.tokens = &share->sequence;
     bool special = !call->config.without_special_tokens;
     uint8_t const *data = call->texts.data;
-    for (size_t item = call->next_item + first; item < call->next_item + last && share->status == UFORM_OK; ++item) {
+    for (size_t item = call->next_item + first; item < call->next_item + last && share->status == UFORM_OK;
+         ++item) {
         size_t begin = call->texts.offsets[item], end = call->texts.offsets[item + 1];
         bool truncated = false;
         char const *message = NULL;
-        uform_status_t status = tokenizer_cut(call->tokenizer, data + begin, end - begin, special, &share->work,
-                                              &share->post, &truncated, &message);
+        uform_status_t status = tokenizer_cut(call->tokenizer, data + begin, end - begin, special,
+                                              &share->work, &share->post, &truncated, &message);
         tokenize_item_t *record = &call->items[item];
         *record = (tokenize_item_t){.thread = (uint32_t)thread, .status = status, .first = share->count};
         if (status == UFORM_OK) status = share_keep(share, &share->sequence);
-        if (status == UFORM_OK) record->count = share->sequence.count;
-        else if (status == UFORM_FORMAT) share->failed++;
-        else share->status = status;
+        if (status == UFORM_OK)
+            record->count = share->sequence.count;
+        else if (status == UFORM_FORMAT)
+            share->failed++;
+        else
+            share->status = status;
         share->truncated += truncated;
     }
 }
@@ -173,7 +179,9 @@ static size_t padded_length(tokenize_call_t const *call) {
 static uform_status_t tokenize_output(tokenize_call_t *call) {
     size_t items = call->texts.count, padded = padded_length(call), total = 0;
     for (size_t i = 0; i < items; ++i)
-        total += call->items[i].status != UFORM_OK ? 0 : call->items[i].count > padded ? call->items[i].count : padded;
+        total += call->items[i].status != UFORM_OK ? 0
+                 : call->items[i].count > padded   ? call->items[i].count
+                                                   : padded;
     uint32_t *ids = arena_allocate(call->arena, total * sizeof *ids + 1, 64);
     uint32_t *spans = arena_allocate(call->arena, 2 * total * sizeof *spans + 1, 64);
     size_t *offsets = arena_allocate_host(call->arena, (items + 1) * sizeof *offsets, 16);
@@ -217,7 +225,8 @@ static size_t chunk_end(tokenize_call_t const *call) {
     size_t const *offsets = call->texts.offsets;
     size_t end = call->next_item + 1, limit = call->next_item + TOKENIZE_CHUNK_TEXTS;
     if (limit > call->texts.count) limit = call->texts.count;
-    while (end < limit && offsets[end + 1] - offsets[call->next_item] <= TOKENIZE_CHUNK_BYTES) end++;
+    while (end < limit && offsets[end + 1] - offsets[call->next_item] <= TOKENIZE_CHUNK_BYTES)
+        end++;
     return end;
 }
 
@@ -270,7 +279,9 @@ static void tokenize_fill(call_t *base, void const *request) {
     call->next_item = 0;
 }
 
-static void tokenize_keep(uform_outcome_t *own, void *tokenized) { uform_outcome_tokenized(own, tokenized); }
+static void tokenize_keep(uform_outcome_t *own, void *tokenized) {
+    uform_outcome_tokenized(own, tokenized);
+}
 
 #endif
 
@@ -280,8 +291,8 @@ UFORM_EXPORT uform_status_t uform_text_tokenize(uform_text_tokenize_args_t const
     uform_status_t status = tokenize_check(args, &message);
     if (status != UFORM_OK) return call_refuse(args->outcome, status, entry, message);
 #if UFORM_WITH_TOKENIZERS
-    call_plan_t plan = call_plan(entry, args->executor, args->arena, args->outcome, sizeof(tokenize_call_t),
-                                 tokenize_start);
+    call_plan_t plan =
+        call_plan(entry, args->executor, args->arena, args->outcome, sizeof(tokenize_call_t), tokenize_start);
     plan.fill = (call_fill_t){tokenize_fill, args};
     plan.keep = (call_keep_t){tokenize_keep, args->tokenized};
     return call_run(&plan);

@@ -30,7 +30,8 @@ static void tokenizer_destroy(uform_tokenizer_t *tokenizer) {
 }
 
 /* "truncation": null, or {"direction", "max_length", "strategy", "stride"}. */
-static uform_status_t truncation_parse(json_t const *object, uform_tokenizer_t *tokenizer, tokenizer_fault_t *fault) {
+static uform_status_t truncation_parse(json_t const *object, uform_tokenizer_t *tokenizer,
+                                       tokenizer_fault_t *fault) {
     static char const what[] = "truncation";
     if (!object || json_is_null(object)) return UFORM_OK;
     char const *direction, *strategy;
@@ -38,7 +39,8 @@ static uform_status_t truncation_parse(json_t const *object, uform_tokenizer_t *
     uform_status_t status = json_get_string(object, "direction", "Right", &direction, NULL, what, fault);
     if (status == UFORM_OK) status = json_get_string(object, "strategy", NULL, &strategy, NULL, what, fault);
     if (status == UFORM_OK) status = json_get_size(object, "stride", 0, &stride, what, fault);
-    if (status == UFORM_OK) status = json_get_size(object, "max_length", 0, &tokenizer->truncation.max_length, what, fault);
+    if (status == UFORM_OK)
+        status = json_get_size(object, "max_length", 0, &tokenizer->truncation.max_length, what, fault);
     if (status != UFORM_OK) return status;
     if (!json_is_integer(json_object_get(object, "max_length")) || !strategy)
         return tokenizer_fail(fault, UFORM_FORMAT, "truncation: \"max_length\" or \"strategy\" is missing");
@@ -56,7 +58,8 @@ static uform_status_t truncation_parse(json_t const *object, uform_tokenizer_t *
 
 /* "padding": null, or {"strategy": "BatchLongest" | {"Fixed": n}, "direction", "pad_to_multiple_of",
  * "pad_id", "pad_type_id", "pad_token"}. */
-static uform_status_t padding_parse(json_t const *object, uform_tokenizer_t *tokenizer, tokenizer_fault_t *fault) {
+static uform_status_t padding_parse(json_t const *object, uform_tokenizer_t *tokenizer,
+                                    tokenizer_fault_t *fault) {
     static char const what[] = "padding";
     if (!object || json_is_null(object)) return UFORM_OK;
     if (!json_is_object(object)) return tokenizer_fail(fault, UFORM_FORMAT, "\"padding\" is not an object");
@@ -64,20 +67,23 @@ static uform_status_t padding_parse(json_t const *object, uform_tokenizer_t *tok
     json_t const *fixed = json_object_get(strategy, "Fixed");
     if (json_is_string(strategy) && strcmp(json_string_value(strategy), "BatchLongest") == 0)
         tokenizer->padding.batch_longest = true;
-    else if (json_is_integer(fixed) && json_integer_value(fixed) >= 0 && json_integer_value(fixed) <= UINT32_MAX)
+    else if (json_is_integer(fixed) && json_integer_value(fixed) >= 0 &&
+             json_integer_value(fixed) <= UINT32_MAX)
         tokenizer->padding.length = (size_t)json_integer_value(fixed);
     else
         return tokenizer_fail(fault, UFORM_FORMAT, "padding: unknown strategy");
     char const *direction;
     size_t id;
     uform_status_t status = json_get_string(object, "direction", NULL, &direction, NULL, what, fault);
-    if (status == UFORM_OK) status = json_get_size(object, "pad_to_multiple_of", 0, &tokenizer->padding.multiple, what, fault);
+    if (status == UFORM_OK)
+        status = json_get_size(object, "pad_to_multiple_of", 0, &tokenizer->padding.multiple, what, fault);
     if (status == UFORM_OK) status = json_get_size(object, "pad_id", 0, &id, what, fault);
     if (status != UFORM_OK) return status;
     if (!direction || (strcmp(direction, "Left") != 0 && strcmp(direction, "Right") != 0))
         return tokenizer_fail(fault, UFORM_FORMAT, "padding: \"direction\" is missing or unknown");
     if (id > UINT32_MAX || tokenizer->padding.multiple > UINT32_MAX)
-        return tokenizer_fail(fault, UFORM_FORMAT, "padding: \"pad_id\" or \"pad_to_multiple_of\" out of range");
+        return tokenizer_fail(fault, UFORM_FORMAT,
+                              "padding: \"pad_id\" or \"pad_to_multiple_of\" out of range");
     tokenizer->padding.on = true;
     tokenizer->padding.left = strcmp(direction, "Left") == 0;
     tokenizer->padding.id = (uint32_t)id;
@@ -87,9 +93,9 @@ static uform_status_t padding_parse(json_t const *object, uform_tokenizer_t *tok
 /* The model's name for uform_tokenizer_info: its "type", or the name tokenizers would guess. */
 static void model_name(json_t const *object, uform_tokenizer_t *tokenizer) {
     json_t const *type = json_object_get(object, "type");
-    char const *name = json_is_string(type) ? json_string_value(type)
-                       : json_object_get(object, "merges")                ? "BPE"
-                       : json_is_array(json_object_get(object, "vocab"))  ? "Unigram"
+    char const *name = json_is_string(type)                                  ? json_string_value(type)
+                       : json_object_get(object, "merges")                   ? "BPE"
+                       : json_is_array(json_object_get(object, "vocab"))     ? "Unigram"
                        : json_object_get(object, "max_input_chars_per_word") ? "WordPiece"
                                                                              : "WordLevel";
     snprintf(tokenizer->model_name, sizeof tokenizer->model_name, "%s", name);
@@ -109,7 +115,8 @@ static uform_status_t root_parse(json_t const *root, uform_tokenizer_t *tokenize
     json_t const *model = slot(root, "model");
     if (!model) return tokenizer_fail(fault, UFORM_FORMAT, "tokenizer.json has no \"model\"");
     uform_status_t status = UFORM_OK;
-    if (slot(root, "normalizer")) status = normalizer_parse(slot(root, "normalizer"), &tokenizer->normalizer, fault);
+    if (slot(root, "normalizer"))
+        status = normalizer_parse(slot(root, "normalizer"), &tokenizer->normalizer, fault);
     if (status == UFORM_OK && slot(root, "pre_tokenizer"))
         status = pre_tokenizer_parse(slot(root, "pre_tokenizer"), &tokenizer->pre_tokenizer, fault);
     if (status == UFORM_OK) status = model_parse(model, &tokenizer->model, fault);
@@ -118,8 +125,8 @@ static uform_status_t root_parse(json_t const *root, uform_tokenizer_t *tokenize
     if (status == UFORM_OK) status = truncation_parse(json_object_get(root, "truncation"), tokenizer, fault);
     if (status == UFORM_OK) status = padding_parse(json_object_get(root, "padding"), tokenizer, fault);
     if (status == UFORM_OK)
-        status = added_tokens_parse(json_object_get(root, "added_tokens"), tokenizer->model, tokenizer->normalizer,
-                                    &tokenizer->added, fault);
+        status = added_tokens_parse(json_object_get(root, "added_tokens"), tokenizer->model,
+                                    tokenizer->normalizer, &tokenizer->added, fault);
     if (status == UFORM_OK) model_name(model, tokenizer);
     return status;
 }
@@ -131,12 +138,12 @@ static uform_status_t tokenizer_read(void const *json, size_t length, uform_toke
     json_t *root = json_loadb(json, length, JSON_REJECT_DUPLICATES, &error);
     if (!root) {
         bool memory = json_error_code(&error) == json_error_out_of_memory;
-        return tokenizer_fail(fault, memory ? UFORM_OUT_OF_MEMORY : UFORM_FORMAT, "tokenizer.json, line %d: %.100s",
-                              error.line, error.text);
+        return tokenizer_fail(fault, memory ? UFORM_OUT_OF_MEMORY : UFORM_FORMAT,
+                              "tokenizer.json, line %d: %.100s", error.line, error.text);
     }
     uform_tokenizer_t *tokenizer = calloc(1, sizeof *tokenizer);
-    uform_status_t status =
-        tokenizer ? root_parse(root, tokenizer, fault) : tokenizer_fail(fault, UFORM_OUT_OF_MEMORY, "out of memory");
+    uform_status_t status = tokenizer ? root_parse(root, tokenizer, fault)
+                                      : tokenizer_fail(fault, UFORM_OUT_OF_MEMORY, "out of memory");
     json_decref(root);
     if (status != UFORM_OK) {
         tokenizer_destroy(tokenizer);
@@ -247,16 +254,17 @@ static uform_status_t pieces_stages(uform_tokenizer_t const *tokenizer, uint8_t 
                                     char const **message) {
     size_t bad = 0;
     uform_status_t status = pieces_from_utf8(a, text, length, &bad);
-    if (status == UFORM_FORMAT) *message = length > UINT32_MAX ? "text longer than 4 GiB" : "text is not valid UTF-8";
+    if (status == UFORM_FORMAT)
+        *message = length > UINT32_MAX ? "text longer than 4 GiB" : "text is not valid UTF-8";
     pieces_t *from = a, *to = b;
-#define STAGE(call)                                                                                               \
-    do {                                                                                                          \
-        if (status != UFORM_OK) break;                                                                            \
-        pieces_clear(to);                                                                                         \
-        status = (call);                                                                                          \
-        pieces_t *swap = from;                                                                                    \
-        from = to;                                                                                                \
-        to = swap;                                                                                                \
+#define STAGE(call)                                                                                          \
+    do {                                                                                                     \
+        if (status != UFORM_OK) break;                                                                       \
+        pieces_clear(to);                                                                                    \
+        status = (call);                                                                                     \
+        pieces_t *swap = from;                                                                               \
+        from = to;                                                                                           \
+        to = swap;                                                                                           \
     } while (0)
     if (tokenizer->added.raw.count) STAGE(added_tokens_split(&tokenizer->added.raw, from, to));
     if (tokenizer->normalizer) STAGE(normalizer_apply(tokenizer->normalizer, from, to, work));
@@ -273,15 +281,18 @@ uform_status_t tokenizer_cut(uform_tokenizer_t const *tokenizer, uint8_t const *
     out->tokens->count = 0;
     *truncated = false;
     *message = NULL;
-    if (tokenizer->spiece) return spiece_cut(tokenizer->spiece, text, length, add_special, work, out->tokens, message);
+    if (tokenizer->spiece)
+        return spiece_cut(tokenizer->spiece, text, length, add_special, work, out->tokens, message);
     pieces_t *a = work_take(work), *b = work_take(work), *last = NULL;
     if (!a || !b) return UFORM_INTERNAL;
     uform_status_t status = pieces_stages(tokenizer, text, length, work, a, b, &last, message);
-    for (size_t i = 0; status == UFORM_OK && i < last->count; ++i) status = cut_piece(tokenizer, last, i, work, out);
+    for (size_t i = 0; status == UFORM_OK && i < last->count; ++i)
+        status = cut_piece(tokenizer, last, i, work, out);
     work_give(work);
     work_give(work);
     if (status == UFORM_OK) status = truncate(tokenizer, add_special, out, truncated, message);
-    if (status == UFORM_OK && tokenizer->post) status = post_processor_apply(tokenizer->post, out, add_special);
+    if (status == UFORM_OK && tokenizer->post)
+        status = post_processor_apply(tokenizer->post, out, add_special);
     if (status == UFORM_OK && tokenizer->padding.on && !tokenizer->padding.batch_longest)
         status = tokenizer_pad(tokenizer, out->tokens, tokenizer->padding.length);
     if (status == UFORM_FORMAT && !*message)
@@ -290,7 +301,8 @@ uform_status_t tokenizer_cut(uform_tokenizer_t const *tokenizer, uint8_t const *
 }
 
 void tokenizer_work_free(tokenizer_work_t *work) {
-    for (size_t t = 0; t < TOKENIZER_WORK_TEMPS; ++t) pieces_free(&work->temps[t]);
+    for (size_t t = 0; t < TOKENIZER_WORK_TEMPS; ++t)
+        pieces_free(&work->temps[t]);
     free(work->bytes);
     if (work->region) onig_region_free(work->region, 1);
     model_work_free(work);
@@ -300,9 +312,11 @@ void tokenizer_work_free(tokenizer_work_t *work) {
 
 /* ---- the public functions ---------------------------------------------------------------------- */
 
-UFORM_EXPORT uform_status_t uform_tokenizer_parse(void const *json, size_t length, uform_tokenizer_t **tokenizer) {
+UFORM_EXPORT uform_status_t uform_tokenizer_parse(void const *json, size_t length,
+                                                  uform_tokenizer_t **tokenizer) {
     static char const entry[] = "uform_tokenizer_parse";
-    if (!tokenizer || (!json && length)) return failed(UFORM_INVALID_ARGUMENT, entry, "json or tokenizer is NULL");
+    if (!tokenizer || (!json && length))
+        return failed(UFORM_INVALID_ARGUMENT, entry, "json or tokenizer is NULL");
     *tokenizer = NULL;
     tokenizer_fault_t fault = {{0}};
     uform_status_t status = tokenizer_read(json ? json : "", length, tokenizer, &fault);
@@ -338,7 +352,8 @@ static uform_status_t file_read(char const *path, char **data, size_t *length, c
     fclose(file);
     if (!read) {
         free(buffer);
-        return *message = size < 0 ? "cannot read the tokenizer file" : "out of memory reading the tokenizer file",
+        return *message =
+                   size < 0 ? "cannot read the tokenizer file" : "out of memory reading the tokenizer file",
                size < 0 || buffer ? UFORM_IO : UFORM_OUT_OF_MEMORY;
     }
     *data = buffer;
@@ -349,13 +364,14 @@ static uform_status_t file_read(char const *path, char **data, size_t *length, c
 /* A tokenizer.json begins with '{', after whitespace; anything else is read as a SentencePiece model. */
 static bool json_file(char const *data, size_t length) {
     size_t at = 0;
-    while (at < length && (data[at] == ' ' || data[at] == '\t' || data[at] == '\n' || data[at] == '\r')) at++;
+    while (at < length && (data[at] == ' ' || data[at] == '\t' || data[at] == '\n' || data[at] == '\r'))
+        at++;
     return at < length && data[at] == '{';
 }
 
 /* A tokenizer over a SentencePiece model's bytes (spiece.h); `config` NULL for a bare model file. */
-static uform_status_t spiece_tokenizer(void const *model, size_t length, char const *config, uform_tokenizer_t **out,
-                                       tokenizer_fault_t *fault) {
+static uform_status_t spiece_tokenizer(void const *model, size_t length, char const *config,
+                                       uform_tokenizer_t **out, tokenizer_fault_t *fault) {
     uform_tokenizer_t *tokenizer = calloc(1, sizeof *tokenizer);
     if (!tokenizer) return tokenizer_fail(fault, UFORM_OUT_OF_MEMORY, "out of memory");
     uform_status_t status = spiece_read(model, length, config, &tokenizer->spiece, fault);
@@ -381,16 +397,22 @@ UFORM_EXPORT uform_status_t uform_tokenizer_open(char const *path, uform_tokeniz
     if (status == UFORM_OK) status = file_read(folder ? file : path, &data, &length, &message);
     if (status != UFORM_OK) return failed(status, entry, message);
     tokenizer_fault_t fault = {{0}};
-    if (folder ? !config[0] : json_file(data, length)) status = tokenizer_read(data, length, tokenizer, &fault);
-    else status = spiece_tokenizer(data, length, folder ? config : NULL, tokenizer, &fault);
+    if (folder ? !config[0] : json_file(data, length))
+        status = tokenizer_read(data, length, tokenizer, &fault);
+    else
+        status = spiece_tokenizer(data, length, folder ? config : NULL, tokenizer, &fault);
     free(data);
     return status == UFORM_OK ? UFORM_OK : failed(status, entry, fault.message);
 }
 
-UFORM_EXPORT void uform_tokenizer_free(uform_tokenizer_t *tokenizer) { tokenizer_destroy(tokenizer); }
+UFORM_EXPORT void uform_tokenizer_free(uform_tokenizer_t *tokenizer) {
+    tokenizer_destroy(tokenizer);
+}
 
-UFORM_EXPORT uform_status_t uform_tokenizer_info(uform_tokenizer_t const *tokenizer, uform_tokenizer_info_t *info) {
-    if (!tokenizer || !info) return failed(UFORM_INVALID_ARGUMENT, "uform_tokenizer_info", "tokenizer or info is NULL");
+UFORM_EXPORT uform_status_t uform_tokenizer_info(uform_tokenizer_t const *tokenizer,
+                                                 uform_tokenizer_info_t *info) {
+    if (!tokenizer || !info)
+        return failed(UFORM_INVALID_ARGUMENT, "uform_tokenizer_info", "tokenizer or info is NULL");
     if (tokenizer->spiece) {
         spiece_info(tokenizer->spiece, info);
         return UFORM_OK;

@@ -82,7 +82,7 @@ struct uform_tokenizer {
     normalizer_t *normalizer;       /* NULL: none */
     pre_tokenizer_t *pre_tokenizer; /* NULL: none */
     model_t *model;
-    post_processor_t *post;         /* NULL: none */
+    post_processor_t *post; /* NULL: none */
     added_tokens_t added;
     struct {
         bool on, only_second;

@@ -5,21 +5,26 @@
 static char const unbuilt[] = "built without tokenizers (utf8proc and Oniguruma)";
 
 UFORM_EXPORT uform_status_t uform_tokenizer_open(char const *path, uform_tokenizer_t **tokenizer) {
-    if (!path || !tokenizer) return failed(UFORM_INVALID_ARGUMENT, "uform_tokenizer_open", "path or tokenizer is NULL");
+    if (!path || !tokenizer)
+        return failed(UFORM_INVALID_ARGUMENT, "uform_tokenizer_open", "path or tokenizer is NULL");
     *tokenizer = NULL;
     return failed(UFORM_UNSUPPORTED, "uform_tokenizer_open", unbuilt);
 }
 
-UFORM_EXPORT uform_status_t uform_tokenizer_parse(void const *json, size_t length, uform_tokenizer_t **tokenizer) {
+UFORM_EXPORT uform_status_t uform_tokenizer_parse(void const *json, size_t length,
+                                                  uform_tokenizer_t **tokenizer) {
     if (!tokenizer || (!json && length))
         return failed(UFORM_INVALID_ARGUMENT, "uform_tokenizer_parse", "json or tokenizer is NULL");
     *tokenizer = NULL;
     return failed(UFORM_UNSUPPORTED, "uform_tokenizer_parse", unbuilt);
 }
 
-UFORM_EXPORT void uform_tokenizer_free(uform_tokenizer_t *tokenizer) { (void)tokenizer; }
+UFORM_EXPORT void uform_tokenizer_free(uform_tokenizer_t *tokenizer) {
+    (void)tokenizer;
+}
 
-UFORM_EXPORT uform_status_t uform_tokenizer_info(uform_tokenizer_t const *tokenizer, uform_tokenizer_info_t *info) {
+UFORM_EXPORT uform_status_t uform_tokenizer_info(uform_tokenizer_t const *tokenizer,
+                                                 uform_tokenizer_info_t *info) {
     (void)tokenizer;
     (void)info;
     return failed(UFORM_UNSUPPORTED, "uform_tokenizer_info", unbuilt);

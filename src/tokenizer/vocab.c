@@ -7,7 +7,8 @@
 
 static uint64_t hash_bytes(char const *string, size_t length) {
     uint64_t hash = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < length; ++i) hash = (hash ^ (uint8_t)string[i]) * 0x100000001b3ull;
+    for (size_t i = 0; i < length; ++i)
+        hash = (hash ^ (uint8_t)string[i]) * 0x100000001b3ull;
     return hash;
 }
 
@@ -32,7 +33,8 @@ uform_status_t vocab_build(vocab_t *vocab, vocab_entry_t const *entries, size_t 
         return tokenizer_fail(fault, UFORM_FORMAT, "%s: token ids leave most of their range unused", what);
     if (bytes >= UINT32_MAX) return tokenizer_fail(fault, UFORM_FORMAT, "%s: tokens too long", what);
     size_t table_size = 16;
-    while (table_size < 2 * count + 2) table_size *= 2;
+    while (table_size < 2 * count + 2)
+        table_size *= 2;
     vocab->bytes = malloc(bytes + 1);
     vocab->offsets = calloc(ids + 1, sizeof *vocab->offsets);
     vocab->present = calloc(ids + 1, sizeof *vocab->present);
@@ -58,7 +60,8 @@ uform_status_t vocab_build(vocab_t *vocab, vocab_entry_t const *entries, size_t 
         vocab->present[entries[i].id] = true;
         lengths[entries[i].id] = (uint32_t)entries[i].length;
     }
-    for (size_t id = 0; id < ids; ++id) vocab->offsets[id + 1] = vocab->offsets[id] + lengths[id];
+    for (size_t id = 0; id < ids; ++id)
+        vocab->offsets[id + 1] = vocab->offsets[id] + lengths[id];
     free(lengths);
     for (size_t i = 0; i < count; ++i) {
         vocab_entry_t const *entry = &entries[i];
@@ -68,7 +71,8 @@ uform_status_t vocab_build(vocab_t *vocab, vocab_entry_t const *entries, size_t 
         }
         memcpy(vocab->bytes + vocab->offsets[entry->id], entry->string, entry->length);
         size_t slot = hash_bytes(entry->string, entry->length) & (table_size - 1);
-        while (vocab->table[slot]) slot = (slot + 1) & (table_size - 1);
+        while (vocab->table[slot])
+            slot = (slot + 1) & (table_size - 1);
         vocab->table[slot] = entry->id + 1;
     }
     return UFORM_OK;

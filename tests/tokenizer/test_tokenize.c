@@ -17,21 +17,34 @@
  * special tokens added as `normalized: false`. %s: the "truncation" and "padding" members. */
 static char const tiny_format[] =
     "{\"version\": \"1.0\", %s, \"added_tokens\": ["
-    "{\"id\": 0, \"content\": \"[PAD]\", \"single_word\": false, \"lstrip\": false, \"rstrip\": false, \"normalized\": false, \"special\": true},"
-    "{\"id\": 1, \"content\": \"[UNK]\", \"single_word\": false, \"lstrip\": false, \"rstrip\": false, \"normalized\": false, \"special\": true},"
-    "{\"id\": 2, \"content\": \"[CLS]\", \"single_word\": false, \"lstrip\": false, \"rstrip\": false, \"normalized\": false, \"special\": true},"
-    "{\"id\": 3, \"content\": \"[SEP]\", \"single_word\": false, \"lstrip\": false, \"rstrip\": false, \"normalized\": false, \"special\": true},"
-    "{\"id\": 4, \"content\": \"[MASK]\", \"single_word\": false, \"lstrip\": false, \"rstrip\": false, \"normalized\": false, \"special\": true}],"
-    "\"normalizer\": {\"type\": \"BertNormalizer\", \"clean_text\": true, \"handle_chinese_chars\": true, \"strip_accents\": null, \"lowercase\": true},"
+    "{\"id\": 0, \"content\": \"[PAD]\", \"single_word\": false, \"lstrip\": false, \"rstrip\": false, "
+    "\"normalized\": false, \"special\": true},"
+    "{\"id\": 1, \"content\": \"[UNK]\", \"single_word\": false, \"lstrip\": false, \"rstrip\": false, "
+    "\"normalized\": false, \"special\": true},"
+    "{\"id\": 2, \"content\": \"[CLS]\", \"single_word\": false, \"lstrip\": false, \"rstrip\": false, "
+    "\"normalized\": false, \"special\": true},"
+    "{\"id\": 3, \"content\": \"[SEP]\", \"single_word\": false, \"lstrip\": false, \"rstrip\": false, "
+    "\"normalized\": false, \"special\": true},"
+    "{\"id\": 4, \"content\": \"[MASK]\", \"single_word\": false, \"lstrip\": false, \"rstrip\": false, "
+    "\"normalized\": false, \"special\": true}],"
+    "\"normalizer\": {\"type\": \"BertNormalizer\", \"clean_text\": true, \"handle_chinese_chars\": true, "
+    "\"strip_accents\": null, \"lowercase\": true},"
     "\"pre_tokenizer\": {\"type\": \"BertPreTokenizer\"},"
     "\"post_processor\": {\"type\": \"TemplateProcessing\","
-    "\"single\": [{\"SpecialToken\": {\"id\": \"[CLS]\", \"type_id\": 0}}, {\"Sequence\": {\"id\": \"A\", \"type_id\": 0}}, {\"SpecialToken\": {\"id\": \"[SEP]\", \"type_id\": 0}}],"
-    "\"pair\": [{\"SpecialToken\": {\"id\": \"[CLS]\", \"type_id\": 0}}, {\"Sequence\": {\"id\": \"A\", \"type_id\": 0}}, {\"SpecialToken\": {\"id\": \"[SEP]\", \"type_id\": 0}}, {\"Sequence\": {\"id\": \"B\", \"type_id\": 1}}, {\"SpecialToken\": {\"id\": \"[SEP]\", \"type_id\": 1}}],"
-    "\"special_tokens\": {\"[CLS]\": {\"id\": \"[CLS]\", \"ids\": [2], \"tokens\": [\"[CLS]\"]}, \"[SEP]\": {\"id\": \"[SEP]\", \"ids\": [3], \"tokens\": [\"[SEP]\"]}}},"
+    "\"single\": [{\"SpecialToken\": {\"id\": \"[CLS]\", \"type_id\": 0}}, {\"Sequence\": {\"id\": \"A\", "
+    "\"type_id\": 0}}, {\"SpecialToken\": {\"id\": \"[SEP]\", \"type_id\": 0}}],"
+    "\"pair\": [{\"SpecialToken\": {\"id\": \"[CLS]\", \"type_id\": 0}}, {\"Sequence\": {\"id\": \"A\", "
+    "\"type_id\": 0}}, {\"SpecialToken\": {\"id\": \"[SEP]\", \"type_id\": 0}}, {\"Sequence\": {\"id\": "
+    "\"B\", \"type_id\": 1}}, {\"SpecialToken\": {\"id\": \"[SEP]\", \"type_id\": 1}}],"
+    "\"special_tokens\": {\"[CLS]\": {\"id\": \"[CLS]\", \"ids\": [2], \"tokens\": [\"[CLS]\"]}, \"[SEP]\": "
+    "{\"id\": \"[SEP]\", \"ids\": [3], \"tokens\": [\"[SEP]\"]}}},"
     "\"decoder\": null,"
-    "\"model\": {\"type\": \"WordPiece\", \"unk_token\": \"[UNK]\", \"continuing_subword_prefix\": \"##\", \"max_input_chars_per_word\": 100,"
-    "\"vocab\": {\"[PAD]\": 0, \"[UNK]\": 1, \"[CLS]\": 2, \"[SEP]\": 3, \"[MASK]\": 4, \"a\": 5, \"cat\": 6, \"dog\": 7, \"the\": 8, \"on\": 9,"
-    "\"mat\": 10, \"##s\": 11, \"sat\": 12, \"hello\": 13, \"world\": 14, \".\": 15, \",\": 16, \"!\": 17, \"caf\": 18, \"##e\": 19, \"\\u00e9\": 20}}}";
+    "\"model\": {\"type\": \"WordPiece\", \"unk_token\": \"[UNK]\", \"continuing_subword_prefix\": \"##\", "
+    "\"max_input_chars_per_word\": 100,"
+    "\"vocab\": {\"[PAD]\": 0, \"[UNK]\": 1, \"[CLS]\": 2, \"[SEP]\": 3, \"[MASK]\": 4, \"a\": 5, \"cat\": "
+    "6, \"dog\": 7, \"the\": 8, \"on\": 9,"
+    "\"mat\": 10, \"##s\": 11, \"sat\": 12, \"hello\": 13, \"world\": 14, \".\": 15, \",\": 16, \"!\": 17, "
+    "\"caf\": 18, \"##e\": 19, \"\\u00e9\": 20}}}";
 
 static char const no_options[] = "\"truncation\": null, \"padding\": null";
 
@@ -44,10 +57,15 @@ typedef struct expected {
 } expected_t;
 
 static expected_t const cases[] = {
-    {"The cats sat on the mat.", {2, 8, 6, 11, 12, 9, 8, 10, 15, 3},
-     {{0, 0}, {0, 3}, {4, 7}, {7, 8}, {9, 12}, {13, 15}, {16, 19}, {20, 23}, {23, 24}, {0, 0}}, 10},
+    {"The cats sat on the mat.",
+     {2, 8, 6, 11, 12, 9, 8, 10, 15, 3},
+     {{0, 0}, {0, 3}, {4, 7}, {7, 8}, {9, 12}, {13, 15}, {16, 19}, {20, 23}, {23, 24}, {0, 0}},
+     10},
     {"", {2, 3}, {{0, 0}, {0, 0}}, 2},
-    {"Hello, [MASK] world!", {2, 13, 16, 4, 14, 17, 3}, {{0, 0}, {0, 5}, {5, 6}, {7, 13}, {14, 19}, {19, 20}, {0, 0}}, 7},
+    {"Hello, [MASK] world!",
+     {2, 13, 16, 4, 14, 17, 3},
+     {{0, 0}, {0, 5}, {5, 6}, {7, 13}, {14, 19}, {19, 20}, {0, 0}},
+     7},
     {"Caf\xc3\xa9 ZZZ", {2, 18, 19, 1, 3}, {{0, 0}, {0, 3}, {3, 5}, {6, 9}, {0, 0}}, 5},
     {"a dog", {2, 5, 7, 3}, {{0, 0}, {0, 1}, {2, 5}, {0, 0}}, 4},
 };
@@ -63,7 +81,8 @@ static uform_tokenizer_t *tiny(char const *options) {
 
 static batch_t *cases_batch(void) {
     batch_t *batch = batch_new(BATCH_TEXTS);
-    for (size_t i = 0; i < CASES; ++i) batch_add(batch, cases[i].text, strlen(cases[i].text));
+    for (size_t i = 0; i < CASES; ++i)
+        batch_add(batch, cases[i].text, strlen(cases[i].text));
     return batch;
 }
 
@@ -85,7 +104,8 @@ static void assert_cases(uform_tokenized_t const *tokenized) {
     assert_int_equal(tokenized->items, CASES);
     assert_int_equal(tokenized->ids.scalar, UFORM_U32);
     assert_int_equal(tokenized->spans.columns, 2);
-    for (size_t i = 0; i < CASES; ++i) assert_tokens(tokenized, i, cases[i].ids, cases[i].spans, cases[i].count);
+    for (size_t i = 0; i < CASES; ++i)
+        assert_tokens(tokenized, i, cases[i].ids, cases[i].spans, cases[i].count);
 }
 
 /* Every receiver, blocking and deferred, cuts the same tokens as tokenizers. */
@@ -97,12 +117,17 @@ static void test_receivers(void **state) {
     for (size_t r = 0; r < sizeof receivers / sizeof receivers[0]; ++r) {
         uform_executor_t *executor = receiver_make(receivers[r], NULL, NULL);
         uform_arena_t *arena = NULL;
-        assert_int_equal(executor ? uform_arena_create(executor, &arena) : uform_arena_create_host(&arena), UFORM_OK);
+        assert_int_equal(executor ? uform_arena_create(executor, &arena) : uform_arena_create_host(&arena),
+                         UFORM_OK);
         uform_tokenized_t tokenized;
         uform_tokenize_stats_t stats;
         uform_tokenize_config_t config = {.stats = &stats};
-        uform_text_tokenize_args_t args = {.tokenizer = tokenizer, .executor = executor, .texts = batch_tape(batch),
-                                           .arena = arena, .config = &config, .tokenized = &tokenized};
+        uform_text_tokenize_args_t args = {.tokenizer = tokenizer,
+                                           .executor = executor,
+                                           .texts = batch_tape(batch),
+                                           .arena = arena,
+                                           .config = &config,
+                                           .tokenized = &tokenized};
         assert_int_equal(uform_text_tokenize(&args), UFORM_OK);
         assert_cases(&tokenized);
         assert_int_equal(stats.items, CASES);
@@ -130,7 +155,9 @@ static void test_receivers(void **state) {
 static void test_invalid_utf8_fails_alone(void **state) {
     (void)state;
     uform_tokenizer_t *tokenizer = tiny(no_options);
-    static char const *const bad[] = {"a\xff" "dog", "\xc0\xaf", "\xed\xa0\x80", "caf\xc3"};
+    static char const *const bad[] = {"a\xff"
+                                      "dog",
+                                      "\xc0\xaf", "\xed\xa0\x80", "caf\xc3"};
     for (size_t b = 0; b < sizeof bad / sizeof bad[0]; ++b) {
         batch_t *batch = batch_new(BATCH_TEXTS);
         batch_add(batch, cases[0].text, strlen(cases[0].text));
@@ -140,8 +167,11 @@ static void test_invalid_utf8_fails_alone(void **state) {
         uform_tokenized_t tokenized;
         uform_tokenize_stats_t stats;
         uform_tokenize_config_t config = {.stats = &stats};
-        uform_text_tokenize_args_t args = {
-            .tokenizer = tokenizer, .texts = batch_tape(batch), .arena = arena, .config = &config, .tokenized = &tokenized};
+        uform_text_tokenize_args_t args = {.tokenizer = tokenizer,
+                                           .texts = batch_tape(batch),
+                                           .arena = arena,
+                                           .config = &config,
+                                           .tokenized = &tokenized};
         assert_int_equal(uform_text_tokenize(&args), UFORM_OK);
         assert_int_equal(tokenized.statuses[1], UFORM_FORMAT);
         assert_int_equal(tokenized.ids.item_offsets[2] - tokenized.ids.item_offsets[1], 0);
@@ -174,31 +204,41 @@ static void test_truncation_and_padding(void **state) {
     (void)state;
     uform_arena_t *arena = arena_on_host();
     uform_tokenized_t tokenized;
-    uform_tokenizer_t *right = tiny("\"truncation\": {\"direction\": \"Right\", \"max_length\": 5, \"strategy\": "
-                                    "\"LongestFirst\", \"stride\": 0}, \"padding\": null");
+    uform_tokenizer_t *right =
+        tiny("\"truncation\": {\"direction\": \"Right\", \"max_length\": 5, \"strategy\": "
+             "\"LongestFirst\", \"stride\": 0}, \"padding\": null");
     assert_int_equal(cut_one(right, cases[0].text, false, arena, &tokenized), 5);
-    assert_tokens(&tokenized, 0, (uint32_t[]){2, 8, 6, 11, 3}, (uint32_t const[][2]){{0, 0}, {0, 3}, {4, 7}, {7, 8}, {0, 0}}, 5);
-    assert_int_equal(cut_one(right, cases[0].text, true, arena, &tokenized), 5); /* no special tokens: 5 kept */
+    assert_tokens(&tokenized, 0, (uint32_t[]){2, 8, 6, 11, 3},
+                  (uint32_t const[][2]){{0, 0}, {0, 3}, {4, 7}, {7, 8}, {0, 0}}, 5);
+    assert_int_equal(cut_one(right, cases[0].text, true, arena, &tokenized),
+                     5); /* no special tokens: 5 kept */
     uform_tokenizer_info_t info;
     assert_int_equal(uform_tokenizer_info(right, &info), UFORM_OK);
     assert_int_equal(info.max_length, 5);
     assert_int_equal(info.special_added, 2);
     assert_string_equal(info.model, "WordPiece");
     uform_tokenizer_free(right);
-    uform_tokenizer_t *left = tiny("\"truncation\": {\"direction\": \"Left\", \"max_length\": 4, \"strategy\": "
-                                   "\"LongestFirst\", \"stride\": 0}, \"padding\": null");
+    uform_tokenizer_t *left =
+        tiny("\"truncation\": {\"direction\": \"Left\", \"max_length\": 4, \"strategy\": "
+             "\"LongestFirst\", \"stride\": 0}, \"padding\": null");
     assert_int_equal(cut_one(left, cases[0].text, false, arena, &tokenized), 4);
-    assert_tokens(&tokenized, 0, (uint32_t[]){2, 10, 15, 3}, (uint32_t const[][2]){{0, 0}, {20, 23}, {23, 24}, {0, 0}}, 4);
+    assert_tokens(&tokenized, 0, (uint32_t[]){2, 10, 15, 3},
+                  (uint32_t const[][2]){{0, 0}, {20, 23}, {23, 24}, {0, 0}}, 4);
     uform_tokenizer_free(left);
-    uform_tokenizer_t *fixed = tiny("\"truncation\": null, \"padding\": {\"strategy\": {\"Fixed\": 6}, \"direction\": "
-                                    "\"Left\", \"pad_to_multiple_of\": null, \"pad_id\": 0, \"pad_type_id\": 0, \"pad_token\": \"[PAD]\"}");
+    uform_tokenizer_t *fixed =
+        tiny("\"truncation\": null, \"padding\": {\"strategy\": {\"Fixed\": 6}, \"direction\": "
+             "\"Left\", \"pad_to_multiple_of\": null, \"pad_id\": 0, \"pad_type_id\": 0, \"pad_token\": "
+             "\"[PAD]\"}");
     assert_int_equal(cut_one(fixed, "a dog", false, arena, &tokenized), 6);
-    assert_tokens(&tokenized, 0, (uint32_t[]){0, 0, 2, 5, 7, 3}, (uint32_t const[][2]){{0, 0}, {0, 0}, {0, 0}, {0, 1}, {2, 5}, {0, 0}}, 6);
+    assert_tokens(&tokenized, 0, (uint32_t[]){0, 0, 2, 5, 7, 3},
+                  (uint32_t const[][2]){{0, 0}, {0, 0}, {0, 0}, {0, 1}, {2, 5}, {0, 0}}, 6);
     uform_tokenizer_free(fixed);
-    uform_tokenizer_t *longest = tiny("\"truncation\": null, \"padding\": {\"strategy\": \"BatchLongest\", \"direction\": "
-                                      "\"Right\", \"pad_to_multiple_of\": 4, \"pad_id\": 0, \"pad_type_id\": 0, \"pad_token\": \"[PAD]\"}");
+    uform_tokenizer_t *longest = tiny(
+        "\"truncation\": null, \"padding\": {\"strategy\": \"BatchLongest\", \"direction\": "
+        "\"Right\", \"pad_to_multiple_of\": 4, \"pad_id\": 0, \"pad_type_id\": 0, \"pad_token\": \"[PAD]\"}");
     batch_t *batch = cases_batch();
-    uform_text_tokenize_args_t args = {.tokenizer = longest, .texts = batch_tape(batch), .arena = arena, .tokenized = &tokenized};
+    uform_text_tokenize_args_t args = {
+        .tokenizer = longest, .texts = batch_tape(batch), .arena = arena, .tokenized = &tokenized};
     assert_int_equal(uform_text_tokenize(&args), UFORM_OK);
     for (size_t i = 0; i < CASES; ++i) {
         uint32_t ids[12] = {0}, spans[12][2] = {{0}};
@@ -217,13 +257,17 @@ static void test_progress_and_cancel(void **state) {
     (void)state;
     uform_tokenizer_t *tokenizer = tiny(no_options);
     batch_t *batch = batch_new(BATCH_TEXTS);
-    for (size_t i = 0; i < BATCH_MAX; ++i) batch_add(batch, cases[i % CASES].text, strlen(cases[i % CASES].text));
+    for (size_t i = 0; i < BATCH_MAX; ++i)
+        batch_add(batch, cases[i % CASES].text, strlen(cases[i % CASES].text));
     uform_arena_t *arena = arena_on_host();
     uform_tokenized_t tokenized;
     progress_counter_t counter = {0};
     uform_tokenize_config_t config = {.progress = {count_progress, &counter, 0}};
-    uform_text_tokenize_args_t args = {
-        .tokenizer = tokenizer, .texts = batch_tape(batch), .arena = arena, .config = &config, .tokenized = &tokenized};
+    uform_text_tokenize_args_t args = {.tokenizer = tokenizer,
+                                       .texts = batch_tape(batch),
+                                       .arena = arena,
+                                       .config = &config,
+                                       .tokenized = &tokenized};
     assert_int_equal(uform_text_tokenize(&args), UFORM_OK);
     assert_true(counter.calls >= 1);
     assert_int_equal(counter.last, BATCH_MAX);
@@ -297,16 +341,22 @@ static void test_files(void **state) {
         {"[]", UFORM_FORMAT, "not an object"},
         {"{\"version\": \"1.0\"}", UFORM_FORMAT, "model"},
         {"{\"version\": \"2.0\", \"model\": {}}", UFORM_UNSUPPORTED, "version"},
-        {"{\"post_processor\": {\"type\": \"Nope\"}, \"model\": {\"type\": \"WordLevel\", \"vocab\": {\"a\": 0}, \"unk_token\": \"a\"}}",
+        {"{\"post_processor\": {\"type\": \"Nope\"}, \"model\": {\"type\": \"WordLevel\", \"vocab\": {\"a\": "
+         "0}, \"unk_token\": \"a\"}}",
          UFORM_UNSUPPORTED, "Nope"},
-        {"{\"truncation\": {\"max_length\": 3}, \"model\": {\"type\": \"WordLevel\", \"vocab\": {\"a\": 0}, \"unk_token\": \"a\"}}",
+        {"{\"truncation\": {\"max_length\": 3}, \"model\": {\"type\": \"WordLevel\", \"vocab\": {\"a\": 0}, "
+         "\"unk_token\": \"a\"}}",
          UFORM_FORMAT, "truncation"},
-        {"{\"padding\": {\"strategy\": \"Sometimes\"}, \"model\": {\"type\": \"WordLevel\", \"vocab\": {\"a\": 0}, \"unk_token\": \"a\"}}",
+        {"{\"padding\": {\"strategy\": \"Sometimes\"}, \"model\": {\"type\": \"WordLevel\", \"vocab\": "
+         "{\"a\": 0}, \"unk_token\": \"a\"}}",
          UFORM_FORMAT, "padding"},
-        {"{\"added_tokens\": [{\"id\": 0}], \"model\": {\"type\": \"WordLevel\", \"vocab\": {\"a\": 0}, \"unk_token\": \"a\"}}",
+        {"{\"added_tokens\": [{\"id\": 0}], \"model\": {\"type\": \"WordLevel\", \"vocab\": {\"a\": 0}, "
+         "\"unk_token\": \"a\"}}",
          UFORM_FORMAT, "content"},
-        {"{\"post_processor\": {\"type\": \"TemplateProcessing\", \"single\": [{\"SpecialToken\": {\"id\": \"X\", \"type_id\": 0}}], "
-         "\"pair\": [], \"special_tokens\": {}}, \"model\": {\"type\": \"WordLevel\", \"vocab\": {\"a\": 0}, \"unk_token\": \"a\"}}",
+        {"{\"post_processor\": {\"type\": \"TemplateProcessing\", \"single\": [{\"SpecialToken\": {\"id\": "
+         "\"X\", \"type_id\": 0}}], "
+         "\"pair\": [], \"special_tokens\": {}}, \"model\": {\"type\": \"WordLevel\", \"vocab\": {\"a\": 0}, "
+         "\"unk_token\": \"a\"}}",
          UFORM_FORMAT, "X"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
@@ -315,7 +365,8 @@ static void test_files(void **state) {
         assert_null(tokenizer);
         uform_error_t error = uform_last_error();
         assert_string_equal(error.entry, "uform_tokenizer_parse");
-        if (!strstr(error.message, bad[i].named)) fail_msg("case %zu: \"%s\" does not name %s", i, error.message, bad[i].named);
+        if (!strstr(error.message, bad[i].named))
+            fail_msg("case %zu: \"%s\" does not name %s", i, error.message, bad[i].named);
     }
 }
 
@@ -327,7 +378,8 @@ static void test_sentencepiece_files(void **state) {
     (void)state;
     uint8_t noise[4096];
     random_seed(5);
-    for (size_t i = 0; i < sizeof noise; ++i) noise[i] = (uint8_t)(random_bits() | 0x80);
+    for (size_t i = 0; i < sizeof noise; ++i)
+        noise[i] = (uint8_t)(random_bits() | 0x80);
     static uint8_t const header[] = {0x0A, 0x0B, 0x0A, 0x05, 0x3C, 0x75, 0x6E, 0x6B}; /* a piece cut short */
     struct {
         char const *name;
@@ -360,14 +412,16 @@ static void test_sentencepiece_files(void **state) {
     blob_t blob = blob_copy(noise, sizeof noise);
     blob_write("t5/spiece.model", &blob);
     free(blob.data);
-    assert_int_equal(uform_tokenizer_open(folder, &tokenizer), UFORM_WITH_SENTENCEPIECE ? UFORM_IO : UFORM_UNSUPPORTED);
+    assert_int_equal(uform_tokenizer_open(folder, &tokenizer),
+                     UFORM_WITH_SENTENCEPIECE ? UFORM_IO : UFORM_UNSUPPORTED);
     static char const config[] = "{\"tokenizer_class\": \"T5Tokenizer\"}";
     blob = blob_copy(config, strlen(config));
     blob_write("t5/tokenizer_config.json", &blob);
     free(blob.data);
     assert_int_equal(uform_tokenizer_open(folder, &tokenizer), UFORM_UNSUPPORTED);
     char const *named = UFORM_WITH_SENTENCEPIECE ? "T5Tokenizer" : "built without SentencePiece";
-    if (!strstr(uform_last_error().message, named)) fail_msg("\"%s\" does not name %s", uform_last_error().message, named);
+    if (!strstr(uform_last_error().message, named))
+        fail_msg("\"%s\" does not name %s", uform_last_error().message, named);
 }
 
 /* Every seed tokenizer of the fuzz corpus, cut short at many lengths and with bytes changed at many
@@ -388,8 +442,11 @@ static void test_corrupted_files(void **state) {
         for (size_t trial = 0; trial < 200; ++trial) {
             size_t length = blob.size;
             memcpy(copy, blob.data, blob.size);
-            if (trial % 2) length = random_below(blob.size);
-            else for (size_t flips = 1 + random_below(4); flips; --flips) copy[random_below(blob.size)] = (uint8_t)random_bits();
+            if (trial % 2)
+                length = random_below(blob.size);
+            else
+                for (size_t flips = 1 + random_below(4); flips; --flips)
+                    copy[random_below(blob.size)] = (uint8_t)random_bits();
             uform_tokenizer_t *tokenizer = NULL;
             uform_status_t status = uform_tokenizer_parse(copy, length, &tokenizer);
             if (status != UFORM_OK) {
@@ -400,7 +457,8 @@ static void test_corrupted_files(void **state) {
                 continue;
             }
             opened++;
-            cut_one(tokenizer, "Hello, [MASK] world! \xd0\x9f\xd1\x80\xd0\xb8\xd0\xb2\xd0\xb5\xd1\x82", false, arena, &tokenized);
+            cut_one(tokenizer, "Hello, [MASK] world! \xd0\x9f\xd1\x80\xd0\xb8\xd0\xb2\xd0\xb5\xd1\x82", false,
+                    arena, &tokenized);
             uform_tokenizer_free(tokenizer);
         }
         free(copy);
