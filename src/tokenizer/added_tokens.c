@@ -12,13 +12,6 @@
 
 #include "tokenizer.h"
 
-/* Rust regex's `\s` (the White_Space property): what lstrip and rstrip swallow. */
-static bool is_space(uint32_t ch) {
-    return (ch >= 0x09 && ch <= 0x0D) || ch == 0x20 || ch == 0x85 || ch == 0xA0 || ch == 0x1680 ||
-           (ch >= 0x2000 && ch <= 0x200A) || ch == 0x2028 || ch == 0x2029 || ch == 0x202F || ch == 0x205F ||
-           ch == 0x3000;
-}
-
 /* Rust regex's `\w`: Alphabetic, marks, decimal digits, connector punctuation, joiners (utf8proc's
  * categories; Alphabetic's few symbols, such as circled letters, are not words here). */
 static bool is_word(uint32_t ch) {
@@ -226,12 +219,12 @@ static uform_status_t split_piece(added_set_t const *set, pieces_t const *in, si
             continue;
         if (pattern->lstrip) {
             uint32_t left = start;
-            while (left > 0 && is_space(chars[left - 1]))
+            while (left > 0 && white_space(chars[left - 1]))
                 left--;
             start = left > start_offset ? left : start_offset;
         }
         if (pattern->rstrip)
-            while (stop < size && is_space(chars[stop]))
+            while (stop < size && white_space(chars[stop]))
                 stop++;
         if (start_offset < start) status = emit(out, in, index, start_offset, start, PIECE_OPEN);
         if (status == UFORM_OK) status = emit(out, in, index, start, stop, (int32_t)pattern->id);

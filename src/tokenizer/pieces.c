@@ -132,9 +132,7 @@ size_t utf8_put(uint8_t *buffer, uint32_t ch) {
     return 4;
 }
 
-/* One code point at text[0 .. available): its length, or 0 where the bytes are not well-formed UTF-8
- * (overlong forms, surrogates and values past U+10FFFF included). */
-static size_t utf8_next(uint8_t const *text, size_t available, uint32_t *ch) {
+size_t utf8_next(uint8_t const *text, size_t available, uint32_t *ch) {
     uint8_t lead = text[0];
     if (lead < 0x80) {
         *ch = lead;

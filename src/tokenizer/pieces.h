@@ -148,5 +148,17 @@ uform_status_t pieces_emit_range(pieces_t *out, pieces_t const *in, size_t index
  * is not valid UTF-8 (*bad set to the byte offset of the first fault), UFORM_OUT_OF_MEMORY. */
 uform_status_t pieces_from_utf8(pieces_t *out, uint8_t const *text, size_t length, size_t *bad);
 
+/* The White_Space property: Rust's char::is_whitespace and the regex crate's \s, which tokenizers'
+ * lstrip, rstrip and offset trimming read. */
+static inline bool white_space(uint32_t ch) {
+    if (ch < 0x80) return ch == ' ' || (ch >= '\t' && ch <= '\r');
+    return ch == 0x85 || ch == 0xA0 || ch == 0x1680 || (ch >= 0x2000 && ch <= 0x200A) || ch == 0x2028 ||
+           ch == 0x2029 || ch == 0x202F || ch == 0x205F || ch == 0x3000;
+}
+
+/* One code point of well-formed UTF-8 at text[0 .. available): its length, or 0 where the bytes are not
+ * (overlong forms, surrogates and values past U+10FFFF included). */
+size_t utf8_next(uint8_t const *text, size_t available, uint32_t *ch);
+
 /* Appends the UTF-8 encoding of `ch` to `buffer` (4 bytes of room needed); answers the bytes written. */
 size_t utf8_put(uint8_t *buffer, uint32_t ch);

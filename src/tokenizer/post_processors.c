@@ -37,41 +37,39 @@ struct post_processor {
 
 /* ---- token strings' blanks --------------------------------------------------------------------- */
 
-/* Rust's char::is_whitespace (the White_Space property), or 'Ġ', byte-level's space. */
-static bool is_blank(uint32_t ch) {
-    return ch == 0x120 || (ch >= 0x09 && ch <= 0x0D) || ch == 0x20 || ch == 0x85 || ch == 0xA0 ||
-           ch == 0x1680 || (ch >= 0x2000 && ch <= 0x200A) || ch == 0x2028 || ch == 0x2029 || ch == 0x202F ||
-           ch == 0x205F || ch == 0x3000;
+/* Counts one more code point of a token's string into its blanks: a leading one while every one so far
+ * was blank, and the run of trailing ones. */
+static inline void blanks_count(token_blanks_t *blanks, bool *leading, uint32_t ch) {
+    bool blank = ch == 0x120 || white_space(ch);
+    *leading = *leading && blank;
+    blanks->leading += *leading;
+    blanks->trailing = blank ? blanks->trailing + 1 : 0;
 }
 
-/* The blanks of a UTF-8 token string (a string of the file: valid UTF-8, as jansson checks). */
+/* The blanks of a UTF-8 token string: whitespace or 'Ġ' (U+0120, byte-level's space). A byte that is not
+ * UTF-8 (none are: jansson checks the file's strings, and pieces are code points) ends the scan. */
 static token_blanks_t blanks_of(char const *string, size_t length) {
     token_blanks_t blanks = {0, 0};
-    size_t run = 0;
     bool leading = true;
-    for (size_t at = 0; at < length;) {
-        uint8_t lead = (uint8_t)string[at];
-        size_t size = lead < 0x80 ? 1 : lead < 0xE0 ? 2 : lead < 0xF0 ? 3 : 4;
-        uint32_t ch = lead < 0x80   ? lead
-                      : lead < 0xE0 ? lead & 0x1F
-                      : lead < 0xF0 ? lead & 0x0F
-                                    : lead & 0x07;
-        for (size_t i = 1; i < size && at + i < length; ++i)
-            ch = ch << 6 | ((uint8_t)string[at + i] & 0x3F);
-        at += size;
-        bool blank = is_blank(ch);
-        if (leading && blank)
-            blanks.leading++;
-        else
-            leading = false;
-        run = blank ? run + 1 : 0;
+    for (size_t at = 0, size; at < length; at += size) {
+        uint32_t ch;
+        size = utf8_next((uint8_t const *)string + at, length - at, &ch);
+        if (size == 0) break;
+        blanks_count(&blanks, &leading, ch);
     }
-    blanks.trailing = (uint32_t)run;
     return blanks;
 }
 
 token_blanks_t token_blanks(char const *string, size_t length) {
     return blanks_of(string, length);
+}
+
+token_blanks_t token_blanks_of_chars(uint32_t const *chars, size_t count) {
+    token_blanks_t blanks = {0, 0};
+    bool leading = true;
+    for (size_t i = 0; i < count; ++i)
+        blanks_count(&blanks, &leading, chars[i]);
+    return blanks;
 }
 
 /* ---- reading --------------------------------------------------------------------------------- */
@@ -334,9 +332,7 @@ static void trim_offsets(post_tokens_t *tokens, bool add_prefix_space) {
     }
 }
 
-/* Grows the blanks beside the tokens to their capacity. */
-static uform_status_t blanks_fit(post_tokens_t *tokens, size_t count) {
-    if (!tokens->blanks && tokens->blanks_capacity == 0 && count == 0) return UFORM_OK;
+uform_status_t post_blanks_fit(post_tokens_t *tokens, size_t count) {
     if (count <= tokens->blanks_capacity) return UFORM_OK;
     token_blanks_t *blanks = realloc(tokens->blanks, count * sizeof *blanks);
     if (!blanks) return UFORM_OUT_OF_MEMORY;
@@ -361,7 +357,7 @@ static uform_status_t insert(post_tokens_t *tokens, size_t at, uint32_t const *i
         list->special[at + i] = 1;
     }
     if (!tokens->blanks) return UFORM_OK;
-    if (blanks_fit(tokens, list->count) != UFORM_OK) return UFORM_OUT_OF_MEMORY;
+    if (post_blanks_fit(tokens, list->count) != UFORM_OK) return UFORM_OUT_OF_MEMORY;
     memmove(tokens->blanks + at + count, tokens->blanks + at, (old - at) * sizeof *tokens->blanks);
     memcpy(tokens->blanks + at, blanks, count * sizeof *blanks);
     return UFORM_OK;
@@ -382,7 +378,7 @@ static uform_status_t apply_template(post_processor_t const *post, post_tokens_t
                 if (tokens_push(list, list->ids[i], list->spans[i], list->special[i]) != UFORM_OK)
                     return UFORM_OUT_OF_MEMORY;
                 if (tokens->blanks) {
-                    if (blanks_fit(tokens, list->count) != UFORM_OK) return UFORM_OUT_OF_MEMORY;
+                    if (post_blanks_fit(tokens, list->count) != UFORM_OK) return UFORM_OUT_OF_MEMORY;
                     tokens->blanks[list->count - 1] = tokens->blanks[i];
                 }
             }

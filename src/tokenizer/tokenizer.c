@@ -122,6 +122,10 @@ static uform_status_t root_parse(json_t const *root, uform_tokenizer_t *tokenize
     if (status == UFORM_OK) status = model_parse(model, &tokenizer->model, fault);
     if (status == UFORM_OK && slot(root, "post_processor"))
         status = post_processor_parse(slot(root, "post_processor"), &tokenizer->post, fault);
+    if (status == UFORM_OK && tokenizer->post) { /* read once: every text asks */
+        tokenizer->special_added = post_processor_added(tokenizer->post);
+        tokenizer->trims = post_processor_trims(tokenizer->post);
+    }
     if (status == UFORM_OK) status = truncation_parse(json_object_get(root, "truncation"), tokenizer, fault);
     if (status == UFORM_OK) status = padding_parse(json_object_get(root, "padding"), tokenizer, fault);
     if (status == UFORM_OK)
@@ -167,22 +171,11 @@ static uform_status_t cut_piece(uform_tokenizer_t const *tokenizer, pieces_t con
                                    pieces_size(pieces, index));
     else
         status = model_tokenize(tokenizer->model, pieces, index, tokens, work);
-    if (status != UFORM_OK || !tokenizer->post || !post_processor_trims(tokenizer->post)) return status;
-    if (tokens->count > out->blanks_capacity) {
-        size_t capacity = tokens->capacity;
-        token_blanks_t *blanks = realloc(out->blanks, capacity * sizeof *blanks);
-        if (!blanks) return UFORM_OUT_OF_MEMORY;
-        out->blanks = blanks;
-        out->blanks_capacity = capacity;
-    }
+    if (status != UFORM_OK || !tokenizer->trims) return status;
+    if (post_blanks_fit(out, tokens->capacity) != UFORM_OK) return UFORM_OUT_OF_MEMORY;
     for (size_t i = first; i < tokens->count; ++i) {
-        if (pieces->ids[index] != PIECE_OPEN) {
-            uint8_t *bytes = work_bytes(work, 4 * (size_t)pieces_size(pieces, index) + 1);
-            if (!bytes) return UFORM_OUT_OF_MEMORY;
-            size_t length = 0;
-            for (uint32_t c = 0; c < pieces_size(pieces, index); ++c)
-                length += utf8_put(bytes + length, pieces_chars(pieces, index)[c]);
-            out->blanks[i] = token_blanks((char const *)bytes, length);
+        if (pieces->ids[index] != PIECE_OPEN) { /* an added token's string is the piece */
+            out->blanks[i] = token_blanks_of_chars(pieces_chars(pieces, index), pieces_size(pieces, index));
             continue;
         }
         size_t length = 0;
@@ -213,7 +206,7 @@ static uform_status_t truncate(uform_tokenizer_t const *tokenizer, bool add_spec
                                bool *truncated, char const **message) {
     if (!tokenizer->truncation.on) return UFORM_OK;
     size_t max_length = tokenizer->truncation.max_length;
-    size_t added = add_special && tokenizer->post ? post_processor_added(tokenizer->post) : 0;
+    size_t added = add_special ? tokenizer->special_added : 0;
     if (added > 0) {
         if (max_length < added) return UFORM_OK;
         max_length -= added;
@@ -420,7 +413,7 @@ UFORM_EXPORT uform_status_t uform_tokenizer_info(uform_tokenizer_t const *tokeni
     *info = (uform_tokenizer_info_t){
         .vocabulary = tokenizer->added.next_id,
         .max_length = tokenizer->truncation.on ? tokenizer->truncation.max_length : 0,
-        .special_added = tokenizer->post ? post_processor_added(tokenizer->post) : 0,
+        .special_added = tokenizer->special_added,
     };
     memcpy(info->model, tokenizer->model_name, sizeof info->model);
     return UFORM_OK;

@@ -60,8 +60,9 @@ typedef struct token_blanks {
     uint32_t leading, trailing;
 } token_blanks_t;
 
-/* The blanks of a token's UTF-8 string. */
+/* The blanks of a token's UTF-8 string, or of its code points. */
 token_blanks_t token_blanks(char const *string, size_t length);
+token_blanks_t token_blanks_of_chars(uint32_t const *chars, size_t count);
 
 /* Rewrites `tokens` (one sequence, truncated) in place: trims offsets, adds the special tokens (with
  * `add_special`). `blanks` runs beside the tokens (NULL when the post-processor does not trim) and is
@@ -71,6 +72,9 @@ typedef struct post_tokens {
     token_blanks_t *blanks;
     size_t blanks_capacity;
 } post_tokens_t;
+/* Room for `count` blanks beside the tokens. */
+uform_status_t post_blanks_fit(post_tokens_t *tokens, size_t count);
+
 uform_status_t post_processor_apply(post_processor_t const *post, post_tokens_t *tokens, bool add_special);
 
 /* ---- the tokenizer ----------------------------------------------------------------------------- */
@@ -83,6 +87,8 @@ struct uform_tokenizer {
     pre_tokenizer_t *pre_tokenizer; /* NULL: none */
     model_t *model;
     post_processor_t *post; /* NULL: none */
+    size_t special_added;   /* tokens `post` adds to one text (0 without one) */
+    bool trims;             /* `post` trims offsets somewhere: tokens carry their blanks */
     added_tokens_t added;
     struct {
         bool on, only_second;
