@@ -1,5 +1,6 @@
-/* The scalar GELU every path is measured against (kernels.h: the tanh approximation), shared by the
- * scalar GEMM epilogue and the scalar training kernels so that both compute the same function. */
+/* The scalar GELUs every path is measured against (kernels.h's epilogues: the tanh approximation, the exact
+ * GELU and the quick one), shared by the scalar GEMM epilogue and the scalar training kernels so that both
+ * compute the same functions. */
 #pragma once
 
 #include <math.h>
@@ -10,6 +11,16 @@
 /* 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3))), in F32 as kernels.h pins it. */
 static inline float gelu_tanh(float x) {
     return 0.5f * x * (1.0f + tanhf(GELU_SQRT_2_OVER_PI * (x + GELU_CUBIC * x * x * x)));
+}
+
+/* 0.5x(1 + erf(x / sqrt 2)), in F32 with libm's erff, as PyTorch's nn.GELU() computes it. */
+static inline float gelu_erf(float x) {
+    return 0.5f * x * (1.0f + erff(x * 0.707106781f));
+}
+
+/* x sigmoid(1.702x) = x / (1 + exp(-1.702x)), in F32 with libm's expf (an infinite exp gives -0). */
+static inline float gelu_quick(float x) {
+    return x / (1.0f + expf(-1.702f * x));
 }
 
 /* d gelu_tanh / dx = 0.5(1 + t) + 0.5x(1 - t^2) sqrt(2/pi)(1 + 3 * 0.044715x^2), t = tanh(u), computed in

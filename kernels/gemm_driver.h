@@ -85,7 +85,7 @@ typedef struct gemm_epilogue {
     float const *residual; /* residual at (row, column), or NULL */
     float *y;              /* y at (row, column) */
     size_t y_stride, residual_stride;
-    bool gelu;
+    kernel_epilogue_t kind; /* the activation */
 } gemm_epilogue_t;
 
 static inline __attribute__((always_inline)) gemm_epilogue_t gemm_epilogue_at(kernel_gemm_t const *g,
@@ -95,7 +95,7 @@ static inline __attribute__((always_inline)) gemm_epilogue_t gemm_epilogue_at(ke
                          .y = g->y + row * g->y_stride + column,
                          .y_stride = g->y_stride,
                          .residual_stride = g->residual_stride,
-                         .gelu = g->epilogue == KERNEL_EPILOGUE_GELU};
+                         .kind = g->epilogue};
     if (e.residual) e.residual += row * e.residual_stride + column;
     return e;
 }

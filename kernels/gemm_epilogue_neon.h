@@ -13,6 +13,29 @@
 
 #define NEON_VECTORS (NEON_ROW_COLUMNS / 4)
 
+/* values[0, count) = the activation `kind` (kernels.h) of each, in place. Out of line, called once per tile:
+ * one copy of each activation per path, where inlining them would copy them into every tile row of every
+ * row count. */
+static __attribute__((noinline)) void gemm_activate_neon(kernel_epilogue_t kind, float32x4_t *values,
+                                                         size_t count) {
+    switch (kind) {
+    case KERNEL_EPILOGUE_GELU:
+        for (size_t i = 0; i < count; ++i)
+            values[i] = gelu_ps(values[i]);
+        break;
+    case KERNEL_EPILOGUE_GELU_ERF:
+        for (size_t i = 0; i < count; ++i)
+            values[i] = gelu_erf_ps(values[i]);
+        break;
+    case KERNEL_EPILOGUE_GELU_QUICK:
+        for (size_t i = 0; i < count; ++i)
+            values[i] = gelu_quick_ps(values[i]);
+        break;
+    case KERNEL_EPILOGUE_NONE:
+        break;
+    }
+}
+
 /* y[row, row + rows)[column, column + 16) = residual + epilogue(sum + bias), to the n columns. Always
  * inlined with a constant `rows` so that `sum` stays in registers. */
 static inline __attribute__((always_inline)) void gemm_epilogue_neon(size_t rows,
@@ -21,7 +44,7 @@ static inline __attribute__((always_inline)) void gemm_epilogue_neon(size_t rows
                                                                      size_t column) {
     gemm_epilogue_t e = gemm_epilogue_at(g, row, column);
     size_t count = g->n - column < NEON_ROW_COLUMNS ? g->n - column : NEON_ROW_COLUMNS;
-    float32x4_t biases[NEON_VECTORS];
+    float32x4_t biases[NEON_VECTORS], values[NEON_TILE_ROWS][NEON_VECTORS];
     if (e.bias)
         load_columns(biases, e.bias + column, count);
     else
@@ -29,22 +52,21 @@ static inline __attribute__((always_inline)) void gemm_epilogue_neon(size_t rows
         for (size_t v = 0; v < NEON_VECTORS; ++v)
             biases[v] = vdupq_n_f32(0.0f);
 #pragma GCC unroll 6
-    for (size_t r = 0; r < rows; ++r) {
-        float32x4_t values[NEON_VECTORS];
+    for (size_t r = 0; r < rows; ++r)
 #pragma GCC unroll 4
-        for (size_t v = 0; v < NEON_VECTORS; ++v) {
-            values[v] = sum[r][v];
-            if (e.bias) values[v] = vaddq_f32(values[v], biases[v]);
-            if (e.gelu) values[v] = gelu_ps(values[v]);
-        }
+        for (size_t v = 0; v < NEON_VECTORS; ++v)
+            values[r][v] = e.bias ? vaddq_f32(sum[r][v], biases[v]) : sum[r][v];
+    if (e.kind != KERNEL_EPILOGUE_NONE) gemm_activate_neon(e.kind, values[0], NEON_VECTORS * rows);
+#pragma GCC unroll 6
+    for (size_t r = 0; r < rows; ++r) {
         if (e.residual) {
             float32x4_t residuals[NEON_VECTORS];
             load_columns(residuals, e.residual + r * e.residual_stride, count);
 #pragma GCC unroll 4
             for (size_t v = 0; v < NEON_VECTORS; ++v)
-                values[v] = vaddq_f32(values[v], residuals[v]);
+                values[r][v] = vaddq_f32(values[r][v], residuals[v]);
         }
-        store_columns(e.y + r * e.y_stride, count, values);
+        store_columns(e.y + r * e.y_stride, count, values[r]);
     }
 }
 

@@ -20,10 +20,25 @@ void kernel_gemm_pack_scalar(void *packed, uint16_t const *w, size_t n, size_t k
     memcpy(packed, w, n * k * sizeof(uint16_t));
 }
 
+/* The activation `kind` of x (kernels.h). */
+static float activate(kernel_epilogue_t kind, float x) {
+    switch (kind) {
+    case KERNEL_EPILOGUE_GELU:
+        return gelu_tanh(x);
+    case KERNEL_EPILOGUE_GELU_ERF:
+        return gelu_erf(x);
+    case KERNEL_EPILOGUE_GELU_QUICK:
+        return gelu_quick(x);
+    case KERNEL_EPILOGUE_NONE:
+        break;
+    }
+    return x;
+}
+
 /* y[row, column] = residual + epilogue(sum + bias). */
 static void epilogue(kernel_gemm_t const *g, size_t row, size_t column, float sum) {
     if (g->bias) sum += g->bias[column];
-    if (g->epilogue == KERNEL_EPILOGUE_GELU) sum = gelu_tanh(sum);
+    sum = activate(g->epilogue, sum);
     if (g->residual) sum += g->residual[row * g->residual_stride + column];
     g->y[row * g->y_stride + column] = sum;
 }

@@ -21,9 +21,14 @@
  * is always computed by the same code whatever the thread count. */
 #define KERNEL_GEMM_TILE 64
 
+/* The activation a GEMM applies to x w^T + bias before adding the residual. Each path computes it within
+ * 1e-6 |x| + 1e-7 of the exact function (the scalar path with libm's tanhf, erff and expf; the SIMD paths
+ * with their own vector exp and erf), well inside the GEMM's tolerance below. */
 typedef enum kernel_epilogue {
     KERNEL_EPILOGUE_NONE = 0,
-    KERNEL_EPILOGUE_GELU, /* tanh approximation: 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3))) */
+    KERNEL_EPILOGUE_GELU,       /* tanh approximation: 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3))) */
+    KERNEL_EPILOGUE_GELU_ERF,   /* exact GELU, PyTorch's nn.GELU() default: 0.5x(1 + erf(x / sqrt 2)) */
+    KERNEL_EPILOGUE_GELU_QUICK, /* CLIP's quick_gelu: x sigmoid(1.702x) = x / (1 + exp(-1.702x)) */
 } kernel_epilogue_t;
 
 /* y[m, n] = residual[m, n] + epilogue(x[m, k] . w[n, k]^T + bias[n])
@@ -60,9 +65,9 @@ typedef struct kernel_gemm {
  * activations quantized per row on the fly (quantize_rows: asymmetric, x ~ (q - zero) * scale). S is
  * exact in int32 on every path for k <= KERNEL_I8_DEPTH_MAX: |x_u8 - zero| <= 255 and |w| <= 128 bound it
  * by 2^15 k. With unit scales, no bias and no epilogue every path writes the scalar path's bits; otherwise
- * the F32 steps may round differently (an FMA where scalar multiplies then adds, the vector GELU):
- * |y - y_scalar| <= 1e-5 * (|S x_scale w_scale| + |bias|) + 1e-6, per element (the GELU's own tolerance
- * within). */
+ * the F32 steps may round differently (an FMA where scalar multiplies then adds, the vector GELUs):
+ * |y - y_scalar| <= 1e-5 * (|S x_scale w_scale| + |bias|) + 1e-6, per element (the activation's
+ * own tolerance within). */
 #define KERNEL_I8_DEPTH_MAX 65536
 
 /* Per output row of a BF16 weight [k]: scale = max|w| / 127, q = round(w / scale) half away from zero

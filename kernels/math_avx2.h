@@ -1,6 +1,6 @@
-/* Vector math shared by the avx2 kernels: one exp and the GELU built on it, so that attention, softmax
- * and the GEMM epilogue round alike, and the F32 vector primitives vector_driver.h is written with (the
- * same names in math_avx512.h). Included by the avx2 kernel files only (compiled with their flags). */
+/* Vector math shared by the avx2 kernels: one exp and the GELUs built on it (and on erf), so that attention,
+ * softmax and the GEMM epilogue round alike, and the F32 vector primitives vector_driver.h is written with
+ * (the same names in math_avx512.h). Included by the avx2 kernel files only (compiled with their flags). */
 #pragma once
 
 #include <immintrin.h>
@@ -42,6 +42,44 @@ static inline __m256 gelu_ps(__m256 x) {
         _mm256_mul_ps(x, _mm256_fmadd_ps(x2, _mm256_set1_ps(0.0356774081f), _mm256_set1_ps(0.797884561f)));
     __m256 e = exp_ps(_mm256_mul_ps(u, _mm256_set1_ps(-2.0f)));
     return _mm256_div_ps(x, _mm256_add_ps(e, _mm256_set1_ps(1.0f)));
+}
+
+/* erf(x) within 1e-7 absolute, NaN kept: math_avx512.h's erf_ps, 8 lanes at a time. */
+static inline __m256 erf_ps(__m256 x) {
+    __m256 const sign_bit = _mm256_set1_ps(-0.0f);
+    __m256 a =
+        _mm256_min_ps(_mm256_set1_ps(4.0f), _mm256_andnot_ps(sign_bit, x)); /* NaN: the second operand */
+    __m256 s = _mm256_mul_ps(a, a);
+    __m256 p = _mm256_set1_ps(-6.191551220e-4f);
+    p = _mm256_fmadd_ps(p, s, _mm256_set1_ps(5.029466469e-3f));
+    p = _mm256_fmadd_ps(p, s, _mm256_set1_ps(-2.678914368e-2f));
+    p = _mm256_fmadd_ps(p, s, _mm256_set1_ps(1.128236726e-1f));
+    p = _mm256_fmadd_ps(p, s, _mm256_set1_ps(-3.761253655e-1f));
+    p = _mm256_fmadd_ps(p, s, _mm256_set1_ps(1.283791512e-1f)); /* 2 / sqrt(pi) - 1 */
+    __m256 near = _mm256_fmadd_ps(a, p, a);
+    __m256 t = _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(a, _mm256_set1_ps(2.0f)));
+    __m256 g = _mm256_set1_ps(-2.280995250e-1f);
+    g = _mm256_fmadd_ps(g, t, _mm256_set1_ps(6.287798285e-1f));
+    g = _mm256_fmadd_ps(g, t, _mm256_set1_ps(-5.525396392e-2f));
+    g = _mm256_fmadd_ps(g, t, _mm256_set1_ps(3.914569616e-1f));
+    g = _mm256_fmadd_ps(g, t, _mm256_set1_ps(2.612463832e-1f));
+    g = _mm256_fmadd_ps(g, t, _mm256_set1_ps(1.644368051e-3f));
+    __m256 far = _mm256_fnmadd_ps(exp_ps(_mm256_sub_ps(_mm256_setzero_ps(), s)), g, _mm256_set1_ps(1.0f));
+    __m256 value = _mm256_blendv_ps(far, near, _mm256_cmp_ps(a, _mm256_set1_ps(0.875f), _CMP_LT_OQ));
+    return _mm256_or_ps(value, _mm256_and_ps(x, sign_bit));
+}
+
+/* The exact GELU, 0.5x(1 + erf(x / sqrt 2)). */
+static inline __m256 gelu_erf_ps(__m256 x) {
+    __m256 half = _mm256_mul_ps(x, _mm256_set1_ps(0.5f));
+    return _mm256_fmadd_ps(half, erf_ps(_mm256_mul_ps(x, _mm256_set1_ps(0.707106781f))), half);
+}
+
+/* The quick GELU, x sigmoid(1.702x) = x / (1 + exp(-1.702x)); 0 below x = -50, NaN kept: math_avx512.h's. */
+static inline __m256 gelu_quick_ps(__m256 x) {
+    __m256 e = exp_ps(_mm256_mul_ps(x, _mm256_set1_ps(-1.702f)));
+    __m256 kept = _mm256_cmp_ps(x, _mm256_set1_ps(-50.0f), _CMP_NLT_UQ);
+    return _mm256_and_ps(_mm256_div_ps(x, _mm256_add_ps(e, _mm256_set1_ps(1.0f))), kept);
 }
 
 /* F32 vectors of 8 lanes, for vector_driver.h: each is the one instruction its name says. */

@@ -1,7 +1,7 @@
-/* Vector math shared by the avx512 kernels: one exp and the GELU built on it, and the column mask, so that
- * attention, softmax and the GEMM epilogue round alike, and the F32 vector primitives vector_driver.h is
- * written with (the same names in math_avx2.h). Included by the avx512 kernel files only (compiled with
- * their flags). */
+/* Vector math shared by the avx512 kernels: one exp and the GELUs built on it (and on erf), and the column
+ * mask, so that attention, softmax and the GEMM epilogue round alike, and the F32 vector primitives
+ * vector_driver.h is written with (the same names in math_avx2.h). Included by the avx512 kernel files only
+ * (compiled with their flags). */
 #pragma once
 
 #include <immintrin.h>
@@ -36,6 +36,49 @@ static inline __m512 gelu_ps(__m512 x) {
         _mm512_mul_ps(x, _mm512_fmadd_ps(x2, _mm512_set1_ps(0.0356774081f), _mm512_set1_ps(0.797884561f)));
     __m512 e = exp_ps(_mm512_mul_ps(u, _mm512_set1_ps(-2.0f)));
     return _mm512_div_ps(x, _mm512_add_ps(e, _mm512_set1_ps(1.0f)));
+}
+
+/* erf(x) within 1e-7 absolute (F32 itself spaces values 6e-8 apart below 1), NaN kept: with a = min(|x|, 4)
+ * (erf(4) rounds to 1), a + a P(a^2) below 0.875, else 1 - exp(-a^2) G(t) with t = 2 / (2 + a), in which
+ * erfc(a) exp(a^2) is a smooth polynomial; then the sign of x. P and G are least-squares fits of degree 5
+ * (G's weighted by exp(-a^2), the error it makes in erf), their coefficients rounded to F32 one at a time
+ * from the lowest and the others refitted after each. */
+static inline __m512 erf_ps(__m512 x) {
+    __m512 a =
+        _mm512_min_ps(_mm512_set1_ps(4.0f), _mm512_abs_ps(x)); /* a NaN in x stays: the second operand */
+    __m512 s = _mm512_mul_ps(a, a);
+    __m512 p = _mm512_set1_ps(-6.191551220e-4f);
+    p = _mm512_fmadd_ps(p, s, _mm512_set1_ps(5.029466469e-3f));
+    p = _mm512_fmadd_ps(p, s, _mm512_set1_ps(-2.678914368e-2f));
+    p = _mm512_fmadd_ps(p, s, _mm512_set1_ps(1.128236726e-1f));
+    p = _mm512_fmadd_ps(p, s, _mm512_set1_ps(-3.761253655e-1f));
+    p = _mm512_fmadd_ps(p, s, _mm512_set1_ps(1.283791512e-1f)); /* 2 / sqrt(pi) - 1 */
+    __m512 near = _mm512_fmadd_ps(a, p, a);
+    __m512 t = _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(a, _mm512_set1_ps(2.0f)));
+    __m512 g = _mm512_set1_ps(-2.280995250e-1f);
+    g = _mm512_fmadd_ps(g, t, _mm512_set1_ps(6.287798285e-1f));
+    g = _mm512_fmadd_ps(g, t, _mm512_set1_ps(-5.525396392e-2f));
+    g = _mm512_fmadd_ps(g, t, _mm512_set1_ps(3.914569616e-1f));
+    g = _mm512_fmadd_ps(g, t, _mm512_set1_ps(2.612463832e-1f));
+    g = _mm512_fmadd_ps(g, t, _mm512_set1_ps(1.644368051e-3f));
+    __m512 far = _mm512_fnmadd_ps(exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), s)), g, _mm512_set1_ps(1.0f));
+    __m512 value = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, _mm512_set1_ps(0.875f), _CMP_LT_OQ), far, near);
+    __m512i sign = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32((int)0x80000000u));
+    return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(value), sign));
+}
+
+/* The exact GELU, 0.5x(1 + erf(x / sqrt 2)). */
+static inline __m512 gelu_erf_ps(__m512 x) {
+    __m512 half = _mm512_mul_ps(x, _mm512_set1_ps(0.5f));
+    return _mm512_fmadd_ps(half, erf_ps(_mm512_mul_ps(x, _mm512_set1_ps(0.707106781f))), half);
+}
+
+/* The quick GELU, x sigmoid(1.702x) = x / (1 + exp(-1.702x)); 0 below x = -50 (it is under 1e-35 there),
+ * where exp_ps would clamp its argument and leave x / (1 + e) growing with |x|. NaN kept. */
+static inline __m512 gelu_quick_ps(__m512 x) {
+    __m512 e = exp_ps(_mm512_mul_ps(x, _mm512_set1_ps(-1.702f)));
+    __mmask16 kept = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-50.0f), _CMP_NLT_UQ);
+    return _mm512_maskz_div_ps(kept, x, _mm512_add_ps(e, _mm512_set1_ps(1.0f)));
 }
 
 /* Lanes of columns [column, min(column + 16, n)), for masked loads and stores of the last columns. */

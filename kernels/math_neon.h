@@ -1,5 +1,5 @@
-/* Vector math shared by the neon kernels: one exp and the GELU built on it, so that attention, softmax
- * and the GEMM epilogue round alike, and the moves and FMAs of a GEMM tile's rows (gemm_neon.c and
+/* Vector math shared by the neon kernels: one exp and the GELUs built on it (and on erf), so that attention,
+ * softmax and the GEMM epilogue round alike, and the moves and FMAs of a GEMM tile's rows (gemm_neon.c and
  * sgemm_neon.c tile alike). Included by the neon kernel files only (compiled with their flags). */
 #pragma once
 
@@ -35,6 +35,46 @@ static inline float32x4_t gelu_ps(float32x4_t x) {
     float32x4_t u = vmulq_f32(x, vfmaq_n_f32(vdupq_n_f32(0.797884561f), x2, 0.0356774081f));
     float32x4_t e = exp_ps(vmulq_n_f32(u, -2.0f));
     return vdivq_f32(x, vaddq_f32(e, vdupq_n_f32(1.0f)));
+}
+
+/* erf(x) within 1e-7 absolute, NaN kept (vminq_f32 propagates it): math_avx512.h's erf_ps, 4 lanes at a
+ * time. */
+static inline float32x4_t erf_ps(float32x4_t x) {
+    float32x4_t a = vminq_f32(vabsq_f32(x), vdupq_n_f32(4.0f));
+    float32x4_t s = vmulq_f32(a, a);
+    float32x4_t p = vdupq_n_f32(-6.191551220e-4f);
+    p = vfmaq_f32(vdupq_n_f32(5.029466469e-3f), p, s);
+    p = vfmaq_f32(vdupq_n_f32(-2.678914368e-2f), p, s);
+    p = vfmaq_f32(vdupq_n_f32(1.128236726e-1f), p, s);
+    p = vfmaq_f32(vdupq_n_f32(-3.761253655e-1f), p, s);
+    p = vfmaq_f32(vdupq_n_f32(1.283791512e-1f), p, s); /* 2 / sqrt(pi) - 1 */
+    float32x4_t near = vfmaq_f32(a, a, p);
+    float32x4_t t = vdivq_f32(vdupq_n_f32(2.0f), vaddq_f32(a, vdupq_n_f32(2.0f)));
+    float32x4_t g = vdupq_n_f32(-2.280995250e-1f);
+    g = vfmaq_f32(vdupq_n_f32(6.287798285e-1f), g, t);
+    g = vfmaq_f32(vdupq_n_f32(-5.525396392e-2f), g, t);
+    g = vfmaq_f32(vdupq_n_f32(3.914569616e-1f), g, t);
+    g = vfmaq_f32(vdupq_n_f32(2.612463832e-1f), g, t);
+    g = vfmaq_f32(vdupq_n_f32(1.644368051e-3f), g, t);
+    float32x4_t far = vfmsq_f32(vdupq_n_f32(1.0f), exp_ps(vnegq_f32(s)), g);
+    float32x4_t value = vbslq_f32(vcltq_f32(a, vdupq_n_f32(0.875f)), near, far);
+    uint32x4_t sign = vandq_u32(vreinterpretq_u32_f32(x), vdupq_n_u32(0x80000000u));
+    return vreinterpretq_f32_u32(vorrq_u32(vreinterpretq_u32_f32(value), sign));
+}
+
+/* The exact GELU, 0.5x(1 + erf(x / sqrt 2)). */
+static inline float32x4_t gelu_erf_ps(float32x4_t x) {
+    float32x4_t half = vmulq_n_f32(x, 0.5f);
+    return vfmaq_f32(half, half, erf_ps(vmulq_n_f32(x, 0.707106781f)));
+}
+
+/* The quick GELU, x sigmoid(1.702x) = x / (1 + exp(-1.702x)); 0 below x = -50 (it is under 1e-35 there),
+ * where exp_ps would clamp its argument and leave x / (1 + e) growing with |x|. NaN kept. */
+static inline float32x4_t gelu_quick_ps(float32x4_t x) {
+    float32x4_t e = exp_ps(vmulq_n_f32(x, -1.702f));
+    uint32x4_t vanishing = vcltq_f32(x, vdupq_n_f32(-50.0f));
+    float32x4_t value = vdivq_f32(x, vaddq_f32(e, vdupq_n_f32(1.0f)));
+    return vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(value), vanishing));
 }
 
 /* A tile row of the GEMMs: 16 F32 columns in 4 q registers; a tile has at most 6 rows, the values of one k

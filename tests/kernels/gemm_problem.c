@@ -18,10 +18,24 @@ static float const SENTINEL = -12345.0f; /* fills y's padding, which no path may
 options_t options_numbered(bool i8, size_t number) {
     return (options_t){.i8 = i8,
                        .bias = number & 1,
-                       .gelu = number >> 1 & 1,
-                       .x_bf16 = !i8 && (number >> 2 & 1),
-                       .scaled = i8 && (number >> 2 & 1),
-                       .residual = (residual_mode_t)(number >> 3)};
+                       .epilogue = (kernel_epilogue_t)(number >> 1 & 3),
+                       .x_bf16 = !i8 && (number >> 3 & 1),
+                       .scaled = i8 && (number >> 3 & 1),
+                       .residual = (residual_mode_t)(number >> 4)};
+}
+
+double epilogue_double(kernel_epilogue_t epilogue, double x) {
+    switch (epilogue) {
+    case KERNEL_EPILOGUE_GELU:
+        return 0.5 * x * (1.0 + tanh(sqrt(2.0 / 3.14159265358979323846) * (x + 0.044715 * x * x * x)));
+    case KERNEL_EPILOGUE_GELU_ERF:
+        return 0.5 * x * (1.0 + erf(x / sqrt(2.0)));
+    case KERNEL_EPILOGUE_GELU_QUICK:
+        return x / (1.0 + exp(-1.702 * x));
+    case KERNEL_EPILOGUE_NONE:
+        break;
+    }
+    return x;
 }
 
 void *problem_allocate(size_t bytes) {
@@ -31,7 +45,7 @@ void *problem_allocate(size_t bytes) {
 }
 
 /* The I8 inputs: values anywhere in their ranges, -128 weights included, zero points anywhere in 0..255,
- * and scales that bring sums of up to 2^15 k near 1 (so that GELU sees both of its sides) or 1. */
+ * and scales that bring sums of up to 2^15 k near 1 (so that the GELUs see both of their sides) or 1. */
 static void make_i8(problem_t *p) {
     for (size_t i = 0; i < p->m * p->x_stride; ++i)
         p->x_u8[i] = (uint8_t)random_below(256);
@@ -60,7 +74,7 @@ void problem_make(problem_t *p, size_t m, size_t n, size_t k, options_t options)
     p->zeros = problem_allocate(m * sizeof(int32_t));
     p->x_scales = problem_allocate(m * sizeof(float));
     p->w_scales = problem_allocate(n * sizeof(float));
-    float w_scale = 3.0f / sqrtf((float)k); /* sums of order 1, so that GELU sees both of its sides */
+    float w_scale = 3.0f / sqrtf((float)k); /* sums of order 1, so that the GELUs see both of their sides */
     for (size_t i = 0; i < m * p->x_stride; ++i) {
         p->x[i] = random_uniform(-1.0f, 1.0f);
         p->x_bf16[i] = f32_to_bf16(random_uniform(-1.0f, 1.0f));
@@ -119,7 +133,7 @@ static kernel_gemm_t gemm_of(problem_t const *p, void const *packed, float *y) {
         .residual_stride = p->residual_stride,
         .y = y,
         .y_stride = p->y_stride,
-        .epilogue = o->gelu ? KERNEL_EPILOGUE_GELU : KERNEL_EPILOGUE_NONE,
+        .epilogue = o->epilogue,
         .x_u8 = o->i8 ? p->x_u8 : NULL,
         .x_scales = o->i8 ? p->x_scales : NULL,
         .x_zeros = o->i8 ? p->zeros : NULL,
@@ -147,7 +161,9 @@ void problem_run_whole(kernels_t const *path, problem_t const *p, float *y) {
  * 1e-6; I8, nothing where unscaled without an epilogue, else 1e-5 (|S x_scale w_scale| + |bias|) + 1e-6. */
 static double allowed(problem_t const *p, size_t row, size_t column) {
     options_t const *o = &p->options;
-    if (o->i8 && !o->bias && !o->gelu && !o->scaled && o->residual == RESIDUAL_NONE) return 0.0;
+    if (o->i8 && !o->bias && o->epilogue == KERNEL_EPILOGUE_NONE && !o->scaled &&
+        o->residual == RESIDUAL_NONE)
+        return 0.0;
     double magnitude = o->bias ? fabs(p->bias[column]) : 0.0, sum = 0.0;
     for (size_t i = 0; i < p->k; ++i) {
         size_t at = row * p->x_stride + i;
@@ -172,9 +188,9 @@ void problem_check(problem_t const *p, char const *name) {
             }
             double limit = allowed(p, row, column);
             if (fabs((double)got - want) <= limit) continue;
-            print_error("%s: m %zu n %zu k %zu i8 %d bias %d gelu %d x_bf16 %d scaled %d residual %d: "
+            print_error("%s: m %zu n %zu k %zu i8 %d bias %d epilogue %d x_bf16 %d scaled %d residual %d: "
                         "y[%zu][%zu] = %.9g, scalar %.9g, allowed %.3g\n",
-                        name, p->m, p->n, p->k, o->i8, o->bias, o->gelu, o->x_bf16, o->scaled,
+                        name, p->m, p->n, p->k, o->i8, o->bias, (int)o->epilogue, o->x_bf16, o->scaled,
                         (int)o->residual, row, column, (double)got, (double)want, limit);
             fail();
         }

@@ -15,13 +15,19 @@ typedef struct options {
     bool i8;     /* the I8 GEMM (else the BF16-weight one) */
     bool x_bf16; /* BF16 GEMM: BF16 activations */
     bool scaled; /* I8 GEMM: random scales (else 1: y is the exact integer sum) */
-    bool bias, gelu;
+    bool bias;
+    kernel_epilogue_t epilogue;
     residual_mode_t residual;
 } options_t;
 
-/* Combination `number` of 24 of a kind: bias, GELU, BF16 activations (BF16) or random scales (I8), and the
- * residual mode. */
+/* Combination `number` of OPTIONS_COUNT of a kind: bias (bit 0), the epilogue (bits 1-2: none, GELU, exact
+ * GELU, quick GELU), BF16 activations (BF16) or random scales (I8) (bit 3), and the residual mode (number /
+ * 16: none, separate, in y). */
+#define OPTIONS_COUNT 48
 options_t options_numbered(bool i8, size_t number);
+
+/* The activation of kernels.h's epilogue `epilogue` at x, in double from its formula. */
+double epilogue_double(kernel_epilogue_t epilogue, double x);
 
 typedef struct problem {
     size_t m, n, k, x_stride, y_stride, residual_stride;

@@ -57,7 +57,7 @@ void print_simd_paths(void) {
                       kernels_named(simd_names[i]) ? "compared with scalar" : "not run on this CPU");
 }
 
-void gemm_gelu(kernels_t const *path, float const *x, size_t m, float *y) {
+void gemm_activation(kernels_t const *path, kernel_epilogue_t epilogue, float const *x, size_t m, float *y) {
     uint16_t one = f32_to_bf16(1.0f);
     void *packed = aligned_alloc(64, (path->gemm_packed_size(1, 1) + 63) / 64 * 64);
     assert_non_null(packed);
@@ -70,7 +70,7 @@ void gemm_gelu(kernels_t const *path, float const *x, size_t m, float *y) {
                           .w = packed,
                           .y = y,
                           .y_stride = 1,
-                          .epilogue = KERNEL_EPILOGUE_GELU};
+                          .epilogue = epilogue};
     path->gemm(&gemm, 0, 1);
     free(packed);
 }

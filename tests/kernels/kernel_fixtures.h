@@ -1,5 +1,5 @@
 /* Helpers the kernel suites share (test_kernels.c, test_kernels_backward.c, test_gemm.c): cmocka-allocated
- * float buffers, element checks, the SIMD paths this CPU runs, the GEMM's GELU epilogue on its own, and a
+ * float buffers, element checks, the SIMD paths this CPU runs, the GEMM's activations on their own, and a
  * packed batch of items for attention. */
 #pragma once
 
@@ -28,9 +28,9 @@ size_t simd_paths(kernels_t const *paths[SIMD_PATHS]);
 /* Says, for each SIMD path, whether it is compared with scalar or not run on this CPU. */
 void print_simd_paths(void);
 
-/* y [m] = the GELU epilogue of `path`'s GEMM on x [m]: a GEMM of k = 1 against a weight of 1 feeds each value
- * to the epilogue unchanged. */
-void gemm_gelu(kernels_t const *path, float const *x, size_t m, float *y);
+/* y [m] = the activation `epilogue` of `path`'s GEMM on x [m]: a GEMM of k = 1 against a weight of 1 feeds
+ * each value to the epilogue unchanged (BF16 values of x, which the paths that round x to BF16 keep). */
+void gemm_activation(kernels_t const *path, kernel_epilogue_t epilogue, float const *x, size_t m, float *y);
 
 /* A batch of items of these lengths packed end to end in qkv rows [tokens, 3 * HIDDEN], as the towers
  * lay them out: q, then k, then v, head h at columns h * 64 of each. */

@@ -46,11 +46,7 @@ static float const small_w[3][4] = {{1, 0, -1, 2}, {0.5f, 0.5f, 0.5f, 0.5f}, {-2
 static float const small_bias[3] = {0.5f, -1, 0};
 static float const small_sums[2][3] = {{6, 5, 1}, {2.75f, 0.875f, 3}};
 
-static double gelu_double(double x) {
-    return 0.5 * x * (1.0 + tanh(sqrt(2.0 / 3.14159265358979323846) * (x + 0.044715 * x * x * x)));
-}
-
-static void small_case(bool x_bf16, bool bias, bool gelu, residual_mode_t residual) {
+static void small_case(bool x_bf16, bool bias, kernel_epilogue_t epilogue, residual_mode_t residual) {
     kernels_t const *scalar = kernels_scalar();
     uint16_t w[12], xb[8];
     float residual_values[6], y[6];
@@ -76,16 +72,16 @@ static void small_case(bool x_bf16, bool bias, bool gelu, residual_mode_t residu
         .residual_stride = 3,
         .y = y,
         .y_stride = 3,
-        .epilogue = gelu ? KERNEL_EPILOGUE_GELU : KERNEL_EPILOGUE_NONE,
+        .epilogue = epilogue,
     };
     scalar->gemm(&gemm, 0, 3);
     for (size_t row = 0; row < 2; ++row)
         for (size_t column = 0; column < 3; ++column) {
-            double value = small_sums[row][column] + (bias ? small_bias[column] : 0.0f);
-            if (gelu) value = gelu_double(value);
+            double value =
+                epilogue_double(epilogue, small_sums[row][column] + (bias ? small_bias[column] : 0.0f));
             if (residual != RESIDUAL_NONE) value += residual_values[row * 3 + column];
             double got = y[row * 3 + column];
-            if (gelu)
+            if (epilogue != KERNEL_EPILOGUE_NONE)
                 assert_true(fabs(got - value) <= 1e-6 * fmax(1.0, fabs(value)));
             else
                 assert_true(got == value); /* exact */
@@ -95,22 +91,64 @@ static void small_case(bool x_bf16, bool bias, bool gelu, residual_mode_t residu
 
 static void test_scalar_small_exact(void **state) {
     (void)state;
-    for (size_t number = 0; number < 24; ++number) {
+    for (size_t number = 0; number < OPTIONS_COUNT; ++number) {
         options_t o = options_numbered(false, number);
-        small_case(o.x_bf16, o.bias, o.gelu, o.residual);
+        small_case(o.x_bf16, o.bias, o.epilogue, o.residual);
     }
 }
 
-/* GELU at a few points (k = 1, w = 1: y = gelu(x)) against the formula in double. */
+static kernel_epilogue_t const activations[] = {KERNEL_EPILOGUE_GELU, KERNEL_EPILOGUE_GELU_ERF,
+                                                KERNEL_EPILOGUE_GELU_QUICK};
+static char const *const activation_names[] = {"GELU", "exact GELU", "quick GELU"};
+
+/* Each GELU at a few points (k = 1, w = 1: y = gelu(x)) against its formula in double. */
 static void test_scalar_gelu_points(void **state) {
     (void)state;
     static float const points[] = {-6, -3, -1.5f, -1, -0.5f, -0.01f, 0, 0.01f, 0.5f, 1, 1.5f, 3, 6};
     size_t count = sizeof points / sizeof points[0];
     float y[sizeof points / sizeof points[0]];
-    gemm_gelu(kernels_scalar(), points, count, y);
-    for (size_t i = 0; i < count; ++i)
-        assert_true(fabs(y[i] - gelu_double(points[i])) <= 1e-6 * fmax(1, fabs(points[i])));
-    assert_true(y[6] == 0.0f);
+    for (size_t a = 0; a < COUNT(activations); ++a) {
+        gemm_activation(kernels_scalar(), activations[a], points, count, y);
+        for (size_t i = 0; i < count; ++i)
+            assert_true(fabs(y[i] - epilogue_double(activations[a], points[i])) <=
+                        1e-6 * fmax(1, fabs(points[i])));
+        assert_true(y[6] == 0.0f);
+    }
+}
+
+/* Every GELU of every path (scalar included) against its formula in double within kernels.h's 1e-6 |x| +
+ * 1e-7, on every BF16 value of magnitude up to 16 (BF16, so that the paths that round x to BF16 see x
+ * itself); and the exact and quick GELUs far out, where they are x or 0, up to the largest BF16. */
+static void test_paths_activations_match_formula(void **state) {
+    (void)state;
+    kernels_t const *paths[SIMD_PATHS + 1] = {kernels_scalar()};
+    size_t path_count = 1 + simd_paths_present(paths + 1), count = 0;
+    float *x = test_malloc(2 * 0x8000 * sizeof(float)), *y = test_malloc(2 * 0x8000 * sizeof(float));
+    for (uint32_t bits = 0; bits < 0x8000; ++bits) {
+        float value = bf16_to_f32((uint16_t)bits);
+        if (value > 16.0f) break;
+        x[count++] = value;
+        x[count++] = -value;
+    }
+    for (size_t p = 0; p < path_count; ++p)
+        for (size_t a = 0; a < COUNT(activations); ++a) {
+            gemm_activation(paths[p], activations[a], x, count, y);
+            double worst = 0.0;
+            for (size_t i = 0; i < count; ++i) {
+                double exact = epilogue_double(activations[a], x[i]), error = fabs(y[i] - exact);
+                check_near(y[i], exact, 1e-6 * fabs(x[i]) + 1e-7, paths[p]->name, i);
+                worst = fmax(worst, error / (fabs(x[i]) + 0.1));
+            }
+            print_message("%s %s: worst error / (|x| + 0.1) = %.3g\n", paths[p]->name, activation_names[a],
+                          worst);
+            if (activations[a] == KERNEL_EPILOGUE_GELU) continue;
+            float const largest = bf16_to_f32(0x7f7f), extremes[] = {largest, -largest, 100.0f, -100.0f};
+            float out[4];
+            gemm_activation(paths[p], activations[a], extremes, 4, out);
+            assert_true(out[0] == largest && out[2] == 100.0f && fabsf(out[1]) <= 1e-30f &&
+                        fabsf(out[3]) <= 1e-30f);
+        }
+    test_free(x), test_free(y);
 }
 
 /* The sum runs in k order in F32: (1e8 + 1) rounds to 1e8, then - 1e8 gives 0, where exact or pairwise
@@ -147,8 +185,8 @@ static size_t const sizes_m[] = {1, 2, 3, 7, 13, 64, 100};
 static size_t const sizes_n[] = {1, 15, 16, 17, 63, 64, 65, 130, 200};
 static size_t const sizes_k[] = {1, 2, 3, 31, 64, 65, 127, 768};
 
-/* Every (m, n, k) of the lists, each with the next of 23 of the combinations (23 is prime to the
- * lists' lengths, so every combination meets every size); the 24th is in the next test. */
+/* Every (m, n, k) of the lists, each with the next of 47 of the combinations (47 is prime to the
+ * lists' lengths, so every combination meets every size); the 48th is in the next test. */
 static void test_paths_match_scalar_on_shapes(void **state) {
     (void)state;
     if (!simd_paths_present(simd)) skip();
@@ -157,10 +195,10 @@ static void test_paths_match_scalar_on_shapes(void **state) {
     for (size_t a = 0; a < COUNT(sizes_m); ++a)
         for (size_t b = 0; b < COUNT(sizes_n); ++b)
             for (size_t c = 0; c < COUNT(sizes_k); ++c)
-                compare_paths(sizes_m[a], sizes_n[b], sizes_k[c], options_numbered(false, number++ % 23));
+                compare_paths(sizes_m[a], sizes_n[b], sizes_k[c], options_numbered(false, number++ % 47));
 }
 
-/* All 24 combinations on odd shapes, with k over several of every path's depth blocks, and n over
+/* All the combinations on odd shapes, with k over several of every path's depth blocks, and n over
  * several column blocks. */
 static void test_paths_match_scalar_on_every_epilogue(void **state) {
     (void)state;
@@ -168,7 +206,7 @@ static void test_paths_match_scalar_on_every_epilogue(void **state) {
     random_seed(2);
     static size_t const shapes[][3] = {{13, 65, 127}, {7, 130, 1601}, {25, 97, 3}, {5, 1100, 33}};
     for (size_t s = 0; s < COUNT(shapes); ++s)
-        for (size_t number = 0; number < 24; ++number)
+        for (size_t number = 0; number < OPTIONS_COUNT; ++number)
             compare_paths(shapes[s][0], shapes[s][1], shapes[s][2], options_numbered(false, number));
 }
 
@@ -179,9 +217,10 @@ static void test_splits_are_bitwise_identical(void **state) {
     random_seed(3);
     kernels_t const *paths[SIMD_PATHS + 1] = {kernels_scalar()};
     size_t count = 1 + simd_paths_present(paths + 1);
-    /* m, n, k and the combination: bias and GELU with the residual in y, separate, or none */
+    /* m, n, k and the combination (options_numbered): bias and each GELU or none, with the residual in y,
+     * separate, or none */
     static size_t const cases[][4] = {
-        {13, 200, 127, 19}, {100, 330, 65, 11}, {7, 517, 1601, 23}, {3, 129, 768, 7}, {2, 1100, 65, 13}};
+        {13, 200, 127, 35}, {100, 330, 65, 21}, {7, 517, 1601, 47}, {3, 129, 768, 11}, {2, 1100, 65, 25}};
     for (size_t i = 0; i < count; ++i)
         for (size_t c = 0; c < COUNT(cases); ++c)
             problem_check_splits(paths[i], cases[c][0], cases[c][1], cases[c][2],
@@ -192,6 +231,7 @@ int main(void) {
     struct CMUnitTest const tests[] = {
         cmocka_unit_test(test_scalar_small_exact),
         cmocka_unit_test(test_scalar_gelu_points),
+        cmocka_unit_test(test_paths_activations_match_formula),
         cmocka_unit_test(test_scalar_k_order),
         cmocka_unit_test(test_scalar_packing_is_copy),
         cmocka_unit_test(test_paths_match_scalar_on_shapes),

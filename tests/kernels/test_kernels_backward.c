@@ -154,7 +154,7 @@ static void scalar_gelu_is_the_gemm_epilogue(void **state) {
     size_t const m = 300;
     random_seed(103);
     float *x = floats_uniform(m, -8.0f, 8.0f), *y = test_malloc(m * sizeof(float));
-    gemm_gelu(kernels_scalar(), x, m, y);
+    gemm_activation(kernels_scalar(), KERNEL_EPILOGUE_GELU, x, m, y);
     kernels_scalar()->gelu(x, m);
     assert_memory_equal(x, y, m * sizeof(float));
     test_free(x), test_free(y);
