@@ -15,11 +15,12 @@
     {                                                                                                        \
         .name = label, .gemm = kernel_gemm_##gemm_path,                                                      \
         .gemm_packed_size = kernel_gemm_packed_size_##gemm_path, .gemm_pack = kernel_gemm_pack_##gemm_path,  \
-        .rmsnorm = kernel_rmsnorm_##vector_path, .rope = kernel_rope_scalar,                                 \
-        .attention = kernel_attention_##attention_path, .softmax = kernel_softmax_##vector_path,             \
-        .normalize = kernel_normalize_##vector_path, .convert = kernel_convert_##convert_path,               \
-        .bf16_to_f32 = kernel_bf16_to_f32_##vector_path, .f32_to_bf16 = kernel_f32_to_bf16_##vector_path,    \
-        .sgemm = kernel_sgemm_##vector_path, .rmsnorm_backward = kernel_rmsnorm_backward_##vector_path,      \
+        .rmsnorm = kernel_rmsnorm_##vector_path, .layernorm = kernel_layernorm_##vector_path,                \
+        .rope = kernel_rope_scalar, .attention = kernel_attention_##attention_path,                          \
+        .softmax = kernel_softmax_##vector_path, .normalize = kernel_normalize_##vector_path,                \
+        .convert = kernel_convert_##convert_path, .bf16_to_f32 = kernel_bf16_to_f32_##vector_path,           \
+        .f32_to_bf16 = kernel_f32_to_bf16_##vector_path, .sgemm = kernel_sgemm_##vector_path,                \
+        .rmsnorm_backward = kernel_rmsnorm_backward_##vector_path,                                           \
         .gelu_backward = kernel_gelu_backward_##vector_path, .gelu = kernel_gelu_##vector_path,              \
         .rope_backward = kernel_rope_backward_scalar,                                                        \
         .attention_backward = kernel_attention_backward_##attention_backward_path,                           \

@@ -204,6 +204,14 @@ typedef struct kernels {
     void (*rmsnorm)(float *y, size_t y_stride, float const *x, size_t x_stride, float const *weight,
                     size_t rows, size_t n, float eps);
 
+    /* y[r] = (x[r] - mean) / sqrt(var + eps) * weight + bias, for `rows` rows of n (strides in elements),
+     * with the row's mean and biased variance computed as PyTorch's nn.LayerNorm does, in two passes: the
+     * mean, then var = mean((x - mean)^2) (both summed in double on every path). bias may be NULL (none); y
+     * may be x. Tolerance: 1e-5 relative to |(x - mean) / sqrt(var + eps) * weight| + |bias|, per element
+     * (the output itself may cancel to far less). */
+    void (*layernorm)(float *y, size_t y_stride, float const *x, size_t x_stride, float const *weight,
+                      float const *bias, size_t rows, size_t n, float eps);
+
     /* Rotates `heads` consecutive head vectors of 64 in place, at `position`. Tolerance: 1e-5 absolute
      * for |x| <= 1 (angles are computed in double, then rounded to F32, on every path). */
     void (*rope)(float *x, size_t heads, size_t position);

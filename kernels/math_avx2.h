@@ -199,6 +199,11 @@ static inline void vf_maskstore(float *to, vmask mask, vfloat x) {
     _mm256_maskstore_ps(to, mask, x);
 }
 
+/* x in the lanes a mask sets, 0 in the others. */
+static inline vfloat vf_maskzero(vmask mask, vfloat x) {
+    return _mm256_and_ps(x, _mm256_castsi256_ps(mask));
+}
+
 /* The largest lane: halves, then pairs, then the last two. */
 static inline float vf_reduce_max(vfloat v) {
     __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

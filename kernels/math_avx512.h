@@ -203,6 +203,11 @@ static inline void vf_maskstore(float *to, vmask mask, vfloat x) {
     _mm512_mask_storeu_ps(to, mask, x);
 }
 
+/* x in the lanes a mask sets, 0 in the others. */
+static inline vfloat vf_maskzero(vmask mask, vfloat x) {
+    return _mm512_maskz_mov_ps(mask, x);
+}
+
 static inline float vf_reduce_max(vfloat v) {
     return _mm512_reduce_max_ps(v);
 }

@@ -23,6 +23,8 @@
 #define KERNEL_VECTOR_FUNCTIONS(path)                                                                        \
     void kernel_rmsnorm_##path(float *y, size_t y_stride, float const *x, size_t x_stride,                   \
                                float const *weight, size_t rows, size_t n, float eps);                       \
+    void kernel_layernorm_##path(float *y, size_t y_stride, float const *x, size_t x_stride,                 \
+                                 float const *weight, float const *bias, size_t rows, size_t n, float eps);  \
     void kernel_attention_##path(kernel_attention_t const *attention, size_t item_begin, size_t item_end);   \
     void kernel_softmax_##path(float *x, size_t n);                                                          \
     void kernel_normalize_##path(float *x, size_t n);                                                        \

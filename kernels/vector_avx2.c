@@ -1,5 +1,5 @@
-/* The AVX2 (with FMA) path of the non-GEMM kernels, 8 F32 lanes per vector. RMSNorm, softmax,
- * normalize, GELU, their backward passes and attention are vector_driver.h's; here are what it takes
+/* The AVX2 (with FMA) path of the non-GEMM kernels, 8 F32 lanes per vector. RMSNorm, LayerNorm,
+ * softmax, normalize, GELU, their backward passes and attention are vector_driver.h's; here are what it takes
  * from the instruction set (the tail mask, the 8 x 8 transpose and the causal mask of attention) and
  * the conversions, whose 16-bit tails use the exact scalar helpers.
  *

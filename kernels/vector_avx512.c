@@ -1,7 +1,7 @@
 /* The AVX-512 (F, BW, DQ, VL) path of the non-GEMM kernels, 16 F32 lanes per vector. RMSNorm,
- * softmax, normalize, GELU, their backward passes and attention are vector_driver.h's; here are what it
- * takes from the instruction set (the tail mask, the 16 x 16 transpose and the causal mask of attention)
- * and the conversions, whose tails are handled with lane masks too.
+ * LayerNorm, softmax, normalize, GELU, their backward passes and attention are vector_driver.h's; here are
+ * what it takes from the instruction set (the tail mask, the 16 x 16 transpose and the causal mask of
+ * attention) and the conversions, whose tails are handled with lane masks too.
  *
  * The loops marked `#pragma GCC unroll` run over a fixed number of vectors: unrolled, their arrays of
  * vectors stay in registers (gcc -O2 would keep them in memory). */

@@ -1,9 +1,9 @@
-/* The non-GEMM kernels the AVX2 and AVX-512 paths share (RMSNorm, softmax, normalize, GELU, their
+/* The non-GEMM kernels the AVX2 and AVX-512 paths share (RMSNorm, LayerNorm, softmax, normalize, GELU, their
  * backward passes, and attention forward and backward), written once over the vector primitives of
  * math_avx2.h / math_avx512.h (vfloat, vf_load, vf_fmadd, vdouble, ...): one sequence of vector operations
  * for both paths, which differ only in the lanes per vector and the order of the sums across lanes. F32 tails
- * are read and written through lane masks, never past `n`; sums of squares and softmax denominators are
- * accumulated in double as on the scalar path.
+ * are read and written through lane masks, never past `n`; sums of values and of squares and softmax
+ * denominators are accumulated in double as on the scalar path.
  *
  * Attention takes a block of LANES queries at a time with one lane per query: the block's queries are
  * transposed once, so that the scores of a key against all the block's queries, the running max, the
@@ -64,6 +64,49 @@ void PATH_KERNEL(rmsnorm)(float *y, size_t y_stride, float const *x, size_t x_st
             vmask mask = tail_mask(n - i);
             vfloat v = vf_mul(vf_maskload(x + i, mask), inverse);
             vf_maskstore(y + i, mask, vf_mul(v, vf_maskload(weight + i, mask)));
+        }
+    }
+}
+
+/* The sum of x[0, n), in double. */
+static double sum_values(float const *x, size_t n) {
+    vdouble low = vd_zero(), high = vd_zero();
+    for (size_t i = 0; i < n; i += LANES) {
+        vfloat v = vf_maskload(x + i, tail_mask(n - i));
+        low = vd_add(low, vd_low(v));
+        high = vd_add(high, vd_high(v));
+    }
+    return vd_reduce_add(vd_add(low, high));
+}
+
+/* x[0, LANES) - mean under `mask`, as (x - high) - low (kernel_layernorm_scalar); 0 in the lanes past it. */
+static inline vfloat deviations(float const *x, vmask mask, vfloat high, vfloat low) {
+    return vf_maskzero(mask, vf_sub(vf_sub(vf_maskload(x, mask), high), low));
+}
+
+/* layernorm as kernel_layernorm_scalar: the mean and the sum of squared deviations in double (the deviations
+ * themselves in F32, (x - high) - low), then the output in F32, LANES at a time. */
+void PATH_KERNEL(layernorm)(float *y, size_t y_stride, float const *x, size_t x_stride, float const *weight,
+                            float const *bias, size_t rows, size_t n, float eps) {
+    for (size_t r = 0; r < rows; ++r, y += y_stride, x += x_stride) {
+        double mean = sum_values(x, n) / (double)n;
+        float mean_high = (float)mean;
+        vfloat high = vf_set1(mean_high), low = vf_set1((float)(mean - mean_high));
+        vdouble squares[2] = {vd_zero(), vd_zero()};
+        for (size_t i = 0; i < n; i += LANES) {
+            vfloat deviation = deviations(x + i, tail_mask(n - i), high, low);
+            vdouble first = vd_low(deviation), second = vd_high(deviation);
+            squares[0] = vd_fmadd(first, first, squares[0]);
+            squares[1] = vd_fmadd(second, second, squares[1]);
+        }
+        double variance = vd_reduce_add(vd_add(squares[0], squares[1])) / (double)n;
+        vfloat inverse = vf_set1((float)(1.0 / sqrt(variance + eps)));
+        for (size_t i = 0; i < n; i += LANES) {
+            vmask mask = tail_mask(n - i);
+            vfloat value =
+                vf_mul(vf_mul(deviations(x + i, mask, high, low), inverse), vf_maskload(weight + i, mask));
+            if (bias) value = vf_add(value, vf_maskload(bias + i, mask));
+            vf_maskstore(y + i, mask, value);
         }
     }
 }

@@ -1,7 +1,7 @@
 /* The NEON path of the non-GEMM kernels (baseline ARMv8-A Advanced SIMD), 4 F32 lanes per vector; F32
  * tails go through a padded copy (NEON has no masked loads or stores), 16-bit tails through the exact
- * scalar helpers. Sums of squares and softmax denominators are accumulated in double as on the scalar
- * path.
+ * scalar helpers. Sums of values and of squares and softmax denominators are accumulated in double as on the
+ * scalar path.
  *
  * Attention takes a block of 8 queries at a time, in two vectors with one lane per query: the block's
  * queries are transposed once, so that the scores of a key against all 8 queries, the running max, the
@@ -69,6 +69,46 @@ void kernel_rmsnorm_neon(float *y, size_t y_stride, float const *x, size_t x_str
         for (size_t i = 0; i < n; i += LANES) {
             float32x4_t v = vmulq_n_f32(load_tail(x + i, n - i, 0.0f), inverse);
             store_tail(y + i, n - i, vmulq_f32(v, load_tail(weight + i, n - i, 0.0f)));
+        }
+    }
+}
+
+/* The lanes below `left` (all 4 when left >= 4) set. */
+static inline uint32x4_t tail_lanes(size_t left) {
+    static uint32_t const lane_of[LANES] = {0, 1, 2, 3};
+    return vcltq_u32(vld1q_u32(lane_of), vdupq_n_u32((uint32_t)(left < LANES ? left : LANES)));
+}
+
+/* x[0, left) - mean as (x - high) - low (kernel_layernorm_scalar), 0 in the lanes past `left`. */
+static inline float32x4_t deviations(float const *x, size_t left, float high, float low) {
+    float32x4_t deviation =
+        vsubq_f32(vsubq_f32(load_tail(x, left, 0.0f), vdupq_n_f32(high)), vdupq_n_f32(low));
+    return vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(deviation), tail_lanes(left)));
+}
+
+/* layernorm as kernel_layernorm_scalar: the mean and the sum of squared deviations in double (the deviations
+ * themselves in F32, (x - high) - low), then the output in F32, 4 lanes at a time. */
+void kernel_layernorm_neon(float *y, size_t y_stride, float const *x, size_t x_stride, float const *weight,
+                           float const *bias, size_t rows, size_t n, float eps) {
+    for (size_t r = 0; r < rows; ++r, y += y_stride, x += x_stride) {
+        float64x2_t sum_low = vdupq_n_f64(0.0), sum_high = vdupq_n_f64(0.0);
+        for (size_t i = 0; i < n; i += LANES) {
+            float32x4_t v = load_tail(x + i, n - i, 0.0f);
+            sum_low = vaddq_f64(sum_low, vcvt_f64_f32(vget_low_f32(v)));
+            sum_high = vaddq_f64(sum_high, vcvt_high_f64_f32(v));
+        }
+        double mean = vaddvq_f64(vaddq_f64(sum_low, sum_high)) / (double)n;
+        float high = (float)mean, low = (float)(mean - high);
+        float64x2_t squares_low = vdupq_n_f64(0.0), squares_high = vdupq_n_f64(0.0);
+        for (size_t i = 0; i < n; i += LANES)
+            add_squares(deviations(x + i, n - i, high, low), &squares_low, &squares_high);
+        double variance = vaddvq_f64(vaddq_f64(squares_low, squares_high)) / (double)n;
+        float inverse = (float)(1.0 / sqrt(variance + eps));
+        for (size_t i = 0; i < n; i += LANES) {
+            float32x4_t value = vmulq_n_f32(deviations(x + i, n - i, high, low), inverse);
+            value = vmulq_f32(value, load_tail(weight + i, n - i, 0.0f));
+            if (bias) value = vaddq_f32(value, load_tail(bias + i, n - i, 0.0f));
+            store_tail(y + i, n - i, value);
         }
     }
 }

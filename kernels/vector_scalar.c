@@ -25,6 +25,29 @@ void kernel_rmsnorm_scalar(float *y, size_t y_stride, float const *x, size_t x_s
     }
 }
 
+/* Each row's mean in double, then its biased variance as the mean of (x - mean)^2, each deviation in double,
+ * and 1/sqrt(var + eps) rounded to F32 once. The output subtracts the mean as (x - high) - low, high being
+ * the mean rounded to F32 and low the rest of it: x - high is exact near the mean, so that the deviation
+ * keeps F32's precision even where the mean is large against the spread (rounding the mean alone would cost
+ * |mean| 2^-24 of every deviation). Then the scaling, the weight and the bias in F32. */
+void kernel_layernorm_scalar(float *y, size_t y_stride, float const *x, size_t x_stride, float const *weight,
+                             float const *bias, size_t rows, size_t n, float eps) {
+    for (size_t r = 0; r < rows; ++r, y += y_stride, x += x_stride) {
+        double sum = 0.0, squares = 0.0;
+        for (size_t i = 0; i < n; ++i)
+            sum += x[i];
+        double mean = sum / (double)n;
+        for (size_t i = 0; i < n; ++i)
+            squares += ((double)x[i] - mean) * ((double)x[i] - mean);
+        float inverse = (float)(1.0 / sqrt(squares / (double)n + eps));
+        float high = (float)mean, low = (float)(mean - high);
+        for (size_t i = 0; i < n; ++i) {
+            float value = (x[i] - high - low) * inverse * weight[i];
+            y[i] = bias ? value + bias[i] : value;
+        }
+    }
+}
+
 /* Rotary angles of one position: pair (i, i + 32) turns by p * 10000^(-2i/64), computed in double and
  * rounded to F32 once. */
 static void rope_angles(float cosines[KERNEL_HEAD / 2], float sines[KERNEL_HEAD / 2], size_t position) {

@@ -62,6 +62,87 @@ static void scalar_rmsnorm_matches_formula(void **state) {
     }
 }
 
+/* LayerNorm's rows of n at `stride`, by r % 4: spread around 0; around 100, where the variance would lose
+ * digits to the mean if taken as mean(x^2) - mean^2; tightly around 1e4, where it would lose all of them, and
+ * where rounding the mean to F32 would shift every deviation; and constant (variance 0). */
+static float *layernorm_rows(size_t rows, size_t n, size_t stride) {
+    float *x = floats_filled(rows * stride, SENTINEL);
+    for (size_t r = 0; r < rows; ++r)
+        for (size_t i = 0; i < n; ++i) {
+            float *at = x + r * stride + i;
+            switch (r % 4) {
+            case 0:
+                *at = random_uniform(-2.0f, 2.0f);
+                break;
+            case 1:
+                *at = 100.0f + random_uniform(-1.0f, 1.0f);
+                break;
+            case 2:
+                *at = 1e4f + random_uniform(-0.05f, 0.05f);
+                break;
+            default:
+                *at = 3.25f;
+                break;
+            }
+        }
+    return x;
+}
+
+/* The LayerNorm of one row x [n] in double, two passes: expected [n], and magnitude [n] = |(x - mean) /
+ * sqrt(var + eps) weight| + |bias|, what kernels.h's tolerance is relative to. */
+static void layernorm_double(float const *x, size_t n, float const *weight, float const *bias, float eps,
+                             double *expected, double *magnitude) {
+    double mean = 0.0, variance = 0.0;
+    for (size_t i = 0; i < n; ++i)
+        mean += x[i];
+    mean /= (double)n;
+    for (size_t i = 0; i < n; ++i)
+        variance += (x[i] - mean) * (x[i] - mean);
+    double inverse = 1.0 / sqrt(variance / (double)n + (double)eps);
+    for (size_t i = 0; i < n; ++i) {
+        double scaled = (x[i] - mean) * inverse * weight[i], shift = bias ? bias[i] : 0.0;
+        expected[i] = scaled + shift;
+        magnitude[i] = fabs(scaled) + fabs(shift);
+    }
+}
+
+static size_t const layernorm_sizes[] = {1, 3, 15, 16, 17, 33, 63, 64, 65, 100, 384, 768, 1000};
+
+/* Within 1e-6 of the formula in double on rows of every kind (a constant row gives the bias exactly), with
+ * BERT's eps and PyTorch's default, with and without a bias; in place the same bits. */
+static void scalar_layernorm_matches_formula(void **state) {
+    (void)state;
+    kernels_t const *scalar = kernels_scalar();
+    float const epsilons[] = {1e-12f, 1e-5f};
+    size_t const rows = 4;
+    random_seed(14);
+    for (size_t s = 0; s < COUNT(layernorm_sizes); ++s) {
+        size_t n = layernorm_sizes[s];
+        float *x = layernorm_rows(rows, n, n), *weight = floats_uniform(n, 0.5f, 1.5f);
+        float *bias = floats_uniform(n, -1.0f, 1.0f), *y = floats_filled(rows * n, 0.0f);
+        double *expected = test_malloc(n * sizeof(double)), *magnitude = test_malloc(n * sizeof(double));
+        for (size_t e = 0; e < COUNT(epsilons); ++e)
+            for (int with_bias = 0; with_bias < 2; ++with_bias) {
+                float const *b = with_bias ? bias : NULL;
+                scalar->layernorm(y, n, x, n, weight, b, rows, n, epsilons[e]);
+                for (size_t r = 0; r < rows; ++r) {
+                    layernorm_double(x + r * n, n, weight, b, epsilons[e], expected, magnitude);
+                    for (size_t i = 0; i < n; ++i)
+                        check_near(y[r * n + i], expected[i], 1e-6 * magnitude[i], "layernorm", r * n + i);
+                    for (size_t i = 0; r == 3 && i < n; ++i) /* constant: the bias itself */
+                        assert_true(y[r * n + i] == (with_bias ? bias[i] : 0.0f));
+                }
+                float *in_place = test_malloc(rows * n * sizeof(float));
+                memcpy(in_place, x, rows * n * sizeof(float));
+                scalar->layernorm(in_place, n, in_place, n, weight, b, rows, n, epsilons[e]);
+                assert_memory_equal(in_place, y, rows * n * sizeof(float));
+                test_free(in_place);
+            }
+        test_free(x), test_free(weight), test_free(bias), test_free(y), test_free(expected),
+            test_free(magnitude);
+    }
+}
+
 static void scalar_rope_matches_formula(void **state) {
     (void)state;
     size_t const positions[] = {0, 1, 1000}, heads = 3;
@@ -369,6 +450,50 @@ static void paths_rmsnorm_match_scalar(void **state) {
     }
 }
 
+/* Rows of every kind at padded strides, with and without a bias: within 1e-5 of scalar relative to
+ * kernels.h's magnitude, nothing written past n, and in place too. */
+static void paths_layernorm_match_scalar(void **state) {
+    (void)state;
+    kernels_t const *paths[SIMD_PATHS];
+    size_t path_count = simd_paths(paths), rows = 8;
+    random_seed(15);
+    for (size_t s = 0; s < COUNT(layernorm_sizes); ++s) {
+        size_t n = layernorm_sizes[s], x_stride = n + 5, y_stride = n + 3;
+        float *x = layernorm_rows(rows, n, x_stride), *weight = floats_uniform(n, 0.5f, 1.5f);
+        float *bias = floats_uniform(n, -1.0f, 1.0f),
+              *expected = test_malloc(rows * y_stride * sizeof(float));
+        float *y = test_malloc(rows * y_stride * sizeof(float));
+        float *in_place = test_malloc(rows * x_stride * sizeof(float));
+        double *exact = test_malloc(n * sizeof(double)), *magnitude = test_malloc(n * sizeof(double));
+        for (int with_bias = 0; with_bias < 2; ++with_bias) {
+            float const *b = with_bias ? bias : NULL;
+            kernels_scalar()->layernorm(expected, y_stride, x, x_stride, weight, b, rows, n, 1e-5f);
+            for (size_t p = 0; p < path_count; ++p) {
+                for (size_t i = 0; i < rows * y_stride; ++i)
+                    y[i] = SENTINEL;
+                paths[p]->layernorm(y, y_stride, x, x_stride, weight, b, rows, n, 1e-5f);
+                memcpy(in_place, x, rows * x_stride * sizeof(float));
+                paths[p]->layernorm(in_place, x_stride, in_place, x_stride, weight, b, rows, n, 1e-5f);
+                for (size_t r = 0; r < rows; ++r) {
+                    layernorm_double(x + r * x_stride, n, weight, b, 1e-5f, exact, magnitude);
+                    for (size_t i = 0; i < n; ++i) {
+                        float e = expected[r * y_stride + i];
+                        check_near(y[r * y_stride + i], e, 1e-5 * magnitude[i], paths[p]->name, r * n + i);
+                        check_near(in_place[r * x_stride + i], e, 1e-5 * magnitude[i], paths[p]->name,
+                                   r * n + i);
+                    }
+                    for (size_t i = n; i < y_stride; ++i)
+                        assert_true(y[r * y_stride + i] == SENTINEL);
+                    assert_memory_equal(in_place + r * x_stride + n, x + r * x_stride + n, 5 * sizeof(float));
+                }
+            }
+        }
+        test_free(x), test_free(weight), test_free(bias), test_free(expected), test_free(y),
+            test_free(in_place);
+        test_free(exact), test_free(magnitude);
+    }
+}
+
 static void paths_rope_match_scalar(void **state) {
     (void)state;
     kernels_t const *paths[SIMD_PATHS];
@@ -606,6 +731,7 @@ int main(void) {
     print_simd_paths();
     struct CMUnitTest const tests[] = {
         cmocka_unit_test(scalar_rmsnorm_matches_formula),
+        cmocka_unit_test(scalar_layernorm_matches_formula),
         cmocka_unit_test(scalar_rope_matches_formula),
         cmocka_unit_test(scalar_attention_matches_naive),
         cmocka_unit_test(scalar_softmax_matches_formula),
@@ -616,6 +742,7 @@ int main(void) {
         cmocka_unit_test(scalar_i8_known_rows),
         cmocka_unit_test(scalar_i8_matches_formula),
         cmocka_unit_test(paths_rmsnorm_match_scalar),
+        cmocka_unit_test(paths_layernorm_match_scalar),
         cmocka_unit_test(paths_rope_match_scalar),
         cmocka_unit_test(paths_attention_match_scalar),
         cmocka_unit_test(paths_softmax_match_scalar),
