@@ -458,7 +458,8 @@ typedef struct uform_load_config {
 
 typedef struct uform_model_load_args {
     uform_executor_t *executor;        /* where the weights go and the reads run; NULL: the calling thread */
-    char const *path;                  /* a format-4 safetensors checkpoint; read until the call is final */
+    char const *path; /* a format-4 safetensors checkpoint, or a pretrained model's folder; read until the
+                         call is final */
     uform_load_config_t const *config; /* NULL: defaults */
     uform_model_t **model;    /* blocking calls: receives the model; deferred: see uform_outcome_model */
     uform_outcome_t *outcome; /* NULL: blocking */
@@ -476,6 +477,27 @@ typedef struct uform_model_load_args {
  * byte was a string's closing quote). */
 UFORM_EXPORT uform_status_t uform_model_load_ram(uform_model_load_args_t const *args);
 
+/* Pretrained models load from their folders as published on the Hugging Face hub, read in place: `path`
+ * names the folder. Its configuration becomes the block's settings of the one transformer
+ * (uform_transformer_info_t), its safetensors weights (F32, F16 or BF16) BF16 tensors of the engine's
+ * schema (or I8 with UFORM_WEIGHTS_I8), its tokenizer the model's (tokenizer.json, or a SentencePiece model).
+ * Families, each checked against its reference implementation:
+ *   - UForm 3 (unum-cloud/uform3-image-text-*: config.json with text_encoder and image_encoder,
+ *     text_encoder.safetensors, image_encoder.safetensors): both towers, as PyPI's `uform` 3.1.3 runs them;
+ *     register tokens (the large model's) are refused;
+ *   - CLIP (transformers' CLIPModel: model_type "clip"), both towers, transformers' defaults where
+ *     config.json is sparse, the image processor's mean and std;
+ *   - SigLIP (SiglipModel: model_type "siglip"), both towers: texts padded to the context, the image
+ *     tower's attention-pooling head;
+ *   - BERT-family sentence embedders (model_type "bert", "roberta", "xlm-roberta": all-MiniLM-L6-v2, BGE,
+ *     E5, GTE, multilingual-e5), with sentence-transformers' modules where the folder has them (Pooling:
+ *     cls, mean or last token; Normalize; max_seq_length), as sentence-transformers 3.0 runs them.
+ * A folder is read on the executor's loop thread (blocking its other calls while it converts); its progress
+ * is reported once, when it is read. A folder of another family, or with a setting the engine does not
+ * implement, answers UFORM_UNSUPPORTED naming it; a damaged one UFORM_FORMAT or UFORM_IO naming the file and
+ * the fault. uform_model_load_vram answers UFORM_UNSUPPORTED for pretrained families. uform_checkpoint_convert
+ * writes a folder as one checkpoint, which loads faster and to the same embeddings. */
+
 /* The same into device memory of a VRAM executor: the statuses of uform_model_load_ram, plus
  * UFORM_INVALID_ARGUMENT for an executor that is not a VRAM one, UFORM_DEVICE for a device that fails,
  * and UFORM_UNSUPPORTED in builds without CUDA (after checking the path). */
@@ -490,8 +512,45 @@ UFORM_EXPORT void uform_model_free(uform_model_t *model);
 
 #define UFORM_MATRYOSHKA_MAX 16
 
+/* The settings of the one transformer block every tower runs, read once as a model loads: the engine's
+ * own checkpoints take the first value of each (RMSNorm before each branch, tanh GELU, rotary positions
+ * for text), pretrained families the values their reference implementations use. */
+typedef enum uform_norm {
+    UFORM_NORM_RMS = 0,   /* x / sqrt(mean(x^2) + eps) * weight */
+    UFORM_NORM_LAYER = 1, /* (x - mean) / sqrt(var + eps) * weight + bias */
+} uform_norm_t;
+
+typedef enum uform_activation {
+    UFORM_ACTIVATION_GELU_TANH = 0,  /* 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3))) */
+    UFORM_ACTIVATION_GELU_ERF = 1,   /* 0.5x(1 + erf(x / sqrt 2)): PyTorch's exact GELU */
+    UFORM_ACTIVATION_GELU_QUICK = 2, /* x sigmoid(1.702x): CLIP's quick_gelu */
+} uform_activation_t;
+
+/* Which states of an item make its embedding. */
+typedef enum uform_pooling {
+    UFORM_POOLING_LAST = 0,  /* the last position's */
+    UFORM_POOLING_FIRST = 1, /* the first position's: a class token */
+    UFORM_POOLING_MEAN = 2,  /* the mean over every position, special tokens included */
+    UFORM_POOLING_END = 3,   /* the end-of-text token's: the position of the largest token id (CLIP) */
+    UFORM_POOLING_HEAD = 4,  /* an attention-pooling head: a learned query over every position, then a
+                                residual MLP (SigLIP's vision tower) */
+} uform_pooling_t;
+
 typedef struct uform_transformer_info {
-    size_t depth, hidden, heads, mlp; /* heads * 64 == hidden */
+    size_t depth, hidden, heads, mlp;
+    size_t head;     /* each head's width: hidden / heads (64 in the engine's own checkpoints) */
+    uform_norm_t norm;
+    float norm_eps;
+    bool post_norm;  /* each norm after its branch's residual add (BERT); else before each branch */
+    bool input_norm; /* a norm over the input embeddings before the first block (BERT, CLIP's vision) */
+    bool final_norm; /* a norm over the last block's states */
+    uform_activation_t activation;
+    bool rotary;     /* rotary positions inside attention; else learned ones added to the inputs */
+    bool causal;     /* each position attends to itself and those before it; else to every position */
+    uform_pooling_t pooling;
+    bool projection;      /* the pooled state projected to `dims`; else dims == hidden */
+    bool projection_bias; /* the projection has a bias (SigLIP's text head) */
+    bool class_token;     /* patch towers: a class token before the patches (none in SigLIP's) */
 } uform_transformer_info_t;
 
 typedef struct uform_model_info {
@@ -503,7 +562,17 @@ typedef struct uform_model_info {
     bool has_text, has_image, has_video, has_audio, has_logit;
     struct {
         uform_transformer_info_t transformer;
-        size_t context; /* bytes at most, BOS excluded */
+        size_t context;         /* bytes at most, BOS excluded; tokens at most (special ones included)
+                                   where the model reads tokens */
+        size_t vocab;           /* 0: the model reads bytes; else token ids below it, cut by its tokenizer */
+        size_t positions;       /* learned positions: the table's rows (0 with rotary ones) */
+        size_t position_offset; /* the table's row of the first position (2 in RoBERTa's) */
+        bool token_type;        /* a token-type row (type 0) added to every input (BERT) */
+        bool cut_ids;           /* texts past the context lose their last tokens, special ones included, as
+                                   UForm 3's processor cuts them; else truncation keeps the special tokens */
+        bool padded;            /* texts padded with pad_id to the context and attended whole, as SigLIP's
+                                   were in training */
+        size_t pad_id;
     } text;
     struct {
         uform_transformer_info_t transformer;
@@ -520,6 +589,8 @@ typedef struct uform_model_info {
     } audio;
     uform_weights_t weights; /* the blocks' linear layers as the model runs them: UFORM_WEIGHTS_I8 where they
                                 are I8 (stored so, or quantized as they loaded), else UFORM_WEIGHTS_BF16 */
+    char family[16];         /* "uform" (the engine's own), or the pretrained family: "bert", "xlm-roberta" */
+    bool normalized;         /* embeddings are unit vectors as the family's reference gives them */
 } uform_model_info_t;
 
 /* Answers UFORM_OK or UFORM_INVALID_ARGUMENT. Never blocks. */
@@ -548,6 +619,9 @@ typedef struct uform_encode_config {
                                       narrows embeddings and token vectors alike */
     uform_progress_t progress;     /* completed and total are items */
     uform_encode_stats_t *stats;   /* written when the call is final; may be NULL */
+    bool normalize; /* embeddings as unit vectors even where the model's family gives them unnormalized
+                       (uform_model_info_t.normalized false); by default they are as its reference gives
+                       them */
 } uform_encode_config_t;
 
 /* What an encode produced, views into the arena. Unrequested outputs have data == NULL. `statuses`
@@ -582,7 +656,13 @@ typedef enum uform_source {
     uform_encoded_t *encoded;                                                                                \
     uform_outcome_t *outcome /* NULL: blocking */
 
-/* Texts as bytes, no tokenizer: BOS, then at most `context` bytes of each text (longer ones are cut
+/* Texts. A model whose text tower reads tokens (a pretrained family: uform_model_info_t.text.vocab > 0)
+ * cuts each text with its tokenizer, as its reference does: at most `context` tokens with the special ones
+ * kept (UForm 3: the ids cut at the context), padded to the context for SigLIP; a text that is not UTF-8
+ * fails alone with UFORM_FORMAT. Its EMBEDDINGS are the tower's pooled state (uform_pooling_t), projected
+ * where the tower has a projection, unit vectors where the family gives them so (info.normalized) or the
+ * config asks (normalize); STATES the pooled state; TOKEN_VECTORS answer UFORM_UNSUPPORTED (not built yet).
+ * The engine's own models read bytes, no tokenizer: BOS, then at most `context` bytes of each text (longer ones are cut
  * and counted in stats.truncated; an empty text is valid, BOS alone), packed end to end without
  * padding and split over the executor's threads. EMBEDDINGS: one row per text; TOKEN_VECTORS: one row
  * per kept byte, grouped per text by item_offsets; STATES: the final state of each text's last
@@ -845,7 +925,7 @@ UFORM_EXPORT uform_status_t uform_audio_encode_samples(uform_audio_encode_sample
  * (this call rewinds its own), F32 or BF16, one row per item. An item with no legal byte or with a
  * repeated one, a count of items other than the states' rows, or states in `arena` itself answer
  * UFORM_INVALID_ARGUMENT. Answers UFORM_OK, UFORM_INVALID_ARGUMENT, UFORM_CONTENDED, UFORM_UNSUPPORTED
- * (no text tower), UFORM_OUT_OF_MEMORY, UFORM_CANCELLED. */
+ * (no text tower, or one that reads tokens: it has no byte table), UFORM_OUT_OF_MEMORY, UFORM_CANCELLED. */
 typedef struct uform_text_choose_args {
     uform_model_t *model;
     uform_executor_t *executor; /* NULL: the calling thread */
@@ -1217,7 +1297,7 @@ typedef struct uform_tiny_checkpoint_args {
 UFORM_EXPORT uform_status_t uform_tiny_checkpoint(uform_tiny_checkpoint_args_t const *args);
 
 typedef struct uform_checkpoint_quantize_args {
-    char const *input;  /* a format-4 checkpoint; read whole before the output is written */
+    char const *input;  /* a format-4 checkpoint (or a pretrained folder); read whole before the output is written */
     char const *output; /* written atomically (a temporary file, fsync, rename); may be the input */
 } uform_checkpoint_quantize_args_t;
 
@@ -1229,6 +1309,22 @@ typedef struct uform_checkpoint_quantize_args {
  * writes. Answers UFORM_OK, UFORM_INVALID_ARGUMENT (NULL or empty paths), the statuses of
  * uform_model_load_ram for the input, UFORM_IO (cannot write the output), UFORM_OUT_OF_MEMORY. */
 UFORM_EXPORT uform_status_t uform_checkpoint_quantize(uform_checkpoint_quantize_args_t const *args);
+
+typedef struct uform_checkpoint_convert_args {
+    char const *input;       /* a format-4 checkpoint or a pretrained model's folder; read whole first */
+    char const *output;      /* written atomically (a temporary file, fsync, rename); may be the input file */
+    uform_weights_t weights; /* UFORM_WEIGHTS_STORED: the weights as they load (a folder's in BF16);
+                                UFORM_WEIGHTS_I8: as uform_checkpoint_quantize writes them */
+} uform_checkpoint_convert_args_t;
+
+/* Writes the model at `input` as one self-contained format-4 checkpoint: the tensors a load makes of it (a
+ * pretrained folder's converted to BF16 in the checkpoint schema), its block's settings in the metadata
+ * (docs/DESIGN.md), and the tokenizer.json of a text tower that reads tokens in the metadata too. The output
+ * loads to the same embeddings, bit for bit. Loads the input on the calling thread first, with every check
+ * of uform_model_load_ram. Answers UFORM_OK, UFORM_INVALID_ARGUMENT, the statuses of uform_model_load_ram for
+ * the input, UFORM_UNSUPPORTED (a model cut by a SentencePiece model file: its tokenizer does not travel in
+ * a checkpoint yet), UFORM_IO (cannot write the output), UFORM_OUT_OF_MEMORY. */
+UFORM_EXPORT uform_status_t uform_checkpoint_convert(uform_checkpoint_convert_args_t const *args);
 
 #ifdef __cplusplus
 }

@@ -16,7 +16,8 @@ typedef struct command {
 static command_t const commands[] = {
     {"encode", command_encode, "embed texts from arguments, standard input or a JSONL manifest"},
     {"tokenize", command_tokenize, "token ids and byte spans of texts, as a model's tokenizer.json cuts them"},
-    {"info", command_info, "describe a checkpoint: towers, sizes, matryoshka widths, parameters"},
+    {"info", command_info, "describe a checkpoint or a pretrained folder: family, towers, sizes, settings"},
+    {"convert", command_convert, "write a pretrained folder (or a checkpoint) as one self-contained checkpoint"},
     {"checkpoint", command_checkpoint, "checkpoint tools: 'checkpoint tiny' writes a small seeded model"},
     {"search", command_search, "index a folder of media into a file, then query it by a text or a file"},
     {"serve", command_serve, "an OpenAI-compatible embedding server over HTTP"},

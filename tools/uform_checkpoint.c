@@ -102,6 +102,54 @@ static int command_checkpoint_quantize(int argc, char **argv) {
     return COMMAND_OK;
 }
 
+static char const convert_help_head[] =
+    "usage: uform convert IN OUT [--weights stored|i8]\n"
+    "\n"
+    "Writes the model IN, a checkpoint or a pretrained model's folder (see 'uform info'), as one\n"
+    "self-contained checkpoint OUT: its weights in BF16 in the engine's format (docs/DESIGN.md), its\n"
+    "block's settings and its tokenizer in the metadata. OUT loads to the same embeddings, bit for bit,\n"
+    "and faster than the folder (no conversion). OUT is written atomically and may be IN.\n"
+    "\n";
+
+typedef struct convert_flags {
+    uform_checkpoint_convert_args_t args;
+    int weights;
+} convert_flags_t;
+
+static int take_convert_paths(void *context, char const *argument, bool literal) {
+    (void)literal;
+    uform_checkpoint_convert_args_t *args = &((convert_flags_t *)context)->args;
+    if (argument[0] == '-' || args->output)
+        return command_usage("convert", "unexpected argument '%s'", argument);
+    *(args->input ? &args->output : &args->input) = argument;
+    return COMMAND_OK;
+}
+
+static command_help_t const convert_help = {
+    .name = "convert", .head = convert_help_head, .column = 19, .positional = take_convert_paths};
+
+int command_convert(int argc, char **argv) {
+    static char const *const kinds[] = {"stored", "bf16", "i8"}; /* by uform_weights_t */
+    convert_flags_t flags = {0};
+    bool help_shown = false;
+    command_flag_t const options[] = {
+        {"--weights", FLAG_CHOICE, &flags.weights, .value = "KIND", .choices = kinds, .choice_count = 3,
+         .help = "stored (the default: as the model loads, a folder's in BF16) or i8 (the\n"
+                 "blocks' linear layers quantized, as 'uform checkpoint quantize' writes them)"},
+        {NULL},
+    };
+    command_spec_t const spec = {
+        .help = &convert_help, .flags = options, .context = &flags, .missing = "IN and OUT are missing"};
+    int code = command_flags_parse(&spec, argc, argv, &help_shown);
+    if (code != COMMAND_OK || help_shown) return code;
+    if (!flags.args.output) return command_usage("convert", "OUT is missing");
+    if (flags.weights == UFORM_WEIGHTS_BF16) return command_usage("convert", "--weights takes stored or i8");
+    flags.args.weights = (uform_weights_t)flags.weights;
+    if (uform_checkpoint_convert(&flags.args) != UFORM_OK) return command_fail_engine();
+    printf("wrote %s%s\n", flags.args.output, flags.weights == UFORM_WEIGHTS_I8 ? " (I8 weights)" : "");
+    return COMMAND_OK;
+}
+
 int command_checkpoint(int argc, char **argv) {
     static command_tool_t const tools[] = {{"tiny", command_checkpoint_tiny},
                                            {"quantize", command_checkpoint_quantize}};

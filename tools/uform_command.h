@@ -309,6 +309,8 @@ int output_close(output_t *output, bool complete);
 
 int command_info(int argc, char **argv);
 int command_checkpoint(int argc, char **argv);
+/* uform convert IN OUT: a checkpoint or a pretrained folder as one self-contained checkpoint. */
+int command_convert(int argc, char **argv);
 /* `uform checkpoint tiny`, argv[0] being "tiny"; also the whole of the uform_tiny_checkpoint tool. */
 int command_checkpoint_tiny(int argc, char **argv);
 int command_encode(int argc, char **argv);

@@ -9,20 +9,44 @@
 static char const help_head[] =
     "usage: uform info [--model PATH] [--json]\n"
     "\n"
-    "Describes a checkpoint: its embedding width, matryoshka widths, parameters and bytes of\n"
-    "weights, whether the blocks' linear layers are BF16 or I8, and per tower (text, image, video,\n"
-    "audio) the transformer's depth, hidden width, heads and MLP width with the tower's own sizes.\n"
+    "Describes a checkpoint or a pretrained model's folder: its family, embedding width (and whether\n"
+    "embeddings are unit vectors), matryoshka widths, parameters and bytes of weights, whether the\n"
+    "blocks' linear layers are BF16 or I8, and per tower (text, image, video, audio) the\n"
+    "transformer's depth, hidden width, heads and MLP width, its block's settings (norm, activation,\n"
+    "positions, mask, pooling) and the tower's own sizes (text: its context in bytes or tokens).\n"
     "\n";
 
 /* ---- text ------------------------------------------------------------------------------------- */
 
+/* The block's settings as the metadata names them. */
+static char const *norm_name(uform_norm_t norm) {
+    return norm == UFORM_NORM_LAYER ? "layer" : "rms";
+}
+
+static char const *activation_name(uform_activation_t activation) {
+    static char const *const names[] = {"gelu_tanh", "gelu_erf", "gelu_quick"};
+    return (size_t)activation < 3 ? names[activation] : "unknown";
+}
+
+static char const *pooling_name(uform_pooling_t pooling) {
+    static char const *const names[] = {"last", "first", "mean", "end"};
+    return (size_t)pooling < 4 ? names[pooling] : "unknown";
+}
+
 static void print_transformer(char const *tower, uform_transformer_info_t const *transformer) {
-    printf("%-11s depth %zu, hidden %zu, heads %zu, mlp %zu;", tower, transformer->depth, transformer->hidden,
-           transformer->heads, transformer->mlp);
+    printf("%-11s depth %zu, hidden %zu, heads %zu of %zu, mlp %zu; %s norm (eps %.3g) %s each branch%s%s, "
+           "%s, %s positions, %s attention, pooled %s%s;",
+           tower, transformer->depth, transformer->hidden, transformer->heads, transformer->head,
+           transformer->mlp, norm_name(transformer->norm), (double)transformer->norm_eps,
+           transformer->post_norm ? "after" : "before", transformer->input_norm ? ", over the inputs" : "",
+           transformer->final_norm ? ", final" : "", activation_name(transformer->activation),
+           transformer->rotary ? "rotary" : "learned", transformer->causal ? "causal" : "bidirectional",
+           pooling_name(transformer->pooling), transformer->projection ? ", projected" : "");
 }
 
 static void print_text(char const *path, uform_model_info_t const *info) {
-    printf("%-11s %s\n%-11s %zu\n%-11s", "model", path, "dims", info->dims, "matryoshka");
+    printf("%-11s %s\n%-11s %s\n%-11s %zu (%s)\n%-11s", "model", path, "family", info->family, "dims",
+           info->dims, info->normalized ? "unit vectors" : "not normalized", "matryoshka");
     for (size_t i = 0; i < info->matryoshka_count; ++i)
         printf(" %zu", info->matryoshka[i]);
     printf("\n%-11s %zu\n%-11s %zu\n%-11s %s\n", "parameters", info->parameters, "bytes", info->bytes,
@@ -31,7 +55,10 @@ static void print_text(char const *path, uform_model_info_t const *info) {
            info->weights == UFORM_WEIGHTS_I8 ? "I8 (the blocks' linear layers; BF16 elsewhere)" : "BF16");
     if (info->has_text) {
         print_transformer("text", &info->text.transformer);
-        printf(" context %zu bytes\n", info->text.context);
+        if (info->text.vocab)
+            printf(" context %zu tokens, vocabulary %zu\n", info->text.context, info->text.vocab);
+        else
+            printf(" context %zu bytes\n", info->text.context);
     }
     if (info->has_image) {
         print_transformer("image", &info->image.transformer);
@@ -78,15 +105,31 @@ static json_t *floats_json(float const *values, size_t count) {
 
 static json_t *transformer_json(uform_transformer_info_t const *transformer) {
     json_t *object = json_object();
-    return checked(object, set_size(object, "depth", transformer->depth) +
-                               set_size(object, "hidden", transformer->hidden) +
-                               set_size(object, "heads", transformer->heads) +
-                               set_size(object, "mlp", transformer->mlp));
+    return checked(
+        object, set_size(object, "depth", transformer->depth) +
+                    set_size(object, "hidden", transformer->hidden) +
+                    set_size(object, "heads", transformer->heads) +
+                    set_size(object, "head", transformer->head) + set_size(object, "mlp", transformer->mlp) +
+                    set(object, "norm", json_string(norm_name(transformer->norm))) +
+                    set(object, "norm_eps", json_real((double)transformer->norm_eps)) +
+                    set(object, "post_norm", json_boolean(transformer->post_norm)) +
+                    set(object, "input_norm", json_boolean(transformer->input_norm)) +
+                    set(object, "final_norm", json_boolean(transformer->final_norm)) +
+                    set(object, "activation", json_string(activation_name(transformer->activation))) +
+                    set(object, "rotary", json_boolean(transformer->rotary)) +
+                    set(object, "causal", json_boolean(transformer->causal)) +
+                    set(object, "pooling", json_string(pooling_name(transformer->pooling))) +
+                    set(object, "projection", json_boolean(transformer->projection)));
 }
 
 static json_t *text_json(uform_model_info_t const *info) {
     json_t *tower = transformer_json(&info->text.transformer);
-    return checked(tower, set_size(tower, "context", info->text.context));
+    return checked(tower, set_size(tower, "context", info->text.context) +
+                              set(tower, "reads", json_string(info->text.vocab ? "tokens" : "bytes")) +
+                              set_size(tower, "vocab", info->text.vocab) +
+                              set_size(tower, "positions", info->text.positions) +
+                              set_size(tower, "position_offset", info->text.position_offset) +
+                              set(tower, "token_type", json_boolean(info->text.token_type)));
 }
 
 static json_t *image_json(uform_model_info_t const *info) {
@@ -121,7 +164,8 @@ static json_t *info_json(char const *path, uform_model_info_t const *info) {
     if (info->has_image) failures += set(towers, "image", image_json(info));
     if (info->has_video) failures += set(towers, "video", video_json(info));
     if (info->has_audio) failures += set(towers, "audio", audio_json(info));
-    failures += set(root, "path", json_string(path)) + set_size(root, "dims", info->dims) +
+    failures += set(root, "path", json_string(path)) + set(root, "family", json_string(info->family)) +
+                set(root, "normalized", json_boolean(info->normalized)) + set_size(root, "dims", info->dims) +
                 set(root, "matryoshka", matryoshka) + set_size(root, "parameters", info->parameters) +
                 set_size(root, "bytes", info->bytes) + set(root, "logit", json_boolean(info->has_logit)) +
                 set(root, "weights", json_string(info->weights == UFORM_WEIGHTS_I8 ? "i8" : "bf16")) +
@@ -139,7 +183,8 @@ int command_info(int argc, char **argv) {
     bool json = false, help_shown = false;
     command_flag_t const flags[] = {
         {"--model", FLAG_STRING, &given, .value = "PATH",
-         .help = "the checkpoint (format-4 safetensors); default: the default model"},
+         .help = "a checkpoint (format-4 safetensors) or a pretrained model's folder;\n"
+                 "default: the default model"},
         {"--json", FLAG_SWITCH, &json, .help = "one JSON object instead of text"},
         {NULL},
     };

@@ -146,6 +146,7 @@ struct CEncodeConfig(ImplicitlyCopyable):
     var matryoshka: c_size_t
     var progress: CProgress
     var stats: RawOpt
+    var normalize: Bool  # unit vectors even where the family gives them unnormalized
 
 
 @fieldwise_init
@@ -243,10 +244,23 @@ struct TransformerInfo(ImplicitlyCopyable, Writable):
     var hidden: c_size_t
     var heads: c_size_t
     var mlp: c_size_t
+    var head: c_size_t  # each head's width: hidden / heads
+    var norm: Int32  # uform_norm_t: 0 RMSNorm, 1 LayerNorm
+    var norm_eps: Float32
+    var post_norm: Bool
+    var input_norm: Bool
+    var final_norm: Bool
+    var activation: Int32  # uform_activation_t: 0 tanh GELU, 1 erf GELU, 2 quick GELU
+    var rotary: Bool
+    var causal: Bool
+    var pooling: Int32  # uform_pooling_t: 0 last, 1 first, 2 mean, 3 end of text, 4 attention head
+    var projection: Bool
+    var projection_bias: Bool
+    var class_token: Bool
 
     @staticmethod
     def zero() -> Self:
-        return Self(0, 0, 0, 0)
+        return Self(0, 0, 0, 0, 0, 0, 0, False, False, False, 0, False, False, 0, False, False, False)
 
     def write_to(self, mut writer: Some[Writer]):
         writer.write("depth ", self.depth, ", hidden ", self.hidden, ", heads ", self.heads, ", mlp ", self.mlp)
@@ -256,7 +270,14 @@ struct TransformerInfo(ImplicitlyCopyable, Writable):
 struct TextInfo(ImplicitlyCopyable):
     """The `text` member of `uform_model_info_t`."""
     var transformer: TransformerInfo
-    var context: c_size_t
+    var context: c_size_t  # bytes, or tokens where the model reads tokens
+    var vocab: c_size_t  # 0: the model reads bytes
+    var positions: c_size_t
+    var position_offset: c_size_t
+    var token_type: Bool
+    var cut_ids: Bool  # texts past the context lose their last tokens (UForm 3's processor)
+    var padded: Bool  # texts padded with pad_id to the context (SigLIP)
+    var pad_id: c_size_t
 
 
 @fieldwise_init
@@ -309,13 +330,15 @@ struct ModelInfo(Copyable):
     var video: VideoInfo
     var audio: AudioInfo
     var weights: Int32  # uform_weights_t (Weights.BF16 or Weights.I8): the blocks' linear layers as they run
+    var family: Array[UInt8, 16]  # NUL-terminated: "uform", "bert", "xlm-roberta", ...
+    var normalized: Bool  # embeddings are unit vectors as the family's reference gives them
 
     def __init__(out self):
         var zero = TransformerInfo.zero()
         self = Self(0, Array[c_size_t, MATRYOSHKA_MAX](fill=0), 0, 0, 0, False, False, False, False, False,
-                    TextInfo(zero, 0),
+                    TextInfo(zero, 0, 0, 0, 0, False, False, False, 0),
                     ImageInfo(zero, 0, 0, Array[Float32, 3](fill=0), Array[Float32, 3](fill=0)),
-                    VideoInfo(0), AudioInfo(zero, 0, 0, 0, 0, 0, 0, 0), 0)
+                    VideoInfo(0), AudioInfo(zero, 0, 0, 0, 0, 0, 0, 0), 0, Array[UInt8, 16](fill=0), False)
 
     def matryoshka_widths(self) -> List[Int]:
         """The valid embedding prefixes, ascending."""

@@ -230,7 +230,7 @@ static void audio_project(audio_call_t *audio, patch_scratch_t const *scratch, s
     uint64_t converting = loop_now_ns();
     for (size_t r = 0; r < count; ++r) {
         float *values = scratch->projected + r * audio->encode.width;
-        tower->kernels->normalize(values, audio->encode.width);
+        if (audio->encode.normalize) tower->kernels->normalize(values, audio->encode.width);
         output_row(tower->kernels, view, targets ? targets[r] : first + r, values);
     }
     audio->encode.stats.convert_ns += loop_now_ns() - converting;

@@ -54,6 +54,7 @@ void encode_call_init(encode_call_t *encode, encode_request_t const *request) {
     encode->outputs = request->outputs;
     encode->scalar = config ? config->outputs_scalar : UFORM_F32;
     encode->width = config && config->matryoshka ? config->matryoshka : request->model->header.info.dims;
+    encode->normalize = request->model->header.info.normalized || (config && config->normalize);
     if (config) encode->progress = config->progress;
     encode->next_step = 1;
     encode->stats_out = config ? config->stats : NULL;

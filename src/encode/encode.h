@@ -46,7 +46,8 @@ typedef struct encode_call {
     uform_tape_t tape;    /* the items */
     uform_outputs_t outputs;
     uform_scalar_t scalar;
-    size_t width; /* embedding and token-vector columns: dims or a matryoshka width */
+    size_t width;   /* embedding and token-vector columns: dims or a matryoshka width */
+    bool normalize; /* unit vectors: the model's family gives them so, or the config asks for them */
     uform_progress_t progress;
     size_t next_step;
     uform_encode_stats_t *stats_out; /* the caller's, written by encode_end; may be NULL */

@@ -110,20 +110,21 @@ static bool image_scratch(image_call_t *image, size_t count, patch_scratch_t *sc
                                  pooled, scratch);
 }
 
-/* Projects `kept * per_item` rows of final states, normalizes them at the output width, and writes
+/* Projects `kept * per_item` rows of final states, normalizes them at the output width (where the model's
+ * family or the config asks for unit vectors: encode_call_t.normalize), and writes
  * row r of kept item q to row items[q] * per_item + r of `view`. */
 static void image_project(image_call_t *image, patch_scratch_t const *scratch, size_t kept, size_t per_item,
                           uform_view_t *view) {
     tower_t const *tower = image->encode.model->image;
     size_t count = kept * per_item;
     if (count == 0) return;
-    tower_linear(tower, image->call.executor, &tower->proj, scratch->rows, tower->hidden, count,
-                 image->encode.width, scratch->projected, image->encode.width);
+    tower_project(tower, image->call.executor, scratch->rows, tower->hidden, count, image->encode.width,
+                  scratch->projected, image->encode.width);
     uint64_t converting = loop_now_ns();
     for (size_t q = 0; q < kept; ++q)
         for (size_t r = 0; r < per_item; ++r) {
             float *values = scratch->projected + (q * per_item + r) * image->encode.width;
-            tower->kernels->normalize(values, image->encode.width);
+            if (image->encode.normalize) tower->kernels->normalize(values, image->encode.width);
             output_row(tower->kernels, view, scratch->items[q] * per_item + r, values);
         }
     image->encode.stats.convert_ns += loop_now_ns() - converting;
@@ -135,17 +136,15 @@ static void image_rows(image_call_t *image, patch_scratch_t const *scratch, size
     tower_t const *tower = image->encode.model->image;
     size_t const hidden = tower->hidden, patches = image->source.patches;
     uform_encoded_t *encoded = &image->encode.encoded;
-    for (size_t q = 0; q < kept; ++q) {
-        float const *state = scratch->x + scratch->offsets[q] * hidden;
-        memcpy(scratch->rows + q * hidden, state, hidden * sizeof(float));
+    for (size_t q = 0; q < kept; ++q) /* the pooled states, in scratch->rows (tower_patches_pool) */
         if (image->encode.outputs & UFORM_OUTPUT_STATES)
-            output_row(tower->kernels, &encoded->states, scratch->items[q], state);
-    }
+            output_row(tower->kernels, &encoded->states, scratch->items[q], scratch->rows + q * hidden);
     if (image->encode.outputs & UFORM_OUTPUT_EMBEDDINGS)
         image_project(image, scratch, kept, 1, &encoded->embeddings);
     if (image->encode.outputs & UFORM_OUTPUT_TOKEN_VECTORS) {
         for (size_t q = 0; q < kept; ++q)
-            memcpy(scratch->rows + q * patches * hidden, scratch->x + (scratch->offsets[q] + 1) * hidden,
+            memcpy(scratch->rows + q * patches * hidden,
+                   scratch->x + (scratch->offsets[q] + tower->patches.leading) * hidden,
                    patches * hidden * sizeof(float));
         image_project(image, scratch, kept, patches, &encoded->token_vectors);
     }
@@ -157,7 +156,8 @@ static void image_chunk(media_run_t *run, size_t first, size_t last, float *deco
     image_call_t *image = container_of(run, image_call_t, run);
     tower_t const *tower = image->encode.model->image;
     uform_executor_t *executor = image->call.executor;
-    size_t const hidden = tower->hidden, patches = image->source.patches, tokens_per_image = 1 + patches;
+    size_t const hidden = tower->hidden, patches = image->source.patches,
+                 tokens_per_image = tower->patches.leading + patches;
     size_t const row_floats = 3 * image->source.geometry.patch * image->source.geometry.patch,
                  frames = image->source.frames;
     size_t const count = last - first;
@@ -189,6 +189,7 @@ static void image_chunk(media_run_t *run, size_t first, size_t last, float *deco
     }
     scratch.offsets[kept] = row;
     tower_patches_forward(tower, executor, &scratch, row, kept);
+    tower_patches_pool(tower, executor, &scratch, row, kept);
 
     image->rows(image, &scratch, kept);
     uform_encoded_t *encoded = &image->encode.encoded;

@@ -165,8 +165,6 @@ static void text_chunk(loop_op_t *op) {
         .tokens = tokens,
         .items = last - first,
         .offsets = scratch.offsets,
-        .causal = true,
-        .rotary = true,
         .x = scratch.x,
         .scratch = scratch.tower,
     };

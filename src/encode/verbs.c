@@ -44,6 +44,10 @@ UFORM_EXPORT uform_status_t uform_text_encode(uform_text_encode_args_t const *ar
     if (status != UFORM_OK) return call_refuse(args->outcome, status, entry, message);
     if (!text_tower(args->model))
         return call_refuse(args->outcome, UFORM_UNSUPPORTED, entry, "the model has no text tower");
+    if (args->model->tokenizer && (args->outputs & UFORM_OUTPUT_TOKEN_VECTORS))
+        return call_refuse(args->outcome, UFORM_UNSUPPORTED, entry,
+                           "token vectors of a model that reads tokens are not built yet");
+    if (args->model->tokenizer) return text_encode_tokens_host(&request);
     return encode_verbs_of(args->model)->text_encode(&request);
 }
 
@@ -80,6 +84,8 @@ static uform_status_t choose_check(uform_text_choose_args_t const *args, char co
     if (device_states && states->generation != atomic_load(&states->arena->generation))
         return *message = "stale view: its arena was rewound by a later call", UFORM_INVALID_ARGUMENT;
     if (!text_tower(model)) return *message = "the model has no text tower", UFORM_UNSUPPORTED;
+    if (model->tokenizer)
+        return *message = "text_choose reads a byte table: the model reads tokens", UFORM_UNSUPPORTED;
     if (states->columns != model->header.info.text.transformer.hidden ||
         (states->scalar != UFORM_F32 && states->scalar != UFORM_BF16))
         return *message = "states are not F32 or BF16 rows of the model's hidden width",

@@ -33,12 +33,11 @@ void clip_rows(image_call_t *image, patch_scratch_t const *scratch, size_t kept)
                  frames = image->source.frames;
     uform_encoded_t *encoded = &image->encode.encoded;
     if (kept == 0) return;
-    for (size_t q = 0; q < kept; ++q) /* the states to project [kept, hidden] */
-        memcpy(scratch->rows + q * hidden, scratch->x + scratch->offsets[q] * hidden, hidden * sizeof(float));
+    /* The states to project [kept, hidden]: the pooled ones, in scratch->rows (tower_patches_pool). */
     bool project = image->encode.outputs & (UFORM_OUTPUT_EMBEDDINGS | UFORM_OUTPUT_TOKEN_VECTORS);
     if (project)
-        tower_linear(tower, image->call.executor, &tower->proj, scratch->rows, hidden, kept, dims,
-                     scratch->projected, dims);
+        tower_project(tower, image->call.executor, scratch->rows, hidden, kept, dims, scratch->projected,
+                      dims);
     uint64_t converting = loop_now_ns();
     float *pooled = scratch->pooled;
     for (size_t clip = 0; clip < kept / frames; ++clip) {

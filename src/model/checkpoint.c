@@ -2,6 +2,7 @@
  * See checkpoint.h for what is checked. Every fault answers a static message; nothing here calls
  * fail(): the public verbs that use this module record the failure under their own name. */
 #include "checkpoint.h"
+#include "variant.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -469,26 +470,27 @@ static uform_status_t read_sizes(json_t const *object, size_rule_t const *rules,
 #define ARRAY_COUNT(array) (sizeof(array) / sizeof((array)[0]))
 
 /* depth, hidden, heads, mlp: the four numbers every transformer tower shares. */
-static uform_status_t parse_transformer(json_t const *tower, uform_transformer_info_t *info,
+/* depth, hidden, heads, mlp: the four numbers every transformer tower shares; then the block's settings
+ * (variant.h), whose defaults are the engine's own. */
+static uform_status_t parse_transformer(json_t const *tower, uform_transformer_info_t *info, bool text,
                                         char const **message) {
     size_rule_t const rules[] = {
         {"depth", 1, 1024, &info->depth, "tower depth out of range"},
-        {"hidden", 64, 65536, &info->hidden, "tower hidden out of range"},
+        {"hidden", 8, 65536, &info->hidden, "tower hidden out of range"},
         {"heads", 1, 1024, &info->heads, "tower heads out of range"},
         {"mlp", 1, 1u << 20, &info->mlp, "tower mlp out of range"},
     };
     uform_status_t status = read_sizes(tower, rules, ARRAY_COUNT(rules), message);
     if (status != UFORM_OK) return status;
-    if (info->hidden % 64 != 0) return malformed(message, "tower hidden is not a multiple of 64");
-    if (info->heads * 64 != info->hidden) return malformed(message, "tower heads * 64 is not hidden");
-    return UFORM_OK;
+    return variant_parse(tower, info, text, message);
 }
 
 static uform_status_t parse_text(json_t const *tower, uform_model_info_t *info, char const **message) {
-    uform_status_t status = parse_transformer(tower, &info->text.transformer, message);
+    uform_status_t status = parse_transformer(tower, &info->text.transformer, true, message);
     if (status != UFORM_OK) return status;
     size_rule_t const rules[] = {{"context", 1, 1u << 24, &info->text.context, "text context out of range"}};
-    return read_sizes(tower, rules, ARRAY_COUNT(rules), message);
+    status = read_sizes(tower, rules, ARRAY_COUNT(rules), message);
+    return status == UFORM_OK ? variant_parse_text(tower, info, message) : status;
 }
 
 /* The image normalization's ranges: pixels in [0, 1] become (pixel - mean) / std, so these bounds keep
@@ -511,7 +513,7 @@ static bool read_triple(json_t const *value, double low, double high, float trip
 }
 
 static uform_status_t parse_image(json_t const *tower, uform_model_info_t *info, char const **message) {
-    uform_status_t status = parse_transformer(tower, &info->image.transformer, message);
+    uform_status_t status = parse_transformer(tower, &info->image.transformer, false, message);
     if (status != UFORM_OK) return status;
     size_rule_t const rules[] = {
         {"size", 1, 8192, &info->image.size, "image size out of range"},
@@ -535,7 +537,7 @@ static uform_status_t parse_video(json_t const *tower, uform_model_info_t *info,
 
 /* `seconds` is capped at a day so that rate * seconds stays far from overflowing. */
 static uform_status_t parse_audio(json_t const *tower, uform_model_info_t *info, char const **message) {
-    uform_status_t status = parse_transformer(tower, &info->audio.transformer, message);
+    uform_status_t status = parse_transformer(tower, &info->audio.transformer, false, message);
     if (status != UFORM_OK) return status;
     size_rule_t const rules[] = {
         {"rate", 1, 1u << 20, &info->audio.rate, "audio rate out of range"},
@@ -583,13 +585,26 @@ static uform_status_t parse_tower(json_t const *model, char const *key, bool *pr
     return parse(tower, info, message);
 }
 
-static uform_status_t parse_model(json_t const *model, uform_model_info_t *info, char const **message) {
+/* The tokenizer of a text tower that reads tokens: its tokenizer.json text, required there and only there. */
+static uform_status_t parse_tokenizer(json_t const *model, uform_model_info_t const *info, char **tokenizer,
+                                      char const **message) {
+    json_t const *text = json_object_get(model, "tokenizer");
+    if (!text && !info->text.vocab) return UFORM_OK;
+    if (!json_is_string(text) || !info->has_text || !info->text.vocab)
+        return malformed(message, "tokenizer goes with, and only with, a text tower that reads tokens");
+    *tokenizer = strdup(json_string_value(text));
+    return *tokenizer ? UFORM_OK : answer(UFORM_OUT_OF_MEMORY, message, "out of memory");
+}
+
+static uform_status_t parse_model(json_t const *model, uform_model_info_t *info, char **tokenizer,
+                                  char const **message) {
     if (!json_is_object(model)) return malformed(message, "uform metadata is not an object");
     json_t const *format = json_object_get(model, "format");
     if (!json_is_integer(format) || json_integer_value(format) != MODEL_FORMAT)
         return malformed(message, "metadata of another format");
     size_rule_t const rules[] = {{"dims", 1, 65536, &info->dims, "dims out of range"}};
     uform_status_t status = read_sizes(model, rules, ARRAY_COUNT(rules), message);
+    if (status == UFORM_OK) status = variant_parse_model(model, info, message);
     if (status == UFORM_OK) status = parse_matryoshka(json_object_get(model, "matryoshka"), info, message);
     if (status == UFORM_OK) status = parse_tower(model, "text", &info->has_text, parse_text, info, message);
     if (status == UFORM_OK)
@@ -602,12 +617,19 @@ static uform_status_t parse_model(json_t const *model, uform_model_info_t *info,
     if (info->has_video && !info->has_image) return malformed(message, "video needs the image tower");
     if (!info->has_text && !info->has_image && !info->has_audio)
         return malformed(message, "model has no tower");
-    return UFORM_OK;
+    uform_transformer_info_t const *towers[] = {&info->text.transformer, &info->image.transformer,
+                                                &info->audio.transformer};
+    bool const present[] = {info->has_text, info->has_image, info->has_audio};
+    for (size_t i = 0; i < 3; ++i)
+        if (present[i] && !towers[i]->projection && info->dims != towers[i]->hidden)
+            return malformed(message, "a tower without projection whose hidden is not dims");
+    return parse_tokenizer(model, info, tokenizer, message);
 }
 
 /* `__metadata__` is an object of strings (safetensors); its "uform" entry is the model, as a string
  * holding a JSON object or, leniently, as the object itself. */
-static uform_status_t parse_metadata(json_t *metadata, uform_model_info_t *info, char const **message) {
+static uform_status_t parse_metadata(json_t *metadata, uform_model_info_t *info, char **tokenizer,
+                                     char const **message) {
     if (!metadata) return malformed(message, "missing uform metadata");
     if (!json_is_object(metadata)) return malformed(message, "metadata is not an object of strings");
     char const *key;
@@ -618,12 +640,12 @@ static uform_status_t parse_metadata(json_t *metadata, uform_model_info_t *info,
     }
     json_t *model = json_object_get(metadata, MODEL_KEY);
     if (!model) return malformed(message, "missing uform metadata");
-    if (!json_is_string(model)) return parse_model(model, info, message);
+    if (!json_is_string(model)) return parse_model(model, info, tokenizer, message);
     json_t *loaded = NULL;
     uform_status_t status = load_json(json_string_value(model), json_string_length(model),
                                       "uform metadata is not JSON", &loaded, message);
     if (status != UFORM_OK) return status;
-    status = parse_model(loaded, info, message);
+    status = parse_model(loaded, info, tokenizer, message);
     json_decref(loaded);
     return status;
 }
@@ -660,7 +682,9 @@ static void schema_trunk(schema_walk_t *walk, char const *tower, uform_transform
         uint64_t rows, columns;
     } const block[] = {
         {"norm1.weight", CHECKPOINT_PART_NORM1, CHECKPOINT_ROLE_NORM, hidden, 0},
+        {"norm1.bias", CHECKPOINT_PART_NORM1_BIAS, CHECKPOINT_ROLE_BIAS, hidden, 0},
         {"norm2.weight", CHECKPOINT_PART_NORM2, CHECKPOINT_ROLE_NORM, hidden, 0},
+        {"norm2.bias", CHECKPOINT_PART_NORM2_BIAS, CHECKPOINT_ROLE_BIAS, hidden, 0},
         {"attn.qkv.weight", CHECKPOINT_PART_QKV_WEIGHT, CHECKPOINT_ROLE_WEIGHT, 3 * hidden, hidden},
         {"attn.qkv.bias", CHECKPOINT_PART_QKV_BIAS, CHECKPOINT_ROLE_BIAS, 3 * hidden, 0},
         {"attn.out.weight", CHECKPOINT_PART_OUT_WEIGHT, CHECKPOINT_ROLE_WEIGHT, hidden, hidden},
@@ -670,9 +694,13 @@ static void schema_trunk(schema_walk_t *walk, char const *tower, uform_transform
         {"mlp.down.weight", CHECKPOINT_PART_DOWN_WEIGHT, CHECKPOINT_ROLE_WEIGHT, hidden, mlp},
         {"mlp.down.bias", CHECKPOINT_PART_DOWN_BIAS, CHECKPOINT_ROLE_BIAS, hidden, 0},
     };
+    bool const biased = transformer->norm == UFORM_NORM_LAYER;
     char suffix[48];
     for (size_t i = 0; i < transformer->depth; i++)
         for (size_t j = 0; j < ARRAY_COUNT(block) && !walk->answer; j++) {
+            if (!biased &&
+                (block[j].part == CHECKPOINT_PART_NORM1_BIAS || block[j].part == CHECKPOINT_PART_NORM2_BIAS))
+                continue;
             checkpoint_schema_tensor_t tensor = {.tower = tower,
                                                  .part = block[j].part,
                                                  .block = i,
@@ -683,35 +711,85 @@ static void schema_trunk(schema_walk_t *walk, char const *tower, uform_transform
             snprintf(tensor.name, sizeof tensor.name, "%s.%s", tower, suffix);
             walk->answer = walk->visit(&tensor, walk->context);
         }
-    schema_visit(walk, tower, "norm.weight", CHECKPOINT_PART_NORM, CHECKPOINT_ROLE_NORM, hidden, 0);
-    schema_visit(walk, tower, "proj.weight", CHECKPOINT_PART_PROJ, CHECKPOINT_ROLE_WEIGHT, dims, hidden);
+    if (transformer->final_norm) {
+        schema_visit(walk, tower, "norm.weight", CHECKPOINT_PART_NORM, CHECKPOINT_ROLE_NORM, hidden, 0);
+        if (biased)
+            schema_visit(walk, tower, "norm.bias", CHECKPOINT_PART_NORM_BIAS, CHECKPOINT_ROLE_BIAS, hidden,
+                         0);
+    }
+    if (transformer->projection)
+        schema_visit(walk, tower, "proj.weight", CHECKPOINT_PART_PROJ, CHECKPOINT_ROLE_WEIGHT, dims, hidden);
+    if (transformer->projection_bias)
+        schema_visit(walk, tower, "proj.bias", CHECKPOINT_PART_PROJ_BIAS, CHECKPOINT_ROLE_BIAS, dims, 0);
+    if (transformer->pooling == UFORM_POOLING_HEAD) {
+        struct {
+            char const *suffix;
+            checkpoint_part_t part;
+            checkpoint_role_t role;
+            uint64_t rows, columns;
+        } const head[] = {
+            {"head.probe", CHECKPOINT_PART_HEAD_PROBE, CHECKPOINT_ROLE_WEIGHT, hidden, 0},
+            {"head.qkv.weight", CHECKPOINT_PART_HEAD_QKV_WEIGHT, CHECKPOINT_ROLE_WEIGHT, 3 * hidden, hidden},
+            {"head.qkv.bias", CHECKPOINT_PART_HEAD_QKV_BIAS, CHECKPOINT_ROLE_BIAS, 3 * hidden, 0},
+            {"head.out.weight", CHECKPOINT_PART_HEAD_OUT_WEIGHT, CHECKPOINT_ROLE_WEIGHT, hidden, hidden},
+            {"head.out.bias", CHECKPOINT_PART_HEAD_OUT_BIAS, CHECKPOINT_ROLE_BIAS, hidden, 0},
+            {"head.norm.weight", CHECKPOINT_PART_HEAD_NORM, CHECKPOINT_ROLE_NORM, hidden, 0},
+            {"head.norm.bias", CHECKPOINT_PART_HEAD_NORM_BIAS, CHECKPOINT_ROLE_BIAS, hidden, 0},
+            {"head.up.weight", CHECKPOINT_PART_HEAD_UP_WEIGHT, CHECKPOINT_ROLE_WEIGHT, mlp, hidden},
+            {"head.up.bias", CHECKPOINT_PART_HEAD_UP_BIAS, CHECKPOINT_ROLE_BIAS, mlp, 0},
+            {"head.down.weight", CHECKPOINT_PART_HEAD_DOWN_WEIGHT, CHECKPOINT_ROLE_WEIGHT, hidden, mlp},
+            {"head.down.bias", CHECKPOINT_PART_HEAD_DOWN_BIAS, CHECKPOINT_ROLE_BIAS, hidden, 0},
+        };
+        for (size_t j = 0; j < ARRAY_COUNT(head); j++)
+            if (biased || head[j].part != CHECKPOINT_PART_HEAD_NORM_BIAS)
+                schema_visit(walk, tower, head[j].suffix, head[j].part, head[j].role, head[j].rows,
+                             head[j].columns);
+    }
+    if (transformer->input_norm) {
+        schema_visit(walk, tower, "input_norm.weight", CHECKPOINT_PART_INPUT_NORM, CHECKPOINT_ROLE_NORM,
+                     hidden, 0);
+        if (biased)
+            schema_visit(walk, tower, "input_norm.bias", CHECKPOINT_PART_INPUT_NORM_BIAS,
+                         CHECKPOINT_ROLE_BIAS, hidden, 0);
+    }
 }
 
-/* The patch embedding [hidden, inputs] and its bias, the class token and the positions. */
-static void schema_patches(schema_walk_t *walk, char const *tower, uint64_t hidden, uint64_t inputs,
-                           uint64_t positions) {
+/* The patch embedding [hidden, inputs] and its bias, the class token (where the tower has one) and the
+ * positions, the class token's first: `patches` rows, plus one with a class token. */
+static void schema_patches(schema_walk_t *walk, char const *tower,
+                           uform_transformer_info_t const *transformer, uint64_t inputs, uint64_t patches) {
+    uint64_t const hidden = transformer->hidden;
     schema_visit(walk, tower, "patch.weight", CHECKPOINT_PART_PATCH_WEIGHT, CHECKPOINT_ROLE_WEIGHT, hidden,
                  inputs);
     schema_visit(walk, tower, "patch.bias", CHECKPOINT_PART_PATCH_BIAS, CHECKPOINT_ROLE_BIAS, hidden, 0);
-    schema_visit(walk, tower, "cls", CHECKPOINT_PART_CLS, CHECKPOINT_ROLE_WEIGHT, hidden, 0);
-    schema_visit(walk, tower, "pos", CHECKPOINT_PART_POS, CHECKPOINT_ROLE_WEIGHT, positions, hidden);
+    if (transformer->class_token)
+        schema_visit(walk, tower, "cls", CHECKPOINT_PART_CLS, CHECKPOINT_ROLE_WEIGHT, hidden, 0);
+    schema_visit(walk, tower, "pos", CHECKPOINT_PART_POS, CHECKPOINT_ROLE_WEIGHT,
+                 patches + (transformer->class_token ? 1 : 0), hidden);
 }
 
 /* One tower of `info`, when it has it: trunk, then input. */
 static void schema_tower(schema_walk_t *walk, uform_model_info_t const *info, char const *tower) {
     if (info->has_text && strcmp(tower, "text") == 0) {
+        uint64_t const hidden = info->text.transformer.hidden;
         schema_trunk(walk, "text", &info->text.transformer, info->dims);
-        schema_visit(walk, "text", "embed", CHECKPOINT_PART_EMBED, CHECKPOINT_ROLE_WEIGHT, 257,
-                     info->text.transformer.hidden);
+        schema_visit(walk, "text", "embed", CHECKPOINT_PART_EMBED, CHECKPOINT_ROLE_WEIGHT,
+                     info->text.vocab ? info->text.vocab : 257, hidden);
+        if (info->text.positions)
+            schema_visit(walk, "text", "positions", CHECKPOINT_PART_TEXT_POSITIONS, CHECKPOINT_ROLE_WEIGHT,
+                         info->text.positions, hidden);
+        if (info->text.token_type)
+            schema_visit(walk, "text", "token_type", CHECKPOINT_PART_TOKEN_TYPE, CHECKPOINT_ROLE_WEIGHT,
+                         hidden, 0);
     } else if (info->has_image && strcmp(tower, "image") == 0) {
         uint64_t const side = info->image.size / info->image.patch, patch = info->image.patch;
         schema_trunk(walk, "image", &info->image.transformer, info->dims);
-        schema_patches(walk, "image", info->image.transformer.hidden, 3 * patch * patch, 1 + side * side);
+        schema_patches(walk, "image", &info->image.transformer, 3 * patch * patch, side * side);
     } else if (info->has_audio && strcmp(tower, "audio") == 0) {
         schema_trunk(walk, "audio", &info->audio.transformer, info->dims);
-        schema_patches(walk, "audio", info->audio.transformer.hidden,
+        schema_patches(walk, "audio", &info->audio.transformer,
                        (uint64_t)info->audio.mels * info->audio.patch_frames,
-                       1 + (uint64_t)info->audio.max_patches);
+                       (uint64_t)info->audio.max_patches);
     }
 }
 
@@ -822,8 +900,9 @@ static uform_status_t check_tensors(checkpoint_header_t *header, char const **me
 /* Parsing                                                                                        */
 /* ---------------------------------------------------------------------------------------------- */
 
-uform_status_t checkpoint_parse(char const *json, size_t length, uint64_t file_size,
-                                checkpoint_header_t *header, char const **message) {
+/* The safetensors container alone (checkpoint_parse_tensors), or with the format-4 metadata. */
+static uform_status_t parse_header(char const *json, size_t length, uint64_t file_size, bool metadata,
+                                   checkpoint_header_t *header, char const **message) {
     checkpoint_header_t parsed = {0};
     json_t *root = NULL;
     uform_status_t status = UFORM_OK;
@@ -841,9 +920,11 @@ uform_status_t checkpoint_parse(char const *json, size_t length, uint64_t file_s
     }
     status = collect_tensors(root, parsed.data_offset, file_size - parsed.data_offset, &parsed, message);
     if (status != UFORM_OK) goto fail;
-    status = parse_metadata(json_object_get(root, METADATA_KEY), &parsed.info, message);
+    if (metadata)
+        status =
+            parse_metadata(json_object_get(root, METADATA_KEY), &parsed.info, &parsed.tokenizer, message);
     if (status != UFORM_OK) goto fail;
-    status = check_tensors(&parsed, message);
+    if (metadata) status = check_tensors(&parsed, message);
     if (status != UFORM_OK) goto fail;
     json_decref(root);
     *header = parsed;
@@ -854,10 +935,21 @@ fail:
     return status;
 }
 
+uform_status_t checkpoint_parse(char const *json, size_t length, uint64_t file_size,
+                                checkpoint_header_t *header, char const **message) {
+    return parse_header(json, length, file_size, true, header, message);
+}
+
+uform_status_t checkpoint_parse_tensors(char const *json, size_t length, uint64_t file_size,
+                                        checkpoint_header_t *header, char const **message) {
+    return parse_header(json, length, file_size, false, header, message);
+}
+
 void checkpoint_header_free(checkpoint_header_t *header) {
     if (!header) return;
     free(header->tensors);
     free(header->names);
+    free(header->tokenizer);
     memset(header, 0, sizeof *header);
 }
 
@@ -890,17 +982,35 @@ static json_t *triple_entry(float const triple[3], double const clip[3]) {
 
 /* Each tower's object, or NULL when out of memory. json_pack takes the references of "o" values whether
  * or not it succeeds, so a failure leaks nothing. */
+/* A tower's object with its block's settings where they are not the engine's own; NULL when out of
+ * memory. */
+static json_t *with_variant(json_t *tower, uform_transformer_info_t const *transformer, bool text) {
+    if (tower && !variant_write(tower, transformer, text)) {
+        json_decref(tower);
+        return NULL;
+    }
+    return tower;
+}
+
 static json_t *text_entry(uform_model_info_t const *info) {
-    return json_pack("{" TRANSFORMER_FORMAT ", s:I}", TRANSFORMER_VALUES(info->text.transformer), "context",
-                     (json_int_t)info->text.context);
+    json_t *tower =
+        with_variant(json_pack("{" TRANSFORMER_FORMAT ", s:I}", TRANSFORMER_VALUES(info->text.transformer),
+                               "context", (json_int_t)info->text.context),
+                     &info->text.transformer, true);
+    if (tower && !variant_write_text(tower, info)) {
+        json_decref(tower);
+        return NULL;
+    }
+    return tower;
 }
 
 static json_t *image_entry(uform_model_info_t const *info) {
-    return json_pack("{" TRANSFORMER_FORMAT ", s:I, s:I, s:o, s:o}",
-                     TRANSFORMER_VALUES(info->image.transformer), "size", (json_int_t)info->image.size,
-                     "patch", (json_int_t)info->image.patch, "mean",
-                     triple_entry(info->image.mean, checkpoint_clip_mean), "std",
-                     triple_entry(info->image.std, checkpoint_clip_std));
+    return with_variant(json_pack("{" TRANSFORMER_FORMAT ", s:I, s:I, s:o, s:o}",
+                                  TRANSFORMER_VALUES(info->image.transformer), "size",
+                                  (json_int_t)info->image.size, "patch", (json_int_t)info->image.patch,
+                                  "mean", triple_entry(info->image.mean, checkpoint_clip_mean), "std",
+                                  triple_entry(info->image.std, checkpoint_clip_std)),
+                        &info->image.transformer, false);
 }
 
 static json_t *video_entry(uform_model_info_t const *info) {
@@ -908,17 +1018,19 @@ static json_t *video_entry(uform_model_info_t const *info) {
 }
 
 static json_t *audio_entry(uform_model_info_t const *info) {
-    return json_pack("{" TRANSFORMER_FORMAT ", s:I, s:I, s:I, s:I, s:I, s:f, s:I}",
-                     TRANSFORMER_VALUES(info->audio.transformer), "rate", (json_int_t)info->audio.rate,
-                     "mels", (json_int_t)info->audio.mels, "window", (json_int_t)info->audio.window, "hop",
-                     (json_int_t)info->audio.hop, "patch_frames", (json_int_t)info->audio.patch_frames,
-                     "seconds", info->audio.seconds, "max_patches", (json_int_t)info->audio.max_patches);
+    return with_variant(
+        json_pack("{" TRANSFORMER_FORMAT ", s:I, s:I, s:I, s:I, s:I, s:f, s:I}",
+                  TRANSFORMER_VALUES(info->audio.transformer), "rate", (json_int_t)info->audio.rate, "mels",
+                  (json_int_t)info->audio.mels, "window", (json_int_t)info->audio.window, "hop",
+                  (json_int_t)info->audio.hop, "patch_frames", (json_int_t)info->audio.patch_frames,
+                  "seconds", info->audio.seconds, "max_patches", (json_int_t)info->audio.max_patches),
+        &info->audio.transformer, false);
 }
 
 #undef TRANSFORMER_FORMAT
 #undef TRANSFORMER_VALUES
 
-char *checkpoint_metadata_text(uform_model_info_t const *info) {
+char *checkpoint_metadata_text(uform_model_info_t const *info, char const *tokenizer) {
     json_t *matryoshka = json_array();
     for (size_t i = 0; matryoshka && i < info->matryoshka_count; i++) {
         if (json_array_append_new(matryoshka, json_integer((json_int_t)info->matryoshka[i])) != 0) {
@@ -928,6 +1040,11 @@ char *checkpoint_metadata_text(uform_model_info_t const *info) {
     }
     json_t *model = json_pack("{s:i, s:I, s:o}", "format", MODEL_FORMAT, "dims", (json_int_t)info->dims,
                               "matryoshka", matryoshka);
+    if (model && (!variant_write_model(model, info) ||
+                  (tokenizer && json_object_set_new(model, "tokenizer", json_string(tokenizer)) != 0))) {
+        json_decref(model);
+        model = NULL;
+    }
     struct {
         bool present;
         char const *key;

@@ -60,6 +60,7 @@ typedef struct checkpoint_header {
     checkpoint_tensor_t *tensors; /* sorted by name */
     size_t tensors_count;
     char *names;          /* storage for every tensor name */
+    char *tokenizer;      /* a text tower that reads tokens: its tokenizer.json text (metadata "tokenizer") */
     uint64_t data_offset; /* 8 + header length: where the data section starts in the file */
     uint64_t data_size;   /* bytes the tensors span: the largest `end` */
 } checkpoint_header_t;
@@ -76,6 +77,12 @@ uform_status_t checkpoint_prefix(uint8_t const *prefix, size_t prefix_length, ui
 uform_status_t checkpoint_parse(char const *json, size_t length, uint64_t file_size,
                                 checkpoint_header_t *header, char const **message);
 
+/* The same for any safetensors file, whatever its metadata: the container's checks alone (JSON, dtypes,
+ * shapes, offsets, overlaps, alignment); header->info holds only `parameters` and `bytes`. A file of no
+ * tensor is refused. */
+uform_status_t checkpoint_parse_tensors(char const *json, size_t length, uint64_t file_size,
+                                        checkpoint_header_t *header, char const **message);
+
 void checkpoint_header_free(checkpoint_header_t *header);
 
 /* The tensor of that name, or NULL. Binary search. */
@@ -85,11 +92,12 @@ checkpoint_tensor_t const *checkpoint_find(checkpoint_header_t const *header, ch
  * trainer starting from scratch write. */
 extern double const checkpoint_clip_mean[3], checkpoint_clip_std[3];
 
-/* The format-4 object of `info` (dims, matryoshka, and the towers it has, with docs/DESIGN.md's fields) as
+/* The format-4 object of `info` (dims, matryoshka, and the towers it has, with docs/DESIGN.md's fields;
+ * `tokenizer`, the tokenizer.json text of a text tower that reads tokens, or NULL) as
  * compact JSON text for checkpoint_write, malloc'ed; NULL when out of memory. Reals carry 9 significant
  * digits, which read every F32 back exactly; a mean or std equal to CLIP's as an F32 is written with
  * CLIP's own digits, so the same sizes always give the same text. */
-char *checkpoint_metadata_text(uform_model_info_t const *info);
+char *checkpoint_metadata_text(uform_model_info_t const *info, char const *tokenizer);
 
 /* ---- the tensors of format 4 ---- */
 
@@ -118,13 +126,36 @@ typedef enum checkpoint_part {
     CHECKPOINT_PART_DOWN_BIAS,    /* blocks.<i>.mlp.down.bias [hidden] */
     CHECKPOINT_PART_NORM,         /* norm.weight [hidden]: the final norm */
     CHECKPOINT_PART_PROJ,         /* proj.weight [dims, hidden] */
-    CHECKPOINT_PART_EMBED,        /* text.embed [257, hidden]: a row per byte and one for BOS */
+    CHECKPOINT_PART_EMBED,        /* text.embed [257, hidden]: a row per byte and one for BOS; [vocab,
+                                     hidden] for a model that reads tokens */
     CHECKPOINT_PART_PATCH_WEIGHT, /* patch.weight [hidden, inputs] */
     CHECKPOINT_PART_PATCH_BIAS,   /* patch.bias [hidden] */
     CHECKPOINT_PART_CLS,          /* cls [hidden]: the class token */
     CHECKPOINT_PART_POS,          /* pos [1 + patches, hidden]: the positions, the class token's first */
     CHECKPOINT_PART_LOGIT_SCALE,  /* logit.scale [1] */
     CHECKPOINT_PART_LOGIT_BIAS,   /* logit.bias [1] */
+    /* The parts of the block's settings (variant.h) other than the engine's own: */
+    CHECKPOINT_PART_NORM1_BIAS,      /* blocks.<i>.norm1.bias [hidden]: LayerNorm */
+    CHECKPOINT_PART_NORM2_BIAS,      /* blocks.<i>.norm2.bias [hidden]: LayerNorm */
+    CHECKPOINT_PART_NORM_BIAS,       /* norm.bias [hidden]: LayerNorm */
+    CHECKPOINT_PART_INPUT_NORM,      /* input_norm.weight [hidden]: the norm over the input embeddings */
+    CHECKPOINT_PART_INPUT_NORM_BIAS, /* input_norm.bias [hidden]: LayerNorm */
+    CHECKPOINT_PART_TEXT_POSITIONS,  /* text.positions [positions, hidden]: learned positions */
+    CHECKPOINT_PART_TOKEN_TYPE,      /* text.token_type [hidden]: the row of token type 0 */
+    CHECKPOINT_PART_PROJ_BIAS,       /* proj.bias [dims]: with projection_bias */
+    /* The attention-pooling head (pooling "head"): head.probe [hidden], the query; head.qkv, head.out
+     * (weights and biases as a block's); head.norm (weight, and bias with LayerNorm); head.up, head.down. */
+    CHECKPOINT_PART_HEAD_PROBE,
+    CHECKPOINT_PART_HEAD_QKV_WEIGHT,
+    CHECKPOINT_PART_HEAD_QKV_BIAS,
+    CHECKPOINT_PART_HEAD_OUT_WEIGHT,
+    CHECKPOINT_PART_HEAD_OUT_BIAS,
+    CHECKPOINT_PART_HEAD_NORM,
+    CHECKPOINT_PART_HEAD_NORM_BIAS,
+    CHECKPOINT_PART_HEAD_UP_WEIGHT,
+    CHECKPOINT_PART_HEAD_UP_BIAS,
+    CHECKPOINT_PART_HEAD_DOWN_WEIGHT,
+    CHECKPOINT_PART_HEAD_DOWN_BIAS,
 } checkpoint_part_t;
 
 typedef struct checkpoint_schema_tensor {

@@ -16,6 +16,8 @@
 #include "call.h"
 #include "model.h"
 #include "model_load.h"
+#include "pretrained.h"
+#include "variant.h"
 #include "tower.h"
 
 /* ---- Model lifetime ----------------------------------------------------------------------------- */
@@ -36,6 +38,7 @@ static void model_destroy(uform_model_t *model) {
     else
         executor_deallocate(model->executor, model->data, model->data_size);
     checkpoint_header_free(&model->header);
+    uform_tokenizer_free(model->tokenizer);
     if (model->executor) executor_release(model->executor);
     free(model);
 }
@@ -72,6 +75,17 @@ static uform_status_t model_prepare_tower(uform_model_t *model, struct tower **t
     *tower = calloc(1, sizeof **tower);
     if (!*tower) return UFORM_OUT_OF_MEMORY;
     return tower_prepare(*tower, model, name, info);
+}
+
+/* A checkpoint's tokenizer (a converted pretrained model's), from its metadata. */
+static uform_status_t model_tokenizer(uform_model_t *model) {
+    checkpoint_header_t const *header = &model->header;
+    if (!header->tokenizer || model->tokenizer) return UFORM_OK;
+    uform_status_t status =
+        uform_tokenizer_parse(header->tokenizer, strlen(header->tokenizer), &model->tokenizer);
+    if (status == UFORM_OK)
+        pretrained_tokenizer_fit(model->tokenizer, header->info.text.context, !header->info.text.cut_ids);
+    return status;
 }
 
 static uform_status_t model_prepare(uform_model_t *model) {
@@ -175,6 +189,11 @@ static bool stores_i8(checkpoint_header_t const *header) {
 /* The header is valid: make the model, then read its tensors, or map them. */
 static void load_weights(load_call_t *load, checkpoint_header_t *header, void *mapping) {
     uform_executor_t *executor = load->call.executor;
+    if (load->target->device && !variant_is_engine(&header->info)) {
+        checkpoint_header_free(header);
+        load_fail(load, UFORM_UNSUPPORTED, "pretrained families run on host executors");
+        return;
+    }
     if (load->target->device && stores_i8(header)) { /* a device target never maps */
         checkpoint_header_free(header);
         load_fail(load, UFORM_UNSUPPORTED, "a checkpoint with I8 weights loads on host executors");
@@ -282,9 +301,46 @@ static void load_map(load_call_t *load) {
     load_parsed(load, status, message, &header, mapping);
 }
 
+/* A pretrained folder (pretrained.h), read on the loop thread, then prepared as a checkpoint is. */
+static void load_folder(load_call_t *load) {
+    if (load->target->device) {
+        load_fail(load, UFORM_UNSUPPORTED, "pretrained folders load on host executors");
+        return;
+    }
+    char const *message = NULL;
+    pretrained_model_t read;
+    uform_status_t status = pretrained_read(load->path, load->call.executor, &read, &message);
+    uform_model_t *model = status == UFORM_OK ? calloc(1, sizeof *model) : NULL;
+    if (status == UFORM_OK && !model) {
+        executor_deallocate(load->call.executor, read.data, read.data_size);
+        checkpoint_header_free(&read.header);
+        uform_tokenizer_free(read.tokenizer);
+        status = UFORM_OUT_OF_MEMORY, message = "cannot allocate the model";
+    }
+    if (status != UFORM_OK) {
+        load_fail(load, status, message);
+        return;
+    }
+    atomic_init(&model->references, 1);
+    model->weights = load->weights;
+    model->header = read.header;
+    model->data = read.data;
+    model->data_size = read.data_size;
+    model->tokenizer = read.tokenizer;
+    model->executor = load->call.executor;
+    executor_retain(model->executor);
+    load->model = model;
+    progress_report(&load->progress, &load->next_step, model->data_size, model->data_size);
+    load_finish(load);
+}
+
 static void load_statx_done(loop_op_t *op) {
     load_call_t *load = load_step(op, "cannot stat checkpoint");
     if (!load) return;
+    if (S_ISDIR(load->statx.stx_mode)) {
+        load_folder(load);
+        return;
+    }
     if (!S_ISREG(load->statx.stx_mode)) {
         load_fail(load, UFORM_IO, "checkpoint is not a regular file");
         return;
@@ -329,7 +385,13 @@ static void *host_buffer(load_call_t *load, size_t read) {
 }
 
 static void host_finish(load_call_t *load) {
-    if (load->failure == UFORM_OK && model_prepare(load->model) != UFORM_OK)
+    if (load->failure != UFORM_OK) return;
+    uform_status_t status = model_tokenizer(load->model);
+    if (status != UFORM_OK) {
+        load_stop(load, status, "cannot read the checkpoint's tokenizer");
+        return;
+    }
+    if (model_prepare(load->model) != UFORM_OK)
         load_stop(load, UFORM_OUT_OF_MEMORY, "cannot allocate the prepared weights");
 }
 

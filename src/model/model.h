@@ -10,9 +10,11 @@ struct encode_verbs;
 
 struct uform_model {
     _Atomic size_t references;
-    struct tower *text;        /* prepared for the kernels when the model has a text tower */
-    struct tower *image;       /* the image tower (video uses it too), when present */
-    struct tower *audio;       /* the audio tower, when present */
+    struct tower *text;  /* prepared for the kernels when the model has a text tower */
+    struct tower *image; /* the image tower (video uses it too), when present */
+    struct tower *audio; /* the audio tower, when present */
+    uform_tokenizer_t
+        *tokenizer;            /* a text tower that reads tokens: its tokenizer, truncating at the context */
     struct vram_model *device; /* VRAM models: the weights on each device (src/vram/vram.h); NULL on host */
     void (*device_release)(uform_model_t *model); /* frees `device`; set with it by the VRAM load */
     struct encode_verbs const *verbs; /* the verbs of the model's residency; NULL: the host's (verbs.h) */

@@ -1,4 +1,6 @@
-/* uform_checkpoint_quantize: a format-4 checkpoint with I8 weights (docs/DESIGN.md, "I8 weights").
+/* uform_checkpoint_convert and uform_checkpoint_quantize: a model (a checkpoint, or a pretrained folder)
+ * written again as one self-contained format-4 checkpoint, its weights as they loaded or with I8 weights
+ * (docs/DESIGN.md, "I8 weights"), its tokenizer in the metadata.
  *
  *   the input loaded on the calling thread (uform_model_load_ram: every check a load makes)
  *     -> its tensors in the schema's order (checkpoint_schema_each): each block's linear weight that may be
@@ -20,6 +22,7 @@
 #include "model.h"
 
 #define QUANTIZE_ENTRY "uform_checkpoint_quantize"
+#define CONVERT_ENTRY  "uform_checkpoint_convert"
 
 typedef struct quantize_walk {
     uform_model_t const *model;
@@ -27,6 +30,7 @@ typedef struct quantize_walk {
     char (*names)[sizeof(((checkpoint_schema_tensor_t *)0)->name) + sizeof CHECKPOINT_SCALE_SUFFIX];
     int8_t **quantized; /* one per tensor: what this call made */
     size_t count, tensors;
+    bool i8; /* quantize the layers that may be I8 */
 } quantize_walk_t;
 
 static int count_visit(checkpoint_schema_tensor_t const *tensor, void *context) {
@@ -50,7 +54,7 @@ static checkpoint_source_t *add_stored(quantize_walk_t *walk, char const *name) 
 static int quantize_visit(checkpoint_schema_tensor_t const *tensor, void *context) {
     quantize_walk_t *walk = context;
     checkpoint_source_t *weight = add_stored(walk, tensor->name);
-    bool quantize = weight->dtype == CHECKPOINT_BF16 && checkpoint_quantizable(tensor);
+    bool quantize = walk->i8 && weight->dtype == CHECKPOINT_BF16 && checkpoint_quantizable(tensor);
     if (weight->dtype != CHECKPOINT_I8 && !quantize) return 0;
     char *scales_name = walk->names[walk->tensors];
     snprintf(scales_name, sizeof walk->names[0], "%s%s", tensor->name, CHECKPOINT_SCALE_SUFFIX);
@@ -81,7 +85,8 @@ static void order_by_size(checkpoint_source_t const *sources, size_t count, chec
 }
 
 /* The walk over `model`'s tensors, then the file. */
-static uform_status_t quantize_write(uform_model_t const *model, char const *output) {
+static uform_status_t quantize_write(uform_model_t const *model, char const *output, bool i8,
+                                     char const *entry) {
     uform_model_info_t const *info = &model->header.info;
     size_t tensors = 0;
     checkpoint_schema_each(info, count_visit, &tensors);
@@ -89,8 +94,9 @@ static uform_status_t quantize_write(uform_model_t const *model, char const *out
     quantize_walk_t walk = {.model = model,
                             .sources = calloc(2 * tensors, sizeof *walk.sources),
                             .names = calloc(tensors, sizeof *walk.names),
-                            .quantized = calloc(tensors, sizeof *walk.quantized)};
-    char *metadata = checkpoint_metadata_text(info);
+                            .quantized = calloc(tensors, sizeof *walk.quantized),
+                            .i8 = i8};
+    char *metadata = checkpoint_metadata_text(info, model->header.tokenizer);
     uform_status_t status = UFORM_OUT_OF_MEMORY;
     char const *message = "out of memory";
     if (ordered && walk.sources && walk.names && walk.quantized && metadata &&
@@ -105,19 +111,38 @@ static uform_status_t quantize_write(uform_model_t const *model, char const *out
     free(walk.names);
     free(walk.quantized);
     free(metadata);
-    return status == UFORM_OK ? UFORM_OK : failed(status, QUANTIZE_ENTRY, message);
+    return status == UFORM_OK ? UFORM_OK : failed(status, entry, message);
+}
+
+/* Loads `input` and writes it to `output`. */
+static uform_status_t convert(char const *input, char const *output, bool i8, char const *entry) {
+    if (!input || !input[0] || !output || !output[0])
+        return failed(UFORM_INVALID_ARGUMENT, entry, "args, input or output is NULL or empty");
+    uform_model_t *model = NULL;
+    uform_model_load_args_t load = {.path = input, .model = &model};
+    if (uform_model_load_ram(&load) != UFORM_OK) {
+        uform_error_t error = uform_last_error();
+        return failed(error.status, entry, error.message);
+    }
+    uform_status_t status = UFORM_OK;
+    if (model->tokenizer && !model->header.tokenizer)
+        status =
+            failed(UFORM_UNSUPPORTED, entry, "a SentencePiece tokenizer does not travel in a checkpoint yet");
+    if (status == UFORM_OK) status = quantize_write(model, output, i8, entry);
+    uform_model_free(model);
+    return status;
 }
 
 UFORM_EXPORT uform_status_t uform_checkpoint_quantize(uform_checkpoint_quantize_args_t const *args) {
-    if (!args || !args->input || !args->input[0] || !args->output || !args->output[0])
+    if (!args)
         return failed(UFORM_INVALID_ARGUMENT, QUANTIZE_ENTRY, "args, input or output is NULL or empty");
-    uform_model_t *model = NULL;
-    uform_model_load_args_t load = {.path = args->input, .model = &model};
-    if (uform_model_load_ram(&load) != UFORM_OK) {
-        uform_error_t error = uform_last_error();
-        return failed(error.status, QUANTIZE_ENTRY, error.message);
-    }
-    uform_status_t status = quantize_write(model, args->output);
-    uform_model_free(model);
-    return status;
+    return convert(args->input, args->output, true, QUANTIZE_ENTRY);
+}
+
+UFORM_EXPORT uform_status_t uform_checkpoint_convert(uform_checkpoint_convert_args_t const *args) {
+    if (!args) return failed(UFORM_INVALID_ARGUMENT, CONVERT_ENTRY, "args is NULL");
+    if (args->weights != UFORM_WEIGHTS_STORED && args->weights != UFORM_WEIGHTS_I8)
+        return failed(UFORM_INVALID_ARGUMENT, CONVERT_ENTRY,
+                      "weights is not UFORM_WEIGHTS_STORED or UFORM_WEIGHTS_I8");
+    return convert(args->input, args->output, args->weights == UFORM_WEIGHTS_I8, CONVERT_ENTRY);
 }

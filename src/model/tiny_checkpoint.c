@@ -9,6 +9,7 @@
 #include "kernels.h"
 #include "seeded.h"
 #include "tiny_checkpoint.h"
+#include "variant.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -153,6 +154,7 @@ static uform_model_info_t tiny_info(tiny_sizes_t const *sizes) {
         info.image.mean[i] = (float)checkpoint_clip_mean[i];
         info.image.std[i] = (float)checkpoint_clip_std[i];
     }
+    variant_engine_model(&info);
     return info;
 }
 
@@ -230,7 +232,7 @@ UFORM_EXPORT uform_status_t uform_tiny_checkpoint(uform_tiny_checkpoint_args_t c
     if (status != UFORM_OK) goto fail;
     status = add_tensors(&builder, &info);
     if (status != UFORM_OK) goto fail;
-    metadata = checkpoint_metadata_text(&info);
+    metadata = checkpoint_metadata_text(&info, NULL);
     if (!metadata) {
         status = failed(UFORM_OUT_OF_MEMORY, TINY_ENTRY, "out of memory");
         goto fail;

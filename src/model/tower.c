@@ -1,5 +1,6 @@
 /* The shared transformer: preparing weights for the kernel path (walking the tower's tensors in the
  * checkpoint schema), and the forward pass, its work split by tower_fork.c. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -110,6 +111,7 @@ static bool prepare_patches(tower_t *tower, checkpoint_schema_tensor_t const *te
         return true;
     default: { /* CHECKPOINT_PART_POS */
         size_t const rows = (size_t)tensor->shape[0];
+        patches->leading = tower->settings.class_token ? 1 : 0;
         float *class_token = malloc(hidden * sizeof(float));
         patches->positions = malloc(rows * hidden * sizeof(float));
         if (!patches->positions || !class_token) {
@@ -117,8 +119,8 @@ static bool prepare_patches(tower_t *tower, checkpoint_schema_tensor_t const *te
             return false;
         }
         kernels->bf16_to_f32(patches->positions, values, rows * hidden);
-        kernels->bf16_to_f32(class_token, *cls, hidden);
-        for (size_t h = 0; h < hidden; ++h)
+        if (*cls) kernels->bf16_to_f32(class_token, *cls, hidden);
+        for (size_t h = 0; *cls && h < hidden; ++h)
             patches->positions[h] += class_token[h];
         free(class_token);
         return true;
@@ -141,8 +143,27 @@ typedef struct part_place {
 
 static part_place_t part_place(tower_t *tower, tower_block_t *block, checkpoint_part_t part) {
     part_place_t const places[] = {
-        [CHECKPOINT_PART_NORM1] = {.vector = &block->norm1},
-        [CHECKPOINT_PART_NORM2] = {.vector = &block->norm2},
+        [CHECKPOINT_PART_NORM1] = {.vector = &block->norm1.weight},
+        [CHECKPOINT_PART_NORM1_BIAS] = {.vector = &block->norm1.bias},
+        [CHECKPOINT_PART_NORM2] = {.vector = &block->norm2.weight},
+        [CHECKPOINT_PART_NORM2_BIAS] = {.vector = &block->norm2.bias},
+        [CHECKPOINT_PART_NORM_BIAS] = {.vector = &tower->norm.bias},
+        [CHECKPOINT_PART_INPUT_NORM] = {.vector = &tower->input_norm.weight},
+        [CHECKPOINT_PART_INPUT_NORM_BIAS] = {.vector = &tower->input_norm.bias},
+        [CHECKPOINT_PART_TEXT_POSITIONS] = {.vector = &tower->positions},
+        [CHECKPOINT_PART_TOKEN_TYPE] = {.vector = &tower->token_type},
+        [CHECKPOINT_PART_PROJ_BIAS] = {.vector = &tower->proj.bias},
+        [CHECKPOINT_PART_HEAD_PROBE] = {.vector = &tower->head.probe},
+        [CHECKPOINT_PART_HEAD_QKV_WEIGHT] = {.layer = &tower->head.qkv},
+        [CHECKPOINT_PART_HEAD_QKV_BIAS] = {.vector = &tower->head.qkv.bias},
+        [CHECKPOINT_PART_HEAD_OUT_WEIGHT] = {.layer = &tower->head.out},
+        [CHECKPOINT_PART_HEAD_OUT_BIAS] = {.vector = &tower->head.out.bias},
+        [CHECKPOINT_PART_HEAD_NORM] = {.vector = &tower->head_norm.weight},
+        [CHECKPOINT_PART_HEAD_NORM_BIAS] = {.vector = &tower->head_norm.bias},
+        [CHECKPOINT_PART_HEAD_UP_WEIGHT] = {.layer = &tower->head.up},
+        [CHECKPOINT_PART_HEAD_UP_BIAS] = {.vector = &tower->head.up.bias},
+        [CHECKPOINT_PART_HEAD_DOWN_WEIGHT] = {.layer = &tower->head.down},
+        [CHECKPOINT_PART_HEAD_DOWN_BIAS] = {.vector = &tower->head.down.bias},
         [CHECKPOINT_PART_QKV_WEIGHT] = {.layer = &block->qkv},
         [CHECKPOINT_PART_QKV_BIAS] = {.vector = &block->qkv.bias},
         [CHECKPOINT_PART_OUT_WEIGHT] = {.layer = &block->out},
@@ -151,7 +172,7 @@ static part_place_t part_place(tower_t *tower, tower_block_t *block, checkpoint_
         [CHECKPOINT_PART_UP_BIAS] = {.vector = &block->up.bias},
         [CHECKPOINT_PART_DOWN_WEIGHT] = {.layer = &block->down},
         [CHECKPOINT_PART_DOWN_BIAS] = {.vector = &block->down.bias},
-        [CHECKPOINT_PART_NORM] = {.vector = &tower->norm},
+        [CHECKPOINT_PART_NORM] = {.vector = &tower->norm.weight},
         [CHECKPOINT_PART_PROJ] = {.layer = &tower->proj},
     };
     return (size_t)part < sizeof places / sizeof places[0] ? places[part] : (part_place_t){NULL, NULL};
@@ -164,8 +185,9 @@ static int prepare_visit(checkpoint_schema_tensor_t const *tensor, void *context
     prepare_walk_t *walk = context;
     tower_t *tower = walk->tower;
     uint16_t const *values = model_tensor(walk->model, tensor->name, NULL);
-    size_t const n = (size_t)tensor->shape[0];
+    size_t const n = (size_t)tensor->shape[0] * (tensor->rank == 2 ? (size_t)tensor->shape[1] : 1);
     part_place_t const place = part_place(tower, &tower->blocks[tensor->block], tensor->part);
+    if (tensor->part == CHECKPOINT_PART_TEXT_POSITIONS) tower->positions_count = (size_t)tensor->shape[0];
     if (place.vector) return !(*place.vector = prepare_vector(tower, values, n));
     if (place.layer) return !prepare_linear(tower, walk->model, tensor, place.layer);
     switch (tensor->part) {
@@ -180,20 +202,34 @@ static int prepare_visit(checkpoint_schema_tensor_t const *tensor, void *context
     }
 }
 
+static void release_norm(tower_t *tower, tower_norm_t *norm) {
+    executor_deallocate(tower->placement, norm->weight, tower->hidden * sizeof(float));
+    executor_deallocate(tower->placement, norm->bias, tower->hidden * sizeof(float));
+}
+
 void tower_release(tower_t *tower) {
     if (!tower->kernels) return;
     for (size_t i = 0; tower->blocks && i < tower->depth; ++i) {
         tower_block_t *block = &tower->blocks[i];
-        executor_deallocate(tower->placement, block->norm1, tower->hidden * sizeof(float));
-        executor_deallocate(tower->placement, block->norm2, tower->hidden * sizeof(float));
+        release_norm(tower, &block->norm1);
+        release_norm(tower, &block->norm2);
         release_linear(tower, &block->qkv);
         release_linear(tower, &block->out);
         release_linear(tower, &block->up);
         release_linear(tower, &block->down);
     }
     free(tower->blocks);
-    executor_deallocate(tower->placement, tower->norm, tower->hidden * sizeof(float));
-    release_linear(tower, &tower->proj);
+    release_norm(tower, &tower->norm);
+    release_norm(tower, &tower->input_norm);
+    executor_deallocate(tower->placement, tower->positions,
+                        tower->positions_count * tower->hidden * sizeof(float));
+    executor_deallocate(tower->placement, tower->token_type, tower->hidden * sizeof(float));
+    if (tower->proj.packed) release_linear(tower, &tower->proj);
+    tower_linear_t *head[] = {&tower->head.qkv, &tower->head.out, &tower->head.up, &tower->head.down};
+    for (size_t i = 0; i < 4; ++i)
+        if (head[i]->packed) release_linear(tower, head[i]);
+    executor_deallocate(tower->placement, tower->head.probe, tower->hidden * sizeof(float));
+    release_norm(tower, &tower->head_norm);
     tower_patches_release(&tower->patches, tower->placement);
     memset(tower, 0, sizeof *tower);
 }
@@ -207,7 +243,8 @@ uform_status_t tower_prepare(tower_t *tower, uform_model_t const *model, char co
     tower->hidden = info->hidden;
     tower->heads = info->heads;
     tower->mlp = info->mlp;
-    tower->dims = model->header.info.dims;
+    tower->settings = *info;
+    tower->dims = info->projection ? model->header.info.dims : info->hidden;
     tower->blocks = calloc(tower->depth, sizeof *tower->blocks);
     prepare_walk_t walk = {tower, model, NULL};
     if (!tower->blocks || checkpoint_schema_tower(&model->header.info, name, prepare_visit, &walk)) {
@@ -288,6 +325,16 @@ void tower_linear(tower_t const *tower, uform_executor_t *executor, tower_linear
     tower_fork_gemm(tower->kernels, executor, &gemm);
 }
 
+void tower_project(tower_t const *tower, uform_executor_t *executor, float const *x, size_t x_stride,
+                   size_t m, size_t n_out, float *y, size_t y_stride) {
+    if (tower->proj.packed) {
+        tower_linear(tower, executor, &tower->proj, x, x_stride, m, n_out, y, y_stride);
+        return;
+    }
+    for (size_t r = 0; r < m; ++r)
+        memmove(y + r * y_stride, x + r * x_stride, n_out * sizeof(float));
+}
+
 /* A block's layer over `gemm`'s rows: the BF16 GEMM, or the rows quantized into `quantized` and the I8
  * GEMM. */
 static void block_linear(tower_t const *tower, uform_executor_t *executor, tower_linear_t const *layer,
@@ -307,12 +354,33 @@ static void linear_residual(tower_t const *tower, uform_executor_t *executor, to
     block_linear(tower, executor, layer, &gemm, quantized);
 }
 
-/* y[tokens, n] = gelu(h[tokens, k] W^T + b). */
-static void linear_gelu(tower_t const *tower, uform_executor_t *executor, tower_linear_t const *layer,
-                        size_t tokens, float const *h, float *y, tower_quantized_t const *quantized) {
+/* The GEMM epilogue of the tower's activation. */
+static kernel_epilogue_t activation_epilogue(uform_activation_t activation) {
+    switch (activation) {
+    case UFORM_ACTIVATION_GELU_ERF:
+        return KERNEL_EPILOGUE_GELU_ERF;
+    case UFORM_ACTIVATION_GELU_QUICK:
+        return KERNEL_EPILOGUE_GELU_QUICK;
+    default:
+        return KERNEL_EPILOGUE_GELU;
+    }
+}
+
+/* y[tokens, n] = act(h[tokens, k] W^T + b), the tower's activation. */
+static void linear_activation(tower_t const *tower, uform_executor_t *executor, tower_linear_t const *layer,
+                              size_t tokens, float const *h, float *y, tower_quantized_t const *quantized) {
     kernel_gemm_t gemm = layer_gemm(layer, tokens, h, y);
-    gemm.epilogue = KERNEL_EPILOGUE_GELU;
+    gemm.epilogue = activation_epilogue(tower->settings.activation);
     block_linear(tower, executor, layer, &gemm, quantized);
+}
+
+/* to = norm(from) with the tower's kind of norm: RMSNorm, or LayerNorm with its bias. */
+static void tower_norm(tower_t const *tower, tower_fork_t const *fork, uform_executor_t *executor,
+                       tower_norm_t const *norm, float const *from, float *to) {
+    if (tower->settings.norm == UFORM_NORM_LAYER)
+        tower_fork_norm(fork, executor, from, norm->weight, norm->bias, to);
+    else
+        tower_fork_rows(fork, executor, TOWER_ROWS_RMSNORM, from, norm->weight, to);
 }
 
 /* ---- Forward ------------------------------------------------------------------------------------ */
@@ -330,28 +398,41 @@ void tower_forward(tower_t const *tower, uform_executor_t *executor, tower_batch
                          .items = batch->items,
                          .offsets = batch->offsets,
                          .positions = scratch.positions,
-                         .causal = batch->causal};
+                         .causal = tower->settings.causal,
+                         .head = tower->settings.head,
+                         .norm_eps = tower->settings.norm_eps};
     float *x = batch->x;
+    bool const post = tower->settings.post_norm;
+    if (tower->settings.input_norm) tower_norm(tower, &fork, executor, &tower->input_norm, x, x);
     for (size_t i = 0; i < tower->depth; ++i) {
         tower_block_t const *block = &tower->blocks[i];
-        /* h = rms1(x); qkv = rope(h Wqkv^T + b)                             [tokens, 3 * hidden] */
-        tower_fork_rows(&fork, executor, TOWER_ROWS_RMSNORM, x, block->norm1, scratch.h);
-        kernel_gemm_t qkv = layer_gemm(&block->qkv, tokens, scratch.h, scratch.qkv);
+        /* qkv = rope(h Wqkv^T + b), h = norm1(x) before the branch, x itself after [tokens, 3 * hidden] */
+        float const *in = x;
+        if (!post) tower_norm(tower, &fork, executor, &block->norm1, x, scratch.h);
+        if (!post) in = scratch.h;
+        kernel_gemm_t qkv = layer_gemm(&block->qkv, tokens, in, scratch.qkv);
         block_linear(tower, executor, &block->qkv, &qkv, quantized);
-        if (batch->rotary) tower_fork_rows(&fork, executor, TOWER_ROWS_ROPE, NULL, NULL, scratch.qkv);
-        /* h = attention(q, k, v); x += h Wout^T + b                          [tokens, hidden] */
+        if (tower->settings.rotary)
+            tower_fork_rows(&fork, executor, TOWER_ROWS_ROPE, NULL, NULL, scratch.qkv);
+        /* h = attention(q, k, v); x += h Wout^T + b (then x = norm1(x) after)   [tokens, hidden] */
         tower_fork_attention(&fork, executor, scratch.qkv, scratch.h);
         linear_residual(tower, executor, &block->out, tokens, scratch.h, x, quantized);
-        /* h = rms2(x); mlp = gelu(h Wup^T + b); x += mlp Wdown^T + b          [tokens, mlp] */
-        tower_fork_rows(&fork, executor, TOWER_ROWS_RMSNORM, x, block->norm2, scratch.h);
-        linear_gelu(tower, executor, &block->up, tokens, scratch.h, scratch.mlp, quantized);
+        if (post) tower_norm(tower, &fork, executor, &block->norm1, x, x);
+        /* mlp = act(h Wup^T + b), h = norm2(x) or x; x += mlp Wdown^T + b         [tokens, mlp] */
+        in = x;
+        if (!post) tower_norm(tower, &fork, executor, &block->norm2, x, scratch.h);
+        if (!post) in = scratch.h;
+        linear_activation(tower, executor, &block->up, tokens, in, scratch.mlp, quantized);
         linear_residual(tower, executor, &block->down, tokens, scratch.mlp, x, quantized);
+        if (post) tower_norm(tower, &fork, executor, &block->norm2, x, x);
     }
-    /* x = rms(x) with the final norm */
-    tower_fork_rows(&fork, executor, TOWER_ROWS_RMSNORM, x, tower->norm, x);
+    /* x = norm(x) with the final norm */
+    if (tower->settings.final_norm) tower_norm(tower, &fork, executor, &tower->norm, x, x);
 }
 
 /* ---- Patch towers ------------------------------------------------------------------------------- */
+
+size_t tower_head_scratch_bytes(tower_t const *tower, size_t tokens, size_t items);
 
 void tower_patches_release(tower_patches_t *patches, uform_executor_t *executor) {
     executor_deallocate(executor, patches->patch.packed, patches->packed_bytes);
@@ -362,11 +443,12 @@ void tower_patches_release(tower_patches_t *patches, uform_executor_t *executor)
 
 void tower_patches_tokens(tower_patches_t const *patches, size_t hidden, float const *embedded, size_t count,
                           float *x) {
-    memcpy(x, patches->positions, hidden * sizeof(float));
+    size_t const leading = patches->leading;
+    if (leading) memcpy(x, patches->positions, hidden * sizeof(float));
     for (size_t p = 0; p < count; ++p) {
-        float *token = x + (1 + p) * hidden;
+        float *token = x + (leading + p) * hidden;
         float const *row = embedded + p * hidden;
-        float const *position = patches->positions + (1 + p) * hidden;
+        float const *position = patches->positions + (leading + p) * hidden;
         for (size_t h = 0; h < hidden; ++h)
             token[h] = row[h] + position[h];
     }
@@ -374,12 +456,17 @@ void tower_patches_tokens(tower_patches_t const *patches, size_t hidden, float c
 
 bool tower_patches_scratch(tower_t const *tower, uform_executor_t *executor, size_t images, size_t rows,
                            size_t inputs, size_t pooled, patch_scratch_t *scratch) {
-    size_t tokens = rows + images;
+    size_t tokens = rows + images * tower->patches.leading;
     size_t sizes[] = {
-        round_up_64(tower_scratch_bytes(tower, tokens)), round_up_64(tokens * tower->hidden * sizeof(float)),
-        round_up_64(rows * inputs * sizeof(float)),      round_up_64(rows * tower->hidden * sizeof(float)),
-        round_up_64(rows * tower->dims * sizeof(float)), round_up_64(pooled * sizeof(float)),
-        round_up_64((images + 1) * sizeof(size_t)),      round_up_64(images * sizeof(size_t)),
+        round_up_64(tower_scratch_bytes(tower, tokens)),
+        round_up_64(tokens * tower->hidden * sizeof(float)),
+        round_up_64(rows * inputs * sizeof(float)),
+        round_up_64(rows * tower->hidden * sizeof(float)),
+        round_up_64(rows * tower->dims * sizeof(float)),
+        round_up_64(pooled * sizeof(float)),
+        round_up_64((images + 1) * sizeof(size_t)),
+        round_up_64(images * sizeof(size_t)),
+        round_up_64(tower_head_scratch_bytes(tower, tokens, images)),
     };
     size_t total = 0;
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; ++i)
@@ -393,7 +480,8 @@ bool tower_patches_scratch(tower_t const *tower, uform_executor_t *executor, siz
     scratch->projected = (float *)(void *)(base += sizes[3]);
     scratch->pooled = (float *)(void *)(base += sizes[4]);
     scratch->offsets = (size_t *)(void *)(base += sizes[5]);
-    scratch->items = (size_t *)(void *)(base + sizes[6]);
+    scratch->items = (size_t *)(void *)(base += sizes[6]);
+    scratch->head = base + sizes[7];
     return true;
 }
 
@@ -404,10 +492,144 @@ void tower_patches_forward(tower_t const *tower, uform_executor_t *executor, pat
         .tokens = tokens,
         .items = items,
         .offsets = scratch->offsets,
-        .causal = false,
-        .rotary = false,
         .x = scratch->x,
         .scratch = scratch->tower,
     };
     tower_forward(tower, executor, &batch);
+}
+
+/* ---- Pooling ------------------------------------------------------------------------------------ */
+
+/* The pooling head's scratch for `tokens` tokens of `items` items: qkv of every token [tokens, 3 hidden],
+ * the probe's [3 hidden], then per item the attention's output, the state and the normed state
+ * [items, hidden] each, and the MLP's [items, mlp]. */
+typedef struct head_scratch {
+    float *qkv, *probe, *attended, *state, *normed, *mlp, *scores;
+} head_scratch_t;
+
+static head_scratch_t head_layout(tower_t const *tower, void *scratch, size_t tokens, size_t items,
+                                  size_t *bytes) {
+    size_t const hidden = tower->hidden;
+    size_t const sizes[] = {
+        round_up_64(tokens * 3 * hidden * sizeof(float)),
+        round_up_64(3 * hidden * sizeof(float)),
+        round_up_64(items * hidden * sizeof(float)),
+        round_up_64(items * hidden * sizeof(float)),
+        round_up_64(items * hidden * sizeof(float)),
+        round_up_64(items * tower->mlp * sizeof(float)),
+        round_up_64(tokens * sizeof(float)),
+    };
+    size_t at[8] = {0};
+    for (size_t i = 0; i < 7; ++i)
+        at[i + 1] = at[i] + sizes[i];
+    *bytes = tower->settings.pooling == UFORM_POOLING_HEAD ? at[7] : 0;
+    char *base = scratch;
+    if (!base) return (head_scratch_t){0};
+    return (head_scratch_t){(float *)(void *)base,           (float *)(void *)(base + at[1]),
+                            (float *)(void *)(base + at[2]), (float *)(void *)(base + at[3]),
+                            (float *)(void *)(base + at[4]), (float *)(void *)(base + at[5]),
+                            (float *)(void *)(base + at[6])};
+}
+
+size_t tower_head_scratch_bytes(tower_t const *tower, size_t tokens, size_t items) {
+    size_t bytes = 0;
+    head_layout(tower, NULL, tokens, items, &bytes);
+    return bytes;
+}
+
+/* The attention-pooling head over every item: q from the probe, k and v from the item's tokens, one query
+ * per head (scale 1/sqrt(head)), the output projection, then the residual MLP over its norm. */
+static void pool_head(tower_t const *tower, uform_executor_t *executor, float const *x, size_t const *offsets,
+                      size_t tokens, size_t items, void *scratch, float *pooled) {
+    size_t const hidden = tower->hidden, width = tower->settings.head, heads = tower->heads;
+    size_t bytes = 0;
+    head_scratch_t s = head_layout(tower, scratch, tokens, items, &bytes);
+    tower_head_t const *head = &tower->head;
+    kernel_gemm_t gemm = layer_gemm(&head->qkv, tokens, x, s.qkv);
+    tower_fork_gemm(tower->kernels, executor, &gemm);
+    gemm = layer_gemm(&head->qkv, 1, head->probe, s.probe);
+    tower_fork_gemm(tower->kernels, executor, &gemm);
+    float const scale = (float)(1.0 / sqrt((double)width));
+    for (size_t item = 0; item < items; ++item) {
+        size_t first = offsets[item], end = offsets[item + 1];
+        float *out = s.attended + item * hidden;
+        for (size_t h = 0; h < heads; ++h) {
+            float const *q = s.probe + h * width;
+            float max = -INFINITY, sum = 0;
+            for (size_t t = first; t < end; ++t) {
+                float const *k = s.qkv + t * 3 * hidden + hidden + h * width;
+                float dot = 0;
+                for (size_t d = 0; d < width; ++d)
+                    dot += q[d] * k[d];
+                s.scores[t - first] = dot * scale;
+                if (s.scores[t - first] > max) max = s.scores[t - first];
+            }
+            for (size_t t = first; t < end; ++t)
+                sum += s.scores[t - first] = expf(s.scores[t - first] - max);
+            float *o = out + h * width;
+            memset(o, 0, width * sizeof(float));
+            for (size_t t = first; t < end; ++t) {
+                float const *v = s.qkv + t * 3 * hidden + 2 * hidden + h * width;
+                float const p = s.scores[t - first] / sum;
+                for (size_t d = 0; d < width; ++d)
+                    o[d] += p * v[d];
+            }
+        }
+    }
+    /* state = attended Wout^T + b; normed = norm(state); pooled = state + down(act(up(normed))) */
+    gemm = layer_gemm(&head->out, items, s.attended, s.state);
+    tower_fork_gemm(tower->kernels, executor, &gemm);
+    if (tower->settings.norm == UFORM_NORM_LAYER)
+        tower->kernels->layernorm(s.normed, hidden, s.state, hidden, tower->head_norm.weight,
+                                  tower->head_norm.bias, items, hidden, tower->settings.norm_eps);
+    else
+        tower->kernels->rmsnorm(s.normed, hidden, s.state, hidden, tower->head_norm.weight, items, hidden,
+                                tower->settings.norm_eps);
+    gemm = layer_gemm(&head->up, items, s.normed, s.mlp);
+    gemm.epilogue = activation_epilogue(tower->settings.activation);
+    tower_fork_gemm(tower->kernels, executor, &gemm);
+    gemm = layer_gemm(&head->down, items, s.mlp, pooled);
+    gemm.residual = s.state;
+    gemm.residual_stride = hidden;
+    tower_fork_gemm(tower->kernels, executor, &gemm);
+}
+
+void tower_pool(tower_t const *tower, uform_executor_t *executor, float const *x, size_t const *offsets,
+                size_t items, uint32_t const *ids, void *scratch, float *pooled) {
+    size_t const hidden = tower->hidden;
+    if (items == 0) return;
+    if (tower->settings.pooling == UFORM_POOLING_HEAD) {
+        pool_head(tower, executor, x, offsets, offsets[items] - offsets[0], items, scratch, pooled);
+        return;
+    }
+    for (size_t item = 0; item < items; ++item) {
+        size_t first = offsets[item], count = offsets[item + 1] - first, row = first;
+        float *out = pooled + item * hidden;
+        switch (tower->settings.pooling) {
+        case UFORM_POOLING_MEAN:
+            memset(out, 0, hidden * sizeof(float));
+            for (size_t t = first; t < first + count; ++t)
+                for (size_t h = 0; h < hidden; ++h)
+                    out[h] += x[t * hidden + h];
+            for (size_t h = 0; h < hidden; ++h)
+                out[h] /= (float)count;
+            continue;
+        case UFORM_POOLING_END: /* the first position of the largest id */
+            for (size_t t = first + 1; ids && t < first + count; ++t)
+                if (ids[t] > ids[row]) row = t;
+            break;
+        case UFORM_POOLING_LAST:
+            row = first + count - 1;
+            break;
+        default: /* UFORM_POOLING_FIRST */
+            break;
+        }
+        memcpy(out, x + row * hidden, hidden * sizeof(float));
+    }
+}
+
+void tower_patches_pool(tower_t const *tower, uform_executor_t *executor, patch_scratch_t const *scratch,
+                        size_t tokens, size_t items) {
+    (void)tokens;
+    tower_pool(tower, executor, scratch->x, scratch->offsets, items, NULL, scratch->head, scratch->rows);
 }

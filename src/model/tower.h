@@ -1,10 +1,14 @@
 /* The transformer every tower shares: weights prepared once for the active kernel path, and a forward
  * pass over a batch of items packed end to end, split over the executor's threads.
  *
- * Per block (docs/DESIGN.md, pre-norm):  x += out(attention(rope(qkv(rms1(x)))))
- *                                   x += down(gelu(up(rms2(x))))
- * then x = rms(x) with the final norm. Shapes: x [tokens, hidden], qkv [tokens, 3 * hidden] (q, k, v
- * each [tokens, heads * 64]), mlp [tokens, mlp].
+ * Per block (docs/DESIGN.md), with the engine's own settings (pre-norm, RMSNorm, rotary, tanh GELU):
+ *     x += out(attention(rope(qkv(norm1(x)))))
+ *     x += down(gelu(up(norm2(x))))
+ * then x = norm(x) with the final norm. With post_norm (BERT): x = norm1(x + out(attention(qkv(x)))),
+ * x = norm2(x + down(act(up(x)))). The tower's settings (uform_transformer_info_t) choose the norm
+ * (RMSNorm, or LayerNorm with biases), its place, the activation, rotary or learned positions, the
+ * mask, an input norm, the final norm and the head width. Shapes: x [tokens, hidden], qkv [tokens,
+ * 3 * hidden] (q, k, v each [tokens, heads * head]), mlp [tokens, mlp].
  *
  * Determinism: every GEMM is split at KERNEL_GEMM_TILE columns, rmsnorm and rope by rows, attention by
  * (head, item); each value is computed by the same code whatever the thread count. */
@@ -30,10 +34,23 @@ typedef struct tower_patches {
     tower_linear_t patch;
     size_t packed_bytes;
     float *positions;
+    size_t leading; /* tokens before the patches: 1 with a class token, else 0 */
 } tower_patches_t;
 
+/* The attention-pooling head (pooling "head", SigLIP's): a learned query `probe` attends through `qkv` and
+ * `out` to every token of an item, then h += down(act(up(norm(h)))). */
+typedef struct tower_head {
+    float *probe; /* [hidden] */
+    tower_linear_t qkv, out, up, down;
+} tower_head_t;
+
+/* A norm's weight and, for LayerNorm, its bias (else NULL), both [hidden]. */
+typedef struct tower_norm {
+    float *weight, *bias;
+} tower_norm_t;
+
 typedef struct tower_block {
-    float *norm1, *norm2; /* [hidden] */
+    tower_norm_t norm1, norm2;
     tower_linear_t qkv, out, up, down;
 } tower_block_t;
 
@@ -41,13 +58,20 @@ typedef struct tower {
     kernels_t const *kernels;    /* the path the weights were packed for */
     uform_executor_t *placement; /* where its memory lives (NULL: plain host memory) */
     size_t depth, hidden, heads, mlp, dims;
+    uform_transformer_info_t settings; /* the block's settings (variant.h) */
     tower_block_t *blocks;
-    float *norm;             /* [hidden] */
-    tower_linear_t proj;     /* [dims, hidden], no bias */
+    tower_norm_t norm;       /* the final norm, when settings.final_norm */
+    tower_norm_t input_norm; /* the norm over the inputs, when settings.input_norm */
+    tower_head_t head;       /* pooling "head" */
+    tower_norm_t head_norm;
+    tower_linear_t proj;     /* [dims, hidden], no bias; packed NULL without settings.projection */
     tower_patches_t patches; /* image and audio towers: their input layer; zeroed for text */
-    uint16_t const *embed;   /* text: the byte table text.embed BF16 [257, hidden], in the model's memory */
-    size_t i8_inputs;        /* the widest k of its I8 layers (0: none), for the quantized activations */
-    size_t bytes;            /* memory it holds */
+    uint16_t const *embed;   /* text: text.embed BF16 [257 or vocab, hidden], in the model's memory */
+    float *positions;        /* text with learned positions: [positions, hidden] */
+    float *token_type;       /* text with a token type: [hidden] */
+    size_t positions_count;
+    size_t i8_inputs; /* the widest k of its I8 layers (0: none), for the quantized activations */
+    size_t bytes;     /* memory it holds */
 } tower_t;
 
 /* Prepares tower `name` ("text", "image", "audio") of a loaded model from its tensors in the checkpoint
@@ -65,12 +89,12 @@ typedef struct tower_batch {
     size_t tokens; /* rows of x */
     size_t items;
     size_t const *offsets; /* items + 1 token offsets into x; positions restart at 0 for each item */
-    bool causal, rotary;
-    float *x;      /* [tokens, hidden]: the input embeddings; the final-normed states on return */
-    void *scratch; /* tower_scratch_bytes(tokens), 64-byte aligned */
+    float *x;              /* [tokens, hidden]: the input embeddings; the final-normed states on return */
+    void *scratch;         /* tower_scratch_bytes(tokens), 64-byte aligned */
 } tower_batch_t;
 
-/* Runs every block and the final norm over the batch, on the executor's threads. */
+/* Runs the input norm, every block and the final norm over the batch (as the tower's settings have
+ * them: the mask, rotary positions), on the executor's threads. */
 void tower_forward(tower_t const *tower, uform_executor_t *executor, tower_batch_t const *batch);
 
 /* y[m, n_out] = x[m, k] . W^T (+ bias) for one prepared linear layer, over the executor's threads,
@@ -78,12 +102,26 @@ void tower_forward(tower_t const *tower, uform_executor_t *executor, tower_batch
 void tower_linear(tower_t const *tower, uform_executor_t *executor, tower_linear_t const *layer,
                   float const *x, size_t x_stride, size_t m, size_t n_out, float *y, size_t y_stride);
 
+/* The pooled state of `items` items packed in x [tokens, hidden] (item i at rows offsets[i] ..
+ * offsets[i + 1] - 1, at least one each) into pooled [items, hidden], by the tower's pooling: the first or
+ * last position, the mean, the end-of-text token (the first position of the largest of `ids`, the tokens'
+ * ids by the same offsets), or the attention-pooling head (which needs `scratch` of
+ * tower_head_scratch_bytes). */
+void tower_pool(tower_t const *tower, uform_executor_t *executor, float const *x, size_t const *offsets,
+                size_t items, uint32_t const *ids, void *scratch, float *pooled);
+size_t tower_head_scratch_bytes(tower_t const *tower, size_t tokens, size_t items);
+
+/* y [m, n_out] = the projection of x [m, hidden] (stride x_stride), its first n_out outputs; for a tower
+ * without one (dims == hidden), x's first n_out columns as they are. */
+void tower_project(tower_t const *tower, uform_executor_t *executor, float const *x, size_t x_stride,
+                   size_t m, size_t n_out, float *y, size_t y_stride);
+
 /* ---- Patch towers (image, audio) ---------------------------------------------------------------- */
 
 void tower_patches_release(tower_patches_t *patches, uform_executor_t *executor);
 
-/* One item's tokens [1 + count, hidden] at x: the class token, then patch p's embedding (row p of
- * `embedded` [count, hidden]) plus its position. */
+/* One item's tokens [leading + count, hidden] at x: the class token (where the tower has one), then patch
+ * p's embedding (row p of `embedded` [count, hidden]) plus its position. */
 void tower_patches_tokens(tower_patches_t const *patches, size_t hidden, float const *embedded, size_t count,
                           float *x);
 
@@ -95,6 +133,7 @@ typedef struct patch_scratch {
     void *tower;
     float *x, *patches, *rows, *projected, *pooled;
     size_t *offsets, *items;
+    void *head; /* the pooling head's (tower_pool) */
 } patch_scratch_t;
 
 /* Carves `scratch` from the executor's scratch (executor_scratch). false when out of memory. */
@@ -105,3 +144,9 @@ bool tower_patches_scratch(tower_t const *tower, uform_executor_t *executor, siz
  * scratch->offsets[q]: attention within each item, both ways, without rotary. No item: nothing runs. */
 void tower_patches_forward(tower_t const *tower, uform_executor_t *executor, patch_scratch_t const *scratch,
                            size_t tokens, size_t items);
+
+/* The pooled state of each of the `items` items of a patch tower's forward (scratch->x, by scratch->offsets)
+ * into scratch->rows [items, hidden], by the tower's pooling: the class token's, the mean of every token's,
+ * or the attention-pooling head's. */
+void tower_patches_pool(tower_t const *tower, uform_executor_t *executor, patch_scratch_t const *scratch,
+                        size_t tokens, size_t items);

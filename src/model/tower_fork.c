@@ -1,5 +1,6 @@
 /* The thread-split work of a tower's passes (tower_fork.h): a job per kind of fork, each thread taking
  * its share of columns, rows or (head, item) pairs. */
+#include <math.h>
 #include <string.h>
 
 #include "executor.h"
@@ -88,6 +89,7 @@ typedef struct rows_job {
     float const *from, *weight;
     float *to;
     size_t threads;
+    float const *bias; /* LayerNorm (norm_work) */
 } rows_job_t;
 
 static void rows_work(void *context, size_t thread) {
@@ -130,8 +132,24 @@ static void rows_work(void *context, size_t thread) {
 
 void tower_fork_rows(tower_fork_t const *fork, uform_executor_t *executor, tower_rows_t kind,
                      float const *from, float const *weight, float *to) {
-    rows_job_t job = {fork, kind, from, weight, to, executor_fork_threads(executor)};
+    rows_job_t job = {fork, kind, from, weight, to, executor_fork_threads(executor), NULL};
     executor_for_threads(executor, rows_work, &job);
+}
+
+static void norm_work(void *context, size_t thread) {
+    rows_job_t const *job = context;
+    tower_fork_t const *fork = job->fork;
+    size_t h = fork->hidden, first, last;
+    thread_share(fork->tokens, thread, job->threads, &first, &last);
+    if (first < last)
+        fork->kernels->layernorm(job->to + first * h, h, job->from + first * h, h, job->weight, job->bias,
+                                 last - first, h, fork->norm_eps);
+}
+
+void tower_fork_norm(tower_fork_t const *fork, uform_executor_t *executor, float const *from,
+                     float const *weight, float const *bias, float *to) {
+    rows_job_t job = {fork, TOWER_ROWS_RMSNORM, from, weight, to, executor_fork_threads(executor), bias};
+    executor_for_threads(executor, norm_work, &job);
 }
 
 /* ---- Attention ---------------------------------------------------------------------------------- */
@@ -147,18 +165,18 @@ typedef struct attention_job {
 /* One head's attention over the fork's items: q, k and v of qkv [tokens, 3h], `out` [tokens, h] set by
  * the caller. */
 static kernel_attention_t head_attention(tower_fork_t const *fork, float const *qkv) {
-    size_t h = fork->hidden;
+    size_t h = fork->hidden, head = fork->head ? fork->head : KERNEL_HEAD;
     return (kernel_attention_t){
+        .head = head,
         .q = qkv,
         .k = qkv + h,
         .v = qkv + 2 * h,
         .stride = 3 * h,
         .out_stride = h,
-        .head = KERNEL_HEAD,
         .offsets = fork->offsets,
         .items = fork->items,
         .causal = fork->causal,
-        .scale = 0.125f, /* 1 / sqrt(64) */
+        .scale = (float)(1.0 / sqrt((double)head)),
     };
 }
 
@@ -194,9 +212,10 @@ static void attention_work(void *context, size_t thread) {
     while (first < last) {
         size_t head = first / items, item = first % items;
         size_t end = last - head * items < items ? last - head * items : items;
-        kernel_attention_t attention = head_attention(fork, job->qkv + head * KERNEL_HEAD);
+        size_t width = fork->head ? fork->head : KERNEL_HEAD;
+        kernel_attention_t attention = head_attention(fork, job->qkv + head * width);
         if (!job->backward) {
-            attention.out = job->out + head * KERNEL_HEAD;
+            attention.out = job->out + head * width;
             fork->kernels->attention(&attention, item, end);
         } else {
             kernel_attention_backward_t backward =

@@ -19,6 +19,8 @@ typedef struct tower_fork {
     size_t const *offsets;     /* items + 1 token offsets */
     uint32_t const *positions; /* [tokens]: each token's position within its item (rope) */
     bool causal;
+    size_t head;    /* each head's width; 0: KERNEL_HEAD */
+    float norm_eps; /* LayerNorm's epsilon (tower_fork_norm) */
 } tower_fork_t;
 
 /* Fills positions[tokens] from the item offsets: each item's tokens count from 0. */
@@ -55,7 +57,13 @@ typedef enum tower_rows {
 void tower_fork_rows(tower_fork_t const *fork, uform_executor_t *executor, tower_rows_t kind,
                      float const *from, float const *weight, float *to);
 
-/* out[tokens, hidden] = attention(q, k, v) of qkv [tokens, 3 hidden], within each item, scale 1/8. */
+/* to = LayerNorm(from) * weight + bias (bias may be NULL) with fork->norm_eps, [tokens, hidden]; to may be
+ * from. */
+void tower_fork_norm(tower_fork_t const *fork, uform_executor_t *executor, float const *from,
+                     float const *weight, float const *bias, float *to);
+
+/* out[tokens, hidden] = attention(q, k, v) of qkv [tokens, 3 hidden], within each item, heads of
+ * fork->head values, scale 1/sqrt(head). The backward pass takes heads of KERNEL_HEAD only. */
 void tower_fork_attention(tower_fork_t const *fork, uform_executor_t *executor, float const *qkv, float *out);
 
 /* The gradients of tower_fork_attention: d_qkv [tokens, 3 hidden] from its input qkv, its output att and

@@ -38,6 +38,7 @@
 #include "kernels.h"
 #include "seeded.h"
 #include "tiny_checkpoint.h"
+#include "variant.h"
 #include "train.h"
 
 #include <errno.h>
@@ -270,6 +271,7 @@ uform_status_t train_info_from_config(uform_trainer_config_t const *config, ufor
         status = audio_info(config, &defaults, info, message);
         if (status != UFORM_OK) return status;
     }
+    variant_engine_model(info);
     layout_t counted = {0};
     layout_model(&counted, info);
     info->parameters = counted.parameters;
@@ -746,6 +748,9 @@ static uform_status_t load_checkpoint(train_params_t *params, char const *path, 
     uform_status_t status = file_open(path, false, &file, message);
     if (status != UFORM_OK) return status;
     status = checkpoint_parse(file.json, (size_t)file.json_length, file.size, &header, message);
+    if (status == UFORM_OK && !variant_is_engine(&header.info))
+        status = answer(UFORM_UNSUPPORTED, message,
+                        "training runs the engine's own architecture, not a pretrained family");
     if (status == UFORM_OK && !(data = malloc(header.data_size ? (size_t)header.data_size : 1)))
         status = answer(UFORM_OUT_OF_MEMORY, message, "cannot allocate the checkpoint's tensors");
     if (status == UFORM_OK)
@@ -1084,7 +1089,7 @@ uform_status_t train_params_save(train_params_t const *params, char const *path,
         names_of(path, &names) ? UFORM_OK : answer(UFORM_OUT_OF_MEMORY, message, "out of memory");
     if (status == UFORM_OK) status = plan_save(params, &plan, &fingerprint, message);
     if (status == UFORM_OK) {
-        model = checkpoint_metadata_text(&params->info);
+        model = checkpoint_metadata_text(&params->info, NULL);
         state = model ? state_metadata(params, model, fingerprint) : NULL;
         if (!state) status = answer(UFORM_OUT_OF_MEMORY, message, "cannot write the checkpoint's metadata");
     }

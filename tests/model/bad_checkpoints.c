@@ -400,7 +400,22 @@ static bool edit_heads(json_t *header, json_t **model, size_t data_size) {
 
 static bool edit_hidden(json_t *header, json_t **model, size_t data_size) {
     (void)header, (void)data_size;
-    return set_model(*model, "text", "hidden", json_integer(96));
+    return set_model(*model, "text", "heads", json_integer(3));
+}
+
+static bool edit_norm(json_t *header, json_t **model, size_t data_size) {
+    (void)header, (void)data_size;
+    return set_model(*model, "text", "norm", json_string("batch"));
+}
+
+static bool edit_layer_norm(json_t *header, json_t **model, size_t data_size) {
+    (void)header, (void)data_size;
+    return set_model(*model, "text", "norm", json_string("layer"));
+}
+
+static bool edit_vocab(json_t *header, json_t **model, size_t data_size) {
+    (void)header, (void)data_size;
+    return set_model(*model, "text", "vocab", json_integer(1000));
 }
 
 static bool edit_matryoshka_order(json_t *header, json_t **model, size_t data_size) {
@@ -509,8 +524,12 @@ static variant_t const variants[] = {
     EDIT("metadata missing", "missing uform metadata", edit_metadata_missing),
     EDIT("metadata string not JSON", "uform metadata is not JSON", edit_metadata_not_json),
     EDIT("metadata value not a string", "metadata is not an object of strings", edit_metadata_number),
-    EDIT("heads * 64 != hidden", "tower heads * 64 is not hidden", edit_heads),
-    EDIT("hidden not a multiple of 64", "tower hidden is not a multiple of 64", edit_hidden),
+    EDIT("rotary heads not 64 wide", "rotary positions need heads of 64", edit_heads),
+    EDIT("hidden not a multiple of heads", "tower hidden is not a multiple of heads", edit_hidden),
+    EDIT("an unknown norm", "tower norm is not rms or layer", edit_norm),
+    EDIT("LayerNorm without its biases", "missing tensor", edit_layer_norm),
+    EDIT("a token vocabulary without a tokenizer", "tokenizer goes with, and only with, a text tower that reads tokens",
+         edit_vocab),
     EDIT("matryoshka not ascending", "matryoshka widths not ascending", edit_matryoshka_order),
     EDIT("matryoshka wider than dims", "matryoshka width out of range", edit_matryoshka_wide),
     EDIT("dims 0", "dims out of range", edit_dims_zero),

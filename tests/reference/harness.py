@@ -108,12 +108,18 @@ class uform_view_t(Struct):
 
 class uform_transformer_info_t(Struct):
     c_name = "uform_transformer_info_t"
-    _fields_ = [("depth", c_size), ("hidden", c_size), ("heads", c_size), ("mlp", c_size)]
+    _fields_ = [("depth", c_size), ("hidden", c_size), ("heads", c_size), ("mlp", c_size), ("head", c_size),
+                ("norm", ctypes.c_int), ("norm_eps", ctypes.c_float), ("post_norm", ctypes.c_bool),
+                ("input_norm", ctypes.c_bool), ("final_norm", ctypes.c_bool), ("activation", ctypes.c_int),
+                ("rotary", ctypes.c_bool), ("causal", ctypes.c_bool), ("pooling", ctypes.c_int),
+                ("projection", ctypes.c_bool), ("projection_bias", ctypes.c_bool), ("class_token", ctypes.c_bool)]
 
 
 class _text_info(Struct):
     anonymous_in_c = True
-    _fields_ = [("transformer", uform_transformer_info_t), ("context", c_size)]
+    _fields_ = [("transformer", uform_transformer_info_t), ("context", c_size), ("vocab", c_size),
+                ("positions", c_size), ("position_offset", c_size), ("token_type", ctypes.c_bool),
+                ("cut_ids", ctypes.c_bool), ("padded", ctypes.c_bool), ("pad_id", c_size)]
 
 
 class _image_info(Struct):
@@ -139,7 +145,7 @@ class uform_model_info_t(Struct):
                 ("bytes", c_size), ("has_text", ctypes.c_bool), ("has_image", ctypes.c_bool),
                 ("has_video", ctypes.c_bool), ("has_audio", ctypes.c_bool), ("has_logit", ctypes.c_bool),
                 ("text", _text_info), ("image", _image_info), ("video", _video_info), ("audio", _audio_info),
-                ("weights", ctypes.c_int)]
+                ("weights", ctypes.c_int), ("family", ctypes.c_char * 16), ("normalized", ctypes.c_bool)]
 
 
 class uform_encode_stats_t(Struct):
@@ -152,7 +158,7 @@ class uform_encode_stats_t(Struct):
 class uform_encode_config_t(Struct):
     c_name = "uform_encode_config_t"
     _fields_ = [("outputs_scalar", c_status), ("matryoshka", c_size), ("progress", uform_progress_t),
-                ("stats", ctypes.POINTER(uform_encode_stats_t))]
+                ("stats", ctypes.POINTER(uform_encode_stats_t)), ("normalize", ctypes.c_bool)]
 
 
 class uform_encoded_t(Struct):

@@ -879,7 +879,7 @@ static void test_load_other_checkpoints(void **state) {
                                                buffers[count]};
         count++;
     }
-    char *metadata = checkpoint_metadata_text(&info);
+    char *metadata = checkpoint_metadata_text(&info, NULL);
     assert_int_equal(checkpoint_write(path, metadata, sources, count, &message), UFORM_OK);
     assert_int_equal(train_params_load(&params, path, reason, &message), UFORM_OK);
     assert_true(params.info.has_text && !params.info.has_image && !params.info.has_audio &&

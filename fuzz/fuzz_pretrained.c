@@ -1,0 +1,115 @@
+/* libFuzzer: a pretrained model's folder (src/model/pretrained.c) from arbitrary bytes. The input is a
+ * list of files, each `index` (1 byte, which of FILES), `length` (2 bytes, little-endian) and its bytes;
+ * they are written into a folder of this process, every file the input does not give removed, and the
+ * folder is loaded through the public verb; a folder that loads then encodes a few texts and an image, so
+ * that what the reader accepted is also safe to run. The seeds (tests/fuzz-corpus/pretrained) are small
+ * folders of every family in this form, written by tests/model/pretrained_seeds.py. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "uform.h"
+
+int LLVMFuzzerTestOneInput(uint8_t const *data, size_t size);
+
+static char const *const FILES[] = {"config.json",
+                                    "modules.json",
+                                    "1_Pooling/config.json",
+                                    "sentence_bert_config.json",
+                                    "tokenizer.json",
+                                    "model.safetensors",
+                                    "text_encoder.safetensors",
+                                    "image_encoder.safetensors",
+                                    "preprocessor_config.json"};
+#define FILE_COUNT (sizeof FILES / sizeof FILES[0])
+
+static char folder[64];
+
+static void make_folder(void) {
+    if (folder[0]) return;
+    snprintf(folder, sizeof folder, "/tmp/uform-fuzz-pretrained-XXXXXX");
+    if (!mkdtemp(folder)) __builtin_trap();
+    char path[128];
+    snprintf(path, sizeof path, "%s/1_Pooling", folder);
+    mkdir(path, 0700);
+}
+
+static void put(size_t index, uint8_t const *bytes, size_t length) {
+    char path[128];
+    snprintf(path, sizeof path, "%s/%s", folder, FILES[index]);
+    FILE *file = fopen(path, "wb");
+    if (!file) __builtin_trap();
+    if (length && fwrite(bytes, 1, length, file) != length) __builtin_trap();
+    fclose(file);
+}
+
+int LLVMFuzzerTestOneInput(uint8_t const *data, size_t size) {
+    make_folder();
+    bool given[FILE_COUNT] = {false};
+    size_t at = 0;
+    while (at + 3 <= size) {
+        size_t index = data[at] % FILE_COUNT, length = (size_t)data[at + 1] | (size_t)data[at + 2] << 8;
+        at += 3;
+        if (length > size - at) length = size - at;
+        put(index, data + at, length);
+        given[index] = true;
+        at += length;
+    }
+    for (size_t i = 0; i < FILE_COUNT; ++i)
+        if (!given[i]) {
+            char path[128];
+            snprintf(path, sizeof path, "%s/%s", folder, FILES[i]);
+            unlink(path);
+        }
+    uform_model_t *model = NULL;
+    uform_model_load_args_t load = {.path = folder, .model = &model};
+    uform_status_t status = uform_model_load_ram(&load);
+    if (status == UFORM_INTERNAL) __builtin_trap();
+    if (status != UFORM_OK) return 0;
+    /* An image of 5 x 3 RGB pixels, then texts. */
+    static uint8_t const pixels[5 * 3 * 3] = {0,   10,  20,  30,  40,  50,  60,  70,  80,
+                                              90,  100, 110, 120, 130, 140, 150, 160, 170,
+                                              180, 190, 200, 210, 220, 230, 240, 250, 255};
+    uform_model_info_t info;
+    uform_model_info(model, &info);
+    if (info.has_image) {
+        uform_arena_t *arena = NULL;
+        if (uform_arena_create_host(&arena) == UFORM_OK) {
+            uform_encoded_t encoded;
+            size_t const offsets[] = {0, sizeof pixels}, heights[] = {3}, widths[] = {5};
+            uform_image_encode_pixels_args_t args = {
+                .model = model,
+                .outputs = UFORM_OUTPUT_EMBEDDINGS | UFORM_OUTPUT_STATES,
+                .arena = arena,
+                .encoded = &encoded,
+                .pixels = {.data = pixels, .offsets = offsets, .count = 1, .length = sizeof pixels},
+                .heights = heights,
+                .widths = widths};
+            if (uform_image_encode_pixels(&args) == UFORM_INTERNAL) __builtin_trap();
+            uform_arena_free(arena);
+        }
+    }
+    if (!info.has_text) {
+        uform_model_free(model);
+        return 0;
+    }
+    static char const texts[] = "a cat sits on the mat\xff\xfe";
+    size_t offsets[] = {0, 21, 21, 23};
+    uform_arena_t *arena = NULL;
+    if (uform_arena_create_host(&arena) == UFORM_OK) {
+        uform_encoded_t encoded;
+        uform_text_encode_args_t args = {
+            .model = model,
+            .outputs = UFORM_OUTPUT_EMBEDDINGS | UFORM_OUTPUT_STATES,
+            .arena = arena,
+            .encoded = &encoded,
+            .texts = {.data = texts, .offsets = offsets, .count = 3, .length = 23}};
+        if (uform_text_encode(&args) == UFORM_INTERNAL) __builtin_trap();
+        uform_arena_free(arena);
+    }
+    uform_model_free(model);
+    return 0;
+}

@@ -1,0 +1,272 @@
+/* text_encode on host executors for models whose text tower reads tokens (pretrained families): each text
+ * cut by the model's tokenizer (truncated at the model's context, special tokens kept), the tokens'
+ * embeddings plus their learned positions and token type, the tower, then the tower's pooling, its
+ * projection where it has one, and unit length where the family's reference gives it.
+ *
+ * The texts are cut when the call starts, on the loop thread; then, as for texts read as bytes (text.c),
+ * items go in chunks of at most TEXT_CHUNK_TOKENS tokens packed end to end without padding, one chunk per
+ * loop turn. A text the tokenizer refuses (not UTF-8) or that leaves no token fails alone with
+ * UFORM_FORMAT. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "arena.h"
+#include "call.h"
+#include "kernels.h"
+#include "model.h"
+#include "tape.h"
+#include "text.h"
+#include "tokenizer.h"
+#include "tower.h"
+#include "verbs.h"
+
+#define TEXT_CHUNK_TOKENS 2048
+
+typedef struct tokens_call {
+    call_t call;
+    encode_call_t encode;
+    size_t next_item;
+    uint32_t *ids;           /* every kept token of every text, end to end */
+    size_t *offsets;         /* [items + 1] into ids */
+    uform_status_t *refused; /* [items]: UFORM_OK, or the status of a text that failed */
+} tokens_call_t;
+
+_Static_assert(sizeof(tokens_call_t) <= EXECUTOR_CALL_STORAGE, "tokens_call_t outgrew the call storage");
+
+static void tokens_end(tokens_call_t *text, uform_status_t status, char const *message) {
+    free(text->ids);
+    free(text->offsets);
+    free(text->refused);
+    text->encode.stats.total_ns = loop_now_ns() - text->encode.started_ns;
+    encode_end(&text->encode, text->call.outcome, status);
+    call_finish(&text->call, status, message);
+}
+
+/* Cuts every text into text->ids, by offsets. UFORM_OK or UFORM_OUT_OF_MEMORY; a text that cannot be
+ * cut is recorded in text->refused. */
+static uform_status_t tokens_cut(tokens_call_t *text) {
+#if !UFORM_WITH_TOKENIZERS
+    (void)text;
+    return UFORM_UNSUPPORTED; /* no model reads tokens in a build without tokenizers */
+#else
+    uform_tape_t const *texts = &text->encode.tape;
+    uform_tokenizer_t const *tokenizer = text->encode.model->tokenizer;
+    size_t items = texts->count, capacity = 0, count = 0;
+    text->offsets = malloc((items + 1) * sizeof *text->offsets);
+    text->refused = malloc(items * sizeof *text->refused);
+    if (!text->offsets || !text->refused) return UFORM_OUT_OF_MEMORY;
+    tokenizer_work_t work = {0};
+    tokens_t sequence = {0};
+    post_tokens_t post = {.tokens = &sequence};
+    uform_status_t status = UFORM_OK;
+    uint8_t const *data = texts->data;
+    uform_model_info_t const *info = &text->encode.model->header.info;
+    size_t const context = info->text.context;
+    uform_tokenizer_info_t about = {0};
+    uform_tokenizer_info(tokenizer, &about);
+    bool const tokenizer_special = about.special_added > 0;
+    for (size_t item = 0; item < items && status == UFORM_OK; ++item) {
+        size_t begin = texts->offsets[item], end = texts->offsets[item + 1];
+        bool truncated = false;
+        char const *message = NULL;
+        text->offsets[item] = count;
+        uform_status_t cut =
+            tokenizer_cut(tokenizer, data + begin, end - begin, true, &work, &post, &truncated, &message);
+        if (cut == UFORM_OK && sequence.count > context) { /* past the tokenizer's own truncation, if any */
+            /* A SentencePiece model's text ends with its special token, which truncation keeps; UForm 3's
+             * processor cuts the ids as they are. */
+            if (!info->text.cut_ids && tokenizer_special)
+                sequence.ids[context - 1] = sequence.ids[sequence.count - 1];
+            sequence.count = context;
+            truncated = true;
+        }
+        text->encode.stats.truncated += truncated;
+        if (cut == UFORM_OK && sequence.count == 0) cut = UFORM_FORMAT;
+        text->refused[item] = cut;
+        if (cut == UFORM_OUT_OF_MEMORY) status = cut;
+        if (cut != UFORM_OK) continue;
+        size_t need = count + (info->text.padded ? context : sequence.count);
+        if (need > capacity) {
+            size_t grown = 2 * capacity > need ? 2 * capacity : need + 1024;
+            uint32_t *ids = realloc(text->ids, grown * sizeof *ids);
+            if (!ids) {
+                status = UFORM_OUT_OF_MEMORY;
+                break;
+            }
+            text->ids = ids;
+            capacity = grown;
+        }
+        memcpy(text->ids + count, sequence.ids, sequence.count * sizeof *sequence.ids);
+        /* Padded to the context with the padding id, attended whole (SigLIP). */
+        for (size_t t = sequence.count; info->text.padded && t < context; ++t)
+            text->ids[count + t] = (uint32_t)info->text.pad_id;
+        count += info->text.padded ? context : sequence.count;
+    }
+    text->offsets[items] = count;
+    tokens_free(&sequence);
+    free(post.blanks);
+    tokenizer_work_free(&work);
+    return status;
+#endif
+}
+
+static void tokens_chunk(loop_op_t *op);
+
+/* Cuts the texts, allocates the outputs in the arena, then starts the first chunk. */
+static void tokens_start(call_t *call) {
+    tokens_call_t *text = container_of(call, tokens_call_t, call);
+    encode_call_t *encode = &text->encode;
+    uform_tape_t const *texts = &encode->tape;
+    encode->stats.items = texts->count;
+    encode->stats.bytes = texts->offsets[texts->count] - texts->offsets[0];
+    if (tokens_cut(text) != UFORM_OK ||
+        !encode_outputs(encode, texts->count, encode->model->text->hidden, output_view)) {
+        tokens_end(text, UFORM_OUT_OF_MEMORY, "cannot allocate the tokens or the outputs");
+        return;
+    }
+    for (size_t item = 0; item < texts->count; ++item)
+        encode->statuses[item] = text->refused[item];
+    text->call.op.callback = tokens_chunk;
+    tokens_chunk(&text->call.op);
+}
+
+/* The chunk's scratch: the tower's, x [tokens, hidden], token offsets [items + 1], pooled states
+ * [items, hidden] and their projections [items, dims]. */
+typedef struct tokens_scratch {
+    void *tower;
+    float *x, *pooled, *projected;
+    size_t *offsets;
+} tokens_scratch_t;
+
+static bool tokens_scratch(tokens_call_t *text, size_t tokens, size_t items, tokens_scratch_t *scratch) {
+    tower_t const *tower = text->encode.model->text;
+    size_t const sizes[] = {
+        round_up_64(tower_scratch_bytes(tower, tokens)),
+        round_up_64(tokens * tower->hidden * sizeof(float)),
+        round_up_64(items * tower->hidden * sizeof(float)),
+        round_up_64(items * tower->dims * sizeof(float)),
+        round_up_64((items + 1) * sizeof(size_t)),
+    };
+    size_t total = 0;
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; ++i)
+        total += sizes[i];
+    char *base = executor_scratch(text->call.executor, total);
+    if (!base) return false;
+    scratch->tower = base;
+    scratch->x = (float *)(void *)(base += sizes[0]);
+    scratch->pooled = (float *)(void *)(base += sizes[1]);
+    scratch->projected = (float *)(void *)(base += sizes[2]);
+    scratch->offsets = (size_t *)(void *)(base + sizes[3]);
+    return true;
+}
+
+/* x's rows of one text: each token's embedding, plus the token type's row, plus its position's row, in
+ * that order (BERT's and RoBERTa's sums). */
+static void tokens_embed(tower_t const *tower, uform_model_info_t const *info, uint32_t const *ids,
+                         size_t count, float *x) {
+    size_t hidden = tower->hidden, vocab = info->text.vocab;
+    for (size_t t = 0; t < count; ++t) {
+        float *row = x + t * hidden;
+        uint32_t id = ids[t] < vocab ? ids[t] : 0; /* a tokenizer's ids past the table were refused at load */
+        tower->kernels->bf16_to_f32(row, tower->embed + (size_t)id * hidden, hidden);
+        if (tower->token_type)
+            for (size_t h = 0; h < hidden; ++h)
+                row[h] += tower->token_type[h];
+        if (tower->positions) {
+            float const *position = tower->positions + (info->text.position_offset + t) * hidden;
+            for (size_t h = 0; h < hidden; ++h)
+                row[h] += position[h];
+        }
+    }
+}
+
+static void tokens_chunk(loop_op_t *op) {
+    tokens_call_t *text = container_of(op, tokens_call_t, call.op);
+    encode_call_t *encode = &text->encode;
+    uform_model_t const *model = encode->model;
+    uform_model_info_t const *info = &model->header.info;
+    tower_t const *tower = model->text;
+    kernels_t const *kernels = tower->kernels;
+    uform_executor_t *executor = text->call.executor;
+    size_t hidden = tower->hidden, items = encode->tape.count;
+    size_t const *offsets = text->offsets;
+
+    /* The chunk: items [first, last), at least one. */
+    size_t first = text->next_item, last = first, tokens = 0;
+    while (last < items && (last == first || tokens + offsets[last + 1] - offsets[last] <= TEXT_CHUNK_TOKENS))
+        tokens += offsets[last + 1] - offsets[last], ++last;
+    tokens_scratch_t scratch;
+    if (!tokens_scratch(text, tokens, last - first, &scratch)) {
+        tokens_end(text, UFORM_OUT_OF_MEMORY, "cannot allocate the executor's scratch");
+        return;
+    }
+    uint64_t computing = loop_now_ns();
+    size_t row = 0;
+    for (size_t item = first; item < last; ++item) {
+        size_t count = offsets[item + 1] - offsets[item];
+        scratch.offsets[item - first] = row;
+        tokens_embed(tower, info, text->ids + offsets[item], count, scratch.x + row * hidden);
+        row += count;
+    }
+    scratch.offsets[last - first] = row;
+    /* Items without tokens (refused) hold no rows: the tower's offsets skip them alike. */
+    tower_batch_t batch = {
+        .tokens = tokens,
+        .items = last - first,
+        .offsets = scratch.offsets,
+        .x = scratch.x,
+        .scratch = scratch.tower,
+    };
+    if (tokens) tower_forward(tower, executor, &batch);
+
+    uform_encoded_t *encoded = &encode->encoded;
+    for (size_t item = first; item < last; ++item) {
+        size_t count = offsets[item + 1] - offsets[item];
+        float *pooled = scratch.pooled + (item - first) * hidden;
+        if (count == 0) { /* a refused text: its rows stay zero */
+            output_zero(&encoded->states, item, 1);
+            output_zero(&encoded->embeddings, item, 1);
+            continue;
+        }
+        size_t const rows[] = {0, count};
+        tower_pool(tower, executor, scratch.x + scratch.offsets[item - first] * hidden, rows, 1,
+                   text->ids + offsets[item], NULL, pooled);
+        if (encode->outputs & UFORM_OUTPUT_STATES) output_row(kernels, &encoded->states, item, pooled);
+    }
+    if (encode->outputs & UFORM_OUTPUT_EMBEDDINGS) {
+        size_t width = encode->width, count = last - first;
+        tower_project(tower, executor, scratch.pooled, hidden, count, width, scratch.projected, width);
+        float const *rows = scratch.projected;
+        size_t stride = width;
+        uint64_t converting = loop_now_ns();
+        for (size_t item = first; item < last; ++item) {
+            if (offsets[item + 1] == offsets[item]) continue;
+            float *values = (float *)rows + (item - first) * stride;
+            if (encode->normalize) kernels->normalize(values, width);
+            output_row(kernels, &encoded->embeddings, item, values);
+        }
+        encode->stats.convert_ns += loop_now_ns() - converting;
+    }
+    encode->stats.compute_ns += loop_now_ns() - computing;
+    text->next_item = last;
+
+    if (progress_report(&encode->progress, &encode->next_step, last, items)) {
+        tokens_end(text, UFORM_CANCELLED, "cancelled by the progress handler");
+        return;
+    }
+    if (last == items) {
+        tokens_end(text, UFORM_OK, NULL);
+        return;
+    }
+    loop_post(executor->loop, &text->call.op);
+}
+
+static void tokens_fill(call_t *call, void const *request) {
+    tokens_call_t *text = container_of(call, tokens_call_t, call);
+    encode_call_init(&text->encode, request);
+}
+
+uform_status_t text_encode_tokens_host(encode_request_t const *request) {
+    return encode_run("uform_text_encode", request, sizeof(tokens_call_t), tokens_start, tokens_fill,
+                      request);
+}

@@ -1,0 +1,593 @@
+/* Pretrained folders (pretrained.h): the configuration read into the model's info, the weights mapped and
+ * converted to BF16 tensors of the checkpoint schema, the tokenizer opened and truncating at the context. */
+#include "pretrained_internal.h"
+
+#include <fcntl.h>
+#include <jansson.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "executor.h"
+#include "kernels.h"
+#include "tokenizer.h"
+#include "variant.h"
+
+#define PRETRAINED_ALIGNMENT 64
+
+/* ---- sentence-transformers' modules ------------------------------------------------------------ */
+
+/* sentence-transformers' modules: where the Transformer module lives, Pooling's mode, Normalize. */
+/* What a folder's sentence-transformers modules say. */
+typedef struct sentence {
+    bool modules; /* the folder has modules.json */
+    bool pooled;  /* a Pooling module: `pooling` */
+    uform_pooling_t pooling;
+    bool normalized; /* a Normalize module */
+    size_t context;  /* sentence_bert_config.json's max_seq_length; SIZE_MAX where it has none */
+} sentence_t;
+
+static uform_status_t sentence_modules(pretrained_t *folder, sentence_t *sentence, char const **message) {
+    json_t *modules = NULL;
+    uform_status_t status = pretrained_json(folder->root, "modules.json", true, &modules, message);
+    if (status != UFORM_OK || !modules) return status;
+    sentence->modules = true;
+    if (!json_is_array(modules)) {
+        json_decref(modules);
+        return pretrained_fault(message, UFORM_FORMAT, "modules.json: not an array");
+    }
+    size_t index;
+    json_t const *module;
+    json_array_foreach(modules, index, module) {
+        char const *type = pretrained_string(module, "type"), *path = pretrained_string(module, "path");
+        if (!type || !path || strstr(path, "..") || path[0] == '/') {
+            status = pretrained_fault(message, UFORM_FORMAT,
+                                      "modules.json: module %zu without a type or a path inside", index);
+            break;
+        }
+        char const *name = strrchr(type, '.') ? strrchr(type, '.') + 1 : type;
+        if (strcmp(name, "Transformer") == 0) {
+            if (index != 0 || (path[0] && !pretrained_join(folder->transformer, folder->root, path))) {
+                status = pretrained_fault(message, UFORM_FORMAT,
+                                          "modules.json: the Transformer module is not the first");
+                break;
+            }
+        } else if (strcmp(name, "Pooling") == 0) {
+            json_t *pooling = NULL;
+            char inside[PATH_MAX];
+            if (!pretrained_join(inside, folder->root, path)) {
+                status = pretrained_fault(message, UFORM_IO, "modules.json: path too long");
+                break;
+            }
+            status = pretrained_json(inside, "config.json", false, &pooling, message);
+            if (status != UFORM_OK) break;
+            static char const *const modes[] = {"pooling_mode_cls_token",
+                                                "pooling_mode_mean_tokens",
+                                                "pooling_mode_lasttoken",
+                                                "pooling_mode_max_tokens",
+                                                "pooling_mode_mean_sqrt_len_tokens",
+                                                "pooling_mode_weightedmean_tokens"};
+            static uform_pooling_t const poolings[] = {UFORM_POOLING_FIRST, UFORM_POOLING_MEAN,
+                                                       UFORM_POOLING_LAST};
+            size_t chosen = 0, count = 0;
+            for (size_t m = 0; m < sizeof modes / sizeof modes[0]; ++m)
+                if (json_is_true(json_object_get(pooling, modes[m]))) chosen = m, count++;
+            json_t const *include_prompt = json_object_get(pooling, "include_prompt");
+            json_decref(pooling);
+            if (count != 1 || chosen >= 3) {
+                status = pretrained_fault(
+                    message, UFORM_UNSUPPORTED,
+                    "%s/config.json: pooling other than one of cls, mean and last token", path);
+                break;
+            }
+            if (include_prompt && !json_is_true(include_prompt)) {
+                status = pretrained_fault(message, UFORM_UNSUPPORTED,
+                                          "%s/config.json: pooling without the prompt", path);
+                break;
+            }
+            sentence->pooled = true;
+            sentence->pooling = poolings[chosen];
+        } else if (strcmp(name, "Normalize") == 0) {
+            sentence->normalized = true;
+        } else {
+            status = pretrained_fault(message, UFORM_UNSUPPORTED, "modules.json: module %.60s", type);
+            break;
+        }
+    }
+    json_decref(modules);
+    if (status != UFORM_OK) return status;
+    /* sentence_bert_config.json's max_seq_length: the context. */
+    json_t *settings = NULL;
+    status = pretrained_json(folder->root, "sentence_bert_config.json", true, &settings, message);
+    if (status != UFORM_OK || !settings) return status;
+    size_t length = 0;
+    status = pretrained_size(settings, "sentence_bert_config.json", "max_seq_length", 1, 1u << 20, 0, &length,
+                             message);
+    if (status == UFORM_OK && json_is_true(json_object_get(settings, "do_lower_case")))
+        status = pretrained_fault(message, UFORM_UNSUPPORTED,
+                                  "sentence_bert_config.json: do_lower_case (texts lowercased by Python)");
+    json_decref(settings);
+    if (status == UFORM_OK && length) sentence->context = length;
+    return status;
+}
+
+/* ---- The weights -------------------------------------------------------------------------------- */
+
+/* Maps weights file `index` of the folder and reads its header. */
+static uform_status_t map_weights(pretrained_t *folder, size_t index, char const **message) {
+    pretrained_weights_t *file = &folder->weights[index];
+    char path[PATH_MAX];
+    char const *name = file->name;
+    if (!pretrained_join(path, folder->transformer, name))
+        return pretrained_fault(message, UFORM_IO, "%s: path too long", name);
+    file->fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (file->fd < 0) {
+        char other[PATH_MAX];
+        bool sharded = pretrained_join(other, folder->transformer, "model.safetensors.index.json") &&
+                       access(other, F_OK) == 0;
+        bool pickled =
+            pretrained_join(other, folder->transformer, "pytorch_model.bin") && access(other, F_OK) == 0;
+        if (sharded)
+            return pretrained_fault(message, UFORM_UNSUPPORTED,
+                                    "weights sharded over several safetensors files");
+        if (pickled)
+            return pretrained_fault(message, UFORM_UNSUPPORTED,
+                                    "weights in pytorch_model.bin (pickle): save them as model.safetensors");
+        return pretrained_fault(message, UFORM_IO, "%s: cannot open it in %s", name, folder->transformer);
+    }
+    struct stat about;
+    if (fstat(file->fd, &about) != 0 || !S_ISREG(about.st_mode))
+        return pretrained_fault(message, UFORM_IO, "%s: not a regular file", name);
+    file->size = (size_t)about.st_size;
+    if (file->size < 8) return pretrained_fault(message, UFORM_FORMAT, "%s: shorter than its header", name);
+    void *mapping = mmap(NULL, file->size, PROT_READ, MAP_PRIVATE, file->fd, 0);
+    if (mapping == MAP_FAILED) return pretrained_fault(message, UFORM_IO, "%s: cannot map it", name);
+    file->mapping = mapping;
+    uint64_t header_length = 0;
+    char const *why = NULL;
+    uform_status_t status = checkpoint_prefix(file->mapping, 8, file->size, &header_length, &why);
+    if (status == UFORM_OK)
+        status = checkpoint_parse_tensors((char const *)file->mapping + 8, header_length, file->size,
+                                          &file->header, &why);
+    if (status != UFORM_OK) return pretrained_fault(message, status, "%s: %s", name, why);
+    return UFORM_OK;
+}
+
+/* The weights of `tower` named `name`, as it is or with the tower's prefix. */
+static checkpoint_tensor_t const *weight(pretrained_t const *folder, pretrained_tower_t const *tower,
+                                         char const *name) {
+    checkpoint_header_t const *header = &folder->weights[tower->file].header;
+    checkpoint_tensor_t const *found = checkpoint_find(header, name);
+    if (found || !tower->prefix[0]) return found;
+    char prefixed[PRETRAINED_NAME_LIMIT + 32];
+    snprintf(prefixed, sizeof prefixed, "%s%s", tower->prefix, name);
+    return checkpoint_find(header, prefixed);
+}
+
+/* The weights that make one schema tensor: up to three sources stacked by rows (q, k and v into qkv), the
+ * first row of one (token type 0), or zeros (a part the family lacks, such as CLIP's patch bias). */
+typedef struct recipe {
+    char names[3][PRETRAINED_NAME_LIMIT];
+    size_t count; /* 0: zeros */
+    bool first_row;
+    bool zero_row;                     /* a row of zeros first (the class token's unplaced position) */
+    char scale[PRETRAINED_NAME_LIMIT]; /* a vector scaling the rows (LayerScale), or "" */
+} recipe_t;
+
+/* The names of a tower's part, the block's parts after its layer's prefix; "weight" or "bias" after the
+ * norms and linear layers. false when the family has no such part. */
+static bool recipe_of(pretrained_tower_t const *tower, checkpoint_schema_tensor_t const *tensor,
+                      recipe_t *recipe) {
+    pretrained_names_t const *names = tower->names;
+    *recipe = (recipe_t){.count = 1};
+    char const *what = strrchr(tensor->name, '.') + 1; /* "weight" or "bias" for the norms and layers */
+    char layer[64] = "";
+    snprintf(layer, sizeof layer, names->layer, tower->blocks[tensor->block]);
+    char const *block = NULL, *whole = NULL, *stacked[3] = {NULL, NULL, NULL};
+    switch (tensor->part) {
+    case CHECKPOINT_PART_NORM1:
+    case CHECKPOINT_PART_NORM1_BIAS:
+        block = names->norm1;
+        break;
+    case CHECKPOINT_PART_NORM2:
+    case CHECKPOINT_PART_NORM2_BIAS:
+        block = names->norm2;
+        break;
+    case CHECKPOINT_PART_QKV_WEIGHT:
+    case CHECKPOINT_PART_QKV_BIAS:
+        stacked[0] = names->q, stacked[1] = names->k, stacked[2] = names->v;
+        break;
+    case CHECKPOINT_PART_OUT_WEIGHT:
+    case CHECKPOINT_PART_OUT_BIAS:
+        block = names->out;
+        if (names->scale1) snprintf(recipe->scale, sizeof recipe->scale, "%s%s", layer, names->scale1);
+        break;
+    case CHECKPOINT_PART_UP_WEIGHT:
+    case CHECKPOINT_PART_UP_BIAS:
+        block = names->up;
+        break;
+    case CHECKPOINT_PART_DOWN_WEIGHT:
+    case CHECKPOINT_PART_DOWN_BIAS:
+        block = names->down;
+        if (names->scale2) snprintf(recipe->scale, sizeof recipe->scale, "%s%s", layer, names->scale2);
+        break;
+    case CHECKPOINT_PART_NORM:
+    case CHECKPOINT_PART_NORM_BIAS:
+        snprintf(recipe->names[0], sizeof recipe->names[0], "%s.%s", names->final_norm, what);
+        return names->final_norm != NULL;
+    case CHECKPOINT_PART_INPUT_NORM:
+    case CHECKPOINT_PART_INPUT_NORM_BIAS:
+        snprintf(recipe->names[0], sizeof recipe->names[0], "%s.%s", names->input_norm, what);
+        return names->input_norm != NULL;
+    case CHECKPOINT_PART_PROJ:
+        whole = names->proj;
+        break;
+    case CHECKPOINT_PART_EMBED:
+        whole = names->embed;
+        break;
+    case CHECKPOINT_PART_TEXT_POSITIONS:
+        whole = names->positions;
+        break;
+    case CHECKPOINT_PART_POS:
+        whole = names->positions;
+        recipe->zero_row = names->class_unplaced;
+        break;
+    case CHECKPOINT_PART_TOKEN_TYPE:
+        whole = names->token_type;
+        recipe->first_row = true;
+        break;
+    case CHECKPOINT_PART_PATCH_WEIGHT:
+        whole = names->patch;
+        break;
+    case CHECKPOINT_PART_PATCH_BIAS:
+        if (!names->patch_bias) recipe->count = 0; /* no bias: zeros */
+        if (!names->patch_bias) return true;
+        whole = names->patch_bias;
+        break;
+    case CHECKPOINT_PART_CLS:
+        whole = names->cls;
+        break;
+    case CHECKPOINT_PART_PROJ_BIAS:
+        whole = names->proj_bias;
+        break;
+    case CHECKPOINT_PART_HEAD_PROBE:
+        whole = names->head_probe;
+        break;
+    case CHECKPOINT_PART_HEAD_QKV_WEIGHT:
+        whole = names->head_qkv_weight;
+        break;
+    case CHECKPOINT_PART_HEAD_QKV_BIAS:
+        whole = names->head_qkv_bias;
+        break;
+    case CHECKPOINT_PART_HEAD_OUT_WEIGHT:
+    case CHECKPOINT_PART_HEAD_OUT_BIAS:
+        snprintf(recipe->names[0], sizeof recipe->names[0], "%s.%s", names->head_out, what);
+        return names->head_out != NULL;
+    case CHECKPOINT_PART_HEAD_NORM:
+    case CHECKPOINT_PART_HEAD_NORM_BIAS:
+        snprintf(recipe->names[0], sizeof recipe->names[0], "%s.%s", names->head_norm, what);
+        return names->head_norm != NULL;
+    case CHECKPOINT_PART_HEAD_UP_WEIGHT:
+    case CHECKPOINT_PART_HEAD_UP_BIAS:
+        snprintf(recipe->names[0], sizeof recipe->names[0], "%s.%s", names->head_up, what);
+        return names->head_up != NULL;
+    case CHECKPOINT_PART_HEAD_DOWN_WEIGHT:
+    case CHECKPOINT_PART_HEAD_DOWN_BIAS:
+        snprintf(recipe->names[0], sizeof recipe->names[0], "%s.%s", names->head_down, what);
+        return names->head_down != NULL;
+    default:
+        return false;
+    }
+    if (whole) return snprintf(recipe->names[0], sizeof recipe->names[0], "%s", whole) > 0;
+    if (stacked[0]) {
+        for (size_t i = 0; i < 3; ++i)
+            snprintf(recipe->names[i], sizeof recipe->names[i], "%s%s.%s", layer, stacked[i], what);
+        recipe->count = 3;
+        return true;
+    }
+    if (!block) return false;
+    snprintf(recipe->names[0], sizeof recipe->names[0], "%s%s.%s", layer, block, what);
+    return true;
+}
+
+/* `count` values of a source tensor as BF16. */
+static void to_bf16(uint16_t *out, void const *values, checkpoint_dtype_t dtype, size_t count) {
+    uint8_t const *bytes = values;
+    for (size_t i = 0; i < count; ++i) {
+        switch (dtype) {
+        case CHECKPOINT_F32: {
+            float value;
+            memcpy(&value, bytes + 4 * i, 4);
+            out[i] = f32_to_bf16(value);
+            break;
+        }
+        case CHECKPOINT_F16: {
+            uint16_t half;
+            memcpy(&half, bytes + 2 * i, 2);
+            _Float16 value;
+            memcpy(&value, &half, 2);
+            out[i] = f32_to_bf16((float)value);
+            break;
+        }
+        default: /* CHECKPOINT_BF16 */
+            memcpy(out + i, bytes + 2 * i, 2);
+            break;
+        }
+    }
+}
+
+/* Where the schema's tensors go in the data, and filling them (layout_visit). */
+typedef struct layout {
+    pretrained_t const *folder;
+    checkpoint_header_t *header;
+    uint8_t *data; /* NULL while sizing */
+    uint64_t size;
+    size_t names_size;
+    char *names;
+    char const **message;
+    uform_status_t status;
+} layout_t;
+
+/* Row r of a converted weight (or element r of a bias) times element r of the recipe's scale, rounded to BF16
+ * again: LayerScale folded into the layer before it. Checks the scale's shape while sizing (`out` NULL). */
+static bool scale_rows(layout_t *layout, pretrained_tower_t const *tower, recipe_t const *recipe,
+                       checkpoint_schema_tensor_t const *tensor, uint16_t *out) {
+    pretrained_t const *folder = layout->folder;
+    checkpoint_tensor_t const *scale = weight(folder, tower, recipe->scale);
+    uint64_t rows = tensor->shape[0], columns = tensor->rank == 2 ? tensor->shape[1] : 1, elements = 1;
+    for (size_t d = 0; scale && d < scale->rank; ++d)
+        elements *= scale->shape[d];
+    if (!scale || elements != rows ||
+        (scale->dtype != CHECKPOINT_F32 && scale->dtype != CHECKPOINT_F16 &&
+         scale->dtype != CHECKPOINT_BF16)) {
+        layout->status =
+            pretrained_fault(layout->message, UFORM_FORMAT, "%s: no scale %s of %llu values",
+                             folder->weights[tower->file].name, recipe->scale, (unsigned long long)rows);
+        return false;
+    }
+    if (!out) return true;
+    uint8_t const *values =
+        folder->weights[tower->file].mapping + folder->weights[tower->file].header.data_offset + scale->begin;
+    for (uint64_t r = 0; r < rows; ++r) {
+        uint16_t factor;
+        to_bf16(&factor, values + r * checkpoint_dtype_size(scale->dtype), scale->dtype, 1);
+        for (uint64_t c = 0; c < columns; ++c)
+            out[r * columns + c] = f32_to_bf16(bf16_to_f32(out[r * columns + c]) * bf16_to_f32(factor));
+    }
+    return true;
+}
+
+static int layout_visit(checkpoint_schema_tensor_t const *tensor, void *context) {
+    layout_t *layout = context;
+    uint64_t rows = tensor->shape[0], columns = tensor->rank == 2 ? tensor->shape[1] : 1;
+    uint64_t bytes = rows * columns * sizeof(uint16_t);
+    uint64_t begin = (layout->size + PRETRAINED_ALIGNMENT - 1) / PRETRAINED_ALIGNMENT * PRETRAINED_ALIGNMENT;
+    layout->size = begin + bytes;
+    size_t name_length = strlen(tensor->name) + 1;
+    if (!layout->data) {
+        layout->names_size += name_length;
+        layout->header->tensors_count++;
+    } else {
+        checkpoint_tensor_t *entry = &layout->header->tensors[layout->header->tensors_count++];
+        *entry = (checkpoint_tensor_t){.name = memcpy(layout->names, tensor->name, name_length),
+                                       .dtype = CHECKPOINT_BF16,
+                                       .rank = tensor->rank,
+                                       .shape = {tensor->shape[0], tensor->shape[1]},
+                                       .begin = begin,
+                                       .end = begin + bytes};
+        layout->names += name_length;
+    }
+    /* Sizing checks every source, so that nothing is allocated for weights the file does not hold. */
+    pretrained_t const *folder = layout->folder;
+    pretrained_tower_t const *tower = strcmp(tensor->tower, "text") == 0 ? &folder->text : &folder->image;
+    char const *file = folder->weights[tower->file].name;
+    recipe_t recipe;
+    if (!recipe_of(tower, tensor, &recipe)) {
+        layout->status = pretrained_fault(layout->message, UFORM_INTERNAL, "no weights for %s", tensor->name);
+        return 1;
+    }
+    uint16_t *out = layout->data ? (uint16_t *)(void *)(layout->data + begin) : NULL;
+    uint64_t filled = recipe.zero_row ? columns : 0; /* the zero row: the data is zeroed */
+    for (size_t s = 0; s < recipe.count; ++s) {
+        checkpoint_tensor_t const *source = weight(folder, tower, recipe.names[s]);
+        if (!source) {
+            layout->status = pretrained_fault(layout->message, UFORM_FORMAT, "%s: no tensor %s (for %s)",
+                                              file, recipe.names[s], tensor->name);
+            return 1;
+        }
+        if (source->dtype != CHECKPOINT_F32 && source->dtype != CHECKPOINT_F16 &&
+            source->dtype != CHECKPOINT_BF16) {
+            layout->status =
+                pretrained_fault(layout->message, UFORM_UNSUPPORTED, "%s: %s is %s, not F32, F16 or BF16",
+                                 file, recipe.names[s], checkpoint_dtype_name(source->dtype));
+            return 1;
+        }
+        /* Rows and the elements of each, leading dimensions of 1 dropped ([1, 1, H] is [H]): a convolution's
+         * [H, 3, P, P] is the patch layer's [H, 3P^2]. */
+        size_t first = 0;
+        while (first + 1 < source->rank && source->shape[first] == 1 && source->rank - first > tensor->rank)
+            first++;
+        size_t rank = source->rank - first;
+        uint64_t source_rows = rank >= 1 ? source->shape[first] : 1, source_columns = 1;
+        for (size_t d = first + 1; d < source->rank; ++d)
+            source_columns *= source->shape[d];
+        bool fits = recipe.first_row
+                        ? rank == 2 && source_rows >= 1 && source_columns == tensor->shape[0]
+                        : (tensor->rank == 1 ? rank == 1 : rank >= 2) && source_columns == columns &&
+                              filled + source_rows * columns <= rows * columns;
+        if (!fits) {
+            layout->status =
+                pretrained_fault(layout->message, UFORM_FORMAT,
+                                 "%s: %s has a shape the configuration does not give", file, recipe.names[s]);
+            return 1;
+        }
+        uint64_t take = recipe.first_row ? tensor->shape[0] : source_rows * source_columns;
+        uint8_t const *values = folder->weights[tower->file].mapping +
+                                folder->weights[tower->file].header.data_offset + source->begin;
+        if (out) to_bf16(out + filled, values, source->dtype, (size_t)take);
+        filled += take;
+    }
+    if (recipe.scale[0] && !scale_rows(layout, tower, &recipe, tensor, out)) return 1;
+    if (recipe.count > 0 && filled != rows * columns) {
+        layout->status =
+            pretrained_fault(layout->message, UFORM_FORMAT,
+                             "%s: %s has a shape the configuration does not give", file, recipe.names[0]);
+        return 1;
+    }
+    return 0;
+}
+
+static int compare_names(void const *left, void const *right) {
+    return strcmp(((checkpoint_tensor_t const *)left)->name, ((checkpoint_tensor_t const *)right)->name);
+}
+
+/* The model's data section and header from the folder's weights. */
+static uform_status_t build_data(pretrained_t *folder, pretrained_model_t *model, uform_executor_t *executor,
+                                 char const **message) {
+    checkpoint_header_t *header = &model->header;
+    layout_t sizing = {.folder = folder, .header = header, .message = message, .status = UFORM_OK};
+    if (checkpoint_schema_each(&folder->info, layout_visit, &sizing)) return sizing.status;
+    header->info = folder->info;
+    header->tensors = calloc(header->tensors_count, sizeof *header->tensors);
+    header->names = malloc(sizing.names_size);
+    model->data_size = (size_t)sizing.size;
+    model->data = executor_allocate(executor, model->data_size);
+    if (!header->tensors || !header->names || !model->data)
+        return pretrained_fault(message, UFORM_OUT_OF_MEMORY, "out of memory for the weights");
+    memset(model->data, 0, model->data_size);
+    layout_t filling = {.folder = folder,
+                        .header = header,
+                        .data = model->data,
+                        .names = header->names,
+                        .message = message,
+                        .status = UFORM_OK};
+    header->tensors_count = 0;
+    if (checkpoint_schema_each(&folder->info, layout_visit, &filling)) return filling.status;
+    qsort(header->tensors, header->tensors_count, sizeof *header->tensors, compare_names);
+    header->data_size = sizing.size;
+    size_t parameters = 0;
+    for (size_t i = 0; i < header->tensors_count; ++i)
+        parameters += (size_t)((header->tensors[i].end - header->tensors[i].begin) / sizeof(uint16_t));
+    header->info.parameters = parameters;
+    header->info.bytes = 2 * parameters;
+    return UFORM_OK;
+}
+
+/* The folder's tokenizer, truncating at the context as sentence-transformers asks its tokenizer to (over
+ * the file's own truncation), without the file's padding: sentence-transformers pads to the batch's
+ * longest text and masks the padding out, which packing without padding matches. */
+static uform_status_t open_tokenizer(pretrained_t const *folder, pretrained_model_t *model,
+                                     char const **message) {
+    uform_status_t status = uform_tokenizer_open(folder->transformer, &model->tokenizer);
+    if (status != UFORM_OK)
+        return pretrained_fault(message, status, "tokenizer: %s", uform_last_error().message);
+    uform_tokenizer_info_t about;
+    uform_tokenizer_info(model->tokenizer, &about);
+    if (about.vocabulary > folder->info.text.vocab)
+        return pretrained_fault(message, UFORM_FORMAT,
+                                "tokenizer: ids up to %zu past the model's vocabulary of %zu",
+                                about.vocabulary, folder->info.text.vocab);
+    if (about.special_added >= folder->info.text.context)
+        return pretrained_fault(message, UFORM_FORMAT, "tokenizer: its special tokens fill the context");
+    pretrained_tokenizer_fit(model->tokenizer, folder->info.text.context, !folder->info.text.cut_ids);
+#if UFORM_WITH_TOKENIZERS
+    /* A tokenizer.json travels with a converted checkpoint (uform_checkpoint_convert). */
+    if (!model->tokenizer->spiece) {
+        json_t *text = NULL;
+        status = pretrained_json(folder->transformer, "tokenizer.json", false, &text, message);
+        if (status != UFORM_OK) return status;
+        model->header.tokenizer = json_dumps(text, JSON_COMPACT);
+        json_decref(text);
+        if (!model->header.tokenizer)
+            return pretrained_fault(message, UFORM_OUT_OF_MEMORY, "tokenizer: out of memory");
+    }
+#endif
+    return UFORM_OK;
+}
+
+void pretrained_tokenizer_fit(uform_tokenizer_t *tokenizer, size_t context, bool truncate) {
+#if UFORM_WITH_TOKENIZERS
+    if (truncate) {
+        tokenizer->truncation.on = true;
+        tokenizer->truncation.only_second = false;
+        tokenizer->truncation.max_length = context;
+        tokenizer->truncation.direction = TRUNCATE_RIGHT;
+    }
+    tokenizer->padding.on = false; /* texts are packed without padding */
+#else
+    (void)tokenizer;
+    (void)context;
+    (void)truncate;
+#endif
+}
+
+static uform_status_t read_folder(pretrained_t *folder, pretrained_model_t *model, uform_executor_t *executor,
+                                  char const **message) {
+    /* sentence-transformers' modules first: the Transformer module may live in a folder of its own. */
+    sentence_t sentence = {.context = SIZE_MAX};
+    uform_status_t status = sentence_modules(folder, &sentence, message);
+    if (status != UFORM_OK) return status;
+    json_t *config = NULL;
+    status = pretrained_json(folder->transformer, "config.json", false, &config, message);
+    if (status != UFORM_OK) return status;
+    if (!json_is_object(config)) {
+        json_decref(config);
+        return pretrained_fault(message, UFORM_FORMAT, "config.json: not an object");
+    }
+    /* The engine's settings, which each family overrides where its towers differ. */
+    variant_defaults(&folder->info.text.transformer, true);
+    variant_defaults(&folder->info.image.transformer, false);
+    status = pretrained_family(folder, config, message);
+    json_decref(config);
+    if (status != UFORM_OK) return status;
+    uform_model_info_t *info = &folder->info;
+    if (sentence.modules && !info->has_text)
+        return pretrained_fault(message, UFORM_UNSUPPORTED,
+                                "modules.json: sentence-transformers modules over %s", info->family);
+    /* The modules' settings over the configuration's. */
+    if (sentence.pooled) info->text.transformer.pooling = sentence.pooling;
+    if (sentence.modules) info->normalized = sentence.normalized;
+    if (sentence.context < info->text.context) info->text.context = sentence.context;
+    info->matryoshka[0] = info->dims;
+    info->matryoshka_count = 1;
+    for (size_t i = 0; i < folder->files && status == UFORM_OK; ++i)
+        status = map_weights(folder, i, message);
+    if (status == UFORM_OK) status = build_data(folder, model, executor, message);
+    if (status == UFORM_OK && info->has_text) status = open_tokenizer(folder, model, message);
+    return status;
+}
+
+uform_status_t pretrained_read(char const *path, uform_executor_t *executor, pretrained_model_t *model,
+                               char const **message) {
+    memset(model, 0, sizeof *model);
+    pretrained_t *folder = calloc(1, sizeof *folder);
+    if (!folder) return pretrained_fault(message, UFORM_OUT_OF_MEMORY, "out of memory");
+    for (size_t i = 0; i < PRETRAINED_FILES; ++i)
+        folder->weights[i].fd = -1;
+    uform_status_t status = UFORM_OK;
+    if (snprintf(folder->root, PATH_MAX, "%s", path) >= PATH_MAX)
+        status = pretrained_fault(message, UFORM_IO, "folder path too long");
+    if (status == UFORM_OK) {
+        memcpy(folder->transformer, folder->root, sizeof folder->root);
+        status = read_folder(folder, model, executor, message);
+    }
+    for (size_t i = 0; i < PRETRAINED_FILES; ++i) {
+        pretrained_weights_t *file = &folder->weights[i];
+        if (file->mapping) munmap(file->mapping, file->size);
+        if (file->fd >= 0) close(file->fd);
+        checkpoint_header_free(&file->header);
+    }
+    free(folder);
+    if (status != UFORM_OK) {
+        executor_deallocate(executor, model->data, model->data_size);
+        checkpoint_header_free(&model->header);
+        uform_tokenizer_free(model->tokenizer);
+        memset(model, 0, sizeof *model);
+    }
+    return status;
+}

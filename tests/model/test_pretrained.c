@@ -1,0 +1,448 @@
+/* Pretrained folders (src/model/pretrained.c) through the public load verb: a small sentence-transformers
+ * BERT folder written here loads, describes itself and encodes texts; damaged and unsupported folders
+ * end in UFORM_IO, UFORM_FORMAT or UFORM_UNSUPPORTED naming the file and the fault, and leave the
+ * executor usable. Faithfulness to sentence-transformers is test_pretrained_reference.py's. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "checkpoint.h"
+#include "model.h"
+
+#define HIDDEN    64
+#define HEADS     2
+#define MLP       128
+#define DEPTH     2
+#define POSITIONS 40
+#define VOCAB     16
+#define CONTEXT   12 /* sentence_bert_config.json's max_seq_length */
+
+static char folder[256];
+
+static char const tokenizer_json[] =
+    "{\"version\":\"1.0\",\"truncation\":null,\"padding\":null,\"added_tokens\":["
+    "{\"id\":0,\"content\":\"[PAD]\",\"single_word\":false,\"lstrip\":false,\"rstrip\":false,\"normalized\":"
+    "false,"
+    "\"special\":true},"
+    "{\"id\":1,\"content\":\"[UNK]\",\"single_word\":false,\"lstrip\":false,\"rstrip\":false,\"normalized\":"
+    "false,"
+    "\"special\":true},"
+    "{\"id\":2,\"content\":\"[CLS]\",\"single_word\":false,\"lstrip\":false,\"rstrip\":false,\"normalized\":"
+    "false,"
+    "\"special\":true},"
+    "{\"id\":3,\"content\":\"[SEP]\",\"single_word\":false,\"lstrip\":false,\"rstrip\":false,\"normalized\":"
+    "false,"
+    "\"special\":true}],"
+    "\"normalizer\":{\"type\":\"BertNormalizer\",\"clean_text\":true,\"handle_chinese_chars\":true,"
+    "\"strip_accents\":null,\"lowercase\":true},"
+    "\"pre_tokenizer\":{\"type\":\"BertPreTokenizer\"},"
+    "\"post_processor\":{\"type\":\"BertProcessing\",\"sep\":[\"[SEP]\",3],\"cls\":[\"[CLS]\",2]},"
+    "\"decoder\":null,"
+    "\"model\":{\"type\":\"WordPiece\",\"unk_token\":\"[UNK]\",\"continuing_subword_prefix\":\"##\","
+    "\"max_input_chars_per_word\":100,\"vocab\":{\"[PAD]\":0,\"[UNK]\":1,\"[CLS]\":2,\"[SEP]\":3,\"a\":4,"
+    "\"cat\":5,\"sits\":6,\"on\":7,\"the\":8,\"mat\":9,\"##s\":10,\"kitten\":11,\"rug\":12,\"stock\":13,"
+    "\"markets\":14,\".\":15}}}";
+
+static char const modules_json[] =
+    "[{\"idx\":0,\"name\":\"0\",\"path\":\"\",\"type\":\"sentence_transformers.models.Transformer\"},"
+    "{\"idx\":1,\"name\":\"1\",\"path\":\"1_Pooling\",\"type\":\"sentence_transformers.models.Pooling\"},"
+    "{\"idx\":2,\"name\":\"2\",\"path\":\"2_Normalize\",\"type\":\"sentence_transformers.models.Normalize\"}"
+    "]";
+
+static char const pooling_json[] = "{\"word_embedding_dimension\":64,\"pooling_mode_cls_token\":false,"
+                                   "\"pooling_mode_mean_tokens\":true,\"pooling_mode_max_tokens\":false,"
+                                   "\"pooling_mode_mean_sqrt_len_tokens\":false}";
+
+/* ---- writing a folder --------------------------------------------------------------------------- */
+
+static void write_text(char const *name, char const *text) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", folder, name);
+    FILE *file = fopen(path, "wb");
+    assert_non_null(file);
+    assert_int_equal(fwrite(text, 1, strlen(text), file), strlen(text));
+    assert_int_equal(fclose(file), 0);
+}
+
+static void remove_file(char const *name) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", folder, name);
+    unlink(path);
+}
+
+static void write_config(char const *model_type, size_t hidden, size_t heads, size_t mlp, char const *act) {
+    char text[1024];
+    snprintf(text, sizeof text,
+             "{\"architectures\":[\"BertModel\"],\"model_type\":\"%s\",\"hidden_size\":%zu,"
+             "\"num_hidden_layers\":%d,\"num_attention_heads\":%zu,\"intermediate_size\":%zu,"
+             "\"hidden_act\":\"%s\",\"layer_norm_eps\":1e-12,\"max_position_embeddings\":%d,"
+             "\"type_vocab_size\":2,\"vocab_size\":%d,\"pad_token_id\":0,\"position_embedding_type\":"
+             "\"absolute\"}",
+             model_type, hidden, DEPTH, heads, mlp, act, POSITIONS, VOCAB);
+    write_text("config.json", text);
+}
+
+/* Deterministic values in [-scale, scale] (plus `offset`), F32. */
+static float *values(size_t count, unsigned seed, float scale, float offset) {
+    float *out = malloc(count * sizeof *out);
+    assert_non_null(out);
+    unsigned state = seed * 2654435761u + 1;
+    for (size_t i = 0; i < count; ++i) {
+        state = state * 1664525u + 1013904223u;
+        out[i] = offset + scale * ((float)(state >> 8) / (float)(1u << 24) * 2.0f - 1.0f);
+    }
+    return out;
+}
+
+/* model.safetensors of a BertModel: every tensor but `skip` (NULL: none). */
+static void write_weights(char const *skip) {
+    checkpoint_source_t tensors[128];
+    float *owned[128];
+    size_t count = 0;
+    char names[128][96];
+#define TENSOR(rows, columns, scale, offset, ...)                                                            \
+    do {                                                                                                     \
+        snprintf(names[count], sizeof names[count], __VA_ARGS__);                                            \
+        if (skip && strcmp(names[count], skip) == 0) break;                                                  \
+        size_t n = (rows) * ((columns) ? (columns) : 1);                                                     \
+        owned[count] = values(n, (unsigned)count + 1, scale, offset);                                        \
+        tensors[count] = (checkpoint_source_t){.name = names[count],                                         \
+                                               .dtype = CHECKPOINT_F32,                                      \
+                                               .rank = (columns) ? 2 : 1,                                    \
+                                               .shape = {(rows), (columns)},                                 \
+                                               .data = owned[count]};                                        \
+        count++;                                                                                             \
+    } while (0)
+    TENSOR(VOCAB, HIDDEN, 0.5f, 0.0f, "embeddings.word_embeddings.weight");
+    TENSOR(POSITIONS, HIDDEN, 0.5f, 0.0f, "embeddings.position_embeddings.weight");
+    TENSOR(2, HIDDEN, 0.5f, 0.0f, "embeddings.token_type_embeddings.weight");
+    TENSOR(HIDDEN, 0, 0.1f, 1.0f, "embeddings.LayerNorm.weight");
+    TENSOR(HIDDEN, 0, 0.1f, 0.0f, "embeddings.LayerNorm.bias");
+    for (int i = 0; i < DEPTH; ++i) {
+        char const *const attention[] = {"query", "key", "value"};
+        for (int a = 0; a < 3; ++a) {
+            TENSOR(HIDDEN, HIDDEN, 0.15f, 0.0f, "encoder.layer.%d.attention.self.%s.weight", i, attention[a]);
+            TENSOR(HIDDEN, 0, 0.05f, 0.0f, "encoder.layer.%d.attention.self.%s.bias", i, attention[a]);
+        }
+        TENSOR(HIDDEN, HIDDEN, 0.15f, 0.0f, "encoder.layer.%d.attention.output.dense.weight", i);
+        TENSOR(HIDDEN, 0, 0.05f, 0.0f, "encoder.layer.%d.attention.output.dense.bias", i);
+        TENSOR(HIDDEN, 0, 0.1f, 1.0f, "encoder.layer.%d.attention.output.LayerNorm.weight", i);
+        TENSOR(HIDDEN, 0, 0.1f, 0.0f, "encoder.layer.%d.attention.output.LayerNorm.bias", i);
+        TENSOR(MLP, HIDDEN, 0.15f, 0.0f, "encoder.layer.%d.intermediate.dense.weight", i);
+        TENSOR(MLP, 0, 0.05f, 0.0f, "encoder.layer.%d.intermediate.dense.bias", i);
+        TENSOR(HIDDEN, MLP, 0.1f, 0.0f, "encoder.layer.%d.output.dense.weight", i);
+        TENSOR(HIDDEN, 0, 0.05f, 0.0f, "encoder.layer.%d.output.dense.bias", i);
+        TENSOR(HIDDEN, 0, 0.1f, 1.0f, "encoder.layer.%d.output.LayerNorm.weight", i);
+        TENSOR(HIDDEN, 0, 0.1f, 0.0f, "encoder.layer.%d.output.LayerNorm.bias", i);
+    }
+#undef TENSOR
+    char path[512];
+    snprintf(path, sizeof path, "%s/model.safetensors", folder);
+    char const *message = NULL;
+    assert_int_equal(checkpoint_write(path, NULL, tensors, count, &message), UFORM_OK);
+    for (size_t i = 0; i < count; ++i)
+        free(owned[i]);
+}
+
+/* The folder as sentence-transformers saves all-MiniLM-L6-v2's, in small. */
+static void write_folder(void) {
+    write_config("bert", HIDDEN, HEADS, MLP, "gelu");
+    write_weights(NULL);
+    write_text("tokenizer.json", tokenizer_json);
+    write_text("modules.json", modules_json);
+    write_text("1_Pooling/config.json", pooling_json);
+    write_text("sentence_bert_config.json", "{\"max_seq_length\": 12, \"do_lower_case\": false}");
+}
+
+static int setup(void **state) {
+    (void)state;
+    char const *base = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    snprintf(folder, sizeof folder, "%s/uform-pretrained-XXXXXX", base);
+    if (!mkdtemp(folder)) return -1;
+    char path[512];
+    snprintf(path, sizeof path, "%s/1_Pooling", folder);
+    if (mkdir(path, 0700) != 0) return -1;
+    snprintf(path, sizeof path, "%s/2_Normalize", folder);
+    if (mkdir(path, 0700) != 0) return -1;
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    char const *const files[] = {"config.json",      "model.safetensors",     "tokenizer.json",
+                                 "modules.json",     "1_Pooling/config.json", "sentence_bert_config.json",
+                                 "pytorch_model.bin"};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; ++i)
+        remove_file(files[i]);
+    char path[512];
+    snprintf(path, sizeof path, "%s/1_Pooling", folder);
+    rmdir(path);
+    snprintf(path, sizeof path, "%s/2_Normalize", folder);
+    rmdir(path);
+    rmdir(folder);
+    return 0;
+}
+
+/* ---- helpers ------------------------------------------------------------------------------------ */
+
+static uform_status_t load(uform_model_t **model) {
+    uform_model_load_args_t args = {.path = folder, .model = model};
+    return uform_model_load_ram(&args);
+}
+
+/* Embeds `count` texts into `out` [count, HIDDEN]; answers the call's status, item statuses in `statuses`. */
+static uform_status_t embed(uform_model_t *model, char const *const *texts, size_t count, float *out,
+                            uform_status_t *statuses, uform_encode_stats_t *stats) {
+    size_t offsets[16] = {0};
+    char data[4096];
+    for (size_t i = 0; i < count; ++i) {
+        size_t length = strlen(texts[i]);
+        memcpy(data + offsets[i], texts[i], length);
+        offsets[i + 1] = offsets[i] + length;
+    }
+    uform_arena_t *arena = NULL;
+    assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
+    uform_encoded_t encoded;
+    uform_encode_config_t config = {.stats = stats};
+    uform_text_encode_args_t args = {
+        .model = model,
+        .outputs = UFORM_OUTPUT_EMBEDDINGS,
+        .arena = arena,
+        .config = &config,
+        .encoded = &encoded,
+        .texts = {.data = data, .offsets = offsets, .count = count, .length = offsets[count]}};
+    uform_status_t status = uform_text_encode(&args);
+    if (status == UFORM_OK) {
+        assert_int_equal(encoded.embeddings.columns, HIDDEN);
+        for (size_t i = 0; i < count; ++i) {
+            memcpy(out + i * HIDDEN,
+                   (char const *)encoded.embeddings.data + i * encoded.embeddings.row_stride,
+                   HIDDEN * sizeof(float));
+            statuses[i] = encoded.statuses[i];
+        }
+    }
+    uform_arena_free(arena);
+    return status;
+}
+
+/* ---- tests -------------------------------------------------------------------------------------- */
+
+static void folder_loads_and_describes_itself(void **state) {
+    (void)state;
+    write_folder();
+    uform_model_t *model = NULL;
+    assert_int_equal(load(&model), UFORM_OK);
+    uform_model_info_t info;
+    assert_int_equal(uform_model_info(model, &info), UFORM_OK);
+    assert_string_equal(info.family, "bert");
+    assert_true(info.normalized);
+    assert_true(info.has_text);
+    assert_false(info.has_image);
+    assert_int_equal(info.dims, HIDDEN);
+    assert_int_equal(info.text.vocab, VOCAB);
+    assert_int_equal(info.text.context, CONTEXT);
+    assert_int_equal(info.text.positions, POSITIONS);
+    assert_int_equal(info.text.position_offset, 0);
+    assert_true(info.text.token_type);
+    uform_transformer_info_t const *t = &info.text.transformer;
+    assert_int_equal(t->depth, DEPTH);
+    assert_int_equal(t->heads, HEADS);
+    assert_int_equal(t->head, HIDDEN / HEADS);
+    assert_int_equal(t->norm, UFORM_NORM_LAYER);
+    assert_true(t->post_norm);
+    assert_true(t->input_norm);
+    assert_false(t->final_norm);
+    assert_int_equal(t->activation, UFORM_ACTIVATION_GELU_ERF);
+    assert_false(t->rotary);
+    assert_false(t->causal);
+    assert_int_equal(t->pooling, UFORM_POOLING_MEAN);
+    assert_false(t->projection);
+    uform_model_free(model);
+}
+
+/* Unit vectors (the folder normalizes), each text's the same alone and in a batch, a long text cut at
+ * the context and counted, an empty text its special tokens', invalid UTF-8 failing alone. */
+static void folder_encodes_texts(void **state) {
+    (void)state;
+    write_folder();
+    uform_model_t *model = NULL;
+    assert_int_equal(load(&model), UFORM_OK);
+    char const *const texts[] = {"a cat sits on the mat", "", "a kitten rests on a rug",
+                                 "stock markets fell sharply. the the the the the the the the the the",
+                                 "\xff\xfe"};
+    float batch[5 * HIDDEN], alone[HIDDEN];
+    uform_status_t statuses[5], status;
+    uform_encode_stats_t stats;
+    assert_int_equal(embed(model, texts, 5, batch, statuses, &stats), UFORM_OK);
+    assert_int_equal(stats.truncated, 1);
+    assert_int_equal(stats.failed, 1);
+    assert_int_equal(statuses[4], UFORM_FORMAT);
+    for (size_t i = 0; i < 4; ++i) {
+        assert_int_equal(statuses[i], UFORM_OK);
+        double norm = 0;
+        for (size_t h = 0; h < HIDDEN; ++h)
+            norm += (double)batch[i * HIDDEN + h] * batch[i * HIDDEN + h];
+        assert_true(fabs(norm - 1.0) < 1e-5);
+        assert_int_equal(embed(model, &texts[i], 1, alone, &status, NULL), UFORM_OK);
+        assert_memory_equal(alone, batch + i * HIDDEN, sizeof alone);
+    }
+    for (size_t h = 0; h < HIDDEN; ++h)
+        assert_true(batch[4 * HIDDEN + h] == 0.0f);
+    /* Different texts, different vectors. */
+    assert_memory_not_equal(batch, batch + HIDDEN, HIDDEN * sizeof(float));
+    uform_model_free(model);
+}
+
+/* A fault written into the folder, and what loading it must answer. */
+typedef struct fault {
+    char const *what;
+    void (*damage)(void);
+    uform_status_t status;
+    char const *message; /* a part of the error's message */
+} fault_t;
+
+static void no_config(void) {
+    remove_file("config.json");
+}
+static void config_not_json(void) {
+    write_text("config.json", "{\"model_type\": \"bert\",");
+}
+static void other_model_type(void) {
+    write_config("gpt2", HIDDEN, HEADS, MLP, "gelu");
+}
+static void huge_hidden(void) {
+    write_config("bert", 1000000000000ull, HEADS, MLP, "gelu");
+}
+static void uneven_heads(void) {
+    write_config("bert", HIDDEN, 3, MLP, "gelu");
+}
+static void unknown_activation(void) {
+    write_config("bert", HIDDEN, HEADS, MLP, "relu");
+}
+static void wrong_mlp(void) {
+    write_config("bert", HIDDEN, HEADS, 2 * MLP, "gelu");
+}
+static void no_weights(void) {
+    remove_file("model.safetensors");
+}
+static void pickled_weights(void) {
+    remove_file("model.safetensors");
+    write_text("pytorch_model.bin", "PK");
+}
+static void weights_not_safetensors(void) {
+    write_text("model.safetensors", "\x10\0\0\0\0\0\0\0{\"a\": 1}");
+}
+static void missing_tensor(void) {
+    write_weights("encoder.layer.1.attention.self.value.bias");
+}
+static void dense_module(void) {
+    write_text(
+        "modules.json",
+        "[{\"idx\":0,\"name\":\"0\",\"path\":\"\",\"type\":\"sentence_transformers.models.Transformer\"},"
+        "{\"idx\":1,\"name\":\"1\",\"path\":\"2_Dense\",\"type\":\"sentence_transformers.models.Dense\"}]");
+}
+static void max_pooling(void) {
+    write_text("1_Pooling/config.json", "{\"pooling_mode_max_tokens\": true}");
+}
+static void escaping_module(void) {
+    write_text("modules.json", "[{\"idx\":0,\"name\":\"0\",\"path\":\"../"
+                               "..\",\"type\":\"sentence_transformers.models.Transformer\"}]");
+}
+static void no_tokenizer(void) {
+    remove_file("tokenizer.json");
+}
+static void tokenizer_past_vocabulary(void) {
+    char text[sizeof tokenizer_json + 32];
+    snprintf(text, sizeof text, "%s", tokenizer_json);
+    char *at = strstr(text, "\".\":15");
+    assert_non_null(at);
+    memcpy(at, "\".\":99", 6);
+    write_text("tokenizer.json", text);
+}
+static void uform3_folder(void) {
+    write_text("config.json", "{\"text_encoder\": {}, \"image_encoder\": {}}");
+}
+
+static void damaged_folders_fail_clearly(void **state) {
+    (void)state;
+    fault_t const faults[] = {
+        {"no config.json", no_config, UFORM_IO, "config.json"},
+        {"config.json not JSON", config_not_json, UFORM_FORMAT, "config.json: not JSON"},
+        {"another model_type", other_model_type, UFORM_UNSUPPORTED, "gpt2"},
+        {"a huge hidden_size", huge_hidden, UFORM_FORMAT, "hidden_size"},
+        {"heads that do not divide hidden", uneven_heads, UFORM_UNSUPPORTED, "heads"},
+        {"an unknown activation", unknown_activation, UFORM_UNSUPPORTED, "relu"},
+        {"shapes the configuration does not give", wrong_mlp, UFORM_FORMAT, "intermediate.dense.weight"},
+        {"no weights", no_weights, UFORM_IO, "model.safetensors"},
+        {"pickled weights", pickled_weights, UFORM_UNSUPPORTED, "pytorch_model.bin"},
+        {"weights not safetensors", weights_not_safetensors, UFORM_FORMAT, "model.safetensors"},
+        {"a missing tensor", missing_tensor, UFORM_FORMAT, "value.bias"},
+        {"a Dense module", dense_module, UFORM_UNSUPPORTED, "Dense"},
+        {"max pooling", max_pooling, UFORM_UNSUPPORTED, "pooling"},
+        {"a module outside the folder", escaping_module, UFORM_FORMAT, "modules.json"},
+        {"no tokenizer", no_tokenizer, UFORM_IO, "tokenizer"},
+        {"tokenizer ids past the vocabulary", tokenizer_past_vocabulary, UFORM_FORMAT, "vocabulary"},
+        {"a UForm 3 folder without sizes", uform3_folder, UFORM_FORMAT, "text_encoder: \"dim\""},
+    };
+    uform_executor_t *executor = NULL;
+    assert_int_equal(uform_executor_create_ram(NULL, &executor), UFORM_OK);
+    for (size_t i = 0; i < sizeof faults / sizeof faults[0]; ++i) {
+        write_folder();
+        remove_file("pytorch_model.bin");
+        faults[i].damage();
+        uform_model_t *model = NULL;
+        uform_model_load_args_t args = {.executor = executor, .path = folder, .model = &model};
+        uform_status_t status = uform_model_load_ram(&args);
+        uform_error_t error = uform_last_error();
+        if (status != faults[i].status || !strstr(error.message, faults[i].message))
+            fail_msg("%s: status %d, message \"%s\"; expected %d with \"%s\"", faults[i].what, status,
+                     error.message, faults[i].status, faults[i].message);
+        assert_null(model);
+    }
+    /* Nothing disturbed: the executor loads and runs the folder as written. */
+    write_folder();
+    remove_file("pytorch_model.bin");
+    uform_model_t *model = NULL;
+    uform_model_load_args_t args = {.executor = executor, .path = folder, .model = &model};
+    assert_int_equal(uform_model_load_ram(&args), UFORM_OK);
+    uform_model_free(model);
+    uform_executor_free(executor);
+}
+
+/* Verbs a model that reads tokens does not run say so. */
+static void byte_verbs_are_unsupported(void **state) {
+    (void)state;
+    write_folder();
+    uform_model_t *model = NULL;
+    assert_int_equal(load(&model), UFORM_OK);
+    uform_arena_t *arena = NULL;
+    assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
+    size_t offsets[] = {0, 3};
+    uform_encoded_t encoded;
+    uform_text_encode_args_t args = {.model = model,
+                                     .outputs = UFORM_OUTPUT_TOKEN_VECTORS,
+                                     .arena = arena,
+                                     .encoded = &encoded,
+                                     .texts = {.data = "cat", .offsets = offsets, .count = 1, .length = 3}};
+    assert_int_equal(uform_text_encode(&args), UFORM_UNSUPPORTED);
+    uform_arena_free(arena);
+    uform_model_free(model);
+}
+
+int main(void) {
+    struct CMUnitTest const tests[] = {
+        cmocka_unit_test(folder_loads_and_describes_itself),
+        cmocka_unit_test(folder_encodes_texts),
+        cmocka_unit_test(damaged_folders_fail_clearly),
+        cmocka_unit_test(byte_verbs_are_unsupported),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
