@@ -1,12 +1,15 @@
-/* Resize (antialiased bilinear, short side to `size`), centre crop, normalize and patchify: the
- * convention is spelled out in image_preprocess.h. Only the cropped output samples are computed, and
- * only the input rows they reach are filtered horizontally. */
+/* Resize, centre crop, normalize and patchify: the conventions are spelled out in image_preprocess.h.
+ * image_layout sizes the resized image and places the crop; then either the float path here (antialiased
+ * bilinear) or Pillow's 8-bit resampling (image_resample.c) into a crop that is normalized from a table.
+ * Only the cropped output samples are computed, and only the input rows they reach are filtered
+ * horizontally. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "image_preprocess.h"
+#include "image_resample.h"
 
 /* One axis of the resampling, for the `size` output samples of the crop: output o reads `count[o]`
  * input samples from `first[o]` with the weights at `weights + o * taps`. */
@@ -68,21 +71,39 @@ static size_t axis_carve(axis_t *axis, char *memory, size_t size, size_t taps) {
     return axis_bytes(size, taps);
 }
 
-uform_status_t image_preprocess(uint8_t const *rgb, size_t height, size_t width, size_t stride,
-                                image_geometry_t const *geometry, float *patches) {
-    size_t const size = geometry->size, patch = geometry->patch, side = size / patch;
-    size_t const row_floats = patch * patch * 3;
-    if (height == 0 || width == 0 || size == 0 || patch == 0) return UFORM_INVALID_ARGUMENT;
+/* Where an odd excess places the crop: floor((out - size) / 2), or Python's round of it (half to even). */
+static size_t crop_start(size_t excess, image_resize_t resize) {
+    size_t half = excess / 2;
+    return resize == IMAGE_RESIZE_SHORT_SIDE_ROUND_CROP && (excess & 1) && (half & 1) ? half + 1 : half;
+}
 
-    /* The resized image: short side `size`, long side floor(long * size / short). */
+uform_status_t image_layout(size_t height, size_t width, image_geometry_t const *geometry,
+                            image_layout_t *layout) {
+    size_t const size = geometry->size;
+    if (height == 0 || width == 0 || size == 0 || (unsigned)geometry->resize > IMAGE_RESIZE_SQUARE ||
+        (unsigned)geometry->resample > IMAGE_RESAMPLE_PILLOW_BILINEAR)
+        return UFORM_INVALID_ARGUMENT;
+    /* Short side `size`, long side floor(long * size / short); or both `size`. */
     size_t out_height = size, out_width = size, scaled = 0;
-    if (height < width) {
+    if (geometry->resize != IMAGE_RESIZE_SQUARE && height < width) {
         if (__builtin_mul_overflow(width, size, &scaled)) return UFORM_INVALID_ARGUMENT;
         out_width = scaled / height;
-    } else if (width < height) {
+    } else if (geometry->resize != IMAGE_RESIZE_SQUARE && width < height) {
         if (__builtin_mul_overflow(height, size, &scaled)) return UFORM_INVALID_ARGUMENT;
         out_height = scaled / width;
     }
+    *layout = (image_layout_t){out_height, out_width, crop_start(out_height - size, geometry->resize),
+                               crop_start(out_width - size, geometry->resize)};
+    return UFORM_OK;
+}
+
+/* The float path: antialiased bilinear, no rounding between the passes. */
+static uform_status_t preprocess_float(uint8_t const *rgb, size_t height, size_t width, size_t stride,
+                                       image_geometry_t const *geometry, image_layout_t const *layout,
+                                       float *patches) {
+    size_t const size = geometry->size, patch = geometry->patch, side = size / patch;
+    size_t const row_floats = patch * patch * 3;
+    size_t const out_height = layout->out_height, out_width = layout->out_width;
     size_t const rows_taps = axis_taps(height, out_height), columns_taps = axis_taps(width, out_width);
     size_t const rows_bytes = axis_bytes(size, rows_taps), columns_bytes = axis_bytes(size, columns_taps);
     if (rows_bytes == 0 || columns_bytes == 0) return UFORM_INVALID_ARGUMENT;
@@ -96,8 +117,8 @@ uform_status_t image_preprocess(uint8_t const *rgb, size_t height, size_t width,
     size_t used = axis_carve(&rows, header, size, rows_taps);
     used += axis_carve(&columns, header + used, size, columns_taps);
     float *sums = (float *)(void *)(header + used);
-    axis_fill(&rows, height, out_height, (out_height - size) / 2, size);
-    axis_fill(&columns, width, out_width, (out_width - size) / 2, size);
+    axis_fill(&rows, height, out_height, layout->top, size);
+    axis_fill(&columns, width, out_width, layout->left, size);
     size_t const row_first = rows.first[0], needed = rows.first[size - 1] + rows.count[size - 1] - row_first;
     size_t filtered_bytes = 0;
     float *filtered = NULL;
@@ -144,4 +165,53 @@ uform_status_t image_preprocess(uint8_t const *rgb, size_t height, size_t width,
     free(filtered);
     free(header);
     return UFORM_OK;
+}
+
+/* Scales and normalizes the 8-bit crop [size, size, 3] into its patches, through a table of the 256 values
+ * of each channel.                                                                  [side^2, 3 patch^2] */
+static void patches_from_rgb8(uint8_t const *crop, image_geometry_t const *geometry, float *patches) {
+    size_t const size = geometry->size, patch = geometry->patch, side = size / patch;
+    size_t const row_floats = patch * patch * 3;
+    float values[3][256];
+    for (size_t c = 0; c < 3; ++c)
+        for (size_t v = 0; v < 256; ++v)
+            values[c][v] = ((float)v / 255.0f - geometry->mean[c]) / geometry->std[c];
+    for (size_t y = 0; y < size; ++y) {
+        uint8_t const *pixel = crop + y * size * 3;
+        float *row_patches = patches + (y / patch) * side * row_floats + (y % patch) * patch;
+        for (size_t x = 0; x < size; ++x, pixel += 3)
+            for (size_t c = 0; c < 3; ++c)
+                row_patches[(x / patch) * row_floats + c * patch * patch + x % patch] = values[c][pixel[c]];
+    }
+}
+
+uform_status_t image_crop_rgb8(uint8_t const *rgb, size_t height, size_t width, size_t stride,
+                               image_geometry_t const *geometry, uint8_t *crop) {
+    image_layout_t layout;
+    uform_status_t status = image_layout(height, width, geometry, &layout);
+    if (status != UFORM_OK) return status;
+    if (geometry->resample == IMAGE_RESAMPLE_FLOAT_BILINEAR) return UFORM_UNSUPPORTED;
+    return image_resample_pillow(rgb, height, width, stride, geometry->resample, &layout, geometry->size,
+                                 crop);
+}
+
+uform_status_t image_preprocess(uint8_t const *rgb, size_t height, size_t width, size_t stride,
+                                image_geometry_t const *geometry, float *patches) {
+    size_t const size = geometry->size, patch = geometry->patch;
+    if (patch == 0 || size % patch != 0) return UFORM_INVALID_ARGUMENT;
+    image_layout_t layout;
+    uform_status_t status = image_layout(height, width, geometry, &layout);
+    if (status != UFORM_OK) return status;
+    if (geometry->resample == IMAGE_RESAMPLE_FLOAT_BILINEAR)
+        return preprocess_float(rgb, height, width, stride, geometry, &layout, patches);
+    size_t crop_bytes = 0;
+    if (__builtin_mul_overflow(size, size, &crop_bytes) || crop_bytes > SIZE_MAX / 3)
+        return UFORM_INVALID_ARGUMENT;
+    crop_bytes *= 3;
+    uint8_t *crop = malloc(crop_bytes);
+    if (!crop) return UFORM_OUT_OF_MEMORY;
+    status = image_resample_pillow(rgb, height, width, stride, geometry->resample, &layout, size, crop);
+    if (status == UFORM_OK) patches_from_rgb8(crop, geometry, patches);
+    free(crop);
+    return status;
 }

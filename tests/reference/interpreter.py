@@ -24,7 +24,8 @@ CANDIDATES = (REPOSITORY / ".venv" / "bin" / "python3", Path("/usr/bin/python3")
 
 # Where each module the checks import comes from: Debian's packages, or PyPI into the project's .venv
 # (which sees Debian's packages too), as .ci/run installs them.
-DEBIAN_PACKAGES = {"torch": "python3-torch", "numpy": "python3-numpy", "PIL": "python3-pil"}
+DEBIAN_PACKAGES = {"torch": "python3-torch", "numpy": "python3-numpy", "PIL": "python3-pil",
+                   "skimage": "python3-skimage"}
 PYPI_PACKAGES = {"safetensors": "safetensors", "openai": "openai", "onnxruntime": "onnxruntime",
                  "mojo": "mojo==1.2.0", "rattler": "py-rattler", "rattler_build": "py-rattler-build",
                  "schemathesis": "schemathesis", "ziglang": "ziglang",
