@@ -536,6 +536,21 @@ typedef enum uform_pooling {
                                 residual MLP (SigLIP's vision tower) */
 } uform_pooling_t;
 
+/* How an image tower's preprocessing resizes and crops (docs/DESIGN.md, "Image front end"). */
+typedef enum uform_image_resize {
+    UFORM_RESIZE_SHORT_SIDE = 0, /* the short side to `size`, then the centre crop from floor((out - size) / 2):
+                                    the engine's own, and Hugging Face's image processors (CLIP) */
+    UFORM_RESIZE_SHORT_SIDE_ROUND_CROP = 1, /* the same, the crop from round((out - size) / 2), halves to
+                                               even: torchvision's CenterCrop (UForm 3) */
+    UFORM_RESIZE_SQUARE = 2,                /* both sides to `size`, no crop (SigLIP) */
+} uform_image_resize_t;
+
+typedef enum uform_image_resample {
+    UFORM_RESAMPLE_FLOAT_BILINEAR = 0,  /* the engine's own: antialiased bilinear in float */
+    UFORM_RESAMPLE_PILLOW_BICUBIC = 1,  /* Pillow's 8-bit BICUBIC, bit for bit (Pillow 9.4) */
+    UFORM_RESAMPLE_PILLOW_BILINEAR = 2, /* Pillow's 8-bit BILINEAR */
+} uform_image_resample_t;
+
 typedef struct uform_transformer_info {
     size_t depth, hidden, heads, mlp;
     size_t head;     /* each head's width: hidden / heads (64 in the engine's own checkpoints) */
@@ -578,6 +593,8 @@ typedef struct uform_model_info {
         uform_transformer_info_t transformer;
         size_t size, patch; /* square input side and patch side, in pixels */
         float mean[3], std[3];
+        uform_image_resize_t resize;
+        uform_image_resample_t resample;
     } image;
     struct {
         size_t frames; /* sampled per clip; uses the image tower's weights */

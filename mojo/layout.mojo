@@ -214,6 +214,8 @@ def main():
     at("uform_model_info_t", "image.patch", Int(Pointer(to=mi)), Int(Pointer(to=mi.image.patch)))
     at("uform_model_info_t", "image.mean", Int(Pointer(to=mi)), Int(Pointer(to=mi.image.mean)))
     at("uform_model_info_t", "image.std", Int(Pointer(to=mi)), Int(Pointer(to=mi.image.std)))
+    at("uform_model_info_t", "image.resize", Int(Pointer(to=mi)), Int(Pointer(to=mi.image.resize)))
+    at("uform_model_info_t", "image.resample", Int(Pointer(to=mi)), Int(Pointer(to=mi.image.resample)))
     at("uform_model_info_t", "video", Int(Pointer(to=mi)), Int(Pointer(to=mi.video)))
     at("uform_model_info_t", "video.frames", Int(Pointer(to=mi)), Int(Pointer(to=mi.video.frames)))
     at("uform_model_info_t", "audio", Int(Pointer(to=mi)), Int(Pointer(to=mi.audio)))

@@ -29,8 +29,18 @@ static char const *activation_name(uform_activation_t activation) {
 }
 
 static char const *pooling_name(uform_pooling_t pooling) {
-    static char const *const names[] = {"last", "first", "mean", "end"};
-    return (size_t)pooling < 4 ? names[pooling] : "unknown";
+    static char const *const names[] = {"last", "first", "mean", "end", "head"};
+    return (size_t)pooling < 5 ? names[pooling] : "unknown";
+}
+
+static char const *resize_name(uform_image_resize_t resize) {
+    static char const *const names[] = {"short_side", "short_side_round_crop", "square"};
+    return (size_t)resize < 3 ? names[resize] : "unknown";
+}
+
+static char const *resample_name(uform_image_resample_t resample) {
+    static char const *const names[] = {"float_bilinear", "pillow_bicubic", "pillow_bilinear"};
+    return (size_t)resample < 3 ? names[resample] : "unknown";
 }
 
 static void print_transformer(char const *tower, uform_transformer_info_t const *transformer) {
@@ -62,9 +72,10 @@ static void print_text(char const *path, uform_model_info_t const *info) {
     }
     if (info->has_image) {
         print_transformer("image", &info->image.transformer);
-        printf(" %zu px square, %zu px patches, mean %.4g %.4g %.4g, std %.4g %.4g %.4g\n", info->image.size,
-               info->image.patch, info->image.mean[0], info->image.mean[1], info->image.mean[2],
-               info->image.std[0], info->image.std[1], info->image.std[2]);
+        printf(" %zu px square, %zu px patches, mean %.4g %.4g %.4g, std %.4g %.4g %.4g, resized %s, %s\n",
+               info->image.size, info->image.patch, info->image.mean[0], info->image.mean[1],
+               info->image.mean[2], info->image.std[0], info->image.std[1], info->image.std[2],
+               resize_name(info->image.resize), resample_name(info->image.resample));
     }
     if (info->has_video)
         printf("%-11s %zu frames per clip, through the image tower\n", "video", info->video.frames);
@@ -137,7 +148,9 @@ static json_t *image_json(uform_model_info_t const *info) {
     return checked(tower, set_size(tower, "size", info->image.size) +
                               set_size(tower, "patch", info->image.patch) +
                               set(tower, "mean", floats_json(info->image.mean, 3)) +
-                              set(tower, "std", floats_json(info->image.std, 3)));
+                              set(tower, "std", floats_json(info->image.std, 3)) +
+                              set(tower, "resize", json_string(resize_name(info->image.resize))) +
+                              set(tower, "resample", json_string(resample_name(info->image.resample))));
 }
 
 static json_t *video_json(uform_model_info_t const *info) {

@@ -288,6 +288,8 @@ struct ImageInfo(Copyable):
     var patch: c_size_t
     var mean: Array[Float32, 3]
     var std: Array[Float32, 3]
+    var resize: Int32  # uform_image_resize_t
+    var resample: Int32  # uform_image_resample_t
 
 
 @fieldwise_init
@@ -337,7 +339,7 @@ struct ModelInfo(Copyable):
         var zero = TransformerInfo.zero()
         self = Self(0, Array[c_size_t, MATRYOSHKA_MAX](fill=0), 0, 0, 0, False, False, False, False, False,
                     TextInfo(zero, 0, 0, 0, 0, False, False, False, 0),
-                    ImageInfo(zero, 0, 0, Array[Float32, 3](fill=0), Array[Float32, 3](fill=0)),
+                    ImageInfo(zero, 0, 0, Array[Float32, 3](fill=0), Array[Float32, 3](fill=0), 0, 0),
                     VideoInfo(0), AudioInfo(zero, 0, 0, 0, 0, 0, 0, 0), 0, Array[UInt8, 16](fill=0), False)
 
     def matryoshka_widths(self) -> List[Int]:

@@ -52,6 +52,12 @@ static void image_end(media_run_t *run) {
 
 /* ---- Decoding ----------------------------------------------------------------------------------- */
 
+_Static_assert((int)UFORM_RESIZE_SQUARE == (int)IMAGE_RESIZE_SQUARE &&
+                   (int)UFORM_RESIZE_SHORT_SIDE_ROUND_CROP == (int)IMAGE_RESIZE_SHORT_SIDE_ROUND_CROP &&
+                   (int)UFORM_RESAMPLE_PILLOW_BICUBIC == (int)IMAGE_RESAMPLE_PILLOW_BICUBIC &&
+                   (int)UFORM_RESAMPLE_PILLOW_BILINEAR == (int)IMAGE_RESAMPLE_PILLOW_BILINEAR,
+               "the public resize and resample values are the front end's");
+
 image_source_t image_source_of(image_request_t const *request) {
     uform_model_info_t const *info = &request->encode.model->header.info;
     size_t side = info->image.size / info->image.patch;
@@ -62,7 +68,9 @@ image_source_t image_source_of(image_request_t const *request) {
         .geometry = {.size = info->image.size,
                      .patch = info->image.patch,
                      .mean = {info->image.mean[0], info->image.mean[1], info->image.mean[2]},
-                     .std = {info->image.std[0], info->image.std[1], info->image.std[2]}},
+                     .std = {info->image.std[0], info->image.std[1], info->image.std[2]},
+                     .resize = (image_resize_t)info->image.resize,
+                     .resample = (image_resample_t)info->image.resample},
         .video = request->video,
         .frames = request->video ? info->video.frames : 1,
         .patches = side * side,

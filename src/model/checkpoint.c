@@ -527,7 +527,7 @@ static uform_status_t parse_image(json_t const *tower, uform_model_info_t *info,
         return malformed(message, "image mean malformed or out of range");
     if (!read_triple(json_object_get(tower, "std"), IMAGE_STD_LOW, IMAGE_STD_HIGH, info->image.std))
         return malformed(message, "image std malformed or out of range");
-    return UFORM_OK;
+    return variant_parse_image(tower, info, message);
 }
 
 static uform_status_t parse_video(json_t const *tower, uform_model_info_t *info, char const **message) {
@@ -1005,12 +1005,17 @@ static json_t *text_entry(uform_model_info_t const *info) {
 }
 
 static json_t *image_entry(uform_model_info_t const *info) {
-    return with_variant(json_pack("{" TRANSFORMER_FORMAT ", s:I, s:I, s:o, s:o}",
-                                  TRANSFORMER_VALUES(info->image.transformer), "size",
-                                  (json_int_t)info->image.size, "patch", (json_int_t)info->image.patch,
-                                  "mean", triple_entry(info->image.mean, checkpoint_clip_mean), "std",
-                                  triple_entry(info->image.std, checkpoint_clip_std)),
-                        &info->image.transformer, false);
+    json_t *tower = with_variant(
+        json_pack("{" TRANSFORMER_FORMAT ", s:I, s:I, s:o, s:o}", TRANSFORMER_VALUES(info->image.transformer),
+                  "size", (json_int_t)info->image.size, "patch", (json_int_t)info->image.patch, "mean",
+                  triple_entry(info->image.mean, checkpoint_clip_mean), "std",
+                  triple_entry(info->image.std, checkpoint_clip_std)),
+        &info->image.transformer, false);
+    if (tower && !variant_write_image(tower, info)) {
+        json_decref(tower);
+        return NULL;
+    }
+    return tower;
 }
 
 static json_t *video_entry(uform_model_info_t const *info) {

@@ -1,6 +1,7 @@
 /* The families of pretrained folders (pretrained_internal.h): each config.json read into the block's settings
  * of its towers, as the family's reference implementation (transformers 4.44) builds it, and the names of
  * its weights. */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -171,12 +172,39 @@ static uform_status_t clip_tower(json_t const *config, char const *file, sizes_d
 
 /* The image processor's size and normalization (preprocessor_config.json, CLIPImageProcessor), or
  * OpenAI CLIP's where the folder has none. */
+/* A size of the image processor: a number, or {"height", "width"} (square), or {"shortest_edge"}; 0 where
+ * absent. */
+static uform_status_t processor_side(json_t const *processor, char const *file, char const *key, size_t *side,
+                                     char const **message) {
+    json_t const *value = json_object_get(processor, key);
+    *side = 0;
+    if (!value) return UFORM_OK;
+    if (!json_is_object(value))
+        return pretrained_size(processor, file, key, 1, 8192, SIZE_MAX, side, message);
+    if (json_object_get(value, "shortest_edge"))
+        return pretrained_size(value, file, "shortest_edge", 1, 8192, SIZE_MAX, side, message);
+    size_t height = 0;
+    uform_status_t status = pretrained_size(value, file, "width", 1, 8192, SIZE_MAX, side, message);
+    if (status == UFORM_OK)
+        status = pretrained_size(value, file, "height", 1, 8192, SIZE_MAX, &height, message);
+    if (status == UFORM_OK && height != *side)
+        status = pretrained_fault(message, UFORM_UNSUPPORTED, "%s: a %s that is not square", file, key);
+    return status;
+}
+
+/* The image processor of a Hugging Face folder (preprocessor_config.json: CLIPImageProcessor, with the short
+ * side resized and the centre cropped; SiglipImageProcessor, resized to the square), or its class's
+ * defaults where the folder has none: Pillow's resampling (BICUBIC unless it says BILINEAR), the mean and the
+ * std. Its sizes must be the tower's image_size. */
 static uform_status_t clip_preprocessor(pretrained_t *folder, size_t image_size, float const mean[3],
-                                        float const std[3], char const **message) {
+                                        float const std[3], uform_image_resize_t resize,
+                                        char const **message) {
     uform_model_info_t *info = &folder->info;
     memcpy(info->image.mean, mean, 3 * sizeof(float));
     memcpy(info->image.std, std, 3 * sizeof(float));
     info->image.size = image_size;
+    info->image.resize = resize;
+    info->image.resample = UFORM_RESAMPLE_PILLOW_BICUBIC;
     json_t *processor = NULL;
     static char const file[] = "preprocessor_config.json";
     uform_status_t status = pretrained_json(folder->transformer, file, true, &processor, message);
@@ -202,24 +230,35 @@ static uform_status_t clip_preprocessor(pretrained_t *folder, size_t image_size,
             targets[k][c] = (float)number;
         }
     }
-    /* crop_size: a number, or {"height", "width"}; the tower's positions fix it to image_size. */
-    json_t const *crop = json_object_get(processor, "crop_size");
-    if (status == UFORM_OK && crop) {
-        size_t side = 0, height = 0;
-        if (json_is_object(crop)) {
-            status = pretrained_size(crop, file, "width", 1, 8192, SIZE_MAX, &side, message);
-            if (status == UFORM_OK)
-                status = pretrained_size(crop, file, "height", 1, 8192, SIZE_MAX, &height, message);
-            if (status == UFORM_OK && height != side)
-                status = pretrained_fault(message, UFORM_UNSUPPORTED, "%s: a crop that is not square", file);
-        } else {
-            status = pretrained_size(processor, file, "crop_size", 1, 8192, SIZE_MAX, &side, message);
-        }
-        if (status == UFORM_OK && side != image_size)
+    /* The sizes: the tower's positions fix them to image_size. */
+    static char const *const sides[] = {"size", "crop_size"};
+    for (size_t k = 0; k < 2 && status == UFORM_OK; ++k) {
+        size_t side = 0;
+        status = processor_side(processor, file, sides[k], &side, message);
+        if (status == UFORM_OK && side && side != image_size)
             status =
-                pretrained_fault(message, UFORM_UNSUPPORTED,
-                                 "%s: crop_size %zu, not the tower's image_size %zu", file, side, image_size);
+                pretrained_fault(message, UFORM_UNSUPPORTED, "%s: %s %zu, not the tower's image_size %zu",
+                                 file, sides[k], side, image_size);
     }
+    /* PIL's resampling filters: 2 BILINEAR, 3 BICUBIC. */
+    size_t filter = 3;
+    if (status == UFORM_OK) status = pretrained_size(processor, file, "resample", 0, 5, 3, &filter, message);
+    if (status == UFORM_OK && filter != 2 && filter != 3)
+        status = pretrained_fault(message, UFORM_UNSUPPORTED,
+                                  "%s: resample %zu (only 2, bilinear, and 3, bicubic)", file, filter);
+    if (filter == 2) info->image.resample = UFORM_RESAMPLE_PILLOW_BILINEAR;
+    json_t const *switches[] = {
+        json_object_get(processor, "do_resize"), json_object_get(processor, "do_normalize"),
+        json_object_get(processor, "do_rescale"),
+        resize == UFORM_RESIZE_SQUARE ? NULL : json_object_get(processor, "do_center_crop")};
+    for (size_t k = 0; k < 4 && status == UFORM_OK; ++k)
+        if (switches[k] && !json_is_true(switches[k]))
+            status =
+                pretrained_fault(message, UFORM_UNSUPPORTED, "%s: a step of the processor turned off", file);
+    json_t const *rescale = json_object_get(processor, "rescale_factor");
+    if (status == UFORM_OK && rescale &&
+        !(json_is_number(rescale) && fabs(json_number_value(rescale) - 1.0 / 255) < 1e-9))
+        status = pretrained_fault(message, UFORM_UNSUPPORTED, "%s: a rescale_factor other than 1/255", file);
     json_decref(processor);
     return status;
 }
@@ -290,7 +329,7 @@ static uform_status_t clip_family(pretrained_t *folder, json_t const *config, ch
     single_file(folder);
     static float const mean[3] = {0.48145466f, 0.4578275f, 0.40821073f},
                        std[3] = {0.26862954f, 0.26130258f, 0.27577711f};
-    return clip_preprocessor(folder, image_size, mean, std, message);
+    return clip_preprocessor(folder, image_size, mean, std, UFORM_RESIZE_SHORT_SIDE, message);
 }
 
 /* ---- UForm 3 ------------------------------------------------------------------------------------- */
@@ -465,6 +504,8 @@ static uform_status_t uform3_image(pretrained_t *folder, json_t const *tower, ch
             targets[k][c] = (float)number;
         }
     }
+    info->image.resize = UFORM_RESIZE_SHORT_SIDE_ROUND_CROP; /* torchvision's Resize and CenterCrop */
+    info->image.resample = UFORM_RESAMPLE_PILLOW_BICUBIC;
     t->head = t->hidden / t->heads;
     t->mlp = 4 * t->hidden;
     t->norm = UFORM_NORM_LAYER;
@@ -618,7 +659,7 @@ static uform_status_t siglip_family(pretrained_t *folder, json_t const *config, 
     identity_blocks(&folder->image, vt->depth);
     single_file(folder);
     static float const half[3] = {0.5f, 0.5f, 0.5f};
-    return clip_preprocessor(folder, image_size, half, half, message);
+    return clip_preprocessor(folder, image_size, half, half, UFORM_RESIZE_SQUARE, message);
 }
 
 /* ---- Dispatch ------------------------------------------------------------------------------------ */

