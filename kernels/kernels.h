@@ -76,22 +76,30 @@ typedef struct kernel_gemm {
  * for every path: a checkpoint quantized ahead and a model quantized at load hold the same bytes. */
 void kernel_quantize_weights(int8_t *q, float *scale, uint16_t const *w, size_t k);
 
-/* Rotary positions on one head's vector of 64: pairs (i, i + 32) rotated by p * 10000^(-2i/64). */
+/* Rotary positions on one head's vector of 64: pairs (i, i + 32) rotated by p * 10000^(-2i/64). The heads
+ * of the text towers, and the only width the attention backward pass takes. */
 #define KERNEL_HEAD 64
 
-/* Attention over a batch of items packed end to end, for one head.
- * - q, k, v: F32 rows of KERNEL_HEAD at row stride `stride`; item i owns rows
- *   [offsets[i], offsets[i + 1]);
- * - out: F32 rows of KERNEL_HEAD at row stride `out_stride`;
+/* The widest head the forward attention takes. */
+#define KERNEL_HEAD_MAX 256
+
+/* Attention over a batch of items packed end to end, for one head of `head` values.
+ * - q, k, v: F32 rows of `head` at row stride `stride`; item i owns rows [offsets[i], offsets[i + 1]);
+ * - out: F32 rows of `head` at row stride `out_stride`; nothing past a row's `head` values is read or
+ *   written;
+ * - head: the width of every head, 1 to KERNEL_HEAD_MAX (KERNEL_HEAD in the text towers, which the SIMD paths
+ *   compile a version of their own for);
  * - causal: row r of an item attends to rows <= r of that item; else to every row of the item;
- * - scale: 1/sqrt(64) for every tower.
- * The softmax is computed online over tiles of keys (no [L, L] matrix is formed).
+ * - scale: the scores' factor, 1/sqrt(head) in the towers.
+ * The softmax is computed online over tiles of keys (no [L, L] matrix is formed). The SIMD paths keep a block
+ * of queries' state on the calling thread's stack: up to 40 KiB of it.
  * Tolerance against scalar: 1e-4 relative to max|v| per element. */
 typedef struct kernel_attention {
     float const *q, *k, *v;
     size_t stride;
     float *out;
     size_t out_stride;
+    size_t head;
     size_t const *offsets;
     size_t items;
     bool causal;
@@ -156,8 +164,9 @@ static inline kernel_sgemm_t kernel_sgemm_linear(kernel_linear_product_t product
                             .accumulate = dw};
 }
 
-/* The backward pass of one head of kernel_attention_t, for the items [item_begin, item_end): with the
- * forward's q, k, v (rotary already applied), its output `out` and the gradient `d_out` of the output,
+/* The backward pass of one head of kernel_attention_t, for heads of KERNEL_HEAD only (the forward's `head`
+ * must be KERNEL_HEAD: every row here holds KERNEL_HEAD values), for the items [item_begin, item_end): with
+ * the forward's q, k, v (rotary already applied), its output `out` and the gradient `d_out` of the output,
  * writes (overwrites) d_q, d_k, d_v (F32 rows of KERNEL_HEAD at the same strides as q, k, v) for the
  * rows of those items. It recomputes the probabilities row by row (no [L, L] matrix is formed):
  * P = softmax(scale q k^T) (masked when causal), dV = P^T dO, dS = P * (dO v^T - rowsum(dO * O)),

@@ -8,8 +8,8 @@
  * Attention takes a block of LANES queries at a time with one lane per query: the block's queries are
  * transposed once, so that the scores of a key against all the block's queries, the running max, the
  * running sum and the rescaling of the online softmax are plain lane-wise vector operations, and the
- * weighted sum of values is kept transposed too ([64 dims][LANES queries]) until the block's rows are
- * written out.
+ * weighted sum of values is kept transposed too ([head dims][LANES queries]) until the block's rows are
+ * written out. Heads of any width to KERNEL_HEAD_MAX; the backward pass takes KERNEL_HEAD only.
  *
  * A path's file (vector_<path>.c) includes this header after its math header and after defining what
  * depends on its instruction set:
@@ -204,27 +204,57 @@ void PATH_KERNEL(gelu_backward)(float *dx, float const *dy, float const *x, size
 
 /* ---- Attention ---------------------------------------------------------------------------------- */
 
-/* The queries of one block, transposed and scaled: [64 dims][LANES queries], lanes past `rows` zero. */
-static void load_queries(float queries[KERNEL_HEAD][LANES], float const *q, size_t stride, size_t rows,
-                         float scale) {
-    vfloat by = vf_set1(scale);
-    for (size_t chunk = 0; chunk < KERNEL_HEAD; chunk += LANES) {
-        vfloat block[LANES];
-#pragma GCC unroll 16
-        for (size_t i = 0; i < LANES; ++i)
-            block[i] = i < rows ? vf_mul(vf_loadu(q + i * stride + chunk), by) : vf_zero();
-        transpose(block);
-#pragma GCC unroll 16
-        for (size_t d = 0; d < LANES; ++d)
-            vf_store(queries[chunk + d], block[d]);
-    }
+/* A head of `head` dims is walked in chunks of LANES dims: the whole ones, then a last one of head % LANES
+ * dims, whose loads and stores are masked: no dim past the head is read from q, k or v or written to out.
+ * The functions below take the head's width and are always inlined, so that attention compiles twice: for
+ * KERNEL_HEAD, a constant that folds the last chunk away and leaves the loops of the text towers' heads,
+ * and for any other width. The block's arrays hold KERNEL_HEAD_MAX dims; those past the head, up to the
+ * next multiple of LANES, are zero. */
+
+/* x[0, width) as a vector, zero past it (width <= LANES). */
+static inline __attribute__((always_inline)) vfloat load_part(float const *x, size_t width) {
+    return width == LANES ? vf_loadu(x) : vf_maskload(x, tail_mask(width));
 }
 
-/* scores[j][i] = queries[.][i] . k[j] for the SCORE_GROUP keys from row k (rows at `stride`), of which
- * `count` are left in the tile: a last, partial group repeats the tile's last key, whose extra scores are
- * never read. */
-static inline void score_group(float scores[SCORE_GROUP][LANES], float const queries[KERNEL_HEAD][LANES],
-                               float const *k, size_t stride, size_t count) {
+/* to[0, width) = the first `width` lanes of x (width <= LANES). */
+static inline __attribute__((always_inline)) void store_part(float *to, size_t width, vfloat x) {
+    if (width == LANES)
+        vf_storeu(to, x);
+    else
+        vf_maskstore(to, tail_mask(width), x);
+}
+
+/* One chunk of `width` dims of load_queries: queries [LANES dims][LANES] from q at the chunk. */
+static inline __attribute__((always_inline)) void load_queries_part(float queries[][LANES], float const *q,
+                                                                    size_t stride, size_t rows, vfloat by,
+                                                                    size_t width) {
+    vfloat block[LANES];
+#pragma GCC unroll 16
+    for (size_t i = 0; i < LANES; ++i)
+        block[i] = i < rows ? vf_mul(load_part(q + i * stride, width), by) : vf_zero();
+    transpose(block);
+#pragma GCC unroll 16
+    for (size_t d = 0; d < LANES; ++d)
+        vf_store(queries[d], block[d]);
+}
+
+/* The queries of one block, transposed and scaled: [head dims][LANES queries], lanes past `rows` zero, and
+ * the dims past `head` to the next multiple of LANES. */
+static inline __attribute__((always_inline)) void
+load_queries(float queries[][LANES], float const *q, size_t stride, size_t rows, float scale, size_t head) {
+    vfloat by = vf_set1(scale);
+    size_t whole = head - head % LANES;
+    for (size_t chunk = 0; chunk < whole; chunk += LANES)
+        load_queries_part(queries + chunk, q + chunk, stride, rows, by, LANES);
+    if (head % LANES) load_queries_part(queries + whole, q + whole, stride, rows, by, head % LANES);
+}
+
+/* scores[j][i] = queries[.][i] . k[j] over the head's dims, for the SCORE_GROUP keys from row k (rows at
+ * `stride`), of which `count` are left in the tile: a last, partial group repeats the tile's last key, whose
+ * extra scores are never read. */
+static inline __attribute__((always_inline)) void score_group(float scores[SCORE_GROUP][LANES],
+                                                              float const queries[][LANES], float const *k,
+                                                              size_t stride, size_t count, size_t head) {
     float const *keys[SCORE_GROUP];
     for (size_t j = 0; j < SCORE_GROUP; ++j)
         keys[j] = k + (j < count ? j : count - 1) * stride;
@@ -232,7 +262,7 @@ static inline void score_group(float scores[SCORE_GROUP][LANES], float const que
 #pragma GCC unroll 16
     for (size_t j = 0; j < SCORE_GROUP; ++j)
         sums[j] = vf_zero();
-    for (size_t d = 0; d < KERNEL_HEAD; ++d) {
+    for (size_t d = 0; d < head; ++d) {
         vfloat query = vf_load(queries[d]);
 #pragma GCC unroll 16
         for (size_t j = 0; j < SCORE_GROUP; ++j)
@@ -244,17 +274,18 @@ static inline void score_group(float scores[SCORE_GROUP][LANES], float const que
 }
 
 /* Scores of the tile's `count` keys (rows of k at `stride`) against the block's queries: [64 keys][LANES]. */
-static void tile_scores(float scores[ATTENTION_TILE][LANES], float const queries[KERNEL_HEAD][LANES],
-                        float const *k, size_t stride, size_t count) {
+static inline __attribute__((always_inline)) void tile_scores(float scores[ATTENTION_TILE][LANES],
+                                                              float const queries[][LANES], float const *k,
+                                                              size_t stride, size_t count, size_t head) {
     for (size_t j = 0; j < count; j += SCORE_GROUP)
-        score_group(scores + j, queries, k + j * stride, stride, count - j);
+        score_group(scores + j, queries, k + j * stride, stride, count - j, head);
 }
 
 /* Online softmax state of a block: per query lane the running max and sum of exp(score - max), and the
- * exp-weighted sum of values, transposed [64 dims][LANES queries]. */
+ * exp-weighted sum of values, transposed [head dims][LANES queries]. */
 typedef struct online_block {
     vfloat max, sum;
-    _Alignas(VECTOR_ALIGN) float values[KERNEL_HEAD][LANES];
+    _Alignas(VECTOR_ALIGN) float values[KERNEL_HEAD_MAX][LANES];
 } online_block_t;
 
 /* Turns the tile's scores into weights exp(score - new max) in place, raising the running max; answers
@@ -275,73 +306,110 @@ static vfloat tile_weights(online_block_t *state, float scores[ATTENTION_TILE][L
     return correction;
 }
 
-/* sums[d][i] = sums[d][i] (* correction[i] unless correction is NULL) + sum_j weights[j][i] * rows[j][d],
- * LANES dims at a time, for the tile's `count` rows at `stride`: the online softmax's values (rows of v,
- * rescaled) and the query gradients (rows of k). Inlined: a NULL correction folds away. */
+/* One chunk of `width` dims of add_weighted_rows, sums_of and rows at the chunk: the dims past `width` are
+ * neither read from the rows nor written to sums_of. */
 static inline __attribute__((always_inline)) void
-add_weighted_rows(float sums_of[KERNEL_HEAD][LANES], vfloat const *correction,
-                  float const weights[ATTENTION_TILE][LANES], float const *rows, size_t stride,
-                  size_t count) {
-    for (size_t chunk = 0; chunk < KERNEL_HEAD; chunk += LANES) {
-        vfloat sums[LANES];
+add_weighted_part(float sums_of[][LANES], vfloat const *correction,
+                  float const weights[ATTENTION_TILE][LANES], float const *rows, size_t stride, size_t count,
+                  size_t width) {
+    vfloat sums[LANES];
+#pragma GCC unroll 16
+    for (size_t d = 0; d < LANES; ++d)
+        sums[d] = d >= width   ? vf_zero()
+                  : correction ? vf_mul(vf_load(sums_of[d]), *correction)
+                               : vf_load(sums_of[d]);
+    for (size_t j = 0; j < count; ++j) {
+        vfloat weight = vf_load(weights[j]);
+        float const *row = rows + j * stride;
 #pragma GCC unroll 16
         for (size_t d = 0; d < LANES; ++d)
-            sums[d] =
-                correction ? vf_mul(vf_load(sums_of[chunk + d]), *correction) : vf_load(sums_of[chunk + d]);
-        for (size_t j = 0; j < count; ++j) {
-            vfloat weight = vf_load(weights[j]);
-            float const *row = rows + j * stride + chunk;
-#pragma GCC unroll 16
-            for (size_t d = 0; d < LANES; ++d)
-                sums[d] = vf_fmadd(vf_broadcast(row + d), weight, sums[d]);
-        }
-#pragma GCC unroll 16
-        for (size_t d = 0; d < LANES; ++d)
-            vf_store(sums_of[chunk + d], sums[d]);
+            if (d < width) sums[d] = vf_fmadd(vf_broadcast(row + d), weight, sums[d]);
     }
+#pragma GCC unroll 16
+    for (size_t d = 0; d < LANES; ++d)
+        if (d < width) vf_store(sums_of[d], sums[d]);
 }
 
-/* out rows [0, rows) = values / sum, transposed back. */
-static void store_block(float *out, size_t out_stride, online_block_t const *state, size_t rows) {
+/* sums[d][i] = sums[d][i] (* correction[i] unless correction is NULL) + sum_j weights[j][i] * rows[j][d],
+ * LANES dims at a time over the head's dims, for the tile's `count` rows at `stride`: the online softmax's
+ * values (rows of v, rescaled) and the query gradients (rows of k). Inlined: a NULL correction folds away. */
+static inline __attribute__((always_inline)) void
+add_weighted_rows(float sums_of[][LANES], vfloat const *correction,
+                  float const weights[ATTENTION_TILE][LANES], float const *rows, size_t stride, size_t count,
+                  size_t head) {
+    size_t whole = head - head % LANES;
+    for (size_t chunk = 0; chunk < whole; chunk += LANES)
+        add_weighted_part(sums_of + chunk, correction, weights, rows + chunk, stride, count, LANES);
+    if (head % LANES)
+        add_weighted_part(sums_of + whole, correction, weights, rows + whole, stride, count, head % LANES);
+}
+
+/* One chunk of `width` dims of store_block, out and values at the chunk. */
+static inline __attribute__((always_inline)) void store_block_part(float *out, size_t out_stride,
+                                                                   float const values[][LANES],
+                                                                   vfloat inverse, size_t rows,
+                                                                   size_t width) {
+    vfloat block[LANES];
+#pragma GCC unroll 16
+    for (size_t d = 0; d < LANES; ++d)
+        block[d] = vf_mul(vf_load(values[d]), inverse);
+    transpose(block);
+#pragma GCC unroll 16
+    for (size_t i = 0; i < LANES; ++i)
+        if (i < rows) store_part(out + i * out_stride, width, block[i]);
+}
+
+/* out rows [0, rows) = values / sum over the head's dims, transposed back. */
+static inline __attribute__((always_inline)) void
+store_block(float *out, size_t out_stride, online_block_t const *state, size_t rows, size_t head) {
     vfloat inverse = vf_div(vf_set1(1.0f), state->sum);
-    for (size_t chunk = 0; chunk < KERNEL_HEAD; chunk += LANES) {
-        vfloat block[LANES];
-#pragma GCC unroll 16
-        for (size_t d = 0; d < LANES; ++d)
-            block[d] = vf_mul(vf_load(state->values[chunk + d]), inverse);
-        transpose(block);
-#pragma GCC unroll 16
-        for (size_t i = 0; i < LANES; ++i)
-            if (i < rows) vf_storeu(out + i * out_stride + chunk, block[i]);
-    }
+    size_t whole = head - head % LANES;
+    for (size_t chunk = 0; chunk < whole; chunk += LANES)
+        store_block_part(out + chunk, out_stride, state->values + chunk, inverse, rows, LANES);
+    if (head % LANES)
+        store_block_part(out + whole, out_stride, state->values + whole, inverse, rows, head % LANES);
 }
 
 /* Queries [first_query, first_query + rows) of the item whose keys are rows [first_key, end_key). */
-static void attend_block(kernel_attention_t const *a, size_t first_query, size_t rows, size_t first_key,
-                         size_t end_key) {
-    _Alignas(VECTOR_ALIGN) float queries[KERNEL_HEAD][LANES];
+static inline __attribute__((always_inline)) void attend_block(kernel_attention_t const *a,
+                                                               size_t first_query, size_t rows,
+                                                               size_t first_key, size_t end_key,
+                                                               size_t head) {
+    _Alignas(VECTOR_ALIGN) float queries[KERNEL_HEAD_MAX][LANES];
     _Alignas(VECTOR_ALIGN) float scores[ATTENTION_TILE][LANES];
-    online_block_t state = {.max = vf_set1(-INFINITY), .sum = vf_zero()}; /* and the values 0 */
-    load_queries(queries, a->q + first_query * a->stride, a->stride, rows, a->scale);
+    online_block_t state;
+    state.max = vf_set1(-INFINITY);
+    state.sum = vf_zero();
+    size_t padded = (head + LANES - 1) / LANES * LANES;
+    memset(state.values, 0, padded * sizeof state.values[0]);
+    load_queries(queries, a->q + first_query * a->stride, a->stride, rows, a->scale, head);
     for (size_t tile = first_key; tile < end_key; tile += ATTENTION_TILE) {
         size_t count = end_key - tile < ATTENTION_TILE ? end_key - tile : ATTENTION_TILE;
-        tile_scores(scores, queries, a->k + tile * a->stride, a->stride, count);
+        tile_scores(scores, queries, a->k + tile * a->stride, a->stride, count, head);
         if (a->causal) mask_future(scores, count, tile, first_query);
         vfloat correction = tile_weights(&state, scores, count);
-        add_weighted_rows(state.values, &correction, scores, a->v + tile * a->stride, a->stride, count);
+        add_weighted_rows(state.values, &correction, scores, a->v + tile * a->stride, a->stride, count, head);
     }
-    store_block(a->out + first_query * a->out_stride, a->out_stride, &state, rows);
+    store_block(a->out + first_query * a->out_stride, a->out_stride, &state, rows, head);
 }
 
-/* Blocks start at the item's first row, so a causal block's tiles (multiples of 64 rows from there) all
- * begin at or before its first query: every lane sees at least one key in every tile. */
+/* The blocks of one item. Blocks start at the item's first row, so a causal block's tiles (multiples of 64
+ * rows from there) all begin at or before its first query: every lane sees at least one key in every tile. */
+static inline __attribute__((always_inline)) void attend_item(kernel_attention_t const *a, size_t item,
+                                                              size_t head) {
+    size_t first = a->offsets[item], end = a->offsets[item + 1];
+    for (size_t block = first; block < end; block += LANES) {
+        size_t rows = end - block < LANES ? end - block : LANES;
+        attend_block(a, block, rows, first, a->causal ? block + rows : end, head);
+    }
+}
+
 void PATH_KERNEL(attention)(kernel_attention_t const *attention, size_t item_begin, size_t item_end) {
     for (size_t item = item_begin; item < item_end; ++item) {
-        size_t first = attention->offsets[item], end = attention->offsets[item + 1];
-        for (size_t block = first; block < end; block += LANES) {
-            size_t rows = end - block < LANES ? end - block : LANES;
-            attend_block(attention, block, rows, first, attention->causal ? block + rows : end);
-        }
+        if (attention->head == KERNEL_HEAD)
+            attend_item(attention, item, KERNEL_HEAD);
+        else
+            attend_item(attention, item, attention->head);
     }
 }
 
@@ -361,7 +429,7 @@ static void block_statistics(kernel_attention_backward_t const *a, float const q
     vfloat running_max = vf_set1(-INFINITY), running_sum = vf_zero();
     for (size_t tile = first_key; tile < end_key; tile += ATTENTION_TILE) {
         size_t count = end_key - tile < ATTENTION_TILE ? end_key - tile : ATTENTION_TILE;
-        tile_scores(scores, queries, a->k + tile * a->stride, a->stride, count);
+        tile_scores(scores, queries, a->k + tile * a->stride, a->stride, count, KERNEL_HEAD);
         if (a->causal) mask_future(scores, count, tile, first_query);
         vfloat tile_max = running_max;
         for (size_t j = 0; j < count; ++j)
@@ -432,24 +500,25 @@ static void attention_backward_block(kernel_attention_backward_t const *a, size_
     _Alignas(VECTOR_ALIGN) float p[ATTENTION_TILE][LANES], ds[ATTENTION_TILE][LANES];
     _Alignas(VECTOR_ALIGN) float d_query[KERNEL_HEAD][LANES];
     memset(d_query, 0, sizeof d_query);
-    load_queries(queries, a->q + first_query * a->stride, a->stride, rows, a->scale);
-    load_queries(d_outs, a->d_out + first_query * a->out_stride, a->out_stride, rows, 1.0f);
+    load_queries(queries, a->q + first_query * a->stride, a->stride, rows, a->scale, KERNEL_HEAD);
+    load_queries(d_outs, a->d_out + first_query * a->out_stride, a->out_stride, rows, 1.0f, KERNEL_HEAD);
     vfloat max, sum;
     block_statistics(a, queries, first_query, first_key, end_key, &max, &sum);
     vfloat inverse = vf_div(vf_set1(1.0f), sum);
     vfloat output_dots = block_output_dots(a, first_query, rows), scale = vf_set1(a->scale);
     for (size_t tile = first_key; tile < end_key; tile += ATTENTION_TILE) {
         size_t count = end_key - tile < ATTENTION_TILE ? end_key - tile : ATTENTION_TILE;
-        tile_scores(p, queries, a->k + tile * a->stride, a->stride, count);
+        tile_scores(p, queries, a->k + tile * a->stride, a->stride, count, KERNEL_HEAD);
         if (a->causal) mask_future(p, count, tile, first_query);
-        tile_scores(ds, d_outs, a->v + tile * a->stride, a->stride, count);
+        tile_scores(ds, d_outs, a->v + tile * a->stride, a->stride, count, KERNEL_HEAD);
         for (size_t j = 0; j < count; ++j) {
             vfloat probability = vf_mul(exp_ps(vf_sub(vf_load(p[j]), max)), inverse);
             vfloat d_probability = vf_sub(vf_load(ds[j]), output_dots);
             vf_store(p[j], probability);
             vf_store(ds[j], vf_mul(vf_mul(scale, probability), d_probability));
         }
-        add_weighted_rows(d_query, NULL, ds, a->k + tile * a->stride, a->stride, count); /* d_query += ds k */
+        add_weighted_rows(d_query, NULL, ds, a->k + tile * a->stride, a->stride, count,
+                          KERNEL_HEAD); /* d_query += ds k */
         key_gradients(a, p, ds, first_query, rows, tile, count);
     }
     for (size_t chunk = 0; chunk < KERNEL_HEAD; chunk += LANES) {

@@ -6,8 +6,8 @@
  * Attention takes a block of 8 queries at a time, in two vectors with one lane per query: the block's
  * queries are transposed once, so that the scores of a key against all 8 queries, the running max, the
  * running sum and the rescaling of the online softmax are plain lane-wise vector operations, and the
- * weighted sum of values is kept transposed too ([64 dims][8 queries]) until the block's rows are
- * written out.
+ * weighted sum of values is kept transposed too ([head dims][8 queries]) until the block's rows are
+ * written out. Heads of any width to KERNEL_HEAD_MAX.
  *
  * The loops marked `#pragma GCC unroll` run over a fixed number of vectors: unrolled, their arrays of
  * vectors stay in registers. */
@@ -128,28 +128,46 @@ static inline void transpose(float32x4_t rows[LANES]) {
     rows[3] = vreinterpretq_f32_f64(vtrn2q_f64(d1, d3));
 }
 
-/* The queries of one block, transposed and scaled: [64 dims][8 queries], lanes past `rows` zero. */
-static void load_queries(float queries[KERNEL_HEAD][QUERIES], float const *q, size_t stride, size_t rows,
-                         float scale) {
-    for (size_t chunk = 0; chunk < KERNEL_HEAD; chunk += LANES)
-        for (size_t half = 0; half < QUERIES; half += LANES) {
-            float32x4_t block[LANES];
+/* A head of `head` dims is walked in chunks: whole ones, then a last one of the remaining dims; loads and
+ * stores go through load_tail and store_tail (plain vld1q and vst1q for whole chunks): no dim past the head
+ * is read from q, k or v or written to out. The functions below take the head's width and are always inlined,
+ * so that attention compiles twice: for KERNEL_HEAD, a constant that folds the last chunk away, and for any
+ * other width. The block's arrays hold KERNEL_HEAD_MAX dims; those past the head, up to the next multiple of
+ * 8, are zero. */
+
+/* One chunk of `width` dims (width <= 4) of load_queries: queries [4 dims][8] from q at the chunk. */
+static inline __attribute__((always_inline)) void load_queries_part(float queries[][QUERIES], float const *q,
+                                                                    size_t stride, size_t rows, float scale,
+                                                                    size_t width) {
+    for (size_t half = 0; half < QUERIES; half += LANES) {
+        float32x4_t block[LANES];
 #pragma GCC unroll 4
-            for (size_t i = 0; i < LANES; ++i)
-                block[i] = half + i < rows ? vmulq_n_f32(vld1q_f32(q + (half + i) * stride + chunk), scale)
-                                           : vdupq_n_f32(0.0f);
-            transpose(block);
+        for (size_t i = 0; i < LANES; ++i)
+            block[i] = half + i < rows ? vmulq_n_f32(load_tail(q + (half + i) * stride, width, 0.0f), scale)
+                                       : vdupq_n_f32(0.0f);
+        transpose(block);
 #pragma GCC unroll 4
-            for (size_t d = 0; d < LANES; ++d)
-                vst1q_f32(queries[chunk + d] + half, block[d]);
-        }
+        for (size_t d = 0; d < LANES; ++d)
+            vst1q_f32(queries[d] + half, block[d]);
+    }
 }
 
-/* scores[j][i] = queries[.][i] . k[j] for the SCORE_GROUP keys from row k (rows at `stride`), of which
- * `count` are left in the tile: a last, partial group repeats the tile's last key, whose extra scores are
- * never read. */
-static inline void score_group(float scores[SCORE_GROUP][QUERIES], float const queries[KERNEL_HEAD][QUERIES],
-                               float const *k, size_t stride, size_t count) {
+/* The queries of one block, transposed and scaled: [head dims][8 queries], lanes past `rows` zero, and the
+ * dims past `head` to the next multiple of 4. */
+static inline __attribute__((always_inline)) void
+load_queries(float queries[][QUERIES], float const *q, size_t stride, size_t rows, float scale, size_t head) {
+    size_t whole = head - head % LANES;
+    for (size_t chunk = 0; chunk < whole; chunk += LANES)
+        load_queries_part(queries + chunk, q + chunk, stride, rows, scale, LANES);
+    if (head % LANES) load_queries_part(queries + whole, q + whole, stride, rows, scale, head % LANES);
+}
+
+/* scores[j][i] = queries[.][i] . k[j] over the head's dims, for the SCORE_GROUP keys from row k (rows at
+ * `stride`), of which `count` are left in the tile: a last, partial group repeats the tile's last key, whose
+ * extra scores are never read. */
+static inline __attribute__((always_inline)) void score_group(float scores[SCORE_GROUP][QUERIES],
+                                                              float const queries[][QUERIES], float const *k,
+                                                              size_t stride, size_t count, size_t head) {
     float const *keys[SCORE_GROUP];
     for (size_t j = 0; j < SCORE_GROUP; ++j)
         keys[j] = k + (j < count ? j : count - 1) * stride;
@@ -157,7 +175,7 @@ static inline void score_group(float scores[SCORE_GROUP][QUERIES], float const q
 #pragma GCC unroll 8
     for (size_t j = 0; j < SCORE_GROUP; ++j)
         sums[j][0] = sums[j][1] = vdupq_n_f32(0.0f);
-    for (size_t d = 0; d < KERNEL_HEAD; ++d) {
+    for (size_t d = 0; d < head; ++d) {
         float32x4_t low = vld1q_f32(queries[d]), high = vld1q_f32(queries[d] + LANES);
 #pragma GCC unroll 8
         for (size_t j = 0; j < SCORE_GROUP; ++j) {
@@ -174,10 +192,11 @@ static inline void score_group(float scores[SCORE_GROUP][QUERIES], float const q
 }
 
 /* Scores of the tile's `count` keys (rows of k at `stride`) against the block's queries: [64 keys][8]. */
-static void tile_scores(float scores[ATTENTION_TILE][QUERIES], float const queries[KERNEL_HEAD][QUERIES],
-                        float const *k, size_t stride, size_t count) {
+static inline __attribute__((always_inline)) void tile_scores(float scores[ATTENTION_TILE][QUERIES],
+                                                              float const queries[][QUERIES], float const *k,
+                                                              size_t stride, size_t count, size_t head) {
     for (size_t j = 0; j < count; j += SCORE_GROUP)
-        score_group(scores + j, queries, k + j * stride, stride, count - j);
+        score_group(scores + j, queries, k + j * stride, stride, count - j, head);
 }
 
 /* Causal attention: query lane i of a block starting at row `first_query` sees key `first_key + j` only
@@ -197,10 +216,10 @@ static void mask_future(float scores[ATTENTION_TILE][QUERIES], size_t count, siz
 }
 
 /* Online softmax state of a block: per query lane the running max and sum of exp(score - max), and the
- * exp-weighted sum of values, transposed [64 dims][8 queries]. */
+ * exp-weighted sum of values, transposed [head dims][8 queries]. */
 typedef struct online_block {
     float32x4_t max[2], sum[2];
-    _Alignas(16) float values[KERNEL_HEAD][QUERIES];
+    _Alignas(16) float values[KERNEL_HEAD_MAX][QUERIES];
 } online_block_t;
 
 /* Turns the tile's scores into weights exp(score - new max) in place, raising the running max; answers
@@ -223,79 +242,121 @@ static void tile_weights(online_block_t *state, float scores[ATTENTION_TILE][QUE
     }
 }
 
-/* values[d][i] = values[d][i] * correction[i] + sum_j weights[j][i] * v[j][d], 8 dims at a time. */
-static void accumulate_values(online_block_t *state, float32x4_t const correction[2],
-                              float const weights[ATTENTION_TILE][QUERIES], float const *v, size_t stride,
-                              size_t count) {
-    for (size_t chunk = 0; chunk < KERNEL_HEAD; chunk += 8) {
-        float32x4_t sums[8][2];
+/* One chunk of `width` dims (width <= 8) of accumulate_values, values and v at the chunk: the dims past
+ * `width` are neither read from v nor written to values. */
+static inline __attribute__((always_inline)) void
+accumulate_part(float values[][QUERIES], float32x4_t const correction[2],
+                float const weights[ATTENTION_TILE][QUERIES], float const *v, size_t stride, size_t count,
+                size_t width) {
+    float32x4_t sums[8][2];
+#pragma GCC unroll 8
+    for (size_t d = 0; d < 8; ++d)
+#pragma GCC unroll 2
+        for (size_t h = 0; h < 2; ++h)
+            sums[d][h] =
+                d < width ? vmulq_f32(vld1q_f32(values[d] + LANES * h), correction[h]) : vdupq_n_f32(0.0f);
+    for (size_t j = 0; j < count; ++j) {
+        float32x4_t low = vld1q_f32(weights[j]), high = vld1q_f32(weights[j] + LANES);
+        float const *value = v + j * stride;
 #pragma GCC unroll 8
         for (size_t d = 0; d < 8; ++d)
-#pragma GCC unroll 2
-            for (size_t h = 0; h < 2; ++h)
-                sums[d][h] = vmulq_f32(vld1q_f32(state->values[chunk + d] + LANES * h), correction[h]);
-        for (size_t j = 0; j < count; ++j) {
-            float32x4_t low = vld1q_f32(weights[j]), high = vld1q_f32(weights[j] + LANES);
-            float const *value = v + j * stride + chunk;
-#pragma GCC unroll 8
-            for (size_t d = 0; d < 8; ++d) {
+            if (d < width) {
                 sums[d][0] = vfmaq_n_f32(sums[d][0], low, value[d]);
                 sums[d][1] = vfmaq_n_f32(sums[d][1], high, value[d]);
             }
-        }
+    }
 #pragma GCC unroll 8
-        for (size_t d = 0; d < 8; ++d)
+    for (size_t d = 0; d < 8; ++d)
 #pragma GCC unroll 2
-            for (size_t h = 0; h < 2; ++h)
-                vst1q_f32(state->values[chunk + d] + LANES * h, sums[d][h]);
+        for (size_t h = 0; h < 2; ++h)
+            if (d < width) vst1q_f32(values[d] + LANES * h, sums[d][h]);
+}
+
+/* values[d][i] = values[d][i] * correction[i] + sum_j weights[j][i] * v[j][d] over the head's dims, 8 at a
+ * time. */
+static inline __attribute__((always_inline)) void
+accumulate_values(online_block_t *state, float32x4_t const correction[2],
+                  float const weights[ATTENTION_TILE][QUERIES], float const *v, size_t stride, size_t count,
+                  size_t head) {
+    size_t whole = head - head % 8;
+    for (size_t chunk = 0; chunk < whole; chunk += 8)
+        accumulate_part(state->values + chunk, correction, weights, v + chunk, stride, count, 8);
+    if (head % 8)
+        accumulate_part(state->values + whole, correction, weights, v + whole, stride, count, head % 8);
+}
+
+/* One chunk of `width` dims (width <= 4) of store_block, out and values at the chunk. */
+static inline __attribute__((always_inline)) void store_block_part(float *out, size_t out_stride,
+                                                                   float const values[][QUERIES],
+                                                                   float32x4_t const inverse[2], size_t rows,
+                                                                   size_t width) {
+    for (size_t half = 0; half < QUERIES && half < rows; half += LANES) {
+        float32x4_t block[LANES];
+#pragma GCC unroll 4
+        for (size_t d = 0; d < LANES; ++d)
+            block[d] = vmulq_f32(vld1q_f32(values[d] + half), inverse[half / LANES]);
+        transpose(block);
+#pragma GCC unroll 4
+        for (size_t i = 0; i < LANES; ++i)
+            if (half + i < rows) store_tail(out + (half + i) * out_stride, width, block[i]);
     }
 }
 
-/* out rows [0, rows) = values / sum, transposed back. */
-static void store_block(float *out, size_t out_stride, online_block_t const *state, size_t rows) {
-    for (size_t half = 0; half < QUERIES && half < rows; half += LANES) {
-        float32x4_t inverse = vdivq_f32(vdupq_n_f32(1.0f), state->sum[half / LANES]);
-        for (size_t chunk = 0; chunk < KERNEL_HEAD; chunk += LANES) {
-            float32x4_t block[LANES];
-#pragma GCC unroll 4
-            for (size_t d = 0; d < LANES; ++d)
-                block[d] = vmulq_f32(vld1q_f32(state->values[chunk + d] + half), inverse);
-            transpose(block);
-#pragma GCC unroll 4
-            for (size_t i = 0; i < LANES; ++i)
-                if (half + i < rows) vst1q_f32(out + (half + i) * out_stride + chunk, block[i]);
-        }
-    }
+/* out rows [0, rows) = values / sum over the head's dims, transposed back. */
+static inline __attribute__((always_inline)) void
+store_block(float *out, size_t out_stride, online_block_t const *state, size_t rows, size_t head) {
+    float32x4_t inverse[2];
+    for (size_t h = 0; h < 2; ++h)
+        inverse[h] = vdivq_f32(vdupq_n_f32(1.0f), state->sum[h]);
+    size_t whole = head - head % LANES;
+    for (size_t chunk = 0; chunk < whole; chunk += LANES)
+        store_block_part(out + chunk, out_stride, state->values + chunk, inverse, rows, LANES);
+    if (head % LANES)
+        store_block_part(out + whole, out_stride, state->values + whole, inverse, rows, head % LANES);
 }
 
 /* Queries [first_query, first_query + rows) of the item whose keys are rows [first_key, end_key). */
-static void attend_block(kernel_attention_t const *a, size_t first_query, size_t rows, size_t first_key,
-                         size_t end_key) {
-    _Alignas(16) float queries[KERNEL_HEAD][QUERIES];
+static inline __attribute__((always_inline)) void attend_block(kernel_attention_t const *a,
+                                                               size_t first_query, size_t rows,
+                                                               size_t first_key, size_t end_key,
+                                                               size_t head) {
+    _Alignas(16) float queries[KERNEL_HEAD_MAX][QUERIES];
     _Alignas(16) float scores[ATTENTION_TILE][QUERIES];
     float32x4_t const none = vdupq_n_f32(-INFINITY), zero = vdupq_n_f32(0.0f);
-    online_block_t state = {.max = {none, none}, .sum = {zero, zero}}; /* and the values 0 */
-    load_queries(queries, a->q + first_query * a->stride, a->stride, rows, a->scale);
+    online_block_t state;
+    state.max[0] = state.max[1] = none;
+    state.sum[0] = state.sum[1] = zero;
+    size_t padded = (head + 7) / 8 * 8;
+    memset(state.values, 0, padded * sizeof state.values[0]);
+    load_queries(queries, a->q + first_query * a->stride, a->stride, rows, a->scale, head);
     for (size_t tile = first_key; tile < end_key; tile += ATTENTION_TILE) {
         size_t count = end_key - tile < ATTENTION_TILE ? end_key - tile : ATTENTION_TILE;
-        tile_scores(scores, queries, a->k + tile * a->stride, a->stride, count);
+        tile_scores(scores, queries, a->k + tile * a->stride, a->stride, count, head);
         if (a->causal) mask_future(scores, count, tile, first_query);
         float32x4_t correction[2];
         tile_weights(&state, scores, count, correction);
-        accumulate_values(&state, correction, scores, a->v + tile * a->stride, a->stride, count);
+        accumulate_values(&state, correction, scores, a->v + tile * a->stride, a->stride, count, head);
     }
-    store_block(a->out + first_query * a->out_stride, a->out_stride, &state, rows);
+    store_block(a->out + first_query * a->out_stride, a->out_stride, &state, rows, head);
 }
 
-/* Blocks start at the item's first row, so a causal block's tiles (multiples of 64 rows from there) all
- * begin at or before its first query: every lane sees at least one key in every tile. */
+/* The blocks of one item. Blocks start at the item's first row, so a causal block's tiles (multiples of 64
+ * rows from there) all begin at or before its first query: every lane sees at least one key in every tile. */
+static inline __attribute__((always_inline)) void attend_item(kernel_attention_t const *a, size_t item,
+                                                              size_t head) {
+    size_t first = a->offsets[item], end = a->offsets[item + 1];
+    for (size_t block = first; block < end; block += QUERIES) {
+        size_t rows = end - block < QUERIES ? end - block : QUERIES;
+        attend_block(a, block, rows, first, a->causal ? block + rows : end, head);
+    }
+}
+
 void kernel_attention_neon(kernel_attention_t const *attention, size_t item_begin, size_t item_end) {
     for (size_t item = item_begin; item < item_end; ++item) {
-        size_t first = attention->offsets[item], end = attention->offsets[item + 1];
-        for (size_t block = first; block < end; block += QUERIES) {
-            size_t rows = end - block < QUERIES ? end - block : QUERIES;
-            attend_block(attention, block, rows, first, attention->causal ? block + rows : end);
-        }
+        if (attention->head == KERNEL_HEAD)
+            attend_item(attention, item, KERNEL_HEAD);
+        else
+            attend_item(attention, item, attention->head);
     }
 }
 

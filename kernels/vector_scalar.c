@@ -102,54 +102,59 @@ void kernel_rope_scalar(float *x, size_t heads, size_t position) {
     rotate_heads(x, heads, cosines, cosines + KERNEL_HEAD / 2);
 }
 
-static float dot_head(float const *a, float const *b) {
+/* a . b over n values, summed in order. */
+static float dot(float const *a, float const *b, size_t n) {
     float sum = 0.0f;
-    for (size_t d = 0; d < KERNEL_HEAD; ++d)
+    for (size_t d = 0; d < n; ++d)
         sum += a[d] * b[d];
     return sum;
 }
 
 /* Running state of one query's online softmax: max of the scores so far, sum of exp(score - max), and
- * the exp-weighted sum of values [64]. */
+ * the exp-weighted sum of values [head]. */
 typedef struct online_row {
     float max, sum;
-    float values[KERNEL_HEAD];
+    float values[KERNEL_HEAD_MAX];
 } online_row_t;
 
-/* Folds keys [0, keys) of one tile (rows of `k` and `v` at `stride`) into `row`: the tile's scores raise
- * the running max, and what was accumulated under the old max is rescaled by exp(old - new). */
+/* Folds keys [0, keys) of one tile (rows of `k` and `v` at `stride`, `head` values each) into `row`: the
+ * tile's scores raise the running max, and what was accumulated under the old max is rescaled by
+ * exp(old - new). */
 static void attend_tile(online_row_t *row, float const *query, float const *k, float const *v, size_t stride,
-                        size_t keys, float scale) {
+                        size_t keys, float scale, size_t head) {
     float scores[ATTENTION_TILE];
     float max = row->max;
     for (size_t j = 0; j < keys; ++j) {
-        scores[j] = scale * dot_head(query, k + j * stride);
+        scores[j] = scale * dot(query, k + j * stride, head);
         max = fmaxf(max, scores[j]);
     }
     float correction = expf(row->max - max);
     row->max = max;
     row->sum *= correction;
-    for (size_t d = 0; d < KERNEL_HEAD; ++d)
+    for (size_t d = 0; d < head; ++d)
         row->values[d] *= correction;
     for (size_t j = 0; j < keys; ++j) {
         float weight = expf(scores[j] - max);
         row->sum += weight;
-        for (size_t d = 0; d < KERNEL_HEAD; ++d)
+        for (size_t d = 0; d < head; ++d)
             row->values[d] += weight * v[j * stride + d];
     }
 }
 
 /* One query row of the item whose keys are rows [first, end) of k and v. */
 static void attend_row(kernel_attention_t const *a, size_t row, size_t first, size_t end) {
-    online_row_t state = {.max = -INFINITY, .sum = 0.0f};
+    online_row_t state;
+    state.max = -INFINITY;
+    state.sum = 0.0f;
+    memset(state.values, 0, a->head * sizeof state.values[0]);
     float const *query = a->q + row * a->stride;
     for (size_t tile = first; tile < end; tile += ATTENTION_TILE) {
         size_t keys = end - tile < ATTENTION_TILE ? end - tile : ATTENTION_TILE;
         attend_tile(&state, query, a->k + tile * a->stride, a->v + tile * a->stride, a->stride, keys,
-                    a->scale);
+                    a->scale, a->head);
     }
     float *out = a->out + row * a->out_stride;
-    for (size_t d = 0; d < KERNEL_HEAD; ++d)
+    for (size_t d = 0; d < a->head; ++d)
         out[d] = state.values[d] / state.sum;
 }
 
@@ -324,7 +329,7 @@ static void row_statistics(kernel_attention_backward_t const *a, float const *qu
         size_t keys = end - tile < ATTENTION_TILE ? end - tile : ATTENTION_TILE;
         float scores[ATTENTION_TILE], tile_max = *max;
         for (size_t j = 0; j < keys; ++j) {
-            scores[j] = a->scale * dot_head(query, a->k + (tile + j) * a->stride);
+            scores[j] = a->scale * dot(query, a->k + (tile + j) * a->stride, KERNEL_HEAD);
             tile_max = fmaxf(tile_max, scores[j]);
         }
         *sum *= expf(*max - tile_max);
@@ -342,11 +347,11 @@ static void attention_backward_row(kernel_attention_backward_t const *a, size_t 
     float const *d_out = a->d_out + row * a->out_stride, *out = a->out + row * a->out_stride;
     float max, sum, d_query[KERNEL_HEAD] = {0};
     row_statistics(a, query, first, end, &max, &sum);
-    float d_out_dot_out = dot_head(d_out, out);
+    float d_out_dot_out = dot(d_out, out, KERNEL_HEAD);
     for (size_t j = first; j < end; ++j) {
         float const *key = a->k + j * a->stride, *value = a->v + j * a->stride;
-        float probability = expf(a->scale * dot_head(query, key) - max) / sum;
-        float d_score = a->scale * probability * (dot_head(d_out, value) - d_out_dot_out);
+        float probability = expf(a->scale * dot(query, key, KERNEL_HEAD) - max) / sum;
+        float d_score = a->scale * probability * (dot(d_out, value, KERNEL_HEAD) - d_out_dot_out);
         float *d_key = a->d_k + j * a->stride, *d_value = a->d_v + j * a->stride;
         for (size_t d = 0; d < KERNEL_HEAD; ++d) {
             d_value[d] += probability * d_out[d];

@@ -154,6 +154,7 @@ static kernel_attention_t head_attention(tower_fork_t const *fork, float const *
         .v = qkv + 2 * h,
         .stride = 3 * h,
         .out_stride = h,
+        .head = KERNEL_HEAD,
         .offsets = fork->offsets,
         .items = fork->items,
         .causal = fork->causal,

@@ -97,6 +97,7 @@ kernel_attention_t qkv_batch_head(qkv_batch_t const *batch, size_t head, bool ca
         .stride = 3 * HIDDEN,
         .out = out + head * KERNEL_HEAD,
         .out_stride = HIDDEN,
+        .head = KERNEL_HEAD,
         .offsets = batch->offsets,
         .items = ITEMS,
         .causal = causal,

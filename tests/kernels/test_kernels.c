@@ -216,6 +216,116 @@ static void scalar_attention_matches_naive(void **state) {
     }
 }
 
+/* ---- Heads of other widths ----------------------------------------------------------------------
+ * HEADS heads of `width` side by side in rows q | k | v [tokens, 3 HEADS width], items of the lengths below
+ * (across tiles of 64 keys, and empty), the head under test the last of each row, so that a read past it
+ * would leave the allocation's end in the last row. */
+
+static size_t const head_widths[] = {1, 24, 32, 33, 40, 64, 72, 80, 128, 256};
+static size_t const width_item_lengths[] = {1, 7, 77, 0, 300, 64};
+#define WIDTH_ITEMS COUNT(width_item_lengths)
+
+typedef struct width_batch {
+    size_t width, tokens, offsets[WIDTH_ITEMS + 1];
+    float *qkv; /* test_free it */
+} width_batch_t;
+
+/* Values in [-1, 1], queries and keys in [-3, 3] (a softmax peaked enough to move its max between tiles). */
+static width_batch_t width_batch_make(size_t width) {
+    width_batch_t batch = {.width = width};
+    for (size_t i = 0; i < WIDTH_ITEMS; ++i)
+        batch.offsets[i + 1] = batch.offsets[i] + width_item_lengths[i];
+    batch.tokens = batch.offsets[WIDTH_ITEMS];
+    size_t row = 3 * HEADS * width;
+    batch.qkv = floats_uniform(batch.tokens * row, -1.0f, 1.0f);
+    for (size_t r = 0; r < batch.tokens; ++r)
+        for (size_t i = 0; i < 2 * HEADS * width; ++i)
+            batch.qkv[r * row + i] *= 3.0f;
+    return batch;
+}
+
+/* The last head's attention, scale 1/sqrt(width), written to out [tokens, HEADS width] at its columns. */
+static kernel_attention_t width_batch_last_head(width_batch_t const *batch, bool causal, float *out) {
+    size_t width = batch->width, last = (HEADS - 1) * width;
+    return (kernel_attention_t){
+        .q = batch->qkv + last,
+        .k = batch->qkv + HEADS * width + last,
+        .v = batch->qkv + 2 * HEADS * width + last,
+        .stride = 3 * HEADS * width,
+        .out = out + last,
+        .out_stride = HEADS * width,
+        .head = width,
+        .offsets = batch->offsets,
+        .items = WIDTH_ITEMS,
+        .causal = causal,
+        .scale = 1.0f / sqrtf((float)width),
+    };
+}
+
+/* out [tokens + 1, HEADS width], the sentinel everywhere: one row more than the batch, that must stay so. */
+static float *width_batch_out(width_batch_t const *batch) {
+    return floats_filled((batch->tokens + 1) * HEADS * batch->width, SENTINEL);
+}
+
+/* Every column of out before the last head, and the row past the batch, still hold the sentinel. */
+static void check_outside_last_head_untouched(width_batch_t const *batch, float const *out) {
+    size_t width = batch->width, columns = HEADS * width;
+    for (size_t row = 0; row <= batch->tokens; ++row)
+        for (size_t i = 0; i < columns; ++i)
+            if ((row == batch->tokens || i < (HEADS - 1) * width) && out[row * columns + i] != SENTINEL)
+                fail_msg("attention of width %zu wrote column %zu of row %zu", width, i, row);
+}
+
+/* One row of the last head's attention in double, against keys [first, end): out [width]. */
+static void width_row_double(width_batch_t const *batch, kernel_attention_t const *a, size_t row,
+                             size_t first, size_t end, double *out) {
+    size_t width = batch->width;
+    double *scores = test_malloc((end - first) * sizeof(double)), max = -INFINITY, sum = 0.0;
+    for (size_t j = first; j < end; ++j) {
+        double dot = 0.0;
+        for (size_t d = 0; d < width; ++d)
+            dot += (double)a->q[row * a->stride + d] * a->k[j * a->stride + d];
+        scores[j - first] = dot * a->scale;
+        max = fmax(max, scores[j - first]);
+    }
+    for (size_t d = 0; d < width; ++d)
+        out[d] = 0.0;
+    for (size_t j = first; j < end; ++j) {
+        double weight = exp(scores[j - first] - max);
+        sum += weight;
+        for (size_t d = 0; d < width; ++d)
+            out[d] += weight * a->v[j * a->stride + d];
+    }
+    for (size_t d = 0; d < width; ++d)
+        out[d] /= sum;
+    test_free(scores);
+}
+
+static void scalar_attention_widths_match_naive(void **state) {
+    (void)state;
+    random_seed(16);
+    double expected[KERNEL_HEAD_MAX];
+    for (size_t w = 0; w < COUNT(head_widths); ++w) {
+        width_batch_t batch = width_batch_make(head_widths[w]);
+        for (int causal = 0; causal < 2; ++causal) {
+            float *out = width_batch_out(&batch);
+            kernel_attention_t a = width_batch_last_head(&batch, causal, out);
+            kernels_scalar()->attention(&a, 0, WIDTH_ITEMS);
+            check_outside_last_head_untouched(&batch, out);
+            for (size_t item = 0; item < WIDTH_ITEMS; ++item)
+                for (size_t row = batch.offsets[item]; row < batch.offsets[item + 1]; ++row) {
+                    width_row_double(&batch, &a, row, batch.offsets[item],
+                                     causal ? row + 1 : batch.offsets[item + 1], expected);
+                    for (size_t d = 0; d < batch.width; ++d)
+                        check_near(a.out[row * a.out_stride + d], expected[d], 1e-5, "attention",
+                                   row * batch.width + d);
+                }
+            test_free(out);
+        }
+        test_free(batch.qkv);
+    }
+}
+
 static void scalar_softmax_matches_formula(void **state) {
     (void)state;
     random_seed(4);
@@ -552,6 +662,40 @@ static void paths_attention_match_scalar(void **state) {
     }
 }
 
+/* Every path against scalar at every head width, causal and not: within 1e-4 (max|v| is 1), nothing written
+ * outside the head, and the same bits over ranges of items as over the whole batch. */
+static void paths_attention_widths_match_scalar(void **state) {
+    (void)state;
+    kernels_t const *paths[SIMD_PATHS];
+    size_t path_count = simd_paths(paths);
+    size_t const cuts[] = {0, 1, 3, 3, 5, WIDTH_ITEMS};
+    random_seed(17);
+    for (size_t w = 0; w < COUNT(head_widths); ++w) {
+        width_batch_t batch = width_batch_make(head_widths[w]);
+        size_t floats = (batch.tokens + 1) * HEADS * batch.width;
+        for (int causal = 0; causal < 2; ++causal) {
+            float *expected = width_batch_out(&batch);
+            kernel_attention_t a = width_batch_last_head(&batch, causal, expected);
+            kernels_scalar()->attention(&a, 0, WIDTH_ITEMS);
+            for (size_t p = 0; p < path_count; ++p) {
+                float *whole = width_batch_out(&batch), *pieces = width_batch_out(&batch);
+                a = width_batch_last_head(&batch, causal, whole);
+                paths[p]->attention(&a, 0, WIDTH_ITEMS);
+                check_outside_last_head_untouched(&batch, whole);
+                for (size_t i = 0; i < floats; ++i)
+                    check_near(whole[i], expected[i], 1e-4, paths[p]->name, i);
+                a = width_batch_last_head(&batch, causal, pieces);
+                for (size_t c = 0; c + 1 < COUNT(cuts); ++c)
+                    paths[p]->attention(&a, cuts[c], cuts[c + 1]);
+                assert_memory_equal(pieces, whole, floats * sizeof(float));
+                test_free(whole), test_free(pieces);
+            }
+            test_free(expected);
+        }
+        test_free(batch.qkv);
+    }
+}
+
 static void paths_softmax_match_scalar(void **state) {
     (void)state;
     kernels_t const *paths[SIMD_PATHS];
@@ -734,6 +878,7 @@ int main(void) {
         cmocka_unit_test(scalar_layernorm_matches_formula),
         cmocka_unit_test(scalar_rope_matches_formula),
         cmocka_unit_test(scalar_attention_matches_naive),
+        cmocka_unit_test(scalar_attention_widths_match_naive),
         cmocka_unit_test(scalar_softmax_matches_formula),
         cmocka_unit_test(scalar_normalize_matches_formula),
         cmocka_unit_test(scalar_bf16_known_bits),
@@ -745,6 +890,7 @@ int main(void) {
         cmocka_unit_test(paths_layernorm_match_scalar),
         cmocka_unit_test(paths_rope_match_scalar),
         cmocka_unit_test(paths_attention_match_scalar),
+        cmocka_unit_test(paths_attention_widths_match_scalar),
         cmocka_unit_test(paths_softmax_match_scalar),
         cmocka_unit_test(paths_normalize_match_scalar),
         cmocka_unit_test(paths_bf16_match_scalar),

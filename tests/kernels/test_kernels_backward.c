@@ -242,6 +242,7 @@ static void scalar_attention_backward_gradcheck(void **state) {
                                           .stride = KERNEL_HEAD,
                                           .out = out,
                                           .out_stride = KERNEL_HEAD,
+                                          .head = KERNEL_HEAD,
                                           .offsets = offsets,
                                           .items = COUNT(lengths),
                                           .causal = causal,

@@ -609,6 +609,7 @@ static void attention_case(size_t const *lengths, size_t items, size_t heads, bo
             .stride = width,
             .out = expected + h * HEAD,
             .out_stride = hidden,
+            .head = HEAD,
             .offsets = offsets,
             .items = items,
             .causal = causal,
