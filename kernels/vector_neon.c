@@ -128,11 +128,12 @@ static inline void transpose(float32x4_t rows[LANES]) {
     rows[3] = vreinterpretq_f32_f64(vtrn2q_f64(d1, d3));
 }
 
-/* A head of `head` dims is walked in chunks: whole ones, then a last one of the remaining dims, whose loads
- * and stores go through load_tail and store_tail: no dim past the head is read from q, k or v or written to
- * out. The functions below take the head's width and are always inlined, so that attention compiles twice:
- * for KERNEL_HEAD, a constant that folds the last chunk away, and for any other width. The block's arrays
- * hold KERNEL_HEAD_MAX dims; those past the head, up to the next multiple of 8, are zero. */
+/* A head of `head` dims is walked in chunks: whole ones, then a last one of the remaining dims; loads and
+ * stores go through load_tail and store_tail (plain vld1q and vst1q for whole chunks): no dim past the head
+ * is read from q, k or v or written to out. The functions below take the head's width and are always inlined,
+ * so that attention compiles twice: for KERNEL_HEAD, a constant that folds the last chunk away, and for any
+ * other width. The block's arrays hold KERNEL_HEAD_MAX dims; those past the head, up to the next multiple of
+ * 8, are zero. */
 
 /* One chunk of `width` dims (width <= 4) of load_queries: queries [4 dims][8] from q at the chunk. */
 static inline __attribute__((always_inline)) void load_queries_part(float queries[][QUERIES], float const *q,
@@ -141,11 +142,9 @@ static inline __attribute__((always_inline)) void load_queries_part(float querie
     for (size_t half = 0; half < QUERIES; half += LANES) {
         float32x4_t block[LANES];
 #pragma GCC unroll 4
-        for (size_t i = 0; i < LANES; ++i) {
-            float const *row = q + (half + i) * stride;
-            float32x4_t value = width == LANES ? vld1q_f32(row) : load_tail(row, width, 0.0f);
-            block[i] = half + i < rows ? vmulq_n_f32(value, scale) : vdupq_n_f32(0.0f);
-        }
+        for (size_t i = 0; i < LANES; ++i)
+            block[i] = half + i < rows ? vmulq_n_f32(load_tail(q + (half + i) * stride, width, 0.0f), scale)
+                                       : vdupq_n_f32(0.0f);
         transpose(block);
 #pragma GCC unroll 4
         for (size_t d = 0; d < LANES; ++d)
@@ -298,14 +297,8 @@ static inline __attribute__((always_inline)) void store_block_part(float *out, s
             block[d] = vmulq_f32(vld1q_f32(values[d] + half), inverse[half / LANES]);
         transpose(block);
 #pragma GCC unroll 4
-        for (size_t i = 0; i < LANES; ++i) {
-            if (half + i >= rows) continue;
-            float *row = out + (half + i) * out_stride;
-            if (width == LANES)
-                vst1q_f32(row, block[i]);
-            else
-                store_tail(row, width, block[i]);
-        }
+        for (size_t i = 0; i < LANES; ++i)
+            if (half + i < rows) store_tail(out + (half + i) * out_stride, width, block[i]);
     }
 }
 

@@ -67,6 +67,14 @@ cudaError_t cuda_rmsnorm(uint16_t *y_bf16, size_t y_bf16_stride, float *y_f32, s
                          float const *x, size_t x_stride, float const *weight, size_t rows, size_t n,
                          float eps, cudaStream_t stream);
 
+/* y = (x - mean) / sqrt(var + eps) * weight + bias per row of n, F32 in (stride x_stride), as kernels.h's
+ * layernorm: the row's mean and biased variance in two passes, summed in double. bias may be NULL (none).
+ * Either output may be NULL, as in cuda_rmsnorm (y_f32 may equal x). Tolerance: 1e-5 relative to
+ * |(x - mean) / sqrt(var + eps) * weight| + |bias| for F32, one BF16 rounding more for BF16. */
+cudaError_t cuda_layernorm(uint16_t *y_bf16, size_t y_bf16_stride, float *y_f32, size_t y_f32_stride,
+                           float const *x, size_t x_stride, float const *weight, float const *bias,
+                           size_t rows, size_t n, float eps, cudaStream_t stream);
+
 /* Scales each of `rows` F32 rows of `columns` (stride in elements) to unit L2 norm; a zero row stays
  * zero. Tolerance 1e-6 relative. */
 cudaError_t cuda_normalize(float *x, size_t stride, size_t rows, size_t columns, cudaStream_t stream);
@@ -118,11 +126,15 @@ typedef struct cuda_gemm cuda_gemm_t;
 cudaError_t cuda_gemm_create(cuda_gemm_t **gemm, cudaStream_t stream);
 void cuda_gemm_destroy(cuda_gemm_t *gemm);
 
+/* The GELUs are kernels.h's epilogues. cuBLASLt has the tanh one; the exact and the quick one always run in
+ * a kernel of ours after the product (see cuda_linear). */
 typedef enum cuda_linear_kind {
-    CUDA_LINEAR_BF16 = 0,      /* y BF16 = x W^T + b */
-    CUDA_LINEAR_GELU_BF16 = 1, /* y BF16 = gelu_tanh(x W^T + b) */
-    CUDA_LINEAR_RESIDUAL = 2,  /* y F32 += x W^T + b (y is read and written) */
-    CUDA_LINEAR_F32 = 3,       /* y F32 = x W^T + b */
+    CUDA_LINEAR_BF16 = 0,            /* y BF16 = x W^T + b */
+    CUDA_LINEAR_GELU_BF16 = 1,       /* y BF16 = gelu_tanh(x W^T + b) */
+    CUDA_LINEAR_RESIDUAL = 2,        /* y F32 += x W^T + b (y is read and written) */
+    CUDA_LINEAR_F32 = 3,             /* y F32 = x W^T + b */
+    CUDA_LINEAR_GELU_ERF_BF16 = 4,   /* y BF16 = gelu_erf(x W^T + b): 0.5x(1 + erf(x / sqrt 2)) */
+    CUDA_LINEAR_GELU_QUICK_BF16 = 5, /* y BF16 = gelu_quick(x W^T + b): x sigmoid(1.702x) */
 } cuda_linear_kind_t;
 
 typedef struct cuda_linear {
@@ -139,9 +151,9 @@ typedef struct cuda_linear {
 /* Enqueues one linear layer on the gemm's stream: BF16 inputs, F32 accumulation, the bias and GELU
  * fused as cuBLASLt epilogues where it offers them (beside a BF16 output the bias is first rounded to
  * BF16, the bias type cuBLASLt takes there), else a kernel of ours after the product (which for BF16
- * outputs rounds the product to BF16 before the bias). The first call for a shape, strides, kind
- * and pointer alignments asks cuBLASLt's heuristic (host work, microseconds); later ones reuse its
- * answer. A gemm serves one thread at a time.
+ * outputs rounds the product to BF16 before the bias), and always so for the exact and the quick GELU.
+ * The first call for a shape, strides, kind and pointer alignments asks cuBLASLt's heuristic (host work,
+ * microseconds); later ones reuse its answer. A gemm serves one thread at a time.
  * Answers cudaSuccess, or an error with `*message` naming the step that failed (a static string).
  * Tolerance against the scalar GEMM on the same BF16 inputs: kernels.h's GEMM tolerance. */
 cudaError_t cuda_linear(cuda_gemm_t *gemm, cuda_linear_t const *linear, char const **message);

@@ -5,6 +5,8 @@
  * with BF16 A and B, CUBLAS_COMPUTE_32F and F32 alpha and beta. Per kind:
  *   BF16:      D BF16, epilogue BIAS (DEFAULT without a bias);
  *   GELU_BF16: D BF16, epilogue GELU_BIAS (GELU without a bias; cuBLASLt's GELU is the tanh form);
+ *   GELU_ERF_BF16, GELU_QUICK_BF16: D BF16, epilogue DEFAULT, then epilogue_kernel below (cuBLASLt has
+ *              neither activation);
  *   RESIDUAL:  C = D = y F32, beta = 1, epilogue BIAS;
  *   F32:       D F32, beta = 0, epilogue BIAS when there is a bias.
  * The backward products of training (cuda_linear_backward in cuda_train.h), with the default epilogue:
@@ -19,8 +21,8 @@
  *
  * Fallback: when the heuristic offers no algorithm with the epilogue (or the fused call answers
  * NOT_SUPPORTED), the plan is rebuilt with the DEFAULT epilogue and epilogue_kernel below adds the bias
- * and applies GELU after the product. For BF16 outputs that rounds the product to BF16 once more before
- * the bias, well within kernels.h's GEMM tolerance. */
+ * and applies the activation after the product. For BF16 outputs that rounds the product to BF16 once more
+ * before the bias, well within kernels.h's GEMM tolerance. */
 #include <cstdlib>
 #include <cstring>
 
@@ -33,8 +35,8 @@
 #define GEMM_PLANS     64
 #define GEMM_BIAS      65536 /* BF16 copies of biases up to this long; longer ones take the fallback */
 
-/* How a plan applies the bias and GELU: in cuBLASLt's epilogue with the F32 bias or with the gemm's BF16
- * copy of it, or in epilogue_kernel after the product. */
+/* How a plan applies the bias and the activation: in cuBLASLt's epilogue with the F32 bias or with the gemm's
+ * BF16 copy of it, or in epilogue_kernel after the product. */
 typedef enum gemm_epilogue { EPILOGUE_F32_BIAS, EPILOGUE_BF16_BIAS, EPILOGUE_OURS } gemm_epilogue_t;
 
 /* Which product of a linear layer y = x W^T: the forward one, or a backward one (dx = dy W, dW += dy^T x). */
@@ -63,7 +65,7 @@ typedef struct gemm_plan {
     bool used;
     gemm_key_t key;
     gemm_epilogue_t epilogue;
-    bool fused; /* the cuBLASLt epilogue does all of bias and GELU (or there is none): not EPILOGUE_OURS */
+    bool fused; /* cuBLASLt's epilogue does the bias and activation (or there are none): not EPILOGUE_OURS */
     cublasLtMatmulDesc_t operation;
     cublasLtMatrixLayout_t a, b, d; /* d describes C too */
     cublasLtMatmulAlgo_t algo;
@@ -83,22 +85,40 @@ struct cuda_gemm {
 
 /* ---- The fallback epilogue ---------------------------------------------------------------------- */
 
-/* 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3))), with the constants of kernels/gemm_scalar.c. */
-static __device__ __forceinline__ float gelu(float x) {
-    return 0.5f * x * (1.0f + tanhf(0.797884561f * (x + 0.044715f * x * x * x)));
+/* The activation a kind applies after the bias (kernels.h's epilogues). */
+typedef enum activation {
+    ACTIVATION_NONE,
+    ACTIVATION_GELU,
+    ACTIVATION_GELU_ERF,
+    ACTIVATION_GELU_QUICK
+} activation_t;
+
+/* The GELUs of kernels/gelu.h, with its constants: 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3))),
+ * 0.5x(1 + erf(x / sqrt 2)) and x / (1 + exp(-1.702x)). */
+static __device__ __forceinline__ float activate(activation_t activation, float x) {
+    switch (activation) {
+    case ACTIVATION_GELU:
+        return 0.5f * x * (1.0f + tanhf(0.797884561f * (x + 0.044715f * x * x * x)));
+    case ACTIVATION_GELU_ERF:
+        return 0.5f * x * (1.0f + erff(x * 0.707106781f));
+    case ACTIVATION_GELU_QUICK:
+        return x / (1.0f + expf(-1.702f * x));
+    case ACTIVATION_NONE:
+        break;
+    }
+    return x;
 }
 
-/* y [m, n] (row stride y_stride): BF16 y = gelu?(y + bias), or F32 y += bias. */
+/* y [m, n] (row stride y_stride): BF16 y = activation(y + bias), or F32 y += bias. */
 static __global__ void epilogue_kernel(void *y, size_t y_stride, float const *bias, size_t m, size_t n,
-                                       bool bf16, bool apply_gelu) {
+                                       bool bf16, activation_t activation) {
     for (size_t r = blockIdx.x; r < m; r += gridDim.x) {
         for (size_t c = threadIdx.x; c < n; c += blockDim.x) {
             if (bf16) {
                 uint16_t *at = (uint16_t *)y + r * y_stride + c;
                 float value = bf16_value(*at);
                 if (bias) value += bias[c];
-                if (apply_gelu) value = gelu(value);
-                *at = bf16_bits(value);
+                *at = bf16_bits(activate(activation, value));
             } else {
                 float *at = (float *)y + r * y_stride + c;
                 *at += bias[c];
@@ -158,12 +178,25 @@ static void plan_release(gemm_plan_t *plan) {
     memset(plan, 0, sizeof *plan);
 }
 
+/* Whether the kind's activation is cuBLASLt's GELU epilogue. */
 static bool kind_gelu(cuda_linear_kind_t kind) {
     return kind == CUDA_LINEAR_GELU_BF16;
 }
 
+/* Whether the kind's activation is one cuBLASLt lacks: the plan is always ours. */
+static bool kind_ours(cuda_linear_kind_t kind) {
+    return kind == CUDA_LINEAR_GELU_ERF_BF16 || kind == CUDA_LINEAR_GELU_QUICK_BF16;
+}
+
+static activation_t kind_activation(cuda_linear_kind_t kind) {
+    return kind == CUDA_LINEAR_GELU_BF16         ? ACTIVATION_GELU
+           : kind == CUDA_LINEAR_GELU_ERF_BF16   ? ACTIVATION_GELU_ERF
+           : kind == CUDA_LINEAR_GELU_QUICK_BF16 ? ACTIVATION_GELU_QUICK
+                                                 : ACTIVATION_NONE;
+}
+
 static bool kind_bf16(cuda_linear_kind_t kind) {
-    return kind == CUDA_LINEAR_BF16 || kind == CUDA_LINEAR_GELU_BF16;
+    return kind == CUDA_LINEAR_BF16 || kind == CUDA_LINEAR_GELU_BF16 || kind_ours(kind);
 }
 
 /* Row-major y [m, n] = x [m, k] W^T is column-major D (n x m) = op_T(W: k x n) x (k x m); dx [m, k] = dy
@@ -272,7 +305,7 @@ static cublasStatus_t plan_build(cuda_gemm_t *gemm, gemm_plan_t *plan, gemm_key_
     plan->used = true;
     plan->key = *key;
     plan->epilogue = how;
-    plan->fused = fused || !(bias || gelu_wanted);
+    plan->fused = fused || !(bias || kind_activation(key->kind) != ACTIVATION_NONE);
     plan->algo = result.algo;
     return CUBLAS_STATUS_SUCCESS;
 
@@ -287,10 +320,11 @@ static bool refused(cublasStatus_t status) {
 }
 
 /* Builds `plan` with the first epilogue cuBLASLt accepts: fused with the F32 bias, fused with the BF16
- * copy (BF16 outputs with a bias that fits it), then ours. Without `fuse`, ours directly. */
+ * copy (BF16 outputs with a bias that fits it), then ours. Without `fuse`, or for an activation cuBLASLt
+ * lacks, ours directly. */
 static cublasStatus_t plan_make(cuda_gemm_t *gemm, gemm_plan_t *plan, gemm_key_t const *key,
                                 cuda_linear_t const *linear, bool fuse, char const **message) {
-    if (fuse && (key->bias || kind_gelu(key->kind))) {
+    if (fuse && !kind_ours(key->kind) && (key->bias || kind_gelu(key->kind))) {
         cublasStatus_t status = plan_build(gemm, plan, key, linear, EPILOGUE_F32_BIAS, message);
         if (!refused(status)) return status;
         if (key->bias && kind_bf16(key->kind) && key->n <= GEMM_BIAS) {
@@ -301,7 +335,7 @@ static cublasStatus_t plan_make(cuda_gemm_t *gemm, gemm_plan_t *plan, gemm_key_t
     return plan_build(gemm, plan, key, linear, EPILOGUE_OURS, message);
 }
 
-/* Enqueues the product of `plan` and, when its epilogue is not fused, the bias and GELU kernel. */
+/* Enqueues the product of `plan` and, when its epilogue is not fused, the bias and activation kernel. */
 static cublasStatus_t plan_run(cuda_gemm_t *gemm, gemm_plan_t *plan, cuda_linear_t const *linear,
                                cudaError_t *launch, char const **message) {
     float alpha = 1.0f, beta = linear->kind == CUDA_LINEAR_RESIDUAL ? 1.0f : 0.0f;
@@ -324,8 +358,8 @@ static cublasStatus_t plan_run(cuda_gemm_t *gemm, gemm_plan_t *plan, cuda_linear
     if (plan->epilogue == EPILOGUE_OURS && !plan->fused) {
         epilogue_kernel<<<cuda_blocks(linear->m, 1), CUDA_THREADS, 0, gemm->stream>>>(
             linear->y, linear->y_stride, linear->bias, linear->m, linear->n, kind_bf16(linear->kind),
-            kind_gelu(linear->kind));
-        if ((*launch = cuda_launched())) *message = "the bias and GELU kernel failed to launch";
+            kind_activation(linear->kind));
+        if ((*launch = cuda_launched())) *message = "the bias and activation kernel failed to launch";
     }
     return CUBLAS_STATUS_SUCCESS;
 }
@@ -397,7 +431,7 @@ extern "C" cudaError_t cuda_linear(cuda_gemm_t *gemm, cuda_linear_t const *linea
     if (!gemm || !linear) return *message = "gemm or linear is NULL", cudaErrorInvalidValue;
     cuda_linear_kind_t kind = linear->kind;
     if (kind != CUDA_LINEAR_BF16 && kind != CUDA_LINEAR_GELU_BF16 && kind != CUDA_LINEAR_RESIDUAL &&
-        kind != CUDA_LINEAR_F32)
+        kind != CUDA_LINEAR_F32 && !kind_ours(kind))
         return *message = "unknown linear kind", cudaErrorInvalidValue;
     if (linear->m == 0 || linear->n == 0) return cudaSuccess;
     if (linear->k == 0 || linear->x_stride < linear->k || linear->y_stride < linear->n)

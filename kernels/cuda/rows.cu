@@ -1,4 +1,5 @@
-/* Row reductions (cuda_kernels.h): RMSNorm, L2 normalization and text_choose's softmax over legal bytes.
+/* Row reductions (cuda_kernels.h): RMSNorm, LayerNorm, L2 normalization and text_choose's softmax over legal
+ * bytes.
  * One block per row; sums of squares, dot products and softmax denominators are accumulated in double,
  * as on every CPU path (kernels/vector_scalar.c), so that only the order of the additions differs from
  * the scalar path. The F32 products that follow are written with __fmul_rn in the scalar order. */
@@ -33,6 +34,48 @@ extern "C" cudaError_t cuda_rmsnorm(uint16_t *y_bf16, size_t y_bf16_stride, floa
     if (rows == 0 || n == 0 || (!y_bf16 && !y_f32)) return cudaSuccess;
     rmsnorm_kernel<<<cuda_blocks(rows, 1), CUDA_THREADS, 0, stream>>>(
         y_bf16, y_bf16_stride, y_f32, y_f32_stride, x, x_stride, weight, rows, n, eps);
+    return cuda_launched();
+}
+
+/* ---- LayerNorm ---------------------------------------------------------------------------------- */
+
+/* As kernel_layernorm_scalar (kernels/vector_scalar.c): the mean in double, then the biased variance as the
+ * mean of (x - mean)^2, each deviation in double; the output's deviation (x - high) - low, high the mean
+ * rounded to F32 and low the rest, then the F32 products and the bias in the scalar order. In place
+ * (y_f32 == x) is safe as in rmsnorm_kernel. */
+static __global__ void layernorm_kernel(uint16_t *y_bf16, size_t y_bf16_stride, float *y_f32,
+                                        size_t y_f32_stride, float const *x, size_t x_stride,
+                                        float const *weight, float const *bias, size_t rows, size_t n,
+                                        float eps) {
+    __shared__ double scratch[32];
+    for (size_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        float const *row = x + r * x_stride; /* [n] */
+        double sum = 0.0, squares = 0.0;
+        for (size_t i = threadIdx.x; i < n; i += blockDim.x)
+            sum += row[i];
+        double mean = block_reduce(sum, cuda_sum(), 0.0, scratch) / (double)n;
+        for (size_t i = threadIdx.x; i < n; i += blockDim.x)
+            squares += ((double)row[i] - mean) * ((double)row[i] - mean);
+        squares = block_reduce(squares, cuda_sum(), 0.0, scratch);
+        float inverse = (float)(1.0 / sqrt(squares / (double)n + (double)eps));
+        float high = (float)mean, low = (float)(mean - (double)high);
+        for (size_t i = threadIdx.x; i < n; i += blockDim.x) {
+            float deviation = __fsub_rn(__fsub_rn(row[i], high), low);
+            float value = __fmul_rn(__fmul_rn(deviation, inverse), weight[i]);
+            if (bias) value = __fadd_rn(value, bias[i]);
+            if (y_f32) y_f32[r * y_f32_stride + i] = value;
+            if (y_bf16) y_bf16[r * y_bf16_stride + i] = bf16_bits(value);
+        }
+    }
+}
+
+extern "C" cudaError_t cuda_layernorm(uint16_t *y_bf16, size_t y_bf16_stride, float *y_f32,
+                                      size_t y_f32_stride, float const *x, size_t x_stride,
+                                      float const *weight, float const *bias, size_t rows, size_t n,
+                                      float eps, cudaStream_t stream) {
+    if (rows == 0 || n == 0 || (!y_bf16 && !y_f32)) return cudaSuccess;
+    layernorm_kernel<<<cuda_blocks(rows, 1), CUDA_THREADS, 0, stream>>>(
+        y_bf16, y_bf16_stride, y_f32, y_f32_stride, x, x_stride, weight, bias, rows, n, eps);
     return cuda_launched();
 }
 

@@ -401,6 +401,82 @@ static void rmsnorm_matches_scalar(void **state) {
     }
 }
 
+/* Against the scalar layernorm on rows around 0, around 100 and tightly around 1e4 (where a deviation from
+ * the mean rounded to F32 alone would be off), with and without a bias, both outputs and in place; the
+ * tolerance relative to |(x - mean) / sqrt(var + eps) * weight| + |bias| (kernels.h), taken from the
+ * scalar output and the bias. */
+static void layernorm_matches_scalar(void **state) {
+    (void)state;
+    random_seed(21);
+    size_t const rows = 6;
+    for (size_t s = 0; s < COUNT(row_sizes); ++s) {
+        size_t n = row_sizes[s], x_stride = n + 5, f32_stride = n + 3, bf16_stride = n + 7;
+        float *x = floats_uniform(rows * x_stride, -2.0f, 2.0f), *weight = floats_uniform(n, 0.5f, 1.5f);
+        float *bias = floats_uniform(n, -1.0f, 1.0f);
+        float const centers[3] = {0.0f, 100.0f, 1e4f}, spreads[3] = {1.0f, 0.5f, 0.025f};
+        for (size_t r = 0; r < rows; ++r)
+            for (size_t i = 0; i < n; ++i)
+                x[r * x_stride + i] = centers[r % 3] + spreads[r % 3] * x[r * x_stride + i];
+        float *x_device = device_copy(x, rows * x_stride * sizeof(float));
+        float *weight_device = device_copy(weight, n * sizeof(float)),
+              *bias_device = device_copy(bias, n * sizeof(float));
+        for (int with_bias = 0; with_bias < 2; ++with_bias) {
+            float const *b = with_bias ? bias : NULL;
+            float *expected = host_alloc(rows * n * sizeof(float));
+            kernels_scalar()->layernorm(expected, n, x, x_stride, weight, b, rows, n, 1e-5f);
+            float *y_device = device_alloc(rows * f32_stride * sizeof(float));
+            uint16_t *y16_device = device_alloc(rows * bf16_stride * sizeof(uint16_t));
+            ran(cuda_layernorm(y16_device, bf16_stride, y_device, f32_stride, x_device, x_stride,
+                               weight_device, with_bias ? bias_device : NULL, rows, n, 1e-5f, stream),
+                "cuda_layernorm", with_bias ? "both outputs, bias" : "both outputs, no bias");
+            float *y = host_copy(y_device, rows * f32_stride * sizeof(float));
+            uint16_t *y16 = host_copy(y16_device, rows * bf16_stride * sizeof(uint16_t));
+            check_t f32 =
+                check_start(n, "cuda_layernorm F32, %zu rows of %zu%s", rows, n, with_bias ? ", bias" : "");
+            check_t bf16 =
+                check_start(n, "cuda_layernorm BF16, %zu rows of %zu%s", rows, n, with_bias ? ", bias" : "");
+            for (size_t r = 0; r < rows; ++r) {
+                for (size_t i = 0; i < n; ++i) {
+                    double e = expected[r * n + i], shift = b ? fabs(b[i]) : 0.0;
+                    double magnitude = fabs(e - (b ? b[i] : 0.0)) + shift;
+                    check_value(&f32, r * n + i, y[r * f32_stride + i], e, 1e-5 * magnitude + 1e-30);
+                    check_value(&bf16, r * n + i, bf16_to_f32(y16[r * bf16_stride + i]), e,
+                                0x1p-8 * fabs(e) + 1e-5 * magnitude + 1e-30);
+                }
+                for (size_t i = n; i < f32_stride; ++i)
+                    if (!isnan(y[r * f32_stride + i]))
+                        fail_msg("cuda_layernorm wrote F32 padding [%zu][%zu]", r, i);
+                for (size_t i = n; i < bf16_stride; ++i)
+                    if (y16[r * bf16_stride + i] != 0xffff)
+                        fail_msg("cuda_layernorm wrote BF16 padding [%zu][%zu]", r, i);
+            }
+            check_end(&f32), check_end(&bf16);
+            free(expected), free(y), free(y16);
+            device_free(y_device), device_free(y16_device);
+        }
+
+        /* In place, F32 only, with the bias */
+        float *expected = host_alloc(rows * n * sizeof(float));
+        kernels_scalar()->layernorm(expected, n, x, x_stride, weight, bias, rows, n, 1e-5f);
+        ran(cuda_layernorm(NULL, 0, x_device, x_stride, x_device, x_stride, weight_device, bias_device, rows,
+                           n, 1e-5f, stream),
+            "cuda_layernorm", "in place");
+        float *in_place = host_copy(x_device, rows * x_stride * sizeof(float));
+        check_t place = check_start(n, "cuda_layernorm in place, %zu rows of %zu", rows, n);
+        for (size_t r = 0; r < rows; ++r) {
+            for (size_t i = 0; i < n; ++i) {
+                double e = expected[r * n + i], magnitude = fabs(e - bias[i]) + fabs(bias[i]);
+                check_value(&place, r * n + i, in_place[r * x_stride + i], e, 1e-5 * magnitude + 1e-30);
+            }
+            if (memcmp(in_place + r * x_stride + n, x + r * x_stride + n, 5 * sizeof(float)))
+                fail_msg("cuda_layernorm in place wrote the padding of row %zu", r);
+        }
+        check_end(&place);
+        free(x), free(weight), free(bias), free(expected), free(in_place);
+        device_free(x_device), device_free(weight_device), device_free(bias_device);
+    }
+}
+
 static void normalize_matches_scalar(void **state) {
     (void)state;
     random_seed(4);
@@ -685,7 +761,22 @@ typedef struct linear_shape {
     size_t m, n, k, x_stride, y_stride;
 } linear_shape_t;
 
-static char const *kind_names[] = {"BF16", "GELU_BF16", "RESIDUAL", "F32"};
+static char const *kind_names[] = {"BF16", "GELU_BF16",     "RESIDUAL",
+                                   "F32",  "GELU_ERF_BF16", "GELU_QUICK_BF16"};
+#define LINEAR_KINDS COUNT(kind_names)
+
+/* Whether a kind's y is BF16. */
+static bool kind_bf16_out(cuda_linear_kind_t kind) {
+    return kind != CUDA_LINEAR_RESIDUAL && kind != CUDA_LINEAR_F32;
+}
+
+/* The scalar GEMM's epilogue of a kind. */
+static kernel_epilogue_t kind_epilogue(cuda_linear_kind_t kind) {
+    return kind == CUDA_LINEAR_GELU_BF16         ? KERNEL_EPILOGUE_GELU
+           : kind == CUDA_LINEAR_GELU_ERF_BF16   ? KERNEL_EPILOGUE_GELU_ERF
+           : kind == CUDA_LINEAR_GELU_QUICK_BF16 ? KERNEL_EPILOGUE_GELU_QUICK
+                                                 : KERNEL_EPILOGUE_NONE;
+}
 
 /* What the scalar GEMM answers for `linear` over its operands on the host: x and w in BF16, b (the bias,
  * where `linear` has one) and y0 (y's start: the residual of CUDA_LINEAR_RESIDUAL, and the padding
@@ -710,7 +801,7 @@ static float *scalar_linear(cuda_linear_t const *linear, uint16_t const *x, uint
         .residual_stride = linear->y_stride,
         .y = expected,
         .y_stride = linear->y_stride,
-        .epilogue = linear->kind == CUDA_LINEAR_GELU_BF16 ? KERNEL_EPILOGUE_GELU : KERNEL_EPILOGUE_NONE,
+        .epilogue = kind_epilogue(linear->kind),
     };
     scalar->gemm(&reference, 0, linear->n);
     free(packed);
@@ -724,7 +815,7 @@ static void check_linear(cuda_linear_t const *linear, char const *name, bool fus
                          uint16_t const *x, uint16_t const *w, float const *b, float const *y0,
                          float const *expected) {
     size_t m = linear->m, n = linear->n, k = linear->k, xs = linear->x_stride, ys = linear->y_stride;
-    bool bf16_out = linear->kind == CUDA_LINEAR_BF16 || linear->kind == CUDA_LINEAR_GELU_BF16;
+    bool bf16_out = kind_bf16_out(linear->kind);
     check_t check = check_start(n, "%s (%s)", name, fused ? "fused" : "our epilogue");
     for (size_t r = 0; r < m; ++r) {
         for (size_t c = 0; c < ys; ++c) {
@@ -750,7 +841,7 @@ static void check_linear(cuda_linear_t const *linear, char const *name, bool fus
 static void linear_case(cuda_gemm_t *gemm, linear_shape_t shape, cuda_linear_kind_t kind, bool bias,
                         bool fuse) {
     size_t m = shape.m, n = shape.n, k = shape.k, xs = shape.x_stride, ys = shape.y_stride;
-    bool bf16_out = kind == CUDA_LINEAR_BF16 || kind == CUDA_LINEAR_GELU_BF16;
+    bool bf16_out = kind_bf16_out(kind);
     float w_scale = 3.0f / sqrtf((float)k); /* sums of order 1: GELU sees both of its sides */
     uint16_t *x = bf16_uniform(m * xs, -1.0f, 1.0f), *w = bf16_uniform(n * k, -w_scale, w_scale);
     float *b = floats_uniform(n, -1.0f, 1.0f), *y0 = floats_uniform(m * ys, -1.0f, 1.0f);
@@ -800,12 +891,12 @@ static void linear_matches_scalar(void **state) {
         {300, 192, 64, 64, 192},
     };
     for (size_t s = 0; s < COUNT(shapes); ++s)
-        for (int kind = 0; kind < 4; ++kind) {
+        for (size_t kind = 0; kind < LINEAR_KINDS; ++kind) {
             linear_case(gemm, shapes[s], (cuda_linear_kind_t)kind, true, true);
             if (kind != CUDA_LINEAR_RESIDUAL)
                 linear_case(gemm, shapes[s], (cuda_linear_kind_t)kind, false, true);
         }
-    for (int kind = 0; kind < 4; ++kind) { /* the fallback epilogue, and the cache after it */
+    for (size_t kind = 0; kind < LINEAR_KINDS; ++kind) { /* the fallback epilogue, and the cache after it */
         linear_case(gemm, shapes[1], (cuda_linear_kind_t)kind, true, false);
         linear_case(gemm, shapes[3], (cuda_linear_kind_t)kind, true, false);
         linear_case(gemm, shapes[1], (cuda_linear_kind_t)kind, true, true);
@@ -1651,6 +1742,7 @@ int main(void) {
         cmocka_unit_test(gathers_exact),
         cmocka_unit_test(mean_rows_bitwise),
         cmocka_unit_test(rmsnorm_matches_scalar),
+        cmocka_unit_test(layernorm_matches_scalar),
         cmocka_unit_test(normalize_matches_scalar),
         cmocka_unit_test(convert_bitwise),
         cmocka_unit_test(choose_matches_scalar),
