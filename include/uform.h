@@ -587,7 +587,10 @@ typedef struct uform_model_info {
                                    UForm 3's processor cuts them; else truncation keeps the special tokens */
         bool padded;            /* texts padded with pad_id to the context and attended whole, as SigLIP's
                                    were in training */
-        size_t pad_id;
+        size_t pad_id;          /* the padding token; with a position_offset (RoBERTa's), a pad_id token in a
+                                   text takes position pad_id and the others count only tokens that are not */
+        bool strip;             /* texts lose their leading and trailing whitespace, as Python's str.strip()
+                                   (sentence-transformers) */
     } text;
     struct {
         uform_transformer_info_t transformer;
@@ -639,6 +642,12 @@ typedef struct uform_encode_config {
     bool normalize; /* embeddings as unit vectors even where the model's family gives them unnormalized
                        (uform_model_info_t.normalized false); by default they are as its reference gives
                        them */
+    /* Texts of a model that reads tokens: a prompt put before each text, as sentence-transformers does: `prompt`
+     * (UTF-8, NUL-terminated) itself, or else the model's prompt named `prompt_name` (its
+     * config_sentence_transformers.json's "prompts"; a name it lacks is UFORM_INVALID_ARGUMENT); with neither,
+     * the model's default prompt (its "default_prompt_name"), if it has one. "" for either: no prompt. */
+    char const *prompt;
+    char const *prompt_name;
 } uform_encode_config_t;
 
 /* What an encode produced, views into the arena. Unrequested outputs have data == NULL. `statuses`

@@ -208,6 +208,7 @@ def main():
     at("uform_model_info_t", "text.cut_ids", Int(Pointer(to=mi)), Int(Pointer(to=mi.text.cut_ids)))
     at("uform_model_info_t", "text.padded", Int(Pointer(to=mi)), Int(Pointer(to=mi.text.padded)))
     at("uform_model_info_t", "text.pad_id", Int(Pointer(to=mi)), Int(Pointer(to=mi.text.pad_id)))
+    at("uform_model_info_t", "text.strip", Int(Pointer(to=mi)), Int(Pointer(to=mi.text.strip)))
     at("uform_model_info_t", "image", Int(Pointer(to=mi)), Int(Pointer(to=mi.image)))
     at("uform_model_info_t", "image.transformer", Int(Pointer(to=mi)), Int(Pointer(to=mi.image.transformer)))
     at("uform_model_info_t", "image.size", Int(Pointer(to=mi)), Int(Pointer(to=mi.image.size)))

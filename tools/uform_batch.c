@@ -60,7 +60,7 @@ int encode_batch_add(encode_batch_t *batch, uform_modality_t modality, char cons
     if (!command_reserve(&batch->bytes, &batch->capacity, batch->length + length, ENCODE_BATCH_BYTES))
         return command_fail("out of memory for an item of %zu bytes", length);
     if (!batch->count) batch->modality = modality;
-    memcpy(batch->bytes + batch->length, bytes, length);
+    if (length) memcpy(batch->bytes + batch->length, bytes, length); /* an empty first item: bytes NULL */
     batch->length += length;
     batch->offsets[++batch->count] = batch->length;
     return COMMAND_OK;

@@ -27,8 +27,9 @@ static char const help_tail[] =
     "\n";
 
 typedef struct encode_flags {
-    char const *model, *output, *manifest;
+    char const *model, *output, *manifest, *prompt, *prompt_name;
     size_t threads, dims;
+    bool normalize;
     int weights; /* a uform_weights_t */
     int scalar;  /* a uform_scalar_t */
     int format;  /* an output_format_t */
@@ -92,6 +93,15 @@ static int parse_flags(int argc, char **argv, encode_flags_t *flags) {
          .help = "write there instead of the standard output: a file beside it, renamed over\n"
                  "it once whole, so that a failed or killed run leaves what was there. The\n"
                  "binary formats are not written to a terminal."},
+        {"--prompt-name", FLAG_STRING, &flags->prompt_name, .value = "NAME",
+         .help = "a model that reads tokens: put its prompt NAME (config_sentence_transformers.json)\n"
+                 "before each text, as sentence-transformers' prompt_name; by default the model's\n"
+                 "default prompt, if it names one; \"\" for none"},
+        {"--prompt", FLAG_STRING, &flags->prompt, .value = "TEXT",
+         .help = "the same with TEXT itself as the prompt"},
+        {"--normalize", FLAG_SWITCH, &flags->normalize,
+         .help = "unit vectors even from a model whose family gives them unnormalized (CLIP, SigLIP,\n"
+                 "UForm 3, sentence-transformers models without Normalize: see 'uform info')"},
         {"--tokens", FLAG_SWITCH, &flags->tokens,
          .help = "jsonl only: add each item's token vectors, one per byte the model kept of a\n"
                  "text and one per patch of an image, as \"tokens\" (and \"token_scales\" for i8)"},
@@ -193,8 +203,11 @@ int command_encode(int argc, char **argv) {
         goto done;
 
     encoder.keep_going = flags.keep_going;
-    encoder.config =
-        (uform_encode_config_t){.outputs_scalar = (uform_scalar_t)flags.scalar, .matryoshka = flags.dims};
+    encoder.config = (uform_encode_config_t){.outputs_scalar = (uform_scalar_t)flags.scalar,
+                                             .matryoshka = flags.dims,
+                                             .normalize = flags.normalize,
+                                             .prompt = flags.prompt,
+                                             .prompt_name = flags.prompt_name};
     if (flags.tokens) encoder.outputs |= UFORM_OUTPUT_TOKEN_VECTORS;
     progress_start(&encoder.progress, "encode", "items", input_total(input));
     /* Opened only now, so that a model that does not load leaves an existing file as it was. */

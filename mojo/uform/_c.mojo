@@ -278,6 +278,7 @@ struct TextInfo(ImplicitlyCopyable):
     var cut_ids: Bool  # texts past the context lose their last tokens (UForm 3's processor)
     var padded: Bool  # texts padded with pad_id to the context (SigLIP)
     var pad_id: c_size_t
+    var strip: Bool  # texts stripped of whitespace as Python's str.strip() (sentence-transformers)
 
 
 @fieldwise_init
@@ -338,7 +339,7 @@ struct ModelInfo(Copyable):
     def __init__(out self):
         var zero = TransformerInfo.zero()
         self = Self(0, Array[c_size_t, MATRYOSHKA_MAX](fill=0), 0, 0, 0, False, False, False, False, False,
-                    TextInfo(zero, 0, 0, 0, 0, False, False, False, 0),
+                    TextInfo(zero, 0, 0, 0, 0, False, False, False, 0, False),
                     ImageInfo(zero, 0, 0, Array[Float32, 3](fill=0), Array[Float32, 3](fill=0), 0, 0),
                     VideoInfo(0), AudioInfo(zero, 0, 0, 0, 0, 0, 0, 0), 0, Array[UInt8, 16](fill=0), False)
 

@@ -7,6 +7,7 @@
  * items go in chunks of at most TEXT_CHUNK_TOKENS tokens packed end to end without padding, one chunk per
  * loop turn. A text the tokenizer refuses (not UTF-8) or that leaves no token fails alone with
  * UFORM_FORMAT. */
+#include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -26,6 +27,8 @@ typedef struct tokens_call {
     call_t call;
     encode_call_t encode;
     size_t next_item;
+    char *prompt;            /* put before every text, or NULL */
+    bool prompt_failed;      /* copying it ran out of memory */
     uint32_t *ids;           /* every kept token of every text, end to end */
     size_t *offsets;         /* [items + 1] into ids */
     uform_status_t *refused; /* [items]: UFORM_OK, or the status of a text that failed */
@@ -34,6 +37,7 @@ typedef struct tokens_call {
 _Static_assert(sizeof(tokens_call_t) <= EXECUTOR_CALL_STORAGE, "tokens_call_t outgrew the call storage");
 
 static void tokens_end(tokens_call_t *text, uform_status_t status, char const *message) {
+    free(text->prompt);
     free(text->ids);
     free(text->offsets);
     free(text->refused);
@@ -41,6 +45,27 @@ static void tokens_end(tokens_call_t *text, uform_status_t status, char const *m
     encode_end(&text->encode, text->call.outcome, status);
     call_finish(&text->call, status, message);
 }
+
+#if UFORM_WITH_TOKENIZERS
+/* Narrows a text to what Python's str.strip() keeps: whitespace is White_Space and the separators U+001C to
+ * U+001F (str.isspace). A text that is not UTF-8 is left as it is, for the tokenizer to refuse. */
+static void python_strip(uint8_t const **text, size_t *length) {
+    size_t at = 0, first = SIZE_MAX, end = 0;
+    while (at < *length) {
+        uint32_t ch;
+        size_t size = utf8_next(*text + at, *length - at, &ch);
+        if (size == 0) return;
+        if (!white_space(ch) && !(ch >= 0x1C && ch <= 0x1F)) {
+            if (first == SIZE_MAX) first = at;
+            end = at + size;
+        }
+        at += size;
+    }
+    if (first == SIZE_MAX) first = end = 0;
+    *text += first;
+    *length = end - first;
+}
+#endif
 
 /* Cuts every text into text->ids, by offsets. UFORM_OK or UFORM_OUT_OF_MEMORY; a text that cannot be
  * cut is recorded in text->refused. */
@@ -65,13 +90,34 @@ static uform_status_t tokens_cut(tokens_call_t *text) {
     uform_tokenizer_info_t about = {0};
     uform_tokenizer_info(tokenizer, &about);
     bool const tokenizer_special = about.special_added > 0;
+    size_t const prompted = text->prompt ? strlen(text->prompt) : 0;
+    uint8_t *joined = NULL; /* the prompt, then the text */
+    size_t joined_capacity = 0;
     for (size_t item = 0; item < items && status == UFORM_OK; ++item) {
         size_t begin = texts->offsets[item], end = texts->offsets[item + 1];
         bool truncated = false;
         char const *message = NULL;
         text->offsets[item] = count;
+        uint8_t const *bytes = data + begin;
+        size_t length = end - begin;
+        if (prompted) {
+            if (prompted + length > joined_capacity) {
+                uint8_t *grown = realloc(joined, prompted + length);
+                if (!grown) {
+                    status = UFORM_OUT_OF_MEMORY;
+                    break;
+                }
+                joined = grown;
+                joined_capacity = prompted + length;
+            }
+            memcpy(joined, text->prompt, prompted);
+            if (length) memcpy(joined + prompted, bytes, length);
+            bytes = joined;
+            length += prompted;
+        }
+        if (info->text.strip) python_strip(&bytes, &length);
         uform_status_t cut =
-            tokenizer_cut(tokenizer, data + begin, end - begin, true, &work, &post, &truncated, &message);
+            tokenizer_cut(tokenizer, bytes, length, true, &work, &post, &truncated, &message);
         if (cut == UFORM_OK && sequence.count > context) { /* past the tokenizer's own truncation, if any */
             /* A SentencePiece model's text ends with its special token, which truncation keeps; UForm 3's
              * processor cuts the ids as they are. */
@@ -103,6 +149,7 @@ static uform_status_t tokens_cut(tokens_call_t *text) {
         count += info->text.padded ? context : sequence.count;
     }
     text->offsets[items] = count;
+    free(joined);
     tokens_free(&sequence);
     free(post.blanks);
     tokenizer_work_free(&work);
@@ -119,7 +166,7 @@ static void tokens_start(call_t *call) {
     uform_tape_t const *texts = &encode->tape;
     encode->stats.items = texts->count;
     encode->stats.bytes = texts->offsets[texts->count] - texts->offsets[0];
-    if (tokens_cut(text) != UFORM_OK ||
+    if (text->prompt_failed || tokens_cut(text) != UFORM_OK ||
         !encode_outputs(encode, texts->count, encode->model->text->hidden, output_view)) {
         tokens_end(text, UFORM_OUT_OF_MEMORY, "cannot allocate the tokens or the outputs");
         return;
@@ -164,7 +211,7 @@ static bool tokens_scratch(tokens_call_t *text, size_t tokens, size_t items, tok
  * that order (BERT's and RoBERTa's sums). */
 static void tokens_embed(tower_t const *tower, uform_model_info_t const *info, uint32_t const *ids,
                          size_t count, float *x) {
-    size_t hidden = tower->hidden, vocab = info->text.vocab;
+    size_t hidden = tower->hidden, vocab = info->text.vocab, placed = 0;
     for (size_t t = 0; t < count; ++t) {
         float *row = x + t * hidden;
         uint32_t id = ids[t] < vocab ? ids[t] : 0; /* a tokenizer's ids past the table were refused at load */
@@ -173,7 +220,12 @@ static void tokens_embed(tower_t const *tower, uform_model_info_t const *info, u
             for (size_t h = 0; h < hidden; ++h)
                 row[h] += tower->token_type[h];
         if (tower->positions) {
-            float const *position = tower->positions + (info->text.position_offset + t) * hidden;
+            /* RoBERTa's: a padding token takes position pad_id, the others count those that are not. */
+            size_t place = info->text.position_offset + t;
+            if (info->text.position_offset)
+                place =
+                    ids[t] == info->text.pad_id ? info->text.pad_id : info->text.position_offset + placed++;
+            float const *position = tower->positions + place * hidden;
             for (size_t h = 0; h < hidden; ++h)
                 row[h] += position[h];
         }
@@ -264,6 +316,30 @@ static void tokens_chunk(loop_op_t *op) {
 static void tokens_fill(call_t *call, void const *request) {
     tokens_call_t *text = container_of(call, tokens_call_t, call);
     encode_call_init(&text->encode, request);
+    encode_request_t const *asked = request;
+    char const *prompt = NULL;
+    text_prompt(asked->model, asked->config, &prompt); /* checked at the front door */
+    if (prompt && *prompt && !(text->prompt = strdup(prompt))) text->prompt_failed = true;
+}
+
+bool text_prompt(uform_model_t const *model, uform_encode_config_t const *config, char const **prompt) {
+    checkpoint_header_t const *header = &model->header;
+    char const *name = config ? config->prompt_name : NULL;
+    *prompt = config ? config->prompt : NULL;
+    if (*prompt) return true;
+    if (!name) name = header->default_prompt;
+    if (!name || !*name) return true;
+    /* The prompts are a small JSON object: looked up where a call starts. */
+    static _Thread_local char found[4096];
+    json_t *prompts = header->prompts ? json_loads(header->prompts, 0, NULL) : NULL;
+    json_t const *value = json_object_get(prompts, name);
+    bool known = json_is_string(value) && json_string_length(value) < sizeof found;
+    if (known) {
+        memcpy(found, json_string_value(value), json_string_length(value) + 1);
+        *prompt = found;
+    }
+    json_decref(prompts);
+    return known;
 }
 
 uform_status_t text_encode_tokens_host(encode_request_t const *request) {

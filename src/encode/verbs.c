@@ -47,6 +47,15 @@ UFORM_EXPORT uform_status_t uform_text_encode(uform_text_encode_args_t const *ar
     if (args->model->tokenizer && (args->outputs & UFORM_OUTPUT_TOKEN_VECTORS))
         return call_refuse(args->outcome, UFORM_UNSUPPORTED, entry,
                            "token vectors of a model that reads tokens are not built yet");
+    char const *prompt = NULL;
+    if (args->model->tokenizer && !text_prompt(args->model, args->config, &prompt))
+        return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry,
+                           "the model has no prompt of that name");
+    if (!args->model->tokenizer && args->config &&
+        ((args->config->prompt && *args->config->prompt) ||
+         (args->config->prompt_name && *args->config->prompt_name)))
+        return call_refuse(args->outcome, UFORM_UNSUPPORTED, entry,
+                           "prompts are for models that read tokens");
     if (args->model->tokenizer) return text_encode_tokens_host(&request);
     return encode_verbs_of(args->model)->text_encode(&request);
 }

@@ -60,6 +60,10 @@ extern encode_verbs_t const encode_verbs_vram;
 uform_status_t text_encode_host(encode_request_t const *request);
 /* text_encode of a host model whose text tower reads tokens (text_tokens.c). */
 uform_status_t text_encode_tokens_host(encode_request_t const *request);
+/* The prompt a text_encode of such a model puts before each text (uform_encode_config_t): `*prompt` the text
+ * (the config's, or the model's, valid until the calling thread's next call), or NULL for none. false for a
+ * prompt name the model lacks. */
+bool text_prompt(uform_model_t const *model, uform_encode_config_t const *config, char const **prompt);
 uform_status_t text_choose_host(uform_text_choose_args_t const *args);
 uform_status_t image_encode_host(char const *entry, image_request_t const *request);
 uform_status_t audio_encode_host(char const *entry, audio_request_t const *request);

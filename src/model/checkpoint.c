@@ -585,18 +585,36 @@ static uform_status_t parse_tower(json_t const *model, char const *key, bool *pr
     return parse(tower, info, message);
 }
 
-/* The tokenizer of a text tower that reads tokens: its tokenizer.json text, required there and only there. */
-static uform_status_t parse_tokenizer(json_t const *model, uform_model_info_t const *info, char **tokenizer,
-                                      char const **message) {
+/* The tokenizer of a text tower that reads tokens: its tokenizer.json text, required there and only there;
+ * and its prompts, an object of strings, with the default prompt one of their names. */
+static uform_status_t parse_tokenizer(json_t const *model, uform_model_info_t const *info,
+                                      checkpoint_header_t *header, char const **message) {
     json_t const *text = json_object_get(model, "tokenizer");
-    if (!text && !info->text.vocab) return UFORM_OK;
+    json_t const *prompts = json_object_get(model, "prompts"),
+                 *chosen = json_object_get(model, "default_prompt");
+    if (!text && !info->text.vocab && !prompts && !chosen) return UFORM_OK;
     if (!json_is_string(text) || !info->has_text || !info->text.vocab)
         return malformed(message, "tokenizer goes with, and only with, a text tower that reads tokens");
-    *tokenizer = strdup(json_string_value(text));
-    return *tokenizer ? UFORM_OK : answer(UFORM_OUT_OF_MEMORY, message, "out of memory");
+    if (prompts) {
+        char const *key;
+        json_t const *value;
+        if (!json_is_object(prompts)) return malformed(message, "prompts is not an object of strings");
+        json_object_foreach((json_t *)prompts, key, value) {
+            if (!json_is_string(value)) return malformed(message, "prompts is not an object of strings");
+        }
+    }
+    if (chosen &&
+        (!json_is_string(chosen) || !prompts || !json_object_get(prompts, json_string_value(chosen))))
+        return malformed(message, "default_prompt is not one of the prompts");
+    header->tokenizer = strdup(json_string_value(text));
+    header->prompts = prompts ? json_dumps(prompts, JSON_COMPACT) : NULL;
+    header->default_prompt = chosen ? strdup(json_string_value(chosen)) : NULL;
+    if (!header->tokenizer || (prompts && !header->prompts) || (chosen && !header->default_prompt))
+        return answer(UFORM_OUT_OF_MEMORY, message, "out of memory");
+    return UFORM_OK;
 }
 
-static uform_status_t parse_model(json_t const *model, uform_model_info_t *info, char **tokenizer,
+static uform_status_t parse_model(json_t const *model, uform_model_info_t *info, checkpoint_header_t *header,
                                   char const **message) {
     if (!json_is_object(model)) return malformed(message, "uform metadata is not an object");
     json_t const *format = json_object_get(model, "format");
@@ -623,12 +641,12 @@ static uform_status_t parse_model(json_t const *model, uform_model_info_t *info,
     for (size_t i = 0; i < 3; ++i)
         if (present[i] && !towers[i]->projection && info->dims != towers[i]->hidden)
             return malformed(message, "a tower without projection whose hidden is not dims");
-    return parse_tokenizer(model, info, tokenizer, message);
+    return parse_tokenizer(model, info, header, message);
 }
 
 /* `__metadata__` is an object of strings (safetensors); its "uform" entry is the model, as a string
  * holding a JSON object or, leniently, as the object itself. */
-static uform_status_t parse_metadata(json_t *metadata, uform_model_info_t *info, char **tokenizer,
+static uform_status_t parse_metadata(json_t *metadata, uform_model_info_t *info, checkpoint_header_t *header,
                                      char const **message) {
     if (!metadata) return malformed(message, "missing uform metadata");
     if (!json_is_object(metadata)) return malformed(message, "metadata is not an object of strings");
@@ -640,12 +658,12 @@ static uform_status_t parse_metadata(json_t *metadata, uform_model_info_t *info,
     }
     json_t *model = json_object_get(metadata, MODEL_KEY);
     if (!model) return malformed(message, "missing uform metadata");
-    if (!json_is_string(model)) return parse_model(model, info, tokenizer, message);
+    if (!json_is_string(model)) return parse_model(model, info, header, message);
     json_t *loaded = NULL;
     uform_status_t status = load_json(json_string_value(model), json_string_length(model),
                                       "uform metadata is not JSON", &loaded, message);
     if (status != UFORM_OK) return status;
-    status = parse_model(loaded, info, tokenizer, message);
+    status = parse_model(loaded, info, header, message);
     json_decref(loaded);
     return status;
 }
@@ -921,8 +939,7 @@ static uform_status_t parse_header(char const *json, size_t length, uint64_t fil
     status = collect_tensors(root, parsed.data_offset, file_size - parsed.data_offset, &parsed, message);
     if (status != UFORM_OK) goto fail;
     if (metadata)
-        status =
-            parse_metadata(json_object_get(root, METADATA_KEY), &parsed.info, &parsed.tokenizer, message);
+        status = parse_metadata(json_object_get(root, METADATA_KEY), &parsed.info, &parsed, message);
     if (status != UFORM_OK) goto fail;
     if (metadata) status = check_tensors(&parsed, message);
     if (status != UFORM_OK) goto fail;
@@ -950,6 +967,8 @@ void checkpoint_header_free(checkpoint_header_t *header) {
     free(header->tensors);
     free(header->names);
     free(header->tokenizer);
+    free(header->prompts);
+    free(header->default_prompt);
     memset(header, 0, sizeof *header);
 }
 
@@ -1035,7 +1054,10 @@ static json_t *audio_entry(uform_model_info_t const *info) {
 #undef TRANSFORMER_FORMAT
 #undef TRANSFORMER_VALUES
 
-char *checkpoint_metadata_text(uform_model_info_t const *info, char const *tokenizer) {
+char *checkpoint_metadata_text(uform_model_info_t const *info, checkpoint_header_t const *header) {
+    char const *tokenizer = header ? header->tokenizer : NULL;
+    json_t *prompts = header && header->prompts ? json_loads(header->prompts, 0, NULL) : NULL;
+    char const *chosen = header ? header->default_prompt : NULL;
     json_t *matryoshka = json_array();
     for (size_t i = 0; matryoshka && i < info->matryoshka_count; i++) {
         if (json_array_append_new(matryoshka, json_integer((json_int_t)info->matryoshka[i])) != 0) {
@@ -1046,10 +1068,13 @@ char *checkpoint_metadata_text(uform_model_info_t const *info, char const *token
     json_t *model = json_pack("{s:i, s:I, s:o}", "format", MODEL_FORMAT, "dims", (json_int_t)info->dims,
                               "matryoshka", matryoshka);
     if (model && (!variant_write_model(model, info) ||
-                  (tokenizer && json_object_set_new(model, "tokenizer", json_string(tokenizer)) != 0))) {
+                  (tokenizer && json_object_set_new(model, "tokenizer", json_string(tokenizer)) != 0) ||
+                  (prompts && json_object_set(model, "prompts", prompts) != 0) ||
+                  (chosen && json_object_set_new(model, "default_prompt", json_string(chosen)) != 0))) {
         json_decref(model);
         model = NULL;
     }
+    json_decref(prompts);
     struct {
         bool present;
         char const *key;

@@ -61,6 +61,8 @@ typedef struct checkpoint_header {
     size_t tensors_count;
     char *names;          /* storage for every tensor name */
     char *tokenizer;      /* a text tower that reads tokens: its tokenizer.json text (metadata "tokenizer") */
+    char *prompts;        /* its prompts: a JSON object of names and texts (metadata "prompts"), or NULL */
+    char *default_prompt; /* the prompt every text takes unless asked otherwise (metadata "default_prompt") */
     uint64_t data_offset; /* 8 + header length: where the data section starts in the file */
     uint64_t data_size;   /* bytes the tensors span: the largest `end` */
 } checkpoint_header_t;
@@ -93,11 +95,11 @@ checkpoint_tensor_t const *checkpoint_find(checkpoint_header_t const *header, ch
 extern double const checkpoint_clip_mean[3], checkpoint_clip_std[3];
 
 /* The format-4 object of `info` (dims, matryoshka, and the towers it has, with docs/DESIGN.md's fields;
- * `tokenizer`, the tokenizer.json text of a text tower that reads tokens, or NULL) as
+ * `header`'s tokenizer and prompts where it has them, or NULL) as
  * compact JSON text for checkpoint_write, malloc'ed; NULL when out of memory. Reals carry 9 significant
  * digits, which read every F32 back exactly; a mean or std equal to CLIP's as an F32 is written with
  * CLIP's own digits, so the same sizes always give the same text. */
-char *checkpoint_metadata_text(uform_model_info_t const *info, char const *tokenizer);
+char *checkpoint_metadata_text(uform_model_info_t const *info, checkpoint_header_t const *header);
 
 /* ---- the tensors of format 4 ---- */
 

@@ -410,7 +410,8 @@ static int layout_visit(checkpoint_schema_tensor_t const *tensor, void *context)
         /* Rows and the elements of each, leading dimensions of 1 dropped ([1, 1, H] is [H]): a convolution's
          * [H, 3, P, P] is the patch layer's [H, 3P^2]. */
         size_t first = 0;
-        while (first + 1 < source->rank && source->shape[first] == 1 && source->rank - first > tensor->rank)
+        while (!recipe.first_row && first + 1 < source->rank && source->shape[first] == 1 &&
+               source->rank - first > tensor->rank)
             first++;
         size_t rank = source->rank - first;
         uint64_t source_rows = rank >= 1 ? source->shape[first] : 1, source_columns = 1;
@@ -526,6 +527,42 @@ void pretrained_tokenizer_fit(uform_tokenizer_t *tokenizer, size_t context, bool
 #endif
 }
 
+/* config_sentence_transformers.json's prompts (an object of names and texts) and default_prompt_name. */
+static uform_status_t read_prompts(pretrained_t const *folder, pretrained_model_t *model,
+                                   char const **message) {
+    static char const file[] = "config_sentence_transformers.json";
+    json_t *config = NULL;
+    uform_status_t status = pretrained_json(folder->root, file, true, &config, message);
+    if (status != UFORM_OK || !config) return status;
+    json_t const *prompts = json_object_get(config, "prompts"),
+                 *chosen = json_object_get(config, "default_prompt_name");
+    if (prompts && !json_is_object(prompts))
+        status = pretrained_fault(message, UFORM_FORMAT, "%s: prompts is not an object", file);
+    char const *key;
+    json_t const *value;
+    if (status == UFORM_OK && prompts) json_object_foreach((json_t *)prompts, key, value) {
+            if (!json_is_string(value))
+                status =
+                    pretrained_fault(message, UFORM_FORMAT, "%s: prompt %.40s is not a string", file, key);
+        }
+    if (status == UFORM_OK && chosen && !json_is_null(chosen) &&
+        (!json_is_string(chosen) || !prompts || !json_object_get(prompts, json_string_value(chosen))))
+        status = pretrained_fault(message, UFORM_FORMAT, "%s: default_prompt_name is not one of its prompts",
+                                  file);
+    if (status == UFORM_OK && prompts && json_object_size(prompts) > 0) {
+        model->header.prompts = json_dumps(prompts, JSON_COMPACT);
+        if (!model->header.prompts)
+            status = pretrained_fault(message, UFORM_OUT_OF_MEMORY, "%s: out of memory", file);
+    }
+    if (status == UFORM_OK && json_is_string(chosen)) {
+        model->header.default_prompt = strdup(json_string_value(chosen));
+        if (!model->header.default_prompt)
+            status = pretrained_fault(message, UFORM_OUT_OF_MEMORY, "%s: out of memory", file);
+    }
+    json_decref(config);
+    return status;
+}
+
 static uform_status_t read_folder(pretrained_t *folder, pretrained_model_t *model, uform_executor_t *executor,
                                   char const **message) {
     /* sentence-transformers' modules first: the Transformer module may live in a folder of its own. */
@@ -552,6 +589,7 @@ static uform_status_t read_folder(pretrained_t *folder, pretrained_model_t *mode
     /* The modules' settings over the configuration's. */
     if (sentence.pooled) info->text.transformer.pooling = sentence.pooling;
     if (sentence.modules) info->normalized = sentence.normalized;
+    info->text.strip = sentence.modules && info->has_text; /* sentence-transformers strips every text */
     if (sentence.context < info->text.context) info->text.context = sentence.context;
     info->matryoshka[0] = info->dims;
     info->matryoshka_count = 1;
@@ -559,6 +597,7 @@ static uform_status_t read_folder(pretrained_t *folder, pretrained_model_t *mode
         status = map_weights(folder, i, message);
     if (status == UFORM_OK) status = build_data(folder, model, executor, message);
     if (status == UFORM_OK && info->has_text) status = open_tokenizer(folder, model, message);
+    if (status == UFORM_OK && info->has_text) status = read_prompts(folder, model, message);
     return status;
 }
 

@@ -110,6 +110,7 @@ static uform_status_t bert_family(pretrained_t *folder, json_t const *config, ch
     t->projection = false;
     bool roberta = strcmp(model_type, "bert") != 0;
     info->text.position_offset = roberta ? pad + 1 : 0; /* RoBERTa counts positions from the padding id + 1 */
+    info->text.pad_id = pad;
     if (info->text.position_offset >= info->text.positions)
         return pretrained_fault(message, UFORM_FORMAT, "%s: pad_token_id past max_position_embeddings", file);
     info->text.context = info->text.positions - info->text.position_offset;

@@ -96,7 +96,7 @@ static uform_status_t quantize_write(uform_model_t const *model, char const *out
                             .names = calloc(tensors, sizeof *walk.names),
                             .quantized = calloc(tensors, sizeof *walk.quantized),
                             .i8 = i8};
-    char *metadata = checkpoint_metadata_text(info, model->header.tokenizer);
+    char *metadata = checkpoint_metadata_text(info, &model->header);
     uform_status_t status = UFORM_OUT_OF_MEMORY;
     char const *message = "out of memory";
     if (ordered && walk.sources && walk.names && walk.quantized && metadata &&

@@ -172,6 +172,7 @@ uform_status_t variant_parse_text(json_t const *tower, uform_model_info_t *info,
     info->text.cut_ids = false;
     info->text.padded = false;
     info->text.pad_id = 0;
+    info->text.strip = false;
     uform_transformer_info_t const *transformer = &info->text.transformer;
     if (!read_size(tower, "vocab", 1, VOCAB_MAX, &info->text.vocab))
         return fault(message, "text vocab out of range");
@@ -180,7 +181,8 @@ uform_status_t variant_parse_text(json_t const *tower, uform_model_info_t *info,
     if (!read_size(tower, "position_offset", 0, POSITIONS_MAX, &info->text.position_offset))
         return fault(message, "text position_offset out of range");
     if (!read_bool(tower, "token_type", &info->text.token_type) ||
-        !read_bool(tower, "cut_ids", &info->text.cut_ids) || !read_bool(tower, "padded", &info->text.padded))
+        !read_bool(tower, "cut_ids", &info->text.cut_ids) ||
+        !read_bool(tower, "padded", &info->text.padded) || !read_bool(tower, "strip", &info->text.strip))
         return fault(message, "text token_type, cut_ids or padded is not a boolean");
     if (!read_size(tower, "pad_id", 0, VOCAB_MAX, &info->text.pad_id))
         return fault(message, "text pad_id out of range");
@@ -191,7 +193,7 @@ uform_status_t variant_parse_text(json_t const *tower, uform_model_info_t *info,
     if (info->text.positions && info->text.position_offset + info->text.context > info->text.positions)
         return fault(message, "text context past the positions");
     if (info->text.vocab == 0 && (info->text.token_type || info->text.cut_ids || info->text.padded ||
-                                  transformer->pooling == UFORM_POOLING_END))
+                                  info->text.strip || transformer->pooling == UFORM_POOLING_END))
         return fault(message, "text token settings on a model that reads bytes");
     return UFORM_OK;
 }
@@ -210,6 +212,7 @@ bool variant_write_text(json_t *tower, uform_model_info_t const *info) {
     return write_bool(tower, "token_type", info->text.token_type, false) &&
            write_bool(tower, "cut_ids", info->text.cut_ids, false) &&
            write_bool(tower, "padded", info->text.padded, false) &&
+           write_bool(tower, "strip", info->text.strip, false) &&
            (!info->text.pad_id ||
             json_object_set_new(tower, "pad_id", json_integer((json_int_t)info->text.pad_id)) == 0);
 }
@@ -275,7 +278,7 @@ void variant_engine_model(uform_model_info_t *info) {
     variant_defaults(&info->image.transformer, false);
     variant_defaults(&info->audio.transformer, false);
     info->text.vocab = info->text.positions = info->text.position_offset = 0;
-    info->text.token_type = info->text.cut_ids = info->text.padded = false;
+    info->text.token_type = info->text.cut_ids = info->text.padded = info->text.strip = false;
     info->text.pad_id = 0;
     info->image.resize = UFORM_RESIZE_SHORT_SIDE;
     info->image.resample = UFORM_RESAMPLE_FLOAT_BILINEAR;

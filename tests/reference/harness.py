@@ -119,7 +119,7 @@ class _text_info(Struct):
     anonymous_in_c = True
     _fields_ = [("transformer", uform_transformer_info_t), ("context", c_size), ("vocab", c_size),
                 ("positions", c_size), ("position_offset", c_size), ("token_type", ctypes.c_bool),
-                ("cut_ids", ctypes.c_bool), ("padded", ctypes.c_bool), ("pad_id", c_size)]
+                ("cut_ids", ctypes.c_bool), ("padded", ctypes.c_bool), ("pad_id", c_size), ("strip", ctypes.c_bool)]
 
 
 class _image_info(Struct):

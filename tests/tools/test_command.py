@@ -176,6 +176,14 @@ def check_encode(uform, model, workdir):
     listed = rows_of(run(uform, "encode", "--model", model, "--manifest", manifest)[0])
     assert [row["embedding"] for row in listed] == reference
 
+    # empty_first_text_of_a_batch: a batch whose first item is an empty text added nothing to an unallocated
+    # buffer (memcpy from and to NULL, which UBSan refuses); it embeds as the empty text alone does.
+    with open(manifest, "w") as file:
+        file.write(json.dumps({"text": ""}) + "\n" + json.dumps({"text": TEXTS[0]}) + "\n")
+    first_empty = rows_of(run(uform, "encode", "--model", model, "--manifest", manifest)[0])
+    assert first_empty[1]["embedding"] == reference[0]
+    assert first_empty[0]["embedding"] == rows_of(run(uform, "encode", "--model", model, "")[0])[0]["embedding"]
+
     # Raw F32 rows are the JSONL values, bit for bit.
     raw = os.path.join(workdir, "rows.f32")
     run(uform, "encode", "--model", model, "--format", "f32", "--output", raw, *TEXTS)
