@@ -49,10 +49,15 @@ def write_manifest(path: Path, texts: list) -> Path:
 def engine_run(uform: str, folder: Path, manifest: Path, extra: list = (), timeout: float = 900,
                stdout=subprocess.PIPE) -> tuple:
     """Runs `uform encode --model FOLDER --manifest FILE *extra`: (stdout bytes or None, seconds of wall
-    time). EngineRefused, with its exit status and stderr, where it fails."""
+    time). EngineRefused, with its exit status and stderr, where it fails, cannot start or does not end."""
     arguments = ["encode", "--model", str(folder), "--manifest", str(manifest), *extra]
     began = time.perf_counter()
-    done = subprocess.run([*program(uform), *arguments], stdout=stdout, stderr=subprocess.PIPE, timeout=timeout)
+    try:
+        done = subprocess.run([*program(uform), *arguments], stdout=stdout, stderr=subprocess.PIPE, timeout=timeout)
+    except OSError as error:
+        raise EngineRefused(f"cannot run {uform}: {error}") from error
+    except subprocess.TimeoutExpired as error:
+        raise EngineRefused(f"`uform {' '.join(arguments)}` did not end within {timeout:.0f} s") from error
     seconds = time.perf_counter() - began
     if done.returncode != 0:
         said = done.stderr.decode("utf-8", "replace").strip()
@@ -162,23 +167,27 @@ def corpus_lines(workdir: Path, versioned: bool = True):
 
 
 def sample_corpus(lines: list, scripts: list, count: int) -> list:
-    """At least `count` corpus lines, the same from run to run, spread over scripts and lengths: every
-    script gives up to the same number of lines (all of its lines where it has fewer), taken evenly over its
-    lines ordered by length, so the shortest and longest of each are in. Answers their indices, by script
-    then length."""
+    """At least `count` corpus lines (or all), the same from run to run, spread over scripts and lengths:
+    every script gives lines in proportion to the square root of its count of lines, at least one, so that
+    the scripts of many lines (Latin, Cyrillic, Han, ...) weigh more and none is left out; each script's are
+    taken evenly over its lines ordered by length, its shortest and longest among them. Answers their
+    indices, by script then length."""
     by_script = {}
     for index, script in enumerate(scripts):
         by_script.setdefault(script, []).append(index)
     for indices in by_script.values():
         indices.sort(key=lambda i: (len(lines[i]), i))
-    share = 1
-    while sum(min(len(indices), share) for indices in by_script.values()) < count and \
-            share < max(len(indices) for indices in by_script.values()):
-        share += 1
+
+    def shares(scale: float) -> dict:
+        return {script: min(len(indices), max(1, round(scale * len(indices) ** 0.5)))
+                for script, indices in by_script.items()}
+
+    scale = 0.0
+    while sum(shares(scale).values()) < min(count, len(lines)):
+        scale += 0.01
     chosen = []
-    for script in sorted(by_script):
+    for script, take in sorted(shares(scale).items()):
         indices = by_script[script]
-        take = min(len(indices), share)
         ranks = [len(indices) // 2] if take == 1 else \
             sorted({round(k * (len(indices) - 1) / (take - 1)) for k in range(take)})
         chosen += [indices[rank] for rank in ranks]

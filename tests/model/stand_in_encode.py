@@ -34,7 +34,7 @@ VARIANTS = {
     "erf-gelu": "GELU computed exactly (erf) where hidden_act asks for the tanh approximation",
     "layer-norm-eps-1e-5": "LayerNorm with eps 1e-5 rather than config.json's 1e-12",
     "bf16-matmul-inputs": "every linear layer's input rounded to BF16, the rest in F32 (a BF16 GEMM's rounding)",
-    "bfloat16": "every operation in bfloat16 (the model in torch.bfloat16)",
+    "bfloat16": "the transformer in bfloat16 (torch.bfloat16), its pooling and normalization in float32",
 }
 
 
@@ -86,7 +86,10 @@ def with_variant(model, variant: str) -> None:
             if isinstance(module, torch.nn.Linear):
                 module.register_forward_pre_hook(lambda _, inputs: (inputs[0].to(torch.bfloat16).float(),))
     elif variant == "bfloat16":
-        model.to(torch.bfloat16)
+        transformer.to(torch.bfloat16)
+        forward = pooling.forward
+        pooling.forward = lambda features: forward({**features,
+                                                    "token_embeddings": features["token_embeddings"].float()})
     else:
         raise ValueError(f"unknown variant {variant!r}: one of {', '.join(VARIANTS)}")
 

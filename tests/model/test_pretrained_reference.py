@@ -15,15 +15,18 @@ command (`uform encode --model FOLDER --manifest FILE --format jsonl`, one run),
   - its vectors are as wide as sentence-transformers' (the pooling's width);
   - each text's cosine is at least 0.9999 (COSINE): every weight is a BF16 value, so an engine that
     holds its weights in BF16 holds them exactly, and what is left is the arithmetic's rounding;
-  - each vector's norm is within 0.1% of sentence-transformers' (NORM): unit where the folder has a
-    Normalize module, the pooling's own where it has none;
+  - each vector's norm is within 1% of sentence-transformers' (NORM): unit where the folder has a
+    Normalize module, the pooling's own where it has none (a wrong normalization is off by far more; an
+    engine whose hidden states are BF16 moves an unnormalized norm by some 0.4%, as far as COSINE allows);
   - where `uform encode --help` names --prompt-name (a prompt of config_sentence_transformers.json) or
     --prompt (a text), the families with prompts are embedded with each and compared again; a command
     without them leaves those checks out (and says so), while a folder's default_prompt_name, which
     sentence-transformers applies to every text unasked, is checked by the default-prompt family in any case.
 A failure prints, per text (the first ten of a family), the text, its cosine and the first values of both.
 For the tanh GELU families it also prints whether the command's vectors lie nearer to the tanh reference
-than to the exact (erf) one: the two differ by less than the cosine can see (see --self-check).
+than to the exact (erf) one, where its rounding lets that be told: the two differ by less than the cosine
+can see (see --self-check). A text holding a code point whose cut depends on the Unicode version
+(corpus.py: tokenizers 0.19.1 reads older tables than the engine) is counted apart and does not fail.
 
 The texts: the tokenizer corpus's edge cases (tests/tokenizer/corpus.py: empty, blank, controls, marks,
 scripts, special tokens written in the text, long words), texts with Python-only or Unicode blanks at their
@@ -55,7 +58,7 @@ from interpreter import partly_unavailable, run_under_python_with  # noqa: E402 
 import pretrained_folders  # noqa: E402  (standard library until a folder is written)
 
 COSINE = 0.9999
-NORM = 1e-3
+NORM = 1e-2
 PRINTED_FAILURES = 10
 # The families the self-check runs; the variants of stand_in_encode.py it expects the checks to see (each in
 # its family), and those it expects them to pass: faults below what a cosine of COSINE sees, and the
@@ -96,13 +99,13 @@ def family_texts(family, corpus_texts: list) -> list:
 
 
 def corpus_texts(workdir: Path) -> list:
-    """Some 30 corpus lines across scripts and lengths and a long text joined from Cyrillic ones; none where
-    the corpus cannot be built (its Debian packages are missing)."""
+    """Some 30 corpus lines across scripts and a long text joined from Cyrillic ones, none whose cut depends on
+    the Unicode version; none at all where the corpus cannot be built (its Debian packages are missing)."""
     import corpus
     import pretrained_support as support
 
     try:
-        lines, scripts = support.corpus_lines(workdir / "corpus")
+        lines, scripts = support.corpus_lines(workdir / "corpus", versioned=False)
     except corpus.MissingPackages as error:
         partly_unavailable(f"the tokenizer corpus is not built (apt-get install {' '.join(error.packages)}): "
                            "its lines are left out of the texts")
@@ -139,7 +142,7 @@ def compare(report, label: str, texts: list, reference, engine) -> bool:
                            not np.any((np.abs(ratio - 1) > NORM) & kept),
                            f"ratio {ratio[kept].min():.5f} .. {ratio[kept].max():.5f}, reference norms "
                            f"{norms.min():.4f} .. {norms.max():.4f}")
-    if late.any():
+    if np.any(wrong & late):
         print(f"  --   {label}: of {int(late.sum())} texts holding a code point whose cut depends on the Unicode "
               f"version, {int((wrong & late).sum())} differ (not failing; min cosine {cosine[late].min():.6f})")
     for i in np.flatnonzero(wrong)[:PRINTED_FAILURES]:
@@ -188,20 +191,26 @@ def check_prompts(report, uform: str, name: str, family, folder: Path, model, te
 
 
 def tanh_or_erf(name: str, folder: Path, texts: list, engine) -> None:
-    """Prints whether the command's vectors lie nearer to the tanh GELU reference than to the erf one."""
+    """Prints whether the command's vectors lie nearer to the tanh GELU reference than to the erf one (over the
+    texts whose cut does not depend on the Unicode version)."""
     import numpy as np
     import pretrained_support as support
     import stand_in_encode
 
+    kept = ~support.versioned(texts)
+    texts, engine = [text for text, keep in zip(texts, kept, strict=True) if keep], engine[kept]
     exact = support.reference_model(folder)
     stand_in_encode.with_variant(exact, "erf-gelu")
     erf = support.reference_embeddings(exact, texts)
     tanh = support.reference_embeddings(support.reference_model(folder), texts)
-    near_tanh, near_erf = np.linalg.norm(engine - tanh), np.linalg.norm(engine - erf)
-    nearer = "nearer the tanh" if near_tanh < near_erf else "NOT nearer the tanh"
-    print(f"  --   {name}: the command's vectors are {nearer}"
-          f" GELU reference (distance {near_tanh:.3g}) than the erf one ({near_erf:.3g}); the two references"
-          f" are {np.linalg.norm(tanh - erf):.3g} apart (not failing: below what the cosine sees)")
+    near_tanh, near_erf, apart = (np.linalg.norm(engine - tanh), np.linalg.norm(engine - erf),
+                                  np.linalg.norm(tanh - erf))
+    if min(near_tanh, near_erf) > apart / 2:
+        verdict = "cannot tell which GELU the command computes: its own rounding is the larger"
+    else:
+        verdict = f"the command computes the {'tanh' if near_tanh < near_erf else 'erf (exact)'} GELU"
+    print(f"  --   {name}: {verdict} (distance to the tanh reference {near_tanh:.3g}, to the erf one {near_erf:.3g}, "
+          f"between them {apart:.3g}; not failing: the cosine cannot see it)")
 
 
 def check_family(report, uform: str, name: str, workdir: Path, corpus_part: list, flags: dict) -> None:
