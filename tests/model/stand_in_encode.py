@@ -99,7 +99,7 @@ def main() -> int:
         print("usage: stand_in_encode.py encode --model FOLDER --manifest FILE ...", file=sys.stderr)
         return 2
     parser = argparse.ArgumentParser(prog="stand_in_encode.py encode",
-                                     description="usage: uform encode (a stand-in) --prompt-name NAME, --prompt TEXT")
+                                     description="Embeds the texts of a manifest as `uform encode` would.")
     parser.add_argument("--model", required=True)
     parser.add_argument("--manifest", required=True)
     parser.add_argument("--format", default="jsonl", choices=["jsonl"])
