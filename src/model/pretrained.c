@@ -75,8 +75,12 @@ static uform_status_t sentence_modules(pretrained_t *folder, sentence_t *sentenc
             static uform_pooling_t const poolings[] = {UFORM_POOLING_FIRST, UFORM_POOLING_MEAN,
                                                        UFORM_POOLING_LAST};
             size_t chosen = 0, count = 0;
-            for (size_t m = 0; m < sizeof modes / sizeof modes[0]; ++m)
-                if (json_is_true(json_object_get(pooling, modes[m]))) chosen = m, count++;
+            /* sentence-transformers' Pooling takes its constructor's defaults for keys a file lacks:
+             * mean tokens on, the others off. */
+            for (size_t m = 0; m < sizeof modes / sizeof modes[0]; ++m) {
+                json_t const *mode = json_object_get(pooling, modes[m]);
+                if (mode ? json_is_true(mode) : m == 1) chosen = m, count++;
+            }
             json_t const *include_prompt = json_object_get(pooling, "include_prompt");
             json_decref(pooling);
             if (count != 1 || chosen >= 3) {

@@ -202,7 +202,7 @@ def main() -> int:
             "model.safetensors": bert_weights(2, "bert.")},
         "roberta-cls.bin": {
             "config.json": config("roberta", 1), "modules.json": modules[:2],
-            "1_Pooling/config.json": {"pooling_mode_cls_token": True}, "tokenizer.json": tokenizer(roberta),
+            "1_Pooling/config.json": {"pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False}, "tokenizer.json": tokenizer(roberta),
             "model.safetensors": bert_weights(3)},
     }
     u3_text, u3_image = uform3_weights(6)

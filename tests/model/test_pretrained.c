@@ -352,6 +352,11 @@ static void dense_module(void) {
 static void max_pooling(void) {
     write_text("1_Pooling/config.json", "{\"pooling_mode_max_tokens\": true}");
 }
+/* pooling_without_mean_key_is_cls_and_mean: sentence-transformers reads an absent mean key as true, so a file
+ * naming only cls concatenates cls and mean pooling, which the engine does not do. */
+static void cls_without_mean_key(void) {
+    write_text("1_Pooling/config.json", "{\"pooling_mode_cls_token\": true}");
+}
 static void escaping_module(void) {
     write_text("modules.json", "[{\"idx\":0,\"name\":\"0\",\"path\":\"../"
                                "..\",\"type\":\"sentence_transformers.models.Transformer\"}]");
@@ -387,6 +392,7 @@ static void damaged_folders_fail_clearly(void **state) {
         {"a missing tensor", missing_tensor, UFORM_FORMAT, "value.bias"},
         {"a Dense module", dense_module, UFORM_UNSUPPORTED, "Dense"},
         {"max pooling", max_pooling, UFORM_UNSUPPORTED, "pooling"},
+        {"cls pooling without the mean key", cls_without_mean_key, UFORM_UNSUPPORTED, "pooling"},
         {"a module outside the folder", escaping_module, UFORM_FORMAT, "modules.json"},
         {"no tokenizer", no_tokenizer, UFORM_IO, "tokenizer"},
         {"tokenizer ids past the vocabulary", tokenizer_past_vocabulary, UFORM_FORMAT, "vocabulary"},
