@@ -147,6 +147,8 @@ struct CEncodeConfig(ImplicitlyCopyable):
     var progress: CProgress
     var stats: RawOpt
     var normalize: Bool  # unit vectors even where the family gives them unnormalized
+    var prompt: RawOpt  # a model that reads tokens: a prompt before each text (NUL-terminated), or None
+    var prompt_name: RawOpt  # or the model's prompt of that name; None for both: its default prompt
 
 
 @fieldwise_init

@@ -43,11 +43,11 @@ struct EncodeConfig(ImplicitlyCopyable):
 
     def __init__(out self, *, outputs_scalar: ScalarKind = ScalarKind.F32, matryoshka: Int = 0,
                  progress: Progress = Progress()):
-        self._c = CEncodeConfig(outputs_scalar.code, c_size_t(matryoshka), progress._c, None, False)
+        self._c = CEncodeConfig(outputs_scalar.code, c_size_t(matryoshka), progress._c, None, False, None, None)
 
     def __init__(out self, *, stats: Pointer[mut=True, EncodeStats, _], outputs_scalar: ScalarKind = ScalarKind.F32,
                  matryoshka: Int = 0, progress: Progress = Progress()):
-        self._c = CEncodeConfig(outputs_scalar.code, c_size_t(matryoshka), progress._c, _field(stats), False)
+        self._c = CEncodeConfig(outputs_scalar.code, c_size_t(matryoshka), progress._c, _field(stats), False, None, None)
 
 
 @fieldwise_init
@@ -473,7 +473,7 @@ struct ModelDeferredOn[model_origin: ImmOrigin, executor_origin: ImmOrigin](Copy
             -> Deferred[View[origin_of(arena)], Self.model_origin, Self.executor_origin,
                         _Choose[type_of(states), type_of(choices)]]:
         var library = self.model[].library
-        var config = CEncodeConfig(0, 0, progress._c, None, False)
+        var config = CEncodeConfig(0, 0, progress._c, None, False, None, None)
         var box = self._box(config)
         var c_states = states._c  # copied by the engine at submission
         var args = CTextChooseArgs(self.model[]._handle, self.executor[]._handle, _field(Pointer(to=c_states)),

@@ -159,7 +159,8 @@ class uform_encode_stats_t(Struct):
 class uform_encode_config_t(Struct):
     c_name = "uform_encode_config_t"
     _fields_ = [("outputs_scalar", c_status), ("matryoshka", c_size), ("progress", uform_progress_t),
-                ("stats", ctypes.POINTER(uform_encode_stats_t)), ("normalize", ctypes.c_bool)]
+                ("stats", ctypes.POINTER(uform_encode_stats_t)), ("normalize", ctypes.c_bool),
+                ("prompt", ctypes.c_char_p), ("prompt_name", ctypes.c_char_p)]
 
 
 class uform_encoded_t(Struct):
