@@ -299,6 +299,30 @@ static bool recipe_of(pretrained_tower_t const *tower, checkpoint_schema_tensor_
     return true;
 }
 
+/* An IEEE half as a float: exact (every half is a float), subnormals, infinities and NaNs included. */
+static float f16_to_f32(uint16_t half) {
+    uint32_t sign = (uint32_t)(half & 0x8000u) << 16, exponent = (half >> 10) & 0x1Fu,
+             mantissa = half & 0x3FFu;
+    uint32_t bits;
+    if (exponent == 0x1F) {
+        bits = sign | 0x7F800000u | (mantissa << 13); /* infinity or NaN */
+    } else if (exponent != 0) {
+        bits = sign | ((exponent + 112u) << 23) | (mantissa << 13); /* 127 - 15 = 112 */
+    } else if (mantissa == 0) {
+        bits = sign; /* zero */
+    } else {         /* subnormal: mantissa * 2^-24, normalized */
+        exponent = 113;
+        while (!(mantissa & 0x400u)) {
+            mantissa <<= 1;
+            exponent--;
+        }
+        bits = sign | (exponent << 23) | ((mantissa & 0x3FFu) << 13);
+    }
+    float value;
+    memcpy(&value, &bits, sizeof value);
+    return value;
+}
+
 /* `count` values of a source tensor as BF16. */
 static void to_bf16(uint16_t *out, void const *values, checkpoint_dtype_t dtype, size_t count) {
     uint8_t const *bytes = values;
@@ -313,9 +337,7 @@ static void to_bf16(uint16_t *out, void const *values, checkpoint_dtype_t dtype,
         case CHECKPOINT_F16: {
             uint16_t half;
             memcpy(&half, bytes + 2 * i, 2);
-            _Float16 value;
-            memcpy(&value, &half, 2);
-            out[i] = f32_to_bf16((float)value);
+            out[i] = f32_to_bf16(f16_to_f32(half));
             break;
         }
         default: /* CHECKPOINT_BF16 */

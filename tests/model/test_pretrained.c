@@ -102,6 +102,21 @@ static float *values(size_t count, unsigned seed, float scale, float offset) {
     return out;
 }
 
+/* The dtype write_weights stores: F32, or F16 (as `model.half()` saves). */
+static checkpoint_dtype_t weights_dtype = CHECKPOINT_F32;
+
+/* A float as an IEEE half, to nearest even; the test's values are normal or flush to zero. */
+static uint16_t f32_to_f16(float value) {
+    uint32_t bits;
+    memcpy(&bits, &value, sizeof bits);
+    uint32_t sign = (bits >> 16) & 0x8000u, mantissa = bits & 0x7FFFFFu;
+    int32_t exponent = (int32_t)((bits >> 23) & 0xFFu) - 127 + 15;
+    if (exponent <= 0) return (uint16_t)sign;
+    uint32_t half = sign | ((uint32_t)exponent << 10) | (mantissa >> 13), rest = mantissa & 0x1FFFu;
+    if (rest > 0x1000u || (rest == 0x1000u && (half & 1u))) half++;
+    return (uint16_t)half;
+}
+
 /* model.safetensors of a BertModel: every tensor but `skip` (NULL: none). */
 static void write_weights(char const *skip) {
     checkpoint_source_t tensors[128];
@@ -114,8 +129,13 @@ static void write_weights(char const *skip) {
         if (skip && strcmp(names[count], skip) == 0) break;                                                  \
         size_t n = (rows) * ((columns) ? (columns) : 1);                                                     \
         owned[count] = values(n, (unsigned)count + 1, scale, offset);                                        \
+        if (weights_dtype == CHECKPOINT_F16) {                                                               \
+            uint16_t *halves = (uint16_t *)(void *)owned[count]; /* in place: 2 bytes from every 4 */        \
+            for (size_t e = 0; e < n; ++e)                                                                   \
+                halves[e] = f32_to_f16(owned[count][e]);                                                     \
+        }                                                                                                    \
         tensors[count] = (checkpoint_source_t){.name = names[count],                                         \
-                                               .dtype = CHECKPOINT_F32,                                      \
+                                               .dtype = weights_dtype,                                       \
                                                .rank = (columns) ? 2 : 1,                                    \
                                                .shape = {(rows), (columns)},                                 \
                                                .data = owned[count]};                                        \
@@ -301,6 +321,30 @@ static void folder_encodes_texts(void **state) {
     uform_model_free(model);
 }
 
+/* f16_weights_load_as_f32_ones: weights saved in F16 convert to BF16 through their exact float values, and
+ * embed as the same weights saved in F32 do, to the rounding F16 adds. */
+static void f16_weights_load_as_f32_ones(void **state) {
+    (void)state;
+    char const *const texts[] = {"a cat sits on the mat", "stock markets"};
+    float vectors[2][2 * HIDDEN];
+    uform_status_t statuses[2];
+    for (size_t k = 0; k < 2; ++k) {
+        weights_dtype = k ? CHECKPOINT_F16 : CHECKPOINT_F32;
+        write_folder();
+        uform_model_t *model = NULL;
+        assert_int_equal(load(&model), UFORM_OK);
+        assert_int_equal(embed(model, texts, 2, vectors[k], statuses, NULL), UFORM_OK);
+        uform_model_free(model);
+    }
+    weights_dtype = CHECKPOINT_F32;
+    for (size_t t = 0; t < 2; ++t) {
+        double dot = 0;
+        for (size_t h = 0; h < HIDDEN; ++h)
+            dot += (double)vectors[0][t * HIDDEN + h] * vectors[1][t * HIDDEN + h];
+        if (!(dot > 0.999)) fail_msg("text %zu: cosine %f between F32 and F16 weights", t, dot);
+    }
+}
+
 /* A fault written into the folder, and what loading it must answer. */
 typedef struct fault {
     char const *what;
@@ -445,9 +489,8 @@ static void byte_verbs_are_unsupported(void **state) {
 
 int main(void) {
     struct CMUnitTest const tests[] = {
-        cmocka_unit_test(folder_loads_and_describes_itself),
-        cmocka_unit_test(folder_encodes_texts),
-        cmocka_unit_test(damaged_folders_fail_clearly),
+        cmocka_unit_test(folder_loads_and_describes_itself), cmocka_unit_test(folder_encodes_texts),
+        cmocka_unit_test(f16_weights_load_as_f32_ones),      cmocka_unit_test(damaged_folders_fail_clearly),
         cmocka_unit_test(byte_verbs_are_unsupported),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
