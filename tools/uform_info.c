@@ -55,8 +55,8 @@ static void print_transformer(char const *tower, uform_transformer_info_t const 
 }
 
 static void print_text(char const *path, uform_model_info_t const *info) {
-    printf("%-11s %s\n%-11s %s\n%-11s %zu (%s)\n%-11s", "model", path, "family", info->family, "dims",
-           info->dims, info->normalized ? "unit vectors" : "not normalized", "matryoshka");
+    printf("%-11s %s\n%-11s %s\n%-11s %zu\n%-11s %s\n%-11s", "model", path, "family", info->family, "dims",
+           info->dims, "normalized", info->normalized ? "yes (unit vectors)" : "no", "matryoshka");
     for (size_t i = 0; i < info->matryoshka_count; ++i)
         printf(" %zu", info->matryoshka[i]);
     printf("\n%-11s %zu\n%-11s %zu\n%-11s %s\n", "parameters", info->parameters, "bytes", info->bytes,
