@@ -137,7 +137,7 @@ UFORM_EXPORT void uform_version(int *major, int *minor, int *patch);
 /* An outcome is caller-owned memory of this size and alignment, holding a 32-bit status word (pending,
  * then one final status), the failure if any, and what the call produced. It must stay at the same
  * address while its call is pending. Nothing is allocated per call. */
-#define UFORM_OUTCOME_SIZE      512
+#define UFORM_OUTCOME_SIZE      768
 #define UFORM_OUTCOME_ALIGNMENT 64
 typedef struct uform_outcome {
     _Alignas(UFORM_OUTCOME_ALIGNMENT) unsigned char opaque[UFORM_OUTCOME_SIZE];
@@ -659,6 +659,10 @@ typedef struct uform_encoded {
     uform_view_t embeddings, token_vectors, states;
     uform_status_t const *statuses;
     size_t items;
+    /* With TOKEN_VECTORS of a model that reads tokens: one row of two U32 per token vector, the bytes
+     * [begin, end) of the item's text that the token covers (special, padding and prompt tokens: [0, 0)),
+     * grouped by the same item_offsets (host memory). Else empty: rows 0, data NULL. */
+    uform_view_t token_spans;
 } uform_encoded_t;
 
 /* Reads the products of a final, successful encode outcome. Answers UFORM_OK, UFORM_PENDING, the
@@ -687,7 +691,9 @@ typedef enum uform_source {
  * kept (UForm 3: the ids cut at the context), padded to the context for SigLIP; a text that is not UTF-8
  * fails alone with UFORM_FORMAT. Its EMBEDDINGS are the tower's pooled state (uform_pooling_t), projected
  * where the tower has a projection, unit vectors where the family gives them so (info.normalized) or the
- * config asks (normalize); STATES the pooled state; TOKEN_VECTORS answer UFORM_UNSUPPORTED (not built yet).
+ * config asks (normalize); STATES the pooled state; TOKEN_VECTORS one row per token the tower reads (the
+ * special tokens and SigLIP's padding included), grouped per text by item_offsets: its final state,
+ * projected and made a unit vector as the embeddings are, with its byte span in token_spans.
  * The engine's own models read bytes, no tokenizer: BOS, then at most `context` bytes of each text (longer ones are cut
  * and counted in stats.truncated; an empty text is valid, BOS alone), packed end to end without
  * padding and split over the executor's threads. EMBEDDINGS: one row per text; TOKEN_VECTORS: one row

@@ -96,6 +96,7 @@ def main():
     at("uform_encoded_t", "states", Int(Pointer(to=d)), Int(Pointer(to=d.states)))
     at("uform_encoded_t", "statuses", Int(Pointer(to=d)), Int(Pointer(to=d.statuses)))
     at("uform_encoded_t", "items", Int(Pointer(to=d)), Int(Pointer(to=d.items)))
+    at("uform_encoded_t", "token_spans", Int(Pointer(to=d)), Int(Pointer(to=d.token_spans)))
     var common = CEncodeCommon(None, None, 0, None, None, None, None)
     var x = CTextEncodeArgs(common, t)
     size[CTextEncodeArgs]("uform_text_encode_args_t")

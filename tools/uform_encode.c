@@ -104,7 +104,9 @@ static int parse_flags(int argc, char **argv, encode_flags_t *flags) {
                  "UForm 3, sentence-transformers models without Normalize: see 'uform info')"},
         {"--tokens", FLAG_SWITCH, &flags->tokens,
          .help = "jsonl only: add each item's token vectors, one per byte the model kept of a\n"
-                 "text and one per patch of an image, as \"tokens\" (and \"token_scales\" for i8)"},
+                 "text (per token, with the bytes [begin, end) each covers as \"spans\", for a model\n"
+                 "that reads tokens) and one per patch of an image, as \"tokens\" (and\n"
+                 "\"token_scales\" for i8)"},
         {"--manifest", FLAG_STRING, &flags->manifest, .value = "FILE",
          .help = "one JSON object per line, {\"text\": \"...\"}, {\"image\": PATH}, {\"video\": PATH}\n"
                  "or {\"audio\": PATH} (other keys are ignored; paths are relative to the working\n"

@@ -2,6 +2,7 @@
  * the engine produced, so these writers assume a little-endian host, as the formats they promise. */
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -140,6 +141,16 @@ static int write_jsonl(output_t *output, uform_encoded_t const *encoded, size_t 
                 for (size_t row = begin; row < end; ++row) {
                     if (row > begin) fputc(',', file);
                     write_float(file, tokens->scales[row]);
+                }
+                fputc(']', file);
+            }
+            uform_view_t const *spans = &encoded->token_spans;
+            if (spans->rows) { /* a model that reads tokens: the bytes each covers */
+                fputs(",\"spans\":[", file);
+                for (size_t row = begin; row < end; ++row) {
+                    uint32_t const *span = (uint32_t const *)(void const *)((char const *)spans->data +
+                                                                           row * spans->row_stride);
+                    fprintf(file, "%s[%" PRIu32 ",%" PRIu32 "]", row > begin ? "," : "", span[0], span[1]);
                 }
                 fputc(']', file);
             }

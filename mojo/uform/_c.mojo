@@ -159,10 +159,11 @@ struct CEncoded(ImplicitlyCopyable):
     var states: CView
     var statuses: RawOpt
     var items: c_size_t
+    var token_spans: CView  # a model that reads tokens: each token vector's byte span, two U32 a row
 
     @staticmethod
     def empty() -> Self:
-        return Self(CView.empty(), CView.empty(), CView.empty(), None, 0)
+        return Self(CView.empty(), CView.empty(), CView.empty(), None, 0, CView.empty())
 
 
 @fieldwise_init
@@ -469,13 +470,13 @@ struct CTrainerSaveArgs(ImplicitlyCopyable):
     var outcome: RawOpt
 
 
-comptime OUTCOME_SIZE = 512
+comptime OUTCOME_SIZE = 768
 comptime OUTCOME_ALIGNMENT = 64
 
 
 @align(64)
 struct COutcome(Movable):
-    """`uform_outcome_t`: 512 bytes aligned to 64 (std `@align`, matching C's `_Alignas`)."""
+    """`uform_outcome_t`: 768 bytes aligned to 64 (std `@align`, matching C's `_Alignas`)."""
     var opaque: Array[UInt8, OUTCOME_SIZE]
 
     def __init__(out self):

@@ -11,7 +11,7 @@
 #include "kernels.h"
 #include "loop.h"
 
-#define EXECUTOR_CALL_STORAGE 1024
+#define EXECUTOR_CALL_STORAGE 1152
 #define EXECUTOR_WAITERS      (1u << 31)   /* drain or free sleeps on `active` */
 #define EXECUTOR_SPIN_NS      100000000ull /* the default spin: 100 ms, like OpenMP runtimes' block time */
 

@@ -30,6 +30,7 @@ typedef struct tokens_call {
     char *prompt;            /* put before every text, or NULL */
     bool prompt_failed;      /* copying it ran out of memory */
     uint32_t *ids;           /* every kept token of every text, end to end */
+    uint32_t *spans;         /* with TOKEN_VECTORS: each token's [begin, end) bytes in its text, or NULL */
     size_t *offsets;         /* [items + 1] into ids */
     uform_status_t *refused; /* [items]: UFORM_OK, or the status of a text that failed */
 } tokens_call_t;
@@ -39,6 +40,7 @@ _Static_assert(sizeof(tokens_call_t) <= EXECUTOR_CALL_STORAGE, "tokens_call_t ou
 static void tokens_end(tokens_call_t *text, uform_status_t status, char const *message) {
     free(text->prompt);
     free(text->ids);
+    free(text->spans);
     free(text->offsets);
     free(text->refused);
     text->encode.stats.total_ns = loop_now_ns() - text->encode.started_ns;
@@ -67,8 +69,23 @@ static void python_strip(uint8_t const **text, size_t *length) {
 }
 #endif
 
-/* Cuts every text into text->ids, by offsets. UFORM_OK or UFORM_OUT_OF_MEMORY; a text that cannot be
- * cut is recorded in text->refused. */
+/* Each token's span in the text as the caller gave it: the tokenizer cut the prompt and the text joined
+ * (`prompted` bytes of prompt), from `skipped` bytes into them (what the strip took off the front). A token
+ * of the prompt, and the special and padding tokens, which cover no byte, span [0, 0). */
+static void tokens_spans(tokens_t const *sequence, size_t count, size_t prompted, size_t skipped, uint32_t *spans) {
+    for (size_t t = 0; t < count; ++t) {
+        uint32_t begin = 0, end = 0;
+        if (t < sequence->count && !sequence->special[t] && sequence->spans[t].begin + skipped >= prompted) {
+            begin = (uint32_t)(sequence->spans[t].begin + skipped - prompted);
+            end = (uint32_t)(sequence->spans[t].end + skipped - prompted);
+        }
+        spans[2 * t] = begin;
+        spans[2 * t + 1] = end;
+    }
+}
+
+/* Cuts every text into text->ids (and their spans into text->spans where it is not NULL), by offsets.
+ * UFORM_OK or UFORM_OUT_OF_MEMORY; a text that cannot be cut is recorded in text->refused. */
 static uform_status_t tokens_cut(tokens_call_t *text) {
 #if !UFORM_WITH_TOKENIZERS
     (void)text;
@@ -93,6 +110,7 @@ static uform_status_t tokens_cut(tokens_call_t *text) {
     size_t const prompted = text->prompt ? strlen(text->prompt) : 0;
     uint8_t *joined = NULL; /* the prompt, then the text */
     size_t joined_capacity = 0;
+    bool const want_spans = text->encode.outputs & UFORM_OUTPUT_TOKEN_VECTORS;
     for (size_t item = 0; item < items && status == UFORM_OK; ++item) {
         size_t begin = texts->offsets[item], end = texts->offsets[item + 1];
         bool truncated = false;
@@ -115,14 +133,18 @@ static uform_status_t tokens_cut(tokens_call_t *text) {
             bytes = joined;
             length += prompted;
         }
+        uint8_t const *joined_start = bytes;
         if (info->text.strip) python_strip(&bytes, &length);
         uform_status_t cut =
             tokenizer_cut(tokenizer, bytes, length, true, &work, &post, &truncated, &message);
         if (cut == UFORM_OK && sequence.count > context) { /* past the tokenizer's own truncation, if any */
             /* A SentencePiece model's text ends with its special token, which truncation keeps; UForm 3's
              * processor cuts the ids as they are. */
-            if (!info->text.cut_ids && tokenizer_special)
+            if (!info->text.cut_ids && tokenizer_special) {
                 sequence.ids[context - 1] = sequence.ids[sequence.count - 1];
+                sequence.spans[context - 1] = sequence.spans[sequence.count - 1];
+                sequence.special[context - 1] = sequence.special[sequence.count - 1];
+            }
             sequence.count = context;
             truncated = true;
         }
@@ -135,17 +157,22 @@ static uform_status_t tokens_cut(tokens_call_t *text) {
         if (need > capacity) {
             size_t grown = 2 * capacity > need ? 2 * capacity : need + 1024;
             uint32_t *ids = realloc(text->ids, grown * sizeof *ids);
-            if (!ids) {
+            if (ids) text->ids = ids;
+            uint32_t *spans = ids && want_spans ? realloc(text->spans, 2 * grown * sizeof *spans) : NULL;
+            if (spans) text->spans = spans;
+            if (!ids || (want_spans && !spans)) {
                 status = UFORM_OUT_OF_MEMORY;
                 break;
             }
-            text->ids = ids;
             capacity = grown;
         }
         memcpy(text->ids + count, sequence.ids, sequence.count * sizeof *sequence.ids);
         /* Padded to the context with the padding id, attended whole (SigLIP). */
         for (size_t t = sequence.count; info->text.padded && t < context; ++t)
             text->ids[count + t] = (uint32_t)info->text.pad_id;
+        if (want_spans)
+            tokens_spans(&sequence, info->text.padded ? context : sequence.count, prompted,
+                         (size_t)(bytes - joined_start), text->spans + 2 * count);
         count += info->text.padded ? context : sequence.count;
     }
     text->offsets[items] = count;
@@ -159,6 +186,24 @@ static uform_status_t tokens_cut(tokens_call_t *text) {
 
 static void tokens_chunk(loop_op_t *op);
 
+/* With TOKEN_VECTORS: a row for every token the tower runs, and its span, grouped per text as the ids. */
+static bool tokens_vectors(tokens_call_t *text) {
+    encode_call_t *encode = &text->encode;
+    uform_encoded_t *encoded = &encode->encoded;
+    if (!(encode->outputs & UFORM_OUTPUT_TOKEN_VECTORS)) return true;
+    size_t items = encode->tape.count, tokens = text->offsets[items];
+    if (!output_view(encode->arena, tokens, encode->width, encode->scalar, &encoded->token_vectors)) return false;
+    size_t *offsets = arena_allocate_host(encode->arena, (items + 1) * sizeof(size_t), 16);
+    uint32_t *spans = arena_allocate_host(encode->arena, 2 * tokens * sizeof(uint32_t) + 1, 16);
+    if (!offsets || !spans) return false;
+    memcpy(offsets, text->offsets, (items + 1) * sizeof(size_t));
+    if (tokens) memcpy(spans, text->spans, 2 * tokens * sizeof(uint32_t));
+    encoded->token_spans = arena_view(encode->arena, spans, tokens, 2, UFORM_U32);
+    encoded->token_vectors.item_offsets = encoded->token_spans.item_offsets = offsets;
+    encoded->token_vectors.items = encoded->token_spans.items = items;
+    return true;
+}
+
 /* Cuts the texts, allocates the outputs in the arena, then starts the first chunk. */
 static void tokens_start(call_t *call) {
     tokens_call_t *text = container_of(call, tokens_call_t, call);
@@ -167,7 +212,8 @@ static void tokens_start(call_t *call) {
     encode->stats.items = texts->count;
     encode->stats.bytes = texts->offsets[texts->count] - texts->offsets[0];
     if (text->prompt_failed || tokens_cut(text) != UFORM_OK ||
-        !encode_outputs(encode, texts->count, encode->model->text->hidden, output_view)) {
+        !encode_outputs(encode, texts->count, encode->model->text->hidden, output_view) ||
+        !tokens_vectors(text)) {
         tokens_end(text, UFORM_OUT_OF_MEMORY, "cannot allocate the tokens or the outputs");
         return;
     }
@@ -178,7 +224,7 @@ static void tokens_start(call_t *call) {
 }
 
 /* The chunk's scratch: the tower's, x [tokens, hidden], token offsets [items + 1], pooled states
- * [items, hidden] and their projections [items, dims]. */
+ * [items, hidden] and their projections [items, dims], or with TOKEN_VECTORS [max(items, tokens), dims]. */
 typedef struct tokens_scratch {
     void *tower;
     float *x, *pooled, *projected;
@@ -187,11 +233,12 @@ typedef struct tokens_scratch {
 
 static bool tokens_scratch(tokens_call_t *text, size_t tokens, size_t items, tokens_scratch_t *scratch) {
     tower_t const *tower = text->encode.model->text;
+    bool const vectors = text->encode.outputs & UFORM_OUTPUT_TOKEN_VECTORS;
     size_t const sizes[] = {
         round_up_64(tower_scratch_bytes(tower, tokens)),
         round_up_64(tokens * tower->hidden * sizeof(float)),
         round_up_64(items * tower->hidden * sizeof(float)),
-        round_up_64(items * tower->dims * sizeof(float)),
+        round_up_64((vectors && tokens > items ? tokens : items) * tower->dims * sizeof(float)),
         round_up_64((items + 1) * sizeof(size_t)),
     };
     size_t total = 0;
@@ -232,6 +279,23 @@ static void tokens_embed(tower_t const *tower, uform_model_info_t const *info, u
     }
 }
 
+/* The token vectors of `count` rows of final states x: projected as the embeddings are (unit vectors where
+ * they are), written to rows [first_row, first_row + count) of `view`. */
+static void tokens_project(tokens_call_t *text, float const *x, size_t count, float *projected, uform_view_t *view,
+                           size_t first_row) {
+    encode_call_t *encode = &text->encode;
+    tower_t const *tower = encode->model->text;
+    size_t width = encode->width;
+    tower_project(tower, text->call.executor, x, tower->hidden, count, width, projected, width);
+    uint64_t converting = loop_now_ns();
+    for (size_t row = 0; row < count; ++row) {
+        float *values = projected + row * width;
+        if (encode->normalize) tower->kernels->normalize(values, width);
+        output_row(tower->kernels, view, first_row + row, values);
+    }
+    encode->stats.convert_ns += loop_now_ns() - converting;
+}
+
 static void tokens_chunk(loop_op_t *op) {
     tokens_call_t *text = container_of(op, tokens_call_t, call.op);
     encode_call_t *encode = &text->encode;
@@ -270,6 +334,8 @@ static void tokens_chunk(loop_op_t *op) {
         .scratch = scratch.tower,
     };
     if (tokens) tower_forward(tower, executor, &batch);
+    if (tokens && (encode->outputs & UFORM_OUTPUT_TOKEN_VECTORS))
+        tokens_project(text, scratch.x, tokens, scratch.projected, &encode->encoded.token_vectors, offsets[first]);
 
     uform_encoded_t *encoded = &encode->encoded;
     for (size_t item = first; item < last; ++item) {
@@ -288,12 +354,10 @@ static void tokens_chunk(loop_op_t *op) {
     if (encode->outputs & UFORM_OUTPUT_EMBEDDINGS) {
         size_t width = encode->width, count = last - first;
         tower_project(tower, executor, scratch.pooled, hidden, count, width, scratch.projected, width);
-        float const *rows = scratch.projected;
-        size_t stride = width;
         uint64_t converting = loop_now_ns();
         for (size_t item = first; item < last; ++item) {
             if (offsets[item + 1] == offsets[item]) continue;
-            float *values = (float *)rows + (item - first) * stride;
+            float *values = scratch.projected + (item - first) * width;
             if (encode->normalize) kernels->normalize(values, width);
             output_row(kernels, &encoded->embeddings, item, values);
         }

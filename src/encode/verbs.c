@@ -44,9 +44,6 @@ UFORM_EXPORT uform_status_t uform_text_encode(uform_text_encode_args_t const *ar
     if (status != UFORM_OK) return call_refuse(args->outcome, status, entry, message);
     if (!text_tower(args->model))
         return call_refuse(args->outcome, UFORM_UNSUPPORTED, entry, "the model has no text tower");
-    if (args->model->tokenizer && (args->outputs & UFORM_OUTPUT_TOKEN_VECTORS))
-        return call_refuse(args->outcome, UFORM_UNSUPPORTED, entry,
-                           "token vectors of a model that reads tokens are not built yet");
     char const *prompt = NULL;
     if (args->model->tokenizer && !text_prompt(args->model, args->config, &prompt))
         return call_refuse(args->outcome, UFORM_INVALID_ARGUMENT, entry,

@@ -467,22 +467,71 @@ static void damaged_folders_fail_clearly(void **state) {
     uform_executor_free(executor);
 }
 
-/* Verbs a model that reads tokens does not run say so. */
-static void byte_verbs_are_unsupported(void **state) {
+/* Token vectors of a model that reads tokens: one unit row per token its tokenizer cuts (the folder has
+ * Normalize), grouped per text as the tokenizer's ids, each with the tokenizer's byte span; a text that is
+ * not UTF-8 fails alone, without rows. */
+static void token_vectors_follow_the_tokenizer(void **state) {
     (void)state;
     write_folder();
     uform_model_t *model = NULL;
     assert_int_equal(load(&model), UFORM_OK);
-    uform_arena_t *arena = NULL;
+    uform_arena_t *arena = NULL, *cut_arena = NULL;
     assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
-    size_t offsets[] = {0, 3};
+    assert_int_equal(uform_arena_create_host(&cut_arena), UFORM_OK);
+    char const data[] = " a cat sat \xff\xfe";
+    size_t offsets[] = {0, 11, 11, 13};
+    uform_tape_t texts = {.data = data, .offsets = offsets, .count = 3, .length = 13};
     uform_encoded_t encoded;
     uform_text_encode_args_t args = {.model = model,
-                                     .outputs = UFORM_OUTPUT_TOKEN_VECTORS,
+                                     .outputs = UFORM_OUTPUT_TOKEN_VECTORS | UFORM_OUTPUT_STATES,
                                      .arena = arena,
                                      .encoded = &encoded,
-                                     .texts = {.data = "cat", .offsets = offsets, .count = 1, .length = 3}};
-    assert_int_equal(uform_text_encode(&args), UFORM_UNSUPPORTED);
+                                     .texts = texts};
+    assert_int_equal(uform_text_encode(&args), UFORM_OK);
+    uform_tokenizer_t *tokenizer = NULL;
+    assert_int_equal(uform_tokenizer_open(folder, &tokenizer), UFORM_OK);
+    uform_tokenized_t cut;
+    uform_text_tokenize_args_t cutting = {.tokenizer = tokenizer, .texts = texts, .arena = cut_arena,
+                                          .tokenized = &cut};
+    assert_int_equal(uform_text_tokenize(&cutting), UFORM_OK);
+
+    uform_view_t const *vectors = &encoded.token_vectors, *spans = &encoded.token_spans;
+    assert_int_equal(vectors->items, 3);
+    assert_int_equal(spans->items, 3);
+    assert_int_equal(vectors->columns, HIDDEN);
+    assert_int_equal(spans->columns, 2);
+    assert_int_equal(encoded.statuses[0], UFORM_OK);
+    assert_int_equal(encoded.statuses[1], UFORM_OK);
+    assert_int_equal(encoded.statuses[2], UFORM_FORMAT);
+    assert_int_equal(cut.statuses[2], UFORM_FORMAT);
+    for (size_t item = 0; item <= 3; ++item) {
+        assert_int_equal(vectors->item_offsets[item], cut.ids.item_offsets[item]);
+        assert_int_equal(spans->item_offsets[item], cut.ids.item_offsets[item]);
+    }
+    size_t rows = vectors->item_offsets[3];
+    assert_int_equal(rows, 7); /* [CLS] a cat sat [SEP], then [CLS] [SEP] */
+    assert_int_equal(vectors->rows, rows);
+    assert_int_equal(spans->rows, rows);
+    for (size_t row = 0; row < rows; ++row) {
+        uint32_t const *ours = (uint32_t const *)(void const *)((char const *)spans->data + row * spans->row_stride);
+        uint32_t const *theirs =
+            (uint32_t const *)(void const *)((char const *)cut.spans.data + row * cut.spans.row_stride);
+        assert_int_equal(ours[0], theirs[0]);
+        assert_int_equal(ours[1], theirs[1]);
+        float const *vector = (float const *)(void const *)((char const *)vectors->data + row * vectors->row_stride);
+        double norm = 0;
+        for (size_t h = 0; h < HIDDEN; ++h)
+            norm += (double)vector[h] * vector[h];
+        assert_true(fabs(norm - 1.0) < 1e-4);
+    }
+    /* " a cat sat ": the words' bytes, the special tokens none. */
+    uint32_t const *first = spans->data;
+    assert_int_equal(first[2], 1);
+    assert_int_equal(first[3], 2);
+    assert_int_equal(first[0], 0);
+    assert_int_equal(first[1], 0);
+    uform_tokenizer_free(tokenizer);
+    uform_arena_free(cut_arena);
     uform_arena_free(arena);
     uform_model_free(model);
 }
@@ -491,7 +540,7 @@ int main(void) {
     struct CMUnitTest const tests[] = {
         cmocka_unit_test(folder_loads_and_describes_itself), cmocka_unit_test(folder_encodes_texts),
         cmocka_unit_test(f16_weights_load_as_f32_ones),      cmocka_unit_test(damaged_folders_fail_clearly),
-        cmocka_unit_test(byte_verbs_are_unsupported),
+        cmocka_unit_test(token_vectors_follow_the_tokenizer),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -42,6 +42,7 @@ where torch, transformers or sentence-transformers cannot be imported by any int
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import sys
@@ -213,6 +214,62 @@ def tanh_or_erf(name: str, folder: Path, texts: list, engine) -> None:
           f"between them {apart:.3g}; not failing: the cosine cannot see it)")
 
 
+def expected_spans(model, text: str, prompt: str) -> tuple:
+    """The token count and byte spans the command should give `text`: sentence-transformers cuts the prompt
+    and the text joined, stripped by str.strip(), at max_seq_length; tokenizers' character offsets become
+    bytes of `text`, and a special token or one of the prompt spans [0, 0)."""
+    joined = prompt + text
+    stripped = joined.strip()
+    lead = len(joined[: len(joined) - len(joined.lstrip())].encode())
+    before = len(prompt.encode())
+    cut = model.tokenizer(stripped, truncation="longest_first", max_length=model.max_seq_length,
+                          return_offsets_mapping=True, return_special_tokens_mask=True)
+    spans = []
+    for (begin, end), special in zip(cut["offset_mapping"], cut["special_tokens_mask"], strict=True):
+        begin, end = len(stripped[:begin].encode()) + lead, len(stripped[:end].encode()) + lead
+        spans.append((0, 0) if special or begin < before else (begin - before, end - before))
+    return spans
+
+
+def check_token_vectors(report, uform: str, name: str, family, folder: Path, model, texts: list,
+                        workdir: Path) -> None:
+    """`uform encode --tokens`: each token's vector against sentence-transformers' token embeddings (the
+    transformer's last states, before pooling: cosine >= COSINE each, the command's being unit vectors where
+    the folder normalizes), and its byte span in the text."""
+    import numpy as np
+    import pretrained_support as support
+
+    prompt = dict(family.prompts).get(family.default_prompt_name, "") if family.default_prompt_name else ""
+    support.write_manifest(workdir / f"{name}.tokens.jsonl", texts)
+    try:
+        out, _ = support.engine_run(uform, folder, workdir / f"{name}.tokens.jsonl", ["--format", "jsonl", "--tokens"])
+        rows = [json.loads(line) for line in out.decode("utf-8").splitlines() if line.strip()]
+    except (support.EngineRefused, ValueError) as error:
+        report.check(f"{name}: the command gives token vectors", False, str(error))
+        return
+    worst, wrong_counts, wrong_spans, tokens = 1.0, [], [], 0
+    for index, (text, row) in enumerate(zip(texts, rows, strict=True)):
+        reference = model.encode(text, output_value="token_embeddings").numpy().astype(np.float64)
+        ours = np.asarray(row["tokens"], dtype=np.float64)
+        if ours.shape != reference.shape:
+            wrong_counts.append(f"text {index}: {ours.shape} against {reference.shape}")
+            continue
+        tokens += len(ours)
+        worst = min(worst, float(support.cosines(ours, reference).min()))
+        spans = [tuple(span) for span in row["spans"]]
+        expected = expected_spans(model, text, prompt)
+        if spans != expected:
+            first = next(i for i, (a, b) in enumerate(zip(spans, expected)) if a != b)
+            wrong_spans.append(f"text {index} {support.describe(text)}: token {first}: {spans[first]} against "
+                               f"{expected[first]}")
+    report.check(f"{name}: one token vector per token for each of {len(texts)} texts", not wrong_counts,
+                 "; ".join(wrong_counts[:PRINTED_FAILURES]) or f"{tokens} tokens")
+    report.check(f"{name}: token vectors at cosine >= {COSINE} to sentence-transformers' token embeddings",
+                 worst >= COSINE, f"min {worst:.6f} over {tokens} tokens")
+    report.check(f"{name}: each token's byte span as the tokenizer's offsets give it", not wrong_spans,
+                 "; ".join(wrong_spans[:PRINTED_FAILURES]))
+
+
 def check_family(report, uform: str, name: str, workdir: Path, corpus_part: list, flags: dict) -> None:
     import pretrained_support as support
 
@@ -238,6 +295,8 @@ def check_family(report, uform: str, name: str, workdir: Path, corpus_part: list
                  f"folder and reference {built - started:.1f} s, the command {ran - built:.1f} s")
     compare(report, name, texts, reference, engine)
     check_prompts(report, uform, name, family, folder, model, texts[:24] + texts[-4:], workdir, flags)
+    kept = [text for text, late in zip(texts, support.versioned(texts), strict=True) if not late]
+    check_token_vectors(report, uform, name, family, folder, model, kept[:32] + kept[-3:], workdir)
     if family.hidden_act != "gelu":
         tanh_or_erf(name, folder, texts, engine)
 

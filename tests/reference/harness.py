@@ -61,7 +61,7 @@ SOURCE_FILES, SOURCE_MEMORY = 0, 1
 F32, BF16, F16, I8 = 0, 1, 2, 3
 SCALAR_NAMES = {F32: "F32", BF16: "BF16", F16: "F16", I8: "I8"}
 SCALAR_SIZES = {F32: 4, BF16: 2, F16: 2, I8: 1}
-OUTCOME_SIZE, OUTCOME_ALIGNMENT = 512, 64
+OUTCOME_SIZE, OUTCOME_ALIGNMENT = 768, 64
 
 
 class Struct(ctypes.Structure):
@@ -166,7 +166,7 @@ class uform_encode_config_t(Struct):
 class uform_encoded_t(Struct):
     c_name = "uform_encoded_t"
     _fields_ = [("embeddings", uform_view_t), ("token_vectors", uform_view_t), ("states", uform_view_t),
-                ("statuses", ctypes.POINTER(c_status)), ("items", c_size)]
+                ("statuses", ctypes.POINTER(c_status)), ("items", c_size), ("token_spans", uform_view_t)]
 
 
 def _encode_args(c_name: str, *tail) -> type:
