@@ -932,6 +932,46 @@ def test_tokenizer(library: Library, directory: String) raises:
           "a model the engine does not read: " + String(caught5.value()))
     check(caught5.value().entry() == "uform_tokenizer_parse", "its entry point")
 
+def test_convert(library: Library, media: String) raises:
+    """`Library.convert_checkpoint`: run_test.py's BERT folder written as one checkpoint, which loads to the
+    same embeddings, bit for bit, and carries the folder's tokenizer; a missing folder answers IO."""
+    var caught = Optional[UFormError](None)
+    try:
+        library.convert_checkpoint("/nonexistent/folder", media + "/mojo-never-written.safetensors")
+    except error:
+        caught = error.copy()
+    expect(caught, Status.IO, "converting a missing folder")
+    check(caught.value().entry() == "uform_checkpoint_convert", "its entry point")
+    if not media or not library.has(Feature.TOKENIZERS):
+        print("mojo: checkpoint conversion of a folder skipped: no UFORM_TEST_MEDIA or no tokenizers in this build")
+        return
+    var folder = media + "/bert"
+    var converted = media + "/mojo-bert.safetensors"
+    library.convert_checkpoint(folder, converted)
+    var executor = Executor(library)
+    var from_folder = Model.load_ram(executor, folder)
+    var from_checkpoint = Model.load_ram(executor, converted)
+    check(from_checkpoint.info().dims == 64 and from_checkpoint.info().text.vocab == 16, "the converted model's sizes")
+    var texts = tape_of(["A cat sits on the mat.", "kittens", "stock markets"])
+    var folder_arena = Arena(library)
+    var checkpoint_arena = Arena(library)
+    var a = from_folder.text_encode(TapeView.of(texts[0], texts[1]), Outputs.EMBEDDINGS, folder_arena)
+    var b = from_checkpoint.text_encode(TapeView.of(texts[0], texts[1]), Outputs.EMBEDDINGS, checkpoint_arena)
+    for row in range(3):
+        check(rows_equal(a.embeddings().value(), row, b.embeddings().value(), row),
+              "a converted folder embeds as the folder, bitwise")
+        check(abs(norm(b.embeddings().value().row[DType.float32](row)) - 1) < 1e-3, "unit-norm rows")
+    check(not rows_equal(b.embeddings().value(), 0, b.embeddings().value(), 1), "different texts differ")
+    # The folder's tokenizer opens from the folder, and cuts as the file it holds.
+    var tokenizer = Tokenizer.open(library, folder)
+    var tokenized = tokenizer.text_tokenize(TapeView.of(texts[0], texts[1]), folder_arena)
+    check(tokenized.ids_of(0) == expected_ids(0) and tokenized.ids_of(1) == [2, 11, 10, 3], "the folder's tokenizer")
+    # I8 weights, as quantize_checkpoint writes them.
+    var quantized = media + "/mojo-bert-i8.safetensors"
+    library.convert_checkpoint(folder, quantized, Weights.I8)
+    check(Model.load_ram(executor, quantized).info().weights == Weights.I8.code, "converted with I8 weights")
+
+
 def test_ram_options(library: Library) raises:
     # The engine's defaults, returned by value (`uform_ram_options_default`), and what an unset field takes
     # (`uform_ram_options_init`): the same executor either way.
@@ -1252,6 +1292,7 @@ def main() raises:
     test_trainer(library, scratch)
     test_training_example(library)
     test_tokenizer(library, scratch)
+    test_convert(library, getenv("UFORM_TEST_MEDIA"))
     var path = getenv("UFORM_TEST_CHECKPOINT")
     test_device_executors(library, path)
     test_error_keeps_library()
