@@ -872,6 +872,15 @@ def test_tokenizer(library: Library, directory: String) raises:
     for _ in range(2):
         check_tokenized(call.wait(), "tokenizer.deferred(executor)")
     check(call.status() == Status.OK, "the deferred tokenize is final")
+    # A deferred tokenize notifies an eventfd when final, as a deferred encode does.
+    var fd = external_call["eventfd", c_int](UInt32(0), c_int(0))
+    check(fd >= 0, "eventfd")
+    var notifying = tokenizer.deferred(executor).notify_eventfd(Int(fd)).text_tokenize(tape, deferred_arena)
+    check_tokenized(notifying.wait(), "a deferred tokenize notifying an eventfd")
+    var counter: UInt64 = 0
+    var got = external_call["read", Int](fd, Pointer(to=counter), UInt(8))  # read(2): the 8-byte counter
+    check(got == 8 and counter == 1, "the engine wrote 1 to the eventfd: " + String(counter))
+    _ = external_call["close", c_int](fd)
     # Without the post-processor's special tokens.
     var bare = tokenizer.text_tokenize(tape, host, TokenizeConfig(without_special_tokens=True))
     check(bare.ids_of(0) == [4, 5, 6, 7, 8, 9, 15] and bare.spans_of(1) == [0, 6, 6, 7, 9, 14],
