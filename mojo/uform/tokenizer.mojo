@@ -218,11 +218,13 @@ struct TokenizerDeferredOn[tokenizer_origin: ImmOrigin, executor_origin: ImmOrig
         self._ring_data = 0
 
     def notify_eventfd(self, eventfd: Int) -> Self:
+        """Each call writes the 8 bytes of a UInt64 1 to `eventfd` once final (`ModelDeferredOn.notify_eventfd`)."""
         var other = self.copy()
         other._eventfd = Int32(eventfd)
         return other^
 
     def notify_ring(self, ring_fd: Int, user_data: UInt64) -> Self:
+        """Each call posts {user_data, final status} into that io_uring once final; -1 turns it off."""
         var other = self.copy()
         other._ring_fd = Int32(ring_fd)
         other._ring_data = user_data
