@@ -12,7 +12,8 @@ from uform import (
     Arena, Continuation, Deferred, DeferredLoad, Error as UFormError, EncodeConfig, EncodeStats, Executor, ExecutorKind,
     Feature, Library, LoadConfig, PoolWork, ThreadPool, Model, ModelInfo, ModelVerbs, Mood, Outputs, Progress, RamOptions, ScalarKind, Source,
     Status, TapeView, View, VramOptions, Mesh, MeshCollectives, MeshOptions, Modality, Trainer, TrainerConfig, TrainerInitRamConfig,
-    TrainerInitVramConfig, TrainerStepConfig, TrainerStepStats, Weights,
+    TrainerInitVramConfig, TrainerStepConfig, TrainerStepStats, Weights, Tokenizer, TokenizerVerbs, TokenizeConfig,
+    TokenizeStats, Tokenized,
 )
 from uform._c import _field
 
@@ -134,6 +135,14 @@ def test_model(library: Library, path: String) raises:
     var by_address = model.on(executor).text_encode(
         TapeView.of(texts.unsafe_ptr(), len(texts), offsets), Outputs.EMBEDDINGS, address_arena)
     check(List[Float32](by_address.embeddings().value().row[DType.float32](0)) == reference, "a tape by address, bitwise")
+    # The two-argument form, `TapeView.of(buffer.unsafe_ptr(), offsets)`: the length is the last offset.
+    var buffer = List[UInt8](texts)
+    var pointer_arena = Arena(executor)
+    var by_pointer = model.on(executor).text_encode(TapeView.of(buffer.unsafe_ptr(), offsets), Outputs.EMBEDDINGS,
+                                                    pointer_arena)
+    check(rows_equal(by_pointer.embeddings().value(), 0, by_address.embeddings().value(), 0)
+          and rows_equal(by_pointer.embeddings().value(), 1, by_address.embeddings().value(), 1),
+          "TapeView.of(pointer, offsets) encodes as TapeView.of(pointer, length, offsets), bitwise")
 
     # A stale view: the arena's next call rewinds it.
     var generation = arena.generation()
@@ -752,6 +761,226 @@ def test_unfinished_deferred(library: Library, model: Model, executor: Executor)
     executor.nop()  # not CONTENDED: nothing holds the executor any more
 
 
+# A WordPiece tokenizer.json, BERT's normalizer, pre-tokenizer and post-processor over a vocabulary of 16
+# (tests/model/test_pretrained.c's, and run_test.py's BERT folder's).
+comptime WORDPIECE_JSON = """{"version":"1.0","truncation":null,"padding":null,"added_tokens":[
+{"id":0,"content":"[PAD]","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true},
+{"id":1,"content":"[UNK]","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true},
+{"id":2,"content":"[CLS]","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true},
+{"id":3,"content":"[SEP]","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true}],
+"normalizer":{"type":"BertNormalizer","clean_text":true,"handle_chinese_chars":true,"strip_accents":null,"lowercase":true},
+"pre_tokenizer":{"type":"BertPreTokenizer"},
+"post_processor":{"type":"BertProcessing","sep":["[SEP]",3],"cls":["[CLS]",2]},
+"decoder":null,
+"model":{"type":"WordPiece","unk_token":"[UNK]","continuing_subword_prefix":"##","max_input_chars_per_word":100,
+"vocab":{"[PAD]":0,"[UNK]":1,"[CLS]":2,"[SEP]":3,"a":4,"cat":5,"sits":6,"on":7,"the":8,"mat":9,"##s":10,
+"kitten":11,"rug":12,"stock":13,"markets":14,".":15}}}
+"""
+
+
+def tokenizer_texts() -> Tuple[List[UInt8], List[UInt]]:
+    """Three texts and a fourth that is not UTF-8 (a lone 0xFF byte)."""
+    var bad = List[UInt8](" bad ".as_bytes())
+    bad.insert(0, 0xFF)
+    return bytes_tape([List[UInt8]("A cat sits on the mat.".as_bytes()), List[UInt8]("Kittens  café".as_bytes()),
+                       List[UInt8](), bad^])
+
+
+# The expected tokens, as Hugging Face's tokenizers 0.19.1 cuts the same texts from the same file, its
+# character offsets turned into byte offsets:
+#     t = tokenizers.Tokenizer.from_str(WORDPIECE_JSON); e = t.encode(text)
+#     e.ids, [(len(text[:b].encode()), len(text[:e].encode())) for b, e in e.offsets]
+# ("é" is two bytes: "café" covers bytes 9 to 14, characters 9 to 13).
+def expected_ids(item: Int) -> List[UInt32]:
+    if item == 0:
+        return [2, 4, 5, 6, 7, 8, 9, 15, 3]
+    if item == 1:
+        return [2, 11, 10, 1, 3]
+    if item == 2:
+        return [2, 3]
+    return []
+
+
+def expected_spans(item: Int) -> List[UInt32]:
+    if item == 0:
+        return [0, 0, 0, 1, 2, 5, 6, 10, 11, 13, 14, 17, 18, 21, 21, 22, 0, 0]
+    if item == 1:
+        return [0, 0, 0, 6, 6, 7, 9, 14, 0, 0]
+    if item == 2:
+        return [0, 0, 0, 0]
+    return []
+
+
+def check_tokenized(tokenized: Tokenized[_], what: String) raises:
+    check(tokenized.items() == 4, what + ": four texts")
+    for item in range(4):
+        check(tokenized.status(item) == (Status.FORMAT if item == 3 else Status.OK), what + ": item status")
+        check(tokenized.ids_of(item) == expected_ids(item), what + ": the ids of text " + String(item))
+        check(tokenized.spans_of(item) == expected_spans(item), what + ": the spans of text " + String(item))
+    var ids = tokenized.ids()
+    check(ids.scalar() == ScalarKind.U32 and ids.columns() == 1 and len(ids) == 16, what + ": one U32 row per token")
+    check(tokenized.spans().columns() == 2 and len(tokenized.spans()) == 16, what + ": two U32 per token")
+    var offsets = ids.row_offsets()
+    check(len(offsets) == 5 and offsets[1] == 9 and offsets[3] == 16 and offsets[4] == 16, what + ": grouped per text")
+
+
+def cancel_at_once(completed: Int, total: Int, calls: Pointer[Int, MutAnyOrigin]) -> Continuation:
+    calls[] += 1
+    return Continuation.CANCEL
+
+
+def tokenize_on[V: TokenizerVerbs](verbs: V, mut arena: Arena) raises -> List[UInt32]:
+    """Any receiver of the blocking verb (the `TokenizerVerbs` trait): the tokenizer or `tokenizer.on(executor)`."""
+    var texts = "the cat".as_bytes()
+    var offsets: List[UInt] = [0, 7]
+    return verbs.text_tokenize(TapeView.of(texts, offsets), arena).ids_of(0)
+
+
+def test_tokenizer(library: Library, directory: String) raises:
+    if not library.has(Feature.TOKENIZERS):
+        var caught = Optional[UFormError](None)
+        try:
+            _ = Tokenizer.parse(library, WORDPIECE_JSON.as_bytes())
+        except error:
+            caught = error.copy()
+        expect(caught, Status.UNSUPPORTED, "a tokenizer in a build without tokenizers")
+        print("mojo: tokenizer checks skipped: this build has no tokenizers")
+        return
+    var tokenizer = Tokenizer.parse(library, WORDPIECE_JSON.as_bytes())
+    var info = tokenizer.info()
+    check(info.vocabulary == 16 and info.max_length == 0 and info.special_added == 2, "TokenizerInfo: " + String(info))
+    check(info.model_name() == "WordPiece", "the model's kind")
+    var texts = tokenizer_texts()
+    var tape = TapeView.of(texts[0], texts[1])
+
+    # On the calling thread, with the stats slot.
+    var stats = TokenizeStats()
+    var host = Arena(library)
+    check_tokenized(tokenizer.text_tokenize(tape, host, TokenizeConfig(stats=Pointer(to=stats))), "the calling thread")
+    check(stats.items == 4 and stats.failed == 1 and stats.tokens == 16 and stats.bytes == UInt(len(texts[0])),
+          "TokenizeStats: items, failed, tokens, bytes")
+    # Blocking on an executor's threads, and the tape given by its address (the length the last offset).
+    var executor = Executor.for_ram(library, RamOptions(pin=False), threads=2)
+    var arena = Arena(executor)
+    check_tokenized(tokenizer.on(executor).text_tokenize(TapeView.of(texts[0].unsafe_ptr(), texts[1]), arena),
+                    "tokenizer.on(executor)")
+    check(tokenize_on(tokenizer, host) == tokenize_on(tokenizer.on(executor), arena) and tokenize_on(tokenizer, host) == [2, 8, 5, 3],
+          "TokenizerVerbs: the same ids on either receiver")
+    # Deferred, waited several times.
+    var deferred_arena = Arena(executor)
+    var call = tokenizer.deferred(executor).text_tokenize(tape, deferred_arena)
+    for _ in range(2):
+        check_tokenized(call.wait(), "tokenizer.deferred(executor)")
+    check(call.status() == Status.OK, "the deferred tokenize is final")
+    # A deferred tokenize notifies an eventfd when final, as a deferred encode does.
+    var fd = external_call["eventfd", c_int](UInt32(0), c_int(0))
+    check(fd >= 0, "eventfd")
+    var notifying = tokenizer.deferred(executor).notify_eventfd(Int(fd)).text_tokenize(tape, deferred_arena)
+    check_tokenized(notifying.wait(), "a deferred tokenize notifying an eventfd")
+    var counter: UInt64 = 0
+    var got = external_call["read", Int](fd, Pointer(to=counter), UInt(8))  # read(2): the 8-byte counter
+    check(got == 8 and counter == 1, "the engine wrote 1 to the eventfd: " + String(counter))
+    _ = external_call["close", c_int](fd)
+    # Without the post-processor's special tokens.
+    var bare = tokenizer.text_tokenize(tape, host, TokenizeConfig(without_special_tokens=True))
+    check(bare.ids_of(0) == [4, 5, 6, 7, 8, 9, 15] and bare.spans_of(1) == [0, 6, 6, 7, 9, 14],
+          "without special tokens")
+    check(len(bare.ids_of(2)) == 0, "an empty text without special tokens has no tokens")
+
+    # A handler that cancels at its first report: CANCELLED, on the calling thread and deferred.
+    var calls = 0
+    var cancelling = TokenizeConfig(progress=Progress.of[cancel_at_once](Pointer(to=calls)))
+    var caught = Optional[UFormError](None)
+    try:
+        _ = tokenizer.on(executor).text_tokenize(tape, arena, cancelling)
+    except error:
+        caught = error.copy()
+    expect(caught, Status.CANCELLED, "a tokenize cancelled by its handler")
+    check(calls >= 1, "the handler ran")
+    var cancelled = tokenizer.deferred(executor).text_tokenize(tape, deferred_arena, cancelling)
+    var caught2 = Optional[UFormError](None)
+    try:
+        _ = cancelled.wait()
+    except error:
+        caught2 = error.copy()
+    expect(caught2, Status.CANCELLED, "a deferred tokenize cancelled by its handler")
+    check_tokenized(tokenizer.on(executor).text_tokenize(tape, arena), "after a cancelled call")
+
+    # From a file: the same tokens. A file that is no JSON, a component the engine lacks and a missing file
+    # answer their statuses.
+    var path = directory + "/mojo-tokenizer.json"
+    with open(path, "w") as f:
+        f.write(WORDPIECE_JSON)
+    var opened = Tokenizer.open(library, path)
+    check(opened.info().vocabulary == 16, "an opened tokenizer.json")
+    check_tokenized(opened.text_tokenize(tape, host), "Tokenizer.open")
+    var broken = directory + "/mojo-broken-tokenizer.json"
+    with open(broken, "w") as f:
+        f.write('{"model": {"type": "WordPiece", "vocab": ')
+    var caught3 = Optional[UFormError](None)
+    try:
+        _ = Tokenizer.open(library, broken)
+    except error:
+        caught3 = error.copy()
+    expect(caught3, Status.FORMAT, "a tokenizer.json cut short")
+    check(caught3.value().entry() == "uform_tokenizer_open", "its entry point")
+    var caught4 = Optional[UFormError](None)
+    try:
+        _ = Tokenizer.open(library, "/nonexistent/tokenizer.json")
+    except error:
+        caught4 = error.copy()
+    expect(caught4, Status.IO, "a missing tokenizer.json")
+    var unknown = String(WORDPIECE_JSON).replace('"type":"WordPiece"', '"type":"NoSuchModel"')
+    var caught5 = Optional[UFormError](None)
+    try:
+        _ = Tokenizer.parse(library, unknown.as_bytes())
+    except error:
+        caught5 = error.copy()
+    check(Bool(caught5), "a model the engine does not read raises")
+    check(caught5.value().status == Status.UNSUPPORTED or caught5.value().status == Status.FORMAT,
+          "a model the engine does not read: " + String(caught5.value()))
+    check(caught5.value().entry() == "uform_tokenizer_parse", "its entry point")
+
+def test_convert(library: Library, media: String) raises:
+    """`Library.convert_checkpoint`: run_test.py's BERT folder written as one checkpoint, which loads to the
+    same embeddings, bit for bit, and carries the folder's tokenizer; a missing folder answers IO."""
+    var caught = Optional[UFormError](None)
+    try:
+        library.convert_checkpoint("/nonexistent/folder", media + "/mojo-never-written.safetensors")
+    except error:
+        caught = error.copy()
+    expect(caught, Status.IO, "converting a missing folder")
+    check(caught.value().entry() == "uform_checkpoint_convert", "its entry point")
+    if not media or not library.has(Feature.TOKENIZERS):
+        print("mojo: checkpoint conversion of a folder skipped: no UFORM_TEST_MEDIA or no tokenizers in this build")
+        return
+    var folder = media + "/bert"
+    var converted = media + "/mojo-bert.safetensors"
+    library.convert_checkpoint(folder, converted)
+    var executor = Executor(library)
+    var from_folder = Model.load_ram(executor, folder)
+    var from_checkpoint = Model.load_ram(executor, converted)
+    check(from_checkpoint.info().dims == 64 and from_checkpoint.info().text.vocab == 16, "the converted model's sizes")
+    var texts = tape_of(["A cat sits on the mat.", "kittens", "stock markets"])
+    var folder_arena = Arena(library)
+    var checkpoint_arena = Arena(library)
+    var a = from_folder.text_encode(TapeView.of(texts[0], texts[1]), Outputs.EMBEDDINGS, folder_arena)
+    var b = from_checkpoint.text_encode(TapeView.of(texts[0], texts[1]), Outputs.EMBEDDINGS, checkpoint_arena)
+    for row in range(3):
+        check(rows_equal(a.embeddings().value(), row, b.embeddings().value(), row),
+              "a converted folder embeds as the folder, bitwise")
+        check(abs(norm(b.embeddings().value().row[DType.float32](row)) - 1) < 1e-3, "unit-norm rows")
+    check(not rows_equal(b.embeddings().value(), 0, b.embeddings().value(), 1), "different texts differ")
+    # The folder's tokenizer opens from the folder, and cuts as the file it holds.
+    var tokenizer = Tokenizer.open(library, folder)
+    var tokenized = tokenizer.text_tokenize(TapeView.of(texts[0], texts[1]), folder_arena)
+    check(tokenized.ids_of(0) == expected_ids(0) and tokenized.ids_of(1) == [2, 11, 10, 3], "the folder's tokenizer")
+    # I8 weights, as quantize_checkpoint writes them.
+    var quantized = media + "/mojo-bert-i8.safetensors"
+    library.convert_checkpoint(folder, quantized, Weights.I8)
+    check(Model.load_ram(executor, quantized).info().weights == Weights.I8.code, "converted with I8 weights")
+
+
 def test_ram_options(library: Library) raises:
     # The engine's defaults, returned by value (`uform_ram_options_default`), and what an unset field takes
     # (`uform_ram_options_init`): the same executor either way.
@@ -1071,6 +1300,8 @@ def main() raises:
     var scratch = getenv("UFORM_TEST_MEDIA", "/tmp")
     test_trainer(library, scratch)
     test_training_example(library)
+    test_tokenizer(library, scratch)
+    test_convert(library, getenv("UFORM_TEST_MEDIA"))
     var path = getenv("UFORM_TEST_CHECKPOINT")
     test_device_executors(library, path)
     test_error_keeps_library()

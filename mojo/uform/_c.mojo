@@ -375,6 +375,84 @@ struct CCheckpointQuantizeArgs(ImplicitlyCopyable):
 
 
 @fieldwise_init
+struct CCheckpointConvertArgs(ImplicitlyCopyable):
+    """`uform_checkpoint_convert_args_t`."""
+    var input: RawOpt
+    var output: RawOpt
+    var weights: Int32  # uform_weights_t: STORED or I8
+
+
+@fieldwise_init
+struct TokenizerInfo(Copyable, Writable):
+    """`uform_tokenizer_info_t`: the vocabulary (ids are below it), the file's truncation in tokens (0: none),
+    the special tokens added to one text, and the model's kind (`model_name`)."""
+    var vocabulary: c_size_t
+    var max_length: c_size_t
+    var special_added: c_size_t
+    var model: Array[UInt8, 16]  # NUL-terminated: "WordPiece", "BPE", "Unigram", "WordLevel", ...
+
+    def __init__(out self):
+        self = Self(0, 0, 0, Array[UInt8, 16](fill=0))
+
+    def model_name(self) -> String:
+        var length = 0
+        while length < 15 and self.model[length] != 0:
+            length += 1
+        return String(StringSpan(unsafe_from_utf8=Span(self.model)[:length]))
+
+    def write_to(self, mut writer: Some[Writer]):
+        writer.write(self.model_name(), ", vocabulary ", self.vocabulary, ", max_length ", self.max_length,
+                     ", special_added ", self.special_added)
+
+
+@fieldwise_init
+struct TokenizeStats(ImplicitlyCopyable, Defaultable):
+    """`uform_tokenize_stats_t`: what a tokenize call reports, written when the call is final."""
+    var items: c_size_t
+    var failed: c_size_t
+    var bytes: c_size_t
+    var tokens: c_size_t
+    var truncated: c_size_t
+    var total_ns: UInt64
+
+    def __init__(out self):
+        self = Self(0, 0, 0, 0, 0, 0)
+
+
+@fieldwise_init
+struct CTokenizeConfig(ImplicitlyCopyable):
+    """`uform_tokenize_config_t`."""
+    var without_special_tokens: Bool
+    var progress: CProgress
+    var stats: RawOpt
+
+
+@fieldwise_init
+struct CTokenized(ImplicitlyCopyable):
+    """`uform_tokenized_t`."""
+    var ids: CView
+    var spans: CView
+    var statuses: RawOpt
+    var items: c_size_t
+
+    @staticmethod
+    def empty() -> Self:
+        return Self(CView.empty(), CView.empty(), None, 0)
+
+
+@fieldwise_init
+struct CTextTokenizeArgs(ImplicitlyCopyable):
+    """`uform_text_tokenize_args_t`."""
+    var tokenizer: RawOpt
+    var executor: RawOpt
+    var texts: CTape
+    var arena: RawOpt
+    var config: RawOpt
+    var tokenized: RawOpt
+    var outcome: RawOpt
+
+
+@fieldwise_init
 struct CMeshOptions(ImplicitlyCopyable):
     """`uform_mesh_options_t`: the address of the `MPI_Comm` to join, or NULL for `MPI_COMM_WORLD`, and the
     seconds a collective of a VRAM mesh may take (0: 300)."""
@@ -506,5 +584,6 @@ comptime FnViewCopy = def(Raw, Raw, c_size_t, RawOpt) thin abi("C") -> CStatus
 comptime FnStatusOfRawRawRaw = def(Raw, RawOpt, Raw) thin abi("C") -> CStatus
 comptime FnNotifyEventfd = def(Raw, c_int) thin abi("C") -> CStatus
 comptime FnNotifyRing = def(Raw, c_int, UInt64) thin abi("C") -> CStatus
+comptime FnTokenizerParse = def(Raw, c_size_t, Raw) thin abi("C") -> CStatus
 # A structure returned by value: Mojo 1.2 passes the hidden result pointer (sret) as C does (40 bytes here).
 comptime FnRamOptionsDefault = def() thin abi("C") -> CRamOptions

@@ -63,6 +63,16 @@ struct Feature(Equatable, TrivialRegisterPassable):
     comptime SENTENCEPIECE = Self(1 << 11)
 
 
+@fieldwise_init
+struct Weights(Equatable, TrivialRegisterPassable):
+    """`uform_weights_t`: the weights of the blocks' linear layers a host model holds."""
+
+    var code: Int32
+    comptime STORED = Self(0)  # as the checkpoint stores them: BF16, or I8 with their scales
+    comptime BF16 = Self(1)  # I8 layers widened to BF16
+    comptime I8 = Self(2)  # BF16 layers quantized per output row as they load
+
+
 def _c_string(s: StaticString) -> CString:
     """A literal's bytes as `char const *`: Mojo string literals are NUL-terminated static storage."""
     return s.unsafe_ptr().unsafe_bitcast[c_char]()
@@ -205,6 +215,13 @@ struct _Symbols(Movable):
     var trainer_free: FnVoidOfRawOpt
     var trainer_step: FnStatusOfRaw
     var trainer_save: FnStatusOfRaw
+    var checkpoint_convert: FnStatusOfRaw
+    var tokenizer_open: FnStatusOfRawRaw
+    var tokenizer_parse: FnTokenizerParse
+    var tokenizer_free: FnVoidOfRawOpt
+    var tokenizer_info: FnStatusOfRawRaw
+    var text_tokenize: FnStatusOfRaw
+    var outcome_tokenized: FnStatusOfRawRaw
 
     def __init__(out self, var handle: OwnedDLHandle) raises Error:
         self.status_name = _resolve[FnStatusName](handle, "uform_status_name")
@@ -267,6 +284,13 @@ struct _Symbols(Movable):
         self.trainer_free = _resolve[FnVoidOfRawOpt](handle, "uform_trainer_free")
         self.trainer_step = _resolve[FnStatusOfRaw](handle, "uform_trainer_step")
         self.trainer_save = _resolve[FnStatusOfRaw](handle, "uform_trainer_save")
+        self.checkpoint_convert = _resolve[FnStatusOfRaw](handle, "uform_checkpoint_convert")
+        self.tokenizer_open = _resolve[FnStatusOfRawRaw](handle, "uform_tokenizer_open")
+        self.tokenizer_parse = _resolve[FnTokenizerParse](handle, "uform_tokenizer_parse")
+        self.tokenizer_free = _resolve[FnVoidOfRawOpt](handle, "uform_tokenizer_free")
+        self.tokenizer_info = _resolve[FnStatusOfRawRaw](handle, "uform_tokenizer_info")
+        self.text_tokenize = _resolve[FnStatusOfRaw](handle, "uform_text_tokenize")
+        self.outcome_tokenized = _resolve[FnStatusOfRawRaw](handle, "uform_outcome_tokenized")
         self.handle = handle^
 
 
@@ -339,6 +363,21 @@ struct Library(ImplicitlyCopyable):
         output_bytes.append(0)
         var args = CCheckpointQuantizeArgs(_field(input_bytes.unsafe_ptr()), _field(output_bytes.unsafe_ptr()))
         self._check(self._symbols[].checkpoint_quantize(_raw(Pointer(to=args))))
+        _ = input_bytes^  # the paths are read by the call: keep them alive until it returns
+        _ = output_bytes^
+
+    def convert_checkpoint(self, input: String, output: String, weights: Weights = Weights.STORED) raises Error:
+        """`uform_checkpoint_convert`: the model at `input` (a checkpoint or a pretrained model's folder)
+        written as one self-contained checkpoint at `output`, its tokenizer.json in the metadata; it loads to
+        the same embeddings, bit for bit. `Weights.STORED` keeps the weights as they load (a folder's in
+        BF16), `Weights.I8` quantizes them as `quantize_checkpoint` does. Blocks on the calling thread."""
+        var input_bytes = List[UInt8](input.as_bytes())
+        input_bytes.append(0)
+        var output_bytes = List[UInt8](output.as_bytes())
+        output_bytes.append(0)
+        var args = CCheckpointConvertArgs(_field(input_bytes.unsafe_ptr()), _field(output_bytes.unsafe_ptr()),
+                                          weights.code)
+        self._check(self._symbols[].checkpoint_convert(_raw(Pointer(to=args))))
         _ = input_bytes^  # the paths are read by the call: keep them alive until it returns
         _ = output_bytes^
 

@@ -6,7 +6,7 @@ from std.memory import OwnedPointer
 
 from ._c import *
 from ._c import _raw, _field
-from .library import Library, Status, Error
+from .library import Library, Status, Error, Weights
 from .executor import Executor
 from .arena import Arena, View, ScalarKind, _Product
 from .tape import TapeView
@@ -48,16 +48,6 @@ struct EncodeConfig(ImplicitlyCopyable):
     def __init__(out self, *, stats: Pointer[mut=True, EncodeStats, _], outputs_scalar: ScalarKind = ScalarKind.F32,
                  matryoshka: Int = 0, progress: Progress = Progress()):
         self._c = CEncodeConfig(outputs_scalar.code, c_size_t(matryoshka), progress._c, _field(stats), False, None, None)
-
-
-@fieldwise_init
-struct Weights(Equatable, TrivialRegisterPassable):
-    """`uform_weights_t`: the weights of the blocks' linear layers a host model holds."""
-
-    var code: Int32
-    comptime STORED = Self(0)  # as the checkpoint stores them: BF16, or I8 with their scales
-    comptime BF16 = Self(1)  # I8 layers widened to BF16
-    comptime I8 = Self(2)  # BF16 layers quantized per output row as they load
 
 
 struct LoadConfig(ImplicitlyCopyable):

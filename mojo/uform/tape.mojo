@@ -32,6 +32,14 @@ struct TapeView[T: AnyType, data_origin: ImmOrigin, offsets_origin: ImmOrigin](I
         alive for as long as the view."""
         return Self(data, length, Span(offsets))
 
+    @staticmethod
+    def of(data: Pointer[Self.T, Self.data_origin], ref [Self.offsets_origin] offsets: List[UInt]) -> Self:
+        """Elements at a host or device address (`buffer.unsafe_ptr()`), `len(offsets) - 1` items, the
+        length being the last offset (none: empty). The offsets lie in host memory; the caller keeps the
+        elements alive for as long as the view."""
+        var length = Int(offsets[len(offsets) - 1]) if len(offsets) > 0 else 0
+        return Self(data, length, Span(offsets))
+
     def __len__(self) -> Int:
         return max(len(self._offsets) - 1, 0)
 
