@@ -84,6 +84,11 @@ struct Encoded[origin: ImmOrigin](_Product, ImplicitlyCopyable):
     def states(self) -> Optional[View[Self.origin]]:
         return self._view(self._c.states)
 
+    def token_spans(self) -> Optional[View[Self.origin]]:
+        """With token vectors of a model that reads tokens: each token's bytes [begin, end) in its text, two
+        U32 a row, grouped as the token vectors; None otherwise."""
+        return self._view(self._c.token_spans)
+
     def items(self) -> Int:
         return Int(self._c.items)
 
