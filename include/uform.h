@@ -566,6 +566,8 @@ typedef struct uform_transformer_info {
     bool projection;      /* the pooled state projected to `dims`; else dims == hidden */
     bool projection_bias; /* the projection has a bias (SigLIP's text head) */
     bool class_token;     /* patch towers: a class token before the patches (none in SigLIP's) */
+    size_t registers;     /* patch towers: learned register tokens between the class token and the patches,
+                             attended to but in no output (UForm 3 large's); 0 for none */
 } uform_transformer_info_t;
 
 typedef struct uform_model_info {

@@ -223,6 +223,7 @@ def main():
     at("uform_transformer_info_t", "projection", Int(Pointer(to=ti)), Int(Pointer(to=ti.projection)))
     at("uform_transformer_info_t", "projection_bias", Int(Pointer(to=ti)), Int(Pointer(to=ti.projection_bias)))
     at("uform_transformer_info_t", "class_token", Int(Pointer(to=ti)), Int(Pointer(to=ti.class_token)))
+    at("uform_transformer_info_t", "registers", Int(Pointer(to=ti)), Int(Pointer(to=ti.registers)))
     var mi = ModelInfo()
     size[ModelInfo]("uform_model_info_t")
     at("uform_model_info_t", "matryoshka", Int(Pointer(to=mi)), Int(Pointer(to=mi.matryoshka)))

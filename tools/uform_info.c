@@ -44,14 +44,17 @@ static char const *resample_name(uform_image_resample_t resample) {
 }
 
 static void print_transformer(char const *tower, uform_transformer_info_t const *transformer) {
+    char registers[48] = "";
+    if (transformer->registers) snprintf(registers, sizeof registers, ", %zu register tokens", transformer->registers);
     printf("%-11s depth %zu, hidden %zu, heads %zu of %zu, mlp %zu; %s norm (eps %.3g) %s each branch%s%s, "
-           "%s, %s positions, %s attention, pooled %s%s;",
+           "%s, %s positions, %s attention%s, pooled %s%s;",
            tower, transformer->depth, transformer->hidden, transformer->heads, transformer->head,
            transformer->mlp, norm_name(transformer->norm), (double)transformer->norm_eps,
            transformer->post_norm ? "after" : "before", transformer->input_norm ? ", over the inputs" : "",
            transformer->final_norm ? ", final" : "", activation_name(transformer->activation),
            transformer->rotary ? "rotary" : "learned", transformer->causal ? "causal" : "bidirectional",
-           pooling_name(transformer->pooling), transformer->projection ? ", projected" : "");
+           registers, pooling_name(transformer->pooling),
+           transformer->projection ? ", projected" : "");
 }
 
 static void print_text(char const *path, uform_model_info_t const *info) {
@@ -130,7 +133,8 @@ static json_t *transformer_json(uform_transformer_info_t const *transformer) {
                     set(object, "rotary", json_boolean(transformer->rotary)) +
                     set(object, "causal", json_boolean(transformer->causal)) +
                     set(object, "pooling", json_string(pooling_name(transformer->pooling))) +
-                    set(object, "projection", json_boolean(transformer->projection)));
+                    set(object, "projection", json_boolean(transformer->projection)) +
+                    set_size(object, "registers", transformer->registers));
 }
 
 static json_t *text_json(uform_model_info_t const *info) {

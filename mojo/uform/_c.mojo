@@ -260,10 +260,11 @@ struct TransformerInfo(ImplicitlyCopyable, Writable):
     var projection: Bool
     var projection_bias: Bool
     var class_token: Bool
+    var registers: c_size_t  # patch towers: register tokens after the class token, in no output
 
     @staticmethod
     def zero() -> Self:
-        return Self(0, 0, 0, 0, 0, 0, 0, False, False, False, 0, False, False, 0, False, False, False)
+        return Self(0, 0, 0, 0, 0, 0, 0, False, False, False, 0, False, False, 0, False, False, False, 0)
 
     def write_to(self, mut writer: Some[Writer]):
         writer.write("depth ", self.depth, ", hidden ", self.hidden, ", heads ", self.heads, ", mlp ", self.mlp)

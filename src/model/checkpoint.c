@@ -773,7 +773,8 @@ static void schema_trunk(schema_walk_t *walk, char const *tower, uform_transform
 }
 
 /* The patch embedding [hidden, inputs] and its bias, the class token (where the tower has one) and the
- * positions, the class token's first: `patches` rows, plus one with a class token. */
+ * positions, the class token's first: `patches` rows, plus one with a class token, plus one per register
+ * token between them (each register's row is the token itself: registers have no position). */
 static void schema_patches(schema_walk_t *walk, char const *tower,
                            uform_transformer_info_t const *transformer, uint64_t inputs, uint64_t patches) {
     uint64_t const hidden = transformer->hidden;
@@ -783,7 +784,7 @@ static void schema_patches(schema_walk_t *walk, char const *tower,
     if (transformer->class_token)
         schema_visit(walk, tower, "cls", CHECKPOINT_PART_CLS, CHECKPOINT_ROLE_WEIGHT, hidden, 0);
     schema_visit(walk, tower, "pos", CHECKPOINT_PART_POS, CHECKPOINT_ROLE_WEIGHT,
-                 patches + (transformer->class_token ? 1 : 0), hidden);
+                 patches + (transformer->class_token ? 1 : 0) + transformer->registers, hidden);
 }
 
 /* One tower of `info`, when it has it: trunk, then input. */

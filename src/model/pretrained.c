@@ -240,6 +240,12 @@ static bool recipe_of(pretrained_tower_t const *tower, checkpoint_schema_tensor_
     case CHECKPOINT_PART_POS:
         whole = names->positions;
         recipe->zero_row = names->class_unplaced;
+        if (tower->registers) { /* the registers' rows between the class token's and the patches' */
+            snprintf(recipe->names[0], sizeof recipe->names[0], "%s", names->registers);
+            snprintf(recipe->names[1], sizeof recipe->names[1], "%s", names->positions);
+            recipe->count = 2;
+            return names->registers != NULL && names->class_unplaced;
+        }
         break;
     case CHECKPOINT_PART_TOKEN_TYPE:
         whole = names->token_type;

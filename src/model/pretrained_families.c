@@ -370,6 +370,7 @@ static pretrained_names_t const uform3_image_names = {
     .scale1 = "ls1.gamma",
     .scale2 = "ls2.gamma",
     .class_unplaced = true,
+    .registers = "reg_token",
 };
 
 /* "pooling": "cls" or "mean" (both towers). */
@@ -471,15 +472,13 @@ static uform_status_t uform3_image(pretrained_t *folder, json_t const *tower, ch
         {"patch_size", 1, 8192, SIZE_MAX, &info->image.patch},
         {"image_size", 1, 8192, SIZE_MAX, &info->image.size},
         {"embedding_dim", 1, 65536, SIZE_MAX, &dims},
-        {"num_reg_tokens", 0, 1024, 0, &registers},
+        {"num_reg_tokens", 0, VARIANT_REGISTERS_MAX, 0, &registers},
     };
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0] && status == UFORM_OK; ++i)
         status = pretrained_size(tower, file, sizes[i].key, sizes[i].low, sizes[i].high, sizes[i].fallback,
                                  sizes[i].value, message);
     if (status == UFORM_OK) status = uform3_pooling(tower, file, &t->pooling, message);
     if (status != UFORM_OK) return status;
-    if (registers)
-        return pretrained_fault(message, UFORM_UNSUPPORTED, "%s: register tokens (num_reg_tokens)", file);
     if (t->pooling != UFORM_POOLING_FIRST)
         return pretrained_fault(message, UFORM_UNSUPPORTED, "%s: image pooling other than cls", file);
     if (info->image.size % info->image.patch != 0)
@@ -521,6 +520,8 @@ static uform_status_t uform3_image(pretrained_t *folder, json_t const *tower, ch
     info->has_image = true;
     folder->image.names = &uform3_image_names;
     folder->image.file = 1;
+    folder->image.registers = registers > 0;
+    t->registers = registers;
     identity_blocks(&folder->image, t->depth);
     return UFORM_OK;
 }

@@ -26,6 +26,7 @@ typedef struct pretrained_names {
     char const *scale1, *scale2; /* LayerScale: the block's vectors (after `layer`) scaling the attention's
                                     and the MLP's output, folded into attn.out's and mlp.down's rows */
     bool class_unplaced;         /* the class token takes no position: `positions` holds the patches' only */
+    char const *registers;       /* register tokens [1, R, H], whole name (read where the tower has some) */
     char const *proj_bias;       /* the projection's bias: its whole name */
     /* The attention-pooling head: the probe and qkv's weight and bias whole, the others without their
      * ".weight" and ".bias". */
@@ -36,6 +37,7 @@ typedef struct pretrained_tower {
     pretrained_names_t const *names;
     char prefix[24];     /* tried before a name the file does not hold as it is: "bert." */
     size_t file;         /* its weights file */
+    bool registers;      /* it has register tokens (names->registers) */
     size_t blocks[1024]; /* the stored block of each of the tower's blocks (UForm 3 skips some) */
 } pretrained_tower_t;
 

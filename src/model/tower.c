@@ -111,7 +111,7 @@ static bool prepare_patches(tower_t *tower, checkpoint_schema_tensor_t const *te
         return true;
     default: { /* CHECKPOINT_PART_POS */
         size_t const rows = (size_t)tensor->shape[0];
-        patches->leading = tower->settings.class_token ? 1 : 0;
+        patches->leading = (tower->settings.class_token ? 1 : 0) + tower->settings.registers;
         float *class_token = malloc(hidden * sizeof(float));
         patches->positions = malloc(rows * hidden * sizeof(float));
         if (!patches->positions || !class_token) {
@@ -444,7 +444,7 @@ void tower_patches_release(tower_patches_t *patches, uform_executor_t *executor)
 void tower_patches_tokens(tower_patches_t const *patches, size_t hidden, float const *embedded, size_t count,
                           float *x) {
     size_t const leading = patches->leading;
-    if (leading) memcpy(x, patches->positions, hidden * sizeof(float));
+    if (leading) memcpy(x, patches->positions, leading * hidden * sizeof(float));
     for (size_t p = 0; p < count; ++p) {
         float *token = x + (leading + p) * hidden;
         float const *row = embedded + p * hidden;

@@ -34,7 +34,7 @@ typedef struct tower_patches {
     tower_linear_t patch;
     size_t packed_bytes;
     float *positions;
-    size_t leading; /* tokens before the patches: 1 with a class token, else 0 */
+    size_t leading; /* tokens before the patches: the class token (where there is one), then the registers */
 } tower_patches_t;
 
 /* The attention-pooling head (pooling "head", SigLIP's): a learned query `probe` attends through `qkv` and

@@ -45,6 +45,7 @@ void variant_defaults(uform_transformer_info_t *transformer, bool text) {
     transformer->projection = true;
     transformer->projection_bias = false;
     transformer->class_token = !text;
+    transformer->registers = 0;
 }
 
 /* An optional key: absent leaves `*value`; else it must be a boolean. */
@@ -118,6 +119,10 @@ uform_status_t variant_parse(json_t const *tower, uform_transformer_info_t *tran
         !read_bool(tower, "projection_bias", &transformer->projection_bias) ||
         !read_bool(tower, "class_token", &transformer->class_token))
         return fault(message, "tower setting is not a boolean");
+    if (!read_size(tower, "registers", 0, VARIANT_REGISTERS_MAX, &transformer->registers))
+        return fault(message, "tower registers out of range");
+    if (transformer->registers && (text || !transformer->class_token))
+        return fault(message, "register tokens follow a patch tower's class token");
     if (transformer->projection_bias && !transformer->projection)
         return fault(message, "a projection bias without projection");
     if (text && transformer->class_token) return fault(message, "a text tower has no class token");
@@ -158,7 +163,9 @@ bool variant_write(json_t *tower, uform_transformer_info_t const *transformer, b
            write_choice(tower, "pooling", pooling_names, (int)transformer->pooling, (int)defaults.pooling) &&
            write_bool(tower, "projection", transformer->projection, defaults.projection) &&
            write_bool(tower, "projection_bias", transformer->projection_bias, defaults.projection_bias) &&
-           write_bool(tower, "class_token", transformer->class_token, defaults.class_token);
+           write_bool(tower, "class_token", transformer->class_token, defaults.class_token) &&
+           (transformer->registers == defaults.registers ||
+            json_object_set_new(tower, "registers", json_integer((json_int_t)transformer->registers)) == 0);
 }
 
 #define VOCAB_MAX     (1u << 24)

@@ -11,6 +11,7 @@
 
 /* The widest head a tower may have (kernels.h's KERNEL_HEAD_MAX). */
 #define VARIANT_HEAD_MAX 256
+#define VARIANT_REGISTERS_MAX 1024 /* register tokens of a patch tower */
 
 /* The engine's own settings for a text tower (causal, rotary, pooled at the last position) or a patch
  * tower (bidirectional, learned positions, pooled at the class token). Leaves depth, hidden, heads and

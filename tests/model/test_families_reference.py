@@ -113,7 +113,15 @@ def compare(family: str, labels: list, ours, theirs) -> int:
 
 # ---- UForm 3 -----------------------------------------------------------------------------------------
 
-def uform3(uform: str, workdir: Path, images: list, minilm_tokenizer: Path) -> int:
+# uform3-image-text-english-small's shapes: text 768 wide, 4 blocks of which 2 multimodal; a ViT-S/16.
+UFORM3_SMALL = dict(dim=384, patch_size=16, image_size=224, num_layers=3, num_heads=6, embedding_dim=256)
+# uform3-image-text-english-large's image tower: a ViT-L/14 with 4 register tokens (2 of its 24 blocks).
+UFORM3_LARGE = dict(dim=1024, patch_size=14, image_size=224, num_layers=2, num_heads=16, embedding_dim=256,
+                    num_reg_tokens=4)
+
+
+def uform3(uform: str, workdir: Path, images: list, minilm_tokenizer: Path, name: str = "uform3",
+           image_shapes: dict = UFORM3_SMALL) -> int:
     import numpy as np
     import torch
     from PIL import Image
@@ -121,14 +129,12 @@ def uform3(uform: str, workdir: Path, images: list, minilm_tokenizer: Path) -> i
     from uform.torch_encoders import ImageEncoder, TextEncoder
     from uform.torch_processors import ImageProcessor, TextProcessor
 
-    folder = workdir / "uform3"
+    folder = workdir / name
     folder.mkdir(parents=True, exist_ok=True)
-    # uform3-image-text-english-small's shapes: text 768 wide, 4 blocks of which 2 multimodal; a ViT-S/16.
     text = dict(model_type="bert", dim=768, context_dim=384, vocab_size=30522, padding_idx=0, num_layers=4,
                 num_heads=12, embedding_dim=256, multimodal_layers_ids=[2, 3], head_one_neuron=False,
                 pooling="cls", max_position_embeddings=64, dropout_prob=0.1)
-    image = dict(dim=384, patch_size=16, image_size=224, num_layers=3, num_heads=6, embedding_dim=256,
-                 pooling="cls", normalization_means=[0.48145466, 0.4578275, 0.40821073],
+    image = dict(**image_shapes, pooling="cls", normalization_means=[0.48145466, 0.4578275, 0.40821073],
                  normalization_deviations=[0.26862954, 0.26130258, 0.27577711])
     config = {"text_encoder": text, "image_encoder": image}
     (folder / "config.json").write_text(json.dumps(config))
@@ -152,7 +158,7 @@ def uform3(uform: str, workdir: Path, images: list, minilm_tokenizer: Path) -> i
             theirs.append(image_encoder.encode(image_processor(Image.open(path))))
     theirs = np.concatenate([t.numpy() for t in theirs])
     ours = engine(uform, folder, [("text", t) for t in TEXTS] + [("image", p) for p in images], workdir)
-    return compare("uform3", TEXTS + [str(p) for p in images], ours, theirs)
+    return compare(name, TEXTS + [str(p) for p in images], ours, theirs)
 
 
 # ---- CLIP and SigLIP ---------------------------------------------------------------------------------
@@ -265,7 +271,7 @@ def main() -> int:
     parser.add_argument("--uform", required=True, help="the uform command")
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--uform-reference", help="a folder holding PyPI's uform package (pip install --target)")
-    parser.add_argument("--families", default="uform3,clip,siglip")
+    parser.add_argument("--families", default="uform3,uform3-large,clip,siglip")
     args = parser.parse_args()
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -275,6 +281,8 @@ def main() -> int:
     families = args.families.split(",")
     if "uform3" in families:
         failures += uform3(args.uform, workdir, images, minilm)
+    if "uform3-large" in families:
+        failures += uform3(args.uform, workdir, images, minilm, "uform3-large", UFORM3_LARGE)
     if "clip" in families:
         failures += clip(args.uform, workdir, images, clip_tokenizer)
     if "siglip" in families:

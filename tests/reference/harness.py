@@ -112,7 +112,8 @@ class uform_transformer_info_t(Struct):
                 ("norm", ctypes.c_int), ("norm_eps", ctypes.c_float), ("post_norm", ctypes.c_bool),
                 ("input_norm", ctypes.c_bool), ("final_norm", ctypes.c_bool), ("activation", ctypes.c_int),
                 ("rotary", ctypes.c_bool), ("causal", ctypes.c_bool), ("pooling", ctypes.c_int),
-                ("projection", ctypes.c_bool), ("projection_bias", ctypes.c_bool), ("class_token", ctypes.c_bool)]
+                ("projection", ctypes.c_bool), ("projection_bias", ctypes.c_bool), ("class_token", ctypes.c_bool),
+                ("registers", c_size)]
 
 
 class _text_info(Struct):
