@@ -393,17 +393,11 @@ bool text_prompt(uform_model_t const *model, uform_encode_config_t const *config
     if (*prompt) return true;
     if (!name) name = header->default_prompt;
     if (!name || !*name) return true;
-    /* The prompts are a small JSON object: looked up where a call starts. */
-    static _Thread_local char found[4096];
-    json_t *prompts = header->prompts ? json_loads(header->prompts, 0, NULL) : NULL;
-    json_t const *value = json_object_get(prompts, name);
-    bool known = json_is_string(value) && json_string_length(value) < sizeof found;
-    if (known) {
-        memcpy(found, json_string_value(value), json_string_length(value) + 1);
-        *prompt = found;
-    }
-    json_decref(prompts);
-    return known;
+    /* The prompts, parsed at load, are only read since: a lookup from any thread. */
+    json_t const *value = json_object_get(header->prompts, name);
+    if (!json_is_string(value)) return false;
+    *prompt = json_string_value(value);
+    return true;
 }
 
 uform_status_t text_encode_tokens_host(encode_request_t const *request) {

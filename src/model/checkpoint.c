@@ -607,7 +607,7 @@ static uform_status_t parse_tokenizer(json_t const *model, uform_model_info_t co
         (!json_is_string(chosen) || !prompts || !json_object_get(prompts, json_string_value(chosen))))
         return malformed(message, "default_prompt is not one of the prompts");
     header->tokenizer = strdup(json_string_value(text));
-    header->prompts = prompts ? json_dumps(prompts, JSON_COMPACT) : NULL;
+    header->prompts = prompts ? json_deep_copy(prompts) : NULL;
     header->default_prompt = chosen ? strdup(json_string_value(chosen)) : NULL;
     if (!header->tokenizer || (prompts && !header->prompts) || (chosen && !header->default_prompt))
         return answer(UFORM_OUT_OF_MEMORY, message, "out of memory");
@@ -968,7 +968,7 @@ void checkpoint_header_free(checkpoint_header_t *header) {
     free(header->tensors);
     free(header->names);
     free(header->tokenizer);
-    free(header->prompts);
+    json_decref(header->prompts);
     free(header->default_prompt);
     memset(header, 0, sizeof *header);
 }
@@ -1057,7 +1057,7 @@ static json_t *audio_entry(uform_model_info_t const *info) {
 
 char *checkpoint_metadata_text(uform_model_info_t const *info, checkpoint_header_t const *header) {
     char const *tokenizer = header ? header->tokenizer : NULL;
-    json_t *prompts = header && header->prompts ? json_loads(header->prompts, 0, NULL) : NULL;
+    json_t *prompts = header ? header->prompts : NULL;
     char const *chosen = header ? header->default_prompt : NULL;
     json_t *matryoshka = json_array();
     for (size_t i = 0; matryoshka && i < info->matryoshka_count; i++) {
@@ -1075,7 +1075,6 @@ char *checkpoint_metadata_text(uform_model_info_t const *info, checkpoint_header
         json_decref(model);
         model = NULL;
     }
-    json_decref(prompts);
     struct {
         bool present;
         char const *key;

@@ -61,7 +61,8 @@ typedef struct checkpoint_header {
     size_t tensors_count;
     char *names;          /* storage for every tensor name */
     char *tokenizer;      /* a text tower that reads tokens: its tokenizer.json text (metadata "tokenizer") */
-    char *prompts;        /* its prompts: a JSON object of names and texts (metadata "prompts"), or NULL */
+    struct json_t *prompts; /* its prompts: an object of names and texts (metadata "prompts"), or NULL; read
+                               only once loaded, so that calls on every thread may look names up in it */
     char *default_prompt; /* the prompt every text takes unless asked otherwise (metadata "default_prompt") */
     uint64_t data_offset; /* 8 + header length: where the data section starts in the file */
     uint64_t data_size;   /* bytes the tensors span: the largest `end` */

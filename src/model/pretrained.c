@@ -582,7 +582,7 @@ static uform_status_t read_prompts(pretrained_t const *folder, pretrained_model_
         status = pretrained_fault(message, UFORM_FORMAT, "%s: default_prompt_name is not one of its prompts",
                                   file);
     if (status == UFORM_OK && prompts && json_object_size(prompts) > 0) {
-        model->header.prompts = json_dumps(prompts, JSON_COMPACT);
+        model->header.prompts = json_deep_copy(prompts);
         if (!model->header.prompts)
             status = pretrained_fault(message, UFORM_OUT_OF_MEMORY, "%s: out of memory", file);
     }
