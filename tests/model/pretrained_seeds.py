@@ -121,7 +121,7 @@ U3_NAMES = {"q": "attn.query", "k": "attn.key", "v": "attn.value", "out": "attn.
             "down": "mlp.output_layer", "norm1": "norm1", "norm2": "norm2"}
 
 
-def uform3_weights(seed: int) -> tuple:
+def uform3_weights(seed: int, registers: int = 0) -> tuple:
     rng = np.random.default_rng(seed)
     text = {"word_embeddings.weight": rng.normal(0, 0.5, (len(VOCAB), HIDDEN)),
             "position_embeddings.weight": rng.normal(0, 0.5, (POSITIONS, HIDDEN)),
@@ -135,6 +135,7 @@ def uform3_weights(seed: int) -> tuple:
              "patch_embed.bias": rng.normal(0, 0.05, HIDDEN),
              "pos_embed": rng.normal(0, 0.5, (1, (IMAGE // PATCH) ** 2, HIDDEN)),
              "cls_token": rng.normal(0, 0.5, (1, 1, HIDDEN)),
+             **({"reg_token": rng.normal(0, 0.5, (1, registers, HIDDEN))} if registers else {}),
              "norm.weight": 1 + rng.normal(0, 0.1, HIDDEN), "norm.bias": rng.normal(0, 0.1, HIDDEN),
              "embedding_projection.weight": rng.normal(0, 0.2, (HIDDEN, HIDDEN))}
     for i in range(DEPTH):
@@ -144,7 +145,7 @@ def uform3_weights(seed: int) -> tuple:
     return safetensors(text), safetensors(image)
 
 
-def uform3_config() -> dict:
+def uform3_config(registers: int = 0) -> dict:
     mean, std = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]
     return {"text_encoder": {"model_type": "bert", "dim": HIDDEN, "context_dim": HIDDEN, "vocab_size": len(VOCAB),
                              "padding_idx": 0, "num_layers": 2, "num_heads": HEADS, "embedding_dim": HIDDEN,
@@ -152,7 +153,8 @@ def uform3_config() -> dict:
                              "max_position_embeddings": POSITIONS},
             "image_encoder": {"dim": HIDDEN, "patch_size": PATCH, "image_size": IMAGE, "num_layers": DEPTH,
                               "num_heads": HEADS, "embedding_dim": HIDDEN, "pooling": "cls",
-                              "normalization_means": mean, "normalization_deviations": std}}
+                              "normalization_means": mean, "normalization_deviations": std,
+                              **({"num_reg_tokens": registers} if registers else {})}}
 
 
 def config(model_type: str, pad: int) -> dict:
@@ -206,6 +208,7 @@ def main() -> int:
             "model.safetensors": bert_weights(3)},
     }
     u3_text, u3_image = uform3_weights(6)
+    _, u3_registers = uform3_weights(7, registers=2)
     seeds.update({
         "clip.bin": {"config.json": clip_config("clip"), "tokenizer.json": tokenizer(bert),
                      "model.safetensors": clip_weights(4, False),
@@ -215,6 +218,8 @@ def main() -> int:
                        "model.safetensors": clip_weights(5, True)},
         "uform3.bin": {"config.json": uform3_config(), "tokenizer.json": tokenizer(bert),
                        "text_encoder.safetensors": u3_text, "image_encoder.safetensors": u3_image},
+        "uform3-registers.bin": {"config.json": uform3_config(registers=2), "tokenizer.json": tokenizer(bert),
+                                 "text_encoder.safetensors": u3_text, "image_encoder.safetensors": u3_registers},
     })
     for name, files in seeds.items():
         (out / name).write_bytes(pack(files))
