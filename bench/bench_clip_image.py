@@ -48,7 +48,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import pretrained_support as support  # noqa: E402
-from bench_pretrained import ONNX_NOTE, cpu_name, ort_session  # noqa: E402
+from bench_pretrained import cpu_name, measure_and_print, ort_int8, ort_session  # noqa: E402
 
 BATCH = 32
 
@@ -184,18 +184,9 @@ def bench_ort(folder: Path, workdir: Path, images: list, threads: int, kind: str
                               output_names=["image_embeds"], opset_version=14,
                               dynamic_axes={"pixel_values": {0: "batch"}, "image_embeds": {0: "batch"}})
     if kind == "int8":
-        quantized = workdir / "clip-vit-b-16-image-int8.onnx"
-        if not quantized.exists():
-            try:
-                from onnxruntime.quantization import quantize_dynamic
-            except ImportError as error:
-                return None, f"onnxruntime.quantization: {error} ({ONNX_NOTE})", None
-            logging.disable(logging.WARNING)  # its advice to pre-process the model first, printed every time
-            try:
-                quantize_dynamic(str(path), str(quantized))
-            finally:
-                logging.disable(logging.NOTSET)
-        path = quantized
+        path, note = ort_int8(path)
+        if path is None:
+            return None, note, None
     processor = CLIPImageProcessor.from_pretrained(folder)
     session = ort_session(path, threads)
 
@@ -244,28 +235,7 @@ def main() -> int:
             ("transformers, PyTorch bfloat16", lambda n: bench_torch(folder, images, n, torch.bfloat16)),
             ("ONNX Runtime float32", lambda n: bench_ort(folder, workdir, images, n, "float32")),
             ("ONNX Runtime int8 (quantize_dynamic)", lambda n: bench_ort(folder, workdir, images, n, "int8"))]
-    figures = {}
-    for name, run in runs:
-        for n in threads:
-            print(f"  measuring {name}, {n} thread{'s' if n > 1 else ''} ...", flush=True)
-            figures[name, n] = run(n)
-    reference = next((figures[runs[2][0], n][2] for n in threads if figures[runs[2][0], n][2] is not None), None)
-
-    width = max(len(name) for name, _ in runs)
-    counts = [f"{n} thread{'s' if n > 1 else ''}" for n in threads]
-    print(f"\n  {'images per second':<{width}s}" + "".join(f"{c:>11s}" for c in counts)
-          + "".join(f"{'uform BF16/it, ' + c:>25s}" for c in counts)
-          + "".join(f"{'uform I8/it, ' + c:>23s}" for c in counts) + f"{'min cosine':>12s}  note")
-    for name, _ in runs:
-        rates = [figures[name, n][0] for n in threads]
-        bf16 = [common.ratio(figures[runs[0][0], n][0], figures[name, n][0]) for n in threads]
-        i8 = [common.ratio(figures[runs[1][0], n][0], figures[name, n][0]) for n in threads]
-        vectors = next((figures[name, n][2] for n in threads if figures[name, n][2] is not None), None)
-        cosine = "n/a" if vectors is None or reference is None else f"{support.cosines(vectors, reference).min():.5f}"
-        notes = "; ".join(f"{n} thread{'s' if n > 1 else ''}: {figures[name, n][1]}" for n in threads
-                          if figures[name, n][1])
-        print(f"  {name:<{width}s}" + "".join(f"{common.figure(rate):>11s}" for rate in rates)
-              + "".join(f"{r:>25s}" for r in bf16) + "".join(f"{r:>23s}" for r in i8) + f"{cosine:>12s}  {notes}")
+    measure_and_print(runs, threads, "images per second")
     print("\nuform's figures are end to end (a process per run: the folder's load, reading and decoding the files "
           "included); the others' exclude loading the model but include Pillow's decoding and the processor. "
           "'min cosine': against transformers in float32.")

@@ -164,6 +164,23 @@ def ort_embed(session, tokenizer, texts: list, batches: list, max_length: int):
     return vectors
 
 
+def ort_int8(path: Path):
+    """The model at `path` with int8 weights by quantize_dynamic, written once beside it: (its path, "") or
+    (None, why not)."""
+    quantized = path.with_name(path.stem + "-int8.onnx")
+    if not quantized.exists():
+        try:
+            from onnxruntime.quantization import quantize_dynamic
+        except ImportError as error:
+            return None, f"onnxruntime.quantization: {error} ({ONNX_NOTE})"
+        logging.disable(logging.WARNING)  # its advice to pre-process the model first, printed every time
+        try:
+            quantize_dynamic(str(path), str(quantized))
+        finally:
+            logging.disable(logging.NOTSET)
+    return quantized, ""
+
+
 def bench_ort(folder: Path, workdir: Path, texts: list, threads: int, kind: str):
     try:
         import onnxruntime  # noqa: F401
@@ -172,18 +189,9 @@ def bench_ort(folder: Path, workdir: Path, texts: list, threads: int, kind: str)
     path = workdir / "all-minilm-l6-v2.onnx"
     export_onnx(folder, path)
     if kind == "int8":
-        quantized = workdir / "all-minilm-l6-v2-int8.onnx"
-        if not quantized.exists():
-            try:
-                from onnxruntime.quantization import quantize_dynamic
-            except ImportError as error:
-                return None, f"onnxruntime.quantization: {error} ({ONNX_NOTE})", None
-            logging.disable(logging.WARNING)  # its advice to pre-process the model first, printed every time
-            try:
-                quantize_dynamic(str(path), str(quantized))
-            finally:
-                logging.disable(logging.NOTSET)
-        path = quantized
+        path, note = ort_int8(path)
+        if path is None:
+            return None, note, None
     model = support.reference_model(folder)
     tokenizer, max_length = model.tokenizer, model.max_seq_length
     session = ort_session(path, threads)
@@ -195,6 +203,34 @@ def bench_ort(folder: Path, workdir: Path, texts: list, threads: int, kind: str)
 
 
 # ---------------------------------------------------------------------------------------------------
+
+
+def measure_and_print(runs: list, threads: list, unit: str) -> None:
+    """Runs each of `runs` (name, run(threads) -> (rate or None, note, vectors or None)) at each thread count,
+    then prints a row each: the rates, the engine's BF16 and I8 rates (runs 0 and 1) over it, and the minimum
+    cosine of its vectors to those of run 2, the reference."""
+    figures = {}
+    for name, run in runs:
+        for n in threads:
+            print(f"  measuring {name}, {n} thread{'s' if n > 1 else ''} ...", flush=True)
+            figures[name, n] = run(n)
+    reference = next((figures[runs[2][0], n][2] for n in threads if figures[runs[2][0], n][2] is not None), None)
+
+    width = max(len(name) for name, _ in runs)
+    counts = [f"{n} thread{'s' if n > 1 else ''}" for n in threads]
+    print(f"\n  {unit:<{width}s}" + "".join(f"{c:>11s}" for c in counts)
+          + "".join(f"{'uform BF16/it, ' + c:>25s}" for c in counts)
+          + "".join(f"{'uform I8/it, ' + c:>23s}" for c in counts) + f"{'min cosine':>12s}  note")
+    for name, _ in runs:
+        rates = [figures[name, n][0] for n in threads]
+        bf16 = [common.ratio(figures[runs[0][0], n][0], figures[name, n][0]) for n in threads]
+        i8 = [common.ratio(figures[runs[1][0], n][0], figures[name, n][0]) for n in threads]
+        vectors = next((figures[name, n][2] for n in threads if figures[name, n][2] is not None), None)
+        cosine = "n/a" if vectors is None or reference is None else f"{support.cosines(vectors, reference).min():.5f}"
+        notes = "; ".join(f"{n} thread{'s' if n > 1 else ''}: {figures[name, n][1]}" for n in threads
+                          if figures[name, n][1])
+        print(f"  {name:<{width}s}" + "".join(f"{common.figure(rate):>11s}" for rate in rates)
+              + "".join(f"{r:>25s}" for r in bf16) + "".join(f"{r:>23s}" for r in i8) + f"{cosine:>12s}  {notes}")
 
 
 def main() -> int:
@@ -240,29 +276,7 @@ def main() -> int:
             ("sentence-transformers, PyTorch bfloat16", lambda n: bench_torch(folder, texts, n, torch.bfloat16)),
             ("ONNX Runtime float32", lambda n: bench_ort(folder, workdir, texts, n, "float32")),
             ("ONNX Runtime int8 (quantize_dynamic)", lambda n: bench_ort(folder, workdir, texts, n, "int8"))]
-    figures = {}
-    for name, run in runs:
-        for n in threads:
-            print(f"  measuring {name}, {n} thread{'s' if n > 1 else ''} ...", flush=True)
-            figures[name, n] = run(n)
-    reference = next((figures[name, n][2] for name, _ in runs[2:3] for n in threads
-                      if figures[name, n][2] is not None), None)
-
-    width = max(len(name) for name, _ in runs)
-    counts = [f"{n} thread{'s' if n > 1 else ''}" for n in threads]
-    print(f"\n  {'texts per second':<{width}s}" + "".join(f"{c:>11s}" for c in counts)
-          + "".join(f"{'uform BF16/it, ' + c:>25s}" for c in counts)
-          + "".join(f"{'uform I8/it, ' + c:>23s}" for c in counts) + f"{'min cosine':>12s}  note")
-    for name, _ in runs:
-        rates = [figures[name, n][0] for n in threads]
-        bf16 = [common.ratio(figures[runs[0][0], n][0], figures[name, n][0]) for n in threads]
-        i8 = [common.ratio(figures[runs[1][0], n][0], figures[name, n][0]) for n in threads]
-        vectors = next((figures[name, n][2] for n in threads if figures[name, n][2] is not None), None)
-        cosine = "n/a" if vectors is None or reference is None else f"{support.cosines(vectors, reference).min():.5f}"
-        notes = "; ".join(f"{n} thread{'s' if n > 1 else ''}: {figures[name, n][1]}" for n in threads
-                          if figures[name, n][1])
-        print(f"  {name:<{width}s}" + "".join(f"{common.figure(rate):>11s}" for rate in rates)
-              + "".join(f"{r:>25s}" for r in bf16) + "".join(f"{r:>23s}" for r in i8) + f"{cosine:>12s}  {notes}")
+    measure_and_print(runs, threads, "texts per second")
     print("\nuform's figures are end to end (a process per run: the folder's load and the manifest included); "
           "the others' exclude loading the model. 'min cosine': against sentence-transformers in float32.")
     return 0
