@@ -155,13 +155,13 @@ static pretrained_names_t const clip_image_names = {
 /* A pre-norm CLIP tower (CLIPEncoderLayer) with transformers' CLIPTextConfig or CLIPVisionConfig defaults
  * where `config` is sparse. */
 static uform_status_t clip_tower(json_t const *config, char const *file, sizes_defaults_t defaults,
-                                 uform_transformer_info_t *t, char const **message) {
+                                 double eps, uform_activation_t activation, uform_transformer_info_t *t,
+                                 char const **message) {
     uform_status_t status = transformer_sizes(config, file, defaults, t, message);
-    if (status == UFORM_OK)
-        status = pretrained_activation(config, file, UFORM_ACTIVATION_GELU_QUICK, &t->activation, message);
+    if (status == UFORM_OK) status = pretrained_activation(config, file, activation, &t->activation, message);
     double epsilon = 0;
     if (status == UFORM_OK)
-        status = pretrained_real(config, file, "layer_norm_eps", 0, 0.1, 1e-5, &epsilon, message);
+        status = pretrained_real(config, file, "layer_norm_eps", 0, 0.1, eps, &epsilon, message);
     t->norm = UFORM_NORM_LAYER;
     t->norm_eps = (float)epsilon;
     t->post_norm = false;
@@ -264,50 +264,77 @@ static uform_status_t clip_preprocessor(pretrained_t *folder, size_t image_size,
     return status;
 }
 
+/* transformers' defaults of a two-tower model's text_config and vision_config. */
+typedef struct two_tower_defaults {
+    sizes_defaults_t text, vision;
+    double eps;                      /* layer_norm_eps */
+    uform_activation_t activation;   /* hidden_act */
+    size_t vocab, positions;         /* vocab_size, max_position_embeddings */
+    size_t image_size, patch;        /* image_size, patch_size */
+} two_tower_defaults_t;
+
+/* What CLIP's and SigLIP's config.json share: text_config and vision_config (absent: the defaults), each a
+ * pre-norm tower of CLIP's layers, the text tower's vocabulary and positions, the image's size
+ * and patches. Sets `*text` and `*vision` to the towers' objects (borrowed from `config` or `empty`). */
+static uform_status_t two_tower_config(pretrained_t *folder, json_t const *config, json_t const *empty,
+                                       two_tower_defaults_t const *defaults, json_t const **text,
+                                       json_t const **vision, size_t *image_size, char const **message) {
+    uform_model_info_t *info = &folder->info;
+    static char const tfile[] = "config.json text_config", vfile[] = "config.json vision_config";
+    *text = json_object_get(config, "text_config");
+    *vision = json_object_get(config, "vision_config");
+    if ((*text && !json_is_object(*text)) || (*vision && !json_is_object(*vision)))
+        return pretrained_fault(message, UFORM_FORMAT, "config.json: text_config or vision_config is not an object");
+    if (!*text) *text = empty;
+    if (!*vision) *vision = empty;
+    uform_transformer_info_t *tt = &info->text.transformer, *vt = &info->image.transformer;
+    uform_status_t status = clip_tower(*text, tfile, defaults->text, defaults->eps, defaults->activation, tt, message);
+    if (status == UFORM_OK)
+        status = clip_tower(*vision, vfile, defaults->vision, defaults->eps, defaults->activation, vt, message);
+    struct {
+        json_t const *object;
+        char const *file, *key;
+        size_t high, fallback, *value;
+    } const sizes[] = {
+        {*text, tfile, "vocab_size", 1u << 24, defaults->vocab, &info->text.vocab},
+        {*text, tfile, "max_position_embeddings", 1u << 20, defaults->positions, &info->text.positions},
+        {*vision, vfile, "image_size", 8192, defaults->image_size, image_size},
+        {*vision, vfile, "patch_size", 8192, defaults->patch, &info->image.patch},
+    };
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0] && status == UFORM_OK; ++i)
+        status = pretrained_size(sizes[i].object, sizes[i].file, sizes[i].key, 1, sizes[i].high, sizes[i].fallback,
+                                 sizes[i].value, message);
+    if (status != UFORM_OK) return status;
+    if (*image_size % info->image.patch != 0)
+        return pretrained_fault(message, UFORM_FORMAT, "config.json: image_size is not a multiple of patch_size");
+    info->has_text = info->has_image = true;
+    info->normalized = false;
+    identity_blocks(&folder->text, tt->depth);
+    identity_blocks(&folder->image, vt->depth);
+    single_file(folder);
+    return UFORM_OK;
+}
+
 /* config.json of a CLIPModel: text_config and vision_config over transformers' defaults. */
 static uform_status_t clip_family(pretrained_t *folder, json_t const *config, char const **message) {
     uform_model_info_t *info = &folder->info;
     static char const file[] = "config.json";
-    json_t const *empty = json_object();
-    json_t const *text = json_object_get(config, "text_config"),
-                 *vision = json_object_get(config, "vision_config");
-    if ((text && !json_is_object(text)) || (vision && !json_is_object(vision))) {
-        json_decref((json_t *)empty);
-        return pretrained_fault(message, UFORM_FORMAT, "%s: text_config or vision_config is not an object",
-                                file);
-    }
-    if (!text) text = empty;
-    if (!vision) vision = empty;
+    static two_tower_defaults_t const defaults = {.text = {512, 12, 8, 2048}, .vision = {768, 12, 12, 3072},
+                                                  .eps = 1e-5, .activation = UFORM_ACTIVATION_GELU_QUICK,
+                                                  .vocab = 49408, .positions = 77,
+                                                  .image_size = 224, .patch = 32};
+    json_t *empty = json_object();
+    json_t const *text = NULL, *vision = NULL;
     uform_transformer_info_t *tt = &info->text.transformer, *vt = &info->image.transformer;
     size_t eos = 0, image_size = 0;
-    uform_status_t status =
-        pretrained_size(config, file, "projection_dim", 1, 65536, 512, &info->dims, message);
+    uform_status_t status = pretrained_size(config, file, "projection_dim", 1, 65536, 512, &info->dims, message);
     if (status == UFORM_OK)
-        status =
-            clip_tower(text, "config.json text_config", (sizes_defaults_t){512, 12, 8, 2048}, tt, message);
-    if (status == UFORM_OK)
-        status = clip_tower(vision, "config.json vision_config", (sizes_defaults_t){768, 12, 12, 3072}, vt,
-                            message);
-    if (status == UFORM_OK)
-        status = pretrained_size(text, "config.json text_config", "vocab_size", 1, 1u << 24, 49408,
-                                 &info->text.vocab, message);
-    if (status == UFORM_OK)
-        status = pretrained_size(text, "config.json text_config", "max_position_embeddings", 1, 1u << 20, 77,
-                                 &info->text.positions, message);
+        status = two_tower_config(folder, config, empty, &defaults, &text, &vision, &image_size, message);
     if (status == UFORM_OK)
         status = pretrained_size(text, "config.json text_config", "eos_token_id", 0, 1u << 24, 49407, &eos,
                                  message);
-    if (status == UFORM_OK)
-        status = pretrained_size(vision, "config.json vision_config", "image_size", 1, 8192, 224, &image_size,
-                                 message);
-    if (status == UFORM_OK)
-        status = pretrained_size(vision, "config.json vision_config", "patch_size", 1, 8192, 32,
-                                 &info->image.patch, message);
-    json_decref((json_t *)empty);
+    json_decref(empty);
     if (status != UFORM_OK) return status;
-    if (image_size % info->image.patch != 0)
-        return pretrained_fault(message, UFORM_FORMAT, "%s: image_size is not a multiple of patch_size",
-                                file);
     /* The pooled token: transformers takes the largest id where eos_token_id is 2 (older configs), else the
      * first eos_token_id; both are the end-of-text token's position when it is the vocabulary's last id. */
     if (eos != 2 && eos != info->text.vocab - 1)
@@ -320,14 +347,9 @@ static uform_status_t clip_family(pretrained_t *folder, json_t const *config, ch
     vt->input_norm = true;
     vt->pooling = UFORM_POOLING_FIRST;
     info->text.context = info->text.positions;
-    info->has_text = info->has_image = true;
-    info->normalized = false;
     snprintf(info->family, sizeof info->family, "clip");
     folder->text.names = &clip_text_names;
     folder->image.names = &clip_image_names;
-    identity_blocks(&folder->text, tt->depth);
-    identity_blocks(&folder->image, vt->depth);
-    single_file(folder);
     static float const mean[3] = {0.48145466f, 0.4578275f, 0.40821073f},
                        std[3] = {0.26862954f, 0.26130258f, 0.27577711f};
     return clip_preprocessor(folder, image_size, mean, std, UFORM_RESIZE_SHORT_SIDE, message);
@@ -580,65 +602,28 @@ static pretrained_names_t const siglip_image_names = {
 static uform_status_t siglip_family(pretrained_t *folder, json_t const *config, char const **message) {
     uform_model_info_t *info = &folder->info;
     static char const file[] = "config.json";
+    static two_tower_defaults_t const defaults = {.text = {768, 12, 12, 3072}, .vision = {768, 12, 12, 3072},
+                                                  .eps = 1e-6, .activation = UFORM_ACTIVATION_GELU_TANH,
+                                                  .vocab = 32000, .positions = 64,
+                                                  .image_size = 224, .patch = 16};
     json_t *empty = json_object();
-    json_t const *text = json_object_get(config, "text_config"),
-                 *vision = json_object_get(config, "vision_config");
-    if ((text && !json_is_object(text)) || (vision && !json_is_object(vision))) {
-        json_decref(empty);
-        return pretrained_fault(message, UFORM_FORMAT, "%s: text_config or vision_config is not an object",
-                                file);
-    }
-    if (!text) text = empty;
-    if (!vision) vision = empty;
+    json_t const *text = NULL, *vision = NULL;
     uform_transformer_info_t *tt = &info->text.transformer, *vt = &info->image.transformer;
     size_t image_size = 0;
-    uform_status_t status =
-        clip_tower(text, "config.json text_config", (sizes_defaults_t){768, 12, 12, 3072}, tt, message);
+    uform_status_t status = two_tower_config(folder, config, empty, &defaults, &text, &vision, &image_size, message);
     if (status == UFORM_OK)
-        status = clip_tower(vision, "config.json vision_config", (sizes_defaults_t){768, 12, 12, 3072}, vt,
-                            message);
-    double eps[2] = {0, 0};
-    if (status == UFORM_OK)
-        status = pretrained_real(text, "config.json text_config", "layer_norm_eps", 0, 0.1, 1e-6, &eps[0],
+        status = pretrained_size(text, "config.json text_config", "pad_token_id", 0, 1u << 24, 1, &info->text.pad_id,
                                  message);
-    if (status == UFORM_OK)
-        status = pretrained_real(vision, "config.json vision_config", "layer_norm_eps", 0, 0.1, 1e-6, &eps[1],
-                                 message);
-    if (status == UFORM_OK)
-        status = pretrained_activation(text, "config.json text_config", UFORM_ACTIVATION_GELU_TANH,
-                                       &tt->activation, message);
-    if (status == UFORM_OK)
-        status = pretrained_activation(vision, "config.json vision_config", UFORM_ACTIVATION_GELU_TANH,
-                                       &vt->activation, message);
-    if (status == UFORM_OK)
-        status = pretrained_size(text, "config.json text_config", "vocab_size", 1, 1u << 24, 32000,
-                                 &info->text.vocab, message);
-    if (status == UFORM_OK)
-        status = pretrained_size(text, "config.json text_config", "max_position_embeddings", 1, 1u << 20, 64,
-                                 &info->text.positions, message);
-    if (status == UFORM_OK)
-        status = pretrained_size(text, "config.json text_config", "pad_token_id", 0, 1u << 24, 1,
-                                 &info->text.pad_id, message);
-    if (status == UFORM_OK)
-        status = pretrained_size(vision, "config.json vision_config", "image_size", 1, 8192, 224, &image_size,
-                                 message);
-    if (status == UFORM_OK)
-        status = pretrained_size(vision, "config.json vision_config", "patch_size", 1, 8192, 16,
-                                 &info->image.patch, message);
-    json_t const *head = json_object_get(vision, "vision_use_head");
+    json_t const *head = status == UFORM_OK ? json_object_get(vision, "vision_use_head") : NULL;
+    bool without_head = head && !json_is_true(head);
     json_decref(empty);
     if (status != UFORM_OK) return status;
-    if (head && !json_is_true(head))
+    if (without_head)
         return pretrained_fault(message, UFORM_UNSUPPORTED, "%s: a vision tower without its head", file);
-    if (image_size % info->image.patch != 0)
-        return pretrained_fault(message, UFORM_FORMAT, "%s: image_size is not a multiple of patch_size",
-                                file);
     if (tt->hidden != vt->hidden)
         return pretrained_fault(message, UFORM_FORMAT, "%s: the towers' hidden sizes differ", file);
     if (info->text.pad_id >= info->text.vocab)
         return pretrained_fault(message, UFORM_FORMAT, "%s: pad_token_id past the vocabulary", file);
-    tt->norm_eps = (float)eps[0];
-    vt->norm_eps = (float)eps[1];
     tt->causal = false;
     tt->input_norm = false;
     tt->pooling = UFORM_POOLING_LAST;
@@ -652,14 +637,9 @@ static uform_status_t siglip_family(pretrained_t *folder, json_t const *config, 
     info->dims = tt->hidden;
     info->text.context = info->text.positions;
     info->text.padded = true;
-    info->has_text = info->has_image = true;
-    info->normalized = false;
     snprintf(info->family, sizeof info->family, "siglip");
     folder->text.names = &siglip_text_names;
     folder->image.names = &siglip_image_names;
-    identity_blocks(&folder->text, tt->depth);
-    identity_blocks(&folder->image, vt->depth);
-    single_file(folder);
     static float const half[3] = {0.5f, 0.5f, 0.5f};
     return clip_preprocessor(folder, image_size, half, half, UFORM_RESIZE_SQUARE, message);
 }
