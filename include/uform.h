@@ -696,8 +696,8 @@ typedef enum uform_source {
  * config asks (normalize); STATES the pooled state; TOKEN_VECTORS one row per token the tower reads (the
  * special tokens and SigLIP's padding included), grouped per text by item_offsets: its final state,
  * projected and made a unit vector as the embeddings are, with its byte span in token_spans.
- * The engine's own models read bytes, no tokenizer: BOS, then at most `context` bytes of each text (longer ones are cut
- * and counted in stats.truncated; an empty text is valid, BOS alone), packed end to end without
+ * The engine's own models read bytes, no tokenizer: BOS, then at most `context` bytes of each text (longer
+ * ones are cut and counted in stats.truncated; an empty text is valid, BOS alone), packed end to end without
  * padding and split over the executor's threads. EMBEDDINGS: one row per text; TOKEN_VECTORS: one row
  * per kept byte, grouped per text by item_offsets; STATES: the final state of each text's last
  * position, `hidden` wide. Results are bitwise identical whatever the receiver and thread count, and

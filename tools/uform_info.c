@@ -45,7 +45,8 @@ static char const *resample_name(uform_image_resample_t resample) {
 
 static void print_transformer(char const *tower, uform_transformer_info_t const *transformer) {
     char registers[48] = "";
-    if (transformer->registers) snprintf(registers, sizeof registers, ", %zu register tokens", transformer->registers);
+    if (transformer->registers)
+        snprintf(registers, sizeof registers, ", %zu register tokens", transformer->registers);
     printf("%-11s depth %zu, hidden %zu, heads %zu of %zu, mlp %zu; %s norm (eps %.3g) %s each branch%s%s, "
            "%s, %s positions, %s attention%s, pooled %s%s;",
            tower, transformer->depth, transformer->hidden, transformer->heads, transformer->head,
@@ -53,8 +54,7 @@ static void print_transformer(char const *tower, uform_transformer_info_t const 
            transformer->post_norm ? "after" : "before", transformer->input_norm ? ", over the inputs" : "",
            transformer->final_norm ? ", final" : "", activation_name(transformer->activation),
            transformer->rotary ? "rotary" : "learned", transformer->causal ? "causal" : "bidirectional",
-           registers, pooling_name(transformer->pooling),
-           transformer->projection ? ", projected" : "");
+           registers, pooling_name(transformer->pooling), transformer->projection ? ", projected" : "");
 }
 
 static void print_text(char const *path, uform_model_info_t const *info) {

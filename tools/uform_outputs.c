@@ -148,8 +148,8 @@ static int write_jsonl(output_t *output, uform_encoded_t const *encoded, size_t 
             if (spans->rows) { /* a model that reads tokens: the bytes each covers */
                 fputs(",\"spans\":[", file);
                 for (size_t row = begin; row < end; ++row) {
-                    uint32_t const *span = (uint32_t const *)(void const *)((char const *)spans->data +
-                                                                           row * spans->row_stride);
+                    uint32_t const *span =
+                        (uint32_t const *)(void const *)((char const *)spans->data + row * spans->row_stride);
                     fprintf(file, "%s[%" PRIu32 ",%" PRIu32 "]", row > begin ? "," : "", span[0], span[1]);
                 }
                 fputc(']', file);

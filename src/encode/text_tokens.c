@@ -72,7 +72,8 @@ static void python_strip(uint8_t const **text, size_t *length) {
 /* Each token's span in the text as the caller gave it: the tokenizer cut the prompt and the text joined
  * (`prompted` bytes of prompt), from `skipped` bytes into them (what the strip took off the front). A token
  * of the prompt, and the special and padding tokens, which cover no byte, span [0, 0). */
-static void tokens_spans(tokens_t const *sequence, size_t count, size_t prompted, size_t skipped, uint32_t *spans) {
+static void tokens_spans(tokens_t const *sequence, size_t count, size_t prompted, size_t skipped,
+                         uint32_t *spans) {
     for (size_t t = 0; t < count; ++t) {
         uint32_t begin = 0, end = 0;
         if (t < sequence->count && !sequence->special[t] && sequence->spans[t].begin + skipped >= prompted) {
@@ -192,7 +193,8 @@ static bool tokens_vectors(tokens_call_t *text) {
     uform_encoded_t *encoded = &encode->encoded;
     if (!(encode->outputs & UFORM_OUTPUT_TOKEN_VECTORS)) return true;
     size_t items = encode->tape.count, tokens = text->offsets[items];
-    if (!output_view(encode->arena, tokens, encode->width, encode->scalar, &encoded->token_vectors)) return false;
+    if (!output_view(encode->arena, tokens, encode->width, encode->scalar, &encoded->token_vectors))
+        return false;
     size_t *offsets = arena_allocate_host(encode->arena, (items + 1) * sizeof(size_t), 16);
     uint32_t *spans = arena_allocate_host(encode->arena, 2 * tokens * sizeof(uint32_t) + 1, 16);
     if (!offsets || !spans) return false;
@@ -281,8 +283,8 @@ static void tokens_embed(tower_t const *tower, uform_model_info_t const *info, u
 
 /* The token vectors of `count` rows of final states x: projected as the embeddings are (unit vectors where
  * they are), written to rows [first_row, first_row + count) of `view`. */
-static void tokens_project(tokens_call_t *text, float const *x, size_t count, float *projected, uform_view_t *view,
-                           size_t first_row) {
+static void tokens_project(tokens_call_t *text, float const *x, size_t count, float *projected,
+                           uform_view_t *view, size_t first_row) {
     encode_call_t *encode = &text->encode;
     tower_t const *tower = encode->model->text;
     size_t width = encode->width;
@@ -335,7 +337,8 @@ static void tokens_chunk(loop_op_t *op) {
     };
     if (tokens) tower_forward(tower, executor, &batch);
     if (tokens && (encode->outputs & UFORM_OUTPUT_TOKEN_VECTORS))
-        tokens_project(text, scratch.x, tokens, scratch.projected, &encode->encoded.token_vectors, offsets[first]);
+        tokens_project(text, scratch.x, tokens, scratch.projected, &encode->encoded.token_vectors,
+                       offsets[first]);
 
     uform_encoded_t *encoded = &encode->encoded;
     for (size_t item = first; item < last; ++item) {

@@ -267,10 +267,10 @@ static uform_status_t clip_preprocessor(pretrained_t *folder, size_t image_size,
 /* transformers' defaults of a two-tower model's text_config and vision_config. */
 typedef struct two_tower_defaults {
     sizes_defaults_t text, vision;
-    double eps;                      /* layer_norm_eps */
-    uform_activation_t activation;   /* hidden_act */
-    size_t vocab, positions;         /* vocab_size, max_position_embeddings */
-    size_t image_size, patch;        /* image_size, patch_size */
+    double eps;                    /* layer_norm_eps */
+    uform_activation_t activation; /* hidden_act */
+    size_t vocab, positions;       /* vocab_size, max_position_embeddings */
+    size_t image_size, patch;      /* image_size, patch_size */
 } two_tower_defaults_t;
 
 /* What CLIP's and SigLIP's config.json share: text_config and vision_config (absent: the defaults), each a
@@ -284,13 +284,16 @@ static uform_status_t two_tower_config(pretrained_t *folder, json_t const *confi
     *text = json_object_get(config, "text_config");
     *vision = json_object_get(config, "vision_config");
     if ((*text && !json_is_object(*text)) || (*vision && !json_is_object(*vision)))
-        return pretrained_fault(message, UFORM_FORMAT, "config.json: text_config or vision_config is not an object");
+        return pretrained_fault(message, UFORM_FORMAT,
+                                "config.json: text_config or vision_config is not an object");
     if (!*text) *text = empty;
     if (!*vision) *vision = empty;
     uform_transformer_info_t *tt = &info->text.transformer, *vt = &info->image.transformer;
-    uform_status_t status = clip_tower(*text, tfile, defaults->text, defaults->eps, defaults->activation, tt, message);
+    uform_status_t status =
+        clip_tower(*text, tfile, defaults->text, defaults->eps, defaults->activation, tt, message);
     if (status == UFORM_OK)
-        status = clip_tower(*vision, vfile, defaults->vision, defaults->eps, defaults->activation, vt, message);
+        status =
+            clip_tower(*vision, vfile, defaults->vision, defaults->eps, defaults->activation, vt, message);
     struct {
         json_t const *object;
         char const *file, *key;
@@ -302,11 +305,12 @@ static uform_status_t two_tower_config(pretrained_t *folder, json_t const *confi
         {*vision, vfile, "patch_size", 8192, defaults->patch, &info->image.patch},
     };
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0] && status == UFORM_OK; ++i)
-        status = pretrained_size(sizes[i].object, sizes[i].file, sizes[i].key, 1, sizes[i].high, sizes[i].fallback,
-                                 sizes[i].value, message);
+        status = pretrained_size(sizes[i].object, sizes[i].file, sizes[i].key, 1, sizes[i].high,
+                                 sizes[i].fallback, sizes[i].value, message);
     if (status != UFORM_OK) return status;
     if (*image_size % info->image.patch != 0)
-        return pretrained_fault(message, UFORM_FORMAT, "config.json: image_size is not a multiple of patch_size");
+        return pretrained_fault(message, UFORM_FORMAT,
+                                "config.json: image_size is not a multiple of patch_size");
     info->has_text = info->has_image = true;
     info->normalized = false;
     identity_blocks(&folder->text, tt->depth);
@@ -319,15 +323,20 @@ static uform_status_t two_tower_config(pretrained_t *folder, json_t const *confi
 static uform_status_t clip_family(pretrained_t *folder, json_t const *config, char const **message) {
     uform_model_info_t *info = &folder->info;
     static char const file[] = "config.json";
-    static two_tower_defaults_t const defaults = {.text = {512, 12, 8, 2048}, .vision = {768, 12, 12, 3072},
-                                                  .eps = 1e-5, .activation = UFORM_ACTIVATION_GELU_QUICK,
-                                                  .vocab = 49408, .positions = 77,
-                                                  .image_size = 224, .patch = 32};
+    static two_tower_defaults_t const defaults = {.text = {512, 12, 8, 2048},
+                                                  .vision = {768, 12, 12, 3072},
+                                                  .eps = 1e-5,
+                                                  .activation = UFORM_ACTIVATION_GELU_QUICK,
+                                                  .vocab = 49408,
+                                                  .positions = 77,
+                                                  .image_size = 224,
+                                                  .patch = 32};
     json_t *empty = json_object();
     json_t const *text = NULL, *vision = NULL;
     uform_transformer_info_t *tt = &info->text.transformer, *vt = &info->image.transformer;
     size_t eos = 0, image_size = 0;
-    uform_status_t status = pretrained_size(config, file, "projection_dim", 1, 65536, 512, &info->dims, message);
+    uform_status_t status =
+        pretrained_size(config, file, "projection_dim", 1, 65536, 512, &info->dims, message);
     if (status == UFORM_OK)
         status = two_tower_config(folder, config, empty, &defaults, &text, &vision, &image_size, message);
     if (status == UFORM_OK)
@@ -602,18 +611,23 @@ static pretrained_names_t const siglip_image_names = {
 static uform_status_t siglip_family(pretrained_t *folder, json_t const *config, char const **message) {
     uform_model_info_t *info = &folder->info;
     static char const file[] = "config.json";
-    static two_tower_defaults_t const defaults = {.text = {768, 12, 12, 3072}, .vision = {768, 12, 12, 3072},
-                                                  .eps = 1e-6, .activation = UFORM_ACTIVATION_GELU_TANH,
-                                                  .vocab = 32000, .positions = 64,
-                                                  .image_size = 224, .patch = 16};
+    static two_tower_defaults_t const defaults = {.text = {768, 12, 12, 3072},
+                                                  .vision = {768, 12, 12, 3072},
+                                                  .eps = 1e-6,
+                                                  .activation = UFORM_ACTIVATION_GELU_TANH,
+                                                  .vocab = 32000,
+                                                  .positions = 64,
+                                                  .image_size = 224,
+                                                  .patch = 16};
     json_t *empty = json_object();
     json_t const *text = NULL, *vision = NULL;
     uform_transformer_info_t *tt = &info->text.transformer, *vt = &info->image.transformer;
     size_t image_size = 0;
-    uform_status_t status = two_tower_config(folder, config, empty, &defaults, &text, &vision, &image_size, message);
+    uform_status_t status =
+        two_tower_config(folder, config, empty, &defaults, &text, &vision, &image_size, message);
     if (status == UFORM_OK)
-        status = pretrained_size(text, "config.json text_config", "pad_token_id", 0, 1u << 24, 1, &info->text.pad_id,
-                                 message);
+        status = pretrained_size(text, "config.json text_config", "pad_token_id", 0, 1u << 24, 1,
+                                 &info->text.pad_id, message);
     json_t const *head = status == UFORM_OK ? json_object_get(vision, "vision_use_head") : NULL;
     bool without_head = head && !json_is_true(head);
     json_decref(empty);

@@ -491,8 +491,8 @@ static void token_vectors_follow_the_tokenizer(void **state) {
     uform_tokenizer_t *tokenizer = NULL;
     assert_int_equal(uform_tokenizer_open(folder, &tokenizer), UFORM_OK);
     uform_tokenized_t cut;
-    uform_text_tokenize_args_t cutting = {.tokenizer = tokenizer, .texts = texts, .arena = cut_arena,
-                                          .tokenized = &cut};
+    uform_text_tokenize_args_t cutting = {
+        .tokenizer = tokenizer, .texts = texts, .arena = cut_arena, .tokenized = &cut};
     assert_int_equal(uform_text_tokenize(&cutting), UFORM_OK);
 
     uform_view_t const *vectors = &encoded.token_vectors, *spans = &encoded.token_spans;
@@ -513,12 +513,14 @@ static void token_vectors_follow_the_tokenizer(void **state) {
     assert_int_equal(vectors->rows, rows);
     assert_int_equal(spans->rows, rows);
     for (size_t row = 0; row < rows; ++row) {
-        uint32_t const *ours = (uint32_t const *)(void const *)((char const *)spans->data + row * spans->row_stride);
+        uint32_t const *ours =
+            (uint32_t const *)(void const *)((char const *)spans->data + row * spans->row_stride);
         uint32_t const *theirs =
             (uint32_t const *)(void const *)((char const *)cut.spans.data + row * cut.spans.row_stride);
         assert_int_equal(ours[0], theirs[0]);
         assert_int_equal(ours[1], theirs[1]);
-        float const *vector = (float const *)(void const *)((char const *)vectors->data + row * vectors->row_stride);
+        float const *vector =
+            (float const *)(void const *)((char const *)vectors->data + row * vectors->row_stride);
         double norm = 0;
         for (size_t h = 0; h < HIDDEN; ++h)
             norm += (double)vector[h] * vector[h];
@@ -538,8 +540,8 @@ static void token_vectors_follow_the_tokenizer(void **state) {
 
 int main(void) {
     struct CMUnitTest const tests[] = {
-        cmocka_unit_test(folder_loads_and_describes_itself), cmocka_unit_test(folder_encodes_texts),
-        cmocka_unit_test(f16_weights_load_as_f32_ones),      cmocka_unit_test(damaged_folders_fail_clearly),
+        cmocka_unit_test(folder_loads_and_describes_itself),  cmocka_unit_test(folder_encodes_texts),
+        cmocka_unit_test(f16_weights_load_as_f32_ones),       cmocka_unit_test(damaged_folders_fail_clearly),
         cmocka_unit_test(token_vectors_follow_the_tokenizer),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
