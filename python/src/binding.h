@@ -1,0 +1,77 @@
+/* The CPython extension uform._uform over include/uform.h: what its files share.
+ *
+ * Data flow of every verb: Python objects are copied into a tape (tape.c) while the GIL is held; the GIL
+ * is released for the whole engine call, which runs blocking on an executor (executor.c) into that
+ * executor's arena; the views are copied out of the arena into NumPy arrays (tape.c) before the executor
+ * is handed back, so that no Python object ever points into an arena. A failed status turns into an
+ * exception of the uform.Error family carrying the engine's error (module.c). */
+#ifndef UFORM_PYTHON_BINDING_H
+#define UFORM_PYTHON_BINDING_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdbool.h>
+
+#include <uform.h>
+
+/* ---- errors (module.c) ------------------------------------------------------------------------ */
+
+/* Raises the exception of `status` for the failure `error` (its strings copied now). Answers NULL. */
+PyObject *binding_raise(uform_error_t error);
+/* Raises the calling thread's last engine error, which `status` is expected to match. Answers NULL. */
+PyObject *binding_raise_last(uform_status_t status);
+/* Raises the exception of `status` with a message of the binding's own, for `entry`. Answers NULL. */
+PyObject *binding_raise_status(uform_status_t status, char const *entry, char const *message);
+
+/* ---- executors (executor.c) ------------------------------------------------------------------- */
+
+/* A Python executor: the engine's executor and the arena its calls write into. `busy` is set, under the
+ * GIL, by the Python call that holds the executor, so that a second Python thread never rewinds the
+ * arena between another call's return and its copy. */
+typedef struct binding_executor {
+    PyObject_HEAD uform_executor_t *executor;
+    uform_arena_t *arena; /* made at the first call */
+    bool busy;
+} binding_executor_t;
+
+extern PyTypeObject binding_executor_type;
+
+/* Takes `executor` for one call: the arena made if needed. Answers 0, or -1 with an exception set
+ * (ContendedError when another Python thread holds it). */
+int binding_executor_acquire(binding_executor_t *executor, char const *entry);
+void binding_executor_release(binding_executor_t *executor);
+
+/* ---- tapes and arrays (tape.c) ---------------------------------------------------------------- */
+
+/* A tape whose bytes and offsets the binding owns (PyMem_RawMalloc: freed without the GIL too). */
+typedef struct binding_tape {
+    uform_tape_t tape;
+    unsigned char *bytes;
+    size_t *offsets;
+    bool paths; /* every item was a str or an os.PathLike of a media verb: paths */
+} binding_tape_t;
+
+typedef enum binding_items {
+    BINDING_TEXTS = 0, /* str (UTF-8) or bytes-like */
+    BINDING_MEDIA = 1, /* str or os.PathLike (paths), or bytes-like (encoded files), not mixed */
+} binding_items_t;
+
+/* Copies a sequence of items into `tape`. Answers 0, or -1 with TypeError naming the bad item. */
+int binding_tape_from(PyObject *sequence, binding_items_t kind, binding_tape_t *tape);
+void binding_tape_free(binding_tape_t *tape);
+
+/* A new C-contiguous NumPy array of `rows` x `columns` (`columns` 0: one dimension of `rows`) of
+ * `dtype` ("float32", "uint32"), and its writable buffer in `buffer`. Answers NULL with an exception. */
+PyObject *binding_array(size_t rows, size_t columns, char const *dtype, Py_buffer *buffer);
+
+/* A new array holding a copy of the view's rows (F32 or U32 views), or NULL with an exception. */
+PyObject *binding_array_of_view(uform_view_t const *view, char const *dtype, size_t columns_as);
+
+/* ---- the module and its types (module.c, model.c, tokenizer.c) ----------------------------------- */
+
+PyMODINIT_FUNC PyInit__uform(void);
+
+extern PyTypeObject binding_model_type;
+extern PyTypeObject binding_tokenizer_type;
+
+#endif

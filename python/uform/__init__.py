@@ -1,0 +1,116 @@
+"""UForm: a multimodal embedding engine, from Python.
+
+The engine (include/uform.h) through its C extension, ``uform._uform``: executors that say where calls run,
+models loaded from a format-4 checkpoint or a pretrained model's folder, their encoders answering NumPy
+arrays, and tokenizers. Every blocking engine call runs without the GIL; its outputs are copied out of the
+engine's arena into new arrays.
+
+    import uform
+    model = uform.Model("models/demo.safetensors")
+    vectors = model.encode_texts(["a photo of a cat", "a dog"])    # float32, (2, model.info.dims)
+
+Failures raise subclasses of ``uform.Error`` carrying the engine's ``status``, the C ``function`` that
+failed and its ``message``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from . import _uform
+from ._uform import (
+    CancelledError,
+    ContendedError,
+    DeviceError,
+    Error,
+    Executor,
+    FormatError,
+    InputOutputError,
+    InternalError,
+    InvalidArgumentError,
+    OutOfMemoryError,
+    UnsupportedError,
+    features,
+    status_name,
+)
+
+__version__ = "{}.{}.{}".format(*_uform.version)
+
+__all__ = [
+    "CancelledError", "ContendedError", "DeviceError", "Error", "Executor", "FormatError", "InputOutputError",
+    "InternalError", "InvalidArgumentError", "Model", "ModelInfo", "OutOfMemoryError", "Tokenized", "Tokenizer",
+    "UnsupportedError", "features", "status_name", "tokenize", "__version__",
+]
+
+Path = Union[str, "os.PathLike[str]"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelInfo:
+    """What a loaded model is (uform_model_info_t)."""
+
+    dims: int  #: the shared embedding width
+    matryoshka: Tuple[int, ...]  #: ascending widths, each a valid embedding prefix (``dims=`` of the encoders)
+    parameters: int  #: scalars in every tensor
+    bytes: int  #: bytes of tensor data
+    towers: Tuple[str, ...]  #: of "text", "image", "video", "audio"
+    family: str  #: "uform" (the engine's own), or the pretrained family: "bert", "clip", "siglip", ...
+    normalized: bool  #: embeddings are unit vectors as the family's reference gives them
+    weights: str  #: "bf16" or "i8": the blocks' linear layers as the model runs them
+    context: int  #: text bytes at most, or tokens at most where the model reads tokens
+    vocab: int  #: 0: the text tower reads bytes; else token ids below it
+    image_size: int  #: the image tower's input side in pixels (0 without one)
+    video_frames: int  #: frames sampled per clip (0 without video)
+
+
+class Model(_uform.Model):
+    """A model loaded into host memory.
+
+    ``Model(path, *, executor=None, weights="stored", map=False)``: ``path`` is a format-4 checkpoint
+    (``.safetensors``) or a pretrained model's folder (UForm 3, CLIP, SigLIP, BERT-family
+    sentence-transformers); ``executor`` where it loads and where its calls run by default (None: a new
+    ``Executor.ram()``); ``weights`` "stored", "bf16" or "i8"; ``map`` maps the file instead of reading it.
+    A model may be used by several executors, one per thread, at once.
+    """
+
+    @property
+    def info(self) -> ModelInfo:
+        """The model's description."""
+        return ModelInfo(**self._info())
+
+
+@dataclasses.dataclass(frozen=True)
+class Tokenized:
+    """The tokens of each text: ``ids[i]`` (uint32) and ``spans[i]`` (uint32, one [begin, end) pair of input
+    bytes per token, [0, 0) for the special tokens the tokenizer adds)."""
+
+    ids: List[np.ndarray]
+    spans: List[np.ndarray]
+
+
+class Tokenizer(_uform.Tokenizer):
+    """A tokenizer cutting texts as Hugging Face's ``tokenizers`` does from the same file.
+
+    ``Tokenizer(path)``: a ``tokenizer.json``, a SentencePiece model, or a model's folder holding one.
+    ``info`` is a dict: vocabulary, max_length, special_added, model.
+    """
+
+    def tokenize(self, texts: Sequence[Union[str, bytes]], *, special_tokens: bool = True,
+                 executor: Optional[Executor] = None) -> Tokenized:
+        """Cuts every text (str, or UTF-8 bytes) into token ids and byte spans; without ``special_tokens``
+        the post-processor's tokens are left out. ``executor`` None runs on the calling thread."""
+        ids, spans, offsets = self._tokenize(texts, special_tokens=special_tokens, executor=executor)
+        if offsets is None:
+            return Tokenized([], [])
+        bounds = offsets.astype(np.intp)
+        return Tokenized([ids[a:b] for a, b in zip(bounds[:-1], bounds[1:])],
+                         [spans[a:b] for a, b in zip(bounds[:-1], bounds[1:])])
+
+
+def tokenize(path: Path, texts: Sequence[Union[str, bytes]], *, special_tokens: bool = True) -> Tokenized:
+    """``Tokenizer(path).tokenize(texts)``: opens the tokenizer for this one call."""
+    return Tokenizer(path).tokenize(texts, special_tokens=special_tokens)
