@@ -67,6 +67,25 @@ PyObject *binding_array(size_t rows, size_t columns, char const *dtype, Py_buffe
 /* A new array holding a copy of the view's rows (F32 or U32 views), or NULL with an exception. */
 PyObject *binding_array_of_view(uform_view_t const *view, char const *dtype, size_t columns_as);
 
+/* ---- encoding (model.c) and deferred calls (call.c) ------------------------------------------- */
+
+/* The embeddings of a final encode copied into a new array, or the first failed item's status raised
+ * (NULL), for `entry`. */
+PyObject *binding_encoded_array(char const *entry, uform_encoded_t const *encoded);
+
+typedef struct binding_call binding_call_t;
+extern PyTypeObject binding_call_type;
+
+/* A deferred call taking over `tape` (left empty) and a copy of `config`, holding `executor` (acquired by
+ * the caller) until its result is taken, its outcome initialized and notifying the call's pipe. Answers
+ * NULL with an exception, the executor then still the caller's to release. */
+binding_call_t *binding_call_new(binding_executor_t *executor, PyObject *model, char const *entry,
+                                 binding_tape_t *tape, uform_encode_config_t const *config);
+/* What the submission passes to the engine: the call's own copies. */
+uform_outcome_t *binding_call_outcome(binding_call_t *call);
+binding_tape_t const *binding_call_tape(binding_call_t *call);
+uform_encode_config_t const *binding_call_config(binding_call_t *call);
+
 /* ---- the module and its types (module.c, model.c, tokenizer.c) ----------------------------------- */
 
 PyMODINIT_FUNC PyInit__uform(void);

@@ -1,7 +1,8 @@
 /* uform.Model: a checkpoint or a pretrained folder loaded into host memory (uform_model_load_ram) on an
- * executor, its description, and the encode verbs. Each encode call runs blocking on an executor (the
- * model's own by default), without the GIL, and answers a NumPy float32 array (items, width) copied out
- * of that executor's arena. A failed item fails the call with its status, naming the item. */
+ * executor, its description, and the encode verbs. Each encode call runs on an executor (the model's own
+ * by default), without the GIL: blocking, answering a NumPy float32 array (items, width) copied out of
+ * that executor's arena, or deferred (submit_*), answering a Call (call.c). A failed item fails the call
+ * with its status, naming the item. */
 #include <string.h>
 
 #include "binding.h"
@@ -171,10 +172,11 @@ static int options_parse(PyObject *args, PyObject *kwargs, verb_t verb, encode_o
                : -1;
 }
 
-/* The call itself, without the GIL: blocking on the executor, into its arena. */
+/* The call itself, without the GIL: on the executor, into its arena; blocking (`outcome` NULL, the views in
+ * `encoded`) or deferred. */
 static uform_status_t encode_run(verb_t verb, binding_model_t *self, binding_executor_t *executor,
                                  binding_tape_t const *tape, uform_encode_config_t const *config,
-                                 uform_encoded_t *encoded) {
+                                 uform_encoded_t *encoded, uform_outcome_t *outcome) {
     if (verb == VERB_TEXTS) {
         uform_text_encode_args_t args = {.model = self->model,
                                          .executor = executor->executor,
@@ -182,6 +184,7 @@ static uform_status_t encode_run(verb_t verb, binding_model_t *self, binding_exe
                                          .arena = executor->arena,
                                          .config = config,
                                          .encoded = encoded,
+                                         .outcome = outcome,
                                          .texts = tape->tape};
         return uform_text_encode(&args);
     }
@@ -191,24 +194,57 @@ static uform_status_t encode_run(verb_t verb, binding_model_t *self, binding_exe
                                       .arena = executor->arena,
                                       .config = config,
                                       .encoded = encoded,
+                                      .outcome = outcome,
                                       .images = tape->tape,
                                       .source = tape->paths ? UFORM_SOURCE_FILES : UFORM_SOURCE_MEMORY};
     return uform_image_encode(&args);
 }
 
-/* The embeddings copied out, or the first failed item's status raised. */
-static PyObject *encode_result(verb_t verb, uform_encoded_t const *encoded) {
+PyObject *binding_encoded_array(char const *entry, uform_encoded_t const *encoded) {
     for (size_t i = 0; i < encoded->items; i++) {
         if (encoded->statuses[i] == UFORM_OK) continue;
         char message[UFORM_ERROR_MESSAGE_SIZE];
         PyOS_snprintf(message, sizeof message, "item %zu failed: %s", i,
                       uform_status_name(encoded->statuses[i]));
-        return binding_raise_status(encoded->statuses[i], verb_entries[verb], message);
+        return binding_raise_status(encoded->statuses[i], entry, message);
     }
     return binding_array_of_view(&encoded->embeddings, "float32", encoded->embeddings.columns);
 }
 
-static PyObject *model_encode(binding_model_t *self, PyObject *args, PyObject *kwargs, verb_t verb) {
+/* A blocking call: the embeddings copied out of the executor's arena. */
+static PyObject *encode_blocking(binding_model_t *self, verb_t verb, binding_executor_t *executor,
+                                 binding_tape_t const *tape, uform_encode_config_t const *config) {
+    uform_encoded_t encoded = {0};
+    PyThreadState *thread = PyEval_SaveThread();
+    uform_status_t status = encode_run(verb, self, executor, tape, config, &encoded, NULL);
+    PyEval_RestoreThread(thread);
+    PyObject *result =
+        status == UFORM_OK ? binding_encoded_array(verb_entries[verb], &encoded) : binding_raise_last(status);
+    binding_executor_release(executor);
+    return result;
+}
+
+/* A deferred call: a Call owning the tape, the config and the executor's hold until its result is taken. A
+ * failure found before submission is raised at once, as the engine answers it. */
+static PyObject *encode_deferred(binding_model_t *self, verb_t verb, binding_executor_t *executor,
+                                 binding_tape_t *tape, uform_encode_config_t const *config) {
+    binding_call_t *call = binding_call_new(executor, (PyObject *)self, verb_entries[verb], tape, config);
+    if (!call) {
+        binding_executor_release(executor);
+        return NULL;
+    }
+    PyThreadState *thread = PyEval_SaveThread();
+    uform_status_t status = encode_run(verb, self, executor, binding_call_tape(call),
+                                       binding_call_config(call), NULL, binding_call_outcome(call));
+    PyEval_RestoreThread(thread);
+    if (status == UFORM_OK) return (PyObject *)call;
+    binding_raise_last(status);
+    Py_DECREF(call);
+    return NULL;
+}
+
+static PyObject *model_encode(binding_model_t *self, PyObject *args, PyObject *kwargs, verb_t verb,
+                              bool deferred) {
     encode_options_t options;
     if (model_check(self) < 0 || options_parse(args, kwargs, verb, &options) < 0) return NULL;
     if (options.dims < 0) {
@@ -221,7 +257,7 @@ static PyObject *model_encode(binding_model_t *self, PyObject *args, PyObject *k
     PyObject *result = NULL;
     binding_executor_t *executor = executor_argument(options.executor, self->executor);
     if (!executor) goto done;
-    if (tape.tape.count == 0) {
+    if (tape.tape.count == 0 && !deferred) {
         Py_buffer buffer;
         result = binding_array(0, options.dims ? (size_t)options.dims : self->info.dims, "float32", &buffer);
         if (result) PyBuffer_Release(&buffer);
@@ -233,12 +269,8 @@ static PyObject *model_encode(binding_model_t *self, PyObject *args, PyObject *k
                                     .normalize = options.normalize != 0,
                                     .prompt = options.prompt,
                                     .prompt_name = options.prompt_name};
-    uform_encoded_t encoded = {0};
-    PyThreadState *thread = PyEval_SaveThread();
-    uform_status_t status = encode_run(verb, self, executor, &tape, &config, &encoded);
-    PyEval_RestoreThread(thread);
-    result = status == UFORM_OK ? encode_result(verb, &encoded) : binding_raise_last(status);
-    binding_executor_release(executor);
+    result = deferred ? encode_deferred(self, verb, executor, &tape, &config)
+                      : encode_blocking(self, verb, executor, &tape, &config);
 done:
     Py_XDECREF(executor);
     binding_tape_free(&tape);
@@ -246,11 +278,19 @@ done:
 }
 
 static PyObject *model_encode_texts(PyObject *self, PyObject *args, PyObject *kwargs) {
-    return model_encode((binding_model_t *)self, args, kwargs, VERB_TEXTS);
+    return model_encode((binding_model_t *)self, args, kwargs, VERB_TEXTS, false);
 }
 
 static PyObject *model_encode_images(PyObject *self, PyObject *args, PyObject *kwargs) {
-    return model_encode((binding_model_t *)self, args, kwargs, VERB_IMAGES);
+    return model_encode((binding_model_t *)self, args, kwargs, VERB_IMAGES, false);
+}
+
+static PyObject *model_submit_texts(PyObject *self, PyObject *args, PyObject *kwargs) {
+    return model_encode((binding_model_t *)self, args, kwargs, VERB_TEXTS, true);
+}
+
+static PyObject *model_submit_images(PyObject *self, PyObject *args, PyObject *kwargs) {
+    return model_encode((binding_model_t *)self, args, kwargs, VERB_IMAGES, true);
 }
 
 static PyObject *model_executor(PyObject *object, void *closure) {
@@ -274,6 +314,12 @@ static PyMethodDef model_methods[] = {
      "encode_images(images, *, executor=None, dims=0, normalize=False) -> numpy.ndarray\n\n"
      "Embeds JPEG or PNG images: paths (str or os.PathLike) or encoded files (bytes), not mixed. Raises "
      "UnsupportedError in a build without the image's decoder."},
+    {"submit_texts", (PyCFunction)(void (*)(void))model_submit_texts, METH_VARARGS | METH_KEYWORDS,
+     "submit_texts(texts, **as encode_texts) -> Call\n\n"
+     "encode_texts deferred: answers once submitted; the Call's fileno() turns readable when it is final, "
+     "and result() answers the array. The executor stays held until then. See Model.aencode_texts."},
+    {"submit_images", (PyCFunction)(void (*)(void))model_submit_images, METH_VARARGS | METH_KEYWORDS,
+     "submit_images(images, **as encode_images) -> Call\n\nencode_images deferred, as submit_texts."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -153,7 +153,8 @@ PyMODINIT_FUNC PyInit__uform(void) {
     Py_XDECREF(version);
     if (failed || add_error_classes(module) < 0 || add_type(module, &binding_executor_type, "Executor") < 0 ||
         add_type(module, &binding_model_type, "Model") < 0 ||
-        add_type(module, &binding_tokenizer_type, "Tokenizer") < 0) {
+        add_type(module, &binding_tokenizer_type, "Tokenizer") < 0 ||
+        add_type(module, &binding_call_type, "Call") < 0) {
         Py_DECREF(module);
         return NULL;
     }

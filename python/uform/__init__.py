@@ -15,6 +15,7 @@ failed and its ``message``.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 from typing import List, Optional, Sequence, Tuple, Union
@@ -81,6 +82,35 @@ class Model(_uform.Model):
     def info(self) -> ModelInfo:
         """The model's description."""
         return ModelInfo(**self._info())
+
+    async def aencode_texts(self, texts: Sequence[Union[str, bytes]], **options) -> np.ndarray:
+        """``encode_texts`` awaited: submitted deferred on the executor, whose notification the running
+        asyncio loop watches, so that the loop goes on while the engine works. Give concurrent calls an
+        executor each (``executor=``): a held executor raises ``ContendedError``."""
+        if len(texts) == 0:
+            return self.encode_texts(texts, **options)
+        return await _awaited(self.submit_texts(texts, **options))
+
+    async def aencode_images(self, images: Sequence[Union[Path, bytes]], **options) -> np.ndarray:
+        """``encode_images`` awaited, as ``aencode_texts``."""
+        if len(images) == 0:
+            return self.encode_images(images, **options)
+        return await _awaited(self.submit_images(images, **options))
+
+
+async def _awaited(call: "_uform.Call") -> np.ndarray:
+    """The result of a deferred call, once its descriptor turns readable. A cancelled task leaves the call to
+    finish in the engine; the call waits for it when it is dropped."""
+    if not call.done():
+        loop = asyncio.get_running_loop()
+        final = loop.create_future()
+        descriptor = call.fileno()
+        loop.add_reader(descriptor, lambda: final.done() or final.set_result(None))
+        try:
+            await final
+        finally:
+            loop.remove_reader(descriptor)
+    return call.result()
 
 
 @dataclasses.dataclass(frozen=True)

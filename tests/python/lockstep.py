@@ -15,14 +15,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-# Exported, not called by the extension yet: deferred calls and their outcomes (asyncio is not bound
-# yet), executors over a caller's pool, fork_union or CUDA devices, VRAM models, the lesser accessors of
+# Exported, not called by the extension yet: outcomes of deferred loads and tokenizations and io_uring
+# notification (deferred encodes are bound, for asyncio), executors over a caller's pool, fork_union or CUDA devices, VRAM models, the lesser accessors of
 # executors, arenas and views, the pixel, video and audio encoders, text_choose, tokenizers parsed from
 # memory, meshes and trainers, and the checkpoint tools.
 UNBOUND = {
-    "uform_outcome_init", "uform_outcome_destroy", "uform_outcome_status", "uform_outcome_wait",
-    "uform_outcome_error", "uform_outcome_notify_eventfd", "uform_outcome_notify_ring", "uform_outcome_model",
-    "uform_outcome_encoded", "uform_outcome_probabilities", "uform_outcome_tokenized",
+    "uform_outcome_notify_ring", "uform_outcome_model", "uform_outcome_probabilities", "uform_outcome_tokenized",
     "uform_ram_options_default", "uform_executor_create_pool", "uform_executor_create_fork_union",
     "uform_executor_create_vram", "uform_executor_nop",
     "uform_arena_reserve", "uform_arena_capacity", "uform_arena_generation",

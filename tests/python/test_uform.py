@@ -14,6 +14,7 @@ beyond NumPy; the pretrained folder needs transformers and tokenizers, and is sk
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import re
 import subprocess
@@ -247,6 +248,64 @@ class Threads(unittest.TestCase):
             thread.join()
         expected = model.encode_texts(TEXTS).tobytes()
         self.assertTrue(all(result in (expected, "contended") for result in results))
+
+
+class Deferred(unittest.TestCase):
+    """Deferred encodes awaited on asyncio: the loop watches each call's descriptor and runs meanwhile."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.model = uform.Model(DEMO, executor=uform.Executor.inline())
+        cls.expected = cls.model.encode_texts(TEXTS)
+
+    def test_awaited_equals_blocking(self):
+        executor = uform.Executor.ram(threads=1)
+        vectors = asyncio.run(self.model.aencode_texts(TEXTS, executor=executor))
+        self.assertEqual(vectors.tobytes(), self.expected.tobytes())
+        inline = asyncio.run(self.model.aencode_texts(TEXTS))
+        self.assertEqual(inline.tobytes(), self.expected.tobytes())
+        self.assertEqual(asyncio.run(self.model.aencode_texts([])).shape, (0, 64))
+
+    def test_the_loop_runs_while_two_calls_are_pending(self):
+        batch = ["a fairly long text to keep the encoder busy for a while " * 4] * 256
+        expected = self.model.encode_texts(batch)
+        executors = [uform.Executor.ram(threads=1) for _ in range(2)]
+
+        async def run():
+            calls = [self.model.submit_texts(batch, executor=executor) for executor in executors]
+            seen_pending = 0
+
+            async def ticker():
+                nonlocal seen_pending
+                while not all(call.done() for call in calls):
+                    seen_pending += not any(call.done() for call in calls)
+                    await asyncio.sleep(0)
+
+            results = await asyncio.gather(uform._awaited(calls[0]), uform._awaited(calls[1]), ticker())
+            return results[:2], seen_pending
+
+        results, seen_pending = asyncio.run(run())
+        for vectors in results:
+            self.assertEqual(vectors.tobytes(), expected.tobytes())
+        self.assertGreater(seen_pending, 0, "the loop never ran while both calls were pending")
+
+    def test_failures_and_a_held_executor(self):
+        executor = uform.Executor.ram(threads=1)
+        with self.assertRaises(uform.InvalidArgumentError):
+            asyncio.run(self.model.aencode_texts(TEXTS, executor=executor, dims=7))
+        call = self.model.submit_texts(TEXTS * 50, executor=executor)
+        if not call.done():
+            with self.assertRaises(uform.ContendedError):
+                self.model.encode_texts(TEXTS, executor=executor)
+        self.assertEqual(call.result()[:len(TEXTS)].tobytes(), self.expected.tobytes())
+        with self.assertRaises(ValueError):
+            call.result()
+        dropped = self.model.submit_texts(TEXTS, executor=executor)
+        del dropped  # waits for the engine, then hands the executor back
+        self.assertEqual(self.model.encode_texts(TEXTS, executor=executor).tobytes(), self.expected.tobytes())
+        with self.assertRaises(uform.Error) as caught:
+            asyncio.run(self.model.aencode_images([b"not an image"], executor=executor))
+        self.assertIn("item 0", caught.exception.message)
 
 
 class Pretrained(unittest.TestCase):
