@@ -29,7 +29,8 @@ PyObject *binding_raise_status(uform_status_t status, char const *entry, char co
  * GIL, by the Python call that holds the executor, so that a second Python thread never rewinds the
  * arena between another call's return and its copy. */
 typedef struct binding_executor {
-    PyObject_HEAD uform_executor_t *executor;
+    PyObject ob_base;
+    uform_executor_t *executor;
     uform_arena_t *arena; /* made at the first call */
     bool busy;
 } binding_executor_t;
@@ -67,6 +68,26 @@ PyObject *binding_array(size_t rows, size_t columns, char const *dtype, Py_buffe
 /* A new array holding a copy of the view's rows (F32 or U32 views), or NULL with an exception. */
 PyObject *binding_array_of_view(uform_view_t const *view, char const *dtype, size_t columns_as);
 
+/* ---- progress callbacks (progress.c) ---------------------------------------------------------- */
+
+/* A Python callable behind a uform_progress_t: `progress` is what a call's config takes (no handler for
+ * None). Its state must stay at one address until the call is final. */
+typedef struct binding_progress {
+    PyObject *callback; /* owned, or NULL */
+    PyObject *raised;   /* what the callback raised (owned), or NULL */
+    uform_progress_t progress;
+} binding_progress_t;
+
+/* Answers 0, or -1 with TypeError for a callback that is neither callable nor None. */
+int binding_progress_init(binding_progress_t *progress, PyObject *callback);
+/* After the call: sets what the callback raised, if it did, and answers -1; else 0. */
+int binding_progress_raise(binding_progress_t *progress);
+void binding_progress_clear(binding_progress_t *progress);
+
+/* The exception being raised, taken (a new reference; the error indicator cleared), and set again. */
+PyObject *binding_exception_take(void);
+void binding_exception_restore(PyObject *exception);
+
 /* ---- encoding (model.c) and deferred calls (call.c) ------------------------------------------- */
 
 /* The embeddings of a final encode copied into a new array, or the first failed item's status raised
@@ -76,11 +97,13 @@ PyObject *binding_encoded_array(char const *entry, uform_encoded_t const *encode
 typedef struct binding_call binding_call_t;
 extern PyTypeObject binding_call_type;
 
-/* A deferred call taking over `tape` (left empty) and a copy of `config`, holding `executor` (acquired by
+/* A deferred call taking over `tape` (left empty) and a copy of `config` with the `progress` callback (or
+ * None), holding `executor` (acquired by
  * the caller) until its result is taken, its outcome initialized and notifying the call's pipe. Answers
  * NULL with an exception, the executor then still the caller's to release. */
 binding_call_t *binding_call_new(binding_executor_t *executor, PyObject *model, char const *entry,
-                                 binding_tape_t *tape, uform_encode_config_t const *config);
+                                 binding_tape_t *tape, uform_encode_config_t const *config,
+                                 PyObject *progress);
 /* What the submission passes to the engine: the call's own copies. */
 uform_outcome_t *binding_call_outcome(binding_call_t *call);
 binding_tape_t const *binding_call_tape(binding_call_t *call);

@@ -16,10 +16,12 @@
 #include "binding.h"
 
 struct binding_call {
-    PyObject_HEAD uform_outcome_t *outcome;
+    PyObject ob_base;
+    uform_outcome_t *outcome;
     binding_tape_t tape;
     uform_encode_config_t config;
     char *prompt, *prompt_name;   /* the config's strings, owned */
+    binding_progress_t progress;  /* the state of the config's progress handler */
     binding_executor_t *executor; /* held from submission until the result is taken */
     PyObject *model;              /* kept alive while the engine runs it */
     char const *entry;
@@ -44,9 +46,11 @@ static int pipe_open(int fds[2]) {
 }
 
 binding_call_t *binding_call_new(binding_executor_t *executor, PyObject *model, char const *entry,
-                                 binding_tape_t *tape, uform_encode_config_t const *config) {
+                                 binding_tape_t *tape, uform_encode_config_t const *config,
+                                 PyObject *progress) {
     binding_call_t *call = PyObject_New(binding_call_t, &binding_call_type);
     if (!call) return NULL;
+    call->progress = (binding_progress_t){0};
     call->outcome = aligned_alloc(UFORM_OUTCOME_ALIGNMENT, sizeof(uform_outcome_t));
     call->tape = *tape;
     *tape = (binding_tape_t){0};
@@ -60,6 +64,11 @@ binding_call_t *binding_call_new(binding_executor_t *executor, PyObject *model, 
     call->entry = entry;
     call->notify[0] = call->notify[1] = -1;
     call->taken = false;
+    if (binding_progress_init(&call->progress, progress) < 0) {
+        Py_DECREF(call);
+        return NULL;
+    }
+    call->config.progress = call->progress.progress;
     if (!call->outcome || (config->prompt && !call->prompt) || (config->prompt_name && !call->prompt_name)) {
         Py_DECREF(call);
         PyErr_NoMemory();
@@ -106,6 +115,7 @@ static void call_dealloc(PyObject *object) {
     for (int i = 0; i < 2; i++)
         if (self->notify[i] >= 0) close(self->notify[i]);
     binding_tape_free(&self->tape);
+    binding_progress_clear(&self->progress);
     PyMem_RawFree(self->prompt);
     PyMem_RawFree(self->prompt_name);
     Py_XDECREF(self->executor);
@@ -136,7 +146,9 @@ static PyObject *call_result(PyObject *object, PyObject *unused) {
     PyObject *result = NULL;
     uform_encoded_t encoded;
     if (status == UFORM_OK) status = uform_outcome_encoded(self->outcome, &encoded);
-    if (status == UFORM_OK)
+    if (binding_progress_raise(&self->progress) < 0)
+        result = NULL;
+    else if (status == UFORM_OK)
         result = binding_encoded_array(self->entry, &encoded);
     else
         binding_raise(uform_outcome_error(self->outcome));
@@ -151,7 +163,7 @@ static PyMethodDef call_methods[] = {
     {"result", call_result, METH_NOARGS,
      "result() -> numpy.ndarray\n\nWaits (without the GIL) until the call is final, then answers its "
      "embeddings "
-     "or raises its failure; once."},
+     "or raises its failure (what the progress callback raised, if it did); once."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -8,7 +8,8 @@
 #include "binding.h"
 
 typedef struct binding_model {
-    PyObject_HEAD uform_model_t *model;
+    PyObject ob_base;
+    uform_model_t *model;
     binding_executor_t *executor; /* where it loaded, and where its calls run by default */
     uform_model_info_t info;
 } binding_model_t;
@@ -43,21 +44,24 @@ static binding_executor_t *executor_argument(PyObject *argument, binding_executo
 }
 
 static int model_init(PyObject *object, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"path", "executor", "weights", "map", NULL};
+    static char *keywords[] = {"path", "executor", "weights", "map", "progress", NULL};
     binding_model_t *self = (binding_model_t *)object;
-    PyObject *path = NULL, *executor_object = NULL;
+    PyObject *path = NULL, *executor_object = NULL, *callback = NULL;
     char const *weights_name = "stored";
     int map = 0;
     if (self->model) {
         PyErr_SetString(PyExc_TypeError, "a Model is loaded once");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&|$Osp:Model", keywords, PyUnicode_FSConverter, &path,
-                                     &executor_object, &weights_name, &map))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&|$OspO:Model", keywords, PyUnicode_FSConverter, &path,
+                                     &executor_object, &weights_name, &map, &callback))
         return -1;
     uform_load_config_t config = {.map = map != 0};
     int result = -1;
     binding_executor_t *executor = NULL;
+    binding_progress_t progress;
+    if (binding_progress_init(&progress, callback) < 0) goto done;
+    config.progress = progress.progress;
     if (weights_of(weights_name, &config.weights) < 0) goto done;
     executor = executor_argument(executor_object, NULL);
     if (!executor || binding_executor_acquire(executor, "uform_model_load_ram") < 0) goto done;
@@ -68,6 +72,10 @@ static int model_init(PyObject *object, PyObject *args, PyObject *kwargs) {
     uform_status_t status = uform_model_load_ram(&load);
     PyEval_RestoreThread(thread);
     binding_executor_release(executor);
+    if (binding_progress_raise(&progress) < 0) {
+        uform_model_free(model);
+        goto done;
+    }
     if (status != UFORM_OK) {
         binding_raise_last(status);
         goto done;
@@ -78,6 +86,7 @@ static int model_init(PyObject *object, PyObject *args, PyObject *kwargs) {
     executor = NULL;
     result = 0;
 done:
+    binding_progress_clear(&progress);
     Py_XDECREF(executor);
     Py_DECREF(path);
     return result;
@@ -150,26 +159,26 @@ static char const *const verb_entries[] = {"uform_text_encode", "uform_image_enc
 
 /* The encode config from the keywords the verbs share; the prompt strings borrowed from `args`. */
 typedef struct encode_options {
-    PyObject *texts, *executor;
+    PyObject *texts, *executor, *progress;
     Py_ssize_t dims;
     int normalize;
     char const *prompt, *prompt_name;
 } encode_options_t;
 
 static int options_parse(PyObject *args, PyObject *kwargs, verb_t verb, encode_options_t *options) {
-    static char *text_keywords[] = {"texts", "executor", "dims", "normalize", "prompt", "prompt_name", NULL};
-    static char *image_keywords[] = {"images", "executor", "dims", "normalize", NULL};
+    static char *text_keywords[] = {"texts",  "executor",    "dims",     "normalize",
+                                    "prompt", "prompt_name", "progress", NULL};
+    static char *image_keywords[] = {"images", "executor", "dims", "normalize", "progress", NULL};
     *options = (encode_options_t){0};
-    if (verb == VERB_TEXTS)
-        return PyArg_ParseTupleAndKeywords(args, kwargs, "O|$Onpzz:encode_texts", text_keywords,
-                                           &options->texts, &options->executor, &options->dims,
-                                           &options->normalize, &options->prompt, &options->prompt_name)
-                   ? 0
-                   : -1;
-    return PyArg_ParseTupleAndKeywords(args, kwargs, "O|$Onp:encode_images", image_keywords, &options->texts,
-                                       &options->executor, &options->dims, &options->normalize)
-               ? 0
-               : -1;
+    int parsed = verb == VERB_TEXTS
+                     ? PyArg_ParseTupleAndKeywords(args, kwargs, "O|$OnpzzO:encode_texts", text_keywords,
+                                                   &options->texts, &options->executor, &options->dims,
+                                                   &options->normalize, &options->prompt,
+                                                   &options->prompt_name, &options->progress)
+                     : PyArg_ParseTupleAndKeywords(args, kwargs, "O|$OnpO:encode_images", image_keywords,
+                                                   &options->texts, &options->executor, &options->dims,
+                                                   &options->normalize, &options->progress);
+    return parsed ? 0 : -1;
 }
 
 /* The call itself, without the GIL: on the executor, into its arena; blocking (`outcome` NULL, the views in
@@ -213,22 +222,34 @@ PyObject *binding_encoded_array(char const *entry, uform_encoded_t const *encode
 
 /* A blocking call: the embeddings copied out of the executor's arena. */
 static PyObject *encode_blocking(binding_model_t *self, verb_t verb, binding_executor_t *executor,
-                                 binding_tape_t const *tape, uform_encode_config_t const *config) {
+                                 binding_tape_t const *tape, uform_encode_config_t *config,
+                                 PyObject *callback) {
+    binding_progress_t progress;
+    if (binding_progress_init(&progress, callback) < 0) {
+        binding_executor_release(executor);
+        return NULL;
+    }
+    config->progress = progress.progress;
     uform_encoded_t encoded = {0};
     PyThreadState *thread = PyEval_SaveThread();
     uform_status_t status = encode_run(verb, self, executor, tape, config, &encoded, NULL);
     PyEval_RestoreThread(thread);
-    PyObject *result =
-        status == UFORM_OK ? binding_encoded_array(verb_entries[verb], &encoded) : binding_raise_last(status);
+    PyObject *result = NULL;
+    if (binding_progress_raise(&progress) == 0)
+        result = status == UFORM_OK ? binding_encoded_array(verb_entries[verb], &encoded)
+                                    : binding_raise_last(status);
     binding_executor_release(executor);
+    binding_progress_clear(&progress);
     return result;
 }
 
 /* A deferred call: a Call owning the tape, the config and the executor's hold until its result is taken. A
  * failure found before submission is raised at once, as the engine answers it. */
 static PyObject *encode_deferred(binding_model_t *self, verb_t verb, binding_executor_t *executor,
-                                 binding_tape_t *tape, uform_encode_config_t const *config) {
-    binding_call_t *call = binding_call_new(executor, (PyObject *)self, verb_entries[verb], tape, config);
+                                 binding_tape_t *tape, uform_encode_config_t const *config,
+                                 PyObject *progress) {
+    binding_call_t *call =
+        binding_call_new(executor, (PyObject *)self, verb_entries[verb], tape, config, progress);
     if (!call) {
         binding_executor_release(executor);
         return NULL;
@@ -269,8 +290,8 @@ static PyObject *model_encode(binding_model_t *self, PyObject *args, PyObject *k
                                     .normalize = options.normalize != 0,
                                     .prompt = options.prompt,
                                     .prompt_name = options.prompt_name};
-    result = deferred ? encode_deferred(self, verb, executor, &tape, &config)
-                      : encode_blocking(self, verb, executor, &tape, &config);
+    result = deferred ? encode_deferred(self, verb, executor, &tape, &config, options.progress)
+                      : encode_blocking(self, verb, executor, &tape, &config, options.progress);
 done:
     Py_XDECREF(executor);
     binding_tape_free(&tape);
@@ -304,16 +325,18 @@ static PyObject *model_executor(PyObject *object, void *closure) {
 static PyMethodDef model_methods[] = {
     {"_info", model_info, METH_NOARGS, "_info() -> dict: the model's description (see Model.info)."},
     {"encode_texts", (PyCFunction)(void (*)(void))model_encode_texts, METH_VARARGS | METH_KEYWORDS,
-     "encode_texts(texts, *, executor=None, dims=0, normalize=False, prompt=None, prompt_name=None)\n"
-     "-> numpy.ndarray\n\n"
+     "encode_texts(texts, *, executor=None, dims=0, normalize=False, prompt=None, prompt_name=None,\n"
+     "             progress=None) -> numpy.ndarray\n\n"
      "Embeds texts (str, encoded as UTF-8, or bytes): a float32 array (len(texts), dims) copied out of the "
      "executor's arena. dims narrows to a matryoshka width; normalize asks for unit vectors where the "
      "model's family gives them unnormalized; prompt or prompt_name put a prompt before each text, as "
-     "sentence-transformers does, for models that read tokens."},
+     "sentence-transformers does, for models that read tokens. progress(completed, total) is called from the "
+     "executor's loop as texts are done; False cancels the call (CancelledError), and what it raises cancels "
+     "it and is raised."},
     {"encode_images", (PyCFunction)(void (*)(void))model_encode_images, METH_VARARGS | METH_KEYWORDS,
-     "encode_images(images, *, executor=None, dims=0, normalize=False) -> numpy.ndarray\n\n"
+     "encode_images(images, *, executor=None, dims=0, normalize=False, progress=None) -> numpy.ndarray\n\n"
      "Embeds JPEG or PNG images: paths (str or os.PathLike) or encoded files (bytes), not mixed. Raises "
-     "UnsupportedError in a build without the image's decoder."},
+     "UnsupportedError in a build without the image's decoder; the other arguments as encode_texts'."},
     {"submit_texts", (PyCFunction)(void (*)(void))model_submit_texts, METH_VARARGS | METH_KEYWORDS,
      "submit_texts(texts, **as encode_texts) -> Call\n\n"
      "encode_texts deferred: answers once submitted; the Call's fileno() turns readable when it is final, "
@@ -333,8 +356,9 @@ PyTypeObject binding_model_type = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "uform._uform.Model",
     .tp_basicsize = sizeof(binding_model_t),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-    .tp_doc = "Model(path, *, executor=None, weights='stored', map=False): a format-4 checkpoint or a "
-              "pretrained model's folder, loaded into host memory on `executor` (None: a new RAM executor).",
+    .tp_doc =
+        "Model(path, *, executor=None, weights='stored', map=False, progress=None): a format-4 checkpoint "
+        "or a pretrained model's folder, loaded into host memory on `executor` (None: a new RAM executor).",
     .tp_new = PyType_GenericNew,
     .tp_init = model_init,
     .tp_dealloc = model_dealloc,

@@ -5,7 +5,8 @@
 #include "binding.h"
 
 typedef struct binding_tokenizer {
-    PyObject_HEAD uform_tokenizer_t *tokenizer;
+    PyObject ob_base;
+    uform_tokenizer_t *tokenizer;
 } binding_tokenizer_t;
 
 static int tokenizer_init(PyObject *object, PyObject *args, PyObject *kwargs) {

@@ -308,6 +308,69 @@ class Deferred(unittest.TestCase):
         self.assertIn("item 0", caught.exception.message)
 
 
+class Progress(unittest.TestCase):
+    """Progress callbacks: called with (completed, total) from the executor's loop, False cancels, and an
+    exception raised there cancels too and comes out of the call."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.model = uform.Model(DEMO, executor=uform.Executor.inline())
+        cls.expected = cls.model.encode_texts(TEXTS)
+        cls.batch = ["a text of some length, " * 8] * 3000  # several chunks of 2048 tokens
+
+    def assert_still_usable(self):
+        self.assertEqual(self.model.encode_texts(TEXTS).tobytes(), self.expected.tobytes())
+
+    def test_reports_until_done(self):
+        for executor in (uform.Executor.inline(), uform.Executor.ram(threads=2)):
+            reports = []
+            vectors = self.model.encode_texts(TEXTS, executor=executor, progress=lambda *r: reports.append(r))
+            self.assertEqual(vectors.tobytes(), self.expected.tobytes())
+            self.assertTrue(reports)
+            self.assertEqual(reports[-1], (len(TEXTS), len(TEXTS)))
+
+    def test_false_cancels(self):
+        reports = []
+
+        def cancel(completed, total):
+            reports.append(completed)
+            return False
+
+        with self.assertRaises(uform.CancelledError) as caught:
+            self.model.encode_texts(self.batch, progress=cancel)
+        self.assertEqual(caught.exception.status, 2)
+        self.assertEqual(len(reports), 1)
+        self.assert_still_usable()
+
+    def test_an_exception_cancels_and_comes_out(self):
+        class Stop(Exception):
+            pass
+
+        def stop(completed, total):
+            raise Stop(completed)
+
+        for executor in (uform.Executor.inline(), uform.Executor.ram(threads=2)):
+            with self.assertRaises(Stop):
+                self.model.encode_texts(self.batch, executor=executor, progress=stop)
+        with self.assertRaises(TypeError):
+            self.model.encode_texts(TEXTS, progress=3)
+        self.assert_still_usable()
+
+    def test_loads_report_bytes_and_cancel(self):
+        reports = []
+        model = uform.Model(DEMO, executor=uform.Executor.ram(threads=1), progress=lambda *r: reports.append(r))
+        self.assertEqual(reports[-1][0], reports[-1][1])
+        self.assertGreaterEqual(reports[-1][1], model.info.bytes)
+        with self.assertRaises(uform.CancelledError):
+            uform.Model(DEMO, executor=uform.Executor.inline(), progress=lambda *r: False)
+
+    def test_deferred_cancels(self):
+        executor = uform.Executor.ram(threads=1)
+        with self.assertRaises(uform.CancelledError):
+            asyncio.run(self.model.aencode_texts(self.batch, executor=executor, progress=lambda *r: False))
+        self.assertEqual(self.model.encode_texts(TEXTS, executor=executor).tobytes(), self.expected.tobytes())
+
+
 class Pretrained(unittest.TestCase):
     """A tiny sentence-transformers BERT with a default prompt, written by tests/model/pretrained_folders.py."""
 
