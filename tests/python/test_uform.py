@@ -36,9 +36,9 @@ options = argparse.Namespace(uform="", workdir="")
 def preload_sanitizer() -> None:
     """An extension built with -fsanitize=address needs the ASan runtime first in the process: run again
     with it preloaded (and leak checking off, for the interpreter's own allocations)."""
-    import importlib.util
-    spec = importlib.util.find_spec("uform._uform")
-    found = spec and spec.origin and re.search(rb"libasan\.so\.\d+", Path(spec.origin).read_bytes())
+    # Found on the path by name: importing the package to find it would load it already.
+    extensions = [path for folder in sys.path for path in Path(folder or ".").glob("uform/_uform*.so")]
+    found = extensions and re.search(rb"libasan\.so\.\d+", extensions[0].read_bytes())
     if not found or "libasan" in os.environ.get("LD_PRELOAD", ""):
         return
     environment = dict(os.environ)
@@ -66,7 +66,9 @@ def thread_cpu(thread: threading.Thread) -> float:
     return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
 
 
-import uform  # noqa: E402  (after the path is set by the caller)
+if __name__ == "__main__":
+    preload_sanitizer()
+import uform  # noqa: E402  (after the sanitizer's runtime, where the extension needs it)
 
 
 class Package(unittest.TestCase):
@@ -449,5 +451,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    preload_sanitizer()
     sys.exit(main())
