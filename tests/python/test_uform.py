@@ -24,7 +24,11 @@ import time
 import unittest
 from pathlib import Path
 
-import numpy as np
+try:
+    import numpy as np
+except ImportError:  # the package needs NumPy at run time; meson counts exit status 77 as skipped
+    print("numpy does not import: the package's tests are skipped (pip install numpy, or python3-numpy)")
+    sys.exit(1 if os.environ.get("CI", "").strip().lower() in ("true", "1", "yes") else 77)
 
 SOURCE = Path(__file__).resolve().parents[2]
 DEMO = SOURCE / "models" / "demo.safetensors"
