@@ -65,8 +65,12 @@ void binding_tape_free(binding_tape_t *tape);
  * `dtype` ("float32", "uint32"), and its writable buffer in `buffer`. Answers NULL with an exception. */
 PyObject *binding_array(size_t rows, size_t columns, char const *dtype, Py_buffer *buffer);
 
-/* A new array holding a copy of the view's rows (F32 or U32 views), or NULL with an exception. */
-PyObject *binding_array_of_view(uform_view_t const *view, char const *dtype, size_t columns_as);
+/* The NumPy dtype of a scalar: float32, uint16 (BF16's bits), float16, int8, uint32; NULL for another. */
+char const *binding_dtype_of(uform_scalar_t scalar);
+
+/* A new array holding a copy of the view's rows in its scalar's dtype, `columns_as` columns (0: one
+ * dimension); an I8 view gives the pair (int8 rows, float32 scales, one per row). NULL with an exception. */
+PyObject *binding_array_of_view(uform_view_t const *view, size_t columns_as);
 
 /* ---- progress callbacks (progress.c) ---------------------------------------------------------- */
 

@@ -160,25 +160,36 @@ static char const *const verb_entries[] = {"uform_text_encode", "uform_image_enc
 /* The encode config from the keywords the verbs share; the prompt strings borrowed from `args`. */
 typedef struct encode_options {
     PyObject *texts, *executor, *progress;
+    char const *dtype;
     Py_ssize_t dims;
     int normalize;
     char const *prompt, *prompt_name;
 } encode_options_t;
 
 static int options_parse(PyObject *args, PyObject *kwargs, verb_t verb, encode_options_t *options) {
-    static char *text_keywords[] = {"texts",  "executor",    "dims",     "normalize",
-                                    "prompt", "prompt_name", "progress", NULL};
-    static char *image_keywords[] = {"images", "executor", "dims", "normalize", "progress", NULL};
-    *options = (encode_options_t){0};
+    static char *text_keywords[] = {"texts",       "executor", "dims",  "normalize", "prompt",
+                                    "prompt_name", "progress", "dtype", NULL};
+    static char *image_keywords[] = {"images", "executor", "dims", "normalize", "progress", "dtype", NULL};
+    *options = (encode_options_t){.dtype = "float32"};
     int parsed = verb == VERB_TEXTS
-                     ? PyArg_ParseTupleAndKeywords(args, kwargs, "O|$OnpzzO:encode_texts", text_keywords,
+                     ? PyArg_ParseTupleAndKeywords(args, kwargs, "O|$OnpzzOs:encode_texts", text_keywords,
                                                    &options->texts, &options->executor, &options->dims,
                                                    &options->normalize, &options->prompt,
-                                                   &options->prompt_name, &options->progress)
-                     : PyArg_ParseTupleAndKeywords(args, kwargs, "O|$OnpO:encode_images", image_keywords,
+                                                   &options->prompt_name, &options->progress, &options->dtype)
+                     : PyArg_ParseTupleAndKeywords(args, kwargs, "O|$OnpOs:encode_images", image_keywords,
                                                    &options->texts, &options->executor, &options->dims,
-                                                   &options->normalize, &options->progress);
+                                                   &options->normalize, &options->progress, &options->dtype);
     return parsed ? 0 : -1;
+}
+
+/* The scalar outputs land as: "float32", "bfloat16" (its bits as uint16), "float16", "int8" (with scales). */
+static int scalar_of(char const *dtype, uform_scalar_t *scalar) {
+    static char const *const names[] = {"float32", "bfloat16", "float16", "int8"}; /* by uform_scalar_t */
+    for (int i = 0; i < 4; i++)
+        if (!strcmp(dtype, names[i])) return *scalar = (uform_scalar_t)i, 0;
+    PyErr_Format(PyExc_ValueError, "dtype must be 'float32', 'bfloat16', 'float16' or 'int8', not %.40s",
+                 dtype);
+    return -1;
 }
 
 /* The call itself, without the GIL: on the executor, into its arena; blocking (`outcome` NULL, the views in
@@ -217,7 +228,7 @@ PyObject *binding_encoded_array(char const *entry, uform_encoded_t const *encode
                       uform_status_name(encoded->statuses[i]));
         return binding_raise_status(encoded->statuses[i], entry, message);
     }
-    return binding_array_of_view(&encoded->embeddings, "float32", encoded->embeddings.columns);
+    return binding_array_of_view(&encoded->embeddings, encoded->embeddings.columns);
 }
 
 /* A blocking call: the embeddings copied out of the executor's arena. */
@@ -272,6 +283,8 @@ static PyObject *model_encode(binding_model_t *self, PyObject *args, PyObject *k
         PyErr_SetString(PyExc_ValueError, "dims must be 0 (the model's full width) or a matryoshka width");
         return NULL;
     }
+    uform_scalar_t scalar;
+    if (scalar_of(options.dtype, &scalar) < 0) return NULL;
     binding_tape_t tape;
     if (binding_tape_from(options.texts, verb == VERB_TEXTS ? BINDING_TEXTS : BINDING_MEDIA, &tape) < 0)
         return NULL;
@@ -279,13 +292,13 @@ static PyObject *model_encode(binding_model_t *self, PyObject *args, PyObject *k
     binding_executor_t *executor = executor_argument(options.executor, self->executor);
     if (!executor) goto done;
     if (tape.tape.count == 0 && !deferred) {
-        Py_buffer buffer;
-        result = binding_array(0, options.dims ? (size_t)options.dims : self->info.dims, "float32", &buffer);
-        if (result) PyBuffer_Release(&buffer);
+        uform_view_t none = {.columns = options.dims ? (size_t)options.dims : self->info.dims,
+                             .scalar = scalar};
+        result = binding_array_of_view(&none, none.columns);
         goto done;
     }
     if (binding_executor_acquire(executor, verb_entries[verb]) < 0) goto done;
-    uform_encode_config_t config = {.outputs_scalar = UFORM_F32,
+    uform_encode_config_t config = {.outputs_scalar = scalar,
                                     .matryoshka = (size_t)options.dims,
                                     .normalize = options.normalize != 0,
                                     .prompt = options.prompt,

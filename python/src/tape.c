@@ -136,17 +136,40 @@ PyObject *binding_array(size_t rows, size_t columns, char const *dtype, Py_buffe
     return array;
 }
 
-PyObject *binding_array_of_view(uform_view_t const *view, char const *dtype, size_t columns_as) {
-    Py_buffer buffer;
+char const *binding_dtype_of(uform_scalar_t scalar) {
+    static char const *const dtypes[] = {"float32", "uint16", "float16", "int8",
+                                         "uint32"}; /* by uform_scalar_t */
+    return (size_t)scalar < sizeof(dtypes) / sizeof(dtypes[0]) ? dtypes[scalar] : NULL;
+}
+
+PyObject *binding_array_of_view(uform_view_t const *view, size_t columns_as) {
+    char const *dtype = binding_dtype_of(view->scalar);
+    if (!dtype) return binding_raise_status(UFORM_INTERNAL, "uform_view_copy", "a view of an unknown scalar");
+    Py_buffer buffer, scales_buffer = {0};
     PyObject *array = binding_array(view->rows, columns_as, dtype, &buffer);
     if (!array) return NULL;
-    PyThreadState *thread = PyEval_SaveThread();
-    uform_status_t status = uform_view_copy(view, buffer.buf, (size_t)buffer.len, NULL);
-    PyEval_RestoreThread(thread);
+    PyObject *scales = NULL;
+    if (view->scalar == UFORM_I8 && !(scales = binding_array(view->rows, 0, "float32", &scales_buffer))) {
+        PyBuffer_Release(&buffer);
+        Py_DECREF(array);
+        return NULL;
+    }
+    uform_status_t status = UFORM_OK;
+    if (view->rows) { /* no rows: nothing to copy, and a view of none may have no data */
+        PyThreadState *thread = PyEval_SaveThread();
+        status = uform_view_copy(view, buffer.buf, (size_t)buffer.len, scales_buffer.buf);
+        PyEval_RestoreThread(thread);
+    }
     PyBuffer_Release(&buffer);
+    if (scales) PyBuffer_Release(&scales_buffer);
     if (status != UFORM_OK) {
         Py_DECREF(array);
+        Py_XDECREF(scales);
         return binding_raise_last(status);
     }
-    return array;
+    if (!scales) return array;
+    PyObject *pair = PyTuple_Pack(2, array, scales);
+    Py_DECREF(array);
+    Py_DECREF(scales);
+    return pair;
 }

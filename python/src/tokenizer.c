@@ -71,8 +71,8 @@ static PyObject *tokenize_result(uform_tokenized_t const *tokenized) {
     for (size_t i = 0; i <= tokenized->items; i++)
         to[i] = tokenized->ids.item_offsets[i];
     PyBuffer_Release(&buffer);
-    PyObject *ids = binding_array_of_view(&tokenized->ids, "uint32", 0);
-    PyObject *spans = ids ? binding_array_of_view(&tokenized->spans, "uint32", 2) : NULL;
+    PyObject *ids = binding_array_of_view(&tokenized->ids, 0);
+    PyObject *spans = ids ? binding_array_of_view(&tokenized->spans, 2) : NULL;
     PyObject *result = spans ? PyTuple_Pack(3, ids, spans, offsets) : NULL;
     Py_XDECREF(ids);
     Py_XDECREF(spans);

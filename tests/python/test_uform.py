@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import re
 import subprocess
@@ -55,15 +56,18 @@ def in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
 
 
-def engine_encode(model: Path, items: list, *extra: str) -> np.ndarray:
-    """`uform encode`'s F32 rows of `items` (texts, or image paths before `--`)."""
-    out = Path(options.workdir) / "encoded.f32"
+def engine_encode(model: Path, items: list, *extra: str, dtype: str = "<f4", format: str = "f32"):
+    """`uform encode`'s rows of `items` (texts, or image paths before `--`): raw rows of `dtype`, or with
+    format="jsonl" the parsed lines."""
+    out = Path(options.workdir) / "encoded.out"
     texts = [item for item in items if isinstance(item, str)]
     images = [str(item) for item in items if isinstance(item, Path)]
-    command = [options.uform, "encode", "--model", str(model), "--format", "f32", "--output", str(out), *extra,
+    command = [options.uform, "encode", "--model", str(model), "--format", format, "--output", str(out), *extra,
                *images, "--", *texts]
     subprocess.run(command, check=True)
-    return np.fromfile(out, dtype="<f4")
+    if format == "jsonl":
+        return [json.loads(line) for line in out.read_text().splitlines()]
+    return np.fromfile(out, dtype=dtype)
 
 
 def thread_cpu(thread: threading.Thread) -> float:
@@ -124,6 +128,21 @@ class Demo(unittest.TestCase):
         vectors = self.model.encode_texts(TEXTS, dims=width)
         expected = engine_encode(DEMO, TEXTS, "--dims", str(width)).reshape(len(TEXTS), width)
         self.assertEqual(vectors.tobytes(), expected.tobytes())
+
+    def test_output_dtypes_equal_the_command(self):
+        for dtype, scalar, raw in (("bfloat16", "bf16", "<u2"), ("float16", "f16", "<f2"), ("int8", "i8", "i1")):
+            rows = self.model.encode_texts(TEXTS, dtype=dtype)
+            if dtype == "int8":
+                rows, scales = rows
+                lines = engine_encode(DEMO, TEXTS, "--scalar", "i8", format="jsonl")
+                written = np.array([line["scale"] for line in lines], dtype=np.float32)  # %.9g: exact
+                self.assertEqual(scales.tobytes(), written.tobytes())
+            self.assertEqual(rows.dtype, np.dtype(raw))
+            self.assertEqual(rows.shape, (len(TEXTS), 64))
+            self.assertEqual(rows.tobytes(), engine_encode(DEMO, TEXTS, "--scalar", scalar, dtype=raw).tobytes())
+        self.assertEqual(self.model.encode_texts([], dtype="float16").dtype, np.float16)
+        with self.assertRaises(ValueError):
+            self.model.encode_texts(TEXTS, dtype="float64")
 
     def test_images_equal_the_command_bit_for_bit(self):
         wanted = {"jpg": "jpeg", "png": "spng"}
