@@ -339,15 +339,17 @@ static PyMethodDef model_methods[] = {
     {"_info", model_info, METH_NOARGS, "_info() -> dict: the model's description (see Model.info)."},
     {"encode_texts", (PyCFunction)(void (*)(void))model_encode_texts, METH_VARARGS | METH_KEYWORDS,
      "encode_texts(texts, *, executor=None, dims=0, normalize=False, prompt=None, prompt_name=None,\n"
-     "             progress=None) -> numpy.ndarray\n\n"
+     "             progress=None, dtype='float32') -> numpy.ndarray\n\n"
      "Embeds texts (str, encoded as UTF-8, or bytes): a float32 array (len(texts), dims) copied out of the "
      "executor's arena. dims narrows to a matryoshka width; normalize asks for unit vectors where the "
      "model's family gives them unnormalized; prompt or prompt_name put a prompt before each text, as "
      "sentence-transformers does, for models that read tokens. progress(completed, total) is called from the "
      "executor's loop as texts are done; False cancels the call (CancelledError), and what it raises cancels "
-     "it and is raised."},
+     "it and is raised. dtype 'float16' or 'bfloat16' (its bits as "
+     "uint16) gives rows of that kind, 'int8' the pair (int8 rows, float32 scales, value = q * scale)."},
     {"encode_images", (PyCFunction)(void (*)(void))model_encode_images, METH_VARARGS | METH_KEYWORDS,
-     "encode_images(images, *, executor=None, dims=0, normalize=False, progress=None) -> numpy.ndarray\n\n"
+     "encode_images(images, *, executor=None, dims=0, normalize=False, progress=None, dtype='float32')\n"
+     "-> numpy.ndarray\n\n"
      "Embeds JPEG or PNG images: paths (str or os.PathLike) or encoded files (bytes), not mixed. Raises "
      "UnsupportedError in a build without the image's decoder; the other arguments as encode_texts'."},
     {"submit_texts", (PyCFunction)(void (*)(void))model_submit_texts, METH_VARARGS | METH_KEYWORDS,
