@@ -44,17 +44,25 @@ void binding_executor_release(binding_executor_t *executor);
 
 /* ---- tapes and arrays (tape.c) ---------------------------------------------------------------- */
 
+/* What the items of a media verb are: one kind per call. */
+typedef enum binding_media {
+    BINDING_ENCODED = 0, /* bytes-like: encoded files (texts, for the text verbs) */
+    BINDING_PATHS = 1,   /* str or os.PathLike: files to read */
+    BINDING_PIXELS = 2,  /* C-contiguous uint8 buffers of (height, width, 3): RGB8 pixels */
+} binding_media_t;
+
 /* A tape whose bytes and offsets the binding owns (PyMem_RawMalloc: freed without the GIL too). */
 typedef struct binding_tape {
     uform_tape_t tape;
     unsigned char *bytes;
     size_t *offsets;
-    bool paths; /* every item was a str or an os.PathLike of a media verb: paths */
+    size_t *heights, *widths; /* pixels: one per item; else NULL */
+    binding_media_t media;
 } binding_tape_t;
 
 typedef enum binding_items {
     BINDING_TEXTS = 0, /* str (UTF-8) or bytes-like */
-    BINDING_MEDIA = 1, /* str or os.PathLike (paths), or bytes-like (encoded files), not mixed */
+    BINDING_MEDIA = 1, /* paths, encoded files or pixels (binding_media_t), not mixed */
 } binding_items_t;
 
 /* Copies a sequence of items into `tape`. Answers 0, or -1 with TypeError naming the bad item. */

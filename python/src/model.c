@@ -208,6 +208,19 @@ static uform_status_t encode_run(verb_t verb, binding_model_t *self, binding_exe
                                          .texts = tape->tape};
         return uform_text_encode(&args);
     }
+    if (tape->media == BINDING_PIXELS) {
+        uform_image_encode_pixels_args_t args = {.model = self->model,
+                                                 .executor = executor->executor,
+                                                 .outputs = UFORM_OUTPUT_EMBEDDINGS,
+                                                 .arena = executor->arena,
+                                                 .config = config,
+                                                 .encoded = encoded,
+                                                 .outcome = outcome,
+                                                 .pixels = tape->tape,
+                                                 .heights = tape->heights,
+                                                 .widths = tape->widths};
+        return uform_image_encode_pixels(&args);
+    }
     uform_image_encode_args_t args = {.model = self->model,
                                       .executor = executor->executor,
                                       .outputs = UFORM_OUTPUT_EMBEDDINGS,
@@ -216,7 +229,8 @@ static uform_status_t encode_run(verb_t verb, binding_model_t *self, binding_exe
                                       .encoded = encoded,
                                       .outcome = outcome,
                                       .images = tape->tape,
-                                      .source = tape->paths ? UFORM_SOURCE_FILES : UFORM_SOURCE_MEMORY};
+                                      .source = tape->media == BINDING_PATHS ? UFORM_SOURCE_FILES
+                                                                             : UFORM_SOURCE_MEMORY};
     return uform_image_encode(&args);
 }
 
@@ -350,7 +364,10 @@ static PyMethodDef model_methods[] = {
     {"encode_images", (PyCFunction)(void (*)(void))model_encode_images, METH_VARARGS | METH_KEYWORDS,
      "encode_images(images, *, executor=None, dims=0, normalize=False, progress=None, dtype='float32')\n"
      "-> numpy.ndarray\n\n"
-     "Embeds JPEG or PNG images: paths (str or os.PathLike) or encoded files (bytes), not mixed. Raises "
+     "Embeds images: JPEG or PNG paths (str or os.PathLike) or encoded files (bytes), or RGB8 pixels "
+     "(C-contiguous uint8 arrays of height x width x 3, as numpy.asarray(pil_image.convert('RGB'))), one "
+     "kind "
+     "per call. Raises "
      "UnsupportedError in a build without the image's decoder; the other arguments as encode_texts'."},
     {"submit_texts", (PyCFunction)(void (*)(void))model_submit_texts, METH_VARARGS | METH_KEYWORDS,
      "submit_texts(texts, **as encode_texts) -> Call\n\n"

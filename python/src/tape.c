@@ -15,12 +15,19 @@ typedef struct item_bytes {
     bool has_buffer;
     char const *data;
     size_t length;
+    size_t height, width; /* pixels only */
 } item_bytes_t;
 
 static void item_release(item_bytes_t *item) {
     if (item->has_buffer) PyBuffer_Release(&item->buffer);
     Py_XDECREF(item->owner);
 }
+
+static char const *const media_names[] = {
+    [BINDING_PATHS] = "paths (str, os.PathLike)",
+    [BINDING_ENCODED] = "encoded files (bytes)",
+    [BINDING_PIXELS] = "pixels (uint8 arrays of height x width x 3)",
+};
 
 /* A path: str or os.PathLike, encoded as the file system encodes names. Answers 1 if it was a path, 0
  * if not, -1 with an exception. */
@@ -34,36 +41,65 @@ static int item_path(PyObject *object, item_bytes_t *item) {
     return 1;
 }
 
-static int item_of(PyObject *object, binding_items_t kind, Py_ssize_t index, item_bytes_t *item, int *paths) {
-    if (kind == BINDING_MEDIA) {
-        int path = item_path(object, item);
-        if (path < 0) return -1;
-        if (*paths >= 0 && *paths != path) {
-            PyErr_Format(PyExc_TypeError,
-                         "item %zd: paths (str, os.PathLike) and encoded files (bytes) "
-                         "cannot be mixed in one call",
-                         index);
-            return -1;
-        }
-        *paths = path;
-        if (path) return 0;
-    } else if (PyUnicode_Check(object)) {
+/* A buffer's bytes: one dimension of bytes (text or an encoded file), or C-contiguous RGB8 pixels
+ * (height, width, 3) of unsigned bytes for a media verb. */
+static int item_buffer(PyObject *object, binding_items_t kind, Py_ssize_t index, item_bytes_t *item,
+                       binding_media_t *media) {
+    if (!PyObject_CheckBuffer(object) ||
+        PyObject_GetBuffer(object, &item->buffer, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        PyErr_Clear();
+        PyErr_Format(
+            PyExc_TypeError, "item %zd: expected %s, not %.80s%s", index,
+            kind == BINDING_TEXTS ? "str or bytes" : "a path, bytes or a uint8 array of height x width x 3",
+            Py_TYPE(object)->tp_name,
+            PyObject_CheckBuffer(object) ? " that is not C-contiguous (numpy.ascontiguousarray)" : "");
+        return -1;
+    }
+    item->has_buffer = true;
+    item->data = item->buffer.buf;
+    item->length = (size_t)item->buffer.len;
+    Py_buffer const *b = &item->buffer;
+    bool bytes = b->itemsize == 1 && (!b->format || !strcmp(b->format, "B") || !strcmp(b->format, "b") ||
+                                      !strcmp(b->format, "c"));
+    if (kind == BINDING_MEDIA && b->ndim == 3 && b->shape[2] == 3 && b->itemsize == 1 && b->format &&
+        !strcmp(b->format, "B")) {
+        *media = BINDING_PIXELS;
+        item->height = (size_t)b->shape[0];
+        item->width = (size_t)b->shape[1];
+        return 0;
+    }
+    if (b->ndim > 1 || !bytes) {
+        PyErr_Format(PyExc_TypeError, "item %zd: a buffer of %d dimensions of format '%s' is neither bytes%s",
+                     index, b->ndim, b->format ? b->format : "B",
+                     kind == BINDING_MEDIA ? " nor uint8 pixels of height x width x 3" : "");
+        return -1;
+    }
+    *media = BINDING_ENCODED;
+    return 0;
+}
+
+static int item_of(PyObject *object, binding_items_t kind, Py_ssize_t index, item_bytes_t *item,
+                   binding_media_t *media) {
+    binding_media_t found = BINDING_ENCODED;
+    if (kind == BINDING_TEXTS && PyUnicode_Check(object)) {
         Py_ssize_t length = 0;
         item->data = PyUnicode_AsUTF8AndSize(object, &length);
         if (!item->data) return -1;
         item->length = (size_t)length;
         return 0;
     }
-    if (!PyObject_CheckBuffer(object) || PyObject_GetBuffer(object, &item->buffer, PyBUF_SIMPLE) < 0) {
-        PyErr_Clear();
-        PyErr_Format(PyExc_TypeError, "item %zd: expected %s, not %.80s", index,
-                     kind == BINDING_TEXTS ? "str or bytes" : "a path (str, os.PathLike) or bytes",
-                     Py_TYPE(object)->tp_name);
+    int path = kind == BINDING_MEDIA ? item_path(object, item) : 0;
+    if (path < 0) return -1;
+    if (path)
+        found = BINDING_PATHS;
+    else if (item_buffer(object, kind, index, item, &found) < 0)
+        return -1;
+    if (index > 0 && *media != found) {
+        PyErr_Format(PyExc_TypeError, "item %zd: %s and %s cannot be mixed in one call", index,
+                     media_names[*media], media_names[found]);
         return -1;
     }
-    item->has_buffer = true;
-    item->data = item->buffer.buf;
-    item->length = (size_t)item->buffer.len;
+    *media = found;
     return 0;
 }
 
@@ -77,19 +113,24 @@ int binding_tape_from(PyObject *sequence, binding_items_t kind, binding_tape_t *
     if (!fast) return -1;
     Py_ssize_t count = PySequence_Fast_GET_SIZE(fast);
     item_bytes_t *items = PyMem_Calloc((size_t)count + 1, sizeof(item_bytes_t));
-    int paths = -1, result = -1;
+    binding_media_t media = BINDING_ENCODED;
+    int result = -1;
     size_t total = 0;
     if (!items) {
         PyErr_NoMemory();
         goto done;
     }
     for (Py_ssize_t i = 0; i < count; i++) {
-        if (item_of(PySequence_Fast_GET_ITEM(fast, i), kind, i, &items[i], &paths) < 0) goto done;
+        if (item_of(PySequence_Fast_GET_ITEM(fast, i), kind, i, &items[i], &media) < 0) goto done;
         total += items[i].length;
     }
     tape->bytes = PyMem_RawMalloc(total ? total : 1);
     tape->offsets = PyMem_RawMalloc(((size_t)count + 1) * sizeof(size_t));
-    if (!tape->bytes || !tape->offsets) {
+    if (media == BINDING_PIXELS) {
+        tape->heights = PyMem_RawMalloc(((size_t)count + 1) * sizeof(size_t));
+        tape->widths = PyMem_RawMalloc(((size_t)count + 1) * sizeof(size_t));
+    }
+    if (!tape->bytes || !tape->offsets || (media == BINDING_PIXELS && (!tape->heights || !tape->widths))) {
         PyErr_NoMemory();
         goto done;
     }
@@ -98,11 +139,12 @@ int binding_tape_from(PyObject *sequence, binding_items_t kind, binding_tape_t *
         tape->offsets[i] = at;
         if (items[i].length) memcpy(tape->bytes + at, items[i].data, items[i].length);
         at += items[i].length;
+        if (media == BINDING_PIXELS) tape->heights[i] = items[i].height, tape->widths[i] = items[i].width;
     }
     tape->offsets[count] = at;
     tape->tape =
         (uform_tape_t){.data = tape->bytes, .offsets = tape->offsets, .count = (size_t)count, .length = at};
-    tape->paths = paths == 1;
+    tape->media = media;
     result = 0;
 done:
     for (Py_ssize_t i = 0; items && i < count; i++)
@@ -116,6 +158,8 @@ done:
 void binding_tape_free(binding_tape_t *tape) {
     PyMem_RawFree(tape->bytes);
     PyMem_RawFree(tape->offsets);
+    PyMem_RawFree(tape->heights);
+    PyMem_RawFree(tape->widths);
     *tape = (binding_tape_t){0};
 }
 

@@ -48,6 +48,8 @@ __all__ = [
 ]
 
 Path = Union[str, "os.PathLike[str]"]
+#: What the encoders answer: an array, or for dtype="int8" the pair (int8 rows, float32 scales).
+Rows = Union[np.ndarray, Tuple[np.ndarray, np.ndarray]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +85,7 @@ class Model(_uform.Model):
         """The model's description."""
         return ModelInfo(**self._info())
 
-    async def aencode_texts(self, texts: Sequence[Union[str, bytes]], **options) -> np.ndarray:
+    async def aencode_texts(self, texts: Sequence[Union[str, bytes]], **options) -> Rows:
         """``encode_texts`` awaited: submitted deferred on the executor, whose notification the running
         asyncio loop watches, so that the loop goes on while the engine works. Give concurrent calls an
         executor each (``executor=``): a held executor raises ``ContendedError``."""
@@ -91,14 +93,14 @@ class Model(_uform.Model):
             return self.encode_texts(texts, **options)
         return await _awaited(self.submit_texts(texts, **options))
 
-    async def aencode_images(self, images: Sequence[Union[Path, bytes]], **options) -> np.ndarray:
+    async def aencode_images(self, images: Sequence[Union[Path, bytes, np.ndarray]], **options) -> Rows:
         """``encode_images`` awaited, as ``aencode_texts``."""
         if len(images) == 0:
             return self.encode_images(images, **options)
         return await _awaited(self.submit_images(images, **options))
 
 
-async def _awaited(call: "_uform.Call") -> np.ndarray:
+async def _awaited(call: "_uform.Call") -> Rows:
     """The result of a deferred call, once its descriptor turns readable. A cancelled task leaves the call to
     finish in the engine; the call waits for it when it is dropped."""
     if not call.done():

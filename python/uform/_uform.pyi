@@ -35,6 +35,8 @@ class Executor:
     def info(self) -> Dict[str, Any]: ...
 
 _Path = Union[str, "os.PathLike[str]"]
+# Paths, encoded files, or RGB8 pixels (uint8 arrays of height x width x 3): one kind per call.
+_Images = Union[Sequence[_Path], Sequence[bytes], Sequence[np.ndarray]]
 # Called as progress(completed, total) from the executor's loop; False cancels the call.
 # dtype "float32" (default), "float16", "bfloat16" (its bits as uint16) give an array; "int8" the pair
 # (int8 rows, float32 scales, value = q * scale).
@@ -51,14 +53,14 @@ class Model:
                      dims: int = 0, normalize: bool = False, prompt: Optional[str] = None,
                      prompt_name: Optional[str] = None, progress: _Progress = None,
                      dtype: str = "float32") -> _Rows: ...
-    def encode_images(self, images: Union[Sequence[_Path], Sequence[bytes]], *, executor: Optional[Executor] = None,
+    def encode_images(self, images: _Images, *, executor: Optional[Executor] = None,
                       dims: int = 0, normalize: bool = False, progress: _Progress = None,
                       dtype: str = "float32") -> _Rows: ...
     def submit_texts(self, texts: Sequence[Union[str, bytes]], *, executor: Optional[Executor] = None,
                      dims: int = 0, normalize: bool = False, prompt: Optional[str] = None,
                      prompt_name: Optional[str] = None, progress: _Progress = None,
                      dtype: str = "float32") -> Call: ...
-    def submit_images(self, images: Union[Sequence[_Path], Sequence[bytes]], *, executor: Optional[Executor] = None,
+    def submit_images(self, images: _Images, *, executor: Optional[Executor] = None,
                       dims: int = 0, normalize: bool = False, progress: _Progress = None,
                       dtype: str = "float32") -> Call: ...
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 # Exported, not called by the extension yet: outcomes of deferred loads and tokenizations and io_uring
 # notification (deferred encodes are bound, for asyncio), executors over a caller's pool, fork_union or CUDA devices, VRAM models, the lesser accessors of
-# executors, arenas and views, the pixel, video and audio encoders, text_choose, tokenizers parsed from
+# executors, arenas and views, the video and audio encoders, text_choose, tokenizers parsed from
 # memory, meshes and trainers, and the checkpoint tools.
 UNBOUND = {
     "uform_outcome_notify_ring", "uform_outcome_model", "uform_outcome_probabilities", "uform_outcome_tokenized",
@@ -26,7 +26,7 @@ UNBOUND = {
     "uform_arena_reserve", "uform_arena_capacity", "uform_arena_generation",
     "uform_scalar_size", "uform_view_check", "uform_view_row",
     "uform_model_load_vram",
-    "uform_image_encode_pixels", "uform_video_encode", "uform_audio_encode", "uform_audio_encode_samples",
+    "uform_video_encode", "uform_audio_encode", "uform_audio_encode_samples",
     "uform_text_choose",
     "uform_tokenizer_parse",
     "uform_mesh_bootstrap", "uform_mesh_free", "uform_mesh_rank", "uform_mesh_size", "uform_mesh_info",

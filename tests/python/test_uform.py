@@ -155,6 +155,31 @@ class Demo(unittest.TestCase):
         in_memory = self.model.encode_images([path.read_bytes() for path in paths])
         self.assertEqual(in_memory.tobytes(), vectors.tobytes())
 
+    def test_pixels_equal_their_png(self):
+        if "spng" not in uform.features():
+            self.skipTest("this build decodes no PNG")
+        try:
+            from PIL import Image
+        except ImportError:
+            if in_ci():
+                raise
+            self.skipTest("the PNG of the pixels is written with Pillow (python3-pil)")
+        pixels = [np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)
+                  for seed, (h, w) in enumerate([(40, 56), (33, 33), (64, 20)])]
+        paths = []
+        for i, array in enumerate(pixels):
+            paths.append(Path(options.workdir) / f"pixels-{i}.png")
+            Image.fromarray(array).save(paths[-1])
+        vectors = self.model.encode_images(pixels)
+        self.assertEqual(vectors.tobytes(), self.model.encode_images(paths).tobytes())
+        self.assertEqual(vectors.tobytes(), engine_encode(DEMO, paths).tobytes())
+        with self.assertRaises(TypeError):
+            self.model.encode_images([pixels[0][:, ::2]])  # not contiguous
+        with self.assertRaises(TypeError):
+            self.model.encode_images([pixels[0], paths[0].read_bytes()])
+        with self.assertRaises(TypeError):
+            self.model.encode_images([pixels[0].astype(np.float32)])
+
     def test_no_items_give_no_rows(self):
         self.assertEqual(self.model.encode_texts([]).shape, (0, 64))
 
