@@ -7,8 +7,11 @@
  *     submitted --(engine: final, 8 bytes on the pipe)--> final --result()--> taken
  *
  * A call dropped before its result is taken waits for the engine (uform_outcome_destroy) without the
- * GIL, then frees what it owns. */
+ * GIL, then frees what it owns. The engine writes the notification just after the outcome turns final, so
+ * the pipe is closed only once those 8 bytes have arrived (call_close_pipe). */
+#include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -25,7 +28,8 @@ struct binding_call {
     binding_executor_t *executor; /* held from submission until the result is taken */
     PyObject *model;              /* kept alive while the engine runs it */
     char const *entry;
-    int notify[2]; /* the pipe: read end for the loop, write end (non-blocking) for the engine */
+    int notify[2];  /* the pipe: read end for the loop, write end (non-blocking) for the engine */
+    bool submitted; /* handed to the engine, which then notifies exactly once */
     bool taken;
 };
 
@@ -52,6 +56,7 @@ binding_call_t *binding_call_new(binding_executor_t *executor, PyObject *model, 
     if (!call) return NULL;
     call->progress = (binding_progress_t){0};
     call->outcome = aligned_alloc(UFORM_OUTCOME_ALIGNMENT, sizeof(uform_outcome_t));
+    if (call->outcome) uform_outcome_init(call->outcome); /* before any failure: dealloc destroys it */
     call->tape = *tape;
     *tape = (binding_tape_t){0};
     call->config = *config;
@@ -63,7 +68,7 @@ binding_call_t *binding_call_new(binding_executor_t *executor, PyObject *model, 
     call->model = Py_NewRef(model);
     call->entry = entry;
     call->notify[0] = call->notify[1] = -1;
-    call->taken = false;
+    call->submitted = call->taken = false;
     if (binding_progress_init(&call->progress, progress) < 0) {
         Py_DECREF(call);
         return NULL;
@@ -74,7 +79,6 @@ binding_call_t *binding_call_new(binding_executor_t *executor, PyObject *model, 
         PyErr_NoMemory();
         return NULL;
     }
-    uform_outcome_init(call->outcome);
     if (pipe_open(call->notify) < 0) {
         PyErr_SetFromErrno(PyExc_OSError);
         Py_DECREF(call);
@@ -83,6 +87,7 @@ binding_call_t *binding_call_new(binding_executor_t *executor, PyObject *model, 
     uform_outcome_notify_eventfd(call->outcome, call->notify[1]);
     Py_INCREF(executor);
     call->executor = executor;
+    call->submitted = true; /* the caller submits it next, whatever the engine then answers */
     return call;
 }
 
@@ -103,17 +108,33 @@ static void call_release(binding_call_t *call) {
     binding_executor_release(call->executor);
 }
 
+/* How long a final call waits for its notification before leaving the pipe open instead: every path of
+ * the engine that ends an initialized outcome notifies it, so this bounds only an engine fault. */
+#define NOTIFY_GRACE_MS 10000
+
+/* Closes the pipe of a final call once the engine's notification is in it (a submitted call), so that a
+ * late write never lands in a descriptor whose number was reused meanwhile; left open if it never comes. */
+static void call_close_pipe(binding_call_t *call) {
+    if (call->submitted) {
+        struct pollfd readable = {.fd = call->notify[0], .events = POLLIN};
+        int ready;
+        do
+            ready = poll(&readable, 1, NOTIFY_GRACE_MS);
+        while (ready < 0 && errno == EINTR);
+        if (ready != 1) return;
+    }
+    for (int i = 0; i < 2; i++)
+        if (call->notify[i] >= 0) close(call->notify[i]);
+}
+
 static void call_dealloc(PyObject *object) {
     binding_call_t *self = (binding_call_t *)object;
-    if (self->outcome) {
-        PyThreadState *thread = PyEval_SaveThread();
-        uform_outcome_destroy(self->outcome);
-        PyEval_RestoreThread(thread);
-        free(self->outcome);
-    }
+    PyThreadState *thread = PyEval_SaveThread();
+    if (self->outcome) uform_outcome_destroy(self->outcome);
+    call_close_pipe(self);
+    PyEval_RestoreThread(thread);
+    free(self->outcome);
     call_release(self);
-    for (int i = 0; i < 2; i++)
-        if (self->notify[i] >= 0) close(self->notify[i]);
     binding_tape_free(&self->tape);
     binding_progress_clear(&self->progress);
     PyMem_RawFree(self->prompt);
