@@ -244,6 +244,8 @@ class Threads(unittest.TestCase):
         thread's CPU clock), encode the shared model. The main thread, running Python meanwhile, sees both
         threads' CPU clocks advance within one interval while each is inside one and the same call:
         both calls ran at once, neither holding the GIL."""
+        if not hasattr(time, "pthread_getcpuclockid"):
+            self.skipTest("this system gives no thread's CPU clock (time.pthread_getcpuclockid)")
         model = uform.Model(DEMO, executor=uform.Executor.inline())
         batch = ["a fairly long text to keep the encoder busy for a while " * 4] * 512
         stop = threading.Event()
