@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-# Exported, not called by the extension yet: outcomes of deferred loads and tokenizations and io_uring
+# Exported, not called by the extension: outcomes of deferred loads and tokenizations and io_uring
 # notification (deferred encodes are bound, for asyncio), executors over a caller's pool, fork_union or CUDA devices, VRAM models, the lesser accessors of
 # executors, arenas and views, the video and audio encoders, text_choose, tokenizers parsed from
 # memory, meshes and trainers, and the checkpoint tools.
