@@ -76,6 +76,9 @@ PyObject *binding_array(size_t rows, size_t columns, char const *dtype, Py_buffe
 /* The NumPy dtype of a scalar: float32, uint16 (BF16's bits), float16, int8, uint32; NULL for another. */
 char const *binding_dtype_of(uform_scalar_t scalar);
 
+/* A new uint64 array of the `items` + 1 offsets that group a view's rows per item. */
+PyObject *binding_offsets_array(size_t const *offsets, size_t items);
+
 /* A new array holding a copy of the view's rows in its scalar's dtype, `columns_as` columns (0: one
  * dimension); an I8 view gives the pair (int8 rows, float32 scales, one per row). NULL with an exception. */
 PyObject *binding_array_of_view(uform_view_t const *view, size_t columns_as);
@@ -102,9 +105,17 @@ void binding_exception_restore(PyObject *exception);
 
 /* ---- encoding (model.c) and deferred calls (call.c) ------------------------------------------- */
 
-/* The embeddings of a final encode copied into a new array, or the first failed item's status raised
- * (NULL), for `entry`. */
-PyObject *binding_encoded_array(char const *entry, uform_encoded_t const *encoded);
+/* What an encode asks for and how it answers: the embeddings' rows alone (`named` false), or a dict of the
+ * outputs asked, by name ("embeddings", "token_vectors", "states"). */
+typedef struct binding_request {
+    uform_outputs_t outputs;
+    bool named;
+} binding_request_t;
+
+/* The outputs of a final encode copied into new arrays, as `request` says (token vectors as the pair of
+ * rows and uint64 offsets, items + 1), or the first failed item's status raised (NULL), for `entry`. */
+PyObject *binding_encoded_result(char const *entry, uform_encoded_t const *encoded,
+                                 binding_request_t request);
 
 typedef struct binding_call binding_call_t;
 extern PyTypeObject binding_call_type;
@@ -114,8 +125,8 @@ extern PyTypeObject binding_call_type;
  * the caller) until its result is taken, its outcome initialized and notifying the call's pipe. Answers
  * NULL with an exception, the executor then still the caller's to release. */
 binding_call_t *binding_call_new(binding_executor_t *executor, PyObject *model, char const *entry,
-                                 binding_tape_t *tape, uform_encode_config_t const *config,
-                                 PyObject *progress);
+                                 binding_request_t request, binding_tape_t *tape,
+                                 uform_encode_config_t const *config, PyObject *progress);
 /* What the submission passes to the engine: the call's own copies. */
 uform_outcome_t *binding_call_outcome(binding_call_t *call);
 binding_tape_t const *binding_call_tape(binding_call_t *call);

@@ -28,6 +28,7 @@ struct binding_call {
     binding_executor_t *executor; /* held from submission until the result is taken */
     PyObject *model;              /* kept alive while the engine runs it */
     char const *entry;
+    binding_request_t request;
     int notify[2];  /* the pipe: read end for the loop, write end (non-blocking) for the engine */
     bool submitted; /* handed to the engine, which then notifies exactly once */
     bool taken;
@@ -50,8 +51,8 @@ static int pipe_open(int fds[2]) {
 }
 
 binding_call_t *binding_call_new(binding_executor_t *executor, PyObject *model, char const *entry,
-                                 binding_tape_t *tape, uform_encode_config_t const *config,
-                                 PyObject *progress) {
+                                 binding_request_t request, binding_tape_t *tape,
+                                 uform_encode_config_t const *config, PyObject *progress) {
     binding_call_t *call = PyObject_New(binding_call_t, &binding_call_type);
     if (!call) return NULL;
     call->progress = (binding_progress_t){0};
@@ -67,6 +68,7 @@ binding_call_t *binding_call_new(binding_executor_t *executor, PyObject *model, 
     call->executor = NULL;
     call->model = Py_NewRef(model);
     call->entry = entry;
+    call->request = request;
     call->notify[0] = call->notify[1] = -1;
     call->submitted = call->taken = false;
     if (binding_progress_init(&call->progress, progress) < 0) {
@@ -170,7 +172,7 @@ static PyObject *call_result(PyObject *object, PyObject *unused) {
     if (binding_progress_raise(&self->progress) < 0)
         result = NULL;
     else if (status == UFORM_OK)
-        result = binding_encoded_array(self->entry, &encoded);
+        result = binding_encoded_result(self->entry, &encoded, self->request);
     else
         binding_raise(uform_outcome_error(self->outcome));
     call_release(self);
@@ -182,8 +184,8 @@ static PyMethodDef call_methods[] = {
      "fileno() -> int\n\nA descriptor that turns readable once the call is final, for loop.add_reader."},
     {"done", call_done, METH_NOARGS, "done() -> bool\n\nWhether the call is final. Never blocks."},
     {"result", call_result, METH_NOARGS,
-     "result() -> numpy.ndarray\n\nWaits (without the GIL) until the call is final, then answers its "
-     "embeddings "
+     "result() -> numpy.ndarray\n\nWaits (without the GIL) until the call is final, then answers what the "
+     "encode answers "
      "or raises its failure (what the progress callback raised, if it did); once."},
     {NULL, NULL, 0, NULL},
 };

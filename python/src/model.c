@@ -159,7 +159,7 @@ static char const *const verb_entries[] = {"uform_text_encode", "uform_image_enc
 
 /* The encode config from the keywords the verbs share; the prompt strings borrowed from `args`. */
 typedef struct encode_options {
-    PyObject *texts, *executor, *progress;
+    PyObject *texts, *executor, *progress, *outputs;
     char const *dtype;
     Py_ssize_t dims;
     int normalize;
@@ -168,18 +168,49 @@ typedef struct encode_options {
 
 static int options_parse(PyObject *args, PyObject *kwargs, verb_t verb, encode_options_t *options) {
     static char *text_keywords[] = {"texts",       "executor", "dims",  "normalize", "prompt",
-                                    "prompt_name", "progress", "dtype", NULL};
-    static char *image_keywords[] = {"images", "executor", "dims", "normalize", "progress", "dtype", NULL};
+                                    "prompt_name", "progress", "dtype", "outputs",   NULL};
+    static char *image_keywords[] = {"images",   "executor", "dims",    "normalize",
+                                     "progress", "dtype",    "outputs", NULL};
     *options = (encode_options_t){.dtype = "float32"};
     int parsed = verb == VERB_TEXTS
-                     ? PyArg_ParseTupleAndKeywords(args, kwargs, "O|$OnpzzOs:encode_texts", text_keywords,
+                     ? PyArg_ParseTupleAndKeywords(
+                           args, kwargs, "O|$OnpzzOsO:encode_texts", text_keywords, &options->texts,
+                           &options->executor, &options->dims, &options->normalize, &options->prompt,
+                           &options->prompt_name, &options->progress, &options->dtype, &options->outputs)
+                     : PyArg_ParseTupleAndKeywords(args, kwargs, "O|$OnpOsO:encode_images", image_keywords,
                                                    &options->texts, &options->executor, &options->dims,
-                                                   &options->normalize, &options->prompt,
-                                                   &options->prompt_name, &options->progress, &options->dtype)
-                     : PyArg_ParseTupleAndKeywords(args, kwargs, "O|$OnpOs:encode_images", image_keywords,
-                                                   &options->texts, &options->executor, &options->dims,
-                                                   &options->normalize, &options->progress, &options->dtype);
+                                                   &options->normalize, &options->progress, &options->dtype,
+                                                   &options->outputs);
     return parsed ? 0 : -1;
+}
+
+static char const *const output_names[] = {"embeddings", "token_vectors",
+                                           "states"}; /* by bit of uform_outputs_t */
+
+/* The outputs keyword: None for the embeddings' rows alone, else an iterable of output names. */
+static int request_of(PyObject *outputs, binding_request_t *request) {
+    *request = (binding_request_t){.outputs = UFORM_OUTPUT_EMBEDDINGS};
+    if (!outputs || outputs == Py_None) return 0;
+    *request = (binding_request_t){.named = true};
+    PyObject *iterator = PyUnicode_Check(outputs) ? NULL : PyObject_GetIter(outputs);
+    PyObject *name = NULL;
+    while (iterator && (name = PyIter_Next(iterator))) {
+        int bit = -1;
+        for (int i = 0; i < 3 && PyUnicode_Check(name); i++)
+            if (PyUnicode_CompareWithASCIIString(name, output_names[i]) == 0) bit = i;
+        Py_DECREF(name);
+        if (bit < 0) break;
+        request->outputs |= 1u << bit;
+    }
+    bool failed = !iterator || PyErr_Occurred() || name;
+    Py_XDECREF(iterator);
+    if (failed || !request->outputs) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_ValueError,
+                        "outputs must be None or names among 'embeddings', 'token_vectors' and 'states'");
+        return -1;
+    }
+    return 0;
 }
 
 /* The scalar outputs land as: "float32", "bfloat16" (its bits as uint16), "float16", "int8" (with scales). */
@@ -195,12 +226,13 @@ static int scalar_of(char const *dtype, uform_scalar_t *scalar) {
 /* The call itself, without the GIL: on the executor, into its arena; blocking (`outcome` NULL, the views in
  * `encoded`) or deferred. */
 static uform_status_t encode_run(verb_t verb, binding_model_t *self, binding_executor_t *executor,
-                                 binding_tape_t const *tape, uform_encode_config_t const *config,
-                                 uform_encoded_t *encoded, uform_outcome_t *outcome) {
+                                 uform_outputs_t outputs, binding_tape_t const *tape,
+                                 uform_encode_config_t const *config, uform_encoded_t *encoded,
+                                 uform_outcome_t *outcome) {
     if (verb == VERB_TEXTS) {
         uform_text_encode_args_t args = {.model = self->model,
                                          .executor = executor->executor,
-                                         .outputs = UFORM_OUTPUT_EMBEDDINGS,
+                                         .outputs = outputs,
                                          .arena = executor->arena,
                                          .config = config,
                                          .encoded = encoded,
@@ -211,7 +243,7 @@ static uform_status_t encode_run(verb_t verb, binding_model_t *self, binding_exe
     if (tape->media == BINDING_PIXELS) {
         uform_image_encode_pixels_args_t args = {.model = self->model,
                                                  .executor = executor->executor,
-                                                 .outputs = UFORM_OUTPUT_EMBEDDINGS,
+                                                 .outputs = outputs,
                                                  .arena = executor->arena,
                                                  .config = config,
                                                  .encoded = encoded,
@@ -223,7 +255,7 @@ static uform_status_t encode_run(verb_t verb, binding_model_t *self, binding_exe
     }
     uform_image_encode_args_t args = {.model = self->model,
                                       .executor = executor->executor,
-                                      .outputs = UFORM_OUTPUT_EMBEDDINGS,
+                                      .outputs = outputs,
                                       .arena = executor->arena,
                                       .config = config,
                                       .encoded = encoded,
@@ -234,7 +266,19 @@ static uform_status_t encode_run(verb_t verb, binding_model_t *self, binding_exe
     return uform_image_encode(&args);
 }
 
-PyObject *binding_encoded_array(char const *entry, uform_encoded_t const *encoded) {
+/* A view's rows, and for one grouped per item the pair of them and their offsets. */
+static PyObject *output_of(uform_view_t const *view) {
+    PyObject *rows = binding_array_of_view(view, view->columns);
+    if (!rows || !view->item_offsets) return rows;
+    PyObject *offsets = binding_offsets_array(view->item_offsets, view->items);
+    PyObject *pair = offsets ? PyTuple_Pack(2, rows, offsets) : NULL;
+    Py_DECREF(rows);
+    Py_XDECREF(offsets);
+    return pair;
+}
+
+PyObject *binding_encoded_result(char const *entry, uform_encoded_t const *encoded,
+                                 binding_request_t request) {
     for (size_t i = 0; i < encoded->items; i++) {
         if (encoded->statuses[i] == UFORM_OK) continue;
         char message[UFORM_ERROR_MESSAGE_SIZE];
@@ -242,13 +286,36 @@ PyObject *binding_encoded_array(char const *entry, uform_encoded_t const *encode
                       uform_status_name(encoded->statuses[i]));
         return binding_raise_status(encoded->statuses[i], entry, message);
     }
-    return binding_array_of_view(&encoded->embeddings, encoded->embeddings.columns);
+    if (!request.named) return binding_array_of_view(&encoded->embeddings, encoded->embeddings.columns);
+    uform_view_t const *views[] = {&encoded->embeddings, &encoded->token_vectors, &encoded->states};
+    PyObject *dict = PyDict_New();
+    for (int i = 0; dict && i < 3; i++) {
+        if (!(request.outputs & (1u << i))) continue;
+        PyObject *output = output_of(views[i]);
+        if (!output || PyDict_SetItemString(dict, output_names[i], output) < 0) Py_CLEAR(dict);
+        Py_XDECREF(output);
+    }
+    return dict;
 }
 
-/* A blocking call: the embeddings copied out of the executor's arena. */
+/* What a call of no item answers: the outputs asked, each of no row. */
+static PyObject *encode_nothing(binding_model_t *self, verb_t verb, size_t width, uform_scalar_t scalar,
+                                binding_request_t request) {
+    static size_t const no_item[1] = {0};
+    size_t hidden =
+        verb == VERB_TEXTS ? self->info.text.transformer.hidden : self->info.image.transformer.hidden;
+    uform_encoded_t none = {
+        .embeddings = {.columns = width, .scalar = scalar},
+        .token_vectors = {.columns = width, .scalar = scalar, .item_offsets = no_item},
+        .states = {.columns = hidden, .scalar = scalar},
+    };
+    return binding_encoded_result(verb_entries[verb], &none, request);
+}
+
+/* A blocking call: the outputs copied out of the executor's arena. */
 static PyObject *encode_blocking(binding_model_t *self, verb_t verb, binding_executor_t *executor,
-                                 binding_tape_t const *tape, uform_encode_config_t *config,
-                                 PyObject *callback) {
+                                 binding_request_t request, binding_tape_t const *tape,
+                                 uform_encode_config_t *config, PyObject *callback) {
     binding_progress_t progress;
     if (binding_progress_init(&progress, callback) < 0) {
         binding_executor_release(executor);
@@ -257,11 +324,11 @@ static PyObject *encode_blocking(binding_model_t *self, verb_t verb, binding_exe
     config->progress = progress.progress;
     uform_encoded_t encoded = {0};
     PyThreadState *thread = PyEval_SaveThread();
-    uform_status_t status = encode_run(verb, self, executor, tape, config, &encoded, NULL);
+    uform_status_t status = encode_run(verb, self, executor, request.outputs, tape, config, &encoded, NULL);
     PyEval_RestoreThread(thread);
     PyObject *result = NULL;
     if (binding_progress_raise(&progress) == 0)
-        result = status == UFORM_OK ? binding_encoded_array(verb_entries[verb], &encoded)
+        result = status == UFORM_OK ? binding_encoded_result(verb_entries[verb], &encoded, request)
                                     : binding_raise_last(status);
     binding_executor_release(executor);
     binding_progress_clear(&progress);
@@ -271,16 +338,16 @@ static PyObject *encode_blocking(binding_model_t *self, verb_t verb, binding_exe
 /* A deferred call: a Call owning the tape, the config and the executor's hold until its result is taken. A
  * failure found before submission is raised at once, as the engine answers it. */
 static PyObject *encode_deferred(binding_model_t *self, verb_t verb, binding_executor_t *executor,
-                                 binding_tape_t *tape, uform_encode_config_t const *config,
-                                 PyObject *progress) {
+                                 binding_request_t request, binding_tape_t *tape,
+                                 uform_encode_config_t const *config, PyObject *progress) {
     binding_call_t *call =
-        binding_call_new(executor, (PyObject *)self, verb_entries[verb], tape, config, progress);
+        binding_call_new(executor, (PyObject *)self, verb_entries[verb], request, tape, config, progress);
     if (!call) {
         binding_executor_release(executor);
         return NULL;
     }
     PyThreadState *thread = PyEval_SaveThread();
-    uform_status_t status = encode_run(verb, self, executor, binding_call_tape(call),
+    uform_status_t status = encode_run(verb, self, executor, request.outputs, binding_call_tape(call),
                                        binding_call_config(call), NULL, binding_call_outcome(call));
     PyEval_RestoreThread(thread);
     if (status == UFORM_OK) return (PyObject *)call;
@@ -298,7 +365,8 @@ static PyObject *model_encode(binding_model_t *self, PyObject *args, PyObject *k
         return NULL;
     }
     uform_scalar_t scalar;
-    if (scalar_of(options.dtype, &scalar) < 0) return NULL;
+    binding_request_t request;
+    if (scalar_of(options.dtype, &scalar) < 0 || request_of(options.outputs, &request) < 0) return NULL;
     binding_tape_t tape;
     if (binding_tape_from(options.texts, verb == VERB_TEXTS ? BINDING_TEXTS : BINDING_MEDIA, &tape) < 0)
         return NULL;
@@ -306,9 +374,8 @@ static PyObject *model_encode(binding_model_t *self, PyObject *args, PyObject *k
     binding_executor_t *executor = executor_argument(options.executor, self->executor);
     if (!executor) goto done;
     if (tape.tape.count == 0 && !deferred) {
-        uform_view_t none = {.columns = options.dims ? (size_t)options.dims : self->info.dims,
-                             .scalar = scalar};
-        result = binding_array_of_view(&none, none.columns);
+        result = encode_nothing(self, verb, options.dims ? (size_t)options.dims : self->info.dims, scalar,
+                                request);
         goto done;
     }
     if (binding_executor_acquire(executor, verb_entries[verb]) < 0) goto done;
@@ -317,8 +384,8 @@ static PyObject *model_encode(binding_model_t *self, PyObject *args, PyObject *k
                                     .normalize = options.normalize != 0,
                                     .prompt = options.prompt,
                                     .prompt_name = options.prompt_name};
-    result = deferred ? encode_deferred(self, verb, executor, &tape, &config, options.progress)
-                      : encode_blocking(self, verb, executor, &tape, &config, options.progress);
+    result = deferred ? encode_deferred(self, verb, executor, request, &tape, &config, options.progress)
+                      : encode_blocking(self, verb, executor, request, &tape, &config, options.progress);
 done:
     Py_XDECREF(executor);
     binding_tape_free(&tape);

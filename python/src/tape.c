@@ -180,6 +180,17 @@ PyObject *binding_array(size_t rows, size_t columns, char const *dtype, Py_buffe
     return array;
 }
 
+PyObject *binding_offsets_array(size_t const *offsets, size_t items) {
+    Py_buffer buffer;
+    PyObject *array = binding_array(items + 1, 0, "uint64", &buffer);
+    if (!array) return NULL;
+    uint64_t *to = buffer.buf;
+    for (size_t i = 0; i <= items; i++)
+        to[i] = offsets[i];
+    PyBuffer_Release(&buffer);
+    return array;
+}
+
 char const *binding_dtype_of(uform_scalar_t scalar) {
     static char const *const dtypes[] = {"float32", "uint16", "float16", "int8",
                                          "uint32"}; /* by uform_scalar_t */

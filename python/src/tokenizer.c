@@ -64,13 +64,8 @@ static PyObject *tokenize_result(uform_tokenized_t const *tokenized) {
                       uform_status_name(tokenized->statuses[i]));
         return binding_raise_status(tokenized->statuses[i], "uform_text_tokenize", message);
     }
-    Py_buffer buffer;
-    PyObject *offsets = binding_array(tokenized->items + 1, 0, "uint64", &buffer);
+    PyObject *offsets = binding_offsets_array(tokenized->ids.item_offsets, tokenized->items);
     if (!offsets) return NULL;
-    uint64_t *to = buffer.buf;
-    for (size_t i = 0; i <= tokenized->items; i++)
-        to[i] = tokenized->ids.item_offsets[i];
-    PyBuffer_Release(&buffer);
     PyObject *ids = binding_array_of_view(&tokenized->ids, 0);
     PyObject *spans = ids ? binding_array_of_view(&tokenized->spans, 2) : NULL;
     PyObject *result = spans ? PyTuple_Pack(3, ids, spans, offsets) : NULL;

@@ -42,7 +42,7 @@ from ._uform import (
 __version__ = "{}.{}.{}".format(*_uform.version)
 
 __all__ = [
-    "CancelledError", "ContendedError", "DeviceError", "Error", "Executor", "FormatError", "InputOutputError",
+    "CancelledError", "ContendedError", "DeviceError", "Encoded", "Error", "Executor", "FormatError", "InputOutputError",
     "InternalError", "InvalidArgumentError", "Model", "ModelInfo", "OutOfMemoryError", "Tokenized", "Tokenizer",
     "UnsupportedError", "features", "status_name", "tokenize", "__version__",
 ]
@@ -70,6 +70,32 @@ class ModelInfo:
     video_frames: int  #: frames sampled per clip (0 without video)
 
 
+@dataclasses.dataclass(frozen=True)
+class Encoded:
+    """The outputs an encode was asked for with ``outputs=``; those not asked are None. Each is rows of the
+    call's dtype (for "int8" the pair of int8 rows and their float32 scales)."""
+
+    embeddings: Optional[Rows]  #: one row per item
+    token_vectors: Optional[List[Rows]]  #: per item, one row per kept byte of a text, per patch of an image
+    states: Optional[Rows]  #: per item, the tower's final state, ``hidden`` wide
+
+
+def _split(rows: Rows, offsets: np.ndarray) -> List[Rows]:
+    bounds = offsets.astype(np.intp)
+    if isinstance(rows, tuple):
+        return [(rows[0][a:b], rows[1][a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+    return [rows[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def _encoded(result):
+    """What the extension answered: the rows alone, or for ``outputs=`` a dict made an Encoded."""
+    if not isinstance(result, dict):
+        return result
+    token_vectors = result.get("token_vectors")
+    return Encoded(embeddings=result.get("embeddings"), states=result.get("states"),
+                   token_vectors=None if token_vectors is None else _split(*token_vectors))
+
+
 class Model(_uform.Model):
     """A model loaded into host memory.
 
@@ -85,19 +111,34 @@ class Model(_uform.Model):
         """The model's description."""
         return ModelInfo(**self._info())
 
-    async def aencode_texts(self, texts: Sequence[Union[str, bytes]], **options) -> Rows:
+    def encode_texts(self, texts: Sequence[Union[str, bytes]], **options) -> Union[Rows, Encoded]:
+        """Embeds texts (str, encoded as UTF-8, or bytes), blocking on the executor without the GIL.
+
+        Keywords: ``executor`` (default the model's), ``dims`` (a matryoshka width), ``normalize`` (unit
+        vectors whatever the family), ``prompt`` or ``prompt_name`` (models that read tokens), ``progress``
+        (a callable (completed, total); False cancels), ``dtype`` ("float32", "float16", "bfloat16" as its
+        uint16 bits, or "int8": the pair of rows and scales), ``outputs`` (names among "embeddings",
+        "token_vectors", "states": an ``Encoded`` of them instead of the embeddings' rows)."""
+        return _encoded(super().encode_texts(texts, **options))
+
+    def encode_images(self, images: Sequence[Union[Path, bytes, np.ndarray]], **options) -> Union[Rows, Encoded]:
+        """Embeds images: JPEG or PNG paths or encoded files, or RGB8 pixels (uint8 arrays of height x width x
+        3), one kind per call; keywords as ``encode_texts``'s, less the prompts."""
+        return _encoded(super().encode_images(images, **options))
+
+    async def aencode_texts(self, texts: Sequence[Union[str, bytes]], **options) -> Union[Rows, Encoded]:
         """``encode_texts`` awaited: submitted deferred on the executor, whose notification the running
         asyncio loop watches, so that the loop goes on while the engine works. Give concurrent calls an
         executor each (``executor=``): a held executor raises ``ContendedError``."""
         if len(texts) == 0:
             return self.encode_texts(texts, **options)
-        return await _awaited(self.submit_texts(texts, **options))
+        return _encoded(await _awaited(self.submit_texts(texts, **options)))
 
-    async def aencode_images(self, images: Sequence[Union[Path, bytes, np.ndarray]], **options) -> Rows:
+    async def aencode_images(self, images: Sequence[Union[Path, bytes, np.ndarray]], **options) -> Union[Rows, Encoded]:
         """``encode_images`` awaited, as ``aencode_texts``."""
         if len(images) == 0:
             return self.encode_images(images, **options)
-        return await _awaited(self.submit_images(images, **options))
+        return _encoded(await _awaited(self.submit_images(images, **options)))
 
 
 async def _awaited(call: "_uform.Call") -> Rows:

@@ -180,6 +180,30 @@ class Demo(unittest.TestCase):
         with self.assertRaises(TypeError):
             self.model.encode_images([pixels[0].astype(np.float32)])
 
+    def test_outputs_equal_the_command(self):
+        encoded = self.model.encode_texts(TEXTS, outputs=("embeddings", "token_vectors", "states"))
+        self.assertIsInstance(encoded, uform.Encoded)
+        self.assertEqual(encoded.embeddings.tobytes(), self.model.encode_texts(TEXTS).tobytes())
+        lines = engine_encode(DEMO, TEXTS, "--tokens", format="jsonl")
+        self.assertEqual(len(encoded.token_vectors), len(TEXTS))
+        for rows, line, text in zip(encoded.token_vectors, lines, TEXTS):
+            written = np.array(line["tokens"], dtype=np.float32).reshape(-1, 64)  # %.9g: exact
+            self.assertEqual(rows.shape, (min(len(text.encode()), self.model.info.context), 64))
+            self.assertEqual(rows.tobytes(), written.tobytes())
+        self.assertEqual(encoded.states.shape[0], len(TEXTS))
+        self.assertTrue(np.all(np.isfinite(encoded.states)))
+        states = self.model.encode_texts(TEXTS, outputs=["states"])
+        self.assertEqual((states.embeddings, states.token_vectors), (None, None))
+        self.assertEqual(states.states.tobytes(), encoded.states.tobytes())
+        deferred = asyncio.run(self.model.aencode_texts(TEXTS, outputs={"token_vectors"}, dtype="int8",
+                                                        executor=uform.Executor.ram(threads=1)))
+        self.assertEqual([len(q) for q, scales in deferred.token_vectors], [len(r) for r in encoded.token_vectors])
+        nothing = self.model.encode_texts([], outputs=("embeddings", "token_vectors", "states"))
+        self.assertEqual((nothing.embeddings.shape, nothing.token_vectors, nothing.states.shape[0]), ((0, 64), [], 0))
+        for bad in ("embeddings", ["logits"], []):
+            with self.assertRaises(ValueError):
+                self.model.encode_texts(TEXTS, outputs=bad)
+
     def test_no_items_give_no_rows(self):
         self.assertEqual(self.model.encode_texts([]).shape, (0, 64))
 
@@ -458,6 +482,13 @@ class Pretrained(unittest.TestCase):
         plain = self.model.encode_texts(TEXTS, prompt_name="")
         self.assertEqual(plain.tobytes(), engine_encode(self.folder, TEXTS, "--prompt-name", "").tobytes())
         self.assertNotEqual(plain.tobytes(), vectors.tobytes())
+
+    def test_states_and_no_token_vectors(self):
+        encoded = self.model.encode_texts(TEXTS, outputs=("embeddings", "states"))
+        self.assertEqual(encoded.embeddings.tobytes(), self.model.encode_texts(TEXTS).tobytes())
+        self.assertEqual(encoded.states.shape, (len(TEXTS), 384))
+        with self.assertRaises(uform.UnsupportedError):
+            self.model.encode_texts(TEXTS, outputs=("token_vectors",))
 
     def test_tokenize_equals_tokenizers(self):
         from tokenizers import Tokenizer as Reference
