@@ -1,0 +1,189 @@
+"""UForm: a multimodal embedding engine, from Python.
+
+The engine (include/uform.h) through its C extension, ``uform._uform``: executors that say where calls run,
+models loaded from a format-4 checkpoint or a pretrained model's folder, their encoders answering NumPy
+arrays, and tokenizers. Every blocking engine call runs without the GIL; its outputs are copied out of the
+engine's arena into new arrays.
+
+    import uform
+    model = uform.Model("models/demo.safetensors")
+    vectors = model.encode_texts(["a photo of a cat", "a dog"])    # float32, (2, model.info.dims)
+
+Failures raise subclasses of ``uform.Error`` carrying the engine's ``status``, the C ``function`` that
+failed and its ``message``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+from typing import List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from . import _uform
+from ._uform import (
+    CancelledError,
+    ContendedError,
+    DeviceError,
+    Error,
+    Executor,
+    FormatError,
+    InputOutputError,
+    InternalError,
+    InvalidArgumentError,
+    OutOfMemoryError,
+    UnsupportedError,
+    features,
+    status_name,
+)
+
+__version__ = "{}.{}.{}".format(*_uform.version)
+
+__all__ = [
+    "CancelledError", "ContendedError", "DeviceError", "Encoded", "Error", "Executor", "FormatError", "InputOutputError",
+    "InternalError", "InvalidArgumentError", "Model", "ModelInfo", "OutOfMemoryError", "Tokenized", "Tokenizer",
+    "UnsupportedError", "features", "status_name", "tokenize", "__version__",
+]
+
+Path = Union[str, "os.PathLike[str]"]
+#: What the encoders answer: an array, or for dtype="int8" the pair (int8 rows, float32 scales).
+Rows = Union[np.ndarray, Tuple[np.ndarray, np.ndarray]]
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelInfo:
+    """What a loaded model is (uform_model_info_t)."""
+
+    dims: int  #: the shared embedding width
+    matryoshka: Tuple[int, ...]  #: ascending widths, each a valid embedding prefix (``dims=`` of the encoders)
+    parameters: int  #: scalars in every tensor
+    bytes: int  #: bytes of tensor data
+    towers: Tuple[str, ...]  #: of "text", "image", "video", "audio"
+    family: str  #: "uform" (the engine's own), or the pretrained family: "bert", "clip", "siglip", ...
+    normalized: bool  #: embeddings are unit vectors as the family's reference gives them
+    weights: str  #: "bf16" or "i8": the blocks' linear layers as the model runs them
+    context: int  #: text bytes at most, or tokens at most where the model reads tokens
+    vocab: int  #: 0: the text tower reads bytes; else token ids below it
+    image_size: int  #: the image tower's input side in pixels (0 without one)
+    video_frames: int  #: frames sampled per clip (0 without video)
+
+
+@dataclasses.dataclass(frozen=True)
+class Encoded:
+    """The outputs an encode was asked for with ``outputs=``; those not asked are None. Each is rows of the
+    call's dtype (for "int8" the pair of int8 rows and their float32 scales)."""
+
+    embeddings: Optional[Rows]  #: one row per item
+    token_vectors: Optional[List[Rows]]  #: per item, one row per kept byte of a text, per patch of an image
+    states: Optional[Rows]  #: per item, the tower's final state, ``hidden`` wide
+
+
+def _split(rows: Rows, offsets: np.ndarray) -> List[Rows]:
+    bounds = offsets.astype(np.intp)
+    if isinstance(rows, tuple):
+        return [(rows[0][a:b], rows[1][a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+    return [rows[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def _encoded(result):
+    """What the extension answered: the rows alone, or for ``outputs=`` a dict made an Encoded."""
+    if not isinstance(result, dict):
+        return result
+    token_vectors = result.get("token_vectors")
+    return Encoded(embeddings=result.get("embeddings"), states=result.get("states"),
+                   token_vectors=None if token_vectors is None else _split(*token_vectors))
+
+
+class Model(_uform.Model):
+    """A model loaded into host memory.
+
+    ``Model(path, *, executor=None, weights="stored", map=False)``: ``path`` is a format-4 checkpoint
+    (``.safetensors``) or a pretrained model's folder (UForm 3, CLIP, SigLIP, BERT-family
+    sentence-transformers); ``executor`` where it loads and where its calls run by default (None: a new
+    ``Executor.ram()``); ``weights`` "stored", "bf16" or "i8"; ``map`` maps the file instead of reading it.
+    A model may be used by several executors, one per thread, at once.
+    """
+
+    @property
+    def info(self) -> ModelInfo:
+        """The model's description."""
+        return ModelInfo(**self._info())
+
+    def encode_texts(self, texts: Sequence[Union[str, bytes]], **options) -> Union[Rows, Encoded]:
+        """Embeds texts (str, encoded as UTF-8, or bytes), blocking on the executor without the GIL.
+
+        Keywords: ``executor`` (default the model's), ``dims`` (a matryoshka width), ``normalize`` (unit
+        vectors whatever the family), ``prompt`` or ``prompt_name`` (models that read tokens), ``progress``
+        (a callable (completed, total); False cancels), ``dtype`` ("float32", "float16", "bfloat16" as its
+        uint16 bits, or "int8": the pair of rows and scales), ``outputs`` (names among "embeddings",
+        "token_vectors", "states": an ``Encoded`` of them instead of the embeddings' rows)."""
+        return _encoded(super().encode_texts(texts, **options))
+
+    def encode_images(self, images: Sequence[Union[Path, bytes, np.ndarray]], **options) -> Union[Rows, Encoded]:
+        """Embeds images: JPEG or PNG paths or encoded files, or RGB8 pixels (uint8 arrays of height x width x
+        3), one kind per call; keywords as ``encode_texts``'s, less the prompts."""
+        return _encoded(super().encode_images(images, **options))
+
+    async def aencode_texts(self, texts: Sequence[Union[str, bytes]], **options) -> Union[Rows, Encoded]:
+        """``encode_texts`` awaited: submitted deferred on the executor, whose notification the running
+        asyncio loop watches, so that the loop goes on while the engine works. Give concurrent calls an
+        executor each (``executor=``): a held executor raises ``ContendedError``."""
+        if len(texts) == 0:
+            return self.encode_texts(texts, **options)
+        return _encoded(await _awaited(self.submit_texts(texts, **options)))
+
+    async def aencode_images(self, images: Sequence[Union[Path, bytes, np.ndarray]], **options) -> Union[Rows, Encoded]:
+        """``encode_images`` awaited, as ``aencode_texts``."""
+        if len(images) == 0:
+            return self.encode_images(images, **options)
+        return _encoded(await _awaited(self.submit_images(images, **options)))
+
+
+async def _awaited(call: "_uform.Call") -> Rows:
+    """The result of a deferred call, once its descriptor turns readable. A cancelled task leaves the call to
+    finish in the engine; the call waits for it when it is dropped."""
+    if not call.done():
+        loop = asyncio.get_running_loop()
+        final = loop.create_future()
+        descriptor = call.fileno()
+        loop.add_reader(descriptor, lambda: final.done() or final.set_result(None))
+        try:
+            await final
+        finally:
+            loop.remove_reader(descriptor)
+    return call.result()
+
+
+@dataclasses.dataclass(frozen=True)
+class Tokenized:
+    """The tokens of each text: ``ids[i]`` (uint32) and ``spans[i]`` (uint32, one [begin, end) pair of input
+    bytes per token, [0, 0) for the special tokens the tokenizer adds)."""
+
+    ids: List[np.ndarray]
+    spans: List[np.ndarray]
+
+
+class Tokenizer(_uform.Tokenizer):
+    """A tokenizer cutting texts as Hugging Face's ``tokenizers`` does from the same file.
+
+    ``Tokenizer(path)``: a ``tokenizer.json``, a SentencePiece model, or a model's folder holding one.
+    ``info`` is a dict: vocabulary, max_length, special_added, model.
+    """
+
+    def tokenize(self, texts: Sequence[Union[str, bytes]], *, special_tokens: bool = True,
+                 executor: Optional[Executor] = None) -> Tokenized:
+        """Cuts every text (str, or UTF-8 bytes) into token ids and byte spans; without ``special_tokens``
+        the post-processor's tokens are left out. ``executor`` None runs on the calling thread."""
+        ids, spans, offsets = self._tokenize(texts, special_tokens=special_tokens, executor=executor)
+        if offsets is None:
+            return Tokenized([], [])
+        bounds = offsets.astype(np.intp)
+        return Tokenized([ids[a:b] for a, b in zip(bounds[:-1], bounds[1:])],
+                         [spans[a:b] for a, b in zip(bounds[:-1], bounds[1:])])
+
+
+def tokenize(path: Path, texts: Sequence[Union[str, bytes]], *, special_tokens: bool = True) -> Tokenized:
+    """``Tokenizer(path).tokenize(texts)``: opens the tokenizer for this one call."""
+    return Tokenizer(path).tokenize(texts, special_tokens=special_tokens)
