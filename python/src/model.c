@@ -295,6 +295,12 @@ PyObject *binding_encoded_result(char const *entry, uform_encoded_t const *encod
         if (!output || PyDict_SetItemString(dict, output_names[i], output) < 0) Py_CLEAR(dict);
         Py_XDECREF(output);
     }
+    /* A model that reads tokens: each token vector's byte span in its text. */
+    if (dict && (request.outputs & UFORM_OUTPUT_TOKEN_VECTORS) && encoded->token_spans.data) {
+        PyObject *spans = output_of(&encoded->token_spans);
+        if (!spans || PyDict_SetItemString(dict, "token_spans", spans) < 0) Py_CLEAR(dict);
+        Py_XDECREF(spans);
+    }
     return dict;
 }
 

@@ -76,8 +76,11 @@ class Encoded:
     call's dtype (for "int8" the pair of int8 rows and their float32 scales)."""
 
     embeddings: Optional[Rows]  #: one row per item
-    token_vectors: Optional[List[Rows]]  #: per item, one row per kept byte of a text, per patch of an image
+    token_vectors: Optional[List[Rows]]  #: per item, one row per kept byte or token of a text, per patch of an image
     states: Optional[Rows]  #: per item, the tower's final state, ``hidden`` wide
+    #: with token vectors of a model that reads tokens: per item, each token's bytes [begin, end) in its text
+    #: (uint32 rows of two; special, padding and prompt tokens [0, 0))
+    token_spans: Optional[List[np.ndarray]] = None
 
 
 def _split(rows: Rows, offsets: np.ndarray) -> List[Rows]:
@@ -91,9 +94,10 @@ def _encoded(result):
     """What the extension answered: the rows alone, or for ``outputs=`` a dict made an Encoded."""
     if not isinstance(result, dict):
         return result
-    token_vectors = result.get("token_vectors")
+    token_vectors, token_spans = result.get("token_vectors"), result.get("token_spans")
     return Encoded(embeddings=result.get("embeddings"), states=result.get("states"),
-                   token_vectors=None if token_vectors is None else _split(*token_vectors))
+                   token_vectors=None if token_vectors is None else _split(*token_vectors),
+                   token_spans=None if token_spans is None else _split(*token_spans))
 
 
 class Model(_uform.Model):

@@ -483,12 +483,21 @@ class Pretrained(unittest.TestCase):
         self.assertEqual(plain.tobytes(), engine_encode(self.folder, TEXTS, "--prompt-name", "").tobytes())
         self.assertNotEqual(plain.tobytes(), vectors.tobytes())
 
-    def test_states_and_no_token_vectors(self):
+    def test_states_and_token_vectors(self):
         encoded = self.model.encode_texts(TEXTS, outputs=("embeddings", "states"))
         self.assertEqual(encoded.embeddings.tobytes(), self.model.encode_texts(TEXTS).tobytes())
         self.assertEqual(encoded.states.shape, (len(TEXTS), 384))
-        with self.assertRaises(uform.UnsupportedError):
-            self.model.encode_texts(TEXTS, outputs=("token_vectors",))
+        self.assertIsNone(encoded.token_spans)
+        # A token vector per token, with its span, as `uform encode --tokens` gives them (the folder's
+        # default prompt's tokens included, spanning no byte of the text).
+        tokens = self.model.encode_texts(TEXTS, outputs=("token_vectors",))
+        done = subprocess.run([options.uform, "encode", "--model", str(self.folder), "--tokens", *TEXTS],
+                              check=True, capture_output=True)
+        rows = [json.loads(line) for line in done.stdout.decode().splitlines()]
+        self.assertEqual(len(tokens.token_vectors), len(TEXTS))
+        for vectors, spans, row in zip(tokens.token_vectors, tokens.token_spans, rows):
+            self.assertEqual(vectors.tobytes(), np.asarray(row["tokens"], dtype=np.float32).tobytes())
+            self.assertEqual(spans.tolist(), row["spans"])
 
     def test_tokenize_equals_tokenizers(self):
         from tokenizers import Tokenizer as Reference

@@ -7,7 +7,7 @@ tag covers exactly the package (python/uform/'s files and the extension) and put
 folder, `{py_platlib}/uform`; and that pyproject.toml names meson-python, takes its version from meson
 and installs by that tag.
 
-    packaging.py --build-root build --source-root .
+    install_plan.py --build-root build --source-root .
 """
 
 import argparse
