@@ -1,9 +1,9 @@
 /* libFuzzer: a pretrained model's folder (src/model/pretrained.c) from arbitrary bytes. The input is a
- * list of files, each `index` (1 byte, which of FILES), `length` (2 bytes, little-endian) and its bytes;
- * they are written into a folder of this process, every file the input does not give removed, and the
- * folder is loaded through the public verb; a folder that loads then encodes a few texts and an image, so
- * that what the reader accepted is also safe to run. The seeds (tests/fuzz-corpus/pretrained) are small
- * folders of every family in this form, written by tests/model/pretrained_seeds.py. */
+ * list of files (pretrained_pack.h); they are written into a folder of this process, every file the input
+ * does not give removed, and the folder is loaded through the public verb; a folder that loads then encodes a
+ * few texts and an image, so that what the reader accepted is also safe to run. The seeds
+ * (tests/fuzz-corpus/pretrained) are small folders of every family in this form, written by
+ * tests/model/pretrained_seeds.py. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,20 +11,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "pretrained_pack.h"
 #include "uform.h"
 
 int LLVMFuzzerTestOneInput(uint8_t const *data, size_t size);
-
-static char const *const FILES[] = {"config.json",
-                                    "modules.json",
-                                    "1_Pooling/config.json",
-                                    "sentence_bert_config.json",
-                                    "tokenizer.json",
-                                    "model.safetensors",
-                                    "text_encoder.safetensors",
-                                    "image_encoder.safetensors",
-                                    "preprocessor_config.json"};
-#define FILE_COUNT (sizeof FILES / sizeof FILES[0])
 
 static char folder[64];
 
@@ -37,31 +27,25 @@ static void make_folder(void) {
     mkdir(path, 0700);
 }
 
-static void put(size_t index, uint8_t const *bytes, size_t length) {
+static void put(size_t index, uint8_t const *bytes, size_t length, void *context) {
+    bool *given = context;
     char path[128];
-    snprintf(path, sizeof path, "%s/%s", folder, FILES[index]);
+    snprintf(path, sizeof path, "%s/%s", folder, PRETRAINED_PACK_FILES[index]);
     FILE *file = fopen(path, "wb");
     if (!file) __builtin_trap();
     if (length && fwrite(bytes, 1, length, file) != length) __builtin_trap();
     fclose(file);
+    given[index] = true;
 }
 
 int LLVMFuzzerTestOneInput(uint8_t const *data, size_t size) {
     make_folder();
-    bool given[FILE_COUNT] = {false};
-    size_t at = 0;
-    while (at + 3 <= size) {
-        size_t index = data[at] % FILE_COUNT, length = (size_t)data[at + 1] | (size_t)data[at + 2] << 8;
-        at += 3;
-        if (length > size - at) length = size - at;
-        put(index, data + at, length);
-        given[index] = true;
-        at += length;
-    }
-    for (size_t i = 0; i < FILE_COUNT; ++i)
+    bool given[PRETRAINED_PACK_FILE_COUNT] = {false};
+    pretrained_pack_each(data, size, put, given);
+    for (size_t i = 0; i < PRETRAINED_PACK_FILE_COUNT; ++i)
         if (!given[i]) {
             char path[128];
-            snprintf(path, sizeof path, "%s/%s", folder, FILES[i]);
+            snprintf(path, sizeof path, "%s/%s", folder, PRETRAINED_PACK_FILES[i]);
             unlink(path);
         }
     uform_model_t *model = NULL;

@@ -6,7 +6,10 @@
  * Each stage reads one piece list and writes the next (two lists taken from the work, in turns). A folder
  * without tokenizer.json, or a file that is not JSON, is a SentencePiece model instead, which spiece.c
  * reads and cuts as transformers' slow tokenizers do. */
+#include <errno.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -202,8 +205,8 @@ static void truncate_to(post_tokens_t *out, size_t keep, truncation_direction_t 
 /* tokenizers' post_process, step 1: max_length less the special tokens to come. Where max_length is
  * smaller than those, tokenizers' unsigned subtraction wraps (release builds do not check it) and
  * nothing is cut; so here too. */
-static uform_status_t truncate(uform_tokenizer_t const *tokenizer, bool add_special, post_tokens_t *out,
-                               bool *truncated, char const **message) {
+static uform_status_t truncation_apply(uform_tokenizer_t const *tokenizer, bool add_special,
+                                       post_tokens_t *out, bool *truncated, char const **message) {
     if (!tokenizer->truncation.on) return UFORM_OK;
     size_t max_length = tokenizer->truncation.max_length;
     size_t added = add_special ? tokenizer->special_added : 0;
@@ -283,7 +286,7 @@ uform_status_t tokenizer_cut(uform_tokenizer_t const *tokenizer, uint8_t const *
         status = cut_piece(tokenizer, last, i, work, out);
     work_give(work);
     work_give(work);
-    if (status == UFORM_OK) status = truncate(tokenizer, add_special, out, truncated, message);
+    if (status == UFORM_OK) status = truncation_apply(tokenizer, add_special, out, truncated, message);
     if (status == UFORM_OK && tokenizer->post)
         status = post_processor_apply(tokenizer->post, out, add_special);
     if (status == UFORM_OK && tokenizer->padding.on && !tokenizer->padding.batch_longest)
@@ -335,22 +338,37 @@ static uform_status_t folder_files(char const *folder, char *file, char *config,
     return *message = "the folder holds no tokenizer.json, spiece.model or sentencepiece.bpe.model", UFORM_IO;
 }
 
-/* The whole file at `path` into a new buffer. */
+/* The whole file at `path` into a new buffer. Read with open and read, which allocate nothing: only the
+ * buffer's allocation can fail for want of memory, and it says so (stdio's streams allocate, and their
+ * failure reads as an I/O error). */
 static uform_status_t file_read(char const *path, char **data, size_t *length, char const **message) {
-    FILE *file = fopen(path, "rb");
-    if (!file) return *message = "cannot open the tokenizer file", UFORM_IO;
-    long size = fseek(file, 0, SEEK_END) == 0 ? ftell(file) : -1;
-    char *buffer = size >= 0 && fseek(file, 0, SEEK_SET) == 0 ? malloc((size_t)size + 1) : NULL;
-    bool read = buffer && fread(buffer, 1, (size_t)size, file) == (size_t)size;
-    fclose(file);
-    if (!read) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return *message = "cannot open the tokenizer file", errno == ENOMEM ? UFORM_OUT_OF_MEMORY : UFORM_IO;
+    struct stat about;
+    char *buffer = NULL;
+    uform_status_t status = UFORM_OK;
+    if (fstat(fd, &about) != 0 || !S_ISREG(about.st_mode) || (uint64_t)about.st_size >= SIZE_MAX) {
+        *message = "cannot read the tokenizer file", status = UFORM_IO;
+    } else if (!(buffer = malloc((size_t)about.st_size + 1))) {
+        *message = "out of memory reading the tokenizer file", status = UFORM_OUT_OF_MEMORY;
+    }
+    size_t size = status == UFORM_OK ? (size_t)about.st_size : 0, done = 0;
+    while (status == UFORM_OK && done < size) {
+        ssize_t got = read(fd, buffer + done, size - done);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0)
+            *message = "cannot read the tokenizer file", status = UFORM_IO;
+        else
+            done += (size_t)got;
+    }
+    close(fd);
+    if (status != UFORM_OK) {
         free(buffer);
-        return *message =
-                   size < 0 ? "cannot read the tokenizer file" : "out of memory reading the tokenizer file",
-               size < 0 || buffer ? UFORM_IO : UFORM_OUT_OF_MEMORY;
+        return status;
     }
     *data = buffer;
-    *length = (size_t)size;
+    *length = size;
     return UFORM_OK;
 }
 

@@ -16,13 +16,16 @@
  * and with I8 weights; writing it again with I8 weights (uform_checkpoint_quantize);
  * encoding texts, pixels, PNG and JPEG images from memory and from files, clips, sounds and samples;
  * creating a trainer, a training step over every modality the build decodes, and a save over a previous
- * checkpoint (the previous pair or the new one on disk after a failed save, nothing else beside them).
+ * checkpoint (the previous pair or the new one on disk after a failed save, nothing else beside them);
+ * where the build has tokenizers, a sentence-transformers folder (the folder reader's seed): loading it,
+ * writing it as one checkpoint (uform_checkpoint_convert), and encoding texts with its tokenizer.
  *
  * Outside the count, named: the machine's topology, loaded by the first RAM executor before any stage
  * (hwloc's window), and every allocation libjansson or libhwloc makes itself (the shim's head says why).
  *
  * Usage: test_alloc_fail FOLDER CORPUS [STAGE...], under LD_PRELOAD of the shim; CORPUS is
- * tests/fuzz-corpus. Without the shim it fails; stages whose decoder the build lacks are skipped, said so.
+ * tests/fuzz-corpus. Without the shim it fails; stages whose decoder or tokenizers the build lacks are
+ * skipped, said so.
  * ALLOC_FAIL_BACKTRACE=1 prints the stack of every injected failure. */
 #include <dlfcn.h>
 #include <errno.h>
@@ -39,6 +42,7 @@
 #include <dirent.h>
 
 #include "uform.h"
+#include "../../fuzz/pretrained_pack.h"
 #include "../train/small_config.h"
 
 /* ---- The shim's controls -------------------------------------------------------------------------- */
@@ -107,7 +111,7 @@ typedef struct blob {
 } blob_t;
 
 typedef struct world {
-    char folder[512], checkpoint[600], saved[600];
+    char folder[512], checkpoint[600], saved[600], pretrained[600];
     uform_executor_t *executor;
     uform_arena_t *arena;
     uform_model_t *model;
@@ -336,6 +340,55 @@ static void release_load(world_t *world) {
     (void)world;
     uform_model_free(stage_model);
     stage_model = NULL;
+}
+
+/* A sentence-transformers folder (the folder reader's seed, unpacked in main): loaded, and its model's
+ * parameters and bytes; written as one checkpoint, and its size; and its texts encoded (their tokenizer's
+ * cut, token vectors with their spans), on the model loaded outside the count.
+ * tokenizer_file_out_of_memory_read_as_io: the tokenizer's file was read through stdio, whose stream
+ * allocates; its failure answered UFORM_IO, and the folder stage failed at its 12th allocation. */
+static void run_folder(world_t *world, result_t *result) {
+    uform_model_load_args_t args = {
+        .executor = world->executor, .path = world->pretrained, .model = &stage_model};
+    *result = (result_t){.status = uform_model_load_ram(&args)};
+    if (result->status != UFORM_OK) return;
+    uform_model_info_t info;
+    CHECK(uform_model_info(stage_model, &info) == UFORM_OK);
+    result->number = (double)info.parameters + (double)info.bytes;
+}
+static void run_convert(world_t *world, result_t *result) {
+    char output[700];
+    snprintf(output, sizeof output, "%s/converted.safetensors", world->folder);
+    uform_checkpoint_convert_args_t args = {.input = world->pretrained, .output = output};
+    *result = (result_t){.status = uform_checkpoint_convert(&args)};
+    struct stat file;
+    if (result->status == UFORM_OK && stat(output, &file) == 0) result->number = (double)file.st_size;
+    unlink(output);
+}
+static void prepare_folder_text(world_t *world) {
+    uform_model_load_args_t args = {
+        .executor = world->executor, .path = world->pretrained, .model = &stage_model};
+    CHECK(uform_model_load_ram(&args) == UFORM_OK);
+}
+static void run_folder_text(world_t *world, result_t *result) {
+    static char const words[] = "a cat sits on the mat\xff\xfe  the mat ";
+    static size_t const offsets[] = {0, 21, 23, sizeof words - 1};
+    uform_encoded_t encoded;
+    uform_text_encode_args_t args = {.model = stage_model,
+                                     .executor = world->executor,
+                                     .arena = world->arena,
+                                     .encoded = &encoded,
+                                     .outputs = UFORM_OUTPUT_EMBEDDINGS | UFORM_OUTPUT_TOKEN_VECTORS,
+                                     .texts = {words, offsets, 3, sizeof words - 1}};
+    result_of_encode(result, uform_text_encode(&args), &encoded);
+}
+
+static void unpack_file(size_t index, uint8_t const *bytes, size_t length, void *context) {
+    world_t const *world = context;
+    char path[900];
+    snprintf(path, sizeof path, "%s/%s", world->pretrained, PRETRAINED_PACK_FILES[index]);
+    blob_t const blob = {.data = (uint8_t *)bytes, .size = length};
+    blob_write(path, &blob);
 }
 
 static char const texts[] = "a red circlean image of the seaunicode: naïve café";
@@ -614,6 +667,9 @@ static stage_t const stages[] = {
     {"trainer", 0, nothing, run_trainer, release_trainer},
     {"step", 0, prepare_step, run_step, release_trainer},
     {"save", 0, prepare_save, run_save, release_save},
+    {"folder", UFORM_FEATURE_TOKENIZERS, nothing, run_folder, release_load},
+    {"convert", UFORM_FEATURE_TOKENIZERS, nothing, run_convert, nothing},
+    {"folder-text", UFORM_FEATURE_TOKENIZERS, prepare_folder_text, run_folder_text, release_load},
 };
 
 /* ---- The sweep --------------------------------------------------------------------------------------- */
@@ -721,6 +777,16 @@ int main(int argc, char **argv) {
         world.clip = blob_read(path);
     }
     world.wav = wav_tone(0.5);
+    if (features & UFORM_FEATURE_TOKENIZERS) {
+        snprintf(world.pretrained, sizeof world.pretrained, "%s/pretrained", world.folder);
+        snprintf(path, sizeof path, "%s/pretrained/1_Pooling", world.folder);
+        mkdir(world.pretrained, 0755);
+        mkdir(path, 0755);
+        snprintf(path, sizeof path, "%s/pretrained/sentence-transformers-mean.bin", argv[2]);
+        blob_t pack = blob_read(path);
+        pretrained_pack_each(pack.data, pack.size, unpack_file, &world);
+        free(pack.data);
+    }
 
     /* hwloc's window: the first RAM executor loads the topology, outside every count. */
     uform_status_t status;
@@ -749,7 +815,7 @@ int main(int argc, char **argv) {
             chosen |= strcmp(argv[j], stage->name) == 0;
         if (!chosen) continue;
         if ((features & stage->needs) != stage->needs) {
-            printf("%-12s skipped: this build lacks its decoders\n", stage->name);
+            printf("%-12s skipped: this build lacks its decoders or tokenizers\n", stage->name);
             continue;
         }
         sweep(&world, stage);
