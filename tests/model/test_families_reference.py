@@ -120,8 +120,13 @@ UFORM3_LARGE = dict(dim=1024, patch_size=14, image_size=224, num_layers=2, num_h
                     num_reg_tokens=4)
 
 
-def uform3(uform: str, workdir: Path, images: list, minilm_tokenizer: Path, name: str = "uform3",
-           image_shapes: dict = UFORM3_SMALL) -> int:
+# uform3-image-text-multilingual-base's text tower: 384 wide, mean pooling, padding id 1, 50 positions, a
+# SentencePiece Unigram's tokenizer.json as XLM-R's (4 of its 12 blocks, 2 of them multimodal).
+UFORM3_MULTILINGUAL_TEXT = dict(dim=384, num_heads=12, padding_idx=1, pooling="mean", max_position_embeddings=50)
+
+
+def uform3(uform: str, workdir: Path, images: list, tokenizer: Path, name: str = "uform3",
+           image_shapes: dict = UFORM3_SMALL, text_shapes: dict = None) -> int:
     import numpy as np
     import torch
     from PIL import Image
@@ -134,11 +139,15 @@ def uform3(uform: str, workdir: Path, images: list, minilm_tokenizer: Path, name
     text = dict(model_type="bert", dim=768, context_dim=384, vocab_size=30522, padding_idx=0, num_layers=4,
                 num_heads=12, embedding_dim=256, multimodal_layers_ids=[2, 3], head_one_neuron=False,
                 pooling="cls", max_position_embeddings=64, dropout_prob=0.1)
+    text.update(text_shapes or {})
+    if text_shapes:
+        from tokenizers import Tokenizer
+        text["vocab_size"] = Tokenizer.from_file(str(tokenizer)).get_vocab_size()
     image = dict(**image_shapes, pooling="cls", normalization_means=[0.48145466, 0.4578275, 0.40821073],
                  normalization_deviations=[0.26862954, 0.26130258, 0.27577711])
     config = {"text_encoder": text, "image_encoder": image}
     (folder / "config.json").write_text(json.dumps(config))
-    (folder / "tokenizer.json").write_bytes(minilm_tokenizer.read_bytes())
+    (folder / "tokenizer.json").write_bytes(tokenizer.read_bytes())
     text_encoder = TextEncoder(**{k: v for k, v in text.items() if k in TextEncoder.__dataclass_fields__}).eval()
     image_encoder = ImageEncoder(**{k: v for k, v in image.items() if k in ImageEncoder.__dataclass_fields__}).eval()
     bf16_rounded(text_encoder)
@@ -266,12 +275,25 @@ def tokenizers(workdir: Path) -> tuple:
     return minilm, clip_folder, spiece
 
 
+def unigram_json(workdir: Path, spiece_folder: Path) -> Path:
+    """The SentencePiece Unigram of `spiece_folder` as XLM-R's tokenizer.json (transformers' conversion:
+    its precompiled charsmap, Metaspace, <s> $A </s>), as UForm 3's multilingual folder holds one."""
+    from transformers import XLMRobertaTokenizerFast
+
+    path = workdir / "unigram-tokenizer" / "tokenizer.json"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fast = XLMRobertaTokenizerFast(vocab_file=str(spiece_folder / "spiece.model"))
+        fast.backend_tokenizer.save(str(path))
+    return path
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--uform", required=True, help="the uform command")
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--uform-reference", help="a folder holding PyPI's uform package (pip install --target)")
-    parser.add_argument("--families", default="uform3,uform3-large,clip,siglip")
+    parser.add_argument("--families", default="uform3,uform3-large,uform3-multilingual,clip,siglip")
     args = parser.parse_args()
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -283,6 +305,9 @@ def main() -> int:
         failures += uform3(args.uform, workdir, images, minilm)
     if "uform3-large" in families:
         failures += uform3(args.uform, workdir, images, minilm, "uform3-large", UFORM3_LARGE)
+    if "uform3-multilingual" in families:
+        failures += uform3(args.uform, workdir, images, unigram_json(workdir, spiece), "uform3-multilingual",
+                           text_shapes=UFORM3_MULTILINGUAL_TEXT)
     if "clip" in families:
         failures += clip(args.uform, workdir, images, clip_tokenizer)
     if "siglip" in families:
