@@ -602,7 +602,7 @@ typedef struct uform_model_info {
         uform_image_resample_t resample;
     } image;
     struct {
-        size_t frames; /* sampled per clip; uses the image tower's weights */
+        size_t frames; /* sampled per clip; uses the image tower's weights (a pretrained folder's: 8) */
     } video;
     struct {
         uform_transformer_info_t transformer;

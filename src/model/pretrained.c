@@ -623,6 +623,10 @@ static uform_status_t read_folder(pretrained_t *folder, pretrained_model_t *mode
     if (sentence.modules) info->normalized = sentence.normalized;
     info->text.strip = sentence.modules && info->has_text; /* sentence-transformers strips every text */
     if (sentence.context < info->text.context) info->text.context = sentence.context;
+    /* Clips through the image tower, as the engine's own models take them: PRETRAINED_VIDEO_FRAMES frames,
+     * the unit mean of their unit embeddings (CLIP's frame-averaging baseline for video retrieval). */
+    info->has_video = info->has_image;
+    info->video.frames = info->has_image ? PRETRAINED_VIDEO_FRAMES : 0;
     info->matryoshka[0] = info->dims;
     info->matryoshka_count = 1;
     for (size_t i = 0; i < folder->files && status == UFORM_OK; ++i)

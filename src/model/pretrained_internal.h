@@ -17,6 +17,9 @@
  * block's names, the others whole; a name NULL is a part the family's tower does not have (then the part
  * takes zeros where the schema still has it: CLIP's patch layer has no bias). The norms and linear layers
  * are named without their ".weight" and ".bias". */
+/* Frames a clip is sampled at through a pretrained family's image tower. */
+#define PRETRAINED_VIDEO_FRAMES 8
+
 typedef struct pretrained_names {
     char const *layer;
     char const *norm1, *norm2, *q, *k, *v, *out, *up, *down;
