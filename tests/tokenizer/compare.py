@@ -12,8 +12,8 @@ and once with the rest (those with a "\\n", or a "\\r" at the end) as arguments 
 --line-ends-via says, NUL-terminated on its standard input with --null, or as a JSONL manifest there with
 --manifest -). The reference is `Tokenizer.from_file(FILE).encode_batch(texts)` (special tokens added,
 the file's own truncation and padding applied), its character offsets turned into UTF-8 byte offsets. A
-text passes where the command printed {"index": i, "ids": [...], "spans": [[begin, end], ...]} with the
-reference's ids and spans: compared a chunk at a time as bytes and arrays while the lines have that form
+text passes where the command printed {"index": i, "ids": [...], "spans": [[begin, end], ...], "special":
+[...]} with the reference's ids, spans and special_tokens_mask: compared a chunk at a time as bytes and arrays while the lines have that form
 (those keys in that order, any blanks), else as JSON line by line. A mismatch prints the fixture, the
 text, both id lists around the first difference and the spans there (the first ten per fixture; every
 one goes to WORKDIR/mismatches/FIXTURE.txt); the run ends with "N passed, N failed", counting fixtures.
@@ -138,6 +138,7 @@ class Expected:
     skeleton (each line without its digits and blanks)."""
     ids: list
     offsets: list
+    special: list
     numbers: object  # numpy int64 array
     skeleton: bytes
     line_starts: list  # where each line's numbers begin in `numbers`, and one past the last
@@ -147,7 +148,7 @@ class Expected:
 def skeleton_of(count: int) -> bytes:
     """A contract's line of `count` tokens with its digits and blanks taken out."""
     return (b'{"index":,"ids":[' + b"," * max(count - 1, 0) + b'],"spans":[' +
-            b",".join([b"[,]"] * count) + b"]}\n")
+            b",".join([b"[,]"] * count) + b'],"special":[' + b"," * max(count - 1, 0) + b"]}\n")
 
 
 def byte_offsets(texts: list, counts, chars):
@@ -180,14 +181,16 @@ def expected_chunk(first_index: int, texts: list, encodings: list) -> Expected:
 
     ids = [encoding.ids for encoding in encodings]
     offsets = [encoding.offsets for encoding in encodings]
+    special = [encoding.special_tokens_mask for encoding in encodings]
     counts = numpy.fromiter(map(len, ids), dtype=numpy.int64, count=len(ids))
     total = int(counts.sum())
     flat_ids = numpy.fromiter(itertools.chain.from_iterable(ids), dtype=numpy.int64, count=total)
     chars = numpy.fromiter(itertools.chain.from_iterable(itertools.chain.from_iterable(offsets)),
                            dtype=numpy.int64, count=2 * total).reshape(-1, 2)
     spans = byte_offsets(texts, counts, chars)
-    # Line t: its index, its ids, its spans' begins and ends in turn.
-    sizes = 1 + 3 * counts
+    flat_special = numpy.fromiter(itertools.chain.from_iterable(special), dtype=numpy.int64, count=total)
+    # Line t: its index, its ids, its spans' begins and ends in turn, its special flags.
+    sizes = 1 + 4 * counts
     line_starts = numpy.cumsum(sizes) - sizes
     rank = numpy.arange(total) - numpy.repeat(numpy.cumsum(counts) - counts, counts)
     numbers = numpy.empty(int(sizes.sum()), dtype=numpy.int64)
@@ -196,8 +199,9 @@ def expected_chunk(first_index: int, texts: list, encodings: list) -> Expected:
     span_at = numpy.repeat(line_starts + 1 + counts, counts) + 2 * rank
     numbers[span_at] = spans[:, 0]
     numbers[span_at + 1] = spans[:, 1]
+    numbers[numpy.repeat(line_starts + 1 + 3 * counts, counts) + rank] = flat_special
     skeleton = b"".join(map(skeleton_of, counts.tolist()))
-    return Expected(ids, offsets, numbers, skeleton, line_starts.tolist() + [len(numbers)])
+    return Expected(ids, offsets, special, numbers, skeleton, line_starts.tolist() + [len(numbers)])
 
 
 # The command's lines as numbers: every byte but a digit read as a blank.
@@ -257,7 +261,7 @@ def first_difference(got_ids: list, got_spans: list, ids: list, spans: list) -> 
 
 
 def report(name: str, item: Item, index: int, got: dict | None, line: bytes, ids: list, spans: list,
-           offsets: list) -> str:
+           offsets: list, special: list = ()) -> str:
     """The lines that describe one mismatch."""
     head = f"MISMATCH {name}, {item.label} (index {index} of its run)"
     if got is None or "error" in got or not isinstance(got.get("ids"), list):
@@ -267,13 +271,15 @@ def report(name: str, item: Item, index: int, got: dict | None, line: bytes, ids
     got_ids, got_spans = got["ids"], got.get("spans") if isinstance(got.get("spans"), list) else []
     p = first_difference(got_ids, got_spans, ids, spans)
     around = tuple(offsets[p]) if p < len(offsets) else None
+    flags = [] if got.get("special") == list(special) else [
+        f"  special:   command {got.get('special')}, reference {list(special)}"]
     return "\n".join([
         f"{head}: {shown_text(item.text, around)}",
         f"  first difference at token {p}",
         f"  command:   ids {shown_ids(got_ids, p)}, span there "
         f"{got_spans[p] if p < len(got_spans) else None}",
         f"  reference: ids {shown_ids(ids, p)}, span there {spans[p] if p < len(spans) else None}",
-    ])
+    ] + flags)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -285,7 +291,8 @@ def command_line(uform: Path) -> list:
     return [sys.executable, str(uform)] if uform.suffix == ".py" else [str(uform)]
 
 
-def compare_line(outcome: Outcome, item: Item, index: int, line: bytes, ids: list, offsets: list) -> None:
+def compare_line(outcome: Outcome, item: Item, index: int, line: bytes, ids: list, offsets: list,
+                 special: list) -> None:
     """One of the command's lines against the reference's ids and offsets, as JSON; a mismatch counted
     and, among the first, printed."""
     try:
@@ -294,17 +301,18 @@ def compare_line(outcome: Outcome, item: Item, index: int, line: bytes, ids: lis
         got = None
     spans = byte_spans(item.text, offsets)
     if (isinstance(got, dict) and got.get("index") == index and got.get("ids") == ids and got.get("spans") == spans
-            and "error" not in got):
+            and got.get("special") == list(special) and "error" not in got):
         return
     if item.versioned and isinstance(got, dict) and "ids" in got:
         outcome.versioned_mismatches += 1
         if outcome.log:
-            outcome.log.write("(Unicode version) " + report(outcome.name, item, index, got, line, ids, spans, offsets)
+            outcome.log.write("(Unicode version) " + report(outcome.name, item, index, got, line, ids, spans, offsets, special)
                               + "\n")
         return
     outcome.mismatches += 1
     if outcome.mismatches <= PRINTED_MISMATCHES or outcome.log:
-        text = report(outcome.name, item, index, got if isinstance(got, dict) else None, line, ids, spans, offsets)
+        text = report(outcome.name, item, index, got if isinstance(got, dict) else None, line, ids, spans, offsets,
+                      special)
         if outcome.mismatches <= PRINTED_MISMATCHES:
             print(text, flush=True)
         if outcome.log:
@@ -333,7 +341,8 @@ def compare_run(outcome: Outcome, tokenizer, command: list, run: Run) -> None:
                 continue
             for k, line in enumerate(lines):
                 if not line_matches(line, k, expected):
-                    compare_line(outcome, chunk[k], start + k, line, expected.ids[k], expected.offsets[k])
+                    compare_line(outcome, chunk[k], start + k, line, expected.ids[k], expected.offsets[k],
+                                 expected.special[k])
             if len(lines) < len(chunk):
                 outcome.texts += len(run.items) - start - len(chunk)
                 break
