@@ -1062,6 +1062,16 @@ UFORM_EXPORT uform_status_t uform_tokenizer_token(uform_tokenizer_t const *token
  * tokenizers: `*tokenizer` is then NULL). Never blocks. */
 UFORM_EXPORT uform_status_t uform_model_tokenizer(uform_model_t const *model, uform_tokenizer_t const **tokenizer);
 
+/* The prompt a text of the model takes before it is cut, as uform_encode_config_t's prompt_name picks it:
+ * the model's prompt `name`, or with `name` NULL its default prompt; "" (no prompt) for `name` "" or a
+ * model without a default. Copies it into `prompt` (`capacity` bytes, NUL-terminated) and its length
+ * without the NUL into `*length`. Answers UFORM_OK, UFORM_INVALID_ARGUMENT (a NULL model, prompt or
+ * length; a name the model lacks; a prompt of `capacity` bytes or more, `*length` then its length),
+ * UFORM_UNSUPPORTED (a model that reads bytes, which takes no prompt, for a name other than NULL or "").
+ * Never blocks. */
+UFORM_EXPORT uform_status_t uform_model_prompt(uform_model_t const *model, char const *name, char *prompt,
+                                               size_t capacity, size_t *length);
+
 typedef struct uform_tokenize_stats {
     size_t items, failed; /* texts asked, texts whose status is not UFORM_OK */
     size_t bytes, tokens; /* input bytes, tokens produced (special tokens and padding included) */

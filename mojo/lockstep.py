@@ -24,11 +24,11 @@ from interpreter import how_to_install, partly_unavailable  # noqa: E402  (stand
 # Exported, not bound yet: each is a verb or accessor the Mojo package does not offer today
 # (uform_ram_options_default, once thought to crash when returning its structure by value, is bound and called
 # by value; mojo/NOTES.md). The tokenizers (opening a tokenizer.json or a model's, cutting texts into ids and
-# spans, a token's string) are not in the binding yet, nor is uform_checkpoint_convert (a pretrained folder
-# written as one checkpoint).
+# spans, a token's string, a model's prompts) are not in the binding yet, nor is uform_checkpoint_convert (a
+# pretrained folder written as one checkpoint).
 UNBOUND = {"uform_tokenizer_open", "uform_tokenizer_parse", "uform_tokenizer_free", "uform_tokenizer_info",
            "uform_text_tokenize", "uform_outcome_tokenized", "uform_checkpoint_convert",
-           "uform_tokenizer_token", "uform_model_tokenizer"}
+           "uform_tokenizer_token", "uform_model_tokenizer", "uform_model_prompt"}
 
 
 def exported(library):

@@ -2,7 +2,7 @@
 """`uform tokenize` against Hugging Face's tokenizers, text by text: every fixture (fixtures.py) over the
 corpus and the edge cases (corpus.py).
 
-    compare.py --uform build/tools/uform --workdir build/tests/tokenizer-reference
+    compare.py --uform build/tools/uform --workdir build/tests/tokenizer-reference [--library libuform.so]
     compare.py --self-check --workdir DIR     the comparison checked on stand_in.py: the reference
                                               against itself passes, a perturbed copy fails each fixture
                                               with exactly the texts it perturbed
@@ -17,6 +17,7 @@ text passes where the command printed {"index": i, "ids": [...], "spans": [[begi
 (those keys in that order, any blanks), else as JSON line by line. A mismatch prints the fixture, the
 text, both id lists around the first difference and the spans there (the first ten per fixture; every
 one goes to WORKDIR/mismatches/FIXTURE.txt); the run ends with "N passed, N failed", counting fixtures.
+With --library, uform_tokenizer_token of every id of each fixture is compared with id_to_token too.
 
 The corpus and fixtures are built once into the workdir and reused while their stamps match. Outside CI
 a missing Python or Debian package skips the check (exit 77); under CI=true it fails
@@ -416,6 +417,44 @@ def prepare(workdir: Path):
     return corpus, corpus.read_corpus(corpus_path), files
 
 
+def token_strings_check(library: str, files: dict) -> int:
+    """uform_tokenizer_token of every id of every fixture (and the first ids past them) against
+    tokenizers' id_to_token, through the shared library: the failures, each printed."""
+    import ctypes
+
+    from tokenizers import Tokenizer
+
+    uform = ctypes.CDLL(library)
+    uform.uform_tokenizer_open.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
+    uform.uform_tokenizer_token.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.POINTER(ctypes.c_void_p),
+                                            ctypes.POINTER(ctypes.c_size_t)]
+    uform.uform_tokenizer_free.argtypes = [ctypes.c_void_p]
+    failures = 0
+    for name, path in files.items():
+        reference = Tokenizer.from_file(str(path))
+        tokenizer = ctypes.c_void_p()
+        if uform.uform_tokenizer_open(str(path).encode(), ctypes.byref(tokenizer)) != 0:
+            print(f"FAULT {name}: uform_tokenizer_open refused {path}")
+            failures += 1
+            continue
+        size = reference.get_vocab_size(with_added_tokens=True)
+        wrong = []
+        for token_id in range(size + 3):
+            string, length = ctypes.c_void_p(), ctypes.c_size_t()
+            status = uform.uform_tokenizer_token(tokenizer, token_id, ctypes.byref(string), ctypes.byref(length))
+            got = ctypes.string_at(string.value, length.value).decode("utf-8", "replace") if status == 0 else None
+            want = reference.id_to_token(token_id)
+            if got != want:
+                wrong.append((token_id, got, want))
+        uform.uform_tokenizer_free(tokenizer)
+        for token_id, got, want in wrong[:PRINTED_MISMATCHES]:
+            print(f"MISMATCH {name}: id_to_token({token_id}): command {got!r}, reference {want!r}")
+        print(f"{name}: id_to_token of {size + 3} ids: {len(wrong)} mismatches: "
+              f"{'passed' if not wrong else 'FAILED'}", flush=True)
+        failures += bool(wrong)
+    return failures
+
+
 def compare_all(files: dict, uform: Path, items: list, via: str, extra: list = (), logs: Path | None = None) -> list:
     """Every fixture of `files` compared: the outcomes, and the summary line printed."""
     outcomes = [compare_fixture(name, path, uform, items, via, list(extra), logs) for name, path in files.items()]
@@ -455,6 +494,7 @@ def main() -> int:
     parser.add_argument("--fixtures", help="a comma-separated subset of the fixtures")
     parser.add_argument("--stride", type=int, default=1, help="every STRIDE-th corpus line only")
     parser.add_argument("--self-check", action="store_true", help="check the comparison on stand_in.py")
+    parser.add_argument("--library", help="libuform.so: uform_tokenizer_token of every id against id_to_token")
     args = parser.parse_args()
     if not args.self_check and args.uform is None:
         parser.error("--uform is required (or --self-check)")
@@ -474,7 +514,8 @@ def main() -> int:
     if args.self_check:
         return self_check(files, items, args.line_ends_via)
     outcomes = compare_all(files, args.uform, items, args.line_ends_via, logs=args.workdir / "mismatches")
-    return 0 if all(o.passed for o in outcomes) else 1
+    failures = token_strings_check(args.library, files) if args.library else 0
+    return 0 if all(o.passed for o in outcomes) and not failures else 1
 
 
 if __name__ == "__main__":
