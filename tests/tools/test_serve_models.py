@@ -19,7 +19,8 @@ Checks:
   - refusals that leave the server serving both models: /tokenize on the model that reads bytes (400
     tokenizer_unavailable), an unknown prompt_name, empty inputs, a body that is not JSON, a model that
     is not served;
-  - the command line: --name with two models, and two models of one name, are usage errors (exit 2).
+  - the command line: --name with two models or beside a NAME=PATH, and two models of one name, are usage
+    errors (exit 2).
 
 Needs torch, sentence-transformers and tokenizers to write the folder, and nothing else (re-run under
 a Python that has them, else exit 77, naming them). Exit status: 0 pass, 1 fail, 77 skip."""
@@ -197,11 +198,12 @@ def check_refusals(server, references):
 
 
 def check_command_line(uform, demo, folder):
-    for arguments, said in ((["--model", f"a={demo}", "--model", f"b={folder}", "--name", "c"], "--name"),
+    for arguments, said in ((["--model", f"a={demo}", "--model", f"b={folder}", "--name", "c"], "--name names"),
+                            (["--model", f"a={demo}", "--name", "c"], "--name and --model NAME=PATH"),
                             (["--model", f"a={demo}", "--model", f"a={folder}"], "two models are named 'a'")):
         done = subprocess.run([uform, "serve", "--port", "0", *arguments], capture_output=True, timeout=120)
         assert done.returncode == 2 and said in done.stderr.decode(), (arguments, done.returncode, done.stderr)
-    print("--name with two models, and two models of one name: usage errors")
+    print("--name with two models or with a NAME=PATH, and two models of one name: usage errors")
 
 
 def main():

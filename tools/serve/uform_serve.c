@@ -955,6 +955,14 @@ static int serve_run(serve_t *server, sigset_t const *signals) {
     if (server->flags.name && server->flags.models.count > 1)
         return command_usage(help.name, "--name names the one model served: with several, give each as "
                                         "--model NAME=PATH");
+    if (server->flags.name && server->flags.models.count == 1) {
+        char *named = NULL;
+        char const *path = NULL;
+        model_value_split(server->flags.models.values[0], &named, &path);
+        bool twice = named != NULL;
+        free(named);
+        if (twice) return command_usage(help.name, "--name and --model NAME=PATH both name the model: give one");
+    }
 
     if ((code = keys_load(server)) != COMMAND_OK || (code = tls_load(server)) != COMMAND_OK) return code;
     server->signal_fd = signalfd(-1, signals, SFD_NONBLOCK | SFD_CLOEXEC);
