@@ -6,7 +6,7 @@
  *     modality and their base64): a body it takes must hold what the batcher reads;
  *   - POST /tokenize (api_parse_tokenize, then api_answer_tokenize with no prompt: the texts cut and every
  *     token written as JSON, lossy UTF-8 included): a body it takes must be answered.
- * A body either refuses must carry an error answer of 400, 404 or 500. */
+ * A body either refuses must carry an error answer of 400, 404, 413 (tokenize past --batch-bytes) or 500. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +34,7 @@ static char const tokenizer_json[] =
     "\"[CLS]\":1,\"[SEP]\":2,\"a\":3,\"cat\":4,\"##s\":5,\"\\u00e9\":6,\".\":7,\"the\":8}}}";
 
 static serve_t server = {
+    .flags = {.batch_bytes = 262144},
     .models = {{.name = "uform-tiny",
                 .info = {.dims = 256,
                          .matryoshka = {64, 128},
@@ -75,8 +76,11 @@ static void request_release(serve_request_t *request) {
     json_decref(request->json);
 }
 
-static void refused(serve_request_t const *request) {
-    if (!request->response || (request->status != 400 && request->status != 404 && request->status != 500))
+/* A refusal: an error answer of 400, 404 or 500, or for /tokenize 413 too. */
+static void refused(serve_request_t const *request, bool tokenize) {
+    unsigned status = request->status;
+    if (!request->response ||
+        (status != 400 && status != 404 && status != 500 && !(tokenize && status == 413)))
         __builtin_trap();
 }
 
@@ -97,7 +101,7 @@ static void embeddings(uint8_t const *data, size_t size) {
         }
         memset(request.vectors, 0, request.count * request.width * sizeof *request.vectors);
     } else {
-        refused(&request);
+        refused(&request, false);
     }
     request_release(&request);
 }
@@ -111,9 +115,9 @@ static void tokenize(uint8_t const *data, size_t size) {
             __builtin_trap();
         api_answer_tokenize(&server, &request, &options, "");
         if (!request.response) __builtin_trap();
-        if (request.status != 200) refused(&request);
+        if (request.status != 200) refused(&request, true);
     } else {
-        refused(&request);
+        refused(&request, true);
     }
     request_release(&request);
 }

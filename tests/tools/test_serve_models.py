@@ -18,7 +18,7 @@ Checks:
     bytes between them; add_special_tokens false; an added token's content inside a text is not special;
   - refusals that leave the server serving both models: /tokenize on the model that reads bytes (400
     tokenizer_unavailable), an unknown prompt_name, empty inputs, a body that is not JSON, a model that
-    is not served;
+    is not served, texts past --batch-bytes with their prompt (413 inputs_too_large);
   - the command line: --name with two models or beside a NAME=PATH, and two models of one name, are usage
     errors (exit 2).
 
@@ -183,9 +183,11 @@ def check_refusals(server, references):
                 ({"model": "minilm", "inputs": "a", "add_special_tokens": "yes"}, 400, "invalid_type"),
                 ({"model": "minilm"}, 400, "missing_required_parameter"),
                 ({"model": "nope", "inputs": "a"}, 404, "model_not_found"),
-                ({"model": 7, "inputs": "a"}, 400, "invalid_type")]
+                ({"model": 7, "inputs": "a"}, 400, "invalid_type"),
+                ({"model": "minilm", "inputs": ["a" * 200000, "b" * 70000]}, 413, "inputs_too_large")]
     for body, status_expected, code in refusals:
         status, _, answer = request(server.port, "POST", "/tokenize", body)
+        assert status == status_expected, (str(body)[:200], status, str(answer)[:300])
         assert_error(status, answer, status_expected, code)
     status, _, answer = request(server.port, "POST", "/tokenize", "{not json")
     assert_error(status, answer, 400, "invalid_json")

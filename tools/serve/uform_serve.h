@@ -310,7 +310,8 @@ bool api_parse_tokenize(serve_t *server, serve_request_t *request, serve_tokeniz
 
 /* Sets the request's answer to its inputs' tokens, each input cut after `prompt` by its model's tokenizer,
  * whole, on the calling thread, in the server's tokenize arena: one list per input of {"id", "text",
- * "special", "start", "stop"}, as Hugging Face's text-embeddings-inference answers; or its error. */
+ * "special", "start", "stop"}, as Hugging Face's text-embeddings-inference answers; or its error (413
+ * inputs_too_large past --batch-bytes bytes with the prompts, 400 for a text that cannot be cut, 500). */
 void api_answer_tokenize(serve_t *server, serve_request_t *request, serve_tokenize_t const *options,
                          char const *prompt);
 

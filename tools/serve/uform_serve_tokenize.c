@@ -2,7 +2,8 @@
  * {"inputs": "text" | ["text", ...], "add_special_tokens": true, "prompt_name": null, "model": ...}, the
  * answer one list per input of its tokens, {"id", "text", "special", "start", "stop"}. The texts are cut
  * whole (no truncation, as TEI's tokenize route), each after the prompt it takes, by the model's own
- * tokenizer on the calling (loop) thread into the server's tokenize arena:
+ * tokenizer on the calling (loop) thread into the server's tokenize arena; so that other clients wait
+ * little, a request cuts at most --batch-bytes bytes, prompts included (413 inputs_too_large past them):
  *
  *   body -> api_parse_tokenize (model, inputs, options) -> the prompt (uform_model_prompt)
  *        -> api_answer_tokenize: uform_text_tokenize -> per token, a special one's string
@@ -166,12 +167,18 @@ static void text_json_lossy(serve_text_t *text, char const *bytes, size_t length
     text_puts(text, "\"");
 }
 
+/* The bytes of every input after the prompt. */
+static size_t prompted_bytes(serve_request_t const *request, char const *prompt) {
+    size_t total = 0;
+    for (size_t i = 0; i < request->count; ++i)
+        total += strlen(prompt) + request->inputs[i].length;
+    return total;
+}
+
 /* Tape of every input after the prompt: `count` texts into `*bytes` and `*offsets` (malloc'ed). */
 static bool tape_prompted(serve_request_t const *request, char const *prompt, char **bytes,
                           size_t **offsets) {
-    size_t prompted = strlen(prompt), total = 0;
-    for (size_t i = 0; i < request->count; ++i)
-        total += prompted + request->inputs[i].length;
+    size_t prompted = strlen(prompt), total = prompted_bytes(request, prompt);
     *bytes = malloc(total ? total : 1);
     *offsets = malloc((request->count + 1) * sizeof **offsets);
     if (!*bytes || !*offsets) return false;
@@ -208,6 +215,15 @@ void api_answer_tokenize(serve_t *server, serve_request_t *request, serve_tokeni
     size_t *offsets = NULL;
     serve_text_t text = {0};
     uform_tokenizer_t const *tokenizer = request->model->tokenizer;
+    size_t total = prompted_bytes(request, prompt);
+    if (total > server->flags.batch_bytes) {
+        /* The cut runs on the loop thread: a bound on it is a bound on how long other clients wait. */
+        api_error(request, MHD_HTTP_CONTENT_TOO_LARGE, "invalid_request_error", "inputs", "inputs_too_large",
+                  "the inputs are %zu bytes with their prompts; /tokenize cuts at most %zu at once "
+                  "(--batch-bytes): send fewer or shorter texts",
+                  total, server->flags.batch_bytes);
+        return;
+    }
     if (!tape_prompted(request, prompt, &bytes, &offsets)) {
         api_error(request, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", NULL, NULL, "out of memory");
         goto done;
