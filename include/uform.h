@@ -976,7 +976,8 @@ UFORM_EXPORT uform_status_t uform_outcome_probabilities(uform_outcome_t const *o
  * on the raw text, then on the normalized text, longest first), then the normalizer, the pre-tokenizer,
  * the model, truncation, the post-processor's special tokens and padding, each as that library defines
  * it. Every token carries the span of input bytes it covers ([0, 0) for the special tokens a
- * post-processor or padding adds), as tokenizers' offsets do, but in bytes rather than characters.
+ * post-processor or padding adds), as tokenizers' offsets do, but in bytes rather than characters, and
+ * whether it is one of those special tokens (tokenizers' special_tokens_mask).
  *
  * The components read (any other answers UFORM_UNSUPPORTED naming it):
  *   - normalizers: BertNormalizer, NFC, NFD, NFKC, NFKD, Lowercase, Strip, StripAccents, Replace,
