@@ -48,7 +48,7 @@ int LLVMFuzzerTestOneInput(uint8_t const *data, size_t size) {
             bool truncated;
             char const *message;
             uform_status_t status =
-                tokenizer_cut(tokenizers[t], data, size, special, &work, &out, &truncated, &message);
+                tokenizer_cut(tokenizers[t], data, size, special, false, &work, &out, &truncated, &message);
             if (status != UFORM_OK && status != UFORM_FORMAT) __builtin_trap();
             for (size_t i = 0; status == UFORM_OK && i < tokens.count; ++i)
                 if (tokens.spans[i].begin > tokens.spans[i].end || tokens.spans[i].end > size)

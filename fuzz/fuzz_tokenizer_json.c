@@ -24,7 +24,7 @@ int LLVMFuzzerTestOneInput(uint8_t const *data, size_t size) {
         bool truncated;
         char const *message;
         size_t length = i == 3 ? 7 : strlen(texts[i]);
-        if (tokenizer_cut(tokenizer, (uint8_t const *)texts[i], length, true, &work, &out, &truncated,
+        if (tokenizer_cut(tokenizer, (uint8_t const *)texts[i], length, true, false, &work, &out, &truncated,
                           &message) == UFORM_INTERNAL)
             __builtin_trap();
     }

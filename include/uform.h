@@ -984,7 +984,8 @@ UFORM_EXPORT uform_status_t uform_outcome_probabilities(uform_outcome_t const *o
  * on the raw text, then on the normalized text, longest first), then the normalizer, the pre-tokenizer,
  * the model, truncation, the post-processor's special tokens and padding, each as that library defines
  * it. Every token carries the span of input bytes it covers ([0, 0) for the special tokens a
- * post-processor or padding adds), as tokenizers' offsets do, but in bytes rather than characters.
+ * post-processor or padding adds), as tokenizers' offsets do, but in bytes rather than characters, and
+ * whether it is one of those special tokens (tokenizers' special_tokens_mask).
  *
  * The components read (any other answers UFORM_UNSUPPORTED naming it):
  *   - normalizers: BertNormalizer, NFC, NFD, NFKC, NFKD, Lowercase, Strip, StripAccents, Replace,
@@ -1052,6 +1053,34 @@ typedef struct uform_tokenizer_info {
 /* Answers UFORM_OK or UFORM_INVALID_ARGUMENT. Never blocks. */
 UFORM_EXPORT uform_status_t uform_tokenizer_info(uform_tokenizer_t const *tokenizer, uform_tokenizer_info_t *info);
 
+/* The string of token `id`, as tokenizers' id_to_token gives it: an added token's content, else the
+ * model's vocabulary entry as the file writes it ("##ing", "\u0120the", "\u2581the"); for a SentencePiece
+ * model, its class's special token of that id, else SentencePiece's piece (XLM-R's ids shifted back by
+ * fairseq's offset). `*string` points into the tokenizer: `*length` bytes, not NUL-terminated, valid while
+ * the tokenizer lives. Answers UFORM_OK, UFORM_INVALID_ARGUMENT (a NULL argument, or an id no token has:
+ * then `*string` is NULL and `*length` 0), UFORM_UNSUPPORTED (a build without tokenizers). Never blocks. */
+UFORM_EXPORT uform_status_t uform_tokenizer_token(uform_tokenizer_t const *tokenizer, uint32_t id,
+                                                  char const **string, size_t *length);
+
+/* The tokenizer of a model whose text tower reads tokens (uform_model_info_t.text.vocab > 0: a pretrained
+ * folder, or a checkpoint converted from one, which carries its tokenizer.json), borrowed: it lives as
+ * long as the model and is never freed by the caller. It cuts as the model's text verbs do: never padded,
+ * truncated at the model's context (docs/DESIGN.md, "Tokenizers", says how each family truncates);
+ * uform_tokenize_config_t.without_truncation cuts whole texts. Answers UFORM_OK, UFORM_INVALID_ARGUMENT
+ * (a NULL argument), UFORM_UNSUPPORTED (a model that reads bytes or has no text tower, or a build without
+ * tokenizers: `*tokenizer` is then NULL). Never blocks. */
+UFORM_EXPORT uform_status_t uform_model_tokenizer(uform_model_t const *model, uform_tokenizer_t const **tokenizer);
+
+/* The prompt a text of the model takes before it is cut, as uform_encode_config_t's prompt_name picks it:
+ * the model's prompt `name`, or with `name` NULL its default prompt; "" (no prompt) for `name` "" or a
+ * model without a default. Copies it into `prompt` (`capacity` bytes, NUL-terminated) and its length
+ * without the NUL into `*length`. Answers UFORM_OK, UFORM_INVALID_ARGUMENT (a NULL model, prompt or
+ * length; a name the model lacks; a prompt of `capacity` bytes or more, `*length` then its length),
+ * UFORM_UNSUPPORTED (a model that reads bytes, which takes no prompt, for a name other than NULL or "").
+ * Never blocks. */
+UFORM_EXPORT uform_status_t uform_model_prompt(uform_model_t const *model, char const *name, char *prompt,
+                                               size_t capacity, size_t *length);
+
 typedef struct uform_tokenize_stats {
     size_t items, failed; /* texts asked, texts whose status is not UFORM_OK */
     size_t bytes, tokens; /* input bytes, tokens produced (special tokens and padding included) */
@@ -1061,6 +1090,8 @@ typedef struct uform_tokenize_stats {
 
 typedef struct uform_tokenize_config {
     bool without_special_tokens; /* true: no post-processor tokens (tokenizers' add_special_tokens=False) */
+    bool without_truncation;     /* true: the tokenizer's truncation is not applied (tokenizers'
+                                    with_truncation(None)); a model's tokenizer truncates at its context */
     uform_progress_t progress;   /* completed and total are texts */
     uform_tokenize_stats_t *stats; /* written when the call is final; may be NULL */
 } uform_tokenize_config_t;
@@ -1069,11 +1100,15 @@ typedef struct uform_tokenize_config {
  * column, grouped per text by `ids.item_offsets`; `spans`: one row of two U32 per token, the input
  * bytes [begin, end) it covers, counted from the text's first byte, grouped by the same offsets.
  * `statuses`: one per text, UFORM_OK or UFORM_FORMAT (not UTF-8, or longer than 4 GiB), a failed text
- * having no tokens. */
+ * having no tokens. `special`: one byte per token (ids.rows of them, in the arena too), tokenizers'
+ * special_tokens_mask: 1 for a token the post-processor or padding added (a SentencePiece class's <s> and
+ * </s>, and the special tokens it finds in a text), 0 for the others, added tokens found in the text
+ * included. */
 typedef struct uform_tokenized {
     uform_view_t ids, spans;
     uform_status_t const *statuses;
     size_t items;
+    uint8_t const *special;
 } uform_tokenized_t;
 
 /* Reads the products of a final, successful tokenize outcome. As uform_outcome_encoded. */

@@ -94,6 +94,7 @@ def main():
     at("uform_tokenized_t", "spans", Int(Pointer(to=tk)), Int(Pointer(to=tk.spans)))
     at("uform_tokenized_t", "statuses", Int(Pointer(to=tk)), Int(Pointer(to=tk.statuses)))
     at("uform_tokenized_t", "items", Int(Pointer(to=tk)), Int(Pointer(to=tk.items)))
+    at("uform_tokenized_t", "special", Int(Pointer(to=tk)), Int(Pointer(to=tk.special)))
     var ta = CTextTokenizeArgs(None, None, t, None, None, None, None)
     size[CTextTokenizeArgs]("uform_text_tokenize_args_t")
     at("uform_text_tokenize_args_t", "executor", Int(Pointer(to=ta)), Int(Pointer(to=ta.executor)))

@@ -817,6 +817,9 @@ def check_tokenized(tokenized: Tokenized[_], what: String) raises:
         check(tokenized.status(item) == (Status.FORMAT if item == 3 else Status.OK), what + ": item status")
         check(tokenized.ids_of(item) == expected_ids(item), what + ": the ids of text " + String(item))
         check(tokenized.spans_of(item) == expected_spans(item), what + ": the spans of text " + String(item))
+    # [CLS] and [SEP] are the post-processor's: special; the words are not.
+    var flags = tokenized.special_of(1)
+    check(len(flags) == 5 and flags[0] and not flags[1] and not flags[3] and flags[4], what + ": special flags")
     var ids = tokenized.ids()
     check(ids.scalar() == ScalarKind.U32 and ids.columns() == 1 and len(ids) == 16, what + ": one U32 row per token")
     check(tokenized.spans().columns() == 2 and len(tokenized.spans()) == 16, what + ": two U32 per token")

@@ -70,7 +70,14 @@ typedef enum command_flag_kind {
     FLAG_REAL,     /* double: a finite decimal number in [real_minimum, real_maximum] */
     FLAG_CHOICE,   /* int: the index of the value in `choices` */
     FLAG_LITERALS, /* `--` alone: every later argument is positional, whatever it looks like */
+    FLAG_STRINGS,  /* command_strings_t: every value given, in order, at most `maximum` of them */
 } command_flag_kind_t;
+
+/* The values of a FLAG_STRINGS row, as given: `values` has room for the row's `maximum`. */
+typedef struct command_strings {
+    char const **values;
+    size_t count;
+} command_strings_t;
 
 /* One row of a command's table. `value` names the value in --help ("PATH"; NULL for a switch), and
  * `help` describes it, its lines split by \n and indented to the table's column. A `maximum` of 0

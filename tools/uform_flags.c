@@ -102,6 +102,14 @@ static int set_value(command_spec_t const *spec, command_flag_t const *flag, cha
             return COMMAND_OK;
         }
         return choice_error(spec, flag, value);
+    case FLAG_STRINGS: {
+        command_strings_t *strings = flag->target;
+        if (strings->count >= flag->maximum)
+            return command_usage(spec->help->name, "%s is given more than %llu times", flag->name,
+                                 (unsigned long long)flag->maximum);
+        strings->values[strings->count++] = value;
+        return COMMAND_OK;
+    }
     case FLAG_SWITCH:
     case FLAG_LITERALS:
         break;

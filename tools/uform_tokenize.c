@@ -16,9 +16,12 @@ static char const help_head[] =
     "special tokens its post-processor adds (a SentencePiece model as transformers' slow tokenizer of\n"
     "the folder's tokenizer_config.json cuts with it, or a bare .model file as SentencePiece encodes).\n"
     "Prints one JSON line per text:\n"
-    "  {\"index\": 0, \"ids\": [101, 7592, 102], \"spans\": [[0, 0], [0, 5], [0, 0]]}\n"
+    "  {\"index\": 0, \"ids\": [101, 7592, 102], \"spans\": [[0, 0], [0, 5], [0, 0]],\n"
+    "   \"special\": [1, 0, 1]}\n"
     "where each span is the bytes [begin, end) of the text that the token covers ([0, 0] for special\n"
-    "tokens). A text that is not valid UTF-8 prints {\"index\": i, \"error\": \"...\"} and the run goes on;\n"
+    "tokens), and \"special\" is tokenizers' special_tokens_mask: 1 for the tokens the post-processor\n"
+    "or padding added. A text that is not valid UTF-8 prints {\"index\": i, \"error\": \"...\"} and the run "
+    "goes on;\n"
     "it then ends with status 1.\n"
     "\n";
 
@@ -101,10 +104,10 @@ static size_t put_number(char *out, size_t value) {
     return count;
 }
 
-/* One text's line: its ids and spans, or its error. */
+/* One text's line: its ids, spans and special flags, or its error. */
 static int write_item(tokenize_run_t *run, uform_tokenized_t const *tokenized, size_t item) {
     size_t first = tokenized->ids.item_offsets[item], last = tokenized->ids.item_offsets[item + 1];
-    if (!command_reserve(&run->line, &run->line_capacity, 96 + (last - first) * 48, 4096))
+    if (!command_reserve(&run->line, &run->line_capacity, 112 + (last - first) * 51, 4096))
         return command_fail("out of memory");
     char *out = run->line;
     size_t at = (size_t)sprintf(out, "{\"index\": ");
@@ -129,6 +132,11 @@ static int write_item(tokenize_run_t *run, uform_tokenized_t const *tokenized, s
         out[at++] = ',', out[at++] = ' ';
         at += put_number(out + at, spans[2 * t + 1]);
         out[at++] = ']';
+    }
+    memcpy(out + at, "], \"special\": [", 15), at += 15;
+    for (size_t t = first; t < last; ++t) {
+        if (t > first) out[at++] = ',', out[at++] = ' ';
+        out[at++] = tokenized->special[t] ? '1' : '0';
     }
     memcpy(out + at, "]}\n", 3), at += 3;
     return fwrite(out, 1, at, stdout) == at ? COMMAND_OK : command_fail("cannot write standard output");

@@ -435,10 +435,11 @@ struct CTokenized(ImplicitlyCopyable):
     var spans: CView
     var statuses: RawOpt
     var items: c_size_t
+    var special: RawOpt  # one byte per token: 1 for the post-processor's and padding's tokens
 
     @staticmethod
     def empty() -> Self:
-        return Self(CView.empty(), CView.empty(), None, 0)
+        return Self(CView.empty(), CView.empty(), None, 0, None)
 
 
 @fieldwise_init

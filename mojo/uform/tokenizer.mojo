@@ -81,6 +81,18 @@ struct Tokenized[origin: ImmOrigin](_Product, ImplicitlyCopyable):
             out.append(span[1])
         return out^
 
+    def special_of(self, item: Int) raises Error -> List[Bool]:
+        """Whether each of text `item`'s tokens is special (tokenizers' special_tokens_mask: the
+        post-processor's and padding's tokens)."""
+        var rows = self._rows(item)
+        var out = List[Bool]()
+        if not self._c.special:
+            return out^
+        var flags = self._c.special.value().unsafe_bitcast[UInt8]()
+        for row in range(rows[0], rows[1]):
+            out.append(flags.unsafe_offset(row)[] != 0)
+        return out^
+
     def _take(mut self, library: Library, outcome: RawOpt) raises Error:
         """The products of a final, successful tokenize outcome (`uform_outcome_tokenized`)."""
         library._check(library._symbols[].outcome_tokenized(outcome, _raw(Pointer(to=self._c))))

@@ -137,7 +137,7 @@ static uform_status_t tokens_cut(tokens_call_t *text) {
         uint8_t const *joined_start = bytes;
         if (info->text.strip) python_strip(&bytes, &length);
         uform_status_t cut =
-            tokenizer_cut(tokenizer, bytes, length, true, &work, &post, &truncated, &message);
+            tokenizer_cut(tokenizer, bytes, length, true, false, &work, &post, &truncated, &message);
         if (cut == UFORM_OK && sequence.count > context) { /* past the tokenizer's own truncation, if any */
             /* A SentencePiece model's text ends with its special token, which truncation keeps; UForm 3's
              * processor cuts the ids as they are. */

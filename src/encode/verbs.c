@@ -7,6 +7,7 @@
  * Where a model may run: host models on host executors, VRAM models on the VRAM executor that loaded
  * them (model_residency, src/model/model.c, part of every verb's checks). */
 #include <stdalign.h>
+#include <string.h>
 
 #include "arena.h"
 #include "call.h"
@@ -55,6 +56,28 @@ UFORM_EXPORT uform_status_t uform_text_encode(uform_text_encode_args_t const *ar
                            "prompts are for models that read tokens");
     if (args->model->tokenizer) return text_encode_tokens_host(&request);
     return encode_verbs_of(args->model)->text_encode(&request);
+}
+
+UFORM_EXPORT uform_status_t uform_model_prompt(uform_model_t const *model, char const *name, char *prompt,
+                                               size_t capacity, size_t *length) {
+    static char const entry[] = "uform_model_prompt";
+    if (!model || !prompt || !length) return failed(UFORM_INVALID_ARGUMENT, entry, "an argument is NULL");
+    *length = 0;
+    if (capacity) *prompt = '\0';
+    if (!model->tokenizer) {
+        if (name && *name) return failed(UFORM_UNSUPPORTED, entry, "prompts are for models that read tokens");
+        return capacity ? UFORM_OK : failed(UFORM_INVALID_ARGUMENT, entry, "no room for the prompt");
+    }
+    uform_encode_config_t const config = {.prompt_name = name};
+    char const *found = NULL;
+    if (!text_prompt(model, &config, &found))
+        return failed(UFORM_INVALID_ARGUMENT, entry, "the model has no prompt of that name");
+    size_t size = found ? strlen(found) : 0;
+    *length = size;
+    if (size >= capacity)
+        return failed(UFORM_INVALID_ARGUMENT, entry, "the prompt is longer than the room given");
+    if (size) memcpy(prompt, found, size + 1);
+    return UFORM_OK;
 }
 
 static uform_status_t choose_check(uform_text_choose_args_t const *args, char const **message) {

@@ -56,6 +56,19 @@ UFORM_EXPORT uform_model_t *uform_outcome_model(uform_outcome_t *outcome) {
     return outcome_take_object(outcome, model_product_release);
 }
 
+UFORM_EXPORT uform_status_t uform_model_tokenizer(uform_model_t const *model,
+                                                  uform_tokenizer_t const **tokenizer) {
+    static char const entry[] = "uform_model_tokenizer";
+    if (tokenizer) *tokenizer = NULL;
+    if (!model || !tokenizer) return failed(UFORM_INVALID_ARGUMENT, entry, "model or tokenizer is NULL");
+    if (!model->tokenizer)
+        return failed(UFORM_UNSUPPORTED, entry,
+                      model->header.info.has_text ? "the model reads the bytes of texts: it has no tokenizer"
+                                                  : "the model has no text tower");
+    *tokenizer = model->tokenizer;
+    return UFORM_OK;
+}
+
 UFORM_EXPORT uform_status_t uform_model_info(uform_model_t const *model, uform_model_info_t *info) {
     if (!model || !info) return failed(UFORM_INVALID_ARGUMENT, "uform_model_info", "model or info is NULL");
     *info = model->header.info;

@@ -46,6 +46,40 @@ static void set_free(added_set_t *set) {
 void added_tokens_free(added_tokens_t *added) {
     set_free(&added->raw);
     set_free(&added->normalized);
+    for (size_t i = 0; i < added->strings_count; ++i)
+        free(added->strings[i].content);
+    free(added->strings);
+    added->strings = NULL;
+    added->strings_count = 0;
+}
+
+static int string_order(void const *a, void const *b) {
+    added_string_t const *x = a, *y = b;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+char const *added_tokens_string(added_tokens_t const *added, uint32_t id, size_t *length) {
+    added_string_t key = {.id = id};
+    added_string_t const *found =
+        added->strings_count ? bsearch(&key, added->strings, added->strings_count, sizeof key, string_order)
+                             : NULL;
+    if (!found) return NULL;
+    *length = found->length;
+    return found->content;
+}
+
+/* Keeps the content of an entry whose id no earlier entry took (tokenizers' added_tokens_map_r keeps the
+ * first content given an id). */
+static uform_status_t string_keep(added_tokens_t *added, char const *content, size_t length, uint32_t id) {
+    for (size_t i = 0; i < added->strings_count; ++i)
+        if (added->strings[i].id == id) return UFORM_OK;
+    char *copy = malloc(length + 1);
+    if (!copy) return UFORM_OUT_OF_MEMORY;
+    memcpy(copy, content, length);
+    copy[length] = '\0';
+    added->strings[added->strings_count++] =
+        (added_string_t){.id = id, .length = (uint32_t)length, .content = copy};
+    return UFORM_OK;
 }
 
 static int pattern_order(void const *a, void const *b) {
@@ -141,15 +175,19 @@ uform_status_t added_tokens_parse(json_t const *array, model_t const *model, nor
     uint32_t *ids = calloc(count + 1, sizeof *ids);
     added->raw.patterns = calloc(count + 1, sizeof *added->raw.patterns);
     added->normalized.patterns = calloc(count + 1, sizeof *added->normalized.patterns);
+    added->strings = calloc(count + 1, sizeof *added->strings);
     tokenizer_work_t work = {0};
     uform_status_t status = UFORM_OK;
-    if (!entries || !ids || !added->raw.patterns || !added->normalized.patterns) status = UFORM_OUT_OF_MEMORY;
+    if (!entries || !ids || !added->raw.patterns || !added->normalized.patterns || !added->strings)
+        status = UFORM_OUT_OF_MEMORY;
     for (size_t i = 0; i < count && status == UFORM_OK; ++i) {
         status = entry_parse(json_array_get(array, i), &entries[i], fault);
         if (status != UFORM_OK || entries[i].length == 0) continue;
         ids[i] = entry_id(entries, ids, i, vocab, &added->next_id);
-        status = set_add(entries[i].normalized ? &added->normalized : &added->raw, &entries[i], ids[i],
-                         normalizer, &work);
+        status = string_keep(added, entries[i].content, entries[i].length, ids[i]);
+        if (status == UFORM_OK)
+            status = set_add(entries[i].normalized ? &added->normalized : &added->raw, &entries[i], ids[i],
+                             normalizer, &work);
         if (status == UFORM_FORMAT)
             status = tokenizer_fail(fault, UFORM_FORMAT, "added_tokens: content is not UTF-8");
     }
@@ -164,6 +202,7 @@ uform_status_t added_tokens_parse(json_t const *array, model_t const *model, nor
         added_tokens_free(added);
         return status;
     }
+    qsort(added->strings, added->strings_count, sizeof *added->strings, string_order);
     qsort(added->raw.patterns, added->raw.count, sizeof *added->raw.patterns, pattern_order);
     qsort(added->normalized.patterns, added->normalized.count, sizeof *added->normalized.patterns,
           pattern_order);

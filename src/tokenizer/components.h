@@ -116,7 +116,8 @@ uform_status_t pre_tokenizer_apply(pre_tokenizer_t const *pre_tokenizer, pieces_
 typedef struct tokens {
     uint32_t *ids;
     piece_span_t *spans;
-    uint8_t *special; /* 1 for tokens a post-processor added, or added tokens marked special */
+    uint8_t *special; /* 1 for tokens a post-processor or padding added (tokenizers' special_tokens_mask),
+                         and a SentencePiece class's special tokens wherever they come from */
     size_t count, capacity;
 } tokens_t;
 

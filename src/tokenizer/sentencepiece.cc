@@ -151,3 +151,10 @@ extern "C" int32_t sentencepiece_piece_id(sentencepiece_model_t const *model, ch
 extern "C" int32_t sentencepiece_unknown_id(sentencepiece_model_t const *model) {
     return model->processor.unk_id();
 }
+
+extern "C" char const *sentencepiece_piece(sentencepiece_model_t const *model, int32_t id, size_t *length) {
+    if (id < 0 || id >= model->processor.GetPieceSize()) return nullptr;
+    std::string const &piece = model->processor.IdToPiece(id);
+    *length = piece.size();
+    return piece.data();
+}

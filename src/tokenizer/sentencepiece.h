@@ -61,6 +61,9 @@ void sentencepiece_pieces_free(sentencepiece_pieces_t *pieces);
 size_t sentencepiece_size(sentencepiece_model_t const *model);
 int32_t sentencepiece_piece_id(sentencepiece_model_t const *model, char const *piece, size_t length);
 int32_t sentencepiece_unknown_id(sentencepiece_model_t const *model);
+/* The string of piece `id` (IdToPiece), `*length` bytes held by the model while it lives; NULL for an id
+ * past the vocabulary. Never fails or blocks. */
+char const *sentencepiece_piece(sentencepiece_model_t const *model, int32_t id, size_t *length);
 
 #ifdef __cplusplus
 }

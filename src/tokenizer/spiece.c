@@ -447,6 +447,22 @@ static void strip(spiece_t const *spiece, uint32_t const *chars, spiece_work_t *
     }
 }
 
+char const *spiece_token(spiece_t const *spiece, uint32_t id, size_t *length) {
+    if (spiece->kind != SPIECE_PLAIN)
+        for (size_t t = 0; t < spiece->token_count; ++t)
+            if (spiece->tokens[t].id >= 0 && (uint32_t)spiece->tokens[t].id == id) {
+                *length = strlen(spiece->tokens[t].content);
+                return spiece->tokens[t].content;
+            }
+    if (id > INT32_MAX) return NULL;
+    int32_t piece = (int32_t)id;
+    if (spiece->kind == SPIECE_XLM_ROBERTA) {
+        if (piece == 0) return NULL; /* fairseq's <s> took SentencePiece's id 0 (its <unk>) */
+        piece -= 1;
+    }
+    return sentencepiece_piece(spiece->model, piece, length);
+}
+
 /* ---- pieces to ids ----------------------------------------------------------------------------- */
 
 /* The class's _convert_token_to_id_with_added_voc on a piece's string: a special token's id; else

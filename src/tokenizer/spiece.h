@@ -33,5 +33,10 @@ uform_status_t spiece_cut(spiece_t const *spiece, uint8_t const *text, size_t le
 /* Its vocabulary (ids are below it), the special tokens added to one text, and the model's name. */
 void spiece_info(spiece_t const *spiece, uform_tokenizer_info_t *info);
 
+/* The string of token `id` (the class's special token of that id, else SentencePiece's piece, XLM-R's
+ * ids shifted back by fairseq's offset), `*length` bytes held by the tokenizer; NULL for an id past the
+ * vocabulary. */
+char const *spiece_token(spiece_t const *spiece, uint32_t id, size_t *length);
+
 /* Frees what spiece_cut kept in work->spiece. */
 void spiece_work_free(tokenizer_work_t *work);

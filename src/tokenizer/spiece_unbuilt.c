@@ -32,6 +32,13 @@ void spiece_info(spiece_t const *spiece, uform_tokenizer_info_t *info) {
     (void)info;
 }
 
+char const *spiece_token(spiece_t const *spiece, uint32_t id, size_t *length) {
+    (void)spiece;
+    (void)id;
+    (void)length;
+    return NULL;
+}
+
 void spiece_work_free(tokenizer_work_t *work) {
     (void)work;
 }

@@ -49,6 +49,7 @@ typedef struct tokenize_thread {
     post_tokens_t post;
     uint32_t *ids; /* every text this thread cut, end to end */
     piece_span_t *spans;
+    uint8_t *special;
     size_t count, capacity;
     size_t failed, truncated;
     uform_status_t status; /* UFORM_OUT_OF_MEMORY when a list could not grow */
@@ -86,6 +87,7 @@ static void tokenize_release(tokenize_call_t *call) {
         free(share->post.blanks);
         free(share->ids);
         free(share->spans);
+        free(share->special);
     }
     free(call->shares);
     free(call->items);
@@ -124,12 +126,15 @@ static uform_status_t share_keep(tokenize_thread_t *share, tokens_t const *token
         uint32_t *ids = realloc(share->ids, capacity * sizeof *ids);
         if (ids) share->ids = ids;
         piece_span_t *spans = ids ? realloc(share->spans, capacity * sizeof *spans) : NULL;
-        if (!spans) return UFORM_OUT_OF_MEMORY;
-        share->spans = spans;
+        if (spans) share->spans = spans;
+        uint8_t *special = spans ? realloc(share->special, capacity * sizeof *special) : NULL;
+        if (!special) return UFORM_OUT_OF_MEMORY;
+        share->special = special;
         share->capacity = capacity;
     }
     memcpy(share->ids + share->count, tokens->ids, tokens->count * sizeof *tokens->ids);
     memcpy(share->spans + share->count, tokens->spans, tokens->count * sizeof *tokens->spans);
+    memcpy(share->special + share->count, tokens->special, tokens->count * sizeof *tokens->special);
     share->count += tokens->count;
     return UFORM_OK;
 }
@@ -141,7 +146,7 @@ static void tokenize_share(void *context, size_t thread) {
     size_t first, last, chunk = call->chunk_end - call->next_item;
     thread_share(chunk, thread, call->threads, &first, &last);
     share->post.tokens = &share->sequence;
-    bool special = !call->config.without_special_tokens;
+    bool special = !call->config.without_special_tokens, untruncated = call->config.without_truncation;
     uint8_t const *data = call->texts.data;
     for (size_t item = call->next_item + first; item < call->next_item + last && share->status == UFORM_OK;
          ++item) {
@@ -149,7 +154,7 @@ static void tokenize_share(void *context, size_t thread) {
         bool truncated = false;
         char const *message = NULL;
         uform_status_t status = tokenizer_cut(call->tokenizer, data + begin, end - begin, special,
-                                              &share->work, &share->post, &truncated, &message);
+                                              untruncated, &share->work, &share->post, &truncated, &message);
         tokenize_item_t *record = &call->items[item];
         *record = (tokenize_item_t){.thread = (uint32_t)thread, .status = status, .first = share->count};
         if (status == UFORM_OK) status = share_keep(share, &share->sequence);
@@ -184,9 +189,10 @@ static uform_status_t tokenize_output(tokenize_call_t *call) {
                                                    : padded;
     uint32_t *ids = arena_allocate(call->arena, total * sizeof *ids + 1, 64);
     uint32_t *spans = arena_allocate(call->arena, 2 * total * sizeof *spans + 1, 64);
+    uint8_t *special = arena_allocate_host(call->arena, total + 1, 16);
     size_t *offsets = arena_allocate_host(call->arena, (items + 1) * sizeof *offsets, 16);
     uform_status_t *statuses = arena_allocate_host(call->arena, items * sizeof *statuses, 16);
-    if (!ids || !spans || !offsets || !statuses) return UFORM_OUT_OF_MEMORY;
+    if (!ids || !spans || !special || !offsets || !statuses) return UFORM_OUT_OF_MEMORY;
     bool left = call->tokenizer->padding.left;
     uint32_t pad = call->tokenizer->padding.id;
     size_t row = 0;
@@ -199,6 +205,7 @@ static uform_status_t tokenize_output(tokenize_call_t *call) {
         size_t pads = padded > item->count ? padded - item->count : 0;
         size_t at = row + (left ? pads : 0);
         memcpy(ids + at, share->ids + item->first, item->count * sizeof *ids);
+        memcpy(special + at, share->special + item->first, item->count);
         for (size_t k = 0; k < item->count; ++k) {
             spans[2 * (at + k)] = share->spans[item->first + k].begin;
             spans[2 * (at + k) + 1] = share->spans[item->first + k].end;
@@ -206,6 +213,7 @@ static uform_status_t tokenize_output(tokenize_call_t *call) {
         size_t pad_at = left ? row : row + item->count;
         for (size_t k = 0; k < pads; ++k) {
             ids[pad_at + k] = pad;
+            special[pad_at + k] = 1;
             spans[2 * (pad_at + k)] = spans[2 * (pad_at + k) + 1] = 0;
         }
         row += item->count + pads;
@@ -216,6 +224,7 @@ static uform_status_t tokenize_output(tokenize_call_t *call) {
     call->tokenized.ids.item_offsets = call->tokenized.spans.item_offsets = offsets;
     call->tokenized.ids.items = call->tokenized.spans.items = items;
     call->tokenized.statuses = statuses;
+    call->tokenized.special = special;
     call->tokenized.items = items;
     return UFORM_OK;
 }

@@ -272,8 +272,8 @@ static uform_status_t pieces_stages(uform_tokenizer_t const *tokenizer, uint8_t 
 }
 
 uform_status_t tokenizer_cut(uform_tokenizer_t const *tokenizer, uint8_t const *text, size_t length,
-                             bool add_special, tokenizer_work_t *work, post_tokens_t *out, bool *truncated,
-                             char const **message) {
+                             bool add_special, bool untruncated, tokenizer_work_t *work, post_tokens_t *out,
+                             bool *truncated, char const **message) {
     out->tokens->count = 0;
     *truncated = false;
     *message = NULL;
@@ -286,7 +286,8 @@ uform_status_t tokenizer_cut(uform_tokenizer_t const *tokenizer, uint8_t const *
         status = cut_piece(tokenizer, last, i, work, out);
     work_give(work);
     work_give(work);
-    if (status == UFORM_OK) status = truncation_apply(tokenizer, add_special, out, truncated, message);
+    if (status == UFORM_OK && !untruncated)
+        status = truncation_apply(tokenizer, add_special, out, truncated, message);
     if (status == UFORM_OK && tokenizer->post)
         status = post_processor_apply(tokenizer->post, out, add_special);
     if (status == UFORM_OK && tokenizer->padding.on && !tokenizer->padding.batch_longest)
@@ -418,6 +419,28 @@ UFORM_EXPORT uform_status_t uform_tokenizer_open(char const *path, uform_tokeniz
 
 UFORM_EXPORT void uform_tokenizer_free(uform_tokenizer_t *tokenizer) {
     tokenizer_destroy(tokenizer);
+}
+
+UFORM_EXPORT uform_status_t uform_tokenizer_token(uform_tokenizer_t const *tokenizer, uint32_t id,
+                                                  char const **string, size_t *length) {
+    static char const entry[] = "uform_tokenizer_token";
+    if (!tokenizer || !string || !length) return failed(UFORM_INVALID_ARGUMENT, entry, "an argument is NULL");
+    *string = NULL;
+    *length = 0;
+    size_t size = 0;
+    char const *found = NULL;
+    if (tokenizer->spiece)
+        found = spiece_token(tokenizer->spiece, id, &size);
+    else if (!(found = added_tokens_string(&tokenizer->added, id, &size)))
+        found = vocab_token(model_vocab(tokenizer->model), id, &size);
+    if (!found) {
+        char message[64];
+        snprintf(message, sizeof message, "no token has the id %u", (unsigned)id);
+        return failed(UFORM_INVALID_ARGUMENT, entry, message);
+    }
+    *string = found;
+    *length = size;
+    return UFORM_OK;
 }
 
 UFORM_EXPORT uform_status_t uform_tokenizer_info(uform_tokenizer_t const *tokenizer,

@@ -23,10 +23,19 @@ typedef struct added_set {
     size_t count;
 } added_set_t;
 
+/* An added token's id and its content as the file writes it: what id_to_token answers for the id. */
+typedef struct added_string {
+    uint32_t id;
+    uint32_t length;
+    char *content;
+} added_string_t;
+
 typedef struct added_tokens {
-    added_set_t raw;        /* `normalized: false`: matched on the text as given */
-    added_set_t normalized; /* matched on the normalizer's output */
-    uint32_t next_id;       /* ids of the model's vocabulary and of the added tokens are below */
+    added_set_t raw;         /* `normalized: false`: matched on the text as given */
+    added_set_t normalized;  /* matched on the normalizer's output */
+    added_string_t *strings; /* one per distinct id, sorted by id */
+    size_t strings_count;
+    uint32_t next_id; /* ids of the model's vocabulary and of the added tokens are below */
 } added_tokens_t;
 
 /* Reads tokenizer.json's "added_tokens" (NULL or an array), giving each token its id as tokenizers
@@ -35,6 +44,9 @@ typedef struct added_tokens {
 uform_status_t added_tokens_parse(json_t const *array, model_t const *model, normalizer_t const *normalizer,
                                   added_tokens_t *added, tokenizer_fault_t *fault);
 void added_tokens_free(added_tokens_t *added);
+/* The content of the added token `id` (`*length` bytes, not NUL-terminated), or NULL for an id no added
+ * token has. */
+char const *added_tokens_string(added_tokens_t const *added, uint32_t id, size_t *length);
 
 /* Splits every open piece of `in` around the leftmost-longest matches of `set` into `out`: a match
  * becomes a piece with its token's id (grown over the whitespace around it for lstrip and rstrip), the
@@ -105,10 +117,11 @@ struct uform_tokenizer {
 
 /* Cuts one text into `out` (cleared first): UFORM_OK; UFORM_FORMAT with `*message` for a text that is
  * not UTF-8, longer than 4 GiB, or that the truncation cannot cut; UFORM_OUT_OF_MEMORY. `truncated` is
- * set when the truncation cut the text. Padding to a batch's longest text is the caller's. */
+ * set when the truncation cut the text; with `untruncated` the tokenizer's truncation is not applied.
+ * Padding to a batch's longest text is the caller's. */
 uform_status_t tokenizer_cut(uform_tokenizer_t const *tokenizer, uint8_t const *text, size_t length,
-                             bool add_special, tokenizer_work_t *work, post_tokens_t *out, bool *truncated,
-                             char const **message);
+                             bool add_special, bool untruncated, tokenizer_work_t *work, post_tokens_t *out,
+                             bool *truncated, char const **message);
 
 /* Frees everything a work holds (the regular expressions' region, the model's scratch). */
 void tokenizer_work_free(tokenizer_work_t *work);

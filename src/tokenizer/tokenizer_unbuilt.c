@@ -29,3 +29,12 @@ UFORM_EXPORT uform_status_t uform_tokenizer_info(uform_tokenizer_t const *tokeni
     (void)info;
     return failed(UFORM_UNSUPPORTED, "uform_tokenizer_info", unbuilt);
 }
+
+UFORM_EXPORT uform_status_t uform_tokenizer_token(uform_tokenizer_t const *tokenizer, uint32_t id,
+                                                  char const **string, size_t *length) {
+    (void)tokenizer;
+    (void)id;
+    if (string) *string = NULL;
+    if (length) *length = 0;
+    return failed(UFORM_UNSUPPORTED, "uform_tokenizer_token", unbuilt);
+}

@@ -197,9 +197,11 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
     (void)state;
-    char const *const files[] = {"config.json",      "model.safetensors",     "tokenizer.json",
-                                 "modules.json",     "1_Pooling/config.json", "sentence_bert_config.json",
-                                 "pytorch_model.bin"};
+    char const *const files[] = {"config.json",           "model.safetensors",
+                                 "tokenizer.json",        "modules.json",
+                                 "1_Pooling/config.json", "sentence_bert_config.json",
+                                 "pytorch_model.bin",     "config_sentence_transformers.json",
+                                 "tiny.safetensors"};
     for (size_t i = 0; i < sizeof files / sizeof files[0]; ++i)
         remove_file(files[i]);
     char path[512];
@@ -538,11 +540,92 @@ static void token_vectors_follow_the_tokenizer(void **state) {
     uform_model_free(model);
 }
 
+/* Cuts one text with `tokenizer` on the calling thread into `tokenized`; answers its token count. */
+static size_t cut(uform_tokenizer_t const *tokenizer, char const *text, bool whole, uform_arena_t *arena,
+                  uform_tokenized_t *tokenized) {
+    size_t offsets[2] = {0, strlen(text)};
+    uform_tokenize_config_t config = {.without_truncation = whole};
+    uform_text_tokenize_args_t args = {.tokenizer = tokenizer,
+                                       .texts = {text, offsets, 1, offsets[1]},
+                                       .arena = arena,
+                                       .config = &config,
+                                       .tokenized = tokenized};
+    assert_int_equal(uform_text_tokenize(&args), UFORM_OK);
+    return tokenized->ids.item_offsets[1];
+}
+
+/* A model that reads tokens lends its tokenizer, truncating at the context unless asked not to, and
+ * says its prompts; the engine's own models, which read bytes, have neither. */
+static void model_lends_its_tokenizer(void **state) {
+    (void)state;
+    write_folder();
+    write_text("config_sentence_transformers.json",
+               "{\"prompts\": {\"query\": \"query: \", \"passage\": \"\"}, \"default_prompt_name\": null}");
+    uform_model_t *model = NULL;
+    assert_int_equal(load(&model), UFORM_OK);
+    uform_tokenizer_t const *tokenizer = NULL;
+    assert_int_equal(uform_model_tokenizer(model, &tokenizer), UFORM_OK);
+    assert_non_null(tokenizer);
+    uform_arena_t *arena = NULL;
+    assert_int_equal(uform_arena_create_host(&arena), UFORM_OK);
+    uform_tokenized_t tokenized;
+    /* 16 words: 18 tokens whole, CONTEXT (12) with [CLS] and [SEP] kept where truncated. */
+    char const *text = "a cat sits on the mat a cat sits on the mat a cat sits on";
+    assert_int_equal(cut(tokenizer, text, false, arena, &tokenized), CONTEXT);
+    uint32_t const *ids = tokenized.ids.data;
+    assert_int_equal(ids[0], 2);
+    assert_int_equal(ids[CONTEXT - 1], 3);
+    assert_int_equal(tokenized.special[0], 1);
+    assert_int_equal(tokenized.special[1], 0);
+    assert_int_equal(tokenized.special[CONTEXT - 1], 1);
+    assert_int_equal(cut(tokenizer, text, true, arena, &tokenized), 18);
+    char const *string = NULL;
+    size_t length = 0;
+    assert_int_equal(uform_tokenizer_token(tokenizer, 5, &string, &length), UFORM_OK);
+    assert_int_equal(length, 3);
+    assert_memory_equal(string, "cat", 3);
+    assert_int_equal(uform_tokenizer_token(tokenizer, 10, &string, &length), UFORM_OK);
+    assert_memory_equal(string, "##s", 3);
+
+    char prompt[16];
+    assert_int_equal(uform_model_prompt(model, "query", prompt, sizeof prompt, &length), UFORM_OK);
+    assert_string_equal(prompt, "query: ");
+    assert_int_equal(length, 7);
+    assert_int_equal(uform_model_prompt(model, NULL, prompt, sizeof prompt, &length), UFORM_OK);
+    assert_string_equal(prompt, "");
+    assert_int_equal(uform_model_prompt(model, "passage", prompt, sizeof prompt, &length), UFORM_OK);
+    assert_int_equal(length, 0);
+    assert_int_equal(uform_model_prompt(model, "title", prompt, sizeof prompt, &length),
+                     UFORM_INVALID_ARGUMENT);
+    assert_int_equal(uform_model_prompt(model, "query", prompt, 7, &length), UFORM_INVALID_ARGUMENT);
+    assert_int_equal(length, 7);
+    assert_int_equal(uform_model_tokenizer(NULL, &tokenizer), UFORM_INVALID_ARGUMENT);
+    assert_int_equal(uform_model_tokenizer(model, NULL), UFORM_INVALID_ARGUMENT);
+    uform_arena_free(arena);
+    uform_model_free(model);
+    remove_file("config_sentence_transformers.json");
+
+    char path[512];
+    snprintf(path, sizeof path, "%s/tiny.safetensors", folder);
+    uform_tiny_checkpoint_args_t tiny = {.path = path, .seed = 7};
+    assert_int_equal(uform_tiny_checkpoint(&tiny), UFORM_OK);
+    uform_model_load_args_t args = {.path = path, .model = &model};
+    assert_int_equal(uform_model_load_ram(&args), UFORM_OK);
+    tokenizer = (uform_tokenizer_t const *)1;
+    assert_int_equal(uform_model_tokenizer(model, &tokenizer), UFORM_UNSUPPORTED);
+    assert_null(tokenizer);
+    assert_int_equal(uform_model_prompt(model, NULL, prompt, sizeof prompt, &length), UFORM_OK);
+    assert_int_equal(length, 0);
+    assert_int_equal(uform_model_prompt(model, "query", prompt, sizeof prompt, &length), UFORM_UNSUPPORTED);
+    uform_model_free(model);
+    remove_file("tiny.safetensors");
+}
+
 int main(void) {
     struct CMUnitTest const tests[] = {
         cmocka_unit_test(folder_loads_and_describes_itself),  cmocka_unit_test(folder_encodes_texts),
         cmocka_unit_test(f16_weights_load_as_f32_ones),       cmocka_unit_test(damaged_folders_fail_clearly),
-        cmocka_unit_test(token_vectors_follow_the_tokenizer),
+        cmocka_unit_test(token_vectors_follow_the_tokenizer), cmocka_unit_test(model_lends_its_tokenizer),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

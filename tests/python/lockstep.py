@@ -28,7 +28,7 @@ UNBOUND = {
     "uform_model_load_vram",
     "uform_video_encode", "uform_audio_encode", "uform_audio_encode_samples",
     "uform_text_choose",
-    "uform_tokenizer_parse",
+    "uform_tokenizer_parse", "uform_tokenizer_token", "uform_model_tokenizer", "uform_model_prompt",
     "uform_mesh_bootstrap", "uform_mesh_free", "uform_mesh_rank", "uform_mesh_size", "uform_mesh_info",
     "uform_trainer_config_default", "uform_trainer_init_ram", "uform_trainer_init_vram", "uform_trainer_free",
     "uform_trainer_step", "uform_trainer_save",

@@ -2,7 +2,7 @@
 """`uform tokenize` against Hugging Face's tokenizers, text by text: every fixture (fixtures.py) over the
 corpus and the edge cases (corpus.py).
 
-    compare.py --uform build/tools/uform --workdir build/tests/tokenizer-reference
+    compare.py --uform build/tools/uform --workdir build/tests/tokenizer-reference [--library libuform.so]
     compare.py --self-check --workdir DIR     the comparison checked on stand_in.py: the reference
                                               against itself passes, a perturbed copy fails each fixture
                                               with exactly the texts it perturbed
@@ -12,11 +12,12 @@ and once with the rest (those with a "\\n", or a "\\r" at the end) as arguments 
 --line-ends-via says, NUL-terminated on its standard input with --null, or as a JSONL manifest there with
 --manifest -). The reference is `Tokenizer.from_file(FILE).encode_batch(texts)` (special tokens added,
 the file's own truncation and padding applied), its character offsets turned into UTF-8 byte offsets. A
-text passes where the command printed {"index": i, "ids": [...], "spans": [[begin, end], ...]} with the
-reference's ids and spans: compared a chunk at a time as bytes and arrays while the lines have that form
+text passes where the command printed {"index": i, "ids": [...], "spans": [[begin, end], ...], "special":
+[...]} with the reference's ids, spans and special_tokens_mask: compared a chunk at a time as bytes and arrays while the lines have that form
 (those keys in that order, any blanks), else as JSON line by line. A mismatch prints the fixture, the
 text, both id lists around the first difference and the spans there (the first ten per fixture; every
 one goes to WORKDIR/mismatches/FIXTURE.txt); the run ends with "N passed, N failed", counting fixtures.
+With --library, uform_tokenizer_token of every id of each fixture is compared with id_to_token too.
 
 The corpus and fixtures are built once into the workdir and reused while their stamps match. Outside CI
 a missing Python or Debian package skips the check (exit 77); under CI=true it fails
@@ -138,6 +139,7 @@ class Expected:
     skeleton (each line without its digits and blanks)."""
     ids: list
     offsets: list
+    special: list
     numbers: object  # numpy int64 array
     skeleton: bytes
     line_starts: list  # where each line's numbers begin in `numbers`, and one past the last
@@ -147,7 +149,7 @@ class Expected:
 def skeleton_of(count: int) -> bytes:
     """A contract's line of `count` tokens with its digits and blanks taken out."""
     return (b'{"index":,"ids":[' + b"," * max(count - 1, 0) + b'],"spans":[' +
-            b",".join([b"[,]"] * count) + b"]}\n")
+            b",".join([b"[,]"] * count) + b'],"special":[' + b"," * max(count - 1, 0) + b"]}\n")
 
 
 def byte_offsets(texts: list, counts, chars):
@@ -180,14 +182,16 @@ def expected_chunk(first_index: int, texts: list, encodings: list) -> Expected:
 
     ids = [encoding.ids for encoding in encodings]
     offsets = [encoding.offsets for encoding in encodings]
+    special = [encoding.special_tokens_mask for encoding in encodings]
     counts = numpy.fromiter(map(len, ids), dtype=numpy.int64, count=len(ids))
     total = int(counts.sum())
     flat_ids = numpy.fromiter(itertools.chain.from_iterable(ids), dtype=numpy.int64, count=total)
     chars = numpy.fromiter(itertools.chain.from_iterable(itertools.chain.from_iterable(offsets)),
                            dtype=numpy.int64, count=2 * total).reshape(-1, 2)
     spans = byte_offsets(texts, counts, chars)
-    # Line t: its index, its ids, its spans' begins and ends in turn.
-    sizes = 1 + 3 * counts
+    flat_special = numpy.fromiter(itertools.chain.from_iterable(special), dtype=numpy.int64, count=total)
+    # Line t: its index, its ids, its spans' begins and ends in turn, its special flags.
+    sizes = 1 + 4 * counts
     line_starts = numpy.cumsum(sizes) - sizes
     rank = numpy.arange(total) - numpy.repeat(numpy.cumsum(counts) - counts, counts)
     numbers = numpy.empty(int(sizes.sum()), dtype=numpy.int64)
@@ -196,8 +200,9 @@ def expected_chunk(first_index: int, texts: list, encodings: list) -> Expected:
     span_at = numpy.repeat(line_starts + 1 + counts, counts) + 2 * rank
     numbers[span_at] = spans[:, 0]
     numbers[span_at + 1] = spans[:, 1]
+    numbers[numpy.repeat(line_starts + 1 + 3 * counts, counts) + rank] = flat_special
     skeleton = b"".join(map(skeleton_of, counts.tolist()))
-    return Expected(ids, offsets, numbers, skeleton, line_starts.tolist() + [len(numbers)])
+    return Expected(ids, offsets, special, numbers, skeleton, line_starts.tolist() + [len(numbers)])
 
 
 # The command's lines as numbers: every byte but a digit read as a blank.
@@ -257,7 +262,7 @@ def first_difference(got_ids: list, got_spans: list, ids: list, spans: list) -> 
 
 
 def report(name: str, item: Item, index: int, got: dict | None, line: bytes, ids: list, spans: list,
-           offsets: list) -> str:
+           offsets: list, special: list = ()) -> str:
     """The lines that describe one mismatch."""
     head = f"MISMATCH {name}, {item.label} (index {index} of its run)"
     if got is None or "error" in got or not isinstance(got.get("ids"), list):
@@ -267,13 +272,15 @@ def report(name: str, item: Item, index: int, got: dict | None, line: bytes, ids
     got_ids, got_spans = got["ids"], got.get("spans") if isinstance(got.get("spans"), list) else []
     p = first_difference(got_ids, got_spans, ids, spans)
     around = tuple(offsets[p]) if p < len(offsets) else None
+    flags = [] if got.get("special") == list(special) else [
+        f"  special:   command {got.get('special')}, reference {list(special)}"]
     return "\n".join([
         f"{head}: {shown_text(item.text, around)}",
         f"  first difference at token {p}",
         f"  command:   ids {shown_ids(got_ids, p)}, span there "
         f"{got_spans[p] if p < len(got_spans) else None}",
         f"  reference: ids {shown_ids(ids, p)}, span there {spans[p] if p < len(spans) else None}",
-    ])
+    ] + flags)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -285,7 +292,8 @@ def command_line(uform: Path) -> list:
     return [sys.executable, str(uform)] if uform.suffix == ".py" else [str(uform)]
 
 
-def compare_line(outcome: Outcome, item: Item, index: int, line: bytes, ids: list, offsets: list) -> None:
+def compare_line(outcome: Outcome, item: Item, index: int, line: bytes, ids: list, offsets: list,
+                 special: list) -> None:
     """One of the command's lines against the reference's ids and offsets, as JSON; a mismatch counted
     and, among the first, printed."""
     try:
@@ -294,17 +302,18 @@ def compare_line(outcome: Outcome, item: Item, index: int, line: bytes, ids: lis
         got = None
     spans = byte_spans(item.text, offsets)
     if (isinstance(got, dict) and got.get("index") == index and got.get("ids") == ids and got.get("spans") == spans
-            and "error" not in got):
+            and got.get("special") == list(special) and "error" not in got):
         return
     if item.versioned and isinstance(got, dict) and "ids" in got:
         outcome.versioned_mismatches += 1
         if outcome.log:
-            outcome.log.write("(Unicode version) " + report(outcome.name, item, index, got, line, ids, spans, offsets)
+            outcome.log.write("(Unicode version) " + report(outcome.name, item, index, got, line, ids, spans, offsets, special)
                               + "\n")
         return
     outcome.mismatches += 1
     if outcome.mismatches <= PRINTED_MISMATCHES or outcome.log:
-        text = report(outcome.name, item, index, got if isinstance(got, dict) else None, line, ids, spans, offsets)
+        text = report(outcome.name, item, index, got if isinstance(got, dict) else None, line, ids, spans, offsets,
+                      special)
         if outcome.mismatches <= PRINTED_MISMATCHES:
             print(text, flush=True)
         if outcome.log:
@@ -333,7 +342,8 @@ def compare_run(outcome: Outcome, tokenizer, command: list, run: Run) -> None:
                 continue
             for k, line in enumerate(lines):
                 if not line_matches(line, k, expected):
-                    compare_line(outcome, chunk[k], start + k, line, expected.ids[k], expected.offsets[k])
+                    compare_line(outcome, chunk[k], start + k, line, expected.ids[k], expected.offsets[k],
+                                 expected.special[k])
             if len(lines) < len(chunk):
                 outcome.texts += len(run.items) - start - len(chunk)
                 break
@@ -407,6 +417,44 @@ def prepare(workdir: Path):
     return corpus, corpus.read_corpus(corpus_path), files
 
 
+def token_strings_check(library: str, files: dict) -> int:
+    """uform_tokenizer_token of every id of every fixture (and the first ids past them) against
+    tokenizers' id_to_token, through the shared library: the failures, each printed."""
+    import ctypes
+
+    from tokenizers import Tokenizer
+
+    uform = ctypes.CDLL(library)
+    uform.uform_tokenizer_open.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
+    uform.uform_tokenizer_token.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.POINTER(ctypes.c_void_p),
+                                            ctypes.POINTER(ctypes.c_size_t)]
+    uform.uform_tokenizer_free.argtypes = [ctypes.c_void_p]
+    failures = 0
+    for name, path in files.items():
+        reference = Tokenizer.from_file(str(path))
+        tokenizer = ctypes.c_void_p()
+        if uform.uform_tokenizer_open(str(path).encode(), ctypes.byref(tokenizer)) != 0:
+            print(f"FAULT {name}: uform_tokenizer_open refused {path}")
+            failures += 1
+            continue
+        size = reference.get_vocab_size(with_added_tokens=True)
+        wrong = []
+        for token_id in range(size + 3):
+            string, length = ctypes.c_void_p(), ctypes.c_size_t()
+            status = uform.uform_tokenizer_token(tokenizer, token_id, ctypes.byref(string), ctypes.byref(length))
+            got = ctypes.string_at(string.value, length.value).decode("utf-8", "replace") if status == 0 else None
+            want = reference.id_to_token(token_id)
+            if got != want:
+                wrong.append((token_id, got, want))
+        uform.uform_tokenizer_free(tokenizer)
+        for token_id, got, want in wrong[:PRINTED_MISMATCHES]:
+            print(f"MISMATCH {name}: id_to_token({token_id}): command {got!r}, reference {want!r}")
+        print(f"{name}: id_to_token of {size + 3} ids: {len(wrong)} mismatches: "
+              f"{'passed' if not wrong else 'FAILED'}", flush=True)
+        failures += bool(wrong)
+    return failures
+
+
 def compare_all(files: dict, uform: Path, items: list, via: str, extra: list = (), logs: Path | None = None) -> list:
     """Every fixture of `files` compared: the outcomes, and the summary line printed."""
     outcomes = [compare_fixture(name, path, uform, items, via, list(extra), logs) for name, path in files.items()]
@@ -446,6 +494,7 @@ def main() -> int:
     parser.add_argument("--fixtures", help="a comma-separated subset of the fixtures")
     parser.add_argument("--stride", type=int, default=1, help="every STRIDE-th corpus line only")
     parser.add_argument("--self-check", action="store_true", help="check the comparison on stand_in.py")
+    parser.add_argument("--library", help="libuform.so: uform_tokenizer_token of every id against id_to_token")
     args = parser.parse_args()
     if not args.self_check and args.uform is None:
         parser.error("--uform is required (or --self-check)")
@@ -465,7 +514,8 @@ def main() -> int:
     if args.self_check:
         return self_check(files, items, args.line_ends_via)
     outcomes = compare_all(files, args.uform, items, args.line_ends_via, logs=args.workdir / "mismatches")
-    return 0 if all(o.passed for o in outcomes) else 1
+    failures = token_strings_check(args.library, files) if args.library else 0
+    return 0 if all(o.passed for o in outcomes) and not failures else 1
 
 
 if __name__ == "__main__":

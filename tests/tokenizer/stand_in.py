@@ -98,7 +98,8 @@ def main() -> int:
                 continue
             if args.perturb and perturbed(index):
                 perturb(index, ids, text_spans)
-            out.write(f'{{"index": {index}, "ids": {json.dumps(ids)}, "spans": {json.dumps(text_spans)}}}\n')
+            out.write(f'{{"index": {index}, "ids": {json.dumps(ids)}, "spans": {json.dumps(text_spans)}, '
+                      f'"special": {json.dumps(list(encoding.special_tokens_mask))}}}\n')
     return 0
 
 

@@ -21,7 +21,8 @@ lowercases to two code points) and lines of the training text, some altered. A m
 both id lists and the first position where they differ. Every span must lie within its text and the
 spans of a text must be in order. Corrupt model files (empty, truncated, random bytes) must be refused
 with a format error naming the fault, and unknown tokenizer classes as unsupported; a text that is not
-UTF-8 fails alone. With --library, uform_tokenizer_info of each tokenizer is checked too.
+UTF-8 fails alone. With --library, uform_tokenizer_info of each tokenizer is checked too, and
+uform_tokenizer_token of every id against the reference's convert_ids_to_tokens (id_to_piece).
 
     test_spiece.py --uform build/tools/uform --workdir DIR [--library build/libuform.so]
 """
@@ -294,6 +295,39 @@ def info_check(library: str, paths: dict) -> int:
     return failures
 
 
+def strings_check(library: str, strings: dict) -> int:
+    """uform_tokenizer_token of every id of each tokenizer against the reference's own strings:
+    {path: (vocabulary, the reference's id -> string)}; one past the vocabulary must be refused."""
+    import ctypes
+
+    uform = ctypes.CDLL(library)
+    uform.uform_tokenizer_open.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
+    uform.uform_tokenizer_token.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.POINTER(ctypes.c_void_p),
+                                            ctypes.POINTER(ctypes.c_size_t)]
+    uform.uform_tokenizer_free.argtypes = [ctypes.c_void_p]
+    failures = 0
+    for path, (size, reference) in strings.items():
+        tokenizer = ctypes.c_void_p()
+        if uform.uform_tokenizer_open(str(path).encode(), ctypes.byref(tokenizer)) != 0:
+            print(f"FAIL uform_tokenizer_token of {path}: cannot open it")
+            failures += 1
+            continue
+        wrong = []
+        for token_id in range(size + 1):
+            string, length = ctypes.c_void_p(), ctypes.c_size_t()
+            status = uform.uform_tokenizer_token(tokenizer, token_id, ctypes.byref(string), ctypes.byref(length))
+            got = ctypes.string_at(string.value, length.value).decode() if status == 0 else None
+            want = reference(token_id) if token_id < size else None
+            if got != want:
+                wrong.append((token_id, got, want))
+        uform.uform_tokenizer_free(tokenizer)
+        if wrong:
+            print(f"FAIL uform_tokenizer_token of {path}: {len(wrong)} ids differ, first {wrong[:5]}")
+            failures += 1
+    print(f"{'ok  ' if not failures else 'FAIL'} uform_tokenizer_token of every id of {len(strings)} tokenizers")
+    return failures
+
+
 def corrupt_cases(uform: str, workdir: Path, models: dict) -> int:
     unigram = models["unigram"].read_bytes()
     corrupt = workdir / "corrupt"
@@ -333,7 +367,7 @@ def main() -> int:
     items = texts(lines)
     print(f"{len(items)} texts, models {', '.join(f'{k} ({v.stat().st_size} bytes)' for k, v in models.items())}")
     failures = 0
-    infos = {}
+    infos, strings = {}, {}
     for name, model in models.items():
         size = spm.SentencePieceProcessor(model_file=str(model)).get_piece_size()
         kind = "BPE" if name == "bpe" else "Unigram"
@@ -344,6 +378,10 @@ def main() -> int:
         cased = folder(workdir, f"siglip-cased-{name}", model, "spiece.model",
                        {"tokenizer_class": "SiglipTokenizer", "do_lower_case": False})
         infos.update({xlmr: (size + 2, 2, 0, kind), siglip: (size, 1, 0, kind), model: (size, 0, 0, kind)})
+        plain_processor = spm.SentencePieceProcessor(model_file=str(model))
+        strings.update({xlmr: (size + 2, XLMRobertaTokenizer(vocab_file=str(model)).convert_ids_to_tokens),
+                        siglip: (size, SiglipTokenizer(vocab_file=str(model)).convert_ids_to_tokens),
+                        model: (size, plain_processor.id_to_piece)})
         few = items[:300]
         for label, path, reference, texts_, options in [
                 ("XLMRobertaTokenizer", xlmr, XLMRobertaTokenizer(vocab_file=str(model)), items, {}),
@@ -367,6 +405,7 @@ def main() -> int:
     failures += corrupt_cases(args.uform, workdir, models)
     if args.library:
         failures += info_check(args.library, infos)
+        failures += strings_check(args.library, strings)
     if failures:
         print(f"FAIL: {failures} failures")
         return 1

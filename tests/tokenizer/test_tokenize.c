@@ -100,12 +100,27 @@ static void assert_tokens(uform_tokenized_t const *tokenized, size_t item, uint3
     }
 }
 
+/* Asserts the special flags of text `item`: tokenizers' special_tokens_mask, given as a string of '0'
+ * and '1' per token. */
+static void assert_special(uform_tokenized_t const *tokenized, size_t item, char const *mask) {
+    size_t first = tokenized->ids.item_offsets[item];
+    assert_int_equal(tokenized->ids.item_offsets[item + 1] - first, strlen(mask));
+    for (size_t t = 0; mask[t]; ++t)
+        assert_int_equal(tokenized->special[first + t], mask[t] - '0');
+}
+
+/* tokenizers' special_tokens_mask of the cases: [CLS] and [SEP] of the post-processor are special, the
+ * [MASK] found in the text is not (an added token matched in a text is masked 0). */
+static char const *const cases_special[] = {"1000000001", "11", "1000001", "10001", "1001"};
+
 static void assert_cases(uform_tokenized_t const *tokenized) {
     assert_int_equal(tokenized->items, CASES);
     assert_int_equal(tokenized->ids.scalar, UFORM_U32);
     assert_int_equal(tokenized->spans.columns, 2);
-    for (size_t i = 0; i < CASES; ++i)
+    for (size_t i = 0; i < CASES; ++i) {
         assert_tokens(tokenized, i, cases[i].ids, cases[i].spans, cases[i].count);
+        assert_special(tokenized, i, cases_special[i]);
+    }
 }
 
 /* Every receiver, blocking and deferred, cuts the same tokens as tokenizers. */
@@ -210,8 +225,21 @@ static void test_truncation_and_padding(void **state) {
     assert_int_equal(cut_one(right, cases[0].text, false, arena, &tokenized), 5);
     assert_tokens(&tokenized, 0, (uint32_t[]){2, 8, 6, 11, 3},
                   (uint32_t const[][2]){{0, 0}, {0, 3}, {4, 7}, {7, 8}, {0, 0}}, 5);
+    assert_special(&tokenized, 0, "10001");
     assert_int_equal(cut_one(right, cases[0].text, true, arena, &tokenized),
                      5); /* no special tokens: 5 kept */
+    assert_special(&tokenized, 0, "00000");
+    /* without_truncation: the whole text, as tokenizers' with_truncation(None) cuts it */
+    size_t offsets[2] = {0, strlen(cases[0].text)};
+    uform_tokenize_config_t whole = {.without_truncation = true};
+    uform_text_tokenize_args_t untruncated = {.tokenizer = right,
+                                              .texts = {cases[0].text, offsets, 1, offsets[1]},
+                                              .arena = arena,
+                                              .config = &whole,
+                                              .tokenized = &tokenized};
+    assert_int_equal(uform_text_tokenize(&untruncated), UFORM_OK);
+    assert_tokens(&tokenized, 0, cases[0].ids, cases[0].spans, cases[0].count);
+    assert_special(&tokenized, 0, cases_special[0]);
     uform_tokenizer_info_t info;
     assert_int_equal(uform_tokenizer_info(right, &info), UFORM_OK);
     assert_int_equal(info.max_length, 5);
@@ -232,6 +260,7 @@ static void test_truncation_and_padding(void **state) {
     assert_int_equal(cut_one(fixed, "a dog", false, arena, &tokenized), 6);
     assert_tokens(&tokenized, 0, (uint32_t[]){0, 0, 2, 5, 7, 3},
                   (uint32_t const[][2]){{0, 0}, {0, 0}, {0, 0}, {0, 1}, {2, 5}, {0, 0}}, 6);
+    assert_special(&tokenized, 0, "111001"); /* padding is special too */
     uform_tokenizer_free(fixed);
     uform_tokenizer_t *longest = tiny(
         "\"truncation\": null, \"padding\": {\"strategy\": \"BatchLongest\", \"direction\": "
@@ -245,10 +274,41 @@ static void test_truncation_and_padding(void **state) {
         memcpy(ids, cases[i].ids, cases[i].count * sizeof *ids);
         memcpy(spans, cases[i].spans, cases[i].count * sizeof *spans);
         assert_tokens(&tokenized, i, ids, (uint32_t const(*)[2])spans, 12); /* the longest, 10, up to 12 */
+        char mask[13] = "111111111111";
+        memcpy(mask, cases_special[i], strlen(cases_special[i]));
+        assert_special(&tokenized, i, mask);
     }
     batch_free(batch);
     uform_tokenizer_free(longest);
     uform_arena_free(arena);
+}
+
+/* A token's string by id, as tokenizers' id_to_token: the vocabulary's entries and the added tokens'
+ * contents; an id no token has is refused. */
+static void test_token_strings(void **state) {
+    (void)state;
+    uform_tokenizer_t *tokenizer = tiny(no_options);
+    static struct {
+        uint32_t id;
+        char const *string;
+    } const known[] = {{0, "[PAD]"}, {3, "[SEP]"}, {4, "[MASK]"}, {8, "the"}, {11, "##s"}, {20, "\xc3\xa9"}};
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; ++i) {
+        char const *string = NULL;
+        size_t length = 0;
+        assert_int_equal(uform_tokenizer_token(tokenizer, known[i].id, &string, &length), UFORM_OK);
+        assert_int_equal(length, strlen(known[i].string));
+        assert_memory_equal(string, known[i].string, length);
+    }
+    char const *string = "unchanged";
+    size_t length = 7;
+    assert_int_equal(uform_tokenizer_token(tokenizer, 21, &string, &length), UFORM_INVALID_ARGUMENT);
+    assert_null(string);
+    assert_int_equal(length, 0);
+    assert_int_equal(uform_tokenizer_token(tokenizer, UINT32_MAX, &string, &length), UFORM_INVALID_ARGUMENT);
+    assert_int_equal(uform_tokenizer_token(NULL, 0, &string, &length), UFORM_INVALID_ARGUMENT);
+    assert_int_equal(uform_tokenizer_token(tokenizer, 0, NULL, &length), UFORM_INVALID_ARGUMENT);
+    assert_int_equal(uform_tokenizer_token(tokenizer, 0, &string, NULL), UFORM_INVALID_ARGUMENT);
+    uform_tokenizer_free(tokenizer);
 }
 
 /* Progress counts texts; a handler's cancel ends the call with CANCELLED, the arena and tokenizer
@@ -479,6 +539,7 @@ int main(void) {
         cmocka_unit_test(test_receivers),
         cmocka_unit_test(test_invalid_utf8_fails_alone),
         cmocka_unit_test(test_truncation_and_padding),
+        cmocka_unit_test(test_token_strings),
         cmocka_unit_test(test_progress_and_cancel),
         cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_files),

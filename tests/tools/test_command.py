@@ -679,7 +679,7 @@ def check_default_model(uform, model, workdir):
 
 def check_tokenize(uform, workdir):
     """uform tokenize: the same rows from arguments, standard input and a manifest (texts with newlines
-    there), spans within each text, --no-special, a folder for --model, a text that is not UTF-8 failing
+    there), spans within each text, the special flags, --no-special, a folder for --model, a text that is not UTF-8 failing
     alone with exit status 1, and the command line's faults. Its ids against tokenizers:
     tests/tokenizer/compare.py."""
     tokenizer = str(REPOSITORY / "tests" / "fuzz-corpus" / "tokenizer_json" / "wordpiece_bert.json")
@@ -700,8 +700,10 @@ def check_tokenize(uform, workdir):
         assert len(row["ids"]) == len(row["spans"]) >= 2, row
         assert row["spans"][0] == [0, 0] and row["spans"][-1] == [0, 0], row
         assert all(0 <= begin <= end <= size for begin, end in row["spans"]), row
+        assert row["special"] == [1] + [0] * (len(row["ids"]) - 2) + [1], row  # [CLS] ... [SEP]
     plain = rows_of(run(uform, "tokenize", "--tokenizer", tokenizer, "--no-special", texts[0])[0])
     assert plain[0]["ids"] == by_arguments[0]["ids"][1:-1], plain
+    assert plain[0]["special"] == [0] * len(plain[0]["ids"]), plain
     folder = os.path.join(workdir, "tokenizer-folder")
     os.makedirs(folder, exist_ok=True)
     with open(tokenizer, "rb") as source, open(os.path.join(folder, "tokenizer.json"), "wb") as copy:

@@ -61,7 +61,7 @@ def f32_bytes(values):
 
 class Server:
     """`uform serve --port 0` as a child process, over http or https (the scripts of tests/tools share
-    it); its one stdout line says the port."""
+    it); its one stdout line says the port and the models' names."""
 
     def __init__(self, uform, model, workdir, name, *flags, env=None):
         self.log_path = os.path.join(workdir, f"{name}.log")
@@ -70,12 +70,13 @@ class Server:
                                         stdout=subprocess.PIPE, stderr=self.log, env=env)
         ready, _, _ = select.select([self.process.stdout], [], [], 120)
         line = self.process.stdout.readline().decode() if ready else ""
-        found = re.match(r"uform serve: listening on (https?://[^ ]+:(\d+)) \(model ([^)]+)\)", line)
+        found = re.match(r"uform serve: listening on (https?://[^ ]+:(\d+)) \(models? ([^)]+)\)", line)
         if not found:
             self.process.kill()
             self.process.wait()
             raise AssertionError(f"no listening line from uform serve: {line!r}\n{self.stderr()}")
-        self.url, self.port, self.name = found.group(1), int(found.group(2)), found.group(3)
+        self.url, self.port, self.names = found.group(1), int(found.group(2)), found.group(3).split(", ")
+        self.name = self.names[0]  # the model a request that names none gets
 
     def stderr(self):
         if not self.log.closed:

@@ -5,8 +5,11 @@ generates requests for every documented operation (and methods and bodies outsid
 
     test_serve_openapi.py --uform build/tools/uform --workdir build/tests/serve-openapi
 
-Three servers: one without a key; one with --api-key, the key sent as a header; the same one with no
-header, where every route but /health and /openapi.json answers the documented 401.
+Two models on each server: first (the model of requests that name none) a small BERT folder written
+here (tests/model/pretrained_seeds.py's weights and WordPiece tokenizer), so that POST /tokenize cuts,
+then the tiny checkpoint, which reads bytes. Three servers: one without a key; one with --api-key, the
+key sent as a header; the same one with no header, where every route but /health and /openapi.json
+answers the documented 401.
 
 Needs the `schemathesis` package (re-run under the project's .venv, else exit 77, naming it). Exit
 status: 0 pass, 1 fail, 77 skip."""
@@ -26,14 +29,19 @@ RUN_SECONDS = 300  # a hang guard: a run takes seconds
 
 # A body the schema allows may still be refused with 400 for what no schema says: a medium the engine
 # cannot decode (invalid_media), a modality the model or the build lacks, or a text past the context
-# with "truncate": false. schemathesis' positive_data_acceptance takes those statuses on that operation
-# alone; every other check, and every other operation, is held as the document says.
+# with "truncate": false, a width of the other model; and POST /tokenize for a model that reads bytes
+# answers 400 tokenizer_unavailable. schemathesis' positive_data_acceptance takes those statuses on those
+# operations alone; every other check, and every other operation, is held as the document says.
 CONFIG = """[[operations]]
 include-path = "/v1/embeddings"
 checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "404", "429"]
+
+[[operations]]
+include-path = "/tokenize"
+checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "404"]
 """
 
-SERVE_PATHS = {"/v1/embeddings", "/v1/models", "/v1/models/{model}", "/health", "/ready", "/metrics",
+SERVE_PATHS = {"/v1/embeddings", "/tokenize", "/v1/models", "/v1/models/{model}", "/health", "/ready", "/metrics",
                "/openapi.json"}
 
 
@@ -46,7 +54,27 @@ def document(url):
 
 # The operations a key guards: without one sent, each answers 401 alone, as schemathesis warns.
 KEYED = {"GET /metrics", "GET /ready", "GET /v1/models", "GET /v1/models/{model}", "HEAD /metrics",
-         "HEAD /ready", "HEAD /v1/models", "HEAD /v1/models/{model}", "POST /v1/embeddings"}
+         "HEAD /ready", "HEAD /v1/models", "HEAD /v1/models/{model}", "POST /v1/embeddings", "POST /tokenize"}
+
+
+def write_words_folder(workdir):
+    """A sentence-transformers BERT folder, 8 wide, mean pooling, a WordPiece tokenizer.json: what
+    tests/model/pretrained_seeds.py writes for the pretrained fuzzer's corpus. Answers its path."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "model"))
+    import pretrained_seeds as seeds
+
+    folder = Path(workdir) / "words"
+    (folder / "1_Pooling").mkdir(parents=True, exist_ok=True)
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    files = {"config.json": seeds.config("bert", 0), "modules.json": modules,
+             "1_Pooling/config.json": {"pooling_mode_mean_tokens": True},
+             "sentence_bert_config.json": {"max_seq_length": 8},
+             "tokenizer.json": seeds.tokenizer({"type": "BertProcessing", "sep": ["[SEP]", 3], "cls": ["[CLS]", 2]}),
+             "model.safetensors": seeds.bert_weights(1)}
+    for name, content in files.items():
+        (folder / name).write_bytes(content if isinstance(content, bytes) else json.dumps(content).encode())
+    return str(folder)
 
 
 def schemathesis(url, workdir, name, *flags, only_401=frozenset()):
@@ -73,14 +101,15 @@ def schemathesis(url, workdir, name, *flags, only_401=frozenset()):
         assert re.search(r"=+ 1 warning in ", done.stdout), done.stdout
     else:
         assert "No issues found" in done.stdout, done.stdout
-    assert "Tested: 12" in done.stdout, "schemathesis did not test every operation"
+    assert "Tested: 13" in done.stdout, "schemathesis did not test every operation"
 
 
 def main():
     from test_serve import Server, serve_test_setup  # noqa: E402
-    options, model = serve_test_setup(__doc__, ["schemathesis"], "UFORM_SERVE_REEXEC")
+    options, model = serve_test_setup(__doc__, ["schemathesis", "numpy"], "UFORM_SERVE_REEXEC")
+    words, tiny = f"words={write_words_folder(options.workdir)}", ["--model", f"tiny={model}"]
 
-    server = Server(options.uform, model, options.workdir, "open", "--threads", "1")
+    server = Server(options.uform, words, options.workdir, "open", *tiny, "--threads", "1")
     try:
         served = document(server.url)
         assert served["openapi"].startswith("3.0"), served["openapi"]
@@ -90,14 +119,17 @@ def main():
             "description": served["components"]["securitySchemes"]["bearer"]["description"]}
         widths = served["components"]["schemas"]["EmbeddingsRequest"]["properties"]["dimensions"]["enum"]
         with urllib.request.urlopen(f"{server.url}/v1/models", timeout=60) as answer:
-            listed = json.loads(answer.read())["data"][0]
-        assert sorted(w for w in widths if w is not None) == sorted({listed["dims"], *listed["matryoshka"]}), widths
+            listed = json.loads(answer.read())["data"]
+        assert [item["id"] for item in listed] == ["words", "tiny"], listed
+        every = {width for item in listed for width in (item["dimensions"], *item["matryoshka"])}
+        assert sorted(w for w in widths if w is not None) == sorted(every), widths
         schemathesis(server.url, options.workdir, "no key")
         server.stop()
     finally:
         server.kill()
 
-    server = Server(options.uform, model, options.workdir, "keyed", "--threads", "1", "--api-key", "sk-openapi")
+    server = Server(options.uform, words, options.workdir, "keyed", *tiny, "--threads", "1", "--api-key",
+                    "sk-openapi")
     try:
         assert document(server.url) == served, "the document differs on a server with a key"
         schemathesis(server.url, options.workdir, "--api-key, the key sent",

@@ -26,19 +26,21 @@
 static char const help_head[] =
     "usage: uform serve [options]\n"
     "\n"
-    "Serves the model's embeddings over HTTP/1.1 with OpenAI's embeddings API, so that OpenAI's\n"
+    "Serves models' embeddings over HTTP/1.1 with OpenAI's embeddings API, so that OpenAI's\n"
     "clients work against it with base_url http://HOST:PORT/v1; images, audio and video come as base64\n"
-    "in an extension of it. Concurrent requests are gathered into one engine call per modality; a\n"
-    "vector never depends on what it was batched with, and equals what 'uform encode' writes for the\n"
-    "same text or file and width.\n"
+    "in an extension of it. Concurrent requests are gathered into one engine call per model and\n"
+    "modality; a vector never depends on what it was batched with, and equals what 'uform encode'\n"
+    "writes for the same text or file and width. Several models may be served at once: --model\n"
+    "NAME=PATH, repeated; a request's \"model\" picks one, the first given where it names none.\n"
     "\n";
 
 static char const help_tail[] =
     "\n"
     "Once it listens it prints one line on standard output:\n"
     "  uform serve: listening on http://HOST:PORT (model NAME)\n"
-    "(https:// with --tls-cert). Listening on an address other than a loopback one without a key, it\n"
-    "says so on standard error.\n"
+    "(https:// with --tls-cert; \"(models NAME, NAME, ...)\" with several).\n"
+    "\n"
+    "Listening on an address other than a loopback one without a key, it says so on standard error.\n"
     "\n"
     "Keys: with --api-key, --api-key-file or UFORM_API_KEY (every key any of them gives is taken), a\n"
     "request to any route but /health and /openapi.json must carry 'Authorization: Bearer KEY', as\n"
@@ -48,7 +50,8 @@ static char const help_tail[] =
     "\n"
     "Endpoints:\n"
     "  POST /v1/embeddings   OpenAI's request: \"input\" (a string or a list of up to 2048 strings; token\n"
-    "                        ids are refused), \"model\" (the served name, or absent), \"dimensions\" (a\n"
+    "                        ids are refused), \"model\" (a served name, or absent: the first), "
+    "\"dimensions\" (a\n"
     "                        matryoshka width of the model, see 'uform info'), \"encoding_format\"\n"
     "                        (\"float\", or \"base64\": little-endian F32), \"user\" (ignored); and\n"
     "                        \"truncate\" (default true: texts longer than the model's context are cut\n"
@@ -56,8 +59,8 @@ static char const help_tail[] =
     "                        context_length_exceeded instead). usage.prompt_tokens counts the\n"
     "                        text bytes the model read plus one per text. Errors are OpenAI's\n"
     "                        {\"error\": {\"message\", \"type\", \"param\", \"code\"}} with 400, 401\n"
-    "                        (a key is required: see --api-key), 404 (another model), 405 (another\n"
-    "                        method), 413, 429, 500, 503.\n"
+    "                        (a key is required: see --api-key), 404 (a model not served:\n"
+    "                        model_not_found), 405 (another method), 413, 429, 500, 503.\n"
     "                        Multimodal extension: a list item may be {\"text\": ...} or {\"image\" |\n"
     "                        \"audio\" | \"video\": \"data:<media type>;base64,<bytes>\"} (or the base64\n"
     "                        alone; the format is recognized by content): JPEG or PNG images, sounds\n"
@@ -65,7 +68,17 @@ static char const help_tail[] =
     "                        \"truncated\". Bad base64: 400 invalid_value; a model or build without\n"
     "                        the modality: 400 unsupported_modality; an item the engine cannot decode:\n"
     "                        400 invalid_media (param \"input[i]\") for its request alone.\n"
-    "  GET /v1/models        the served model (also GET /v1/models/NAME)\n"
+    "  POST /tokenize        Hugging Face text-embeddings-inference's request: \"inputs\" (a string or\n"
+    "                        a list of strings), \"add_special_tokens\" (default true), \"prompt_name\"\n"
+    "                        (one of the model's prompts; absent: its default prompt, if any), and\n"
+    "                        \"model\" (as above). Answers a list per input of its tokens, {\"id\",\n"
+    "                        \"text\", \"special\", \"start\", \"stop\"}: a special token's string and null\n"
+    "                        offsets, or the bytes [start, stop) of the (prompted) input it covers.\n"
+    "                        Texts are cut whole, on the server's thread: at most --batch-bytes\n"
+    "                        bytes a request, prompts included (413 inputs_too_large past them). A\n"
+    "                        model that reads bytes has no tokenizer: 400 tokenizer_unavailable.\n"
+    "  GET /v1/models        the served models, with their \"dimensions\" and \"context_length\" (also\n"
+    "                        GET /v1/models/NAME)\n"
     "  GET /health           200 while the process serves\n"
     "  GET /openapi.json     the OpenAPI 3.0 document of these endpoints: every body, status and error\n"
     "                        shape, and the key as a bearer security scheme\n"
@@ -88,10 +101,17 @@ static command_help_t const help = {
     .name = "serve", .head = help_head, .tail = help_tail, .column = 24, .model_help = true};
 
 static int parse_flags(int argc, char **argv, serve_flags_t *flags) {
+    flags->models = (command_strings_t){.values = flags->model_values};
     command_flag_t const table[] = {
-        command_flag_model(&flags->model),
+        {"--model", FLAG_STRINGS, &flags->models, .value = "[NAME=]PATH", .maximum = SERVE_MODELS_MAX,
+         .help = "a model to serve, a checkpoint or a pretrained folder, named NAME in\n"
+                 "requests and in /v1/models; repeated for several (at most 16), the first\n"
+                 "answering requests that name none. A value whose first '=' comes before any\n"
+                 "'/' is NAME=PATH; else it is a PATH alone, named by --name (one model) or by\n"
+                 "its file or folder name without .safetensors. Default: the default model\n"
+                 "(below)"},
         {"--name", FLAG_STRING, &flags->name, .value = "NAME",
-         .help = "the model's name in requests and in /v1/models; default: the checkpoint's\n"
+         .help = "the name of the one model served without NAME=; default: the checkpoint's\n"
                  "file name without .safetensors (tiny-42 for the default model)"},
         {"--threads", FLAG_SIZE, &flags->threads, .value = "N", .maximum = 4096,
          .help = "the executor's worker threads; 0 (the default) takes 7/8 of the cores"},
@@ -323,14 +343,15 @@ static enum MHD_Result answer_shutting_down(serve_request_t *request) {
     return request_queue(request);
 }
 
-/* POST /v1/embeddings: refused at once while shutting down, when the queue is full or when the body is
- * announced too large; else MHD_YES, to take the body in the next calls. */
-static enum MHD_Result route_embeddings(serve_t *server, serve_request_t *request, char const *name) {
+/* POST /v1/embeddings and POST /tokenize: refused at once while shutting down, when the body is
+ * announced too large, or (embeddings) when the queue is full; else MHD_YES, to take the body in the next
+ * calls. */
+static enum MHD_Result route_body(serve_t *server, serve_request_t *request, char const *name) {
     (void)name;
     if (server->draining) {
         return answer_shutting_down(request); /* at once, without reading the body */
     }
-    if (server->queued >= server->flags.queue) {
+    if (request->route == ROUTE_EMBEDDINGS && server->queued >= server->flags.queue) {
         return answer_queue_full(server, request);
     }
     char const *length =
@@ -438,7 +459,8 @@ typedef struct serve_endpoint {
 } serve_endpoint_t;
 
 static serve_endpoint_t const endpoints[] = {
-    {"/v1/embeddings", false, ROUTE_EMBEDDINGS, {MHD_HTTP_METHOD_POST}, "POST", route_embeddings},
+    {"/v1/embeddings", false, ROUTE_EMBEDDINGS, {MHD_HTTP_METHOD_POST}, "POST", route_body},
+    {"/tokenize", false, ROUTE_TOKENIZE, {MHD_HTTP_METHOD_POST}, "POST", route_body},
     {"/health", false, ROUTE_HEALTH, {MHD_HTTP_METHOD_GET, MHD_HTTP_METHOD_HEAD}, "GET, HEAD", route_health},
     {"/ready", false, ROUTE_READY, {MHD_HTTP_METHOD_GET, MHD_HTTP_METHOD_HEAD}, "GET, HEAD", route_ready},
     {"/metrics",
@@ -536,6 +558,10 @@ static enum MHD_Result finish_body(serve_t *server, serve_request_t *request) {
     if (server->forced) {
         return answer_shutting_down(request);
     }
+    if (request->route == ROUTE_TOKENIZE) {
+        api_tokenize(server, request);
+        return request_queue(request);
+    }
     if (!api_parse_embeddings(server, request)) return request_queue(request);
     if (!batch_enqueue(server, request)) {
         return answer_queue_full(server, request);
@@ -568,7 +594,7 @@ static enum MHD_Result serve_access(void *cls, struct MHD_Connection *connection
         return MHD_YES;
     }
     if (*upload_data_size > 0) {
-        /* Only embeddings take a body; another route's is read and dropped. */
+        /* Only embeddings and tokenize take a body; another route's is read and dropped. */
         if (!request->response) take_body(server, request, upload_data, *upload_data_size);
         *upload_data_size = 0;
         return MHD_YES;
@@ -853,8 +879,12 @@ static int serve_listen(serve_t *server, struct addrinfo **address) {
     if (!bound) return command_fail("libmicrohttpd gives no port");
     server->flags.port = bound->port;
     bool six = (*address)->ai_family == AF_INET6;
-    printf("uform serve: listening on %s://%s%s%s:%u (model %s)\n", server->tls_cert ? "https" : "http",
-           six ? "[" : "", server->flags.host, six ? "]" : "", server->flags.port, server->name);
+    printf("uform serve: listening on %s://%s%s%s:%u (model%s ", server->tls_cert ? "https" : "http",
+           six ? "[" : "", server->flags.host, six ? "]" : "", server->flags.port,
+           server->models_count > 1 ? "s" : "");
+    for (size_t i = 0; i < server->models_count; ++i)
+        printf("%s%s", i ? ", " : "", server->models[i].name);
+    printf(")\n");
     fflush(stdout);
     if (!server->keys_count && !address_loopback((*address)->ai_addr))
         fprintf(stderr,
@@ -864,12 +894,76 @@ static int serve_listen(serve_t *server, struct addrinfo **address) {
     return COMMAND_OK;
 }
 
-static int serve_run(serve_t *server, sigset_t const *signals) {
+/* The name a model given without NAME= takes: --name where it is the only model, else its file or
+ * folder name without .safetensors. */
+static char *model_default_name(serve_t const *server, char const *path) {
+    if (server->flags.name && server->flags.models.count <= 1) return strdup(server->flags.name);
+    size_t length = strlen(path);
+    while (length > 1 && path[length - 1] == '/') /* a folder given as "minilm/" */
+        --length;
+    char *trimmed = strndup(path, length);
+    char *name = trimmed ? default_name(trimmed) : NULL;
+    free(trimmed);
+    return name;
+}
+
+/* Splits one --model value into its name (NULL: none given) and its path: NAME=PATH where the text
+ * before the first '=' is not empty and holds no '/'. */
+static void model_value_split(char const *value, char **name, char const **path) {
+    char const *equals = strchr(value, '=');
+    char const *slash = strchr(value, '/');
+    bool named = equals && equals > value && (!slash || slash > equals);
+    *name = named ? strndup(value, (size_t)(equals - value)) : NULL;
+    *path = named ? equals + 1 : value;
+}
+
+/* Loads the model of one --model value (NULL: the default model) onto the executor. */
+static int model_load(serve_t *server, char const *value) {
     char buffer[4096];
     char const *path = NULL;
+    char *name = NULL;
+    if (value) model_value_split(value, &name, &path);
+    int code = command_model_path(value ? path : NULL, buffer, sizeof buffer, &path);
+    if (code != COMMAND_OK) {
+        free(name);
+        return code;
+    }
+    serve_model_t *model = &server->models[server->models_count++];
+    model->name = name ? name : model_default_name(server, path);
+    if (!model->name) return command_fail("out of memory");
+    for (size_t i = 0; i + 1 < server->models_count; ++i)
+        if (!strcmp(server->models[i].name, model->name))
+            return command_usage(
+                help.name, "two models are named '%s': name them apart with --model NAME=PATH", model->name);
+    json_t *quoted = json_string(model->name);
+    model->name_json = quoted ? json_dumps(quoted, JSON_ENCODE_ANY) : NULL;
+    json_decref(quoted);
+    if (!model->name_json) return command_fail("the model name '%s' must be UTF-8 text", model->name);
+    uform_load_config_t config = {.weights = (uform_weights_t)server->flags.weights};
+    uform_model_load_args_t load = {
+        .executor = server->executor, .path = path, .config = &config, .model = &model->model};
+    if (uform_model_load_ram(&load) != UFORM_OK) return command_fail_engine();
+    if (uform_model_info(model->model, &model->info) != UFORM_OK) return command_fail_engine();
+    if (!model->info.has_text) return command_fail("%s has no text tower: uform serve needs one", path);
+    if (uform_model_tokenizer(model->model, &model->tokenizer) != UFORM_OK) model->tokenizer = NULL;
+    model->created = (long long)time(NULL);
+    return COMMAND_OK;
+}
+
+static int serve_run(serve_t *server, sigset_t const *signals) {
     struct addrinfo *address = NULL;
-    int code = command_model_path(server->flags.model, buffer, sizeof buffer, &path);
-    if (code != COMMAND_OK) return code;
+    int code = COMMAND_OK;
+    if (server->flags.name && server->flags.models.count > 1)
+        return command_usage(help.name, "--name names the one model served: with several, give each as "
+                                        "--model NAME=PATH");
+    if (server->flags.name && server->flags.models.count == 1) {
+        char *named = NULL;
+        char const *path = NULL;
+        model_value_split(server->flags.models.values[0], &named, &path);
+        bool twice = named != NULL;
+        free(named);
+        if (twice) return command_usage(help.name, "--name and --model NAME=PATH both name the model: give one");
+    }
 
     if ((code = keys_load(server)) != COMMAND_OK || (code = tls_load(server)) != COMMAND_OK) return code;
     server->signal_fd = signalfd(-1, signals, SFD_NONBLOCK | SFD_CLOEXEC);
@@ -877,18 +971,11 @@ static int serve_run(serve_t *server, sigset_t const *signals) {
     uform_ram_options_t options = uform_ram_options_default();
     options.threads = server->flags.threads;
     if (uform_executor_create_ram(&options, &server->executor) != UFORM_OK) return command_fail_engine();
-    uform_load_config_t config = {.weights = (uform_weights_t)server->flags.weights};
-    uform_model_load_args_t load = {
-        .executor = server->executor, .path = path, .config = &config, .model = &server->model};
-    if (uform_model_load_ram(&load) != UFORM_OK) return command_fail_engine();
-    if (uform_model_info(server->model, &server->info) != UFORM_OK) return command_fail_engine();
-    if (!server->info.has_text) return command_fail("%s has no text tower: uform serve needs one", path);
-    server->created = (long long)time(NULL);
-    server->name = server->flags.name ? strdup(server->flags.name) : default_name(path);
-    json_t *name = server->name ? json_string(server->name) : NULL;
-    server->name_json = name ? json_dumps(name, JSON_ENCODE_ANY) : NULL;
-    json_decref(name);
-    if (!server->name_json) return command_fail("--name must be UTF-8 text");
+    size_t given = server->flags.models.count;
+    for (size_t i = 0; i < (given ? given : 1) && code == COMMAND_OK; ++i)
+        code = model_load(server, given ? server->flags.models.values[i] : NULL);
+    if (code != COMMAND_OK) return code;
+    if (uform_arena_create_host(&server->tokenize_arena) != UFORM_OK) return command_fail_engine();
 
     loop_options_t loop_options = {.backend = LOOP_BACKEND_AUTO, .single_issuer = true, .entries = 0};
     int created = loop_create(&loop_options, &server->loop);
@@ -960,9 +1047,12 @@ int command_serve(int argc, char **argv) {
     keys_free(&server);
     free(server.tls_cert);
     free(server.tls_key);
-    uform_model_free(server.model);
+    uform_arena_free(server.tokenize_arena);
+    for (size_t i = 0; i < server.models_count; ++i) {
+        uform_model_free(server.models[i].model);
+        free(server.models[i].name);
+        free(server.models[i].name_json);
+    }
     uform_executor_free(server.executor);
-    free(server.name);
-    free(server.name_json);
     return code;
 }

@@ -11,13 +11,16 @@
  * FD_SETSIZE (1024): libmicrohttpd holds at most about 1,000 connections at once and closes one whose
  * descriptor would be past them as it comes; --ip-connections bounds those of one address. A request for
  * embeddings is parsed when its body is complete, queued, and its connection suspended; the batcher gathers
- * the queued inputs of one modality into one deferred call on the RAM executor (uform_text_encode, or
- * uform_image_encode, uform_audio_encode, uform_video_encode from memory), whose outcome notifies an
+ * the queued inputs of one model and modality into one deferred call on the RAM executor (uform_text_encode,
+ * or uform_image_encode, uform_audio_encode, uform_video_encode from memory), whose outcome notifies an
  * eventfd polled on the loop; a request is answered, and its connection resumed, once every one of its
- * inputs is encoded.
+ * inputs is encoded. The server holds one or more models (--model, repeated), all on that executor; a
+ * request's "model" picks one, the first given by default. A request to POST /tokenize is answered when
+ * its body is complete, its texts cut on the loop thread.
  *
  *   uform_serve.c          flags, the loop, libmicrohttpd, the route table, signals and shutdown
  *   uform_serve_api.c      the OpenAI-compatible bodies: requests parsed, answers and errors written
+ *   uform_serve_tokenize.c POST /tokenize: texts cut by a model's tokenizer, as text-embeddings-inference
  *   uform_serve_batch.c    the queue, the batches and the executor
  *   uform_serve_metrics.c  counters and histograms, rendered for Prometheus */
 #ifndef UFORM_SERVE_H
@@ -33,8 +36,9 @@
 #include "loop.h"
 #include "uform_command.h"
 
-/* OpenAI's own bound on the items of one request; the modalities, indexed by uform_modality_t. */
-enum { SERVE_MAX_ITEMS = 2048, SERVE_MODALITIES = 4 };
+/* OpenAI's own bound on the items of one request; the modalities, indexed by uform_modality_t; the
+ * models one server holds at most (--model, repeated). */
+enum { SERVE_MAX_ITEMS = 2048, SERVE_MODALITIES = 4, SERVE_MODELS_MAX = 16 };
 
 #define SERVE_CONTAINER_OF(pointer, type, member) ((type *)(void *)((char *)(pointer)-offsetof(type, member)))
 
@@ -61,6 +65,7 @@ void text_free(serve_text_t *text);
 
 typedef enum serve_route {
     ROUTE_EMBEDDINGS = 0,
+    ROUTE_TOKENIZE,
     ROUTE_MODELS,
     ROUTE_HEALTH,
     ROUTE_READY,
@@ -111,7 +116,9 @@ void metrics_render(serve_t const *server, serve_text_t *text);
 /* ---- the server (uform_serve.c) ---------------------------------------------------------------- */
 
 typedef struct serve_flags {
-    char const *model, *name, *host;
+    char const *model_values[SERVE_MODELS_MAX];
+    command_strings_t models; /* --model [NAME=]PATH, in order, over `model_values` */
+    char const *name, *host;
     size_t threads;
     int weights; /* a uform_weights_t */
     unsigned port;
@@ -125,6 +132,16 @@ typedef struct serve_flags {
     char const *tls_cert, *tls_key;
     bool help;
 } serve_flags_t;
+
+/* One served model: the first given answers requests that name none. */
+typedef struct serve_model {
+    char *name;      /* in requests and in /v1/models */
+    char *name_json; /* the same as a JSON string, quoted and escaped */
+    uform_model_t *model;
+    uform_model_info_t info;
+    uform_tokenizer_t const *tokenizer; /* lent by `model` where it reads tokens; NULL where it reads bytes */
+    long long created;                  /* when it was loaded, Unix seconds, for /v1/models */
+} serve_model_t;
 
 /* One input of a request, inside the request's parsed JSON: a text's bytes, or a media item's base64
  * characters (what follows the data URL's comma). */
@@ -153,6 +170,7 @@ struct serve_request {
     serve_t *server;
     struct MHD_Connection *connection;
     serve_route_t route;
+    serve_model_t *model; /* the model its body names, once parsed */
     uint64_t started_ns, queued_ns;
     /* The body, gathered until complete; `oversize` discards the rest of one past the limit. */
     char *body;
@@ -196,6 +214,7 @@ typedef struct serve_timer {
 /* One engine call of one modality and width: its outcome, its arena and its tape. Two alternate, so
  * that the next batch computes in one while the rows of the last are read from the other's views. */
 typedef struct serve_batch {
+    serve_model_t *model;
     uform_modality_t modality;
     uform_outcome_t outcome;
     uform_arena_t *arena;
@@ -214,12 +233,10 @@ struct serve {
     serve_flags_t flags;
     loop_t *loop;
     struct MHD_Daemon *daemon;
-    uform_executor_t *executor;
-    uform_model_t *model;
-    uform_model_info_t info;
-    char *name;        /* the served model's name */
-    char *name_json;   /* the same as a JSON string, quoted and escaped */
-    long long created; /* when it was loaded, Unix seconds, for /v1/models */
+    uform_executor_t *executor; /* every model's, loaded onto it; one batch runs on it at a time */
+    serve_model_t models[SERVE_MODELS_MAX];
+    size_t models_count;
+    uform_arena_t *tokenize_arena; /* POST /tokenize's cuts, on the loop thread */
 
     /* Parts waiting for the executor, oldest first; `queued` counts the requests they belong to, and
      * `queued_bytes` their budgets. */
@@ -269,10 +286,38 @@ void serve_drain_check(serve_t *server);
 
 /* ---- the API (uform_serve_api.c) --------------------------------------------------------------- */
 
-/* Parses a complete POST /v1/embeddings body into the request's inputs and options, media items
+/* Parses a complete POST /v1/embeddings body into the request's model, inputs and options, media items
  * checked (their base64 validated, their tower and decoder present) but not decoded. Answers true, or
  * false after setting the request's error answer (400, 404, 500). */
 bool api_parse_embeddings(serve_t *server, serve_request_t *request);
+
+/* The model a body's "model" names: where absent or null, the first served. Answers NULL after setting
+ * the request's error: 400 for a model that is not a string, 404 model_not_found for a name not served. */
+serve_model_t *api_parse_model(serve_t *server, serve_request_t *request, json_t *root);
+
+/* ---- POST /tokenize (uform_serve_tokenize.c) --------------------------------------------------- */
+
+/* What a /tokenize body asks besides its model and inputs. */
+typedef struct serve_tokenize {
+    bool add_special_tokens; /* default true */
+    char const *prompt_name; /* inside the request's JSON; NULL: the model's default prompt */
+} serve_tokenize_t;
+
+/* Parses a complete POST /tokenize body into the request's model and inputs (texts, none empty, at most
+ * SERVE_MAX_ITEMS) and `options`. Answers true, or false after setting the request's error answer: 400
+ * (a malformed body; a model that reads bytes: tokenizer_unavailable), 404 (a model not served), 500. */
+bool api_parse_tokenize(serve_t *server, serve_request_t *request, serve_tokenize_t *options);
+
+/* Sets the request's answer to its inputs' tokens, each input cut after `prompt` by its model's tokenizer,
+ * whole, on the calling thread, in the server's tokenize arena: one list per input of {"id", "text",
+ * "special", "start", "stop"}, as Hugging Face's text-embeddings-inference answers; or its error (413
+ * inputs_too_large past --batch-bytes bytes with the prompts, 400 for a text that cannot be cut, 500). */
+void api_answer_tokenize(serve_t *server, serve_request_t *request, serve_tokenize_t const *options,
+                         char const *prompt);
+
+/* POST /tokenize whole: the body parsed, the prompt looked up (400 for a prompt_name the model lacks), the
+ * answer set. */
+void api_tokenize(serve_t *server, serve_request_t *request);
 
 /* Decodes standard base64 (RFC 4648, section 4), strictly: no whitespace nor any character outside the
  * alphabet; the '=' padding may be left out, but where present it completes the last group and ends the
@@ -293,10 +338,10 @@ void api_answer_embeddings(serve_t *server, serve_request_t *request);
 /* Sets the request's answer to `text` (taken: freed by libmicrohttpd) as `content_type`. */
 void api_answer_text(serve_request_t *request, unsigned status, serve_text_t *text, char const *content_type);
 
-/* The bodies of GET /v1/models and GET /v1/models/{name}. */
+/* The bodies of GET /v1/models (every model, in the order given) and GET /v1/models/{name}. */
 void api_answer_models(serve_t *server, serve_request_t *request, char const *name);
 
-/* The body of GET /openapi.json: the OpenAPI 3.0 document of every route, with the model's widths as
+/* The body of GET /openapi.json: the OpenAPI 3.0 document of every route, with the models' widths as
  * the values "dimensions" takes (uform_serve_openapi.c). */
 void api_answer_openapi(serve_t const *server, serve_request_t *request);
 

@@ -1,6 +1,6 @@
-/* The OpenAI-compatible bodies of `uform serve`: POST /v1/embeddings parsed and answered, the model
- * list, and errors in OpenAI's shape. Answers are built in a serve_text_t and handed to libmicrohttpd,
- * which frees them once sent. */
+/* The bodies of `uform serve`: POST /v1/embeddings (OpenAI's) parsed and answered, POST /tokenize
+ * (text-embeddings-inference's) answered, the model list, and errors in OpenAI's shape. Answers are built in
+ * a serve_text_t and handed to libmicrohttpd, which frees them once sent. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -203,23 +203,57 @@ size_t api_base64_decode(char const *text, size_t length, unsigned char *out, si
 
 /* ---- POST /v1/embeddings: the request ---------------------------------------------------------- */
 
+/* ---- the model a body names ------------------------------------------------------------------- */
+
+/* The served models' names, quoted and joined, for messages. */
+static void model_names(serve_t const *server, char *names, size_t size) {
+    size_t used = 0;
+    names[0] = '\0';
+    for (size_t i = 0; i < server->models_count && used < size; ++i)
+        used += (size_t)snprintf(names + used, size - used, "%s'%s'", i ? ", " : "", server->models[i].name);
+}
+
+static serve_model_t *model_named(serve_t *server, char const *name) {
+    for (size_t i = 0; i < server->models_count; ++i)
+        if (!strcmp(server->models[i].name, name)) return &server->models[i];
+    return NULL;
+}
+
+serve_model_t *api_parse_model(serve_t *server, serve_request_t *request, json_t *root) {
+    json_t *value = json_object_get(root, "model");
+    if (!value || json_is_null(value)) return &server->models[0];
+    char names[256];
+    model_names(server, names, sizeof names);
+    if (!json_is_string(value)) {
+        INVALID(request, "model", "invalid_type", "model must be a string: this server serves %s", names);
+        return NULL;
+    }
+    serve_model_t *model = model_named(server, json_string_value(value));
+    if (!model)
+        api_error(request, MHD_HTTP_NOT_FOUND, "invalid_request_error", "model", "model_not_found",
+                  "the model '%s' does not exist: this server serves %s", json_string_value(value), names);
+    return model;
+}
+
+/* ---- POST /v1/embeddings: the inputs ----------------------------------------------------------- */
+
 /* Where the model or the build cannot encode a modality, the reason; NULL where it can. */
-static char const *modality_missing(serve_t const *server, uform_modality_t modality) {
+static char const *modality_missing(serve_model_t const *model, uform_modality_t modality) {
     uint32_t features = uform_features();
     switch (modality) {
     case UFORM_MODALITY_TEXT:
-        return NULL; /* the server starts only with a text tower */
+        return NULL; /* the server starts only with text towers */
     case UFORM_MODALITY_IMAGE:
-        if (!server->info.has_image) return "this model has no image tower";
+        if (!model->info.has_image) return "this model has no image tower";
         if (!(features & (UFORM_FEATURE_JPEG | UFORM_FEATURE_SPNG)))
             return "this build decodes no image format (it has neither libjpeg-turbo nor libspng)";
         return NULL;
     case UFORM_MODALITY_VIDEO:
-        if (!server->info.has_video) return "this model has no video tower";
+        if (!model->info.has_video) return "this model has no video tower";
         if (!(features & UFORM_FEATURE_FFMPEG)) return "this build has no FFmpeg to decode clips";
         return NULL;
     case UFORM_MODALITY_AUDIO:
-        if (!server->info.has_audio) return "this model has no audio tower";
+        if (!model->info.has_audio) return "this model has no audio tower";
         if (!(features & UFORM_FEATURE_FFMPEG)) return "this build has no FFmpeg to decode sounds";
         return NULL;
     }
@@ -229,7 +263,7 @@ static char const *modality_missing(serve_t const *server, uform_modality_t moda
 /* The multimodal extension: {"image" | "audio" | "video": "data:<media type>;base64,<bytes>"}, or the
  * base64 alone. The media type is not used: the engine recognizes formats by content. The base64 is
  * validated here and decoded only into the batch's tape. */
-static bool parse_media_item(serve_t *server, serve_request_t *request, json_t *value, size_t index,
+static bool parse_media_item(serve_request_t *request, json_t *value, size_t index,
                              uform_modality_t modality) {
     char const *key = command_modality_names[modality];
     if (!json_is_string(value)) {
@@ -268,7 +302,7 @@ static bool parse_media_item(serve_t *server, serve_request_t *request, json_t *
         INVALID(request, "input", "invalid_value", "input[%zu].%s is empty", index, key);
         return false;
     }
-    char const *missing = modality_missing(server, modality);
+    char const *missing = modality_missing(request->model, modality);
     if (missing) {
         INVALID(request, "input", "unsupported_modality", "input[%zu]: %s inputs are not supported: %s",
                 index, key, missing);
@@ -297,7 +331,7 @@ static bool parse_text(serve_request_t *request, json_t *item, size_t index) {
 
 /* One item of an input list: a string, or an object of the multimodal extension holding exactly one of
  * "text", "image", "audio" and "video" (other keys are ignored). */
-static bool parse_item(serve_t *server, serve_request_t *request, json_t *item, size_t index) {
+static bool parse_item(serve_request_t *request, json_t *item, size_t index) {
     if (!json_is_object(item)) return parse_text(request, item, index);
     json_t *value = NULL;
     uform_modality_t modality = UFORM_MODALITY_TEXT;
@@ -318,10 +352,10 @@ static bool parse_item(serve_t *server, serve_request_t *request, json_t *item, 
         return false;
     }
     if (modality == UFORM_MODALITY_TEXT) return parse_text(request, value, index);
-    return parse_media_item(server, request, value, index, modality);
+    return parse_media_item(request, value, index, modality);
 }
 
-static bool parse_input(serve_t *server, serve_request_t *request, json_t *input, bool truncate) {
+static bool parse_input(serve_request_t *request, json_t *input, bool truncate) {
     if (!input || json_is_null(input)) {
         INVALID(request, "input", "missing_required_parameter",
                 "input is required: a string or a list of strings");
@@ -364,9 +398,9 @@ static bool parse_input(serve_t *server, serve_request_t *request, json_t *input
         if (!parse_text(request, input, 0)) return false;
     } else {
         for (size_t i = 0; i < request->count; ++i)
-            if (!parse_item(server, request, json_array_get(input, i), i)) return false;
+            if (!parse_item(request, json_array_get(input, i), i)) return false;
     }
-    size_t context = server->info.text.context;
+    size_t context = request->model->info.text.context;
     for (size_t i = 0; i < request->count; ++i) {
         serve_input_t *item = &request->inputs[i];
         if (item->modality != UFORM_MODALITY_TEXT) {
@@ -391,7 +425,7 @@ static bool parse_input(serve_t *server, serve_request_t *request, json_t *input
         request->bytes += length;
         request->tokens += length + 1; /* the model's BOS */
     }
-    request->width = request->dimensions ? request->dimensions : server->info.dims;
+    request->width = request->dimensions ? request->dimensions : request->model->info.dims;
     request->vectors = malloc(request->count * request->width * sizeof *request->vectors);
     if (!request->vectors) {
         api_error(request, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", NULL, NULL, "out of memory");
@@ -400,9 +434,9 @@ static bool parse_input(serve_t *server, serve_request_t *request, json_t *input
     return true;
 }
 
-static bool parse_dimensions(serve_t *server, serve_request_t *request, json_t *value) {
+static bool parse_dimensions(serve_request_t *request, json_t *value) {
     if (!value || json_is_null(value)) return true;
-    uform_model_info_t const *info = &server->info;
+    uform_model_info_t const *info = &request->model->info;
     char widths[256] = "";
     size_t used = 0;
     for (size_t i = 0; i < info->matryoshka_count && used < sizeof widths; ++i)
@@ -441,20 +475,7 @@ bool api_parse_embeddings(serve_t *server, serve_request_t *request) {
         return false;
     }
 
-    json_t *model = json_object_get(root, "model");
-    if (model && !json_is_null(model)) {
-        if (!json_is_string(model)) {
-            INVALID(request, "model", "invalid_type", "model must be a string: this server serves '%s'",
-                    server->name);
-            return false;
-        }
-        if (strcmp(json_string_value(model), server->name) != 0) {
-            api_error(request, MHD_HTTP_NOT_FOUND, "invalid_request_error", "model", "model_not_found",
-                      "the model '%s' does not exist: this server serves '%s'", json_string_value(model),
-                      server->name);
-            return false;
-        }
-    }
+    if (!(request->model = api_parse_model(server, request, root))) return false;
 
     json_t *format = json_object_get(root, "encoding_format");
     if (format && !json_is_null(format)) {
@@ -477,9 +498,8 @@ bool api_parse_embeddings(serve_t *server, serve_request_t *request) {
         INVALID(request, "user", "invalid_type", "user must be a string");
         return false;
     }
-    if (!parse_dimensions(server, request, json_object_get(root, "dimensions"))) return false;
-    return parse_input(server, request, json_object_get(root, "input"),
-                       !truncate || !json_is_false(truncate));
+    if (!parse_dimensions(request, json_object_get(root, "dimensions"))) return false;
+    return parse_input(request, json_object_get(root, "input"), !truncate || !json_is_false(truncate));
 }
 
 /* ---- POST /v1/embeddings: the answer ----------------------------------------------------------- */
@@ -530,8 +550,9 @@ static void text_base64(serve_text_t *text, float const *row, size_t columns) {
 }
 
 void api_answer_embeddings(serve_t *server, serve_request_t *request) {
+    (void)server;
     serve_text_t text = {0};
-    size_t context = server->info.text.context;
+    size_t context = request->model->info.text.context;
     text_puts(&text, "{\"object\":\"list\",\"data\":[");
     for (size_t i = 0; i < request->count; ++i) {
         serve_input_t const *input = &request->inputs[i];
@@ -556,33 +577,44 @@ void api_answer_embeddings(serve_t *server, serve_request_t *request) {
         text_puts(&text, "}");
     }
     text_printf(&text, "],\"model\":%s,\"usage\":{\"prompt_tokens\":%zu,\"total_tokens\":%zu}}",
-                server->name_json, request->tokens, request->tokens);
+                request->model->name_json, request->tokens, request->tokens);
     api_answer_text(request, MHD_HTTP_OK, &text, "application/json");
 }
 
 /* ---- GET /v1/models ---------------------------------------------------------------------------- */
 
-static void text_model(serve_text_t *text, serve_t const *server) {
+/* OpenAI's id, object, created and owned_by, then the model's widths and context: "dimensions" (its
+ * full width) and "context_length" (what it reads of a text at most: bytes, or tokens with the special
+ * ones where it has a tokenizer), "matryoshka" (the narrower widths it answers), "tokenizer" (whether
+ * POST /tokenize cuts for it); "dims" and "context" repeat the first two. */
+static void text_model(serve_text_t *text, serve_model_t const *model) {
     text_printf(text,
-                "{\"id\":%s,\"object\":\"model\",\"created\":%lld,\"owned_by\":\"uform\",\"dims\":%zu,"
-                "\"context\":%zu,\"matryoshka\":[",
-                server->name_json, server->created, server->info.dims, server->info.text.context);
-    for (size_t i = 0; i < server->info.matryoshka_count; ++i)
-        text_printf(text, "%s%zu", i ? "," : "", server->info.matryoshka[i]);
+                "{\"id\":%s,\"object\":\"model\",\"created\":%lld,\"owned_by\":\"uform\",\"dimensions\":%zu,"
+                "\"context_length\":%zu,\"tokenizer\":%s,\"dims\":%zu,\"context\":%zu,\"matryoshka\":[",
+                model->name_json, model->created, model->info.dims, model->info.text.context,
+                model->tokenizer ? "true" : "false", model->info.dims, model->info.text.context);
+    for (size_t i = 0; i < model->info.matryoshka_count; ++i)
+        text_printf(text, "%s%zu", i ? "," : "", model->info.matryoshka[i]);
     text_puts(text, "]}");
 }
 
 void api_answer_models(serve_t *server, serve_request_t *request, char const *name) {
     serve_text_t text = {0};
+    serve_model_t const *model = name ? model_named(server, name) : NULL;
     if (!name) {
         text_puts(&text, "{\"object\":\"list\",\"data\":[");
-        text_model(&text, server);
+        for (size_t i = 0; i < server->models_count; ++i) {
+            if (i) text_puts(&text, ",");
+            text_model(&text, &server->models[i]);
+        }
         text_puts(&text, "]}");
-    } else if (!strcmp(name, server->name)) {
-        text_model(&text, server);
+    } else if (model) {
+        text_model(&text, model);
     } else {
+        char names[256];
+        model_names(server, names, sizeof names);
         api_error(request, MHD_HTTP_NOT_FOUND, "invalid_request_error", "model", "model_not_found",
-                  "the model '%s' does not exist: this server serves '%s'", name, server->name);
+                  "the model '%s' does not exist: this server serves %s", name, names);
         return;
     }
     api_answer_text(request, MHD_HTTP_OK, &text, "application/json");

@@ -1,10 +1,14 @@
 /* The batcher of `uform serve`. A parsed request is split into parts, one per modality it holds
- * (texts, images, audio, video), and the parts wait in one queue, oldest first. Whenever the executor is
- * idle, the parts at the head that share the head's modality and width are copied end to end into one
- * tape, media decoded from base64 on the way, up to --batch-bytes (a part is never split, so one larger
- * than the budget goes alone), and encoded by one deferred call of that modality's verb:
- * uform_text_encode, or uform_image_encode, uform_audio_encode or uform_video_encode from memory. Each
+ * (texts, images, audio, video), and the parts of every model's requests wait in one queue, oldest first.
+ * Whenever the executor is idle, the parts at the head that share the head's model, modality and width
+ * are copied end to end into one tape, media decoded from base64 on the way, up to --batch-bytes (a part is
+ * never split, so one larger than the budget goes alone), and encoded by one deferred call of that modality's
+ * verb: uform_text_encode, or uform_image_encode, uform_audio_encode or uform_video_encode from memory. Each
  * finished part's rows are copied into its request, which is answered once its last part is done.
+ *
+ * The models share the one executor, which runs one call at a time, and the one queue: a batch is the
+ * oldest part's model's, so that no model waits behind another's later requests, and a model's failure
+ * (an input it cannot encode) fails that request alone.
  *
  * An input's vector does not depend on the other inputs of its call (the engine guarantees it), so
  * batching changes when an answer comes, never what it says. An input the engine cannot encode (a
@@ -214,7 +218,7 @@ static void batch_add(serve_batch_t *batch, serve_part_t *part, serve_part_t **t
 /* Submits the batch's tape to its modality's verb. A refusal finalizes the outcome and notifies the
  * eventfd as a finished call does: the answers are written in one place, batch_encoded. */
 static void batch_call(serve_t *server, serve_batch_t *batch) {
-    command_encode_call_t call = {.model = server->model,
+    command_encode_call_t call = {.model = batch->model->model,
                                   .executor = server->executor,
                                   .outputs = UFORM_OUTPUT_EMBEDDINGS,
                                   .arena = batch->arena,
@@ -232,6 +236,7 @@ static void batch_call(serve_t *server, serve_batch_t *batch) {
 /* Gathers the head's batch from the queue and submits it. */
 static void batch_submit(serve_t *server) {
     serve_batch_t *batch = &server->batches[server->next_batch];
+    serve_model_t *model = server->queue_head->request->model;
     uform_modality_t modality = server->queue_head->modality;
     size_t width = server->queue_head->request->dimensions;
     size_t budget = server->flags.batch_bytes, bytes = 0;
@@ -239,13 +244,14 @@ static void batch_submit(serve_t *server) {
     serve_part_t *tail = NULL;
     batch->length = batch->items = batch->parts_count = 0;
     batch->parts = NULL;
+    batch->model = model;
     batch->modality = modality;
 
     serve_part_t *previous = NULL;
     for (serve_part_t **link = &server->queue_head; *link;) {
         serve_part_t *part = *link;
         serve_request_t *request = part->request;
-        if (part->modality != modality || request->dimensions != width) {
+        if (request->model != model || part->modality != modality || request->dimensions != width) {
             previous = part;
             link = &part->next;
             continue;

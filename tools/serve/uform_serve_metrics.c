@@ -6,8 +6,8 @@
 
 #include "uform_serve.h"
 
-static char const *const route_names[ROUTE_COUNT] = {"embeddings", "models",  "health", "ready",
-                                                     "metrics",    "openapi", "other"};
+static char const *const route_names[ROUTE_COUNT] = {"embeddings", "tokenize", "models",  "health",
+                                                     "ready",      "metrics",  "openapi", "other"};
 static char const *const stage_names[STAGE_COUNT] = {"queue",  "decode",    "compute",
                                                      "encode", "serialize", "request"};
 
@@ -167,8 +167,12 @@ void metrics_render(serve_t const *server, serve_text_t *text) {
     render_gauge(text, "uform_ready", "1 while new requests are taken, 0 while shutting down.",
                  !server->draining);
 
-    render_header(text, "uform_model_info", "gauge", "The served model: its name, widths and context.");
-    text_puts(text, "uform_model_info{name=\"");
-    text_label(text, server->name);
-    text_printf(text, "\",dims=\"%zu\",context=\"%zu\"} 1\n", server->info.dims, server->info.text.context);
+    render_header(text, "uform_model_info", "gauge",
+                  "The served models: each one's name, width and context.");
+    for (size_t i = 0; i < server->models_count; ++i) {
+        serve_model_t const *model = &server->models[i];
+        text_puts(text, "uform_model_info{name=\"");
+        text_label(text, model->name);
+        text_printf(text, "\",dims=\"%zu\",context=\"%zu\"} 1\n", model->info.dims, model->info.text.context);
+    }
 }

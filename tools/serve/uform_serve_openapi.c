@@ -1,8 +1,8 @@
 /* The OpenAPI 3.0 document of `uform serve`, answered at GET /openapi.json: every route, the body each
  * takes, every status each answers with its body, and the bearer key as a security scheme. The
  * document is tools/serve/openapi.json, made a string at build time (scripts/embed_json.py), served with
- * the model's widths in place of its one marker; tests/tools/test_serve_openapi.py holds the server to it
- * with schemathesis. */
+ * the widths of every served model in place of its one marker; tests/tools/test_serve_openapi.py holds the
+ * server to it with schemathesis. */
 #include <string.h>
 
 #include "uform_serve.h"
@@ -16,11 +16,21 @@ void api_answer_openapi(serve_t const *server, serve_request_t *request) {
     serve_text_t text = {0};
     char const *marker = strstr(serve_openapi_document, widths_marker);
     text_append(&text, serve_openapi_document, (size_t)(marker - serve_openapi_document));
-    uform_model_info_t const *info = &server->info;
-    text_printf(&text, "%zu", info->dims);
-    for (size_t i = 0; i < info->matryoshka_count; ++i)
-        if (info->matryoshka[i] != info->dims) text_printf(&text, ", %zu", info->matryoshka[i]);
-    text_puts(&text, ", null");
+    /* Each width once, in the order the models give them. */
+    size_t widths[SERVE_MODELS_MAX * (UFORM_MATRYOSHKA_MAX + 1)], count = 0;
+    for (size_t m = 0; m < server->models_count; ++m) {
+        uform_model_info_t const *info = &server->models[m].info;
+        for (size_t i = 0; i <= info->matryoshka_count; ++i) {
+            size_t width = i == 0 ? info->dims : info->matryoshka[i - 1];
+            bool seen = false;
+            for (size_t k = 0; k < count && !seen; ++k)
+                seen = widths[k] == width;
+            if (!seen) widths[count++] = width;
+        }
+    }
+    for (size_t k = 0; k < count; ++k)
+        text_printf(&text, "%zu, ", widths[k]);
+    text_puts(&text, "null");
     text_puts(&text, marker + strlen(widths_marker));
     api_answer_text(request, MHD_HTTP_OK, &text, "application/json");
 }
