@@ -172,6 +172,33 @@ def check_tokenize(server, folder):
           "byte offsets, prompts included, nothing truncated")
 
 
+def check_token_context(server, folder):
+    """pretrained_text_context_counted_in_bytes: a model that reads tokens has its context in tokens, and
+    the server once held a text's bytes against it, flagging a 360-byte text of some 120 tokens as
+    truncated and refusing it under "truncate": false. Now its tokens count (its default prompt's with
+    them): usage, "truncated" and the refusal as the engine cuts the text."""
+    from test_serve import embed
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    query = "Represent this sentence for searching relevant passages: "
+    short, long = "a cat sits on the mat " * 16, "the stock markets fell sharply " * 60
+    counts = [len(tokenizer.encode((query + text).strip()).ids) for text in (short, long)]
+    assert len(short.encode()) > 256 and counts[0] < 256 < counts[1], counts
+    status, _, body = embed(server.port, {"model": "minilm", "input": [short, long], "truncate": True})
+    assert status == 200, body
+    assert [item["truncated"] for item in body["data"]] == [False, True], body["data"]
+    assert body["usage"]["prompt_tokens"] == counts[0] + 256, (body["usage"], counts)
+    status, _, body = embed(server.port, {"model": "minilm", "input": short, "truncate": False})
+    assert status == 200 and body["data"][0]["truncated"] is False, body
+    status, _, body = embed(server.port, {"model": "minilm", "input": long, "truncate": False})
+    assert status == 400 and body["error"]["code"] == "context_length_exceeded", body
+    assert f"{counts[1]} tokens" in body["error"]["message"], body
+    print(f"POST /v1/embeddings: a tokenized model's context counted in tokens ({counts[0]} and {counts[1]} of 256)")
+
+
 def check_refusals(server, references):
     from test_serve import assert_error, embed, request
 
@@ -235,6 +262,7 @@ def main():
         check_models(server, demo_dims, minilm_dims)
         check_embeddings(server, references)
         check_tokenize(server, folder)
+        check_token_context(server, folder)
         check_refusals(server, references)
         server.stop(expect=0)
     finally:

@@ -152,6 +152,7 @@ typedef struct serve_input {
     size_t budget; /* what it counts against --batch-bytes: a text's bytes up to the context, or the
                       media's decoded bytes */
     size_t taped;  /* what it takes on a batch's tape: the whole text, or the decoded media */
+    bool truncated; /* a text longer than the model's context (bytes, or tokens with its tokenizer) */
 } serve_input_t;
 
 /* The inputs of one modality of a request. A request has a part for each modality it holds; each part
@@ -290,6 +291,10 @@ void serve_drain_check(serve_t *server);
  * checked (their base64 validated, their tower and decoder present) but not decoded. Answers true, or
  * false after setting the request's error answer (400, 404, 500). */
 bool api_parse_embeddings(serve_t *server, serve_request_t *request);
+/* The tokens each text input of an embeddings request is read as by its model, which has a tokenizer (the
+ * model's default prompt and the text, stripped as the model strips texts, cut whole with the special
+ * tokens): into counts[request->count] (media: 0). false, the request answered, where it cannot. */
+bool api_count_tokens(serve_t *server, serve_request_t *request, size_t *counts);
 
 /* The model a body's "model" names: where absent or null, the first served. Answers NULL after setting
  * the request's error: 400 for a model that is not a string, 404 model_not_found for a name not served. */

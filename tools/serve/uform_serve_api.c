@@ -355,7 +355,7 @@ static bool parse_item(serve_request_t *request, json_t *item, size_t index) {
     return parse_media_item(request, value, index, modality);
 }
 
-static bool parse_input(serve_request_t *request, json_t *input, bool truncate) {
+static bool parse_input(serve_t *server, serve_request_t *request, json_t *input, bool truncate) {
     if (!input || json_is_null(input)) {
         INVALID(request, "input", "missing_required_parameter",
                 "input is required: a string or a list of strings");
@@ -401,30 +401,44 @@ static bool parse_input(serve_request_t *request, json_t *input, bool truncate) 
             if (!parse_item(request, json_array_get(input, i), i)) return false;
     }
     size_t context = request->model->info.text.context;
+    /* A model with a tokenizer reads tokens: each text's count, as the engine will cut it. */
+    bool tokens = request->model->tokenizer != NULL;
+    size_t *counts = tokens ? calloc(request->count, sizeof *counts) : NULL;
+    if (tokens && !counts) {
+        api_error(request, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", NULL, NULL, "out of memory");
+        return false;
+    }
+    if (tokens && !api_count_tokens(server, request, counts)) {
+        free(counts);
+        return false;
+    }
     for (size_t i = 0; i < request->count; ++i) {
         serve_input_t *item = &request->inputs[i];
         if (item->modality != UFORM_MODALITY_TEXT) {
             request->bytes += item->budget;
             continue;
         }
-        size_t length = item->length;
+        size_t length = tokens ? counts[i] : item->length;
         if (length > context) {
             if (!truncate) {
                 INVALID(request, "input", "context_length_exceeded",
-                        "input[%zu] is %zu bytes and the model reads at most %zu: shorten it, or leave "
-                        "\"truncate\" "
-                        "true to embed its first %zu bytes",
-                        i, length, context, context);
+                        "input[%zu] is %zu %s and the model reads at most %zu: shorten it, or leave "
+                        "\"truncate\" true to embed its first %zu",
+                        i, length, tokens ? "tokens" : "bytes", context, context);
+                free(counts);
                 return false;
             }
             request->truncated++;
+            item->truncated = true;
             length = context;
         }
-        item->budget = length;
+        /* A batch's budget is in bytes: a tokenized text's whole bytes go to its tokenizer. */
+        item->budget = tokens ? item->length : length;
         item->taped = item->length;
-        request->bytes += length;
-        request->tokens += length + 1; /* the model's BOS */
+        request->bytes += item->budget;
+        request->tokens += tokens ? length : length + 1; /* the engine's own models: one BOS */
     }
+    free(counts);
     request->width = request->dimensions ? request->dimensions : request->model->info.dims;
     request->vectors = malloc(request->count * request->width * sizeof *request->vectors);
     if (!request->vectors) {
@@ -499,7 +513,7 @@ bool api_parse_embeddings(serve_t *server, serve_request_t *request) {
         return false;
     }
     if (!parse_dimensions(request, json_object_get(root, "dimensions"))) return false;
-    return parse_input(request, json_object_get(root, "input"), !truncate || !json_is_false(truncate));
+    return parse_input(server, request, json_object_get(root, "input"), !truncate || !json_is_false(truncate));
 }
 
 /* ---- POST /v1/embeddings: the answer ----------------------------------------------------------- */
@@ -552,7 +566,6 @@ static void text_base64(serve_text_t *text, float const *row, size_t columns) {
 void api_answer_embeddings(serve_t *server, serve_request_t *request) {
     (void)server;
     serve_text_t text = {0};
-    size_t context = request->model->info.text.context;
     text_puts(&text, "{\"object\":\"list\",\"data\":[");
     for (size_t i = 0; i < request->count; ++i) {
         serve_input_t const *input = &request->inputs[i];
@@ -573,7 +586,7 @@ void api_answer_embeddings(serve_t *server, serve_request_t *request) {
         /* Media items carry no flag: the engine reads a fixed span of each (an image resized, a clip's
          * frames sampled, a sound cut to the model's reach) and reports none per item. */
         if (input->modality == UFORM_MODALITY_TEXT)
-            text_printf(&text, ",\"truncated\":%s", input->length > context ? "true" : "false");
+            text_printf(&text, ",\"truncated\":%s", input->truncated ? "true" : "false");
         text_puts(&text, "}");
     }
     text_printf(&text, "],\"model\":%s,\"usage\":{\"prompt_tokens\":%zu,\"total_tokens\":%zu}}",

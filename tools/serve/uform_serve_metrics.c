@@ -148,7 +148,7 @@ void metrics_render(serve_t const *server, serve_text_t *text) {
                    "media bytes decoded from base64.",
                    metrics->bytes);
     render_counter(text, "uform_input_tokens_total",
-                   "Tokens billed in usage: text bytes read plus one per text.", metrics->tokens);
+                   "Tokens billed in usage: a tokenized model's tokens, else text bytes read plus one per text.", metrics->tokens);
     render_counter(text, "uform_truncated_inputs_total",
                    "Inputs cut: texts longer than the context, sounds longer than the model reads.",
                    metrics->truncated);

@@ -291,3 +291,68 @@ void api_tokenize(serve_t *server, serve_request_t *request) {
     }
     api_answer_tokenize(server, request, &options, prompt);
 }
+
+/* Whether `byte` starts no character Python's str.strip() keeps at an end: ASCII's blanks and the
+ * separators U+001C to U+001F (str.isspace). Other Unicode blanks are kept here, which the engine's own
+ * strip takes off: a text that ends in one counts their tokens too. */
+static bool ascii_blank(unsigned char byte) {
+    return byte == ' ' || (byte >= '\t' && byte <= '\r') || (byte >= 0x1C && byte <= 0x1F);
+}
+
+bool api_count_tokens(serve_t *server, serve_request_t *request, size_t *counts) {
+    uform_model_t *model = request->model->model;
+    char prompt[4096];
+    size_t prompted = 0;
+    if (uform_model_prompt(model, NULL, prompt, sizeof prompt, &prompted) != UFORM_OK) {
+        api_error(request, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", NULL, "engine_error",
+                  "the model's default prompt cannot be read");
+        return false;
+    }
+    bool strip = request->model->info.text.strip;
+    size_t total = 0;
+    for (size_t i = 0; i < request->count; ++i)
+        total += prompted + request->inputs[i].length;
+    char *bytes = malloc(total ? total : 1);
+    size_t *offsets = malloc((request->count + 1) * sizeof *offsets);
+    bool ok = bytes && offsets;
+    size_t at = 0;
+    for (size_t i = 0; ok && i < request->count; ++i) {
+        offsets[i] = at;
+        serve_input_t const *input = &request->inputs[i];
+        if (input->modality != UFORM_MODALITY_TEXT) continue;
+        size_t begin = at;
+        memcpy(bytes + at, prompt, prompted);
+        memcpy(bytes + at + prompted, input->bytes, input->length);
+        at += prompted + input->length;
+        size_t first = begin;
+        while (strip && first < at && ascii_blank((unsigned char)bytes[first]))
+            first++;
+        while (strip && at > first && ascii_blank((unsigned char)bytes[at - 1]))
+            at--;
+        memmove(bytes + begin, bytes + first, at - first);
+        at = begin + (at - first);
+    }
+    uform_tokenized_t tokenized;
+    uform_status_t status = UFORM_OUT_OF_MEMORY;
+    if (ok) {
+        offsets[request->count] = at;
+        uform_tokenize_config_t config = {.without_truncation = true};
+        uform_text_tokenize_args_t args = {
+            .tokenizer = request->model->tokenizer,
+            .texts = {.data = bytes, .offsets = offsets, .count = request->count, .length = at},
+            .arena = server->tokenize_arena,
+            .config = &config,
+            .tokenized = &tokenized};
+        status = uform_text_tokenize(&args);
+    }
+    for (size_t i = 0; status == UFORM_OK && i < request->count; ++i)
+        counts[i] = request->inputs[i].modality != UFORM_MODALITY_TEXT || tokenized.statuses[i] != UFORM_OK
+                        ? 0 /* media; a text that is not UTF-8 fails at the engine, alone */
+                        : tokenized.ids.item_offsets[i + 1] - tokenized.ids.item_offsets[i];
+    free(bytes);
+    free(offsets);
+    if (status != UFORM_OK)
+        api_error(request, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", NULL, "engine_error",
+                  "cannot count the texts' tokens: %s", uform_status_name(status));
+    return status == UFORM_OK;
+}
