@@ -174,7 +174,10 @@ UFORM_EXPORT uform_error_t uform_outcome_error(uform_outcome_t const *outcome);
  * On Linux, an eventfd(2): its counter grows by 1, and one 8-byte read resets it. On macOS and other
  * systems without eventfd, the write end of a pipe(2) whose read end the loop watches: each
  * notification is 8 bytes to read away. Make a pipe's write end non-blocking (O_NONBLOCK): a full
- * pipe is readable already, and the engine then drops the notification instead of waiting.
+ * pipe is readable already, and the engine then drops the notification instead of waiting. The write
+ * comes just after the status turns final: a caller that learns of it otherwise (uform_outcome_wait or
+ * _status) keeps the descriptor open until the notification has arrived, lest the write land in a
+ * descriptor reused meanwhile.
  * Answers UFORM_OK, or UFORM_INVALID_ARGUMENT for a NULL outcome.
  *
  * `ring_fd`: a completion {user_data, res = final status} is posted into that io_uring with
