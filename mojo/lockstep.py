@@ -23,9 +23,9 @@ from interpreter import how_to_install, partly_unavailable  # noqa: E402  (stand
 
 # Exported, not bound yet: each is a verb or accessor the Mojo package does not offer today
 # (uform_ram_options_default, once thought to crash when returning its structure by value, is bound and called
-# by value; mojo/NOTES.md). A token's string, a model's tokenizer and its prompts by name are not in the
-# binding yet.
-UNBOUND = {"uform_tokenizer_token", "uform_model_tokenizer", "uform_model_prompt"}
+# by value; mojo/NOTES.md). A model's own tokenizer (borrowed for the model's lifetime) is not in the binding:
+# Tokenizer.open of the model's folder cuts alike.
+UNBOUND = {"uform_model_tokenizer"}
 
 
 def exported(library):

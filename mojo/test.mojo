@@ -853,6 +853,13 @@ def test_tokenizer(library: Library, directory: String) raises:
     var info = tokenizer.info()
     check(info.vocabulary == 16 and info.max_length == 0 and info.special_added == 2, "TokenizerInfo: " + String(info))
     check(info.model_name() == "WordPiece", "the model's kind")
+    check(tokenizer.token(2) == "[CLS]" and tokenizer.token(10) == "##s", "token strings by id")
+    var no_token = Optional[UFormError](None)
+    try:
+        _ = tokenizer.token(16)
+    except error:
+        no_token = error.copy()
+    expect(no_token, Status.INVALID_ARGUMENT, "an id no token has")
     var texts = tokenizer_texts()
     var tape = TapeView.of(texts[0], texts[1])
 
@@ -978,6 +985,13 @@ def test_convert(library: Library, media: String) raises:
     var tokenizer = Tokenizer.open(library, folder)
     var tokenized = tokenizer.text_tokenize(TapeView.of(texts[0], texts[1]), folder_arena)
     check(tokenized.ids_of(0) == expected_ids(0) and tokenized.ids_of(1) == [2, 11, 10, 3], "the folder's tokenizer")
+    check(from_folder.prompt() == "" and from_checkpoint.prompt("") == "", "a folder without prompts: none")
+    var no_prompt = Optional[UFormError](None)
+    try:
+        _ = from_folder.prompt(String("query"))
+    except error:
+        no_prompt = error.copy()
+    expect(no_prompt, Status.INVALID_ARGUMENT, "a prompt the model lacks")
     # I8 weights, as quantize_checkpoint writes them.
     var quantized = media + "/mojo-bert-i8.safetensors"
     library.convert_checkpoint(folder, quantized, Weights.I8)

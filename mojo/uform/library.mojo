@@ -222,6 +222,8 @@ struct _Symbols(Movable):
     var tokenizer_info: FnStatusOfRawRaw
     var text_tokenize: FnStatusOfRaw
     var outcome_tokenized: FnStatusOfRawRaw
+    var tokenizer_token: FnTokenizerToken
+    var model_prompt: FnModelPrompt
 
     def __init__(out self, var handle: OwnedDLHandle) raises Error:
         self.status_name = _resolve[FnStatusName](handle, "uform_status_name")
@@ -291,6 +293,8 @@ struct _Symbols(Movable):
         self.tokenizer_info = _resolve[FnStatusOfRawRaw](handle, "uform_tokenizer_info")
         self.text_tokenize = _resolve[FnStatusOfRaw](handle, "uform_text_tokenize")
         self.outcome_tokenized = _resolve[FnStatusOfRawRaw](handle, "uform_outcome_tokenized")
+        self.tokenizer_token = _resolve[FnTokenizerToken](handle, "uform_tokenizer_token")
+        self.model_prompt = _resolve[FnModelPrompt](handle, "uform_model_prompt")
         self.handle = handle^
 
 

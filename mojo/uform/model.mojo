@@ -306,6 +306,25 @@ struct Model(ModelVerbs, Movable):
         self.library._check(self.library._symbols[].model_info(self._handle, _raw(Pointer(to=info))))
         return info^
 
+    def prompt(self, name: Optional[String] = None) raises Error -> String:
+        """`uform_model_prompt`: the prompt a text takes before it is cut, the model's prompt `name`, or
+        with None its default ("" for none)."""
+        var buffer = List[UInt8](length=4096, fill=0)
+        var length: c_size_t = 0
+        var c_name = List[UInt8]()
+        if name:
+            c_name = List[UInt8](name.value().as_bytes())
+            c_name.append(0)
+        var name_field: RawOpt = _field(c_name.unsafe_ptr()) if name else None
+        var status = self.library._symbols[].model_prompt(self._handle, name_field, _raw(buffer.unsafe_ptr()),
+                                                          c_size_t(len(buffer)), _raw(Pointer(to=length)))
+        _ = c_name^  # read by the call: alive until it returned
+        self.library._check(status)
+        var bytes = List[UInt8]()
+        for i in range(Int(length)):
+            bytes.append(buffer[i])
+        return String(unsafe_from_utf8=bytes^)
+
     def _receiver(self) -> _Receiver:
         return _Receiver(self.library, self._handle, None)
 

@@ -170,6 +170,18 @@ struct Tokenizer(TokenizerVerbs, Movable):
         self.library._check(self.library._symbols[].tokenizer_info(self._handle, _raw(Pointer(to=info))))
         return info^
 
+    def token(self, id: UInt32) raises Error -> String:
+        """`uform_tokenizer_token`: the string of token `id` as tokenizers' `id_to_token` gives it."""
+        var string: RawOpt = None
+        var length: c_size_t = 0
+        self.library._check(self.library._symbols[].tokenizer_token(self._handle, id, _raw(Pointer(to=string)),
+                                                                     _raw(Pointer(to=length))))
+        var bytes = List[UInt8]()
+        var at = string.value().unsafe_bitcast[UInt8]()
+        for i in range(Int(length)):
+            bytes.append(at.unsafe_offset(i)[])
+        return String(unsafe_from_utf8=bytes^)
+
     def _receiver(self) -> _TokenizerReceiver:
         return _TokenizerReceiver(self.library, self._handle, None)
 
