@@ -323,7 +323,7 @@ struct Model(ModelVerbs, Movable):
         var bytes = List[UInt8]()
         for i in range(Int(length)):
             bytes.append(buffer[i])
-        return String(unsafe_from_utf8=bytes^)
+        return String(unsafe_from_utf8=bytes)
 
     def _receiver(self) -> _Receiver:
         return _Receiver(self.library, self._handle, None)

@@ -180,7 +180,7 @@ struct Tokenizer(TokenizerVerbs, Movable):
         var at = string.value().unsafe_bitcast[UInt8]()
         for i in range(Int(length)):
             bytes.append(at.unsafe_offset(i)[])
-        return String(unsafe_from_utf8=bytes^)
+        return String(unsafe_from_utf8=bytes)
 
     def _receiver(self) -> _TokenizerReceiver:
         return _TokenizerReceiver(self.library, self._handle, None)
