@@ -601,7 +601,10 @@ def main() -> int:
     os.makedirs(options.workdir, exist_ok=True)
     program = unittest.main(argv=[sys.argv[0], *rest], exit=False, verbosity=2)
     result = program.result
-    print(f"{result.testsRun - len(result.failures) - len(result.errors) - len(result.skipped)} passed, "
+    # A class skipped or failed whole (in setUpClass) counts as a skip or an error, but not as a test run.
+    not_passed = sum(isinstance(test, unittest.TestCase) for test, _ in
+                     result.failures + result.errors + result.skipped)
+    print(f"{result.testsRun - not_passed} passed, "
           f"{len(result.failures) + len(result.errors)} failed, {len(result.skipped)} skipped")
     return 0 if result.wasSuccessful() else 1
 
