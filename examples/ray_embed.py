@@ -26,6 +26,7 @@ from typing import Dict, Iterator, List
 
 import pyarrow as pa
 import ray
+import ray.data
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 
@@ -68,7 +69,8 @@ def pipeline(kind: str, folder: Path, output: str, model: str, batch_size: int, 
     files = listed(folder, kind)
     if not files:
         raise SystemExit(f"ray_embed: no {kind} in {folder}")
-    items = ray.data.from_items([{"path": path} for path in files], parallelism=len(files))  # a block a file
+    # A block a file (up to 256), so that every actor gets batches of a small folder too.
+    items = ray.data.from_items([{"path": path} for path in files], parallelism=min(len(files), 256))
     if kind == "texts":
         items = items.flat_map(text_lines)
     vectors = items.map_batches(Encoder, batch_format="pyarrow", batch_size=batch_size, concurrency=concurrency,
