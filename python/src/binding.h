@@ -138,5 +138,6 @@ PyMODINIT_FUNC PyInit__uform(void);
 
 extern PyTypeObject binding_model_type;
 extern PyTypeObject binding_tokenizer_type;
+extern PyTypeObject binding_arrow_rows_type; /* arrow.c */
 
 #endif

@@ -154,7 +154,8 @@ PyMODINIT_FUNC PyInit__uform(void) {
     if (failed || add_error_classes(module) < 0 || add_type(module, &binding_executor_type, "Executor") < 0 ||
         add_type(module, &binding_model_type, "Model") < 0 ||
         add_type(module, &binding_tokenizer_type, "Tokenizer") < 0 ||
-        add_type(module, &binding_call_type, "Call") < 0) {
+        add_type(module, &binding_call_type, "Call") < 0 ||
+        add_type(module, &binding_arrow_rows_type, "ArrowRows") < 0) {
         Py_DECREF(module);
         return NULL;
     }

@@ -8,6 +8,7 @@ engine's arena into new arrays.
     import uform
     model = uform.Model("models/demo.safetensors")
     vectors = model.encode_texts(["a photo of a cat", "a dog"])    # float32, (2, model.info.dims)
+    column = pyarrow.array(uform.arrow(vectors))                    # FixedSizeList<float32>, no copy
 
 Failures raise subclasses of ``uform.Error`` carrying the engine's ``status``, the C ``function`` that
 failed and its ``message``.
@@ -24,6 +25,7 @@ import numpy as np
 
 from . import _uform
 from ._uform import (
+    ArrowRows,
     CancelledError,
     ContendedError,
     DeviceError,
@@ -42,9 +44,9 @@ from ._uform import (
 __version__ = "{}.{}.{}".format(*_uform.version)
 
 __all__ = [
-    "CancelledError", "ContendedError", "DeviceError", "Encoded", "Error", "Executor", "FormatError", "InputOutputError",
-    "InternalError", "InvalidArgumentError", "Model", "ModelInfo", "OutOfMemoryError", "Tokenized", "Tokenizer",
-    "UnsupportedError", "features", "status_name", "tokenize", "__version__",
+    "Answer", "ArrowRows", "CancelledError", "ContendedError", "DeviceError", "Encoded", "Error", "Executor",
+    "FormatError", "InputOutputError", "InternalError", "InvalidArgumentError", "Model", "ModelInfo", "OutOfMemoryError",
+    "Tokenized", "Tokenizer", "UnsupportedError", "arrow", "features", "status_name", "tokenize", "__version__",
 ]
 
 Path = Union[str, "os.PathLike[str]"]
@@ -83,6 +85,18 @@ class Encoded:
     token_spans: Optional[List[np.ndarray]] = None
 
 
+def arrow(rows: np.ndarray) -> ArrowRows:
+    """The embeddings' rows (float32 or float16, items x width) as an Arrow array of
+    FixedSizeList<float32>[width] without a copy: what ``pyarrow.array``, ``pyarrow.record_batch`` or any
+    consumer of the Arrow PyCapsule protocol (``__arrow_c_array__``) takes. The Arrow array shares the rows'
+    memory and keeps it alive until it is released."""
+    return ArrowRows(rows)
+
+
+#: What the encoders answer with their keywords: rows, an ``Encoded`` (``outputs=``), or ``ArrowRows`` (``arrow=True``).
+Answer = Union[Rows, Encoded, ArrowRows]
+
+
 def _split(rows: Rows, offsets: np.ndarray) -> List[Rows]:
     bounds = offsets.astype(np.intp)
     if isinstance(rows, tuple):
@@ -100,6 +114,19 @@ def _encoded(result):
                    token_spans=None if token_spans is None else _split(*token_spans))
 
 
+def _wants_arrow(options: dict) -> bool:
+    """Takes ``arrow=`` out of an encode's keywords: True answers the rows as ``arrow(rows)``, for the
+    float32 or float16 embeddings alone."""
+    wanted = bool(options.pop("arrow", False))
+    if wanted and ("outputs" in options or options.get("dtype", "float32") not in ("float32", "float16")):
+        raise ValueError("arrow=True answers the embeddings' rows of dtype float32 or float16 alone")
+    return wanted
+
+
+def _answer(result, as_arrow: bool) -> Answer:
+    return arrow(result) if as_arrow else _encoded(result)
+
+
 class Model(_uform.Model):
     """A model loaded into host memory.
 
@@ -115,34 +142,39 @@ class Model(_uform.Model):
         """The model's description."""
         return ModelInfo(**self._info())
 
-    def encode_texts(self, texts: Sequence[Union[str, bytes]], **options) -> Union[Rows, Encoded]:
+    def encode_texts(self, texts: Sequence[Union[str, bytes]], **options) -> Answer:
         """Embeds texts (str, encoded as UTF-8, or bytes), blocking on the executor without the GIL.
 
         Keywords: ``executor`` (default the model's), ``dims`` (a matryoshka width), ``normalize`` (unit
         vectors whatever the family), ``prompt`` or ``prompt_name`` (models that read tokens), ``progress``
         (a callable (completed, total); False cancels), ``dtype`` ("float32", "float16", "bfloat16" as its
         uint16 bits, or "int8": the pair of rows and scales), ``outputs`` (names among "embeddings",
-        "token_vectors", "states": an ``Encoded`` of them instead of the embeddings' rows)."""
-        return _encoded(super().encode_texts(texts, **options))
+        "token_vectors", "states": an ``Encoded`` of them instead of the embeddings' rows), ``arrow`` (True:
+        the rows as ``arrow(rows)``, an Arrow array of FixedSizeList<float32> sharing them)."""
+        as_arrow = _wants_arrow(options)
+        return _answer(super().encode_texts(texts, **options), as_arrow)
 
-    def encode_images(self, images: Sequence[Union[Path, bytes, np.ndarray]], **options) -> Union[Rows, Encoded]:
+    def encode_images(self, images: Sequence[Union[Path, bytes, np.ndarray]], **options) -> Answer:
         """Embeds images: JPEG or PNG paths or encoded files, or RGB8 pixels (uint8 arrays of height x width x
         3), one kind per call; keywords as ``encode_texts``'s, less the prompts."""
-        return _encoded(super().encode_images(images, **options))
+        as_arrow = _wants_arrow(options)
+        return _answer(super().encode_images(images, **options), as_arrow)
 
-    async def aencode_texts(self, texts: Sequence[Union[str, bytes]], **options) -> Union[Rows, Encoded]:
+    async def aencode_texts(self, texts: Sequence[Union[str, bytes]], **options) -> Answer:
         """``encode_texts`` awaited: submitted deferred on the executor, whose notification the running
         asyncio loop watches, so that the loop goes on while the engine works. Give concurrent calls an
         executor each (``executor=``): a held executor raises ``ContendedError``."""
         if len(texts) == 0:
             return self.encode_texts(texts, **options)
-        return _encoded(await _awaited(self.submit_texts(texts, **options)))
+        as_arrow = _wants_arrow(options)
+        return _answer(await _awaited(self.submit_texts(texts, **options)), as_arrow)
 
-    async def aencode_images(self, images: Sequence[Union[Path, bytes, np.ndarray]], **options) -> Union[Rows, Encoded]:
+    async def aencode_images(self, images: Sequence[Union[Path, bytes, np.ndarray]], **options) -> Answer:
         """``encode_images`` awaited, as ``aencode_texts``."""
         if len(images) == 0:
             return self.encode_images(images, **options)
-        return _encoded(await _awaited(self.submit_images(images, **options)))
+        as_arrow = _wants_arrow(options)
+        return _answer(await _awaited(self.submit_images(images, **options)), as_arrow)
 
 
 async def _awaited(call: "_uform.Call") -> Rows:

@@ -7,8 +7,8 @@ Run by `meson test --suite python` with the package built in the tree (PYTHONPAT
 are asserted bit for bit: the demo model's embeddings against `uform encode --format f32`, a pretrained
 folder's too (a tiny sentence-transformers BERT, tests/model/pretrained_folders.py), and the tokenizer's
 ids and spans against Hugging Face's tokenizers. Written with unittest alone, so that it needs nothing
-beyond NumPy; the pretrained folder needs transformers and tokenizers, and is skipped without them
-(under CI=true it fails instead).
+beyond NumPy; the pretrained folder needs transformers and tokenizers, the Arrow export pyarrow, and each
+is skipped without them (under CI=true it fails instead).
 """
 
 from __future__ import annotations
@@ -206,6 +206,70 @@ class Demo(unittest.TestCase):
 
     def test_no_items_give_no_rows(self):
         self.assertEqual(self.model.encode_texts([]).shape, (0, 64))
+
+
+class Arrow(unittest.TestCase):
+    """Embeddings to pyarrow through the Arrow PyCapsule protocol: FixedSizeList<float32>, the rows' own memory."""
+
+    @classmethod
+    def setUpClass(cls):
+        try:
+            import pyarrow
+        except ImportError:
+            if in_ci():
+                raise
+            raise unittest.SkipTest("the Arrow checks import pyarrow (pip install pyarrow)")
+        cls.pa = pyarrow
+        cls.model = uform.Model(DEMO, executor=uform.Executor.inline())
+
+    def test_no_copy_and_the_same_values(self):
+        rows = self.model.encode_texts(TEXTS)
+        column = self.pa.array(uform.arrow(rows))
+        self.assertEqual(column.type, self.pa.list_(self.pa.float32(), 64))
+        self.assertEqual((len(column), column.null_count), (len(TEXTS), 0))
+        self.assertEqual(column.buffers()[2].address, rows.ctypes.data)
+        self.assertEqual(column.flatten().to_numpy().tobytes(), rows.tobytes())
+        answered = self.model.encode_texts(TEXTS, arrow=True)
+        self.assertIsInstance(answered, uform.ArrowRows)
+        self.assertEqual((len(answered), answered.rows.tobytes()), (len(TEXTS), rows.tobytes()))
+        batch = self.pa.record_batch([answered, self.pa.array(range(len(TEXTS)))], names=["vector", "id"])
+        self.assertEqual(batch.column(0).buffers()[2].address, answered.rows.ctypes.data)
+        self.assertEqual(batch.column(0).flatten().to_numpy().tobytes(), rows.tobytes())
+
+    def test_the_array_keeps_the_rows_alive_until_released(self):
+        rows = self.model.encode_texts(TEXTS)
+        expected = rows.tobytes()
+        exported = uform.arrow(rows)
+        before = sys.getrefcount(exported)
+        column = self.pa.array(exported)
+        self.assertEqual(sys.getrefcount(exported), before + 2)  # the parent's and the child's
+        del rows, exported
+        self.assertEqual(column.flatten().to_numpy().tobytes(), expected)
+        exported = uform.arrow(self.model.encode_texts(TEXTS))
+        schema, array = exported.__arrow_c_array__()
+        del schema, array  # capsules never imported release what they hold
+        self.assertEqual(sys.getrefcount(exported), before)
+        values = self.pa.array(exported).values  # the scalars outlive the lists
+        self.assertGreater(sys.getrefcount(exported), before)
+        del values
+        self.assertEqual(sys.getrefcount(exported), before)
+
+    def test_float16_and_refusals(self):
+        halves = self.model.encode_texts(TEXTS, arrow=True, dtype="float16")
+        column = self.pa.array(halves)
+        self.assertEqual(column.type, self.pa.list_(self.pa.float16(), 64))
+        self.assertEqual(column.buffers()[2].address, halves.rows.ctypes.data)
+        self.assertEqual(self.pa.DataType._import_from_c_capsule(halves.__arrow_c_schema__()), column.type)
+        self.assertEqual(len(self.pa.array(self.model.encode_texts([], arrow=True))), 0)
+        rows = self.model.encode_texts(TEXTS)
+        for bad in (rows.astype(np.float64), rows[:, ::2], rows[0], np.zeros((2, 0), np.float32)):
+            with self.assertRaises(TypeError):
+                uform.arrow(bad)
+        for options in ({"dtype": "int8"}, {"dtype": "bfloat16"}, {"outputs": ("embeddings",)}):
+            with self.assertRaises(ValueError):
+                self.model.encode_texts(TEXTS, arrow=True, **options)
+        deferred = asyncio.run(self.model.aencode_texts(TEXTS, arrow=True, executor=uform.Executor.ram(threads=1)))
+        self.assertEqual(deferred.rows.tobytes(), rows.tobytes())
 
 
 class Errors(unittest.TestCase):
@@ -537,7 +601,10 @@ def main() -> int:
     os.makedirs(options.workdir, exist_ok=True)
     program = unittest.main(argv=[sys.argv[0], *rest], exit=False, verbosity=2)
     result = program.result
-    print(f"{result.testsRun - len(result.failures) - len(result.errors) - len(result.skipped)} passed, "
+    # A class skipped or failed whole (in setUpClass) counts as a skip or an error, but not as a test run.
+    not_passed = sum(isinstance(test, unittest.TestCase) for test, _ in
+                     result.failures + result.errors + result.skipped)
+    print(f"{result.testsRun - not_passed} passed, "
           f"{len(result.failures) + len(result.errors)} failed, {len(result.skipped)} skipped")
     return 0 if result.wasSuccessful() else 1
 
