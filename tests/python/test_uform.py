@@ -406,6 +406,21 @@ class Deferred(unittest.TestCase):
         self.assertEqual(inline.tobytes(), self.expected.tobytes())
         self.assertEqual(asyncio.run(self.model.aencode_texts([])).shape, (0, 64))
 
+    def test_gather_of_32_deferred_encodes(self):
+        """32 deferred encodes on one loop, each on an executor of its own (an executor runs one call at a
+        time), awaited by asyncio.gather: each equals its blocking call, bit for bit."""
+        batches = [[f"text {i}: {TEXTS[i % len(TEXTS)]}", TEXTS[(i * 7) % len(TEXTS)]] for i in range(32)]
+        executors = [uform.Executor.ram(threads=1) for _ in batches]
+
+        async def run():
+            return await asyncio.gather(*(self.model.aencode_texts(batch, executor=executor)
+                                          for batch, executor in zip(batches, executors)))
+
+        results = asyncio.run(run())
+        self.assertEqual(len(results), 32)
+        for batch, vectors in zip(batches, results):
+            self.assertEqual(vectors.tobytes(), self.model.encode_texts(batch).tobytes())
+
     def test_the_loop_runs_while_two_calls_are_pending(self):
         batch = ["a fairly long text to keep the encoder busy for a while " * 4] * 256
         expected = self.model.encode_texts(batch)
