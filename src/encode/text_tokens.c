@@ -67,7 +67,6 @@ static void python_strip(uint8_t const **text, size_t *length) {
     *text += first;
     *length = end - first;
 }
-#endif
 
 /* Each token's span in the text as the caller gave it: the tokenizer cut the prompt and the text joined
  * (`prompted` bytes of prompt), from `skipped` bytes into them (what the strip took off the front). A token
@@ -84,6 +83,7 @@ static void tokens_spans(tokens_t const *sequence, size_t count, size_t prompted
         spans[2 * t + 1] = end;
     }
 }
+#endif
 
 /* Cuts every text into text->ids (and their spans into text->spans where it is not NULL), by offsets.
  * UFORM_OK or UFORM_OUT_OF_MEMORY; a text that cannot be cut is recorded in text->refused. */
