@@ -306,10 +306,9 @@ static void release_arena(world_t *world) {
 
 /* A loaded model's result: its status, and its counts of parameters and bytes. */
 static uform_model_t *stage_model;
-static void load(world_t *world, result_t *result, bool map, uform_weights_t weights) {
+static void load(world_t *world, result_t *result, char const *path, bool map, uform_weights_t weights) {
     uform_load_config_t config = {.map = map, .weights = weights};
-    uform_model_load_args_t args = {
-        .executor = world->executor, .path = world->checkpoint, .config = &config, .model = &stage_model};
+    uform_model_load_args_t args = {.executor = world->executor, .path = path, .config = &config, .model = &stage_model};
     *result = (result_t){.status = uform_model_load_ram(&args)};
     if (result->status != UFORM_OK) return;
     uform_model_info_t info;
@@ -317,24 +316,29 @@ static void load(world_t *world, result_t *result, bool map, uform_weights_t wei
     result->number = (double)info.parameters + (double)info.bytes;
 }
 static void run_load(world_t *world, result_t *result) {
-    load(world, result, false, UFORM_WEIGHTS_STORED);
+    load(world, result, world->checkpoint, false, UFORM_WEIGHTS_STORED);
 }
 static void run_load_mapped(world_t *world, result_t *result) {
-    load(world, result, true, UFORM_WEIGHTS_STORED);
+    load(world, result, world->checkpoint, true, UFORM_WEIGHTS_STORED);
 }
 static void run_load_i8(world_t *world, result_t *result) {
-    load(world, result, false, UFORM_WEIGHTS_I8);
+    load(world, result, world->checkpoint, false, UFORM_WEIGHTS_I8);
 }
 
-/* The checkpoint written again with I8 weights: its status, and the size of what it wrote. */
+/* A writer's result: its status, and the size of the file it wrote at `output`, removed. */
+static void written(result_t *result, uform_status_t status, char const *output) {
+    *result = (result_t){.status = status};
+    struct stat file;
+    if (status == UFORM_OK && stat(output, &file) == 0) result->number = (double)file.st_size;
+    unlink(output);
+}
+
+/* The checkpoint written again with I8 weights. */
 static void run_quantize(world_t *world, result_t *result) {
     char output[700];
     snprintf(output, sizeof output, "%s/quantized.safetensors", world->folder);
     uform_checkpoint_quantize_args_t args = {.input = world->checkpoint, .output = output};
-    *result = (result_t){.status = uform_checkpoint_quantize(&args)};
-    struct stat file;
-    if (result->status == UFORM_OK && stat(output, &file) == 0) result->number = (double)file.st_size;
-    unlink(output);
+    written(result, uform_checkpoint_quantize(&args), output);
 }
 static void release_load(world_t *world) {
     (void)world;
@@ -348,22 +352,13 @@ static void release_load(world_t *world) {
  * tokenizer_file_out_of_memory_read_as_io: the tokenizer's file was read through stdio, whose stream
  * allocates; its failure answered UFORM_IO, and the folder stage failed at its 12th allocation. */
 static void run_folder(world_t *world, result_t *result) {
-    uform_model_load_args_t args = {
-        .executor = world->executor, .path = world->pretrained, .model = &stage_model};
-    *result = (result_t){.status = uform_model_load_ram(&args)};
-    if (result->status != UFORM_OK) return;
-    uform_model_info_t info;
-    CHECK(uform_model_info(stage_model, &info) == UFORM_OK);
-    result->number = (double)info.parameters + (double)info.bytes;
+    load(world, result, world->pretrained, false, UFORM_WEIGHTS_STORED);
 }
 static void run_convert(world_t *world, result_t *result) {
     char output[700];
     snprintf(output, sizeof output, "%s/converted.safetensors", world->folder);
     uform_checkpoint_convert_args_t args = {.input = world->pretrained, .output = output};
-    *result = (result_t){.status = uform_checkpoint_convert(&args)};
-    struct stat file;
-    if (result->status == UFORM_OK && stat(output, &file) == 0) result->number = (double)file.st_size;
-    unlink(output);
+    written(result, uform_checkpoint_convert(&args), output);
 }
 static void prepare_folder_text(world_t *world) {
     uform_model_load_args_t args = {

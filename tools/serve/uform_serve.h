@@ -299,6 +299,9 @@ bool api_count_tokens(serve_t *server, serve_request_t *request, size_t *counts)
 /* The model a body's "model" names: where absent or null, the first served. Answers NULL after setting
  * the request's error: 400 for a model that is not a string, 404 model_not_found for a name not served. */
 serve_model_t *api_parse_model(serve_t *server, serve_request_t *request, json_t *root);
+/* A request's body parsed (request->json, the body's bytes freed) as a JSON object, and the model it names
+ * in request->model: the object, or NULL with the request answered (400, or 404 for an unknown model). */
+json_t *api_parse_body(serve_t *server, serve_request_t *request);
 
 /* ---- POST /tokenize (uform_serve_tokenize.c) --------------------------------------------------- */
 

@@ -472,7 +472,7 @@ static bool parse_dimensions(serve_request_t *request, json_t *value) {
     return false;
 }
 
-bool api_parse_embeddings(serve_t *server, serve_request_t *request) {
+json_t *api_parse_body(serve_t *server, serve_request_t *request) {
     json_error_t error;
     request->json =
         json_loadb(request->body ? request->body : "", request->body_length, JSON_ALLOW_NUL, &error);
@@ -482,14 +482,18 @@ bool api_parse_embeddings(serve_t *server, serve_request_t *request) {
     if (!root) {
         INVALID(request, NULL, "invalid_json", "the body is not valid JSON: %s (line %d, column %d)",
                 error.text, error.line, error.column);
-        return false;
+        return NULL;
     }
     if (!json_is_object(root)) {
         INVALID(request, NULL, "invalid_type", "the body must be a JSON object");
-        return false;
+        return NULL;
     }
+    return (request->model = api_parse_model(server, request, root)) ? root : NULL;
+}
 
-    if (!(request->model = api_parse_model(server, request, root))) return false;
+bool api_parse_embeddings(serve_t *server, serve_request_t *request) {
+    json_t *root = api_parse_body(server, request);
+    if (!root) return false;
 
     json_t *format = json_object_get(root, "encoding_format");
     if (format && !json_is_null(format)) {

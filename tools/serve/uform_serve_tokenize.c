@@ -73,22 +73,8 @@ static bool parse_inputs(serve_request_t *request, json_t *inputs) {
 
 bool api_parse_tokenize(serve_t *server, serve_request_t *request, serve_tokenize_t *options) {
     *options = (serve_tokenize_t){.add_special_tokens = true};
-    json_error_t error;
-    request->json =
-        json_loadb(request->body ? request->body : "", request->body_length, JSON_ALLOW_NUL, &error);
-    free(request->body);
-    request->body = NULL;
-    json_t *root = request->json;
-    if (!root) {
-        INVALID(request, NULL, "invalid_json", "the body is not valid JSON: %s (line %d, column %d)",
-                error.text, error.line, error.column);
-        return false;
-    }
-    if (!json_is_object(root)) {
-        INVALID(request, NULL, "invalid_type", "the body must be a JSON object");
-        return false;
-    }
-    if (!(request->model = api_parse_model(server, request, root))) return false;
+    json_t *root = api_parse_body(server, request);
+    if (!root) return false;
     json_t *special = json_object_get(root, "add_special_tokens");
     if (special && !json_is_null(special)) {
         if (!json_is_boolean(special)) {
