@@ -413,7 +413,7 @@ def prepare(workdir: Path):
     if made.returncode != 0:
         print(made.stdout, end="")
         sys.exit(made.returncode)
-    files = {name: out / name / "tokenizer.json" for name in fixtures.FIXTURES}
+    files = {name: fixtures.built_in(out) / name / "tokenizer.json" for name in fixtures.FIXTURES}
     return corpus, corpus.read_corpus(corpus_path), files
 
 

@@ -28,8 +28,11 @@ import argparse
 import bisect
 import bz2
 import collections
+import contextlib
+import fcntl
 import gzip
 import hashlib
+import os
 import re
 import struct
 import subprocess
@@ -437,10 +440,36 @@ def stamp_of(versions: dict) -> str:
     return digest.hexdigest()
 
 
+# Where the environment names a folder in UFORM_TEST_CACHE, the corpus and the tokenizer fixtures
+# (fixtures.py) are built there once, for every build folder and test that asks for them (each still checks
+# its stamp), instead of into each test's own folder: CI builds the engine several times.
+CACHE_VARIABLE = "UFORM_TEST_CACHE"
+
+
+def cached(out: Path, name: str) -> Path:
+    """The folder to build into: UFORM_TEST_CACHE/name where that variable is set, else `out`."""
+    cache = os.environ.get(CACHE_VARIABLE)
+    return Path(cache) / name if cache else out
+
+
+@contextlib.contextmanager
+def locked(folder: Path):
+    """Holds folder/.lock exclusively: tests that run at once build a shared folder one at a time."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def build(out: Path) -> Path:
-    """Writes out/corpus.txt unless out/corpus.stamp matches; answers its path. MissingPackages where a
-    package it reads is not installed."""
-    out.mkdir(parents=True, exist_ok=True)
+    """Writes out/corpus.txt (or UFORM_TEST_CACHE/corpus/corpus.txt: cached) unless the stamp beside it
+    matches; answers its path. MissingPackages where a package it reads is not installed."""
+    out = cached(out, "corpus")
+    with locked(out):
+        return build_locked(out)
+
+
+def build_locked(out: Path) -> Path:
     corpus, stamp_path = out / "corpus.txt", out / "corpus.stamp"
     stamp = stamp_of(package_versions())
     if corpus.exists() and stamp_path.exists() and stamp_path.read_text() == stamp:

@@ -189,11 +189,22 @@ def stamp_of(corpus: Path) -> str:
     return digest.hexdigest()
 
 
+def built_in(out: Path) -> Path:
+    """Where build(corpus, out) writes: `out`, or UFORM_TEST_CACHE/fixtures (corpus.py: cached)."""
+    return corpus_module.cached(out, "fixtures")
+
+
 def build(corpus: Path, out: Path) -> dict:
-    """Writes the fixtures into `out` unless out/fixtures.stamp matches; answers {name: tokenizer.json}.
+    """Writes the fixtures into built_in(out) unless its fixtures.stamp matches; answers {name: tokenizer.json}.
     MissingFile where a package a fixture is made of is not installed."""
     for module in PACKAGE_FILES:
         package_file(module)
+    out = built_in(out)
+    with corpus_module.locked(out):
+        return build_locked(corpus, out)
+
+
+def build_locked(corpus: Path, out: Path) -> dict:
     stamp, stamp_path = stamp_of(corpus), out / "fixtures.stamp"
     files = {name: out / name / "tokenizer.json" for name in FIXTURES}
     if stamp_path.exists() and stamp_path.read_text() == stamp and all(f.exists() for f in files.values()):
