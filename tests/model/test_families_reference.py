@@ -351,8 +351,10 @@ def main() -> int:
 
 if __name__ == "__main__":
     # PyPI's uform, installed apart (pip install --target) so that its dependencies stay out of the venv.
+    reference = ()
     if "--uform-reference" in sys.argv[:-1]:
-        sys.path.insert(0, sys.argv[sys.argv.index("--uform-reference") + 1])
+        reference = (sys.argv[sys.argv.index("--uform-reference") + 1],)
+        sys.path.insert(0, reference[0])
     run_under_python_with(["torch", "transformers", "PIL", "numpy", "safetensors", "sentencepiece", "torchvision",
-                           "uform.torch_encoders"])
+                           "uform.torch_encoders"], paths=reference)
     sys.exit(main())

@@ -79,10 +79,12 @@ def optional_import(module: str, left_out: str):
         return None
 
 
-def run_under_python_with(modules: list, status: int = SKIP, flag: str = "UFORM_REFERENCE_REEXEC") -> None:
+def run_under_python_with(modules: list, status: int = SKIP, flag: str = "UFORM_REFERENCE_REEXEC",
+                          paths: tuple = ()) -> None:
     """Returns when this interpreter imports every one of `modules`; else re-runs this script under a
     candidate that does (`flag` set in its environment, so that it happens once), or names what is
-    missing and how to install it, and ends as `unavailable` does."""
+    missing and how to install it, and ends as `unavailable` does. `paths`: folders the script puts on
+    sys.path itself, which the candidates are asked to import from too."""
     missing = []
     for module in modules:
         try:
@@ -93,11 +95,16 @@ def run_under_python_with(modules: list, status: int = SKIP, flag: str = "UFORM_
         return
     names = ", ".join(modules)
     if not os.environ.get(flag):
-        here = os.path.realpath(sys.executable)
+        # A venv's python3 links to the interpreter it was made from: told apart by its own path, not the
+        # file the link resolves to.
+        here = os.path.abspath(sys.executable)
         for candidate in CANDIDATES:
-            if not candidate.exists() or os.path.realpath(candidate) == here:
+            if not candidate.exists() or os.path.abspath(candidate) == here:
                 continue
-            if subprocess.run([str(candidate), "-c", f"import {names}"], capture_output=True).returncode == 0:
+            probe_env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+                [*paths, *filter(None, [os.environ.get("PYTHONPATH")])])}
+            if subprocess.run([str(candidate), "-c", f"import {names}"], capture_output=True,
+                              env=probe_env).returncode == 0:
                 print(f"note: {sys.executable} cannot import {names}; running under {candidate}", flush=True)
                 os.execve(str(candidate), [str(candidate), *sys.argv], {**os.environ, flag: "1"})
     places = ", ".join(str(c) for c in (sys.executable, *CANDIDATES))
