@@ -921,6 +921,67 @@ class Pretrained(unittest.TestCase):
         self.assertEqual(tokenizer.tokenize([]).ids, [])
 
 
+    def test_choose_is_unsupported_and_leaves_the_model_usable(self):
+        expected = self.model.encode_texts(TEXTS)
+        with self.assertRaises(uform.UnsupportedError) as caught:
+            self.model.choose(["hello"], [b"ab"])
+        error = caught.exception
+        self.assertIsInstance(error, NotImplementedError)
+        self.assertEqual((error.status, error.function), (9, "uform_text_choose"))
+        self.assertIn("reads tokens", error.message)
+        self.assertEqual(self.model.encode_texts(TEXTS).tobytes(), expected.tobytes())
+
+    def test_prompts_are_the_folders(self):
+        written = json.loads((self.folder / "config_sentence_transformers.json").read_text())
+        self.assertEqual(self.model.prompt(), written["prompts"][written["default_prompt_name"]])
+        for name, prompt in written["prompts"].items():
+            self.assertEqual(self.model.prompt(name), prompt)
+        self.assertEqual(self.model.prompt(""), "")
+        with self.assertRaises(uform.InvalidArgumentError):
+            self.model.prompt("absent")
+        # The default prompt, as text, gives what the default gives.
+        self.assertEqual(self.model.encode_texts(TEXTS, prompt=self.model.prompt()).tobytes(),
+                         self.model.encode_texts(TEXTS).tobytes())
+
+    def test_the_models_tokenizer_and_ids(self):
+        from tokenizers import Tokenizer as Reference
+        reference = Reference.from_file(str(self.folder / "tokenizer.json"))
+        tokenizer = uform.Model(self.folder, executor=uform.Executor.inline()).tokenizer  # keeps its model
+        self.assertIsInstance(tokenizer, uform.Tokenizer)
+        self.assertEqual(tokenizer.info["vocabulary"], reference.get_vocab_size())
+        texts = TEXTS[:3] + ["Hello, world! Tokenizers cut this."]
+        reference.no_padding()  # the model's tokenizer cuts as its text verbs do: never padded
+        self.assertEqual([ids.tolist() for ids in tokenizer.tokenize(texts).ids],
+                         [reference.encode(text).ids for text in texts])
+        for token in range(0, reference.get_vocab_size(), 97):
+            self.assertEqual(tokenizer.token(token), reference.id_to_token(token))
+        for absent in (reference.get_vocab_size(), 1 << 40, -1):
+            with self.assertRaises(uform.InvalidArgumentError):
+                tokenizer.token(absent)
+        with self.assertRaises(TypeError):
+            tokenizer.token("1")
+        with self.assertRaises(uform.UnsupportedError):
+            uform.Model(DEMO, executor=uform.Executor.inline()).tokenizer
+
+    def test_tokenizer_parsed_from_memory(self):
+        parsed = uform.Tokenizer.parse((self.folder / "tokenizer.json").read_bytes())
+        opened = uform.Tokenizer(self.folder / "tokenizer.json")
+        texts = TEXTS + ["naïve café"]
+        self.assertEqual([ids.tolist() for ids in parsed.tokenize(texts).ids],
+                         [ids.tolist() for ids in opened.tokenize(texts).ids])
+        self.assertEqual(parsed.info, opened.info)
+        for bad in (b"{not json", b"{}", b""):
+            with self.assertRaises(uform.FormatError) as caught:
+                uform.Tokenizer.parse(bad)
+            self.assertEqual(caught.exception.function, "uform_tokenizer_parse")
+
+    def test_folder_converted_to_a_checkpoint(self):
+        converted = Path(options.workdir) / "default-prompt.safetensors"
+        uform.convert_checkpoint(self.folder, converted)
+        model = uform.Model(converted, executor=uform.Executor.inline())
+        self.assertEqual(model.encode_texts(TEXTS).tobytes(), self.model.encode_texts(TEXTS).tobytes())
+        self.assertEqual(model.prompt(), self.model.prompt())
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--uform", required=True, help="the built `uform` command")
