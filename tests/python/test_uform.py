@@ -4,9 +4,12 @@
     test_uform.py --uform build/tools/uform --workdir DIR [unittest arguments]
 
 Run by `meson test --suite python` with the package built in the tree (PYTHONPATH=build/python). Numbers
-are asserted bit for bit: the demo model's embeddings against `uform encode --format f32`, a pretrained
-folder's too (a tiny sentence-transformers BERT, tests/model/pretrained_folders.py), and the tokenizer's
-ids and spans against Hugging Face's tokenizers. Written with unittest alone, so that it needs nothing
+are asserted bit for bit: the demo model's embeddings of texts, images, clips and sounds against `uform
+encode` (clips and sounds through --manifest), float32 samples against the same samples in a WAV, a
+pretrained folder's embeddings too (a tiny sentence-transformers BERT, tests/model/pretrained_folders.py)
+and that folder converted to a checkpoint, and the tokenizer's ids, spans and token strings against Hugging
+Face's tokenizers; text_choose's probabilities against the softmax of the states through the checkpoint's
+byte table (within 1e-6: the command has no choice verb). Written with unittest alone, so that it needs nothing
 beyond NumPy; the pretrained folder needs transformers and tokenizers, the Arrow export pyarrow, and each
 is skipped without them (under CI=true it fails instead).
 """
