@@ -420,6 +420,9 @@ class Media(unittest.TestCase):
         in_memory = self.model.encode_audio([path.read_bytes() for path in self.sounds],
                                             executor=uform.Executor.ram(threads=2))
         self.assertEqual(in_memory.tobytes(), vectors.tobytes())
+        width = self.model.info.matryoshka[0]
+        self.assertEqual(self.model.encode_audio(self.sounds, dims=width).tobytes(),
+                         engine_encode_media(DEMO, "audio", self.sounds, "--dims", str(width)).tobytes())
         encoded = self.model.encode_audio(self.sounds[:2], outputs=("token_vectors", "states"), dtype="float16")
         lines = engine_encode_media(DEMO, "audio", self.sounds[:2], "--tokens", "--scalar", "f16", format="jsonl")
         for rows, line in zip(encoded.token_vectors, lines):  # one per patch of the clip
