@@ -283,15 +283,20 @@ static uform_status_t encode_run(verb_t verb, binding_model_t *self, binding_exe
     return UFORM_INTERNAL; /* no other verb */
 }
 
-/* A view's rows, and for one grouped per item the pair of them and their offsets. */
-static PyObject *output_of(uform_view_t const *view) {
-    PyObject *rows = binding_array_of_view(view, view->columns);
+/* A view's rows (`columns_as` columns; 0: one dimension), and for one grouped per item the pair of them and
+ * their offsets. */
+static PyObject *rows_of(uform_view_t const *view, size_t columns_as) {
+    PyObject *rows = binding_array_of_view(view, columns_as);
     if (!rows || !view->item_offsets) return rows;
     PyObject *offsets = binding_offsets_array(view->item_offsets, view->items);
     PyObject *pair = offsets ? PyTuple_Pack(2, rows, offsets) : NULL;
     Py_DECREF(rows);
     Py_XDECREF(offsets);
     return pair;
+}
+
+static PyObject *output_of(uform_view_t const *view) {
+    return rows_of(view, view->columns);
 }
 
 int binding_items_check(char const *entry, char const *noun, uform_status_t const *statuses, size_t items) {
@@ -453,51 +458,50 @@ ENCODE_METHODS(audio, VERB_AUDIO)
 
 /* ---- choosing the next byte ------------------------------------------------------------------- */
 
-/* The texts' F32 states into the executor's side arena, then text_choose over them into its arena; both
- * blocking, without the GIL. Answers the probabilities (one float32 per legal byte, every item's end to
- * end) and the uint64 offsets that group them per item. */
-static PyObject *choose_run(binding_model_t *self, binding_executor_t *executor, binding_tape_t const *texts,
-                            binding_tape_t const *choices, binding_progress_t *progress) {
+/* The texts' F32 states into the executor's side arena, then text_choose over them into its arena: both
+ * blocking, in one release of the GIL. A text whose states failed fails the call before the choice. */
+static uform_status_t choose_run(binding_model_t *self, binding_executor_t *executor,
+                                 binding_tape_t const *texts, binding_tape_t const *choices,
+                                 uform_progress_t const *progress, uform_encoded_t *encoded,
+                                 uform_view_t *probabilities) {
     uform_encode_config_t config = {.outputs_scalar = UFORM_F32};
-    uform_encoded_t encoded = {0};
-    uform_view_t probabilities = {0};
     uform_text_encode_args_t encode = {.model = self->model,
                                        .executor = executor->executor,
                                        .outputs = UFORM_OUTPUT_STATES,
                                        .arena = executor->side_arena,
                                        .config = &config,
-                                       .encoded = &encoded,
+                                       .encoded = encoded,
                                        .texts = texts->tape};
     uform_text_choose_args_t choose = {.model = self->model,
                                        .executor = executor->executor,
-                                       .states = &encoded.states,
+                                       .states = &encoded->states,
                                        .choices = choices->tape,
                                        .arena = executor->arena,
-                                       .progress = &progress->progress,
-                                       .probabilities = &probabilities};
+                                       .progress = progress,
+                                       .probabilities = probabilities};
     PyThreadState *thread = PyEval_SaveThread();
     uform_status_t status = uform_text_encode(&encode);
-    bool encoded_whole = status == UFORM_OK;
-    for (size_t i = 0; encoded_whole && i < encoded.items; i++)
-        encoded_whole = encoded.statuses[i] == UFORM_OK;
-    if (encoded_whole) status = uform_text_choose(&choose);
+    for (size_t i = 0; status == UFORM_OK && i < encoded->items; i++)
+        if (encoded->statuses[i] != UFORM_OK) status = UFORM_PENDING; /* raised per item, below */
+    if (status == UFORM_OK) status = uform_text_choose(&choose);
     PyEval_RestoreThread(thread);
-    if (binding_progress_raise(progress) < 0) return NULL;
-    if (status != UFORM_OK) return binding_raise_last(status);
-    if (!encoded_whole) {
-        binding_items_check("uform_text_encode", "text", encoded.statuses, encoded.items);
+    return status;
+}
+
+/* The probabilities (one float32 per legal byte, every item's end to end) and the uint64 offsets that group
+ * them per item, copied out; or the failure raised. */
+static PyObject *choose_result(uform_status_t status, uform_encoded_t const *encoded,
+                               uform_view_t const *probabilities) {
+    if (status == UFORM_PENDING) {
+        binding_items_check("uform_text_encode", "text", encoded->statuses, encoded->items);
         return NULL;
     }
-    PyObject *rows = binding_array_of_view(&probabilities, 0);
-    PyObject *offsets = rows ? binding_offsets_array(probabilities.item_offsets, probabilities.items) : NULL;
-    PyObject *pair = offsets ? PyTuple_Pack(2, rows, offsets) : NULL;
-    Py_XDECREF(rows);
-    Py_XDECREF(offsets);
-    return pair;
+    return status == UFORM_OK ? rows_of(probabilities, 0) : binding_raise_last(status);
 }
 
 static PyObject *model_choose(PyObject *object, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"texts", "choices", "executor", "progress", NULL};
+    static size_t const no_item[1] = {0};
     binding_model_t *self = (binding_model_t *)object;
     PyObject *texts_object = NULL, *choices_object = NULL, *executor_object = NULL, *callback = NULL;
     if (model_check(self) < 0 ||
@@ -514,21 +518,18 @@ static PyObject *model_choose(PyObject *object, PyObject *args, PyObject *kwargs
         binding_progress_init(&progress, callback) < 0 ||
         !(executor = executor_argument(executor_object, self->executor)))
         goto done;
-    if (texts.tape.count == 0 && choices.tape.count == 0) {
-        static size_t const no_item[1] = {0};
-        Py_buffer none;
-        PyObject *rows = binding_array(0, 0, "float32", &none);
-        if (rows) PyBuffer_Release(&none);
-        PyObject *offsets = rows ? binding_offsets_array(no_item, 0) : NULL;
-        result = offsets ? PyTuple_Pack(2, rows, offsets) : NULL;
-        Py_XDECREF(rows);
-        Py_XDECREF(offsets);
+    if (texts.tape.count == 0 && choices.tape.count == 0) { /* no item: nothing the engine would take */
+        result = rows_of(&(uform_view_t){.scalar = UFORM_F32, .columns = 1, .item_offsets = no_item}, 0);
         goto done;
     }
     if (binding_executor_acquire(executor, "uform_text_choose") < 0) goto done;
     held = true;
     if (binding_executor_side_arena(executor) < 0) goto done;
-    result = choose_run(self, executor, &texts, &choices, &progress);
+    uform_encoded_t encoded = {0};
+    uform_view_t probabilities = {0};
+    uform_status_t status =
+        choose_run(self, executor, &texts, &choices, &progress.progress, &encoded, &probabilities);
+    if (binding_progress_raise(&progress) == 0) result = choose_result(status, &encoded, &probabilities);
 done:
     if (held) binding_executor_release(executor);
     binding_progress_clear(&progress);
