@@ -1,7 +1,8 @@
 /* Python sequences into tapes, and arena views out into NumPy arrays.
  *
- * Items are copied into one buffer of the binding's (bytes end to end, count + 1 offsets) while the GIL
- * is held, so that no other thread can change them while the engine reads them without the GIL. Arrays
+ * Items are copied into one buffer of the binding's (bytes end to end, count + 1 offsets counting the tape's
+ * elements: bytes, or floats for samples) while the GIL is held, so that no other thread can change them
+ * while the engine reads them without the GIL. Arrays
  * are made by numpy.empty and filled through the buffer protocol: the extension compiles against no
  * NumPy header and runs with any NumPy. */
 #include <string.h>
