@@ -31,7 +31,9 @@ PyObject *binding_raise_status(uform_status_t status, char const *entry, char co
 typedef struct binding_executor {
     PyObject ob_base;
     uform_executor_t *executor;
-    uform_arena_t *arena; /* made at the first call */
+    uform_arena_t *arena;      /* made at the first call */
+    uform_arena_t *side_arena; /* made at the first choose: the states it reads, which its call's arena
+                                  must not hold */
     bool busy;
 } binding_executor_t;
 
@@ -41,28 +43,38 @@ extern PyTypeObject binding_executor_type;
  * (ContendedError when another Python thread holds it). */
 int binding_executor_acquire(binding_executor_t *executor, char const *entry);
 void binding_executor_release(binding_executor_t *executor);
+/* Makes the executor's side arena if needed, for a call that holds the executor. Answers 0, or -1. */
+int binding_executor_side_arena(binding_executor_t *executor);
+/* Whether the executor runs on CUDA devices (a VRAM executor): models load into its device memory. */
+bool binding_executor_is_vram(binding_executor_t *executor);
 
 /* ---- tapes and arrays (tape.c) ---------------------------------------------------------------- */
 
-/* What the items of a media verb are: one kind per call. */
+/* What the items of a call are: one kind per call. */
 typedef enum binding_media {
     BINDING_ENCODED = 0, /* bytes-like: encoded files (texts, for the text verbs) */
     BINDING_PATHS = 1,   /* str or os.PathLike: files to read */
     BINDING_PIXELS = 2,  /* C-contiguous uint8 buffers of (height, width, 3): RGB8 pixels */
+    BINDING_SAMPLES = 3, /* C-contiguous float32 buffers of one dimension: mono PCM samples */
 } binding_media_t;
 
-/* A tape whose bytes and offsets the binding owns (PyMem_RawMalloc: freed without the GIL too). */
+/* A tape whose bytes and offsets the binding owns (PyMem_RawMalloc: freed without the GIL too). Offsets
+ * count the tape's elements: bytes, or floats for samples. */
 typedef struct binding_tape {
     uform_tape_t tape;
     unsigned char *bytes;
     size_t *offsets;
     size_t *heights, *widths; /* pixels: one per item; else NULL */
+    size_t rate;              /* samples: their rate in Hz, as the call was given it */
     binding_media_t media;
 } binding_tape_t;
 
+/* What a verb takes: texts, or the media kinds its items may be (paths and encoded files for each). */
 typedef enum binding_items {
-    BINDING_TEXTS = 0, /* str (UTF-8) or bytes-like */
-    BINDING_MEDIA = 1, /* paths, encoded files or pixels (binding_media_t), not mixed */
+    BINDING_TEXTS = 0,  /* str (UTF-8) or bytes-like */
+    BINDING_IMAGES = 1, /* paths, encoded files or pixels, not mixed */
+    BINDING_CLIPS = 2,  /* paths or encoded files, not mixed */
+    BINDING_SOUNDS = 3, /* paths, encoded files or samples, not mixed */
 } binding_items_t;
 
 /* Copies a sequence of items into `tape`. Answers 0, or -1 with TypeError naming the bad item. */
@@ -112,6 +124,10 @@ typedef struct binding_request {
     bool named;
 } binding_request_t;
 
+/* Raises the status of the first item of `items` that failed, naming it ("item 3 failed: format", `noun`
+ * "item"), for `entry`, and answers -1; 0 when none failed. */
+int binding_items_check(char const *entry, char const *noun, uform_status_t const *statuses, size_t items);
+
 /* The outputs of a final encode copied into new arrays, as `request` says (token vectors as the pair of
  * rows and uint64 offsets, items + 1), or the first failed item's status raised (NULL), for `entry`. */
 PyObject *binding_encoded_result(char const *entry, uform_encoded_t const *encoded,
@@ -132,9 +148,19 @@ uform_outcome_t *binding_call_outcome(binding_call_t *call);
 binding_tape_t const *binding_call_tape(binding_call_t *call);
 uform_encode_config_t const *binding_call_config(binding_call_t *call);
 
-/* ---- the module and its types (module.c, model.c, tokenizer.c) ----------------------------------- */
+/* ---- the module and its types (module.c, model.c, tokenizer.c, checkpoint.c) ----------------------- */
 
 PyMODINIT_FUNC PyInit__uform(void);
+
+/* The engine's model of a loaded uform.Model (borrowed: it lives as long as the object), or NULL with
+ * TypeError or ValueError. */
+uform_model_t *binding_model_of(PyObject *object);
+
+/* The weights keyword: "stored", "bf16" or "i8" (by uform_weights_t). Answers 0, or -1 with ValueError. */
+int binding_weights_of(char const *name, uform_weights_t *weights);
+
+/* The checkpoint tools, module functions: convert_checkpoint, quantize_checkpoint, tiny_checkpoint. */
+extern PyMethodDef binding_checkpoint_methods[];
 
 extern PyTypeObject binding_model_type;
 extern PyTypeObject binding_tokenizer_type;

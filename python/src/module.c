@@ -151,7 +151,9 @@ PyMODINIT_FUNC PyInit__uform(void) {
     PyObject *version = Py_BuildValue("(iii)", major, minor, patch);
     int failed = !version || PyModule_AddObjectRef(module, "version", version) < 0;
     Py_XDECREF(version);
-    if (failed || add_error_classes(module) < 0 || add_type(module, &binding_executor_type, "Executor") < 0 ||
+    if (failed || add_error_classes(module) < 0 ||
+        PyModule_AddFunctions(module, binding_checkpoint_methods) < 0 ||
+        add_type(module, &binding_executor_type, "Executor") < 0 ||
         add_type(module, &binding_model_type, "Model") < 0 ||
         add_type(module, &binding_tokenizer_type, "Tokenizer") < 0 ||
         add_type(module, &binding_call_type, "Call") < 0 ||

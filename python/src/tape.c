@@ -1,7 +1,8 @@
 /* Python sequences into tapes, and arena views out into NumPy arrays.
  *
- * Items are copied into one buffer of the binding's (bytes end to end, count + 1 offsets) while the GIL
- * is held, so that no other thread can change them while the engine reads them without the GIL. Arrays
+ * Items are copied into one buffer of the binding's (bytes end to end, count + 1 offsets counting the tape's
+ * elements: bytes, or floats for samples) while the GIL is held, so that no other thread can change them
+ * while the engine reads them without the GIL. Arrays
  * are made by numpy.empty and filled through the buffer protocol: the extension compiles against no
  * NumPy header and runs with any NumPy. */
 #include <string.h>
@@ -27,6 +28,21 @@ static char const *const media_names[] = {
     [BINDING_PATHS] = "paths (str, os.PathLike)",
     [BINDING_ENCODED] = "encoded files (bytes)",
     [BINDING_PIXELS] = "pixels (uint8 arrays of height x width x 3)",
+    [BINDING_SAMPLES] = "samples (float32 arrays of one dimension)",
+};
+
+/* What each kind of call takes, for its messages. */
+static char const *const items_expected[] = {
+    [BINDING_TEXTS] = "str or bytes",
+    [BINDING_IMAGES] = "a path, bytes or a uint8 array of height x width x 3",
+    [BINDING_CLIPS] = "a path or bytes",
+    [BINDING_SOUNDS] = "a path, bytes or a float32 array of one dimension",
+};
+static char const *const arrays_expected[] = {
+    [BINDING_TEXTS] = "",
+    [BINDING_IMAGES] = " nor uint8 pixels of height x width x 3",
+    [BINDING_CLIPS] = "",
+    [BINDING_SOUNDS] = " nor float32 samples of one dimension",
 };
 
 /* A path: str or os.PathLike, encoded as the file system encodes names. Answers 1 if it was a path, 0
@@ -41,37 +57,42 @@ static int item_path(PyObject *object, item_bytes_t *item) {
     return 1;
 }
 
-/* A buffer's bytes: one dimension of bytes (text or an encoded file), or C-contiguous RGB8 pixels
- * (height, width, 3) of unsigned bytes for a media verb. */
+static bool format_is(Py_buffer const *buffer, char const *format) {
+    return buffer->format && !strcmp(buffer->format, format);
+}
+
+/* A buffer's bytes: one dimension of bytes (text or an encoded file), C-contiguous RGB8 pixels (height,
+ * width, 3) of unsigned bytes for an image verb, or one dimension of float32 samples for an audio verb. */
 static int item_buffer(PyObject *object, binding_items_t kind, Py_ssize_t index, item_bytes_t *item,
                        binding_media_t *media) {
     if (!PyObject_CheckBuffer(object) ||
         PyObject_GetBuffer(object, &item->buffer, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
         PyErr_Clear();
-        PyErr_Format(
-            PyExc_TypeError, "item %zd: expected %s, not %.80s%s", index,
-            kind == BINDING_TEXTS ? "str or bytes" : "a path, bytes or a uint8 array of height x width x 3",
-            Py_TYPE(object)->tp_name,
-            PyObject_CheckBuffer(object) ? " that is not C-contiguous (numpy.ascontiguousarray)" : "");
+        PyErr_Format(PyExc_TypeError, "item %zd: expected %s, not %.80s%s", index, items_expected[kind],
+                     Py_TYPE(object)->tp_name,
+                     PyObject_CheckBuffer(object) ? " that is not C-contiguous (numpy.ascontiguousarray)"
+                                                  : "");
         return -1;
     }
     item->has_buffer = true;
     item->data = item->buffer.buf;
     item->length = (size_t)item->buffer.len;
     Py_buffer const *b = &item->buffer;
-    bool bytes = b->itemsize == 1 && (!b->format || !strcmp(b->format, "B") || !strcmp(b->format, "b") ||
-                                      !strcmp(b->format, "c"));
-    if (kind == BINDING_MEDIA && b->ndim == 3 && b->shape[2] == 3 && b->itemsize == 1 && b->format &&
-        !strcmp(b->format, "B")) {
+    bool bytes =
+        b->itemsize == 1 && (!b->format || format_is(b, "B") || format_is(b, "b") || format_is(b, "c"));
+    if (kind == BINDING_IMAGES && b->ndim == 3 && b->shape[2] == 3 && b->itemsize == 1 && format_is(b, "B")) {
         *media = BINDING_PIXELS;
         item->height = (size_t)b->shape[0];
         item->width = (size_t)b->shape[1];
         return 0;
     }
+    if (kind == BINDING_SOUNDS && b->ndim == 1 && b->itemsize == sizeof(float) && format_is(b, "f")) {
+        *media = BINDING_SAMPLES;
+        return 0;
+    }
     if (b->ndim > 1 || !bytes) {
         PyErr_Format(PyExc_TypeError, "item %zd: a buffer of %d dimensions of format '%s' is neither bytes%s",
-                     index, b->ndim, b->format ? b->format : "B",
-                     kind == BINDING_MEDIA ? " nor uint8 pixels of height x width x 3" : "");
+                     index, b->ndim, b->format ? b->format : "B", arrays_expected[kind]);
         return -1;
     }
     *media = BINDING_ENCODED;
@@ -88,7 +109,7 @@ static int item_of(PyObject *object, binding_items_t kind, Py_ssize_t index, ite
         item->length = (size_t)length;
         return 0;
     }
-    int path = kind == BINDING_MEDIA ? item_path(object, item) : 0;
+    int path = kind != BINDING_TEXTS ? item_path(object, item) : 0;
     if (path < 0) return -1;
     if (path)
         found = BINDING_PATHS;
@@ -134,16 +155,16 @@ int binding_tape_from(PyObject *sequence, binding_items_t kind, binding_tape_t *
         PyErr_NoMemory();
         goto done;
     }
-    size_t at = 0;
+    size_t at = 0, element = media == BINDING_SAMPLES ? sizeof(float) : 1; /* offsets count elements */
     for (Py_ssize_t i = 0; i < count; i++) {
-        tape->offsets[i] = at;
+        tape->offsets[i] = at / element;
         if (items[i].length) memcpy(tape->bytes + at, items[i].data, items[i].length);
         at += items[i].length;
         if (media == BINDING_PIXELS) tape->heights[i] = items[i].height, tape->widths[i] = items[i].width;
     }
-    tape->offsets[count] = at;
-    tape->tape =
-        (uform_tape_t){.data = tape->bytes, .offsets = tape->offsets, .count = (size_t)count, .length = at};
+    tape->offsets[count] = at / element;
+    tape->tape = (uform_tape_t){
+        .data = tape->bytes, .offsets = tape->offsets, .count = (size_t)count, .length = at / element};
     tape->media = media;
     result = 0;
 done:

@@ -1,13 +1,16 @@
 """UForm: a multimodal embedding engine, from Python.
 
-The engine (include/uform.h) through its C extension, ``uform._uform``: executors that say where calls run,
-models loaded from a format-4 checkpoint or a pretrained model's folder, their encoders answering NumPy
-arrays, and tokenizers. Every blocking engine call runs without the GIL; its outputs are copied out of the
-engine's arena into new arrays.
+The engine (include/uform.h) through its C extension, ``uform._uform``: executors that say where calls run
+(inline, RAM threads, CUDA devices), models loaded from a format-4 checkpoint or a pretrained model's folder,
+their encoders of texts, images, video clips and sounds answering NumPy arrays, the next-byte choice of a
+byte-level text tower, tokenizers, and the checkpoint tools. Every blocking engine call runs without the
+GIL; its outputs are copied out of the engine's arena into new arrays.
 
     import uform
     model = uform.Model("models/demo.safetensors")
     vectors = model.encode_texts(["a photo of a cat", "a dog"])    # float32, (2, model.info.dims)
+    clips = model.encode_videos(["clip.mp4"])                       # the same space
+    sounds = model.encode_audio([samples], rate=16000)              # float32 mono samples, or files
     column = pyarrow.array(uform.arrow(vectors))                    # FixedSizeList<float32>, no copy
 
 Failures raise subclasses of ``uform.Error`` carrying the engine's ``status``, the C ``function`` that
@@ -37,8 +40,11 @@ from ._uform import (
     InvalidArgumentError,
     OutOfMemoryError,
     UnsupportedError,
+    convert_checkpoint,
     features,
+    quantize_checkpoint,
     status_name,
+    tiny_checkpoint,
 )
 
 __version__ = "{}.{}.{}".format(*_uform.version)
@@ -46,7 +52,8 @@ __version__ = "{}.{}.{}".format(*_uform.version)
 __all__ = [
     "Answer", "ArrowRows", "CancelledError", "ContendedError", "DeviceError", "Encoded", "Error", "Executor",
     "FormatError", "InputOutputError", "InternalError", "InvalidArgumentError", "Model", "ModelInfo", "OutOfMemoryError",
-    "Tokenized", "Tokenizer", "UnsupportedError", "arrow", "features", "status_name", "tokenize", "__version__",
+    "Tokenized", "Tokenizer", "UnsupportedError", "arrow", "convert_checkpoint", "features", "quantize_checkpoint",
+    "status_name", "tiny_checkpoint", "tokenize", "__version__",
 ]
 
 Path = Union[str, "os.PathLike[str]"]
@@ -128,19 +135,27 @@ def _answer(result, as_arrow: bool) -> Answer:
 
 
 class Model(_uform.Model):
-    """A model loaded into host memory.
+    """A model loaded into host memory, or into device memory on a VRAM executor.
 
     ``Model(path, *, executor=None, weights="stored", map=False)``: ``path`` is a format-4 checkpoint
     (``.safetensors``) or a pretrained model's folder (UForm 3, CLIP, SigLIP, BERT-family
     sentence-transformers); ``executor`` where it loads and where its calls run by default (None: a new
-    ``Executor.ram()``); ``weights`` "stored", "bf16" or "i8"; ``map`` maps the file instead of reading it.
-    A model may be used by several executors, one per thread, at once.
+    ``Executor.ram()``; an ``Executor.vram()`` loads the checkpoint into its devices' memory, which takes
+    neither pretrained folders nor I8 weights); ``weights`` "stored", "bf16" or "i8"; ``map`` maps the file
+    instead of reading it. A model may be used by several executors, one per thread, at once.
     """
 
     @property
     def info(self) -> ModelInfo:
         """The model's description."""
         return ModelInfo(**self._info())
+
+    @property
+    def tokenizer(self) -> "Tokenizer":
+        """The tokenizer of a model that reads tokens, cutting as its text verbs do (truncated at its
+        context, never padded); it keeps the model alive. Raises ``UnsupportedError`` for a model that reads
+        bytes."""
+        return Tokenizer._of_model(self)
 
     def encode_texts(self, texts: Sequence[Union[str, bytes]], **options) -> Answer:
         """Embeds texts (str, encoded as UTF-8, or bytes), blocking on the executor without the GIL.
@@ -160,21 +175,58 @@ class Model(_uform.Model):
         as_arrow = _wants_arrow(options)
         return _answer(super().encode_images(images, **options), as_arrow)
 
+    def encode_videos(self, videos: Sequence[Union[Path, bytes]], **options) -> Answer:
+        """Embeds video clips: paths or encoded files in any container and codec FFmpeg decodes, one kind per
+        call. A clip's embedding is the normalized mean of its ``info.video_frames`` sampled frames' image
+        embeddings, its token vectors those frames' embeddings, its state the mean of their states. Keywords
+        as ``encode_images``'s."""
+        as_arrow = _wants_arrow(options)
+        return _answer(super().encode_videos(videos, **options), as_arrow)
+
+    def encode_audio(self, sounds: Sequence[Union[Path, bytes, np.ndarray]], **options) -> Answer:
+        """Embeds sounds: paths or encoded files in any format FFmpeg decodes (downmixed to mono, resampled to
+        the model's rate), or mono samples (float32 arrays of one dimension) at ``rate`` Hz, one kind per
+        call. Samples at the model's rate are read as they stand: they give what a float32 WAV of them gives,
+        bit for bit. Keywords as ``encode_images``'s, and ``rate`` for samples."""
+        as_arrow = _wants_arrow(options)
+        return _answer(super().encode_audio(sounds, **options), as_arrow)
+
     async def aencode_texts(self, texts: Sequence[Union[str, bytes]], **options) -> Answer:
         """``encode_texts`` awaited: submitted deferred on the executor, whose notification the running
         asyncio loop watches, so that the loop goes on while the engine works. Give concurrent calls an
         executor each (``executor=``): a held executor raises ``ContendedError``."""
-        if len(texts) == 0:
-            return self.encode_texts(texts, **options)
-        as_arrow = _wants_arrow(options)
-        return _answer(await _awaited(self.submit_texts(texts, **options)), as_arrow)
+        return await _deferred(self.encode_texts, self.submit_texts, texts, options)
 
     async def aencode_images(self, images: Sequence[Union[Path, bytes, np.ndarray]], **options) -> Answer:
         """``encode_images`` awaited, as ``aencode_texts``."""
-        if len(images) == 0:
-            return self.encode_images(images, **options)
-        as_arrow = _wants_arrow(options)
-        return _answer(await _awaited(self.submit_images(images, **options)), as_arrow)
+        return await _deferred(self.encode_images, self.submit_images, images, options)
+
+    async def aencode_videos(self, videos: Sequence[Union[Path, bytes]], **options) -> Answer:
+        """``encode_videos`` awaited, as ``aencode_texts``."""
+        return await _deferred(self.encode_videos, self.submit_videos, videos, options)
+
+    async def aencode_audio(self, sounds: Sequence[Union[Path, bytes, np.ndarray]], **options) -> Answer:
+        """``encode_audio`` awaited, as ``aencode_texts``."""
+        return await _deferred(self.encode_audio, self.submit_audio, sounds, options)
+
+    def choose(self, texts: Sequence[Union[str, bytes]], choices: Sequence[Union[str, bytes]], *,
+               executor: Optional[Executor] = None, progress=None) -> List[np.ndarray]:
+        """The next byte of each text, among its legal ones: ``choices[i]`` lists text i's legal next bytes
+        (bytes, or str as its UTF-8 bytes; none repeated), and the answer's item i holds their probabilities
+        (float32, in that order, summing to 1): the softmax of the text's final state against the tied byte
+        table. For models that read bytes (``info.vocab == 0``); one that reads tokens raises
+        ``UnsupportedError``. Blocking on the executor without the GIL; ``progress`` as ``encode_texts``'s,
+        counting items."""
+        probabilities, offsets = self._choose(texts, choices, executor=executor, progress=progress)
+        return _split(probabilities, offsets)
+
+
+async def _deferred(encode, submit, items, options: dict) -> Answer:
+    """An encode awaited: ``submit`` deferred and awaited, or ``encode`` for no item (nothing to submit)."""
+    if len(items) == 0:
+        return encode(items, **options)
+    as_arrow = _wants_arrow(options)
+    return _answer(await _awaited(submit(items, **options)), as_arrow)
 
 
 async def _awaited(call: "_uform.Call") -> Rows:
@@ -204,8 +256,9 @@ class Tokenized:
 class Tokenizer(_uform.Tokenizer):
     """A tokenizer cutting texts as Hugging Face's ``tokenizers`` does from the same file.
 
-    ``Tokenizer(path)``: a ``tokenizer.json``, a SentencePiece model, or a model's folder holding one.
-    ``info`` is a dict: vocabulary, max_length, special_added, model.
+    ``Tokenizer(path)``: a ``tokenizer.json``, a SentencePiece model, or a model's folder holding one;
+    ``Tokenizer.parse(json)`` the bytes of a tokenizer.json; ``Model.tokenizer`` a model's own.
+    ``info`` is a dict: vocabulary, max_length, special_added, model. ``token(id)`` is the string of an id.
     """
 
     def tokenize(self, texts: Sequence[Union[str, bytes]], *, special_tokens: bool = True,

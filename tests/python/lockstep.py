@@ -15,24 +15,20 @@ import subprocess
 import sys
 from pathlib import Path
 
-# Exported, not called by the extension: outcomes of deferred loads and tokenizations and io_uring
-# notification (deferred encodes are bound, for asyncio), executors over a caller's pool, fork_union or CUDA devices, VRAM models, the lesser accessors of
-# executors, arenas and views, the video and audio encoders, text_choose, tokenizers parsed from
-# memory, meshes and trainers, and the checkpoint tools.
+# Exported, not called by the extension: outcomes of deferred loads, tokenizations and choices (deferred
+# encodes are bound, for asyncio; a choice is a blocking call) and io_uring notification; executors over a
+# caller's thread pool or a fork_union pool (a pool of Python threads would run the engine's fork-join work
+# under the GIL: a RAM executor does it better); the lesser accessors of executors, arenas and views (the
+# binding owns its arenas and copies every view out); meshes and trainers.
 UNBOUND = {
     "uform_outcome_notify_ring", "uform_outcome_model", "uform_outcome_probabilities", "uform_outcome_tokenized",
     "uform_ram_options_default", "uform_executor_create_pool", "uform_executor_create_fork_union",
-    "uform_executor_create_vram", "uform_executor_nop",
+    "uform_executor_nop",
     "uform_arena_reserve", "uform_arena_capacity", "uform_arena_generation",
     "uform_scalar_size", "uform_view_check", "uform_view_row",
-    "uform_model_load_vram",
-    "uform_video_encode", "uform_audio_encode", "uform_audio_encode_samples",
-    "uform_text_choose",
-    "uform_tokenizer_parse", "uform_tokenizer_token", "uform_model_tokenizer", "uform_model_prompt",
     "uform_mesh_bootstrap", "uform_mesh_free", "uform_mesh_rank", "uform_mesh_size", "uform_mesh_info",
     "uform_trainer_config_default", "uform_trainer_init_ram", "uform_trainer_init_vram", "uform_trainer_free",
     "uform_trainer_step", "uform_trainer_save",
-    "uform_tiny_checkpoint", "uform_checkpoint_quantize", "uform_checkpoint_convert",
 }
 
 

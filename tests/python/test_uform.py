@@ -4,9 +4,12 @@
     test_uform.py --uform build/tools/uform --workdir DIR [unittest arguments]
 
 Run by `meson test --suite python` with the package built in the tree (PYTHONPATH=build/python). Numbers
-are asserted bit for bit: the demo model's embeddings against `uform encode --format f32`, a pretrained
-folder's too (a tiny sentence-transformers BERT, tests/model/pretrained_folders.py), and the tokenizer's
-ids and spans against Hugging Face's tokenizers. Written with unittest alone, so that it needs nothing
+are asserted bit for bit: the demo model's embeddings of texts, images, clips and sounds against `uform
+encode` (clips and sounds through --manifest), float32 samples against the same samples in a WAV, a
+pretrained folder's embeddings too (a tiny sentence-transformers BERT, tests/model/pretrained_folders.py)
+and that folder converted to a checkpoint, and the tokenizer's ids, spans and token strings against Hugging
+Face's tokenizers; text_choose's probabilities against the softmax of the states through the checkpoint's
+byte table (within 1e-6: the command has no choice verb). Written with unittest alone, so that it needs nothing
 beyond NumPy; the pretrained folder needs transformers and tokenizers, the Arrow export pyarrow, and each
 is skipped without them (under CI=true it fails instead).
 """
@@ -18,6 +21,7 @@ import asyncio
 import json
 import os
 import re
+import struct
 import subprocess
 import sys
 import threading
@@ -68,6 +72,32 @@ def engine_encode(model: Path, items: list, *extra: str, dtype: str = "<f4", for
     if format == "jsonl":
         return [json.loads(line) for line in out.read_text().splitlines()]
     return np.fromfile(out, dtype=dtype)
+
+
+def engine_encode_media(model: Path, kind: str, paths: list, *extra: str, dtype: str = "<f4", format: str = "f32"):
+    """`uform encode --manifest` of `paths`, each a {kind: path} line ("video" or "audio"): raw rows of
+    `dtype`, or with format="jsonl" the parsed lines."""
+    manifest = Path(options.workdir) / "media.jsonl"
+    manifest.write_text("".join(json.dumps({kind: str(path)}) + "\n" for path in paths))
+    out = Path(options.workdir) / "encoded.out"
+    subprocess.run([options.uform, "encode", "--model", str(model), "--format", format, "--output", str(out),
+                    "--manifest", str(manifest), *extra], check=True)
+    if format == "jsonl":
+        return [json.loads(line) for line in out.read_text().splitlines()]
+    return np.fromfile(out, dtype=dtype)
+
+
+def write_wav(path: Path, samples: np.ndarray, rate: int, *, channels: int = 1, float32: bool = True) -> Path:
+    """A WAV of `samples` (frames x channels, interleaved when flattened): IEEE float, or 16-bit PCM of
+    round(sample * 32767)."""
+    if float32:
+        data, tag, width = np.asarray(samples, dtype="<f4").tobytes(), 3, 4
+    else:
+        data, tag, width = np.round(np.asarray(samples) * 32767).astype("<i2").tobytes(), 1, 2
+    header = struct.pack("<4sI4s4sIHHIIHH4sI", b"RIFF", 36 + len(data), b"WAVE", b"fmt ", 16, tag, channels, rate,
+                         rate * channels * width, channels * width, width * 8, b"data", len(data))
+    path.write_bytes(header + data)
+    return path
 
 
 def thread_cpu(thread: threading.Thread) -> float:
@@ -324,6 +354,296 @@ class Errors(unittest.TestCase):
         self.assertEqual(model.info.weights, "i8")
         cosines = np.sum(model.encode_texts(TEXTS) * self.expected, axis=1)
         self.assertTrue(np.all(cosines > 0.99), cosines)
+
+
+class Media(unittest.TestCase):
+    """Video clips and sounds, against `uform encode --manifest` bit for bit; samples against the same sound in
+    a file."""
+
+    VIDEOS = SOURCE / "tests" / "fuzz-corpus" / "video_decode"
+
+    @classmethod
+    def setUpClass(cls):
+        if "ffmpeg" not in uform.features():
+            raise unittest.SkipTest("this build decodes no video or audio (FFmpeg)")
+        cls.model = uform.Model(DEMO, executor=uform.Executor.inline())
+        cls.expected = cls.model.encode_texts(TEXTS)
+        cls.clips = [cls.VIDEOS / name for name in ("mpeg4.mp4", "mjpeg.avi", "vp8.webm", "ffv1.mkv", "mpeg2.ts")]
+        rng = np.random.default_rng(7)
+        cls.samples = {}  # rate: (mono float32 samples of 1.3 s, its float WAV, its 16-bit WAV)
+        for rate in (16000, 8000, 44100):
+            t = np.arange(int(rate * 1.3)) / rate
+            mono = (0.4 * np.sin(2 * np.pi * 330 * t) + 0.05 * rng.standard_normal(t.size)).astype(np.float32)
+            folder = Path(options.workdir)
+            cls.samples[rate] = (mono, write_wav(folder / f"sound-{rate}.wav", mono, rate),
+                                 write_wav(folder / f"sound-{rate}-s16.wav", mono, rate, float32=False))
+        stereo = (0.3 * rng.standard_normal((16000, 2))).astype(np.float32)
+        cls.stereo = (stereo, write_wav(Path(options.workdir) / "stereo.wav", stereo, 16000, channels=2))
+        cls.sounds = [files[1] for files in cls.samples.values()] + [files[2] for files in cls.samples.values()]
+
+    def assert_still_usable(self):
+        self.assertEqual(self.model.encode_texts(TEXTS).tobytes(), self.expected.tobytes())
+
+    def test_videos_equal_the_command_bit_for_bit(self):
+        vectors = self.model.encode_videos(self.clips)
+        self.assertEqual((vectors.shape, vectors.dtype), ((len(self.clips), 64), np.float32))
+        self.assertEqual(vectors.tobytes(), engine_encode_media(DEMO, "video", self.clips).tobytes())
+        in_memory = self.model.encode_videos([path.read_bytes() for path in self.clips],
+                                             executor=uform.Executor.ram(threads=2))
+        self.assertEqual(in_memory.tobytes(), vectors.tobytes())
+        width = self.model.info.matryoshka[0]
+        self.assertEqual(self.model.encode_videos(self.clips, dims=width).tobytes(),
+                         engine_encode_media(DEMO, "video", self.clips, "--dims", str(width)).tobytes())
+
+    def test_video_outputs_and_dtypes_equal_the_command(self):
+        encoded = self.model.encode_videos(self.clips, outputs=("embeddings", "token_vectors", "states"))
+        frames = self.model.info.video_frames
+        lines = engine_encode_media(DEMO, "video", self.clips, "--tokens", format="jsonl")
+        for rows, line in zip(encoded.token_vectors, lines):  # one per sampled frame
+            self.assertEqual(rows.tobytes(), np.array(line["tokens"], dtype=np.float32).reshape(frames, 64).tobytes())
+        self.assertEqual(encoded.states.shape, (len(self.clips), 128))
+        for dtype, scalar, raw in (("bfloat16", "bf16", "<u2"), ("float16", "f16", "<f2")):
+            rows = self.model.encode_videos(self.clips, dtype=dtype)
+            self.assertEqual(rows.dtype, np.dtype(raw))
+            self.assertEqual(rows.tobytes(),
+                             engine_encode_media(DEMO, "video", self.clips, "--scalar", scalar, dtype=raw).tobytes())
+        rows, scales = self.model.encode_videos(self.clips, dtype="int8")
+        lines = engine_encode_media(DEMO, "video", self.clips, "--scalar", "i8", format="jsonl")
+        self.assertEqual(scales.tobytes(), np.array([line["scale"] for line in lines], dtype=np.float32).tobytes())
+        self.assertEqual(rows.tobytes(), np.array([line["embedding"] for line in lines], dtype=np.int8).tobytes())
+        self.assertEqual(self.model.encode_videos([]).shape, (0, 64))
+
+    def test_sounds_equal_the_command_bit_for_bit(self):
+        vectors = self.model.encode_audio(self.sounds)
+        self.assertEqual((vectors.shape, vectors.dtype), ((len(self.sounds), 64), np.float32))
+        self.assertEqual(vectors.tobytes(), engine_encode_media(DEMO, "audio", self.sounds).tobytes())
+        in_memory = self.model.encode_audio([path.read_bytes() for path in self.sounds],
+                                            executor=uform.Executor.ram(threads=2))
+        self.assertEqual(in_memory.tobytes(), vectors.tobytes())
+        width = self.model.info.matryoshka[0]
+        self.assertEqual(self.model.encode_audio(self.sounds, dims=width).tobytes(),
+                         engine_encode_media(DEMO, "audio", self.sounds, "--dims", str(width)).tobytes())
+        encoded = self.model.encode_audio(self.sounds[:2], outputs=("token_vectors", "states"), dtype="float16")
+        lines = engine_encode_media(DEMO, "audio", self.sounds[:2], "--tokens", "--scalar", "f16", format="jsonl")
+        for rows, line in zip(encoded.token_vectors, lines):  # one per patch of the clip
+            self.assertEqual(rows.tobytes(), np.array(line["tokens"], dtype=np.float16).reshape(-1, 64).tobytes())
+        self.assertEqual(encoded.states.shape, (2, 128))
+
+    def test_samples_equal_their_file(self):
+        """Samples give what the same samples in a file give: a float WAV (decoded to the same floats), a 16-bit
+        one (each sample q / 32768), at the model's rate and resampled from others, a stereo file downmixed to
+        the mean of its channels."""
+        for rate, (mono, as_float, as_s16) in self.samples.items():
+            from_samples = self.model.encode_audio([mono], rate=rate)
+            self.assertEqual(from_samples.tobytes(), self.model.encode_audio([as_float]).tobytes(), rate)
+            quantized = (np.round(mono * 32767).astype(np.int16) / np.float32(32768)).astype(np.float32)
+            self.assertEqual(self.model.encode_audio([quantized], rate=rate).tobytes(),
+                             self.model.encode_audio([as_s16]).tobytes(), rate)
+        stereo, path = self.stereo
+        self.assertEqual(self.model.encode_audio([stereo.mean(axis=1)], rate=16000).tobytes(),
+                         self.model.encode_audio([path]).tobytes())
+        mixed = [self.samples[rate][0] for rate in (16000, 16000)]
+        self.assertEqual(self.model.encode_audio(mixed, rate=16000, executor=uform.Executor.ram(threads=2)).tobytes(),
+                         self.model.encode_audio([self.samples[16000][1]] * 2).tobytes())
+
+    def test_awaited_equals_blocking(self):
+        executor = uform.Executor.ram(threads=1)
+        mono = self.samples[8000][0]
+
+        async def run():
+            return await asyncio.gather(self.model.aencode_videos(self.clips, executor=executor),
+                                        self.model.aencode_audio([mono], rate=8000, executor=uform.Executor.ram(threads=1)),
+                                        self.model.aencode_audio(self.sounds, dtype="int8"))
+
+        clips, sound, (rows, scales) = asyncio.run(run())
+        self.assertEqual(clips.tobytes(), self.model.encode_videos(self.clips).tobytes())
+        self.assertEqual(sound.tobytes(), self.model.encode_audio([mono], rate=8000).tobytes())
+        expected_rows, expected_scales = self.model.encode_audio(self.sounds, dtype="int8")
+        self.assertEqual((rows.tobytes(), scales.tobytes()), (expected_rows.tobytes(), expected_scales.tobytes()))
+        self.assertEqual(asyncio.run(self.model.aencode_audio([])).shape, (0, 64))
+
+    def test_progress_reports_and_cancels(self):
+        reports = []
+        self.model.encode_videos(self.clips, progress=lambda *r: reports.append(r))
+        self.assertEqual(reports[-1], (len(self.clips), len(self.clips)))
+        with self.assertRaises(uform.CancelledError):
+            self.model.encode_audio(self.sounds * 20, progress=lambda *r: False)
+        self.assert_still_usable()
+
+    def test_failed_items_name_their_status(self):
+        absent = Path(options.workdir) / "absent.wav"
+        cases = [(self.model.encode_audio, [self.sounds[0], absent], uform.InputOutputError, "item 1"),
+                 (self.model.encode_videos, [self.clips[0], Path(options.workdir) / "absent.mp4"],
+                  uform.InputOutputError, "item 1"),
+                 (self.model.encode_videos, [self.VIDEOS / "audio.wav"], uform.FormatError, "item 0"),
+                 (self.model.encode_audio, [b"not a sound"], uform.FormatError, "item 0")]
+        for encode, items, error, named in cases:
+            with self.assertRaises(error) as caught:
+                encode(items)
+            self.assertIn(named, caught.exception.message)
+            self.assertIn(caught.exception.function, ("uform_audio_encode", "uform_video_encode"))
+            self.assert_still_usable()
+        with self.assertRaises(uform.InvalidArgumentError) as caught:  # shorter than one patch
+            self.model.encode_audio([np.zeros(100, np.float32)], rate=16000)
+        self.assertIn("item 0", caught.exception.message)
+        self.assert_still_usable()
+
+    def test_bad_samples_and_rates(self):
+        mono = self.samples[16000][0]
+        for bad in ([mono.astype(np.float64)], [np.stack([mono, mono])], [mono[::2]], [mono, self.sounds[0]],
+                    [np.zeros((10, 10, 3), np.uint8)]):
+            with self.assertRaises(TypeError):
+                self.model.encode_audio(bad, rate=16000)
+        with self.assertRaises(TypeError):
+            self.model.encode_videos([mono])
+        for rate in (0, 1 << 21):
+            with self.assertRaises(uform.InvalidArgumentError) as caught:
+                self.model.encode_audio([mono], rate=rate)
+            self.assertEqual((caught.exception.status, caught.exception.function),
+                             (uform.InvalidArgumentError.status, "uform_audio_encode_samples"))
+        with self.assertRaises(ValueError):
+            self.model.encode_audio([mono], rate=-1)
+        with self.assertRaises(ValueError):  # files carry their own rate
+            self.model.encode_audio(self.sounds[:1], rate=16000)
+        with self.assertRaises(uform.InvalidArgumentError):
+            asyncio.run(self.model.aencode_audio([mono], executor=uform.Executor.ram(threads=1)))
+        self.assertEqual(self.model.encode_audio([mono], rate=16000).tobytes(),
+                         self.model.encode_audio([self.samples[16000][1]]).tobytes())
+        self.assert_still_usable()
+
+
+class Choose(unittest.TestCase):
+    """text_choose on the demo model: each text's next byte among its legal ones, against the softmax of its
+    states through the checkpoint's byte table."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.model = uform.Model(DEMO, executor=uform.Executor.inline())
+        cls.expected = cls.model.encode_texts(TEXTS)
+        rng = np.random.default_rng(5)
+        cls.choices = [bytes(rng.permutation(256)[:size].astype(np.uint8)) for size in (1, 2, 5, 17, 256)]
+
+    @staticmethod
+    def byte_table() -> np.ndarray:
+        """text.embed of the demo checkpoint, BF16 widened: row b is byte b's."""
+        data = DEMO.read_bytes()
+        size = struct.unpack("<Q", data[:8])[0]
+        tensor = json.loads(data[8:8 + size])["text.embed"]
+        begin, end = (8 + size + offset for offset in tensor["data_offsets"])
+        bits = np.frombuffer(data[begin:end], dtype="<u2").astype(np.uint32) << 16
+        return bits.view(np.float32).reshape(tensor["shape"])
+
+    def test_probabilities_against_the_states(self):
+        chosen = self.model.choose(TEXTS, self.choices)
+        states = self.model.encode_texts(TEXTS, outputs=("states",)).states
+        table = self.byte_table().astype(np.float64)
+        self.assertEqual(len(chosen), len(TEXTS))
+        for probabilities, state, legal in zip(chosen, states, self.choices):
+            self.assertEqual((probabilities.dtype, probabilities.shape), (np.float32, (len(legal),)))
+            logits = table[list(legal)] @ state.astype(np.float64)
+            reference = np.exp(logits - logits.max())
+            reference /= reference.sum()
+            self.assertLess(np.abs(probabilities - reference).max(), 1e-6)
+            self.assertAlmostEqual(float(probabilities.sum(dtype=np.float64)), 1.0, delta=1e-5)
+
+    def test_receivers_agree_and_str_is_its_bytes(self):
+        first = self.model.choose(TEXTS, self.choices)
+        for executor in (uform.Executor.ram(threads=2), uform.Executor.inline()):
+            again = self.model.choose(TEXTS, self.choices, executor=executor)
+            self.assertEqual([p.tobytes() for p in again], [p.tobytes() for p in first])
+        as_str = self.model.choose(["a photo of a ca", "hello"], ["tbr", "!, "])
+        as_bytes = self.model.choose([b"a photo of a ca", b"hello"], [b"tbr", b"!, "])
+        self.assertEqual([p.tobytes() for p in as_str], [p.tobytes() for p in as_bytes])
+        reports = []
+        self.model.choose(TEXTS, self.choices, progress=lambda *r: reports.append(r))
+        self.assertEqual(reports[-1], (len(TEXTS), len(TEXTS)))
+        self.assertEqual(self.model.choose([], []), [])
+
+    def test_refusals_leave_the_model_usable(self):
+        for choices, text_count in (([b"aa"], 1), ([b""], 1), ([b"a", b"b"], 1)):
+            with self.assertRaises(uform.InvalidArgumentError) as caught:
+                self.model.choose(TEXTS[:text_count], choices)
+            self.assertEqual(caught.exception.function, "uform_text_choose")
+            self.assertEqual(self.model.encode_texts(TEXTS).tobytes(), self.expected.tobytes())
+        with self.assertRaises(uform.CancelledError):
+            self.model.choose(TEXTS, self.choices, progress=lambda *r: False)
+        with self.assertRaises(TypeError):
+            self.model.choose(TEXTS, [3] * len(TEXTS))
+        self.assertEqual(self.model.choose(TEXTS[:1], [b"xy"])[0].shape, (2,))
+
+
+class Devices(unittest.TestCase):
+    """VRAM executors: made where CUDA and a device are, else refused with the engine's status, leaving every
+    other executor and model as they were."""
+
+    def test_vram_executor_or_its_refusal(self):
+        model = uform.Model(DEMO, executor=uform.Executor.inline())
+        expected = model.encode_texts(TEXTS)
+        try:
+            executor = uform.Executor.vram()
+        except uform.Error as error:
+            refusal = uform.DeviceError if "cuda" in uform.features() else uform.UnsupportedError
+            self.assertIsInstance(error, refusal)
+            self.assertEqual((error.status, error.function), (refusal.status, "uform_executor_create_vram"))
+            self.assertTrue(error.message)
+            executor = None
+        self.assertEqual(model.encode_texts(TEXTS, executor=uform.Executor.ram(threads=1)).tobytes(),
+                         expected.tobytes())
+        with self.assertRaises(ValueError):
+            uform.Executor.vram(devices=[-1])
+        if "cuda" in uform.features():  # checked before any device is looked for
+            with self.assertRaises(uform.InvalidArgumentError):
+                uform.Executor.vram(devices=[0, 0])
+            with self.assertRaises(uform.InvalidArgumentError):
+                uform.Executor.vram(devices=list(range(17)))
+        if executor is None:
+            return
+        self.assertEqual(executor.info["kind"], "vram")
+        on_device = uform.Model(DEMO, executor=executor)
+        cosines = np.sum(on_device.encode_texts(TEXTS) * expected, axis=1)
+        self.assertTrue(np.all(cosines > 0.999), cosines)
+        with self.assertRaises(uform.UnsupportedError):
+            uform.Model(DEMO, executor=executor, weights="i8")
+        with self.assertRaises(uform.UnsupportedError):
+            on_device.encode_audio([np.zeros(32000, np.float32)], rate=16000)
+
+
+class Tools(unittest.TestCase):
+    """The checkpoint tools: a tiny checkpoint, and a checkpoint quantized or converted, loading as the engine
+    documents."""
+
+    def test_tiny_checkpoint_is_seeded_and_whole(self):
+        paths = [Path(options.workdir) / f"tiny-{i}.safetensors" for i in range(3)]
+        for path, seed in zip(paths, (3, 3, 4)):
+            uform.tiny_checkpoint(path, seed=seed, hidden=128)
+        self.assertEqual(paths[0].read_bytes(), paths[1].read_bytes())
+        self.assertNotEqual(paths[0].read_bytes(), paths[2].read_bytes())
+        info = uform.Model(paths[0], executor=uform.Executor.inline()).info
+        self.assertEqual((sorted(info.towers), info.context), (["audio", "image", "text", "video"], 64))
+        with self.assertRaises(ValueError):
+            uform.tiny_checkpoint(paths[0], depth=-1)
+        with self.assertRaises(uform.InvalidArgumentError):
+            uform.tiny_checkpoint(paths[0], hidden=65)
+
+    def test_quantized_and_converted_load_as_documented(self):
+        quantized, converted = (Path(options.workdir) / name for name in ("q.safetensors", "c.safetensors"))
+        uform.quantize_checkpoint(DEMO, quantized)
+        uform.convert_checkpoint(DEMO, converted, weights="i8")
+        as_loaded = uform.Model(DEMO, executor=uform.Executor.inline(), weights="i8").encode_texts(TEXTS)
+        for path in (quantized, converted):
+            model = uform.Model(path, executor=uform.Executor.inline())
+            self.assertEqual(model.info.weights, "i8")
+            self.assertEqual(model.encode_texts(TEXTS).tobytes(), as_loaded.tobytes())
+        uform.convert_checkpoint(DEMO, converted)
+        self.assertEqual(uform.Model(converted, executor=uform.Executor.inline()).encode_texts(TEXTS).tobytes(),
+                         uform.Model(DEMO, executor=uform.Executor.inline()).encode_texts(TEXTS).tobytes())
+        with self.assertRaises(uform.InputOutputError) as caught:
+            uform.convert_checkpoint(Path(options.workdir) / "absent.safetensors", converted)
+        self.assertEqual(caught.exception.function, "uform_checkpoint_convert")
+        with self.assertRaises(uform.InputOutputError):
+            uform.quantize_checkpoint(DEMO, Path(options.workdir) / "absent-folder" / "q.safetensors")
+        with self.assertRaises(ValueError):
+            uform.convert_checkpoint(DEMO, converted, weights="f64")
 
 
 class Threads(unittest.TestCase):
@@ -606,6 +926,67 @@ class Pretrained(unittest.TestCase):
                          tokenizer.tokenize(["after"]).ids[0].tolist())
         self.assertEqual(tokenizer.tokenize([]).ids, [])
 
+
+    def test_choose_is_unsupported_and_leaves_the_model_usable(self):
+        expected = self.model.encode_texts(TEXTS)
+        with self.assertRaises(uform.UnsupportedError) as caught:
+            self.model.choose(["hello"], [b"ab"])
+        error = caught.exception
+        self.assertIsInstance(error, NotImplementedError)
+        self.assertEqual((error.status, error.function), (9, "uform_text_choose"))
+        self.assertIn("reads tokens", error.message)
+        self.assertEqual(self.model.encode_texts(TEXTS).tobytes(), expected.tobytes())
+
+    def test_prompts_are_the_folders(self):
+        written = json.loads((self.folder / "config_sentence_transformers.json").read_text())
+        self.assertEqual(self.model.prompt(), written["prompts"][written["default_prompt_name"]])
+        for name, prompt in written["prompts"].items():
+            self.assertEqual(self.model.prompt(name), prompt)
+        self.assertEqual(self.model.prompt(""), "")
+        with self.assertRaises(uform.InvalidArgumentError):
+            self.model.prompt("absent")
+        # The default prompt, as text, gives what the default gives.
+        self.assertEqual(self.model.encode_texts(TEXTS, prompt=self.model.prompt()).tobytes(),
+                         self.model.encode_texts(TEXTS).tobytes())
+
+    def test_the_models_tokenizer_and_ids(self):
+        from tokenizers import Tokenizer as Reference
+        reference = Reference.from_file(str(self.folder / "tokenizer.json"))
+        tokenizer = uform.Model(self.folder, executor=uform.Executor.inline()).tokenizer  # keeps its model
+        self.assertIsInstance(tokenizer, uform.Tokenizer)
+        self.assertEqual(tokenizer.info["vocabulary"], reference.get_vocab_size())
+        texts = TEXTS[:3] + ["Hello, world! Tokenizers cut this."]
+        reference.no_padding()  # the model's tokenizer cuts as its text verbs do: never padded
+        self.assertEqual([ids.tolist() for ids in tokenizer.tokenize(texts).ids],
+                         [reference.encode(text).ids for text in texts])
+        for token in range(0, reference.get_vocab_size(), 97):
+            self.assertEqual(tokenizer.token(token), reference.id_to_token(token))
+        for absent in (reference.get_vocab_size(), 1 << 40, -1):
+            with self.assertRaises(uform.InvalidArgumentError):
+                tokenizer.token(absent)
+        with self.assertRaises(TypeError):
+            tokenizer.token("1")
+        with self.assertRaises(uform.UnsupportedError):
+            uform.Model(DEMO, executor=uform.Executor.inline()).tokenizer
+
+    def test_tokenizer_parsed_from_memory(self):
+        parsed = uform.Tokenizer.parse((self.folder / "tokenizer.json").read_bytes())
+        opened = uform.Tokenizer(self.folder / "tokenizer.json")
+        texts = TEXTS + ["naïve café"]
+        self.assertEqual([ids.tolist() for ids in parsed.tokenize(texts).ids],
+                         [ids.tolist() for ids in opened.tokenize(texts).ids])
+        self.assertEqual(parsed.info, opened.info)
+        for bad in (b"{not json", b"{}", b""):
+            with self.assertRaises(uform.FormatError) as caught:
+                uform.Tokenizer.parse(bad)
+            self.assertEqual(caught.exception.function, "uform_tokenizer_parse")
+
+    def test_folder_converted_to_a_checkpoint(self):
+        converted = Path(options.workdir) / "default-prompt.safetensors"
+        uform.convert_checkpoint(self.folder, converted)
+        model = uform.Model(converted, executor=uform.Executor.inline())
+        self.assertEqual(model.encode_texts(TEXTS).tobytes(), self.model.encode_texts(TEXTS).tobytes())
+        self.assertEqual(model.prompt(), self.model.prompt())
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
