@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The Python package `uform` (python/) against the engine's own command and the references.
 
-    test_uform.py --uform build/tools/uform --workdir DIR [unittest arguments]
+    test_uform.py --uform build/tools/uform --workdir DIR [pytest arguments]
 
 Run by `meson test --suite python` with the package built in the tree (PYTHONPATH=build/python). Numbers
 are asserted bit for bit: the demo model's embeddings of texts, images, clips and sounds against `uform
@@ -9,9 +9,10 @@ encode` (clips and sounds through --manifest), float32 samples against the same 
 pretrained folder's embeddings too (a tiny sentence-transformers BERT, tests/model/pretrained_folders.py)
 and that folder converted to a checkpoint, and the tokenizer's ids, spans and token strings against Hugging
 Face's tokenizers; text_choose's probabilities against the softmax of the states through the checkpoint's
-byte table (within 1e-6: the command has no choice verb). Written with unittest alone, so that it needs nothing
-beyond NumPy; the pretrained folder needs transformers and tokenizers, the Arrow export pyarrow, and each
-is skipped without them (under CI=true it fails instead).
+byte table (within 1e-6: the command has no choice verb). Run by pytest (Debian's python3-pytest), or by
+unittest where pytest does not import (outside CI: under CI=true that fails), so that it needs nothing beyond
+NumPy; the pretrained folder needs transformers and tokenizers, the Arrow export pyarrow, and each is skipped
+without them (under CI=true it fails instead).
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ SOURCE = Path(__file__).resolve().parents[2]
 DEMO = SOURCE / "models" / "demo.safetensors"
 IMAGES = SOURCE / "tests" / "fuzz-corpus" / "image_decode"
 TEXTS = ["a photo of a cat", "", "Ünïcödé text, with accents", "x" * 300, "  padded  "]
-options = argparse.Namespace(uform="", workdir="")
+# Set by main(), and through the environment for the copy of this module that pytest imports.
+options = argparse.Namespace(uform=os.environ.get("UFORM_TEST_COMMAND", ""),
+                             workdir=os.environ.get("UFORM_TEST_WORKDIR", ""))
 
 
 def preload_sanitizer() -> None:
@@ -995,6 +998,18 @@ def main() -> int:
     global options
     options, rest = parser.parse_known_args()
     os.makedirs(options.workdir, exist_ok=True)
+    try:
+        import pytest
+    except ImportError:
+        if in_ci():
+            print("pytest does not import: apt-get install python3-pytest")
+            return 1
+        pytest = None
+    if pytest:
+        os.environ.update(UFORM_TEST_COMMAND=options.uform, UFORM_TEST_WORKDIR=options.workdir)
+        # No cache folder in the source tree; the summary line ("N passed, ...") ends the output.
+        return int(pytest.main([__file__, "-v", "-p", "no:cacheprovider", "--rootdir", str(Path(__file__).parent),
+                                *rest]))
     program = unittest.main(argv=[sys.argv[0], *rest], exit=False, verbosity=2)
     result = program.result
     # A class skipped or failed whole (in setUpClass) counts as a skip or an error, but not as a test run.
