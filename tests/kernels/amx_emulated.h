@@ -1,18 +1,19 @@
 /* The AMX tile instructions kernels/gemm_amx.c uses, emulated in C over a register file of the calling
  * thread, for the build of that file with UFORM_AMX_EMULATED (tests/kernels/test_gemm_amx.c): included
  * after <immintrin.h>, it replaces the intrinsics by name, so the kernel's source is the one that ships.
- * amx_emulated.c follows the instructions' definitions (Intel SDM, "TDPBF16PS", "TDPBUSD"):
+ * amx_emulated.c follows the instructions (Intel SDM, "LDTILECFG", "TDPBF16PS", "TDPBUSD"):
  *   - ldtilecfg: palette 1 (palette 0 releases), 16 rows and 64 bytes at most per tile, reserved bytes 0;
  *   - tileloadd / tilestored: each configured row, colsb bytes at base + row * stride; rows past the
  *     configuration read as zero;
  *   - tdpbf16ps: for each (m, n), two F32 chains of fused multiply-adds from 0 over the step's k pairs, one
  *     over the even k and one over the odd k, then c += even + odd; BF16 inputs with a zero exponent read as
- *     zero and results below FLT_MIN are flushed to zero (docs: the note that measured this model bit for
- *     bit against the hardware);
+ *     zero and results below FLT_MIN are flushed to zero: the model that reproduced the instruction bit for
+ *     bit on a Sapphire Rapids class Xeon (docs/DESIGN.md, the amx path), where the SDM's sequential
+ *     pseudo-code (c += a0 b0, then c += a1 b1) does not;
  *   - tdpbusd: for each (m, n), c += the four u8 x s8 products of each group over the step, in int32 with
  *     wrap-around.
  * A use the hardware would fault on (a tile or a shape not configured, a configuration out of bounds, a
- * multiply whose shapes disagree) is counted, not executed: amx_emulated_faults() answers how many. */
+ * multiply whose shapes disagree) is counted, not executed: amx_emulated_counts() answers how many. */
 #pragma once
 
 #include <stddef.h>

@@ -55,7 +55,7 @@ size_t simd_paths(kernels_t const *paths[SIMD_PATHS]) {
 void print_simd_paths(void) {
     for (size_t i = 0; i < SIMD_PATHS; ++i)
         if (!strcmp(simd_names[i], "amx") && !kernels_named("amx"))
-            print_message("path amx: skipped, %s\n", kernels_amx_state());
+            print_message("path amx: skipped (%s)\n", kernels_amx_state());
         else
             print_message("path %s: %s\n", simd_names[i],
                           kernels_named(simd_names[i]) ? "compared with scalar" : "not run on this CPU");

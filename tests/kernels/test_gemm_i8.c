@@ -368,7 +368,7 @@ int main(void) {
     size_t count = paths_present(paths);
     for (size_t i = 0; i < count; ++i)
         print_message("path %s: %s\n", paths[i]->name, i ? "compared with scalar" : "the reference");
-    if (!kernels_named("amx")) print_message("path amx: skipped, %s\n", kernels_amx_state());
+    if (!kernels_named("amx")) print_message("path amx: skipped (%s)\n", kernels_amx_state());
     struct CMUnitTest const tests[] = {
         cmocka_unit_test(test_scalar_small_cases),
         cmocka_unit_test(test_scalar_packing),
