@@ -205,6 +205,7 @@ __attribute__((target("amx-tile,amx-bf16,amx-int8"))) static double amx_peak_loo
         }
     _Alignas(64) float out[16 * 16];
     _tile_stored(0, out, 64);
+    __asm__ volatile("" ::: "memory"); /* gcc 12's tile store is an asm without a memory clobber */
     _tile_release();
     return (double)out[0];
 }

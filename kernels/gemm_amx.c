@@ -99,6 +99,14 @@ static void tiles_configure(void) {
     tiles_configured = true;
 }
 
+/* A compiler barrier around the tile loads and stores: gcc 12's `_tile_loadd` and `_tile_stored` are asm
+ * statements given only the address, with no memory operand or clobber, so that without it the compiler
+ * may keep a_block's stores from before a tile load, or partial's loads from before a tile store, where
+ * it likes. */
+static inline void tiles_memory_barrier(void) {
+    __asm__ volatile("" ::: "memory");
+}
+
 /* ---- Packing --------------------------------------------------------------------------------------- */
 
 static size_t steps_of(size_t k, size_t step) {
@@ -212,6 +220,7 @@ static inline __attribute__((always_inline)) void block_multiply(bool bf16, bool
     char *out = c;
     char const *a = a_block, *b = panel;
     size_t const stride = COLUMNS * 4;
+    tiles_memory_barrier(); /* a_block and c written */
     if (first) {
         _tile_zero(0);
         _tile_zero(1);
@@ -246,9 +255,11 @@ static inline __attribute__((always_inline)) void block_multiply(bool bf16, bool
     }
     _tile_stored(0, out, stride);
     _tile_stored(1, out + 64, stride);
-    if (!two) return;
-    _tile_stored(2, out + 16 * stride, stride);
-    _tile_stored(3, out + 16 * stride + 64, stride);
+    if (two) {
+        _tile_stored(2, out + 16 * stride, stride);
+        _tile_stored(3, out + 16 * stride + 64, stride);
+    }
+    tiles_memory_barrier(); /* c written */
 }
 
 /* y = residual + epilogue(c + bias) for `count` rows of a block's c [32][32] F32 from r0, at (row, column);
