@@ -6,12 +6,14 @@
  * (scalar avx2 avxvnni avx512vnni) at the same shapes, in GOP/s, beside the I8 dot-product peak (`vpdpbusd`
  * chains alike), and the time quantize_rows takes for its activations as a share of the GEMM's. It prints
  * figures; it never fails on time.
- * Usage: bench_gemm [--json] [path...]   (paths: scalar avx2 avxvnni avx512 avx512vnni avx512bf16;
+ * The AMX paths' peaks follow where the amx path runs: four independent tile multiplies per step.
+ * Usage: bench_gemm [--json] [path...]   (paths: scalar avx2 avxvnni avx512 avx512vnni avx512bf16 amx;
  * default all)
  * --json prints one object per line: {"path", "shape": "n x k", "m", "threads", "gflops",
  * "ratio_to_peak"} per BF16 figure, and {"peak_gflops", "threads"} for 1 and 2 threads (none, and ratios 0,
  * without AVX512-BF16); {"path", "kind": "i8", "shape", "m", "threads", "gops", "ratio_to_peak",
- * "quantize_share"} per I8 figure and {"i8_peak_gops", "threads"} (none without AVX512-VNNI). */
+ * "quantize_share"} per I8 figure and {"i8_peak_gops", "threads"} (none without AVX512-VNNI);
+ * {"amx_peak_gflops", "threads"} and {"amx_i8_peak_gops", "threads"} where the amx path runs. */
 #include <immintrin.h>
 #include <pthread.h>
 #include <sched.h>
@@ -158,6 +160,88 @@ static void i8_peak_work(team_t *team, size_t thread) {
     peak_sink = i8_peak_loop();
 }
 
+/* ---- AMX peaks ----------------------------------------------------------------------------------- */
+
+/* Four independent tile multiplies per step (accumulators 0-3, operands 4-7 of ones, loaded once): one
+ * TDPBF16PS is 16 x 16 x 32 products (16384 FLOP), one TDPBUSD 16 x 16 x 64 (32768 OP). Each thread
+ * configures its tiles and releases them; called only where the amx path runs (the process has the tiles'
+ * permission). */
+enum { AMX_STEPS = 2000000 };
+
+typedef struct amx_config {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} amx_config_t;
+
+/* Static, not a local: GCC 12 drops stores to a local config before `_tile_loadconfig` (kernels/gemm_amx.c).
+ */
+static _Alignas(64) amx_config_t const amx_config = {
+    .palette = 1, .colsb = {64, 64, 64, 64, 64, 64, 64, 64}, .rows = {16, 16, 16, 16, 16, 16, 16, 16}};
+
+__attribute__((target("amx-tile,amx-bf16,amx-int8"))) static double amx_peak_loop(bool i8) {
+    static _Alignas(64)
+        uint16_t const ones[16 * 32] = {[0 ... 16 * 32 - 1] = 0x3f80}; /* BF16 1.0, or bytes */
+    _tile_loadconfig(&amx_config);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    _tile_loadd(4, ones, 64);
+    _tile_loadd(5, ones, 64);
+    _tile_loadd(6, ones, 64);
+    _tile_loadd(7, ones, 64);
+    for (long step = 0; step < AMX_STEPS; ++step)
+        if (i8) {
+            _tile_dpbusd(0, 4, 6);
+            _tile_dpbusd(1, 4, 7);
+            _tile_dpbusd(2, 5, 6);
+            _tile_dpbusd(3, 5, 7);
+        } else {
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+        }
+    _Alignas(64) float out[16 * 16];
+    _tile_stored(0, out, 64);
+    __asm__ volatile("" ::: "memory"); /* gcc 12's tile store is an asm without a memory clobber */
+    _tile_release();
+    return (double)out[0];
+}
+
+static void amx_peak_work(team_t *team, size_t thread) {
+    (void)team;
+    (void)thread;
+    peak_sink = amx_peak_loop(false);
+}
+
+static void amx_i8_peak_work(team_t *team, size_t thread) {
+    (void)team;
+    (void)thread;
+    peak_sink = amx_peak_loop(true);
+}
+
+/* Prints the AMX BF16 and I8 peaks on 1 to threads_max threads, or why they are not measured. */
+static void amx_peaks(team_t *team, size_t threads_max, bool json) {
+    if (!kernels_named("amx")) {
+        if (!json) printf("AMX peaks: skipped, %s\n", kernels_amx_state());
+        return;
+    }
+    for (int i8 = 0; i8 < 2; ++i8)
+        for (size_t threads = 1; threads <= threads_max; ++threads) {
+            double ops = (double)AMX_STEPS * 4 * 16 * 16 * (i8 ? 64 : 32) * 2 * (double)threads;
+            double rate = ops / measure(team, i8 ? amx_i8_peak_work : amx_peak_work, threads) / 1e9;
+            if (json)
+                printf("{\"%s\": %.1f, \"threads\": %zu}\n", i8 ? "amx_i8_peak_gops" : "amx_peak_gflops",
+                       rate, threads);
+            else
+                printf("AMX %s peak (4 %s chains), %zu thread%s: %.1f %s\n", i8 ? "I8" : "BF16",
+                       i8 ? "tdpbusd" : "tdpbf16ps", threads, threads > 1 ? "s" : "", rate,
+                       i8 ? "GOP/s" : "GFLOP/s");
+        }
+}
+
 /* ---- GEMM ---------------------------------------------------------------------------------------- */
 
 static void gemm_work(team_t *team, size_t thread) {
@@ -260,7 +344,7 @@ int main(int argc, char **argv) {
         json |= !strcmp(argv[i], "--json");
     static size_t const shapes[][2] = {{2304, 768}, {768, 768}, {3072, 768}, {768, 3072}}; /* (n, k) */
     static char const *const shape_names[] = {"qkv", "out", "up", "down"};
-    static char const *const path_names[] = {"scalar", "avx2", "avx512", "avx512bf16"};
+    static char const *const path_names[] = {"scalar", "avx2", "avx512", "avx512bf16", "amx"};
 
     team_t team = {0};
     pthread_t helper;
@@ -295,6 +379,7 @@ int main(int argc, char **argv) {
         if (!kinds[kind].has && !json)
             printf("%s: this CPU has no %s\n", kinds[kind].what, kinds[kind].lacking);
     }
+    amx_peaks(&team, threads_max, json);
     size_t k_max = 3072, n_max = 3072;
     inputs_t in = {.x = aligned_alloc(64, TOKENS * k_max * sizeof(float)),
                    .bias = aligned_alloc(64, n_max * sizeof(float)),
@@ -319,7 +404,7 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < n_max * k_max; ++i)
         in.w[i] = f32_to_bf16(0.05f * bench_uniform(&random_state));
 
-    static char const *const i8_path_names[] = {"scalar", "avx2", "avxvnni", "avx512vnni"};
+    static char const *const i8_path_names[] = {"scalar", "avx2", "avxvnni", "avx512vnni", "amx"};
     for (int i8 = 0; i8 < 2; ++i8) {
         if (!json && i8)
             printf("\n%-11s %-5s %-12s %7s %10s %8s %9s\n", "I8 path", "layer", "n x k", "threads", "GOP/s",

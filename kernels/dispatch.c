@@ -42,6 +42,14 @@ static bool cpu_any(void) {
 
 #if defined(__x86_64__)
 #include <cpuid.h>
+#include <errno.h>
+#include <stdio.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+static kernels_t const amx_path = PATH_TABLE("amx", amx, avx512, avx512, avx512, avx512, amx);
 
 static kernels_t const avx2_path = PATH_TABLE("avx2", avx2, avx2, avx2, scalar, avx2, avx2);
 
@@ -82,6 +90,74 @@ static bool cpu_has_avx512vnni(void) {
 
 static bool cpu_has_avx512bf16(void) {
     return cpu_has_avx512vnni() && __builtin_cpu_supports("avx512bf16");
+}
+
+/* AMX's tiles (gemm_amx.c) run where the CPU has them (CPUID.(EAX=7, ECX=0):EDX bits 24 AMX-TILE, 22
+ * AMX-BF16 and 25 AMX-INT8, and a palette in leaf 0x1D), the OS saves them (XCR0 bits 17 XTILECFG and 18
+ * XTILEDATA) and Linux lets this process use them: asked once, ARCH_REQ_XCOMP_PERM for XTILEDATA, before
+ * any tile instruction (without it the first one raises SIGILL). The path's other kernels are avx512's,
+ * with AVX512-BF16 for its activations' rounding. Whatever fails leaves the path out and says why in
+ * amx_state (kernels_amx_state). */
+static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
+static bool amx_enabled;
+static char amx_state[160];
+
+/* XCR0, the state components the OS saves (XGETBV needs CPUID.1:ECX bit 27, OSXSAVE). */
+static uint64_t xcr0(void) {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx) || !(ecx & (1u << 27))) return 0;
+    uint32_t low, high;
+    __asm__ volatile("xgetbv" : "=a"(low), "=d"(high) : "c"(0));
+    return (uint64_t)high << 32 | low;
+}
+
+static void amx_enable(void) {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) edx = 0;
+    bool tile = edx & (1u << 24), bf16 = edx & (1u << 22), int8 = edx & (1u << 25);
+    if (!tile || !bf16 || !int8) {
+        snprintf(amx_state, sizeof amx_state, "amx: not on this CPU (it lacks%s%s%s)",
+                 tile ? "" : " amx_tile", bf16 ? "" : " amx_bf16", int8 ? "" : " amx_int8");
+        return;
+    }
+    if (!__get_cpuid_count(0x1d, 0, &eax, &ebx, &ecx, &edx) || eax < 1) {
+        snprintf(amx_state, sizeof amx_state, "amx: not on this CPU (CPUID reports no tile palette)");
+        return;
+    }
+    if (!cpu_has_avx512bf16()) {
+        snprintf(amx_state, sizeof amx_state, "amx: not run on this CPU (it lacks AVX512-BF16)");
+        return;
+    }
+    if ((xcr0() & (3u << 17)) != (3u << 17)) {
+        snprintf(amx_state, sizeof amx_state, "amx: not enabled by the OS (XCR0 lacks XTILECFG, XTILEDATA)");
+        return;
+    }
+#if defined(__linux__)
+    if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) != 0) {
+        int error = errno;
+        snprintf(amx_state, sizeof amx_state, "amx: refused by the kernel (errno %d: %s)", error,
+                 strerror(error));
+        return;
+    }
+    amx_enabled = true;
+    snprintf(amx_state, sizeof amx_state, "amx: enabled");
+#else
+    snprintf(amx_state, sizeof amx_state, "amx: not enabled (only Linux is asked for the tiles)");
+#endif
+}
+
+static bool cpu_has_amx(void) {
+    pthread_once(&amx_once, amx_enable);
+    return amx_enabled;
+}
+
+char const *kernels_amx_state(void) {
+    pthread_once(&amx_once, amx_enable);
+    return amx_state;
+}
+#else
+char const *kernels_amx_state(void) {
+    return "amx: not on this CPU (not x86-64)";
 }
 #endif
 
@@ -146,6 +222,7 @@ typedef struct built_path {
 
 static built_path_t const built_paths[] = {
 #if defined(__x86_64__)
+    {&amx_path, cpu_has_amx, true},
     {&avx512bf16_path, cpu_has_avx512bf16, true},
     {&avx512vnni_path, cpu_has_avx512vnni, true},
     {&avx512_path, cpu_has_avx512, true},

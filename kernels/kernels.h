@@ -1,6 +1,6 @@
 /* Compute kernels behind one dispatch table, chosen once per process from the CPU's features and
- * overridable with UFORM_KERNELS=scalar|avx2|avxvnni|avx512|avx512vnni|avx512bf16|neon|neondot|neoni8mm (a
- * path the CPU lacks is refused and the best available one is used).
+ * overridable with UFORM_KERNELS=scalar|avx2|avxvnni|avx512|avx512vnni|avx512bf16|amx|neon|neondot|neoni8mm
+ * (a path the CPU lacks is refused and the best available one is used).
  *
  * The scalar path defines the numbers: every other path is tested against it, within the tolerances
  * written next to each function below. Every kernel is deterministic: for the same inputs it gives the
@@ -36,7 +36,8 @@ typedef enum kernel_epilogue {
  * - w: weights packed by the same path's `gemm_pack` (its layout is the path's own business);
  * - bias: F32 [n] or NULL; residual: F32 with row stride `residual_stride`, or NULL; it may be `y`;
  * - y: F32, row stride `y_stride`, never overlapping x.
- * Paths may round F32 activations to BF16 before multiplying (avx512bf16 does), like PyTorch's bf16.
+ * Paths may round F32 activations to BF16 before multiplying (avx512bf16 and amx do), like PyTorch's bf16,
+ * and flush denormal products and sums to zero (amx's tiles do).
  * Tolerance against scalar: |y - y_scalar| <= 1e-2 * (|bias| + sum_k |x w|) + 1e-6 per element. */
 typedef struct kernel_gemm {
     size_t m, n, k;
@@ -197,8 +198,9 @@ static inline void kernel_attention_backward_clear(kernel_attention_backward_t c
 typedef struct kernels {
     /* "scalar", "avx2", "avxvnni" (avx2 with AVX-VNNI's 256-bit I8 GEMM), "avx512", "avx512vnni" (avx512 with
      * AVX512-VNNI's I8 GEMM), "avx512bf16" (with avx512vnni's I8 GEMM: CPUs with AVX512-BF16 have
-     * AVX512-VNNI), "neon" (every AArch64 CPU), "neondot" (neon with the dot product's I8 GEMM, SDOT) or
-     * "neoni8mm" (neondot with the I8 matrix multiply's, SMMLA) */
+     * AVX512-VNNI), "amx" (avx512bf16's other kernels with its GEMM and I8 GEMM on AMX's tiles, where Linux
+     * grants them: kernels_amx_state), "neon" (every AArch64 CPU), "neondot" (neon with the dot product's I8
+     * GEMM, SDOT) or "neoni8mm" (neondot with the I8 matrix multiply's, SMMLA) */
     char const *name;
 
     /* GEMM over output columns [n_begin, n_end), n_begin a multiple of KERNEL_GEMM_TILE. */
@@ -307,6 +309,18 @@ kernels_t const *kernels_named(char const *name);
 
 /* The scalar path, which every build and CPU runs. */
 kernels_t const *kernels_scalar(void);
+
+/* The amx path (kernels/gemm_amx.c) needs the CPU's tiles, the OS's saving of them (XCR0) and Linux's
+ * permission for this process (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), asked once before any
+ * tile instruction); each thread configures its tiles on its first GEMM and releases them when it ends. Its
+ * GEMMs are also built over an emulation of the tile instructions, which tests/kernels/test_gemm_amx.c
+ * compares with scalar on CPUs without AMX.
+ * Why the amx path runs or not, for people to read: "amx: enabled", "amx: not on this CPU (...)" naming
+ * what the CPU lacks, "amx: not enabled by the OS (...)", or "amx: refused by the kernel (errno N: ...)"
+ * when Linux denied this process the tiles (then kernels_active falls back to the next path). The first
+ * call, or the first choice of a path, asks the kernel for them (once per process); thread-safe. A static
+ * string. */
+char const *kernels_amx_state(void);
 
 /* Scalar helpers every path shares. */
 

@@ -72,6 +72,12 @@ KERNEL_TRAINING_FUNCTIONS(avx512)
 void kernel_convert_avx512(void *out, float const *x, size_t n, uform_scalar_t scalar, float *scale);
 KERNEL_GEMM_I8_FUNCTIONS(avx512vnni)
 KERNEL_GEMM_FUNCTIONS(avx512bf16)
+/* amx: its GEMM and I8 GEMM on the tiles (gemm_amx.c), avx512's other kernels; amx_emulated is the same
+ * file built for tests/kernels/test_gemm_amx.c with the tile instructions emulated */
+KERNEL_GEMM_FUNCTIONS(amx)
+KERNEL_GEMM_I8_FUNCTIONS(amx)
+KERNEL_GEMM_FUNCTIONS(amx_emulated)
+KERNEL_GEMM_I8_FUNCTIONS(amx_emulated)
 #endif
 
 #if defined(__aarch64__)

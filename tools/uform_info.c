@@ -66,6 +66,9 @@ static void print_text(char const *path, uform_model_info_t const *info) {
            "logit", info->has_logit ? "yes" : "no");
     printf("%-11s %s\n", "weights",
            info->weights == UFORM_WEIGHTS_I8 ? "I8 (the blocks' linear layers; BF16 elsewhere)" : "BF16");
+    char const *kernels = NULL, *amx = NULL;
+    uform_kernels(&kernels, &amx);
+    printf("%-11s %s; %s\n", "kernels", kernels, amx);
     if (info->has_text) {
         print_transformer("text", &info->text.transformer);
         if (info->text.vocab)
@@ -174,6 +177,8 @@ static json_t *audio_json(uform_model_info_t const *info) {
 
 static json_t *info_json(char const *path, uform_model_info_t const *info) {
     json_t *root = json_object(), *towers = json_object(), *matryoshka = json_array();
+    char const *kernels = NULL, *amx = NULL;
+    uform_kernels(&kernels, &amx);
     int failures = 0;
     for (size_t i = 0; i < info->matryoshka_count; ++i)
         failures += json_array_append_new(matryoshka, json_integer((json_int_t)info->matryoshka[i])) != 0;
@@ -186,6 +191,7 @@ static json_t *info_json(char const *path, uform_model_info_t const *info) {
                 set(root, "matryoshka", matryoshka) + set_size(root, "parameters", info->parameters) +
                 set_size(root, "bytes", info->bytes) + set(root, "logit", json_boolean(info->has_logit)) +
                 set(root, "weights", json_string(info->weights == UFORM_WEIGHTS_I8 ? "i8" : "bf16")) +
+                set(root, "kernels", json_string(kernels)) + set(root, "amx", json_string(amx)) +
                 set(root, "towers", towers);
     return checked(root, failures);
 }

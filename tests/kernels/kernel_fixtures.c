@@ -5,6 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <cmocka.h>
 
@@ -31,7 +32,7 @@ void check_near(double actual, double expected, double tolerance, char const *wh
 }
 
 /* The SIMD paths the suites compare with scalar, by kernels_named's names. */
-static char const *const simd_names[SIMD_PATHS] = {"avx2", "avx512", "avx512bf16", "neon"};
+static char const *const simd_names[SIMD_PATHS] = {"avx2", "avx512", "avx512bf16", "amx", "neon"};
 
 size_t simd_paths_present(kernels_t const *paths[SIMD_PATHS]) {
     size_t count = 0;
@@ -53,8 +54,11 @@ size_t simd_paths(kernels_t const *paths[SIMD_PATHS]) {
 
 void print_simd_paths(void) {
     for (size_t i = 0; i < SIMD_PATHS; ++i)
-        print_message("path %s: %s\n", simd_names[i],
-                      kernels_named(simd_names[i]) ? "compared with scalar" : "not run on this CPU");
+        if (!strcmp(simd_names[i], "amx") && !kernels_named("amx"))
+            print_message("path amx: skipped (%s)\n", kernels_amx_state());
+        else
+            print_message("path %s: %s\n", simd_names[i],
+                          kernels_named(simd_names[i]) ? "compared with scalar" : "not run on this CPU");
 }
 
 void gemm_activation(kernels_t const *path, kernel_epilogue_t epilogue, float const *x, size_t m, float *y) {

@@ -10,7 +10,7 @@
 
 #define COUNT(array) (sizeof(array) / sizeof((array)[0]))
 #define SENTINEL     12345.0f /* written around outputs: a kernel must leave it alone */
-#define SIMD_PATHS   4        /* avx2, avx512, avx512bf16, neon */
+#define SIMD_PATHS   5        /* avx2, avx512, avx512bf16, amx, neon */
 
 /* n floats from test_malloc: uniform in [low, high), or all `value`. */
 float *floats_uniform(size_t n, float low, float high);

@@ -228,6 +228,7 @@ static void test_splits_are_bitwise_identical(void **state) {
 }
 
 int main(void) {
+    print_simd_paths();
     struct CMUnitTest const tests[] = {
         cmocka_unit_test(test_scalar_small_exact),
         cmocka_unit_test(test_scalar_gelu_points),

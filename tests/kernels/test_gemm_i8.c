@@ -23,8 +23,9 @@
 
 /* Every path this CPU and build run, scalar first, then every one with its own I8 GEMM or quantizer. */
 static size_t paths_present(kernels_t const *paths[16]) {
-    static char const *const names[] = {"scalar",     "avx2",       "avxvnni", "avxvnni_evex", "avx512",
-                                        "avx512vnni", "avx512bf16", "neon",    "neondot",      "neoni8mm"};
+    static char const *const names[] = {"scalar", "avx2",       "avxvnni",    "avxvnni_evex",
+                                        "avx512", "avx512vnni", "avx512bf16", "amx",
+                                        "neon",   "neondot",    "neoni8mm"};
     size_t count = 0;
     for (size_t i = 0; i < COUNT(names); ++i) {
         kernels_t const *path = kernels_named(names[i]);
@@ -367,6 +368,7 @@ int main(void) {
     size_t count = paths_present(paths);
     for (size_t i = 0; i < count; ++i)
         print_message("path %s: %s\n", paths[i]->name, i ? "compared with scalar" : "the reference");
+    if (!kernels_named("amx")) print_message("path amx: skipped (%s)\n", kernels_amx_state());
     struct CMUnitTest const tests[] = {
         cmocka_unit_test(test_scalar_small_cases),
         cmocka_unit_test(test_scalar_packing),

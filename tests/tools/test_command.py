@@ -128,8 +128,10 @@ def check_checkpoint_and_info(uform, workdir):
     assert sorted(info["towers"]) == ["audio", "image", "text", "video"], info
     assert info["matryoshka"][-1] == 64 and 32 in info["matryoshka"], info
     assert info["towers"]["text"]["hidden"] == 64 and info["parameters"] > 0, info
+    assert info["kernels"] and info["amx"].startswith("amx: "), info  # the CPU path, and AMX's state
     text, _ = run(uform, "info", "--model", model)
     assert b"matryoshka" in text and b"text" in text, text
+    assert f"\nkernels     {info['kernels']}; {info['amx']}\n".encode() in text, text
     return model
 
 
