@@ -27,9 +27,13 @@ a missing Python or Debian package skips the check (exit 77); under CI=true it f
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import contextlib
 import functools
+import io
 import itertools
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -455,9 +459,32 @@ def token_strings_check(library: str, files: dict) -> int:
     return failures
 
 
+def compare_fixture_apart(name: str, path: Path, uform: Path, items: list, via: str, extra: list,
+                          logs: Path | None) -> tuple:
+    """compare_fixture in a worker process: its outcome (without its closed log) and what it printed."""
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        outcome = compare_fixture(name, path, uform, items, via, extra, logs)
+    outcome.log = None
+    return outcome, printed.getvalue()
+
+
 def compare_all(files: dict, uform: Path, items: list, via: str, extra: list = (), logs: Path | None = None) -> list:
-    """Every fixture of `files` compared: the outcomes, and the summary line printed."""
-    outcomes = [compare_fixture(name, path, uform, items, via, list(extra), logs) for name, path in files.items()]
+    """Every fixture of `files` compared, as many at a time as there are cores (each a command and this
+    script's comparison, which runs on one): the outcomes, each fixture's report printed in order, and the
+    summary line."""
+    # Forked before this process has used tokenizers (imported by compare_fixture), whose threads a fork
+    # would stop.
+    context = multiprocessing.get_context("fork")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=max(1, min(len(files), os.cpu_count() or 1)),
+                                                mp_context=context) as pool:
+        runs = [pool.submit(compare_fixture_apart, name, path, uform, items, via, list(extra), logs)
+                for name, path in files.items()]
+        outcomes = []
+        for run in runs:
+            outcome, printed = run.result()
+            print(printed, end="", flush=True)
+            outcomes.append(outcome)
     passed = sum(o.passed for o in outcomes)
     print(f"{passed} passed, {len(outcomes) - passed} failed", flush=True)
     return outcomes
