@@ -130,6 +130,14 @@ UFORM_EXPORT uint32_t uform_features(void);
 /* The library's version, for bindings that load it at run time. Never fails. */
 UFORM_EXPORT void uform_version(int *major, int *minor, int *patch);
 
+/* The CPU kernel path this process computes on ("avx512bf16", "avx2", "neon", "scalar", ...) and, in *reason
+ * when `reason` is not NULL, why it was chosen. Chosen once, on the first call or the first use of the
+ * kernels, and kept for the process: the path UFORM_KERNELS names when this CPU and build run it (reason
+ * "UFORM_KERNELS"), else a fixed rule over the CPU's vendor and features whose exceptions measurements
+ * justify, never a timing of its own, so that every process on one machine writes the same bits
+ * (docs/DESIGN.md, "Kernels"). Static strings. Never fails. */
+UFORM_EXPORT char const *uform_kernels(char const **reason);
+
 /* ---------------------------------------------------------------------------------------------- */
 /* Outcomes                                                                                       */
 /* ---------------------------------------------------------------------------------------------- */

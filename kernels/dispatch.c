@@ -1,6 +1,8 @@
-/* Chooses the kernel path once per process: UFORM_KERNELS when the CPU can run it, else the best one
- * the CPU supports. */
+/* Chooses the kernel path once per process: UFORM_KERNELS when the CPU can run it, else the fastest one
+ * the CPU runs by a fixed rule over its vendor and the paths it runs (kernels_rule), never by a measurement
+ * at run time, so that every process on one machine computes the same bits. */
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -175,16 +177,117 @@ kernels_t const *kernels_named(char const *name) {
     return built_named(name, false);
 }
 
+/* ---- The rule --------------------------------------------------------------------------------------
+ * The first path of built_paths the CPU runs is the newest; it is taken unless a measured exception below
+ * names a faster one for the CPU's vendor. Each reason says what justified the choice. */
+
+/* Where the newest path `newest` loses to `instead` on `vendor`'s CPUs. */
+typedef struct kernels_exception {
+    kernels_vendor_t vendor;
+    char const *newest, *instead, *reason;
+} kernels_exception_t;
+
+static kernels_exception_t const exceptions[] = {
+    {KERNELS_VENDOR_INTEL, "avx512bf16", "avx512vnni",
+     "avx512vnni: its F32 FMA GEMM over widened BF16 outruns vdpbf16ps on Intel CPUs with AVX512-BF16, "
+     "which issue one vdpbf16ps per 2 cycles against two FMAs per cycle (bench_gemm at m 512 on a Xeon "
+     "with AMX: 330-363 GFLOP/s against 214-230, 2 threads); the same I8 GEMM"},
+};
+
+/* Why the newest path is taken where no exception applies. */
+static struct {
+    char const *name, *reason;
+} const newest_reasons[] = {
+    {"amx", "amx: the AMX tile GEMMs, preferred wherever the CPU and the kernel run them (an order of "
+            "magnitude over the vector paths' peaks)"},
+    {"avx512bf16",
+     "avx512bf16: its vdpbf16ps GEMM doubles the FMA GEMM where vdpbf16ps issues as often as an "
+     "FMA (bench_gemm at m 512 on AMD Zen 4: 195-222 GFLOP/s against avx512's 99-106, 1 "
+     "thread); the CPU's vendor has no measured exception"},
+    {"avx512vnni", "avx512vnni: the widest path this CPU runs (AVX-512 with VNNI, no AVX512-BF16)"},
+    {"avx512", "avx512: the widest path this CPU runs (AVX-512 without VNNI)"},
+    {"avxvnni",
+     "avxvnni: AVX2 with AVX-VNNI's I8 GEMM (bench_gemm: vpdpbusd on ymm outruns avx2's vpmaddwd)"},
+    {"avx2", "avx2: the widest path this CPU runs (AVX2 and FMA)"},
+    {"neoni8mm", "neoni8mm: NEON with the I8 matrix multiply's GEMM (SMMLA)"},
+    {"neondot", "neondot: NEON with the dot product's I8 GEMM (SDOT)"},
+    {"neon", "neon: every AArch64 CPU's path"},
+    {"scalar", "scalar: the only path this CPU and build run"},
+};
+
+static bool cpu_runs(kernels_cpu_t const *cpu, char const *name) {
+    for (char const *const *runs = cpu->runs; *runs; ++runs)
+        if (!strcmp(*runs, name)) return true;
+    return false;
+}
+
+char const *kernels_rule(kernels_cpu_t const *cpu, char const **reason) {
+    char const *newest = cpu->runs[0];
+    *reason = "the first path in the build's order that this CPU runs";
+    if (!newest) return NULL;
+    for (size_t i = 0; i < sizeof exceptions / sizeof exceptions[0]; ++i) {
+        kernels_exception_t const *exception = &exceptions[i];
+        if (exception->vendor != cpu->vendor || strcmp(exception->newest, newest) ||
+            !cpu_runs(cpu, exception->instead))
+            continue;
+        *reason = exception->reason;
+        return exception->instead;
+    }
+    for (size_t i = 0; i < sizeof newest_reasons / sizeof newest_reasons[0]; ++i)
+        if (!strcmp(newest_reasons[i].name, newest)) *reason = newest_reasons[i].reason;
+    return newest;
+}
+
+/* ---- This process's choice ------------------------------------------------------------------------- */
+
+static kernels_vendor_t cpu_vendor(void) {
+#if defined(__x86_64__)
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    char vendor[13] = "";
+    if (__get_cpuid(0, &eax, &ebx, &ecx, &edx)) {
+        memcpy(vendor, &ebx, 4);
+        memcpy(vendor + 4, &edx, 4);
+        memcpy(vendor + 8, &ecx, 4);
+    }
+    if (!strcmp(vendor, "GenuineIntel")) return KERNELS_VENDOR_INTEL;
+    if (!strcmp(vendor, "AuthenticAMD")) return KERNELS_VENDOR_AMD;
+#endif
+    return KERNELS_VENDOR_OTHER;
+}
+
+#define BUILT_COUNT (sizeof built_paths / sizeof built_paths[0])
+
 static kernels_t const *active;
+static char const *active_reason;
+static char refused_reason[512]; /* the rule's reason after a UFORM_KERNELS the CPU or build cannot run */
 static pthread_once_t active_once = PTHREAD_ONCE_INIT;
 
 static void kernels_choose(void) {
-    active = built_named(getenv("UFORM_KERNELS"), true);
-    for (size_t i = 0; !active && i < sizeof built_paths / sizeof built_paths[0]; ++i)
-        if (built_paths[i].chosen && built_paths[i].runs()) active = built_paths[i].table;
+    char const *override = getenv("UFORM_KERNELS");
+    active = built_named(override, true);
+    active_reason = "UFORM_KERNELS";
+    if (active) return;
+    char const *runs[BUILT_COUNT + 1] = {NULL};
+    size_t count = 0;
+    for (size_t i = 0; i < BUILT_COUNT; ++i)
+        if (built_paths[i].chosen && built_paths[i].runs()) runs[count++] = built_paths[i].table->name;
+    kernels_cpu_t const cpu = {.vendor = cpu_vendor(), .runs = runs};
+    active = built_named(kernels_rule(&cpu, &active_reason), true);
+    if (override && *override) {
+        snprintf(refused_reason, sizeof refused_reason,
+                 "%s (UFORM_KERNELS=%.40s refused: not a path this CPU "
+                 "and build run)",
+                 active_reason, override);
+        active_reason = refused_reason;
+    }
 }
 
 kernels_t const *kernels_active(void) {
     pthread_once(&active_once, kernels_choose);
     return active;
+}
+
+char const *kernels_reason(void) {
+    pthread_once(&active_once, kernels_choose);
+    return active_reason;
 }

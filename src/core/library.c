@@ -1,5 +1,7 @@
-/* What the library reports about itself: its version and the features this build has. */
+/* What the library reports about itself: its version, the features this build has and the kernel path
+ * this process computes on. */
 #include "common.h"
+#include "kernels.h"
 #include "loop.h"
 
 UFORM_EXPORT uint32_t uform_features(void) {
@@ -24,4 +26,9 @@ UFORM_EXPORT void uform_version(int *major, int *minor, int *patch) {
     if (major) *major = UFORM_VERSION_MAJOR;
     if (minor) *minor = UFORM_VERSION_MINOR;
     if (patch) *patch = UFORM_VERSION_PATCH;
+}
+
+UFORM_EXPORT char const *uform_kernels(char const **reason) {
+    if (reason) *reason = kernels_reason();
+    return kernels_active()->name;
 }
