@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""The engine's GEMMs (bench_gemm) beside PyTorch's matmul at the same shapes and thread counts.
+
+    python3 bench/bench_gemm.py --build build [--min-seconds 0.5] [path...]
+
+Runs `<build>/bench/bench_gemm --json [path...]` (every kernel path this CPU runs, m = 512, the text tower's
+qkv, out, up and down shapes, 1 and 2 threads, each figure the median of its runs and a share of its path's
+own peak), then torch.matmul(x, w.t()) at each shape in bfloat16 and in float32, torch.set_num_threads(1)
+and (2) (and as many OpenBLAS threads), the best call of each over --min-seconds (against bench_gemm's
+medians: where other work loads the machine, the comparison leans towards PyTorch). It prints the CPU, the path
+the dispatcher chose and why, the peaks, then per shape and thread count every path's GFLOP/s with its share
+of its own peak beside PyTorch's, the chosen GEMM marked `*` with its ratio to PyTorch bfloat16; then
+bench_gemm's I8 figures (GOP/s) and its check: the chosen GEMM's rate over the four shapes against the
+fastest path's. It prints figures and ratios and never fails on time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import bench_common as common
+from bench_common import figure, ratio
+
+if __name__ == "__main__":
+    common.python_with(["torch"])
+import torch  # noqa: E402
+
+SHAPES = [("qkv", 2304, 768), ("out", 768, 768), ("up", 3072, 768), ("down", 768, 3072)]  # (layer, n, k)
+M = 512
+
+
+def run_bench_gemm(build: Path, paths: list) -> tuple[list, str]:
+    """bench_gemm --json's records, or an empty list and why."""
+    exe = build / "bench" / "bench_gemm"
+    if not exe.exists():
+        return [], f"{exe} not built"
+    ran = subprocess.run([str(exe), "--json", *paths], capture_output=True, text=True)
+    if ran.returncode != 0:
+        return [], f"bench_gemm exited {ran.returncode}: {ran.stderr.strip()[:200]}"
+    records = []
+    for line in ran.stdout.splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records, ""
+
+
+def torch_gflops(n: int, k: int, threads: int, dtype, min_seconds: float) -> float:
+    """torch.matmul of x [M, k] by w [n, k] transposed (a linear layer's product) in `dtype`, best call."""
+    common.torch_threads(threads)
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(M, k, generator=generator).to(dtype)
+    w = torch.randn(n, k, generator=generator).to(dtype)
+    with torch.inference_mode():
+        best = common.interleaved_best({"matmul": lambda: torch.matmul(x, w.t())}, min_seconds)["matmul"]
+    return 2.0 * M * n * k / best / 1e9
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--build", default=str(common.REPOSITORY / "build"), help="the meson build folder")
+    parser.add_argument("--min-seconds", type=float, default=0.5, help="PyTorch's time per shape, dtype, threads")
+    parser.add_argument("paths", nargs="*", help="bench_gemm's paths (default: every one this CPU runs)")
+    args = parser.parse_args(argv)
+
+    records, note = run_bench_gemm(Path(args.build), args.paths)
+    head = next((r for r in records if "cpu" in r), {})
+    print(f"CPU: {head.get('cpu', 'unknown')}, {head.get('cpus_online', '?')} online; PyTorch {torch.__version__} "
+          f"(float32 GEMMs on {common.torch_blas()}); m = {M}")
+    print(f"kernels chosen: {head.get('kernels', 'n/a')}" + (f"; bench_gemm: {note}" if note else ""))
+    for r in records:
+        key = next((key for key in r if key.endswith("_peak") and not key.startswith("ratio")), None)
+        if key:
+            unit = "GOP/s" if r["kind"] == "i8" else "GFLOP/s"
+            print(f"peak {key[:-5]:<10s} ({r['path']:<12s}) {r['threads']} thread(s): {r[key]:8.1f} {unit}")
+
+    figures = [r for r in records if "gflops" in r]
+    threads_seen = sorted({int(r["threads"]) for r in figures}) or [1, 2]
+    print(f"\n{'layer':5s} {'n x k':>11s} {'thr':>3s} {'path':>13s} {'GFLOP/s':>8s} {'/own peak':>9s} "
+          f"{'torch bf16':>10s} {'torch f32':>9s} {'/torch bf16':>11s}")
+    for layer, n, k in SHAPES:
+        for threads in threads_seen:
+            bf16 = torch_gflops(n, k, threads, torch.bfloat16, args.min_seconds)
+            f32 = torch_gflops(n, k, threads, torch.float32, args.min_seconds)
+            ours = [r for r in figures if r["shape"] == f"{n} x {k}" and int(r["threads"]) == threads]
+            for r in ours or [{"path": "n/a", "gflops": None, "ratio_to_own_peak": None, "chosen": False}]:
+                mark = "*" if r["chosen"] else " "
+                own = f"{100 * r['ratio_to_own_peak']:.1f}%" if r["ratio_to_own_peak"] else "n/a"
+                print(f"{layer:5s} {f'{n} x {k}':>11s} {threads:>3d} {r['path'] + mark:>13s} {figure(r['gflops']):>8s} "
+                      f"{own:>9s} {figure(bf16):>10s} {figure(f32):>9s} {ratio(r['gflops'], bf16):>11s}")
+
+    i8 = [r for r in records if r.get("kind") == "i8" and "gops" in r]
+    if i8:
+        print(f"\n{'layer':5s} {'n x k':>11s} {'thr':>3s} {'I8 path':>13s} {'GOP/s':>8s} {'/own peak':>9s}")
+        for layer, n, k in SHAPES:
+            for r in (r for r in i8 if r["shape"] == f"{n} x {k}"):
+                mark = "*" if r["chosen"] else " "
+                own = f"{100 * r['ratio_to_own_peak']:.1f}%" if r["ratio_to_own_peak"] else "n/a"
+                print(f"{layer:5s} {f'{n} x {k}':>11s} {int(r['threads']):>3d} {r['path'] + mark:>13s} "
+                      f"{figure(r['gops']):>8s} {own:>9s}")
+
+    print("\nOver the four shapes (their work over their summed time): the chosen GEMM against the fastest")
+    for r in (r for r in records if "summary" in r):
+        unit = "GOP/s" if r["summary"] == "i8" else "GFLOP/s"
+        within = "within 5%" if r["ratio_to_fastest"] >= 0.95 else "NOT within 5%"
+        print(f"{r['summary']:4s} {r['threads']} thread(s): chosen {r['chosen']} {r['chosen_rate']:.1f} {unit}, "
+              f"fastest {r['fastest']} {r['fastest_rate']:.1f}: {r['ratio_to_fastest']:.3f} ({within})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
