@@ -130,6 +130,13 @@ def check_checkpoint_and_info(uform, workdir):
     assert info["towers"]["text"]["hidden"] == 64 and info["parameters"] > 0, info
     text, _ = run(uform, "info", "--model", model)
     assert b"matryoshka" in text and b"text" in text, text
+    # The kernel path and why: the dispatcher's rule, or UFORM_KERNELS where it names a path every CPU runs.
+    plain = {key: value for key, value in os.environ.items() if key != "UFORM_KERNELS"}
+    kernels = json.loads(run(uform, "info", "--model", model, "--json", env=plain)[0])["kernels"]
+    assert kernels["path"] and kernels["reason"].startswith(kernels["path"] + ": "), kernels
+    assert f"\nkernels     {kernels['path']} (".encode() in run(uform, "info", "--model", model, env=plain)[0]
+    forced = json.loads(run(uform, "info", "--model", model, "--json", env=dict(plain, UFORM_KERNELS="scalar"))[0])
+    assert forced["kernels"] == {"path": "scalar", "reason": "UFORM_KERNELS"}, forced
     return model
 
 
