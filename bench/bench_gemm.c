@@ -1,18 +1,19 @@
 /* GEMM throughput of every kernel path at the text tower's shapes (m = 512 tokens, hidden 768, MLP 3072):
  *   qkv (n, k) = (2304, 768), out (768, 768), up (3072, 768), down (768, 3072),
  * with bias, on one thread and on two threads splitting n at KERNEL_GEMM_TILE multiples, in GFLOP/s
- * (2 m n k / time, median of several runs), each as a share of its path's own peak: the instruction its
- * GEMM multiplies with, in independent chains held in registers, on one core and on two at once
- * (`vfmadd231ps` ymm for avx2, zmm for avx512, `vdpbf16ps` for avx512bf16). Then the I8 GEMM of every path
- * with one (scalar avx2 avxvnni avxvnni_evex avx512vnni) at the same shapes, in GOP/s, as a share of its own
- * peak (`vpmaddwd` with `vpaddd` for avx2, `vpdpbusd` on ymm for avxvnni, VEX, and avxvnni_evex, on zmm for
- * avx512vnni), and the time quantize_rows takes for its activations as a share of the GEMM's. It names the
- * CPU and the path the dispatcher chose with its reason, marks with `*` the GEMM that path runs, and ends
- * with each path's rate over the four shapes (their work over their summed time) and the chosen GEMM's
- * ratio to the fastest one measured: the dispatcher's check. It prints figures; it never fails on time.
- * bench_gemm.py runs it beside PyTorch's matmul.
- * Usage: bench_gemm [--json] [path...]   (paths: scalar avx2 avxvnni avxvnni_evex avx512 avx512vnni
- * avx512bf16; default all)
+ * (2 m n k / time: the median of several runs, in each of ROUNDS rounds in which the paths take turns, and
+ * the best round kept, so that other work on a shared machine weighs on every path alike), each as a share
+ * of its path's own peak (measured in rounds alike): the instruction its GEMM multiplies with, in
+ * independent chains held in registers, on one core and on two at once (`vfmadd231ps` ymm for avx2, zmm for
+ * avx512, `vdpbf16ps` for avx512bf16). Then the I8 GEMM of every path with one (scalar avx2 avxvnni
+ * avxvnni_evex avx512vnni) at the same shapes, in GOP/s, as a share of its own peak (`vpmaddwd` with `vpaddd`
+ * for avx2, `vpdpbusd` on ymm for avxvnni, VEX, and avxvnni_evex, on zmm for avx512vnni), and the time
+ * quantize_rows takes for its activations as a share of the GEMM's. It names the CPU and the path the
+ * dispatcher chose with its reason, marks with `*` the GEMM that path runs, and ends with each path's rate
+ * over the four shapes (their work over their summed time) and the chosen GEMM's ratio to the fastest one
+ * measured: the dispatcher's check. It prints figures; it never fails on time. bench_gemm.py runs it beside
+ * PyTorch's matmul. Usage: bench_gemm [--json] [path...]   (paths: scalar avx2 avxvnni avxvnni_evex avx512
+ * avx512vnni avx512bf16; default all)
  * --json prints one object per line: {"cpu", "cpus_online", "kernels"}; {"<peak>_peak", "threads", "path",
  * "kind"} per peak measured (fma_ymm, fma_zmm, dpbf16, maddwd, dpbusd_vex, dpbusd_ymm, dpbusd_zmm), with
  * {"peak_gflops", "threads"} and {"i8_peak_gops", "threads"} repeating the dpbf16 and dpbusd_zmm ones;
@@ -39,8 +40,9 @@
 #define TOKENS      512
 #define MIN_RUNS    5
 #define MAX_RUNS    51
-#define MIN_SECONDS 0.3 /* per figure, unless MIN_RUNS take longer */
+#define MIN_SECONDS 0.2 /* per figure and round, unless MIN_RUNS take longer */
 #define THREADS_MAX 2
+#define ROUNDS      3 /* turns the paths (and the peaks) take; each figure the best of its rounds */
 
 /* ---- Two threads, woken by spinning on a round counter (a sleeping hand-off would cost more than
  * the noise we measure); between two-thread figures the helper naps instead, so that its spinning
@@ -451,9 +453,19 @@ static void print_summary(bool json, totals_t const totals[2], size_t threads_ma
         }
 }
 
-/* Measures every peak this CPU runs, on 1 and 2 threads, into peaks[i][threads] (0: not measured). */
+/* Measures every peak this CPU runs, on 1 and 2 threads, into peaks[i][threads] (0: not measured): the best
+ * of ROUNDS rounds in which the peaks take turns, as the GEMMs' figures are. */
 static void measure_peaks(bool json, team_t *team, size_t threads_max, double peaks[][THREADS_MAX + 1]) {
     size_t const count = sizeof peaks_table / sizeof peaks_table[0];
+    for (size_t round = 0; round < ROUNDS; ++round)
+        for (size_t i = 0; i < count; ++i)
+            for (size_t threads = 1; kernels_named(peaks_table[i].path) && threads <= threads_max;
+                 ++threads) {
+                team->peak_loop = peaks_table[i].loop;
+                double ops = (double)PEAK_STEPS * peaks_table[i].ops;
+                double rate = ops * (double)threads / measure(team, peak_work, threads) / 1e9;
+                peaks[i][threads] = rate > peaks[i][threads] ? rate : peaks[i][threads];
+            }
     for (size_t i = 0; i < count; ++i) {
         peak_t const *peak = &peaks_table[i];
         if (!kernels_named(peak->path)) {
@@ -461,11 +473,8 @@ static void measure_peaks(bool json, team_t *team, size_t threads_max, double pe
                 printf("peak %-10s %-38s: this CPU does not run %s\n", peak->key, peak->what, peak->path);
             continue;
         }
-        team->peak_loop = peak->loop;
         if (!json) printf("peak %-10s %-38s:", peak->key, peak->what);
         for (size_t threads = 1; threads <= threads_max; ++threads) {
-            double ops = (double)PEAK_STEPS * peak->ops;
-            peaks[i][threads] = ops * (double)threads / measure(team, peak_work, threads) / 1e9;
             if (json)
                 printf("{\"%s_peak\": %.1f, \"threads\": %zu, \"path\": \"%s\", \"kind\": \"%s\"}\n",
                        peak->key, peaks[i][threads], threads, peak->path, peak->i8 ? "i8" : "bf16");
@@ -479,8 +488,8 @@ static void measure_peaks(bool json, team_t *team, size_t threads_max, double pe
                 printf("{\"i8_peak_gops\": %.1f, \"threads\": %zu}\n", peaks[i][threads], threads);
         }
         if (!json) printf("\n");
-        fflush(stdout);
     }
+    fflush(stdout);
 }
 
 /* The measured peak of `path`'s own instruction (GEMM or I8 GEMM), and the vdpbf16ps (zmm vpdpbusd) one. */
@@ -488,6 +497,69 @@ static double peak_of(double const peaks[][THREADS_MAX + 1], bool i8, char const
     for (size_t i = 0; i < sizeof peaks_table / sizeof peaks_table[0]; ++i)
         if (peaks_table[i].i8 == i8 && !strcmp(peaks_table[i].path, path)) return peaks[i][threads];
     return 0.0;
+}
+
+/* One shape of one kind (BF16 or I8) on every wanted path: weights packed for each, then ROUNDS rounds in
+ * which the paths take turns, each figure the best of its rounds' medians, so that other work on a shared
+ * machine weighs on every path alike. Prints the figures and adds them to the totals; answers 1 when out of
+ * memory. */
+
+typedef struct shape {
+    bool json, i8;
+    size_t threads_max;
+    double const (*peaks)[THREADS_MAX + 1];
+    totals_t *totals;
+    char const *layer;
+    kernels_t const *paths[PATHS_MAX]; /* NULL: not measured */
+} shape_t;
+
+static int measure_shape(team_t *team, inputs_t const *in, shape_t const *shape, size_t n, size_t k) {
+    bool const i8 = shape->i8;
+    void *packed[PATHS_MAX] = {NULL};
+    kernel_gemm_t gemms[PATHS_MAX];
+    int status = 0;
+    for (size_t p = 0; p < PATHS_MAX; ++p) {
+        if (!shape->paths[p]) continue;
+        team->path = shape->paths[p];
+        if (!(packed[p] = prepare_shape(team, in, i8, n, k))) status = 1;
+        gemms[p] = team->gemm;
+    }
+    double const ops = 2.0 * TOKENS * (double)n * (double)k;
+    for (size_t threads = 1; !status && threads <= shape->threads_max; ++threads) {
+        double seconds[PATHS_MAX], quantize[PATHS_MAX];
+        for (size_t round = 0; round < ROUNDS; ++round)
+            for (size_t p = 0; p < PATHS_MAX; ++p) {
+                if (!shape->paths[p]) continue;
+                team->path = shape->paths[p];
+                team->gemm = gemms[p];
+                double q = i8 ? measure(team, quantize_work, threads) : 0.0;
+                double t = measure(team, i8 ? gemm_i8_work : gemm_work, threads);
+                seconds[p] = round && seconds[p] < t ? seconds[p] : t;
+                quantize[p] = round && quantize[p] < q ? quantize[p] : q;
+            }
+        for (size_t p = 0; p < PATHS_MAX; ++p) {
+            if (!shape->paths[p]) continue;
+            double rate = ops / seconds[p] / 1e9;
+            double own = peak_of(shape->peaks, i8, path_names[i8][p], threads);
+            double top = peak_of(shape->peaks, i8, i8 ? "avx512vnni" : "avx512bf16", threads);
+            shape->totals->ops[p][threads] += ops;
+            shape->totals->seconds[p][threads] += seconds[p];
+            figure_t const figure = {.path = path_names[i8][p],
+                                     .layer = shape->layer,
+                                     .n = n,
+                                     .k = k,
+                                     .threads = threads,
+                                     .rate = rate,
+                                     .own = own > 0 ? rate / own : 0.0,
+                                     .ratio = top > 0 ? rate / top : 0.0,
+                                     .quantize = quantize[p] / seconds[p],
+                                     .chosen = is_chosen(shape->paths[p], i8)};
+            print_figure(shape->json, i8, &figure);
+        }
+    }
+    for (size_t p = 0; p < PATHS_MAX; ++p)
+        free(packed[p]);
+    return status;
 }
 
 int main(int argc, char **argv) {
@@ -510,8 +582,10 @@ int main(int argc, char **argv) {
         printf("{\"cpu\": \"%s\", \"cpus_online\": %ld, \"kernels\": \"%s\"}\n", cpu,
                sysconf(_SC_NPROCESSORS_ONLN), kernels_active()->name);
     else
-        printf("CPU: %s, %ld online; m = %d; each figure the median of its runs\nkernels chosen: %s (%s)\n",
-               cpu, sysconf(_SC_NPROCESSORS_ONLN), TOKENS, kernels_active()->name, reason);
+        printf("CPU: %s, %ld online; m = %d; each figure the best of %d rounds' medians, the paths taking "
+               "turns\n"
+               "kernels chosen: %s (%s)\n",
+               cpu, sysconf(_SC_NPROCESSORS_ONLN), TOKENS, ROUNDS, kernels_active()->name, reason);
 
     double peaks[sizeof peaks_table / sizeof peaks_table[0]][THREADS_MAX + 1] = {{0}};
     measure_peaks(json, &team, threads_max, peaks);
@@ -528,7 +602,6 @@ int main(int argc, char **argv) {
     int status = 0;
     if (!in.x || !in.bias || !in.y || !in.w || !in.w_i8 || !in.x_u8 || !in.w_scales || !in.x_scales ||
         !in.x_zeros) {
-        fprintf(stderr, "bench_gemm: out of memory\n");
         status = 1;
         goto done;
     }
@@ -540,51 +613,28 @@ int main(int argc, char **argv) {
         in.w[i] = f32_to_bf16(0.05f * bench_uniform(&random_state));
 
     totals_t totals[2] = {{{{0}}}};
-    for (int i8 = 0; i8 < 2; ++i8) {
+    for (int i8 = 0; i8 < 2 && !status; ++i8) {
         if (!json && i8)
             printf("\n%-14s %-5s %-12s %7s %10s %9s %9s\n", "I8 path", "layer", "n x k", "threads", "GOP/s",
                    "own peak", "quantize");
         else if (!json)
             printf("\n%-14s %-5s %-12s %7s %10s %9s\n", "path", "layer", "n x k", "threads", "GFLOP/s",
                    "own peak");
+        shape_t shape = {
+            .json = json, .i8 = i8, .threads_max = threads_max, .peaks = peaks, .totals = &totals[i8]};
         for (size_t p = 0; p < PATHS_MAX && path_names[i8][p]; ++p) {
-            team.path = kernels_named(path_names[i8][p]);
-            if (!team.path || !wanted(argc, argv, path_names[i8][p])) continue;
-            for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; ++s) {
-                size_t n = shapes[s][0], k = shapes[s][1];
-                void *packed = prepare_shape(&team, &in, i8, n, k);
-                if (!packed) {
-                    fprintf(stderr, "bench_gemm: out of memory\n");
-                    status = 1;
-                    goto done;
-                }
-                for (size_t threads = 1; threads <= threads_max; ++threads) {
-                    double quantize = i8 ? measure(&team, quantize_work, threads) : 0.0;
-                    double seconds = measure(&team, i8 ? gemm_i8_work : gemm_work, threads);
-                    double ops = 2.0 * TOKENS * (double)n * (double)k, rate = ops / seconds / 1e9;
-                    double own = peak_of(peaks, i8, path_names[i8][p], threads);
-                    double top = peak_of(peaks, i8, i8 ? "avx512vnni" : "avx512bf16", threads);
-                    totals[i8].ops[p][threads] += ops;
-                    totals[i8].seconds[p][threads] += seconds;
-                    figure_t const figure = {.path = path_names[i8][p],
-                                             .layer = shape_names[s],
-                                             .n = n,
-                                             .k = k,
-                                             .threads = threads,
-                                             .rate = rate,
-                                             .own = own > 0 ? rate / own : 0.0,
-                                             .ratio = top > 0 ? rate / top : 0.0,
-                                             .quantize = quantize / seconds,
-                                             .chosen = is_chosen(team.path, i8)};
-                    print_figure(json, i8, &figure);
-                }
-                free(packed);
-            }
+            kernels_t const *path = kernels_named(path_names[i8][p]);
+            shape.paths[p] = path && wanted(argc, argv, path_names[i8][p]) ? path : NULL;
+        }
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0] && !status; ++s) {
+            shape.layer = shape_names[s];
+            status = measure_shape(&team, &in, &shape, shapes[s][0], shapes[s][1]);
         }
     }
-    print_summary(json, totals, threads_max);
+    if (!status) print_summary(json, totals, threads_max);
 
 done:
+    if (status) fprintf(stderr, "bench_gemm: out of memory\n");
     if (threads_max > 1) {
         atomic_store(&team.quit, true);
         pthread_join(helper, NULL);
