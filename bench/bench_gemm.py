@@ -111,7 +111,7 @@ def main(argv=None) -> int:
         if note:
             break
         runs.append(records)
-    records = best_of(runs) if args.runs > 1 else records
+    records = best_of(runs) if runs else records
     head = next((r for r in records if "cpu" in r), {})
     print(f"CPU: {head.get('cpu', 'unknown')}, {head.get('cpus_online', '?')} online; PyTorch {torch.__version__} "
           f"(float32 GEMMs on {common.torch_blas()}); m = {M}")
