@@ -4,14 +4,14 @@
     python3 bench/bench_gemm.py --build build [--min-seconds 0.5] [--runs N] [path...]
 
 Runs `<build>/bench/bench_gemm --json [path...]` (every kernel path this CPU runs, m = 512, the text tower's
-qkv, out, up and down shapes, 1 and 2 threads, each figure the median of its runs and a share of its path's
-own peak; with --runs N, N runs and each figure the best of them), then torch.matmul(x, w.t()) at each shape in bfloat16 and in float32, torch.set_num_threads(1)
-and (2) (and as many OpenBLAS threads), the best call of each over --min-seconds (against bench_gemm's
-medians: where other work loads the machine, the comparison leans towards PyTorch). It prints the CPU, the path
-the dispatcher chose and why, the peaks, then per shape and thread count every path's GFLOP/s with its share
-of its own peak beside PyTorch's, the chosen GEMM marked `*` with its ratio to PyTorch bfloat16; then
-bench_gemm's I8 figures (GOP/s) and its check: the chosen GEMM's rate over the four shapes against the
-fastest path's. It prints figures and ratios and never fails on time.
+qkv, out, up and down shapes, 1 and 2 threads, each figure the best of 3 rounds' medians with the paths
+taking turns, and a share of its path's own peak; with --runs N, N runs and each figure the best of them),
+then torch.matmul(x, w.t()) at each shape in bfloat16 and in float32, torch.set_num_threads(1) and (2) (and
+as many OpenBLAS threads), the best call of each over --min-seconds. It prints the CPU, the path the
+dispatcher chose, the peaks, then per shape and thread count every path's GFLOP/s with its share of its own
+peak beside PyTorch's, the chosen GEMM marked `*` with its ratio to PyTorch bfloat16; then bench_gemm's I8
+figures (GOP/s) and its check: every path's rate over the four shapes, and the chosen GEMM's against the
+fastest one's. It prints figures and ratios and never fails on time.
 """
 
 from __future__ import annotations
