@@ -52,7 +52,8 @@ def run_bench_gemm(build: Path, paths: list) -> tuple[list, str]:
 
 def best_of(runs: list) -> list:
     """One run's records from several: each figure and peak its best over the runs (the rate the path has
-    when the machine's other work leaves it alone), the summaries recomputed from those best figures."""
+    when the machine's other work leaves it alone), each figure's share of its own peak and the summaries
+    recomputed from those."""
     best, order = {}, []
     for records in runs:
         for r in records:
@@ -66,7 +67,17 @@ def best_of(runs: list) -> list:
                 best[key] = r
             elif rate and r[rate] > best[key][rate]:
                 best[key] = r
-    merged = [best[key] for key in order]
+    merged = [dict(best[key]) for key in order]
+    peaks = {}  # (kind, path, threads): the best peak of that path's own instruction
+    for r in merged:
+        key = next((key for key in r if key.endswith("_peak") and not key.startswith("ratio")), None)
+        if key and "kind" in r:
+            peaks[(r["kind"], r["path"], r["threads"])] = r[key]
+    for r in merged:  # each best figure as a share of the best peak, which another run may have measured
+        unit = "gops" if "gops" in r else "gflops" if "gflops" in r else None
+        peak = peaks.get(("i8" if unit == "gops" else "bf16", r.get("path"), r.get("threads")))
+        if unit and peak:
+            r["ratio_to_own_peak"] = r[unit] / peak
     for kind in ("bf16", "i8"):
         unit = "gops" if kind == "i8" else "gflops"
         figures = [r for r in merged if unit in r]
