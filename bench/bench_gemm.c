@@ -1,19 +1,29 @@
 /* GEMM throughput of every kernel path at the text tower's shapes (m = 512 tokens, hidden 768, MLP 3072):
  *   qkv (n, k) = (2304, 768), out (768, 768), up (3072, 768), down (768, 3072),
  * with bias, on one thread and on two threads splitting n at KERNEL_GEMM_TILE multiples, in GFLOP/s
- * (2 m n k / time, median of several runs), beside the machine's BF16 dot-product peak: independent
- * `vdpbf16ps` chains in registers, on one core and on two at once. Then the I8 GEMM of every path with one
- * (scalar avx2 avxvnni avx512vnni) at the same shapes, in GOP/s, beside the I8 dot-product peak (`vpdpbusd`
- * chains alike), and the time quantize_rows takes for its activations as a share of the GEMM's. It prints
- * figures; it never fails on time.
- * The AMX paths' peaks follow where the amx path runs: four independent tile multiplies per step.
- * Usage: bench_gemm [--json] [path...]   (paths: scalar avx2 avxvnni avx512 avx512vnni avx512bf16 amx;
- * default all)
- * --json prints one object per line: {"path", "shape": "n x k", "m", "threads", "gflops",
- * "ratio_to_peak"} per BF16 figure, and {"peak_gflops", "threads"} for 1 and 2 threads (none, and ratios 0,
- * without AVX512-BF16); {"path", "kind": "i8", "shape", "m", "threads", "gops", "ratio_to_peak",
- * "quantize_share"} per I8 figure and {"i8_peak_gops", "threads"} (none without AVX512-VNNI);
- * {"amx_peak_gflops", "threads"} and {"amx_i8_peak_gops", "threads"} where the amx path runs. */
+ * (2 m n k / time: the median of several runs, in each of ROUNDS rounds in which the paths take turns, and
+ * the best round kept, so that other work on a shared machine weighs on every path alike), each as a share
+ * of its path's own peak (measured in rounds alike): the instruction its GEMM multiplies with, in
+ * independent chains held in registers, on one core and on two at once (`vfmadd231ps` ymm for avx2, zmm for
+ * avx512, `vdpbf16ps` for avx512bf16, `tdpbf16ps` tiles for amx). Then the I8 GEMM of every path with one (scalar avx2 avxvnni
+ * avxvnni_evex avx512vnni) at the same shapes, in GOP/s, as a share of its own peak (`vpmaddwd` with `vpaddd`
+ * for avx2, `vpdpbusd` on ymm for avxvnni, VEX, and avxvnni_evex, on zmm for avx512vnni), and the time
+ * quantize_rows takes for its activations as a share of the GEMM's. It names the CPU and the path the
+ * dispatcher chose with its reason, marks with `*` the GEMM that path runs, and ends with each path's rate
+ * over the four shapes (their work over their summed time) and the chosen GEMM's ratio to the fastest one
+ * measured: the dispatcher's check. It prints figures; it never fails on time. bench_gemm.py runs it beside
+ * PyTorch's matmul. Usage: bench_gemm [--json] [path...]   (paths: scalar avx2 avxvnni avxvnni_evex avx512
+ * avx512vnni avx512bf16 amx; default all)
+ * --json prints one object per line: {"cpu", "cpus_online", "kernels"}; {"<peak>_peak", "threads", "path",
+ * "kind"} per peak measured (fma_ymm, fma_zmm, dpbf16, maddwd, dpbusd_vex, dpbusd_ymm, dpbusd_zmm, and
+ * amx_bf16 and amx_i8 where the amx path runs: four independent tile multiplies a step), with
+ * {"peak_gflops", "threads"} and {"i8_peak_gops", "threads"} repeating the dpbf16 and dpbusd_zmm ones;
+ * {"path", "shape": "n x k", "m", "threads", "gflops", "ratio_to_peak", "ratio_to_own_peak", "chosen"} per
+ * BF16 figure (ratio_to_peak: to the vdpbf16ps peak, 0 without AVX512-BF16); {"path", "kind": "i8", "shape",
+ * "m", "threads", "gops", "ratio_to_peak" (to the zmm vpdpbusd peak), "ratio_to_own_peak", "chosen",
+ * "quantize_share"} per I8 figure; and {"summary": "bf16" or "i8", "threads", "chosen", "fastest",
+ * "chosen_rate", "fastest_rate", "ratio_to_fastest"}. */
+#include <cpuid.h>
 #include <immintrin.h>
 #include <pthread.h>
 #include <sched.h>
@@ -31,8 +41,9 @@
 #define TOKENS      512
 #define MIN_RUNS    5
 #define MAX_RUNS    51
-#define MIN_SECONDS 0.3 /* per figure, unless MIN_RUNS take longer */
+#define MIN_SECONDS 0.2 /* per figure and round, unless MIN_RUNS take longer */
 #define THREADS_MAX 2
+#define ROUNDS      3 /* turns the paths (and the peaks) take; each figure the best of its rounds */
 
 /* ---- Two threads, woken by spinning on a round counter (a sleeping hand-off would cost more than
  * the noise we measure); between two-thread figures the helper naps instead, so that its spinning
@@ -52,6 +63,7 @@ struct team {
     kernels_t const *path;
     kernel_gemm_t gemm;
     float const *x; /* quantize_work: [m, k] into gemm's x_u8, x_scales, x_zeros */
+    double (*peak_loop)(void);
 };
 
 static void *helper_main(void *context) {
@@ -101,13 +113,13 @@ static double measure(team_t *team, team_work_t work, size_t threads) {
     return times[runs / 2];
 }
 
-/* ---- Peak ---------------------------------------------------------------------------------------- */
+/* ---- Peaks: each path's own instruction, in independent chains held in registers ------------------ */
 
 enum { PEAK_CHAINS = 24, PEAK_STEPS = 20000000 };
 
-/* PEAK_CHAINS independent accumulators (the latency of about 6 cycles at 2 per cycle needs 12 or more),
- * all in registers. Compiled for AVX512-BF16 only here, and called only when the CPU has it. */
-__attribute__((target("avx512f,avx512bf16"))) static double peak_loop(void) {
+/* PEAK_CHAINS independent accumulators of `vdpbf16ps` (the latency of about 6 cycles at 2 per cycle needs
+ * 12 or more). Compiled for AVX512-BF16 only here, and called only when the CPU has it. */
+__attribute__((target("avx512f,avx512bf16"))) static double dpbf16_loop(void) {
     __m512 sums[PEAK_CHAINS];
     for (int i = 0; i < PEAK_CHAINS; ++i)
         sums[i] = _mm512_setzero_ps();
@@ -123,51 +135,120 @@ __attribute__((target("avx512f,avx512bf16"))) static double peak_loop(void) {
     return (double)total;
 }
 
-/* The same for `vpdpbusd` (four u8 by four s8 products into each int32 lane), written in assembly: GCC 12
- * moves an array of integer vectors through memory at every step, which would measure the moves. */
-#define DPBUSD_CHAIN(register) "vpdpbusd %%zmm24, %%zmm25, %%zmm" #register "\n\t"
-__attribute__((target("avx512f,avx512vnni"))) static double i8_peak_loop(void) {
+/* The same for `vfmadd231ps` on zmm (the avx512 GEMM's), and on ymm (the avx2 GEMM's: 12 chains, as AVX2 has
+ * 16 registers; 2 per cycle at a latency of 4 needs 8). Multiplying by 1 and adding 0 keeps the values. */
+__attribute__((target("avx512f"))) static double fma_zmm_loop(void) {
+    __m512 sums[PEAK_CHAINS];
+    for (int i = 0; i < PEAK_CHAINS; ++i)
+        sums[i] = _mm512_set1_ps((float)i);
+    __m512 one = _mm512_set1_ps(1.0f), zero = _mm512_setzero_ps();
+    for (long step = 0; step < PEAK_STEPS; ++step) {
+#pragma GCC unroll 24
+        for (int i = 0; i < PEAK_CHAINS; ++i)
+            sums[i] = _mm512_fmadd_ps(sums[i], one, zero);
+    }
+    float total = 0.0f;
+    for (int i = 0; i < PEAK_CHAINS; ++i)
+        total += _mm512_reduce_add_ps(sums[i]);
+    return (double)total;
+}
+
+enum { YMM_CHAINS = 12 };
+
+__attribute__((target("avx2,fma"))) static double fma_ymm_loop(void) {
+    __m256 sums[YMM_CHAINS];
+    for (int i = 0; i < YMM_CHAINS; ++i)
+        sums[i] = _mm256_set1_ps((float)i);
+    __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+    for (long step = 0; step < PEAK_STEPS; ++step) {
+#pragma GCC unroll 12
+        for (int i = 0; i < YMM_CHAINS; ++i)
+            sums[i] = _mm256_fmadd_ps(sums[i], one, zero);
+    }
+    float total = 0.0f;
+    for (int i = 0; i < YMM_CHAINS; ++i)
+        total += sums[i][0];
+    return (double)total;
+}
+
+/* The I8 dot products, written in assembly: GCC 12 moves an array of integer vectors through memory at every
+ * step, which would measure the moves. `vpdpbusd` (four u8 by four s8 products into each int32 lane) on zmm
+ * (avx512vnni's) and on ymm, EVEX-encoded (avxvnni_evex's) or VEX-encoded (avxvnni's, AVX-VNNI); avx2's
+ * `vpmaddwd` (two s16 by s16 products into each int32 lane) with the `vpaddd` that accumulates it. */
+#define CHAINS_24(step)                                                                                      \
+    step(0) step(1) step(2) step(3) step(4) step(5) step(6) step(7) step(8) step(9) step(10) step(11)        \
+        step(12) step(13) step(14) step(15) step(16) step(17) step(18) step(19) step(20) step(21) step(22)   \
+            step(23)
+#define CLOBBERS_24                                                                                          \
+    "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11",        \
+        "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22",   \
+        "xmm23", "xmm24", "xmm25", "cc"
+#define DPBUSD_ZMM(register) "vpdpbusd %%zmm24, %%zmm25, %%zmm" #register "\n\t"
+#define DPBUSD_YMM(register) "vpdpbusd %%ymm24, %%ymm25, %%ymm" #register "\n\t"
+#define DPBUSD_VEX(register) "%{vex%} vpdpbusd %%ymm12, %%ymm13, %%ymm" #register "\n\t"
+#define MADDWD(products, sums)                                                                               \
+    "vpmaddwd %%ymm12, %%ymm13, %%ymm" #products "\n\t"                                                      \
+    "vpaddd %%ymm" #products ", %%ymm" #sums ", %%ymm" #sums "\n\t"
+#define MADDWD_6 MADDWD(0, 6) MADDWD(1, 7) MADDWD(2, 8) MADDWD(3, 9) MADDWD(4, 10) MADDWD(5, 11)
+
+__attribute__((target("avx512f,avx512vnni"))) static double dpbusd_zmm_loop(void) {
     long steps = PEAK_STEPS;
     __asm__ volatile("vpternlogd $0xff, %%zmm24, %%zmm24, %%zmm24\n\t"
                      "vpabsb %%zmm24, %%zmm25\n\t" /* bytes of 1 */
-                     "1:\n\t" DPBUSD_CHAIN(0) DPBUSD_CHAIN(1) DPBUSD_CHAIN(2) DPBUSD_CHAIN(3) DPBUSD_CHAIN(4)
-                         DPBUSD_CHAIN(5) DPBUSD_CHAIN(6) DPBUSD_CHAIN(7) DPBUSD_CHAIN(8) DPBUSD_CHAIN(9)
-                             DPBUSD_CHAIN(10) DPBUSD_CHAIN(11) DPBUSD_CHAIN(12) DPBUSD_CHAIN(13)
-                                 DPBUSD_CHAIN(14) DPBUSD_CHAIN(15) DPBUSD_CHAIN(16) DPBUSD_CHAIN(17)
-                                     DPBUSD_CHAIN(18) DPBUSD_CHAIN(19) DPBUSD_CHAIN(20) DPBUSD_CHAIN(21)
-                                         DPBUSD_CHAIN(22) DPBUSD_CHAIN(23) "dec %0\n\t"
-                                                                           "jnz 1b\n\t"
+                     "1:\n\t" CHAINS_24(DPBUSD_ZMM) "dec %0\n\t"
+                                                    "jnz 1b\n\t"
                      : "+r"(steps)
                      :
-                     : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9",
-                       "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18",
-                       "xmm19", "xmm20", "xmm21", "xmm22", "xmm23", "xmm24", "xmm25", "cc");
+                     : CLOBBERS_24);
     return (double)steps;
 }
-#undef DPBUSD_CHAIN
 
-static double volatile peak_sink; /* keeps the loop's result, so that the loop is not removed */
-
-static void peak_work(team_t *team, size_t thread) {
-    (void)team;
-    (void)thread;
-    peak_sink = peak_loop();
+__attribute__((target("avx512f,avx512vl,avx512vnni"))) static double dpbusd_ymm_loop(void) {
+    long steps = PEAK_STEPS;
+    __asm__ volatile("vpternlogd $0xff, %%ymm24, %%ymm24, %%ymm24\n\t"
+                     "vpabsb %%ymm24, %%ymm25\n\t"
+                     "1:\n\t" CHAINS_24(DPBUSD_YMM) "dec %0\n\t"
+                                                    "jnz 1b\n\t"
+                     : "+r"(steps)
+                     :
+                     : CLOBBERS_24);
+    return (double)steps;
 }
 
-static void i8_peak_work(team_t *team, size_t thread) {
-    (void)team;
-    (void)thread;
-    peak_sink = i8_peak_loop();
+#define CHAINS_12(step)                                                                                      \
+    step(0) step(1) step(2) step(3) step(4) step(5) step(6) step(7) step(8) step(9) step(10) step(11)
+#define CLOBBERS_14                                                                                          \
+    "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11",        \
+        "xmm12", "xmm13", "cc"
+
+__attribute__((target("avx2"))) static double dpbusd_vex_loop(void) {
+    long steps = PEAK_STEPS;
+    __asm__ volatile("vpcmpeqd %%ymm12, %%ymm12, %%ymm12\n\t"
+                     "vpabsb %%ymm12, %%ymm13\n\t"
+                     "1:\n\t" CHAINS_12(DPBUSD_VEX) "dec %0\n\t"
+                                                    "jnz 1b\n\t"
+                     : "+r"(steps)
+                     :
+                     : CLOBBERS_14);
+    return (double)steps;
 }
 
-/* ---- AMX peaks ----------------------------------------------------------------------------------- */
+/* 12 vpmaddwd a step, into 6 chains of vpaddd (whose latency of 1 is the only dependence). */
+__attribute__((target("avx2"))) static double maddwd_loop(void) {
+    long steps = PEAK_STEPS;
+    __asm__ volatile("vpcmpeqd %%ymm12, %%ymm12, %%ymm12\n\t"
+                     "vpabsw %%ymm12, %%ymm13\n\t" /* s16 of 1 */
+                     "1:\n\t" MADDWD_6 MADDWD_6 "dec %0\n\t"
+                     "jnz 1b\n\t"
+                     : "+r"(steps)
+                     :
+                     : CLOBBERS_14);
+    return (double)steps;
+}
 
-/* Four independent tile multiplies per step (accumulators 0-3, operands 4-7 of ones, loaded once): one
- * TDPBF16PS is 16 x 16 x 32 products (16384 FLOP), one TDPBUSD 16 x 16 x 64 (32768 OP). Each thread
- * configures its tiles and releases them; called only where the amx path runs (the process has the tiles'
- * permission). */
-enum { AMX_STEPS = 2000000 };
-
+/* AMX: four independent tile multiplies a step (accumulators 0-3, operands 4-7 of ones, loaded once): one
+ * TDPBF16PS is 16 x 16 x 32 products, one TDPBUSD 16 x 16 x 64. The thread configures its tiles and releases
+ * them; measured only where the amx path runs (the process holds the tiles' permission). */
 typedef struct amx_config {
     uint8_t palette, start_row, reserved[14];
     uint16_t colsb[16];
@@ -179,9 +260,8 @@ typedef struct amx_config {
 static _Alignas(64) amx_config_t const amx_config = {
     .palette = 1, .colsb = {64, 64, 64, 64, 64, 64, 64, 64}, .rows = {16, 16, 16, 16, 16, 16, 16, 16}};
 
-__attribute__((target("amx-tile,amx-bf16,amx-int8"))) static double amx_peak_loop(bool i8) {
-    static _Alignas(64)
-        uint16_t const ones[16 * 32] = {[0 ... 16 * 32 - 1] = 0x3f80}; /* BF16 1.0, or bytes */
+__attribute__((target("amx-tile,amx-bf16,amx-int8"))) static double amx_loop(bool i8) {
+    static _Alignas(64) uint16_t const ones[16 * 32] = {[0 ... 16 * 32 - 1] = 0x3f80}; /* BF16 1.0, or bytes */
     _tile_loadconfig(&amx_config);
     _tile_zero(0);
     _tile_zero(1);
@@ -191,7 +271,7 @@ __attribute__((target("amx-tile,amx-bf16,amx-int8"))) static double amx_peak_loo
     _tile_loadd(5, ones, 64);
     _tile_loadd(6, ones, 64);
     _tile_loadd(7, ones, 64);
-    for (long step = 0; step < AMX_STEPS; ++step)
+    for (long step = 0; step < PEAK_STEPS; ++step)
         if (i8) {
             _tile_dpbusd(0, 4, 6);
             _tile_dpbusd(1, 4, 7);
@@ -210,36 +290,40 @@ __attribute__((target("amx-tile,amx-bf16,amx-int8"))) static double amx_peak_loo
     return (double)out[0];
 }
 
-static void amx_peak_work(team_t *team, size_t thread) {
-    (void)team;
-    (void)thread;
-    peak_sink = amx_peak_loop(false);
+static double amx_bf16_loop(void) {
+    return amx_loop(false);
 }
 
-static void amx_i8_peak_work(team_t *team, size_t thread) {
-    (void)team;
-    (void)thread;
-    peak_sink = amx_peak_loop(true);
+static double amx_i8_loop(void) {
+    return amx_loop(true);
 }
 
-/* Prints the AMX BF16 and I8 peaks on 1 to threads_max threads, or why they are not measured. */
-static void amx_peaks(team_t *team, size_t threads_max, bool json) {
-    if (!kernels_named("amx")) {
-        if (!json) printf("AMX peaks: skipped, %s\n", kernels_amx_state());
-        return;
-    }
-    for (int i8 = 0; i8 < 2; ++i8)
-        for (size_t threads = 1; threads <= threads_max; ++threads) {
-            double ops = (double)AMX_STEPS * 4 * 16 * 16 * (i8 ? 64 : 32) * 2 * (double)threads;
-            double rate = ops / measure(team, i8 ? amx_i8_peak_work : amx_peak_work, threads) / 1e9;
-            if (json)
-                printf("{\"%s\": %.1f, \"threads\": %zu}\n", i8 ? "amx_i8_peak_gops" : "amx_peak_gflops",
-                       rate, threads);
-            else
-                printf("AMX %s peak (4 %s chains), %zu thread%s: %.1f %s\n", i8 ? "I8" : "BF16",
-                       i8 ? "tdpbusd" : "tdpbf16ps", threads, threads > 1 ? "s" : "", rate,
-                       i8 ? "GOP/s" : "GFLOP/s");
-        }
+static double volatile peak_sink; /* keeps a loop's result, so that the loop is not removed */
+
+/* The peaks bench_gemm measures, and which path's GEMM each is the peak of. */
+typedef struct peak {
+    char const *key;  /* its JSON key: "<key>_peak" */
+    char const *what; /* what it runs */
+    double (*loop)(void);
+    double ops; /* per step: chains x lanes x products x 2 */
+    bool i8;
+    char const *path; /* whose GEMM (BF16) or I8 GEMM (i8) it is the peak of */
+} peak_t;
+
+static peak_t const peaks_table[] = {
+    {"fma_ymm", "12 vfmadd231ps ymm chains", fma_ymm_loop, YMM_CHAINS * 8 * 2, false, "avx2"},
+    {"fma_zmm", "24 vfmadd231ps zmm chains", fma_zmm_loop, PEAK_CHAINS * 16 * 2, false, "avx512"},
+    {"dpbf16", "24 vdpbf16ps zmm chains", dpbf16_loop, PEAK_CHAINS * 16 * 2 * 2, false, "avx512bf16"},
+    {"maddwd", "12 vpmaddwd ymm into 6 vpaddd chains", maddwd_loop, 12 * 8 * 2 * 2, true, "avx2"},
+    {"dpbusd_vex", "12 {vex} vpdpbusd ymm chains", dpbusd_vex_loop, 12 * 8 * 4 * 2, true, "avxvnni"},
+    {"dpbusd_ymm", "24 vpdpbusd ymm chains", dpbusd_ymm_loop, PEAK_CHAINS * 8 * 4 * 2, true, "avxvnni_evex"},
+    {"dpbusd_zmm", "24 vpdpbusd zmm chains", dpbusd_zmm_loop, PEAK_CHAINS * 16 * 4 * 2, true, "avx512vnni"},
+    {"amx_bf16", "4 tdpbf16ps tile chains", amx_bf16_loop, 4 * 16 * 16 * 32 * 2, false, "amx"},
+    {"amx_i8", "4 tdpbusd tile chains", amx_i8_loop, 4 * 16 * 16 * 64 * 2, true, "amx"},
+};
+static void peak_work(team_t *team, size_t thread) {
+    (void)thread;
+    peak_sink = team->peak_loop();
 }
 
 /* ---- GEMM ---------------------------------------------------------------------------------------- */
@@ -306,23 +390,33 @@ static void *prepare_shape(team_t *team, inputs_t const *in, bool i8, size_t n, 
     return packed;
 }
 
-/* One figure: G(FL)OP/s, its share of the peak and, for I8, the share quantize_rows adds. */
-static void print_figure(bool json, bool i8, char const *path, char const *layer, size_t n, size_t k,
-                         size_t threads, double rate, double ratio, double quantize) {
+/* One figure: G(FL)OP/s, its share of the path's own peak and of the vdpbf16ps / zmm vpdpbusd one, whether
+ * it is the GEMM the dispatcher chose, and for I8 the share quantize_rows adds. */
+typedef struct figure {
+    char const *path, *layer;
+    size_t n, k, threads;
+    double rate, own, ratio, quantize;
+    bool chosen;
+} figure_t;
+
+static void print_figure(bool json, bool i8, figure_t const *f) {
     if (json && i8)
         printf("{\"path\": \"%s\", \"kind\": \"i8\", \"shape\": \"%zu x %zu\", \"m\": %d, \"threads\": %zu, "
-               "\"gops\": %.1f, \"ratio_to_peak\": %.3f, \"quantize_share\": %.3f}\n",
-               path, n, k, TOKENS, threads, rate, ratio, quantize);
+               "\"gops\": %.1f, \"ratio_to_peak\": %.3f, \"ratio_to_own_peak\": %.3f, \"chosen\": %s, "
+               "\"quantize_share\": %.3f}\n",
+               f->path, f->n, f->k, TOKENS, f->threads, f->rate, f->ratio, f->own,
+               f->chosen ? "true" : "false", f->quantize);
     else if (json)
         printf("{\"path\": \"%s\", \"shape\": \"%zu x %zu\", \"m\": %d, \"threads\": %zu, \"gflops\": %.1f, "
-               "\"ratio_to_peak\": %.3f}\n",
-               path, n, k, TOKENS, threads, rate, ratio);
+               "\"ratio_to_peak\": %.3f, \"ratio_to_own_peak\": %.3f, \"chosen\": %s}\n",
+               f->path, f->n, f->k, TOKENS, f->threads, f->rate, f->ratio, f->own,
+               f->chosen ? "true" : "false");
     else if (i8)
-        printf("%-11s %-5s %4zu x %-5zu %7zu %10.1f %7.1f%% %8.1f%%\n", path, layer, n, k, threads, rate,
-               100.0 * ratio, 100.0 * quantize);
+        printf("%-12s %c %-5s %4zu x %-5zu %7zu %10.1f %8.1f%% %8.1f%%\n", f->path, f->chosen ? '*' : ' ',
+               f->layer, f->n, f->k, f->threads, f->rate, 100.0 * f->own, 100.0 * f->quantize);
     else
-        printf("%-11s %-5s %4zu x %-5zu %7zu %10.1f %7.1f%%\n", path, layer, n, k, threads, rate,
-               100.0 * ratio);
+        printf("%-12s %c %-5s %4zu x %-5zu %7zu %10.1f %8.1f%%\n", f->path, f->chosen ? '*' : ' ', f->layer,
+               f->n, f->k, f->threads, f->rate, 100.0 * f->own);
     fflush(stdout);
 }
 
@@ -338,13 +432,198 @@ static bool wanted(int argc, char **argv, char const *name) {
     return !any;
 }
 
+/* The CPU's brand string, vendor, family and model (CPUID), as "AMD EPYC (AuthenticAMD family 25 model 17)".
+ */
+static void cpu_describe(char *text, size_t capacity) {
+    unsigned regs[12] = {0}, eax = 0, ebx = 0, ecx = 0, edx = 0;
+    char vendor[13] = "", brand[49] = "";
+    if (__get_cpuid(0, &eax, &ebx, &ecx, &edx)) {
+        memcpy(vendor, &ebx, 4);
+        memcpy(vendor + 4, &edx, 4);
+        memcpy(vendor + 8, &ecx, 4);
+    }
+    for (unsigned leaf = 0; leaf < 3; ++leaf)
+        __get_cpuid(0x80000002u + leaf, &regs[4 * leaf], &regs[4 * leaf + 1], &regs[4 * leaf + 2],
+                    &regs[4 * leaf + 3]);
+    memcpy(brand, regs, 48);
+    char const *start = brand;
+    while (*start == ' ')
+        ++start;
+    unsigned family = 0, model = 0;
+    if (__get_cpuid(1, &eax, &ebx, &ecx, &edx)) {
+        family = ((eax >> 8) & 0xf) + (((eax >> 8) & 0xf) == 0xf ? (eax >> 20) & 0xff : 0);
+        model = ((eax >> 4) & 0xf) | ((((eax >> 8) & 0xf) >= 6 ? (eax >> 16) & 0xf : 0) << 4);
+    }
+    snprintf(text, capacity, "%s (%s family %u model %u)", start, vendor, family, model);
+}
+
+/* The paths of each kind (BF16, I8) and, per thread count, their work and time summed over the shapes. */
+enum { PATHS_MAX = 6 };
+static char const *const path_names[2][PATHS_MAX] = {
+    {"scalar", "avx2", "avx512", "avx512bf16", "amx"},
+    {"scalar", "avx2", "avxvnni", "avxvnni_evex", "avx512vnni", "amx"}};
+
+typedef struct totals {
+    double ops[PATHS_MAX][THREADS_MAX + 1], seconds[PATHS_MAX][THREADS_MAX + 1];
+} totals_t;
+
+/* Whether `path`'s GEMM (or I8 GEMM) is the one of the table the dispatcher chose. */
+static bool is_chosen(kernels_t const *path, bool i8) {
+    kernels_t const *active = kernels_active();
+    return i8 ? path->gemm_i8 == active->gemm_i8 : path->gemm == active->gemm;
+}
+
+/* Per kind and thread count: every measured path's rate over the four shapes, the chosen one's, and its
+ * ratio to the fastest: the dispatcher's check. */
+static void print_summary(bool json, totals_t const totals[2], size_t threads_max) {
+    if (!json) printf("\nOver the four shapes (their work over their summed time):\n");
+    for (int i8 = 0; i8 < 2; ++i8)
+        for (size_t threads = 1; threads <= threads_max; ++threads) {
+            int chosen = -1, fastest = -1;
+            double rates[PATHS_MAX] = {0};
+            if (!json) printf("%-4s %zu thread%s:", i8 ? "I8" : "BF16", threads, threads > 1 ? "s" : " ");
+            for (int p = 0; p < PATHS_MAX; ++p) {
+                if (!(totals[i8].seconds[p][threads] > 0)) continue;
+                rates[p] = totals[i8].ops[p][threads] / totals[i8].seconds[p][threads] / 1e9;
+                if (!json) printf(" %s %.1f", path_names[i8][p], rates[p]);
+                if (fastest < 0 || rates[p] > rates[fastest]) fastest = p;
+                if (is_chosen(kernels_named(path_names[i8][p]), i8)) chosen = p;
+            }
+            if (fastest < 0) {
+                if (!json) printf(" nothing measured\n");
+                continue;
+            }
+            double ratio = chosen >= 0 ? rates[chosen] / rates[fastest] : 0.0;
+            char const *chosen_name = chosen >= 0 ? path_names[i8][chosen] : "not measured";
+            if (json)
+                printf("{\"summary\": \"%s\", \"threads\": %zu, \"chosen\": \"%s\", \"fastest\": \"%s\", "
+                       "\"chosen_rate\": %.1f, \"fastest_rate\": %.1f, \"ratio_to_fastest\": %.3f}\n",
+                       i8 ? "i8" : "bf16", threads, chosen_name, path_names[i8][fastest],
+                       chosen >= 0 ? rates[chosen] : 0.0, rates[fastest], ratio);
+            else
+                printf(" %s; chosen %s, fastest %s: chosen/fastest %.3f%s\n", i8 ? "GOP/s" : "GFLOP/s",
+                       chosen_name, path_names[i8][fastest], ratio,
+                       chosen < 0      ? ""
+                       : ratio >= 0.95 ? " (within 5%)"
+                                       : " (NOT within 5%)");
+        }
+}
+
+/* Measures every peak this CPU runs, on 1 and 2 threads, into peaks[i][threads] (0: not measured): the best
+ * of ROUNDS rounds in which the peaks take turns, as the GEMMs' figures are. */
+static void measure_peaks(bool json, team_t *team, size_t threads_max, double peaks[][THREADS_MAX + 1]) {
+    size_t const count = sizeof peaks_table / sizeof peaks_table[0];
+    for (size_t round = 0; round < ROUNDS; ++round)
+        for (size_t i = 0; i < count; ++i)
+            for (size_t threads = 1; kernels_named(peaks_table[i].path) && threads <= threads_max;
+                 ++threads) {
+                team->peak_loop = peaks_table[i].loop;
+                double ops = (double)PEAK_STEPS * peaks_table[i].ops;
+                double rate = ops * (double)threads / measure(team, peak_work, threads) / 1e9;
+                peaks[i][threads] = rate > peaks[i][threads] ? rate : peaks[i][threads];
+            }
+    for (size_t i = 0; i < count; ++i) {
+        peak_t const *peak = &peaks_table[i];
+        if (!kernels_named(peak->path)) {
+            if (!json)
+                printf("peak %-10s %-38s: this CPU does not run %s\n", peak->key, peak->what, peak->path);
+            continue;
+        }
+        if (!json) printf("peak %-10s %-38s:", peak->key, peak->what);
+        for (size_t threads = 1; threads <= threads_max; ++threads) {
+            if (json)
+                printf("{\"%s_peak\": %.1f, \"threads\": %zu, \"path\": \"%s\", \"kind\": \"%s\"}\n",
+                       peak->key, peaks[i][threads], threads, peak->path, peak->i8 ? "i8" : "bf16");
+            else
+                printf(" %8.1f %s, %zu thread%s", peaks[i][threads], peak->i8 ? "GOP/s" : "GFLOP/s", threads,
+                       threads > 1 ? "s" : "");
+            /* The keys bench_text.py reads: the vdpbf16ps and zmm vpdpbusd peaks. */
+            if (json && !strcmp(peak->key, "dpbf16"))
+                printf("{\"peak_gflops\": %.1f, \"threads\": %zu}\n", peaks[i][threads], threads);
+            if (json && !strcmp(peak->key, "dpbusd_zmm"))
+                printf("{\"i8_peak_gops\": %.1f, \"threads\": %zu}\n", peaks[i][threads], threads);
+        }
+        if (!json) printf("\n");
+    }
+    fflush(stdout);
+}
+
+/* The measured peak of `path`'s own instruction (GEMM or I8 GEMM), and the vdpbf16ps (zmm vpdpbusd) one. */
+static double peak_of(double const peaks[][THREADS_MAX + 1], bool i8, char const *path, size_t threads) {
+    for (size_t i = 0; i < sizeof peaks_table / sizeof peaks_table[0]; ++i)
+        if (peaks_table[i].i8 == i8 && !strcmp(peaks_table[i].path, path)) return peaks[i][threads];
+    return 0.0;
+}
+
+/* One shape of one kind (BF16 or I8) on every wanted path: weights packed for each, then ROUNDS rounds in
+ * which the paths take turns, each figure the best of its rounds' medians, so that other work on a shared
+ * machine weighs on every path alike. Prints the figures and adds them to the totals; answers 1 when out of
+ * memory. */
+
+typedef struct shape {
+    bool json, i8;
+    size_t threads_max;
+    double const (*peaks)[THREADS_MAX + 1];
+    totals_t *totals;
+    char const *layer;
+    kernels_t const *paths[PATHS_MAX]; /* NULL: not measured */
+} shape_t;
+
+static int measure_shape(team_t *team, inputs_t const *in, shape_t const *shape, size_t n, size_t k) {
+    bool const i8 = shape->i8;
+    void *packed[PATHS_MAX] = {NULL};
+    kernel_gemm_t gemms[PATHS_MAX];
+    int status = 0;
+    for (size_t p = 0; p < PATHS_MAX; ++p) {
+        if (!shape->paths[p]) continue;
+        team->path = shape->paths[p];
+        if (!(packed[p] = prepare_shape(team, in, i8, n, k))) status = 1;
+        gemms[p] = team->gemm;
+    }
+    double const ops = 2.0 * TOKENS * (double)n * (double)k;
+    for (size_t threads = 1; !status && threads <= shape->threads_max; ++threads) {
+        double seconds[PATHS_MAX], quantize[PATHS_MAX];
+        for (size_t round = 0; round < ROUNDS; ++round)
+            for (size_t p = 0; p < PATHS_MAX; ++p) {
+                if (!shape->paths[p]) continue;
+                team->path = shape->paths[p];
+                team->gemm = gemms[p];
+                double q = i8 ? measure(team, quantize_work, threads) : 0.0;
+                double t = measure(team, i8 ? gemm_i8_work : gemm_work, threads);
+                seconds[p] = round && seconds[p] < t ? seconds[p] : t;
+                quantize[p] = round && quantize[p] < q ? quantize[p] : q;
+            }
+        for (size_t p = 0; p < PATHS_MAX; ++p) {
+            if (!shape->paths[p]) continue;
+            double rate = ops / seconds[p] / 1e9;
+            double own = peak_of(shape->peaks, i8, path_names[i8][p], threads);
+            double top = peak_of(shape->peaks, i8, i8 ? "avx512vnni" : "avx512bf16", threads);
+            shape->totals->ops[p][threads] += ops;
+            shape->totals->seconds[p][threads] += seconds[p];
+            figure_t const figure = {.path = path_names[i8][p],
+                                     .layer = shape->layer,
+                                     .n = n,
+                                     .k = k,
+                                     .threads = threads,
+                                     .rate = rate,
+                                     .own = own > 0 ? rate / own : 0.0,
+                                     .ratio = top > 0 ? rate / top : 0.0,
+                                     .quantize = quantize[p] / seconds[p],
+                                     .chosen = is_chosen(shape->paths[p], i8)};
+            print_figure(shape->json, i8, &figure);
+        }
+    }
+    for (size_t p = 0; p < PATHS_MAX; ++p)
+        free(packed[p]);
+    return status;
+}
+
 int main(int argc, char **argv) {
     bool json = false;
     for (int i = 1; i < argc; ++i)
         json |= !strcmp(argv[i], "--json");
     static size_t const shapes[][2] = {{2304, 768}, {768, 768}, {3072, 768}, {768, 3072}}; /* (n, k) */
     static char const *const shape_names[] = {"qkv", "out", "up", "down"};
-    static char const *const path_names[] = {"scalar", "avx2", "avx512", "avx512bf16", "amx"};
 
     team_t team = {0};
     pthread_t helper;
@@ -352,34 +631,20 @@ int main(int argc, char **argv) {
     bench_pin_to_cpu(0);
     if (threads_max > 1 && pthread_create(&helper, NULL, helper_main, &team) != 0) threads_max = 1;
 
-    /* The peaks, BF16 then I8: peaks[0] in GFLOP/s, peaks[1] in GOP/s, per thread count (0: not measured). */
-    double peaks[2][THREADS_MAX + 1] = {{0}};
-    __builtin_cpu_init();
-    struct {
-        bool has;
-        team_work_t work;
-        double ops; /* per step: lanes x products x 2 */
-        char const *key, *what, *unit, *lacking;
-    } const kinds[2] = {
-        {__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16"), peak_work, 16 * 2 * 2,
-         "peak_gflops", "BF16 dot-product peak (24 vdpbf16ps chains)", "GFLOP/s", "AVX512-BF16"},
-        {__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vnni"), i8_peak_work, 16 * 4 * 2,
-         "i8_peak_gops", "I8 dot-product peak (24 vpdpbusd chains)", "GOP/s", "AVX512-VNNI"},
-    };
-    for (size_t kind = 0; kind < 2; ++kind) {
-        for (size_t threads = 1; kinds[kind].has && threads <= threads_max; ++threads) {
-            double ops = (double)PEAK_STEPS * PEAK_CHAINS * kinds[kind].ops;
-            peaks[kind][threads] = ops * (double)threads / measure(&team, kinds[kind].work, threads) / 1e9;
-            if (json)
-                printf("{\"%s\": %.1f, \"threads\": %zu}\n", kinds[kind].key, peaks[kind][threads], threads);
-            else
-                printf("%s, %zu thread%s: %.1f %s\n", kinds[kind].what, threads, threads > 1 ? "s" : "",
-                       peaks[kind][threads], kinds[kind].unit);
-        }
-        if (!kinds[kind].has && !json)
-            printf("%s: this CPU has no %s\n", kinds[kind].what, kinds[kind].lacking);
-    }
-    amx_peaks(&team, threads_max, json);
+    char cpu[160];
+    cpu_describe(cpu, sizeof cpu);
+    char const *reason = kernels_reason();
+    if (json)
+        printf("{\"cpu\": \"%s\", \"cpus_online\": %ld, \"kernels\": \"%s\"}\n", cpu,
+               sysconf(_SC_NPROCESSORS_ONLN), kernels_active()->name);
+    else
+        printf("CPU: %s, %ld online; m = %d; each figure the best of %d rounds' medians, the paths taking "
+               "turns\n"
+               "kernels chosen: %s (%s)\n",
+               cpu, sysconf(_SC_NPROCESSORS_ONLN), TOKENS, ROUNDS, kernels_active()->name, reason);
+
+    double peaks[sizeof peaks_table / sizeof peaks_table[0]][THREADS_MAX + 1] = {{0}};
+    measure_peaks(json, &team, threads_max, peaks);
     size_t k_max = 3072, n_max = 3072;
     inputs_t in = {.x = aligned_alloc(64, TOKENS * k_max * sizeof(float)),
                    .bias = aligned_alloc(64, n_max * sizeof(float)),
@@ -393,7 +658,6 @@ int main(int argc, char **argv) {
     int status = 0;
     if (!in.x || !in.bias || !in.y || !in.w || !in.w_i8 || !in.x_u8 || !in.w_scales || !in.x_scales ||
         !in.x_zeros) {
-        fprintf(stderr, "bench_gemm: out of memory\n");
         status = 1;
         goto done;
     }
@@ -404,41 +668,29 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < n_max * k_max; ++i)
         in.w[i] = f32_to_bf16(0.05f * bench_uniform(&random_state));
 
-    static char const *const i8_path_names[] = {"scalar", "avx2", "avxvnni", "avx512vnni", "amx"};
-    for (int i8 = 0; i8 < 2; ++i8) {
+    totals_t totals[2] = {{{{0}}}};
+    for (int i8 = 0; i8 < 2 && !status; ++i8) {
         if (!json && i8)
-            printf("\n%-11s %-5s %-12s %7s %10s %8s %9s\n", "I8 path", "layer", "n x k", "threads", "GOP/s",
-                   "peak", "quantize");
+            printf("\n%-14s %-5s %-12s %7s %10s %9s %9s\n", "I8 path", "layer", "n x k", "threads", "GOP/s",
+                   "own peak", "quantize");
         else if (!json)
-            printf("\n%-11s %-5s %-12s %7s %10s %8s\n", "path", "layer", "n x k", "threads", "GFLOP/s",
-                   "peak");
-        char const *const *names = i8 ? i8_path_names : path_names;
-        size_t count = i8 ? sizeof i8_path_names / sizeof *names : sizeof path_names / sizeof *names;
-        for (size_t p = 0; p < count; ++p) {
-            team.path = kernels_named(names[p]);
-            if (!team.path || !wanted(argc, argv, names[p])) continue;
-            for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; ++s) {
-                size_t n = shapes[s][0], k = shapes[s][1];
-                void *packed = prepare_shape(&team, &in, i8, n, k);
-                if (!packed) {
-                    fprintf(stderr, "bench_gemm: out of memory\n");
-                    status = 1;
-                    goto done;
-                }
-                for (size_t threads = 1; threads <= threads_max; ++threads) {
-                    double quantize = i8 ? measure(&team, quantize_work, threads) : 0.0;
-                    double seconds = measure(&team, i8 ? gemm_i8_work : gemm_work, threads);
-                    double rate = 2.0 * TOKENS * (double)n * (double)k / seconds / 1e9;
-                    double top = peaks[i8][threads];
-                    print_figure(json, i8, team.path->name, shape_names[s], n, k, threads, rate,
-                                 top > 0 ? rate / top : 0.0, quantize / seconds);
-                }
-                free(packed);
-            }
+            printf("\n%-14s %-5s %-12s %7s %10s %9s\n", "path", "layer", "n x k", "threads", "GFLOP/s",
+                   "own peak");
+        shape_t shape = {
+            .json = json, .i8 = i8, .threads_max = threads_max, .peaks = peaks, .totals = &totals[i8]};
+        for (size_t p = 0; p < PATHS_MAX && path_names[i8][p]; ++p) {
+            kernels_t const *path = kernels_named(path_names[i8][p]);
+            shape.paths[p] = path && wanted(argc, argv, path_names[i8][p]) ? path : NULL;
+        }
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0] && !status; ++s) {
+            shape.layer = shape_names[s];
+            status = measure_shape(&team, &in, &shape, shapes[s][0], shapes[s][1]);
         }
     }
+    if (!status) print_summary(json, totals, threads_max);
 
 done:
+    if (status) fprintf(stderr, "bench_gemm: out of memory\n");
     if (threads_max > 1) {
         atomic_store(&team.quit, true);
         pthread_join(helper, NULL);

@@ -130,14 +130,16 @@ UFORM_EXPORT uint32_t uform_features(void);
 /* The library's version, for bindings that load it at run time. Never fails. */
 UFORM_EXPORT void uform_version(int *major, int *minor, int *patch);
 
-/* The CPU kernels this process computes with, as static strings (either pointer may be NULL): into *path
- * the kernel path's name ("scalar", "avx2", "avx512bf16", "amx", "neon", ...; the environment variable
- * UFORM_KERNELS may name one the CPU runs), into *amx whether Intel AMX's tiles are used and why not:
- * "amx: enabled", "amx: not on this CPU (...)", "amx: not enabled by the OS (...)" or "amx: refused by the
- * kernel (errno N: ...)" (then the next path is used). The first call (or the first encode) chooses the
- * path once for the process, and on x86-64 Linux with AMX asks the kernel for the tiles. Thread-safe; never
- * fails. */
-UFORM_EXPORT void uform_kernels(char const **path, char const **amx);
+/* The CPU kernel path this process computes on ("scalar", "avx2", "avx512bf16", "amx", "neon", ...), with,
+ * as static strings where the pointers are not NULL: in *reason why it was chosen, in *amx whether Intel
+ * AMX's tiles are used and why not ("amx: enabled", "amx: not on this CPU (...)", "amx: not enabled by the OS
+ * (...)" or "amx: refused by the kernel (errno N: ...)", then the next path is used). Chosen once, on the
+ * first call or the first use of the kernels, and kept for the process: the path UFORM_KERNELS names when
+ * this CPU and build run it (reason "UFORM_KERNELS"), else a fixed rule over the CPU's vendor and features
+ * whose exceptions measurements justify, never a timing of its own, so that every process on one machine
+ * writes the same bits (docs/DESIGN.md, "Kernels"); on x86-64 Linux with AMX the first choice asks the kernel
+ * for the tiles. Thread-safe; never fails. */
+UFORM_EXPORT char const *uform_kernels(char const **reason, char const **amx);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Outcomes                                                                                       */

@@ -1,6 +1,8 @@
-/* Chooses the kernel path once per process: UFORM_KERNELS when the CPU can run it, else the best one
- * the CPU supports. */
+/* Chooses the kernel path once per process: UFORM_KERNELS when the CPU can run it, else the fastest one
+ * the CPU runs by a fixed rule over its vendor and the paths it runs (kernels_rule), never by a measurement
+ * at run time, so that every process on one machine computes the same bits. */
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -213,55 +215,162 @@ static kernels_t const neondot_path = PATH_TABLE("neondot", neon, neon, neon, sc
 static kernels_t const neoni8mm_path = PATH_TABLE("neoni8mm", neon, neon, neon, scalar, scalar, neoni8mm);
 #endif
 
+/* Who may take a built path: the rule and UFORM_KERNELS, UFORM_KERNELS alone, or only the tests and
+ * benches (kernels_named). */
+typedef enum path_use { PATH_CHOSEN, PATH_NAMED, PATH_TESTED } path_use_t;
+
 /* The paths this build has, best first: the order kernels_active tries them in. */
 typedef struct built_path {
     kernels_t const *table;
     bool (*runs)(void); /* whether this CPU runs it */
-    bool chosen;        /* whether UFORM_KERNELS may name it and kernels_active choose it */
+    path_use_t use;
 } built_path_t;
 
+/* amx is taken only where UFORM_KERNELS names it: the suite checks its tile kernels against the scalar path
+ * wherever the CPU has AMX, but the rule takes a path by measurements, and no bench_gemm figure of these
+ * kernels on AMX hardware stands behind it. */
 static built_path_t const built_paths[] = {
 #if defined(__x86_64__)
-    {&amx_path, cpu_has_amx, true},
-    {&avx512bf16_path, cpu_has_avx512bf16, true},
-    {&avx512vnni_path, cpu_has_avx512vnni, true},
-    {&avx512_path, cpu_has_avx512, true},
-    {&avxvnni_path, cpu_has_avxvnni, true},
-    {&avx2_path, cpu_has_avx2, true},
-    {&avxvnni_evex_path, cpu_has_avx512vnni, false},
+    {&amx_path, cpu_has_amx, PATH_NAMED},
+    {&avx512bf16_path, cpu_has_avx512bf16, PATH_CHOSEN},
+    {&avx512vnni_path, cpu_has_avx512vnni, PATH_CHOSEN},
+    {&avx512_path, cpu_has_avx512, PATH_CHOSEN},
+    {&avxvnni_path, cpu_has_avxvnni, PATH_CHOSEN},
+    {&avx2_path, cpu_has_avx2, PATH_CHOSEN},
+    {&avxvnni_evex_path, cpu_has_avx512vnni, PATH_TESTED},
 #endif
 #if defined(__aarch64__)
-    {&neoni8mm_path, cpu_has_neon_dot_i8mm, true},
-    {&neondot_path, cpu_has_neon_dot, true},
-    {&neon_path, cpu_any, true},
+    {&neoni8mm_path, cpu_has_neon_dot_i8mm, PATH_CHOSEN},
+    {&neondot_path, cpu_has_neon_dot, PATH_CHOSEN},
+    {&neon_path, cpu_any, PATH_CHOSEN},
 #endif
-    {&scalar_path, cpu_any, true},
+    {&scalar_path, cpu_any, PATH_CHOSEN},
 };
 
-/* The built path called `name` (only a chosen one when `chosen_only`), when this CPU runs it. */
-static kernels_t const *built_named(char const *name, bool chosen_only) {
+/* The built path called `name` whose use is at most `use` (PATH_TESTED: any), when this CPU runs it. */
+static kernels_t const *built_named(char const *name, path_use_t use) {
     for (size_t i = 0; name && i < sizeof built_paths / sizeof built_paths[0]; ++i) {
         built_path_t const *built = &built_paths[i];
-        if (strcmp(built->table->name, name) || (chosen_only && !built->chosen)) continue;
+        if (strcmp(built->table->name, name) || built->use > use) continue;
         return built->runs() ? built->table : NULL;
     }
     return NULL;
 }
 
 kernels_t const *kernels_named(char const *name) {
-    return built_named(name, false);
+    return built_named(name, PATH_TESTED);
 }
 
+/* ---- The rule --------------------------------------------------------------------------------------
+ * The first path of built_paths the CPU runs is the newest; it is taken unless a measured exception below
+ * names a faster one for the CPU's vendor. Each reason says what justified the choice. */
+
+/* Where the newest path `newest` loses to `instead` on `vendor`'s CPUs. */
+typedef struct kernels_exception {
+    kernels_vendor_t vendor;
+    char const *newest, *instead, *reason;
+} kernels_exception_t;
+
+static kernels_exception_t const exceptions[] = {
+    {KERNELS_VENDOR_INTEL, "avx512bf16", "avx512vnni",
+     "avx512vnni: its F32 FMA GEMM over widened BF16 outruns vdpbf16ps on Intel CPUs with AVX512-BF16, "
+     "which issue one vdpbf16ps per 2 cycles against two FMAs per cycle (bench_gemm at m 512 on a Xeon "
+     "with AMX: 330-363 GFLOP/s against 214-230, 2 threads); the same I8 GEMM"},
+};
+
+/* Why the newest path is taken where no exception applies. */
+static struct {
+    char const *name, *reason;
+} const newest_reasons[] = {
+    {"amx", "amx: the AMX tile GEMMs, preferred wherever the CPU and the kernel run them (an order of "
+            "magnitude over the vector paths' peaks)"},
+    {"avx512bf16",
+     "avx512bf16: its vdpbf16ps GEMM outruns the FMA one where vdpbf16ps issues as often as an "
+     "FMA (bench_gemm at m 512 on AMD Zen 4: about 2x avx512's); no measured exception for this "
+     "CPU's vendor"},
+    {"avx512vnni", "avx512vnni: the widest path this CPU runs (AVX-512 with VNNI, no AVX512-BF16)"},
+    {"avx512", "avx512: the widest path this CPU runs (AVX-512 without VNNI)"},
+    {"avxvnni", "avxvnni: avx2 with AVX-VNNI's I8 GEMM, vpdpbusd on ymm (bench_gemm on AMD Zen 4, the same "
+                "kernel EVEX-encoded: about 3x avx2's vpmaddwd one); the same BF16 GEMM"},
+    {"avx2", "avx2: the widest path this CPU runs (AVX2 and FMA)"},
+    {"neoni8mm", "neoni8mm: NEON with the I8 matrix multiply's GEMM (SMMLA)"},
+    {"neondot", "neondot: NEON with the dot product's I8 GEMM (SDOT)"},
+    {"neon", "neon: every AArch64 CPU's path"},
+    {"scalar", "scalar: the only path this CPU and build run"},
+};
+
+static bool cpu_runs(kernels_cpu_t const *cpu, char const *name) {
+    for (char const *const *runs = cpu->runs; *runs; ++runs)
+        if (!strcmp(*runs, name)) return true;
+    return false;
+}
+
+char const *kernels_rule(kernels_cpu_t const *cpu, char const **reason) {
+    char const *newest = cpu->runs[0];
+    *reason = "the first path in the build's order that this CPU runs";
+    if (!newest) return NULL;
+    for (size_t i = 0; i < sizeof exceptions / sizeof exceptions[0]; ++i) {
+        kernels_exception_t const *exception = &exceptions[i];
+        if (exception->vendor != cpu->vendor || strcmp(exception->newest, newest) ||
+            !cpu_runs(cpu, exception->instead))
+            continue;
+        *reason = exception->reason;
+        return exception->instead;
+    }
+    for (size_t i = 0; i < sizeof newest_reasons / sizeof newest_reasons[0]; ++i)
+        if (!strcmp(newest_reasons[i].name, newest)) *reason = newest_reasons[i].reason;
+    return newest;
+}
+
+/* ---- This process's choice ------------------------------------------------------------------------- */
+
+static kernels_vendor_t cpu_vendor(void) {
+#if defined(__x86_64__)
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    char vendor[13] = "";
+    if (__get_cpuid(0, &eax, &ebx, &ecx, &edx)) {
+        memcpy(vendor, &ebx, 4);
+        memcpy(vendor + 4, &edx, 4);
+        memcpy(vendor + 8, &ecx, 4);
+    }
+    if (!strcmp(vendor, "GenuineIntel")) return KERNELS_VENDOR_INTEL;
+    if (!strcmp(vendor, "AuthenticAMD")) return KERNELS_VENDOR_AMD;
+#endif
+    return KERNELS_VENDOR_OTHER;
+}
+
+#define BUILT_COUNT (sizeof built_paths / sizeof built_paths[0])
+
 static kernels_t const *active;
+static char const *active_reason;
+static char refused_reason[512]; /* the rule's reason after a UFORM_KERNELS the CPU or build cannot run */
 static pthread_once_t active_once = PTHREAD_ONCE_INIT;
 
 static void kernels_choose(void) {
-    active = built_named(getenv("UFORM_KERNELS"), true);
-    for (size_t i = 0; !active && i < sizeof built_paths / sizeof built_paths[0]; ++i)
-        if (built_paths[i].chosen && built_paths[i].runs()) active = built_paths[i].table;
+    char const *override = getenv("UFORM_KERNELS");
+    active = built_named(override, PATH_NAMED);
+    active_reason = "UFORM_KERNELS";
+    if (active) return;
+    char const *runs[BUILT_COUNT + 1] = {NULL};
+    size_t count = 0;
+    for (size_t i = 0; i < BUILT_COUNT; ++i)
+        if (built_paths[i].use == PATH_CHOSEN && built_paths[i].runs()) runs[count++] = built_paths[i].table->name;
+    kernels_cpu_t const cpu = {.vendor = cpu_vendor(), .runs = runs};
+    active = built_named(kernels_rule(&cpu, &active_reason), PATH_CHOSEN);
+    if (override && *override) {
+        snprintf(refused_reason, sizeof refused_reason,
+                 "%s (UFORM_KERNELS=%.40s refused: not a path this CPU and build run)", active_reason,
+                 override);
+        active_reason = refused_reason;
+    }
 }
 
 kernels_t const *kernels_active(void) {
     pthread_once(&active_once, kernels_choose);
     return active;
+}
+
+char const *kernels_reason(void) {
+    pthread_once(&active_once, kernels_choose);
+    return active_reason;
 }

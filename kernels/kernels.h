@@ -1,6 +1,11 @@
-/* Compute kernels behind one dispatch table, chosen once per process from the CPU's features and
- * overridable with UFORM_KERNELS=scalar|avx2|avxvnni|avx512|avx512vnni|avx512bf16|amx|neon|neondot|neoni8mm
- * (a path the CPU lacks is refused and the best available one is used).
+/* Compute kernels behind one dispatch table, chosen once per process and kept for it: the path
+ * UFORM_KERNELS=scalar|avx2|avxvnni|avx512|avx512vnni|avx512bf16|amx|neon|neondot|neoni8mm names when this
+ * CPU and build run it, else the fastest one by a fixed rule (kernels_rule): the newest path the CPU runs
+ * (amx first, where the CPU has the tiles and the kernel grants them), unless a measured exception for its
+ * vendor names a faster one (on Intel CPUs with AVX512-BF16 and no usable AMX, the avx512vnni path, whose
+ * F32 FMA GEMM outruns vdpbf16ps there). The rule reads the CPU's vendor and features only, never a timing,
+ * so that every process on one machine computes the same bits; kernels_reason says why the path was taken,
+ * kernels_amx_state why the tiles are or are not used, and `uform info` prints them.
  *
  * The scalar path defines the numbers: every other path is tested against it, within the tolerances
  * written next to each function below. Every kernel is deterministic: for the same inputs it gives the
@@ -298,6 +303,29 @@ typedef struct kernels {
 
 /* The table this process uses: chosen once, on first use (thread-safe). */
 kernels_t const *kernels_active(void);
+
+/* Why kernels_active took its table: "UFORM_KERNELS" when the variable named it, else the rule's reason
+ * (with the refused name appended when UFORM_KERNELS named a path this CPU or build does not run). A static
+ * string; chooses the table first when no call has. */
+char const *kernels_reason(void);
+
+/* The CPU as kernels_rule reads it: its vendor, and the names of the built paths it runs that
+ * kernels_active may choose, newest first (the build's order), NULL-terminated. */
+typedef enum kernels_vendor {
+    KERNELS_VENDOR_OTHER = 0,
+    KERNELS_VENDOR_INTEL,
+    KERNELS_VENDOR_AMD,
+} kernels_vendor_t;
+
+typedef struct kernels_cpu {
+    kernels_vendor_t vendor;
+    char const *const *runs;
+} kernels_cpu_t;
+
+/* The path kernels_active takes on `cpu` without UFORM_KERNELS, one of cpu->runs (NULL when it is empty),
+ * and in *reason why (a static string): the first of cpu->runs, unless a measured exception for the
+ * vendor names a faster one the CPU runs. A pure function of `cpu`, for tests over CPUs this one is not. */
+char const *kernels_rule(kernels_cpu_t const *cpu, char const **reason);
 
 /* A path by name, when this CPU and build can run it; NULL otherwise (the scalar path never is). For tests
  * that compare each path against scalar, and benchmarks. The names are kernels_t.name's, and

@@ -14,6 +14,8 @@ static char const help_head[] =
     "blocks' linear layers are BF16 or I8, and per tower (text, image, video, audio) the\n"
     "transformer's depth, hidden width, heads and MLP width, its block's settings (norm, activation,\n"
     "positions, mask, pooling) and the tower's own sizes (text: its context in bytes or tokens).\n"
+    "Then the CPU kernel path this process computes on and why it was chosen (UFORM_KERNELS names\n"
+    "one; else a fixed rule per CPU picks the fastest).\n"
     "\n";
 
 /* ---- text ------------------------------------------------------------------------------------- */
@@ -66,9 +68,8 @@ static void print_text(char const *path, uform_model_info_t const *info) {
            "logit", info->has_logit ? "yes" : "no");
     printf("%-11s %s\n", "weights",
            info->weights == UFORM_WEIGHTS_I8 ? "I8 (the blocks' linear layers; BF16 elsewhere)" : "BF16");
-    char const *kernels = NULL, *amx = NULL;
-    uform_kernels(&kernels, &amx);
-    printf("%-11s %s; %s\n", "kernels", kernels, amx);
+    char const *reason = NULL, *amx = NULL, *kernels = uform_kernels(&reason, &amx);
+    printf("%-11s %s (%s); %s\n", "kernels", kernels, reason, amx);
     if (info->has_text) {
         print_transformer("text", &info->text.transformer);
         if (info->text.vocab)
@@ -175,10 +176,16 @@ static json_t *audio_json(uform_model_info_t const *info) {
                    set(tower, "seconds", json_real(info->audio.seconds)));
 }
 
+/* The kernel path this process computes on, why, and AMX's state (uform_kernels). */
+static json_t *kernels_json(void) {
+    char const *reason = NULL, *amx = NULL, *path = uform_kernels(&reason, &amx);
+    json_t *kernels = json_object();
+    return checked(kernels, set(kernels, "path", json_string(path)) + set(kernels, "reason", json_string(reason)) +
+                                set(kernels, "amx", json_string(amx)));
+}
+
 static json_t *info_json(char const *path, uform_model_info_t const *info) {
     json_t *root = json_object(), *towers = json_object(), *matryoshka = json_array();
-    char const *kernels = NULL, *amx = NULL;
-    uform_kernels(&kernels, &amx);
     int failures = 0;
     for (size_t i = 0; i < info->matryoshka_count; ++i)
         failures += json_array_append_new(matryoshka, json_integer((json_int_t)info->matryoshka[i])) != 0;
@@ -191,8 +198,7 @@ static json_t *info_json(char const *path, uform_model_info_t const *info) {
                 set(root, "matryoshka", matryoshka) + set_size(root, "parameters", info->parameters) +
                 set_size(root, "bytes", info->bytes) + set(root, "logit", json_boolean(info->has_logit)) +
                 set(root, "weights", json_string(info->weights == UFORM_WEIGHTS_I8 ? "i8" : "bf16")) +
-                set(root, "kernels", json_string(kernels)) + set(root, "amx", json_string(amx)) +
-                set(root, "towers", towers);
+                set(root, "towers", towers) + set(root, "kernels", kernels_json());
     return checked(root, failures);
 }
 

@@ -28,7 +28,8 @@ UFORM_EXPORT void uform_version(int *major, int *minor, int *patch) {
     if (patch) *patch = UFORM_VERSION_PATCH;
 }
 
-UFORM_EXPORT void uform_kernels(char const **path, char const **amx) {
-    if (path) *path = kernels_active()->name;
+UFORM_EXPORT char const *uform_kernels(char const **reason, char const **amx) {
+    if (reason) *reason = kernels_reason();
     if (amx) *amx = kernels_amx_state();
+    return kernels_active()->name;
 }

@@ -16,6 +16,7 @@
 #include "model.h"
 #include "outcome.h"
 #include "fixtures.h"
+#include "kernels.h"
 
 /* Every status with the name uform_status_name gives it, in the order of their values. */
 static struct status_name {
@@ -69,6 +70,10 @@ static void names_and_rendering(void **state) {
     assert_int_equal(!!(features & UFORM_FEATURE_TOKENIZERS), UFORM_WITH_TOKENIZERS);
     assert_int_equal(!!(features & UFORM_FEATURE_SENTENCEPIECE), UFORM_WITH_SENTENCEPIECE);
     assert_false(features & (UFORM_FEATURE_NCCL | UFORM_FEATURE_MICROHTTPD));
+    char const *reason = NULL;
+    assert_string_equal(uform_kernels(&reason), kernels_active()->name);
+    assert_string_equal(reason, kernels_reason());
+    assert_string_equal(uform_kernels(NULL), kernels_active()->name);
 }
 
 static void outcome_arguments(void **state) {

@@ -128,10 +128,18 @@ def check_checkpoint_and_info(uform, workdir):
     assert sorted(info["towers"]) == ["audio", "image", "text", "video"], info
     assert info["matryoshka"][-1] == 64 and 32 in info["matryoshka"], info
     assert info["towers"]["text"]["hidden"] == 64 and info["parameters"] > 0, info
-    assert info["kernels"] and info["amx"].startswith("amx: "), info  # the CPU path, and AMX's state
     text, _ = run(uform, "info", "--model", model)
     assert b"matryoshka" in text and b"text" in text, text
-    assert f"\nkernels     {info['kernels']}; {info['amx']}\n".encode() in text, text
+    # The kernel path, why (the dispatcher's rule, or UFORM_KERNELS where it names a path every CPU runs) and
+    # AMX's state.
+    plain = {key: value for key, value in os.environ.items() if key != "UFORM_KERNELS"}
+    kernels = json.loads(run(uform, "info", "--model", model, "--json", env=plain)[0])["kernels"]
+    assert kernels["path"] and kernels["reason"].startswith(kernels["path"] + ": "), kernels
+    assert kernels["amx"].startswith("amx: "), kernels
+    line = f"\nkernels     {kernels['path']} ({kernels['reason']}); {kernels['amx']}\n"
+    assert line.encode() in run(uform, "info", "--model", model, env=plain)[0]
+    forced = json.loads(run(uform, "info", "--model", model, "--json", env=dict(plain, UFORM_KERNELS="scalar"))[0])
+    assert (forced["kernels"]["path"], forced["kernels"]["reason"]) == ("scalar", "UFORM_KERNELS"), forced
     return model
 
 
