@@ -5,15 +5,15 @@
  * the best round kept, so that other work on a shared machine weighs on every path alike), each as a share
  * of its path's own peak (measured in rounds alike): the instruction its GEMM multiplies with, in
  * independent chains held in registers, on one core and on two at once (`vfmadd231ps` ymm for avx2, zmm for
- * avx512, `vdpbf16ps` for avx512bf16, `tdpbf16ps` tiles for amx). Then the I8 GEMM of every path with one (scalar avx2 avxvnni
- * avxvnni_evex avx512vnni) at the same shapes, in GOP/s, as a share of its own peak (`vpmaddwd` with `vpaddd`
- * for avx2, `vpdpbusd` on ymm for avxvnni, VEX, and avxvnni_evex, on zmm for avx512vnni), and the time
- * quantize_rows takes for its activations as a share of the GEMM's. It names the CPU and the path the
- * dispatcher chose with its reason, marks with `*` the GEMM that path runs, and ends with each path's rate
- * over the four shapes (their work over their summed time) and the chosen GEMM's ratio to the fastest one
- * measured: the dispatcher's check. It prints figures; it never fails on time. bench_gemm.py runs it beside
- * PyTorch's matmul. Usage: bench_gemm [--json] [path...]   (paths: scalar avx2 avxvnni avxvnni_evex avx512
- * avx512vnni avx512bf16 amx; default all)
+ * avx512, `vdpbf16ps` for avx512bf16, `tdpbf16ps` tiles for amx). Then the I8 GEMM of every path with one
+ * (scalar avx2 avxvnni avxvnni_evex avx512vnni) at the same shapes, in GOP/s, as a share of its own peak
+ * (`vpmaddwd` with `vpaddd` for avx2, `vpdpbusd` on ymm for avxvnni, VEX, and avxvnni_evex, on zmm for
+ * avx512vnni), and the time quantize_rows takes for its activations as a share of the GEMM's. It names the
+ * CPU and the path the dispatcher chose with its reason, marks with `*` the GEMM that path runs, and ends
+ * with each path's rate over the four shapes (their work over their summed time) and the chosen GEMM's ratio
+ * to the fastest one measured: the dispatcher's check. It prints figures; it never fails on time.
+ * bench_gemm.py runs it beside PyTorch's matmul. Usage: bench_gemm [--json] [path...]   (paths: scalar avx2
+ * avxvnni avxvnni_evex avx512 avx512vnni avx512bf16 amx; default all)
  * --json prints one object per line: {"cpu", "cpus_online", "kernels"}; {"<peak>_peak", "threads", "path",
  * "kind"} per peak measured (fma_ymm, fma_zmm, dpbf16, maddwd, dpbusd_vex, dpbusd_ymm, dpbusd_zmm, and
  * amx_bf16 and amx_i8 where the amx path runs: four independent tile multiplies a step), with
@@ -261,7 +261,8 @@ static _Alignas(64) amx_config_t const amx_config = {
     .palette = 1, .colsb = {64, 64, 64, 64, 64, 64, 64, 64}, .rows = {16, 16, 16, 16, 16, 16, 16, 16}};
 
 __attribute__((target("amx-tile,amx-bf16,amx-int8"))) static double amx_loop(bool i8) {
-    static _Alignas(64) uint16_t const ones[16 * 32] = {[0 ... 16 * 32 - 1] = 0x3f80}; /* BF16 1.0, or bytes */
+    static _Alignas(64)
+        uint16_t const ones[16 * 32] = {[0 ... 16 * 32 - 1] = 0x3f80}; /* BF16 1.0, or bytes */
     _tile_loadconfig(&amx_config);
     _tile_zero(0);
     _tile_zero(1);

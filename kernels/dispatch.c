@@ -354,7 +354,8 @@ static void kernels_choose(void) {
     char const *runs[BUILT_COUNT + 1] = {NULL};
     size_t count = 0;
     for (size_t i = 0; i < BUILT_COUNT; ++i)
-        if (built_paths[i].use == PATH_CHOSEN && built_paths[i].runs()) runs[count++] = built_paths[i].table->name;
+        if (built_paths[i].use == PATH_CHOSEN && built_paths[i].runs())
+            runs[count++] = built_paths[i].table->name;
     kernels_cpu_t const cpu = {.vendor = cpu_vendor(), .runs = runs};
     active = built_named(kernels_rule(&cpu, &active_reason), PATH_CHOSEN);
     if (override && *override) {

@@ -180,7 +180,8 @@ static json_t *audio_json(uform_model_info_t const *info) {
 static json_t *kernels_json(void) {
     char const *reason = NULL, *amx = NULL, *path = uform_kernels(&reason, &amx);
     json_t *kernels = json_object();
-    return checked(kernels, set(kernels, "path", json_string(path)) + set(kernels, "reason", json_string(reason)) +
+    return checked(kernels, set(kernels, "path", json_string(path)) +
+                                set(kernels, "reason", json_string(reason)) +
                                 set(kernels, "amx", json_string(amx)));
 }
 
