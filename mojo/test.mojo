@@ -27,6 +27,10 @@ def test_library(library: Library) raises:
     var version = library.version()
     check(version[0] == 4, "major version 4")
     check(library.status_name(Status.IO) == "io", "uform_status_name")
+    var kernels = library.kernels()
+    check(kernels[0].byte_length() > 0, "uform_kernels names the kernel path")
+    check(kernels[1].startswith(kernels[0] + ": ") or kernels[1] == "UFORM_KERNELS", "uform_kernels says why")
+    check(kernels[2].startswith("amx: "), "uform_kernels gives AMX's state")
     check(Status.IO.name() == library.status_name(Status.IO), "Status.name matches the engine")
     check(Status.MISSING_SYMBOL.name() == library.status_name(Status.MISSING_SYMBOL), "the last status name")
 

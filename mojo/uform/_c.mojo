@@ -569,6 +569,7 @@ comptime FnLastError = def() thin abi("C") -> CError
 comptime FnErrorRender = def(Raw, Raw, c_size_t) thin abi("C") -> c_size_t
 comptime FnFeatures = def() thin abi("C") -> UInt32
 comptime FnVersion = def(Raw, Raw, Raw) thin abi("C") -> NoneType
+comptime FnKernels = def(Raw, Raw) thin abi("C") -> CString
 comptime FnVoidOfRaw = def(Raw) thin abi("C") -> NoneType
 comptime FnVoidOfRawOpt = def(RawOpt) thin abi("C") -> NoneType
 comptime FnStatusOfRaw = def(Raw) thin abi("C") -> CStatus

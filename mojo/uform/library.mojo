@@ -83,6 +83,17 @@ def _static(s: CString) -> StaticString:
     return StaticString(unsafe_from_utf8=CStringSpan[ImmStaticOrigin](unsafe_from_ptr=s))
 
 
+def _text_of(s: RawOpt) -> String:
+    """A C string of the engine that an out-parameter received (up to its NUL), copied."""
+    var bytes = List[UInt8]()
+    var at = s.value().unsafe_bitcast[UInt8]()
+    var i = 0
+    while at.unsafe_offset(i)[] != 0:
+        bytes.append(at.unsafe_offset(i)[])
+        i += 1
+    return String(unsafe_from_utf8=bytes)
+
+
 def _message_copy(s: CString) -> Array[UInt8, ERROR_MESSAGE_SIZE]:
     """A failure's message, copied NUL-terminated (cut at `ERROR_MESSAGE_SIZE - 1` bytes, as the engine
     cuts it): the engine's copy lives only until the thread's next failure, or with its outcome."""
@@ -159,6 +170,7 @@ struct _Symbols(Movable):
     var last_error: FnLastError
     var error_render: FnErrorRender
     var features: FnFeatures
+    var kernels: FnKernels
     var version: FnVersion
     var outcome_init: FnVoidOfRaw
     var outcome_destroy: FnVoidOfRaw
@@ -231,6 +243,7 @@ struct _Symbols(Movable):
         self.error_render = _resolve[FnErrorRender](handle, "uform_error_render")
         self.features = _resolve[FnFeatures](handle, "uform_features")
         self.version = _resolve[FnVersion](handle, "uform_version")
+        self.kernels = _resolve[FnKernels](handle, "uform_kernels")
         self.outcome_init = _resolve[FnVoidOfRaw](handle, "uform_outcome_init")
         self.outcome_destroy = _resolve[FnVoidOfRaw](handle, "uform_outcome_destroy")
         self.outcome_status = _resolve[FnStatusOfRaw](handle, "uform_outcome_status")
@@ -347,6 +360,15 @@ struct Library(ImplicitlyCopyable):
     def has(self, feature: Feature) -> Bool:
         """Whether this build has `feature` (`uform_features`); without it its verbs raise UNSUPPORTED."""
         return (self.features() & feature.code) != 0
+
+    def kernels(self) -> Tuple[String, String, String]:
+        """`uform_kernels`: the CPU kernel path this process computes on ("avx512bf16", "avx2", "neon", ...), why
+        it was chosen (the dispatcher's rule, or "UFORM_KERNELS"), and whether Intel AMX's tiles are used and
+        why not ("amx: ...")."""
+        var reason: RawOpt = None
+        var amx: RawOpt = None
+        var path = self._symbols[].kernels(_raw(Pointer(to=reason)), _raw(Pointer(to=amx)))
+        return (String(_static(path)), _text_of(reason), _text_of(amx))
 
     def status_name(self, status: Status) -> StaticString:
         return _static(self._symbols[].status_name(status.code))

@@ -114,6 +114,12 @@ static PyObject *module_features(PyObject *self, PyObject *unused) {
     return set;
 }
 
+static PyObject *module_kernels(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    char const *reason = NULL, *amx = NULL, *path = uform_kernels(&reason, &amx);
+    return Py_BuildValue("{s:s,s:s,s:s}", "path", path, "reason", reason, "amx", amx);
+}
+
 static PyObject *module_status_name(PyObject *self, PyObject *status) {
     (void)self;
     long value = PyLong_AsLong(status);
@@ -125,6 +131,10 @@ static PyMethodDef module_methods[] = {
     {"features", module_features, METH_NOARGS,
      "features() -> frozenset[str]\n\nThe optional features this build of the engine has: 'jpeg', 'spng', "
      "'tokenizers', 'uring', ..."},
+    {"kernels", module_kernels, METH_NOARGS,
+     "kernels() -> dict[str, str]\n\nThe CPU kernel path this process computes on, chosen once for it: 'path' "
+     "('avx512bf16', 'avx2', 'neon', ...), 'reason' (why it was chosen: the dispatcher's rule, or "
+     "UFORM_KERNELS), 'amx' (whether Intel AMX's tiles are used, and why not)."},
     {"status_name", module_status_name, METH_O,
      "status_name(status: int) -> str\n\nThe engine's short name of a status: 'ok', 'io', 'format', ..."},
     {NULL, NULL, 0, NULL},

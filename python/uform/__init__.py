@@ -42,6 +42,7 @@ from ._uform import (
     UnsupportedError,
     convert_checkpoint,
     features,
+    kernels,
     quantize_checkpoint,
     status_name,
     tiny_checkpoint,
@@ -52,8 +53,8 @@ __version__ = "{}.{}.{}".format(*_uform.version)
 __all__ = [
     "Answer", "ArrowRows", "CancelledError", "ContendedError", "DeviceError", "Encoded", "Error", "Executor",
     "FormatError", "InputOutputError", "InternalError", "InvalidArgumentError", "Model", "ModelInfo", "OutOfMemoryError",
-    "Tokenized", "Tokenizer", "UnsupportedError", "arrow", "convert_checkpoint", "features", "quantize_checkpoint",
-    "status_name", "tiny_checkpoint", "tokenize", "__version__",
+    "Tokenized", "Tokenizer", "UnsupportedError", "arrow", "convert_checkpoint", "features", "kernels",
+    "quantize_checkpoint", "status_name", "tiny_checkpoint", "tokenize", "__version__",
 ]
 
 Path = Union[str, "os.PathLike[str]"]

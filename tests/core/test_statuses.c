@@ -70,10 +70,11 @@ static void names_and_rendering(void **state) {
     assert_int_equal(!!(features & UFORM_FEATURE_TOKENIZERS), UFORM_WITH_TOKENIZERS);
     assert_int_equal(!!(features & UFORM_FEATURE_SENTENCEPIECE), UFORM_WITH_SENTENCEPIECE);
     assert_false(features & (UFORM_FEATURE_NCCL | UFORM_FEATURE_MICROHTTPD));
-    char const *reason = NULL;
-    assert_string_equal(uform_kernels(&reason), kernels_active()->name);
+    char const *reason = NULL, *amx = NULL;
+    assert_string_equal(uform_kernels(&reason, &amx), kernels_active()->name);
     assert_string_equal(reason, kernels_reason());
-    assert_string_equal(uform_kernels(NULL), kernels_active()->name);
+    assert_string_equal(amx, kernels_amx_state());
+    assert_string_equal(uform_kernels(NULL, NULL), kernels_active()->name);
 }
 
 static void outcome_arguments(void **state) {

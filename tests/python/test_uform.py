@@ -128,6 +128,14 @@ class Package(unittest.TestCase):
         self.assertTrue(issubclass(uform.InvalidArgumentError, ValueError))
         self.assertEqual(uform.FormatError.status, 6)
 
+    def test_kernels_as_uform_info_names_them(self):
+        kernels = uform.kernels()
+        info = json.loads(subprocess.run([options.uform, "info", "--model", str(DEMO), "--json"], check=True,
+                                         capture_output=True).stdout)["kernels"]
+        self.assertEqual(kernels, info)
+        self.assertTrue(kernels["reason"].startswith(kernels["path"] + ": ") or kernels["reason"] == "UFORM_KERNELS")
+        self.assertTrue(kernels["amx"].startswith("amx: "))
+
     def test_executor_info(self):
         self.assertEqual(uform.Executor.inline().info["kind"], "inline")
         ram = uform.Executor.ram(threads=2)
