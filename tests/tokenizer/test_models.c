@@ -167,8 +167,8 @@ static void missing_unk_fails_the_cut(void **state) {
     (void)state;
     static char const *const models[] = {
         "{\"type\":\"BPE\",\"unk_token\":\"<none>\",\"vocab\":{\"a\":0},\"merges\":[]}",
-        "{\"type\":\"WordPiece\",\"unk_token\":\"[UNK]\",\"continuing_subword_prefix\":\"##\","
-        "\"max_input_chars_per_word\":100,\"vocab\":{\"a\":0}}",
+        ("{\"type\":\"WordPiece\",\"unk_token\":\"[UNK]\",\"continuing_subword_prefix\":\"##\","
+         "\"max_input_chars_per_word\":100,\"vocab\":{\"a\":0}}"),
         "{\"type\":\"WordLevel\",\"unk_token\":\"<unk>\",\"vocab\":{\"a\":0}}",
         "{\"type\":\"Unigram\",\"vocab\":[[\"a\",0]]}",
     };

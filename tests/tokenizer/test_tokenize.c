@@ -170,8 +170,8 @@ static void test_receivers(void **state) {
 static void test_invalid_utf8_fails_alone(void **state) {
     (void)state;
     uform_tokenizer_t *tokenizer = tiny(no_options);
-    static char const *const bad[] = {"a\xff"
-                                      "dog",
+    static char const *const bad[] = {("a\xff"
+                                       "dog"),
                                       "\xc0\xaf", "\xed\xa0\x80", "caf\xc3"};
     for (size_t b = 0; b < sizeof bad / sizeof bad[0]; ++b) {
         batch_t *batch = batch_new(BATCH_TEXTS);

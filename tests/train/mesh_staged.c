@@ -197,10 +197,9 @@ static void staged_gather(void) {
     device_double_t device = {0};
     uform_mesh_t mesh;
     mesh_make(&mesh, &device, 60);
-    size_t *counts = malloc((size_t)size * sizeof(size_t)), total = 0, first = 0;
+    size_t *counts = malloc((size_t)size * sizeof(size_t)), total = 0;
     for (int p = 0; p < size; ++p) { /* process p has p + 1 items of DIMS */
         counts[p] = (size_t)(p + 1) * DIMS;
-        first += p < rank ? counts[p] : 0;
         total += counts[p];
     }
     double *local = malloc(counts[rank] * sizeof(double)), *all = calloc(total, sizeof(double));
