@@ -46,7 +46,7 @@ static bool cpu_any(void) {
 #include <cpuid.h>
 #include <errno.h>
 #include <stdio.h>
-#if defined(__linux__)
+#if UFORM_LINUX /* the POSIX-only build asks for no tiles */
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
@@ -134,7 +134,7 @@ static void amx_enable(void) {
         snprintf(amx_state, sizeof amx_state, "amx: not enabled by the OS (XCR0 lacks XTILECFG, XTILEDATA)");
         return;
     }
-#if defined(__linux__)
+#if UFORM_LINUX
     if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) != 0) {
         int error = errno;
         snprintf(amx_state, sizeof amx_state, "amx: refused by the kernel (errno %d: %s)", error,
@@ -144,7 +144,7 @@ static void amx_enable(void) {
     amx_enabled = true;
     snprintf(amx_state, sizeof amx_state, "amx: enabled");
 #else
-    snprintf(amx_state, sizeof amx_state, "amx: not enabled (only Linux is asked for the tiles)");
+    snprintf(amx_state, sizeof amx_state, "amx: not enabled (only the Linux build asks the kernel for the tiles)");
 #endif
 }
 
