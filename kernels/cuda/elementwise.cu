@@ -89,6 +89,57 @@ extern "C" cudaError_t cuda_mean_rows(float *out, size_t out_stride, float const
     return cuda_launched();
 }
 
+/* out[i, c] = the mean of rows [offsets[i], offsets[i + 1]) of x, summed in row order in F32 then divided
+ * by the count, as the host's mean pooling (tower_pool); an item without rows gets a row of zeros. */
+static __global__ void mean_segments_kernel(float *out, size_t out_stride, float const *x, size_t x_stride,
+                                            int32_t const *offsets, size_t items, size_t columns) {
+    for (size_t i = blockIdx.x; i < items; i += gridDim.x) {
+        size_t first = (size_t)offsets[i], count = (size_t)(offsets[i + 1] - offsets[i]);
+        for (size_t c = threadIdx.x; c < columns; c += blockDim.x) {
+            float sum = 0.0f;
+            for (size_t k = 0; k < count; ++k)
+                sum = __fadd_rn(sum, x[(first + k) * x_stride + c]);
+            out[i * out_stride + c] = count ? __fdiv_rn(sum, (float)count) : 0.0f;
+        }
+    }
+}
+
+extern "C" cudaError_t cuda_mean_segments(float *out, size_t out_stride, float const *x, size_t x_stride,
+                                          int32_t const *offsets, size_t items, size_t columns,
+                                          cudaStream_t stream) {
+    if (items == 0 || columns == 0) return cudaSuccess;
+    mean_segments_kernel<<<cuda_blocks(items, 1), CUDA_THREADS, 0, stream>>>(out, out_stride, x, x_stride,
+                                                                             offsets, items, columns);
+    return cuda_launched();
+}
+
+/* x[r] = table[ids[r]] + token_type + positions[places[r]], added in that order in F32 (tokens_embed). */
+static __global__ void embed_tokens_kernel(float *x, uint16_t const *table, int32_t const *ids,
+                                           float const *token_type, float const *positions,
+                                           int32_t const *places, size_t rows, size_t hidden) {
+    for (size_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        uint16_t const *source = table + (size_t)ids[r] * hidden; /* [hidden] */
+        float const *position = positions ? positions + (size_t)places[r] * hidden : NULL;
+        for (size_t c = threadIdx.x; c < hidden; c += blockDim.x) {
+            float value = bf16_value(source[c]);
+            if (token_type) value = __fadd_rn(value, token_type[c]);
+            if (position) value = __fadd_rn(value, position[c]);
+            x[r * hidden + c] = value;
+        }
+    }
+}
+
+extern "C" cudaError_t cuda_embed_tokens(float *x, uint16_t const *table, int32_t const *ids,
+                                         float const *token_type, float const *positions,
+                                         int32_t const *places, size_t rows, size_t hidden,
+                                         cudaStream_t stream) {
+    if (rows == 0 || hidden == 0) return cudaSuccess;
+    if (positions && !places) return cudaErrorInvalidValue;
+    embed_tokens_kernel<<<cuda_blocks(rows, 1), CUDA_THREADS, 0, stream>>>(x, table, ids, token_type,
+                                                                           positions, places, rows, hidden);
+    return cuda_launched();
+}
+
 static __global__ void add_rows_kernel(float *x, size_t x_stride, float const *add, size_t period,
                                        size_t rows, size_t columns) {
     for (size_t r = blockIdx.x; r < rows; r += gridDim.x) {
