@@ -1,5 +1,5 @@
 /* Which towers the VRAM path runs (vram_support.h): each tower's settings against what the device code
- * computes, first the settings that name a family's missing piece, then any other difference. */
+ * computes, the first missing piece named after the family that needs it. */
 #include "vram_support.h"
 
 #include <string.h>
@@ -16,26 +16,32 @@ static bool patch_engine(uform_transformer_info_t const *transformer) {
 static char const *image_refusal(uform_model_info_t const *info) {
     uform_transformer_info_t const *image = &info->image.transformer;
     if (image->pooling == UFORM_POOLING_HEAD)
-        return "the VRAM path has no attention-pooling head (SigLIP's image tower): load it on a host executor";
-    if (image->registers)
-        return "the VRAM path has no register tokens (UForm 3's large image tower): load it on a host executor";
-    if (!image->class_token)
-        return "the VRAM path has no image tower without a class token (SigLIP's): load it on a host executor";
-    if (image->input_norm)
-        return "the VRAM path has no input norm on image towers (CLIP's pre_layrnorm): load it on a host "
+        return "the VRAM path has no attention-pooling head (SigLIP's image tower): load it on a host "
                "executor";
-    if (image->norm != UFORM_NORM_RMS)
-        return "the VRAM path has no LayerNorm image towers (CLIP's, UForm 3's): load it on a host executor";
-    if (image->activation != UFORM_ACTIVATION_GELU_TANH)
-        return "the VRAM path has no image towers with the exact or quick GELU (CLIP's, UForm 3's): load it "
-               "on a host executor";
-    if (info->image.resize != UFORM_RESIZE_SHORT_SIDE || info->image.resample != UFORM_RESAMPLE_FLOAT_BILINEAR)
-        return "the VRAM path has no Pillow resampling or center crop (the pretrained image front ends): "
-               "load it on a host executor";
-    if (!patch_engine(image))
-        return "the VRAM path runs image towers with the engine's own settings only: load it on a host "
+    if (!image->class_token)
+        return "the VRAM path has no image tower without a class token (SigLIP's): load it on a host "
+               "executor";
+    if (image->registers)
+        return "the VRAM path has no register tokens (UForm 3's large image tower): load it on a host "
+               "executor";
+    if (image->pooling != UFORM_POOLING_FIRST)
+        return "the VRAM path pools image towers at their class token only, not by the mean: load it on a "
+               "host "
+               "executor";
+    if (image->head == 0 || image->head > VARIANT_HEAD_MAX || image->rotary)
+        return "the VRAM path runs image heads of 1 to 256 columns without rotary positions: load it on a "
+               "host "
                "executor";
     return NULL;
+}
+
+char const *vram_pixels_refusal(uform_model_info_t const *info) {
+    if (info->image.resize == UFORM_RESIZE_SHORT_SIDE &&
+        info->image.resample == UFORM_RESAMPLE_FLOAT_BILINEAR)
+        return NULL;
+    return "image_encode_pixels on a VRAM executor resizes on the device with the engine's float bilinear "
+           "filter only: this model's front end (Pillow's resampling and crop) runs for image files and "
+           "encoded images here, and for pixels on host executors";
 }
 
 static char const *text_refusal(uform_model_info_t const *info) {

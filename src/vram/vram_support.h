@@ -2,16 +2,20 @@
  * (uform_transformer_info_t, src/model/variant.h), checked against what src/vram/vram.c and kernels/cuda
  * compute. Host code only, built with or without CUDA, so that its answers are tested on any machine.
  *
- * The VRAM path runs:
- * - text towers that read tokens (BERT family, XLM-RoBERTa, CLIP's and SigLIP's text towers, UForm 3's):
- *   RMSNorm or LayerNorm with biases, pre- or post-norm, input and final norms, the three GELUs, heads of
- *   1 to 256 columns, learned positions with their offset or rotary ones (heads of 64), the token type's
- *   row, causal or bidirectional attention, first, last, mean and end-of-text pooling, a projection with
- *   or without bias, or none;
- * - every tower with the engine's own settings (text read as bytes, image and audio patch towers).
- * It does not run patch towers with other settings: LayerNorm, an input norm, other GELUs, register
- * tokens, no class token, mean or attention-head pooling, Pillow's resampling (CLIP's, SigLIP's and
- * UForm 3's image towers); nor text towers that read bytes with other settings. */
+ * The block's settings every tower may have on the device: RMSNorm or LayerNorm with biases, pre- or
+ * post-norm, input and final norms, the three GELUs, heads of 1 to 256 columns, a projection with or
+ * without bias, or none. Besides, it runs:
+ * - text towers that read tokens (BERT family, XLM-RoBERTa, CLIP's, SigLIP's and UForm 3's text towers):
+ *   learned positions with their offset or rotary ones (heads of 64), the token type's row, causal or
+ *   bidirectional attention, first, last, mean and end-of-text pooling; text read as bytes with the
+ *   engine's own settings only;
+ * - image towers with a class token, without register tokens, pooled at the class token (the engine's,
+ *   CLIP's, UForm 3's small, base and multilingual ones), their items prepared on the host as host
+ *   executors prepare them (Pillow's resampling included); pixels resized on the device with the engine's
+ *   float bilinear filter only (vram_pixels_refusal);
+ * - audio towers with the engine's own settings.
+ * It does not run the attention-pooling head, patch towers without a class token (SigLIP's image tower),
+ * register tokens (UForm 3's large image tower), or image towers pooled by the mean. */
 #pragma once
 
 #include "uform.h"
@@ -19,6 +23,10 @@
 /* NULL when the VRAM path runs tower `name` ("text", "image", "audio") of `info` (present or not),
  * else a static message naming the first setting it lacks, for a UFORM_UNSUPPORTED answer. */
 char const *vram_tower_refusal(uform_model_info_t const *info, char const *name);
+
+/* NULL when image_encode_pixels on a VRAM executor prepares the model's images as host executors do
+ * (the engine's short-side float bilinear front end), else a static message for UFORM_UNSUPPORTED. */
+char const *vram_pixels_refusal(uform_model_info_t const *info);
 
 /* NULL when the VRAM path runs some tower `info` has (a load then places those it runs, and the verbs of
  * the others answer their refusal); else the refusal of its first tower. */

@@ -14,19 +14,23 @@ static char const *vram_unplaced(encode_request_t const *request, char const *na
 }
 
 static uform_status_t vram_image_verb(char const *entry, image_request_t const *request) {
-    char const *refusal = vram_unplaced(&request->encode, "image", request->encode.model->device->replicas[0].has_image);
+    uform_model_t const *model = request->encode.model;
+    char const *refusal = vram_unplaced(&request->encode, "image", model->device->replicas[0].has_image);
+    if (!refusal && request->input == IMAGE_INPUT_PIXELS) refusal = vram_pixels_refusal(&model->header.info);
     if (refusal) return call_refuse(request->encode.outcome, UFORM_UNSUPPORTED, entry, refusal);
     return vram_image_encode(entry, request);
 }
 
 static uform_status_t vram_video_encode(char const *entry, image_request_t const *request) {
-    char const *refusal = vram_unplaced(&request->encode, "image", request->encode.model->device->replicas[0].has_image);
+    char const *refusal =
+        vram_unplaced(&request->encode, "image", request->encode.model->device->replicas[0].has_image);
     if (refusal) return call_refuse(request->encode.outcome, UFORM_UNSUPPORTED, entry, refusal);
     return vram_media_encode(entry, request, NULL);
 }
 
 static uform_status_t vram_audio_encode(char const *entry, audio_request_t const *request) {
-    char const *refusal = vram_unplaced(&request->encode, "audio", request->encode.model->device->replicas[0].has_audio);
+    char const *refusal =
+        vram_unplaced(&request->encode, "audio", request->encode.model->device->replicas[0].has_audio);
     if (refusal) return call_refuse(request->encode.outcome, UFORM_UNSUPPORTED, entry, refusal);
     return vram_media_encode(entry, NULL, request);
 }
