@@ -23,9 +23,9 @@
 #define HEADS_LOG2E   1.4426950408889634f
 
 struct heads_shared {
-    uint16_t k[HEADS_KEYS * HEADS_LD];                  /* [32 keys][HEADS_LD] */
-    uint16_t v[HEADS_KEYS * HEADS_LD];                  /* [32 keys][HEADS_LD] */
-    float q[HEADS_WARPS * CUDA_KERNELS_HEAD_MAX];       /* per warp: its query row, F32 */
+    uint16_t k[HEADS_KEYS * HEADS_LD];            /* [32 keys][HEADS_LD] */
+    uint16_t v[HEADS_KEYS * HEADS_LD];            /* [32 keys][HEADS_LD] */
+    float q[HEADS_WARPS * CUDA_KERNELS_HEAD_MAX]; /* per warp: its query row, F32 */
 };
 
 /* Rows [first, first + 32) of one head's k or v (source: the item's row 0 at the head's column, rows
@@ -124,7 +124,7 @@ extern "C" cudaError_t cuda_attention_heads(uint16_t *out, uint16_t const *qkv, 
     size_t tiles = (max_length + HEADS_WARPS - 1) / HEADS_WARPS;
     if (tiles > INT_MAX) return cudaErrorInvalidValue;
     dim3 grid((unsigned)tiles, (unsigned)(items < 65535 ? items : 65535), (unsigned)heads);
-    attention_heads_kernel<<<grid, HEADS_THREADS, 0, stream>>>(out, qkv, offsets, items, (int)heads, (int)head,
-                                                               causal, scale * HEADS_LOG2E);
+    attention_heads_kernel<<<grid, HEADS_THREADS, 0, stream>>>(out, qkv, offsets, items, (int)heads,
+                                                               (int)head, causal, scale * HEADS_LOG2E);
     return cuda_launched();
 }

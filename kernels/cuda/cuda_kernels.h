@@ -21,7 +21,8 @@ extern "C" {
 #endif
 
 #define CUDA_KERNELS_HEAD     64  /* the head of cuda_attention and of training */
-#define CUDA_KERNELS_HEAD_MAX 256 /* the widest head of cuda_attention_heads (kernels.h's KERNEL_HEAD_MAX) */
+#define CUDA_KERNELS_HEAD_MAX 256 /* the widest head of cuda_attention_heads (kernels.h's KERNEL_HEAD_MAX)   \
+                                   */
 
 /* ---- Conversions and gathers -------------------------------------------------------------------- */
 

@@ -24,7 +24,8 @@ size_t text_count(encode_call_t *encode, uform_tape_t const *texts);
  * memory. */
 bool text_outputs(encode_call_t *encode, uform_tape_t const *texts, size_t hidden, size_t kept_total);
 
-/* ---- text_encode of a tower that reads tokens (text_tokens.c; the VRAM form in src/vram/vram_text.c) ------ */
+/* ---- text_encode of a tower that reads tokens (text_tokens.c; the VRAM form in src/vram/vram_text.c) ------
+ */
 
 /* Every text of a call cut by the model's tokenizer (the prompt put before each, stripped where the model
  * says, truncated at the context, padded where it is padded). */

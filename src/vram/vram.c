@@ -612,16 +612,20 @@ static cudaError_t forward_norm(vram_tower_t const *tower, uint16_t *y_bf16, flo
     size_t hidden = tower->hidden;
     float eps = tower->settings.norm_eps;
     if (tower->settings.norm == UFORM_NORM_LAYER)
-        return cuda_layernorm(y_bf16, hidden, y_f32, hidden, x, hidden, weight, bias, rows, hidden, eps, stream);
+        return cuda_layernorm(y_bf16, hidden, y_f32, hidden, x, hidden, weight, bias, rows, hidden, eps,
+                              stream);
     return cuda_rmsnorm(y_bf16, hidden, y_f32, hidden, x, hidden, weight, rows, hidden, eps, stream);
 }
 
 /* The MLP's first layer fused with the tower's activation. */
 static cuda_linear_kind_t forward_activation(vram_tower_t const *tower) {
     switch (tower->settings.activation) {
-    case UFORM_ACTIVATION_GELU_ERF: return CUDA_LINEAR_GELU_ERF_BF16;
-    case UFORM_ACTIVATION_GELU_QUICK: return CUDA_LINEAR_GELU_QUICK_BF16;
-    default: return CUDA_LINEAR_GELU_BF16;
+    case UFORM_ACTIVATION_GELU_ERF:
+        return CUDA_LINEAR_GELU_ERF_BF16;
+    case UFORM_ACTIVATION_GELU_QUICK:
+        return CUDA_LINEAR_GELU_QUICK_BF16;
+    default:
+        return CUDA_LINEAR_GELU_BF16;
     }
 }
 
@@ -630,10 +634,10 @@ static cuda_linear_kind_t forward_activation(vram_tower_t const *tower) {
  * post-norm (BERT's), layout.h holding BF16 x on entry (the previous block's norm2 or the input's):
  *     x = norm1(x + out(attention(qkv(x))));  x = norm2(x + down(act(up(x)))), each norm written to x
  *     and, BF16, to layout.h for the next product. */
-static uform_status_t forward_block(vram_device_t *device, vram_tower_t const *tower, vram_block_t const *block,
-                                    forward_layout_t const *layout, float *x, size_t tokens,
-                                    int32_t const *offsets, size_t items, size_t max_length, bool causal,
-                                    bool rotary, char const **message) {
+static uform_status_t forward_block(vram_device_t *device, vram_tower_t const *tower,
+                                    vram_block_t const *block, forward_layout_t const *layout, float *x,
+                                    size_t tokens, int32_t const *offsets, size_t items, size_t max_length,
+                                    bool causal, bool rotary, char const **message) {
     size_t hidden = tower->hidden, head = tower->settings.head;
     bool post = tower->settings.post_norm;
     cudaStream_t stream = device->stream;
@@ -644,13 +648,14 @@ static uform_status_t forward_block(vram_device_t *device, vram_tower_t const *t
     if ((status = vram_linear_run(device, &block->qkv, tokens, layout->h, layout->qkv, 3 * hidden,
                                   CUDA_LINEAR_BF16, message)) != UFORM_OK)
         return status;
-    VRAM_TRY(cuda_attention_heads(layout->h, layout->qkv, offsets, items, tower->heads, head, max_length, causal,
-                                  rotary, (float)(1.0 / sqrt((double)head)), stream),
+    VRAM_TRY(cuda_attention_heads(layout->h, layout->qkv, offsets, items, tower->heads, head, max_length,
+                                  causal, rotary, (float)(1.0 / sqrt((double)head)), stream),
              "cannot launch attention");
     if ((status = vram_linear_run(device, &block->out, tokens, layout->h, x, hidden, CUDA_LINEAR_RESIDUAL,
                                   message)) != UFORM_OK)
         return status;
-    float const *weight = post ? block->norm1 : block->norm2, *bias = post ? block->norm1_bias : block->norm2_bias;
+    float const *weight = post ? block->norm1 : block->norm2,
+                *bias = post ? block->norm1_bias : block->norm2_bias;
     VRAM_TRY(forward_norm(tower, layout->h, post ? x : NULL, x, weight, bias, tokens, stream),
              "cannot launch the norm");
     if ((status = vram_linear_run(device, &block->up, tokens, layout->h, layout->mlp, tower->mlp,

@@ -207,10 +207,10 @@ typedef struct vram_tower {
     vram_block_t *blocks;              /* host array of device pointers */
     float const *norm, *norm_bias;     /* the final norm, with settings.final_norm */
     float const *input_norm, *input_norm_bias; /* with settings.input_norm */
-    vram_linear_t proj;                /* w NULL without settings.projection (dims == hidden) */
+    vram_linear_t proj;                        /* w NULL without settings.projection (dims == hidden) */
     /* text */
-    uint16_t const *embed;    /* BF16 [257, hidden], or [vocab, hidden] for a tower that reads tokens */
-    float const *token_type;  /* [hidden], the token type's row, or NULL */
+    uint16_t const *embed;   /* BF16 [257, hidden], or [vocab, hidden] for a tower that reads tokens */
+    float const *token_type; /* [hidden], the token type's row, or NULL */
     /* image and audio */
     vram_linear_t patch;
     float const *cls, *pos; /* [hidden], [1 + patches, hidden]; text: learned positions [positions, hidden] */
@@ -324,7 +324,7 @@ uform_status_t vram_views_land(vram_t const *vram, vram_device_t *device, vram_v
 
 /* The rows of a chunk's final states that become its outputs. */
 typedef struct vram_output_rows {
-    int32_t const *state_rows; /* device [items]: each item's row in x, or -1 (a failed item: zero rows) */
+    int32_t const *state_rows;   /* device [items]: each item's row in x, or -1 (a failed item: zero rows) */
     int32_t const *mean_offsets; /* device [items + 1], or NULL: each item's state is the mean of its rows
                                     [mean_offsets[i], mean_offsets[i + 1]) of x instead (none: zero rows) */
     size_t items;

@@ -122,8 +122,8 @@ uform_status_t vram_output_write(vram_device_t *device, vram_tower_t const *towe
                                         hidden, stream),
                      rows->gather_failed);
         else
-            VRAM_TRY(cuda_gather_rows(pass->gathered, hidden, x, hidden, rows->state_rows, rows->items, hidden,
-                                      stream),
+            VRAM_TRY(cuda_gather_rows(pass->gathered, hidden, x, hidden, rows->state_rows, rows->items,
+                                      hidden, stream),
                      rows->gather_failed);
         if (encode->outputs & UFORM_OUTPUT_STATES)
             VRAM_TRY(vram_convert_rows(device, &out->states, views->first, pass->gathered, hidden,
@@ -132,9 +132,9 @@ uform_status_t vram_output_write(vram_device_t *device, vram_tower_t const *towe
         if (encode->outputs & UFORM_OUTPUT_EMBEDDINGS) {
             VRAM_TRY(cuda_f32_to_bf16(pass->gathered_bf16, pass->gathered, rows->items * hidden, stream),
                      rows->convert_failed);
-            status = vram_project(device, tower, pass->gathered, pass->gathered_bf16, rows->items,
-                                  encode->width, encode->normalize, pass->projected, &out->embeddings,
-                                  views->first, message);
+            status =
+                vram_project(device, tower, pass->gathered, pass->gathered_bf16, rows->items, encode->width,
+                             encode->normalize, pass->projected, &out->embeddings, views->first, message);
             if (status != UFORM_OK) return status;
         }
     }

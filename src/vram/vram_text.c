@@ -143,7 +143,8 @@ static void text_pack_tokens(vram_text_call_t const *text, chunk_inputs_t const 
 /* x from the chunk's inputs: the byte table's rows, or each token's embedding, token type and position. */
 static cudaError_t text_embed(vram_text_call_t const *text, vram_tower_t const *tower, float *x,
                               chunk_inputs_t const *inputs, size_t tokens, cudaStream_t stream) {
-    if (!text->reads_tokens) return cuda_embed(x, tower->embed, inputs->indices, tokens, tower->hidden, stream);
+    if (!text->reads_tokens)
+        return cuda_embed(x, tower->embed, inputs->indices, tokens, tower->hidden, stream);
     return cuda_embed_tokens(x, tower->embed, inputs->indices, tower->token_type, tower->pos, inputs->places,
                              tokens, tower->hidden, stream);
 }
@@ -273,8 +274,8 @@ static bool text_start_tokens(vram_text_call_t *text, size_t hidden) {
     encode_call_t *encode = &text->encode;
     encode_call_t reading = *encode; /* the cut reads the tape's bytes on the host */
     if (text->bytes) reading.tape.data = text->bytes;
-    uform_status_t status = text->prompt_failed ? UFORM_OUT_OF_MEMORY
-                                                : text_tokens_cut(&reading, text->prompt, &text->tokens);
+    uform_status_t status =
+        text->prompt_failed ? UFORM_OUT_OF_MEMORY : text_tokens_cut(&reading, text->prompt, &text->tokens);
     if (status != UFORM_OK) {
         encode_stop(encode, status,
                     status == UFORM_UNSUPPORTED ? "built without tokenizers: the model's texts cannot be cut"
