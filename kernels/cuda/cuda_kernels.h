@@ -20,9 +20,10 @@
 extern "C" {
 #endif
 
-#define CUDA_KERNELS_HEAD     64  /* the head of cuda_attention and of training */
-#define CUDA_KERNELS_HEAD_MAX 256 /* the widest head of cuda_attention_heads (kernels.h's KERNEL_HEAD_MAX)   \
-                                   */
+#define CUDA_KERNELS_HEAD 64 /* the head of cuda_attention and of training */
+#define CUDA_KERNELS_HEAD_MAX                                                                                \
+    256 /* the widest head of cuda_attention_heads (kernels.h's KERNEL_HEAD_MAX)                             \
+         */
 
 /* ---- Conversions and gathers -------------------------------------------------------------------- */
 
@@ -73,6 +74,14 @@ cudaError_t cuda_add_rows(float *x, size_t x_stride, float const *add, size_t pe
 cudaError_t cuda_assemble_tokens(float *x, float const *patches, float const *cls, float const *pos,
                                  int32_t const *offsets, size_t items, size_t max_patches, size_t hidden,
                                  cudaStream_t stream);
+
+/* cuda_assemble_tokens with `leading` tokens before each item's patches (at least 1): the class token,
+ * cls + pos[0], then the register tokens, rows 1 .. leading - 1 of pos as they are (registers have no
+ * position); item i's tokens start at row offsets[i] + i * leading, patch j is patches[offsets[i] + j] +
+ * pos[leading + j]. leading 0: cudaErrorInvalidValue. Exact. */
+cudaError_t cuda_assemble_leading(float *x, float const *patches, float const *cls, float const *pos,
+                                  int32_t const *offsets, size_t items, size_t max_patches, size_t leading,
+                                  size_t hidden, cudaStream_t stream);
 
 /* ---- Normalization ------------------------------------------------------------------------------ */
 

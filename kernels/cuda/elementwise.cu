@@ -158,31 +158,45 @@ extern "C" cudaError_t cuda_add_rows(float *x, size_t x_stride, float const *add
     return cuda_launched();
 }
 
-/* Token t of item i (t in [0, max_patches]) is row offsets[i] + i + t of x: the class token for t = 0,
- * patch t - 1 otherwise; tokens past the item's patch count are not the item's and are left alone. */
+/* Token t of item i (t in [0, max_patches + leading)) is row offsets[i] + i * leading + t of x: the class
+ * token for t = 0, register t - 1 (its row of pos, as it is) for t < leading, patch t - leading otherwise;
+ * tokens past the item's patch count are not the item's and are left alone. */
 static __global__ void assemble_tokens_kernel(float *x, float const *patches, float const *cls,
                                               float const *pos, int32_t const *offsets, size_t items,
-                                              size_t max_patches, size_t hidden) {
-    size_t tokens = max_patches + 1;
+                                              size_t max_patches, size_t leading, size_t hidden) {
+    size_t tokens = max_patches + leading;
     for (size_t slot = blockIdx.x; slot < items * tokens; slot += gridDim.x) {
         size_t item = slot / tokens, token = slot % tokens;
         size_t first = (size_t)offsets[item], count = (size_t)(offsets[item + 1] - offsets[item]);
-        if (token > count) continue;
-        float *row = x + (first + item + token) * hidden;
-        float const *source = token == 0 ? cls : patches + (first + token - 1) * hidden;
+        if (token >= count + leading) continue;
+        float *row = x + (first + item * leading + token) * hidden;
         float const *position = pos + token * hidden;
+        if (token > 0 && token < leading) { /* a register: the token itself */
+            for (size_t c = threadIdx.x; c < hidden; c += blockDim.x)
+                row[c] = position[c];
+            continue;
+        }
+        float const *source = token == 0 ? cls : patches + (first + token - leading) * hidden;
         for (size_t c = threadIdx.x; c < hidden; c += blockDim.x)
             row[c] = __fadd_rn(source[c], position[c]);
     }
 }
 
+extern "C" cudaError_t cuda_assemble_leading(float *x, float const *patches, float const *cls,
+                                             float const *pos, int32_t const *offsets, size_t items,
+                                             size_t max_patches, size_t leading, size_t hidden,
+                                             cudaStream_t stream) {
+    if (items == 0 || hidden == 0) return cudaSuccess;
+    if (leading == 0) return cudaErrorInvalidValue;
+    assemble_tokens_kernel<<<cuda_blocks(items * (max_patches + leading), 1), CUDA_THREADS, 0, stream>>>(
+        x, patches, cls, pos, offsets, items, max_patches, leading, hidden);
+    return cuda_launched();
+}
+
 extern "C" cudaError_t cuda_assemble_tokens(float *x, float const *patches, float const *cls,
                                             float const *pos, int32_t const *offsets, size_t items,
                                             size_t max_patches, size_t hidden, cudaStream_t stream) {
-    if (items == 0 || hidden == 0) return cudaSuccess;
-    assemble_tokens_kernel<<<cuda_blocks(items * (max_patches + 1), 1), CUDA_THREADS, 0, stream>>>(
-        x, patches, cls, pos, offsets, items, max_patches, hidden);
-    return cuda_launched();
+    return cuda_assemble_leading(x, patches, cls, pos, offsets, items, max_patches, 1, hidden, stream);
 }
 
 /* ---- convert: one block per row ----------------------------------------------------------------- */

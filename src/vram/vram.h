@@ -391,12 +391,13 @@ typedef enum vram_units_kind {
     VRAM_UNITS_SOUNDS,
 } vram_units_kind_t;
 
-/* The plan of a chunk of media items through a tower: its units (the sequences of a class token and its
- * patches: kept images, the frames of kept clips, kept sounds), and the sizes of its index arrays. */
+/* The plan of a chunk of media items through a tower: its units (the sequences of a class token, the
+ * tower's register tokens and the patches: kept images, the frames of kept clips, kept sounds), and the
+ * sizes of its index arrays. */
 typedef struct vram_units {
     size_t units;   /* class tokens */
     size_t patches; /* patch rows of the kept items, packed in item order */
-    size_t tokens;  /* rows of x: patches + units */
+    size_t tokens;  /* rows of x: patches + units * leading */
     size_t longest; /* the most patches of one unit */
     size_t states;  /* entries of state_rows: items, or items * frames for clips */
     size_t vectors; /* entries of token_rows: items * patches of an image, patches for sounds, 0 for clips */
@@ -406,12 +407,13 @@ typedef struct vram_units {
 /* The plan of a chunk of `count` items whose prepared patch rows are patches[i] (0: a failed item; a
  * clip's `frames` frames share its rows equally; an image has `image_patches`), and, when `base` is not
  * NULL, its index arrays written there, int32 each, end to end: patch offsets [units + 1] into the packed
- * rows, token offsets [units + 1] into x (each unit's class token, then its patches), state rows [states]
+ * rows, token offsets [units + 1] into x (each unit's `leading` tokens, its class token first, then its
+ * patches; cuda_assemble_leading's layout), state rows [states]
  * (each item's class token row, or each frame's for clips; -1 for a failed item) and token rows [vectors]
  * (the rows of x whose projections are token vectors: every patch of every image, -1 for a failed
  * image's; every patch of every kept sound). */
 vram_units_t vram_units_plan(vram_units_kind_t kind, size_t const *patches, size_t count, size_t frames,
-                             size_t image_patches, void *base);
+                             size_t image_patches, size_t leading, void *base);
 
 /* ---- Verbs -------------------------------------------------------------------------------------- */
 

@@ -9,13 +9,13 @@
  *   learned positions with their offset or rotary ones (heads of 64), the token type's row, causal or
  *   bidirectional attention, first, last, mean and end-of-text pooling; text read as bytes with the
  *   engine's own settings only;
- * - image towers with a class token, without register tokens, pooled at the class token (the engine's,
- *   CLIP's, UForm 3's small, base and multilingual ones), their items prepared on the host as host
- *   executors prepare them (Pillow's resampling included); pixels resized on the device with the engine's
- *   float bilinear filter only (vram_pixels_refusal);
+ * - image towers with a class token, register tokens or not, pooled at the class token (the engine's,
+ *   CLIP's, UForm 3's), their items prepared on the host as host executors prepare them (Pillow's
+ *   resampling included); pixels resized on the device with the engine's float bilinear filter, and
+ *   without register tokens, only (vram_pixels_refusal);
  * - audio towers with the engine's own settings.
  * It does not run the attention-pooling head, patch towers without a class token (SigLIP's image tower),
- * register tokens (UForm 3's large image tower), or image towers pooled by the mean. */
+ * or image towers pooled by the mean. */
 #pragma once
 
 #include "uform.h"

@@ -297,6 +297,37 @@ static void gathers_exact(void **state) {
     print_message("  %-64s exact\n", "cuda_assemble_tokens items of 3, 0, 5, 1 patches");
     free(assembled);
 
+    /* assemble_leading: the same items after a class token and 2 registers (pos rows 1 and 2 as they are) */
+    size_t const leading = 3, lead_tokens = 9 + 4 * leading;
+    float *lead_pos = floats_uniform((leading + max_patches) * width, -1.0f, 1.0f);
+    float *lead_pos_device = device_copy(lead_pos, (leading + max_patches) * width * sizeof(float));
+    float *lead_device = device_alloc((lead_tokens + 1) * width * sizeof(float));
+    CUDA_CHECK(cudaMemset(lead_device, 0xff, (lead_tokens + 1) * width * sizeof(float)));
+    ran(cuda_assemble_leading(lead_device, patches_device, cls_device, lead_pos_device, offsets_device, items,
+                              max_patches, leading, width, stream),
+        "cuda_assemble_leading", "3, 0, 5, 1 patches, 2 registers");
+    float *led = host_copy(lead_device, (lead_tokens + 1) * width * sizeof(float));
+    for (size_t item = 0; item < items; ++item)
+        for (size_t t = 0; t < (size_t)(offsets[item + 1] - offsets[item]) + leading; ++t)
+            for (size_t c = 0; c < width; ++c) {
+                size_t row = (size_t)offsets[item] + item * leading + t;
+                float want = t == 0        ? cls[c] + lead_pos[c]
+                             : t < leading ? lead_pos[t * width + c]
+                                           : patches[((size_t)offsets[item] + t - leading) * width + c] +
+                                                 lead_pos[t * width + c];
+                if (led[row * width + c] != want)
+                    fail_msg("cuda_assemble_leading: item %zu token %zu column %zu = %g, expected %g", item,
+                             t, c, led[row * width + c], want);
+            }
+    for (size_t c = 0; c < width; ++c)
+        if (!isnan(led[lead_tokens * width + c])) fail_msg("cuda_assemble_leading wrote past the last token");
+    assert_int_equal(cuda_assemble_leading(lead_device, patches_device, cls_device, lead_pos_device,
+                                           offsets_device, items, max_patches, 0, width, stream),
+                     cudaErrorInvalidValue);
+    print_message("  %-64s exact\n", "cuda_assemble_leading items of 3, 0, 5, 1 patches, 2 registers");
+    free(led), free(lead_pos);
+    device_free(lead_pos_device), device_free(lead_device);
+
     free(table), free(indices), free(src), free(picks), free(base), free(addend), free(patches), free(cls),
         free(pos);
     device_free(table_device), device_free(indices_device), device_free(x_device), device_free(src_device),

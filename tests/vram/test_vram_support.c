@@ -1,9 +1,10 @@
 /* Which towers the VRAM path runs (src/vram/vram_support.h), without a device: the engine's own model, the
  * text towers of the pretrained families (BERT's post-norm with heads of 32, XLM-RoBERTa's offset
  * positions, CLIP's causal end-of-text pooling, SigLIP's padded last-position pooling through a projection
- * with bias, UForm 3's), CLIP's and UForm 3's image towers, and the refusals that name what is missing:
- * SigLIP's image tower, UForm 3's register tokens and mean pooling, pixels with Pillow's geometry, text
- * towers read as bytes with other settings, a model none of whose towers runs. */
+ * with bias, UForm 3's), CLIP's and UForm 3's image towers (register tokens included), and the refusals
+ * that name what is missing: SigLIP's image tower, mean pooling of image tokens, pixels with Pillow's
+ * geometry or register tokens, text towers read as bytes with other settings, a model none of whose
+ * towers runs. */
 #include <string.h>
 
 #include "fixtures.h"
@@ -133,10 +134,14 @@ static void image_towers_run_or_name_what_they_lack(void **state) {
         false; /* UForm 3's small and base: LayerNorm and erf GELU; the large one's registers */
     image->activation = UFORM_ACTIVATION_GELU_ERF;
     assert_null(vram_tower_refusal(&info, "image"));
-    image->registers = 4;
-    assert_mentions(vram_tower_refusal(&info, "image"), "register tokens");
-    assert_null(vram_model_refusal(&info)); /* the text tower runs: the model loads, its image verbs refuse */
+    image->registers = 4; /* files and encoded images run; pixels assemble no registers */
+    assert_null(vram_tower_refusal(&info, "image"));
+    assert_mentions(vram_pixels_refusal(&info), "register tokens");
+    info.image.resample = UFORM_RESAMPLE_FLOAT_BILINEAR;
+    info.image.resize = UFORM_RESIZE_SHORT_SIDE;
+    assert_mentions(vram_pixels_refusal(&info), "register tokens");
     image->registers = 0;
+    assert_null(vram_pixels_refusal(&info));
     image->pooling = UFORM_POOLING_MEAN; /* UForm 3's mean pooling */
     assert_mentions(vram_tower_refusal(&info, "image"), "class token only");
 
