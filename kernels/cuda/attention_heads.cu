@@ -128,3 +128,68 @@ extern "C" cudaError_t cuda_attention_heads(uint16_t *out, uint16_t const *qkv, 
                                                                (int)head, causal, scale * HEADS_LOG2E);
     return cuda_launched();
 }
+
+/* ---- The attention-pooling head's attention ---------------------------------------------------------- *
+ *
+ * One learned query (the head's probe, projected) against every token of an item: one block of 128 threads
+ * per (item, head). The item's scores go to shared memory (F32 sums of q . k in column order, times
+ * `scale`), their max and sum are block reductions (the sum in double), and each thread sums the weighted
+ * values of some columns over the item's tokens in order, as pool_head does on the host. */
+
+#define PROBE_THREADS 128
+#define PROBE_LENGTH  12288 /* tokens of one item at most: their scores fill 48 KiB */
+
+static __global__ void __launch_bounds__(PROBE_THREADS)
+    attention_probe_kernel(float *out, size_t out_stride, float const *q, uint16_t const *qkv,
+                           int32_t const *offsets, size_t items, int heads, int head, float scale) {
+    extern __shared__ float scores[]; /* [the longest item] */
+    __shared__ float maxima[32];
+    __shared__ double sums[32];
+    int head_index = blockIdx.y;
+    size_t hidden = (size_t)heads * head, stride = 3 * hidden;
+    float const *query = q + (size_t)head_index * head; /* [head] */
+    for (size_t item = blockIdx.x; item < items; item += gridDim.x) {
+        int first = offsets[item], length = offsets[item + 1] - first;
+        uint16_t const *keys = qkv + (size_t)first * stride + hidden + (size_t)head_index * head;
+        uint16_t const *values = keys + hidden;
+        float max = -INFINITY;
+        for (int t = threadIdx.x; t < length; t += PROBE_THREADS) {
+            float dot = 0.0f;
+            for (int d = 0; d < head; ++d)
+                dot = __fmaf_rn(query[d], bf16_value(keys[(size_t)t * stride + d]), dot);
+            scores[t] = dot * scale;
+            max = fmaxf(max, scores[t]);
+        }
+        max = block_reduce(max, cuda_max(), -INFINITY, maxima);
+        double sum = 0.0;
+        for (int t = threadIdx.x; t < length; t += PROBE_THREADS) {
+            float weight = expf(scores[t] - max);
+            scores[t] = weight;
+            sum += weight;
+        }
+        sum = block_reduce(sum, cuda_sum(), 0.0, sums); /* its barrier makes every weight visible */
+        float total = (float)sum;
+        for (int d = threadIdx.x; d < head; d += PROBE_THREADS) {
+            float o = 0.0f;
+            for (int t = 0; t < length; ++t)
+                o = __fmaf_rn(scores[t] / total, bf16_value(values[(size_t)t * stride + d]), o);
+            out[item * out_stride + (size_t)head_index * head + d] = o;
+        }
+        __syncthreads(); /* every thread is done with the scores before the next item's */
+    }
+}
+
+extern "C" cudaError_t cuda_attention_probe(float *out, size_t out_stride, float const *q,
+                                            uint16_t const *qkv, int32_t const *offsets, size_t items,
+                                            size_t heads, size_t head, size_t max_length, float scale,
+                                            cudaStream_t stream) {
+    if (items == 0 || heads == 0) return cudaSuccess;
+    if (head == 0 || head > CUDA_KERNELS_HEAD_MAX || heads > 65535 || max_length > PROBE_LENGTH ||
+        !(scale > 0.0f))
+        return cudaErrorInvalidValue;
+    dim3 grid((unsigned)(items < 65535 ? items : 65535), (unsigned)heads);
+    size_t shared = (max_length ? max_length : 1) * sizeof(float);
+    attention_probe_kernel<<<grid, PROBE_THREADS, shared, stream>>>(out, out_stride, q, qkv, offsets, items,
+                                                                    (int)heads, (int)head, scale);
+    return cuda_launched();
+}

@@ -75,10 +75,10 @@ cudaError_t cuda_assemble_tokens(float *x, float const *patches, float const *cl
                                  int32_t const *offsets, size_t items, size_t max_patches, size_t hidden,
                                  cudaStream_t stream);
 
-/* cuda_assemble_tokens with `leading` tokens before each item's patches (at least 1): the class token,
- * cls + pos[0], then the register tokens, rows 1 .. leading - 1 of pos as they are (registers have no
- * position); item i's tokens start at row offsets[i] + i * leading, patch j is patches[offsets[i] + j] +
- * pos[leading + j]. leading 0: cudaErrorInvalidValue. Exact. */
+/* cuda_assemble_tokens with `leading` tokens before each item's patches: the class token, cls + pos[0],
+ * then the register tokens, rows 1 .. leading - 1 of pos as they are (registers have no position); none
+ * with leading 0 (no class token: cls is not read). Item i's tokens start at row offsets[i] + i * leading,
+ * patch j is patches[offsets[i] + j] + pos[leading + j]. Exact. */
 cudaError_t cuda_assemble_leading(float *x, float const *patches, float const *cls, float const *pos,
                                   int32_t const *offsets, size_t items, size_t max_patches, size_t leading,
                                   size_t hidden, cudaStream_t stream);
@@ -141,6 +141,23 @@ cudaError_t cuda_attention(uint16_t *out, uint16_t const *qkv, int32_t const *of
 cudaError_t cuda_attention_heads(uint16_t *out, uint16_t const *qkv, int32_t const *offsets, size_t items,
                                  size_t heads, size_t head, size_t max_length, bool causal, bool rotary,
                                  float scale, cudaStream_t stream);
+
+/* The attention of the attention-pooling head (SigLIP's image pooling): for each item (rows [offsets[i],
+ * offsets[i + 1]) of qkv, BF16 [tokens, 3 * heads * head] as a block's, its k and v thirds read) and head h,
+ * out[i, h * head ..] = softmax(q_h . k_t * scale over the item's tokens t) . v_t, F32; q F32 [heads * head],
+ * the probe's query, the same for every item. Scores and sums in F32 (the softmax's sum in double),
+ * values summed in token order. An empty item gets zeros. `max_length` bounds every item's length (at most
+ * 12288); past it, a head of 0 or past CUDA_KERNELS_HEAD_MAX, heads > 65535 or a scale that is not positive:
+ * cudaErrorInvalidValue. Tolerance against the host's pool_head on the same inputs: 1e-5 relative to
+ * max|v|. */
+cudaError_t cuda_attention_probe(float *out, size_t out_stride, float const *q, uint16_t const *qkv,
+                                 int32_t const *offsets, size_t items, size_t heads, size_t head,
+                                 size_t max_length, float scale, cudaStream_t stream);
+
+/* dst[rows[r], :] = src[r, :] for `count` rows of `columns` F32 (strides in elements): the inverse of
+ * cuda_gather_rows (distinct rows; the caller guarantees they are in range). Exact. */
+cudaError_t cuda_scatter_rows(float *dst, size_t dst_stride, float const *src, size_t src_stride,
+                              int32_t const *rows, size_t count, size_t columns, cudaStream_t stream);
 
 /* ---- text_choose -------------------------------------------------------------------------------- */
 

@@ -65,6 +65,24 @@ extern "C" cudaError_t cuda_gather_rows(float *dst, size_t dst_stride, float con
     return cuda_launched();
 }
 
+static __global__ void scatter_rows_kernel(float *dst, size_t dst_stride, float const *src, size_t src_stride,
+                                           int32_t const *rows, size_t count, size_t columns) {
+    for (size_t r = blockIdx.x; r < count; r += gridDim.x) {
+        float *target = dst + (size_t)rows[r] * dst_stride;
+        for (size_t c = threadIdx.x; c < columns; c += blockDim.x)
+            target[c] = src[r * src_stride + c];
+    }
+}
+
+extern "C" cudaError_t cuda_scatter_rows(float *dst, size_t dst_stride, float const *src, size_t src_stride,
+                                         int32_t const *rows, size_t count, size_t columns,
+                                         cudaStream_t stream) {
+    if (count == 0 || columns == 0) return cudaSuccess;
+    scatter_rows_kernel<<<cuda_blocks(count, 1), CUDA_THREADS, 0, stream>>>(dst, dst_stride, src, src_stride,
+                                                                            rows, count, columns);
+    return cuda_launched();
+}
+
 /* out[g, c] = (x[g * group, c] + ... + x[g * group + group - 1, c]) / group, summed in row order in F32 as
  * the host's clip pooling does (src/encode/video.c). */
 static __global__ void mean_rows_kernel(float *out, size_t out_stride, float const *x, size_t x_stride,
@@ -159,8 +177,9 @@ extern "C" cudaError_t cuda_add_rows(float *x, size_t x_stride, float const *add
 }
 
 /* Token t of item i (t in [0, max_patches + leading)) is row offsets[i] + i * leading + t of x: the class
- * token for t = 0, register t - 1 (its row of pos, as it is) for t < leading, patch t - leading otherwise;
- * tokens past the item's patch count are not the item's and are left alone. */
+ * token for t = 0 < leading, register t - 1 (its row of pos, as it is) for t < leading, patch t - leading
+ * otherwise (every token a patch with leading 0: no class token); tokens past the item's patch count are
+ * not the item's and are left alone. */
 static __global__ void assemble_tokens_kernel(float *x, float const *patches, float const *cls,
                                               float const *pos, int32_t const *offsets, size_t items,
                                               size_t max_patches, size_t leading, size_t hidden) {
@@ -176,7 +195,7 @@ static __global__ void assemble_tokens_kernel(float *x, float const *patches, fl
                 row[c] = position[c];
             continue;
         }
-        float const *source = token == 0 ? cls : patches + (first + token - leading) * hidden;
+        float const *source = token < leading ? cls : patches + (first + token - leading) * hidden;
         for (size_t c = threadIdx.x; c < hidden; c += blockDim.x)
             row[c] = __fadd_rn(source[c], position[c]);
     }
@@ -187,7 +206,6 @@ extern "C" cudaError_t cuda_assemble_leading(float *x, float const *patches, flo
                                              size_t max_patches, size_t leading, size_t hidden,
                                              cudaStream_t stream) {
     if (items == 0 || hidden == 0) return cudaSuccess;
-    if (leading == 0) return cudaErrorInvalidValue;
     assemble_tokens_kernel<<<cuda_blocks(items * (max_patches + leading), 1), CUDA_THREADS, 0, stream>>>(
         x, patches, cls, pos, offsets, items, max_patches, leading, hidden);
     return cuda_launched();

@@ -410,9 +410,16 @@ static int carve_visit(checkpoint_schema_tensor_t const *tensor, void *context) 
     vram_block_t *block = &tower->blocks[tensor->block];
     size_t const n = (size_t)tensor->shape[0], k = tensor->rank == 2 ? (size_t)tensor->shape[1] : 1;
     vram_linear_t *layers[] = {
-        [CHECKPOINT_PART_QKV_WEIGHT] = &block->qkv, [CHECKPOINT_PART_OUT_WEIGHT] = &block->out,
-        [CHECKPOINT_PART_UP_WEIGHT] = &block->up,   [CHECKPOINT_PART_DOWN_WEIGHT] = &block->down,
-        [CHECKPOINT_PART_PROJ] = &tower->proj,      [CHECKPOINT_PART_PATCH_WEIGHT] = &tower->patch,
+        [CHECKPOINT_PART_QKV_WEIGHT] = &block->qkv,
+        [CHECKPOINT_PART_OUT_WEIGHT] = &block->out,
+        [CHECKPOINT_PART_UP_WEIGHT] = &block->up,
+        [CHECKPOINT_PART_DOWN_WEIGHT] = &block->down,
+        [CHECKPOINT_PART_PROJ] = &tower->proj,
+        [CHECKPOINT_PART_PATCH_WEIGHT] = &tower->patch,
+        [CHECKPOINT_PART_HEAD_QKV_WEIGHT] = &tower->head_qkv,
+        [CHECKPOINT_PART_HEAD_OUT_WEIGHT] = &tower->head_out,
+        [CHECKPOINT_PART_HEAD_UP_WEIGHT] = &tower->head_up,
+        [CHECKPOINT_PART_HEAD_DOWN_WEIGHT] = &tower->head_down,
     };
     float const **vectors[] = {
         [CHECKPOINT_PART_NORM1] = &block->norm1,
@@ -431,6 +438,13 @@ static int carve_visit(checkpoint_schema_tensor_t const *tensor, void *context) 
         [CHECKPOINT_PART_INPUT_NORM_BIAS] = &tower->input_norm_bias,
         [CHECKPOINT_PART_TOKEN_TYPE] = &tower->token_type,
         [CHECKPOINT_PART_PROJ_BIAS] = &tower->proj.bias,
+        [CHECKPOINT_PART_HEAD_PROBE] = &tower->probe,
+        [CHECKPOINT_PART_HEAD_QKV_BIAS] = &tower->head_qkv.bias,
+        [CHECKPOINT_PART_HEAD_OUT_BIAS] = &tower->head_out.bias,
+        [CHECKPOINT_PART_HEAD_NORM] = &tower->head_norm,
+        [CHECKPOINT_PART_HEAD_NORM_BIAS] = &tower->head_norm_bias,
+        [CHECKPOINT_PART_HEAD_UP_BIAS] = &tower->head_up.bias,
+        [CHECKPOINT_PART_HEAD_DOWN_BIAS] = &tower->head_down.bias,
     };
     size_t const part = (size_t)tensor->part;
     vram_linear_t *layer = part < sizeof layers / sizeof layers[0] ? layers[part] : NULL;
@@ -446,7 +460,7 @@ static int carve_visit(checkpoint_schema_tensor_t const *tensor, void *context) 
     } else if (tensor->part == CHECKPOINT_PART_POS || tensor->part == CHECKPOINT_PART_TEXT_POSITIONS) {
         tower->pos = carve_f32(carve, tensor->name, n * k);
         tower->positions = n;
-    } else { /* the attention-pooling head's (a tower vram_support.h refuses) */
+    } else { /* a part the schema of a tower has not */
         carve->failed = true;
     }
     return 0;
@@ -690,6 +704,79 @@ uform_status_t vram_forward(vram_device_t *device, vram_tower_t const *tower, fl
         VRAM_TRY(forward_norm(tower, NULL, x, x, tower->norm, tower->norm_bias, tokens, stream),
                  "cannot launch the norm");
     return UFORM_OK;
+}
+
+/* ---- The attention-pooling head ------------------------------------------------------------------ */
+
+typedef struct head_layout {
+    uint16_t *x_bf16;                 /* [tokens, hidden] */
+    uint16_t *qkv;                    /* [tokens, 3 hidden] */
+    uint16_t *probe;                  /* [hidden] */
+    float *q;                         /* [3 hidden]: the probe through qkv, its first third the query */
+    float *attended;                  /* [units, hidden] */
+    uint16_t *attended_bf16, *normed; /* [units, hidden] */
+    float *state;                     /* [units, hidden]: the output layer's, then the pooled rows */
+    uint16_t *mlp;                    /* [units, mlp] */
+} head_layout_t;
+
+static head_layout_t head_layout(vram_tower_t const *tower, void *scratch, size_t tokens, size_t units,
+                                 size_t *bytes) {
+    size_t const h = tower->hidden;
+    size_t const sizes[] = {tokens * h * 2, tokens * 3 * h * 2, h * 2,
+                            3 * h * 4,      units * h * 4,      units * h * 2,
+                            units * h * 2,  units * h * 4,      units * tower->mlp * 2};
+    char *at[9], *base = scratch;
+    *bytes = 0;
+    for (size_t i = 0; i < 9; ++i) {
+        at[i] = base + *bytes;
+        *bytes += round_up_256(sizes[i] ? sizes[i] : 1);
+    }
+    if (!scratch) return (head_layout_t){0};
+    return (head_layout_t){(uint16_t *)at[0], (uint16_t *)at[1], (uint16_t *)at[2],
+                           (float *)at[3],    (float *)at[4],    (uint16_t *)at[5],
+                           (uint16_t *)at[6], (float *)at[7],    (uint16_t *)at[8]};
+}
+
+size_t vram_head_scratch(vram_tower_t const *tower, size_t tokens, size_t units) {
+    size_t bytes = 0;
+    head_layout(tower, NULL, tokens, units, &bytes);
+    return bytes;
+}
+
+uform_status_t vram_head_pool(vram_device_t *device, vram_tower_t const *tower, float const *x, size_t tokens,
+                              int32_t const *offsets, size_t units, size_t max_length, void *scratch,
+                              float **pooled, char const **message) {
+    size_t const hidden = tower->hidden, head = tower->settings.head;
+    size_t bytes = 0;
+    head_layout_t s = head_layout(tower, scratch, tokens, units, &bytes);
+    cudaStream_t stream = device->stream;
+    uform_status_t status = UFORM_OK;
+    *pooled = s.state;
+    if (units == 0) return UFORM_OK;
+    /* k and v of every token, and the probe's query, through the head's qkv layer */
+    VRAM_TRY(cuda_f32_to_bf16(s.x_bf16, x, tokens * hidden, stream), "cannot launch convert");
+    VRAM_TRY(cuda_f32_to_bf16(s.probe, tower->probe, hidden, stream), "cannot launch convert");
+    if ((status = vram_linear_run(device, &tower->head_qkv, tokens, s.x_bf16, s.qkv, 3 * hidden,
+                                  CUDA_LINEAR_BF16, message)) != UFORM_OK ||
+        (status = vram_linear_run(device, &tower->head_qkv, 1, s.probe, s.q, 3 * hidden, CUDA_LINEAR_F32,
+                                  message)) != UFORM_OK)
+        return status;
+    VRAM_TRY(cuda_attention_probe(s.attended, hidden, s.q, s.qkv, offsets, units, tower->heads, head,
+                                  max_length, (float)(1.0 / sqrt((double)head)), stream),
+             "cannot launch the pooling head's attention");
+    /* state = attended Wout^T + b; pooled = state + down(act(up(norm(state)))) */
+    VRAM_TRY(cuda_f32_to_bf16(s.attended_bf16, s.attended, units * hidden, stream), "cannot launch convert");
+    if ((status = vram_linear_run(device, &tower->head_out, units, s.attended_bf16, s.state, hidden,
+                                  CUDA_LINEAR_F32, message)) != UFORM_OK)
+        return status;
+    VRAM_TRY(
+        forward_norm(tower, s.normed, NULL, s.state, tower->head_norm, tower->head_norm_bias, units, stream),
+        "cannot launch the norm");
+    if ((status = vram_linear_run(device, &tower->head_up, units, s.normed, s.mlp, tower->mlp,
+                                  forward_activation(tower), message)) != UFORM_OK)
+        return status;
+    return vram_linear_run(device, &tower->head_down, units, s.mlp, s.state, hidden, CUDA_LINEAR_RESIDUAL,
+                           message);
 }
 
 uform_status_t vram_project_rows(vram_device_t *device, vram_tower_t const *tower, float const *x,

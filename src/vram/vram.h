@@ -212,6 +212,8 @@ typedef struct vram_tower {
     uint16_t const *embed;   /* BF16 [257, hidden], or [vocab, hidden] for a tower that reads tokens */
     float const *token_type; /* [hidden], the token type's row, or NULL */
     /* image and audio */
+    vram_linear_t head_qkv, head_out, head_up, head_down; /* the attention-pooling head's (pooling "head") */
+    float const *probe, *head_norm, *head_norm_bias;      /* [hidden] each */
     vram_linear_t patch;
     float const *cls, *pos; /* [hidden], [1 + patches, hidden]; text: learned positions [positions, hidden] */
     size_t positions;       /* rows of pos */
@@ -294,6 +296,18 @@ uform_status_t vram_project(vram_device_t *device, vram_tower_t const *tower, fl
                             uint16_t const *x_bf16, size_t m, size_t width, bool normalize, float *projected,
                             uform_view_t const *view, size_t first, char const **message);
 
+/* Device scratch of vram_head_pool over `tokens` tokens of `units` units, in bytes. */
+size_t vram_head_scratch(vram_tower_t const *tower, size_t tokens, size_t units);
+
+/* The attention-pooling head (pooling "head", SigLIP's) over x (F32 [tokens, hidden], final-normed) of
+ * `units` units by `offsets` (device int32 [units + 1], each at most `max_length` long), as pool_head does
+ * on the host: the probe's query against each unit's keys, the output layer, then h +=
+ * down(act(up(norm(h)))). Writes pooled F32 [units, hidden] into `scratch` (vram_head_scratch of it) and
+ * answers where, through *pooled. UFORM_OK or UFORM_DEVICE with a message. */
+uform_status_t vram_head_pool(vram_device_t *device, vram_tower_t const *tower, float const *x, size_t tokens,
+                              int32_t const *offsets, size_t units, size_t max_length, void *scratch,
+                              float **pooled, char const **message);
+
 /* ---- Outputs ------------------------------------------------------------------------------------ */
 
 /* Where a chunk's outputs are written: the arena's views, at the chunk's rows, when the chunk runs on
@@ -324,7 +338,8 @@ uform_status_t vram_views_land(vram_t const *vram, vram_device_t *device, vram_v
 
 /* The rows of a chunk's final states that become its outputs. */
 typedef struct vram_output_rows {
-    int32_t const *state_rows;   /* device [items]: each item's row in x, or -1 (a failed item: zero rows) */
+    int32_t const *state_rows; /* device [items]: each item's row in x, or -1 (a failed item: zero rows) */
+    float const *state_source; /* F32 [?, hidden] the state rows index, or NULL: x (the head's pooled rows) */
     int32_t const *mean_offsets; /* device [items + 1], or NULL: each item's state is the mean of its rows
                                     [mean_offsets[i], mean_offsets[i + 1]) of x instead (none: zero rows) */
     size_t items;

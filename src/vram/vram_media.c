@@ -184,6 +184,7 @@ typedef struct chunk_scratch {
     uint16_t *rows_bf16;
     float *patch_f32;
     void *views;
+    void *head; /* the attention-pooling head's (vram_head_scratch), with pooling "head" */
     vram_pass_t pass;
 } chunk_scratch_t;
 
@@ -203,12 +204,15 @@ static bool chunk_scratch(vram_media_call_t const *media, vram_device_t *device,
         units->patches * media->row_floats * 2,
         units->patches * hidden * sizeof(float),
         d ? vram_views_bytes(&media->encode, count, tokens, hidden) : 0,
+        tower->settings.pooling == UFORM_POOLING_HEAD ? vram_head_scratch(tower, units->tokens, units->units)
+                                                      : 0,
     };
-    void *parts[5];
-    if (!vram_chunk_scratch(device, tower, sizes, 5, parts, units->tokens, rows, width, &scratch->pass))
+    void *parts[6];
+    if (!vram_chunk_scratch(device, tower, sizes, 6, parts, units->tokens, rows, width, &scratch->pass))
         return false;
     scratch->indices = parts[0], scratch->rows = parts[1], scratch->rows_bf16 = parts[2];
     scratch->patch_f32 = parts[3], scratch->views = d ? parts[4] : NULL;
+    scratch->head = parts[5];
     return true;
 }
 
@@ -254,11 +258,28 @@ static uform_status_t chunk_outputs(vram_media_call_t const *media, vram_device_
                                     chunk_scratch_t const *scratch, vram_views_t const *views,
                                     char const **message) {
     int32_t const *state_rows = scratch->indices + 2 * (units->units + 1);
+    float const *states = scratch->pass.x; /* what the state rows index */
+    if (tower->settings.pooling == UFORM_POOLING_HEAD) {
+        /* The head's pooled rows, each put at its unit's first token row of the patch projections' scratch
+         * (free since the tokens were assembled; towers with the head have no leading token, so it holds a
+         * row per token), where the state rows point. */
+        int32_t const *token_offsets = scratch->indices + units->units + 1;
+        float *pooled = NULL;
+        uform_status_t status =
+            vram_head_pool(device, tower, scratch->pass.x, units->tokens, token_offsets, units->units,
+                           units->longest + media->leading, scratch->head, &pooled, message);
+        if (status != UFORM_OK) return status;
+        VRAM_TRY(cuda_scatter_rows(scratch->patch_f32, tower->hidden, pooled, tower->hidden, token_offsets,
+                                   units->units, tower->hidden, device->stream),
+                 "cannot place the pooled rows");
+        states = scratch->patch_f32;
+    }
     if (media->kind == VRAM_UNITS_CLIPS)
-        return vram_output_clips(device, tower, &media->encode, views, scratch->pass.x, &scratch->pass,
-                                 state_rows, views->items, media->source.frames, message);
+        return vram_output_clips(device, tower, &media->encode, views, states, &scratch->pass, state_rows,
+                                 views->items, media->source.frames, message);
     vram_output_rows_t const rows = {
         .state_rows = state_rows,
+        .state_source = states,
         .items = views->items,
         .token_rows = state_rows + units->states,
         .tokens = units->vectors,
@@ -514,7 +535,7 @@ static void vram_media_fill(call_t *call, void const *context) {
     media->row_floats = 3 * info->image.patch * info->image.patch;
     media->image_patches = media->source.patches;
     media->item_patches = media->source.frames * media->source.patches;
-    media->leading = 1 + info->image.transformer.registers; /* the towers placed have a class token */
+    media->leading = info->image.transformer.class_token + info->image.transformer.registers;
 }
 
 uform_status_t vram_media_encode(char const *entry, image_request_t const *images,

@@ -122,8 +122,8 @@ uform_status_t vram_output_write(vram_device_t *device, vram_tower_t const *towe
                                         hidden, stream),
                      rows->gather_failed);
         else
-            VRAM_TRY(cuda_gather_rows(pass->gathered, hidden, x, hidden, rows->state_rows, rows->items,
-                                      hidden, stream),
+            VRAM_TRY(cuda_gather_rows(pass->gathered, hidden, rows->state_source ? rows->state_source : x,
+                                      hidden, rows->state_rows, rows->items, hidden, stream),
                      rows->gather_failed);
         if (encode->outputs & UFORM_OUTPUT_STATES)
             VRAM_TRY(vram_convert_rows(device, &out->states, views->first, pass->gathered, hidden,

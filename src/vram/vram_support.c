@@ -15,15 +15,14 @@ static bool patch_engine(uform_transformer_info_t const *transformer) {
 
 static char const *image_refusal(uform_model_info_t const *info) {
     uform_transformer_info_t const *image = &info->image.transformer;
-    if (image->pooling == UFORM_POOLING_HEAD)
-        return "the VRAM path has no attention-pooling head (SigLIP's image tower): "
-               "load it on a host executor";
-    if (!image->class_token)
-        return "the VRAM path has no image tower without a class token (SigLIP's): "
-               "load it on a host executor";
-    if (image->pooling != UFORM_POOLING_FIRST)
-        return "the VRAM path pools image towers at their class token only, not by the mean: "
-               "load it on a host executor";
+    if (image->pooling == UFORM_POOLING_HEAD) {
+        if (image->class_token || image->registers)
+            return "the VRAM path runs the attention-pooling head over towers without a class token or "
+                   "registers only (SigLIP's): load it on a host executor";
+    } else if (image->pooling != UFORM_POOLING_FIRST || !image->class_token) {
+        return "the VRAM path pools image towers at their class token or through the attention-pooling "
+               "head (SigLIP's), not by the mean: load it on a host executor";
+    }
     if (image->head == 0 || image->head > VARIANT_HEAD_MAX || image->rotary)
         return "the VRAM path runs image heads of 1 to 256 columns without rotary positions: "
                "load it on a host executor";
@@ -31,10 +30,12 @@ static char const *image_refusal(uform_model_info_t const *info) {
 }
 
 char const *vram_pixels_refusal(uform_model_info_t const *info) {
-    if (info->image.transformer.registers)
-        return "image_encode_pixels on a VRAM executor assembles a class token and patches only: "
-               "a tower with register tokens (UForm 3's large one) runs image files and encoded images "
-               "here, and pixels on host executors";
+    uform_transformer_info_t const *image = &info->image.transformer;
+    if (image->registers || !image->class_token || image->pooling != UFORM_POOLING_FIRST)
+        return "image_encode_pixels on a VRAM executor assembles a class token and patches, pooled at the "
+               "class token, only: a tower with register tokens (UForm 3's large one) or the "
+               "attention-pooling head (SigLIP's) runs image files and encoded images here, and pixels on "
+               "host executors";
     if (info->image.resize == UFORM_RESIZE_SHORT_SIDE &&
         info->image.resample == UFORM_RESAMPLE_FLOAT_BILINEAR)
         return NULL;

@@ -10,12 +10,13 @@
  *   bidirectional attention, first, last, mean and end-of-text pooling; text read as bytes with the
  *   engine's own settings only;
  * - image towers with a class token, register tokens or not, pooled at the class token (the engine's,
- *   CLIP's, UForm 3's), their items prepared on the host as host executors prepare them (Pillow's
- *   resampling included); pixels resized on the device with the engine's float bilinear filter, and
- *   without register tokens, only (vram_pixels_refusal);
+ *   CLIP's, UForm 3's), and image towers of patches alone pooled by the attention-pooling head (SigLIP's),
+ *   their items prepared on the host as host executors prepare them (Pillow's resampling included);
+ *   pixels resized on the device with the engine's float bilinear filter, into a class token and
+ *   patches pooled at the class token, only (vram_pixels_refusal);
  * - audio towers with the engine's own settings.
- * It does not run the attention-pooling head, patch towers without a class token (SigLIP's image tower),
- * or image towers pooled by the mean. */
+ * It does not run image towers pooled by the mean, or the attention-pooling head over a class token or
+ * registers. */
 #pragma once
 
 #include "uform.h"

@@ -321,10 +321,22 @@ static void gathers_exact(void **state) {
             }
     for (size_t c = 0; c < width; ++c)
         if (!isnan(led[lead_tokens * width + c])) fail_msg("cuda_assemble_leading wrote past the last token");
-    assert_int_equal(cuda_assemble_leading(lead_device, patches_device, cls_device, lead_pos_device,
-                                           offsets_device, items, max_patches, 0, width, stream),
-                     cudaErrorInvalidValue);
     print_message("  %-64s exact\n", "cuda_assemble_leading items of 3, 0, 5, 1 patches, 2 registers");
+    free(led);
+    /* No class token (SigLIP's): every token a patch, patch j + pos[j]; cls is not read. */
+    CUDA_CHECK(cudaMemset(lead_device, 0xff, (lead_tokens + 1) * width * sizeof(float)));
+    ran(cuda_assemble_leading(lead_device, patches_device, NULL, lead_pos_device, offsets_device, items,
+                              max_patches, 0, width, stream),
+        "cuda_assemble_leading", "3, 0, 5, 1 patches, no class token");
+    led = host_copy(lead_device, (lead_tokens + 1) * width * sizeof(float));
+    for (size_t r = 0; r < 9; ++r) {
+        size_t item = r < 3 ? 0 : r < 8 ? 2 : 3, t = r - (size_t)offsets[item];
+        for (size_t c = 0; c < width; ++c)
+            if (led[r * width + c] != patches[r * width + c] + lead_pos[t * width + c])
+                fail_msg("cuda_assemble_leading without a class token: row %zu column %zu", r, c);
+    }
+    if (!isnan(led[9 * width])) fail_msg("cuda_assemble_leading without a class token wrote past its tokens");
+    print_message("  %-64s exact\n", "cuda_assemble_leading items of 3, 0, 5, 1 patches, no class token");
     free(led), free(lead_pos);
     device_free(lead_pos_device), device_free(lead_device);
 
@@ -859,6 +871,83 @@ static void embed_tokens_and_segment_means_bitwise(void **state) {
     device_free(table_device), device_free(type_device), device_free(position_device),
         device_free(ids_device), device_free(places_device), device_free(x_device),
         device_free(expected_device), device_free(offsets_device), device_free(out_device);
+}
+
+/* The attention-pooling head's attention (cuda_attention_probe) against pool_head's loop on the host: one
+ * query per head against every token of each item, items of 1, 7, 0, 197 and 729 tokens (SigLIP's 27 x 27
+ * patches), heads of 64 and 32; and cuda_scatter_rows, exact. */
+static void attention_probe_matches_host(void **state) {
+    (void)state;
+    random_seed(19);
+    size_t const lengths[] = {1, 7, 0, 197, 729}, heads_of[] = {64, 32}, heads = 3;
+    for (size_t w = 0; w < COUNT(heads_of); ++w) {
+        size_t const head = heads_of[w], hidden = heads * head, width = 3 * hidden, items = COUNT(lengths);
+        size_t *offsets, max_length;
+        int32_t *offsets32;
+        size_t tokens = pack_items(lengths, items, &offsets, &offsets32, &max_length);
+        uint16_t *qkv = bf16_uniform(tokens * width, -1.0f, 1.0f);
+        float *q = floats_uniform(hidden, -3.0f, 3.0f),
+              *expected = host_alloc(items * hidden * sizeof(float));
+        float *scores = host_alloc((max_length + 1) * sizeof(float));
+        float const scale = (float)(1.0 / sqrt((double)head));
+        double max_v = 0.0;
+        for (size_t i = 0; i < tokens * width; ++i)
+            if (i % width >= 2 * hidden) max_v = fmax(max_v, fabs(bf16_to_f32(qkv[i])));
+        for (size_t item = 0; item < items; ++item)
+            for (size_t h = 0; h < heads; ++h) {
+                size_t first = offsets[item], end = offsets[item + 1];
+                float max = -INFINITY, sum = 0.0f;
+                for (size_t t = first; t < end; ++t) {
+                    float dot = 0.0f;
+                    for (size_t d = 0; d < head; ++d)
+                        dot += q[h * head + d] * bf16_to_f32(qkv[t * width + hidden + h * head + d]);
+                    scores[t - first] = dot * scale;
+                    if (scores[t - first] > max) max = scores[t - first];
+                }
+                for (size_t t = first; t < end; ++t)
+                    sum += scores[t - first] = expf(scores[t - first] - max);
+                for (size_t d = 0; d < head; ++d) {
+                    float o = 0.0f;
+                    for (size_t t = first; t < end; ++t)
+                        o +=
+                            scores[t - first] / sum * bf16_to_f32(qkv[t * width + 2 * hidden + h * head + d]);
+                    expected[item * hidden + h * head + d] = o;
+                }
+            }
+        uint16_t *qkv_device = device_copy(qkv, tokens * width * sizeof(uint16_t));
+        float *q_device = device_copy(q, hidden * sizeof(float));
+        int32_t *offsets_device = device_copy(offsets32, (items + 1) * sizeof(int32_t));
+        float *out_device = device_alloc(items * hidden * sizeof(float));
+        char name[96];
+        snprintf(name, sizeof name, "cuda_attention_probe items of 1 7 0 197 729, 3 heads of %zu", head);
+        ran(cuda_attention_probe(out_device, hidden, q_device, qkv_device, offsets_device, items, heads, head,
+                                 max_length, scale, stream),
+            "cuda_attention_probe", name);
+        float *out = host_copy(out_device, items * hidden * sizeof(float));
+        check_t check = check_start(hidden, "%s", name);
+        for (size_t i = 0; i < items * hidden; ++i)
+            check_value(&check, i, out[i], expected[i], 1e-5 * max_v);
+        check_end(&check);
+
+        /* scatter: the items' rows to rows 5, 0, 9, 2 and 7 of a [10, hidden] matrix */
+        int32_t const targets[] = {5, 0, 9, 2, 7};
+        float *scattered_device = device_alloc(10 * hidden * sizeof(float));
+        int32_t *targets_device = device_copy(targets, sizeof targets);
+        ran(cuda_scatter_rows(scattered_device, hidden, out_device, hidden, targets_device, items, hidden,
+                              stream),
+            "cuda_scatter_rows", "5 rows");
+        float *scattered = host_copy(scattered_device, 10 * hidden * sizeof(float));
+        for (size_t r = 0; r < items; ++r)
+            if (memcmp(scattered + (size_t)targets[r] * hidden, out + r * hidden, hidden * sizeof(float)))
+                fail_msg("cuda_scatter_rows: row %zu did not land at row %d", r, targets[r]);
+        assert_int_equal(cuda_attention_probe(out_device, hidden, q_device, qkv_device, offsets_device, items,
+                                              heads, head, 12289, scale, stream),
+                         cudaErrorInvalidValue);
+        free(offsets), free(offsets32), free(qkv), free(q), free(expected), free(scores), free(out),
+            free(scattered);
+        device_free(qkv_device), device_free(q_device), device_free(offsets_device), device_free(out_device),
+            device_free(scattered_device), device_free(targets_device);
+    }
 }
 
 static void attention_matches_scalar(void **state) {
@@ -1889,6 +1978,7 @@ int main(void) {
         cmocka_unit_test(attention_matches_scalar),
         cmocka_unit_test(attention_many_and_long),
         cmocka_unit_test(attention_heads_match_scalar),
+        cmocka_unit_test(attention_probe_matches_host),
         cmocka_unit_test(embed_tokens_and_segment_means_bitwise),
         cmocka_unit_test(linear_matches_scalar),
         cmocka_unit_test(gelu_and_backward_match_scalar),

@@ -1,10 +1,10 @@
 /* Which towers the VRAM path runs (src/vram/vram_support.h), without a device: the engine's own model, the
  * text towers of the pretrained families (BERT's post-norm with heads of 32, XLM-RoBERTa's offset
  * positions, CLIP's causal end-of-text pooling, SigLIP's padded last-position pooling through a projection
- * with bias, UForm 3's), CLIP's and UForm 3's image towers (register tokens included), and the refusals
- * that name what is missing: SigLIP's image tower, mean pooling of image tokens, pixels with Pillow's
- * geometry or register tokens, text towers read as bytes with other settings, a model none of whose
- * towers runs. */
+ * with bias, UForm 3's), CLIP's, UForm 3's (register tokens included) and SigLIP's (the attention-pooling
+ * head) image towers, and the refusals that name what is missing: mean pooling of image tokens, the head
+ * over a class token, pixels with Pillow's geometry, registers or the head, text towers read as bytes with
+ * other settings, a model none of whose towers runs. */
 #include <string.h>
 
 #include "fixtures.h"
@@ -143,13 +143,17 @@ static void image_towers_run_or_name_what_they_lack(void **state) {
     image->registers = 0;
     assert_null(vram_pixels_refusal(&info));
     image->pooling = UFORM_POOLING_MEAN; /* UForm 3's mean pooling */
-    assert_mentions(vram_tower_refusal(&info, "image"), "class token only");
+    assert_mentions(vram_tower_refusal(&info, "image"), "not by the mean");
 
     image->class_token = false; /* SigLIP's: no class token, the attention-pooling head */
     image->pooling = UFORM_POOLING_HEAD;
-    assert_mentions(vram_tower_refusal(&info, "image"), "attention-pooling head");
+    assert_null(vram_tower_refusal(&info, "image"));
+    assert_mentions(vram_pixels_refusal(&info), "attention-pooling head");
     image->pooling = UFORM_POOLING_MEAN;
-    assert_mentions(vram_tower_refusal(&info, "image"), "without a class token");
+    assert_mentions(vram_tower_refusal(&info, "image"), "not by the mean");
+    image->class_token = true; /* the head over a class token */
+    image->pooling = UFORM_POOLING_HEAD;
+    assert_mentions(vram_tower_refusal(&info, "image"), "without a class token or registers");
 
     uform_model_info_t engine = engine_model(); /* the engine's own front end resizes on the device */
     assert_null(vram_pixels_refusal(&engine));
@@ -159,12 +163,11 @@ static void image_towers_run_or_name_what_they_lack(void **state) {
 
 static void models_nothing_runs_of_are_refused(void **state) {
     (void)state;
-    uform_model_info_t info = engine_model(); /* an image tower alone, SigLIP's: its reason */
+    uform_model_info_t info = engine_model(); /* an image tower alone, pooled by the mean: its reason */
     info.has_text = false;
     pretrained_image(&info);
-    info.image.transformer.class_token = false;
-    info.image.transformer.pooling = UFORM_POOLING_HEAD;
-    assert_mentions(vram_model_refusal(&info), "attention-pooling head");
+    info.image.transformer.pooling = UFORM_POOLING_MEAN;
+    assert_mentions(vram_model_refusal(&info), "not by the mean");
 
     uform_model_info_t bytes = engine_model();
     bytes.has_image = false;
