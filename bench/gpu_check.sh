@@ -20,7 +20,7 @@
 # writes them, CLIP's and SigLIP's as tests/model/test_families_reference.py --folders-only does, UForm 3's
 # where PyPI's uform imports): each folder's text embeddings, and CLIP's and UForm 3's image embeddings of
 # PNG files, on a VRAM executor against a RAM executor's, cosine >= 0.9999 per item, and items/s of both
-# (bench/bench_families.c; SigLIP's image tower prints the VRAM path's refusal). Meant to finish in under 8
+# (bench/bench_families.c). Meant to finish in under 8
 # minutes on an H200 (each stage has a limit and the whole a budget), writing its figures to one file:
 # $OUT/gpu_check.txt, or build-gpu/gpu_check.txt.
 #

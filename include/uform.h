@@ -504,11 +504,11 @@ UFORM_EXPORT uform_status_t uform_model_load_ram(uform_model_load_args_t const *
 /* The same into device memory of a VRAM executor: the statuses of uform_model_load_ram, plus
  * UFORM_INVALID_ARGUMENT for an executor that is not a VRAM one, UFORM_DEVICE for a device that fails,
  * and UFORM_UNSUPPORTED in builds without CUDA (after checking the path). Of a pretrained family's folder
- * or converted checkpoint it places the text towers that read tokens (every family's), the image towers
- * with a class token pooled there (CLIP's, UForm 3's but the large one's), and towers with the engine's own
- * settings; the verbs of a tower it does not place (SigLIP's image tower, UForm 3 large's) answer
- * UFORM_UNSUPPORTED naming the setting it lacks, and a model with no tower it places is refused so at load;
- * image_encode_pixels of a model with Pillow's resampling answers UFORM_UNSUPPORTED (docs/DESIGN.md,
+ * or converted checkpoint it places the text towers that read tokens and the image towers (every
+ * family's: CLIP's, SigLIP's, UForm 3's), and towers with the engine's own settings; the verbs of a tower it
+ * does not place (an image tower pooled by the mean) answer UFORM_UNSUPPORTED naming the setting it lacks,
+ * and a model with no tower it places is refused so at load; image_encode_pixels of a model with Pillow's
+ * resampling, register tokens or the attention-pooling head answers UFORM_UNSUPPORTED (docs/DESIGN.md,
  * "Pretrained families on VRAM executors"). */
 UFORM_EXPORT uform_status_t uform_model_load_vram(uform_model_load_args_t const *args);
 
