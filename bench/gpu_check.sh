@@ -199,12 +199,12 @@ for index, (width, height) in enumerate([(320, 240), (375, 500), (224, 224), (70
 PYTHON
 }
 families_check() { # every folder written: VRAM = RAM per text and image; a refused tower prints why
-    local failed=0 folder code
+    local failed=0 folder code images=()
+    [ -s "$FAMILIES/images/list.txt" ] && images=(--images "$FAMILIES/images/list.txt")
     for folder in all-minilm-l6-v2 bge-small-en-v1.5 e5-base last-token multilingual-e5-small reference/clip \
         reference/siglip reference/uform3; do
         [ -f "$FAMILIES/$folder/config.json" ] || continue
-        build-gpu/bench/bench_families "$FAMILIES/$folder" --texts 512 --seconds 1 \
-            --images "$FAMILIES/images/list.txt"
+        build-gpu/bench/bench_families "$FAMILIES/$folder" --texts 512 --seconds 1 "${images[@]}"
         code=$?
         [ $code -eq 0 ] || [ $code -eq 77 ] || failed=1
     done
