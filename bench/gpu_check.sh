@@ -15,8 +15,14 @@
 # against 1 rank on the whole batch (weights to BF16 rounding; the collectives the mesh chose, NCCL's
 # multi-rank mode or staged through pinned memory, are printed), and a rank injected late past the mesh's
 # timeout, which must end its step and the other's with UFORM_DEVICE within the timeout of each one's
-# collective, the mesh unusable after. Meant to finish in under 8 minutes on an H200 (each stage has a limit
-# and the whole a budget), writing its figures to one file: $OUT/gpu_check.txt, or build-gpu/gpu_check.txt.
+# collective, the mesh unusable after; and the pretrained families the VRAM path takes (text towers:
+# all-MiniLM-L6-v2, BGE, E5, a last-token pooling BERT and multilingual E5 as tests/model/pretrained_folders.py
+# writes them, CLIP's and SigLIP's as tests/model/test_families_reference.py --folders-only does, UForm 3's
+# where PyPI's uform imports): each folder's text embeddings, and CLIP's and UForm 3's image embeddings of
+# PNG files, on a VRAM executor against a RAM executor's, cosine >= 0.9999 per item, and items/s of both
+# (bench/bench_families.c). Meant to finish in under 8
+# minutes on an H200 (each stage has a limit and the whole a budget), writing its figures to one file:
+# $OUT/gpu_check.txt, or build-gpu/gpu_check.txt.
 #
 #     bench/gpu_check.sh              # run the check
 #     bench/gpu_check.sh --prepare    # on a Debian 12 machine with apt: gather the libraries the GPU
@@ -155,6 +161,64 @@ run_stage "test_cuda_library" 30 "$OUTDIR/test-cuda-library.log" build-gpu/tests
 run_stage "cpu_process_maps_no_cuda" 30 "$OUTDIR/maps.log" build-gpu/tests/cpu_process_maps_no_cuda
 run_stage "test_vram_host" 30 "$OUTDIR/vram-host.log" build-gpu/tests/test_vram_host
 grep -E 'FAIL|ERROR|create_vram' "$OUTDIR/test-cuda-library.log" "$OUTDIR/maps.log" "$OUTDIR/vram-host.log" | head | tee -a "$REPORT"
+
+stage "pretrained families on a VRAM executor against a RAM executor: embeddings per item, items/s"
+FAMILIES=$OUTDIR/families
+mkdir -p "$FAMILIES"
+families_folders() { # random weights at published shapes, BF16-valued, as the CPU path's reference tests make
+    # them; multilingual E5 last (its tokenizer is trained on a corpus first)
+    for family in all-minilm-l6-v2 bge-small-en-v1.5 e5-base last-token; do
+        python3 tests/model/pretrained_folders.py "$family" "$FAMILIES/$family" --workdir "$FAMILIES/work" ||
+            echo "folder $family: not written"
+    done
+    python3 tests/model/test_families_reference.py --folders-only --workdir "$FAMILIES/reference" \
+        --families clip,siglip,uform3
+    python3 tests/model/pretrained_folders.py multilingual-e5-small "$FAMILIES/multilingual-e5-small" \
+        --workdir "$FAMILIES/work" || echo "folder multilingual-e5-small: not written"
+}
+families_images() { # PNG files of several sizes and aspects (Python's zlib alone), listed one a line
+    python3 - "$FAMILIES/images" <<'PYTHON'
+import pathlib, random, struct, sys, zlib
+folder = pathlib.Path(sys.argv[1])
+folder.mkdir(parents=True, exist_ok=True)
+def chunk(kind, data):
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+paths = []
+for index, (width, height) in enumerate([(320, 240), (375, 500), (224, 224), (700, 100), (97, 131), (1024, 768)]):
+    noise = random.Random(index)
+    rows = bytearray()
+    for y in range(height):
+        rows.append(0)
+        for x in range(width):
+            rows += bytes(((x * 255) // width, (y * 255) // height, (x * y + noise.randrange(64)) % 256))
+    path = folder / f"image-{index}.png"
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)) +
+                     chunk(b"IDAT", zlib.compress(bytes(rows))) + chunk(b"IEND", b""))
+    paths.append(str(path))
+(folder / "list.txt").write_text("\n".join(paths) + "\n")
+PYTHON
+}
+families_check() { # every folder written: VRAM = RAM per text and image; a refused tower prints why
+    local failed=0 folder code images=()
+    [ -s "$FAMILIES/images/list.txt" ] && images=(--images "$FAMILIES/images/list.txt")
+    for folder in all-minilm-l6-v2 bge-small-en-v1.5 e5-base last-token multilingual-e5-small reference/clip \
+        reference/siglip reference/uform3; do
+        [ -f "$FAMILIES/$folder/config.json" ] || continue
+        build-gpu/bench/bench_families "$FAMILIES/$folder" --texts 512 --seconds 1 "${images[@]}"
+        code=$?
+        [ $code -eq 0 ] || [ $code -eq 77 ] || failed=1
+    done
+    return $failed
+}
+export -f families_folders families_images families_check
+export FAMILIES
+run_stage "family folders (transformers, sentence-transformers)" 90 "$OUTDIR/family-folders.log" \
+    bash -c families_folders
+grep -E 'not written|written:|cannot be imported|rror' "$OUTDIR/family-folders.log" | head -10 | tee -a "$REPORT"
+run_stage "image files (PNG)" 20 "$OUTDIR/family-images.log" bash -c families_images
+run_stage "families: VRAM = RAM per text and per image at cosine >= 0.9999" 75 "$OUTDIR/families.log" \
+    bash -c families_check
+grep -E '^\{|^item|bench_families' "$OUTDIR/families.log" | head -40 | tee -a "$REPORT"
 
 stage "training: the VRAM trainer against the RAM trainer (losses, weights, resume, repeat, residencies)"
 run_stage "test_vram_train" 120 "$OUTDIR/test-vram-train.log" build-gpu/tests/test_vram_train build-gpu/tools/uform

@@ -509,12 +509,18 @@ UFORM_EXPORT uform_status_t uform_model_load_ram(uform_model_load_args_t const *
  * A folder is read on the executor's loop thread (blocking its other calls while it converts); its progress
  * is reported once, when it is read. A folder of another family, or with a setting the engine does not
  * implement, answers UFORM_UNSUPPORTED naming it; a damaged one UFORM_FORMAT or UFORM_IO naming the file and
- * the fault. uform_model_load_vram answers UFORM_UNSUPPORTED for pretrained families. uform_checkpoint_convert
- * writes a folder as one checkpoint, which loads faster and to the same embeddings. */
+ * the fault. uform_checkpoint_convert writes a folder as one checkpoint, which loads faster and to the same
+ * embeddings. */
 
 /* The same into device memory of a VRAM executor: the statuses of uform_model_load_ram, plus
  * UFORM_INVALID_ARGUMENT for an executor that is not a VRAM one, UFORM_DEVICE for a device that fails,
- * and UFORM_UNSUPPORTED in builds without CUDA (after checking the path). */
+ * and UFORM_UNSUPPORTED in builds without CUDA (after checking the path). Of a pretrained family's folder
+ * or converted checkpoint it places the text towers that read tokens and the image towers (every
+ * family's: CLIP's, SigLIP's, UForm 3's), and towers with the engine's own settings; the verbs of a tower it
+ * does not place (an image tower pooled by the mean) answer UFORM_UNSUPPORTED naming the setting it lacks,
+ * and a model with no tower it places is refused so at load; image_encode_pixels of a model with Pillow's
+ * resampling, register tokens or the attention-pooling head answers UFORM_UNSUPPORTED (docs/DESIGN.md,
+ * "Pretrained families on VRAM executors"). */
 UFORM_EXPORT uform_status_t uform_model_load_vram(uform_model_load_args_t const *args);
 
 /* Takes the model a final, successful load produced: the caller then owns it. Answers NULL if the

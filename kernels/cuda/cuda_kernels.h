@@ -20,7 +20,10 @@
 extern "C" {
 #endif
 
-#define CUDA_KERNELS_HEAD 64 /* every head is 64 wide */
+#define CUDA_KERNELS_HEAD 64 /* the head of cuda_attention and of training */
+#define CUDA_KERNELS_HEAD_MAX                                                                                \
+    256 /* the widest head of cuda_attention_heads (kernels.h's KERNEL_HEAD_MAX)                             \
+         */
 
 /* ---- Conversions and gathers -------------------------------------------------------------------- */
 
@@ -45,6 +48,20 @@ cudaError_t cuda_gather_rows(float *dst, size_t dst_stride, float const *src, si
 cudaError_t cuda_mean_rows(float *out, size_t out_stride, float const *x, size_t x_stride, size_t groups,
                            size_t group, size_t columns, cudaStream_t stream);
 
+/* out[i, :] = the mean of rows [offsets[i], offsets[i + 1]) of x (F32, `columns` wide, strides in
+ * elements; offsets device int32 [items + 1]), summed in row order in F32 then divided by the count, as
+ * the host's mean pooling (tower_pool); an item without rows gets zeros. Bitwise equal to that loop. */
+cudaError_t cuda_mean_segments(float *out, size_t out_stride, float const *x, size_t x_stride,
+                               int32_t const *offsets, size_t items, size_t columns, cudaStream_t stream);
+
+/* The input rows of a text tower that reads tokens: x[r, :] = table[ids[r], :] (BF16 [vocab, hidden]) +
+ * token_type (F32 [hidden], or NULL) + positions[places[r], :] (F32 [?, hidden], or NULL: then `places` is
+ * not read), added in that order in F32 as the host's tokens_embed does (the caller guarantees every id
+ * and place is in range). Exact. positions without places: cudaErrorInvalidValue. */
+cudaError_t cuda_embed_tokens(float *x, uint16_t const *table, int32_t const *ids, float const *token_type,
+                              float const *positions, int32_t const *places, size_t rows, size_t hidden,
+                              cudaStream_t stream);
+
 /* x[r, :] += add[r % period, :] for `rows` rows of `columns` F32 (learned positions: `add` holds
  * `period` rows). Exact. */
 cudaError_t cuda_add_rows(float *x, size_t x_stride, float const *add, size_t period, size_t rows,
@@ -57,6 +74,14 @@ cudaError_t cuda_add_rows(float *x, size_t x_stride, float const *add, size_t pe
 cudaError_t cuda_assemble_tokens(float *x, float const *patches, float const *cls, float const *pos,
                                  int32_t const *offsets, size_t items, size_t max_patches, size_t hidden,
                                  cudaStream_t stream);
+
+/* cuda_assemble_tokens with `leading` tokens before each item's patches: the class token, cls + pos[0],
+ * then the register tokens, rows 1 .. leading - 1 of pos as they are (registers have no position); none
+ * with leading 0 (no class token: cls is not read). Item i's tokens start at row offsets[i] + i * leading,
+ * patch j is patches[offsets[i] + j] + pos[leading + j]. Exact. */
+cudaError_t cuda_assemble_leading(float *x, float const *patches, float const *cls, float const *pos,
+                                  int32_t const *offsets, size_t items, size_t max_patches, size_t leading,
+                                  size_t hidden, cudaStream_t stream);
 
 /* ---- Normalization ------------------------------------------------------------------------------ */
 
@@ -106,6 +131,33 @@ cudaError_t cuda_convert(void *out, size_t out_stride, float *scales, float cons
 cudaError_t cuda_attention(uint16_t *out, uint16_t const *qkv, int32_t const *offsets, size_t items,
                            size_t heads, size_t max_length, bool causal, bool rotary, float scale,
                            cudaStream_t stream);
+
+/* cuda_attention for heads of `head` columns, 1 .. CUDA_KERNELS_HEAD_MAX: qkv BF16 [tokens, 3 * heads *
+ * head], out BF16 [tokens, heads * head], head h at columns h * head of each third; `scale` multiplies the
+ * scores (1/sqrt(head) for every family the engine reads). Heads of 64 run cuda_attention itself; other
+ * widths run a SIMT kernel with F32 products and the same online softmax, without rotary positions
+ * (rotary with another width, a head of 0 or past the maximum, heads > 65535 or a scale that is not
+ * positive: cudaErrorInvalidValue). Tolerance as cuda_attention's. */
+cudaError_t cuda_attention_heads(uint16_t *out, uint16_t const *qkv, int32_t const *offsets, size_t items,
+                                 size_t heads, size_t head, size_t max_length, bool causal, bool rotary,
+                                 float scale, cudaStream_t stream);
+
+/* The attention of the attention-pooling head (SigLIP's image pooling): for each item (rows [offsets[i],
+ * offsets[i + 1]) of qkv, BF16 [tokens, 3 * heads * head] as a block's, its k and v thirds read) and head h,
+ * out[i, h * head ..] = softmax(q_h . k_t * scale over the item's tokens t) . v_t, F32; q F32 [heads * head],
+ * the probe's query, the same for every item. Scores and sums in F32 (the softmax's sum in double),
+ * values summed in token order. An empty item gets zeros. `max_length` bounds every item's length (at most
+ * 12288); past it, a head of 0 or past CUDA_KERNELS_HEAD_MAX, heads > 65535 or a scale that is not positive:
+ * cudaErrorInvalidValue. Tolerance against the host's pool_head on the same inputs: 1e-5 relative to
+ * max|v|. */
+cudaError_t cuda_attention_probe(float *out, size_t out_stride, float const *q, uint16_t const *qkv,
+                                 int32_t const *offsets, size_t items, size_t heads, size_t head,
+                                 size_t max_length, float scale, cudaStream_t stream);
+
+/* dst[rows[r], :] = src[r, :] for `count` rows of `columns` F32 (strides in elements): the inverse of
+ * cuda_gather_rows (distinct rows; the caller guarantees they are in range). Exact. */
+cudaError_t cuda_scatter_rows(float *dst, size_t dst_stride, float const *src, size_t src_stride,
+                              int32_t const *rows, size_t count, size_t columns, cudaStream_t stream);
 
 /* ---- text_choose -------------------------------------------------------------------------------- */
 

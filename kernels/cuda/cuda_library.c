@@ -124,6 +124,10 @@ HIDDEN cudaError_t CUDARTAPI __cudaLaunchKernel(cudaKernel_t kernel, dim3 grid, 
       (void *to, size_t to_pitch, void const *from, size_t from_pitch, size_t width, size_t height,          \
        enum cudaMemcpyKind kind),                                                                            \
       (to, to_pitch, from, from_pitch, width, height, kind), cudaErrorInitializationError)                   \
+    X(runtime, cudaError_t, cudaMemcpy2DAsync,                                                               \
+      (void *to, size_t to_pitch, void const *from, size_t from_pitch, size_t width, size_t height,          \
+       enum cudaMemcpyKind kind, cudaStream_t stream),                                                       \
+      (to, to_pitch, from, from_pitch, width, height, kind, stream), cudaErrorInitializationError)           \
     X(runtime, cudaError_t, cudaMemcpyAsync,                                                                 \
       (void *to, void const *from, size_t bytes, enum cudaMemcpyKind kind, cudaStream_t stream),             \
       (to, from, bytes, kind, stream), cudaErrorInitializationError)                                         \

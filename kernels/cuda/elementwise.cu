@@ -65,6 +65,24 @@ extern "C" cudaError_t cuda_gather_rows(float *dst, size_t dst_stride, float con
     return cuda_launched();
 }
 
+static __global__ void scatter_rows_kernel(float *dst, size_t dst_stride, float const *src, size_t src_stride,
+                                           int32_t const *rows, size_t count, size_t columns) {
+    for (size_t r = blockIdx.x; r < count; r += gridDim.x) {
+        float *target = dst + (size_t)rows[r] * dst_stride;
+        for (size_t c = threadIdx.x; c < columns; c += blockDim.x)
+            target[c] = src[r * src_stride + c];
+    }
+}
+
+extern "C" cudaError_t cuda_scatter_rows(float *dst, size_t dst_stride, float const *src, size_t src_stride,
+                                         int32_t const *rows, size_t count, size_t columns,
+                                         cudaStream_t stream) {
+    if (count == 0 || columns == 0) return cudaSuccess;
+    scatter_rows_kernel<<<cuda_blocks(count, 1), CUDA_THREADS, 0, stream>>>(dst, dst_stride, src, src_stride,
+                                                                            rows, count, columns);
+    return cuda_launched();
+}
+
 /* out[g, c] = (x[g * group, c] + ... + x[g * group + group - 1, c]) / group, summed in row order in F32 as
  * the host's clip pooling does (src/encode/video.c). */
 static __global__ void mean_rows_kernel(float *out, size_t out_stride, float const *x, size_t x_stride,
@@ -89,6 +107,57 @@ extern "C" cudaError_t cuda_mean_rows(float *out, size_t out_stride, float const
     return cuda_launched();
 }
 
+/* out[i, c] = the mean of rows [offsets[i], offsets[i + 1]) of x, summed in row order in F32 then divided
+ * by the count, as the host's mean pooling (tower_pool); an item without rows gets a row of zeros. */
+static __global__ void mean_segments_kernel(float *out, size_t out_stride, float const *x, size_t x_stride,
+                                            int32_t const *offsets, size_t items, size_t columns) {
+    for (size_t i = blockIdx.x; i < items; i += gridDim.x) {
+        size_t first = (size_t)offsets[i], count = (size_t)(offsets[i + 1] - offsets[i]);
+        for (size_t c = threadIdx.x; c < columns; c += blockDim.x) {
+            float sum = 0.0f;
+            for (size_t k = 0; k < count; ++k)
+                sum = __fadd_rn(sum, x[(first + k) * x_stride + c]);
+            out[i * out_stride + c] = count ? __fdiv_rn(sum, (float)count) : 0.0f;
+        }
+    }
+}
+
+extern "C" cudaError_t cuda_mean_segments(float *out, size_t out_stride, float const *x, size_t x_stride,
+                                          int32_t const *offsets, size_t items, size_t columns,
+                                          cudaStream_t stream) {
+    if (items == 0 || columns == 0) return cudaSuccess;
+    mean_segments_kernel<<<cuda_blocks(items, 1), CUDA_THREADS, 0, stream>>>(out, out_stride, x, x_stride,
+                                                                             offsets, items, columns);
+    return cuda_launched();
+}
+
+/* x[r] = table[ids[r]] + token_type + positions[places[r]], added in that order in F32 (tokens_embed). */
+static __global__ void embed_tokens_kernel(float *x, uint16_t const *table, int32_t const *ids,
+                                           float const *token_type, float const *positions,
+                                           int32_t const *places, size_t rows, size_t hidden) {
+    for (size_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        uint16_t const *source = table + (size_t)ids[r] * hidden; /* [hidden] */
+        float const *position = positions ? positions + (size_t)places[r] * hidden : NULL;
+        for (size_t c = threadIdx.x; c < hidden; c += blockDim.x) {
+            float value = bf16_value(source[c]);
+            if (token_type) value = __fadd_rn(value, token_type[c]);
+            if (position) value = __fadd_rn(value, position[c]);
+            x[r * hidden + c] = value;
+        }
+    }
+}
+
+extern "C" cudaError_t cuda_embed_tokens(float *x, uint16_t const *table, int32_t const *ids,
+                                         float const *token_type, float const *positions,
+                                         int32_t const *places, size_t rows, size_t hidden,
+                                         cudaStream_t stream) {
+    if (rows == 0 || hidden == 0) return cudaSuccess;
+    if (positions && !places) return cudaErrorInvalidValue;
+    embed_tokens_kernel<<<cuda_blocks(rows, 1), CUDA_THREADS, 0, stream>>>(x, table, ids, token_type,
+                                                                           positions, places, rows, hidden);
+    return cuda_launched();
+}
+
 static __global__ void add_rows_kernel(float *x, size_t x_stride, float const *add, size_t period,
                                        size_t rows, size_t columns) {
     for (size_t r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -107,31 +176,45 @@ extern "C" cudaError_t cuda_add_rows(float *x, size_t x_stride, float const *add
     return cuda_launched();
 }
 
-/* Token t of item i (t in [0, max_patches]) is row offsets[i] + i + t of x: the class token for t = 0,
- * patch t - 1 otherwise; tokens past the item's patch count are not the item's and are left alone. */
+/* Token t of item i (t in [0, max_patches + leading)) is row offsets[i] + i * leading + t of x: the class
+ * token for t = 0 < leading, register t - 1 (its row of pos, as it is) for t < leading, patch t - leading
+ * otherwise (every token a patch with leading 0: no class token); tokens past the item's patch count are
+ * not the item's and are left alone. */
 static __global__ void assemble_tokens_kernel(float *x, float const *patches, float const *cls,
                                               float const *pos, int32_t const *offsets, size_t items,
-                                              size_t max_patches, size_t hidden) {
-    size_t tokens = max_patches + 1;
+                                              size_t max_patches, size_t leading, size_t hidden) {
+    size_t tokens = max_patches + leading;
     for (size_t slot = blockIdx.x; slot < items * tokens; slot += gridDim.x) {
         size_t item = slot / tokens, token = slot % tokens;
         size_t first = (size_t)offsets[item], count = (size_t)(offsets[item + 1] - offsets[item]);
-        if (token > count) continue;
-        float *row = x + (first + item + token) * hidden;
-        float const *source = token == 0 ? cls : patches + (first + token - 1) * hidden;
+        if (token >= count + leading) continue;
+        float *row = x + (first + item * leading + token) * hidden;
         float const *position = pos + token * hidden;
+        if (token > 0 && token < leading) { /* a register: the token itself */
+            for (size_t c = threadIdx.x; c < hidden; c += blockDim.x)
+                row[c] = position[c];
+            continue;
+        }
+        float const *source = token < leading ? cls : patches + (first + token - leading) * hidden;
         for (size_t c = threadIdx.x; c < hidden; c += blockDim.x)
             row[c] = __fadd_rn(source[c], position[c]);
     }
 }
 
+extern "C" cudaError_t cuda_assemble_leading(float *x, float const *patches, float const *cls,
+                                             float const *pos, int32_t const *offsets, size_t items,
+                                             size_t max_patches, size_t leading, size_t hidden,
+                                             cudaStream_t stream) {
+    if (items == 0 || hidden == 0) return cudaSuccess;
+    assemble_tokens_kernel<<<cuda_blocks(items * (max_patches + leading), 1), CUDA_THREADS, 0, stream>>>(
+        x, patches, cls, pos, offsets, items, max_patches, leading, hidden);
+    return cuda_launched();
+}
+
 extern "C" cudaError_t cuda_assemble_tokens(float *x, float const *patches, float const *cls,
                                             float const *pos, int32_t const *offsets, size_t items,
                                             size_t max_patches, size_t hidden, cudaStream_t stream) {
-    if (items == 0 || hidden == 0) return cudaSuccess;
-    assemble_tokens_kernel<<<cuda_blocks(items * (max_patches + 1), 1), CUDA_THREADS, 0, stream>>>(
-        x, patches, cls, pos, offsets, items, max_patches, hidden);
-    return cuda_launched();
+    return cuda_assemble_leading(x, patches, cls, pos, offsets, items, max_patches, 1, hidden, stream);
 }
 
 /* ---- convert: one block per row ----------------------------------------------------------------- */

@@ -27,22 +27,24 @@ typedef struct tokens_call {
     call_t call;
     encode_call_t encode;
     size_t next_item;
-    char *prompt;            /* put before every text, or NULL */
-    bool prompt_failed;      /* copying it ran out of memory */
-    uint32_t *ids;           /* every kept token of every text, end to end */
-    uint32_t *spans;         /* with TOKEN_VECTORS: each token's [begin, end) bytes in its text, or NULL */
-    size_t *offsets;         /* [items + 1] into ids */
-    uform_status_t *refused; /* [items]: UFORM_OK, or the status of a text that failed */
+    char *prompt;       /* put before every text, or NULL */
+    bool prompt_failed; /* copying it ran out of memory */
+    text_tokens_t tokens;
 } tokens_call_t;
 
 _Static_assert(sizeof(tokens_call_t) <= EXECUTOR_CALL_STORAGE, "tokens_call_t outgrew the call storage");
 
+void text_tokens_free(text_tokens_t *tokens) {
+    free(tokens->ids);
+    free(tokens->spans);
+    free(tokens->offsets);
+    free(tokens->refused);
+    memset(tokens, 0, sizeof *tokens);
+}
+
 static void tokens_end(tokens_call_t *text, uform_status_t status, char const *message) {
     free(text->prompt);
-    free(text->ids);
-    free(text->spans);
-    free(text->offsets);
-    free(text->refused);
+    text_tokens_free(&text->tokens);
     text->encode.stats.total_ns = loop_now_ns() - text->encode.started_ns;
     encode_end(&text->encode, text->call.outcome, status);
     call_finish(&text->call, status, message);
@@ -85,15 +87,15 @@ static void tokens_spans(tokens_t const *sequence, size_t count, size_t prompted
 }
 #endif
 
-/* Cuts every text into text->ids (and their spans into text->spans where it is not NULL), by offsets.
- * UFORM_OK or UFORM_OUT_OF_MEMORY; a text that cannot be cut is recorded in text->refused. */
-static uform_status_t tokens_cut(tokens_call_t *text) {
+uform_status_t text_tokens_cut(encode_call_t const *encode, char const *prompt, text_tokens_t *text) {
 #if !UFORM_WITH_TOKENIZERS
-    (void)text;
+    (void)encode, (void)prompt;
+    memset(text, 0, sizeof *text);
     return UFORM_UNSUPPORTED; /* no model reads tokens in a build without tokenizers */
 #else
-    uform_tape_t const *texts = &text->encode.tape;
-    uform_tokenizer_t const *tokenizer = text->encode.model->tokenizer;
+    memset(text, 0, sizeof *text);
+    uform_tape_t const *texts = &encode->tape;
+    uform_tokenizer_t const *tokenizer = encode->model->tokenizer;
     size_t items = texts->count, capacity = 0, count = 0;
     text->offsets = malloc((items + 1) * sizeof *text->offsets);
     text->refused = malloc(items * sizeof *text->refused);
@@ -103,15 +105,15 @@ static uform_status_t tokens_cut(tokens_call_t *text) {
     post_tokens_t post = {.tokens = &sequence};
     uform_status_t status = UFORM_OK;
     uint8_t const *data = texts->data;
-    uform_model_info_t const *info = &text->encode.model->header.info;
+    uform_model_info_t const *info = &encode->model->header.info;
     size_t const context = info->text.context;
     uform_tokenizer_info_t about = {0};
     uform_tokenizer_info(tokenizer, &about);
     bool const tokenizer_special = about.special_added > 0;
-    size_t const prompted = text->prompt ? strlen(text->prompt) : 0;
+    size_t const prompted = prompt ? strlen(prompt) : 0;
     uint8_t *joined = NULL; /* the prompt, then the text */
     size_t joined_capacity = 0;
-    bool const want_spans = text->encode.outputs & UFORM_OUTPUT_TOKEN_VECTORS;
+    bool const want_spans = encode->outputs & UFORM_OUTPUT_TOKEN_VECTORS;
     for (size_t item = 0; item < items && status == UFORM_OK; ++item) {
         size_t begin = texts->offsets[item], end = texts->offsets[item + 1];
         bool truncated = false;
@@ -129,7 +131,7 @@ static uform_status_t tokens_cut(tokens_call_t *text) {
                 joined = grown;
                 joined_capacity = prompted + length;
             }
-            memcpy(joined, text->prompt, prompted);
+            memcpy(joined, prompt, prompted);
             if (length) memcpy(joined + prompted, bytes, length);
             bytes = joined;
             length += prompted;
@@ -149,7 +151,7 @@ static uform_status_t tokens_cut(tokens_call_t *text) {
             sequence.count = context;
             truncated = true;
         }
-        text->encode.stats.truncated += truncated;
+        text->truncated += truncated;
         if (cut == UFORM_OK && sequence.count == 0) cut = UFORM_FORMAT;
         text->refused[item] = cut;
         if (cut == UFORM_OUT_OF_MEMORY) status = cut;
@@ -187,13 +189,11 @@ static uform_status_t tokens_cut(tokens_call_t *text) {
 
 static void tokens_chunk(loop_op_t *op);
 
-/* With TOKEN_VECTORS: a row for every token the tower runs, and its span, grouped per text as the ids. */
-static bool tokens_vectors(tokens_call_t *text) {
-    encode_call_t *encode = &text->encode;
+bool text_tokens_vectors(encode_call_t *encode, text_tokens_t const *text, output_view_t *make_view) {
     uform_encoded_t *encoded = &encode->encoded;
     if (!(encode->outputs & UFORM_OUTPUT_TOKEN_VECTORS)) return true;
     size_t items = encode->tape.count, tokens = text->offsets[items];
-    if (!output_view(encode->arena, tokens, encode->width, encode->scalar, &encoded->token_vectors))
+    if (!make_view(encode->arena, tokens, encode->width, encode->scalar, &encoded->token_vectors))
         return false;
     size_t *offsets = arena_allocate_host(encode->arena, (items + 1) * sizeof(size_t), 16);
     uint32_t *spans = arena_allocate_host(encode->arena, 2 * tokens * sizeof(uint32_t) + 1, 16);
@@ -213,14 +213,15 @@ static void tokens_start(call_t *call) {
     uform_tape_t const *texts = &encode->tape;
     encode->stats.items = texts->count;
     encode->stats.bytes = texts->offsets[texts->count] - texts->offsets[0];
-    if (text->prompt_failed || tokens_cut(text) != UFORM_OK ||
+    if (text->prompt_failed || text_tokens_cut(encode, text->prompt, &text->tokens) != UFORM_OK ||
         !encode_outputs(encode, texts->count, encode->model->text->hidden, output_view) ||
-        !tokens_vectors(text)) {
+        !text_tokens_vectors(encode, &text->tokens, output_view)) {
         tokens_end(text, UFORM_OUT_OF_MEMORY, "cannot allocate the tokens or the outputs");
         return;
     }
+    encode->stats.truncated += text->tokens.truncated;
     for (size_t item = 0; item < texts->count; ++item)
-        encode->statuses[item] = text->refused[item];
+        encode->statuses[item] = text->tokens.refused[item];
     text->call.op.callback = tokens_chunk;
     tokens_chunk(&text->call.op);
 }
@@ -269,12 +270,7 @@ static void tokens_embed(tower_t const *tower, uform_model_info_t const *info, u
             for (size_t h = 0; h < hidden; ++h)
                 row[h] += tower->token_type[h];
         if (tower->positions) {
-            /* RoBERTa's: a padding token takes position pad_id, the others count those that are not. */
-            size_t place = info->text.position_offset + t;
-            if (info->text.position_offset)
-                place =
-                    ids[t] == info->text.pad_id ? info->text.pad_id : info->text.position_offset + placed++;
-            float const *position = tower->positions + place * hidden;
+            float const *position = tower->positions + text_position(info, ids[t], t, &placed) * hidden;
             for (size_t h = 0; h < hidden; ++h)
                 row[h] += position[h];
         }
@@ -307,7 +303,7 @@ static void tokens_chunk(loop_op_t *op) {
     kernels_t const *kernels = tower->kernels;
     uform_executor_t *executor = text->call.executor;
     size_t hidden = tower->hidden, items = encode->tape.count;
-    size_t const *offsets = text->offsets;
+    size_t const *offsets = text->tokens.offsets;
 
     /* The chunk: items [first, last), at least one. */
     size_t first = text->next_item, last = first, tokens = 0;
@@ -323,7 +319,7 @@ static void tokens_chunk(loop_op_t *op) {
     for (size_t item = first; item < last; ++item) {
         size_t count = offsets[item + 1] - offsets[item];
         scratch.offsets[item - first] = row;
-        tokens_embed(tower, info, text->ids + offsets[item], count, scratch.x + row * hidden);
+        tokens_embed(tower, info, text->tokens.ids + offsets[item], count, scratch.x + row * hidden);
         row += count;
     }
     scratch.offsets[last - first] = row;
@@ -351,7 +347,7 @@ static void tokens_chunk(loop_op_t *op) {
         }
         size_t const rows[] = {0, count};
         tower_pool(tower, executor, scratch.x + scratch.offsets[item - first] * hidden, rows, 1,
-                   text->ids + offsets[item], NULL, pooled);
+                   text->tokens.ids + offsets[item], NULL, pooled);
         if (encode->outputs & UFORM_OUTPUT_STATES) output_row(kernels, &encoded->states, item, pooled);
     }
     if (encode->outputs & UFORM_OUTPUT_EMBEDDINGS) {

@@ -54,7 +54,7 @@ UFORM_EXPORT uform_status_t uform_text_encode(uform_text_encode_args_t const *ar
          (args->config->prompt_name && *args->config->prompt_name)))
         return call_refuse(args->outcome, UFORM_UNSUPPORTED, entry,
                            "prompts are for models that read tokens");
-    if (args->model->tokenizer) return text_encode_tokens_host(&request);
+    if (args->model->tokenizer && !args->model->device) return text_encode_tokens_host(&request);
     return encode_verbs_of(args->model)->text_encode(&request);
 }
 

@@ -113,6 +113,9 @@ static uform_status_t model_prepare(uform_model_t *model) {
 }
 
 static void load_finish(load_call_t *load) {
+    /* A device target's model reads its tokenizer here (the host target's, in host_finish). */
+    if (load->failure == UFORM_OK && load->target->device && model_tokenizer(load->model) != UFORM_OK)
+        load_stop(load, UFORM_FORMAT, "cannot read the checkpoint's tokenizer");
     load->target->finish(load);
     uform_status_t status = load->failure;
     if (load->fd >= 0) close(load->fd);
@@ -202,9 +205,11 @@ static bool stores_i8(checkpoint_header_t const *header) {
 /* The header is valid: make the model, then read its tensors, or map them. */
 static void load_weights(load_call_t *load, checkpoint_header_t *header, void *mapping) {
     uform_executor_t *executor = load->call.executor;
-    if (load->target->device && !variant_is_engine(&header->info)) {
+    char const *refusal = load->target->refusal ? load->target->refusal(&header->info) : NULL;
+    if (refusal) {
         checkpoint_header_free(header);
-        load_fail(load, UFORM_UNSUPPORTED, "pretrained families run on host executors");
+        if (mapping) munmap(mapping, load->statx.stx_size);
+        load_fail(load, UFORM_UNSUPPORTED, refusal);
         return;
     }
     if (load->target->device && stores_i8(header)) { /* a device target never maps */
@@ -316,13 +321,17 @@ static void load_map(load_call_t *load) {
 
 /* A pretrained folder (pretrained.h), read on the loop thread, then prepared as a checkpoint is. */
 static void load_folder(load_call_t *load) {
-    if (load->target->device) {
-        load_fail(load, UFORM_UNSUPPORTED, "pretrained folders load on host executors");
-        return;
-    }
     char const *message = NULL;
     pretrained_model_t read;
     uform_status_t status = pretrained_read(load->path, load->call.executor, &read, &message);
+    char const *refusal =
+        status == UFORM_OK && load->target->refusal ? load->target->refusal(&read.header.info) : NULL;
+    if (refusal) {
+        executor_deallocate(load->call.executor, read.data, read.data_size);
+        checkpoint_header_free(&read.header);
+        uform_tokenizer_free(read.tokenizer);
+        status = UFORM_UNSUPPORTED, message = refusal;
+    }
     uform_model_t *model = status == UFORM_OK ? calloc(1, sizeof *model) : NULL;
     if (status == UFORM_OK && !model) {
         executor_deallocate(load->call.executor, read.data, read.data_size);
@@ -343,6 +352,8 @@ static void load_folder(load_call_t *load) {
     model->executor = load->call.executor;
     executor_retain(model->executor);
     load->model = model;
+    if (load->target->placed && (status = load->target->placed(load, &message)) != UFORM_OK)
+        load_stop(load, status, message);
     progress_report(&load->progress, &load->next_step, model->data_size, model->data_size);
     load_finish(load);
 }

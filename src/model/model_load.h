@@ -29,6 +29,9 @@ typedef struct load_read {
 typedef struct model_load_target {
     bool device;        /* loads on VRAM executors only, never mapped */
     size_t state_bytes; /* the target's own state, in load->target_state */
+    /* NULL when the target runs the model of `info` (a checkpoint's or a folder's), else a static message
+     * for UFORM_UNSUPPORTED. NULL: it runs every model. */
+    char const *(*refusal)(uform_model_info_t const *info);
     /* The model is made: allocate its weights, then issue the reads (load_issue_reads), or load_fail. */
     void (*weights)(load_call_t *load);
     /* Where read `read` of the data section (at load->reads[read].at) lands. */
@@ -39,6 +42,9 @@ typedef struct model_load_target {
     bool (*pending)(load_call_t *load);
     /* No read is in flight but buffers are in use: come back to load_issue_reads later. */
     void (*idle)(load_call_t *load);
+    /* A folder's weights are read, in load->model->data (the executor's host memory): place them, then
+     * the load finishes. UFORM_OK, or a status with *message. NULL for a target that keeps them there. */
+    uform_status_t (*placed)(load_call_t *load, char const **message);
     /* Before the call ends, success or not: prepares the towers when nothing failed (recording a
      * failure with load_stop) and frees what the target made. */
     void (*finish)(load_call_t *load);

@@ -1,12 +1,14 @@
 /* VRAM executors: devices, streams, memory, events; models' weights on devices (each tower's tensors as
  * the checkpoint schema walks them); the tower forward on a
  * device through kernels/cuda. See vram.h. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "executor.h"
 #include "model.h"
 #include "vram.h"
+#include "vram_support.h"
 
 #if UFORM_WITH_CUDA
 
@@ -408,16 +410,41 @@ static int carve_visit(checkpoint_schema_tensor_t const *tensor, void *context) 
     vram_block_t *block = &tower->blocks[tensor->block];
     size_t const n = (size_t)tensor->shape[0], k = tensor->rank == 2 ? (size_t)tensor->shape[1] : 1;
     vram_linear_t *layers[] = {
-        [CHECKPOINT_PART_QKV_WEIGHT] = &block->qkv, [CHECKPOINT_PART_OUT_WEIGHT] = &block->out,
-        [CHECKPOINT_PART_UP_WEIGHT] = &block->up,   [CHECKPOINT_PART_DOWN_WEIGHT] = &block->down,
-        [CHECKPOINT_PART_PROJ] = &tower->proj,      [CHECKPOINT_PART_PATCH_WEIGHT] = &tower->patch,
+        [CHECKPOINT_PART_QKV_WEIGHT] = &block->qkv,
+        [CHECKPOINT_PART_OUT_WEIGHT] = &block->out,
+        [CHECKPOINT_PART_UP_WEIGHT] = &block->up,
+        [CHECKPOINT_PART_DOWN_WEIGHT] = &block->down,
+        [CHECKPOINT_PART_PROJ] = &tower->proj,
+        [CHECKPOINT_PART_PATCH_WEIGHT] = &tower->patch,
+        [CHECKPOINT_PART_HEAD_QKV_WEIGHT] = &tower->head_qkv,
+        [CHECKPOINT_PART_HEAD_OUT_WEIGHT] = &tower->head_out,
+        [CHECKPOINT_PART_HEAD_UP_WEIGHT] = &tower->head_up,
+        [CHECKPOINT_PART_HEAD_DOWN_WEIGHT] = &tower->head_down,
     };
     float const **vectors[] = {
-        [CHECKPOINT_PART_NORM1] = &block->norm1,       [CHECKPOINT_PART_NORM2] = &block->norm2,
-        [CHECKPOINT_PART_QKV_BIAS] = &block->qkv.bias, [CHECKPOINT_PART_OUT_BIAS] = &block->out.bias,
-        [CHECKPOINT_PART_UP_BIAS] = &block->up.bias,   [CHECKPOINT_PART_DOWN_BIAS] = &block->down.bias,
-        [CHECKPOINT_PART_NORM] = &tower->norm,         [CHECKPOINT_PART_PATCH_BIAS] = &tower->patch.bias,
+        [CHECKPOINT_PART_NORM1] = &block->norm1,
+        [CHECKPOINT_PART_NORM2] = &block->norm2,
+        [CHECKPOINT_PART_QKV_BIAS] = &block->qkv.bias,
+        [CHECKPOINT_PART_OUT_BIAS] = &block->out.bias,
+        [CHECKPOINT_PART_UP_BIAS] = &block->up.bias,
+        [CHECKPOINT_PART_DOWN_BIAS] = &block->down.bias,
+        [CHECKPOINT_PART_NORM] = &tower->norm,
+        [CHECKPOINT_PART_PATCH_BIAS] = &tower->patch.bias,
         [CHECKPOINT_PART_CLS] = &tower->cls,
+        [CHECKPOINT_PART_NORM1_BIAS] = &block->norm1_bias,
+        [CHECKPOINT_PART_NORM2_BIAS] = &block->norm2_bias,
+        [CHECKPOINT_PART_NORM_BIAS] = &tower->norm_bias,
+        [CHECKPOINT_PART_INPUT_NORM] = &tower->input_norm,
+        [CHECKPOINT_PART_INPUT_NORM_BIAS] = &tower->input_norm_bias,
+        [CHECKPOINT_PART_TOKEN_TYPE] = &tower->token_type,
+        [CHECKPOINT_PART_PROJ_BIAS] = &tower->proj.bias,
+        [CHECKPOINT_PART_HEAD_PROBE] = &tower->probe,
+        [CHECKPOINT_PART_HEAD_QKV_BIAS] = &tower->head_qkv.bias,
+        [CHECKPOINT_PART_HEAD_OUT_BIAS] = &tower->head_out.bias,
+        [CHECKPOINT_PART_HEAD_NORM] = &tower->head_norm,
+        [CHECKPOINT_PART_HEAD_NORM_BIAS] = &tower->head_norm_bias,
+        [CHECKPOINT_PART_HEAD_UP_BIAS] = &tower->head_up.bias,
+        [CHECKPOINT_PART_HEAD_DOWN_BIAS] = &tower->head_down.bias,
     };
     size_t const part = (size_t)tensor->part;
     vram_linear_t *layer = part < sizeof layers / sizeof layers[0] ? layers[part] : NULL;
@@ -430,9 +457,11 @@ static int carve_visit(checkpoint_schema_tensor_t const *tensor, void *context) 
         layer->w = carve_bf16(carve, tensor->name, n * k);
     } else if (tensor->part == CHECKPOINT_PART_EMBED) {
         tower->embed = carve_bf16(carve, tensor->name, n * k);
-    } else { /* CHECKPOINT_PART_POS */
+    } else if (tensor->part == CHECKPOINT_PART_POS || tensor->part == CHECKPOINT_PART_TEXT_POSITIONS) {
         tower->pos = carve_f32(carve, tensor->name, n * k);
         tower->positions = n;
+    } else { /* a part the schema of a tower has not */
+        carve->failed = true;
     }
     return 0;
 }
@@ -445,6 +474,7 @@ static bool carve_tower(carve_t *carve, vram_tower_t *tower, uform_model_info_t 
     tower->heads = transformer->heads;
     tower->mlp = transformer->mlp;
     tower->dims = info->dims;
+    tower->settings = *transformer;
     if (!tower->blocks &&
         !(tower->blocks = calloc(transformer->depth ? transformer->depth : 1, sizeof *tower->blocks)))
         return false;
@@ -455,11 +485,12 @@ static bool carve_tower(carve_t *carve, vram_tower_t *tower, uform_model_info_t 
 
 static bool carve_model(carve_t *carve, vram_replica_t *replica, uform_model_info_t const *info) {
     bool ok = true;
-    if ((replica->has_text = info->has_text))
+    /* Only the towers the device path runs (vram_support.h); the verbs of the others refuse. */
+    if ((replica->has_text = info->has_text && !vram_tower_refusal(info, "text")))
         ok = ok && carve_tower(carve, &replica->text, info, "text", &info->text.transformer);
-    if ((replica->has_image = info->has_image))
+    if ((replica->has_image = info->has_image && !vram_tower_refusal(info, "image")))
         ok = ok && carve_tower(carve, &replica->image, info, "image", &info->image.transformer);
-    if ((replica->has_audio = info->has_audio))
+    if ((replica->has_audio = info->has_audio && !vram_tower_refusal(info, "audio")))
         ok = ok && carve_tower(carve, &replica->audio, info, "audio", &info->audio.transformer);
     return ok && !carve->failed;
 }
@@ -588,6 +619,71 @@ uform_status_t vram_linear_run(vram_device_t *device, vram_linear_t const *layer
     return cuda_linear(device->gemm, &job, message) == cudaSuccess ? UFORM_OK : UFORM_DEVICE;
 }
 
+/* A norm of the tower's kind over `rows` rows of x (F32, stride hidden) into y_bf16 and/or y_f32 (either
+ * NULL; y_f32 may be x). */
+static cudaError_t forward_norm(vram_tower_t const *tower, uint16_t *y_bf16, float *y_f32, float const *x,
+                                float const *weight, float const *bias, size_t rows, cudaStream_t stream) {
+    size_t hidden = tower->hidden;
+    float eps = tower->settings.norm_eps;
+    if (tower->settings.norm == UFORM_NORM_LAYER)
+        return cuda_layernorm(y_bf16, hidden, y_f32, hidden, x, hidden, weight, bias, rows, hidden, eps,
+                              stream);
+    return cuda_rmsnorm(y_bf16, hidden, y_f32, hidden, x, hidden, weight, rows, hidden, eps, stream);
+}
+
+/* The MLP's first layer fused with the tower's activation. */
+static cuda_linear_kind_t forward_activation(vram_tower_t const *tower) {
+    switch (tower->settings.activation) {
+    case UFORM_ACTIVATION_GELU_ERF:
+        return CUDA_LINEAR_GELU_ERF_BF16;
+    case UFORM_ACTIVATION_GELU_QUICK:
+        return CUDA_LINEAR_GELU_QUICK_BF16;
+    default:
+        return CUDA_LINEAR_GELU_BF16;
+    }
+}
+
+/* One block. Pre-norm (the engine's own, CLIP's, SigLIP's):
+ *     x += out(attention(qkv(norm1(x))));  x += down(act(up(norm2(x))))
+ * post-norm (BERT's), layout.h holding BF16 x on entry (the previous block's norm2 or the input's):
+ *     x = norm1(x + out(attention(qkv(x))));  x = norm2(x + down(act(up(x)))), each norm written to x
+ *     and, BF16, to layout.h for the next product. */
+static uform_status_t forward_block(vram_device_t *device, vram_tower_t const *tower,
+                                    vram_block_t const *block, forward_layout_t const *layout, float *x,
+                                    size_t tokens, int32_t const *offsets, size_t items, size_t max_length,
+                                    bool causal, bool rotary, char const **message) {
+    size_t hidden = tower->hidden, head = tower->settings.head;
+    bool post = tower->settings.post_norm;
+    cudaStream_t stream = device->stream;
+    uform_status_t status = UFORM_OK;
+    if (!post)
+        VRAM_TRY(forward_norm(tower, layout->h, NULL, x, block->norm1, block->norm1_bias, tokens, stream),
+                 "cannot launch the norm");
+    if ((status = vram_linear_run(device, &block->qkv, tokens, layout->h, layout->qkv, 3 * hidden,
+                                  CUDA_LINEAR_BF16, message)) != UFORM_OK)
+        return status;
+    VRAM_TRY(cuda_attention_heads(layout->h, layout->qkv, offsets, items, tower->heads, head, max_length,
+                                  causal, rotary, (float)(1.0 / sqrt((double)head)), stream),
+             "cannot launch attention");
+    if ((status = vram_linear_run(device, &block->out, tokens, layout->h, x, hidden, CUDA_LINEAR_RESIDUAL,
+                                  message)) != UFORM_OK)
+        return status;
+    float const *weight = post ? block->norm1 : block->norm2,
+                *bias = post ? block->norm1_bias : block->norm2_bias;
+    VRAM_TRY(forward_norm(tower, layout->h, post ? x : NULL, x, weight, bias, tokens, stream),
+             "cannot launch the norm");
+    if ((status = vram_linear_run(device, &block->up, tokens, layout->h, layout->mlp, tower->mlp,
+                                  forward_activation(tower), message)) != UFORM_OK)
+        return status;
+    if ((status = vram_linear_run(device, &block->down, tokens, layout->mlp, x, hidden, CUDA_LINEAR_RESIDUAL,
+                                  message)) != UFORM_OK)
+        return status;
+    if (post)
+        VRAM_TRY(forward_norm(tower, layout->h, x, x, block->norm2, block->norm2_bias, tokens, stream),
+                 "cannot launch the norm");
+    return UFORM_OK;
+}
+
 uform_status_t vram_forward(vram_device_t *device, vram_tower_t const *tower, float *x, size_t tokens,
                             int32_t const *offsets, size_t items, size_t max_length, bool causal, bool rotary,
                             void *scratch, char const **message) {
@@ -595,44 +691,111 @@ uform_status_t vram_forward(vram_device_t *device, vram_tower_t const *tower, fl
     forward_layout_t layout = forward_layout(tower, scratch, tokens, &bytes);
     cudaStream_t stream = device->stream;
     uform_status_t status = UFORM_OK;
-    for (size_t i = 0; i < tower->depth; ++i) {
-        vram_block_t const *block = &tower->blocks[i];
-        VRAM_TRY(
-            cuda_rmsnorm(layout.h, hidden, NULL, 0, x, hidden, block->norm1, tokens, hidden, 1e-6f, stream),
-            "cannot launch rmsnorm");
-        if ((status = vram_linear_run(device, &block->qkv, tokens, layout.h, layout.qkv, 3 * hidden,
-                                      CUDA_LINEAR_BF16, message)) != UFORM_OK)
+    if (tower->settings.input_norm)
+        VRAM_TRY(forward_norm(tower, NULL, x, x, tower->input_norm, tower->input_norm_bias, tokens, stream),
+                 "cannot launch the norm");
+    if (tower->settings.post_norm) /* the first block's products read x as it is */
+        VRAM_TRY(cuda_f32_to_bf16(layout.h, x, tokens * hidden, stream), "cannot launch convert");
+    for (size_t i = 0; i < tower->depth; ++i)
+        if ((status = forward_block(device, tower, &tower->blocks[i], &layout, x, tokens, offsets, items,
+                                    max_length, causal, rotary, message)) != UFORM_OK)
             return status;
-        VRAM_TRY(cuda_attention(layout.h, layout.qkv, offsets, items, tower->heads, max_length, causal,
-                                rotary, 0.125f, stream),
-                 "cannot launch attention");
-        if ((status = vram_linear_run(device, &block->out, tokens, layout.h, x, hidden, CUDA_LINEAR_RESIDUAL,
-                                      message)) != UFORM_OK)
-            return status;
-        VRAM_TRY(
-            cuda_rmsnorm(layout.h, hidden, NULL, 0, x, hidden, block->norm2, tokens, hidden, 1e-6f, stream),
-            "cannot launch rmsnorm");
-        if ((status = vram_linear_run(device, &block->up, tokens, layout.h, layout.mlp, tower->mlp,
-                                      CUDA_LINEAR_GELU_BF16, message)) != UFORM_OK)
-            return status;
-        if ((status = vram_linear_run(device, &block->down, tokens, layout.mlp, x, hidden,
-                                      CUDA_LINEAR_RESIDUAL, message)) != UFORM_OK)
-            return status;
-    }
-    VRAM_TRY(cuda_rmsnorm(NULL, 0, x, hidden, x, hidden, tower->norm, tokens, hidden, 1e-6f, stream),
-             "cannot launch rmsnorm");
+    if (tower->settings.final_norm)
+        VRAM_TRY(forward_norm(tower, NULL, x, x, tower->norm, tower->norm_bias, tokens, stream),
+                 "cannot launch the norm");
     return UFORM_OK;
 }
 
-uform_status_t vram_project_rows(vram_device_t *device, vram_tower_t const *tower, uint16_t const *x_bf16,
-                                 size_t m, size_t width, float *projected, char const **message) {
+/* ---- The attention-pooling head ------------------------------------------------------------------ */
+
+typedef struct head_layout {
+    uint16_t *x_bf16;                 /* [tokens, hidden] */
+    uint16_t *qkv;                    /* [tokens, 3 hidden] */
+    uint16_t *probe;                  /* [hidden] */
+    float *q;                         /* [3 hidden]: the probe through qkv, its first third the query */
+    float *attended;                  /* [units, hidden] */
+    uint16_t *attended_bf16, *normed; /* [units, hidden] */
+    float *state;                     /* [units, hidden]: the output layer's, then the pooled rows */
+    uint16_t *mlp;                    /* [units, mlp] */
+} head_layout_t;
+
+static head_layout_t head_layout(vram_tower_t const *tower, void *scratch, size_t tokens, size_t units,
+                                 size_t *bytes) {
+    size_t const h = tower->hidden;
+    size_t const sizes[] = {tokens * h * 2, tokens * 3 * h * 2, h * 2,
+                            3 * h * 4,      units * h * 4,      units * h * 2,
+                            units * h * 2,  units * h * 4,      units * tower->mlp * 2};
+    char *at[9], *base = scratch;
+    *bytes = 0;
+    for (size_t i = 0; i < 9; ++i) {
+        at[i] = base + *bytes;
+        *bytes += round_up_256(sizes[i] ? sizes[i] : 1);
+    }
+    if (!scratch) return (head_layout_t){0};
+    return (head_layout_t){(uint16_t *)at[0], (uint16_t *)at[1], (uint16_t *)at[2],
+                           (float *)at[3],    (float *)at[4],    (uint16_t *)at[5],
+                           (uint16_t *)at[6], (float *)at[7],    (uint16_t *)at[8]};
+}
+
+size_t vram_head_scratch(vram_tower_t const *tower, size_t tokens, size_t units) {
+    size_t bytes = 0;
+    head_layout(tower, NULL, tokens, units, &bytes);
+    return bytes;
+}
+
+uform_status_t vram_head_pool(vram_device_t *device, vram_tower_t const *tower, float const *x, size_t tokens,
+                              int32_t const *offsets, size_t units, size_t max_length, void *scratch,
+                              float **pooled, char const **message) {
+    size_t const hidden = tower->hidden, head = tower->settings.head;
+    size_t bytes = 0;
+    head_layout_t s = head_layout(tower, scratch, tokens, units, &bytes);
+    cudaStream_t stream = device->stream;
+    uform_status_t status = UFORM_OK;
+    *pooled = s.state;
+    if (units == 0) return UFORM_OK;
+    /* k and v of every token, and the probe's query, through the head's qkv layer */
+    VRAM_TRY(cuda_f32_to_bf16(s.x_bf16, x, tokens * hidden, stream), "cannot launch convert");
+    VRAM_TRY(cuda_f32_to_bf16(s.probe, tower->probe, hidden, stream), "cannot launch convert");
+    if ((status = vram_linear_run(device, &tower->head_qkv, tokens, s.x_bf16, s.qkv, 3 * hidden,
+                                  CUDA_LINEAR_BF16, message)) != UFORM_OK ||
+        (status = vram_linear_run(device, &tower->head_qkv, 1, s.probe, s.q, 3 * hidden, CUDA_LINEAR_F32,
+                                  message)) != UFORM_OK)
+        return status;
+    VRAM_TRY(cuda_attention_probe(s.attended, hidden, s.q, s.qkv, offsets, units, tower->heads, head,
+                                  max_length, (float)(1.0 / sqrt((double)head)), stream),
+             "cannot launch the pooling head's attention");
+    /* state = attended Wout^T + b; pooled = state + down(act(up(norm(state)))) */
+    VRAM_TRY(cuda_f32_to_bf16(s.attended_bf16, s.attended, units * hidden, stream), "cannot launch convert");
+    if ((status = vram_linear_run(device, &tower->head_out, units, s.attended_bf16, s.state, hidden,
+                                  CUDA_LINEAR_F32, message)) != UFORM_OK)
+        return status;
+    VRAM_TRY(
+        forward_norm(tower, s.normed, NULL, s.state, tower->head_norm, tower->head_norm_bias, units, stream),
+        "cannot launch the norm");
+    if ((status = vram_linear_run(device, &tower->head_up, units, s.normed, s.mlp, tower->mlp,
+                                  forward_activation(tower), message)) != UFORM_OK)
+        return status;
+    return vram_linear_run(device, &tower->head_down, units, s.mlp, s.state, hidden, CUDA_LINEAR_RESIDUAL,
+                           message);
+}
+
+uform_status_t vram_project_rows(vram_device_t *device, vram_tower_t const *tower, float const *x,
+                                 uint16_t const *x_bf16, size_t m, size_t width, bool normalize,
+                                 float *projected, char const **message) {
     if (m == 0) return UFORM_OK;
-    vram_linear_t narrowed = tower->proj;
-    narrowed.n = width; /* a matryoshka width: the first rows of the projection */
-    uform_status_t status =
-        vram_linear_run(device, &narrowed, m, x_bf16, projected, width, CUDA_LINEAR_F32, message);
-    if (status != UFORM_OK) return status;
-    VRAM_TRY(cuda_normalize(projected, width, m, width, device->stream), "cannot launch normalize");
+    if (tower->proj.w) {
+        vram_linear_t narrowed = tower->proj;
+        narrowed.n = width; /* a matryoshka width: the first rows of the projection (and of its bias) */
+        uform_status_t status =
+            vram_linear_run(device, &narrowed, m, x_bf16, projected, width, CUDA_LINEAR_F32, message);
+        if (status != UFORM_OK) return status;
+    } else { /* no projection: the states' first columns, as tower_project gives them */
+        VRAM_TRY(cudaMemcpy2DAsync(projected, width * sizeof(float), x, tower->hidden * sizeof(float),
+                                   width * sizeof(float), m, cudaMemcpyDeviceToDevice, device->stream),
+                 "cannot copy the states");
+    }
+    if (normalize)
+        VRAM_TRY(cuda_normalize(projected, width, m, width, device->stream), "cannot launch normalize");
     return UFORM_OK;
 }
 
@@ -643,10 +806,11 @@ cudaError_t vram_convert_rows(vram_device_t const *device, uform_view_t const *v
                         x_stride, rows, columns, (int)view->scalar, device->stream);
 }
 
-uform_status_t vram_project(vram_device_t *device, vram_tower_t const *tower, uint16_t const *x_bf16,
-                            size_t m, size_t width, float *projected, uform_view_t const *view, size_t first,
-                            char const **message) {
-    uform_status_t status = vram_project_rows(device, tower, x_bf16, m, width, projected, message);
+uform_status_t vram_project(vram_device_t *device, vram_tower_t const *tower, float const *x,
+                            uint16_t const *x_bf16, size_t m, size_t width, bool normalize, float *projected,
+                            uform_view_t const *view, size_t first, char const **message) {
+    uform_status_t status =
+        vram_project_rows(device, tower, x, x_bf16, m, width, normalize, projected, message);
     if (status != UFORM_OK || m == 0) return status;
     VRAM_TRY(vram_convert_rows(device, view, first, projected, width, m, width), "cannot launch convert");
     return UFORM_OK;

@@ -197,19 +197,25 @@ typedef struct vram_linear {
 
 typedef struct vram_block {
     float const *norm1, *norm2;
+    float const *norm1_bias, *norm2_bias; /* LayerNorm's, else NULL */
     vram_linear_t qkv, out, up, down;
 } vram_block_t;
 
 typedef struct vram_tower {
     size_t depth, hidden, heads, mlp, dims;
-    vram_block_t *blocks; /* host array of device pointers */
-    float const *norm;
-    vram_linear_t proj;
+    uform_transformer_info_t settings; /* the block's settings (src/model/variant.h), as the tower was read */
+    vram_block_t *blocks;              /* host array of device pointers */
+    float const *norm, *norm_bias;     /* the final norm, with settings.final_norm */
+    float const *input_norm, *input_norm_bias; /* with settings.input_norm */
+    vram_linear_t proj;                        /* w NULL without settings.projection (dims == hidden) */
     /* text */
-    uint16_t const *embed; /* BF16 [257, hidden] */
+    uint16_t const *embed;   /* BF16 [257, hidden], or [vocab, hidden] for a tower that reads tokens */
+    float const *token_type; /* [hidden], the token type's row, or NULL */
     /* image and audio */
+    vram_linear_t head_qkv, head_out, head_up, head_down; /* the attention-pooling head's (pooling "head") */
+    float const *probe, *head_norm, *head_norm_bias;      /* [hidden] each */
     vram_linear_t patch;
-    float const *cls, *pos; /* [hidden], [1 + patches, hidden] */
+    float const *cls, *pos; /* [hidden], [1 + patches, hidden]; text: learned positions [positions, hidden] */
     size_t positions;       /* rows of pos */
 } vram_tower_t;
 
@@ -241,8 +247,10 @@ uform_status_t vram_linear_run(vram_device_t *device, vram_linear_t const *layer
 /* Device scratch a forward over `tokens` tokens needs (beside x), in bytes. */
 size_t vram_forward_scratch(vram_tower_t const *tower, size_t tokens);
 
-/* Enqueues every block and the final norm over x (F32 [tokens, hidden], in place) on the device's
- * stream. `offsets`: device int32 [items + 1]. UFORM_OK or UFORM_DEVICE with a message. */
+/* Enqueues the input norm, every block and the final norm over x (F32 [tokens, hidden], in place) on the
+ * device's stream, as the tower's settings have them (the norm and its place, the activation, the head
+ * width; `causal` and `rotary` as the caller's items need). `offsets`: device int32 [items + 1]. UFORM_OK or
+ * UFORM_DEVICE with a message. */
 uform_status_t vram_forward(vram_device_t *device, vram_tower_t const *tower, float *x, size_t tokens,
                             int32_t const *offsets, size_t items, size_t max_length, bool causal, bool rotary,
                             void *scratch, char const **message);
@@ -275,15 +283,30 @@ cudaError_t vram_convert_rows(vram_device_t const *device, uform_view_t const *v
 uform_status_t vram_patch_project(vram_device_t *device, vram_tower_t const *tower, uint16_t const *x_bf16,
                                   size_t m, float *y, char const **message);
 
-/* Enqueues projected[m, width] = normalize(x_bf16[m, hidden] . proj[:width]^T), F32. */
-uform_status_t vram_project_rows(vram_device_t *device, vram_tower_t const *tower, uint16_t const *x_bf16,
-                                 size_t m, size_t width, float *projected, char const **message);
+/* Enqueues projected[m, width] = x_bf16[m, hidden] . proj[:width]^T (+ its bias), F32, or for a tower
+ * without a projection x[m, :width] as it is (x F32 [m, hidden], the rows x_bf16 rounds); then, with
+ * `normalize`, each row scaled to unit length. */
+uform_status_t vram_project_rows(vram_device_t *device, vram_tower_t const *tower, float const *x,
+                                 uint16_t const *x_bf16, size_t m, size_t width, bool normalize,
+                                 float *projected, char const **message);
 
 /* Enqueues vram_project_rows then the conversion into rows [first, first + m) of `view` (device
  * memory). `projected` is F32 scratch [m, width]. */
-uform_status_t vram_project(vram_device_t *device, vram_tower_t const *tower, uint16_t const *x_bf16,
-                            size_t m, size_t width, float *projected, uform_view_t const *view, size_t first,
-                            char const **message);
+uform_status_t vram_project(vram_device_t *device, vram_tower_t const *tower, float const *x,
+                            uint16_t const *x_bf16, size_t m, size_t width, bool normalize, float *projected,
+                            uform_view_t const *view, size_t first, char const **message);
+
+/* Device scratch of vram_head_pool over `tokens` tokens of `units` units, in bytes. */
+size_t vram_head_scratch(vram_tower_t const *tower, size_t tokens, size_t units);
+
+/* The attention-pooling head (pooling "head", SigLIP's) over x (F32 [tokens, hidden], final-normed) of
+ * `units` units by `offsets` (device int32 [units + 1], each at most `max_length` long), as pool_head does
+ * on the host: the probe's query against each unit's keys, the output layer, then h +=
+ * down(act(up(norm(h)))). Writes pooled F32 [units, hidden] into `scratch` (vram_head_scratch of it) and
+ * answers where, through *pooled. UFORM_OK or UFORM_DEVICE with a message. */
+uform_status_t vram_head_pool(vram_device_t *device, vram_tower_t const *tower, float const *x, size_t tokens,
+                              int32_t const *offsets, size_t units, size_t max_length, void *scratch,
+                              float **pooled, char const **message);
 
 /* ---- Outputs ------------------------------------------------------------------------------------ */
 
@@ -316,6 +339,9 @@ uform_status_t vram_views_land(vram_t const *vram, vram_device_t *device, vram_v
 /* The rows of a chunk's final states that become its outputs. */
 typedef struct vram_output_rows {
     int32_t const *state_rows; /* device [items]: each item's row in x, or -1 (a failed item: zero rows) */
+    float const *state_source; /* F32 [?, hidden] the state rows index, or NULL: x (the head's pooled rows) */
+    int32_t const *mean_offsets; /* device [items + 1], or NULL: each item's state is the mean of its rows
+                                    [mean_offsets[i], mean_offsets[i + 1]) of x instead (none: zero rows) */
     size_t items;
     int32_t const *token_rows; /* device [tokens]: the rows of x whose projections are token vectors (-1:
                                   zero rows) */
@@ -380,12 +406,13 @@ typedef enum vram_units_kind {
     VRAM_UNITS_SOUNDS,
 } vram_units_kind_t;
 
-/* The plan of a chunk of media items through a tower: its units (the sequences of a class token and its
- * patches: kept images, the frames of kept clips, kept sounds), and the sizes of its index arrays. */
+/* The plan of a chunk of media items through a tower: its units (the sequences of a class token, the
+ * tower's register tokens and the patches: kept images, the frames of kept clips, kept sounds), and the
+ * sizes of its index arrays. */
 typedef struct vram_units {
     size_t units;   /* class tokens */
     size_t patches; /* patch rows of the kept items, packed in item order */
-    size_t tokens;  /* rows of x: patches + units */
+    size_t tokens;  /* rows of x: patches + units * leading */
     size_t longest; /* the most patches of one unit */
     size_t states;  /* entries of state_rows: items, or items * frames for clips */
     size_t vectors; /* entries of token_rows: items * patches of an image, patches for sounds, 0 for clips */
@@ -395,12 +422,13 @@ typedef struct vram_units {
 /* The plan of a chunk of `count` items whose prepared patch rows are patches[i] (0: a failed item; a
  * clip's `frames` frames share its rows equally; an image has `image_patches`), and, when `base` is not
  * NULL, its index arrays written there, int32 each, end to end: patch offsets [units + 1] into the packed
- * rows, token offsets [units + 1] into x (each unit's class token, then its patches), state rows [states]
+ * rows, token offsets [units + 1] into x (each unit's `leading` tokens, its class token first, then its
+ * patches; cuda_assemble_leading's layout), state rows [states]
  * (each item's class token row, or each frame's for clips; -1 for a failed item) and token rows [vectors]
  * (the rows of x whose projections are token vectors: every patch of every image, -1 for a failed
  * image's; every patch of every kept sound). */
 vram_units_t vram_units_plan(vram_units_kind_t kind, size_t const *patches, size_t count, size_t frames,
-                             size_t image_patches, void *base);
+                             size_t image_patches, size_t leading, void *base);
 
 /* ---- Verbs -------------------------------------------------------------------------------------- */
 

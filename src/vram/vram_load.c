@@ -5,12 +5,17 @@
  *   -> each read lands in a staging buffer -> copied to every device on its stream, an event after
  *   -> the buffer is reused once its copies' events completed (polled on a timer while no read runs)
  *   -> every tower prepared on each device from the raw bytes (vram_model_prepare) -> the raw bytes,
- *      the staging buffers and the events freed. */
+ *      the staging buffers and the events freed.
+ * A pretrained folder is read into host memory first (pretrained.h, converted there to the checkpoint
+ * schema), then copied whole to every device as the raw bytes (vram_load_placed), and prepared the same
+ * way. The towers the device path does not run (vram_support.h) are not placed; a model none of whose
+ * towers it runs is refused with the first one's reason. */
 #include "executor.h"
 #include "loop.h"
 #include "model.h"
 #include "model_load.h"
 #include "vram.h"
+#include "vram_support.h"
 
 #if UFORM_WITH_CUDA
 
@@ -145,9 +150,36 @@ static void vram_load_weights(load_call_t *load) {
     load_issue_reads(load);
 }
 
+/* A folder's weights, converted in host memory: copied to every device as the raw data section, then the
+ * host copy freed. */
+static uform_status_t vram_load_placed(load_call_t *load, char const **message) {
+    vram_load_t *state = vram_load_of(load);
+    uform_executor_t *executor = load->call.executor;
+    vram_t *vram = vram_of(executor);
+    uform_model_t *model = load->model;
+    model->device_release = vram_model_release;
+    model->verbs = &encode_verbs_vram;
+    size_t bytes = model->data_size ? model->data_size : 1;
+    for (size_t d = 0; d < vram->count; ++d) {
+        if (vram_use(&vram->devices[d]) != UFORM_OK) return *message = "cannot use the device", UFORM_DEVICE;
+        if (cudaMalloc(&state->raw[d], bytes) != cudaSuccess) {
+            cudaGetLastError();
+            state->raw[d] = NULL;
+            return *message = "cannot allocate the weights on the device", UFORM_OUT_OF_MEMORY;
+        }
+        VRAM_TRY(cudaMemcpy(state->raw[d], model->data, model->data_size, cudaMemcpyHostToDevice),
+                 "cannot copy the weights to the device");
+    }
+    executor_deallocate(executor, model->data, model->data_size);
+    model->data = NULL;
+    return UFORM_OK;
+}
+
 static model_load_target_t const vram_load_target = {
     .device = true,
     .state_bytes = sizeof(vram_load_t),
+    .refusal = vram_model_refusal,
+    .placed = vram_load_placed,
     .weights = vram_load_weights,
     .buffer = vram_load_buffer,
     .landed = vram_load_landed,

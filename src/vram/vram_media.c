@@ -48,6 +48,7 @@ typedef struct vram_media_call {
     size_t row_floats;         /* one patch row: 3 patch^2, or patch_frames * mels */
     size_t item_patches;       /* patch rows an item has at the most: frames * patches, or max_patches */
     size_t image_patches;      /* per image */
+    size_t leading;            /* tokens before each unit's patches: its class token, then its registers */
     size_t *token_offsets;     /* sounds with token vectors: [items + 1] */
     size_t token_rows;
     loop_op_t poll;
@@ -183,6 +184,7 @@ typedef struct chunk_scratch {
     uint16_t *rows_bf16;
     float *patch_f32;
     void *views;
+    void *head; /* the attention-pooling head's (vram_head_scratch), with pooling "head" */
     vram_pass_t pass;
 } chunk_scratch_t;
 
@@ -202,12 +204,15 @@ static bool chunk_scratch(vram_media_call_t const *media, vram_device_t *device,
         units->patches * media->row_floats * 2,
         units->patches * hidden * sizeof(float),
         d ? vram_views_bytes(&media->encode, count, tokens, hidden) : 0,
+        tower->settings.pooling == UFORM_POOLING_HEAD ? vram_head_scratch(tower, units->tokens, units->units)
+                                                      : 0,
     };
-    void *parts[5];
-    if (!vram_chunk_scratch(device, tower, sizes, 5, parts, units->tokens, rows, width, &scratch->pass))
+    void *parts[6];
+    if (!vram_chunk_scratch(device, tower, sizes, 6, parts, units->tokens, rows, width, &scratch->pass))
         return false;
     scratch->indices = parts[0], scratch->rows = parts[1], scratch->rows_bf16 = parts[2];
     scratch->patch_f32 = parts[3], scratch->views = d ? parts[4] : NULL;
+    scratch->head = parts[5];
     return true;
 }
 
@@ -241,8 +246,8 @@ static uform_status_t chunk_tokens(vram_media_call_t const *media, vram_device_t
     uform_status_t status =
         vram_patch_project(device, tower, scratch->rows_bf16, units->patches, scratch->patch_f32, message);
     if (status != UFORM_OK) return status;
-    VRAM_TRY(cuda_assemble_tokens(scratch->pass.x, scratch->patch_f32, tower->cls, tower->pos, patch_offsets,
-                                  units->units, units->longest, tower->hidden, stream),
+    VRAM_TRY(cuda_assemble_leading(scratch->pass.x, scratch->patch_f32, tower->cls, tower->pos, patch_offsets,
+                                   units->units, units->longest, media->leading, tower->hidden, stream),
              "cannot launch the token assembly");
     return UFORM_OK;
 }
@@ -253,11 +258,28 @@ static uform_status_t chunk_outputs(vram_media_call_t const *media, vram_device_
                                     chunk_scratch_t const *scratch, vram_views_t const *views,
                                     char const **message) {
     int32_t const *state_rows = scratch->indices + 2 * (units->units + 1);
+    float const *states = scratch->pass.x; /* what the state rows index */
+    if (tower->settings.pooling == UFORM_POOLING_HEAD) {
+        /* The head's pooled rows, each put at its unit's first token row of the patch projections' scratch
+         * (free since the tokens were assembled; towers with the head have no leading token, so it holds a
+         * row per token), where the state rows point. */
+        int32_t const *token_offsets = scratch->indices + units->units + 1;
+        float *pooled = NULL;
+        uform_status_t status =
+            vram_head_pool(device, tower, scratch->pass.x, units->tokens, token_offsets, units->units,
+                           units->longest + media->leading, scratch->head, &pooled, message);
+        if (status != UFORM_OK) return status;
+        VRAM_TRY(cuda_scatter_rows(scratch->patch_f32, tower->hidden, pooled, tower->hidden, token_offsets,
+                                   units->units, tower->hidden, device->stream),
+                 "cannot place the pooled rows");
+        states = scratch->patch_f32;
+    }
     if (media->kind == VRAM_UNITS_CLIPS)
-        return vram_output_clips(device, tower, &media->encode, views, scratch->pass.x, &scratch->pass,
-                                 state_rows, views->items, media->source.frames, message);
+        return vram_output_clips(device, tower, &media->encode, views, states, &scratch->pass, state_rows,
+                                 views->items, media->source.frames, message);
     vram_output_rows_t const rows = {
         .state_rows = state_rows,
+        .state_source = states,
         .items = views->items,
         .token_rows = state_rows + units->states,
         .tokens = units->vectors,
@@ -289,18 +311,20 @@ static uform_status_t chunk_issue(vram_media_call_t *media, size_t first, size_t
     vram_tower_t const *tower = vram_media_tower(media, d);
     vram_slot_t *slot = &device->slots[s];
     size_t frames = media->kind == VRAM_UNITS_CLIPS ? media->source.frames : 1;
-    vram_units_t units = vram_units_plan(media->kind, patches, count, frames, media->image_patches, NULL);
+    vram_units_t units =
+        vram_units_plan(media->kind, patches, count, frames, media->image_patches, media->leading, NULL);
     if (vram_use(device) != UFORM_OK) return *message = "cannot use the device", UFORM_DEVICE;
     if (!vram_staging(slot, units.bytes))
         return *message = "cannot allocate pinned staging memory", UFORM_OUT_OF_MEMORY;
-    vram_units_plan(media->kind, patches, count, frames, media->image_patches, slot->staging);
+    vram_units_plan(media->kind, patches, count, frames, media->image_patches, media->leading, slot->staging);
     chunk_scratch_t scratch;
     if (!chunk_scratch(media, device, d, &units, count, &scratch))
         return *message = "cannot allocate device scratch", UFORM_OUT_OF_MEMORY;
     uform_status_t status = chunk_tokens(media, device, slot, tower, &units, &scratch, rows, message);
     if (status == UFORM_OK)
         status = vram_forward(device, tower, scratch.pass.x, units.tokens, scratch.indices + units.units + 1,
-                              units.units, units.longest + 1, false, false, scratch.pass.forward, message);
+                              units.units, units.longest + media->leading, false, false, scratch.pass.forward,
+                              message);
     vram_views_t views = chunk_views(media, &scratch, &units, first, count, tower->hidden);
     if (status == UFORM_OK) status = chunk_outputs(media, device, tower, &units, &scratch, &views, message);
     if (status == UFORM_OK) status = vram_views_land(vram, device, &views, message);
@@ -349,7 +373,7 @@ static void vram_media_chunk(media_run_t *run, size_t first, size_t last, float 
 /* ---- The plan of a chunk's units ---------------------------------------------------------------- */
 
 vram_units_t vram_units_plan(vram_units_kind_t kind, size_t const *patches, size_t count, size_t frames,
-                             size_t image_patches, void *base) {
+                             size_t image_patches, size_t leading, void *base) {
     size_t per_item = kind == VRAM_UNITS_CLIPS ? frames : 1;
     vram_units_t units = {.states = count * per_item};
     for (size_t i = 0; i < count; ++i) {
@@ -358,7 +382,7 @@ vram_units_t vram_units_plan(vram_units_kind_t kind, size_t const *patches, size
         units.patches += patches[i];
         if (patches[i] / per_item > units.longest) units.longest = patches[i] / per_item;
     }
-    units.tokens = units.patches + units.units;
+    units.tokens = units.patches + units.units * leading;
     units.vectors = kind == VRAM_UNITS_IMAGES   ? count * image_patches
                     : kind == VRAM_UNITS_SOUNDS ? units.patches
                                                 : 0;
@@ -370,7 +394,7 @@ vram_units_t vram_units_plan(vram_units_kind_t kind, size_t const *patches, size
     for (size_t i = 0; i < count; ++i)
         for (size_t f = 0; f < per_item; ++f) {
             size_t unit_patches = patches[i] / per_item;
-            int32_t row = patches[i] ? (int32_t)(at + unit) : -1; /* the unit's class token in x */
+            int32_t row = patches[i] ? (int32_t)(at + unit * leading) : -1; /* the unit's class token in x */
             if (patches[i]) {
                 patch_offsets[unit] = (int32_t)at;
                 token_offsets[unit++] = row;
@@ -381,10 +405,10 @@ vram_units_t vram_units_plan(vram_units_kind_t kind, size_t const *patches, size
                              : kind == VRAM_UNITS_SOUNDS ? unit_patches
                                                          : 0;
             for (size_t p = 0; p < vectors; ++p)
-                token_rows[vector++] = row < 0 ? -1 : row + 1 + (int32_t)p;
+                token_rows[vector++] = row < 0 ? -1 : row + (int32_t)(leading + p);
         }
     patch_offsets[unit] = (int32_t)at;
-    token_offsets[unit] = (int32_t)(at + unit);
+    token_offsets[unit] = (int32_t)(at + unit * leading);
     return units;
 }
 
@@ -501,6 +525,7 @@ static void vram_media_fill(call_t *call, void const *context) {
         info = &request->encode.model->header.info;
         media->row_floats = info->audio.patch_frames * info->audio.mels;
         media->item_patches = info->audio.max_patches;
+        media->leading = 1 + info->audio.transformer.registers;
         return;
     }
     image_request_t const *request = context;
@@ -510,6 +535,7 @@ static void vram_media_fill(call_t *call, void const *context) {
     media->row_floats = 3 * info->image.patch * info->image.patch;
     media->image_patches = media->source.patches;
     media->item_patches = media->source.frames * media->source.patches;
+    media->leading = info->image.transformer.class_token + info->image.transformer.registers;
 }
 
 uform_status_t vram_media_encode(char const *entry, image_request_t const *images,

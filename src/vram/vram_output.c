@@ -117,9 +117,14 @@ uform_status_t vram_output_write(vram_device_t *device, vram_tower_t const *towe
     cudaStream_t stream = device->stream;
     uform_status_t status = UFORM_OK;
     if (encode->outputs & (UFORM_OUTPUT_EMBEDDINGS | UFORM_OUTPUT_STATES)) {
-        VRAM_TRY(cuda_gather_rows(pass->gathered, hidden, x, hidden, rows->state_rows, rows->items, hidden,
-                                  stream),
-                 rows->gather_failed);
+        if (rows->mean_offsets)
+            VRAM_TRY(cuda_mean_segments(pass->gathered, hidden, x, hidden, rows->mean_offsets, rows->items,
+                                        hidden, stream),
+                     rows->gather_failed);
+        else
+            VRAM_TRY(cuda_gather_rows(pass->gathered, hidden, rows->state_source ? rows->state_source : x,
+                                      hidden, rows->state_rows, rows->items, hidden, stream),
+                     rows->gather_failed);
         if (encode->outputs & UFORM_OUTPUT_STATES)
             VRAM_TRY(vram_convert_rows(device, &out->states, views->first, pass->gathered, hidden,
                                        rows->items, hidden),
@@ -127,8 +132,9 @@ uform_status_t vram_output_write(vram_device_t *device, vram_tower_t const *towe
         if (encode->outputs & UFORM_OUTPUT_EMBEDDINGS) {
             VRAM_TRY(cuda_f32_to_bf16(pass->gathered_bf16, pass->gathered, rows->items * hidden, stream),
                      rows->convert_failed);
-            status = vram_project(device, tower, pass->gathered_bf16, rows->items, encode->width,
-                                  pass->projected, &out->embeddings, views->first, message);
+            status =
+                vram_project(device, tower, pass->gathered, pass->gathered_bf16, rows->items, encode->width,
+                             encode->normalize, pass->projected, &out->embeddings, views->first, message);
             if (status != UFORM_OK) return status;
         }
     }
@@ -138,8 +144,9 @@ uform_status_t vram_output_write(vram_device_t *device, vram_tower_t const *towe
                  rows->gather_failed);
         VRAM_TRY(cuda_f32_to_bf16(pass->gathered_bf16, pass->gathered, rows->tokens * hidden, stream),
                  rows->convert_failed);
-        status = vram_project(device, tower, pass->gathered_bf16, rows->tokens, encode->width,
-                              pass->projected, &out->token_vectors, views->token_first, message);
+        status = vram_project(device, tower, pass->gathered, pass->gathered_bf16, rows->tokens, encode->width,
+                              encode->normalize, pass->projected, &out->token_vectors, views->token_first,
+                              message);
         if (status != UFORM_OK) return status;
     }
     return UFORM_OK;
@@ -198,8 +205,8 @@ uform_status_t vram_output_clips(vram_device_t *device, vram_tower_t const *towe
     if (!(encode->outputs & (UFORM_OUTPUT_EMBEDDINGS | UFORM_OUTPUT_TOKEN_VECTORS))) return UFORM_OK;
     if (cuda_f32_to_bf16(pass->gathered_bf16, pass->gathered, count * hidden, stream))
         return launch_failed("cannot convert the frames' states", message);
-    uform_status_t status =
-        vram_project_rows(device, tower, pass->gathered_bf16, count, dims, pass->projected, message);
+    uform_status_t status = vram_project_rows(device, tower, pass->gathered, pass->gathered_bf16, count, dims,
+                                              true, pass->projected, message);
     if (status != UFORM_OK) return status;
     if (!clip_embeddings(device, encode, views, pass, dims, clips, frames))
         return launch_failed("cannot pool the clips' embeddings", message);

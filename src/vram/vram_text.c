@@ -21,6 +21,8 @@
 #include "model.h"
 #include "text.h"
 #include "vram.h"
+#include "vram_support.h"
+#include "verbs.h"
 
 #if UFORM_WITH_CUDA
 
@@ -33,6 +35,12 @@ typedef struct vram_text_call {
     size_t next_item, done_items;
     loop_op_t poll;
     uint8_t const *bytes; /* host copy of the texts when the tape lives on a device */
+    /* A tower that reads tokens (the model has a tokenizer): the texts cut on the host when the call
+     * starts, and the prompt put before each. */
+    bool reads_tokens;
+    bool prompt_failed; /* copying the prompt ran out of memory */
+    char *prompt;
+    text_tokens_t tokens;
 } vram_text_call_t;
 
 _Static_assert(sizeof(vram_text_call_t) <= EXECUTOR_CALL_STORAGE,
@@ -42,29 +50,47 @@ static void text_end(vram_text_call_t *text) {
     text->encode.stats.total_ns = loop_now_ns() - text->encode.started_ns;
     text->encode.stats.compute_ns = text->encode.stats.total_ns;
     if (text->bytes) free((void *)text->bytes);
+    free(text->prompt);
+    text_tokens_free(&text->tokens);
     encode_end(&text->encode, text->call.outcome, text->encode.failure);
     call_finish(&text->call, text->encode.failure, text->encode.message);
 }
 
-/* Sizes of a chunk's inputs, in int32 elements: indices [tokens], offsets [items + 1], last rows
- * [items], token rows [kept]. */
+/* The rows item `item` puts in x: BOS and its kept bytes, or its tokens (none for a text the tokenizer
+ * refused). */
+static size_t text_rows(vram_text_call_t const *text, size_t item) {
+    if (text->reads_tokens) return text->tokens.offsets[item + 1] - text->tokens.offsets[item];
+    return text_kept(text->encode.model, &text->encode.tape, item) + 1;
+}
+
+/* Its token vectors: every byte kept (BOS has none), or every token. */
+static size_t text_vectors(vram_text_call_t const *text, size_t item) {
+    return text->reads_tokens ? text_rows(text, item) : text_rows(text, item) - 1;
+}
+
+/* A chunk's inputs, int32 elements end to end: indices [tokens] (bytes, BOS, or token ids), places
+ * [tokens] (learned positions' rows; tokens only), offsets [items + 1], state rows [items], token rows
+ * [kept]. */
 typedef struct chunk_inputs {
-    int32_t *indices, *offsets, *last_rows, *token_rows;
+    int32_t *indices, *places, *offsets, *state_rows, *token_rows;
     size_t bytes;
 } chunk_inputs_t;
 
 static chunk_inputs_t chunk_inputs(void *base, size_t tokens, size_t items, size_t kept) {
-    chunk_inputs_t inputs = {.bytes = (tokens + 2 * items + 1 + kept) * sizeof(int32_t)};
+    chunk_inputs_t inputs = {.bytes = (2 * tokens + 2 * items + 1 + kept) * sizeof(int32_t)};
     if (!base) return inputs; /* sizing only */
     inputs.indices = base;
-    inputs.offsets = inputs.indices + tokens;
-    inputs.last_rows = inputs.offsets + items + 1;
-    inputs.token_rows = inputs.last_rows + items;
+    inputs.places = inputs.indices + tokens;
+    inputs.offsets = inputs.places + tokens;
+    inputs.state_rows = inputs.offsets + items + 1;
+    inputs.token_rows = inputs.state_rows + items;
     return inputs;
 }
 
-/* The host side of a chunk of items [first, last): its inputs written into `host` (chunk_inputs). */
-static void text_pack(vram_text_call_t const *text, chunk_inputs_t const *host, size_t first, size_t last) {
+/* The host side of a chunk of items [first, last) of texts read as bytes: BOS then the kept bytes, the
+ * state at the last position, a token vector per byte. */
+static void text_pack_bytes(vram_text_call_t const *text, chunk_inputs_t const *host, size_t first,
+                            size_t last) {
     uint8_t const *bytes = text->bytes ? text->bytes : text->encode.tape.data;
     size_t row = 0, kept_row = 0;
     for (size_t item = first; item < last; ++item) {
@@ -75,9 +101,52 @@ static void text_pack(vram_text_call_t const *text, chunk_inputs_t const *host, 
             host->token_rows[kept_row++] = (int32_t)row;
             host->indices[row++] = item_bytes[i];
         }
-        host->last_rows[item - first] = (int32_t)(row - 1);
+        host->state_rows[item - first] = (int32_t)(row - 1);
     }
     host->offsets[last - first] = (int32_t)row;
+}
+
+/* The row of an item's state under the tower's pooling (tower_pool's choice), rows [first, first + count)
+ * of x, count > 0; mean pooling reads the offsets instead. */
+static int32_t text_state_row(uform_pooling_t pooling, uint32_t const *ids, size_t first, size_t count) {
+    size_t row = 0;
+    if (pooling == UFORM_POOLING_LAST) row = count - 1;
+    if (pooling == UFORM_POOLING_END) /* the first position of the largest id */
+        for (size_t t = 1; t < count; ++t)
+            if (ids[t] > ids[row]) row = t;
+    return (int32_t)(first + row);
+}
+
+/* The host side of a chunk of texts cut into tokens: each token's id (past the vocabulary: 0, as the host
+ * reads it) and its learned position's row, the state row of the tower's pooling (-1 for a refused text),
+ * a token vector per token. */
+static void text_pack_tokens(vram_text_call_t const *text, chunk_inputs_t const *host, size_t first,
+                             size_t last) {
+    uform_model_info_t const *info = &text->encode.model->header.info;
+    uform_pooling_t pooling = info->text.transformer.pooling;
+    size_t const *offsets = text->tokens.offsets;
+    size_t row = 0;
+    for (size_t item = first; item < last; ++item) {
+        uint32_t const *ids = text->tokens.ids + offsets[item];
+        size_t count = offsets[item + 1] - offsets[item], placed = 0;
+        host->offsets[item - first] = (int32_t)row;
+        host->state_rows[item - first] = count ? text_state_row(pooling, ids, row, count) : -1;
+        for (size_t t = 0; t < count; ++t, ++row) {
+            host->indices[row] = (int32_t)(ids[t] < info->text.vocab ? ids[t] : 0);
+            host->places[row] = info->text.positions ? (int32_t)text_position(info, ids[t], t, &placed) : 0;
+            host->token_rows[row] = (int32_t)row;
+        }
+    }
+    host->offsets[last - first] = (int32_t)row;
+}
+
+/* x from the chunk's inputs: the byte table's rows, or each token's embedding, token type and position. */
+static cudaError_t text_embed(vram_text_call_t const *text, vram_tower_t const *tower, float *x,
+                              chunk_inputs_t const *inputs, size_t tokens, cudaStream_t stream) {
+    if (!text->reads_tokens)
+        return cuda_embed(x, tower->embed, inputs->indices, tokens, tower->hidden, stream);
+    return cuda_embed_tokens(x, tower->embed, inputs->indices, tower->token_type, tower->pos, inputs->places,
+                             tokens, tower->hidden, stream);
 }
 
 /* Enqueues the next chunk, items [first, last), on its device and slot (vram_place). */
@@ -89,10 +158,10 @@ static uform_status_t text_issue(vram_text_call_t *text, size_t first, size_t la
     vram_tower_t const *tower = &text->encode.model->device->replicas[d].text;
     size_t hidden = tower->hidden, items = last - first, tokens = 0, kept_total = 0, max_length = 0;
     for (size_t item = first; item < last; ++item) {
-        size_t kept = text_kept(text->encode.model, &text->encode.tape, item);
-        tokens += kept + 1;
-        kept_total += kept;
-        if (kept + 1 > max_length) max_length = kept + 1;
+        size_t rows = text_rows(text, item);
+        tokens += rows;
+        kept_total += text_vectors(text, item);
+        if (rows > max_length) max_length = rows;
     }
     if (vram_use(device) != UFORM_OK) return *message = "cannot use the device", UFORM_DEVICE;
     vram_slot_t *slot = &device->slots[s];
@@ -100,7 +169,10 @@ static uform_status_t text_issue(vram_text_call_t *text, size_t first, size_t la
     void *staging = vram_staging(slot, sizing.bytes);
     if (!staging) return *message = "cannot allocate pinned staging memory", UFORM_OUT_OF_MEMORY;
     chunk_inputs_t host = chunk_inputs(staging, tokens, items, kept_total);
-    text_pack(text, &host, first, last);
+    if (text->reads_tokens)
+        text_pack_tokens(text, &host, first, last);
+    else
+        text_pack_bytes(text, &host, first, last);
 
     /* Device scratch: inputs, the shadow of the outputs on a device other than the arena's, then the
      * pass through the tower over [rows, hidden]. */
@@ -122,12 +194,14 @@ static uform_status_t text_issue(vram_text_call_t *text, size_t first, size_t la
     VRAM_TRY(cudaMemcpyAsync(inputs.indices, staging, sizing.bytes, cudaMemcpyHostToDevice, stream),
              "cannot copy the chunk to the device");
     VRAM_TRY(cudaEventRecord(slot->copied, stream), "cannot record an event");
-    VRAM_TRY(cuda_embed(x, tower->embed, inputs.indices, tokens, hidden, stream), "cannot launch embed");
-    uform_status_t status = vram_forward(device, tower, x, tokens, inputs.offsets, items, max_length, true,
-                                         true, pass.forward, message);
+    VRAM_TRY(text_embed(text, tower, x, &inputs, tokens, stream), "cannot launch embed");
+    uform_transformer_info_t const *settings = &tower->settings;
+    uform_status_t status = vram_forward(device, tower, x, tokens, inputs.offsets, items, max_length,
+                                         settings->causal, settings->rotary, pass.forward, message);
     if (status != UFORM_OK) return status;
     vram_output_rows_t const output = {
-        .state_rows = inputs.last_rows,
+        .state_rows = inputs.state_rows,
+        .mean_offsets = text->reads_tokens && settings->pooling == UFORM_POOLING_MEAN ? inputs.offsets : NULL,
         .items = items,
         .token_rows = inputs.token_rows,
         .tokens = kept_total,
@@ -146,10 +220,8 @@ static uform_status_t text_issue(vram_text_call_t *text, size_t first, size_t la
 /* The items of the chunk from `first`: at most VRAM_CHUNK_TOKENS tokens, at least one item. */
 static size_t text_chunk_last(vram_text_call_t const *text, size_t first) {
     size_t last = first, tokens = 0, items = text->encode.tape.count;
-    while (last < items &&
-           (last == first ||
-            tokens + text_kept(text->encode.model, &text->encode.tape, last) + 1 <= VRAM_CHUNK_TOKENS))
-        tokens += text_kept(text->encode.model, &text->encode.tape, last++) + 1;
+    while (last < items && (last == first || tokens + text_rows(text, last) <= VRAM_CHUNK_TOKENS))
+        tokens += text_rows(text, last++);
     return last;
 }
 
@@ -195,6 +267,35 @@ static void text_poll(loop_op_t *op) {
     text_advance(text);
 }
 
+/* The texts cut into tokens on the host (read where the tape is, or from the host copy), each refused
+ * text's status recorded; then the outputs: a row per text, a token vector per token. false with the
+ * call stopped. */
+static bool text_start_tokens(vram_text_call_t *text, size_t hidden) {
+    encode_call_t *encode = &text->encode;
+    encode_call_t reading = *encode; /* the cut reads the tape's bytes on the host */
+    if (text->bytes) reading.tape.data = text->bytes;
+    uform_status_t status =
+        text->prompt_failed ? UFORM_OUT_OF_MEMORY : text_tokens_cut(&reading, text->prompt, &text->tokens);
+    if (status != UFORM_OK) {
+        encode_stop(encode, status,
+                    status == UFORM_UNSUPPORTED ? "built without tokenizers: the model's texts cannot be cut"
+                                                : "cannot allocate the tokens");
+        return false;
+    }
+    size_t items = encode->tape.count;
+    encode->stats.items = items;
+    encode->stats.bytes = encode->tape.offsets[items] - encode->tape.offsets[0];
+    encode->stats.truncated += text->tokens.truncated;
+    if (!encode_outputs(encode, items, hidden, vram_output_view_zeroed) ||
+        !text_tokens_vectors(encode, &text->tokens, vram_output_view_zeroed)) {
+        encode_stop(encode, UFORM_OUT_OF_MEMORY, "cannot allocate the outputs in the arena");
+        return false;
+    }
+    for (size_t item = 0; item < items; ++item)
+        encode->statuses[item] = text->tokens.refused[item];
+    return true;
+}
+
 static void text_start(call_t *call) {
     vram_text_call_t *text = container_of(call, vram_text_call_t, call);
     vram_device_t *device = &vram_of(call->executor)->devices[0];
@@ -208,10 +309,9 @@ static void text_start(call_t *call) {
         text_end(text);
         return;
     }
-    size_t kept_total = text_count(&text->encode, &text->encode.tape);
 
-    /* A tape in device memory is read on the host: the bytes are indices the host packs (pinned and
-     * managed memory the host reads where it is). */
+    /* A tape in device memory is read on the host: the bytes are indices the host packs, or texts its
+     * tokenizer cuts (pinned and managed memory the host reads where it is). */
     if (vram_memory(text->encode.tape.data) == VRAM_ON_DEVICE) {
         size_t length = text->encode.tape.offsets[items];
         uint8_t *copy = malloc(length ? length : 1);
@@ -225,21 +325,40 @@ static void text_start(call_t *call) {
         text->bytes = copy;
     }
 
-    if (!text_outputs(&text->encode, &text->encode.tape, hidden, kept_total)) {
-        encode_stop(&text->encode, UFORM_OUT_OF_MEMORY, "cannot allocate the outputs in the arena");
-        text_end(text);
-        return;
+    if (text->reads_tokens) {
+        if (!text_start_tokens(text, hidden)) {
+            text_end(text);
+            return;
+        }
+    } else {
+        size_t kept_total = text_count(&text->encode, &text->encode.tape);
+        if (!text_outputs(&text->encode, &text->encode.tape, hidden, kept_total)) {
+            encode_stop(&text->encode, UFORM_OUT_OF_MEMORY, "cannot allocate the outputs in the arena");
+            text_end(text);
+            return;
+        }
     }
     text_advance(text);
 }
 
-/* The call's state from its request, on the calling thread. */
+/* The call's state from its request, on the calling thread: with a tokenizer, the prompt (checked at
+ * the front door) copied. */
 static void text_fill(call_t *call, void const *request) {
     vram_text_call_t *text = container_of(call, vram_text_call_t, call);
+    encode_request_t const *asked = request;
     encode_call_init(&text->encode, request);
+    text->reads_tokens = asked->model->tokenizer != NULL;
+    char const *prompt = NULL;
+    if (text->reads_tokens) text_prompt(asked->model, asked->config, &prompt);
+    if (prompt && *prompt && !(text->prompt = strdup(prompt))) text->prompt_failed = true;
 }
 
 uform_status_t vram_text_encode(encode_request_t const *request) {
+    if (!request->model->device->replicas[0].has_text) {
+        char const *refusal = vram_tower_refusal(&request->model->header.info, "text");
+        return call_refuse(request->outcome, UFORM_UNSUPPORTED, "uform_text_encode",
+                           refusal ? refusal : "the model has no text tower");
+    }
     return encode_run("uform_text_encode", request, sizeof(vram_text_call_t), text_start, text_fill, request);
 }
 

@@ -14,6 +14,10 @@ and prints its text or file, its cosine and both vectors' first values.
 
 Skipped (exit 77) where torch, transformers, PIL or the uform package (found under --uform-reference, else
 importable) is missing; under CI=true a missing one fails instead (interpreter.py).
+
+With --folders-only the folders are written and nothing runs (no reference, no engine, no photos): CLIP's
+and SigLIP's, and UForm 3's where the uform package imports. bench/gpu_check.sh compares the engine on a
+VRAM executor against a RAM executor on them.
 """
 
 from __future__ import annotations
@@ -156,6 +160,8 @@ def uform3(uform: str, workdir: Path, images: list, tokenizer: Path, name: str =
               str(folder / "text_encoder.safetensors"))
     save_file({k: v.to(torch.bfloat16).contiguous() for k, v in image_encoder.state_dict().items()},
               str(folder / "image_encoder.safetensors"))
+    if uform is None:  # --folders-only
+        return 0
     # The reference, as uform's own get_model() runs it: weights loaded from the files.
     text_encoder = TextEncoder.from_pretrained(str(folder / "config.json"),
                                                {k: v.float() for k, v in text_encoder.state_dict().items()}).eval()
@@ -193,6 +199,8 @@ def clip(uform: str, workdir: Path, images: list, clip_tokenizer: Path) -> int:
     tokenizer.save_pretrained(folder)
     processor = CLIPImageProcessor(size={"shortest_edge": 224}, crop_size={"height": 224, "width": 224})
     processor.save_pretrained(folder)
+    if uform is None:  # --folders-only
+        return 0
     model = CLIPModel.from_pretrained(folder).eval()
     with torch.no_grad():
         encoded = tokenizer(TEXTS, padding="max_length", truncation=True, max_length=77, return_tensors="pt")
@@ -262,6 +270,8 @@ def siglip(uform: str, workdir: Path, images: list, spiece_folder: Path) -> int:
     model.save_pretrained(folder, safe_serialization=True)
     processor = SiglipImageProcessor(size={"height": 224, "width": 224})
     processor.save_pretrained(folder)
+    if uform is None:  # --folders-only
+        return 0
     model = SiglipModel.from_pretrained(folder).eval()
     with torch.no_grad():
         encoded = tokenizer(TEXTS, padding="max_length", truncation=True, max_length=64, return_tensors="pt")
@@ -323,17 +333,26 @@ def unigram_json(workdir: Path, spiece_folder: Path) -> Path:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--uform", required=True, help="the uform command")
+    parser.add_argument("--uform", help="the uform command (required unless --folders-only)")
+    parser.add_argument("--folders-only", action="store_true", help="write the folders, run nothing")
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--uform-reference", help="a folder holding PyPI's uform package (pip install --target)")
     parser.add_argument("--families", default="uform3,uform3-large,uform3-multilingual,clip,siglip")
     args = parser.parse_args()
+    if not args.uform and not args.folders_only:
+        parser.error("--uform is required unless --folders-only")
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     minilm, clip_tokenizer, spiece = tokenizers(workdir)
-    images = photos(workdir)
+    images = [] if args.folders_only else photos(workdir)
     failures = 0
     families = args.families.split(",")
+    if args.folders_only:
+        args.uform = None
+        try:
+            import uform.torch_encoders  # noqa: F401
+        except ImportError:
+            families = [f for f in families if not f.startswith("uform3")]
     if "uform3" in families:
         failures += uform3(args.uform, workdir, images, minilm)
     if "uform3-large" in families:
@@ -345,6 +364,9 @@ def main() -> int:
         failures += clip(args.uform, workdir, images, clip_tokenizer)
     if "siglip" in families:
         failures += siglip(args.uform, workdir, images, spiece)
+    if args.folders_only:
+        print("written:", ", ".join(f for f in families if (workdir / f).is_dir()))
+        return 0
     print("FAILED" if failures else "OK", f"({failures} items below a cosine of {THRESHOLD})")
     return 1 if failures else 0
 
@@ -355,6 +377,9 @@ if __name__ == "__main__":
     if "--uform-reference" in sys.argv[:-1]:
         reference = (sys.argv[sys.argv.index("--uform-reference") + 1],)
         sys.path.insert(0, reference[0])
-    run_under_python_with(["torch", "transformers", "PIL", "numpy", "safetensors", "sentencepiece", "torchvision",
-                           "uform.torch_encoders"], paths=reference)
+    if "--folders-only" in sys.argv:
+        run_under_python_with(["torch", "transformers", "numpy", "safetensors", "sentencepiece"], paths=reference)
+    else:
+        run_under_python_with(["torch", "transformers", "PIL", "numpy", "safetensors", "sentencepiece",
+                               "torchvision", "uform.torch_encoders"], paths=reference)
     sys.exit(main())

@@ -297,6 +297,49 @@ static void gathers_exact(void **state) {
     print_message("  %-64s exact\n", "cuda_assemble_tokens items of 3, 0, 5, 1 patches");
     free(assembled);
 
+    /* assemble_leading: the same items after a class token and 2 registers (pos rows 1 and 2 as they are) */
+    size_t const leading = 3, lead_tokens = 9 + 4 * leading;
+    float *lead_pos = floats_uniform((leading + max_patches) * width, -1.0f, 1.0f);
+    float *lead_pos_device = device_copy(lead_pos, (leading + max_patches) * width * sizeof(float));
+    float *lead_device = device_alloc((lead_tokens + 1) * width * sizeof(float));
+    CUDA_CHECK(cudaMemset(lead_device, 0xff, (lead_tokens + 1) * width * sizeof(float)));
+    ran(cuda_assemble_leading(lead_device, patches_device, cls_device, lead_pos_device, offsets_device, items,
+                              max_patches, leading, width, stream),
+        "cuda_assemble_leading", "3, 0, 5, 1 patches, 2 registers");
+    float *led = host_copy(lead_device, (lead_tokens + 1) * width * sizeof(float));
+    for (size_t item = 0; item < items; ++item)
+        for (size_t t = 0; t < (size_t)(offsets[item + 1] - offsets[item]) + leading; ++t)
+            for (size_t c = 0; c < width; ++c) {
+                size_t row = (size_t)offsets[item] + item * leading + t;
+                float want = t == 0        ? cls[c] + lead_pos[c]
+                             : t < leading ? lead_pos[t * width + c]
+                                           : patches[((size_t)offsets[item] + t - leading) * width + c] +
+                                                 lead_pos[t * width + c];
+                if (led[row * width + c] != want)
+                    fail_msg("cuda_assemble_leading: item %zu token %zu column %zu = %g, expected %g", item,
+                             t, c, led[row * width + c], want);
+            }
+    for (size_t c = 0; c < width; ++c)
+        if (!isnan(led[lead_tokens * width + c])) fail_msg("cuda_assemble_leading wrote past the last token");
+    print_message("  %-64s exact\n", "cuda_assemble_leading items of 3, 0, 5, 1 patches, 2 registers");
+    free(led);
+    /* No class token (SigLIP's): every token a patch, patch j + pos[j]; cls is not read. */
+    CUDA_CHECK(cudaMemset(lead_device, 0xff, (lead_tokens + 1) * width * sizeof(float)));
+    ran(cuda_assemble_leading(lead_device, patches_device, NULL, lead_pos_device, offsets_device, items,
+                              max_patches, 0, width, stream),
+        "cuda_assemble_leading", "3, 0, 5, 1 patches, no class token");
+    led = host_copy(lead_device, (lead_tokens + 1) * width * sizeof(float));
+    for (size_t r = 0; r < 9; ++r) {
+        size_t item = r < 3 ? 0 : r < 8 ? 2 : 3, t = r - (size_t)offsets[item];
+        for (size_t c = 0; c < width; ++c)
+            if (led[r * width + c] != patches[r * width + c] + lead_pos[t * width + c])
+                fail_msg("cuda_assemble_leading without a class token: row %zu column %zu", r, c);
+    }
+    if (!isnan(led[9 * width])) fail_msg("cuda_assemble_leading without a class token wrote past its tokens");
+    print_message("  %-64s exact\n", "cuda_assemble_leading items of 3, 0, 5, 1 patches, no class token");
+    free(led), free(lead_pos);
+    device_free(lead_pos_device), device_free(lead_device);
+
     free(table), free(indices), free(src), free(picks), free(base), free(addend), free(patches), free(cls),
         free(pos);
     device_free(table_device), device_free(indices_device), device_free(x_device), device_free(src_device),
@@ -660,9 +703,10 @@ static void rope_rows(void (*rope)(float *x, size_t heads, size_t position), flo
  * values in [-1, 1] and q, k scaled by `amplitude`. The scalar reference runs on the same BF16 values:
  * rope at each row's position in its item when `rotary`, then kernels.h's attention per head. With
  * `misaligned`, qkv and out start 2 bytes past a 16-byte boundary (the kernel's scalar loads). */
-static void attention_case(size_t const *lengths, size_t items, size_t heads, bool causal, bool rotary,
-                           float amplitude, bool misaligned, char const *label) {
-    size_t width = 3 * heads * HEAD, hidden = heads * HEAD, *offsets, max_length;
+static void attention_case_head(size_t const *lengths, size_t items, size_t heads, size_t head, bool causal,
+                                bool rotary, float amplitude, bool misaligned, char const *label) {
+    size_t width = 3 * heads * head, hidden = heads * head, *offsets, max_length;
+    float const score_scale = (float)(1.0 / sqrt((double)head));
     int32_t *offsets32;
     size_t tokens = pack_items(lengths, items, &offsets, &offsets32, &max_length);
     uint16_t *qkv = host_alloc(tokens * width * sizeof(uint16_t));
@@ -679,17 +723,17 @@ static void attention_case(size_t const *lengths, size_t items, size_t heads, bo
     float *expected = host_alloc((tokens ? tokens : 1) * hidden * sizeof(float));
     for (size_t h = 0; h < heads; ++h) {
         kernel_attention_t a = {
-            .q = reference_in + h * HEAD,
-            .k = reference_in + hidden + h * HEAD,
-            .v = reference_in + 2 * hidden + h * HEAD,
+            .q = reference_in + h * head,
+            .k = reference_in + hidden + h * head,
+            .v = reference_in + 2 * hidden + h * head,
             .stride = width,
-            .out = expected + h * HEAD,
+            .out = expected + h * head,
             .out_stride = hidden,
-            .head = HEAD,
+            .head = head,
             .offsets = offsets,
             .items = items,
             .causal = causal,
-            .scale = 0.125f,
+            .scale = score_scale,
         };
         kernels_scalar()->attention(&a, 0, items);
     }
@@ -701,12 +745,17 @@ static void attention_case(size_t const *lengths, size_t items, size_t heads, bo
     CUDA_CHECK(cudaDeviceSynchronize());
     int32_t *offsets_device = device_copy(offsets32, (items + 1) * sizeof(int32_t));
     char name[160];
-    snprintf(name, sizeof name, "cuda_attention %s%s%s%s, amplitude %g, %zu heads", label,
-             causal ? ", causal" : "", rotary ? ", rotary" : "", misaligned ? ", misaligned" : "",
-             (double)amplitude, heads);
-    ran(cuda_attention(out_base + shift, qkv_base + shift, offsets_device, items, heads, max_length, causal,
-                       rotary, 0.125f, stream),
-        "cuda_attention", name);
+    snprintf(name, sizeof name, "cuda_attention%s %s%s%s%s, amplitude %g, %zu heads of %zu",
+             head == HEAD ? "" : "_heads", label, causal ? ", causal" : "", rotary ? ", rotary" : "",
+             misaligned ? ", misaligned" : "", (double)amplitude, heads, head);
+    if (head == HEAD)
+        ran(cuda_attention(out_base + shift, qkv_base + shift, offsets_device, items, heads, max_length,
+                           causal, rotary, score_scale, stream),
+            "cuda_attention", name);
+    else
+        ran(cuda_attention_heads(out_base + shift, qkv_base + shift, offsets_device, items, heads, head,
+                                 max_length, causal, rotary, score_scale, stream),
+            "cuda_attention_heads", name);
     uint16_t *out = host_alloc(((tokens + 1) * hidden + 8) * sizeof(uint16_t));
     CUDA_CHECK(
         cudaMemcpy(out, out_base, ((tokens + 1) * hidden + 8) * sizeof(uint16_t), cudaMemcpyDeviceToHost));
@@ -719,6 +768,186 @@ static void attention_case(size_t const *lengths, size_t items, size_t heads, bo
             fail_msg("%s wrote element %zu outside the output (%zu tokens of %zu)", name, i, tokens, hidden);
     free(offsets), free(offsets32), free(qkv), free(reference_in), free(expected), free(out);
     device_free(qkv_base), device_free(out_base), device_free(offsets_device);
+}
+
+static void attention_case(size_t const *lengths, size_t items, size_t heads, bool causal, bool rotary,
+                           float amplitude, bool misaligned, char const *label) {
+    attention_case_head(lengths, items, heads, HEAD, causal, rotary, amplitude, misaligned, label);
+}
+
+/* The pretrained families' heads (cuda_attention_heads): 32 (all-MiniLM-L6-v2), 80, 96, 128, an odd 40
+ * and 1, bidirectional and causal, against the scalar attention at 1/sqrt(head); rotary refused there. */
+static void attention_heads_match_scalar(void **state) {
+    (void)state;
+    random_seed(17);
+    size_t const lengths[] = {1, 7, 31, 32, 33, 197, 0, 77};
+    size_t const heads_of[] = {32, 80, 96, 128, 40, 1, 256};
+    for (size_t h = 0; h < COUNT(heads_of); ++h)
+        for (int causal = 0; causal < 2; ++causal)
+            attention_case_head(lengths, COUNT(lengths), 3, heads_of[h], causal, false, 3.0f, false,
+                                "lengths 1 7 31 32 33 197 0 77");
+    attention_case_head(lengths, COUNT(lengths), 2, 32, false, false, 1.0f, true,
+                        "lengths 1 7 31 32 33 197 0 77");
+    size_t const many[] = {600, 5};
+    attention_case_head(many, COUNT(many), 12, 32, false, false, 1.0f, false, "lengths 600 5");
+    assert_int_equal(cuda_attention_heads(NULL, NULL, NULL, 1, 1, 32, 1, false, true, 0.1f, stream),
+                     cudaErrorInvalidValue);
+    assert_int_equal(cuda_attention_heads(NULL, NULL, NULL, 1, 1, 257, 1, false, false, 0.1f, stream),
+                     cudaErrorInvalidValue);
+    assert_int_equal(cuda_attention_heads(NULL, NULL, NULL, 0, 1, 32, 1, false, false, 0.1f, stream),
+                     cudaSuccess);
+}
+
+/* The input rows of a text that reads tokens: the token's row, the token type's, then the position's,
+ * added in that order as the host's tokens_embed; and the mean of segments as tower_pool's mean, an empty
+ * segment zeros. Bitwise. */
+static void embed_tokens_and_segment_means_bitwise(void **state) {
+    (void)state;
+    random_seed(18);
+    size_t const hidden = 384, vocab = 1000, positions = 514, rows = 700;
+    uint16_t *table = bf16_uniform(vocab * hidden, -2.0f, 2.0f);
+    float *type = floats_uniform(hidden, -1.0f, 1.0f),
+          *position = floats_uniform(positions * hidden, -1.0f, 1.0f);
+    int32_t *ids = host_alloc(rows * sizeof(int32_t)), *places = host_alloc(rows * sizeof(int32_t));
+    for (size_t r = 0; r < rows; ++r) {
+        ids[r] = (int32_t)random_below(vocab);
+        places[r] = (int32_t)random_below(positions);
+    }
+    float *expected = host_alloc(rows * hidden * sizeof(float)),
+          *plain = host_alloc(rows * hidden * sizeof(float));
+    for (size_t r = 0; r < rows; ++r)
+        for (size_t c = 0; c < hidden; ++c) {
+            float value = bf16_to_f32(table[(size_t)ids[r] * hidden + c]);
+            plain[r * hidden + c] = value;
+            value += type[c];
+            value += position[(size_t)places[r] * hidden + c];
+            expected[r * hidden + c] = value;
+        }
+    uint16_t *table_device = device_copy(table, vocab * hidden * sizeof(uint16_t));
+    float *type_device = device_copy(type, hidden * sizeof(float));
+    float *position_device = device_copy(position, positions * hidden * sizeof(float));
+    int32_t *ids_device = device_copy(ids, rows * sizeof(int32_t)),
+            *places_device = device_copy(places, rows * sizeof(int32_t));
+    float *x_device = device_alloc(rows * hidden * sizeof(float));
+    ran(cuda_embed_tokens(x_device, table_device, ids_device, type_device, position_device, places_device,
+                          rows, hidden, stream),
+        "cuda_embed_tokens", "700 x 384");
+    float *x = host_copy(x_device, rows * hidden * sizeof(float));
+    check_bits(x, expected, rows * hidden, sizeof(float), hidden, "cuda_embed_tokens, type and positions");
+    free(x);
+    ran(cuda_embed_tokens(x_device, table_device, ids_device, NULL, NULL, NULL, rows, hidden, stream),
+        "cuda_embed_tokens", "700 x 384, the token's row alone");
+    x = host_copy(x_device, rows * hidden * sizeof(float));
+    check_bits(x, plain, rows * hidden, sizeof(float), hidden, "cuda_embed_tokens, the token's row alone");
+    assert_int_equal(
+        cuda_embed_tokens(x_device, table_device, ids_device, NULL, position_device, NULL, 1, hidden, stream),
+        cudaErrorInvalidValue);
+
+    /* Means of segments of 5, 0, 1, 300 and 394 rows, out stride 390. */
+    int32_t const offsets[] = {0, 5, 5, 6, 306, 700};
+    size_t const items = COUNT(offsets) - 1, out_stride = 390;
+    float *means = host_alloc(items * out_stride * sizeof(float));
+    memset(means, 0xff, items * out_stride * sizeof(float));
+    for (size_t i = 0; i < items; ++i)
+        for (size_t c = 0; c < hidden; ++c) {
+            float sum = 0.0f;
+            size_t count = (size_t)(offsets[i + 1] - offsets[i]);
+            for (size_t r = (size_t)offsets[i]; r < (size_t)offsets[i + 1]; ++r)
+                sum += expected[r * hidden + c];
+            means[i * out_stride + c] = count ? sum / (float)count : 0.0f;
+        }
+    float *expected_device = device_copy(expected, rows * hidden * sizeof(float));
+    int32_t *offsets_device = device_copy(offsets, sizeof offsets);
+    float *out_device = device_alloc(items * out_stride * sizeof(float));
+    CUDA_CHECK(cudaMemset(out_device, 0xff, items * out_stride * sizeof(float)));
+    ran(cuda_mean_segments(out_device, out_stride, expected_device, hidden, offsets_device, items, hidden,
+                           stream),
+        "cuda_mean_segments", "5 segments");
+    float *out = host_copy(out_device, items * out_stride * sizeof(float));
+    check_bits(out, means, items * out_stride, sizeof(float), out_stride,
+               "cuda_mean_segments, padded stride");
+    free(table), free(type), free(position), free(ids), free(places), free(expected), free(plain), free(x),
+        free(means), free(out);
+    device_free(table_device), device_free(type_device), device_free(position_device),
+        device_free(ids_device), device_free(places_device), device_free(x_device),
+        device_free(expected_device), device_free(offsets_device), device_free(out_device);
+}
+
+/* The attention-pooling head's attention (cuda_attention_probe) against pool_head's loop on the host: one
+ * query per head against every token of each item, items of 1, 7, 0, 197 and 729 tokens (SigLIP's 27 x 27
+ * patches), heads of 64 and 32; and cuda_scatter_rows, exact. */
+static void attention_probe_matches_host(void **state) {
+    (void)state;
+    random_seed(19);
+    size_t const lengths[] = {1, 7, 0, 197, 729}, heads_of[] = {64, 32}, heads = 3;
+    for (size_t w = 0; w < COUNT(heads_of); ++w) {
+        size_t const head = heads_of[w], hidden = heads * head, width = 3 * hidden, items = COUNT(lengths);
+        size_t *offsets, max_length;
+        int32_t *offsets32;
+        size_t tokens = pack_items(lengths, items, &offsets, &offsets32, &max_length);
+        uint16_t *qkv = bf16_uniform(tokens * width, -1.0f, 1.0f);
+        float *q = floats_uniform(hidden, -3.0f, 3.0f),
+              *expected = host_alloc(items * hidden * sizeof(float));
+        float *scores = host_alloc((max_length + 1) * sizeof(float));
+        float const scale = (float)(1.0 / sqrt((double)head));
+        double max_v = 0.0;
+        for (size_t i = 0; i < tokens * width; ++i)
+            if (i % width >= 2 * hidden) max_v = fmax(max_v, fabs(bf16_to_f32(qkv[i])));
+        for (size_t item = 0; item < items; ++item)
+            for (size_t h = 0; h < heads; ++h) {
+                size_t first = offsets[item], end = offsets[item + 1];
+                float max = -INFINITY, sum = 0.0f;
+                for (size_t t = first; t < end; ++t) {
+                    float dot = 0.0f;
+                    for (size_t d = 0; d < head; ++d)
+                        dot += q[h * head + d] * bf16_to_f32(qkv[t * width + hidden + h * head + d]);
+                    scores[t - first] = dot * scale;
+                    if (scores[t - first] > max) max = scores[t - first];
+                }
+                for (size_t t = first; t < end; ++t)
+                    sum += scores[t - first] = expf(scores[t - first] - max);
+                for (size_t d = 0; d < head; ++d) {
+                    float o = 0.0f;
+                    for (size_t t = first; t < end; ++t)
+                        o +=
+                            scores[t - first] / sum * bf16_to_f32(qkv[t * width + 2 * hidden + h * head + d]);
+                    expected[item * hidden + h * head + d] = o;
+                }
+            }
+        uint16_t *qkv_device = device_copy(qkv, tokens * width * sizeof(uint16_t));
+        float *q_device = device_copy(q, hidden * sizeof(float));
+        int32_t *offsets_device = device_copy(offsets32, (items + 1) * sizeof(int32_t));
+        float *out_device = device_alloc(items * hidden * sizeof(float));
+        char name[96];
+        snprintf(name, sizeof name, "cuda_attention_probe items of 1 7 0 197 729, 3 heads of %zu", head);
+        ran(cuda_attention_probe(out_device, hidden, q_device, qkv_device, offsets_device, items, heads, head,
+                                 max_length, scale, stream),
+            "cuda_attention_probe", name);
+        float *out = host_copy(out_device, items * hidden * sizeof(float));
+        check_t check = check_start(hidden, "%s", name);
+        for (size_t i = 0; i < items * hidden; ++i)
+            check_value(&check, i, out[i], expected[i], 1e-5 * max_v);
+        check_end(&check);
+
+        /* scatter: the items' rows to rows 5, 0, 9, 2 and 7 of a [10, hidden] matrix */
+        int32_t const targets[] = {5, 0, 9, 2, 7};
+        float *scattered_device = device_alloc(10 * hidden * sizeof(float));
+        int32_t *targets_device = device_copy(targets, sizeof targets);
+        ran(cuda_scatter_rows(scattered_device, hidden, out_device, hidden, targets_device, items, hidden,
+                              stream),
+            "cuda_scatter_rows", "5 rows");
+        float *scattered = host_copy(scattered_device, 10 * hidden * sizeof(float));
+        for (size_t r = 0; r < items; ++r)
+            if (memcmp(scattered + (size_t)targets[r] * hidden, out + r * hidden, hidden * sizeof(float)))
+                fail_msg("cuda_scatter_rows: row %zu did not land at row %d", r, targets[r]);
+        assert_int_equal(cuda_attention_probe(out_device, hidden, q_device, qkv_device, offsets_device, items,
+                                              heads, head, 12289, scale, stream),
+                         cudaErrorInvalidValue);
+        free(offsets), free(offsets32), free(qkv), free(q), free(expected), free(scores), free(out),
+            free(scattered);
+        device_free(qkv_device), device_free(q_device), device_free(offsets_device), device_free(out_device),
+            device_free(scattered_device), device_free(targets_device);
+    }
 }
 
 static void attention_matches_scalar(void **state) {
@@ -1748,6 +1977,9 @@ int main(void) {
         cmocka_unit_test(choose_matches_scalar),
         cmocka_unit_test(attention_matches_scalar),
         cmocka_unit_test(attention_many_and_long),
+        cmocka_unit_test(attention_heads_match_scalar),
+        cmocka_unit_test(attention_probe_matches_host),
+        cmocka_unit_test(embed_tokens_and_segment_means_bitwise),
         cmocka_unit_test(linear_matches_scalar),
         cmocka_unit_test(gelu_and_backward_match_scalar),
         cmocka_unit_test(column_sums_match),

@@ -28,25 +28,25 @@ static plan_arrays_t plan_arrays(vram_units_t const *units, int32_t const *base)
 
 /* A plan sized, then written, and the four arrays' sizes equal to what the sizing said. */
 static int32_t *plan_of(vram_units_kind_t kind, size_t const *patches, size_t count, size_t frames,
-                        size_t image_patches, vram_units_t *units) {
-    *units = vram_units_plan(kind, patches, count, frames, image_patches, NULL);
+                        size_t image_patches, size_t leading, vram_units_t *units) {
+    *units = vram_units_plan(kind, patches, count, frames, image_patches, leading, NULL);
     assert_int_equal(units->bytes,
                      (2 * (units->units + 1) + units->states + units->vectors) * sizeof(int32_t));
     int32_t *base = malloc(units->bytes);
     assert_non_null(base);
     memset(base, 0x7f, units->bytes);
-    vram_units_t written = vram_units_plan(kind, patches, count, frames, image_patches, base);
+    vram_units_t written = vram_units_plan(kind, patches, count, frames, image_patches, leading, base);
     assert_memory_equal(&written, units, sizeof written);
     return base;
 }
 
-/* What the kernels require of any plan: unit u's tokens start at patch_offsets[u] + u (its class token),
- * offsets grow by the unit's patches, and every row named is a row of x. */
-static void assert_plan_consistent(vram_units_t const *units, plan_arrays_t const *arrays) {
+/* What the kernels require of any plan: unit u's tokens start at patch_offsets[u] + u * leading (its class
+ * token; cuda_assemble_leading), offsets grow by the unit's patches, and every row named is a row of x. */
+static void assert_plan_consistent(vram_units_t const *units, plan_arrays_t const *arrays, size_t leading) {
     assert_int_equal(arrays->patch_offsets[units->units], (int32_t)units->patches);
     assert_int_equal(arrays->token_offsets[units->units], (int32_t)units->tokens);
     for (size_t u = 0; u < units->units; ++u) {
-        assert_int_equal(arrays->token_offsets[u], arrays->patch_offsets[u] + (int32_t)u);
+        assert_int_equal(arrays->token_offsets[u], arrays->patch_offsets[u] + (int32_t)(u * leading));
         int32_t length = arrays->patch_offsets[u + 1] - arrays->patch_offsets[u];
         assert_true(length >= 0 && (size_t)length <= units->longest);
     }
@@ -63,12 +63,13 @@ typedef struct plan_case {
     size_t count, frames, image_patches;
     vram_units_t sizes; /* units, patches, tokens, longest, states, vectors; not bytes */
     int32_t const *patch_offsets, *token_offsets, *state_rows, *token_rows;
+    size_t leading; /* the class token, then the registers */
 } plan_case_t;
 
 static void assert_plan(plan_case_t const *expected) {
     vram_units_t units;
     int32_t *base = plan_of(expected->kind, expected->patches, expected->count, expected->frames,
-                            expected->image_patches, &units);
+                            expected->image_patches, expected->leading, &units);
     plan_arrays_t arrays = plan_arrays(&units, base);
     vram_units_t sizes = expected->sizes;
     sizes.bytes = units.bytes;
@@ -78,7 +79,7 @@ static void assert_plan(plan_case_t const *expected) {
     assert_memory_equal(arrays.state_rows, expected->state_rows, units.states * sizeof(int32_t));
     if (units.vectors)
         assert_memory_equal(arrays.token_rows, expected->token_rows, units.vectors * sizeof(int32_t));
-    assert_plan_consistent(&units, &arrays);
+    assert_plan_consistent(&units, &arrays, expected->leading);
     free(base);
 }
 
@@ -103,6 +104,12 @@ static size_t const failed_patches[] = {0, 0};
 static int32_t const failed_offsets[] = {0}, failed_states[] = {-1, -1},
                      failed_vectors[] = {-1, -1, -1, -1, -1, -1};
 
+/* Images of 4 patches after a class token and 2 registers (UForm 3 large's), the second failed. */
+static size_t const register_patches[] = {4, 0, 4};
+static int32_t const register_patch_offsets[] = {0, 4, 8}, register_token_offsets[] = {0, 7, 14};
+static int32_t const register_states[] = {0, -1, 7};
+static int32_t const register_vectors[] = {3, 4, 5, 6, -1, -1, -1, -1, 10, 11, 12, 13};
+
 static void units_plans(void **state) {
     (void)state;
     plan_case_t const cases[] = {
@@ -115,7 +122,8 @@ static void units_plans(void **state) {
          image_patch_offsets,
          image_token_offsets,
          image_states,
-         image_vectors},
+         image_vectors,
+         1},
         {VRAM_UNITS_CLIPS,
          clip_patches,
          3,
@@ -125,7 +133,8 @@ static void units_plans(void **state) {
          clip_patch_offsets,
          clip_token_offsets,
          clip_states,
-         NULL},
+         NULL,
+         1},
         {VRAM_UNITS_SOUNDS,
          sound_patches,
          4,
@@ -135,7 +144,8 @@ static void units_plans(void **state) {
          sound_patch_offsets,
          sound_token_offsets,
          sound_states,
-         sound_vectors},
+         sound_vectors,
+         1},
         {VRAM_UNITS_IMAGES,
          failed_patches,
          2,
@@ -145,7 +155,19 @@ static void units_plans(void **state) {
          failed_offsets,
          failed_offsets,
          failed_states,
-         failed_vectors},
+         failed_vectors,
+         1},
+        {VRAM_UNITS_IMAGES,
+         register_patches,
+         3,
+         1,
+         4,
+         {2, 8, 14, 4, 3, 12, 0},
+         register_patch_offsets,
+         register_token_offsets,
+         register_states,
+         register_vectors,
+         3},
     };
     for (size_t i = 0; i < COUNT(cases); ++i)
         assert_plan(&cases[i]);
