@@ -324,7 +324,7 @@ char const *kernels_rule(kernels_cpu_t const *cpu, char const **reason) {
 
 /* ---- This process's choice ------------------------------------------------------------------------- */
 
-static kernels_vendor_t cpu_vendor(void) {
+kernels_vendor_t kernels_cpu_vendor(void) {
 #if defined(__x86_64__)
     unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
     char vendor[13] = "";
@@ -356,7 +356,7 @@ static void kernels_choose(void) {
     for (size_t i = 0; i < BUILT_COUNT; ++i)
         if (built_paths[i].use == PATH_CHOSEN && built_paths[i].runs())
             runs[count++] = built_paths[i].table->name;
-    kernels_cpu_t const cpu = {.vendor = cpu_vendor(), .runs = runs};
+    kernels_cpu_t const cpu = {.vendor = kernels_cpu_vendor(), .runs = runs};
     active = built_named(kernels_rule(&cpu, &active_reason), PATH_CHOSEN);
     if (override && *override) {
         snprintf(refused_reason, sizeof refused_reason,

@@ -322,6 +322,9 @@ typedef struct kernels_cpu {
     char const *const *runs;
 } kernels_cpu_t;
 
+/* This CPU's vendor, from CPUID (KERNELS_VENDOR_OTHER off x86-64). */
+kernels_vendor_t kernels_cpu_vendor(void);
+
 /* The path kernels_active takes on `cpu` without UFORM_KERNELS, one of cpu->runs (NULL when it is empty),
  * and in *reason why (a static string): the first of cpu->runs, unless a measured exception for the
  * vendor names a faster one the CPU runs. A pure function of `cpu`, for tests over CPUs this one is not. */

@@ -231,3 +231,22 @@ void problem_check_splits(kernels_t const *path, size_t m, size_t n, size_t k, o
     }
     problem_free(&p);
 }
+
+void problem_make_largest_sums(problem_t *p, size_t m, size_t n) {
+    size_t const k = KERNEL_I8_DEPTH_MAX;
+    problem_make(p, m, n, k, EXACT);
+    for (size_t r = 0; r < m; ++r) {
+        p->zeros[r] = r == 1 ? 255 : 0;
+        memset(p->x_u8 + r * p->x_stride, r == 1 ? 0 : 255, k);
+    }
+    for (size_t c = 0; c < n; ++c)
+        memset(p->w_i8 + c * k, c % 2 ? 127 : 0x80, k);
+}
+
+void problem_check_largest_sums(problem_t const *p) {
+    for (size_t r = 0; r < p->m; ++r)
+        for (size_t c = 0; c < p->n; ++c) {
+            int64_t sum = (int64_t)(r == 1 ? -255 : 255) * (c % 2 ? 127 : -128) * (int64_t)KERNEL_I8_DEPTH_MAX;
+            assert_true(p->y[r * p->y_stride + c] == (float)sum);
+        }
+}

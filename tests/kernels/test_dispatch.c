@@ -13,10 +13,6 @@
 
 #include "kernels.h"
 
-#if defined(__x86_64__)
-#include <cpuid.h>
-#endif
-
 #define COUNT(array) (sizeof(array) / sizeof((array)[0]))
 
 /* The rule's answer for `vendor` and `runs` (NULL-terminated), checked to come with a reason. */
@@ -109,21 +105,6 @@ static void unknown_and_empty_descriptions(void **state) {
 
 /* ---- This process ------------------------------------------------------------------------------ */
 
-static kernels_vendor_t this_vendor(void) {
-#if defined(__x86_64__)
-    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-    char vendor[13] = "";
-    if (__get_cpuid(0, &eax, &ebx, &ecx, &edx)) {
-        memcpy(vendor, &ebx, 4);
-        memcpy(vendor + 4, &edx, 4);
-        memcpy(vendor + 8, &ecx, 4);
-    }
-    if (!strcmp(vendor, "GenuineIntel")) return KERNELS_VENDOR_INTEL;
-    if (!strcmp(vendor, "AuthenticAMD")) return KERNELS_VENDOR_AMD;
-#endif
-    return KERNELS_VENDOR_OTHER;
-}
-
 /* What the rule takes on this CPU: the paths kernels_active may choose, in the build's order (amx, which only
  * UFORM_KERNELS takes, not among them). */
 static char const *this_cpu_rule(char const **reason) {
@@ -133,7 +114,7 @@ static char const *this_cpu_rule(char const **reason) {
     size_t count = 0;
     for (size_t i = 0; i < COUNT(order); ++i)
         if (kernels_named(order[i]) || !strcmp(order[i], "scalar")) runs[count++] = order[i];
-    return rule(this_vendor(), runs, reason);
+    return rule(kernels_cpu_vendor(), runs, reason);
 }
 
 static void this_process_follows_the_rule_or_the_override(void **state) {

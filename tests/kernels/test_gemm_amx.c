@@ -134,22 +134,11 @@ static void test_i8_every_epilogue(void **state) {
 static void test_i8_largest_sums(void **state) {
     (void)state;
     kernels_t const *path = emulated_path();
-    size_t const m = 3, n = 64, k = KERNEL_I8_DEPTH_MAX;
     problem_t p;
     random_seed(23);
-    problem_make(&p, m, n, k, EXACT);
-    for (size_t r = 0; r < m; ++r) {
-        p.zeros[r] = r == 1 ? 255 : 0;
-        memset(p.x_u8 + r * p.x_stride, r == 1 ? 0 : 255, k);
-    }
-    for (size_t c = 0; c < n; ++c)
-        memset(p.w_i8 + c * k, c % 2 ? 127 : 0x80, k);
+    problem_make_largest_sums(&p, 3, 64);
     problem_run_whole(path, &p, p.y);
-    for (size_t r = 0; r < m; ++r)
-        for (size_t c = 0; c < n; ++c) {
-            int64_t sum = (int64_t)(r == 1 ? -255 : 255) * (c % 2 ? 127 : -128) * (int64_t)k;
-            assert_true(p.y[r * p.y_stride + c] == (float)sum);
-        }
+    problem_check_largest_sums(&p);
     problem_free(&p);
     assert_no_faults();
 }

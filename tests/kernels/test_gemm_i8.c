@@ -323,25 +323,14 @@ static void test_paths_match_scalar_on_every_epilogue(void **state) {
  * opposite signs), |S| = 255 * 128 * 65536 is just under 2^31: every path writes exactly (float)S. */
 static void test_largest_sums_are_exact(void **state) {
     (void)state;
-    size_t const m = 3, n = 64, k = KERNEL_I8_DEPTH_MAX;
     problem_t p;
     random_seed(4);
-    problem_make(&p, m, n, k, EXACT);
-    for (size_t r = 0; r < m; ++r) {
-        p.zeros[r] = r == 1 ? 255 : 0;
-        memset(p.x_u8 + r * p.x_stride, r == 1 ? 0 : 255, k);
-    }
-    for (size_t c = 0; c < n; ++c)
-        memset(p.w_i8 + c * k, c % 2 ? 127 : 0x80, k);
+    problem_make_largest_sums(&p, 3, 64);
     kernels_t const *paths[16];
     size_t count = paths_present(paths);
     for (size_t i = 0; i < count; ++i) {
         problem_run_whole(paths[i], &p, p.y);
-        for (size_t r = 0; r < m; ++r)
-            for (size_t c = 0; c < n; ++c) {
-                int64_t sum = (int64_t)(r == 1 ? -255 : 255) * (c % 2 ? 127 : -128) * (int64_t)k;
-                assert_true(p.y[r * p.y_stride + c] == (float)sum);
-            }
+        problem_check_largest_sums(&p);
     }
     problem_free(&p);
 }
