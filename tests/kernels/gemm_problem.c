@@ -234,7 +234,7 @@ void problem_check_splits(kernels_t const *path, size_t m, size_t n, size_t k, o
 
 void problem_make_largest_sums(problem_t *p, size_t m, size_t n) {
     size_t const k = KERNEL_I8_DEPTH_MAX;
-    problem_make(p, m, n, k, EXACT);
+    problem_make(p, m, n, k, (options_t){.i8 = true});
     for (size_t r = 0; r < m; ++r) {
         p->zeros[r] = r == 1 ? 255 : 0;
         memset(p->x_u8 + r * p->x_stride, r == 1 ? 0 : 255, k);

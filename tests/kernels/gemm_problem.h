@@ -59,7 +59,7 @@ void problem_run_whole(kernels_t const *path, problem_t const *p, float *y);
  * bitwise where unscaled without an epilogue), the padding untouched; `name` names the path in a failure. */
 void problem_check(problem_t const *p, char const *name);
 
-/* The I8 problem of the largest sums (after problem_make with EXACT): at k = KERNEL_I8_DEPTH_MAX, x 255 over a
+/* The I8 problem of the largest sums (unit scales, no bias, no epilogue): at k = KERNEL_I8_DEPTH_MAX, x 255 over a
  * zero point 0 (row 1: 0 over 255) and weights -128 or 127 by column, |S| = 255 * 128 * 65536 just under 2^31;
  * problem_check_largest_sums asserts that y holds exactly (float)S. */
 void problem_make_largest_sums(problem_t *p, size_t m, size_t n);
