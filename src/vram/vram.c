@@ -18,17 +18,6 @@ uform_status_t vram_use(vram_device_t const *device) {
     return cudaSetDevice(device->ordinal) == cudaSuccess ? UFORM_OK : UFORM_DEVICE;
 }
 
-/* What the options say that needs no device: at most VRAM_MAX_DEVICES, none listed twice. */
-static uform_status_t vram_options_check(uform_vram_options_t const *options, char const **message) {
-    if (options && options->devices_count > VRAM_MAX_DEVICES)
-        return *message = "more than 16 devices", UFORM_INVALID_ARGUMENT;
-    for (size_t i = 0; options && i < options->devices_count; ++i)
-        for (size_t j = 0; j < i; ++j)
-            if (options->devices[j] == options->devices[i])
-                return *message = "a device is listed twice", UFORM_INVALID_ARGUMENT;
-    return UFORM_OK;
-}
-
 /* The CUDA libraries loaded, and how many devices the driver sees. */
 static uform_status_t vram_devices(int *count, char const **message) {
     if (!cuda_library_load(message)) return UFORM_DEVICE;
@@ -73,8 +62,7 @@ static void vram_peers(vram_t *vram) {
 uform_status_t vram_open(uform_executor_t *executor, uform_vram_options_t const *options,
                          char const **message) {
     int count = 0;
-    uform_status_t status = vram_options_check(options, message);
-    if (status == UFORM_OK) status = vram_devices(&count, message);
+    uform_status_t status = vram_devices(&count, message);
     if (status != UFORM_OK) return status;
     size_t wanted = options && options->devices_count ? options->devices_count : 1;
     for (size_t i = 0; options && i < options->devices_count; ++i)

@@ -23,6 +23,9 @@
 
 #include "verbs.h"
 
+/* The most devices one executor drives (uform_vram_options_t.devices_count), in every build. */
+#define VRAM_MAX_DEVICES 16
+
 #if UFORM_WITH_CUDA
 #include <string.h>
 
@@ -31,8 +34,7 @@
 #include "cuda/cuda_kernels.h"
 #include "cuda/cuda_library.h"
 
-#define VRAM_MAX_DEVICES 16
-#define VRAM_SLOTS       2 /* chunks in flight per device */
+#define VRAM_SLOTS 2 /* chunks in flight per device */
 
 /* Bytes rounded up to a multiple of 256: the alignment of device buffers carved in pieces. */
 static inline size_t round_up_256(size_t bytes) {

@@ -59,5 +59,12 @@ UFORM_EXPORT uform_status_t uform_executor_create_vram(uform_vram_options_t cons
     if (!out) return failed(UFORM_INVALID_ARGUMENT, entry, "executor is NULL");
     if (options && options->devices_count && !options->devices)
         return failed(UFORM_INVALID_ARGUMENT, entry, "devices is NULL with a non-zero count");
+    /* What the options say that needs no device, in every build: at most VRAM_MAX_DEVICES, none twice. */
+    if (options && options->devices_count > VRAM_MAX_DEVICES)
+        return failed(UFORM_INVALID_ARGUMENT, entry, "more than 16 devices");
+    for (size_t i = 0; options && i < options->devices_count; ++i)
+        for (size_t j = 0; j < i; ++j)
+            if (options->devices[j] == options->devices[i])
+                return failed(UFORM_INVALID_ARGUMENT, entry, "a device is listed twice");
     return vram_executor_create(options, out, entry);
 }
