@@ -35,6 +35,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "amx_tiles.h"
 #include "bench_common.h"
 #include "kernels.h"
 
@@ -249,21 +250,10 @@ __attribute__((target("avx2"))) static double maddwd_loop(void) {
 /* AMX: four independent tile multiplies a step (accumulators 0-3, operands 4-7 of ones, loaded once): one
  * TDPBF16PS is 16 x 16 x 32 products, one TDPBUSD 16 x 16 x 64. The thread configures its tiles and releases
  * them; measured only where the amx path runs (the process holds the tiles' permission). */
-typedef struct amx_config {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} amx_config_t;
-
-/* Static, not a local: GCC 12 drops stores to a local config before `_tile_loadconfig` (kernels/gemm_amx.c).
- */
-static _Alignas(64) amx_config_t const amx_config = {
-    .palette = 1, .colsb = {64, 64, 64, 64, 64, 64, 64, 64}, .rows = {16, 16, 16, 16, 16, 16, 16, 16}};
-
 __attribute__((target("amx-tile,amx-bf16,amx-int8"))) static double amx_loop(bool i8) {
     static _Alignas(64)
         uint16_t const ones[16 * 32] = {[0 ... 16 * 32 - 1] = 0x3f80}; /* BF16 1.0, or bytes */
-    _tile_loadconfig(&amx_config);
+    _tile_loadconfig(&amx_tile_config);
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);

@@ -35,6 +35,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "amx_tiles.h"
 #include "gemm_driver.h"
 #include "math_avx512.h"
 #include "gemm_epilogue.h"
@@ -61,19 +62,6 @@ enum {
 
 /* ---- Tiles ----------------------------------------------------------------------------------------- */
 
-typedef struct tile_config {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} tile_config_t;
-
-/* Palette 1, every tile 16 rows of 64 bytes. */
-static _Alignas(64) tile_config_t const tile_config = {
-    .palette = 1,
-    .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
-    .rows = {16, 16, 16, 16, 16, 16, 16, 16},
-};
-
 static pthread_once_t release_once = PTHREAD_ONCE_INIT;
 static pthread_key_t release_key;
 static bool release_keyed;
@@ -94,8 +82,8 @@ static void release_key_create(void) {
 static void tiles_configure(void) {
     if (tiles_configured) return;
     pthread_once(&release_once, release_key_create);
-    _tile_loadconfig(&tile_config);
-    if (release_keyed) (void)pthread_setspecific(release_key, (void *)(uintptr_t)&tile_config);
+    _tile_loadconfig(&amx_tile_config);
+    if (release_keyed) (void)pthread_setspecific(release_key, (void *)(uintptr_t)&amx_tile_config);
     tiles_configured = true;
 }
 
@@ -156,15 +144,7 @@ void PATH_AMX(gemm_i8_pack)(void *packed, int8_t const *w, float const *scales, 
                     for (size_t column = c; column < c + 16; ++column)
                         for (size_t i = 4 * quad; i < 4 * quad + 4; ++i)
                             *out++ = column < n && i < k ? w[column * k + i] : 0;
-    gemm_i8_columns_t at = gemm_i8_columns_of(&i8_path, packed, n, k);
-    float *column_scales = (float *)(uintptr_t)at.scales;
-    int32_t *sums = (int32_t *)(uintptr_t)at.sums;
-    for (size_t c = 0; c < panels * COLUMNS; ++c) {
-        column_scales[c] = c < n ? scales[c] : 0.0f;
-        sums[c] = 0;
-        for (size_t i = 0; c < n && i < k; ++i)
-            sums[c] += w[c * k + i];
-    }
+    gemm_i8_columns_fill(&i8_path, packed, w, scales, n, k);
 }
 
 /* ---- Activations ----------------------------------------------------------------------------------- */

@@ -152,6 +152,21 @@ gemm_i8_columns_of(gemm_path_t const *path, void const *packed, size_t n, size_t
                                .sums = (int32_t const *)(void const *)(at + padded * sizeof(float))};
 }
 
+/* The packed weights' per-column scales and sums of w over k (0 past n), behind their panels. */
+static inline __attribute__((always_inline)) void gemm_i8_columns_fill(gemm_path_t const *path, void *packed,
+                                                                       int8_t const *w, float const *scales,
+                                                                       size_t n, size_t k) {
+    gemm_i8_columns_t at = gemm_i8_columns_of(path, packed, n, k);
+    float *column_scales = (float *)(uintptr_t)at.scales;
+    int32_t *sums = (int32_t *)(uintptr_t)at.sums;
+    for (size_t c = 0; c < gemm_panels_of(n, path->columns) * path->columns; ++c) {
+        column_scales[c] = c < n ? scales[c] : 0.0f;
+        sums[c] = 0;
+        for (size_t i = 0; c < n && i < k; ++i)
+            sums[c] += w[c * k + i];
+    }
+}
+
 static inline __attribute__((always_inline)) void gemm_pack_i8(gemm_path_t const *path, void *packed,
                                                                int8_t const *w, float const *scales, size_t n,
                                                                size_t k) {
@@ -165,15 +180,7 @@ static inline __attribute__((always_inline)) void gemm_pack_i8(gemm_path_t const
                     for (size_t i = g; i < g + group; ++i)
                         *out++ = c < n && i < end ? w[c * k + i] : 0;
     }
-    gemm_i8_columns_t at = gemm_i8_columns_of(path, packed, n, k);
-    float *column_scales = (float *)(uintptr_t)at.scales;
-    int32_t *sums = (int32_t *)(uintptr_t)at.sums;
-    for (size_t c = 0; c < panels * columns; ++c) {
-        column_scales[c] = c < n ? scales[c] : 0.0f;
-        sums[c] = 0;
-        for (size_t i = 0; c < n && i < k; ++i)
-            sums[c] += w[c * k + i];
-    }
+    gemm_i8_columns_fill(path, packed, w, scales, n, k);
 }
 
 /* path->tile for any rows <= path->rows, with `rows` a constant in each case; the cases past path->rows
