@@ -154,6 +154,11 @@ cudaError_t cuda_attention_probe(float *out, size_t out_stride, float const *q, 
                                  int32_t const *offsets, size_t items, size_t heads, size_t head,
                                  size_t max_length, float scale, cudaStream_t stream);
 
+/* x[r, :] = 0 for each r < `count` whose rows[r] is below 0 (a failed item's, as cuda_gather_rows marks
+ * it), `columns` F32 (stride in elements); other rows are left as they are. Exact. */
+cudaError_t cuda_zero_failed_rows(float *x, size_t stride, int32_t const *rows, size_t count, size_t columns,
+                                  cudaStream_t stream);
+
 /* dst[rows[r], :] = src[r, :] for `count` rows of `columns` F32 (strides in elements): the inverse of
  * cuda_gather_rows (distinct rows; the caller guarantees they are in range). Exact. */
 cudaError_t cuda_scatter_rows(float *dst, size_t dst_stride, float const *src, size_t src_stride,

@@ -65,6 +65,22 @@ extern "C" cudaError_t cuda_gather_rows(float *dst, size_t dst_stride, float con
     return cuda_launched();
 }
 
+static __global__ void zero_failed_rows_kernel(float *x, size_t stride, int32_t const *rows, size_t count,
+                                               size_t columns) {
+    for (size_t r = blockIdx.x; r < count; r += gridDim.x)
+        if (rows[r] < 0)
+            for (size_t c = threadIdx.x; c < columns; c += blockDim.x)
+                x[r * stride + c] = 0.0f;
+}
+
+extern "C" cudaError_t cuda_zero_failed_rows(float *x, size_t stride, int32_t const *rows, size_t count,
+                                             size_t columns, cudaStream_t stream) {
+    if (count == 0 || columns == 0) return cudaSuccess;
+    zero_failed_rows_kernel<<<cuda_blocks(count, 1), CUDA_THREADS, 0, stream>>>(x, stride, rows, count,
+                                                                                columns);
+    return cuda_launched();
+}
+
 static __global__ void scatter_rows_kernel(float *dst, size_t dst_stride, float const *src, size_t src_stride,
                                            int32_t const *rows, size_t count, size_t columns) {
     for (size_t r = blockIdx.x; r < count; r += gridDim.x) {

@@ -796,10 +796,14 @@ cudaError_t vram_convert_rows(vram_device_t const *device, uform_view_t const *v
 
 uform_status_t vram_project(vram_device_t *device, vram_tower_t const *tower, float const *x,
                             uint16_t const *x_bf16, size_t m, size_t width, bool normalize, float *projected,
-                            uform_view_t const *view, size_t first, char const **message) {
+                            int32_t const *rows, uform_view_t const *view, size_t first,
+                            char const **message) {
     uform_status_t status =
         vram_project_rows(device, tower, x, x_bf16, m, width, normalize, projected, message);
     if (status != UFORM_OK || m == 0) return status;
+    if (rows)
+        VRAM_TRY(cuda_zero_failed_rows(projected, width, rows, m, width, device->stream),
+                 "cannot launch zero rows");
     VRAM_TRY(vram_convert_rows(device, view, first, projected, width, m, width), "cannot launch convert");
     return UFORM_OK;
 }

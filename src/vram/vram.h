@@ -292,11 +292,14 @@ uform_status_t vram_project_rows(vram_device_t *device, vram_tower_t const *towe
                                  uint16_t const *x_bf16, size_t m, size_t width, bool normalize,
                                  float *projected, char const **message);
 
-/* Enqueues vram_project_rows then the conversion into rows [first, first + m) of `view` (device
- * memory). `projected` is F32 scratch [m, width]. */
+/* Enqueues vram_project_rows, zero rows for the failed items (`rows`, device [m]: the rows' sources,
+ * below 0 for a failed item's; NULL: none failed), then the conversion into rows [first, first + m) of
+ * `view` (device memory). A failed item's row is zeros in every output, as on the host: its projection
+ * would hold the projection's bias. `projected` is F32 scratch [m, width]. */
 uform_status_t vram_project(vram_device_t *device, vram_tower_t const *tower, float const *x,
                             uint16_t const *x_bf16, size_t m, size_t width, bool normalize, float *projected,
-                            uform_view_t const *view, size_t first, char const **message);
+                            int32_t const *rows, uform_view_t const *view, size_t first,
+                            char const **message);
 
 /* Device scratch of vram_head_pool over `tokens` tokens of `units` units, in bytes. */
 size_t vram_head_scratch(vram_tower_t const *tower, size_t tokens, size_t units);

@@ -132,9 +132,9 @@ uform_status_t vram_output_write(vram_device_t *device, vram_tower_t const *towe
         if (encode->outputs & UFORM_OUTPUT_EMBEDDINGS) {
             VRAM_TRY(cuda_f32_to_bf16(pass->gathered_bf16, pass->gathered, rows->items * hidden, stream),
                      rows->convert_failed);
-            status =
-                vram_project(device, tower, pass->gathered, pass->gathered_bf16, rows->items, encode->width,
-                             encode->normalize, pass->projected, &out->embeddings, views->first, message);
+            status = vram_project(device, tower, pass->gathered, pass->gathered_bf16, rows->items,
+                                  encode->width, encode->normalize, pass->projected, rows->state_rows,
+                                  &out->embeddings, views->first, message);
             if (status != UFORM_OK) return status;
         }
     }
@@ -145,8 +145,8 @@ uform_status_t vram_output_write(vram_device_t *device, vram_tower_t const *towe
         VRAM_TRY(cuda_f32_to_bf16(pass->gathered_bf16, pass->gathered, rows->tokens * hidden, stream),
                  rows->convert_failed);
         status = vram_project(device, tower, pass->gathered, pass->gathered_bf16, rows->tokens, encode->width,
-                              encode->normalize, pass->projected, &out->token_vectors, views->token_first,
-                              message);
+                              encode->normalize, pass->projected, rows->token_rows, &out->token_vectors,
+                              views->token_first, message);
         if (status != UFORM_OK) return status;
     }
     return UFORM_OK;
