@@ -508,6 +508,10 @@ static PyObject *model_choose(PyObject *object, PyObject *args, PyObject *kwargs
         !PyArg_ParseTupleAndKeywords(args, kwargs, "OO|$OO:choose", keywords, &texts_object, &choices_object,
                                      &executor_object, &callback))
         return NULL;
+    /* Refused before the texts are encoded: their states would be computed for nothing. */
+    if (self->info.text.vocab > 0)
+        return binding_raise_status(UFORM_UNSUPPORTED, "uform_text_choose",
+                                    "text_choose reads a byte table: the model reads tokens");
     binding_tape_t texts, choices = {0};
     if (binding_tape_from(texts_object, BINDING_TEXTS, &texts) < 0) return NULL;
     PyObject *result = NULL;

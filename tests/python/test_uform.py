@@ -948,6 +948,12 @@ class Pretrained(unittest.TestCase):
         self.assertIn("reads tokens", error.message)
         self.assertEqual(self.model.encode_texts(TEXTS).tobytes(), expected.tobytes())
 
+    def test_choose_refused_after_encoding_the_texts(self):
+        # Refused before the texts are encoded: a text that is not UTF-8 used to fail its encode first.
+        for texts, choices in (([b"\xff\xfe"], [b"ab"]), ([], [])):
+            with self.assertRaises(uform.UnsupportedError):
+                self.model.choose(texts, choices)
+
     def test_prompts_are_the_folders(self):
         written = json.loads((self.folder / "config_sentence_transformers.json").read_text())
         self.assertEqual(self.model.prompt(), written["prompts"][written["default_prompt_name"]])
