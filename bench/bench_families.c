@@ -6,7 +6,8 @@
  *
  * The texts: a fixed list (empty, blank, short, multilingual, emoji, past every context) then printable
  * ASCII of 16 to 400 bytes from a fixed seed, N in all (256 by default). LIST names image files (JPEG or
- * PNG), one path a line. Both executors encode each kind's items in one call (F32 embeddings); every item
+ * PNG), one path a line; with an image tower, pixels of a few sides too (image_encode_pixels from host
+ * memory). Both executors encode each kind's items in one call (F32 embeddings); every item
  * must have the same status on both, each item encoded on both a cosine of at least C (0.9999 by
  * default), and each failed item zero rows on both. Then each executor encodes the same call again and again
  * for S seconds (1.0 by default; at least 3 calls, after one warm-up call). One JSON line per kind: the
@@ -74,7 +75,12 @@ typedef struct side {
     uform_arena_t *arena;
 } side_t;
 
-typedef enum kind { TEXTS, IMAGES } kind_t;
+typedef enum kind { TEXTS, IMAGES, PIXELS } kind_t;
+
+/* The pixels' sides (PIXELS): odd, square, wide and tall images, one a single pixel. */
+static size_t const pixel_heights[] = {1, 37, 224, 240, 480, 300, 97};
+static size_t const pixel_widths[] = {1, 51, 224, 320, 640, 200, 1001};
+#define PIXEL_IMAGES (sizeof pixel_heights / sizeof *pixel_heights)
 
 static uform_status_t encode(side_t const *side, kind_t kind, uform_tape_t const *items,
                              uform_encoded_t *encoded) {
@@ -83,8 +89,12 @@ static uform_status_t encode(side_t const *side, kind_t kind, uform_tape_t const
     .arena = side->arena, .encoded = encoded
     uform_text_encode_args_t texts = {COMMON, .texts = *items};
     uform_image_encode_args_t images = {COMMON, .images = *items, .source = UFORM_SOURCE_FILES};
+    uform_image_encode_pixels_args_t pixels = {COMMON, .pixels = *items, .heights = pixel_heights,
+                                               .widths = pixel_widths};
 #undef COMMON
-    return kind == TEXTS ? uform_text_encode(&texts) : uform_image_encode(&images);
+    return kind == TEXTS    ? uform_text_encode(&texts)
+           : kind == IMAGES ? uform_image_encode(&images)
+                            : uform_image_encode_pixels(&pixels);
 }
 
 /* Items per second of one call over every item, repeated for `seconds` (at least 3 calls). */
@@ -99,6 +109,27 @@ static double items_per_second(side_t const *side, kind_t kind, uform_tape_t con
         elapsed = bench_now_seconds() - start;
     }
     return (double)(calls * items->count) / elapsed;
+}
+
+/* RGB8 pixels of PIXEL_IMAGES images from a fixed seed, in host memory: smooth gradients with noise. */
+static uform_tape_t make_pixels(void) {
+    size_t total = 0;
+    for (size_t i = 0; i < PIXEL_IMAGES; ++i)
+        total += pixel_heights[i] * pixel_widths[i] * 3;
+    unsigned char *data = allocate(total);
+    size_t *offsets = allocate((PIXEL_IMAGES + 1) * sizeof(size_t));
+    uint64_t state = 0x9e3779b97f4a7c15ull;
+    size_t at = 0;
+    for (size_t i = 0; i < PIXEL_IMAGES; ++i) {
+        offsets[i] = at;
+        for (size_t y = 0; y < pixel_heights[i]; ++y)
+            for (size_t x = 0; x < pixel_widths[i]; ++x)
+                for (size_t c = 0; c < 3; ++c)
+                    data[at++] =
+                        (unsigned char)((x * (c + 1) + y * (3 - c)) % 224 + bench_xorshift(&state) % 32);
+    }
+    offsets[PIXEL_IMAGES] = at;
+    return (uform_tape_t){.data = data, .offsets = offsets, .count = PIXEL_IMAGES, .length = at};
 }
 
 /* The paths LIST names, one a line, end to end. */
@@ -139,7 +170,7 @@ static double cosine(float const *a, float const *b, size_t n) {
  * an item did not match or a call failed, 0 otherwise (a kind the VRAM path refuses included). */
 static int compare(char const *path, uform_model_info_t const *info, side_t const *ram, side_t const *vram,
                    kind_t kind, uform_tape_t const *items, double seconds, double threshold) {
-    char const *name = kind == TEXTS ? "texts" : "images";
+    char const *name = kind == TEXTS ? "texts" : kind == IMAGES ? "images" : "pixels";
     size_t count = items->count, dims = info->dims;
     uform_encoded_t on_ram, on_vram;
     uform_status_t ram_status = encode(ram, kind, items, &on_ram);
@@ -272,6 +303,12 @@ int main(int argc, char **argv) {
         failed |= compare(path, &info, &ram, &vram, IMAGES, &images, seconds, threshold);
         free((void *)images.data);
         free((void *)images.offsets);
+    }
+    if (info.has_image) {
+        uform_tape_t pixels = make_pixels();
+        failed |= compare(path, &info, &ram, &vram, PIXELS, &pixels, seconds, threshold);
+        free((void *)pixels.data);
+        free((void *)pixels.offsets);
     }
     uform_arena_free(vram.arena);
     uform_arena_free(ram.arena);

@@ -519,8 +519,9 @@ UFORM_EXPORT uform_status_t uform_model_load_ram(uform_model_load_args_t const *
  * family's: CLIP's, SigLIP's, UForm 3's), and towers with the engine's own settings; the verbs of a tower it
  * does not place (an image tower pooled by the mean) answer UFORM_UNSUPPORTED naming the setting it lacks,
  * and a model with no tower it places is refused so at load; image_encode_pixels of a model with Pillow's
- * resampling, register tokens or the attention-pooling head answers UFORM_UNSUPPORTED (docs/DESIGN.md,
- * "Pretrained families on VRAM executors"). */
+ * resampling, register tokens or the attention-pooling head prepares the pixels on the host, as image files
+ * are, and answers UFORM_UNSUPPORTED for pixels in device memory (docs/DESIGN.md, "Pretrained families on
+ * VRAM executors"). */
 UFORM_EXPORT uform_status_t uform_model_load_vram(uform_model_load_args_t const *args);
 
 /* Takes the model a final, successful load produced: the caller then owns it. Answers NULL if the

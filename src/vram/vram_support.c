@@ -32,16 +32,16 @@ static char const *image_refusal(uform_model_info_t const *info) {
 char const *vram_pixels_refusal(uform_model_info_t const *info) {
     uform_transformer_info_t const *image = &info->image.transformer;
     if (image->registers || !image->class_token || image->pooling != UFORM_POOLING_FIRST)
-        return "image_encode_pixels on a VRAM executor assembles a class token and patches, pooled at the "
-               "class token, only: a tower with register tokens (UForm 3's large one) or the "
-               "attention-pooling head (SigLIP's) runs image files and encoded images here, and pixels on "
-               "host executors";
+        return "image_encode_pixels in device memory: the device front end assembles a class token and "
+               "patches, pooled at the class token, only; a tower with register tokens (UForm 3's large "
+               "one) or the attention-pooling head (SigLIP's) takes pixels in host memory, which the host "
+               "prepares";
     if (info->image.resize == UFORM_RESIZE_SHORT_SIDE &&
         info->image.resample == UFORM_RESAMPLE_FLOAT_BILINEAR)
         return NULL;
-    return "image_encode_pixels on a VRAM executor resizes on the device with the engine's float bilinear "
-           "filter only: this model's front end (Pillow's resampling and crop) runs for image files and "
-           "encoded images here, and for pixels on host executors";
+    return "image_encode_pixels in device memory: the device front end resizes with the engine's float "
+           "bilinear filter only; this model's (Pillow's resampling and crop) takes pixels in host memory, "
+           "which the host prepares";
 }
 
 static char const *text_refusal(uform_model_info_t const *info) {

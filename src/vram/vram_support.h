@@ -13,7 +13,8 @@
  *   CLIP's, UForm 3's), and image towers of patches alone pooled by the attention-pooling head (SigLIP's),
  *   their items prepared on the host as host executors prepare them (Pillow's resampling included);
  *   pixels resized on the device with the engine's float bilinear filter, into a class token and
- *   patches pooled at the class token, only (vram_pixels_refusal);
+ *   patches pooled at the class token; other towers' pixels prepared on the host as image files are,
+ *   where the host can read them (vram_pixels_refusal);
  * - audio towers with the engine's own settings.
  * It does not run image towers pooled by the mean, or the attention-pooling head over a class token or
  * registers. */
@@ -25,8 +26,10 @@
  * else a static message naming the first setting it lacks, for a UFORM_UNSUPPORTED answer. */
 char const *vram_tower_refusal(uform_model_info_t const *info, char const *name);
 
-/* NULL when image_encode_pixels on a VRAM executor prepares the model's images as host executors do
- * (the engine's short-side float bilinear front end), else a static message for UFORM_UNSUPPORTED. */
+/* NULL when the device front end of image_encode_pixels on a VRAM executor prepares the model's images
+ * as host executors do (the engine's short-side float bilinear filter, a class token, pooled there); else
+ * why not, a static message: such pixels are prepared on the host, and refused with it (UFORM_UNSUPPORTED)
+ * only where they are in device memory, which the host does not read. */
 char const *vram_pixels_refusal(uform_model_info_t const *info);
 
 /* NULL when the VRAM path runs some tower `info` has (a load then places those it runs, and the verbs of

@@ -16,8 +16,14 @@ static char const *vram_unplaced(encode_request_t const *request, char const *na
 static uform_status_t vram_image_verb(char const *entry, image_request_t const *request) {
     uform_model_t const *model = request->encode.model;
     char const *refusal = vram_unplaced(&request->encode, "image", model->device->replicas[0].has_image);
-    if (!refusal && request->input == IMAGE_INPUT_PIXELS) refusal = vram_pixels_refusal(&model->header.info);
     if (refusal) return call_refuse(request->encode.outcome, UFORM_UNSUPPORTED, entry, refusal);
+    /* Pixels the device front end does not prepare as the model's own does: on the host, as image files
+     * are, where the host reads them. */
+    char const *on_host =
+        request->input == IMAGE_INPUT_PIXELS ? vram_pixels_refusal(&model->header.info) : NULL;
+    if (on_host && vram_memory(request->encode.tape.data) == VRAM_ON_DEVICE)
+        return call_refuse(request->encode.outcome, UFORM_UNSUPPORTED, entry, on_host);
+    if (on_host) return vram_media_encode(entry, request, NULL);
     return vram_image_encode(entry, request);
 }
 
