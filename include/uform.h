@@ -472,8 +472,9 @@ typedef struct uform_load_config {
 
 typedef struct uform_model_load_args {
     uform_executor_t *executor;        /* where the weights go and the reads run; NULL: the calling thread */
-    char const *path; /* a format-4 safetensors checkpoint, or a pretrained model's folder; read until the
-                         call is final */
+    char const *path; /* a format-4 safetensors checkpoint, or a pretrained model's folder (or, where no
+                         such file or folder exists, a hub id: uform_hub_folder); read until the call is
+                         final */
     uform_load_config_t const *config; /* NULL: defaults */
     uform_model_t **model;    /* blocking calls: receives the model; deferred: see uform_outcome_model */
     uform_outcome_t *outcome; /* NULL: blocking */
@@ -491,11 +492,25 @@ typedef struct uform_model_load_args {
  * byte was a string's closing quote). */
 UFORM_EXPORT uform_status_t uform_model_load_ram(uform_model_load_args_t const *args);
 
+/* The folder of a model in the local cache that Hugging Face's hub libraries (huggingface_hub,
+ * transformers, sentence-transformers) download into, found as huggingface_hub finds it offline
+ * (snapshot_download(id, revision=REVISION, local_files_only=True)); never downloads. `id` is NAME or
+ * OWNER/NAME ("sentence-transformers/all-MiniLM-L6-v2"), then "@REVISION" for another revision than main:
+ * a branch or tag (the commit its refs/ file names) or a commit's 40 hex digits. The cache is
+ * $HF_HUB_CACHE, else $HUGGINGFACE_HUB_CACHE, else $HF_HOME/hub, else $XDG_CACHE_HOME/huggingface/hub,
+ * else ~/.cache/huggingface/hub (a leading "~/" read as $HOME; other variables in them are not expanded).
+ * Copies the snapshot folder's path into `folder` (`capacity` bytes, NUL-terminated), its length into
+ * `*length`. Answers UFORM_OK, UFORM_INVALID_ARGUMENT (a NULL argument, an `id` that is not one, a path of
+ * `capacity` bytes or more), UFORM_IO (not cached: the message names the folder looked in). Blocks for a
+ * few stat(2) calls and one small read. uform_model_load_ram and _vram take such an id as their path where
+ * no file or folder of that name exists. */
+UFORM_EXPORT uform_status_t uform_hub_folder(char const *id, char *folder, size_t capacity, size_t *length);
+
 /* Pretrained models load from their folders as published on the Hugging Face hub, read in place: `path`
- * names the folder. Its configuration becomes the block's settings of the one transformer
- * (uform_transformer_info_t), its safetensors weights (F32, F16 or BF16) BF16 tensors of the engine's
- * schema (or I8 with UFORM_WEIGHTS_I8), its tokenizer the model's (tokenizer.json, or a SentencePiece model).
- * Families, each checked against its reference implementation:
+ * names the folder, or its hub id in the local cache (uform_hub_folder). Its configuration becomes the
+ * block's settings of the one transformer (uform_transformer_info_t), its safetensors weights (F32, F16 or
+ * BF16) BF16 tensors of the engine's schema (or I8 with UFORM_WEIGHTS_I8), its tokenizer the model's
+ * (tokenizer.json, or a SentencePiece model). Families, each checked against its reference implementation:
  *   - UForm 3 (unum-cloud/uform3-image-text-*: config.json with text_encoder and image_encoder,
  *     text_encoder.safetensors, image_encoder.safetensors): both towers, as PyPI's `uform` 3.1.3 runs them;
  *     register tokens (the large model's) are refused;

@@ -33,6 +33,21 @@ def test_library(library: Library) raises:
     check(kernels[2].startswith("amx: "), "uform_kernels gives AMX's state")
     check(Status.IO.name() == library.status_name(Status.IO), "Status.name matches the engine")
     check(Status.MISSING_SYMBOL.name() == library.status_name(Status.MISSING_SYMBOL), "the last status name")
+    var not_id = Optional[UFormError](None)
+    try:
+        _ = library.hub_folder("owner/../x")
+    except error:
+        not_id = error.copy()
+    check(Bool(not_id), "uform_hub_folder refuses what is no hub id")
+    check(not_id.value().status == Status.INVALID_ARGUMENT, "a malformed hub id is Status.INVALID_ARGUMENT")
+    var not_cached = Optional[UFormError](None)
+    try:
+        _ = library.hub_folder("uform-tests/never-cached")
+    except error:
+        not_cached = error.copy()
+    check(Bool(not_cached), "uform_hub_folder raises for a model not cached")
+    check(not_cached.value().status == Status.IO, "a model not cached is Status.IO")
+    check(not_cached.value().entry() == "uform_hub_folder", "its entry point")
 
 
 def test_error(library: Library) raises:

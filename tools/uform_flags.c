@@ -195,7 +195,8 @@ int command_flags_parse(command_spec_t const *spec, int argc, char **argv, bool 
 
 command_flag_t command_flag_model(char const **model) {
     return (command_flag_t){"--model", FLAG_STRING, model, .value = "PATH",
-                            .help = "the checkpoint; default: the default model (below)"};
+                            .help = "the checkpoint, a pretrained folder, or a hub id in the local\n"
+                                    "Hugging Face cache; default: the default model (below)"};
 }
 
 command_flag_t command_flag_threads(size_t *threads) {

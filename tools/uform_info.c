@@ -213,7 +213,8 @@ int command_info(int argc, char **argv) {
     bool json = false, help_shown = false;
     command_flag_t const flags[] = {
         {"--model", FLAG_STRING, &given, .value = "PATH",
-         .help = "a checkpoint (format-4 safetensors) or a pretrained model's folder;\n"
+         .help = "a checkpoint (format-4 safetensors) or a pretrained model's folder, or\n"
+                 "a hub id in the local Hugging Face cache (OWNER/NAME[@REVISION]);\n"
                  "default: the default model"},
         {"--json", FLAG_SWITCH, &json, .help = "one JSON object instead of text"},
         {NULL},

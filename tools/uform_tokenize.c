@@ -1,9 +1,11 @@
 /* uform tokenize: the token ids and byte spans of texts from the arguments, standard input or a JSONL
  * manifest, cut by a tokenizer file (or a model folder's) in batches on a RAM executor, one JSON line
  * per text. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "uform_command.h"
 
@@ -55,7 +57,8 @@ static int parse_flags(int argc, char **argv, tokenize_flags_t *flags) {
          .help = "a tokenizer.json (Hugging Face tokenizers' format), or a SentencePiece .model"},
         {"--model", FLAG_STRING, &flags->model, .value = "PATH",
          .help = "a model folder as published (its tokenizer.json, or its spiece.model or\n"
-                 "sentencepiece.bpe.model with tokenizer_config.json), or a tokenizer file"},
+                 "sentencepiece.bpe.model with tokenizer_config.json), or a tokenizer file;\n"
+                 "where none of that name exists, a hub id in the local Hugging Face cache"},
         {"--manifest", FLAG_STRING, &flags->manifest, .value = "PATH",
          .help = "a JSONL file of {\"text\": ...} objects, one per line ('-': standard input);\n"
                  "texts may then hold newlines"},
@@ -214,6 +217,13 @@ int command_tokenize(int argc, char **argv) {
                             path);
         goto done;
     }
+    /* A model named by its hub id where no such file or folder exists, as the other commands load it. */
+    char folder[4096];
+    size_t folder_length = 0;
+    struct stat status;
+    if (flags.model && stat(path, &status) != 0 && errno == ENOENT &&
+        uform_hub_folder(path, folder, sizeof folder, &folder_length) == UFORM_OK)
+        path = folder;
     uform_ram_options_t options = uform_ram_options_default();
     options.threads = flags.threads;
     run.config.without_special_tokens = flags.plain;

@@ -590,5 +590,6 @@ comptime FnNotifyRing = def(Raw, c_int, UInt64) thin abi("C") -> CStatus
 comptime FnTokenizerParse = def(Raw, c_size_t, Raw) thin abi("C") -> CStatus
 comptime FnTokenizerToken = def(RawOpt, UInt32, Raw, Raw) thin abi("C") -> CStatus
 comptime FnModelPrompt = def(RawOpt, RawOpt, Raw, c_size_t, Raw) thin abi("C") -> CStatus
+comptime FnHubFolder = def(Raw, Raw, c_size_t, Raw) thin abi("C") -> CStatus
 # A structure returned by value: Mojo 1.2 passes the hidden result pointer (sret) as C does (40 bytes here).
 comptime FnRamOptionsDefault = def() thin abi("C") -> CRamOptions

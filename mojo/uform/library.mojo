@@ -236,6 +236,7 @@ struct _Symbols(Movable):
     var outcome_tokenized: FnStatusOfRawRaw
     var tokenizer_token: FnTokenizerToken
     var model_prompt: FnModelPrompt
+    var hub_folder: FnHubFolder
 
     def __init__(out self, var handle: OwnedDLHandle) raises Error:
         self.status_name = _resolve[FnStatusName](handle, "uform_status_name")
@@ -308,6 +309,7 @@ struct _Symbols(Movable):
         self.outcome_tokenized = _resolve[FnStatusOfRawRaw](handle, "uform_outcome_tokenized")
         self.tokenizer_token = _resolve[FnTokenizerToken](handle, "uform_tokenizer_token")
         self.model_prompt = _resolve[FnModelPrompt](handle, "uform_model_prompt")
+        self.hub_folder = _resolve[FnHubFolder](handle, "uform_hub_folder")
         self.handle = handle^
 
 
@@ -369,6 +371,23 @@ struct Library(ImplicitlyCopyable):
         var amx: RawOpt = None
         var path = self._symbols[].kernels(_raw(Pointer(to=reason)), _raw(Pointer(to=amx)))
         return (String(_static(path)), _text_of(reason), _text_of(amx))
+
+    def hub_folder(self, id: String) raises Error -> String:
+        """`uform_hub_folder`: the folder of hub model `id` ("OWNER/NAME", then "@REVISION" if not main) in
+        the local Hugging Face cache, as huggingface_hub finds it offline; raises IO when it is not cached.
+        `Model.load` takes such an id as its path where no file or folder of that name exists."""
+        var c_id = List[UInt8](id.as_bytes())
+        c_id.append(0)
+        var buffer = List[UInt8](length=4096, fill=0)
+        var length: c_size_t = 0
+        var status = self._symbols[].hub_folder(_raw(c_id.unsafe_ptr()), _raw(buffer.unsafe_ptr()),
+                                                c_size_t(len(buffer)), _raw(Pointer(to=length)))
+        _ = c_id^  # read by the call: alive until it returned
+        self._check(status)
+        var bytes = List[UInt8]()
+        for i in range(Int(length)):
+            bytes.append(buffer[i])
+        return String(unsafe_from_utf8=bytes)
 
     def status_name(self, status: Status) -> StaticString:
         return _static(self._symbols[].status_name(status.code))

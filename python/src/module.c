@@ -120,6 +120,17 @@ static PyObject *module_kernels(PyObject *self, PyObject *unused) {
     return Py_BuildValue("{s:s,s:s,s:s}", "path", path, "reason", reason, "amx", amx);
 }
 
+static PyObject *module_hub_folder(PyObject *self, PyObject *id) {
+    (void)self;
+    char const *text = PyUnicode_AsUTF8(id);
+    if (!text) return NULL;
+    char folder[4096];
+    size_t length = 0;
+    uform_status_t status = uform_hub_folder(text, folder, sizeof folder, &length);
+    if (status != UFORM_OK) return binding_raise_last(status);
+    return PyUnicode_DecodeFSDefaultAndSize(folder, (Py_ssize_t)length);
+}
+
 static PyObject *module_status_name(PyObject *self, PyObject *status) {
     (void)self;
     long value = PyLong_AsLong(status);
@@ -132,9 +143,17 @@ static PyMethodDef module_methods[] = {
      "features() -> frozenset[str]\n\nThe optional features this build of the engine has: 'jpeg', 'spng', "
      "'tokenizers', 'uring', ..."},
     {"kernels", module_kernels, METH_NOARGS,
-     "kernels() -> dict[str, str]\n\nThe CPU kernel path this process computes on, chosen once for it: 'path' "
+     "kernels() -> dict[str, str]\n\nThe CPU kernel path this process computes on, chosen once for it: "
+     "'path' "
      "('avx512bf16', 'avx2', 'neon', ...), 'reason' (why it was chosen: the dispatcher's rule, or "
      "UFORM_KERNELS), 'amx' (whether Intel AMX's tiles are used, and why not)."},
+    {"hub_folder", module_hub_folder, METH_O,
+     "hub_folder(id: str) -> str\n\nThe folder of hub model `id` ('OWNER/NAME', then '@REVISION' if not "
+     "main) "
+     "in the local Hugging Face cache, as huggingface_hub finds it offline (HF_HUB_CACHE, HF_HOME, ...); "
+     "raises InputOutputError when it is not cached. Model() takes such an id where no file or folder of "
+     "that name "
+     "exists."},
     {"status_name", module_status_name, METH_O,
      "status_name(status: int) -> str\n\nThe engine's short name of a status: 'ok', 'io', 'format', ..."},
     {NULL, NULL, 0, NULL},

@@ -42,6 +42,7 @@ from ._uform import (
     UnsupportedError,
     convert_checkpoint,
     features,
+    hub_folder,
     kernels,
     quantize_checkpoint,
     status_name,
@@ -53,7 +54,7 @@ __version__ = "{}.{}.{}".format(*_uform.version)
 __all__ = [
     "Answer", "ArrowRows", "CancelledError", "ContendedError", "DeviceError", "Encoded", "Error", "Executor",
     "FormatError", "InputOutputError", "InternalError", "InvalidArgumentError", "Model", "ModelInfo", "OutOfMemoryError",
-    "Tokenized", "Tokenizer", "UnsupportedError", "arrow", "convert_checkpoint", "features", "kernels",
+    "Tokenized", "Tokenizer", "UnsupportedError", "arrow", "convert_checkpoint", "features", "hub_folder", "kernels",
     "quantize_checkpoint", "status_name", "tiny_checkpoint", "tokenize", "__version__",
 ]
 
@@ -140,10 +141,11 @@ class Model(_uform.Model):
 
     ``Model(path, *, executor=None, weights="stored", map=False)``: ``path`` is a format-4 checkpoint
     (``.safetensors``) or a pretrained model's folder (UForm 3, CLIP, SigLIP, BERT-family
-    sentence-transformers); ``executor`` where it loads and where its calls run by default (None: a new
-    ``Executor.ram()``; an ``Executor.vram()`` loads the checkpoint into its devices' memory, which takes
-    neither pretrained folders nor I8 weights); ``weights`` "stored", "bf16" or "i8"; ``map`` maps the file
-    instead of reading it. A model may be used by several executors, one per thread, at once.
+    sentence-transformers), or where no such file or folder exists a hub id in the local Hugging Face cache
+    ("sentence-transformers/all-MiniLM-L6-v2", see ``hub_folder``); ``executor`` where it loads and where its
+    calls run by default (None: a new ``Executor.ram()``; an ``Executor.vram()`` loads it into its devices'
+    memory, which takes no I8 weights); ``weights`` "stored", "bf16" or "i8"; ``map`` maps the file instead
+    of reading it. A model may be used by several executors, one per thread, at once.
     """
 
     @property

@@ -10,10 +10,13 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdio.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "call.h"
+#include "hub_cache.h"
 #include "model.h"
 #include "model_load.h"
 #include "pretrained.h"
@@ -454,10 +457,26 @@ uform_status_t model_load(uform_model_load_args_t const *args, model_load_target
     if (!executor)
         return call_refuse(outcome, UFORM_OUT_OF_MEMORY, entry, "cannot make the calling thread's executor");
 
-    load_call_t *load = calloc(1, sizeof *load + target->state_bytes);
+    /* A path that names no file or folder but a hub id: the snapshot folder in the local cache, kept
+     * after the load's state. */
+    char hub_path[4096];
+    size_t hub_bytes = 0;
+    struct stat status;
+    hub_id_t id;
+    if (stat(args->path, &status) != 0 && errno == ENOENT && hub_id_parse(args->path, &id)) {
+        char text[UFORM_ERROR_MESSAGE_SIZE], message[UFORM_ERROR_MESSAGE_SIZE];
+        char const *why = NULL;
+        if (hub_folder(args->path, hub_path, sizeof hub_path, &why, text) != UFORM_OK) {
+            snprintf(message, sizeof message, "no such file or folder; %s", why);
+            return call_refuse(outcome, UFORM_IO, entry, message);
+        }
+        hub_bytes = strlen(hub_path) + 1;
+    }
+    load_call_t *load = calloc(1, sizeof *load + target->state_bytes + hub_bytes);
     if (!load) return call_refuse(outcome, UFORM_OUT_OF_MEMORY, entry, "cannot allocate the load");
     load->target = target;
     load->path = args->path;
+    if (hub_bytes) load->path = memcpy(load->target_state + target->state_bytes, hub_path, hub_bytes);
     load->fd = -1;
     load->next_step = 1;
     if (args->config) {

@@ -621,11 +621,194 @@ static void model_lends_its_tokenizer(void **state) {
     remove_file("tiny.safetensors");
 }
 
+/* ---- hub ids in the local Hugging Face cache ------------------------------------------------------ */
+
+#define COMMIT_A "0123456789abcdef0123456789abcdef01234567"
+#define COMMIT_B "fedcba9876543210fedcba9876543210fedcba98"
+
+static char hub_root[300];
+
+/* `cache`/models--owner--tiny-bert as huggingface_hub lays it out: refs/main names COMMIT_A, refs/v1
+ * COMMIT_B (with a newline); each snapshot a folder of links to the written folder's files. */
+static void hub_cache_write(char const *cache) {
+    char path[768], target[768];
+    char const *const folders[] = {"", "/models--owner--tiny-bert", "/models--owner--tiny-bert/refs",
+                                   "/models--owner--tiny-bert/snapshots"};
+    for (size_t i = 0; i < 4; ++i) {
+        snprintf(path, sizeof path, "%s%s", cache, folders[i]);
+        assert_true(mkdir(path, 0700) == 0);
+    }
+    char const *const commits[] = {COMMIT_A, COMMIT_B};
+    char const *const files[] = {"config.json",  "model.safetensors",         "tokenizer.json",
+                                 "modules.json", "sentence_bert_config.json", "1_Pooling/config.json"};
+    for (size_t c = 0; c < 2; ++c) {
+        char const *const subfolders[] = {"", "/1_Pooling", "/2_Normalize"};
+        for (size_t i = 0; i < 3; ++i) {
+            snprintf(path, sizeof path, "%s/models--owner--tiny-bert/snapshots/%s%s", cache, commits[c],
+                     subfolders[i]);
+            assert_true(mkdir(path, 0700) == 0);
+        }
+        for (size_t i = 0; i < sizeof files / sizeof *files; ++i) {
+            snprintf(path, sizeof path, "%s/models--owner--tiny-bert/snapshots/%s/%s", cache, commits[c],
+                     files[i]);
+            snprintf(target, sizeof target, "%s/%s", folder, files[i]);
+            assert_true(symlink(target, path) == 0);
+        }
+    }
+    FILE *file;
+    snprintf(path, sizeof path, "%s/models--owner--tiny-bert/refs/main", cache);
+    assert_non_null(file = fopen(path, "w"));
+    fputs(COMMIT_A, file);
+    fclose(file);
+    snprintf(path, sizeof path, "%s/models--owner--tiny-bert/refs/v1", cache);
+    assert_non_null(file = fopen(path, "w"));
+    fputs(COMMIT_B "\n", file);
+    fclose(file);
+}
+
+static void hub_expect(char const *id, char const *cache, char const *commit) {
+    char found[1024], expected[1024];
+    size_t length = 0;
+    assert_int_equal(uform_hub_folder(id, found, sizeof found, &length), UFORM_OK);
+    snprintf(expected, sizeof expected, "%s/models--owner--tiny-bert/snapshots/%s", cache, commit);
+    assert_string_equal(found, expected);
+    assert_int_equal(length, strlen(expected));
+}
+
+static void hub_environment_clear(void) {
+    char const *const names[] = {"HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME"};
+    for (size_t i = 0; i < 4; ++i)
+        unsetenv(names[i]);
+}
+
+/* A hub id finds its snapshot as huggingface_hub does offline: every revision form, every variable that
+ * places the cache; loads through the links to the same embeddings as the folder; a path that exists is
+ * read as a path first; ids that are not ones, and models not cached, fail clearly. */
+static void hub_ids_find_cached_snapshots(void **state) {
+    (void)state;
+    write_folder();
+    char const *home = getenv("HOME");
+    char saved_home[512] = "";
+    if (home) snprintf(saved_home, sizeof saved_home, "%s", home);
+    snprintf(hub_root, sizeof hub_root, "%s-hub", folder);
+    assert_true(mkdir(hub_root, 0700) == 0);
+    char cache[512];
+    snprintf(cache, sizeof cache, "%s/hub", hub_root);
+    hub_cache_write(cache);
+
+    hub_environment_clear();
+    setenv("HF_HUB_CACHE", cache, 1);
+    hub_expect("owner/tiny-bert", cache, COMMIT_A);
+    hub_expect("owner/tiny-bert@main", cache, COMMIT_A);
+    hub_expect("owner/tiny-bert@v1", cache, COMMIT_B);
+    hub_expect("owner/tiny-bert@" COMMIT_B, cache, COMMIT_B);
+
+    /* Loaded by its id, through the links: the folder's embeddings, bit for bit. */
+    char const *const texts[] = {"a cat sits on the mat", "stock markets"};
+    float direct[2 * HIDDEN], hub[2 * HIDDEN];
+    uform_status_t statuses[2];
+    uform_model_t *model = NULL;
+    assert_int_equal(load(&model), UFORM_OK);
+    assert_int_equal(embed(model, texts, 2, direct, statuses, NULL), UFORM_OK);
+    uform_model_free(model);
+    model = NULL;
+    uform_model_load_args_t args = {.path = "owner/tiny-bert@v1", .model = &model};
+    assert_int_equal(uform_model_load_ram(&args), UFORM_OK);
+    assert_int_equal(embed(model, texts, 2, hub, statuses, NULL), UFORM_OK);
+    assert_memory_equal(direct, hub, sizeof hub);
+    uform_model_free(model);
+
+    /* Not cached: UFORM_IO naming where it looked; the revision's ref or snapshot missing alike. */
+    char const *const absent[] = {"owner/absent", "owner/tiny-bert@v2", "tiny-bert",
+                                  "owner/tiny-bert@" COMMIT_A "0"};
+    for (size_t i = 0; i < sizeof absent / sizeof *absent; ++i) {
+        char found[256];
+        size_t length = 1;
+        /* (41 digits are a branch's name, and no such ref is there) */
+        assert_int_equal(uform_hub_folder(absent[i], found, sizeof found, &length), UFORM_IO);
+        assert_int_equal(length, 0);
+        assert_non_null(strstr(uform_last_error().message, "not in the Hugging Face cache"));
+        args.path = absent[i];
+        model = NULL;
+        assert_int_equal(uform_model_load_ram(&args), UFORM_IO);
+        assert_non_null(strstr(uform_last_error().message, "no such file or folder"));
+        assert_null(model);
+    }
+    /* Not ids: refused as such; their loads fail as paths that do not exist. */
+    char const *const not_ids[] = {
+        "",         "owner//tiny-bert", "a/b/c",        "../tiny-bert",    "owner/tiny--bert", "-owner/x",
+        "owner/x.", "owner/x@",         "owner/x@../y", "owner/x@refs//y", "owner/x@/y",       "owner/x y"};
+    for (size_t i = 0; i < sizeof not_ids / sizeof *not_ids; ++i) {
+        char found[256];
+        size_t length = 1;
+        assert_int_equal(uform_hub_folder(not_ids[i], found, sizeof found, &length), UFORM_INVALID_ARGUMENT);
+        assert_int_equal(length, 0);
+    }
+    args.path = "owner//tiny-bert";
+    assert_int_equal(uform_model_load_ram(&args), UFORM_IO);
+    char small[8];
+    size_t length = 0;
+    assert_int_equal(uform_hub_folder("owner/tiny-bert", small, sizeof small, &length),
+                     UFORM_INVALID_ARGUMENT);
+    assert_int_equal(uform_hub_folder(NULL, small, sizeof small, &length), UFORM_INVALID_ARGUMENT);
+    assert_int_equal(uform_hub_folder("owner/tiny-bert", NULL, 0, &length), UFORM_INVALID_ARGUMENT);
+    assert_int_equal(uform_hub_folder("owner/tiny-bert", small, sizeof small, NULL), UFORM_INVALID_ARGUMENT);
+
+    /* Where the cache is: HUGGINGFACE_HUB_CACHE, HF_HOME/hub, XDG_CACHE_HOME/huggingface/hub,
+     * ~/.cache/huggingface/hub, and "~/" in a variable read as $HOME. */
+    char place[600], link[700];
+    hub_environment_clear();
+    setenv("HUGGINGFACE_HUB_CACHE", cache, 1);
+    hub_expect("owner/tiny-bert", cache, COMMIT_A);
+    hub_environment_clear();
+    setenv("HF_HOME", hub_root, 1);
+    hub_expect("owner/tiny-bert", cache, COMMIT_A);
+    hub_environment_clear();
+    snprintf(place, sizeof place, "%s/xdg", hub_root);
+    assert_true(mkdir(place, 0700) == 0);
+    snprintf(link, sizeof link, "%s/huggingface", place);
+    assert_true(symlink(hub_root, link) == 0);
+    setenv("XDG_CACHE_HOME", place, 1);
+    snprintf(link, sizeof link, "%s/huggingface/hub", place);
+    hub_expect("owner/tiny-bert", link, COMMIT_A);
+    hub_environment_clear();
+    snprintf(place, sizeof place, "%s/.cache", hub_root);
+    assert_true(mkdir(place, 0700) == 0);
+    snprintf(link, sizeof link, "%s/huggingface", place);
+    assert_true(symlink(hub_root, link) == 0);
+    setenv("HOME", hub_root, 1);
+    snprintf(link, sizeof link, "%s/.cache/huggingface/hub", hub_root);
+    hub_expect("owner/tiny-bert", link, COMMIT_A);
+    setenv("HF_HUB_CACHE", "~/hub", 1);
+    hub_expect("owner/tiny-bert", cache, COMMIT_A);
+
+    /* A path that exists is read as one: "owner/tiny-bert" under the working folder, a file that is no
+     * checkpoint, fails as that file (UFORM_FORMAT), though the cache holds the model. */
+    char working[512];
+    assert_non_null(getcwd(working, sizeof working));
+    assert_int_equal(chdir(hub_root), 0);
+    assert_int_equal(mkdir("owner", 0700), 0);
+    FILE *file = fopen("owner/tiny-bert", "w");
+    assert_non_null(file);
+    fputs("not a checkpoint, but long enough to read", file);
+    fclose(file);
+    args.path = "owner/tiny-bert";
+    assert_int_equal(uform_model_load_ram(&args), UFORM_FORMAT);
+    assert_int_equal(chdir(working), 0);
+
+    hub_environment_clear();
+    if (saved_home[0]) setenv("HOME", saved_home, 1);
+    char command[700];
+    snprintf(command, sizeof command, "rm -rf '%s'", hub_root);
+    assert_int_equal(system(command), 0);
+}
+
 int main(void) {
     struct CMUnitTest const tests[] = {
         cmocka_unit_test(folder_loads_and_describes_itself),  cmocka_unit_test(folder_encodes_texts),
         cmocka_unit_test(f16_weights_load_as_f32_ones),       cmocka_unit_test(damaged_folders_fail_clearly),
         cmocka_unit_test(token_vectors_follow_the_tokenizer), cmocka_unit_test(model_lends_its_tokenizer),
+        cmocka_unit_test(hub_ids_find_cached_snapshots),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

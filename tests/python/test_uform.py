@@ -19,12 +19,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import os
 import re
+import shutil
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import unittest
@@ -953,6 +956,64 @@ class Pretrained(unittest.TestCase):
         for texts, choices in (([b"\xff\xfe"], [b"ab"]), ([], [])):
             with self.assertRaises(uform.UnsupportedError):
                 self.model.choose(texts, choices)
+
+    def test_hub_ids_are_found_as_huggingface_hub_finds_them(self):
+        """A cache laid out as huggingface_hub downloads (blobs, snapshots of links to them, refs): each id
+        and revision found where snapshot_download(local_files_only=True) finds it, or missing for both;
+        the model loaded by its id, in the package and the command, equal to the folder's bit for bit."""
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.utils import LocalEntryNotFoundError
+
+        cache = Path(tempfile.mkdtemp(prefix="hub-", dir=options.workdir))
+        repository = cache / "models--owner--tiny-bert"
+        commits = {"main": "1" * 40, "v1.0": "2" * 40, "refs/pr/1": "3" * 40}
+        for ref, commit in commits.items():
+            for source in sorted(self.folder.rglob("*")):
+                if not source.is_file() or source.name == "folder.stamp":
+                    continue
+                blob = repository / "blobs" / hashlib.sha256(source.read_bytes()).hexdigest()
+                blob.parent.mkdir(parents=True, exist_ok=True)
+                blob.write_bytes(source.read_bytes())
+                link = repository / "snapshots" / commit / source.relative_to(self.folder)
+                link.parent.mkdir(parents=True, exist_ok=True)
+                if not link.exists():
+                    link.symlink_to(os.path.relpath(blob, link.parent))
+            (repository / "refs" / ref).parent.mkdir(parents=True, exist_ok=True)
+            (repository / "refs" / ref).write_text(commit)
+        saved = os.environ.get("HF_HUB_CACHE")
+        os.environ["HF_HUB_CACHE"] = str(cache)
+        try:
+            for revision in (None, "main", "v1.0", "refs/pr/1", "2" * 40, "v2", "4" * 40):
+                id = "owner/tiny-bert" + (f"@{revision}" if revision else "")
+                try:
+                    expected = snapshot_download("owner/tiny-bert", revision=revision, cache_dir=str(cache),
+                                                 local_files_only=True)
+                except LocalEntryNotFoundError:
+                    with self.assertRaises(uform.InputOutputError, msg=id):
+                        uform.hub_folder(id)
+                    continue
+                self.assertEqual(uform.hub_folder(id), expected, id)
+            for id in ("other/tiny-bert", "tiny-bert"):
+                with self.assertRaises(uform.InputOutputError):
+                    uform.hub_folder(id)
+            with self.assertRaises(uform.InvalidArgumentError):
+                uform.hub_folder("owner/../tiny-bert")
+            by_id = uform.Model("owner/tiny-bert@v1.0", executor=uform.Executor.inline())
+            self.assertEqual(by_id.encode_texts(TEXTS).tobytes(), self.model.encode_texts(TEXTS).tobytes())
+            self.assertEqual(engine_encode("owner/tiny-bert", TEXTS).tobytes(),
+                             engine_encode(self.folder, TEXTS).tobytes())
+            cut = [subprocess.run([options.uform, "tokenize", "--model", str(model), "--", *TEXTS], check=True,
+                                  stdout=subprocess.PIPE).stdout for model in ("owner/tiny-bert", self.folder)]
+            self.assertEqual(cut[0], cut[1])
+            with self.assertRaises(uform.InputOutputError) as caught:
+                uform.Model("owner/absent")
+            self.assertIn("not in the Hugging Face cache", caught.exception.message)
+        finally:
+            if saved is None:
+                os.environ.pop("HF_HUB_CACHE", None)
+            else:
+                os.environ["HF_HUB_CACHE"] = saved
+            shutil.rmtree(cache, ignore_errors=True)
 
     def test_prompts_are_the_folders(self):
         written = json.loads((self.folder / "config_sentence_transformers.json").read_text())
