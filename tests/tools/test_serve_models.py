@@ -20,7 +20,9 @@ Checks:
     tokenizer_unavailable), an unknown prompt_name, empty inputs, a body that is not JSON, a model that
     is not served, texts past --batch-bytes with their prompt (413 inputs_too_large);
   - the command line: --name with two models or beside a NAME=PATH, and two models of one name, are usage
-    errors (exit 2).
+    errors (exit 2);
+  - a model given by its hub id in the local Hugging Face cache (HF_HUB_CACHE) is served under that id,
+    with the folder's vectors.
 
 Needs torch, sentence-transformers and tokenizers to write the folder, and nothing else (re-run under
 a Python that has them, else exit 77, naming them). Exit status: 0 pass, 1 fail, 77 skip."""
@@ -226,6 +228,30 @@ def check_refusals(server, references):
     print(f"{len(refusals) + 2} refusals answered with their errors; both models serve after them")
 
 
+def check_hub_id(uform, workdir, folder, rows):
+    from test_serve import Server, embed
+
+    cache = workdir / "hub-cache"
+    repository = cache / "models--owner--minilm"
+    commit = "5" * 40
+    (repository / "refs").mkdir(parents=True, exist_ok=True)
+    (repository / "snapshots").mkdir(parents=True, exist_ok=True)
+    (repository / "refs" / "main").write_text(commit)
+    if not (repository / "snapshots" / commit).exists():
+        (repository / "snapshots" / commit).symlink_to(folder.resolve())
+    server = Server(uform, "owner/minilm", str(workdir), "hub", "--threads", "2",
+                    env={**os.environ, "HF_HUB_CACHE": str(cache)})
+    try:
+        assert server.names == ["owner/minilm"], server.names
+        status, _, body = embed(server.port, {"model": "owner/minilm", "input": TEXTS, "encoding_format": "float"})
+        assert status == 200 and body["model"] == "owner/minilm", body
+        assert [f32_bytes(item["embedding"]) for item in body["data"]] == rows, "vectors differ"
+        server.stop(expect=0)
+    finally:
+        server.kill()
+    print("--model OWNER/NAME: a hub id in the local cache, served under that id with the folder's vectors")
+
+
 def check_command_line(uform, demo, folder):
     for arguments, said in ((["--model", f"a={demo}", "--model", f"b={folder}", "--name", "c"], "--name names"),
                             (["--model", f"a={demo}", "--name", "c"], "--name and --model NAME=PATH"),
@@ -268,6 +294,7 @@ def main():
     finally:
         server.kill()
     check_command_line(uform, demo, folder)
+    check_hub_id(uform, workdir, folder, references["minilm"])
     return 0
 
 

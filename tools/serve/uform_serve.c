@@ -18,6 +18,7 @@
 #include <sys/select.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -109,9 +110,10 @@ static int parse_flags(int argc, char **argv, serve_flags_t *flags) {
          .help = "a model to serve, a checkpoint or a pretrained folder, named NAME in\n"
                  "requests and in /v1/models; repeated for several (at most 16), the first\n"
                  "answering requests that name none. A value whose first '=' comes before any\n"
-                 "'/' is NAME=PATH; else it is a PATH alone, named by --name (one model) or by\n"
-                 "its file or folder name without .safetensors. Default: the default model\n"
-                 "(below)"},
+                 "'/' is NAME=PATH; else it is a PATH alone, named by --name (one model), by\n"
+                 "its hub id (OWNER/NAME[@REVISION] in the local Hugging Face cache, where\n"
+                 "no such file or folder exists) or by its file or folder name without\n"
+                 ".safetensors. Default: the default model (below)"},
         {"--name", FLAG_STRING, &flags->name, .value = "NAME",
          .help = "the name of the one model served without NAME=; default: the checkpoint's\n"
                  "file name without .safetensors (tiny-42 for the default model)"},
@@ -896,10 +898,17 @@ static int serve_listen(serve_t *server, struct addrinfo **address) {
     return COMMAND_OK;
 }
 
-/* The name a model given without NAME= takes: --name where it is the only model, else its file or
- * folder name without .safetensors. */
+/* The name a model given without NAME= takes: --name where it is the only model, else the hub id it was
+ * given by (where no file or folder of that name exists), else its file or folder name without
+ * .safetensors. */
 static char *model_default_name(serve_t const *server, char const *path) {
     if (server->flags.name && server->flags.models.count <= 1) return strdup(server->flags.name);
+    struct stat status;
+    char folder[4096];
+    size_t folder_length = 0;
+    if (stat(path, &status) != 0 && errno == ENOENT &&
+        uform_hub_folder(path, folder, sizeof folder, &folder_length) == UFORM_OK)
+        return strdup(path);
     size_t length = strlen(path);
     while (length > 1 && path[length - 1] == '/') /* a folder given as "minilm/" */
         --length;
