@@ -12,8 +12,9 @@
  * CPU and the path the dispatcher chose with its reason, marks with `*` the GEMM that path runs, and ends
  * with each path's rate over the four shapes (their work over their summed time) and the chosen GEMM's ratio
  * to the fastest one measured: the dispatcher's check. It prints figures; it never fails on time.
- * bench_gemm.py runs it beside PyTorch's matmul. Usage: bench_gemm [--json] [path...]   (paths: scalar avx2
- * avxvnni avxvnni_evex avx512 avx512vnni avx512bf16 amx; default all)
+ * bench_gemm.py runs it beside PyTorch's matmul. Usage: bench_gemm [--json] [--peaks] [path...]   (paths:
+ * scalar avx2 avxvnni avxvnni_evex avx512 avx512vnni avx512bf16 amx; default all); --peaks measures the
+ * peaks alone (the end-to-end benches print them beside their figures).
  * --json prints one object per line: {"cpu", "cpus_online", "kernels"}; {"<peak>_peak", "threads", "path",
  * "kind"} per peak measured (fma_ymm, fma_zmm, dpbf16, maddwd, dpbusd_vex, dpbusd_ymm, dpbusd_zmm, and
  * amx_bf16 and amx_i8 where the amx path runs: four independent tile multiplies a step), with
@@ -610,9 +611,11 @@ static int measure_shape(team_t *team, inputs_t const *in, shape_t const *shape,
 }
 
 int main(int argc, char **argv) {
-    bool json = false;
-    for (int i = 1; i < argc; ++i)
+    bool json = false, peaks_only = false;
+    for (int i = 1; i < argc; ++i) {
         json |= !strcmp(argv[i], "--json");
+        peaks_only |= !strcmp(argv[i], "--peaks");
+    }
     static size_t const shapes[][2] = {{2304, 768}, {768, 768}, {3072, 768}, {768, 3072}}; /* (n, k) */
     static char const *const shape_names[] = {"qkv", "out", "up", "down"};
 
@@ -636,6 +639,13 @@ int main(int argc, char **argv) {
 
     double peaks[sizeof peaks_table / sizeof peaks_table[0]][THREADS_MAX + 1] = {{0}};
     measure_peaks(json, &team, threads_max, peaks);
+    if (peaks_only) {
+        if (threads_max > 1) {
+            atomic_store(&team.quit, true);
+            pthread_join(helper, NULL);
+        }
+        return 0;
+    }
     size_t k_max = 3072, n_max = 3072;
     inputs_t in = {.x = aligned_alloc(64, TOKENS * k_max * sizeof(float)),
                    .bias = aligned_alloc(64, n_max * sizeof(float)),

@@ -20,13 +20,18 @@ folder's max_seq_length (256 tokens), mean-pooled and normalized, as sentence-tr
       tokenizer's batches in the same order, the mean pooling and normalization in NumPy; intra-op threads
       N, sequential; float32, and the same model quantized by onnxruntime.quantization.quantize_dynamic
       (int8 weights, activations quantized as it runs; it needs the onnx package).
-Agreement with sentence-transformers in float32 is printed as the minimum cosine over the texts. It prints
+Agreement with sentence-transformers in float32 is printed as the minimum cosine over the texts. Then the
+model's work over the texts (its linear layers, 2 x tokens x (4 H^2 + 2 H M) per block, and attention, 4 x
+tokens^2 x H per block and text) and each run's rate in GFLOP/s of it, as a share of the machine's peak that
+`bench_gemm --peaks` measures in the same run (the fastest BF16 instruction's for the float and bfloat16
+runs, the fastest INT8 one's for the int8 runs), with the share 3x PyTorch bf16 would take. It prints
 figures and ratios and never fails on time; a missing piece is printed as such and the rest still runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import platform
@@ -205,10 +210,71 @@ def bench_ort(folder: Path, workdir: Path, texts: list, threads: int, kind: str)
 # ---------------------------------------------------------------------------------------------------
 
 
-def measure_and_print(runs: list, threads: list, unit: str) -> None:
+def machine_peaks(build: Path) -> dict:
+    """`bench_gemm --peaks --json`: {(kind, threads): (GFLOP/s or GOP/s, instruction)}, the fastest BF16
+    ("bf16") and INT8 ("i8") instruction's chains at each thread count; empty where it is not built."""
+    exe = build / "bench" / "bench_gemm"
+    if not exe.exists():
+        return {}
+    ran = subprocess.run([str(exe), "--peaks", "--json"], capture_output=True, text=True)
+    peaks = {}
+    for line in ran.stdout.splitlines():
+        item = json.loads(line)
+        for key, value in item.items():
+            if key.endswith("_peak") and value:
+                slot = (item["kind"], int(item["threads"]))
+                if value > peaks.get(slot, (0.0, ""))[0]:
+                    peaks[slot] = (float(value), key[:-len("_peak")])
+    return peaks
+
+
+def model_work(folder: Path, counts) -> tuple[float, float]:
+    """The GFLOP of the folder's BERT over texts of `counts` tokens: (linear layers, attention)."""
+    config = json.loads((folder / "config.json").read_text())
+    hidden, mlp, blocks = config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]
+    counts = np.asarray(counts, dtype=np.float64)
+    linear = 2.0 * counts.sum() * (4 * hidden * hidden + 2 * hidden * mlp) * blocks
+    attention = 4.0 * (counts * counts).sum() * hidden * blocks
+    return linear / 1e9, attention / 1e9
+
+
+def print_work(runs: list, figures: dict, threads: list, texts: int, work: tuple, peaks: dict) -> None:
+    """Each run's GFLOP/s of the model's work and its share of the peak of its kind, and the share 3x
+    PyTorch bf16 (run 3) would take."""
+    total = sum(work)
+    print(f"\nthe model's work over the {texts} texts: {total:.1f} GFLOP ({work[0]:.1f} in the linear layers, "
+          f"{work[1]:.1f} in attention)")
+    for kind, unit in (("bf16", "GFLOP/s"), ("i8", "GOP/s")):
+        found = [peaks.get((kind, n)) for n in threads]
+        shown = ", ".join(f"{p[0]:.1f} {unit} on {n} thread{'s' if n > 1 else ''}" for n, p in zip(threads, found)
+                          if p)
+        name = next((p[1] for p in found if p), None)
+        print(f"measured {kind.upper()} peak (bench_gemm --peaks, {name} chains): {shown or 'n/a'}")
+    width = max(len(name) for name, _ in runs)
+    print(f"\n  {'GFLOP/s of the work, share of the peak':<{width}s}"
+          + "".join(f"{f'{n} thread' + ('s' if n > 1 else ''):>22s}" for n in threads))
+    for name, _ in runs:
+        kind = "i8" if "int8" in name or "I8" in name else "bf16"
+        cells = []
+        for n in threads:
+            rate = figures[name, n][0]
+            peak = peaks.get((kind, n), (0.0, ""))[0]
+            rate_work = total * rate / texts if rate else 0.0
+            share = f"{100 * rate_work / peak:.0f}% {kind}" if rate_work and peak else "n/a"
+            cells.append(f"{common.figure(rate_work)} ({share})")
+        print(f"  {name:<{width}s}" + "".join(f"{c:>22s}" for c in cells))
+    for n in threads:
+        torch_rate, peak = figures[runs[3][0], n][0], peaks.get(("bf16", n), (0.0, ""))[0]
+        if torch_rate and peak:
+            print(f"  3x PyTorch bf16 on {n} thread{'s' if n > 1 else ''}: {3 * torch_rate:.1f} texts/s, "
+                  f"{3 * total * torch_rate / texts:.1f} GFLOP/s, {100 * 3 * total * torch_rate / texts / peak:.0f}% of "
+                  f"the BF16 peak")
+
+
+def measure_and_print(runs: list, threads: list, unit: str) -> dict:
     """Runs each of `runs` (name, run(threads) -> (rate or None, note, vectors or None)) at each thread count,
     then prints a row each: the rates, the engine's BF16 and I8 rates (runs 0 and 1) over it, and the minimum
-    cosine of its vectors to those of run 2, the reference."""
+    cosine of its vectors to those of run 2, the reference. Answers the figures, by (name, threads)."""
     figures = {}
     for name, run in runs:
         for n in threads:
@@ -231,6 +297,7 @@ def measure_and_print(runs: list, threads: list, unit: str) -> None:
                           if figures[name, n][1])
         print(f"  {name:<{width}s}" + "".join(f"{common.figure(rate):>11s}" for rate in rates)
               + "".join(f"{r:>25s}" for r in bf16) + "".join(f"{r:>23s}" for r in i8) + f"{cosine:>12s}  {notes}")
+    return figures
 
 
 def main() -> int:
@@ -264,7 +331,9 @@ def main() -> int:
         ort_version = onnxruntime.__version__
     except ImportError:
         ort_version = "not installed"
-    tokens = int(support.reference_model(folder).tokenize(texts)["attention_mask"].sum())
+    counts = support.reference_model(folder).tokenize(texts)["attention_mask"].sum(dim=1).tolist()
+    tokens = int(sum(counts))
+    peaks = machine_peaks(Path(args.build).absolute())
     print(f"CPU: {cpu_name()} ({len(os.sched_getaffinity(0))} cores available); PyTorch {torch.__version__} "
           f"(float32 GEMMs on {blas}), ONNX Runtime {ort_version}")
     print(f"{folder}\n{len(texts)} corpus lines, {sum(len(t.encode()) for t in texts)} bytes, {tokens} tokens "
@@ -276,7 +345,8 @@ def main() -> int:
             ("sentence-transformers, PyTorch bfloat16", lambda n: bench_torch(folder, texts, n, torch.bfloat16)),
             ("ONNX Runtime float32", lambda n: bench_ort(folder, workdir, texts, n, "float32")),
             ("ONNX Runtime int8 (quantize_dynamic)", lambda n: bench_ort(folder, workdir, texts, n, "int8"))]
-    measure_and_print(runs, threads, "texts per second")
+    figures = measure_and_print(runs, threads, "texts per second")
+    print_work(runs, figures, threads, len(texts), model_work(folder, counts), peaks)
     print("\nuform's figures are end to end (a process per run: the folder's load and the manifest included); "
           "the others' exclude loading the model. 'min cosine': against sentence-transformers in float32.")
     return 0

@@ -513,7 +513,7 @@ UFORM_EXPORT uform_status_t uform_hub_folder(char const *id, char *folder, size_
  * (tokenizer.json, or a SentencePiece model). Families, each checked against its reference implementation:
  *   - UForm 3 (unum-cloud/uform3-image-text-*: config.json with text_encoder and image_encoder,
  *     text_encoder.safetensors, image_encoder.safetensors): both towers, as PyPI's `uform` 3.1.3 runs them;
- *     register tokens (the large model's) are refused;
+ *     register tokens (the large model's) included;
  *   - CLIP (transformers' CLIPModel: model_type "clip"), both towers, transformers' defaults where
  *     config.json is sparse, the image processor's mean and std;
  *   - SigLIP (SiglipModel: model_type "siglip"), both towers: texts padded to the context, the image
