@@ -161,6 +161,10 @@ int command_run_tool(command_tools_t const *tools, int argc, char **argv);
  * into `buffer`. Answers COMMAND_OK with *path set, or an exit code after printing the error. */
 int command_model_path(char const *given, char *buffer, size_t capacity, char const **path);
 
+/* The snapshot folder `path` names as a hub id in the local Hugging Face cache (uform_hub_folder), into
+ * `folder`, where no file or folder of that name exists, as the engine's loads read it; else NULL. */
+char const *command_hub_folder(char const *path, char *folder, size_t capacity);
+
 /* The text of the default model's paragraph in every --help. */
 extern char const command_default_model_help[];
 

@@ -111,6 +111,13 @@ static char const *demo_model(void) {
     return NULL;
 }
 
+char const *command_hub_folder(char const *path, char *folder, size_t capacity) {
+    struct stat status;
+    size_t length = 0;
+    if (stat(path, &status) == 0 || errno != ENOENT) return NULL;
+    return uform_hub_folder(path, folder, capacity, &length) == UFORM_OK ? folder : NULL;
+}
+
 int command_model_path(char const *given, char *buffer, size_t capacity, char const **path) {
     if (given) {
         *path = given;

@@ -1,11 +1,9 @@
 /* uform tokenize: the token ids and byte spans of texts from the arguments, standard input or a JSONL
  * manifest, cut by a tokenizer file (or a model folder's) in batches on a RAM executor, one JSON line
  * per text. */
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "uform_command.h"
 
@@ -219,11 +217,7 @@ int command_tokenize(int argc, char **argv) {
     }
     /* A model named by its hub id where no such file or folder exists, as the other commands load it. */
     char folder[4096];
-    size_t folder_length = 0;
-    struct stat status;
-    if (flags.model && stat(path, &status) != 0 && errno == ENOENT &&
-        uform_hub_folder(path, folder, sizeof folder, &folder_length) == UFORM_OK)
-        path = folder;
+    if (flags.model && command_hub_folder(path, folder, sizeof folder)) path = folder;
     uform_ram_options_t options = uform_ram_options_default();
     options.threads = flags.threads;
     run.config.without_special_tokens = flags.plain;

@@ -144,16 +144,13 @@ static PyMethodDef module_methods[] = {
      "'tokenizers', 'uring', ..."},
     {"kernels", module_kernels, METH_NOARGS,
      "kernels() -> dict[str, str]\n\nThe CPU kernel path this process computes on, chosen once for it: "
-     "'path' "
-     "('avx512bf16', 'avx2', 'neon', ...), 'reason' (why it was chosen: the dispatcher's rule, or "
+     "'path' ('avx512bf16', 'avx2', 'neon', ...), 'reason' (why it was chosen: the dispatcher's rule, or "
      "UFORM_KERNELS), 'amx' (whether Intel AMX's tiles are used, and why not)."},
     {"hub_folder", module_hub_folder, METH_O,
      "hub_folder(id: str) -> str\n\nThe folder of hub model `id` ('OWNER/NAME', then '@REVISION' if not "
-     "main) "
-     "in the local Hugging Face cache, as huggingface_hub finds it offline (HF_HUB_CACHE, HF_HOME, ...); "
-     "raises InputOutputError when it is not cached. Model() takes such an id where no file or folder of "
-     "that name "
-     "exists."},
+     "main) in the local Hugging Face cache, as huggingface_hub finds it offline (HF_HUB_CACHE, HF_HOME, "
+     "...); raises InputOutputError when it is not cached. Model() takes such an id where no file or folder "
+     "of that name exists."},
     {"status_name", module_status_name, METH_O,
      "status_name(status: int) -> str\n\nThe engine's short name of a status: 'ok', 'io', 'format', ..."},
     {NULL, NULL, 0, NULL},

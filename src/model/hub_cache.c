@@ -7,6 +7,7 @@
  * CACHE is $HF_HUB_CACHE, else $HUGGINGFACE_HUB_CACHE, else $HF_HOME/hub, else
  * $XDG_CACHE_HOME/huggingface/hub, else ~/.cache/huggingface/hub. Nothing is downloaded. */
 #include <errno.h>
+#include <stdbool.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -122,7 +123,13 @@ static bool hub_ref(char const *path, char commit[41]) {
     return true;
 }
 
-bool hub_id_parse(char const *id, hub_id_t *parsed) {
+/* A repository id as the hub takes it, [OWNER/]NAME[@REVISION], its parts pointing into the text. */
+typedef struct hub_id {
+    char const *owner, *name, *revision; /* revision: "main" when the id names none */
+    size_t owner_length, name_length, revision_length;
+} hub_id_t;
+
+static bool hub_id_parse(char const *id, hub_id_t *parsed) {
     if (!id) return false;
     char const *at = strchr(id, '@');
     size_t length = at ? (size_t)(at - id) : strlen(id);

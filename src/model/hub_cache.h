@@ -2,23 +2,14 @@
  * folder it names there. */
 #pragma once
 
-#include <stdbool.h>
 #include <stddef.h>
 
 #include "uform.h"
 
-/* A repository id as the hub takes it, [OWNER/]NAME[@REVISION], its parts pointing into the text. */
-typedef struct hub_id {
-    char const *owner, *name, *revision; /* revision: "main" when the id names none */
-    size_t owner_length, name_length, revision_length;
-} hub_id_t;
-
-/* Whether `id` is one (each part of letters, digits, '-', '_' and '.', without "--" or "..", neither
- * starting nor ending with '-' or '.', at most 96 bytes; a revision of such parts between slashes). */
-bool hub_id_parse(char const *id, hub_id_t *parsed);
-
-/* The snapshot folder `id` names in the cache (NUL-terminated, into `folder` of `capacity` bytes):
- * UFORM_OK, UFORM_INVALID_ARGUMENT (not an id; a path too long) or UFORM_IO (not cached, or no cache
+/* The snapshot folder `id` names in the cache (NUL-terminated, into `folder` of `capacity` bytes): `id` is
+ * [OWNER/]NAME[@REVISION], each part of letters, digits, '-', '_' and '.', without "--" or "..", neither
+ * starting nor ending with '-' or '.', at most 96 bytes, a revision of such parts between slashes. Answers
+ * UFORM_OK, UFORM_INVALID_ARGUMENT (not an id; a path too long) or UFORM_IO (an id not cached, or no cache
  * folder), with *message (static, or built in `text`). Blocking: a few stat(2) calls and one small read. */
 uform_status_t hub_folder(char const *id, char *folder, size_t capacity, char const **message,
                           char text[UFORM_ERROR_MESSAGE_SIZE]);

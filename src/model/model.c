@@ -462,15 +462,15 @@ uform_status_t model_load(uform_model_load_args_t const *args, model_load_target
     char hub_path[4096];
     size_t hub_bytes = 0;
     struct stat status;
-    hub_id_t id;
-    if (stat(args->path, &status) != 0 && errno == ENOENT && hub_id_parse(args->path, &id)) {
+    if (stat(args->path, &status) != 0 && errno == ENOENT) {
         char text[UFORM_ERROR_MESSAGE_SIZE], message[UFORM_ERROR_MESSAGE_SIZE];
         char const *why = NULL;
-        if (hub_folder(args->path, hub_path, sizeof hub_path, &why, text) != UFORM_OK) {
+        uform_status_t found = hub_folder(args->path, hub_path, sizeof hub_path, &why, text);
+        if (found == UFORM_IO) { /* an id, not cached: a path that is not an id fails as a path */
             snprintf(message, sizeof message, "no such file or folder; %s", why);
             return call_refuse(outcome, UFORM_IO, entry, message);
         }
-        hub_bytes = strlen(hub_path) + 1;
+        if (found == UFORM_OK) hub_bytes = strlen(hub_path) + 1;
     }
     load_call_t *load = calloc(1, sizeof *load + target->state_bytes + hub_bytes);
     if (!load) return call_refuse(outcome, UFORM_OUT_OF_MEMORY, entry, "cannot allocate the load");

@@ -675,6 +675,14 @@ static void hub_expect(char const *id, char const *cache, char const *commit) {
     assert_int_equal(length, strlen(expected));
 }
 
+/* `parent` made, and in it `huggingface`, a link to the folder whose hub/ is the cache. */
+static void hub_root_linked(char const *parent) {
+    char link[700];
+    assert_true(mkdir(parent, 0700) == 0);
+    snprintf(link, sizeof link, "%s/huggingface", parent);
+    assert_true(symlink(hub_root, link) == 0);
+}
+
 static void hub_environment_clear(void) {
     char const *const names[] = {"HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME"};
     for (size_t i = 0; i < 4; ++i)
@@ -765,17 +773,13 @@ static void hub_ids_find_cached_snapshots(void **state) {
     hub_expect("owner/tiny-bert", cache, COMMIT_A);
     hub_environment_clear();
     snprintf(place, sizeof place, "%s/xdg", hub_root);
-    assert_true(mkdir(place, 0700) == 0);
-    snprintf(link, sizeof link, "%s/huggingface", place);
-    assert_true(symlink(hub_root, link) == 0);
+    hub_root_linked(place);
     setenv("XDG_CACHE_HOME", place, 1);
     snprintf(link, sizeof link, "%s/huggingface/hub", place);
     hub_expect("owner/tiny-bert", link, COMMIT_A);
     hub_environment_clear();
     snprintf(place, sizeof place, "%s/.cache", hub_root);
-    assert_true(mkdir(place, 0700) == 0);
-    snprintf(link, sizeof link, "%s/huggingface", place);
-    assert_true(symlink(hub_root, link) == 0);
+    hub_root_linked(place);
     setenv("HOME", hub_root, 1);
     snprintf(link, sizeof link, "%s/.cache/huggingface/hub", hub_root);
     hub_expect("owner/tiny-bert", link, COMMIT_A);

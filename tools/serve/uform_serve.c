@@ -18,7 +18,6 @@
 #include <sys/select.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -903,12 +902,8 @@ static int serve_listen(serve_t *server, struct addrinfo **address) {
  * .safetensors. */
 static char *model_default_name(serve_t const *server, char const *path) {
     if (server->flags.name && server->flags.models.count <= 1) return strdup(server->flags.name);
-    struct stat status;
     char folder[4096];
-    size_t folder_length = 0;
-    if (stat(path, &status) != 0 && errno == ENOENT &&
-        uform_hub_folder(path, folder, sizeof folder, &folder_length) == UFORM_OK)
-        return strdup(path);
+    if (command_hub_folder(path, folder, sizeof folder)) return strdup(path);
     size_t length = strlen(path);
     while (length > 1 && path[length - 1] == '/') /* a folder given as "minilm/" */
         --length;
