@@ -204,8 +204,10 @@ static uform_status_t tokenize_output(tokenize_call_t *call) {
         if (item->status != UFORM_OK) continue;
         size_t pads = padded > item->count ? padded - item->count : 0;
         size_t at = row + (left ? pads : 0);
-        memcpy(ids + at, share->ids + item->first, item->count * sizeof *ids);
-        memcpy(special + at, share->special + item->first, item->count);
+        if (item->count) { /* a thread that cut no token at all has no buffers */
+            memcpy(ids + at, share->ids + item->first, item->count * sizeof *ids);
+            memcpy(special + at, share->special + item->first, item->count);
+        }
         for (size_t k = 0; k < item->count; ++k) {
             spans[2 * (at + k)] = share->spans[item->first + k].begin;
             spans[2 * (at + k) + 1] = share->spans[item->first + k].end;

@@ -213,6 +213,37 @@ static size_t cut_one(uform_tokenizer_t const *tokenizer, char const *text, bool
     return tokenized->ids.item_offsets[1];
 }
 
+/* Regression (null_share_of_texts_without_tokens): texts that cut to no tokens at all (empty, or only
+ * marks a normalizer strips, without special tokens) leave the threads' token buffers unallocated; the
+ * output used to copy from them at a null pointer. Each gets an empty row, and the call succeeds. */
+static void test_null_share_of_texts_without_tokens(void **state) {
+    (void)state;
+    uform_tokenizer_t *tokenizer = tiny(no_options);
+    uform_arena_t *arena = arena_on_host();
+    uform_tokenized_t tokenized;
+    assert_int_equal(cut_one(tokenizer, "", true, arena, &tokenized), 0);
+    assert_int_equal(tokenized.statuses[0], UFORM_OK);
+    batch_t *batch = batch_new(BATCH_TEXTS);
+    batch_add(batch, "", 0);
+    batch_add(batch, " \t ", 3);
+    batch_add(batch, "", 0);
+    uform_tokenize_config_t config = {.without_special_tokens = true};
+    uform_text_tokenize_args_t args = {.tokenizer = tokenizer,
+                                       .texts = batch_tape(batch),
+                                       .arena = arena,
+                                       .config = &config,
+                                       .tokenized = &tokenized};
+    assert_int_equal(uform_text_tokenize(&args), UFORM_OK);
+    assert_int_equal(tokenized.items, 3);
+    for (size_t i = 0; i < 3; ++i) {
+        assert_int_equal(tokenized.statuses[i], UFORM_OK);
+        assert_int_equal(tokenized.ids.item_offsets[i + 1], 0);
+    }
+    uform_arena_free(arena);
+    batch_free(batch);
+    uform_tokenizer_free(tokenizer);
+}
+
 /* Truncation keeps max_length tokens with the special ones (from either end); padding pads Fixed to
  * its length and BatchLongest to the call's longest text, left or right, with the pad id. */
 static void test_truncation_and_padding(void **state) {
@@ -539,6 +570,7 @@ int main(void) {
         cmocka_unit_test(test_receivers),
         cmocka_unit_test(test_invalid_utf8_fails_alone),
         cmocka_unit_test(test_truncation_and_padding),
+        cmocka_unit_test(test_null_share_of_texts_without_tokens),
         cmocka_unit_test(test_token_strings),
         cmocka_unit_test(test_progress_and_cancel),
         cmocka_unit_test(test_bad_arguments),
