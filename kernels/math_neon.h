@@ -37,29 +37,25 @@ static inline float32x4_t gelu_ps(float32x4_t x) {
     return vdivq_f32(x, vaddq_f32(e, vdupq_n_f32(1.0f)));
 }
 
-/* erf(x) within 1e-7 absolute, NaN kept (vminq_f32 propagates it): math_avx512.h's erf_ps, 4 lanes at a
+/* erf(x) within 5e-7 absolute, NaN kept (vcageq_f32 is false for it): math_avx512.h's erf_ps, 4 lanes at a
  * time. */
 static inline float32x4_t erf_ps(float32x4_t x) {
-    float32x4_t a = vminq_f32(vabsq_f32(x), vdupq_n_f32(4.0f));
-    float32x4_t s = vmulq_f32(a, a);
-    float32x4_t p = vdupq_n_f32(-6.191551220e-4f);
-    p = vfmaq_f32(vdupq_n_f32(5.029466469e-3f), p, s);
-    p = vfmaq_f32(vdupq_n_f32(-2.678914368e-2f), p, s);
-    p = vfmaq_f32(vdupq_n_f32(1.128236726e-1f), p, s);
-    p = vfmaq_f32(vdupq_n_f32(-3.761253655e-1f), p, s);
-    p = vfmaq_f32(vdupq_n_f32(1.283791512e-1f), p, s); /* 2 / sqrt(pi) - 1 */
-    float32x4_t near = vfmaq_f32(a, a, p);
-    float32x4_t t = vdivq_f32(vdupq_n_f32(2.0f), vaddq_f32(a, vdupq_n_f32(2.0f)));
-    float32x4_t g = vdupq_n_f32(-2.280995250e-1f);
-    g = vfmaq_f32(vdupq_n_f32(6.287798285e-1f), g, t);
-    g = vfmaq_f32(vdupq_n_f32(-5.525396392e-2f), g, t);
-    g = vfmaq_f32(vdupq_n_f32(3.914569616e-1f), g, t);
-    g = vfmaq_f32(vdupq_n_f32(2.612463832e-1f), g, t);
-    g = vfmaq_f32(vdupq_n_f32(1.644368051e-3f), g, t);
-    float32x4_t far = vfmsq_f32(vdupq_n_f32(1.0f), exp_ps(vnegq_f32(s)), g);
-    float32x4_t value = vbslq_f32(vcltq_f32(a, vdupq_n_f32(0.875f)), near, far);
+    float32x4_t s = vmulq_f32(x, x);
+    float32x4_t p = vdupq_n_f32(3.458294668e-04f);
+    p = vfmaq_f32(vdupq_n_f32(9.675272740e-03f), p, s);
+    p = vfmaq_f32(vdupq_n_f32(7.085441053e-02f), p, s);
+    p = vfmaq_f32(vdupq_n_f32(3.380581737e-01f), p, s);
+    p = vfmaq_f32(vdupq_n_f32(1.128376961e+00f), p, s); /* 2 / sqrt(pi) */
+    float32x4_t q = vdupq_n_f32(1.996726132e-05f);
+    q = vfmaq_f32(vdupq_n_f32(2.458628267e-03f), q, s);
+    q = vfmaq_f32(vdupq_n_f32(2.690031379e-02f), q, s);
+    q = vfmaq_f32(vdupq_n_f32(1.738491803e-01f), q, s);
+    q = vfmaq_f32(vdupq_n_f32(6.329051852e-01f), q, s);
+    q = vfmaq_f32(vdupq_n_f32(1.0f), q, s);
+    float32x4_t ratio = vdivq_f32(vmulq_f32(x, p), q);
     uint32x4_t sign = vandq_u32(vreinterpretq_u32_f32(x), vdupq_n_u32(0x80000000u));
-    return vreinterpretq_f32_u32(vorrq_u32(vreinterpretq_u32_f32(value), sign));
+    float32x4_t unit = vreinterpretq_f32_u32(vorrq_u32(sign, vreinterpretq_u32_f32(vdupq_n_f32(1.0f))));
+    return vbslq_f32(vcageq_f32(x, vdupq_n_f32(3.92f)), unit, ratio);
 }
 
 /* The exact GELU, 0.5x(1 + erf(x / sqrt 2)). */
