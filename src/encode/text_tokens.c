@@ -4,7 +4,7 @@
  * projection where it has one, and unit length where the family's reference gives it.
  *
  * The texts are cut when the call starts, on the loop thread; then, as for texts read as bytes (text.c),
- * items go in chunks of at most TEXT_CHUNK_TOKENS tokens packed end to end without padding, one chunk per
+ * items go in chunks of at most tower_chunk_tokens tokens packed end to end without padding, one chunk per
  * loop turn. A text the tokenizer refuses (not UTF-8) or that leaves no token fails alone with
  * UFORM_FORMAT. */
 #include <jansson.h>
@@ -20,8 +20,6 @@
 #include "tokenizer.h"
 #include "tower.h"
 #include "verbs.h"
-
-#define TEXT_CHUNK_TOKENS 2048
 
 typedef struct tokens_call {
     call_t call;
@@ -306,8 +304,8 @@ static void tokens_chunk(loop_op_t *op) {
     size_t const *offsets = text->tokens.offsets;
 
     /* The chunk: items [first, last), at least one. */
-    size_t first = text->next_item, last = first, tokens = 0;
-    while (last < items && (last == first || tokens + offsets[last + 1] - offsets[last] <= TEXT_CHUNK_TOKENS))
+    size_t first = text->next_item, last = first, tokens = 0, most = tower_chunk_tokens(tower);
+    while (last < items && (last == first || tokens + offsets[last + 1] - offsets[last] <= most))
         tokens += offsets[last + 1] - offsets[last], ++last;
     tokens_scratch_t scratch;
     if (!tokens_scratch(text, tokens, last - first, &scratch)) {

@@ -298,6 +298,15 @@ size_t tower_scratch_bytes(tower_t const *tower, size_t tokens) {
     return bytes;
 }
 
+size_t tower_chunk_tokens(tower_t const *tower) {
+    size_t const sample = TOWER_CHUNK_TOKENS_MAX;
+    size_t row_bytes = (tower_scratch_bytes(tower, sample) + sample * tower->hidden * sizeof(float)) / sample;
+    size_t tokens = TOWER_CHUNK_BYTES / (row_bytes ? row_bytes : 1);
+    return tokens < TOWER_CHUNK_TOKENS_MIN   ? TOWER_CHUNK_TOKENS_MIN
+           : tokens > TOWER_CHUNK_TOKENS_MAX ? TOWER_CHUNK_TOKENS_MAX
+                                             : tokens;
+}
+
 /* ---- Linear layers ------------------------------------------------------------------------------ */
 
 /* The GEMM of `layer` over `tokens` rows of h[tokens, k] into y[tokens, n]: y = h W^T + b, before the
