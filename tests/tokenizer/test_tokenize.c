@@ -166,6 +166,18 @@ static void test_receivers(void **state) {
     uform_tokenizer_free(tokenizer);
 }
 
+/* Cuts the texts of `batch` with `tokenizer` and `config` into `tokenized`; the call must succeed. */
+static void cut_batch(uform_tokenizer_t const *tokenizer, batch_t const *batch,
+                      uform_tokenize_config_t const *config, uform_arena_t *arena,
+                      uform_tokenized_t *tokenized) {
+    uform_text_tokenize_args_t args = {.tokenizer = tokenizer,
+                                       .texts = batch_tape(batch),
+                                       .arena = arena,
+                                       .config = config,
+                                       .tokenized = tokenized};
+    assert_int_equal(uform_text_tokenize(&args), UFORM_OK);
+}
+
 /* A text that is not UTF-8 fails alone, with no tokens; the others are cut as if alone. */
 static void test_invalid_utf8_fails_alone(void **state) {
     (void)state;
@@ -182,12 +194,7 @@ static void test_invalid_utf8_fails_alone(void **state) {
         uform_tokenized_t tokenized;
         uform_tokenize_stats_t stats;
         uform_tokenize_config_t config = {.stats = &stats};
-        uform_text_tokenize_args_t args = {.tokenizer = tokenizer,
-                                           .texts = batch_tape(batch),
-                                           .arena = arena,
-                                           .config = &config,
-                                           .tokenized = &tokenized};
-        assert_int_equal(uform_text_tokenize(&args), UFORM_OK);
+        cut_batch(tokenizer, batch, &config, arena, &tokenized);
         assert_int_equal(tokenized.statuses[1], UFORM_FORMAT);
         assert_int_equal(tokenized.ids.item_offsets[2] - tokenized.ids.item_offsets[1], 0);
         assert_tokens(&tokenized, 0, cases[0].ids, cases[0].spans, cases[0].count);
@@ -227,13 +234,8 @@ static void test_null_share_of_texts_without_tokens(void **state) {
     batch_add(batch, "", 0);
     batch_add(batch, " \t ", 3);
     batch_add(batch, "", 0);
-    uform_tokenize_config_t config = {.without_special_tokens = true};
-    uform_text_tokenize_args_t args = {.tokenizer = tokenizer,
-                                       .texts = batch_tape(batch),
-                                       .arena = arena,
-                                       .config = &config,
-                                       .tokenized = &tokenized};
-    assert_int_equal(uform_text_tokenize(&args), UFORM_OK);
+    cut_batch(tokenizer, batch, &(uform_tokenize_config_t){.without_special_tokens = true}, arena,
+              &tokenized);
     assert_int_equal(tokenized.items, 3);
     for (size_t i = 0; i < 3; ++i) {
         assert_int_equal(tokenized.statuses[i], UFORM_OK);
