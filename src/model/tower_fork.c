@@ -203,29 +203,43 @@ static kernel_attention_backward_t head_backward(kernel_attention_t const *forwa
     };
 }
 
-/* The (item, head) pairs are split between threads, an item's heads one after the other: each head's
- * columns of an item's rows lie next to the previous head's, where the hardware prefetchers fetch them,
- * while a walk down one head's columns over every item steps 3 hidden values at a time (more than a page at
- * hidden 384), which no prefetcher follows: head by head, attention waited on memory for every row. */
+/* One head's attention, or its backward pass, over the items [item, end). */
+static void attention_head(attention_job_t const *job, size_t head, size_t item, size_t end) {
+    tower_fork_t const *fork = job->fork;
+    size_t width = fork->head ? fork->head : KERNEL_HEAD;
+    kernel_attention_t attention = head_attention(fork, job->qkv + head * width);
+    if (!job->backward) {
+        attention.out = job->out + head * width;
+        fork->kernels->attention(&attention, item, end);
+    } else {
+        kernel_attention_backward_t backward =
+            head_backward(&attention, job->att + head * KERNEL_HEAD, job->d_att + head * KERNEL_HEAD,
+                          job->out + head * KERNEL_HEAD);
+        fork->kernels->attention_backward(&backward, item, end);
+    }
+}
+
+/* The (head, item) pairs are split between threads head by head, so that each thread takes whole heads where
+ * it can: every head costs the same. A thread's whole heads run item by item, the item's heads in turn: each
+ * head's columns of an item's rows lie next to the previous head's, where the hardware prefetchers fetch
+ * them, while a walk down one head's columns over every item steps 3 hidden values at a time (more than a
+ * page at hidden 384), which no prefetcher follows. The part heads at either end of its share run alone. */
 static void attention_work(void *context, size_t thread) {
     attention_job_t const *job = context;
-    tower_fork_t const *fork = job->fork;
-    size_t heads = fork->heads, first, last;
-    size_t width = fork->head ? fork->head : KERNEL_HEAD;
-    thread_share(heads * fork->items, thread, job->threads, &first, &last);
-    for (size_t pair = first; pair < last; ++pair) {
-        size_t item = pair / heads, head = pair % heads;
-        kernel_attention_t attention = head_attention(fork, job->qkv + head * width);
-        if (!job->backward) {
-            attention.out = job->out + head * width;
-            fork->kernels->attention(&attention, item, item + 1);
-        } else {
-            kernel_attention_backward_t backward =
-                head_backward(&attention, job->att + head * KERNEL_HEAD, job->d_att + head * KERNEL_HEAD,
-                              job->out + head * KERNEL_HEAD);
-            fork->kernels->attention_backward(&backward, item, item + 1);
-        }
+    size_t items = job->fork->items, first, last;
+    thread_share(job->fork->heads * items, thread, job->threads, &first, &last);
+    if (first >= last) return;
+    /* Its whole heads: [whole_first, whole_end); none when the share lies within one head. */
+    size_t whole_first = (first + items - 1) / items, whole_end = last / items;
+    if (whole_first > whole_end) {
+        attention_head(job, first / items, first % items, last - first / items * items);
+        return;
     }
+    if (first % items) attention_head(job, first / items, first % items, items);
+    for (size_t item = 0; whole_first < whole_end && item < items; ++item)
+        for (size_t head = whole_first; head < whole_end; ++head)
+            attention_head(job, head, item, item + 1);
+    if (last % items) attention_head(job, whole_end, 0, last % items);
 }
 
 void tower_fork_attention(tower_fork_t const *fork, uform_executor_t *executor, float const *qkv,
