@@ -12,11 +12,11 @@ folder's max_seq_length (256 tokens), mean-pooled and normalized, as sentence-tr
   (a) the engine through its Python package (uform.Model(FOLDER, executor=Executor.ram(threads=N),
       weights="bf16"|"i8").encode_texts over all the texts in one call, tokenization included), after a
       warm-up call, as the others are measured, in a Python process of its own that imports neither
-      PyTorch nor ONNX Runtime (their thread pools, once started in this one, made the engine's 2-thread
-      figures swing by 20% from pass to pass); and `uform encode --model FOLDER --threads N --weights
-      bf16|i8 --manifest FILE --format f32` with its rows sent to /dev/null, timed as a whole by the wall
-      clock (loading the folder and reading the manifest included: end to end), the best of two runs; a
-      one-text run's time is printed beside it as the start-up's share;
+      PyTorch nor ONNX Runtime (in this one, once PyTorch's BLAS had started its threads, the engine's
+      2-thread figures swung by up to 20% from pass to pass); and `uform encode --model FOLDER --threads N
+      --weights bf16|i8 --manifest FILE --format f32` with its rows sent to /dev/null, timed as a whole by
+      the wall clock (loading the folder and reading the manifest included: end to end), the best of two
+      runs; a one-text run's time is printed beside it as the start-up's share;
   (b) sentence-transformers' `encode` (batches of 32, its own ordering and padding, tokenization included)
       on PyTorch with torch.set_num_threads(N) (and as many OpenBLAS threads), in float32 and in bfloat16
       (`model.to(torch.bfloat16)`), after a warm-up batch;
@@ -25,8 +25,8 @@ folder's max_seq_length (256 tokens), mean-pooled and normalized, as sentence-tr
       N, sequential; float32, and the same model quantized by onnxruntime.quantization.quantize_dynamic
       (int8 weights, activations quantized as it runs; it needs the onnx package).
 Every engine in this process and the package's takes the best of PASSES passes over the texts after its
-warm-up. Agreement with sentence-transformers in float32 is printed as the minimum cosine over the texts. Then the
-model's work over the texts (its linear layers, 2 x tokens x (4 H^2 + 2 H M) per block, and attention, 4 x
+warm-up. Agreement with sentence-transformers in float32 is printed as the minimum cosine over the texts.
+Then the model's work over the texts (its linear layers, 2 x tokens x (4 H^2 + 2 H M) per block, and attention, 4 x
 tokens^2 x H per block and text) and each run's rate in GFLOP/s of it, as a share of the machine's peak that
 `bench_gemm --peaks` measures in the same run (the fastest BF16 instruction's for the float and bfloat16
 runs, the fastest INT8 one's for the int8 runs), with the share 3x PyTorch bf16 would take. It prints
