@@ -42,6 +42,12 @@ error_text_t last_error_text(void) {
     return rendered;
 }
 
+__attribute__((noinline)) void stack_paint(unsigned char byte) {
+    volatile unsigned char below[1u << 16];
+    for (size_t i = 0; i < sizeof below; ++i)
+        below[i] = byte;
+}
+
 int fixture_setup(char const *suite, uform_tiny_checkpoint_args_t *tiny, uform_model_t **model,
                   uform_model_info_t *info) {
     char const *temporary = getenv("TMPDIR");

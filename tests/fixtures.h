@@ -48,6 +48,10 @@ typedef struct error_text {
 } error_text_t;
 error_text_t last_error_text(void);
 
+/* Fills 64 KiB of the stack below the caller with `byte`, where the frames of the caller's next call will
+ * lie: what a callee reads without writing it first reads `byte`, every run. */
+void stack_paint(unsigned char byte);
+
 /* A RAM executor of `threads` threads, pinned or not. */
 uform_executor_t *ram_executor(size_t threads, bool pin);
 

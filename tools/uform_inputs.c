@@ -83,7 +83,9 @@ static int manifest_item(input_t *input, size_t length, input_item_t *item) {
     json_error_t error;
     json_decref(input->object);
     input->object = json_loadb(input->line, length, JSON_ALLOW_NUL | JSON_REJECT_DUPLICATES, &error);
-    if (!input->object) return command_fail("%s line %zu: %s", input->name, input->line_number, error.text);
+    if (!input->object) /* jansson's text is empty where an allocation failed */
+        return command_fail("%s line %zu: %s", input->name, input->line_number,
+                            error.text[0] ? error.text : "out of memory");
     if (!json_is_object(input->object))
         return command_fail("%s line %zu: not a JSON object", input->name, input->line_number);
     json_t *value = NULL;

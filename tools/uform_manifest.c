@@ -61,7 +61,8 @@ static int parse_line(manifest_t *manifest, char const *folder, char const *line
     json_error_t error;
     int code = COMMAND_OK;
     json_t *object = json_loadb(line, length, JSON_REJECT_DUPLICATES, &error);
-    if (!object) return command_fail("%s line %zu: %s", path, number, error.text);
+    if (!object) /* jansson's text is empty where an allocation failed */
+        return command_fail("%s line %zu: %s", path, number, error.text[0] ? error.text : "out of memory");
     if (!json_is_object(object)) {
         code = command_fail("%s line %zu: not a JSON object", path, number);
         goto done;

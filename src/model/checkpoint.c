@@ -2,6 +2,7 @@
  * See checkpoint.h for what is checked. Every fault answers a static message; nothing here calls
  * fail(): the public verbs that use this module record the failure under their own name. */
 #include "checkpoint.h"
+#include "json_fault.h"
 #include "variant.h"
 
 #include <errno.h>
@@ -290,9 +291,9 @@ static uform_status_t load_json(char const *text, size_t length, char const *not
     json_error_t error;
     *value = json_loadb(text, length, JSON_REJECT_DUPLICATES, &error);
     if (*value) return UFORM_OK;
-    switch (json_error_code(&error)) {
-    case json_error_out_of_memory:
+    if (json_fault_memory(&error))
         return answer(UFORM_OUT_OF_MEMORY, message, "out of memory parsing checkpoint JSON");
+    switch (json_error_code(&error)) {
     case json_error_duplicate_key:
         return malformed(message, "duplicate key in checkpoint JSON");
     default:

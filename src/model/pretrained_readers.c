@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "json_fault.h"
 #include "pretrained_internal.h"
 
 /* A JSON file of a folder larger than this is refused: configurations are a few KiB, tokenizers a few MiB. */
@@ -69,6 +70,8 @@ uform_status_t pretrained_json(char const *folder, char const *name, bool option
     json_error_t error;
     *value = json_loadb(text, size, JSON_REJECT_DUPLICATES, &error);
     free(text);
+    if (!*value && json_fault_memory(&error))
+        return pretrained_fault(message, UFORM_OUT_OF_MEMORY, "%s: out of memory", name);
     if (!*value)
         return pretrained_fault(message, UFORM_FORMAT, "%s: not JSON (line %d: %.80s)", name, error.line,
                                 error.text);

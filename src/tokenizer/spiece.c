@@ -21,6 +21,7 @@
 
 #include <utf8proc.h>
 
+#include "json_fault.h"
 #include "sentencepiece.h"
 #include "spiece.h"
 
@@ -216,13 +217,14 @@ static uform_status_t config_read(char const *path, spiece_t *spiece, tokenizer_
     json_error_t error;
     json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &error);
     if (!root) {
-        enum json_error_code code = json_error_code(&error);
-        if (code == json_error_cannot_open_file)
+        if (json_fault_memory(&error))
+            return tokenizer_fail(fault, UFORM_OUT_OF_MEMORY, "tokenizer_config.json: out of memory");
+        if (json_error_code(&error) == json_error_cannot_open_file)
             return tokenizer_fail(fault, UFORM_IO,
                                   "cannot read the tokenizer_config.json beside the SentencePiece "
                                   "model (it names the tokenizer class)");
-        return tokenizer_fail(fault, code == json_error_out_of_memory ? UFORM_OUT_OF_MEMORY : UFORM_FORMAT,
-                              "tokenizer_config.json, line %d: %.100s", error.line, error.text);
+        return tokenizer_fail(fault, UFORM_FORMAT, "tokenizer_config.json, line %d: %.100s", error.line,
+                              error.text);
     }
     char const *name = NULL;
     uform_status_t status =

@@ -16,6 +16,7 @@
 
 #include <oniguruma.h>
 
+#include "json_fault.h"
 #include "models.h"
 #include "tokenizer.h"
 
@@ -143,11 +144,10 @@ static uform_status_t tokenizer_read(void const *json, size_t length, uform_toke
                                      tokenizer_fault_t *fault) {
     json_error_t error;
     json_t *root = json_loadb(json, length, JSON_REJECT_DUPLICATES, &error);
-    if (!root) {
-        bool memory = json_error_code(&error) == json_error_out_of_memory;
-        return tokenizer_fail(fault, memory ? UFORM_OUT_OF_MEMORY : UFORM_FORMAT,
-                              "tokenizer.json, line %d: %.100s", error.line, error.text);
-    }
+    if (!root && json_fault_memory(&error))
+        return tokenizer_fail(fault, UFORM_OUT_OF_MEMORY, "tokenizer.json: out of memory");
+    if (!root)
+        return tokenizer_fail(fault, UFORM_FORMAT, "tokenizer.json, line %d: %.100s", error.line, error.text);
     uform_tokenizer_t *tokenizer = calloc(1, sizeof *tokenizer);
     uform_status_t status = tokenizer ? root_parse(root, tokenizer, fault)
                                       : tokenizer_fail(fault, UFORM_OUT_OF_MEMORY, "out of memory");

@@ -35,6 +35,7 @@
  * that decides cannot be read. */
 #include "checkpoint.h"
 #include "executor.h"
+#include "json_fault.h"
 #include "kernels.h"
 #include "seeded.h"
 #include "tiny_checkpoint.h"
@@ -1028,7 +1029,7 @@ static uform_status_t state_owns(char const *state_path, uint64_t fingerprint, b
     char expected[17];
     fingerprint_text(fingerprint, expected);
     *owns = json_is_string(owner) && strcmp(json_string_value(owner), expected) == 0;
-    if (!root && json_error_code(&error) == json_error_out_of_memory)
+    if (!root && json_fault_memory(&error))
         status = answer(UFORM_OUT_OF_MEMORY, message, "cannot parse the optimizer state");
     json_decref(object);
     json_decref(root);

@@ -10,6 +10,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include <jansson.h>
+
 #include "fixtures.h"
 #include "uform_config.h"
 
@@ -243,6 +245,34 @@ static void test_null_share_of_texts_without_tokens(void **state) {
     }
     uform_arena_free(arena);
     batch_free(batch);
+    uform_tokenizer_free(tokenizer);
+}
+
+/* jansson's allocator, failing its first allocation (the lexer's buffer) after each reset. */
+static size_t json_allocations;
+
+static void *json_first_fails(size_t size) {
+    return ++json_allocations == 1 ? NULL : malloc(size);
+}
+
+/* A tokenizer.json whose parse fails for memory is OUT_OF_MEMORY: jansson says nothing when an
+ * allocation fails (its error's code, the last byte of its text, stays unwritten), and the parse read
+ * that code, FORMAT where the stack held another. */
+static void test_json_error_unset_read_as_format(void **state) {
+    (void)state;
+    char json[sizeof tiny_format + 512];
+    snprintf(json, sizeof json, tiny_format, no_options);
+    uform_tokenizer_t *tokenizer = NULL;
+    json_allocations = 0;
+    json_set_alloc_funcs(json_first_fails, free);
+    stack_paint((unsigned char)json_error_invalid_syntax);
+    uform_status_t status = uform_tokenizer_parse(json, strlen(json), &tokenizer);
+    json_set_alloc_funcs(malloc, free);
+    assert_int_equal(status, UFORM_OUT_OF_MEMORY);
+    assert_null(tokenizer);
+    uform_error_t error = uform_last_error();
+    assert_string_equal(error.message, "tokenizer.json: out of memory");
+    assert_int_equal(uform_tokenizer_parse(json, strlen(json), &tokenizer), UFORM_OK);
     uform_tokenizer_free(tokenizer);
 }
 
@@ -573,6 +603,7 @@ int main(void) {
         cmocka_unit_test(test_invalid_utf8_fails_alone),
         cmocka_unit_test(test_truncation_and_padding),
         cmocka_unit_test(test_null_share_of_texts_without_tokens),
+        cmocka_unit_test(test_json_error_unset_read_as_format),
         cmocka_unit_test(test_token_strings),
         cmocka_unit_test(test_progress_and_cancel),
         cmocka_unit_test(test_bad_arguments),

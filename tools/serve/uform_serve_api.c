@@ -479,6 +479,11 @@ json_t *api_parse_body(serve_t *server, serve_request_t *request) {
     free(request->body);
     request->body = NULL;
     json_t *root = request->json;
+    /* jansson leaves its error's text empty (and its code unwritten) when an allocation fails. */
+    if (!root && error.text[0] == '\0') {
+        api_error(request, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", NULL, NULL, "out of memory");
+        return NULL;
+    }
     if (!root) {
         INVALID(request, NULL, "invalid_json", "the body is not valid JSON: %s (line %d, column %d)",
                 error.text, error.line, error.column);
