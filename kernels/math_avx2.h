@@ -7,6 +7,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "erf_fit.h"
+
 /* Lanes [0, count) set, count = the columns of [column, column + 8) below n, for maskload and maskstore. */
 static inline __m256i columns_mask(size_t column, size_t n) {
     int count = column >= n ? 0 : n - column >= 8 ? 8 : (int)(n - column);
@@ -48,21 +50,21 @@ static inline __m256 gelu_ps(__m256 x) {
 static inline __m256 erf_ps(__m256 x) {
     __m256 const sign_bit = _mm256_set1_ps(-0.0f);
     __m256 s = _mm256_mul_ps(x, x);
-    __m256 p = _mm256_set1_ps(3.458294668e-04f);
-    p = _mm256_fmadd_ps(p, s, _mm256_set1_ps(9.675272740e-03f));
-    p = _mm256_fmadd_ps(p, s, _mm256_set1_ps(7.085441053e-02f));
-    p = _mm256_fmadd_ps(p, s, _mm256_set1_ps(3.380581737e-01f));
-    p = _mm256_fmadd_ps(p, s, _mm256_set1_ps(1.128376961e+00f)); /* 2 / sqrt(pi) */
-    __m256 q = _mm256_set1_ps(1.996726132e-05f);
-    q = _mm256_fmadd_ps(q, s, _mm256_set1_ps(2.458628267e-03f));
-    q = _mm256_fmadd_ps(q, s, _mm256_set1_ps(2.690031379e-02f));
-    q = _mm256_fmadd_ps(q, s, _mm256_set1_ps(1.738491803e-01f));
-    q = _mm256_fmadd_ps(q, s, _mm256_set1_ps(6.329051852e-01f));
+    __m256 p = _mm256_set1_ps(ERF_P4);
+    p = _mm256_fmadd_ps(p, s, _mm256_set1_ps(ERF_P3));
+    p = _mm256_fmadd_ps(p, s, _mm256_set1_ps(ERF_P2));
+    p = _mm256_fmadd_ps(p, s, _mm256_set1_ps(ERF_P1));
+    p = _mm256_fmadd_ps(p, s, _mm256_set1_ps(ERF_P0));
+    __m256 q = _mm256_set1_ps(ERF_Q5);
+    q = _mm256_fmadd_ps(q, s, _mm256_set1_ps(ERF_Q4));
+    q = _mm256_fmadd_ps(q, s, _mm256_set1_ps(ERF_Q3));
+    q = _mm256_fmadd_ps(q, s, _mm256_set1_ps(ERF_Q2));
+    q = _mm256_fmadd_ps(q, s, _mm256_set1_ps(ERF_Q1));
     q = _mm256_fmadd_ps(q, s, _mm256_set1_ps(1.0f));
     __m256 ratio = _mm256_div_ps(_mm256_mul_ps(x, p), q);
     __m256 unit = _mm256_or_ps(_mm256_and_ps(x, sign_bit), _mm256_set1_ps(1.0f));
     __m256 far =
-        _mm256_cmp_ps(_mm256_andnot_ps(sign_bit, x), _mm256_set1_ps(3.92f), _CMP_GE_OQ); /* NaN: no */
+        _mm256_cmp_ps(_mm256_andnot_ps(sign_bit, x), _mm256_set1_ps(ERF_FAR), _CMP_GE_OQ); /* NaN: no */
     return _mm256_blendv_ps(ratio, unit, far);
 }
 

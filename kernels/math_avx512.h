@@ -8,6 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "erf_fit.h"
+
 /* exp(x) within 1e-7 relative for x <= 88, and exactly 0 below ln(FLT_MIN) (-inf included): Cody-Waite
  * reduction x = n ln2 + r with |r| <= ln2 / 2, then Cephes' polynomial for e^r, scaled by 2^n. */
 static inline __m512 exp_ps(__m512 x) {
@@ -38,29 +40,24 @@ static inline __m512 gelu_ps(__m512 x) {
     return _mm512_div_ps(x, _mm512_add_ps(e, _mm512_set1_ps(1.0f)));
 }
 
-/* erf(x) within 5e-7 absolute, NaN kept: x P(x^2) / Q(x^2) below |x| = 3.92, +-1 from there on (erf rounds
- * to +-1 in F32 beyond 3.86; infinities included, where the ratio would be NaN). P and Q, of degrees 4 and 5,
- * are a near-minimax fit of erf's absolute error over [0, 3.92] (least squares reweighted by the error until
- * it levels), rounded to F32: 16 vector operations and one division, where the two branches it replaced (a
- * polynomial, and 1 - exp(-x^2) times a polynomial) took about 40 and cost the exact GELU's GEMM 15% at
- * hidden 384. */
+/* erf(x) within 5e-7 absolute, NaN kept: erf_fit.h's x P(x^2) / Q(x^2), +-1 from ERF_FAR on. */
 static inline __m512 erf_ps(__m512 x) {
     __m512 s = _mm512_mul_ps(x, x);
-    __m512 p = _mm512_set1_ps(3.458294668e-04f);
-    p = _mm512_fmadd_ps(p, s, _mm512_set1_ps(9.675272740e-03f));
-    p = _mm512_fmadd_ps(p, s, _mm512_set1_ps(7.085441053e-02f));
-    p = _mm512_fmadd_ps(p, s, _mm512_set1_ps(3.380581737e-01f));
-    p = _mm512_fmadd_ps(p, s, _mm512_set1_ps(1.128376961e+00f)); /* 2 / sqrt(pi) */
-    __m512 q = _mm512_set1_ps(1.996726132e-05f);
-    q = _mm512_fmadd_ps(q, s, _mm512_set1_ps(2.458628267e-03f));
-    q = _mm512_fmadd_ps(q, s, _mm512_set1_ps(2.690031379e-02f));
-    q = _mm512_fmadd_ps(q, s, _mm512_set1_ps(1.738491803e-01f));
-    q = _mm512_fmadd_ps(q, s, _mm512_set1_ps(6.329051852e-01f));
+    __m512 p = _mm512_set1_ps(ERF_P4);
+    p = _mm512_fmadd_ps(p, s, _mm512_set1_ps(ERF_P3));
+    p = _mm512_fmadd_ps(p, s, _mm512_set1_ps(ERF_P2));
+    p = _mm512_fmadd_ps(p, s, _mm512_set1_ps(ERF_P1));
+    p = _mm512_fmadd_ps(p, s, _mm512_set1_ps(ERF_P0));
+    __m512 q = _mm512_set1_ps(ERF_Q5);
+    q = _mm512_fmadd_ps(q, s, _mm512_set1_ps(ERF_Q4));
+    q = _mm512_fmadd_ps(q, s, _mm512_set1_ps(ERF_Q3));
+    q = _mm512_fmadd_ps(q, s, _mm512_set1_ps(ERF_Q2));
+    q = _mm512_fmadd_ps(q, s, _mm512_set1_ps(ERF_Q1));
     q = _mm512_fmadd_ps(q, s, _mm512_set1_ps(1.0f));
     __m512 ratio = _mm512_div_ps(_mm512_mul_ps(x, p), q);
     __m512i sign = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32((int)0x80000000u));
     __m512 unit = _mm512_castsi512_ps(_mm512_or_si512(sign, _mm512_castps_si512(_mm512_set1_ps(1.0f))));
-    __mmask16 far = _mm512_cmp_ps_mask(_mm512_abs_ps(x), _mm512_set1_ps(3.92f), _CMP_GE_OQ); /* NaN: no */
+    __mmask16 far = _mm512_cmp_ps_mask(_mm512_abs_ps(x), _mm512_set1_ps(ERF_FAR), _CMP_GE_OQ); /* NaN: no */
     return _mm512_mask_blend_ps(far, ratio, unit);
 }
 

@@ -7,6 +7,8 @@
 #include <stddef.h>
 #include <string.h>
 
+#include "erf_fit.h"
+
 /* exp(x) within 1e-7 relative for x <= 88, and exactly 0 below ln(FLT_MIN) (-inf and NaN included):
  * Cody-Waite reduction x = n ln2 + r with |r| <= ln2 / 2, then Cephes' polynomial for e^r, scaled by
  * 2^n. */
@@ -41,21 +43,21 @@ static inline float32x4_t gelu_ps(float32x4_t x) {
  * time. */
 static inline float32x4_t erf_ps(float32x4_t x) {
     float32x4_t s = vmulq_f32(x, x);
-    float32x4_t p = vdupq_n_f32(3.458294668e-04f);
-    p = vfmaq_f32(vdupq_n_f32(9.675272740e-03f), p, s);
-    p = vfmaq_f32(vdupq_n_f32(7.085441053e-02f), p, s);
-    p = vfmaq_f32(vdupq_n_f32(3.380581737e-01f), p, s);
-    p = vfmaq_f32(vdupq_n_f32(1.128376961e+00f), p, s); /* 2 / sqrt(pi) */
-    float32x4_t q = vdupq_n_f32(1.996726132e-05f);
-    q = vfmaq_f32(vdupq_n_f32(2.458628267e-03f), q, s);
-    q = vfmaq_f32(vdupq_n_f32(2.690031379e-02f), q, s);
-    q = vfmaq_f32(vdupq_n_f32(1.738491803e-01f), q, s);
-    q = vfmaq_f32(vdupq_n_f32(6.329051852e-01f), q, s);
+    float32x4_t p = vdupq_n_f32(ERF_P4);
+    p = vfmaq_f32(vdupq_n_f32(ERF_P3), p, s);
+    p = vfmaq_f32(vdupq_n_f32(ERF_P2), p, s);
+    p = vfmaq_f32(vdupq_n_f32(ERF_P1), p, s);
+    p = vfmaq_f32(vdupq_n_f32(ERF_P0), p, s);
+    float32x4_t q = vdupq_n_f32(ERF_Q5);
+    q = vfmaq_f32(vdupq_n_f32(ERF_Q4), q, s);
+    q = vfmaq_f32(vdupq_n_f32(ERF_Q3), q, s);
+    q = vfmaq_f32(vdupq_n_f32(ERF_Q2), q, s);
+    q = vfmaq_f32(vdupq_n_f32(ERF_Q1), q, s);
     q = vfmaq_f32(vdupq_n_f32(1.0f), q, s);
     float32x4_t ratio = vdivq_f32(vmulq_f32(x, p), q);
     uint32x4_t sign = vandq_u32(vreinterpretq_u32_f32(x), vdupq_n_u32(0x80000000u));
     float32x4_t unit = vreinterpretq_f32_u32(vorrq_u32(sign, vreinterpretq_u32_f32(vdupq_n_f32(1.0f))));
-    return vbslq_f32(vcageq_f32(x, vdupq_n_f32(3.92f)), unit, ratio);
+    return vbslq_f32(vcageq_f32(x, vdupq_n_f32(ERF_FAR)), unit, ratio);
 }
 
 /* The exact GELU, 0.5x(1 + erf(x / sqrt 2)). */

@@ -2,8 +2,8 @@
  * (src/encode/verbs.c), which checked the arguments.
  *
  * text_encode packs texts end to end without padding (BOS, then at most `context` bytes each), in
- * chunks of at most tower_chunk_tokens tokens (a longer text is a chunk of its own), runs the tower on
- * each chunk, and writes the requested outputs into the arena. One chunk runs per loop turn, so
+ * chunks of at most the tower's chunk_tokens tokens (a longer text is a chunk of its own), runs the tower
+ * on each chunk, and writes the requested outputs into the arena. One chunk runs per loop turn, so
  * progress reports, cancellation and other completions are served between chunks. */
 #include <string.h>
 #include <time.h>
@@ -136,7 +136,7 @@ static void text_chunk(loop_op_t *op) {
     size_t hidden = tower->hidden, items = texts->count;
 
     /* The chunk: items [first, last), at least one. */
-    size_t first = text->next_item, last = first, tokens = 0, most = tower_chunk_tokens(tower);
+    size_t first = text->next_item, last = first, tokens = 0, most = tower->chunk_tokens;
     while (last < items && (last == first || tokens + text_kept(model, texts, last) + 1 <= most))
         tokens += text_kept(model, texts, last++) + 1;
     text_scratch_t scratch;

@@ -4,8 +4,8 @@
  * projection where it has one, and unit length where the family's reference gives it.
  *
  * The texts are cut when the call starts, on the loop thread; then, as for texts read as bytes (text.c),
- * items go in chunks of at most tower_chunk_tokens tokens packed end to end without padding, one chunk per
- * loop turn. A text the tokenizer refuses (not UTF-8) or that leaves no token fails alone with
+ * items go in chunks of at most the tower's chunk_tokens tokens packed end to end without padding, one
+ * chunk per loop turn. A text the tokenizer refuses (not UTF-8) or that leaves no token fails alone with
  * UFORM_FORMAT. */
 #include <jansson.h>
 #include <stdlib.h>
@@ -304,7 +304,7 @@ static void tokens_chunk(loop_op_t *op) {
     size_t const *offsets = text->tokens.offsets;
 
     /* The chunk: items [first, last), at least one. */
-    size_t first = text->next_item, last = first, tokens = 0, most = tower_chunk_tokens(tower);
+    size_t first = text->next_item, last = first, tokens = 0, most = tower->chunk_tokens;
     while (last < items && (last == first || tokens + offsets[last + 1] - offsets[last] <= most))
         tokens += offsets[last + 1] - offsets[last], ++last;
     tokens_scratch_t scratch;

@@ -234,6 +234,15 @@ void tower_release(tower_t *tower) {
     memset(tower, 0, sizeof *tower);
 }
 
+static size_t chunk_tokens(tower_t const *tower) {
+    size_t const sample = TOWER_CHUNK_TOKENS_MAX;
+    size_t row_bytes = (tower_scratch_bytes(tower, sample) + sample * tower->hidden * sizeof(float)) / sample;
+    size_t tokens = TOWER_CHUNK_BYTES / (row_bytes ? row_bytes : 1);
+    return tokens < TOWER_CHUNK_TOKENS_MIN   ? TOWER_CHUNK_TOKENS_MIN
+           : tokens > TOWER_CHUNK_TOKENS_MAX ? TOWER_CHUNK_TOKENS_MAX
+                                             : tokens;
+}
+
 uform_status_t tower_prepare(tower_t *tower, uform_model_t const *model, char const *name,
                              uform_transformer_info_t const *info) {
     memset(tower, 0, sizeof *tower);
@@ -251,6 +260,7 @@ uform_status_t tower_prepare(tower_t *tower, uform_model_t const *model, char co
         tower_release(tower);
         return UFORM_OUT_OF_MEMORY;
     }
+    tower->chunk_tokens = chunk_tokens(tower);
     return UFORM_OK;
 }
 
@@ -296,15 +306,6 @@ size_t tower_scratch_bytes(tower_t const *tower, size_t tokens) {
     size_t bytes = 0;
     scratch_layout(tower, NULL, tokens, &bytes);
     return bytes;
-}
-
-size_t tower_chunk_tokens(tower_t const *tower) {
-    size_t const sample = TOWER_CHUNK_TOKENS_MAX;
-    size_t row_bytes = (tower_scratch_bytes(tower, sample) + sample * tower->hidden * sizeof(float)) / sample;
-    size_t tokens = TOWER_CHUNK_BYTES / (row_bytes ? row_bytes : 1);
-    return tokens < TOWER_CHUNK_TOKENS_MIN   ? TOWER_CHUNK_TOKENS_MIN
-           : tokens > TOWER_CHUNK_TOKENS_MAX ? TOWER_CHUNK_TOKENS_MAX
-                                             : tokens;
 }
 
 /* ---- Linear layers ------------------------------------------------------------------------------ */

@@ -70,8 +70,9 @@ typedef struct tower {
     float *positions;        /* text with learned positions: [positions, hidden] */
     float *token_type;       /* text with a token type: [hidden] */
     size_t positions_count;
-    size_t i8_inputs; /* the widest k of its I8 layers (0: none), for the quantized activations */
-    size_t bytes;     /* memory it holds */
+    size_t i8_inputs;    /* the widest k of its I8 layers (0: none), for the quantized activations */
+    size_t chunk_tokens; /* tokens of a chunk of texts on a host executor (TOWER_CHUNK_BYTES) */
+    size_t bytes;        /* memory it holds */
 } tower_t;
 
 /* Prepares tower `name` ("text", "image", "audio") of a loaded model from its tensors in the checkpoint
@@ -85,15 +86,15 @@ void tower_release(tower_t *tower);
 /* Scratch a forward pass over up to `tokens` tokens needs, in bytes. */
 size_t tower_scratch_bytes(tower_t const *tower, size_t tokens);
 
-/* Tokens of a chunk of texts on a host executor: as many as keep the forward pass's rows (x and
- * tower_scratch_bytes) within TOWER_CHUNK_BYTES, from TOWER_CHUNK_TOKENS_MIN to TOWER_CHUNK_TOKENS_MAX.
+/* tower_t.chunk_tokens, set by tower_prepare: the tokens of a chunk of texts on a host executor, as many
+ * as keep the forward pass's rows (x and tower_scratch_bytes) within TOWER_CHUNK_BYTES, from
+ * TOWER_CHUNK_TOKENS_MIN to TOWER_CHUNK_TOKENS_MAX.
  * Rows that stay in the last-level cache between layers are read back at its speed: on a 2-core AMD Zen 4
  * (1 MiB of L2 a core, a 32 MiB L3) chunks of 512 tokens ran all-MiniLM-L6-v2 (hidden 384) 8% faster than
  * chunks of 2,048, and a hidden-768 tower 4% faster; 256 to 512 tokens were alike, 768 and more slower. */
 #define TOWER_CHUNK_BYTES      (8u << 20)
 #define TOWER_CHUNK_TOKENS_MIN 256
 #define TOWER_CHUNK_TOKENS_MAX 2048
-size_t tower_chunk_tokens(tower_t const *tower);
 
 typedef struct tower_batch {
     size_t tokens; /* rows of x */

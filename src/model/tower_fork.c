@@ -236,9 +236,10 @@ static void attention_work(void *context, size_t thread) {
         return;
     }
     if (first % items) attention_head(job, first / items, first % items, items);
-    for (size_t item = 0; whole_first < whole_end && item < items; ++item)
-        for (size_t head = whole_first; head < whole_end; ++head)
-            attention_head(job, head, item, item + 1);
+    if (whole_first < whole_end)
+        for (size_t item = 0; item < items; ++item)
+            for (size_t head = whole_first; head < whole_end; ++head)
+                attention_head(job, head, item, item + 1);
     if (last % items) attention_head(job, whole_end, 0, last % items);
 }
 
