@@ -236,7 +236,8 @@ typedef enum uform_executor_kind {
 } uform_executor_kind_t;
 
 typedef enum uform_mood {
-    UFORM_SLEEPING = 0, /* idle workers sleep (a futex or its stand-in): no CPU, wake-up latency */
+    UFORM_SLEEPING = 0, /* idle workers sleep (a futex or its stand-in): no CPU, wake-up latency. In
+                           either mood, during a call, workers poll a little (200 us) for its next step */
     UFORM_SPINNING = 1, /* idle workers poll: until the next call after a drain, `spin_ns` after a call */
 } uform_mood_t;
 

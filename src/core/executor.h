@@ -14,6 +14,10 @@
 #define EXECUTOR_CALL_STORAGE 1152
 #define EXECUTOR_WAITERS      (1u << 31)   /* drain or free sleeps on `active` */
 #define EXECUTOR_SPIN_NS      100000000ull /* the default spin: 100 ms, like OpenMP runtimes' block time */
+/* How long a worker polls for the next fork while a call holds the executor, in either mood, before it
+ * sleeps: the forks of one call follow each other within microseconds, and a worker woken from its futex
+ * for each one started it late (tens of microseconds on a virtual machine) while the loop thread waited. */
+#define EXECUTOR_FORK_SPIN_NS 200000ull
 
 struct call;
 

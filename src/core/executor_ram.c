@@ -87,26 +87,34 @@ static void thread_pin(uform_executor_t *executor, size_t index) {
 }
 
 /* Polls *word while it equals `seen`: until the next call after uform_executor_drain(UFORM_SPINNING)
- * (executor_spin_held), else for spin_ns. Answers the last value read, `seen` when the spin ran out. */
-static uint32_t team_spin(uform_executor_t *executor, _Atomic uint32_t *word, uint32_t seen) {
-    uint64_t deadline = loop_now_ns() + executor->spin_ns;
+ * (executor_spin_held), else for `ns`, or, `in_call`, until no call holds the executor. Answers the last
+ * value read, `seen` when the spin ran out. */
+static uint32_t team_spin(uform_executor_t *executor, _Atomic uint32_t *word, uint32_t seen, uint64_t ns,
+                          bool in_call) {
+    uint64_t deadline = loop_now_ns() + ns;
     for (unsigned spins = 1;; ++spins) {
         cpu_relax();
         uint32_t value = atomic_load_explicit(word, memory_order_acquire);
         if (value != seen) return value;
-        if ((spins & 255) == 0 && !executor_spin_held(executor) && loop_now_ns() > deadline) return value;
+        if ((spins & 255) != 0 || executor_spin_held(executor)) continue;
+        if (loop_now_ns() > deadline) return value;
+        if (in_call && !atomic_load_explicit(&executor->holder, memory_order_relaxed)) return value;
     }
 }
 
-/* Waits until *word differs from `seen`: polls in the spinning mood (team_spin), then sleeps. A worker
- * woken with nothing new (ram_wake_idle, after a drain into the spinning mood) polls again. */
+/* Waits until *word differs from `seen`: polls (team_spin) for spin_ns in the spinning mood, and while a
+ * call holds the executor for EXECUTOR_FORK_SPIN_NS in the sleeping one (or for that long at least), then
+ * sleeps. A worker woken with nothing new (ram_wake_idle, after a drain into the spinning mood) polls
+ * again. */
 static uint32_t team_await(team_t *team, _Atomic uint32_t *word, uint32_t seen) {
     uform_executor_t *executor = team->executor;
     uint32_t value = atomic_load_explicit(word, memory_order_acquire);
     while (value == seen) {
-        if (atomic_load_explicit(&executor->mood, memory_order_relaxed) == UFORM_SPINNING &&
-            (value = team_spin(executor, word, seen)) != seen)
-            return value;
+        bool spinning = atomic_load_explicit(&executor->mood, memory_order_relaxed) == UFORM_SPINNING;
+        bool in_call = atomic_load_explicit(&executor->holder, memory_order_relaxed) != NULL;
+        uint64_t ns = spinning ? executor->spin_ns : 0;
+        if (in_call && ns < EXECUTOR_FORK_SPIN_NS) ns = EXECUTOR_FORK_SPIN_NS;
+        if (ns && (value = team_spin(executor, word, seen, ns, in_call && !spinning)) != seen) return value;
         atomic_fetch_add_explicit(&team->sleepers, 1, memory_order_seq_cst);
         value = atomic_load_explicit(word, memory_order_seq_cst);
         if (value == seen) futex_wait(word, seen);
