@@ -3,7 +3,6 @@
  * GEMM, its sum exact in int32 and then scaled (kernels.h), and the weights' quantization; and the
  * training GEMM, c[m, n] (+)= op(a)[m, k] . op(b)[k, n], each output summed in F32 in k order and then
  * added to c. */
-#include <float.h>
 #include <math.h>
 #include <stdbool.h>
 #include <string.h>
@@ -70,10 +69,10 @@ static int32_t round_half_away(float ratio) {
     return whole + (fraction >= 0.5f) - (fraction <= -0.5f);
 }
 
-/* Written for the compiler's vectorizer (a model's load quantizes every weight here): the largest
- * magnitude is the largest of the BF16 bits without their sign (magnitudes order as those integers do,
- * and every bit pattern from the infinity's up is an infinity or a NaN), and the division, the rounding
- * and the clamp run in branch-free lanes. */
+/* A model's load quantizes every weight here, so no loop tests a weight: the largest magnitude is the
+ * largest of the BF16 bits without their sign (magnitudes order as those integers do, and every bit
+ * pattern from the infinity's up is an infinity or a NaN), and the rounding and the clamp are
+ * arithmetic and selects. */
 void kernel_quantize_weights(int8_t *q, float *scale, uint16_t const *w, size_t k) {
     uint16_t largest_bits = 0;
     for (size_t i = 0; i < k; ++i) {

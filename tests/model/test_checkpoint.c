@@ -20,6 +20,7 @@
 #include "bad_checkpoints.h"
 #include "checkpoint.h"
 #include "fixtures.h"
+#include "json_faults.h"
 
 static char directory[256];
 
@@ -642,45 +643,27 @@ static void test_fuzz_header(void **state) {
 }
 
 /* jansson's allocator, failing its `fail_at`th allocation from the last reset. */
-static size_t json_allocations, json_fail_at;
-
-/* The sizes jansson 2.14's token buffer grows through (strbuffer doubles from 16 bytes). When such a
- * growth fails, its lexer drops the byte (lex_save ignores strbuffer_append_byte's status) and parses
- * on: the token loses a character, and when that is a string's closing quote, the string's copy is
- * read and written past its end (a heap overflow inside jansson). That window is jansson's, outside
- * the engine's reach (uform_model_load_ram says so): those allocations are never failed here. */
-static bool jansson_buffer_growth(size_t size) {
-    return size >= 32 && (size & (size - 1)) == 0;
-}
-
-static void *json_failing_malloc(size_t size) {
-    if (jansson_buffer_growth(size)) return malloc(size);
-    return ++json_allocations == json_fail_at ? NULL : malloc(size);
-}
-
 /* Every other allocation jansson makes while parsing a valid header, failed in turn: each parse answers
  * OUT_OF_MEMORY (jansson reports some such failures as syntax errors), never FORMAT. */
 static void checkpoint_json_oom_reported_as_format(void **state) {
     (void)state;
     size_t size;
     uint8_t *bytes = tiny_file("oom.safetensors", 3, &size);
-    json_allocations = 0, json_fail_at = 0;
-    json_set_alloc_funcs(json_failing_malloc, free);
+    json_fail_allocation(0);
     checkpoint_header_t header;
     char const *message = NULL;
     uform_status_t status = parse_bytes(bytes, size, &header, &message);
-    json_set_alloc_funcs(malloc, free);
+    json_allocations_restore();
     assert_int_equal(status, UFORM_OK);
     checkpoint_header_free(&header);
-    size_t const allocations = json_allocations;
+    size_t const allocations = json_allocations_counted();
     assert_true(allocations > 500);
-    for (json_fail_at = 1; json_fail_at <= allocations; ++json_fail_at) {
-        json_allocations = 0;
-        json_set_alloc_funcs(json_failing_malloc, free);
+    for (size_t fail_at = 1; fail_at <= allocations; ++fail_at) {
+        json_fail_allocation(fail_at);
         status = parse_bytes(bytes, size, &header, &message);
-        json_set_alloc_funcs(malloc, free);
+        json_allocations_restore();
         if (status != UFORM_OUT_OF_MEMORY)
-            fail_msg("allocation %zu of %zu failed: status %s (%s)", json_fail_at, allocations,
+            fail_msg("allocation %zu of %zu failed: status %s (%s)", fail_at, allocations,
                      uform_status_name(status), status == UFORM_OK ? "" : message);
         assert_string_equal(message, "out of memory parsing checkpoint JSON");
         assert_header_empty(&header);
@@ -698,12 +681,11 @@ static void json_error_unset_read_as_duplicate_key(void **state) {
     uint8_t *bytes = tiny_file("unset.safetensors", 3, &size);
     checkpoint_header_t header;
     char const *message = NULL;
-    for (json_fail_at = 1; json_fail_at <= 2; ++json_fail_at) {
-        json_allocations = 0;
-        json_set_alloc_funcs(json_failing_malloc, free);
+    for (size_t fail_at = 1; fail_at <= 2; ++fail_at) {
+        json_fail_allocation(fail_at);
         stack_paint((unsigned char)json_error_duplicate_key);
         uform_status_t status = parse_bytes(bytes, size, &header, &message);
-        json_set_alloc_funcs(malloc, free);
+        json_allocations_restore();
         assert_int_equal(status, UFORM_OUT_OF_MEMORY);
         assert_string_equal(message, "out of memory parsing checkpoint JSON");
         assert_header_empty(&header);

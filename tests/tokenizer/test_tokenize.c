@@ -13,6 +13,7 @@
 #include <jansson.h>
 
 #include "fixtures.h"
+#include "json_faults.h"
 #include "uform_config.h"
 
 /* WordPiece over 21 tokens, BertNormalizer (lowercase), BertPreTokenizer, "[CLS] $A [SEP]", the five
@@ -248,13 +249,6 @@ static void test_null_share_of_texts_without_tokens(void **state) {
     uform_tokenizer_free(tokenizer);
 }
 
-/* jansson's allocator, failing its first allocation (the lexer's buffer) after each reset. */
-static size_t json_allocations;
-
-static void *json_first_fails(size_t size) {
-    return ++json_allocations == 1 ? NULL : malloc(size);
-}
-
 /* A tokenizer.json whose parse fails for memory is OUT_OF_MEMORY: jansson says nothing when an
  * allocation fails (its error's code, the last byte of its text, stays unwritten), and the parse read
  * that code, FORMAT where the stack held another. */
@@ -263,11 +257,10 @@ static void test_json_error_unset_read_as_format(void **state) {
     char json[sizeof tiny_format + 512];
     snprintf(json, sizeof json, tiny_format, no_options);
     uform_tokenizer_t *tokenizer = NULL;
-    json_allocations = 0;
-    json_set_alloc_funcs(json_first_fails, free);
+    json_fail_allocation(1);
     stack_paint((unsigned char)json_error_invalid_syntax);
     uform_status_t status = uform_tokenizer_parse(json, strlen(json), &tokenizer);
-    json_set_alloc_funcs(malloc, free);
+    json_allocations_restore();
     assert_int_equal(status, UFORM_OUT_OF_MEMORY);
     assert_null(tokenizer);
     uform_error_t error = uform_last_error();
