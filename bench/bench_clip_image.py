@@ -12,10 +12,13 @@ tower (the bench embeds images only) and CLIPImageProcessor's configuration. The
 files (quality 90) of scikit-image's photos at their own sizes (300x451 to 512x512), cycled. Every engine
 embeds every file through CLIP's own preprocessing (shortest side to 224 by Pillow's bicubic, center crop,
 rescale, normalize):
-  (a) the engine: `uform encode --model FOLDER --threads N --weights bf16|i8 --manifest FILE --format f32`
-      with its rows sent to /dev/null, timed by the wall clock as a whole (the folder's load, reading and
-      decoding the files included: end to end), the best of two runs; a one-image run's time is printed
-      beside it as the start-up's share;
+  (a) the engine through its Python package (uform.Model(FOLDER, executor=Executor.ram(threads=N),
+      weights="bf16"|"i8").encode_images over the files' paths in one call, decoding included), loaded and
+      after a warm-up call, as the others are measured, in a process of its own, the best of two passes;
+      and `uform encode --model FOLDER --threads N --weights bf16|i8 --manifest FILE --format f32` with its
+      rows sent to /dev/null, timed by the wall clock as a whole (the folder's load, reading and decoding
+      the files included: end to end), the best of two runs; a one-image run's time is printed beside it
+      as the start-up's share;
   (b) transformers: Image.open + CLIPImageProcessor + CLIPModel.get_image_features in batches of 32, on
       PyTorch with torch.set_num_threads(N) (and as many OpenBLAS threads), in float32 and in bfloat16
       (`model.to(torch.bfloat16)`), after a warm-up batch;
@@ -38,6 +41,35 @@ from pathlib import Path
 
 import bench_common as common
 
+PASSES = 2
+BATCH = 32
+
+
+def package_run(build: str, folder: str, manifest: str, threads: str, weights: str, out: str) -> int:
+    """`bench_clip_image.py --package-run ...`: the engine's package alone in this process (numpy and uform
+    imported, nothing else): prints its images per second, and saves the embeddings to `out` (.npy)."""
+    sys.path.insert(0, str(Path(build) / "python"))
+    import json
+
+    import numpy as np
+    import uform
+
+    paths = [Path(json.loads(line)["image"]) for line in Path(manifest).read_text(encoding="utf-8").splitlines()]
+    model = uform.Model(folder, executor=uform.Executor.ram(threads=int(threads)), weights=weights)
+    model.encode_images(paths[:BATCH])  # the warm-up
+    best = float("inf")
+    for _ in range(PASSES):
+        began = time.perf_counter()
+        vectors = model.encode_images(paths)
+        best = min(best, time.perf_counter() - began)
+    np.save(out, np.asarray(vectors, dtype=np.float64))
+    print(len(paths) / best)
+    return 0
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--package-run"]:
+    sys.exit(package_run(*sys.argv[2:8]))
+
 REPOSITORY = common.REPOSITORY
 sys.path.insert(0, str(REPOSITORY / "tests" / "model"))
 sys.path.insert(0, str(REPOSITORY / "tests" / "tokenizer"))
@@ -49,8 +81,6 @@ import torch  # noqa: E402
 
 import pretrained_support as support  # noqa: E402
 from bench_pretrained import cpu_name, measure_and_print, ort_int8, ort_session  # noqa: E402
-
-BATCH = 32
 
 
 def clip_folder(workdir: Path) -> Path:
@@ -131,6 +161,20 @@ def bench_uform(uform: Path, folder: Path, workdir: Path, images: list, threads:
         return None, str(error).splitlines()[0][:160], None
     vectors = np.array([json.loads(line)["embedding"] for line in done.stdout.decode().splitlines()])
     return len(images) / best, f"one image: {start_up:.2f} s", vectors
+
+
+def bench_package(build: Path, folder: Path, workdir: Path, images: list, threads: int, weights: str):
+    """The engine's Python package from `build`, loaded, after a warm-up call, as the others are measured,
+    in a process of its own (package_run)."""
+    manifest = write_manifest(workdir / "images.jsonl", images)
+    out = workdir / "package.npy"
+    command = [sys.executable, str(Path(__file__).resolve()), "--package-run", str(build), str(folder),
+               str(manifest), str(threads), weights, str(out)]
+    ran = subprocess.run(command, capture_output=True, text=True)
+    if ran.returncode:
+        lines = (ran.stderr or ran.stdout).strip().splitlines() or [f"exit status {ran.returncode}"]
+        return None, lines[-1][:160], None
+    return float(ran.stdout.split()[-1]), "", np.load(out)
 
 
 def processed(processor, paths: list):
@@ -229,16 +273,22 @@ def main() -> int:
     print(f"{folder}: CLIP ViT-B/16 image tower, random BF16-valued weights\n{len(images)} JPEG files "
           f"(scikit-image's photos, 300x451 to 512x512); batches of {BATCH} for PyTorch and ONNX Runtime")
 
-    runs = [("uform, BF16 weights (end to end)", lambda n: bench_uform(uform, folder, workdir, images, n, "bf16")),
-            ("uform, I8 weights (end to end)", lambda n: bench_uform(uform, folder, workdir, images, n, "i8")),
+    build = Path(args.build).absolute()
+    # In bench_pretrained's order (measure_and_print's ratios and cosines read runs 0, 1 and 4).
+    runs = [("uform, BF16 weights", lambda n: bench_package(build, folder, workdir, images, n, "bf16")),
+            ("uform, I8 weights", lambda n: bench_package(build, folder, workdir, images, n, "i8")),
+            ("uform encode, BF16 weights (end to end)",
+             lambda n: bench_uform(uform, folder, workdir, images, n, "bf16")),
+            ("uform encode, I8 weights (end to end)", lambda n: bench_uform(uform, folder, workdir, images, n, "i8")),
             ("transformers, PyTorch float32", lambda n: bench_torch(folder, images, n, torch.float32)),
             ("transformers, PyTorch bfloat16", lambda n: bench_torch(folder, images, n, torch.bfloat16)),
             ("ONNX Runtime float32", lambda n: bench_ort(folder, workdir, images, n, "float32")),
             ("ONNX Runtime int8 (quantize_dynamic)", lambda n: bench_ort(folder, workdir, images, n, "int8"))]
     measure_and_print(runs, threads, "images per second")
-    print("\nuform's figures are end to end (a process per run: the folder's load, reading and decoding the files "
-          "included); the others' exclude loading the model but include Pillow's decoding and the processor. "
-          "'min cosine': against transformers in float32.")
+    print("\n'uform': the Python package, the model loaded and warmed up, as the others (in a process of its own; "
+          "reading and decoding the files included); 'uform encode': end to end (a process per run: the folder's "
+          "load included). The others exclude loading the model but include Pillow's decoding and the processor. "
+          "The ratios are the package's. 'min cosine': against transformers in float32.")
     return 0
 
 
