@@ -101,41 +101,70 @@ void kernel_f32_to_bf16_avx2(uint16_t *out, float const *x, size_t n) {
 
 /* ---- I8 activations ------------------------------------------------------------------------------ */
 
-/* quantize_rows as kernel_quantize_rows_scalar computes it: min and max are exact in any order, x inv is one
- * rounding, and the conversion rounds to nearest even as rintf does. Masked lanes load 0, which neither
- * widens the range (it holds 0) nor is flagged. */
+/* A row's range for quantize_rows: min and max over its k values (and 0), exact in any order, in two chains
+ * of two vectors each, the tail through a lane mask (masked lanes load 0, which holds in the range).
+ * `finite` is whether no value is a NaN or an infinity: a sum of x * 0, which is NaN exactly then. */
+static bool row_range(float const *x, size_t k, float *low, float *high) {
+    __m256 const zero = _mm256_setzero_ps();
+    __m256 lo[2] = {zero, zero}, hi[2] = {zero, zero}, odd[2] = {zero, zero};
+    size_t i = 0;
+    for (; i + 2 * LANES <= k; i += 2 * LANES) {
+#pragma GCC unroll 2
+        for (size_t j = 0; j < 2; ++j) {
+            __m256 v = _mm256_loadu_ps(x + i + j * LANES);
+            lo[j] = _mm256_min_ps(lo[j], v);
+            hi[j] = _mm256_max_ps(hi[j], v);
+            odd[j] = _mm256_fmadd_ps(v, zero, odd[j]);
+        }
+    }
+    for (; i < k; i += LANES) {
+        __m256 v = _mm256_maskload_ps(x + i, tail_mask(k - i));
+        lo[0] = _mm256_min_ps(lo[0], v);
+        hi[0] = _mm256_max_ps(hi[0], v);
+        odd[0] = _mm256_fmadd_ps(v, zero, odd[0]);
+    }
+    float lows[LANES], highs[LANES];
+    _mm256_storeu_ps(lows, _mm256_min_ps(lo[0], lo[1]));
+    _mm256_storeu_ps(highs, _mm256_max_ps(hi[0], hi[1]));
+    for (size_t j = 1; j < LANES; ++j) {
+        lows[0] = fminf(lows[0], lows[j]);
+        highs[0] = fmaxf(highs[0], highs[j]);
+    }
+    *low = lows[0], *high = highs[0];
+    __m256 sum = _mm256_add_ps(odd[0], odd[1]);
+    return !_mm256_movemask_ps(_mm256_cmp_ps(sum, sum, _CMP_UNORD_Q));
+}
+
+/* round(v by) + zero as int32, rounded to nearest even as rintf does. */
+static inline __m256i quantized(__m256 v, __m256 by, __m256i zero) {
+    return _mm256_add_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v, by)), zero);
+}
+
+/* quantize_rows as kernel_quantize_rows_scalar computes it: x inv is one rounding, and the conversion rounds
+ * to nearest even. 32 values at a time narrow to bytes by two saturating packs (int32 to int16, then to
+ * unsigned bytes: the clamp to [0, 255]), which interleave the four vectors' 128-bit lanes; a permute puts
+ * their 32-bit groups back in order. The tail goes a value at a time. */
 void kernel_quantize_rows_avx2(uint8_t *q, size_t q_stride, float *scales, int32_t *zeros, float const *x,
                                size_t x_stride, size_t rows, size_t k) {
+    __m256i const order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     for (size_t r = 0; r < rows; ++r, q += q_stride, x += x_stride) {
-        __m256 lo = _mm256_setzero_ps(), hi = lo, bad = lo;
-        for (size_t i = 0; i < k; i += LANES) {
-            __m256 v = _mm256_maskload_ps(x + i, tail_mask(k - i));
-            lo = _mm256_min_ps(lo, v);
-            hi = _mm256_max_ps(hi, v);
-            bad = _mm256_or_ps(bad, _mm256_cmp_ps(_mm256_sub_ps(v, v), _mm256_setzero_ps(), _CMP_NEQ_UQ));
-        }
-        float lows[LANES], highs[LANES], inv;
-        _mm256_storeu_ps(lows, lo);
-        _mm256_storeu_ps(highs, hi);
-        for (size_t i = 1; i < LANES; ++i) {
-            lows[0] = fminf(lows[0], lows[i]);
-            highs[0] = fmaxf(highs[0], highs[i]);
-        }
-        if (!kernel_quantize_range(lows[0], highs[0], !_mm256_movemask_ps(bad), &inv, &zeros[r],
-                                   &scales[r])) {
+        float lo, hi, inv;
+        bool finite = row_range(x, k, &lo, &hi);
+        if (!kernel_quantize_range(lo, hi, finite, &inv, &zeros[r], &scales[r])) {
             memset(q, 0, k);
             continue;
         }
         __m256 by = _mm256_set1_ps(inv);
-        __m256i zero = _mm256_set1_epi32(zeros[r]), top = _mm256_set1_epi32(255);
+        __m256i zero = _mm256_set1_epi32(zeros[r]);
         size_t i = 0;
-        for (; i + LANES <= k; i += LANES) {
-            __m256i value = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i), by));
-            value = _mm256_min_epi32(_mm256_max_epi32(_mm256_add_epi32(value, zero), _mm256_setzero_si256()),
-                                     top);
-            __m128i words =
-                _mm_packus_epi32(_mm256_castsi256_si128(value), _mm256_extracti128_si256(value, 1));
-            _mm_storel_epi64((__m128i *)(q + i), _mm_packus_epi16(words, words));
+        for (; i + 4 * LANES <= k; i += 4 * LANES) {
+            __m256i v[4];
+#pragma GCC unroll 4
+            for (size_t j = 0; j < 4; ++j)
+                v[j] = quantized(_mm256_loadu_ps(x + i + j * LANES), by, zero);
+            __m256i bytes =
+                _mm256_packus_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+            _mm256_storeu_si256((__m256i *)(q + i), _mm256_permutevar8x32_epi32(bytes, order));
         }
         for (; i < k; ++i)
             q[i] = kernel_quantize_value(x[i], inv, zeros[r]);

@@ -139,34 +139,71 @@ static void convert_i8(int8_t *out, float const *x, size_t n, float *scale) {
 
 /* ---- I8 activations ------------------------------------------------------------------------------ */
 
-/* quantize_rows as kernel_quantize_rows_scalar computes it: min and max are exact in any order, x inv is one
- * rounding, and the conversion rounds to nearest even as rintf does. */
+/* A row's range for quantize_rows: min and max over its k values (and 0), exact in any order, in two chains
+ * of two vectors each, with the tail masked (masked lanes load 0, which holds in the range). `finite` is
+ * whether no value is a NaN or an infinity: a sum of x * 0, which is NaN exactly then. */
+static bool row_range(float const *x, size_t k, float *low, float *high) {
+    __m512 const zero = _mm512_setzero_ps();
+    __m512 lo[2] = {zero, zero}, hi[2] = {zero, zero}, odd[2] = {zero, zero};
+    size_t i = 0;
+    for (; i + 2 * LANES <= k; i += 2 * LANES) {
+#pragma GCC unroll 2
+        for (size_t j = 0; j < 2; ++j) {
+            __m512 v = _mm512_loadu_ps(x + i + j * LANES);
+            lo[j] = _mm512_min_ps(lo[j], v);
+            hi[j] = _mm512_max_ps(hi[j], v);
+            odd[j] = _mm512_fmadd_ps(v, zero, odd[j]);
+        }
+    }
+    for (; i < k; i += LANES) {
+        __m512 v = _mm512_maskz_loadu_ps(tail_mask(k - i), x + i);
+        lo[0] = _mm512_min_ps(lo[0], v);
+        hi[0] = _mm512_max_ps(hi[0], v);
+        odd[0] = _mm512_fmadd_ps(v, zero, odd[0]);
+    }
+    *low = _mm512_reduce_min_ps(_mm512_min_ps(lo[0], lo[1]));
+    *high = _mm512_reduce_max_ps(_mm512_max_ps(hi[0], hi[1]));
+    __m512 sum = _mm512_add_ps(odd[0], odd[1]);
+    return !_mm512_cmp_ps_mask(sum, sum, _CMP_UNORD_Q);
+}
+
+/* round(v by) + zero as int32, rounded to nearest even as rintf does. */
+static inline __m512i quantized(__m512 v, __m512 by, __m512i zero) {
+    return _mm512_add_epi32(
+        _mm512_cvt_roundps_epi32(_mm512_mul_ps(v, by), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), zero);
+}
+
+/* quantize_rows as kernel_quantize_rows_scalar computes it: x inv is one rounding, and the conversion rounds
+ * to nearest even. 64 values at a time narrow to bytes by two saturating packs (int32 to int16, then to
+ * unsigned bytes: the clamp to [0, 255]), which interleave the four vectors' 128-bit lanes; a permute puts
+ * their 32-bit groups back in order. The tail clamps and narrows 16 values at a time. */
 void kernel_quantize_rows_avx512(uint8_t *q, size_t q_stride, float *scales, int32_t *zeros, float const *x,
                                  size_t x_stride, size_t rows, size_t k) {
+    __m512i const order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
     for (size_t r = 0; r < rows; ++r, q += q_stride, x += x_stride) {
-        __m512 lo = _mm512_setzero_ps(), hi = lo;
-        __mmask16 bad = 0;
-        for (size_t i = 0; i < k; i += LANES) {
-            __mmask16 mask = tail_mask(k - i);
-            __m512 v = _mm512_maskz_loadu_ps(mask, x + i);
-            lo = _mm512_min_ps(lo, v);
-            hi = _mm512_max_ps(hi, v);
-            bad |= _mm512_mask_cmp_ps_mask(mask, _mm512_sub_ps(v, v), _mm512_setzero_ps(), _CMP_NEQ_UQ);
-        }
-        float inv;
-        if (!kernel_quantize_range(_mm512_reduce_min_ps(lo), _mm512_reduce_max_ps(hi), !bad, &inv, &zeros[r],
-                                   &scales[r])) {
+        float lo, hi, inv;
+        bool finite = row_range(x, k, &lo, &hi);
+        if (!kernel_quantize_range(lo, hi, finite, &inv, &zeros[r], &scales[r])) {
             memset(q, 0, k);
             continue;
         }
         __m512 by = _mm512_set1_ps(inv);
-        __m512i zero = _mm512_set1_epi32(zeros[r]), top = _mm512_set1_epi32(255);
-        for (size_t i = 0; i < k; i += LANES) {
+        __m512i zero = _mm512_set1_epi32(zeros[r]);
+        size_t i = 0;
+        for (; i + 4 * LANES <= k; i += 4 * LANES) {
+            __m512i v[4];
+#pragma GCC unroll 4
+            for (size_t j = 0; j < 4; ++j)
+                v[j] = quantized(_mm512_loadu_ps(x + i + j * LANES), by, zero);
+            __m512i bytes =
+                _mm512_packus_epi16(_mm512_packs_epi32(v[0], v[1]), _mm512_packs_epi32(v[2], v[3]));
+            _mm512_storeu_si512(q + i, _mm512_permutexvar_epi32(order, bytes));
+        }
+        __m512i const top = _mm512_set1_epi32(255);
+        for (; i < k; i += LANES) {
             __mmask16 mask = tail_mask(k - i);
-            __m512i value = _mm512_cvt_roundps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(mask, x + i), by),
-                                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-            value = _mm512_min_epi32(_mm512_max_epi32(_mm512_add_epi32(value, zero), _mm512_setzero_si512()),
-                                     top);
+            __m512i value = quantized(_mm512_maskz_loadu_ps(mask, x + i), by, zero);
+            value = _mm512_min_epi32(_mm512_max_epi32(value, _mm512_setzero_si512()), top);
             _mm_mask_storeu_epi8(q + i, mask, _mm512_cvtepi32_epi8(value));
         }
     }

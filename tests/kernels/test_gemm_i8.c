@@ -215,7 +215,7 @@ static void test_quantize_rows_scalar(void **state) {
 }
 
 /* Rows of every length to 100 and a few long ones, of every kind (mixed signs, one sign, an outlier,
- * zeros, a NaN, an infinity): every path bitwise the scalar one, scales and zero points too. */
+ * zeros, a NaN, infinities): every path bitwise the scalar one, scales and zero points too. */
 static void test_quantize_rows_paths(void **state) {
     (void)state;
     kernels_t const *paths[16];
@@ -233,7 +233,9 @@ static void test_quantize_rows_paths(void **state) {
                                      : r == 3 ? (i == k / 2 ? 1e4f : value)
                                      : r == 4 ? 0.0f
                                      : r == 5 ? (i == k - 1 ? NAN : value)
-                                     : r == 6 ? (i == 0 ? -INFINITY : value)
+                                     : r == 6 ? (i == 0           ? -INFINITY
+                                                 : i == k / 2 + 1 ? INFINITY
+                                                                  : value)
                                               : value;
             }
         uint8_t *q = problem_allocate(rows * k), *q_reference = problem_allocate(rows * k);
