@@ -68,45 +68,74 @@ void PATH_KERNEL(rmsnorm)(float *y, size_t y_stride, float const *x, size_t x_st
     }
 }
 
-/* The sum of x[0, n), in double. */
+/* The sum of x[0, n), in double: two vectors at a time in four chains, the tail masked. */
 static double sum_values(float const *x, size_t n) {
-    vdouble low = vd_zero(), high = vd_zero();
-    for (size_t i = 0; i < n; i += LANES) {
-        vfloat v = vf_maskload(x + i, tail_mask(n - i));
-        low = vd_add(low, vd_low(v));
-        high = vd_add(high, vd_high(v));
+    vdouble sums[4] = {vd_zero(), vd_zero(), vd_zero(), vd_zero()};
+    size_t i = 0;
+    for (; i + 2 * LANES <= n; i += 2 * LANES) {
+        vfloat v = vf_loadu(x + i), w = vf_loadu(x + i + LANES);
+        sums[0] = vd_add(sums[0], vd_low(v));
+        sums[1] = vd_add(sums[1], vd_high(v));
+        sums[2] = vd_add(sums[2], vd_low(w));
+        sums[3] = vd_add(sums[3], vd_high(w));
     }
-    return vd_reduce_add(vd_add(low, high));
+    for (; i < n; i += LANES) {
+        vfloat v = vf_maskload(x + i, tail_mask(n - i));
+        sums[0] = vd_add(sums[0], vd_low(v));
+        sums[1] = vd_add(sums[1], vd_high(v));
+    }
+    return vd_reduce_add(vd_add(vd_add(sums[0], sums[1]), vd_add(sums[2], sums[3])));
 }
 
-/* x[0, LANES) - mean under `mask`, as (x - high) - low (kernel_layernorm_scalar); 0 in the lanes past it. */
-static inline vfloat deviations(float const *x, vmask mask, vfloat high, vfloat low) {
+/* x[0, LANES) - mean, as (x - high) - low (kernel_layernorm_scalar). */
+static inline vfloat deviations(float const *x, vfloat high, vfloat low) {
+    return vf_sub(vf_sub(vf_loadu(x), high), low);
+}
+
+/* The same under `mask`: 0 in the lanes past it. */
+static inline vfloat deviations_masked(float const *x, vmask mask, vfloat high, vfloat low) {
     return vf_maskzero(mask, vf_sub(vf_sub(vf_maskload(x, mask), high), low));
 }
 
+/* squares[c] += the squares of the deviation's halves, in double, into chains c and c + 1. */
+static inline void add_squares(vdouble squares[], size_t c, vfloat deviation) {
+    vdouble first = vd_low(deviation), second = vd_high(deviation);
+    squares[c] = vd_fmadd(first, first, squares[c]);
+    squares[c + 1] = vd_fmadd(second, second, squares[c + 1]);
+}
+
 /* layernorm as kernel_layernorm_scalar: the mean and the sum of squared deviations in double (the deviations
- * themselves in F32, (x - high) - low), then the output in F32, LANES at a time. */
+ * themselves in F32, (x - high) - low), two vectors at a time in four chains, then the output in F32, LANES
+ * at a time; the tails masked. */
 void PATH_KERNEL(layernorm)(float *y, size_t y_stride, float const *x, size_t x_stride, float const *weight,
                             float const *bias, size_t rows, size_t n, float eps) {
+    size_t const whole = n - n % LANES;
     for (size_t r = 0; r < rows; ++r, y += y_stride, x += x_stride) {
         double mean = sum_values(x, n) / (double)n;
         float mean_high = (float)mean;
         vfloat high = vf_set1(mean_high), low = vf_set1((float)(mean - mean_high));
-        vdouble squares[2] = {vd_zero(), vd_zero()};
-        for (size_t i = 0; i < n; i += LANES) {
-            vfloat deviation = deviations(x + i, tail_mask(n - i), high, low);
-            vdouble first = vd_low(deviation), second = vd_high(deviation);
-            squares[0] = vd_fmadd(first, first, squares[0]);
-            squares[1] = vd_fmadd(second, second, squares[1]);
+        vdouble squares[4] = {vd_zero(), vd_zero(), vd_zero(), vd_zero()};
+        size_t i = 0;
+        for (; i + 2 * LANES <= n; i += 2 * LANES) {
+            add_squares(squares, 0, deviations(x + i, high, low));
+            add_squares(squares, 2, deviations(x + i + LANES, high, low));
         }
-        double variance = vd_reduce_add(vd_add(squares[0], squares[1])) / (double)n;
+        for (; i < n; i += LANES)
+            add_squares(squares, 0, deviations_masked(x + i, tail_mask(n - i), high, low));
+        double variance =
+            vd_reduce_add(vd_add(vd_add(squares[0], squares[1]), vd_add(squares[2], squares[3]))) / (double)n;
         vfloat inverse = vf_set1((float)(1.0 / sqrt(variance + eps)));
-        for (size_t i = 0; i < n; i += LANES) {
-            vmask mask = tail_mask(n - i);
-            vfloat value =
-                vf_mul(vf_mul(deviations(x + i, mask, high, low), inverse), vf_maskload(weight + i, mask));
-            if (bias) value = vf_add(value, vf_maskload(bias + i, mask));
-            vf_maskstore(y + i, mask, value);
+        for (i = 0; i < whole; i += LANES) {
+            vfloat value = vf_mul(vf_mul(deviations(x + i, high, low), inverse), vf_loadu(weight + i));
+            if (bias) value = vf_add(value, vf_loadu(bias + i));
+            vf_storeu(y + i, value);
+        }
+        if (whole < n) {
+            vmask mask = tail_mask(n - whole);
+            vfloat value = vf_mul(vf_mul(deviations_masked(x + whole, mask, high, low), inverse),
+                                  vf_maskload(weight + whole, mask));
+            if (bias) value = vf_add(value, vf_maskload(bias + whole, mask));
+            vf_maskstore(y + whole, mask, value);
         }
     }
 }
