@@ -28,8 +28,16 @@
         .attention_backward = kernel_attention_backward_##attention_backward_path,                           \
         .quantize_rows = kernel_quantize_rows_##vector_path, .gemm_i8 = kernel_gemm_i8_##i8_path,            \
         .gemm_i8_packed_size = kernel_gemm_i8_packed_size_##i8_path,                                         \
-        .gemm_i8_pack = kernel_gemm_i8_pack_##i8_path                                                        \
+        .gemm_i8_pack = kernel_gemm_i8_pack_##i8_path, .attention_bf16 = ATTENTION_BF16_##attention_path     \
     }
+
+/* Whether a path's attention rounds its products' operands to BF16 (kernels_t.attention_bf16), by the
+ * suffix PATH_TABLE names it by. */
+#define ATTENTION_BF16_scalar     false
+#define ATTENTION_BF16_avx2       false
+#define ATTENTION_BF16_avx512     false
+#define ATTENTION_BF16_avx512bf16 true
+#define ATTENTION_BF16_neon       false
 
 static kernels_t const scalar_path = PATH_TABLE("scalar", scalar, scalar, scalar, scalar, scalar, scalar);
 
@@ -51,7 +59,7 @@ static bool cpu_any(void) {
 #include <unistd.h>
 #endif
 
-static kernels_t const amx_path = PATH_TABLE("amx", amx, avx512, avx512, avx512, avx512, amx);
+static kernels_t const amx_path = PATH_TABLE("amx", amx, avx512, avx512bf16, avx512, avx512, amx);
 
 static kernels_t const avx2_path = PATH_TABLE("avx2", avx2, avx2, avx2, scalar, avx2, avx2);
 
@@ -64,7 +72,7 @@ static kernels_t const avx512vnni_path =
     PATH_TABLE("avx512vnni", avx512, avx512, avx512, avx512, avx512, avx512vnni);
 
 static kernels_t const avx512bf16_path =
-    PATH_TABLE("avx512bf16", avx512bf16, avx512, avx512, avx512, avx512, avx512vnni);
+    PATH_TABLE("avx512bf16", avx512bf16, avx512, avx512bf16, avx512, avx512, avx512vnni);
 
 static kernels_t const avxvnni_evex_path =
     PATH_TABLE("avxvnni_evex", avx512, avx512, avx512, avx512, avx512, avxvnni_evex);
@@ -97,9 +105,9 @@ static bool cpu_has_avx512bf16(void) {
 /* AMX's tiles (gemm_amx.c) run where the CPU has them (CPUID.(EAX=7, ECX=0):EDX bits 24 AMX-TILE, 22
  * AMX-BF16 and 25 AMX-INT8, and a palette in leaf 0x1D), the OS saves them (XCR0 bits 17 XTILECFG and 18
  * XTILEDATA) and Linux lets this process use them: asked once, ARCH_REQ_XCOMP_PERM for XTILEDATA, before
- * any tile instruction (without it the first one raises SIGILL). The path's other kernels are avx512's,
- * with AVX512-BF16 for its activations' rounding. Whatever fails leaves the path out and says why in
- * amx_state (kernels_amx_state). */
+ * any tile instruction (without it the first one raises SIGILL). The path's other kernels are avx512's
+ * but its attention, avx512bf16's, with AVX512-BF16 for its activations' rounding. Whatever fails leaves the
+ * path out and says why in amx_state (kernels_amx_state). */
 static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
 static bool amx_enabled;
 static char amx_state[160];

@@ -98,8 +98,13 @@ void kernel_quantize_weights(int8_t *q, float *scale, uint16_t const *w, size_t 
  * - causal: row r of an item attends to rows <= r of that item; else to every row of the item;
  * - scale: the scores' factor, 1/sqrt(head) in the towers.
  * The softmax is computed online over tiles of keys (no [L, L] matrix is formed). The SIMD paths keep a block
- * of queries' state on the calling thread's stack: up to 40 KiB of it.
- * Tolerance against scalar: 1e-4 relative to max|v| per element. */
+ * of queries' state on the calling thread's stack: up to 48 KiB of it.
+ * Paths may round the products' operands to BF16 (kernels_t.attention_bf16; avx512bf16 and amx do), as
+ * PyTorch's bf16 attention does: q scale (scaled in F32), k, v and the softmax weights exp(score - max),
+ * to nearest even; scores, softmax and sums stay F32.
+ * Tolerance: 1e-4 relative to max|v| per element against scalar; a path that rounds, 2^-8 relative to
+ * max|v| against attention in double over the rounded q scale, k and v (the weights' rounding, 2^-9 of
+ * each, is what it leaves). */
 typedef struct kernel_attention {
     float const *q, *k, *v;
     size_t stride;
@@ -234,6 +239,8 @@ typedef struct kernels {
 
     /* One head of attention over every item of the batch. */
     void (*attention)(kernel_attention_t const *attention, size_t item_begin, size_t item_end);
+    /* Whether `attention` rounds its products' operands to BF16 (kernel_attention_t). */
+    bool attention_bf16;
 
     /* In place: x = softmax(x) over n values, computed as exp(x - max) / sum. Tolerance 1e-6 absolute. */
     void (*softmax)(float *x, size_t n);

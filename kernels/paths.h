@@ -72,7 +72,10 @@ KERNEL_TRAINING_FUNCTIONS(avx512)
 void kernel_convert_avx512(void *out, float const *x, size_t n, uform_scalar_t scalar, float *scale);
 KERNEL_GEMM_I8_FUNCTIONS(avx512vnni)
 KERNEL_GEMM_FUNCTIONS(avx512bf16)
-/* amx: its GEMM and I8 GEMM on the tiles (gemm_amx.c), avx512's other kernels; amx_emulated is the same
+/* avx512bf16's attention, with BF16 products (vector_avx512.c, built for AVX512-BF16 by its target) */
+void kernel_attention_avx512bf16(kernel_attention_t const *attention, size_t item_begin, size_t item_end);
+/* amx: its GEMM and I8 GEMM on the tiles (gemm_amx.c), avx512bf16's attention, avx512's other kernels;
+ * amx_emulated is the same
  * file built for tests/kernels/test_gemm_amx.c with the tile instructions emulated */
 KERNEL_GEMM_FUNCTIONS(amx)
 KERNEL_GEMM_I8_FUNCTIONS(amx)

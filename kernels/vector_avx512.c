@@ -1,7 +1,8 @@
 /* The AVX-512 (F, BW, DQ, VL) path of the non-GEMM kernels, 16 F32 lanes per vector. RMSNorm,
  * LayerNorm, softmax, normalize, GELU, their backward passes and attention are vector_driver.h's; here are
  * what it takes from the instruction set (the tail mask, the 16 x 16 transpose and the causal mask of
- * attention) and the conversions, whose tails are handled with lane masks too.
+ * attention), the conversions, whose tails are handled with lane masks too, and the avx512bf16 path's
+ * attention, the driver's with BF16 products.
  *
  * The loops marked `#pragma GCC unroll` run over a fixed number of vectors: unrolled, their arrays of
  * vectors stay in registers (gcc -O2 would keep them in memory). */
@@ -68,6 +69,177 @@ static void mask_future(float scores[][LANES], size_t count, size_t first_key, s
 /* kernel_rmsnorm_avx512, kernel_attention_avx512, ...: the kernels vector_driver.h defines. */
 #define PATH_KERNEL(name) kernel_##name##_avx512
 #include "vector_driver.h"
+
+/* ---- Attention with BF16 products: the avx512bf16 and amx paths' --------------------------------
+ * vector_driver.h's attention with both of its products on AVX512-BF16's dot product (vdpbf16ps: each F32
+ * lane adds two BF16 products): the block's scaled queries, each tile's keys and values and its softmax
+ * weights are rounded to BF16 (to nearest even), as PyTorch's bf16 attention rounds them; the scores, the
+ * online softmax and the sums stay F32. Pairs of BF16 values share a 32-bit lane: a vector of the queries
+ * holds dims 2p and 2p + 1 of each of the block's queries side by side, and is multiplied by a key's dims
+ * 2p and 2p + 1 broadcast; a vector of the weights holds keys 2p and 2p + 1 of each query side by side, and
+ * is multiplied by those keys' values of one dim broadcast. A tile's keys (rows of BF16) and then its values
+ * (per pair of keys, per dim, the two values) take turns in one buffer of 16 KiB: tiles of 64 keys for
+ * heads to 128 dims, fewer (a multiple of LANES) for wider ones; a block's state takes 46 KiB of stack.
+ * Compiled for AVX512-BF16 by its functions' target attribute; dispatch.c chooses it only where the CPU
+ * has AVX512-BF16. */
+#define BF16_TARGET      __attribute__((target("avx512bf16")))
+#define BF16_TILE_VALUES 8192 /* BF16 values of the tile's buffer */
+#define BF16_SCORE_GROUP 16   /* keys scored together: vdpbf16ps's latency wants more chains than FMA's */
+
+/* The 32 BF16 of a and b, rounded to nearest even, alternating: a[0], b[0], a[1], b[1], ... */
+static inline BF16_TARGET __m512i bf16_interleaved(__m512 a, __m512 b) {
+    static uint16_t const order[2 * LANES] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+                                              8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+    return _mm512_permutexvar_epi16(_mm512_loadu_si512(order), (__m512i)_mm512_cvtne2ps_pbh(b, a));
+}
+
+/* sum + the dot products of the pairs in `pairs` with the 32-bit pair at `pair` broadcast: vdpbf16ps with
+ * its broadcast embedded, one instruction where the compiler would load the broadcast apart. */
+static inline BF16_TARGET __m512 dot_broadcast(__m512 sum, __m512bh pairs, void const *pair) {
+    __asm__("vdpbf16ps %2%{1to16%}, %1, %0" : "+v"(sum) : "v"(pairs), "m"(*(uint32_t const *)pair));
+    return sum;
+}
+
+/* The block's queries, scaled in F32 and rounded: pairs[p] holds dims 2p and 2p + 1 of each of the LANES
+ * queries, zero past `rows` and past the head, to `padded` dims (the next multiple of LANES). */
+static inline __attribute__((always_inline)) BF16_TARGET void
+load_query_pairs(__m512i pairs[], float const *q, size_t stride, size_t rows, float scale, size_t head) {
+    _Alignas(VECTOR_ALIGN) float chunk[LANES][LANES];
+    vfloat by = vf_set1(scale);
+    for (size_t d = 0; d < head; d += LANES) {
+        if (head - d >= LANES)
+            load_queries_part(chunk, q + d, stride, rows, by, LANES);
+        else
+            load_queries_part(chunk, q + d, stride, rows, by, head - d);
+        for (size_t i = 0; i < LANES; i += 2)
+            pairs[(d + i) / 2] = bf16_interleaved(vf_load(chunk[i]), vf_load(chunk[i + 1]));
+    }
+}
+
+/* The tile's `count` keys as rows of `padded` BF16 in `keys`, zero past the head, and rows of zeros to the
+ * next multiple of BF16_SCORE_GROUP (scored, never read). */
+static inline __attribute__((always_inline)) BF16_TARGET void
+load_keys(uint16_t *keys, float const *k, size_t stride, size_t count, size_t head, size_t padded) {
+    for (size_t j = 0; j < count; ++j)
+        for (size_t d = 0; d < head; d += LANES) {
+            vfloat key = load_part(k + j * stride + d, head - d < LANES ? head - d : LANES);
+            _mm256_store_si256((__m256i *)(keys + j * padded + d), (__m256i)_mm512_cvtneps_pbh(key));
+        }
+    size_t rows = (count + BF16_SCORE_GROUP - 1) / BF16_SCORE_GROUP * BF16_SCORE_GROUP;
+    memset(keys + count * padded, 0, (rows - count) * padded * sizeof(uint16_t));
+}
+
+/* scores[j] for the BF16_SCORE_GROUP keys from row `first` of `keys`: the paired queries' dot products. */
+static inline __attribute__((always_inline)) BF16_TARGET void score_group_bf16(float scores[][LANES],
+                                                                               __m512i const pairs[],
+                                                                               uint16_t const *keys,
+                                                                               size_t first, size_t padded) {
+    vfloat sums[BF16_SCORE_GROUP];
+#pragma GCC unroll 16
+    for (size_t j = 0; j < BF16_SCORE_GROUP; ++j)
+        sums[j] = vf_zero();
+    for (size_t p = 0; p < padded / 2; ++p) {
+        __m512bh query = (__m512bh)pairs[p];
+#pragma GCC unroll 16
+        for (size_t j = 0; j < BF16_SCORE_GROUP; ++j)
+            sums[j] = dot_broadcast(sums[j], query, keys + (first + j) * padded + 2 * p);
+    }
+#pragma GCC unroll 16
+    for (size_t j = 0; j < BF16_SCORE_GROUP; ++j)
+        vf_store(scores[j], sums[j]);
+}
+
+/* The tile's weights paired (keys 2p and 2p + 1 of each query side by side, a missing last key's weight
+ * 0), and its values in `values`: per pair of keys, `padded` dims of the two values (a missing key's 0, 0
+ * past the head). */
+static inline __attribute__((always_inline)) BF16_TARGET void
+load_weights_values(__m512i weights[], uint32_t *values, float const scores[][LANES], float const *v,
+                    size_t stride, size_t count, size_t head, size_t padded) {
+    for (size_t j = 0; j < count; j += 2) {
+        bool second = j + 1 < count;
+        weights[j / 2] = bf16_interleaved(vf_load(scores[j]), second ? vf_load(scores[j + 1]) : vf_zero());
+        for (size_t d = 0; d < head; d += LANES) {
+            size_t width = head - d < LANES ? head - d : LANES;
+            vfloat a = load_part(v + j * stride + d, width);
+            vfloat b = second ? load_part(v + (j + 1) * stride + d, width) : vf_zero();
+            _mm512_store_si512(values + j / 2 * padded + d, bf16_interleaved(a, b));
+        }
+    }
+}
+
+/* state->values (rescaled by `correction`) += the paired weights times the paired values, LANES dims at a
+ * time. */
+static inline __attribute__((always_inline)) BF16_TARGET void
+add_weighted_values(online_block_t *state, vfloat correction, __m512i const weights[], uint32_t const *values,
+                    size_t count, size_t padded) {
+    for (size_t chunk = 0; chunk < padded; chunk += LANES) {
+        vfloat sums[LANES];
+#pragma GCC unroll 16
+        for (size_t d = 0; d < LANES; ++d)
+            sums[d] = vf_mul(vf_load(state->values[chunk + d]), correction);
+        for (size_t p = 0; p < (count + 1) / 2; ++p) {
+            __m512bh weight = (__m512bh)weights[p];
+#pragma GCC unroll 16
+            for (size_t d = 0; d < LANES; ++d)
+                sums[d] = dot_broadcast(sums[d], weight, values + p * padded + chunk + d);
+        }
+#pragma GCC unroll 16
+        for (size_t d = 0; d < LANES; ++d)
+            vf_store(state->values[chunk + d], sums[d]);
+    }
+}
+
+/* Queries [first_query, first_query + rows) of the item whose keys are rows [first_key, end_key). Tiles
+ * start at multiples of a multiple of LANES keys from the item's first row, so that each begins at or
+ * before the block's first query (see attend_item). */
+static inline __attribute__((always_inline)) BF16_TARGET void attend_block_bf16(kernel_attention_t const *a,
+                                                                                size_t first_query,
+                                                                                size_t rows, size_t first_key,
+                                                                                size_t end_key, size_t head) {
+    __m512i pairs[KERNEL_HEAD_MAX / 2], weights[ATTENTION_TILE / 2];
+    _Alignas(VECTOR_ALIGN) float scores[ATTENTION_TILE][LANES];
+    _Alignas(64) uint16_t tile[BF16_TILE_VALUES];
+    online_block_t state;
+    size_t const padded = (head + LANES - 1) / LANES * LANES;
+    size_t const fits = BF16_TILE_VALUES / padded / LANES * LANES;
+    size_t const tile_keys = fits < ATTENTION_TILE ? fits : ATTENTION_TILE;
+    state.max = vf_set1(-INFINITY);
+    state.sum = vf_zero();
+    memset(state.values, 0, padded * sizeof state.values[0]);
+    load_query_pairs(pairs, a->q + first_query * a->stride, a->stride, rows, a->scale, head);
+    for (size_t first = first_key; first < end_key; first += tile_keys) {
+        size_t count = end_key - first < tile_keys ? end_key - first : tile_keys;
+        load_keys(tile, a->k + first * a->stride, a->stride, count, head, padded);
+        for (size_t j = 0; j < count; j += BF16_SCORE_GROUP)
+            score_group_bf16(scores + j, pairs, tile, j, padded);
+        if (a->causal) mask_future(scores, count, first, first_query);
+        vfloat correction = tile_weights(&state, scores, count);
+        uint32_t *values = (uint32_t *)(void *)tile;
+        load_weights_values(weights, values, scores, a->v + first * a->stride, a->stride, count, head,
+                            padded);
+        add_weighted_values(&state, correction, weights, values, count, padded);
+    }
+    store_block(a->out + first_query * a->out_stride, a->out_stride, &state, rows, head);
+}
+
+static inline __attribute__((always_inline)) BF16_TARGET void attend_item_bf16(kernel_attention_t const *a,
+                                                                               size_t item, size_t head) {
+    size_t first = a->offsets[item], end = a->offsets[item + 1];
+    for (size_t block = first; block < end; block += LANES) {
+        size_t rows = end - block < LANES ? end - block : LANES;
+        attend_block_bf16(a, block, rows, first, a->causal ? block + rows : end, head);
+    }
+}
+
+BF16_TARGET void kernel_attention_avx512bf16(kernel_attention_t const *attention, size_t item_begin,
+                                             size_t item_end) {
+    for (size_t item = item_begin; item < item_end; ++item) {
+        if (attention->head == KERNEL_HEAD)
+            attend_item_bf16(attention, item, KERNEL_HEAD);
+        else
+            attend_item_bf16(attention, item, attention->head);
+    }
+}
 
 /* ---- Conversions -------------------------------------------------------------------------------- */
 

@@ -276,16 +276,24 @@ static void check_outside_last_head_untouched(width_batch_t const *batch, float 
                 fail_msg("attention of width %zu wrote column %zu of row %zu", width, i, row);
 }
 
-/* One row of the last head's attention in double, against keys [first, end): out [width]. */
+/* x rounded to BF16 (to nearest even), as a path with attention_bf16 rounds its products' operands. */
+static double bf16_rounded(float x) {
+    return bf16_to_f32(f32_to_bf16(x));
+}
+
+/* One row of the last head's attention in double, against keys [first, end): out [width]. `rounded`: over
+ * the operands a path with attention_bf16 multiplies, q scale (scaled in F32), k and v rounded to BF16. */
 static void width_row_double(width_batch_t const *batch, kernel_attention_t const *a, size_t row,
-                             size_t first, size_t end, double *out) {
+                             size_t first, size_t end, bool rounded, double *out) {
     size_t width = batch->width;
     double *scores = test_malloc((end - first) * sizeof(double)), max = -INFINITY, sum = 0.0;
     for (size_t j = first; j < end; ++j) {
         double dot = 0.0;
-        for (size_t d = 0; d < width; ++d)
-            dot += (double)a->q[row * a->stride + d] * a->k[j * a->stride + d];
-        scores[j - first] = dot * a->scale;
+        for (size_t d = 0; d < width; ++d) {
+            float query = a->q[row * a->stride + d], key = a->k[j * a->stride + d];
+            dot += rounded ? bf16_rounded(query * a->scale) * bf16_rounded(key) : (double)query * key;
+        }
+        scores[j - first] = rounded ? dot : dot * a->scale;
         max = fmax(max, scores[j - first]);
     }
     for (size_t d = 0; d < width; ++d)
@@ -293,8 +301,10 @@ static void width_row_double(width_batch_t const *batch, kernel_attention_t cons
     for (size_t j = first; j < end; ++j) {
         double weight = exp(scores[j - first] - max);
         sum += weight;
-        for (size_t d = 0; d < width; ++d)
-            out[d] += weight * a->v[j * a->stride + d];
+        for (size_t d = 0; d < width; ++d) {
+            float value = a->v[j * a->stride + d];
+            out[d] += weight * (rounded ? bf16_rounded(value) : value);
+        }
     }
     for (size_t d = 0; d < width; ++d)
         out[d] /= sum;
@@ -315,7 +325,7 @@ static void scalar_attention_widths_match_naive(void **state) {
             for (size_t item = 0; item < WIDTH_ITEMS; ++item)
                 for (size_t row = batch.offsets[item]; row < batch.offsets[item + 1]; ++row) {
                     width_row_double(&batch, &a, row, batch.offsets[item],
-                                     causal ? row + 1 : batch.offsets[item + 1], expected);
+                                     causal ? row + 1 : batch.offsets[item + 1], false, expected);
                     for (size_t d = 0; d < batch.width; ++d)
                         check_near(a.out[row * a.out_stride + d], expected[d], 1e-5, "attention",
                                    row * batch.width + d);
@@ -624,9 +634,35 @@ static void paths_rope_match_scalar(void **state) {
     test_free(x);
 }
 
-/* One path's attention over the whole batch, and again over ranges of items: the same bits. */
+/* What a path with attention_bf16 is held to on head `head` of the batch: attention in double over q scale
+ * (scaled in F32), k and v rounded to BF16, at the head's columns of [tokens, HIDDEN], the sentinel elsewhere
+ * (test_free it). */
+static float *rounded_expected(qkv_batch_t const *batch, size_t head, bool causal) {
+    float *expected = floats_filled(batch->tokens * HIDDEN, SENTINEL);
+    kernel_attention_t a = qkv_batch_head(batch, head, causal, expected);
+    size_t const n = batch->tokens * KERNEL_HEAD;
+    double *q = head_in_double(batch, head), *k = q + n, *v = k + n;
+    for (size_t i = 0; i < n; ++i) {
+        q[i] = bf16_rounded((float)q[i] * a.scale);
+        k[i] = bf16_rounded((float)k[i]);
+        v[i] = bf16_rounded((float)v[i]);
+    }
+    for (size_t item = 0; item < ITEMS; ++item)
+        for (size_t row = batch->offsets[item]; row < batch->offsets[item + 1]; ++row) {
+            double out[KERNEL_HEAD];
+            attention_row_double(q, k, v, row, batch->offsets[item],
+                                 causal ? row + 1 : batch->offsets[item + 1], 1.0, out);
+            for (size_t d = 0; d < KERNEL_HEAD; ++d)
+                a.out[row * HIDDEN + d] = (float)out[d];
+        }
+    test_free(q);
+    return expected;
+}
+
+/* One path's attention over the whole batch within `tolerance` of `expected`, and again over ranges of
+ * items: the same bits. */
 static void check_attention_path(kernels_t const *path, qkv_batch_t const *batch, bool causal,
-                                 float const *expected) {
+                                 float const *expected, double tolerance) {
     size_t const cuts[] = {0, 2, 3, 3, 5, ITEMS};
     size_t floats = batch->tokens * HIDDEN;
     float *whole = floats_filled(floats, SENTINEL), *pieces = floats_filled(floats, SENTINEL);
@@ -634,7 +670,7 @@ static void check_attention_path(kernels_t const *path, qkv_batch_t const *batch
     path->attention(&a, 0, ITEMS);
     check_other_heads_untouched(whole, batch->tokens, 2);
     for (size_t i = 0; i < floats; ++i)
-        check_near(whole[i], expected[i], 1e-4, path->name, i); /* max|v| is 1 */
+        check_near(whole[i], expected[i], tolerance, path->name, i);
     a.out = pieces + 2 * KERNEL_HEAD;
     for (size_t c = 0; c + 1 < COUNT(cuts); ++c)
         path->attention(&a, cuts[c], cuts[c + 1]);
@@ -654,16 +690,37 @@ static void paths_attention_match_scalar(void **state) {
             float *expected = floats_filled(batch.tokens * HIDDEN, SENTINEL);
             kernel_attention_t a = qkv_batch_head(&batch, 2, causal, expected);
             kernels_scalar()->attention(&a, 0, ITEMS);
-            for (size_t p = 0; p < path_count; ++p)
-                check_attention_path(paths[p], &batch, causal, expected);
-            test_free(expected);
+            float *rounded = rounded_expected(&batch, 2, causal);
+            for (size_t p = 0; p < path_count; ++p) /* max|v| is 1: kernel_attention_t's tolerances */
+                if (paths[p]->attention_bf16)
+                    check_attention_path(paths[p], &batch, causal, rounded, 0x1p-8);
+                else
+                    check_attention_path(paths[p], &batch, causal, expected, 1e-4);
+            test_free(expected), test_free(rounded);
         }
         test_free(batch.qkv);
     }
 }
 
-/* Every path against scalar at every head width, causal and not: within 1e-4 (max|v| is 1), nothing written
- * outside the head, and the same bits over ranges of items as over the whole batch. */
+/* The last head's attention in double over the operands a path with attention_bf16 rounds
+ * (width_row_double's), at its columns of an output like width_batch_out's (test_free it). */
+static float *width_rounded_expected(width_batch_t const *batch, bool causal) {
+    float *expected = width_batch_out(batch);
+    kernel_attention_t a = width_batch_last_head(batch, causal, expected);
+    double out[KERNEL_HEAD_MAX];
+    for (size_t item = 0; item < WIDTH_ITEMS; ++item)
+        for (size_t row = batch->offsets[item]; row < batch->offsets[item + 1]; ++row) {
+            width_row_double(batch, &a, row, batch->offsets[item],
+                             causal ? row + 1 : batch->offsets[item + 1], true, out);
+            for (size_t d = 0; d < batch->width; ++d)
+                a.out[row * a.out_stride + d] = (float)out[d];
+        }
+    return expected;
+}
+
+/* Every path at every head width, causal and not: within 1e-4 of scalar, or a path with attention_bf16
+ * within 2^-8 of attention over its rounded operands (max|v| is 1); nothing written outside the head, and
+ * the same bits over ranges of items as over the whole batch. */
 static void paths_attention_widths_match_scalar(void **state) {
     (void)state;
     kernels_t const *paths[SIMD_PATHS];
@@ -677,20 +734,23 @@ static void paths_attention_widths_match_scalar(void **state) {
             float *expected = width_batch_out(&batch);
             kernel_attention_t a = width_batch_last_head(&batch, causal, expected);
             kernels_scalar()->attention(&a, 0, WIDTH_ITEMS);
+            float *rounded = width_rounded_expected(&batch, causal);
             for (size_t p = 0; p < path_count; ++p) {
                 float *whole = width_batch_out(&batch), *pieces = width_batch_out(&batch);
                 a = width_batch_last_head(&batch, causal, whole);
                 paths[p]->attention(&a, 0, WIDTH_ITEMS);
                 check_outside_last_head_untouched(&batch, whole);
+                bool bf16 = paths[p]->attention_bf16;
                 for (size_t i = 0; i < floats; ++i)
-                    check_near(whole[i], expected[i], 1e-4, paths[p]->name, i);
+                    check_near(whole[i], bf16 ? rounded[i] : expected[i], bf16 ? 0x1p-8 : 1e-4,
+                               paths[p]->name, i);
                 a = width_batch_last_head(&batch, causal, pieces);
                 for (size_t c = 0; c + 1 < COUNT(cuts); ++c)
                     paths[p]->attention(&a, cuts[c], cuts[c + 1]);
                 assert_memory_equal(pieces, whole, floats * sizeof(float));
                 test_free(whole), test_free(pieces);
             }
-            test_free(expected);
+            test_free(expected), test_free(rounded);
         }
         test_free(batch.qkv);
     }
