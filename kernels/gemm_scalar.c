@@ -61,36 +61,21 @@ void kernel_gemm_scalar(kernel_gemm_t const *g, size_t n_begin, size_t n_end) {
 
 /* ---- I8 ------------------------------------------------------------------------------------------ */
 
-/* round(ratio) half away from zero, for |ratio| < 2^31: the fraction ratio - trunc(ratio) is exact. Inline
- * integer arithmetic where roundf would be a call per weight at load. */
-static int32_t round_half_away(float ratio) {
-    int32_t whole = (int32_t)ratio;
-    float fraction = ratio - (float)whole;
-    return whole + (fraction >= 0.5f) - (fraction <= -0.5f);
-}
-
-/* A model's load quantizes every weight here, so no loop tests a weight: the largest magnitude is the
- * largest of the BF16 bits without their sign (magnitudes order as those integers do, and every bit
- * pattern from the infinity's up is an infinity or a NaN), and the rounding and the clamp are
- * arithmetic and selects. */
+/* No loop tests a weight: the largest magnitude is the largest of the BF16 bits without their sign, and
+ * each weight's rounding and clamp are arithmetic and selects (kernel_quantize_weight). */
 void kernel_quantize_weights(int8_t *q, float *scale, uint16_t const *w, size_t k) {
     uint16_t largest_bits = 0;
     for (size_t i = 0; i < k; ++i) {
         uint16_t magnitude = w[i] & 0x7fffu;
         largest_bits = magnitude > largest_bits ? magnitude : largest_bits;
     }
-    bool finite = largest_bits < 0x7f80u;
-    float largest = bf16_to_f32(largest_bits);
-    *scale = finite ? largest / 127.0f : NAN;
-    if (!finite || largest_bits == 0) {
+    if (!kernel_weights_scale(largest_bits, scale)) {
         memset(q, 0, k);
         return;
     }
     float const divisor = *scale;
-    for (size_t i = 0; i < k; ++i) {
-        int32_t value = round_half_away(bf16_to_f32(w[i]) / divisor);
-        q[i] = (int8_t)(value < -127 ? -127 : value > 127 ? 127 : value);
-    }
+    for (size_t i = 0; i < k; ++i)
+        q[i] = kernel_quantize_weight(w[i], divisor);
 }
 
 /* The scalar packing: w [n, k] as it is, then the scales [n] at the next multiple of 64 bytes. */

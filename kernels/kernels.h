@@ -78,8 +78,9 @@ typedef struct kernel_gemm {
 
 /* Per output row of a BF16 weight [k]: scale = max|w| / 127, q = round(w / scale) half away from zero
  * (as the I8 output conversion), a zero row all 0 with scale 0, a row holding a NaN or an infinity all 0
- * with scale NaN (so that every output it makes is NaN, as the BF16 weight would make it). One function
- * for every path: a checkpoint quantized ahead and a model quantized at load hold the same bytes. */
+ * with scale NaN (so that every output it makes is NaN, as the BF16 weight would make it). The scalar
+ * reference; kernels_t.quantize_weights is the path's, bitwise equal to it, so that a checkpoint quantized
+ * ahead and a model quantized at load hold the same bytes on every path. */
 void kernel_quantize_weights(int8_t *q, float *scale, uint16_t const *w, size_t k);
 
 /* Rotary positions on one head's vector of 64: pairs (i, i + 32) rotated by p * 10000^(-2i/64). The heads
@@ -259,6 +260,9 @@ typedef struct kernels {
 
     /* ---- I8 weights (see kernel_gemm_t) ---- */
 
+    /* kernel_quantize_weights, bitwise: a row of a BF16 weight quantized at a model's load. */
+    void (*quantize_weights)(int8_t *q, float *scale, uint16_t const *w, size_t k);
+
     /* Activations per row, asymmetric, for gemm_i8: with lo = min(0, min x) and hi = max(0, max x) over
      * the row's k values, inv = 255 / (hi - lo), zero = rint(-lo inv), q = clamp(rint(x inv) + zero, 0, 255)
      * (rint: to nearest even), scale = (hi - lo) / 255. A row of zeros has q, zero and scale 0; a row
@@ -387,6 +391,25 @@ static inline float bf16_to_f32(uint16_t value) {
         float value;
     } converted = {.bits = (uint32_t)value << 16};
     return converted.value;
+}
+
+/* kernel_quantize_weights' steps, shared by every path's: the scale from the largest of a row's BF16 bits
+ * without their sign (magnitudes order as those integers do, and every pattern from the infinity's up is an
+ * infinity or a NaN), false where the row is all 0 (a zero row, scale 0; a NaN or an infinity, scale NaN);
+ * and one weight's round(w / divisor) half away from zero, clamped to [-127, 127], by integer steps (the
+ * fraction ratio - trunc(ratio) is exact for |ratio| < 2^31). */
+static inline bool kernel_weights_scale(uint16_t largest_bits, float *scale) {
+    bool finite = largest_bits < 0x7f80u;
+    *scale = finite ? bf16_to_f32(largest_bits) / 127.0f : __builtin_nanf("");
+    return finite && largest_bits != 0;
+}
+
+static inline int8_t kernel_quantize_weight(uint16_t w, float divisor) {
+    float ratio = bf16_to_f32(w) / divisor;
+    int32_t whole = (int32_t)ratio;
+    float fraction = ratio - (float)whole;
+    int32_t value = whole + (fraction >= 0.5f) - (fraction <= -0.5f);
+    return (int8_t)(value < -127 ? -127 : value > 127 ? 127 : value);
 }
 
 static inline uint16_t f32_to_bf16(float value) {

@@ -15,10 +15,12 @@
     size_t kernel_gemm_i8_packed_size_##path(size_t n, size_t k);                                            \
     void kernel_gemm_i8_pack_##path(void *packed, int8_t const *w, float const *scales, size_t n, size_t k);
 
-/* quantize_rows (kernels.h), in vector_<path>.c. */
+/* quantize_rows and quantize_weights (kernels.h), in vector_<path>.c (the scalar quantize_weights is
+ * kernel_quantize_weights, in gemm_scalar.c). */
 #define KERNEL_QUANTIZE_FUNCTIONS(path)                                                                      \
     void kernel_quantize_rows_##path(uint8_t *q, size_t q_stride, float *scales, int32_t *zeros,             \
-                                     float const *x, size_t x_stride, size_t rows, size_t k);
+                                     float const *x, size_t x_stride, size_t rows, size_t k);                \
+    void kernel_quantize_weights_##path(int8_t *q, float *scale, uint16_t const *w, size_t k);
 
 #define KERNEL_VECTOR_FUNCTIONS(path)                                                                        \
     void kernel_rmsnorm_##path(float *y, size_t y_stride, float const *x, size_t x_stride,                   \
@@ -58,6 +60,7 @@ void kernel_rope_backward_scalar(float *x, size_t heads, size_t position);
 KERNEL_GEMM_FUNCTIONS(avx2)
 KERNEL_GEMM_I8_FUNCTIONS(avx2)
 KERNEL_QUANTIZE_FUNCTIONS(avx2)
+void kernel_quantize_weights_avx2(int8_t *q, float *scale, uint16_t const *w, size_t k);
 KERNEL_VECTOR_FUNCTIONS(avx2)
 KERNEL_TRAINING_FUNCTIONS(avx2)
 /* avxvnni adds its I8 GEMM (gemm_i8_avxvnni.c), compiled again for AVX512-VNNI and VL as avxvnni_evex */
@@ -67,6 +70,7 @@ KERNEL_GEMM_I8_FUNCTIONS(avxvnni_evex)
  * avx512bf16 its GEMM */
 KERNEL_GEMM_FUNCTIONS(avx512)
 KERNEL_QUANTIZE_FUNCTIONS(avx512)
+void kernel_quantize_weights_avx512(int8_t *q, float *scale, uint16_t const *w, size_t k);
 KERNEL_VECTOR_FUNCTIONS(avx512)
 KERNEL_TRAINING_FUNCTIONS(avx512)
 void kernel_convert_avx512(void *out, float const *x, size_t n, uform_scalar_t scalar, float *scale);

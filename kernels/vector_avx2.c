@@ -99,6 +99,51 @@ void kernel_f32_to_bf16_avx2(uint16_t *out, float const *x, size_t n) {
         out[i] = f32_to_bf16(x[i]);
 }
 
+/* ---- I8 weights ---------------------------------------------------------------------------------- */
+
+/* kernel_quantize_weights, bitwise: the largest BF16 bits without their sign 16 at a time, then per 8
+ * weights the scalar's division, rounding half away from zero (|ratio| - trunc|ratio| is exact, as the
+ * scalar's fraction) and clamp; the tail as the scalar does. */
+void kernel_quantize_weights_avx2(int8_t *q, float *scale, uint16_t const *w, size_t k) {
+    __m256i const magnitude = _mm256_set1_epi16(0x7fff);
+    __m256i largest = _mm256_setzero_si256();
+    size_t i = 0;
+    for (; i + 2 * LANES <= k; i += 2 * LANES)
+        largest = _mm256_max_epu16(largest,
+                                   _mm256_and_si256(_mm256_loadu_si256((__m256i const *)(w + i)), magnitude));
+    __m128i half = _mm_max_epu16(_mm256_castsi256_si128(largest), _mm256_extracti128_si256(largest, 1));
+    /* the largest of 8 as 0xffff less the smallest of their complements (phminposuw) */
+    uint16_t largest_bits =
+        (uint16_t)(0xffffu -
+                   (uint16_t)_mm_cvtsi128_si32(_mm_minpos_epu16(_mm_xor_si128(half, _mm_set1_epi16(-1)))));
+    for (; i < k; ++i) {
+        uint16_t bits = w[i] & 0x7fffu;
+        largest_bits = bits > largest_bits ? bits : largest_bits;
+    }
+    if (!kernel_weights_scale(largest_bits, scale)) {
+        memset(q, 0, k);
+        return;
+    }
+    __m256 const divisor = _mm256_set1_ps(*scale), half_step = _mm256_set1_ps(0.5f),
+                 one = _mm256_set1_ps(1.0f);
+    __m256 const sign = _mm256_set1_ps(-0.0f);
+    __m256i const low = _mm256_set1_epi32(-127), high = _mm256_set1_epi32(127);
+    for (i = 0; i + LANES <= k; i += LANES) {
+        __m256i bits = _mm256_cvtepu16_epi32(_mm_loadu_si128((__m128i const *)(w + i)));
+        __m256 ratio = _mm256_div_ps(_mm256_castsi256_ps(_mm256_slli_epi32(bits, 16)), divisor);
+        __m256 size = _mm256_andnot_ps(sign, ratio);
+        __m256 whole = _mm256_round_ps(size, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+        whole = _mm256_add_ps(
+            whole, _mm256_and_ps(_mm256_cmp_ps(_mm256_sub_ps(size, whole), half_step, _CMP_GE_OQ), one));
+        __m256i value = _mm256_cvttps_epi32(_mm256_or_ps(whole, _mm256_and_ps(ratio, sign)));
+        value = _mm256_min_epi32(_mm256_max_epi32(value, low), high);
+        __m128i words = _mm_packs_epi32(_mm256_castsi256_si128(value), _mm256_extracti128_si256(value, 1));
+        _mm_storel_epi64((__m128i *)(q + i), _mm_packs_epi16(words, words));
+    }
+    for (; i < k; ++i)
+        q[i] = kernel_quantize_weight(w[i], *scale);
+}
+
 /* ---- I8 activations ------------------------------------------------------------------------------ */
 
 /* A row's range for quantize_rows: min and max over its k values (and 0), exact in any order, in two chains

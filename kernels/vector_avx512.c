@@ -309,6 +309,38 @@ static void convert_i8(int8_t *out, float const *x, size_t n, float *scale) {
     }
 }
 
+/* ---- I8 weights ---------------------------------------------------------------------------------- */
+
+/* kernel_quantize_weights, bitwise: the largest BF16 bits without their sign 32 at a time, then per 16
+ * weights the scalar's division, rounding half away from zero (exact, as there) and clamp. */
+void kernel_quantize_weights_avx512(int8_t *q, float *scale, uint16_t const *w, size_t k) {
+    __m512i const magnitude = _mm512_set1_epi16(0x7fff);
+    __m512i largest = _mm512_setzero_si512();
+    for (size_t i = 0; i < k; i += 2 * LANES) {
+        __mmask32 mask = k - i >= 2 * LANES ? ~(__mmask32)0 : (__mmask32)((1u << (k - i)) - 1u);
+        largest =
+            _mm512_max_epu16(largest, _mm512_and_si512(_mm512_maskz_loadu_epi16(mask, w + i), magnitude));
+    }
+    __m256i half = _mm256_max_epu16(_mm512_castsi512_si256(largest), _mm512_extracti64x4_epi64(largest, 1));
+    __m128i quarter = _mm_max_epu16(_mm256_castsi256_si128(half), _mm256_extracti128_si256(half, 1));
+    /* the largest of 8 as 0xffff less the smallest of their complements (phminposuw) */
+    __m128i smallest = _mm_minpos_epu16(_mm_xor_si128(quarter, _mm_set1_epi16(-1)));
+    if (!kernel_weights_scale((uint16_t)(0xffffu - (uint16_t)_mm_cvtsi128_si32(smallest)), scale)) {
+        memset(q, 0, k);
+        return;
+    }
+    __m512 divisor = _mm512_set1_ps(*scale);
+    __m512i const low = _mm512_set1_epi32(-127), high = _mm512_set1_epi32(127);
+    for (size_t i = 0; i < k; i += LANES) {
+        __mmask16 mask = tail_mask(k - i);
+        __m512i bits = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, w + i));
+        __m512 ratio = _mm512_div_ps(_mm512_castsi512_ps(_mm512_slli_epi32(bits, 16)), divisor);
+        __m512i value = _mm512_cvttps_epi32(round_half_away(ratio));
+        value = _mm512_min_epi32(_mm512_max_epi32(value, low), high);
+        _mm_mask_storeu_epi8(q + i, mask, _mm512_cvtepi32_epi8(value));
+    }
+}
+
 /* ---- I8 activations ------------------------------------------------------------------------------ */
 
 /* A row's range for quantize_rows: min and max over its k values (and 0), exact in any order, in two chains

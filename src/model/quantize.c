@@ -5,8 +5,9 @@
  *   the input loaded on the calling thread (uform_model_load_ram: every check a load makes)
  *     -> its tensors in the schema's order (checkpoint_schema_each): each block's linear weight that may be
  *        I8 (checkpoint_quantizable) and is BF16 becomes `<name>` I8 [out, in] and `<name>.scale` F32 [out],
- *        quantized per output row by kernel_quantize_weights, the function a load asking for I8 weights
- *        uses, so that both hold the same bytes; every other tensor, and weights already I8 with their
+ *        quantized per output row by the active kernels' quantize_weights, as a load asking for I8
+ *        weights quantizes them (every path's bitwise kernel_quantize_weights): both hold the same bytes;
+ *        every other tensor, and weights already I8 with their
  *        scales, are written as they are
  *     -> checkpoint_write of the F32 tensors first, then the BF16 ones, then the I8 ones, each kind in that
  *        order: the data section is contiguous (as the safetensors package requires) and every tensor's
@@ -66,8 +67,9 @@ static int quantize_visit(checkpoint_schema_tensor_t const *tensor, void *contex
     int8_t *q = walk->quantized[walk->tensors++] = malloc(n * k + n * sizeof(float));
     if (!q) return 1;
     float *scales = (float *)(void *)(q + n * k);
+    void (*quantize_row)(int8_t *, float *, uint16_t const *, size_t) = kernels_active()->quantize_weights;
     for (size_t row = 0; row < n; ++row)
-        kernel_quantize_weights(q + row * k, &scales[row], (uint16_t const *)weight->data + row * k, k);
+        quantize_row(q + row * k, &scales[row], (uint16_t const *)weight->data + row * k, k);
     weight->dtype = CHECKPOINT_I8;
     weight->data = q;
     walk->sources[walk->count++] = (checkpoint_source_t){

@@ -31,11 +31,11 @@ static size_t linear_packed_size(tower_t const *tower, tower_linear_t const *lay
 
 /* I8 weights [n, k] quantized per row from BF16 ones, their scales [n] after them, malloc'ed; NULL when
  * out of memory. */
-static int8_t *quantize_weights(uint16_t const *values, size_t n, size_t k) {
+static int8_t *quantize_weights(kernels_t const *kernels, uint16_t const *values, size_t n, size_t k) {
     int8_t *q = malloc(n * k + n * sizeof(float));
     for (size_t row = 0; q && row < n; ++row) {
         float scale;
-        kernel_quantize_weights(q + row * k, &scale, values + row * k, k);
+        kernels->quantize_weights(q + row * k, &scale, values + row * k, k);
         memcpy(q + n * k + row * sizeof(float), &scale, sizeof scale);
     }
     return q;
@@ -67,7 +67,7 @@ static bool prepare_linear(tower_t *tower, uform_model_t const *model,
                           : model->weights == UFORM_WEIGHTS_I8 && checkpoint_quantizable(tensor);
     void *converted = layer->i8 == stored_i8 ? NULL
                       : stored_i8            ? (void *)widen_weights(values, scales, n, k)
-                                             : (void *)quantize_weights(values, n, k);
+                                             : (void *)quantize_weights(tower->kernels, values, n, k);
     if (layer->i8 != stored_i8 && !converted) return false;
     if (converted) values = converted;
     if (converted && layer->i8) scales = (float const *)(void const *)((int8_t const *)converted + n * k);

@@ -168,6 +168,45 @@ static void test_quantize_weights(void **state) {
     }
 }
 
+/* Rows of every length to 100 and a few long ones, of every kind (mixed signs at magnitudes from 2^-30 to
+ * 2^30, subnormals, signed zeros, one outlier, ties of the rounding, a NaN or an infinity anywhere, all
+ * zero): every path's quantize_weights bitwise kernel_quantize_weights, its scale too. */
+static void test_quantize_weights_paths(void **state) {
+    (void)state;
+    kernels_t const *paths[16];
+    size_t count = paths_present(paths);
+    random_seed(19);
+    static size_t const long_rows[] = {255, 256, 257, 768, 3072, 3075};
+    for (size_t length = 1; length < 100 + COUNT(long_rows); ++length) {
+        size_t k = length < 100 ? length : long_rows[length - 100];
+        uint16_t *w = problem_allocate(k * sizeof(uint16_t));
+        int8_t *q = problem_allocate(k), *q_reference = problem_allocate(k);
+        for (size_t kind = 0; kind < 9; ++kind) {
+            float top = ldexpf(1.0f, (int)random_below(61) - 30);
+            for (size_t i = 0; i < k; ++i)
+                w[i] = kind == 1   ? (uint16_t)(random_below(0x80) | (random_below(2) << 15)) /* subnormal */
+                       : kind == 2 ? (uint16_t)(random_below(2) << 15)                        /* +-0 */
+                       : kind == 3 ? f32_to_bf16(i == k / 2 ? 1e4f : random_uniform(-1.0f, 1.0f))
+                       : kind == 4
+                           ? f32_to_bf16(i == 0 ? 127.0f / 128.0f /* scale 2^-7: ratios n + 0.5 */
+                                                : ((float)((int)random_below(254) - 127) + 0.5f) / 128.0f)
+                       : kind == 5 ? (i == random_below(k) ? 0x7fc0 : f32_to_bf16(random_uniform(-top, top)))
+                       : kind == 6 ? (i == k - 1 ? 0xff80 : f32_to_bf16(random_uniform(-top, top)))
+                       : kind == 7 ? (i == 0 ? 0x7f80 : f32_to_bf16(random_uniform(-top, top)))
+                                   : f32_to_bf16(random_uniform(-top, top));
+            float scale, scale_reference;
+            kernel_quantize_weights(q_reference, &scale_reference, w, k);
+            for (size_t p = 0; p < count; ++p) {
+                memset(q, 0x55, k);
+                paths[p]->quantize_weights(q, &scale, w, k);
+                assert_memory_equal(q, q_reference, k);
+                assert_memory_equal(&scale, &scale_reference, sizeof scale);
+            }
+        }
+        free(w), free(q), free(q_reference);
+    }
+}
+
 /* quantize_rows of one row of k values on `path`: q, the scale and the zero point. */
 static void quantize_one(kernels_t const *path, float const *x, size_t k, uint8_t *q, float *scale,
                          int32_t *zero) {
@@ -364,6 +403,7 @@ int main(void) {
         cmocka_unit_test(test_scalar_small_cases),
         cmocka_unit_test(test_scalar_packing),
         cmocka_unit_test(test_quantize_weights),
+        cmocka_unit_test(test_quantize_weights_paths),
         cmocka_unit_test(test_quantize_rows_scalar),
         cmocka_unit_test(test_quantize_rows_paths),
         cmocka_unit_test(test_quantized_product_is_close),
