@@ -72,18 +72,19 @@ static void mask_future(float scores[][LANES], size_t count, size_t first_key, s
 
 /* ---- Attention with BF16 products: the avx512bf16 and amx paths' --------------------------------
  * vector_driver.h's attention with both of its products on AVX512-BF16's dot product (vdpbf16ps: each F32
- * lane adds two BF16 products): the block's scaled queries, each tile's keys and values and its softmax
+ * lane adds two BF16 products): the blocks' scaled queries, each tile's keys and values and its softmax
  * weights are rounded to BF16 (to nearest even), as PyTorch's bf16 attention rounds them; the scores, the
  * online softmax and the sums stay F32. Pairs of BF16 values share a 32-bit lane: a vector of the queries
- * holds dims 2p and 2p + 1 of each of the block's queries side by side, and is multiplied by a key's dims
- * 2p and 2p + 1 broadcast; a vector of the weights holds keys 2p and 2p + 1 of each query side by side, and
- * is multiplied by those keys' values of one dim broadcast. A tile's keys (rows of BF16) and then its values
- * (per pair of keys, per dim, the two values) take turns in one buffer of 16 KiB: tiles of 64 keys for
- * heads to 128 dims, fewer (a multiple of LANES) for wider ones; a block's state takes 46 KiB of stack.
- * Compiled for AVX512-BF16 by its functions' target attribute; dispatch.c chooses it only where the CPU
- * has AVX512-BF16. */
+ * holds dims 2p and 2p + 1 of each of a block's queries side by side, and is multiplied by a key's dims 2p
+ * and 2p + 1 broadcast; a vector of the weights holds keys 2p and 2p + 1 of each query side by side, and is
+ * multiplied by those keys' values of one dim broadcast. A tile's keys (rows of BF16), then its values (per
+ * pair of keys, per dim, the two values) take turns in one buffer of 8 KiB: tiles of 64 keys for heads to
+ * 64 dims, fewer (a multiple of LANES) for wider ones. Two blocks of queries share each tile's rounded keys
+ * and values where their state fits (heads to 128 dims), one block otherwise: 44 KiB of stack. Compiled for
+ * AVX512-BF16 by its functions' target attribute; dispatch.c chooses it only where the CPU has AVX512-BF16.
+ */
 #define BF16_TARGET      __attribute__((target("avx512bf16")))
-#define BF16_TILE_VALUES 8192 /* BF16 values of the tile's buffer */
+#define BF16_TILE_VALUES 4096 /* BF16 values of the tile's buffer */
 #define BF16_SCORE_GROUP 16   /* keys scored together: vdpbf16ps's latency wants more chains than FMA's */
 
 /* The 32 BF16 of a and b, rounded to nearest even, alternating: a[0], b[0], a[1], b[1], ... */
@@ -100,8 +101,8 @@ static inline BF16_TARGET __m512 dot_broadcast(__m512 sum, __m512bh pairs, void 
     return sum;
 }
 
-/* The block's queries, scaled in F32 and rounded: pairs[p] holds dims 2p and 2p + 1 of each of the LANES
- * queries, zero past `rows` and past the head, to `padded` dims (the next multiple of LANES). */
+/* A block's queries, scaled in F32 and rounded: pairs[p] holds dims 2p and 2p + 1 of each of the LANES
+ * queries, zero past `rows` and past the head, to the next multiple of LANES dims. */
 static inline __attribute__((always_inline)) BF16_TARGET void
 load_query_pairs(__m512i pairs[], float const *q, size_t stride, size_t rows, float scale, size_t head) {
     _Alignas(VECTOR_ALIGN) float chunk[LANES][LANES];
@@ -149,34 +150,37 @@ static inline __attribute__((always_inline)) BF16_TARGET void score_group_bf16(f
         vf_store(scores[j], sums[j]);
 }
 
-/* The tile's weights paired (keys 2p and 2p + 1 of each query side by side, a missing last key's weight
- * 0), and its values in `values`: per pair of keys, `padded` dims of the two values (a missing key's 0, 0
- * past the head). */
+/* The tile's values in `values`: per pair of keys, `padded` dims of the two keys' values side by side (a
+ * missing last key's 0, 0 past the head). */
 static inline __attribute__((always_inline)) BF16_TARGET void
-load_weights_values(__m512i weights[], uint32_t *values, float const scores[][LANES], float const *v,
-                    size_t stride, size_t count, size_t head, size_t padded) {
-    for (size_t j = 0; j < count; j += 2) {
-        bool second = j + 1 < count;
-        weights[j / 2] = bf16_interleaved(vf_load(scores[j]), second ? vf_load(scores[j + 1]) : vf_zero());
+load_values(uint32_t *values, float const *v, size_t stride, size_t count, size_t head, size_t padded) {
+    for (size_t j = 0; j < count; j += 2)
         for (size_t d = 0; d < head; d += LANES) {
             size_t width = head - d < LANES ? head - d : LANES;
             vfloat a = load_part(v + j * stride + d, width);
-            vfloat b = second ? load_part(v + (j + 1) * stride + d, width) : vf_zero();
+            vfloat b = j + 1 < count ? load_part(v + (j + 1) * stride + d, width) : vf_zero();
             _mm512_store_si512(values + j / 2 * padded + d, bf16_interleaved(a, b));
         }
-    }
 }
 
-/* state->values (rescaled by `correction`) += the paired weights times the paired values, LANES dims at a
+/* A block's weights paired: keys 2p and 2p + 1 of each query side by side, a missing last key's weight 0. */
+static inline __attribute__((always_inline)) BF16_TARGET void
+pair_weights(__m512i weights[], float const scores[][LANES], size_t count) {
+    for (size_t j = 0; j < count; j += 2)
+        weights[j / 2] =
+            bf16_interleaved(vf_load(scores[j]), j + 1 < count ? vf_load(scores[j + 1]) : vf_zero());
+}
+
+/* A block's sums (rescaled by `correction`) += the paired weights times the paired values, LANES dims at a
  * time. */
 static inline __attribute__((always_inline)) BF16_TARGET void
-add_weighted_values(online_block_t *state, vfloat correction, __m512i const weights[], uint32_t const *values,
-                    size_t count, size_t padded) {
+add_weighted_values(float sums_of[][LANES], vfloat correction, __m512i const weights[],
+                    uint32_t const *values, size_t count, size_t padded) {
     for (size_t chunk = 0; chunk < padded; chunk += LANES) {
         vfloat sums[LANES];
 #pragma GCC unroll 16
         for (size_t d = 0; d < LANES; ++d)
-            sums[d] = vf_mul(vf_load(state->values[chunk + d]), correction);
+            sums[d] = vf_mul(vf_load(sums_of[chunk + d]), correction);
         for (size_t p = 0; p < (count + 1) / 2; ++p) {
             __m512bh weight = (__m512bh)weights[p];
 #pragma GCC unroll 16
@@ -185,49 +189,62 @@ add_weighted_values(online_block_t *state, vfloat correction, __m512i const weig
         }
 #pragma GCC unroll 16
         for (size_t d = 0; d < LANES; ++d)
-            vf_store(state->values[chunk + d], sums[d]);
+            vf_store(sums_of[chunk + d], sums[d]);
     }
 }
 
-/* Queries [first_query, first_query + rows) of the item whose keys are rows [first_key, end_key). Tiles
- * start at multiples of a multiple of LANES keys from the item's first row, so that each begins at or
- * before the block's first query (see attend_item). */
-static inline __attribute__((always_inline)) BF16_TARGET void attend_block_bf16(kernel_attention_t const *a,
-                                                                                size_t first_query,
-                                                                                size_t rows, size_t first_key,
-                                                                                size_t end_key, size_t head) {
-    __m512i pairs[KERNEL_HEAD_MAX / 2], weights[ATTENTION_TILE / 2];
-    _Alignas(VECTOR_ALIGN) float scores[ATTENTION_TILE][LANES];
-    _Alignas(64) uint16_t tile[BF16_TILE_VALUES];
-    online_block_t state;
-    size_t const padded = (head + LANES - 1) / LANES * LANES;
+/* `blocks` (1 or 2) blocks of LANES queries from first_query, rows[b] queries in block b, of the item whose
+ * keys are rows [first_key, end_key). Every lane sees the item's first key in the first tile, so its running
+ * max is finite from then on, and a later tile whose keys are all in a causal lane's future adds nothing. */
+static inline __attribute__((always_inline)) BF16_TARGET void
+attend_blocks_bf16(kernel_attention_t const *a, size_t first_query, size_t const rows[2], size_t blocks,
+                   size_t first_key, size_t end_key, size_t head) {
+    size_t const padded = (head + LANES - 1) / LANES * LANES, pair_count = padded / 2;
     size_t const fits = BF16_TILE_VALUES / padded / LANES * LANES;
     size_t const tile_keys = fits < ATTENTION_TILE ? fits : ATTENTION_TILE;
-    state.max = vf_set1(-INFINITY);
-    state.sum = vf_zero();
-    memset(state.values, 0, padded * sizeof state.values[0]);
-    load_query_pairs(pairs, a->q + first_query * a->stride, a->stride, rows, a->scale, head);
+    __m512i pairs[KERNEL_HEAD_MAX / 2], weights[ATTENTION_TILE / 2]; /* block b's pairs from b pair_count */
+    _Alignas(VECTOR_ALIGN) float scores[2][ATTENTION_TILE][LANES];
+    _Alignas(VECTOR_ALIGN) float values[KERNEL_HEAD_MAX][LANES]; /* block b's sums from b padded */
+    _Alignas(64) uint16_t tile[BF16_TILE_VALUES];
+    vfloat max[2], sum[2];
+    memset(values, 0, blocks * padded * sizeof values[0]);
+    for (size_t b = 0; b < blocks; ++b) {
+        max[b] = vf_set1(-INFINITY);
+        sum[b] = vf_zero();
+        load_query_pairs(pairs + b * pair_count, a->q + (first_query + b * LANES) * a->stride, a->stride,
+                         rows[b], a->scale, head);
+    }
     for (size_t first = first_key; first < end_key; first += tile_keys) {
         size_t count = end_key - first < tile_keys ? end_key - first : tile_keys;
         load_keys(tile, a->k + first * a->stride, a->stride, count, head, padded);
-        for (size_t j = 0; j < count; j += BF16_SCORE_GROUP)
-            score_group_bf16(scores + j, pairs, tile, j, padded);
-        if (a->causal) mask_future(scores, count, first, first_query);
-        vfloat correction = tile_weights(&state, scores, count);
-        uint32_t *values = (uint32_t *)(void *)tile;
-        load_weights_values(weights, values, scores, a->v + first * a->stride, a->stride, count, head,
-                            padded);
-        add_weighted_values(&state, correction, weights, values, count, padded);
+        for (size_t b = 0; b < blocks; ++b)
+            for (size_t j = 0; j < count; j += BF16_SCORE_GROUP)
+                score_group_bf16(scores[b] + j, pairs + b * pair_count, tile, j, padded);
+        uint32_t *tile_values = (uint32_t *)(void *)tile;
+        load_values(tile_values, a->v + first * a->stride, a->stride, count, head, padded);
+        for (size_t b = 0; b < blocks; ++b) {
+            if (a->causal) mask_future(scores[b], count, first, first_query + b * LANES);
+            vfloat correction = tile_weights(&max[b], &sum[b], scores[b], count);
+            pair_weights(weights, scores[b], count);
+            add_weighted_values(values + b * padded, correction, weights, tile_values, count, padded);
+        }
     }
-    store_block(a->out + first_query * a->out_stride, a->out_stride, &state, rows, head);
+    for (size_t b = 0; b < blocks; ++b)
+        store_block(a->out + (first_query + b * LANES) * a->out_stride, a->out_stride, values + b * padded,
+                    sum[b], rows[b], head);
 }
 
+/* The blocks of one item, two at a time where two blocks' state fits. */
 static inline __attribute__((always_inline)) BF16_TARGET void attend_item_bf16(kernel_attention_t const *a,
                                                                                size_t item, size_t head) {
     size_t first = a->offsets[item], end = a->offsets[item + 1];
-    for (size_t block = first; block < end; block += LANES) {
-        size_t rows = end - block < LANES ? end - block : LANES;
-        attend_block_bf16(a, block, rows, first, a->causal ? block + rows : end, head);
+    size_t const padded = (head + LANES - 1) / LANES * LANES, most = padded <= KERNEL_HEAD_MAX / 2 ? 2 : 1;
+    for (size_t block = first; block < end; block += most * LANES) {
+        size_t rows[2] = {end - block < LANES ? end - block : LANES, 0};
+        if (most == 2 && block + LANES < end)
+            rows[1] = end - block - LANES < LANES ? end - block - LANES : LANES;
+        size_t blocks = rows[1] ? 2 : 1, last = block + (blocks - 1) * LANES + rows[blocks - 1];
+        attend_blocks_bf16(a, block, rows, blocks, first, a->causal ? last : end, head);
     }
 }
 

@@ -317,21 +317,22 @@ typedef struct online_block {
     _Alignas(VECTOR_ALIGN) float values[KERNEL_HEAD_MAX][LANES];
 } online_block_t;
 
-/* Turns the tile's scores into weights exp(score - new max) in place, raising the running max; answers
- * the factor exp(old max - new max) that rescales what was accumulated before. */
-static vfloat tile_weights(online_block_t *state, float scores[ATTENTION_TILE][LANES], size_t count) {
-    vfloat max = state->max;
+/* Turns the tile's scores into weights exp(score - new max) in place, raising the running max `*max` and
+ * adding the weights to the running sum `*sum` (an online softmax's state); answers the factor
+ * exp(old max - new max) that rescales what was accumulated before. */
+static vfloat tile_weights(vfloat *max, vfloat *sum, float scores[ATTENTION_TILE][LANES], size_t count) {
+    vfloat top = *max;
     for (size_t j = 0; j < count; ++j)
-        max = vf_max(max, vf_load(scores[j]));
-    vfloat correction = exp_ps(vf_sub(state->max, max));
-    vfloat sum = vf_mul(state->sum, correction);
+        top = vf_max(top, vf_load(scores[j]));
+    vfloat correction = exp_ps(vf_sub(*max, top));
+    vfloat total = vf_mul(*sum, correction);
     for (size_t j = 0; j < count; ++j) {
-        vfloat weight = exp_ps(vf_sub(vf_load(scores[j]), max));
+        vfloat weight = exp_ps(vf_sub(vf_load(scores[j]), top));
         vf_store(scores[j], weight);
-        sum = vf_add(sum, weight);
+        total = vf_add(total, weight);
     }
-    state->max = max;
-    state->sum = sum;
+    *max = top;
+    *sum = total;
     return correction;
 }
 
@@ -389,14 +390,14 @@ static inline __attribute__((always_inline)) void store_block_part(float *out, s
 }
 
 /* out rows [0, rows) = values / sum over the head's dims, transposed back. */
-static inline __attribute__((always_inline)) void
-store_block(float *out, size_t out_stride, online_block_t const *state, size_t rows, size_t head) {
-    vfloat inverse = vf_div(vf_set1(1.0f), state->sum);
+static inline __attribute__((always_inline)) void store_block(float *out, size_t out_stride,
+                                                              float const values[][LANES], vfloat sum,
+                                                              size_t rows, size_t head) {
+    vfloat inverse = vf_div(vf_set1(1.0f), sum);
     size_t whole = head - head % LANES;
     for (size_t chunk = 0; chunk < whole; chunk += LANES)
-        store_block_part(out + chunk, out_stride, state->values + chunk, inverse, rows, LANES);
-    if (head % LANES)
-        store_block_part(out + whole, out_stride, state->values + whole, inverse, rows, head % LANES);
+        store_block_part(out + chunk, out_stride, values + chunk, inverse, rows, LANES);
+    if (head % LANES) store_block_part(out + whole, out_stride, values + whole, inverse, rows, head % LANES);
 }
 
 /* Queries [first_query, first_query + rows) of the item whose keys are rows [first_key, end_key). */
@@ -416,10 +417,10 @@ static inline __attribute__((always_inline)) void attend_block(kernel_attention_
         size_t count = end_key - tile < ATTENTION_TILE ? end_key - tile : ATTENTION_TILE;
         tile_scores(scores, queries, a->k + tile * a->stride, a->stride, count, head);
         if (a->causal) mask_future(scores, count, tile, first_query);
-        vfloat correction = tile_weights(&state, scores, count);
+        vfloat correction = tile_weights(&state.max, &state.sum, scores, count);
         add_weighted_rows(state.values, &correction, scores, a->v + tile * a->stride, a->stride, count, head);
     }
-    store_block(a->out + first_query * a->out_stride, a->out_stride, &state, rows, head);
+    store_block(a->out + first_query * a->out_stride, a->out_stride, state.values, state.sum, rows, head);
 }
 
 /* The blocks of one item. Blocks start at the item's first row, so a causal block's tiles (multiples of 64
