@@ -29,7 +29,7 @@
         .quantize_rows = kernel_quantize_rows_##vector_path, .gemm_i8 = kernel_gemm_i8_##i8_path,            \
         .gemm_i8_packed_size = kernel_gemm_i8_packed_size_##i8_path,                                         \
         .gemm_i8_pack = kernel_gemm_i8_pack_##i8_path, .attention_bf16 = ATTENTION_BF16_##attention_path,    \
-        .quantize_weights = QUANTIZE_WEIGHTS_##vector_path                                                   \
+        .quantize_weights = QUANTIZE_WEIGHTS_##vector_path, .attention_f32 = kernel_attention_##vector_path  \
     }
 
 /* A path's quantize_weights, by the suffix of its vector kernels: the scalar reference where the path has

@@ -240,8 +240,11 @@ typedef struct kernels {
 
     /* One head of attention over every item of the batch. */
     void (*attention)(kernel_attention_t const *attention, size_t item_begin, size_t item_end);
-    /* Whether `attention` rounds its products' operands to BF16 (kernel_attention_t). */
+    /* Whether `attention` rounds its products' operands to BF16 (kernel_attention_t), and the path's
+     * attention in F32 (`attention` itself where it does not round): the training forward's, whose backward
+     * pass recomputes the attention in F32. */
     bool attention_bf16;
+    void (*attention_f32)(kernel_attention_t const *attention, size_t item_begin, size_t item_end);
 
     /* In place: x = softmax(x) over n values, computed as exp(x - max) / sum. Tolerance 1e-6 absolute. */
     void (*softmax)(float *x, size_t n);

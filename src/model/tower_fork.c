@@ -210,7 +210,8 @@ static void attention_head(attention_job_t const *job, size_t head, size_t item,
     kernel_attention_t attention = head_attention(fork, job->qkv + head * width);
     if (!job->backward) {
         attention.out = job->out + head * width;
-        fork->kernels->attention(&attention, item, end);
+        (fork->f32_attention ? fork->kernels->attention_f32 : fork->kernels->attention)(&attention, item,
+                                                                                        end);
     } else {
         kernel_attention_backward_t backward =
             head_backward(&attention, job->att + head * KERNEL_HEAD, job->d_att + head * KERNEL_HEAD,

@@ -20,6 +20,8 @@ typedef struct tower_fork {
     uint32_t const *positions; /* [tokens]: each token's position within its item (rope) */
     bool causal;
     size_t head;    /* each head's width; 0: KERNEL_HEAD */
+    bool f32_attention; /* kernels->attention_f32 (the training forward, whose backward pass recomputes the
+                           attention in F32); else kernels->attention */
     float norm_eps; /* LayerNorm's epsilon (tower_fork_norm) */
 } tower_fork_t;
 

@@ -216,7 +216,8 @@ static tower_fork_t pass_fork(train_tower_t const *tower, train_pass_t const *pa
                           .items = pass->items,
                           .offsets = pass->offsets,
                           .positions = pass->positions,
-                          .causal = pass->causal};
+                          .causal = pass->causal,
+                          .f32_attention = true};
 }
 
 /* The RMSNorm backward pass: dy (overwritten with dx) given the norm's input x; the weight's gradient

@@ -691,11 +691,12 @@ static void paths_attention_match_scalar(void **state) {
             kernel_attention_t a = qkv_batch_head(&batch, 2, causal, expected);
             kernels_scalar()->attention(&a, 0, ITEMS);
             float *rounded = rounded_expected(&batch, 2, causal);
-            for (size_t p = 0; p < path_count; ++p) /* max|v| is 1: kernel_attention_t's tolerances */
-                if (paths[p]->attention_bf16)
-                    check_attention_path(paths[p], &batch, causal, rounded, 0x1p-8);
-                else
-                    check_attention_path(paths[p], &batch, causal, expected, 1e-4);
+            for (size_t p = 0; p < path_count; ++p) { /* max|v| is 1: kernel_attention_t's tolerances */
+                kernels_t f32 = *paths[p];
+                f32.attention = f32.attention_f32;
+                check_attention_path(&f32, &batch, causal, expected, 1e-4);
+                if (paths[p]->attention_bf16) check_attention_path(paths[p], &batch, causal, rounded, 0x1p-8);
+            }
             test_free(expected), test_free(rounded);
         }
         test_free(batch.qkv);
@@ -719,8 +720,9 @@ static float *width_rounded_expected(width_batch_t const *batch, bool causal) {
 }
 
 /* Every path at every head width, causal and not: within 1e-4 of scalar, or a path with attention_bf16
- * within 2^-8 of attention over its rounded operands (max|v| is 1); nothing written outside the head, and
- * the same bits over ranges of items as over the whole batch. */
+ * within 2^-8 of attention over its rounded operands (max|v| is 1) and its attention_f32 within 1e-4 of
+ * scalar; nothing written outside the head, and the same bits over ranges of items as over the whole batch.
+ */
 static void paths_attention_widths_match_scalar(void **state) {
     (void)state;
     kernels_t const *paths[SIMD_PATHS];
@@ -735,18 +737,23 @@ static void paths_attention_widths_match_scalar(void **state) {
             kernel_attention_t a = width_batch_last_head(&batch, causal, expected);
             kernels_scalar()->attention(&a, 0, WIDTH_ITEMS);
             float *rounded = width_rounded_expected(&batch, causal);
-            for (size_t p = 0; p < path_count; ++p) {
+            /* each path's attention, then its F32 one where the first rounds */
+            for (size_t run = 0; run < 2 * path_count; ++run) {
+                kernels_t const *path = paths[run / 2];
+                bool bf16 = path->attention_bf16 && run % 2 == 0;
+                if (run % 2 && !path->attention_bf16) continue;
+                void (*attention)(kernel_attention_t const *, size_t, size_t) =
+                    run % 2 ? path->attention_f32 : path->attention;
                 float *whole = width_batch_out(&batch), *pieces = width_batch_out(&batch);
                 a = width_batch_last_head(&batch, causal, whole);
-                paths[p]->attention(&a, 0, WIDTH_ITEMS);
+                attention(&a, 0, WIDTH_ITEMS);
                 check_outside_last_head_untouched(&batch, whole);
-                bool bf16 = paths[p]->attention_bf16;
                 for (size_t i = 0; i < floats; ++i)
-                    check_near(whole[i], bf16 ? rounded[i] : expected[i], bf16 ? 0x1p-8 : 1e-4,
-                               paths[p]->name, i);
+                    check_near(whole[i], bf16 ? rounded[i] : expected[i], bf16 ? 0x1p-8 : 1e-4, path->name,
+                               i);
                 a = width_batch_last_head(&batch, causal, pieces);
                 for (size_t c = 0; c + 1 < COUNT(cuts); ++c)
-                    paths[p]->attention(&a, cuts[c], cuts[c + 1]);
+                    attention(&a, cuts[c], cuts[c + 1]);
                 assert_memory_equal(pieces, whole, floats * sizeof(float));
                 test_free(whole), test_free(pieces);
             }
