@@ -41,34 +41,7 @@ from pathlib import Path
 
 import bench_common as common
 
-PASSES = 2
 BATCH = 32
-
-
-def package_run(build: str, folder: str, manifest: str, threads: str, weights: str, out: str) -> int:
-    """`bench_clip_image.py --package-run ...`: the engine's package alone in this process (numpy and uform
-    imported, nothing else): prints its images per second, and saves the embeddings to `out` (.npy)."""
-    sys.path.insert(0, str(Path(build) / "python"))
-    import json
-
-    import numpy as np
-    import uform
-
-    paths = [Path(json.loads(line)["image"]) for line in Path(manifest).read_text(encoding="utf-8").splitlines()]
-    model = uform.Model(folder, executor=uform.Executor.ram(threads=int(threads)), weights=weights)
-    model.encode_images(paths[:BATCH])  # the warm-up
-    best = float("inf")
-    for _ in range(PASSES):
-        began = time.perf_counter()
-        vectors = model.encode_images(paths)
-        best = min(best, time.perf_counter() - began)
-    np.save(out, np.asarray(vectors, dtype=np.float64))
-    print(len(paths) / best)
-    return 0
-
-
-if __name__ == "__main__" and sys.argv[1:2] == ["--package-run"]:
-    sys.exit(package_run(*sys.argv[2:8]))
 
 REPOSITORY = common.REPOSITORY
 sys.path.insert(0, str(REPOSITORY / "tests" / "model"))
@@ -165,16 +138,9 @@ def bench_uform(uform: Path, folder: Path, workdir: Path, images: list, threads:
 
 def bench_package(build: Path, folder: Path, workdir: Path, images: list, threads: int, weights: str):
     """The engine's Python package from `build`, loaded, after a warm-up call, as the others are measured,
-    in a process of its own (package_run)."""
+    in a process of its own (bench_common.package_rate)."""
     manifest = write_manifest(workdir / "images.jsonl", images)
-    out = workdir / "package.npy"
-    command = [sys.executable, str(Path(__file__).resolve()), "--package-run", str(build), str(folder),
-               str(manifest), str(threads), weights, str(out)]
-    ran = subprocess.run(command, capture_output=True, text=True)
-    if ran.returncode:
-        lines = (ran.stderr or ran.stdout).strip().splitlines() or [f"exit status {ran.returncode}"]
-        return None, lines[-1][:160], None
-    return float(ran.stdout.split()[-1]), "", np.load(out)
+    return common.package_rate("images", build, folder, manifest, threads, weights, workdir / "package.npy")
 
 
 def processed(processor, paths: list):

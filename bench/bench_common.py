@@ -287,3 +287,54 @@ def print_stages(rows: list, unit: str, e2e: float, encode: float, baselines: li
     print(f"  {f'{which}end to end / encode only:':<{width}} {e2e / encode:.2f}")
     for name, rate in baselines:
         print(f"  {f'{which}end to end / {name}:':<{width}} {e2e / rate:.2f}")
+
+
+PACKAGE_PASSES = 2
+PACKAGE_WARM_UP = 32
+
+
+def package_run(kind: str, build: str, folder: str, manifest: str, threads: str, weights: str, out: str) -> int:
+    """`bench_common.py --package-run texts|images BUILD FOLDER MANIFEST THREADS WEIGHTS OUT`: the engine's
+    Python package alone in this process (numpy and uform imported, nothing else), the model loaded, a warm-up
+    call over the first PACKAGE_WARM_UP items, then every item of the manifest (JSON lines of "text" or
+    "image" paths) in one call: prints its items per second, the best of PACKAGE_PASSES passes, and saves the
+    embeddings to `out` (.npy)."""
+    sys.path.insert(0, str(Path(build) / "python"))
+    import numpy as np
+    import uform
+
+    lines = Path(manifest).read_text(encoding="utf-8").split("\n")  # not splitlines: texts hold U+2028
+    if kind == "texts":
+        items = [json.loads(line)["text"] for line in lines if line]
+    else:
+        items = [Path(json.loads(line)["image"]) for line in lines if line]
+    model = uform.Model(folder, executor=uform.Executor.ram(threads=int(threads)), weights=weights)
+    encode = model.encode_texts if kind == "texts" else model.encode_images
+    encode(items[:PACKAGE_WARM_UP])
+    best = float("inf")
+    for _ in range(PACKAGE_PASSES):
+        began = time.perf_counter()
+        vectors = encode(items)
+        best = min(best, time.perf_counter() - began)
+    np.save(out, np.asarray(vectors, dtype=np.float64))
+    print(len(items) / best)
+    return 0
+
+
+def package_rate(kind: str, build: Path, folder: Path, manifest: Path, threads: int, weights: str, out: Path):
+    """The engine's Python package from `build` over a manifest of texts or images, loaded and after a warm-up
+    call, as the other engines are measured, in a process of its own (package_run): (items per second or None,
+    a note, the embeddings or None)."""
+    import numpy as np
+
+    command = [sys.executable, str(Path(__file__).resolve()), "--package-run", kind, str(build), str(folder),
+               str(manifest), str(threads), weights, str(out)]
+    ran = subprocess.run(command, capture_output=True, text=True)
+    if ran.returncode:
+        lines = (ran.stderr or ran.stdout).strip().splitlines() or [f"exit status {ran.returncode}"]
+        return None, lines[-1][:160], None
+    return float(ran.stdout.split()[-1]), "", np.load(out)
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--package-run"]:
+    sys.exit(package_run(*sys.argv[2:9]))

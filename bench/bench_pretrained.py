@@ -24,8 +24,8 @@ folder's max_seq_length (256 tokens), mean-pooled and normalized, as sentence-tr
       tokenizer's batches in the same order, the mean pooling and normalization in NumPy; intra-op threads
       N, sequential; float32, and the same model quantized by onnxruntime.quantization.quantize_dynamic
       (int8 weights, activations quantized as it runs; it needs the onnx package).
-Every engine in this process and the package's takes the best of PASSES passes over the texts after its
-warm-up. Agreement with sentence-transformers in float32 is printed as the minimum cosine over the texts.
+Every engine takes the best of two passes over the texts after its warm-up (PASSES here,
+bench_common.PACKAGE_PASSES for the package's process). Agreement with sentence-transformers in float32 is printed as the minimum cosine over the texts.
 Then the model's work over the texts (its linear layers, 2 x tokens x (4 H^2 + 2 H M) per block, and attention, 4 x
 tokens^2 x H per block and text) and each run's rate in GFLOP/s of it, as a share of the machine's peak that
 `bench_gemm --peaks` measures in the same run (the fastest BF16 instruction's for the float and bfloat16
@@ -49,30 +49,6 @@ import bench_common as common
 
 PASSES = 2
 
-
-def package_run(build: str, folder: str, manifest: str, threads: str, weights: str, out: str) -> int:
-    """`bench_pretrained.py --package-run ...`: the engine's package alone in this process (numpy and uform
-    imported, nothing else): prints its texts per second, and saves the embeddings to `out` (.npy)."""
-    sys.path.insert(0, str(Path(build) / "python"))
-    import numpy as np
-    import uform
-
-    lines = Path(manifest).read_text(encoding="utf-8").split("\n")  # not splitlines: texts hold U+2028
-    texts = [json.loads(line)["text"] for line in lines if line]
-    model = uform.Model(folder, executor=uform.Executor.ram(threads=int(threads)), weights=weights)
-    model.encode_texts(texts[:32])  # the warm-up
-    best = float("inf")
-    for _ in range(PASSES):
-        began = time.perf_counter()
-        vectors = model.encode_texts(texts)
-        best = min(best, time.perf_counter() - began)
-    np.save(out, np.asarray(vectors, dtype=np.float64))
-    print(len(texts) / best)
-    return 0
-
-
-if __name__ == "__main__" and sys.argv[1:2] == ["--package-run"]:
-    sys.exit(package_run(*sys.argv[2:8]))
 
 REPOSITORY = common.REPOSITORY
 sys.path.insert(0, str(REPOSITORY / "tests" / "model"))
@@ -152,16 +128,9 @@ def bench_uform(uform: Path, folder: Path, workdir: Path, texts: list, threads: 
 
 def bench_package(build: Path, folder: Path, workdir: Path, texts: list, threads: int, weights: str):
     """The engine's Python package from `build`, loaded, after a warm-up call, as the others are measured,
-    in a process of its own (package_run)."""
+    in a process of its own (bench_common.package_rate)."""
     manifest = support.write_manifest(workdir / "texts.jsonl", texts)
-    out = workdir / "package.npy"
-    command = [sys.executable, str(Path(__file__).resolve()), "--package-run", str(build), str(folder),
-               str(manifest), str(threads), weights, str(out)]
-    ran = subprocess.run(command, capture_output=True, text=True)
-    if ran.returncode:
-        lines = (ran.stderr or ran.stdout).strip().splitlines() or [f"exit status {ran.returncode}"]
-        return None, lines[-1][:160], None
-    return float(ran.stdout.split()[-1]), "", np.load(out)
+    return common.package_rate("texts", build, folder, manifest, threads, weights, workdir / "package.npy")
 
 
 def bench_torch(folder: Path, texts: list, threads: int, dtype):
