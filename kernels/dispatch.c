@@ -28,8 +28,8 @@
         .attention_backward = kernel_attention_backward_##attention_backward_path,                           \
         .quantize_rows = kernel_quantize_rows_##vector_path, .gemm_i8 = kernel_gemm_i8_##i8_path,            \
         .gemm_i8_packed_size = kernel_gemm_i8_packed_size_##i8_path,                                         \
-        .gemm_i8_pack = kernel_gemm_i8_pack_##i8_path, .attention_bf16 = ATTENTION_BF16_##attention_path,    \
-        .quantize_weights = QUANTIZE_WEIGHTS_##vector_path, .attention_f32 = kernel_attention_##vector_path  \
+        .gemm_i8_pack = kernel_gemm_i8_pack_##i8_path, .quantize_weights = QUANTIZE_WEIGHTS_##vector_path,   \
+        .attention_f32 = kernel_attention_##vector_path                                                      \
     }
 
 /* A path's quantize_weights, by the suffix of its vector kernels: the scalar reference where the path has
@@ -38,14 +38,6 @@
 #define QUANTIZE_WEIGHTS_avx2   kernel_quantize_weights_avx2
 #define QUANTIZE_WEIGHTS_avx512 kernel_quantize_weights_avx512
 #define QUANTIZE_WEIGHTS_neon   kernel_quantize_weights
-
-/* Whether a path's attention rounds its products' operands to BF16 (kernels_t.attention_bf16), by the
- * suffix PATH_TABLE names it by. */
-#define ATTENTION_BF16_scalar     false
-#define ATTENTION_BF16_avx2       false
-#define ATTENTION_BF16_avx512     false
-#define ATTENTION_BF16_avx512bf16 true
-#define ATTENTION_BF16_neon       false
 
 static kernels_t const scalar_path = PATH_TABLE("scalar", scalar, scalar, scalar, scalar, scalar, scalar);
 

@@ -100,7 +100,7 @@ void kernel_quantize_weights(int8_t *q, float *scale, uint16_t const *w, size_t 
  * - scale: the scores' factor, 1/sqrt(head) in the towers.
  * The softmax is computed online over tiles of keys (no [L, L] matrix is formed). The SIMD paths keep a block
  * of queries' state on the calling thread's stack: up to 48 KiB of it.
- * Paths may round the products' operands to BF16 (kernels_t.attention_bf16; avx512bf16 and amx do), as
+ * Paths may round the products' operands to BF16 (kernel_attention_rounds; avx512bf16 and amx do), as
  * PyTorch's bf16 attention does: q scale (scaled in F32), k, v and the softmax weights exp(score - max),
  * to nearest even; scores, softmax and sums stay F32.
  * Tolerance: 1e-4 relative to max|v| per element against scalar; a path that rounds, 2^-8 relative to
@@ -240,10 +240,9 @@ typedef struct kernels {
 
     /* One head of attention over every item of the batch. */
     void (*attention)(kernel_attention_t const *attention, size_t item_begin, size_t item_end);
-    /* Whether `attention` rounds its products' operands to BF16 (kernel_attention_t), and the path's
-     * attention in F32 (`attention` itself where it does not round): the training forward's, whose backward
-     * pass recomputes the attention in F32. */
-    bool attention_bf16;
+    /* The path's attention in F32: `attention` itself, or where `attention` rounds its products' operands to
+     * BF16 (kernel_attention_t, kernel_attention_rounds) the F32 one beside it. The training forward takes
+     * it, since its backward pass recomputes the attention in F32. */
     void (*attention_f32)(kernel_attention_t const *attention, size_t item_begin, size_t item_end);
 
     /* In place: x = softmax(x) over n values, computed as exp(x - max) / sum. Tolerance 1e-6 absolute. */
@@ -314,6 +313,12 @@ typedef struct kernels {
     void (*attention_backward)(kernel_attention_backward_t const *attention, size_t item_begin,
                                size_t item_end);
 } kernels_t;
+
+/* Whether a path's attention rounds its products' operands to BF16 (kernel_attention_t): it is not the
+ * path's F32 attention. */
+static inline bool kernel_attention_rounds(kernels_t const *path) {
+    return path->attention != path->attention_f32;
+}
 
 /* The table this process uses: chosen once, on first use (thread-safe). */
 kernels_t const *kernels_active(void);

@@ -276,13 +276,14 @@ static void check_outside_last_head_untouched(width_batch_t const *batch, float 
                 fail_msg("attention of width %zu wrote column %zu of row %zu", width, i, row);
 }
 
-/* x rounded to BF16 (to nearest even), as a path with attention_bf16 rounds its products' operands. */
+/* x rounded to BF16 (to nearest even), as a path whose attention rounds (kernel_attention_rounds) rounds its
+ * products' operands. */
 static double bf16_rounded(float x) {
     return bf16_to_f32(f32_to_bf16(x));
 }
 
 /* One row of the last head's attention in double, against keys [first, end): out [width]. `rounded`: over
- * the operands a path with attention_bf16 multiplies, q scale (scaled in F32), k and v rounded to BF16. */
+ * the operands that a rounding attention multiplies, q scale (scaled in F32), k and v rounded to BF16. */
 static void width_row_double(width_batch_t const *batch, kernel_attention_t const *a, size_t row,
                              size_t first, size_t end, bool rounded, double *out) {
     size_t width = batch->width;
@@ -634,7 +635,7 @@ static void paths_rope_match_scalar(void **state) {
     test_free(x);
 }
 
-/* What a path with attention_bf16 is held to on head `head` of the batch: attention in double over q scale
+/* What a path whose attention rounds is held to on head `head` of the batch: attention in double over q scale
  * (scaled in F32), k and v rounded to BF16, at the head's columns of [tokens, HIDDEN], the sentinel elsewhere
  * (test_free it). */
 static float *rounded_expected(qkv_batch_t const *batch, size_t head, bool causal) {
@@ -695,7 +696,8 @@ static void paths_attention_match_scalar(void **state) {
                 kernels_t f32 = *paths[p];
                 f32.attention = f32.attention_f32;
                 check_attention_path(&f32, &batch, causal, expected, 1e-4);
-                if (paths[p]->attention_bf16) check_attention_path(paths[p], &batch, causal, rounded, 0x1p-8);
+                if (kernel_attention_rounds(paths[p]))
+                    check_attention_path(paths[p], &batch, causal, rounded, 0x1p-8);
             }
             test_free(expected), test_free(rounded);
         }
@@ -703,7 +705,7 @@ static void paths_attention_match_scalar(void **state) {
     }
 }
 
-/* The last head's attention in double over the operands a path with attention_bf16 rounds
+/* The last head's attention in double over the operands a rounding attention rounds
  * (width_row_double's), at its columns of an output like width_batch_out's (test_free it). */
 static float *width_rounded_expected(width_batch_t const *batch, bool causal) {
     float *expected = width_batch_out(batch);
@@ -719,7 +721,7 @@ static float *width_rounded_expected(width_batch_t const *batch, bool causal) {
     return expected;
 }
 
-/* Every path at every head width, causal and not: within 1e-4 of scalar, or a path with attention_bf16
+/* Every path at every head width, causal and not: within 1e-4 of scalar, or a path whose attention rounds
  * within 2^-8 of attention over its rounded operands (max|v| is 1) and its attention_f32 within 1e-4 of
  * scalar; nothing written outside the head, and the same bits over ranges of items as over the whole batch.
  */
@@ -740,8 +742,8 @@ static void paths_attention_widths_match_scalar(void **state) {
             /* each path's attention, then its F32 one where the first rounds */
             for (size_t run = 0; run < 2 * path_count; ++run) {
                 kernels_t const *path = paths[run / 2];
-                bool bf16 = path->attention_bf16 && run % 2 == 0;
-                if (run % 2 && !path->attention_bf16) continue;
+                bool bf16 = kernel_attention_rounds(path) && run % 2 == 0;
+                if (run % 2 && !kernel_attention_rounds(path)) continue;
                 void (*attention)(kernel_attention_t const *, size_t, size_t) =
                     run % 2 ? path->attention_f32 : path->attention;
                 float *whole = width_batch_out(&batch), *pieces = width_batch_out(&batch);
