@@ -105,7 +105,13 @@ void kernel_quantize_weights(int8_t *q, float *scale, uint16_t const *w, size_t 
  * to nearest even; scores, softmax and sums stay F32.
  * Tolerance: 1e-4 relative to max|v| per element against scalar; a path that rounds, 2^-8 relative to
  * max|v| against attention in double over the rounded q scale, k and v (the weights' rounding, 2^-9 of
- * each, is what it leaves). */
+ * each, is what it leaves).
+ * - scratch: NULL, or scratch_bytes of the calling thread's own memory, 64-byte aligned (callers give
+ *   kernel_attention_scratch_bytes of their longest item, up to KERNEL_ATTENTION_SCRATCH). A path that
+ *   rounds converts the keys and values of an item without a causal mask once into it where they fit,
+ *   instead of once for every two blocks of queries; the outputs are the same bits either way. The other
+ *   paths never touch it. */
+#define KERNEL_ATTENTION_SCRATCH (256u << 10) /* items of up to 1,024 rows at heads of 64 */
 typedef struct kernel_attention {
     float const *q, *k, *v;
     size_t stride;
@@ -116,7 +122,15 @@ typedef struct kernel_attention {
     size_t items;
     bool causal;
     float scale;
+    void *scratch;
+    size_t scratch_bytes;
 } kernel_attention_t;
+
+/* The scratch an attention that rounds takes for the keys and values of an item of `rows` rows: rows of
+ * the head's width rounded up to 16 BF16, round_up(rows, 16) of keys and 2 ceil(rows / 2) of values. */
+static inline size_t kernel_attention_scratch_bytes(size_t rows, size_t head) {
+    return ((rows + 15) / 16 * 16 + 2 * ((rows + 1) / 2)) * ((head + 15) / 16 * 16) * sizeof(uint16_t);
+}
 
 /* ---- Training (F32 throughout: the trainer keeps F32 master weights and computes in F32) ---------- */
 

@@ -82,14 +82,16 @@ static void text_start(call_t *call) {
  * project [tokens, hidden] and their projections [tokens, dims]. */
 typedef struct text_scratch {
     void *tower;
+    size_t threads; /* the threads the tower's scratch is for */
     float *x, *rows, *projected;
     size_t *offsets;
 } text_scratch_t;
 
 static bool text_scratch(text_call_t *text, size_t tokens, text_scratch_t *scratch) {
     tower_t const *tower = text->encode.model->text;
+    size_t threads = executor_fork_threads(text->call.executor);
     size_t sizes[] = {
-        round_up_64(tower_scratch_bytes(tower, tokens)),
+        round_up_64(tower_scratch_bytes(tower, tokens, threads)),
         round_up_64(tokens * tower->hidden * sizeof(float)),
         round_up_64(tokens * tower->hidden * sizeof(float)),
         round_up_64(tokens * tower->dims * sizeof(float)),
@@ -101,6 +103,7 @@ static bool text_scratch(text_call_t *text, size_t tokens, text_scratch_t *scrat
     char *base = executor_scratch(text->call.executor, total);
     if (!base) return false;
     scratch->tower = base;
+    scratch->threads = threads;
     scratch->x = (float *)(base += sizes[0]);
     scratch->rows = (float *)(base += sizes[1]);
     scratch->projected = (float *)(base += sizes[2]);
@@ -165,6 +168,7 @@ static void text_chunk(loop_op_t *op) {
         .offsets = scratch.offsets,
         .x = scratch.x,
         .scratch = scratch.tower,
+        .threads = scratch.threads,
     };
     tower_forward(tower, executor, &batch);
 

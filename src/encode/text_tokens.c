@@ -228,6 +228,7 @@ static void tokens_start(call_t *call) {
  * [items, hidden] and their projections [items, dims], or with TOKEN_VECTORS [max(items, tokens), dims]. */
 typedef struct tokens_scratch {
     void *tower;
+    size_t threads; /* the threads the tower's scratch is for */
     float *x, *pooled, *projected;
     size_t *offsets;
 } tokens_scratch_t;
@@ -235,8 +236,9 @@ typedef struct tokens_scratch {
 static bool tokens_scratch(tokens_call_t *text, size_t tokens, size_t items, tokens_scratch_t *scratch) {
     tower_t const *tower = text->encode.model->text;
     bool const vectors = text->encode.outputs & UFORM_OUTPUT_TOKEN_VECTORS;
+    size_t const threads = executor_fork_threads(text->call.executor);
     size_t const sizes[] = {
-        round_up_64(tower_scratch_bytes(tower, tokens)),
+        round_up_64(tower_scratch_bytes(tower, tokens, threads)),
         round_up_64(tokens * tower->hidden * sizeof(float)),
         round_up_64(items * tower->hidden * sizeof(float)),
         round_up_64((vectors && tokens > items ? tokens : items) * tower->dims * sizeof(float)),
@@ -248,6 +250,7 @@ static bool tokens_scratch(tokens_call_t *text, size_t tokens, size_t items, tok
     char *base = executor_scratch(text->call.executor, total);
     if (!base) return false;
     scratch->tower = base;
+    scratch->threads = threads;
     scratch->x = (float *)(void *)(base += sizes[0]);
     scratch->pooled = (float *)(void *)(base += sizes[1]);
     scratch->projected = (float *)(void *)(base += sizes[2]);
@@ -328,6 +331,7 @@ static void tokens_chunk(loop_op_t *op) {
         .offsets = scratch.offsets,
         .x = scratch.x,
         .scratch = scratch.tower,
+        .threads = scratch.threads,
     };
     if (tokens) tower_forward(tower, executor, &batch);
     if (tokens && (encode->outputs & UFORM_OUTPUT_TOKEN_VECTORS))

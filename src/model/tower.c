@@ -236,7 +236,8 @@ void tower_release(tower_t *tower) {
 
 static size_t chunk_tokens(tower_t const *tower) {
     size_t const sample = TOWER_CHUNK_TOKENS_MAX;
-    size_t row_bytes = (tower_scratch_bytes(tower, sample) + sample * tower->hidden * sizeof(float)) / sample;
+    size_t row_bytes =
+        (tower_scratch_bytes(tower, sample, 1) + sample * tower->hidden * sizeof(float)) / sample;
     size_t tokens = TOWER_CHUNK_BYTES / (row_bytes ? row_bytes : 1);
     return tokens < TOWER_CHUNK_TOKENS_MIN   ? TOWER_CHUNK_TOKENS_MIN
            : tokens > TOWER_CHUNK_TOKENS_MAX ? TOWER_CHUNK_TOKENS_MAX
@@ -273,9 +274,22 @@ typedef struct scratch_layout {
     uint32_t *positions; /* [tokens]: the position of each token within its item */
     tower_quantized_t
         quantized; /* towers with I8 layers: [tokens, k] of the widest, each row's scale and zero */
+    void *attention;        /* [threads][attention_bytes]: each thread's attention scratch */
+    size_t attention_bytes; /* each thread's: 0 where the attention does not round */
 } scratch_layout_t;
 
-static scratch_layout_t scratch_layout(tower_t const *tower, void *scratch, size_t tokens, size_t *bytes) {
+/* Each thread's attention scratch for items of up to `tokens` rows: what the longest takes, up to
+ * KERNEL_ATTENTION_SCRATCH; none where the tower's attention does not round (it never uses any). */
+static size_t attention_scratch_bytes(tower_t const *tower, size_t tokens) {
+    if (!kernel_attention_rounds(tower->kernels)) return 0;
+    size_t bytes =
+        kernel_attention_scratch_bytes(tokens, tower->settings.head ? tower->settings.head : KERNEL_HEAD);
+    return round_up_64(bytes < KERNEL_ATTENTION_SCRATCH ? bytes : KERNEL_ATTENTION_SCRATCH);
+}
+
+static scratch_layout_t scratch_layout(tower_t const *tower, void *scratch, size_t tokens, size_t threads,
+                                       size_t *bytes) {
+    size_t const attention = attention_scratch_bytes(tower, tokens);
     size_t const sizes[] = {
         round_up_64(tokens * tower->hidden * sizeof(float)),
         round_up_64(tokens * 3 * tower->hidden * sizeof(float)),
@@ -284,6 +298,7 @@ static scratch_layout_t scratch_layout(tower_t const *tower, void *scratch, size
         round_up_64(tokens * tower->i8_inputs),
         round_up_64(tower->i8_inputs ? tokens * sizeof(float) : 0),
         round_up_64(tower->i8_inputs ? tokens * sizeof(int32_t) : 0),
+        threads * attention,
     };
     size_t at[sizeof sizes / sizeof sizes[0] + 1] = {0};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; ++i)
@@ -299,12 +314,14 @@ static scratch_layout_t scratch_layout(tower_t const *tower, void *scratch, size
         .quantized = {.rows = (uint8_t *)(base + at[4]),
                       .scales = (float *)(void *)(base + at[5]),
                       .zeros = (int32_t *)(void *)(base + at[6])},
+        .attention = attention ? base + at[7] : NULL,
+        .attention_bytes = attention,
     };
 }
 
-size_t tower_scratch_bytes(tower_t const *tower, size_t tokens) {
+size_t tower_scratch_bytes(tower_t const *tower, size_t tokens, size_t threads) {
     size_t bytes = 0;
-    scratch_layout(tower, NULL, tokens, &bytes);
+    scratch_layout(tower, NULL, tokens, threads, &bytes);
     return bytes;
 }
 
@@ -397,7 +414,7 @@ static void tower_norm(tower_t const *tower, tower_fork_t const *fork, uform_exe
 
 void tower_forward(tower_t const *tower, uform_executor_t *executor, tower_batch_t const *batch) {
     size_t bytes = 0, hidden = tower->hidden, tokens = batch->tokens;
-    scratch_layout_t scratch = scratch_layout(tower, batch->scratch, tokens, &bytes);
+    scratch_layout_t scratch = scratch_layout(tower, batch->scratch, tokens, batch->threads, &bytes);
     tower_quantized_t const *quantized = &scratch.quantized;
     tower_fork_positions(batch->offsets, batch->items, scratch.positions);
     tower_fork_t fork = {.kernels = tower->kernels,
@@ -410,7 +427,10 @@ void tower_forward(tower_t const *tower, uform_executor_t *executor, tower_batch
                          .positions = scratch.positions,
                          .causal = tower->settings.causal,
                          .head = tower->settings.head,
-                         .norm_eps = tower->settings.norm_eps};
+                         .norm_eps = tower->settings.norm_eps,
+                         .attention_scratch = scratch.attention,
+                         .attention_scratch_bytes = scratch.attention_bytes,
+                         .attention_threads = batch->threads};
     float *x = batch->x;
     bool const post = tower->settings.post_norm;
     if (tower->settings.input_norm) tower_norm(tower, &fork, executor, &tower->input_norm, x, x);
@@ -466,9 +486,9 @@ void tower_patches_tokens(tower_patches_t const *patches, size_t hidden, float c
 
 bool tower_patches_scratch(tower_t const *tower, uform_executor_t *executor, size_t images, size_t rows,
                            size_t inputs, size_t pooled, patch_scratch_t *scratch) {
-    size_t tokens = rows + images * tower->patches.leading;
+    size_t tokens = rows + images * tower->patches.leading, threads = executor_fork_threads(executor);
     size_t sizes[] = {
-        round_up_64(tower_scratch_bytes(tower, tokens)),
+        round_up_64(tower_scratch_bytes(tower, tokens, threads)),
         round_up_64(tokens * tower->hidden * sizeof(float)),
         round_up_64(rows * inputs * sizeof(float)),
         round_up_64(rows * tower->hidden * sizeof(float)),
@@ -484,6 +504,7 @@ bool tower_patches_scratch(tower_t const *tower, uform_executor_t *executor, siz
     char *base = executor_scratch(executor, total);
     if (!base) return false;
     scratch->tower = base;
+    scratch->threads = threads;
     scratch->x = (float *)(void *)(base += sizes[0]);
     scratch->patches = (float *)(void *)(base += sizes[1]);
     scratch->rows = (float *)(void *)(base += sizes[2]);
@@ -504,6 +525,7 @@ void tower_patches_forward(tower_t const *tower, uform_executor_t *executor, pat
         .offsets = scratch->offsets,
         .x = scratch->x,
         .scratch = scratch->tower,
+        .threads = scratch->threads,
     };
     tower_forward(tower, executor, &batch);
 }

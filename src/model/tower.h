@@ -83,8 +83,10 @@ uform_status_t tower_prepare(tower_t *tower, uform_model_t const *model, char co
                              uform_transformer_info_t const *info);
 void tower_release(tower_t *tower);
 
-/* Scratch a forward pass over up to `tokens` tokens needs, in bytes. */
-size_t tower_scratch_bytes(tower_t const *tower, size_t tokens);
+/* Scratch a forward pass over up to `tokens` tokens needs, in bytes, on an executor of `threads` threads
+ * (executor_fork_threads): where the tower's attention rounds to BF16 (kernel_attention_rounds), each
+ * thread gets attention scratch of its own (kernel_attention_t.scratch). */
+size_t tower_scratch_bytes(tower_t const *tower, size_t tokens, size_t threads);
 
 /* tower_t.chunk_tokens, set by tower_prepare: the tokens of a chunk of texts on a host executor, as many
  * as keep the forward pass's rows (x and tower_scratch_bytes) within TOWER_CHUNK_BYTES, from
@@ -101,7 +103,8 @@ typedef struct tower_batch {
     size_t items;
     size_t const *offsets; /* items + 1 token offsets into x; positions restart at 0 for each item */
     float *x;              /* [tokens, hidden]: the input embeddings; the final-normed states on return */
-    void *scratch;         /* tower_scratch_bytes(tokens), 64-byte aligned */
+    void *scratch;         /* tower_scratch_bytes(tokens, threads), 64-byte aligned */
+    size_t threads;        /* the threads tower_scratch_bytes was given */
 } tower_batch_t;
 
 /* Runs the input norm, every block and the final norm over the batch (as the tower's settings have
@@ -142,6 +145,7 @@ void tower_patches_tokens(tower_patches_t const *patches, size_t hidden, float c
  * [pooled] floats; token offsets [images + 1] and the item of each image kept [images]. */
 typedef struct patch_scratch {
     void *tower;
+    size_t threads; /* the threads the tower's scratch is for (tower_scratch_bytes) */
     float *x, *patches, *rows, *projected, *pooled;
     size_t *offsets, *items;
     void *head; /* the pooling head's (tower_pool) */

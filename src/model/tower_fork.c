@@ -203,13 +203,17 @@ static kernel_attention_backward_t head_backward(kernel_attention_t const *forwa
     };
 }
 
-/* One head's attention, or its backward pass, over the items [item, end). */
-static void attention_head(attention_job_t const *job, size_t head, size_t item, size_t end) {
+/* One head's attention, or its backward pass, over the items [item, end), on thread `thread` of the fork. */
+static void attention_head(attention_job_t const *job, size_t head, size_t item, size_t end, size_t thread) {
     tower_fork_t const *fork = job->fork;
     size_t width = fork->head ? fork->head : KERNEL_HEAD;
     kernel_attention_t attention = head_attention(fork, job->qkv + head * width);
     if (!job->backward) {
         attention.out = job->out + head * width;
+        if (fork->attention_scratch && thread < fork->attention_threads) {
+            attention.scratch = (char *)fork->attention_scratch + thread * fork->attention_scratch_bytes;
+            attention.scratch_bytes = fork->attention_scratch_bytes;
+        }
         (fork->f32_attention ? fork->kernels->attention_f32 : fork->kernels->attention)(&attention, item,
                                                                                         end);
     } else {
@@ -233,15 +237,15 @@ static void attention_work(void *context, size_t thread) {
     /* Its whole heads: [whole_first, whole_end); none when the share lies within one head. */
     size_t whole_first = (first + items - 1) / items, whole_end = last / items;
     if (whole_first > whole_end) {
-        attention_head(job, first / items, first % items, last - first / items * items);
+        attention_head(job, first / items, first % items, last - first / items * items, thread);
         return;
     }
-    if (first % items) attention_head(job, first / items, first % items, items);
+    if (first % items) attention_head(job, first / items, first % items, items, thread);
     if (whole_first < whole_end)
         for (size_t item = 0; item < items; ++item)
             for (size_t head = whole_first; head < whole_end; ++head)
-                attention_head(job, head, item, item + 1);
-    if (last % items) attention_head(job, whole_end, 0, last % items);
+                attention_head(job, head, item, item + 1, thread);
+    if (last % items) attention_head(job, whole_end, 0, last % items, thread);
 }
 
 void tower_fork_attention(tower_fork_t const *fork, uform_executor_t *executor, float const *qkv,

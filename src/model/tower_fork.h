@@ -23,6 +23,10 @@ typedef struct tower_fork {
     bool f32_attention; /* kernels->attention_f32 (the training forward, whose backward pass recomputes the
                            attention in F32); else kernels->attention */
     float norm_eps; /* LayerNorm's epsilon (tower_fork_norm) */
+    /* The forward attention's scratch (kernel_attention_t.scratch): attention_scratch_bytes for each of
+     * the first attention_threads threads of a fork, one after the other; NULL for none. */
+    void *attention_scratch;
+    size_t attention_scratch_bytes, attention_threads;
 } tower_fork_t;
 
 /* Fills positions[tokens] from the item offsets: each item's tokens count from 0. */

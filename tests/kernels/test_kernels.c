@@ -660,8 +660,28 @@ static float *rounded_expected(qkv_batch_t const *batch, size_t head, bool causa
     return expected;
 }
 
+/* Scratch for kernel_attention_t.scratch: `bytes` of it, and SCRATCH_GUARD bytes past them, painted
+ * (free it). */
+#define SCRATCH_GUARD 256
+#define SCRATCH_PAINT 0xa5
+static unsigned char *scratch_painted(size_t bytes) {
+    unsigned char *scratch = aligned_alloc(64, (bytes + SCRATCH_GUARD + 63) / 64 * 64);
+    assert_non_null(scratch);
+    memset(scratch, SCRATCH_PAINT, bytes + SCRATCH_GUARD);
+    return scratch;
+}
+
+/* Whether the attention wrote into the `bytes` it was given; failing where it wrote past them. */
+static bool scratch_written(unsigned char const *scratch, size_t bytes) {
+    for (size_t i = bytes; i < bytes + SCRATCH_GUARD; ++i)
+        if (scratch[i] != SCRATCH_PAINT) fail_msg("attention wrote scratch byte %zu past its %zu", i, bytes);
+    for (size_t i = 0; i < bytes; ++i)
+        if (scratch[i] != SCRATCH_PAINT) return true;
+    return false;
+}
+
 /* One path's attention over the whole batch within `tolerance` of `expected`, and again over ranges of
- * items: the same bits. */
+ * items with scratch: the same bits. */
 static void check_attention_path(kernels_t const *path, qkv_batch_t const *batch, bool causal,
                                  float const *expected, double tolerance) {
     size_t const cuts[] = {0, 2, 3, 3, 5, ITEMS};
@@ -673,9 +693,15 @@ static void check_attention_path(kernels_t const *path, qkv_batch_t const *batch
     for (size_t i = 0; i < floats; ++i)
         check_near(whole[i], expected[i], tolerance, path->name, i);
     a.out = pieces + 2 * KERNEL_HEAD;
+    unsigned char *scratch = scratch_painted(KERNEL_ATTENTION_SCRATCH);
+    a.scratch = scratch;
+    a.scratch_bytes = KERNEL_ATTENTION_SCRATCH;
     for (size_t c = 0; c + 1 < COUNT(cuts); ++c)
         path->attention(&a, cuts[c], cuts[c + 1]);
     assert_memory_equal(pieces, whole, floats * sizeof(float));
+    if (scratch_written(scratch, KERNEL_ATTENTION_SCRATCH) && !kernel_attention_rounds(path))
+        fail_msg("%s's F32 attention wrote its scratch", path->name);
+    free(scratch);
     test_free(whole), test_free(pieces);
 }
 
@@ -721,6 +747,37 @@ static float *width_rounded_expected(width_batch_t const *batch, bool causal) {
     return expected;
 }
 
+/* The attention over the batch with scratch of KERNEL_ATTENTION_SCRATCH bytes, of exactly what the longest
+ * item's keys and values take (kernel_attention_t) and of a byte less: the bits of `whole`, nothing written
+ * past the scratch, and, for an attention that rounds without a causal mask, the scratch taken where the
+ * longest item fits it. */
+static void check_attention_scratch(width_batch_t const *batch, bool causal,
+                                    void (*attention)(kernel_attention_t const *, size_t, size_t),
+                                    bool rounds, float const *whole) {
+    size_t longest = 0;
+    for (size_t i = 0; i < WIDTH_ITEMS; ++i)
+        longest = width_item_lengths[i] > longest ? width_item_lengths[i] : longest;
+    size_t need = kernel_attention_scratch_bytes(longest, batch->width);
+    size_t const given_bytes[] = {KERNEL_ATTENTION_SCRATCH, need, need - 1};
+    size_t floats = (batch->tokens + 1) * HEADS * batch->width;
+    for (size_t s = 0; s < COUNT(given_bytes); ++s) {
+        unsigned char *scratch = scratch_painted(given_bytes[s]);
+        float *given = width_batch_out(batch);
+        kernel_attention_t a = width_batch_last_head(batch, causal, given);
+        a.scratch = scratch;
+        a.scratch_bytes = given_bytes[s];
+        attention(&a, 0, WIDTH_ITEMS);
+        assert_memory_equal(given, whole, floats * sizeof(float));
+        bool written = scratch_written(scratch, given_bytes[s]);
+        if (given_bytes[s] >= need && written != (rounds && !causal))
+            fail_msg("width %zu, scratch of %zu bytes (the longest item takes %zu): %s", batch->width,
+                     given_bytes[s], need, written ? "written" : "not taken");
+        if (written && !rounds) fail_msg("an F32 attention wrote its scratch");
+        free(scratch);
+        test_free(given);
+    }
+}
+
 /* Every path at every head width, causal and not: within 1e-4 of scalar, or a path whose attention rounds
  * within 2^-8 of attention over its rounded operands (max|v| is 1) and its attention_f32 within 1e-4 of
  * scalar; nothing written outside the head, and the same bits over ranges of items as over the whole batch.
@@ -757,6 +814,7 @@ static void paths_attention_widths_match_scalar(void **state) {
                 for (size_t c = 0; c + 1 < COUNT(cuts); ++c)
                     attention(&a, cuts[c], cuts[c + 1]);
                 assert_memory_equal(pieces, whole, floats * sizeof(float));
+                check_attention_scratch(&batch, causal, attention, bf16, whole);
                 test_free(whole), test_free(pieces);
             }
             test_free(expected), test_free(rounded);
