@@ -381,8 +381,30 @@ static void load_statx_done(loop_op_t *op) {
     loop_read(load->call.executor->loop, &load->step, load->fd, load->prefix, length, 0);
 }
 
+/* Why a checkpoint did not open, by the open's -errno: the causes a user can act on named. */
+static char const *open_failure(int64_t result) {
+    switch (-result) {
+    case ENOENT:
+        return "cannot open checkpoint: no such file or folder";
+    case EACCES:
+    case EPERM:
+        return "cannot open checkpoint: permission denied";
+    case ENOTDIR:
+        return "cannot open checkpoint: a part of its path is not a folder";
+    case ENAMETOOLONG:
+        return "cannot open checkpoint: its path is too long";
+    case ELOOP:
+        return "cannot open checkpoint: too many symbolic links in its path";
+    case EMFILE:
+    case ENFILE:
+        return "cannot open checkpoint: too many open files";
+    default:
+        return "cannot open checkpoint";
+    }
+}
+
 static void load_open_done(loop_op_t *op) {
-    load_call_t *load = load_step(op, "cannot open checkpoint");
+    load_call_t *load = load_step(op, open_failure(op->result));
     if (!load) return;
     load->fd = (int)op->result;
     load->step.callback = load_statx_done;

@@ -254,8 +254,9 @@ static void tiny_image_std_embeds_nan(void **state) {
 
 static void missing_files_answer_io(void **state) {
     (void)state;
-    char missing[400];
+    char missing[400], through_file[400];
     snprintf(missing, sizeof missing, "%s/missing.safetensors", directory);
+    snprintf(through_file, sizeof through_file, "%s/model.safetensors", tiny_path);
     for (size_t receiver = 0; receiver < RECEIVERS; ++receiver) {
         uform_executor_t *executor = make_receiver(receiver);
         uform_model_t *model = NULL;
@@ -263,7 +264,12 @@ static void missing_files_answer_io(void **state) {
         uform_error_t error = uform_last_error();
         char text[200];
         uform_error_render(&error, text, sizeof text);
-        assert_string_equal(text, "UForm: io [uform_model_load_ram]: cannot open checkpoint");
+        assert_string_equal(
+            text, "UForm: io [uform_model_load_ram]: cannot open checkpoint: no such file or folder");
+        /* a path through a file, as if it were a folder: the open says why */
+        assert_int_equal(load_blocking(executor, through_file, NULL, &model), UFORM_IO);
+        assert_string_equal(uform_last_error().message,
+                            "cannot open checkpoint: a part of its path is not a folder");
         /* A directory is read as a pretrained model's folder, which this one is not. */
         assert_int_equal(load_blocking(executor, directory, NULL, &model), UFORM_IO);
         assert_non_null(strstr(uform_last_error().message, "config.json: cannot open it in"));

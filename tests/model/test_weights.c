@@ -399,8 +399,9 @@ static void bad_arguments_and_files(void **state) {
     fixture_path("no-such-folder/out.safetensors", nowhere, sizeof nowhere);
     args = (uform_checkpoint_quantize_args_t){.input = missing, .output = nowhere};
     assert_int_equal(uform_checkpoint_quantize(&args), UFORM_IO);
-    assert_string_equal(last_error_text().text,
-                        "UForm: io [uform_checkpoint_quantize]: cannot open checkpoint");
+    assert_string_equal(
+        last_error_text().text,
+        "UForm: io [uform_checkpoint_quantize]: cannot open checkpoint: no such file or folder");
     args.input = tiny_path;
     assert_int_equal(uform_checkpoint_quantize(&args), UFORM_IO);
     assert_string_equal(uform_last_error().entry, "uform_checkpoint_quantize");

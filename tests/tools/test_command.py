@@ -164,7 +164,7 @@ def check_weights(uform, model, workdir):
     widened = rows_of(run(uform, "encode", "--model", quantized, "--weights", "bf16", *TEXTS)[0])
     assert [row["embedding"] for row in widened] != [row["embedding"] for row in rows_of(asked)]
     _, stderr = run(uform, "checkpoint", "quantize", os.path.join(workdir, "missing.safetensors"), quantized, expect=1)
-    assert stderr == "UForm: io [uform_checkpoint_quantize]: cannot open checkpoint\n", stderr
+    assert stderr == "UForm: io [uform_checkpoint_quantize]: cannot open checkpoint: no such file or folder\n", stderr
     return quantized
 
 
