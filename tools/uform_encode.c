@@ -1,9 +1,12 @@
 /* uform encode: embeddings of texts and images from the arguments, standard input or a JSONL manifest,
  * encoded in batches on a RAM executor and written as JSONL, raw rows or .npy. Media items go to their
  * modality's verb, which answers UFORM_UNSUPPORTED in a build without its decoder. */
+#include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "uform_command.h"
@@ -138,6 +141,30 @@ static int parse_flags(int argc, char **argv, encode_flags_t *flags) {
 
 /* ---- batches ---------------------------------------------------------------------------------- */
 
+/* What a media file's path says of an item that answered UFORM_IO: " (no such file or folder)" and the
+ * like, where stat or access names a cause; "" otherwise (a read that failed past the open). */
+static char const *io_cause(char const *path, size_t length) {
+    char copy[PATH_MAX];
+    if (length >= sizeof copy) return "";
+    memcpy(copy, path, length);
+    copy[length] = '\0';
+    struct stat about;
+    if (stat(copy, &about) != 0) {
+        switch (errno) {
+        case ENOENT:
+            return " (no such file or folder)";
+        case EACCES:
+            return " (permission denied)";
+        case ENOTDIR:
+            return " (a part of its path is not a folder)";
+        default:
+            return "";
+        }
+    }
+    if (S_ISDIR(about.st_mode)) return " (a folder, not a file)";
+    return access(copy, R_OK) != 0 ? " (permission denied)" : "";
+}
+
 static int batch_flush(encoder_t *encoder, encode_batch_t *batch) {
     uform_encoded_t encoded;
     if (encode_batch_run(&encoder->engine, encoder->outputs, &encoder->config, batch, &encoded) != UFORM_OK)
@@ -147,12 +174,13 @@ static int batch_flush(encoder_t *encoder, encode_batch_t *batch) {
     for (size_t item = 0; item < encoded.items; ++item) {
         if (encoded.statuses[item] == UFORM_OK) continue;
         char const *status = uform_status_name(encoded.statuses[item]);
+        char const *path = batch->bytes + batch->offsets[item];
+        size_t length = batch->offsets[item + 1] - batch->offsets[item];
         int failed = batch->modality == UFORM_MODALITY_TEXT
                          ? command_fail("item %zu: %s", encoder->written + item, status)
-                         : command_fail("item %zu: %s '%.*s': %s", encoder->written + item,
-                                        command_modality_names[batch->modality],
-                                        (int)(batch->offsets[item + 1] - batch->offsets[item]),
-                                        batch->bytes + batch->offsets[item], status);
+                         : command_fail("item %zu: %s '%.*s': %s%s", encoder->written + item,
+                                        command_modality_names[batch->modality], (int)length, path, status,
+                                        encoded.statuses[item] == UFORM_IO ? io_cause(path, length) : "");
         if (!encoder->keep_going) return failed;
         ++encoder->failed;
     }

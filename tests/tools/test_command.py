@@ -117,7 +117,7 @@ def check_images(uform, model, workdir):
     _, stderr = run(uform, "encode", "--model", model, first, broken, expect=1)
     assert stderr.startswith("uform: item 1: image") and "broken.jpg" in stderr and stderr.endswith(": format\n"), stderr
     _, stderr = run(uform, "encode", "--model", model, os.path.join(workdir, "missing.png"), expect=1)
-    assert stderr.startswith("uform: item 0: image") and stderr.endswith(": io\n"), stderr
+    assert stderr.startswith("uform: item 0: image") and stderr.endswith(": io (no such file or folder)\n"), stderr
 
 
 def check_checkpoint_and_info(uform, workdir):
@@ -512,7 +512,8 @@ def bad_manifest_item_loses_good_vectors(uform, model, workdir):
     assert [row["index"] for row in rows] == [0, 1, 2] and rows[1]["error"] == "io", rows
     alone = rows_of(run(uform, "encode", "--model", model, "a cat", "a dog")[0])
     assert rows[0]["embedding"] == alone[0]["embedding"] and rows[2]["embedding"] == alone[1]["embedding"]
-    assert stderr == "uform: item 1: image 'missing.png': io\nuform: 1 of 3 items failed; their rows hold \"error\"\n", stderr
+    assert stderr == ("uform: item 1: image 'missing.png': io (no such file or folder)\n"
+                      "uform: 1 of 3 items failed; their rows hold \"error\"\n"), stderr
     _, stderr = run(uform, "encode", "--model", model, "--manifest", manifest, "--keep-going", "--format", "npy",
                     "--output", os.path.join(workdir, "writers", "x.npy"), expect=2)
     assert "--keep-going needs --format jsonl" in stderr, stderr
