@@ -16,7 +16,13 @@ static char const *const PRETRAINED_PACK_FILES[] = {"config.json",
                                                     "model.safetensors",
                                                     "text_encoder.safetensors",
                                                     "image_encoder.safetensors",
-                                                    "preprocessor_config.json"};
+                                                    "preprocessor_config.json",
+                                                    "model.safetensors.index.json",
+                                                    "model-00001-of-00002.safetensors",
+                                                    "model-00002-of-00002.safetensors",
+                                                    "config_sentence_transformers.json",
+                                                    "spiece.model",
+                                                    "tokenizer_config.json"};
 #define PRETRAINED_PACK_FILE_COUNT (sizeof PRETRAINED_PACK_FILES / sizeof PRETRAINED_PACK_FILES[0])
 
 /* Calls `each` for every file of the pack, in order: its index in PRETRAINED_PACK_FILES and its bytes. */

@@ -122,55 +122,145 @@ static uform_status_t sentence_modules(pretrained_t *folder, sentence_t *sentenc
 
 /* ---- The weights -------------------------------------------------------------------------------- */
 
-/* Maps weights file `index` of the folder and reads its header. */
-static uform_status_t map_weights(pretrained_t *folder, size_t index, char const **message) {
-    pretrained_weights_t *file = &folder->weights[index];
+/* Opens and maps `shard` (its name set) in the folder and reads its header; *error is the open's errno
+ * where it failed (ENOENT: no such file). */
+static uform_status_t map_shard(pretrained_t const *folder, pretrained_shard_t *shard, int *error,
+                                char const **message) {
     char path[PATH_MAX];
-    char const *name = file->name;
+    char const *name = shard->name;
+    *error = 0;
     if (!pretrained_join(path, folder->transformer, name))
         return pretrained_fault(message, UFORM_IO, "%s: path too long", name);
-    file->fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (file->fd < 0) {
-        char other[PATH_MAX];
-        bool sharded = pretrained_join(other, folder->transformer, "model.safetensors.index.json") &&
-                       access(other, F_OK) == 0;
-        bool pickled =
-            pretrained_join(other, folder->transformer, "pytorch_model.bin") && access(other, F_OK) == 0;
-        if (sharded)
-            return pretrained_fault(message, UFORM_UNSUPPORTED,
-                                    "weights sharded over several safetensors files");
-        if (pickled)
-            return pretrained_fault(message, UFORM_UNSUPPORTED,
-                                    "weights in pytorch_model.bin (pickle): save them as model.safetensors");
+    shard->fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (shard->fd < 0) {
+        *error = errno;
         return pretrained_fault(message, UFORM_IO, "%s: cannot open it in %s", name, folder->transformer);
     }
     struct stat about;
-    if (fstat(file->fd, &about) != 0 || !S_ISREG(about.st_mode))
+    if (fstat(shard->fd, &about) != 0 || !S_ISREG(about.st_mode))
         return pretrained_fault(message, UFORM_IO, "%s: not a regular file", name);
-    file->size = (size_t)about.st_size;
-    if (file->size < 8) return pretrained_fault(message, UFORM_FORMAT, "%s: shorter than its header", name);
-    void *mapping = mmap(NULL, file->size, PROT_READ, MAP_PRIVATE, file->fd, 0);
+    shard->size = (size_t)about.st_size;
+    if (shard->size < 8) return pretrained_fault(message, UFORM_FORMAT, "%s: shorter than its header", name);
+    void *mapping = mmap(NULL, shard->size, PROT_READ, MAP_PRIVATE, shard->fd, 0);
     if (mapping == MAP_FAILED) return pretrained_fault(message, UFORM_IO, "%s: cannot map it", name);
-    file->mapping = mapping;
+    shard->mapping = mapping;
     uint64_t header_length = 0;
     char const *why = NULL;
-    uform_status_t status = checkpoint_prefix(file->mapping, 8, file->size, &header_length, &why);
+    uform_status_t status = checkpoint_prefix(shard->mapping, 8, shard->size, &header_length, &why);
     if (status == UFORM_OK)
-        status = checkpoint_parse_tensors((char const *)file->mapping + 8, header_length, file->size,
-                                          &file->header, &why);
+        status = checkpoint_parse_tensors((char const *)shard->mapping + 8, header_length, shard->size,
+                                          &shard->header, &why);
     if (status != UFORM_OK) return pretrained_fault(message, status, "%s: %s", name, why);
     return UFORM_OK;
 }
 
-/* The weights of `tower` named `name`, as it is or with the tower's prefix. */
+/* Whether an index may name this shard: a file of the folder itself ("model-00001-of-00002.safetensors"),
+ * without a path, that fits `capacity` bytes with its terminator. */
+static bool shard_name_valid(char const *name, size_t capacity) {
+    size_t length = strlen(name);
+    return length > 0 && length < capacity && !strchr(name, '/') && name[0] != '.';
+}
+
+/* The shards of weights file `file` from its index `index_name` (JSON, as transformers writes it): the
+ * distinct files its weight_map names, in the order they first appear, each mapped; no tensor may be in
+ * two of them. */
+static uform_status_t map_sharded(pretrained_t const *folder, pretrained_weights_t *file,
+                                  char const *index_name, char const **message) {
+    json_t *index = NULL;
+    uform_status_t status = pretrained_json(folder->transformer, index_name, false, &index, message);
+    if (status != UFORM_OK) return status;
+    json_t *map = json_is_object(index) ? json_object_get(index, "weight_map") : NULL;
+    if (!json_is_object(map) || json_object_size(map) == 0) {
+        json_decref(index);
+        return pretrained_fault(message, UFORM_FORMAT, "%s: no weight_map of tensors to files", index_name);
+    }
+    file->shards = calloc(PRETRAINED_SHARDS_MAX, sizeof *file->shards);
+    if (!file->shards) {
+        json_decref(index);
+        return pretrained_fault(message, UFORM_OUT_OF_MEMORY, "%s: out of memory", index_name);
+    }
+    char const *tensor;
+    json_t *value;
+    json_object_foreach(map, tensor, value) {
+        char const *name = json_string_value(value);
+        if (!name || !shard_name_valid(name, sizeof file->shards[0].name)) {
+            status = pretrained_fault(message, UFORM_FORMAT, "%s: %.80s is not in a file of the folder",
+                                      index_name, tensor);
+            break;
+        }
+        size_t known = 0;
+        while (known < file->shard_count && strcmp(file->shards[known].name, name) != 0)
+            ++known;
+        if (known < file->shard_count) continue;
+        if (file->shard_count == PRETRAINED_SHARDS_MAX) {
+            status = pretrained_fault(message, UFORM_UNSUPPORTED, "%s: more than %d files", index_name,
+                                      PRETRAINED_SHARDS_MAX);
+            break;
+        }
+        pretrained_shard_t *shard = &file->shards[file->shard_count++];
+        shard->fd = -1;
+        snprintf(shard->name, sizeof shard->name, "%s", name);
+    }
+    json_decref(index);
+    int error = 0;
+    for (size_t i = 0; i < file->shard_count && status == UFORM_OK; ++i)
+        status = map_shard(folder, &file->shards[i], &error, message);
+    for (size_t i = 0; i < file->shard_count && status == UFORM_OK; ++i) {
+        checkpoint_header_t const *header = &file->shards[i].header;
+        for (size_t t = 0; t < header->tensors_count && status == UFORM_OK; ++t)
+            for (size_t other = i + 1; other < file->shard_count && status == UFORM_OK; ++other)
+                if (checkpoint_find(&file->shards[other].header, header->tensors[t].name))
+                    status = pretrained_fault(message, UFORM_FORMAT, "%s and %s both hold %.80s",
+                                              file->shards[i].name, file->shards[other].name,
+                                              header->tensors[t].name);
+    }
+    return status;
+}
+
+/* Maps weights file `index` of the folder and reads its header: the file itself, or, where it is missing
+ * and its index ("model.safetensors.index.json") is there, the shards the index names. */
+static uform_status_t map_weights(pretrained_t *folder, size_t index, char const **message) {
+    pretrained_weights_t *file = &folder->weights[index];
+    file->shards = calloc(1, sizeof *file->shards);
+    if (!file->shards) return pretrained_fault(message, UFORM_OUT_OF_MEMORY, "out of memory");
+    file->shard_count = 1;
+    file->shards[0].fd = -1;
+    snprintf(file->shards[0].name, sizeof file->shards[0].name, "%s", file->name);
+    int error = 0;
+    uform_status_t status = map_shard(folder, &file->shards[0], &error, message);
+    if (error != ENOENT) return status;
+    char index_name[sizeof file->name], other[PATH_MAX];
+    bool fits =
+        (size_t)snprintf(index_name, sizeof index_name, "%s.index.json", file->name) < sizeof index_name;
+    if (fits && pretrained_join(other, folder->transformer, index_name) && access(other, F_OK) == 0) {
+        free(file->shards);
+        file->shards = NULL;
+        file->shard_count = 0;
+        memcpy(file->name, index_name, sizeof index_name); /* the faults name the index */
+        return map_sharded(folder, file, file->name, message);
+    }
+    if (pretrained_join(other, folder->transformer, "pytorch_model.bin") && access(other, F_OK) == 0)
+        return pretrained_fault(message, UFORM_UNSUPPORTED,
+                                "weights in pytorch_model.bin (pickle): save them as model.safetensors");
+    return status;
+}
+
+/* The weights of `tower` named `name`, as it is or with the tower's prefix, and the shard that holds it. */
 static checkpoint_tensor_t const *weight(pretrained_t const *folder, pretrained_tower_t const *tower,
-                                         char const *name) {
-    checkpoint_header_t const *header = &folder->weights[tower->file].header;
-    checkpoint_tensor_t const *found = checkpoint_find(header, name);
-    if (found || !tower->prefix[0]) return found;
+                                         char const *name, pretrained_shard_t const **shard) {
+    pretrained_weights_t const *file = &folder->weights[tower->file];
     char prefixed[PRETRAINED_NAME_LIMIT + 32];
     snprintf(prefixed, sizeof prefixed, "%s%s", tower->prefix, name);
-    return checkpoint_find(header, prefixed);
+    for (int pass = 0; pass < (tower->prefix[0] ? 2 : 1); ++pass)
+        for (size_t i = 0; i < file->shard_count; ++i) {
+            checkpoint_tensor_t const *found =
+                checkpoint_find(&file->shards[i].header, pass ? prefixed : name);
+            if (found) {
+                *shard = &file->shards[i];
+                return found;
+            }
+        }
+    return NULL;
 }
 
 /* The weights that make one schema tensor: up to three sources stacked by rows (q, k and v into qkv), the
@@ -368,7 +458,8 @@ typedef struct layout {
 static bool scale_rows(layout_t *layout, pretrained_tower_t const *tower, recipe_t const *recipe,
                        checkpoint_schema_tensor_t const *tensor, uint16_t *out) {
     pretrained_t const *folder = layout->folder;
-    checkpoint_tensor_t const *scale = weight(folder, tower, recipe->scale);
+    pretrained_shard_t const *shard = NULL;
+    checkpoint_tensor_t const *scale = weight(folder, tower, recipe->scale, &shard);
     uint64_t rows = tensor->shape[0], columns = tensor->rank == 2 ? tensor->shape[1] : 1, elements = 1;
     for (size_t d = 0; scale && d < scale->rank; ++d)
         elements *= scale->shape[d];
@@ -381,8 +472,7 @@ static bool scale_rows(layout_t *layout, pretrained_tower_t const *tower, recipe
         return false;
     }
     if (!out) return true;
-    uint8_t const *values =
-        folder->weights[tower->file].mapping + folder->weights[tower->file].header.data_offset + scale->begin;
+    uint8_t const *values = shard->mapping + shard->header.data_offset + scale->begin;
     for (uint64_t r = 0; r < rows; ++r) {
         uint16_t factor;
         to_bf16(&factor, values + r * checkpoint_dtype_size(scale->dtype), scale->dtype, 1);
@@ -424,7 +514,8 @@ static int layout_visit(checkpoint_schema_tensor_t const *tensor, void *context)
     uint16_t *out = layout->data ? (uint16_t *)(void *)(layout->data + begin) : NULL;
     uint64_t filled = recipe.zero_row ? columns : 0; /* the zero row: the data is zeroed */
     for (size_t s = 0; s < recipe.count; ++s) {
-        checkpoint_tensor_t const *source = weight(folder, tower, recipe.names[s]);
+        pretrained_shard_t const *shard = NULL;
+        checkpoint_tensor_t const *source = weight(folder, tower, recipe.names[s], &shard);
         if (!source) {
             layout->status = pretrained_fault(layout->message, UFORM_FORMAT, "%s: no tensor %s (for %s)",
                                               file, recipe.names[s], tensor->name);
@@ -458,8 +549,7 @@ static int layout_visit(checkpoint_schema_tensor_t const *tensor, void *context)
             return 1;
         }
         uint64_t take = recipe.first_row ? tensor->shape[0] : source_rows * source_columns;
-        uint8_t const *values = folder->weights[tower->file].mapping +
-                                folder->weights[tower->file].header.data_offset + source->begin;
+        uint8_t const *values = shard->mapping + shard->header.data_offset + source->begin;
         if (out) to_bf16(out + filled, values, source->dtype, (size_t)take);
         filled += take;
     }
@@ -640,8 +730,6 @@ uform_status_t pretrained_read(char const *path, uform_executor_t *executor, pre
     memset(model, 0, sizeof *model);
     pretrained_t *folder = calloc(1, sizeof *folder);
     if (!folder) return pretrained_fault(message, UFORM_OUT_OF_MEMORY, "out of memory");
-    for (size_t i = 0; i < PRETRAINED_FILES; ++i)
-        folder->weights[i].fd = -1;
     uform_status_t status = UFORM_OK;
     if (snprintf(folder->root, PATH_MAX, "%s", path) >= PATH_MAX)
         status = pretrained_fault(message, UFORM_IO, "folder path too long");
@@ -651,9 +739,13 @@ uform_status_t pretrained_read(char const *path, uform_executor_t *executor, pre
     }
     for (size_t i = 0; i < PRETRAINED_FILES; ++i) {
         pretrained_weights_t *file = &folder->weights[i];
-        if (file->mapping) munmap(file->mapping, file->size);
-        if (file->fd >= 0) close(file->fd);
-        checkpoint_header_free(&file->header);
+        for (size_t s = 0; file->shards && s < file->shard_count; ++s) {
+            pretrained_shard_t *shard = &file->shards[s];
+            if (shard->mapping) munmap(shard->mapping, shard->size);
+            if (shard->fd >= 0) close(shard->fd);
+            checkpoint_header_free(&shard->header);
+        }
+        free(file->shards);
     }
     free(folder);
     if (status != UFORM_OK) {

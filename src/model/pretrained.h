@@ -6,20 +6,27 @@
  * Families:
  *   - UForm 3 (config.json with text_encoder and image_encoder; text_encoder.safetensors and
  *     image_encoder.safetensors; tokenizer.json): the text tower runs the blocks outside
- * multimodal_layers_ids, the image tower's LayerScale is folded into the layers before it (each weight
- * rounded to BF16 again), its class token takes no position. Register tokens are refused.
+ *     multimodal_layers_ids, the image tower's LayerScale is folded into the layers before it (each weight
+ *     rounded to BF16 again), its class token takes no position, its register tokens (large) are attended
+ *     to and in no output.
  *   - CLIP (model_type "clip", transformers' CLIPModel in model.safetensors): both towers, transformers'
  *     defaults where config.json is sparse, the image processor's mean and std (preprocessor_config.json).
+ *   - SigLIP (model_type "siglip", transformers' SiglipModel): no class token, the attention-pooling head,
+ *     texts padded to the context and pooled at the last position through the text head; its SentencePiece
+ *     model (spiece.model) where the folder has no tokenizer.json.
  *   - BERT-family sentence embedders (config.json's model_type "bert", "roberta", "xlm-roberta"): BertModel
  *     or (XLM-)RobertaModel weights in model.safetensors (with or without a "bert." or "roberta." prefix),
  *     the sentence-transformers modules where the folder has them (modules.json: the Transformer module's
  *     folder, Pooling's mode (cls, mean, last token), Normalize; sentence_bert_config.json's
- *     max_seq_length as the context). A folder without modules.json pools at the class token and does not
- *     normalize, as Hugging Face's text-embeddings-inference reads such a folder.
- * Anything else (another model_type, SigLIP's folders for now, a Dense module, max
- * or weighted pooling, sharded or pickled weights, relative positions) is refused with UFORM_UNSUPPORTED
- * naming it; a damaged folder (missing files, malformed JSON, shapes that disagree with the configuration)
- * with UFORM_FORMAT or UFORM_IO naming the file and the fault. */
+ *     max_seq_length as the context; config_sentence_transformers.json's prompts). A folder without
+ *     modules.json pools at the class token and does not normalize, as Hugging Face's
+ *     text-embeddings-inference reads such a folder.
+ * A weights file may be sharded as transformers saves large models: where model.safetensors is missing, the
+ * files its model.safetensors.index.json names (files of the folder only, no tensor in two of them).
+ * Anything else (another model_type, a Dense module, max or weighted pooling, pickled weights, relative
+ * positions) is refused with UFORM_UNSUPPORTED naming it; a damaged folder (missing files, malformed JSON,
+ * shapes that disagree with the configuration) with UFORM_FORMAT or UFORM_IO naming the file and the fault.
+ */
 #pragma once
 
 #include "model.h"

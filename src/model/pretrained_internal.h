@@ -10,8 +10,11 @@
 
 /* The longest name of a weight the reader looks for, prefix included. */
 #define PRETRAINED_NAME_LIMIT 128
-/* Weights files a folder may have: one (model.safetensors), or one per tower (UForm 3). */
+/* Weights files a folder may have: one (model.safetensors), or one per tower (UForm 3); each may be sharded
+ * over the files its index ("model.safetensors.index.json") names, as transformers saves large models. */
 #define PRETRAINED_FILES 2
+/* The most files one weights file may be sharded over. */
+#define PRETRAINED_SHARDS_MAX 256
 
 /* How a family names a tower's weights: `layer` (a printf format of the block's index) before each of the
  * block's names, the others whole; a name NULL is a part the family's tower does not have (then the part
@@ -44,12 +47,20 @@ typedef struct pretrained_tower {
     size_t blocks[1024]; /* the stored block of each of the tower's blocks (UForm 3 skips some) */
 } pretrained_tower_t;
 
-typedef struct pretrained_weights {
-    char name[64]; /* "model.safetensors" */
+/* One safetensors file of the folder, mapped, and its header. */
+typedef struct pretrained_shard {
+    char name[128];
     int fd;
     uint8_t *mapping;
     size_t size;
     checkpoint_header_t header;
+} pretrained_shard_t;
+
+/* A tower's weights: the file `name`, or the shards its index names where the folder has no such file. */
+typedef struct pretrained_weights {
+    char name[64];              /* "model.safetensors"; its index's name where that shards it */
+    pretrained_shard_t *shards; /* [shard_count], malloc'ed: the file alone where it is whole */
+    size_t shard_count;
 } pretrained_weights_t;
 
 typedef struct pretrained {

@@ -111,7 +111,8 @@ typedef struct blob {
 } blob_t;
 
 typedef struct world {
-    char folder[512], checkpoint[600], saved[600], pretrained[600];
+    char folder[512], checkpoint[600], saved[600], pretrained[600], sharded[600];
+    char const *unpacking; /* the folder unpack_file writes into */
     uform_executor_t *executor;
     uform_arena_t *arena;
     uform_model_t *model;
@@ -354,6 +355,11 @@ static void release_load(world_t *world) {
 static void run_folder(world_t *world, result_t *result) {
     load(world, result, world->pretrained, false, UFORM_WEIGHTS_STORED);
 }
+/* The seed whose weights are in two shards with their index, and whose prompts are in
+ * config_sentence_transformers.json. */
+static void run_sharded_folder(world_t *world, result_t *result) {
+    load(world, result, world->sharded, false, UFORM_WEIGHTS_STORED);
+}
 static void run_convert(world_t *world, result_t *result) {
     char output[700];
     snprintf(output, sizeof output, "%s/converted.safetensors", world->folder);
@@ -381,7 +387,7 @@ static void run_folder_text(world_t *world, result_t *result) {
 static void unpack_file(size_t index, uint8_t const *bytes, size_t length, void *context) {
     world_t const *world = context;
     char path[900];
-    snprintf(path, sizeof path, "%s/%s", world->pretrained, PRETRAINED_PACK_FILES[index]);
+    snprintf(path, sizeof path, "%s/%s", world->unpacking, PRETRAINED_PACK_FILES[index]);
     blob_t const blob = {.data = (uint8_t *)bytes, .size = length};
     blob_write(path, &blob);
 }
@@ -663,6 +669,7 @@ static stage_t const stages[] = {
     {"step", 0, prepare_step, run_step, release_trainer},
     {"save", 0, prepare_save, run_save, release_save},
     {"folder", UFORM_FEATURE_TOKENIZERS, nothing, run_folder, release_load},
+    {"sharded-folder", UFORM_FEATURE_TOKENIZERS, nothing, run_sharded_folder, release_load},
     {"convert", UFORM_FEATURE_TOKENIZERS, nothing, run_convert, nothing},
     {"folder-text", UFORM_FEATURE_TOKENIZERS, prepare_folder_text, run_folder_text, release_load},
 };
@@ -773,14 +780,19 @@ int main(int argc, char **argv) {
     }
     world.wav = wav_tone(0.5);
     if (features & UFORM_FEATURE_TOKENIZERS) {
-        snprintf(world.pretrained, sizeof world.pretrained, "%s/pretrained", world.folder);
-        snprintf(path, sizeof path, "%s/pretrained/1_Pooling", world.folder);
-        mkdir(world.pretrained, 0755);
-        mkdir(path, 0755);
-        snprintf(path, sizeof path, "%s/pretrained/sentence-transformers-mean.bin", argv[2]);
-        blob_t pack = blob_read(path);
-        pretrained_pack_each(pack.data, pack.size, unpack_file, &world);
-        free(pack.data);
+        char const *const seeds[] = {"sentence-transformers-mean", "sentence-transformers-sharded-prompts"};
+        char *const folders[] = {world.pretrained, world.sharded};
+        for (size_t i = 0; i < 2; ++i) {
+            snprintf(folders[i], sizeof world.pretrained, "%s/%s", world.folder, seeds[i]);
+            snprintf(path, sizeof path, "%s/1_Pooling", folders[i]);
+            mkdir(folders[i], 0755);
+            mkdir(path, 0755);
+            snprintf(path, sizeof path, "%s/pretrained/%s.bin", argv[2], seeds[i]);
+            blob_t pack = blob_read(path);
+            world.unpacking = folders[i];
+            pretrained_pack_each(pack.data, pack.size, unpack_file, &world);
+            free(pack.data);
+        }
     }
 
     /* hwloc's window: the first RAM executor loads the topology, outside every count. */

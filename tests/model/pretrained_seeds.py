@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Writes the seed corpus of fuzz/fuzz_pretrained.c: small folders of every family (BERT: a sentence-transformers
-one with mean pooling and Normalize, one without modules, one of RoBERTa's positions with cls pooling; CLIP;
-SigLIP; UForm 3), each with a small WordPiece tokenizer.json, packed as the target reads its input: per file, its index in the target's FILES (1 byte), its length (2 bytes, little-endian)
+one with mean pooling and Normalize, one with its weights in two shards and prompts, one without modules, one of
+RoBERTa's positions with cls pooling; CLIP; SigLIP, with a WordPiece tokenizer.json and with a SentencePiece
+model and its tokenizer_config.json; UForm 3), the others each with a small WordPiece tokenizer.json, packed as the target reads its input: per file, its index in the target's FILES (1 byte), its length (2 bytes, little-endian)
 and its bytes. Run once by hand: python3 tests/model/pretrained_seeds.py tests/fuzz-corpus/pretrained"""
 import json
 import struct
@@ -11,7 +12,9 @@ from pathlib import Path
 import numpy as np
 
 FILES = ["config.json", "modules.json", "1_Pooling/config.json", "sentence_bert_config.json", "tokenizer.json",
-         "model.safetensors", "text_encoder.safetensors", "image_encoder.safetensors", "preprocessor_config.json"]
+         "model.safetensors", "text_encoder.safetensors", "image_encoder.safetensors", "preprocessor_config.json",
+         "model.safetensors.index.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+         "config_sentence_transformers.json", "spiece.model", "tokenizer_config.json"]
 HIDDEN, HEADS, MLP, DEPTH, POSITIONS = 8, 2, 16, 1, 16
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "a", "cat", "sits", "on", "the", "mat", "##s", ".", "<s>", "</s>"]
 
@@ -29,6 +32,39 @@ def safetensors(tensors: dict) -> bytes:
 
 
 def bert_weights(seed: int, prefix: str = "") -> bytes:
+    return safetensors(bert_tensors(seed, prefix))
+
+
+def bert_sharded(seed: int) -> dict:
+    """bert_weights' tensors in two shards and their index, as transformers shards a large model."""
+    tensors = bert_tensors(seed)
+    names = list(tensors)
+    shards = [names[:len(names) // 2], names[len(names) // 2:]]
+    files = {}
+    weight_map = {}
+    for i, part in enumerate(shards):
+        file = f"model-0000{i + 1}-of-00002.safetensors"
+        files[file] = safetensors({name: tensors[name] for name in part})
+        weight_map.update({name: file for name in part})
+    files["model.safetensors.index.json"] = {"metadata": {"total_size": 0}, "weight_map": weight_map}
+    return files
+
+
+def spiece_model() -> bytes:
+    """A SentencePiece Unigram of 12 pieces over the letters a, b and c, without a normalization table."""
+    import io
+
+    import sentencepiece
+
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(["a ab abc cab", "ba cab bac", "abc abc a b c"] * 20), model_writer=model,
+        vocab_size=12, model_type="unigram", character_coverage=1.0, minloglevel=2, hard_vocab_limit=False,
+        normalization_rule_name="identity")
+    return model.getvalue()
+
+
+def bert_tensors(seed: int, prefix: str = "") -> dict:
     rng = np.random.default_rng(seed)
     tensors = {
         "embeddings.word_embeddings.weight": rng.normal(0, 0.5, (len(VOCAB), HIDDEN)),
@@ -51,7 +87,7 @@ def bert_weights(seed: int, prefix: str = "") -> bytes:
         for norm in ("attention.output.LayerNorm", "output.LayerNorm"):
             tensors[f"{layer}{norm}.weight"] = 1 + rng.normal(0, 0.1, HIDDEN)
             tensors[f"{layer}{norm}.bias"] = rng.normal(0, 0.1, HIDDEN)
-    return safetensors({prefix + name: value for name, value in tensors.items()})
+    return {prefix + name: value for name, value in tensors.items()}
 
 
 def block(rng, tensors: dict, layer: str, names: dict, hidden: int, mlp: int) -> None:
@@ -202,6 +238,12 @@ def main() -> int:
         "bert-without-modules.bin": {
             "config.json": config("bert", 0), "tokenizer.json": tokenizer(bert),
             "model.safetensors": bert_weights(2, "bert.")},
+        "sentence-transformers-sharded-prompts.bin": {
+            "config.json": config("bert", 0), "modules.json": modules,
+            "1_Pooling/config.json": {"pooling_mode_mean_tokens": True}, "tokenizer.json": tokenizer(bert),
+            "config_sentence_transformers.json": {"prompts": {"query": "query: ", "passage": "passage: "},
+                                                  "default_prompt_name": "query"},
+            **bert_sharded(8)},
         "roberta-cls.bin": {
             "config.json": config("roberta", 1), "modules.json": modules[:2],
             "1_Pooling/config.json": {"pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False}, "tokenizer.json": tokenizer(roberta),
@@ -216,6 +258,11 @@ def main() -> int:
                                                   "image_std": [0.25, 0.25, 0.25]}},
         "siglip.bin": {"config.json": clip_config("siglip"), "tokenizer.json": tokenizer(bert),
                        "model.safetensors": clip_weights(5, True)},
+        "siglip-spiece.bin": {"config.json": clip_config("siglip"), "spiece.model": spiece_model(),
+                              "tokenizer_config.json": {"tokenizer_class": "SiglipTokenizer", "eos_token": "</s>",
+                                                        "pad_token": "</s>", "unk_token": "<unk>",
+                                                        "model_max_length": 64},
+                              "model.safetensors": clip_weights(9, True)},
         "uform3.bin": {"config.json": uform3_config(), "tokenizer.json": tokenizer(bert),
                        "text_encoder.safetensors": u3_text, "image_encoder.safetensors": u3_image},
         "uform3-registers.bin": {"config.json": uform3_config(registers=2), "tokenizer.json": tokenizer(bert),

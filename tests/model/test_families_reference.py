@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -209,8 +210,33 @@ def clip(uform: str, workdir: Path, images: list, clip_tokenizer: Path) -> int:
             pixels = processor(images=Image.open(path), return_tensors="pt")["pixel_values"]
             theirs.append(model.get_image_features(pixel_values=pixels))
     theirs = np.concatenate([t.numpy() for t in theirs])
-    ours = engine(uform, folder, [("text", t) for t in TEXTS] + [("image", p) for p in images], workdir)
-    return compare("clip", TEXTS + [str(p) for p in images], ours, theirs) + clip_video(uform, workdir, folder)
+    items = [("text", t) for t in TEXTS] + [("image", p) for p in images]
+    ours = engine(uform, folder, items, workdir)
+    return (compare("clip", TEXTS + [str(p) for p in images], ours, theirs) + clip_video(uform, workdir, folder)
+            + clip_sharded(uform, workdir, folder, model, items, ours))
+
+
+def clip_sharded(uform: str, workdir: Path, whole: Path, model, items: list, ours) -> int:
+    """The same model saved by transformers in shards (model-0000K-of-0000N.safetensors and
+    model.safetensors.index.json, as it saves large models): the engine reads them to the same bits."""
+    import numpy as np
+
+    folder = workdir / "clip-sharded"
+    shutil.rmtree(folder, ignore_errors=True)
+    model.save_pretrained(folder, safe_serialization=True, max_shard_size="40MB")
+    for path in whole.iterdir():
+        if path.suffix == ".json" and path.name != "config.json" or path.suffix == ".txt":
+            shutil.copy(path, folder / path.name)
+    shards = sorted(p.name for p in folder.glob("model-*.safetensors"))
+    if len(shards) < 2 or (folder / "model.safetensors").exists():
+        print(f"FAIL clip-sharded: transformers wrote {shards}, not several shards")
+        return 1
+    sharded = engine(uform, folder, items, workdir)
+    if not np.array_equal(sharded, ours):
+        print(f"FAIL clip-sharded: {len(shards)} shards give other embeddings than the whole file")
+        return 1
+    print(f"clip-sharded: {len(shards)} shards, the same embeddings as the whole file")
+    return 0
 
 
 def clip_video(uform: str, workdir: Path, folder: Path) -> int:

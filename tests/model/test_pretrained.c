@@ -117,8 +117,14 @@ static uint16_t f32_to_f16(float value) {
     return (uint16_t)half;
 }
 
-/* model.safetensors of a BertModel: every tensor but `skip` (NULL: none). */
-static void write_weights(char const *skip) {
+/* The two shards write_weights_sharded writes, as transformers names them. */
+static char const *const shard_names[] = {"model-00001-of-00002.safetensors",
+                                          "model-00002-of-00002.safetensors"};
+
+/* The weights of a BertModel, every tensor but `skip` (NULL: none): in model.safetensors, or with `sharded`
+ * the first half of the tensors in shard_names[0], the rest in shard_names[1] and their index in
+ * model.safetensors.index.json, as transformers saves a large model. */
+static void write_weights_as(char const *skip, bool sharded) {
     checkpoint_source_t tensors[128];
     float *owned[128];
     size_t count = 0;
@@ -165,11 +171,34 @@ static void write_weights(char const *skip) {
     }
 #undef TENSOR
     char path[512];
-    snprintf(path, sizeof path, "%s/model.safetensors", folder);
     char const *message = NULL;
-    assert_int_equal(checkpoint_write(path, NULL, tensors, count, &message), UFORM_OK);
+    if (!sharded) {
+        snprintf(path, sizeof path, "%s/model.safetensors", folder);
+        assert_int_equal(checkpoint_write(path, NULL, tensors, count, &message), UFORM_OK);
+    } else {
+        size_t half = count / 2;
+        for (size_t s = 0; s < 2; ++s) {
+            snprintf(path, sizeof path, "%s/%s", folder, shard_names[s]);
+            assert_int_equal(
+                checkpoint_write(path, NULL, tensors + s * half, s ? count - half : half, &message),
+                UFORM_OK);
+        }
+        static char index[16384];
+        size_t at =
+            (size_t)snprintf(index, sizeof index, "{\"metadata\": {\"total_size\": 0}, \"weight_map\": {");
+        for (size_t i = 0; i < count; ++i)
+            at += (size_t)snprintf(index + at, sizeof index - at, "%s\"%s\": \"%s\"", i ? ", " : "", names[i],
+                                   shard_names[i >= half]);
+        assert_true(at + 3 < sizeof index);
+        snprintf(index + at, sizeof index - at, "}}");
+        write_text("model.safetensors.index.json", index);
+    }
     for (size_t i = 0; i < count; ++i)
         free(owned[i]);
+}
+
+static void write_weights(char const *skip) {
+    write_weights_as(skip, false);
 }
 
 /* The folder as sentence-transformers saves all-MiniLM-L6-v2's, in small. */
@@ -197,11 +226,18 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
     (void)state;
-    char const *const files[] = {"config.json",           "model.safetensors",
-                                 "tokenizer.json",        "modules.json",
-                                 "1_Pooling/config.json", "sentence_bert_config.json",
-                                 "pytorch_model.bin",     "config_sentence_transformers.json",
-                                 "tiny.safetensors"};
+    char const *const files[] = {"config.json",
+                                 "model.safetensors",
+                                 "tokenizer.json",
+                                 "modules.json",
+                                 "1_Pooling/config.json",
+                                 "sentence_bert_config.json",
+                                 "pytorch_model.bin",
+                                 "config_sentence_transformers.json",
+                                 "tiny.safetensors",
+                                 "model.safetensors.index.json",
+                                 "model-00001-of-00002.safetensors",
+                                 "model-00002-of-00002.safetensors"};
     for (size_t i = 0; i < sizeof files / sizeof files[0]; ++i)
         remove_file(files[i]);
     char path[512];
@@ -323,6 +359,30 @@ static void folder_encodes_texts(void **state) {
     uform_model_free(model);
 }
 
+/* Weights sharded as transformers shards a large model's (model-0000K-of-0000N.safetensors and their
+ * index) load to the embeddings of the same weights in one model.safetensors, bit for bit. */
+static void sharded_weights_load_as_the_whole_file(void **state) {
+    (void)state;
+    char const *const texts[] = {"a cat sits on the mat", "stock markets", ""};
+    float whole[3 * HIDDEN], sharded[3 * HIDDEN];
+    uform_status_t statuses[3];
+    write_folder();
+    uform_model_t *model = NULL;
+    assert_int_equal(load(&model), UFORM_OK);
+    assert_int_equal(embed(model, texts, 3, whole, statuses, NULL), UFORM_OK);
+    uform_model_free(model);
+    remove_file("model.safetensors");
+    write_weights_as(NULL, true);
+    model = NULL;
+    assert_int_equal(load(&model), UFORM_OK);
+    assert_int_equal(embed(model, texts, 3, sharded, statuses, NULL), UFORM_OK);
+    assert_memory_equal(whole, sharded, sizeof whole);
+    uform_model_free(model);
+    remove_file("model.safetensors.index.json");
+    remove_file(shard_names[0]);
+    remove_file(shard_names[1]);
+}
+
 /* f16_weights_load_as_f32_ones: weights saved in F16 convert to BF16 through their exact float values, and
  * embed as the same weights saved in F32 do, to the rounding F16 adds. */
 static void f16_weights_load_as_f32_ones(void **state) {
@@ -418,6 +478,46 @@ static void tokenizer_past_vocabulary(void) {
     memcpy(at, "\".\":99", 6);
     write_text("tokenizer.json", text);
 }
+/* The folder's weights in two shards and their index, the index then rewritten by `edit` (NULL: as written):
+ * the first occurrence of `from` replaced by `to`. */
+static void sharded_with(char const *from, char const *to) {
+    remove_file("model.safetensors");
+    write_weights_as(NULL, true);
+    if (!from) return;
+    char path[512];
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", folder);
+    FILE *file = fopen(path, "rb");
+    assert_non_null(file);
+    static char text[16384], edited[16384];
+    size_t length = fread(text, 1, sizeof text - 1, file);
+    fclose(file);
+    text[length] = '\0';
+    char *at = strstr(text, from);
+    assert_non_null(at);
+    snprintf(edited, sizeof edited, "%.*s%s%s", (int)(at - text), text, to, at + strlen(from));
+    write_text("model.safetensors.index.json", edited);
+}
+static void shard_outside_the_folder(void) {
+    sharded_with("\"model-00002-of-00002.safetensors\"", "\"../model-00002-of-00002.safetensors\"");
+}
+static void index_without_weight_map(void) {
+    sharded_with("weight_map", "weights");
+}
+static void index_not_json(void) {
+    sharded_with("{", "[");
+}
+static void missing_shard(void) {
+    sharded_with(NULL, NULL);
+    remove_file(shard_names[1]);
+}
+static void tensor_in_two_shards(void) {
+    sharded_with(NULL, NULL);
+    write_weights(NULL); /* every tensor, then moved over the second shard: it holds the first's too */
+    char whole[512], second[512];
+    snprintf(whole, sizeof whole, "%s/model.safetensors", folder);
+    snprintf(second, sizeof second, "%s/%s", folder, shard_names[1]);
+    assert_int_equal(rename(whole, second), 0);
+}
 static void uform3_folder(void) {
     write_text("config.json", "{\"text_encoder\": {}, \"image_encoder\": {}}");
 }
@@ -443,12 +543,20 @@ static void damaged_folders_fail_clearly(void **state) {
         {"no tokenizer", no_tokenizer, UFORM_IO, "tokenizer"},
         {"tokenizer ids past the vocabulary", tokenizer_past_vocabulary, UFORM_FORMAT, "vocabulary"},
         {"a UForm 3 folder without sizes", uform3_folder, UFORM_FORMAT, "text_encoder: \"dim\""},
+        {"a shard outside the folder", shard_outside_the_folder, UFORM_FORMAT, "not in a file of the folder"},
+        {"an index without weight_map", index_without_weight_map, UFORM_FORMAT, "no weight_map"},
+        {"an index that is not an object", index_not_json, UFORM_FORMAT, "model.safetensors.index.json"},
+        {"a missing shard", missing_shard, UFORM_IO, "model-00002-of-00002.safetensors: cannot open it"},
+        {"a tensor in two shards", tensor_in_two_shards, UFORM_FORMAT, "both hold"},
     };
     uform_executor_t *executor = NULL;
     assert_int_equal(uform_executor_create_ram(NULL, &executor), UFORM_OK);
     for (size_t i = 0; i < sizeof faults / sizeof faults[0]; ++i) {
         write_folder();
         remove_file("pytorch_model.bin");
+        remove_file("model.safetensors.index.json");
+        remove_file(shard_names[0]);
+        remove_file(shard_names[1]);
         faults[i].damage();
         uform_model_t *model = NULL;
         uform_model_load_args_t args = {.executor = executor, .path = folder, .model = &model};
@@ -809,9 +917,13 @@ static void hub_ids_find_cached_snapshots(void **state) {
 
 int main(void) {
     struct CMUnitTest const tests[] = {
-        cmocka_unit_test(folder_loads_and_describes_itself),  cmocka_unit_test(folder_encodes_texts),
-        cmocka_unit_test(f16_weights_load_as_f32_ones),       cmocka_unit_test(damaged_folders_fail_clearly),
-        cmocka_unit_test(token_vectors_follow_the_tokenizer), cmocka_unit_test(model_lends_its_tokenizer),
+        cmocka_unit_test(folder_loads_and_describes_itself),
+        cmocka_unit_test(folder_encodes_texts),
+        cmocka_unit_test(f16_weights_load_as_f32_ones),
+        cmocka_unit_test(damaged_folders_fail_clearly),
+        cmocka_unit_test(sharded_weights_load_as_the_whole_file),
+        cmocka_unit_test(token_vectors_follow_the_tokenizer),
+        cmocka_unit_test(model_lends_its_tokenizer),
         cmocka_unit_test(hub_ids_find_cached_snapshots),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
