@@ -519,9 +519,11 @@ UFORM_EXPORT uform_status_t uform_hub_folder(char const *id, char *folder, size_
  *     config.json is sparse, the image processor's mean and std;
  *   - SigLIP (SiglipModel: model_type "siglip"), both towers: texts padded to the context, the image
  *     tower's attention-pooling head;
- *   - BERT-family sentence embedders (model_type "bert", "roberta", "xlm-roberta": all-MiniLM-L6-v2, BGE,
- *     E5, GTE, multilingual-e5), with sentence-transformers' modules where the folder has them (Pooling:
- *     cls, mean or last token; Normalize; max_seq_length), as sentence-transformers 3.0 runs them.
+ *   - BERT-family sentence embedders (model_type "bert", "roberta", "xlm-roberta", "distilbert":
+ *     all-MiniLM-L6-v2, BGE, E5, GTE, multilingual-e5, multi-qa-distilbert), with sentence-transformers'
+ *     modules where the folder has them (Pooling: cls, mean or last token; Normalize; max_seq_length), as
+ *     sentence-transformers 3.0 runs them.
+ * Weights may be sharded as transformers saves large models (model.safetensors.index.json and its files).
  * A folder is read on the executor's loop thread (blocking its other calls while it converts); its progress
  * is reported once, when it is read. A folder of another family, or with a setting the engine does not
  * implement, answers UFORM_UNSUPPORTED naming it; a damaged one UFORM_FORMAT or UFORM_IO naming the file and
@@ -648,7 +650,7 @@ typedef struct uform_model_info {
     } audio;
     uform_weights_t weights; /* the blocks' linear layers as the model runs them: UFORM_WEIGHTS_I8 where they
                                 are I8 (stored so, or quantized as they loaded), else UFORM_WEIGHTS_BF16 */
-    char family[16];         /* "uform" (the engine's own), or the pretrained family: "bert", "xlm-roberta" */
+    char family[16]; /* "uform" (the engine's own), or the pretrained family: "bert", "distilbert", ... */
     bool normalized;         /* embeddings are unit vectors as the family's reference gives them */
 } uform_model_info_t;
 

@@ -14,8 +14,10 @@
  *   - SigLIP (model_type "siglip", transformers' SiglipModel): no class token, the attention-pooling head,
  *     texts padded to the context and pooled at the last position through the text head; its SentencePiece
  *     model (spiece.model) where the folder has no tokenizer.json.
- *   - BERT-family sentence embedders (config.json's model_type "bert", "roberta", "xlm-roberta"): BertModel
- *     or (XLM-)RobertaModel weights in model.safetensors (with or without a "bert." or "roberta." prefix),
+ *   - BERT-family sentence embedders (config.json's model_type "bert", "roberta", "xlm-roberta",
+ *     "distilbert"): BertModel, (XLM-)RobertaModel or DistilBertModel (BERT's block under other names and
+ *     config keys, no token types) weights in model.safetensors (with or without a "bert.", "roberta." or
+ *     "distilbert." prefix),
  *     the sentence-transformers modules where the folder has them (modules.json: the Transformer module's
  *     folder, Pooling's mode (cls, mean, last token), Normalize; sentence_bert_config.json's
  *     max_seq_length as the context; config_sentence_transformers.json's prompts). A folder without

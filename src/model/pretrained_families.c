@@ -90,7 +90,8 @@ static uform_status_t bert_family(pretrained_t *folder, json_t const *config, ch
     if (status == UFORM_OK)
         status = pretrained_size(config, file, "pad_token_id", 0, 1u << 24, 0, &pad, message);
     if (status == UFORM_OK)
-        status = pretrained_activation(config, file, UFORM_ACTIVATION_GELU_ERF, &t->activation, message);
+        status = pretrained_activation(config, file, "hidden_act", UFORM_ACTIVATION_GELU_ERF, &t->activation,
+                                       message);
     double epsilon = 0;
     if (status == UFORM_OK)
         status = pretrained_real(config, file, "layer_norm_eps", 0, 0.1, 1e-12, &epsilon, message);
@@ -121,6 +122,80 @@ static uform_status_t bert_family(pretrained_t *folder, json_t const *config, ch
     snprintf(info->family, sizeof info->family, "%s", model_type);
     folder->text.names = &bert_names;
     snprintf(folder->text.prefix, sizeof folder->text.prefix, "%s", roberta ? "roberta." : "bert.");
+    identity_blocks(&folder->text, t->depth);
+    single_file(folder);
+    return UFORM_OK;
+}
+
+/* ---- DistilBERT ---------------------------------------------------------------------------------- */
+
+static pretrained_names_t const distilbert_names = {
+    .layer = "transformer.layer.%zu.",
+    .norm1 = "sa_layer_norm",
+    .norm2 = "output_layer_norm",
+    .q = "attention.q_lin",
+    .k = "attention.k_lin",
+    .v = "attention.v_lin",
+    .out = "attention.out_lin",
+    .up = "ffn.lin1",
+    .down = "ffn.lin2",
+    .input_norm = "embeddings.LayerNorm",
+    .embed = "embeddings.word_embeddings.weight",
+    .positions = "embeddings.position_embeddings.weight",
+};
+
+/* config.json of a DistilBertModel: BERT's post-norm tower under other names and keys (dim, n_layers,
+ * n_heads, hidden_dim, activation), without token types, LayerNorm's epsilon fixed at 1e-12, learned
+ * positions (sinusoidal ones are refused); pooled at the class token unless sentence-transformers' modules
+ * say otherwise. */
+static uform_status_t distilbert_family(pretrained_t *folder, json_t const *config, char const **message) {
+    uform_model_info_t *info = &folder->info;
+    uform_transformer_info_t *t = &info->text.transformer;
+    static char const file[] = "config.json";
+    struct {
+        char const *key;
+        size_t low, high, fallback, *value;
+    } const sizes[] = {
+        {"dim", 8, 65536, 768, &t->hidden},
+        {"n_layers", 1, 1024, 6, &t->depth},
+        {"n_heads", 1, 1024, 12, &t->heads},
+        {"hidden_dim", 1, 1u << 20, 3072, &t->mlp},
+        {"vocab_size", 1, 1u << 24, 30522, &info->text.vocab},
+        {"max_position_embeddings", 1, 1u << 20, 512, &info->text.positions},
+        {"pad_token_id", 0, 1u << 24, 0, &info->text.pad_id},
+    };
+    uform_status_t status = UFORM_OK;
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0] && status == UFORM_OK; ++i)
+        status = pretrained_size(config, file, sizes[i].key, sizes[i].low, sizes[i].high, sizes[i].fallback,
+                                 sizes[i].value, message);
+    if (status == UFORM_OK)
+        status = pretrained_activation(config, file, "activation", UFORM_ACTIVATION_GELU_ERF, &t->activation,
+                                       message);
+    if (status != UFORM_OK) return status;
+    if (json_is_true(json_object_get(config, "sinusoidal_pos_embds")))
+        return pretrained_fault(message, UFORM_UNSUPPORTED, "%s: sinusoidal_pos_embds", file);
+    if (t->hidden % t->heads != 0 || t->hidden / t->heads > VARIANT_HEAD_MAX)
+        return pretrained_fault(message, UFORM_UNSUPPORTED, "%s: heads of %zu / %zu values", file, t->hidden,
+                                t->heads);
+    t->head = t->hidden / t->heads;
+    t->norm = UFORM_NORM_LAYER;
+    t->norm_eps = 1e-12f;
+    t->post_norm = true;
+    t->input_norm = true;
+    t->final_norm = false;
+    t->rotary = false;
+    t->causal = false;
+    t->pooling = UFORM_POOLING_FIRST;
+    t->projection = false;
+    info->text.position_offset = 0;
+    info->text.context = info->text.positions;
+    info->text.token_type = false;
+    info->has_text = true;
+    info->dims = t->hidden;
+    info->normalized = false;
+    snprintf(info->family, sizeof info->family, "distilbert");
+    folder->text.names = &distilbert_names;
+    snprintf(folder->text.prefix, sizeof folder->text.prefix, "distilbert.");
     identity_blocks(&folder->text, t->depth);
     single_file(folder);
     return UFORM_OK;
@@ -158,7 +233,8 @@ static uform_status_t clip_tower(json_t const *config, char const *file, sizes_d
                                  double eps, uform_activation_t activation, uform_transformer_info_t *t,
                                  char const **message) {
     uform_status_t status = transformer_sizes(config, file, defaults, t, message);
-    if (status == UFORM_OK) status = pretrained_activation(config, file, activation, &t->activation, message);
+    if (status == UFORM_OK)
+        status = pretrained_activation(config, file, "hidden_act", activation, &t->activation, message);
     double epsilon = 0;
     if (status == UFORM_OK)
         status = pretrained_real(config, file, "layer_norm_eps", 0, 0.1, eps, &epsilon, message);
@@ -668,6 +744,7 @@ uform_status_t pretrained_family(pretrained_t *folder, json_t const *config, cha
     if (strcmp(model_type, "bert") == 0 || strcmp(model_type, "roberta") == 0 ||
         strcmp(model_type, "xlm-roberta") == 0)
         return bert_family(folder, config, model_type, message);
+    if (strcmp(model_type, "distilbert") == 0) return distilbert_family(folder, config, message);
     if (strcmp(model_type, "clip") == 0) return clip_family(folder, config, message);
     if (strcmp(model_type, "siglip") == 0) return siglip_family(folder, config, message);
     return pretrained_fault(message, UFORM_UNSUPPORTED, "config.json: model_type \"%.40s\"", model_type);

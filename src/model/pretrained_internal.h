@@ -96,10 +96,11 @@ bool pretrained_join(char *path, char const *folder, char const *name);
 /* The string of `key`, or NULL. */
 char const *pretrained_string(json_t const *object, char const *key);
 
-/* Hugging Face's `hidden_act` (NULL: `fallback`): "gelu" exact, "gelu_new" and "gelu_pytorch_tanh" tanh,
- * "quick_gelu"; another is UFORM_UNSUPPORTED. */
-uform_status_t pretrained_activation(json_t const *config, char const *file, uform_activation_t fallback,
-                                     uform_activation_t *activation, char const **message);
+/* Hugging Face's activation under `key` ("hidden_act"; DistilBERT's "activation"), `fallback` where absent:
+ * "gelu" exact, "gelu_new" and "gelu_pytorch_tanh" tanh, "quick_gelu"; another is UFORM_UNSUPPORTED. */
+uform_status_t pretrained_activation(json_t const *config, char const *file, char const *key,
+                                     uform_activation_t fallback, uform_activation_t *activation,
+                                     char const **message);
 
 /* The family of the folder's config.json (`config`, an object): fills folder->info (towers, sizes, settings,
  * context, family), the towers' names, and the weights files' names. UFORM_UNSUPPORTED for a family or

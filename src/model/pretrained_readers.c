@@ -114,11 +114,12 @@ uform_status_t pretrained_real(json_t const *object, char const *file, char cons
     return UFORM_OK;
 }
 
-uform_status_t pretrained_activation(json_t const *config, char const *file, uform_activation_t fallback,
-                                     uform_activation_t *activation, char const **message) {
-    char const *act = pretrained_string(config, "hidden_act");
-    if (!act && json_object_get(config, "hidden_act"))
-        return pretrained_fault(message, UFORM_FORMAT, "%s: hidden_act is not a string", file);
+uform_status_t pretrained_activation(json_t const *config, char const *file, char const *key,
+                                     uform_activation_t fallback, uform_activation_t *activation,
+                                     char const **message) {
+    char const *act = pretrained_string(config, key);
+    if (!act && json_object_get(config, key))
+        return pretrained_fault(message, UFORM_FORMAT, "%s: %s is not a string", file, key);
     if (!act)
         *activation = fallback;
     else if (strcmp(act, "gelu") == 0)
@@ -128,6 +129,6 @@ uform_status_t pretrained_activation(json_t const *config, char const *file, ufo
     else if (strcmp(act, "quick_gelu") == 0)
         *activation = UFORM_ACTIVATION_GELU_QUICK;
     else
-        return pretrained_fault(message, UFORM_UNSUPPORTED, "%s: hidden_act \"%.40s\"", file, act);
+        return pretrained_fault(message, UFORM_UNSUPPORTED, "%s: %s \"%.40s\"", file, key, act);
     return UFORM_OK;
 }

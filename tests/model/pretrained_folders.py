@@ -48,7 +48,7 @@ TRAINING_MODULES = ["sentencepiece", "google.protobuf"]
 class Family:
     """One published configuration: the shapes and settings a folder is written with."""
     like: str  # what it stands for
-    architecture: str  # "bert" (BertModel) or "xlm-roberta" (XLMRobertaModel)
+    architecture: str  # "bert" (BertModel), "xlm-roberta" (XLMRobertaModel) or "distilbert" (DistilBertModel)
     hidden: int
     heads: int
     mlp: int
@@ -94,6 +94,8 @@ FAMILIES = {
                                 12, 1536, 2, 128, "mean", True, WORDPIECE, seed=6, hidden_act="gelu_pytorch_tanh"),
     "last-token": Family("a BERT pooled by its last token (pooling_mode_lasttoken)", "bert", 384, 12, 1536, 2, 256,
                          "lasttoken", True, WORDPIECE, seed=7),
+    "multi-qa-distilbert-cos-v1": Family("sentence-transformers/multi-qa-distilbert-cos-v1, 2 of its 6 blocks",
+                                         "distilbert", 768, 12, 3072, 2, 512, "mean", True, WORDPIECE, seed=9),
     "default-prompt": Family("a BERT whose config_sentence_transformers.json names a default prompt", "bert", 384, 12,
                              1536, 1, 256, "mean", True, WORDPIECE, seed=8,
                              prompts=(("query", "Represent this sentence for searching relevant passages: "),
@@ -201,13 +203,19 @@ def transformers_model(family: Family, vocabulary: int):
     """transformers' model of `family`, initialised under its seed, its weights made to matter and rounded
     to BF16 values (the module's head says why)."""
     import torch
-    from transformers import BertConfig, BertModel, XLMRobertaConfig, XLMRobertaModel
+    from transformers import (BertConfig, BertModel, DistilBertConfig, DistilBertModel, XLMRobertaConfig,
+                              XLMRobertaModel)
 
     settings = dict(vocab_size=vocabulary, hidden_size=family.hidden, num_hidden_layers=family.blocks,
                     num_attention_heads=family.heads, intermediate_size=family.mlp, hidden_act=family.hidden_act,
                     max_position_embeddings=family.positions, layer_norm_eps=1e-12)
     if family.architecture == "bert":
         config, model_class = BertConfig(**settings, type_vocab_size=2, pad_token_id=0), BertModel
+    elif family.architecture == "distilbert":
+        config = DistilBertConfig(vocab_size=vocabulary, dim=family.hidden, n_layers=family.blocks,
+                                  n_heads=family.heads, hidden_dim=family.mlp, activation=family.hidden_act,
+                                  max_position_embeddings=family.positions, pad_token_id=0)
+        model_class = DistilBertModel
     else:
         config = XLMRobertaConfig(**settings, type_vocab_size=1, pad_token_id=1, bos_token_id=0, eos_token_id=2)
         model_class = XLMRobertaModel
@@ -217,11 +225,12 @@ def transformers_model(family: Family, vocabulary: int):
     with torch.no_grad():
         for name, tensor in model.named_parameters():
             noise = torch.randn(tensor.shape, generator=generator)
-            if name.endswith("LayerNorm.weight"):
+            if name.endswith(("LayerNorm.weight", "layer_norm.weight")):
                 tensor.copy_(1 + 0.2 * noise)
             elif name.endswith(".bias"):
                 tensor.copy_(0.05 * noise)
-            elif name.endswith(("attention.self.query.weight", "attention.self.key.weight")):
+            elif name.endswith(("attention.self.query.weight", "attention.self.key.weight",
+                                "attention.q_lin.weight", "attention.k_lin.weight")):
                 tensor.mul_(4)
             tensor.copy_(tensor.to(torch.bfloat16).to(torch.float32))
     return model
@@ -259,6 +268,10 @@ def write_folder(name: str, out: Path, workdir: Path) -> Path:
     for file in TOKENIZER_FILES:
         if (tokenizer / file).exists():
             shutil.copyfile(tokenizer / file, parts / file)
+    if family.architecture == "distilbert":  # its tokenizer class gives no token type ids, as the hub's folders
+        settings = json.loads((parts / "tokenizer_config.json").read_text())
+        settings["tokenizer_class"] = "DistilBertTokenizer"
+        (parts / "tokenizer_config.json").write_text(json.dumps(settings, indent=2))
     transformer = models.Transformer(str(parts), max_seq_length=family.max_seq_length)
     modules = [transformer, models.Pooling(family.hidden, pooling_mode=family.pooling)]
     if family.normalize:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes the seed corpus of fuzz/fuzz_pretrained.c: small folders of every family (BERT: a sentence-transformers
 one with mean pooling and Normalize, one with its weights in two shards and prompts, one without modules, one of
-RoBERTa's positions with cls pooling; CLIP; SigLIP, with a WordPiece tokenizer.json and with a SentencePiece
+RoBERTa's positions with cls pooling; a DistilBERT; CLIP; SigLIP, with a WordPiece tokenizer.json and with a SentencePiece
 model and its tokenizer_config.json; UForm 3), the others each with a small WordPiece tokenizer.json, packed as the target reads its input: per file, its index in the target's FILES (1 byte), its length (2 bytes, little-endian)
 and its bytes. Run once by hand: python3 tests/model/pretrained_seeds.py tests/fuzz-corpus/pretrained"""
 import json
@@ -33,6 +33,22 @@ def safetensors(tensors: dict) -> bytes:
 
 def bert_weights(seed: int, prefix: str = "") -> bytes:
     return safetensors(bert_tensors(seed, prefix))
+
+
+def distilbert_weights(seed: int) -> bytes:
+    """bert_tensors' values under DistilBertModel's names, without the token types."""
+    renames = [("encoder.layer.", "transformer.layer."), ("attention.self.query", "attention.q_lin"),
+               ("attention.self.key", "attention.k_lin"), ("attention.self.value", "attention.v_lin"),
+               ("attention.output.dense", "attention.out_lin"), ("attention.output.LayerNorm", "sa_layer_norm"),
+               ("intermediate.dense", "ffn.lin1"), ("output.dense", "ffn.lin2"), ("output.LayerNorm", "output_layer_norm")]
+    tensors = {}
+    for name, value in bert_tensors(seed).items():
+        if "token_type" in name:
+            continue
+        for old, new in renames:
+            name = name.replace(old, new)
+        tensors[name] = value
+    return safetensors(tensors)
 
 
 def bert_sharded(seed: int) -> dict:
@@ -244,6 +260,12 @@ def main() -> int:
             "config_sentence_transformers.json": {"prompts": {"query": "query: ", "passage": "passage: "},
                                                   "default_prompt_name": "query"},
             **bert_sharded(8)},
+        "distilbert.bin": {
+            "config.json": {"model_type": "distilbert", "dim": HIDDEN, "n_layers": DEPTH, "n_heads": HEADS,
+                            "hidden_dim": MLP, "vocab_size": len(VOCAB), "max_position_embeddings": POSITIONS,
+                            "activation": "gelu", "pad_token_id": 0, "sinusoidal_pos_embds": False},
+            "modules.json": modules, "1_Pooling/config.json": {"pooling_mode_mean_tokens": True},
+            "tokenizer.json": tokenizer(bert), "model.safetensors": distilbert_weights(10)},
         "roberta-cls.bin": {
             "config.json": config("roberta", 1), "modules.json": modules[:2],
             "1_Pooling/config.json": {"pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False}, "tokenizer.json": tokenizer(roberta),

@@ -518,6 +518,21 @@ static void tensor_in_two_shards(void) {
     snprintf(second, sizeof second, "%s/%s", folder, shard_names[1]);
     assert_int_equal(rename(whole, second), 0);
 }
+static void sinusoidal_distilbert(void) {
+    write_text("config.json",
+               "{\"model_type\": \"distilbert\", \"dim\": 64, \"n_layers\": 2, \"n_heads\": 2, "
+               "\"hidden_dim\": 128, \"vocab_size\": 16, \"sinusoidal_pos_embds\": true}");
+}
+static void distilbert_relu(void) {
+    write_text("config.json",
+               "{\"model_type\": \"distilbert\", \"dim\": 64, \"n_layers\": 2, \"n_heads\": 2, "
+               "\"hidden_dim\": 128, \"vocab_size\": 16, \"activation\": \"relu\"}");
+}
+static void distilbert_of_bert_weights(void) {
+    write_text("config.json",
+               "{\"model_type\": \"distilbert\", \"dim\": 64, \"n_layers\": 2, \"n_heads\": 2, "
+               "\"hidden_dim\": 128, \"vocab_size\": 16, \"max_position_embeddings\": 40}");
+}
 static void uform3_folder(void) {
     write_text("config.json", "{\"text_encoder\": {}, \"image_encoder\": {}}");
 }
@@ -543,6 +558,10 @@ static void damaged_folders_fail_clearly(void **state) {
         {"no tokenizer", no_tokenizer, UFORM_IO, "tokenizer"},
         {"tokenizer ids past the vocabulary", tokenizer_past_vocabulary, UFORM_FORMAT, "vocabulary"},
         {"a UForm 3 folder without sizes", uform3_folder, UFORM_FORMAT, "text_encoder: \"dim\""},
+        {"a DistilBERT of sinusoidal positions", sinusoidal_distilbert, UFORM_UNSUPPORTED,
+         "sinusoidal_pos_embds"},
+        {"a DistilBERT with ReLU", distilbert_relu, UFORM_UNSUPPORTED, "activation \"relu\""},
+        {"a DistilBERT folder of BERT's weights", distilbert_of_bert_weights, UFORM_FORMAT, "no tensor"},
         {"a shard outside the folder", shard_outside_the_folder, UFORM_FORMAT, "not in a file of the folder"},
         {"an index without weight_map", index_without_weight_map, UFORM_FORMAT, "no weight_map"},
         {"an index that is not an object", index_not_json, UFORM_FORMAT, "model.safetensors.index.json"},
