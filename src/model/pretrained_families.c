@@ -16,6 +16,15 @@ typedef struct sizes_defaults {
     size_t hidden, depth, heads, mlp;
 } sizes_defaults_t;
 
+/* t->head from t->hidden and t->heads, which must divide it into heads the engine runs. */
+static uform_status_t head_width(uform_transformer_info_t *t, char const *file, char const **message) {
+    if (t->hidden % t->heads != 0 || t->hidden / t->heads > VARIANT_HEAD_MAX)
+        return pretrained_fault(message, UFORM_UNSUPPORTED, "%s: heads of %zu / %zu values", file, t->hidden,
+                                t->heads);
+    t->head = t->hidden / t->heads;
+    return UFORM_OK;
+}
+
 static uform_status_t transformer_sizes(json_t const *config, char const *file, sizes_defaults_t defaults,
                                         uform_transformer_info_t *t, char const **message) {
     struct {
@@ -32,11 +41,7 @@ static uform_status_t transformer_sizes(json_t const *config, char const *file, 
                                                 sizes[i].fallback, sizes[i].value, message);
         if (status != UFORM_OK) return status;
     }
-    if (t->hidden % t->heads != 0 || t->hidden / t->heads > VARIANT_HEAD_MAX)
-        return pretrained_fault(message, UFORM_UNSUPPORTED, "%s: heads of %zu / %zu values", file, t->hidden,
-                                t->heads);
-    t->head = t->hidden / t->heads;
-    return UFORM_OK;
+    return head_width(t, file, message);
 }
 
 /* The blocks stored as they are: block i is stored block i. */
@@ -67,6 +72,35 @@ static pretrained_names_t const bert_names = {
     .positions = "embeddings.position_embeddings.weight",
     .token_type = "embeddings.token_type_embeddings.weight",
 };
+
+/* What the towers of BertModel, (XLM-)RobertaModel and DistilBertModel share, over their sizes, positions
+ * and token types: post-norm LayerNorm blocks (epsilon `epsilon`) over normed input embeddings, learned
+ * positions (the context: those after position_offset), no mask, pooled at the class token unless
+ * sentence-transformers' modules say otherwise, not projected; weights named by `names` (with or without
+ * `prefix`) in model.safetensors. */
+static void bert_tower(pretrained_t *folder, double epsilon, char const *family,
+                       pretrained_names_t const *names, char const *prefix) {
+    uform_model_info_t *info = &folder->info;
+    uform_transformer_info_t *t = &info->text.transformer;
+    t->norm = UFORM_NORM_LAYER;
+    t->norm_eps = (float)epsilon;
+    t->post_norm = true;
+    t->input_norm = true;
+    t->final_norm = false;
+    t->rotary = false;
+    t->causal = false;
+    t->pooling = UFORM_POOLING_FIRST;
+    t->projection = false;
+    info->text.context = info->text.positions - info->text.position_offset;
+    info->has_text = true;
+    info->dims = t->hidden;
+    info->normalized = false;
+    snprintf(info->family, sizeof info->family, "%s", family);
+    folder->text.names = names;
+    snprintf(folder->text.prefix, sizeof folder->text.prefix, "%s", prefix);
+    identity_blocks(&folder->text, t->depth);
+    single_file(folder);
+}
 
 /* config.json of a BertModel or (XLM-)RobertaModel: a post-norm text tower, learned positions (RoBERTa's
  * from the padding id + 1), token type 0, pooled at the class token unless sentence-transformers' modules
@@ -100,30 +134,13 @@ static uform_status_t bert_family(pretrained_t *folder, json_t const *config, ch
     if (positions && strcmp(positions, "absolute") != 0)
         return pretrained_fault(message, UFORM_UNSUPPORTED, "%s: position_embedding_type \"%.40s\"", file,
                                 positions);
-    t->norm = UFORM_NORM_LAYER;
-    t->norm_eps = (float)epsilon;
-    t->post_norm = true;
-    t->input_norm = true;
-    t->final_norm = false;
-    t->rotary = false;
-    t->causal = false;
-    t->pooling = UFORM_POOLING_FIRST;
-    t->projection = false;
     bool roberta = strcmp(model_type, "bert") != 0;
     info->text.position_offset = roberta ? pad + 1 : 0; /* RoBERTa counts positions from the padding id + 1 */
     info->text.pad_id = pad;
     if (info->text.position_offset >= info->text.positions)
         return pretrained_fault(message, UFORM_FORMAT, "%s: pad_token_id past max_position_embeddings", file);
-    info->text.context = info->text.positions - info->text.position_offset;
     info->text.token_type = types > 0;
-    info->has_text = true;
-    info->dims = t->hidden;
-    info->normalized = false;
-    snprintf(info->family, sizeof info->family, "%s", model_type);
-    folder->text.names = &bert_names;
-    snprintf(folder->text.prefix, sizeof folder->text.prefix, "%s", roberta ? "roberta." : "bert.");
-    identity_blocks(&folder->text, t->depth);
-    single_file(folder);
+    bert_tower(folder, epsilon, model_type, &bert_names, roberta ? "roberta." : "bert.");
     return UFORM_OK;
 }
 
@@ -174,30 +191,10 @@ static uform_status_t distilbert_family(pretrained_t *folder, json_t const *conf
     if (status != UFORM_OK) return status;
     if (json_is_true(json_object_get(config, "sinusoidal_pos_embds")))
         return pretrained_fault(message, UFORM_UNSUPPORTED, "%s: sinusoidal_pos_embds", file);
-    if (t->hidden % t->heads != 0 || t->hidden / t->heads > VARIANT_HEAD_MAX)
-        return pretrained_fault(message, UFORM_UNSUPPORTED, "%s: heads of %zu / %zu values", file, t->hidden,
-                                t->heads);
-    t->head = t->hidden / t->heads;
-    t->norm = UFORM_NORM_LAYER;
-    t->norm_eps = 1e-12f;
-    t->post_norm = true;
-    t->input_norm = true;
-    t->final_norm = false;
-    t->rotary = false;
-    t->causal = false;
-    t->pooling = UFORM_POOLING_FIRST;
-    t->projection = false;
+    if ((status = head_width(t, file, message)) != UFORM_OK) return status;
     info->text.position_offset = 0;
-    info->text.context = info->text.positions;
     info->text.token_type = false;
-    info->has_text = true;
-    info->dims = t->hidden;
-    info->normalized = false;
-    snprintf(info->family, sizeof info->family, "distilbert");
-    folder->text.names = &distilbert_names;
-    snprintf(folder->text.prefix, sizeof folder->text.prefix, "distilbert.");
-    identity_blocks(&folder->text, t->depth);
-    single_file(folder);
+    bert_tower(folder, 1e-12, "distilbert", &distilbert_names, "distilbert.");
     return UFORM_OK;
 }
 
