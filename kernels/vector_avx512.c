@@ -82,10 +82,9 @@ static void mask_future(float scores[][LANES], size_t count, size_t first_key, s
  * 64 dims, fewer (a multiple of LANES) for wider ones. Where the caller gives scratch and the item has no
  * causal mask, the item's keys and values are converted once, all of them, into the scratch (at 577 rows,
  * 1.35x the speed of converting them for every pair of blocks on a Zen 5), and the tiles read them there.
- * Two blocks of queries share each tile's rounded keys
- * and values where their state fits (heads to 128 dims), one block otherwise: 44 KiB of stack. Compiled for
- * AVX512-BF16 by its functions' target attribute; dispatch.c chooses it only where the CPU has AVX512-BF16.
- */
+ * Two blocks of queries share each tile's rounded keys and values where their state fits (heads to 128
+ * dims), one block otherwise: 44 KiB of stack. Compiled for AVX512-BF16 by its functions' target attribute;
+ * dispatch.c chooses it only where the CPU has AVX512-BF16. */
 #define BF16_TARGET      __attribute__((target("avx512bf16")))
 #define BF16_TILE_VALUES 4096 /* BF16 values of the tile's buffer */
 #define BF16_SCORE_GROUP 16   /* keys scored together: vdpbf16ps's latency wants more chains than FMA's */
