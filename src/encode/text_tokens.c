@@ -320,6 +320,8 @@ static void tokens_chunk(loop_op_t *op) {
     for (size_t item = first; item < last; ++item) {
         size_t count = offsets[item + 1] - offsets[item];
         scratch.offsets[item - first] = row;
+        if (count == 0)
+            continue; /* a refused text: no rows, and no ids at all where every text was refused */
         tokens_embed(tower, info, text->tokens.ids + offsets[item], count, scratch.x + row * hidden);
         row += count;
     }

@@ -383,6 +383,31 @@ static void sharded_weights_load_as_the_whole_file(void **state) {
     remove_file(shard_names[1]);
 }
 
+/* every_text_refused_offset_null_ids: a batch whose every text the tokenizer refuses holds no token ids
+ * at all (NULL); embedding its items offset that NULL by 0, undefined behaviour that UBSan reported. Each
+ * item answers its status and a zero row, and the model goes on. */
+static void every_text_refused_offset_null_ids(void **state) {
+    (void)state;
+    write_folder();
+    uform_model_t *model = NULL;
+    assert_int_equal(load(&model), UFORM_OK);
+    char const *const refused[] = {"\xff\xfe", "\xc3"};
+    float rows[2 * HIDDEN], alone[HIDDEN];
+    uform_status_t statuses[2], status;
+    uform_encode_stats_t stats;
+    assert_int_equal(embed(model, refused, 2, rows, statuses, &stats), UFORM_OK);
+    assert_int_equal(stats.failed, 2);
+    for (size_t i = 0; i < 2; ++i) {
+        assert_int_equal(statuses[i], UFORM_FORMAT);
+        for (size_t h = 0; h < HIDDEN; ++h)
+            assert_true(rows[i * HIDDEN + h] == 0.0f);
+    }
+    char const *const fine[] = {"a cat"};
+    assert_int_equal(embed(model, fine, 1, alone, &status, NULL), UFORM_OK);
+    assert_int_equal(status, UFORM_OK);
+    uform_model_free(model);
+}
+
 /* f16_weights_load_as_f32_ones: weights saved in F16 convert to BF16 through their exact float values, and
  * embed as the same weights saved in F32 do, to the rounding F16 adds. */
 static void f16_weights_load_as_f32_ones(void **state) {
@@ -941,6 +966,7 @@ int main(void) {
         cmocka_unit_test(f16_weights_load_as_f32_ones),
         cmocka_unit_test(damaged_folders_fail_clearly),
         cmocka_unit_test(sharded_weights_load_as_the_whole_file),
+        cmocka_unit_test(every_text_refused_offset_null_ids),
         cmocka_unit_test(token_vectors_follow_the_tokenizer),
         cmocka_unit_test(model_lends_its_tokenizer),
         cmocka_unit_test(hub_ids_find_cached_snapshots),
