@@ -2,6 +2,7 @@
  * kinds, forks, memory placement, scratch, info) and the inline kind, whose calls run on the calling
  * thread. The kinds with state of their own live in executor_ram.c, executor_pool.c and src/vram. */
 #include <errno.h>
+#include <stdalign.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,8 +14,10 @@ static executor_ops_t const inline_ops = {.kind = UFORM_EXECUTOR_INLINE};
 void (*executor_stop_observer)(uform_executor_t *executor);
 
 uform_executor_t *executor_new(executor_ops_t const *ops) {
-    uform_executor_t *executor = calloc(1, sizeof *executor);
+    /* Aligned as its call storage is (calloc gives 16 bytes): a call's state placed there may need 64. */
+    uform_executor_t *executor = aligned_alloc(alignof(uform_executor_t), sizeof *executor);
     if (!executor) return NULL;
+    memset(executor, 0, sizeof *executor);
     executor->ops = ops;
     atomic_init(&executor->references, 1);
     atomic_init(&executor->holder, NULL);
