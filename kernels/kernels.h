@@ -110,8 +110,14 @@ void kernel_quantize_weights(int8_t *q, float *scale, uint16_t const *w, size_t 
  *   kernel_attention_scratch_bytes of their longest item, up to KERNEL_ATTENTION_SCRATCH). A path that
  *   rounds converts the keys and values of an item without a causal mask once into it where they fit,
  *   instead of once for every two blocks of queries; the outputs are the same bits either way. The other
- *   paths never touch it. */
+ *   paths never touch it.
+ * - bias: NULL, or the head's bias by relative position (MPNet's): bias[r - c] is added to the scaled score
+ *   of query row r and key row c, both counted from the item's first row. It is read for r - c from
+ *   -(rows - 1) to rows - 1 + KERNEL_ATTENTION_BIAS_LANES - 1 (rows: the item's; the SIMD paths read it for
+ *   the lanes of a last block's queries past the item too, and ignore what they read there), so a table for
+ *   a batch spans its longest item plus KERNEL_ATTENTION_BIAS_LANES. */
 #define KERNEL_ATTENTION_SCRATCH (256u << 10) /* items of up to 1,024 rows at heads of 64 */
+#define KERNEL_ATTENTION_BIAS_LANES 16        /* the most queries a path's block holds */
 typedef struct kernel_attention {
     float const *q, *k, *v;
     size_t stride;
@@ -124,6 +130,7 @@ typedef struct kernel_attention {
     float scale;
     void *scratch;
     size_t scratch_bytes;
+    float const *bias;
 } kernel_attention_t;
 
 /* The scratch an attention that rounds takes for the keys and values of an item of `rows` rows: rows of
