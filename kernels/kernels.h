@@ -111,11 +111,13 @@ void kernel_quantize_weights(int8_t *q, float *scale, uint16_t const *w, size_t 
  *   rounds converts the keys and values of an item without a causal mask once into it where they fit,
  *   instead of once for every two blocks of queries; the outputs are the same bits either way. The other
  *   paths never touch it.
- * - bias: NULL, or the head's bias by relative position (MPNet's): bias[r - c] is added to the scaled score
- *   of query row r and key row c, both counted from the item's first row. It is read for r - c from
- *   -(rows - 1) to rows - 1 + KERNEL_ATTENTION_BIAS_LANES - 1 (rows: the item's; the SIMD paths read it for
- *   the lanes of a last block's queries past the item too, and ignore what they read there), so a table for
- *   a batch spans its longest item plus KERNEL_ATTENTION_BIAS_LANES. */
+ * - bias: NULL, or the head's bias by relative position (MPNet's), finite: bias[r - c] is added, in F32 on
+ *   every path (a path that rounds leaves it unrounded), to the scaled score of query row r and key row c,
+ *   both counted from the item's first row, before the causal mask and the softmax (the tolerances'
+ *   references in double add it too). It is read for r - c from -(rows - 1) to
+ *   rows - 1 + KERNEL_ATTENTION_BIAS_LANES - 1 (rows: the item's; the SIMD paths read it for the lanes of a
+ *   last block's queries past the item too, and ignore what they read there), so a table for a batch whose
+ *   longest item has L rows holds 2 L + KERNEL_ATTENTION_BIAS_LANES - 2 entries, `bias` at its L-th. */
 #define KERNEL_ATTENTION_SCRATCH (256u << 10) /* items of up to 1,024 rows at heads of 64 */
 #define KERNEL_ATTENTION_BIAS_LANES 16        /* the most queries a path's block holds */
 typedef struct kernel_attention {
@@ -203,7 +205,8 @@ static inline kernel_sgemm_t kernel_sgemm_linear(kernel_linear_product_t product
  * writes (overwrites) d_q, d_k, d_v (F32 rows of KERNEL_HEAD at the same strides as q, k, v) for the
  * rows of those items. It recomputes the probabilities row by row (no [L, L] matrix is formed):
  * P = softmax(scale q k^T) (masked when causal), dV = P^T dO, dS = P * (dO v^T - rowsum(dO * O)),
- * dQ = scale dS k, dK = scale dS^T q. Items are independent, so threads split them freely.
+ * dQ = scale dS k, dK = scale dS^T q. Items are independent, so threads split them freely. The forward
+ * it differentiates has no bias (kernel_attention_t.bias NULL).
  * Tolerance against scalar: 1e-4 relative to the largest |d| of d_q, d_k and d_v over the same item (d_q
  * and d_k of an item of one row are exactly 0 in exact arithmetic, and only rounding noise on every path). */
 typedef struct kernel_attention_backward {

@@ -84,7 +84,8 @@ static void mask_future(float scores[][LANES], size_t count, size_t first_key, s
  * 1.35x the speed of converting them for every pair of blocks on a Zen 5), and the tiles read them there.
  * Two blocks of queries share each tile's rounded keys and values where their state fits (heads to 128
  * dims), one block otherwise: 44 KiB of stack. Compiled for AVX512-BF16 by its functions' target attribute;
- * dispatch.c chooses it only where the CPU has AVX512-BF16. */
+ * dispatch.c chooses it only where the CPU has AVX512-BF16. A relative-position bias
+ * (kernel_attention_t.bias) is added to the F32 scores unrounded, as vector_driver.h adds it. */
 #define BF16_TARGET      __attribute__((target("avx512bf16")))
 #define BF16_TILE_VALUES 4096 /* BF16 values of the tile's buffer */
 #define BF16_SCORE_GROUP 16   /* keys scored together: vdpbf16ps's latency wants more chains than FMA's */
@@ -260,6 +261,7 @@ attend_blocks_bf16(kernel_attention_t const *a, size_t first_query, size_t const
         else
             load_values((uint32_t *)(void *)tile, a->v + first * a->stride, a->stride, count, head, padded);
         for (size_t b = 0; b < blocks; ++b) {
+            if (a->bias) add_position_bias(scores[b], a->bias, count, first, first_query + b * LANES);
             if (a->causal) mask_future(scores[b], count, first, first_query + b * LANES);
             vfloat correction = tile_weights(&max[b], &sum[b], scores[b], count);
             pair_weights(weights, scores[b], count);

@@ -9,7 +9,9 @@
  * transposed once, so that the scores of a key against all the block's queries, the running max, the
  * running sum and the rescaling of the online softmax are plain lane-wise vector operations, and the
  * weighted sum of values is kept transposed too ([head dims][LANES queries]) until the block's rows are
- * written out. Heads of any width to KERNEL_HEAD_MAX; the backward pass takes KERNEL_HEAD only.
+ * written out. A relative-position bias (kernel_attention_t.bias) is added to a tile's scores before the
+ * causal mask: for one key, the block's lanes take a contiguous run of the table. Heads of any width to
+ * KERNEL_HEAD_MAX; the backward pass takes KERNEL_HEAD only, and no bias.
  *
  * A path's file (vector_<path>.c) includes this header after its math header and after defining what
  * depends on its instruction set:
@@ -310,6 +312,17 @@ static inline __attribute__((always_inline)) void tile_scores(float scores[ATTEN
         score_group(scores + j, queries, k + j * stride, stride, count - j, head);
 }
 
+/* scores[j][i] += bias[(first_query + i) - (first_key + j)] for the tile's `count` keys, rows of one item
+ * (kernel_attention_t.bias): for key j the lanes' entries are the run of LANES from
+ * bias[first_query - first_key - j]. Lanes past the block's queries read entries the contract lets them
+ * read, and their scores are never stored. */
+static void add_position_bias(float scores[][LANES], float const *bias, size_t count, size_t first_key,
+                              size_t first_query) {
+    float const *run = bias + ((ptrdiff_t)first_query - (ptrdiff_t)first_key);
+    for (size_t j = 0; j < count; ++j)
+        vf_store(scores[j], vf_add(vf_load(scores[j]), vf_loadu(run - j)));
+}
+
 /* Online softmax state of a block: per query lane the running max and sum of exp(score - max), and the
  * exp-weighted sum of values, transposed [head dims][LANES queries]. */
 typedef struct online_block {
@@ -416,6 +429,7 @@ static inline __attribute__((always_inline)) void attend_block(kernel_attention_
     for (size_t tile = first_key; tile < end_key; tile += ATTENTION_TILE) {
         size_t count = end_key - tile < ATTENTION_TILE ? end_key - tile : ATTENTION_TILE;
         tile_scores(scores, queries, a->k + tile * a->stride, a->stride, count, head);
+        if (a->bias) add_position_bias(scores, a->bias, count, tile, first_query);
         if (a->causal) mask_future(scores, count, tile, first_query);
         vfloat correction = tile_weights(&state.max, &state.sum, scores, count);
         add_weighted_rows(state.values, &correction, scores, a->v + tile * a->stride, a->stride, count, head);

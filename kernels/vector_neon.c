@@ -7,7 +7,9 @@
  * queries are transposed once, so that the scores of a key against all 8 queries, the running max, the
  * running sum and the rescaling of the online softmax are plain lane-wise vector operations, and the
  * weighted sum of values is kept transposed too ([head dims][8 queries]) until the block's rows are
- * written out. Heads of any width to KERNEL_HEAD_MAX.
+ * written out. A relative-position bias (kernel_attention_t.bias) is added to a tile's scores before the
+ * causal mask: for one key, the block's lanes take a contiguous run of the table. Heads of any width to
+ * KERNEL_HEAD_MAX.
  *
  * The loops marked `#pragma GCC unroll` run over a fixed number of vectors: unrolled, their arrays of
  * vectors stay in registers. */
@@ -215,6 +217,18 @@ static void mask_future(float scores[ATTENTION_TILE][QUERIES], size_t count, siz
     }
 }
 
+/* scores[j][i] += bias[(first_query + i) - (first_key + j)] for the tile's `count` keys, rows of one item
+ * (kernel_attention_t.bias): for key j the lanes' entries are the run of 8 from
+ * bias[first_query - first_key - j]. Lanes past the block's queries read entries the contract lets them
+ * read, and their scores are never stored. */
+static void add_position_bias(float scores[ATTENTION_TILE][QUERIES], float const *bias, size_t count,
+                              size_t first_key, size_t first_query) {
+    float const *run = bias + ((ptrdiff_t)first_query - (ptrdiff_t)first_key);
+    for (size_t j = 0; j < count; ++j)
+        for (size_t half = 0; half < QUERIES; half += LANES)
+            vst1q_f32(scores[j] + half, vaddq_f32(vld1q_f32(scores[j] + half), vld1q_f32(run - j + half)));
+}
+
 /* Online softmax state of a block: per query lane the running max and sum of exp(score - max), and the
  * exp-weighted sum of values, transposed [head dims][8 queries]. */
 typedef struct online_block {
@@ -332,6 +346,7 @@ static inline __attribute__((always_inline)) void attend_block(kernel_attention_
     for (size_t tile = first_key; tile < end_key; tile += ATTENTION_TILE) {
         size_t count = end_key - tile < ATTENTION_TILE ? end_key - tile : ATTENTION_TILE;
         tile_scores(scores, queries, a->k + tile * a->stride, a->stride, count, head);
+        if (a->bias) add_position_bias(scores, a->bias, count, tile, first_query);
         if (a->causal) mask_future(scores, count, tile, first_query);
         float32x4_t correction[2];
         tile_weights(&state, scores, count, correction);

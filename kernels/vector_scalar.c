@@ -119,13 +119,15 @@ typedef struct online_row {
 
 /* Folds keys [0, keys) of one tile (rows of `k` and `v` at `stride`, `head` values each) into `row`: the
  * tile's scores raise the running max, and what was accumulated under the old max is rescaled by
- * exp(old - new). */
+ * exp(old - new). `bias`: NULL, or the relative-position bias of the query and the tile's first key, key j's
+ * at bias[-j] (kernel_attention_t.bias). */
 static void attend_tile(online_row_t *row, float const *query, float const *k, float const *v, size_t stride,
-                        size_t keys, float scale, size_t head) {
+                        size_t keys, float scale, size_t head, float const *bias) {
     float scores[ATTENTION_TILE];
     float max = row->max;
     for (size_t j = 0; j < keys; ++j) {
         scores[j] = scale * dot(query, k + j * stride, head);
+        if (bias) scores[j] += bias[-(ptrdiff_t)j];
         max = fmaxf(max, scores[j]);
     }
     float correction = expf(row->max - max);
@@ -141,7 +143,8 @@ static void attend_tile(online_row_t *row, float const *query, float const *k, f
     }
 }
 
-/* One query row of the item whose keys are rows [first, end) of k and v. */
+/* One query row of the item whose keys are rows [first, end) of k and v: bias[(row - first) - (key - first)],
+ * that is bias[row - key], on the score of each key. */
 static void attend_row(kernel_attention_t const *a, size_t row, size_t first, size_t end) {
     online_row_t state;
     state.max = -INFINITY;
@@ -150,8 +153,9 @@ static void attend_row(kernel_attention_t const *a, size_t row, size_t first, si
     float const *query = a->q + row * a->stride;
     for (size_t tile = first; tile < end; tile += ATTENTION_TILE) {
         size_t keys = end - tile < ATTENTION_TILE ? end - tile : ATTENTION_TILE;
+        float const *bias = a->bias ? a->bias + ((ptrdiff_t)row - (ptrdiff_t)tile) : NULL;
         attend_tile(&state, query, a->k + tile * a->stride, a->v + tile * a->stride, a->stride, keys,
-                    a->scale, a->head);
+                    a->scale, a->head, bias);
     }
     float *out = a->out + row * a->out_stride;
     for (size_t d = 0; d < a->head; ++d)

@@ -110,13 +110,13 @@ kernel_attention_t qkv_batch_head(qkv_batch_t const *batch, size_t head, bool ca
 }
 
 void attention_row_double(double const *q, double const *k, double const *v, size_t row, size_t first,
-                          size_t end, double scale, double out[KERNEL_HEAD]) {
+                          size_t end, double scale, float const *bias, double out[KERNEL_HEAD]) {
     double scores[256], max = -INFINITY, sum = 0.0;
     for (size_t j = first; j < end; ++j) {
         double dot = 0.0;
         for (size_t d = 0; d < KERNEL_HEAD; ++d)
             dot += q[row * KERNEL_HEAD + d] * k[j * KERNEL_HEAD + d];
-        scores[j - first] = dot * scale;
+        scores[j - first] = dot * scale + (bias ? bias[(ptrdiff_t)row - (ptrdiff_t)j] : 0.0);
         max = fmax(max, scores[j - first]);
     }
     for (size_t d = 0; d < KERNEL_HEAD; ++d)

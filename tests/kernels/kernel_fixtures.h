@@ -53,6 +53,7 @@ qkv_batch_t qkv_batch_make(float amplitude);
 kernel_attention_t qkv_batch_head(qkv_batch_t const *batch, size_t head, bool causal, float *out);
 
 /* One head of attention over keys [first, end) for the query row `row`, in double: out [64]. Rows are
- * KERNEL_HEAD apart in q, k, v (a packed [tokens, 64] per tensor). */
+ * KERNEL_HEAD apart in q, k, v (a packed [tokens, 64] per tensor). `bias`: NULL, or kernel_attention_t.bias
+ * of an item whose first row is `first`, bias[row - key] added to each scaled score. */
 void attention_row_double(double const *q, double const *k, double const *v, size_t row, size_t first,
-                          size_t end, double scale, double out[KERNEL_HEAD]);
+                          size_t end, double scale, float const *bias, double out[KERNEL_HEAD]);

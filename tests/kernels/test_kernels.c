@@ -186,15 +186,88 @@ static double *head_in_double(qkv_batch_t const *batch, size_t head) {
     return q;
 }
 
+/* ---- Relative-position bias ----------------------------------------------------------------------
+ * A table of kernel_attention_t.bias holds bias_at(d) at every relative position d: a magnitude in [1, 3]
+ * and a sign, both hashed from d, so that an entry read at the wrong d or added with the wrong sign moves
+ * the outputs far past every tolerance. A table holds exactly the entries the contract lets a path read for
+ * items of up to its rows, in a malloc of its own (test_malloc's guard bytes would hide a read past it from
+ * AddressSanitizer); the same d holds the same value in every table, so that a path gives the same bits
+ * with a table of the batch's longest item and with one of each item alone. */
+
+static float bias_at(ptrdiff_t d) {
+    uint32_t hash = (uint32_t)d + 0x9e3779b9u; /* murmur3's finalizer */
+    hash = (hash ^ hash >> 16) * 0x85ebca6bu;
+    hash = (hash ^ hash >> 13) * 0xc2b2ae35u;
+    hash ^= hash >> 16;
+    float magnitude = 1.0f + 2.0f * (float)(hash >> 16) / 65535.0f;
+    return hash & 1 ? -magnitude : magnitude;
+}
+
+typedef struct bias_table {
+    float *entries;    /* free it */
+    float const *bias; /* the entry of d = 0: kernel_attention_t.bias */
+} bias_table_t;
+
+/* The table for items of up to `rows` rows (at least 1): d from -(rows - 1) to
+ * rows - 1 + KERNEL_ATTENTION_BIAS_LANES - 1, 2 rows + KERNEL_ATTENTION_BIAS_LANES - 2 entries. */
+static bias_table_t bias_table_make(size_t rows) {
+    rows = rows ? rows : 1;
+    size_t count = 2 * rows + KERNEL_ATTENTION_BIAS_LANES - 2;
+    float *entries = malloc(count * sizeof(float));
+    assert_non_null(entries);
+    for (size_t i = 0; i < count; ++i)
+        entries[i] = bias_at((ptrdiff_t)i - (ptrdiff_t)(rows - 1));
+    return (bias_table_t){entries, entries + (rows - 1)};
+}
+
+/* The rows of the longest of `items` items at `offsets`. */
+static size_t longest_item(size_t const *offsets, size_t items) {
+    size_t longest = 0;
+    for (size_t i = 0; i < items; ++i)
+        longest = offsets[i + 1] - offsets[i] > longest ? offsets[i + 1] - offsets[i] : longest;
+    return longest;
+}
+
+/* Fails unless the bias of the scalar attention `a`, whose outputs are in `with` (`floats` of them, a.out
+ * among them), moved some output by more than 0.1 from the attention without it: a path that ignored the
+ * bias would be that far from scalar, 25 times the widest tolerance (2^-8). */
+static void check_bias_moves(kernel_attention_t a, float const *with, size_t floats) {
+    float *without = floats_filled(floats, SENTINEL);
+    a.out = without + (a.out - with);
+    a.bias = NULL;
+    kernels_scalar()->attention(&a, 0, a.items);
+    double moved = 0.0;
+    for (size_t i = 0; i < floats; ++i)
+        moved = fmax(moved, fabs((double)with[i] - without[i]));
+    if (moved <= 0.1) fail_msg("the bias moved no output by more than %g", moved);
+    test_free(without);
+}
+
+/* `attention` over each item alone with a table of exactly that item's rows, into a.out: AddressSanitizer
+ * reports a read of the table outside what the contract lets the path read. */
+static void attend_items_alone(void (*attention)(kernel_attention_t const *, size_t, size_t),
+                               kernel_attention_t a) {
+    for (size_t item = 0; item < a.items; ++item) {
+        bias_table_t table = bias_table_make(a.offsets[item + 1] - a.offsets[item]);
+        a.bias = table.bias;
+        attention(&a, item, item + 1);
+        free(table.entries);
+    }
+}
+
+/* The scalar path against attention in double, without a bias and with one. */
 static void scalar_attention_matches_naive(void **state) {
     (void)state;
     float const amplitudes[] = {1.0f, 6.0f};
     random_seed(3);
     for (size_t m = 0; m < COUNT(amplitudes); ++m) {
         qkv_batch_t batch = qkv_batch_make(amplitudes[m]);
-        for (int causal = 0; causal < 2; ++causal) {
+        bias_table_t table = bias_table_make(longest_item(batch.offsets, ITEMS));
+        for (int variant = 0; variant < 4; ++variant) { /* causal or not, without a bias and with one */
+            bool causal = variant & 1;
             float *out = floats_filled(batch.tokens * HIDDEN, SENTINEL);
             kernel_attention_t a = qkv_batch_head(&batch, 1, causal, out);
+            a.bias = variant & 2 ? table.bias : NULL;
             kernels_scalar()->attention(&a, 0, ITEMS);
             check_other_heads_untouched(out, batch.tokens, 1);
             double *q = head_in_double(&batch, 1), *k = q + batch.tokens * KERNEL_HEAD,
@@ -203,15 +276,18 @@ static void scalar_attention_matches_naive(void **state) {
                 for (size_t row = batch.offsets[item]; row < batch.offsets[item + 1]; ++row) {
                     double expected[KERNEL_HEAD];
                     attention_row_double(q, k, v, row, batch.offsets[item],
-                                         causal ? row + 1 : batch.offsets[item + 1], a.scale, expected);
+                                         causal ? row + 1 : batch.offsets[item + 1], a.scale, a.bias,
+                                         expected);
                     for (size_t d = 0; d < KERNEL_HEAD; ++d)
                         check_near(a.out[row * HIDDEN + d], expected[d], 1e-5, "attention",
                                    row * KERNEL_HEAD + d);
                 }
             }
+            if (a.bias) check_bias_moves(a, out, batch.tokens * HIDDEN);
             test_free(q);
             test_free(out);
         }
+        free(table.entries);
         test_free(batch.qkv);
     }
 }
@@ -244,8 +320,10 @@ static width_batch_t width_batch_make(size_t width) {
     return batch;
 }
 
-/* The last head's attention, scale 1/sqrt(width), written to out [tokens, HEADS width] at its columns. */
-static kernel_attention_t width_batch_last_head(width_batch_t const *batch, bool causal, float *out) {
+/* The last head's attention, scale 1/sqrt(width), with `bias` (or none), written to out [tokens, HEADS width]
+ * at its columns. */
+static kernel_attention_t width_batch_last_head(width_batch_t const *batch, bool causal, float const *bias,
+                                                float *out) {
     size_t width = batch->width, last = (HEADS - 1) * width;
     return (kernel_attention_t){
         .q = batch->qkv + last,
@@ -259,6 +337,7 @@ static kernel_attention_t width_batch_last_head(width_batch_t const *batch, bool
         .items = WIDTH_ITEMS,
         .causal = causal,
         .scale = 1.0f / sqrtf((float)width),
+        .bias = bias,
     };
 }
 
@@ -282,8 +361,9 @@ static double bf16_rounded(float x) {
     return bf16_to_f32(f32_to_bf16(x));
 }
 
-/* One row of the last head's attention in double, against keys [first, end): out [width]. `rounded`: over
- * the operands that a rounding attention multiplies, q scale (scaled in F32), k and v rounded to BF16. */
+/* One row of the last head's attention in double, against keys [first, end) of the item whose first row is
+ * `first`, with a->bias where it has one: out [width]. `rounded`: over the operands that a rounding
+ * attention multiplies, q scale (scaled in F32), k and v rounded to BF16 (the bias stays as it is). */
 static void width_row_double(width_batch_t const *batch, kernel_attention_t const *a, size_t row,
                              size_t first, size_t end, bool rounded, double *out) {
     size_t width = batch->width;
@@ -295,6 +375,7 @@ static void width_row_double(width_batch_t const *batch, kernel_attention_t cons
             dot += rounded ? bf16_rounded(query * a->scale) * bf16_rounded(key) : (double)query * key;
         }
         scores[j - first] = rounded ? dot : dot * a->scale;
+        if (a->bias) scores[j - first] += a->bias[(ptrdiff_t)row - (ptrdiff_t)j];
         max = fmax(max, scores[j - first]);
     }
     for (size_t d = 0; d < width; ++d)
@@ -318,9 +399,12 @@ static void scalar_attention_widths_match_naive(void **state) {
     double expected[KERNEL_HEAD_MAX];
     for (size_t w = 0; w < COUNT(head_widths); ++w) {
         width_batch_t batch = width_batch_make(head_widths[w]);
-        for (int causal = 0; causal < 2; ++causal) {
+        bias_table_t table = bias_table_make(longest_item(batch.offsets, WIDTH_ITEMS));
+        for (int variant = 0; variant < 4; ++variant) { /* causal or not, without a bias and with one */
+            bool causal = variant & 1;
             float *out = width_batch_out(&batch);
-            kernel_attention_t a = width_batch_last_head(&batch, causal, out);
+            kernel_attention_t a =
+                width_batch_last_head(&batch, causal, variant & 2 ? table.bias : NULL, out);
             kernels_scalar()->attention(&a, 0, WIDTH_ITEMS);
             check_outside_last_head_untouched(&batch, out);
             for (size_t item = 0; item < WIDTH_ITEMS; ++item)
@@ -331,8 +415,10 @@ static void scalar_attention_widths_match_naive(void **state) {
                         check_near(a.out[row * a.out_stride + d], expected[d], 1e-5, "attention",
                                    row * batch.width + d);
                 }
+            if (a.bias) check_bias_moves(a, out, (batch.tokens + 1) * HEADS * batch.width);
             test_free(out);
         }
+        free(table.entries);
         test_free(batch.qkv);
     }
 }
@@ -635,10 +721,10 @@ static void paths_rope_match_scalar(void **state) {
     test_free(x);
 }
 
-/* What a path whose attention rounds is held to on head `head` of the batch: attention in double over q scale
- * (scaled in F32), k and v rounded to BF16, at the head's columns of [tokens, HIDDEN], the sentinel elsewhere
- * (test_free it). */
-static float *rounded_expected(qkv_batch_t const *batch, size_t head, bool causal) {
+/* What a path whose attention rounds is held to on head `head` of the batch with `bias` (or none): attention
+ * in double over q scale (scaled in F32), k and v rounded to BF16, and the bias as it is, at the head's
+ * columns of [tokens, HIDDEN], the sentinel elsewhere (test_free it). */
+static float *rounded_expected(qkv_batch_t const *batch, size_t head, bool causal, float const *bias) {
     float *expected = floats_filled(batch->tokens * HIDDEN, SENTINEL);
     kernel_attention_t a = qkv_batch_head(batch, head, causal, expected);
     size_t const n = batch->tokens * KERNEL_HEAD;
@@ -652,7 +738,7 @@ static float *rounded_expected(qkv_batch_t const *batch, size_t head, bool causa
         for (size_t row = batch->offsets[item]; row < batch->offsets[item + 1]; ++row) {
             double out[KERNEL_HEAD];
             attention_row_double(q, k, v, row, batch->offsets[item],
-                                 causal ? row + 1 : batch->offsets[item + 1], 1.0, out);
+                                 causal ? row + 1 : batch->offsets[item + 1], 1.0, bias, out);
             for (size_t d = 0; d < KERNEL_HEAD; ++d)
                 a.out[row * HIDDEN + d] = (float)out[d];
         }
@@ -680,14 +766,15 @@ static bool scratch_written(unsigned char const *scratch, size_t bytes) {
     return false;
 }
 
-/* One path's attention over the whole batch within `tolerance` of `expected`, and again over ranges of
- * items with scratch: the same bits. */
+/* One path's attention over the whole batch with `bias` (or none) within `tolerance` of `expected`, and
+ * again over ranges of items with scratch, and with a bias over each item alone: the same bits. */
 static void check_attention_path(kernels_t const *path, qkv_batch_t const *batch, bool causal,
-                                 float const *expected, double tolerance) {
+                                 float const *bias, float const *expected, double tolerance) {
     size_t const cuts[] = {0, 2, 3, 3, 5, ITEMS};
     size_t floats = batch->tokens * HIDDEN;
     float *whole = floats_filled(floats, SENTINEL), *pieces = floats_filled(floats, SENTINEL);
     kernel_attention_t a = qkv_batch_head(batch, 2, causal, whole);
+    a.bias = bias;
     path->attention(&a, 0, ITEMS);
     check_other_heads_untouched(whole, batch->tokens, 2);
     for (size_t i = 0; i < floats; ++i)
@@ -701,10 +788,19 @@ static void check_attention_path(kernels_t const *path, qkv_batch_t const *batch
     assert_memory_equal(pieces, whole, floats * sizeof(float));
     if (scratch_written(scratch, KERNEL_ATTENTION_SCRATCH) && !kernel_attention_rounds(path))
         fail_msg("%s's F32 attention wrote its scratch", path->name);
+    if (bias) {
+        float *alone = floats_filled(floats, SENTINEL);
+        a.out = alone + 2 * KERNEL_HEAD;
+        attend_items_alone(path->attention, a);
+        assert_memory_equal(alone, whole, floats * sizeof(float));
+        test_free(alone);
+    }
     free(scratch);
     test_free(whole), test_free(pieces);
 }
 
+/* Every path, causal and not, without a bias and with one (which moves the outputs far past the
+ * tolerances, so that a path that ignored it would fail). */
 static void paths_attention_match_scalar(void **state) {
     (void)state;
     kernels_t const *paths[SIMD_PATHS];
@@ -713,29 +809,35 @@ static void paths_attention_match_scalar(void **state) {
     random_seed(9);
     for (size_t m = 0; m < COUNT(amplitudes); ++m) {
         qkv_batch_t batch = qkv_batch_make(amplitudes[m]);
-        for (int causal = 0; causal < 2; ++causal) {
+        bias_table_t table = bias_table_make(longest_item(batch.offsets, ITEMS));
+        for (int variant = 0; variant < 4; ++variant) { /* causal or not, without a bias and with one */
+            bool causal = variant & 1;
+            float const *bias = variant & 2 ? table.bias : NULL;
             float *expected = floats_filled(batch.tokens * HIDDEN, SENTINEL);
             kernel_attention_t a = qkv_batch_head(&batch, 2, causal, expected);
+            a.bias = bias;
             kernels_scalar()->attention(&a, 0, ITEMS);
-            float *rounded = rounded_expected(&batch, 2, causal);
+            if (bias) check_bias_moves(a, expected, batch.tokens * HIDDEN);
+            float *rounded = rounded_expected(&batch, 2, causal, bias);
             for (size_t p = 0; p < path_count; ++p) { /* max|v| is 1: kernel_attention_t's tolerances */
                 kernels_t f32 = *paths[p];
                 f32.attention = f32.attention_f32;
-                check_attention_path(&f32, &batch, causal, expected, 1e-4);
+                check_attention_path(&f32, &batch, causal, bias, expected, 1e-4);
                 if (kernel_attention_rounds(paths[p]))
-                    check_attention_path(paths[p], &batch, causal, rounded, 0x1p-8);
+                    check_attention_path(paths[p], &batch, causal, bias, rounded, 0x1p-8);
             }
             test_free(expected), test_free(rounded);
         }
+        free(table.entries);
         test_free(batch.qkv);
     }
 }
 
-/* The last head's attention in double over the operands a rounding attention rounds
+/* The last head's attention with `bias` (or none) in double over the operands a rounding attention rounds
  * (width_row_double's), at its columns of an output like width_batch_out's (test_free it). */
-static float *width_rounded_expected(width_batch_t const *batch, bool causal) {
+static float *width_rounded_expected(width_batch_t const *batch, bool causal, float const *bias) {
     float *expected = width_batch_out(batch);
-    kernel_attention_t a = width_batch_last_head(batch, causal, expected);
+    kernel_attention_t a = width_batch_last_head(batch, causal, bias, expected);
     double out[KERNEL_HEAD_MAX];
     for (size_t item = 0; item < WIDTH_ITEMS; ++item)
         for (size_t row = batch->offsets[item]; row < batch->offsets[item + 1]; ++row) {
@@ -747,23 +849,20 @@ static float *width_rounded_expected(width_batch_t const *batch, bool causal) {
     return expected;
 }
 
-/* The attention over the batch with scratch of KERNEL_ATTENTION_SCRATCH bytes, of exactly what the longest
- * item's keys and values take (kernel_attention_t) and of a byte less: the bits of `whole`, nothing written
- * past the scratch, and, for an attention that rounds without a causal mask, the scratch taken where the
- * longest item fits it. */
-static void check_attention_scratch(width_batch_t const *batch, bool causal,
+/* The attention over the batch with `bias` (or none) with scratch of KERNEL_ATTENTION_SCRATCH bytes, of
+ * exactly what the longest item's keys and values take (kernel_attention_t) and of a byte less: the bits of
+ * `whole`, nothing written past the scratch, and, for an attention that rounds without a causal mask, the
+ * scratch taken where the longest item fits it. */
+static void check_attention_scratch(width_batch_t const *batch, bool causal, float const *bias,
                                     void (*attention)(kernel_attention_t const *, size_t, size_t),
                                     bool rounds, float const *whole) {
-    size_t longest = 0;
-    for (size_t i = 0; i < WIDTH_ITEMS; ++i)
-        longest = width_item_lengths[i] > longest ? width_item_lengths[i] : longest;
-    size_t need = kernel_attention_scratch_bytes(longest, batch->width);
+    size_t need = kernel_attention_scratch_bytes(longest_item(batch->offsets, WIDTH_ITEMS), batch->width);
     size_t const given_bytes[] = {KERNEL_ATTENTION_SCRATCH, need, need - 1};
     size_t floats = (batch->tokens + 1) * HEADS * batch->width;
     for (size_t s = 0; s < COUNT(given_bytes); ++s) {
         unsigned char *scratch = scratch_painted(given_bytes[s]);
         float *given = width_batch_out(batch);
-        kernel_attention_t a = width_batch_last_head(batch, causal, given);
+        kernel_attention_t a = width_batch_last_head(batch, causal, bias, given);
         a.scratch = scratch;
         a.scratch_bytes = given_bytes[s];
         attention(&a, 0, WIDTH_ITEMS);
@@ -778,10 +877,10 @@ static void check_attention_scratch(width_batch_t const *batch, bool causal,
     }
 }
 
-/* Every path at every head width, causal and not: within 1e-4 of scalar, or a path whose attention rounds
- * within 2^-8 of attention over its rounded operands (max|v| is 1) and its attention_f32 within 1e-4 of
- * scalar; nothing written outside the head, and the same bits over ranges of items as over the whole batch.
- */
+/* Every path at every head width, causal and not, without a bias and with one: within 1e-4 of scalar, or a
+ * path whose attention rounds within 2^-8 of attention over its rounded operands (max|v| is 1) and its
+ * attention_f32 within 1e-4 of scalar; nothing written outside the head, and the same bits over ranges of
+ * items, and with a bias over each item alone, as over the whole batch. */
 static void paths_attention_widths_match_scalar(void **state) {
     (void)state;
     kernels_t const *paths[SIMD_PATHS];
@@ -791,11 +890,15 @@ static void paths_attention_widths_match_scalar(void **state) {
     for (size_t w = 0; w < COUNT(head_widths); ++w) {
         width_batch_t batch = width_batch_make(head_widths[w]);
         size_t floats = (batch.tokens + 1) * HEADS * batch.width;
-        for (int causal = 0; causal < 2; ++causal) {
+        bias_table_t table = bias_table_make(longest_item(batch.offsets, WIDTH_ITEMS));
+        for (int variant = 0; variant < 4; ++variant) { /* causal or not, without a bias and with one */
+            bool causal = variant & 1;
+            float const *bias = variant & 2 ? table.bias : NULL;
             float *expected = width_batch_out(&batch);
-            kernel_attention_t a = width_batch_last_head(&batch, causal, expected);
+            kernel_attention_t a = width_batch_last_head(&batch, causal, bias, expected);
             kernels_scalar()->attention(&a, 0, WIDTH_ITEMS);
-            float *rounded = width_rounded_expected(&batch, causal);
+            if (bias) check_bias_moves(a, expected, floats);
+            float *rounded = width_rounded_expected(&batch, causal, bias);
             /* each path's attention, then its F32 one where the first rounds */
             for (size_t run = 0; run < 2 * path_count; ++run) {
                 kernels_t const *path = paths[run / 2];
@@ -804,21 +907,28 @@ static void paths_attention_widths_match_scalar(void **state) {
                 void (*attention)(kernel_attention_t const *, size_t, size_t) =
                     run % 2 ? path->attention_f32 : path->attention;
                 float *whole = width_batch_out(&batch), *pieces = width_batch_out(&batch);
-                a = width_batch_last_head(&batch, causal, whole);
+                a = width_batch_last_head(&batch, causal, bias, whole);
                 attention(&a, 0, WIDTH_ITEMS);
                 check_outside_last_head_untouched(&batch, whole);
                 for (size_t i = 0; i < floats; ++i)
                     check_near(whole[i], bf16 ? rounded[i] : expected[i], bf16 ? 0x1p-8 : 1e-4, path->name,
                                i);
-                a = width_batch_last_head(&batch, causal, pieces);
+                a = width_batch_last_head(&batch, causal, bias, pieces);
                 for (size_t c = 0; c + 1 < COUNT(cuts); ++c)
                     attention(&a, cuts[c], cuts[c + 1]);
                 assert_memory_equal(pieces, whole, floats * sizeof(float));
-                check_attention_scratch(&batch, causal, attention, bf16, whole);
+                if (bias) {
+                    float *alone = width_batch_out(&batch);
+                    attend_items_alone(attention, width_batch_last_head(&batch, causal, bias, alone));
+                    assert_memory_equal(alone, whole, floats * sizeof(float));
+                    test_free(alone);
+                }
+                check_attention_scratch(&batch, causal, bias, attention, bf16, whole);
                 test_free(whole), test_free(pieces);
             }
             test_free(expected), test_free(rounded);
         }
+        free(table.entries);
         test_free(batch.qkv);
     }
 }

@@ -58,7 +58,7 @@ static double attention_loss(double const *q, double const *k, double const *v, 
                              size_t first, size_t end, bool causal, double scale) {
     double loss = 0.0, out[KERNEL_HEAD];
     for (size_t row = first; row < end; ++row) {
-        attention_row_double(q, k, v, row, first, causal ? row + 1 : end, scale, out);
+        attention_row_double(q, k, v, row, first, causal ? row + 1 : end, scale, NULL, out);
         for (size_t d = 0; d < KERNEL_HEAD; ++d)
             loss += d_out[row * KERNEL_HEAD + d] * out[d];
     }
