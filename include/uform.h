@@ -519,8 +519,9 @@ UFORM_EXPORT uform_status_t uform_hub_folder(char const *id, char *folder, size_
  *     config.json is sparse, the image processor's mean and std;
  *   - SigLIP (SiglipModel: model_type "siglip"), both towers: texts padded to the context, the image
  *     tower's attention-pooling head;
- *   - BERT-family sentence embedders (model_type "bert", "roberta", "xlm-roberta", "distilbert":
- *     all-MiniLM-L6-v2, BGE, E5, GTE, multilingual-e5, multi-qa-distilbert), with sentence-transformers'
+ *   - BERT-family sentence embedders (model_type "bert", "roberta", "xlm-roberta", "distilbert", "mpnet":
+ *     all-MiniLM-L6-v2, BGE, E5, GTE, multilingual-e5, multi-qa-distilbert, all-mpnet-base-v2), with
+ *     sentence-transformers'
  *     modules where the folder has them (Pooling: cls, mean or last token; Normalize; max_seq_length), as
  *     sentence-transformers 3.0 runs them.
  * Weights may be sharded as transformers saves large models (model.safetensors.index.json and its files).
@@ -535,7 +536,8 @@ UFORM_EXPORT uform_status_t uform_hub_folder(char const *id, char *folder, size_
  * and UFORM_UNSUPPORTED in builds without CUDA (after checking the path). Of a pretrained family's folder
  * or converted checkpoint it places the text towers that read tokens and the image towers (every
  * family's: CLIP's, SigLIP's, UForm 3's), and towers with the engine's own settings; the verbs of a tower it
- * does not place (an image tower pooled by the mean) answer UFORM_UNSUPPORTED naming the setting it lacks,
+ * does not place (an image tower pooled by the mean; MPNet's text tower, whose bias by relative position it
+ * lacks) answer UFORM_UNSUPPORTED naming the setting it lacks,
  * and a model with no tower it places is refused so at load; image_encode_pixels of a model with Pillow's
  * resampling, register tokens or the attention-pooling head prepares the pixels on the host, as image files
  * are, and answers UFORM_UNSUPPORTED for pixels in device memory (docs/DESIGN.md, "Pretrained families on
@@ -607,6 +609,9 @@ typedef struct uform_transformer_info {
     bool class_token;     /* patch towers: a class token before the patches (none in SigLIP's) */
     size_t registers;     /* patch towers: learned register tokens between the class token and the patches,
                              attended to but in no output (UForm 3 large's); 0 for none */
+    size_t relative_buckets; /* text towers: a learned bias on each attention score, per head, by the bucket
+                                of the query's distance from the key (MPNet's: 32 buckets, 16 each way, exact
+                                to 8 and logarithmic to 128), added after the score's scale; 0 for none */
 } uform_transformer_info_t;
 
 typedef struct uform_model_info {

@@ -50,13 +50,15 @@ static void print_transformer(char const *tower, uform_transformer_info_t const 
     if (transformer->registers)
         snprintf(registers, sizeof registers, ", %zu register tokens", transformer->registers);
     printf("%-11s depth %zu, hidden %zu, heads %zu of %zu, mlp %zu; %s norm (eps %.3g) %s each branch%s%s, "
-           "%s, %s positions, %s attention%s, pooled %s%s;",
+           "%s, %s positions%s, %s attention%s, pooled %s%s;",
            tower, transformer->depth, transformer->hidden, transformer->heads, transformer->head,
            transformer->mlp, norm_name(transformer->norm), (double)transformer->norm_eps,
            transformer->post_norm ? "after" : "before", transformer->input_norm ? ", over the inputs" : "",
            transformer->final_norm ? ", final" : "", activation_name(transformer->activation),
-           transformer->rotary ? "rotary" : "learned", transformer->causal ? "causal" : "bidirectional",
-           registers, pooling_name(transformer->pooling), transformer->projection ? ", projected" : "");
+           transformer->rotary ? "rotary" : "learned",
+           transformer->relative_buckets ? " and a bias by relative position" : "",
+           transformer->causal ? "causal" : "bidirectional", registers, pooling_name(transformer->pooling),
+           transformer->projection ? ", projected" : "");
 }
 
 static void print_text(char const *path, uform_model_info_t const *info) {
@@ -138,7 +140,8 @@ static json_t *transformer_json(uform_transformer_info_t const *transformer) {
                     set(object, "causal", json_boolean(transformer->causal)) +
                     set(object, "pooling", json_string(pooling_name(transformer->pooling))) +
                     set(object, "projection", json_boolean(transformer->projection)) +
-                    set_size(object, "registers", transformer->registers));
+                    set_size(object, "registers", transformer->registers) +
+                    set_size(object, "relative_buckets", transformer->relative_buckets));
 }
 
 static json_t *text_json(uform_model_info_t const *info) {

@@ -764,6 +764,9 @@ static void schema_trunk(schema_walk_t *walk, char const *tower, uform_transform
                 schema_visit(walk, tower, head[j].suffix, head[j].part, head[j].role, head[j].rows,
                              head[j].columns);
     }
+    if (transformer->relative_buckets)
+        schema_visit(walk, tower, "relative_bias", CHECKPOINT_PART_RELATIVE_BIAS, CHECKPOINT_ROLE_WEIGHT,
+                     transformer->relative_buckets, transformer->heads);
     if (transformer->input_norm) {
         schema_visit(walk, tower, "input_norm.weight", CHECKPOINT_PART_INPUT_NORM, CHECKPOINT_ROLE_NORM,
                      hidden, 0);

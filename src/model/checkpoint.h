@@ -159,6 +159,8 @@ typedef enum checkpoint_part {
     CHECKPOINT_PART_HEAD_UP_BIAS,
     CHECKPOINT_PART_HEAD_DOWN_WEIGHT,
     CHECKPOINT_PART_HEAD_DOWN_BIAS,
+    CHECKPOINT_PART_RELATIVE_BIAS, /* relative_bias [buckets, heads]: the bias by relative position, every
+                                      block's (relative_buckets) */
 } checkpoint_part_t;
 
 typedef struct checkpoint_schema_tensor {

@@ -355,6 +355,9 @@ static bool recipe_of(pretrained_tower_t const *tower, checkpoint_schema_tensor_
     case CHECKPOINT_PART_PROJ_BIAS:
         whole = names->proj_bias;
         break;
+    case CHECKPOINT_PART_RELATIVE_BIAS:
+        whole = names->relative_bias;
+        break;
     case CHECKPOINT_PART_HEAD_PROBE:
         whole = names->head_probe;
         break;

@@ -198,6 +198,64 @@ static uform_status_t distilbert_family(pretrained_t *folder, json_t const *conf
     return UFORM_OK;
 }
 
+/* ---- MPNet --------------------------------------------------------------------------------------- */
+
+static pretrained_names_t const mpnet_names = {
+    .layer = "encoder.layer.%zu.",
+    .norm1 = "attention.LayerNorm",
+    .norm2 = "output.LayerNorm",
+    .q = "attention.attn.q",
+    .k = "attention.attn.k",
+    .v = "attention.attn.v",
+    .out = "attention.attn.o",
+    .up = "intermediate.dense",
+    .down = "output.dense",
+    .input_norm = "embeddings.LayerNorm",
+    .embed = "embeddings.word_embeddings.weight",
+    .positions = "embeddings.position_embeddings.weight",
+    .relative_bias = "encoder.relative_attention_bias.weight",
+};
+
+/* config.json of an MPNetModel (all-mpnet-base-v2, multi-qa-mpnet-base-*): BERT's post-norm tower under
+ * its own names, without token types, with learned positions counted from its padding id (1, which
+ * MPNetEmbeddings fixes whatever pad_token_id says) + 1, as RoBERTa's, and every block's attention biased
+ * by relative position (encoder.relative_attention_bias [32, heads]: the 32 buckets MPNet's encoder
+ * computes whatever relative_attention_num_buckets says, so that another count is refused). Pooled at the
+ * class token unless sentence-transformers' modules say otherwise. */
+static uform_status_t mpnet_family(pretrained_t *folder, json_t const *config, char const **message) {
+    uform_model_info_t *info = &folder->info;
+    uform_transformer_info_t *t = &info->text.transformer;
+    static char const file[] = "config.json";
+    uform_status_t status =
+        transformer_sizes(config, file, (sizes_defaults_t){768, 12, 12, 3072}, t, message);
+    size_t buckets = 0;
+    if (status == UFORM_OK)
+        status = pretrained_size(config, file, "vocab_size", 1, 1u << 24, 30527, &info->text.vocab, message);
+    if (status == UFORM_OK)
+        status = pretrained_size(config, file, "max_position_embeddings", 3, 1u << 20, 512,
+                                 &info->text.positions, message);
+    if (status == UFORM_OK)
+        status = pretrained_size(config, file, "relative_attention_num_buckets", 1, 1u << 16,
+                                 VARIANT_RELATIVE_BUCKETS, &buckets, message);
+    if (status == UFORM_OK)
+        status = pretrained_activation(config, file, "hidden_act", UFORM_ACTIVATION_GELU_ERF, &t->activation,
+                                       message);
+    double epsilon = 0;
+    if (status == UFORM_OK)
+        status = pretrained_real(config, file, "layer_norm_eps", 0, 0.1, 1e-12, &epsilon, message);
+    if (status != UFORM_OK) return status;
+    if (buckets != VARIANT_RELATIVE_BUCKETS)
+        return pretrained_fault(message, UFORM_UNSUPPORTED,
+                                "%s: relative_attention_num_buckets %zu (MPNet's encoder computes %d)", file,
+                                buckets, VARIANT_RELATIVE_BUCKETS);
+    info->text.pad_id = 1;
+    info->text.position_offset = 2;
+    info->text.token_type = false;
+    t->relative_buckets = VARIANT_RELATIVE_BUCKETS;
+    bert_tower(folder, epsilon, "mpnet", &mpnet_names, "mpnet.");
+    return UFORM_OK;
+}
+
 /* ---- CLIP ---------------------------------------------------------------------------------------- */
 
 #define CLIP_BLOCK                                                                                           \
@@ -742,6 +800,7 @@ uform_status_t pretrained_family(pretrained_t *folder, json_t const *config, cha
         strcmp(model_type, "xlm-roberta") == 0)
         return bert_family(folder, config, model_type, message);
     if (strcmp(model_type, "distilbert") == 0) return distilbert_family(folder, config, message);
+    if (strcmp(model_type, "mpnet") == 0) return mpnet_family(folder, config, message);
     if (strcmp(model_type, "clip") == 0) return clip_family(folder, config, message);
     if (strcmp(model_type, "siglip") == 0) return siglip_family(folder, config, message);
     return pretrained_fault(message, UFORM_UNSUPPORTED, "config.json: model_type \"%.40s\"", model_type);

@@ -34,6 +34,7 @@ typedef struct pretrained_names {
     bool class_unplaced;         /* the class token takes no position: `positions` holds the patches' only */
     char const *registers;       /* register tokens [1, R, H], whole name (read where the tower has some) */
     char const *proj_bias;       /* the projection's bias: its whole name */
+    char const *relative_bias;   /* the bias by relative position [buckets, heads], whole name (MPNet's) */
     /* The attention-pooling head: the probe and qkv's weight and bias whole, the others without their
      * ".weight" and ".bias". */
     char const *head_probe, *head_qkv_weight, *head_qkv_bias, *head_out, *head_norm, *head_up, *head_down;

@@ -10,6 +10,7 @@
 #include "model.h"
 #include "tower.h"
 #include "tower_fork.h"
+#include "variant.h"
 
 /* ---- Preparation -------------------------------------------------------------------------------- */
 
@@ -153,6 +154,7 @@ static part_place_t part_place(tower_t *tower, tower_block_t *block, checkpoint_
         [CHECKPOINT_PART_TEXT_POSITIONS] = {.vector = &tower->positions},
         [CHECKPOINT_PART_TOKEN_TYPE] = {.vector = &tower->token_type},
         [CHECKPOINT_PART_PROJ_BIAS] = {.vector = &tower->proj.bias},
+        [CHECKPOINT_PART_RELATIVE_BIAS] = {.vector = &tower->relative_bias},
         [CHECKPOINT_PART_HEAD_PROBE] = {.vector = &tower->head.probe},
         [CHECKPOINT_PART_HEAD_QKV_WEIGHT] = {.layer = &tower->head.qkv},
         [CHECKPOINT_PART_HEAD_QKV_BIAS] = {.vector = &tower->head.qkv.bias},
@@ -224,6 +226,8 @@ void tower_release(tower_t *tower) {
     executor_deallocate(tower->placement, tower->positions,
                         tower->positions_count * tower->hidden * sizeof(float));
     executor_deallocate(tower->placement, tower->token_type, tower->hidden * sizeof(float));
+    executor_deallocate(tower->placement, tower->relative_bias,
+                        tower->settings.relative_buckets * tower->heads * sizeof(float));
     if (tower->proj.packed) release_linear(tower, &tower->proj);
     tower_linear_t *head[] = {&tower->head.qkv, &tower->head.out, &tower->head.up, &tower->head.down};
     for (size_t i = 0; i < 4; ++i)
@@ -276,7 +280,14 @@ typedef struct scratch_layout {
         quantized; /* towers with I8 layers: [tokens, k] of the widest, each row's scale and zero */
     void *attention;        /* [threads][attention_bytes]: each thread's attention scratch */
     size_t attention_bytes; /* each thread's: 0 where the attention does not round */
+    float *relative;        /* with a bias by relative position: [heads][relative_span(tokens)] */
 } scratch_layout_t;
+
+/* The distances a head's table of the bias by relative position spans for items of up to `rows` rows:
+ * -(rows - 1) to rows - 1 + KERNEL_ATTENTION_BIAS_LANES - 1 (kernel_attention_t.bias). */
+static size_t relative_span(size_t rows) {
+    return 2 * rows - 1 + KERNEL_ATTENTION_BIAS_LANES - 1;
+}
 
 /* Each thread's attention scratch for items of up to `tokens` rows: what the longest takes, up to
  * KERNEL_ATTENTION_SCRATCH; none where the tower's attention does not round (it never uses any). */
@@ -299,6 +310,7 @@ static scratch_layout_t scratch_layout(tower_t const *tower, void *scratch, size
         round_up_64(tower->i8_inputs ? tokens * sizeof(float) : 0),
         round_up_64(tower->i8_inputs ? tokens * sizeof(int32_t) : 0),
         threads * attention,
+        round_up_64(tower->relative_bias ? tower->heads * relative_span(tokens) * sizeof(float) : 0),
     };
     size_t at[sizeof sizes / sizeof sizes[0] + 1] = {0};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; ++i)
@@ -316,6 +328,7 @@ static scratch_layout_t scratch_layout(tower_t const *tower, void *scratch, size
                       .zeros = (int32_t *)(void *)(base + at[6])},
         .attention = attention ? base + at[7] : NULL,
         .attention_bytes = attention,
+        .relative = tower->relative_bias ? (float *)(void *)(base + at[8]) : NULL,
     };
 }
 
@@ -412,6 +425,20 @@ static void tower_norm(tower_t const *tower, tower_fork_t const *fork, uform_exe
 
 /* ---- Forward ------------------------------------------------------------------------------------ */
 
+/* Each head's table of the bias by relative position for items of up to `rows` rows into `tables`
+ * [heads][relative_span(rows)]; answers the table's stride. Head h's bias at distance d (query row minus
+ * key row) is relative_bias[bucket(d), h]. */
+static size_t relative_tables(tower_t const *tower, size_t rows, float *tables) {
+    size_t const span = relative_span(rows), heads = tower->heads;
+    for (size_t at = 0; at < span; ++at) {
+        float const *row =
+            tower->relative_bias + variant_relative_bucket((long)at - (long)(rows - 1)) * heads;
+        for (size_t h = 0; h < heads; ++h)
+            tables[h * span + at] = row[h];
+    }
+    return span;
+}
+
 void tower_forward(tower_t const *tower, uform_executor_t *executor, tower_batch_t const *batch) {
     size_t bytes = 0, hidden = tower->hidden, tokens = batch->tokens;
     scratch_layout_t scratch = scratch_layout(tower, batch->scratch, tokens, batch->threads, &bytes);
@@ -431,6 +458,16 @@ void tower_forward(tower_t const *tower, uform_executor_t *executor, tower_batch
                          .attention_scratch = scratch.attention,
                          .attention_scratch_bytes = scratch.attention_bytes,
                          .attention_threads = batch->threads};
+    if (scratch.relative) {
+        size_t longest = 0;
+        for (size_t item = 0; item < batch->items; ++item)
+            if (batch->offsets[item + 1] - batch->offsets[item] > longest)
+                longest = batch->offsets[item + 1] - batch->offsets[item];
+        if (longest) {
+            fork.relative_stride = relative_tables(tower, longest, scratch.relative);
+            fork.relative = scratch.relative + (longest - 1); /* each head's table at distance 0 */
+        }
+    }
     float *x = batch->x;
     bool const post = tower->settings.post_norm;
     if (tower->settings.input_norm) tower_norm(tower, &fork, executor, &tower->input_norm, x, x);

@@ -69,6 +69,7 @@ typedef struct tower {
     uint16_t const *embed;   /* text: text.embed BF16 [257 or vocab, hidden], in the model's memory */
     float *positions;        /* text with learned positions: [positions, hidden] */
     float *token_type;       /* text with a token type: [hidden] */
+    float *relative_bias;    /* with settings.relative_buckets: [buckets, heads], every block's */
     size_t positions_count;
     size_t i8_inputs;    /* the widest k of its I8 layers (0: none), for the quantized activations */
     size_t chunk_tokens; /* tokens of a chunk of texts on a host executor (TOWER_CHUNK_BYTES) */
@@ -85,7 +86,8 @@ void tower_release(tower_t *tower);
 
 /* Scratch a forward pass over up to `tokens` tokens needs, in bytes, on an executor of `threads` threads
  * (executor_fork_threads): where the tower's attention rounds to BF16 (kernel_attention_rounds), each
- * thread gets attention scratch of its own (kernel_attention_t.scratch). */
+ * thread gets attention scratch of its own (kernel_attention_t.scratch); a tower with a bias by relative
+ * position takes each head's table of it over the distances of the batch's longest item too. */
 size_t tower_scratch_bytes(tower_t const *tower, size_t tokens, size_t threads);
 
 /* tower_t.chunk_tokens, set by tower_prepare: the tokens of a chunk of texts on a host executor, as many

@@ -210,6 +210,7 @@ static void attention_head(attention_job_t const *job, size_t head, size_t item,
     kernel_attention_t attention = head_attention(fork, job->qkv + head * width);
     if (!job->backward) {
         attention.out = job->out + head * width;
+        if (fork->relative) attention.bias = fork->relative + head * fork->relative_stride;
         if (fork->attention_scratch && thread < fork->attention_threads) {
             attention.scratch = (char *)fork->attention_scratch + thread * fork->attention_scratch_bytes;
             attention.scratch_bytes = fork->attention_scratch_bytes;

@@ -27,6 +27,10 @@ typedef struct tower_fork {
      * the first attention_threads threads of a fork, one after the other; NULL for none. */
     void *attention_scratch;
     size_t attention_scratch_bytes, attention_threads;
+    /* The bias by relative position (kernel_attention_t.bias): head h's at relative + h * relative_stride,
+     * at distance 0; NULL for none. Inference only: the backward pass takes none. */
+    float const *relative;
+    size_t relative_stride;
 } tower_fork_t;
 
 /* Fills positions[tokens] from the item offsets: each item's tokens count from 0. */

@@ -1,6 +1,7 @@
 /* The block's settings in a tower's metadata (variant.h). */
 #include "variant.h"
 
+#include <math.h>
 #include <string.h>
 
 static char const *const norm_names[] = {[UFORM_NORM_RMS] = "rms", [UFORM_NORM_LAYER] = "layer"};
@@ -46,6 +47,20 @@ void variant_defaults(uform_transformer_info_t *transformer, bool text) {
     transformer->projection_bias = false;
     transformer->class_token = !text;
     transformer->registers = 0;
+    transformer->relative_buckets = 0;
+}
+
+size_t variant_relative_bucket(long distance) {
+    size_t const half = VARIANT_RELATIVE_BUCKETS / 2, exact = half / 2;
+    size_t bucket = distance < 0 ? half : 0;
+    unsigned long n = distance < 0 ? 0ul - (unsigned long)distance : (unsigned long)distance;
+    if (n < exact) return bucket + n;
+    /* log(n / 8) / log(128 / 8) * 8 in F32, truncated, as PyTorch computes it over an F32 tensor with the
+     * Python float log(16) made F32: bit for bit at every distance the engine can meet. */
+    float const scaled = logf((float)n / (float)exact) /
+                         (float)log((double)VARIANT_RELATIVE_DISTANCE / exact) * (float)(half - exact);
+    size_t large = exact + (scaled < (float)half ? (size_t)scaled : half);
+    return bucket + (large < half - 1 ? large : half - 1);
 }
 
 /* An optional key: absent leaves `*value`; else it must be a boolean. */
@@ -121,6 +136,11 @@ uform_status_t variant_parse(json_t const *tower, uform_transformer_info_t *tran
         return fault(message, "tower setting is not a boolean");
     if (!read_size(tower, "registers", 0, VARIANT_REGISTERS_MAX, &transformer->registers))
         return fault(message, "tower registers out of range");
+    if (!read_size(tower, "relative_buckets", 0, VARIANT_RELATIVE_BUCKETS, &transformer->relative_buckets) ||
+        (transformer->relative_buckets != 0 && transformer->relative_buckets != VARIANT_RELATIVE_BUCKETS))
+        return fault(message, "tower relative_buckets is not 0 or 32");
+    if (transformer->relative_buckets && !text)
+        return fault(message, "relative positions are a text tower's");
     if (transformer->registers && (text || !transformer->class_token))
         return fault(message, "register tokens follow a patch tower's class token");
     if (transformer->projection_bias && !transformer->projection)
@@ -165,7 +185,10 @@ bool variant_write(json_t *tower, uform_transformer_info_t const *transformer, b
            write_bool(tower, "projection_bias", transformer->projection_bias, defaults.projection_bias) &&
            write_bool(tower, "class_token", transformer->class_token, defaults.class_token) &&
            (transformer->registers == defaults.registers ||
-            json_object_set_new(tower, "registers", json_integer((json_int_t)transformer->registers)) == 0);
+            json_object_set_new(tower, "registers", json_integer((json_int_t)transformer->registers)) == 0) &&
+           (transformer->relative_buckets == defaults.relative_buckets ||
+            json_object_set_new(tower, "relative_buckets",
+                                json_integer((json_int_t)transformer->relative_buckets)) == 0);
 }
 
 #define VOCAB_MAX     (1u << 24)

@@ -12,6 +12,14 @@
 /* The widest head a tower may have (kernels.h's KERNEL_HEAD_MAX). */
 #define VARIANT_HEAD_MAX 256
 #define VARIANT_REGISTERS_MAX 1024 /* register tokens of a patch tower */
+/* The buckets of the bias by relative position the engine computes (MPNet's relative_position_bucket: 16
+ * each way, exact to a distance of 8, logarithmic to 128, the last bucket beyond). */
+#define VARIANT_RELATIVE_BUCKETS  32
+#define VARIANT_RELATIVE_DISTANCE 128
+
+/* The bucket of a query's distance from a key, query row minus key row (MPNet's relative_position_bucket,
+ * computed in F32 as PyTorch computes it). */
+size_t variant_relative_bucket(long distance);
 
 /* The engine's own settings for a text tower (causal, rotary, pooled at the last position) or a patch
  * tower (bidirectional, learned positions, pooled at the class token). Leaves depth, hidden, heads and

@@ -16,8 +16,8 @@
  *   patches pooled at the class token; other towers' pixels prepared on the host as image files are,
  *   where the host can read them (vram_pixels_refusal);
  * - audio towers with the engine's own settings.
- * It does not run image towers pooled by the mean, or the attention-pooling head over a class token or
- * registers. */
+ * It does not run image towers pooled by the mean, the attention-pooling head over a class token or
+ * registers, or text towers with a bias by relative position (MPNet's). */
 #pragma once
 
 #include "uform.h"

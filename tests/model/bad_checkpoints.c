@@ -413,6 +413,21 @@ static bool edit_layer_norm(json_t *header, json_t **model, size_t data_size) {
     return set_model(*model, "text", "norm", json_string("layer"));
 }
 
+static bool edit_relative_64(json_t *header, json_t **model, size_t data_size) {
+    (void)header, (void)data_size;
+    return set_model(*model, "text", "relative_buckets", json_integer(64));
+}
+
+static bool edit_relative_32(json_t *header, json_t **model, size_t data_size) {
+    (void)header, (void)data_size;
+    return set_model(*model, "text", "relative_buckets", json_integer(32));
+}
+
+static bool edit_relative_image(json_t *header, json_t **model, size_t data_size) {
+    (void)header, (void)data_size;
+    return set_model(*model, "image", "relative_buckets", json_integer(32));
+}
+
 static bool edit_vocab(json_t *header, json_t **model, size_t data_size) {
     (void)header, (void)data_size;
     return set_model(*model, "text", "vocab", json_integer(1000));
@@ -528,8 +543,12 @@ static variant_t const variants[] = {
     EDIT("hidden not a multiple of heads", "tower hidden is not a multiple of heads", edit_hidden),
     EDIT("an unknown norm", "tower norm is not rms or layer", edit_norm),
     EDIT("LayerNorm without its biases", "missing tensor", edit_layer_norm),
-    EDIT("a token vocabulary without a tokenizer", "tokenizer goes with, and only with, a text tower that reads tokens",
-         edit_vocab),
+    EDIT("relative positions of 64 buckets", "tower relative_buckets is not 0 or 32", edit_relative_64),
+    EDIT("relative positions without their table", "missing tensor", edit_relative_32),
+    EDIT("relative positions on an image tower", "relative positions are a text tower's",
+         edit_relative_image),
+    EDIT("a token vocabulary without a tokenizer",
+         "tokenizer goes with, and only with, a text tower that reads tokens", edit_vocab),
     EDIT("matryoshka not ascending", "matryoshka widths not ascending", edit_matryoshka_order),
     EDIT("matryoshka wider than dims", "matryoshka width out of range", edit_matryoshka_wide),
     EDIT("dims 0", "dims out of range", edit_dims_zero),

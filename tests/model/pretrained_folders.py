@@ -8,7 +8,7 @@ the hub has them, for checking the engine's loader and its encoder against sente
     pretrained_folders.py --list                        the families and what each stands for
 
 A folder is what `SentenceTransformer.save` writes: config.json and model.safetensors (F32) from
-transformers' own BertModel or XLMRobertaModel (`save_pretrained`), tokenizer.json with
+transformers' own BertModel, XLMRobertaModel, DistilBertModel or MPNetModel (`save_pretrained`), tokenizer.json with
 tokenizer_config.json and special_tokens_map.json, sentence_bert_config.json (max_seq_length),
 modules.json, 1_Pooling/config.json, 2_Normalize (an empty folder; the hub's all-MiniLM-L6-v2 has none,
 and neither has its family here) and config_sentence_transformers.json (prompts, default_prompt_name).
@@ -16,10 +16,11 @@ and neither has its family here) and config_sentence_transformers.json (prompts,
 The weights are transformers' initialisation under a seed, then made to matter: every LayerNorm's scale
 drawn around 1 and every bias around 0 (initialised as 1 and 0, a wrong or missing one would go unseen),
 the query and key rows scaled by 4 (at std 0.02, attention is near uniform and hides a wrong position,
-mask or head split). Every weight is then rounded to a BF16 value, so that an engine that keeps its
+mask or head split), MPNet's bias by relative position drawn at std 2 (a wrong bucket shows). Every weight is then rounded to a BF16 value, so that an engine that keeps its
 weights in BF16 holds them exactly. The tokenizers are tests/tokenizer/fixtures.py's: all-MiniLM-L6-v2's
 own tokenizer.json (WordPiece, 30,522 tokens, as bert-base-uncased's that BGE and E5 use), and a
-SentencePiece Unigram trained on the tokenizer corpus as XLM-R's is made (20,002 tokens); each model's
+SentencePiece Unigram trained on the tokenizer corpus as XLM-R's is made (20,002 tokens), and
+all-mpnet-base-v2's layout of the WordPiece vocabulary (30,527 tokens); each model's
 vocab_size is its tokenizer's.
 """
 
@@ -48,7 +49,8 @@ TRAINING_MODULES = ["sentencepiece", "google.protobuf"]
 class Family:
     """One published configuration: the shapes and settings a folder is written with."""
     like: str  # what it stands for
-    architecture: str  # "bert" (BertModel), "xlm-roberta" (XLMRobertaModel) or "distilbert" (DistilBertModel)
+    architecture: str  # "bert" (BertModel), "xlm-roberta" (XLMRobertaModel), "distilbert" (DistilBertModel) or
+    # "mpnet" (MPNetModel)
     hidden: int
     heads: int
     mlp: int
@@ -65,8 +67,8 @@ class Family:
 
     @property
     def positions(self) -> int:
-        """max_position_embeddings: XLM-R's positions start after its padding id (1), at 2."""
-        return 512 + (2 if self.architecture == "xlm-roberta" else 0)
+        """max_position_embeddings: XLM-R's and MPNet's positions start after their padding id (1), at 2."""
+        return 512 + (2 if self.architecture in ("xlm-roberta", "mpnet") else 0)
 
     def describe(self) -> str:
         return (f"{self.architecture}, hidden {self.hidden}, {self.heads} heads, mlp {self.mlp}, {self.blocks} blocks, "
@@ -78,6 +80,7 @@ class Family:
 
 WORDPIECE = "minilm-l6-v2-uncased"
 UNIGRAM = "xlm-roberta-unigram"
+MPNET = "mpnet-wordpiece"
 FAMILIES = {
     "all-minilm-l6-v2": Family("sentence-transformers/all-MiniLM-L6-v2", "bert", 384, 12, 1536, 6, 256, "mean",
                                True, WORDPIECE, seed=1, normalize_folder=False),
@@ -96,6 +99,8 @@ FAMILIES = {
                          "lasttoken", True, WORDPIECE, seed=7),
     "multi-qa-distilbert-cos-v1": Family("sentence-transformers/multi-qa-distilbert-cos-v1, 2 of its 6 blocks",
                                          "distilbert", 768, 12, 3072, 2, 512, "mean", True, WORDPIECE, seed=9),
+    "all-mpnet-base-v2": Family("sentence-transformers/all-mpnet-base-v2, 2 of its 12 blocks", "mpnet", 768, 12,
+                                3072, 2, 384, "mean", True, MPNET, seed=10),
     "default-prompt": Family("a BERT whose config_sentence_transformers.json names a default prompt", "bert", 384, 12,
                              1536, 1, 256, "mean", True, WORDPIECE, seed=8,
                              prompts=(("query", "Represent this sentence for searching relevant passages: "),
@@ -203,8 +208,8 @@ def transformers_model(family: Family, vocabulary: int):
     """transformers' model of `family`, initialised under its seed, its weights made to matter and rounded
     to BF16 values (the module's head says why)."""
     import torch
-    from transformers import (BertConfig, BertModel, DistilBertConfig, DistilBertModel, XLMRobertaConfig,
-                              XLMRobertaModel)
+    from transformers import (BertConfig, BertModel, DistilBertConfig, DistilBertModel, MPNetConfig, MPNetModel,
+                              XLMRobertaConfig, XLMRobertaModel)
 
     settings = dict(vocab_size=vocabulary, hidden_size=family.hidden, num_hidden_layers=family.blocks,
                     num_attention_heads=family.heads, intermediate_size=family.mlp, hidden_act=family.hidden_act,
@@ -216,6 +221,8 @@ def transformers_model(family: Family, vocabulary: int):
                                   n_heads=family.heads, hidden_dim=family.mlp, activation=family.hidden_act,
                                   max_position_embeddings=family.positions, pad_token_id=0)
         model_class = DistilBertModel
+    elif family.architecture == "mpnet":
+        config, model_class = MPNetConfig(**settings, pad_token_id=1, bos_token_id=0, eos_token_id=2), MPNetModel
     else:
         config = XLMRobertaConfig(**settings, type_vocab_size=1, pad_token_id=1, bos_token_id=0, eos_token_id=2)
         model_class = XLMRobertaModel
@@ -230,8 +237,11 @@ def transformers_model(family: Family, vocabulary: int):
             elif name.endswith(".bias"):
                 tensor.copy_(0.05 * noise)
             elif name.endswith(("attention.self.query.weight", "attention.self.key.weight",
-                                "attention.q_lin.weight", "attention.k_lin.weight")):
+                                "attention.q_lin.weight", "attention.k_lin.weight", "attention.attn.q.weight",
+                                "attention.attn.k.weight")):
                 tensor.mul_(4)
+            elif name.endswith("relative_attention_bias.weight"):  # large, so that a wrong bucket shows
+                tensor.copy_(2 * noise)
             tensor.copy_(tensor.to(torch.bfloat16).to(torch.float32))
     return model
 

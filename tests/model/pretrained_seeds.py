@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes the seed corpus of fuzz/fuzz_pretrained.c: small folders of every family (BERT: a sentence-transformers
 one with mean pooling and Normalize, one with its weights in two shards and prompts, one without modules, one of
-RoBERTa's positions with cls pooling; a DistilBERT; CLIP; SigLIP, with a WordPiece tokenizer.json and with a SentencePiece
+RoBERTa's positions with cls pooling; a DistilBERT; an MPNet; CLIP; SigLIP, with a WordPiece tokenizer.json and with a SentencePiece
 model and its tokenizer_config.json; UForm 3), the others each with a small WordPiece tokenizer.json, packed as the target reads its input: per file, its index in the target's FILES (1 byte), its length (2 bytes, little-endian)
 and its bytes. Run once by hand: python3 tests/model/pretrained_seeds.py tests/fuzz-corpus/pretrained"""
 import json
@@ -48,6 +48,23 @@ def distilbert_weights(seed: int) -> bytes:
         for old, new in renames:
             name = name.replace(old, new)
         tensors[name] = value
+    return safetensors(tensors)
+
+
+def mpnet_weights(seed: int) -> bytes:
+    """bert_tensors' values under MPNetModel's names, without the token types, with the bias by relative
+    position [32, heads]."""
+    renames = [("attention.self.query", "attention.attn.q"), ("attention.self.key", "attention.attn.k"),
+               ("attention.self.value", "attention.attn.v"), ("attention.output.dense", "attention.attn.o"),
+               ("attention.output.LayerNorm", "attention.LayerNorm")]
+    tensors = {}
+    for name, value in bert_tensors(seed).items():
+        if "token_type" in name:
+            continue
+        for old, new in renames:
+            name = name.replace(old, new)
+        tensors[name] = value
+    tensors["encoder.relative_attention_bias.weight"] = np.random.default_rng(seed).normal(0, 1, (32, HEADS))
     return safetensors(tensors)
 
 
@@ -266,6 +283,13 @@ def main() -> int:
                             "activation": "gelu", "pad_token_id": 0, "sinusoidal_pos_embds": False},
             "modules.json": modules, "1_Pooling/config.json": {"pooling_mode_mean_tokens": True},
             "tokenizer.json": tokenizer(bert), "model.safetensors": distilbert_weights(10)},
+        "mpnet.bin": {
+            "config.json": {"model_type": "mpnet", "hidden_size": HIDDEN, "num_hidden_layers": DEPTH,
+                            "num_attention_heads": HEADS, "intermediate_size": MLP, "vocab_size": len(VOCAB),
+                            "max_position_embeddings": POSITIONS, "hidden_act": "gelu", "pad_token_id": 1,
+                            "relative_attention_num_buckets": 32, "layer_norm_eps": 1e-5},
+            "modules.json": modules, "1_Pooling/config.json": {"pooling_mode_mean_tokens": True},
+            "tokenizer.json": tokenizer(bert), "model.safetensors": mpnet_weights(11)},
         "roberta-cls.bin": {
             "config.json": config("roberta", 1), "modules.json": modules[:2],
             "1_Pooling/config.json": {"pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False}, "tokenizer.json": tokenizer(roberta),

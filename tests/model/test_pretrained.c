@@ -558,6 +558,16 @@ static void distilbert_of_bert_weights(void) {
                "{\"model_type\": \"distilbert\", \"dim\": 64, \"n_layers\": 2, \"n_heads\": 2, "
                "\"hidden_dim\": 128, \"vocab_size\": 16, \"max_position_embeddings\": 40}");
 }
+static void mpnet_other_buckets(void) {
+    write_text("config.json", "{\"model_type\": \"mpnet\", \"hidden_size\": 64, \"num_hidden_layers\": 2, "
+                              "\"num_attention_heads\": 2, \"intermediate_size\": 128, \"vocab_size\": 16, "
+                              "\"relative_attention_num_buckets\": 64}");
+}
+static void mpnet_of_bert_weights(void) {
+    write_text("config.json", "{\"model_type\": \"mpnet\", \"hidden_size\": 64, \"num_hidden_layers\": 2, "
+                              "\"num_attention_heads\": 2, \"intermediate_size\": 128, \"vocab_size\": 16, "
+                              "\"max_position_embeddings\": 40}");
+}
 static void uform3_folder(void) {
     write_text("config.json", "{\"text_encoder\": {}, \"image_encoder\": {}}");
 }
@@ -587,6 +597,9 @@ static void damaged_folders_fail_clearly(void **state) {
          "sinusoidal_pos_embds"},
         {"a DistilBERT with ReLU", distilbert_relu, UFORM_UNSUPPORTED, "activation \"relu\""},
         {"a DistilBERT folder of BERT's weights", distilbert_of_bert_weights, UFORM_FORMAT, "no tensor"},
+        {"an MPNet of 64 buckets", mpnet_other_buckets, UFORM_UNSUPPORTED,
+         "relative_attention_num_buckets 64"},
+        {"an MPNet folder of BERT's weights", mpnet_of_bert_weights, UFORM_FORMAT, "no tensor"},
         {"a shard outside the folder", shard_outside_the_folder, UFORM_FORMAT, "not in a file of the folder"},
         {"an index without weight_map", index_without_weight_map, UFORM_FORMAT, "no weight_map"},
         {"an index that is not an object", index_not_json, UFORM_FORMAT, "model.safetensors.index.json"},

@@ -164,6 +164,35 @@ def prompt_flags(uform: str) -> dict:
             if re.search(pattern, text)}
 
 
+def check_converted(report, uform: str, name: str, folder: Path, texts: list, engine, workdir: Path) -> None:
+    """`uform convert FOLDER OUT.safetensors` writes one checkpoint whose embeddings of the texts are the folder's,
+    bit for bit (the block's settings, the tokenizer and the modules travel in its metadata). Left out where the
+    command has no convert (the self-check's stand-in)."""
+    import subprocess
+
+    import numpy as np
+    import pretrained_support as support
+
+    help_text = subprocess.run([uform, "--help"], capture_output=True, text=True).stdout
+    if not re.search(r"^\s*convert\b", help_text, re.MULTILINE):
+        print(f"  --   {name}: the command has no convert: its checkpoint is not checked", flush=True)
+        return
+    checkpoint = workdir / f"{name}.safetensors"
+    run = subprocess.run([uform, "convert", str(folder), str(checkpoint)], capture_output=True, text=True)
+    if run.returncode != 0:
+        report.check(f"{name}: `uform convert` writes the folder as one checkpoint", False, run.stderr.strip())
+        return
+    try:
+        again = support.engine_embeddings(uform, checkpoint, texts, workdir / f"{name}-converted.jsonl")
+    except support.EngineRefused as error:
+        report.check(f"{name}: the converted checkpoint loads and embeds the texts", False, str(error))
+        return
+    report.check(f"{name}: the converted checkpoint embeds {len(texts)} texts to the folder's bits",
+                 again.shape == engine.shape and bool(np.array_equal(again, engine)),
+                 f"max |difference| {float(np.max(np.abs(again - engine))) if again.shape == engine.shape else 'n/a'}")
+    checkpoint.unlink()
+
+
 def check_prompts(report, uform: str, name: str, family, folder: Path, model, texts: list, workdir: Path,
                   flags: dict) -> None:
     """The family's prompts asked for by name and given as text, where the command has the flags."""
@@ -294,6 +323,7 @@ def check_family(report, uform: str, name: str, workdir: Path, corpus_part: list
     report.check(f"{name}: the command loads the folder and embeds {len(texts)} texts", True,
                  f"folder and reference {built - started:.1f} s, the command {ran - built:.1f} s")
     compare(report, name, texts, reference, engine)
+    check_converted(report, uform, name, folder, texts, engine, workdir)
     check_prompts(report, uform, name, family, folder, model, texts[:24] + texts[-4:], workdir, flags)
     kept = [text for text, late in zip(texts, support.versioned(texts), strict=True) if not late]
     check_token_vectors(report, uform, name, family, folder, model, kept[:32] + kept[-3:], workdir)

