@@ -31,6 +31,8 @@ static void make_folder(void) {
     char path[160];
     snprintf(path, sizeof path, "%s/1_Pooling", folder);
     mkdir(path, 0700);
+    snprintf(path, sizeof path, "%s/2_Dense", folder);
+    mkdir(path, 0700);
     char const *const parts[] = {"-hub", "-hub/models--fuzz--model", "-hub/models--fuzz--model/refs",
                                  "-hub/models--fuzz--model/snapshots"};
     for (size_t i = 0; i < sizeof parts / sizeof *parts; ++i) {

@@ -22,7 +22,9 @@ static char const *const PRETRAINED_PACK_FILES[] = {"config.json",
                                                     "model-00002-of-00002.safetensors",
                                                     "config_sentence_transformers.json",
                                                     "spiece.model",
-                                                    "tokenizer_config.json"};
+                                                    "tokenizer_config.json",
+                                                    "2_Dense/config.json",
+                                                    "2_Dense/model.safetensors"};
 #define PRETRAINED_PACK_FILE_COUNT (sizeof PRETRAINED_PACK_FILES / sizeof PRETRAINED_PACK_FILES[0])
 
 /* Calls `each` for every file of the pack, in order: its index in PRETRAINED_PACK_FILES and its bytes. */

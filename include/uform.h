@@ -522,8 +522,8 @@ UFORM_EXPORT uform_status_t uform_hub_folder(char const *id, char *folder, size_
  *   - BERT-family sentence embedders (model_type "bert", "roberta", "xlm-roberta", "distilbert", "mpnet":
  *     all-MiniLM-L6-v2, BGE, E5, GTE, multilingual-e5, multi-qa-distilbert, all-mpnet-base-v2), with
  *     sentence-transformers'
- *     modules where the folder has them (Pooling: cls, mean or last token; Normalize; max_seq_length), as
- *     sentence-transformers 3.0 runs them.
+ *     modules where the folder has them (Pooling: cls, mean or last token; a Dense module after it, tanh
+ *     or not: LaBSE, distiluse; Normalize; max_seq_length), as sentence-transformers 3.0 runs them.
  * Weights may be sharded as transformers saves large models (model.safetensors.index.json and its files).
  * A folder is read on the executor's loop thread (blocking its other calls while it converts); its progress
  * is reported once, when it is read. A folder of another family, or with a setting the engine does not
@@ -537,7 +537,7 @@ UFORM_EXPORT uform_status_t uform_hub_folder(char const *id, char *folder, size_
  * or converted checkpoint it places the text towers that read tokens and the image towers (every
  * family's: CLIP's, SigLIP's, UForm 3's), and towers with the engine's own settings; the verbs of a tower it
  * does not place (an image tower pooled by the mean; MPNet's text tower, whose bias by relative position it
- * lacks) answer UFORM_UNSUPPORTED naming the setting it lacks,
+ * lacks; a Dense module's tanh) answer UFORM_UNSUPPORTED naming the setting it lacks,
  * and a model with no tower it places is refused so at load; image_encode_pixels of a model with Pillow's
  * resampling, register tokens or the attention-pooling head prepares the pixels on the host, as image files
  * are, and answers UFORM_UNSUPPORTED for pixels in device memory (docs/DESIGN.md, "Pretrained families on
@@ -612,6 +612,8 @@ typedef struct uform_transformer_info {
     size_t relative_buckets; /* text towers: a learned bias on each attention score, per head, by the bucket
                                 of the query's distance from the key (MPNet's: 32 buckets, 16 each way, exact
                                 to 8 and logarithmic to 128), added after the score's scale; 0 for none */
+    bool projection_tanh;    /* text towers: the projection (with its bias) followed by tanh, as
+                                sentence-transformers' Dense module runs it (LaBSE's, distiluse's) */
 } uform_transformer_info_t;
 
 typedef struct uform_model_info {

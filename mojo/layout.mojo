@@ -226,6 +226,7 @@ def main():
     at("uform_transformer_info_t", "class_token", Int(Pointer(to=ti)), Int(Pointer(to=ti.class_token)))
     at("uform_transformer_info_t", "registers", Int(Pointer(to=ti)), Int(Pointer(to=ti.registers)))
     at("uform_transformer_info_t", "relative_buckets", Int(Pointer(to=ti)), Int(Pointer(to=ti.relative_buckets)))
+    at("uform_transformer_info_t", "projection_tanh", Int(Pointer(to=ti)), Int(Pointer(to=ti.projection_tanh)))
     var mi = ModelInfo()
     size[ModelInfo]("uform_model_info_t")
     at("uform_model_info_t", "matryoshka", Int(Pointer(to=mi)), Int(Pointer(to=mi.matryoshka)))

@@ -58,7 +58,9 @@ static void print_transformer(char const *tower, uform_transformer_info_t const 
            transformer->rotary ? "rotary" : "learned",
            transformer->relative_buckets ? " and a bias by relative position" : "",
            transformer->causal ? "causal" : "bidirectional", registers, pooling_name(transformer->pooling),
-           transformer->projection ? ", projected" : "");
+           !transformer->projection       ? ""
+           : transformer->projection_tanh ? ", projected through tanh"
+                                          : ", projected");
 }
 
 static void print_text(char const *path, uform_model_info_t const *info) {
@@ -141,7 +143,8 @@ static json_t *transformer_json(uform_transformer_info_t const *transformer) {
                     set(object, "pooling", json_string(pooling_name(transformer->pooling))) +
                     set(object, "projection", json_boolean(transformer->projection)) +
                     set_size(object, "registers", transformer->registers) +
-                    set_size(object, "relative_buckets", transformer->relative_buckets));
+                    set_size(object, "relative_buckets", transformer->relative_buckets) +
+                    set(object, "projection_tanh", json_boolean(transformer->projection_tanh)));
 }
 
 static json_t *text_json(uform_model_info_t const *info) {

@@ -262,10 +262,11 @@ struct TransformerInfo(ImplicitlyCopyable, Writable):
     var class_token: Bool
     var registers: c_size_t  # patch towers: register tokens after the class token, in no output
     var relative_buckets: c_size_t  # text towers: buckets of the bias by relative position (MPNet's 32), or 0
+    var projection_tanh: Bool  # text towers: tanh after the projection (sentence-transformers' Dense module)
 
     @staticmethod
     def zero() -> Self:
-        return Self(0, 0, 0, 0, 0, 0, 0, False, False, False, 0, False, False, 0, False, False, False, 0, 0)
+        return Self(0, 0, 0, 0, 0, 0, 0, False, False, False, 0, False, False, 0, False, False, False, 0, 0, False)
 
     def write_to(self, mut writer: Some[Writer]):
         writer.write("depth ", self.depth, ", hidden ", self.hidden, ", heads ", self.heads, ", mlp ", self.mlp)

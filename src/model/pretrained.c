@@ -22,15 +22,60 @@
 
 /* ---- sentence-transformers' modules ------------------------------------------------------------ */
 
-/* sentence-transformers' modules: where the Transformer module lives, Pooling's mode, Normalize. */
-/* What a folder's sentence-transformers modules say. */
+/* What a folder's sentence-transformers modules say: where the Transformer module lives, Pooling's mode, a
+ * Dense module after it, Normalize. */
 typedef struct sentence {
     bool modules; /* the folder has modules.json */
     bool pooled;  /* a Pooling module: `pooling` */
     uform_pooling_t pooling;
-    bool normalized; /* a Normalize module */
-    size_t context;  /* sentence_bert_config.json's max_seq_length; SIZE_MAX where it has none */
+    bool dense; /* a Dense module after the pooling: Linear(dense_in, dense_out, dense_bias), then tanh or not
+                 */
+    size_t dense_in, dense_out;
+    bool dense_bias, dense_tanh;
+    char dense_weights[64]; /* its weights, "<its path>/model.safetensors" */
+    bool normalized;        /* a Normalize module */
+    size_t context;         /* sentence_bert_config.json's max_seq_length; SIZE_MAX where it has none */
 } sentence_t;
+
+/* A Dense module's config.json (sentence-transformers' Dense: in_features, out_features, bias, and
+ * activation_function, its default torch.nn.Tanh) in folder `inside`, `path` its path in modules.json. */
+static uform_status_t dense_module(char const *inside, char const *path, sentence_t *sentence,
+                                   char const **message) {
+    json_t *config = NULL;
+    uform_status_t status = pretrained_json(inside, "config.json", false, &config, message);
+    if (status != UFORM_OK) return status;
+    char file[96];
+    snprintf(file, sizeof file, "%.60s/config.json", path);
+    if (!json_is_object(config)) status = pretrained_fault(message, UFORM_FORMAT, "%s: not an object", file);
+    if (status == UFORM_OK)
+        status =
+            pretrained_size(config, file, "in_features", 1, 65536, SIZE_MAX, &sentence->dense_in, message);
+    if (status == UFORM_OK)
+        status =
+            pretrained_size(config, file, "out_features", 1, 65536, SIZE_MAX, &sentence->dense_out, message);
+    json_t const *bias = json_object_get(config, "bias");
+    if (status == UFORM_OK && bias && !json_is_boolean(bias))
+        status = pretrained_fault(message, UFORM_FORMAT, "%s: bias is not a boolean", file);
+    sentence->dense_bias = !bias || json_is_true(bias);
+    json_t const *activation = json_object_get(config, "activation_function");
+    char const *function = json_is_string(activation) ? json_string_value(activation) : NULL;
+    if (status == UFORM_OK && activation && !function)
+        status = pretrained_fault(message, UFORM_FORMAT, "%s: activation_function is not a string", file);
+    if (status == UFORM_OK) {
+        char const *name = function && strrchr(function, '.') ? strrchr(function, '.') + 1 : function;
+        sentence->dense_tanh = !name || strcmp(name, "Tanh") == 0;
+        if (name && !sentence->dense_tanh && strcmp(name, "Identity") != 0)
+            status =
+                pretrained_fault(message, UFORM_UNSUPPORTED, "%s: activation_function %.60s", file, function);
+    }
+    if (status == UFORM_OK &&
+        (size_t)snprintf(sentence->dense_weights, sizeof sentence->dense_weights, "%s/model.safetensors",
+                         path) >= sizeof sentence->dense_weights)
+        status = pretrained_fault(message, UFORM_IO, "modules.json: path %.60s too long", path);
+    json_decref(config);
+    sentence->dense = status == UFORM_OK;
+    return status;
+}
 
 static uform_status_t sentence_modules(pretrained_t *folder, sentence_t *sentence, char const **message) {
     json_t *modules = NULL;
@@ -96,6 +141,18 @@ static uform_status_t sentence_modules(pretrained_t *folder, sentence_t *sentenc
             }
             sentence->pooled = true;
             sentence->pooling = poolings[chosen];
+        } else if (strcmp(name, "Dense") == 0) {
+            char inside[PATH_MAX];
+            if (!sentence->pooled || sentence->dense || sentence->normalized) {
+                status = pretrained_fault(message, UFORM_UNSUPPORTED,
+                                          "modules.json: a Dense module other than one after the pooling");
+                break;
+            }
+            if (!pretrained_join(inside, folder->root, path)) {
+                status = pretrained_fault(message, UFORM_IO, "modules.json: path too long");
+                break;
+            }
+            if ((status = dense_module(inside, path, sentence, message)) != UFORM_OK) break;
         } else if (strcmp(name, "Normalize") == 0) {
             sentence->normalized = true;
         } else {
@@ -122,19 +179,24 @@ static uform_status_t sentence_modules(pretrained_t *folder, sentence_t *sentenc
 
 /* ---- The weights -------------------------------------------------------------------------------- */
 
-/* Opens and maps `shard` (its name set) in the folder and reads its header; *error is the open's errno
+/* The folder a weights file's name is in. */
+static char const *weights_folder(pretrained_t const *folder, pretrained_weights_t const *file) {
+    return file->in_root ? folder->root : folder->transformer;
+}
+
+/* Opens and maps `shard` (its name set) in folder `base` and reads its header; *error is the open's errno
  * where it failed (ENOENT: no such file). */
-static uform_status_t map_shard(pretrained_t const *folder, pretrained_shard_t *shard, int *error,
+static uform_status_t map_shard(char const *base, pretrained_shard_t *shard, int *error,
                                 char const **message) {
     char path[PATH_MAX];
     char const *name = shard->name;
     *error = 0;
-    if (!pretrained_join(path, folder->transformer, name))
+    if (!pretrained_join(path, base, name))
         return pretrained_fault(message, UFORM_IO, "%s: path too long", name);
     shard->fd = open(path, O_RDONLY | O_CLOEXEC);
     if (shard->fd < 0) {
         *error = errno;
-        return pretrained_fault(message, UFORM_IO, "%s: cannot open it in %s", name, folder->transformer);
+        return pretrained_fault(message, UFORM_IO, "%s: cannot open it in %s", name, base);
     }
     struct stat about;
     if (fstat(shard->fd, &about) != 0 || !S_ISREG(about.st_mode))
@@ -167,7 +229,7 @@ static bool shard_name_valid(char const *name, size_t capacity) {
 static uform_status_t map_sharded(pretrained_t const *folder, pretrained_weights_t *file,
                                   char const *index_name, char const **message) {
     json_t *index = NULL;
-    uform_status_t status = pretrained_json(folder->transformer, index_name, false, &index, message);
+    uform_status_t status = pretrained_json(weights_folder(folder, file), index_name, false, &index, message);
     if (status != UFORM_OK) return status;
     json_t *map = json_is_object(index) ? json_object_get(index, "weight_map") : NULL;
     if (!json_is_object(map) || json_object_size(map) == 0) {
@@ -204,7 +266,7 @@ static uform_status_t map_sharded(pretrained_t const *folder, pretrained_weights
     json_decref(index);
     int error = 0;
     for (size_t i = 0; i < file->shard_count && status == UFORM_OK; ++i)
-        status = map_shard(folder, &file->shards[i], &error, message);
+        status = map_shard(weights_folder(folder, file), &file->shards[i], &error, message);
     for (size_t i = 0; i < file->shard_count && status == UFORM_OK; ++i) {
         checkpoint_header_t const *header = &file->shards[i].header;
         for (size_t t = 0; t < header->tensors_count && status == UFORM_OK; ++t)
@@ -227,28 +289,35 @@ static uform_status_t map_weights(pretrained_t *folder, size_t index, char const
     file->shards[0].fd = -1;
     snprintf(file->shards[0].name, sizeof file->shards[0].name, "%s", file->name);
     int error = 0;
-    uform_status_t status = map_shard(folder, &file->shards[0], &error, message);
+    char const *base = weights_folder(folder, file);
+    uform_status_t status = map_shard(base, &file->shards[0], &error, message);
     if (error != ENOENT) return status;
     char index_name[sizeof file->name], other[PATH_MAX];
     bool fits =
         (size_t)snprintf(index_name, sizeof index_name, "%s.index.json", file->name) < sizeof index_name;
-    if (fits && pretrained_join(other, folder->transformer, index_name) && access(other, F_OK) == 0) {
+    if (fits && pretrained_join(other, base, index_name) && access(other, F_OK) == 0) {
         free(file->shards);
         file->shards = NULL;
         file->shard_count = 0;
         memcpy(file->name, index_name, sizeof index_name); /* the faults name the index */
         return map_sharded(folder, file, file->name, message);
     }
-    if (pretrained_join(other, folder->transformer, "pytorch_model.bin") && access(other, F_OK) == 0)
-        return pretrained_fault(message, UFORM_UNSUPPORTED,
-                                "weights in pytorch_model.bin (pickle): save them as model.safetensors");
+    /* pytorch_model.bin beside where the file was looked for (its folder inside `base`, if any). */
+    char pickle[sizeof file->name + 32];
+    char const *slash = strrchr(file->name, '/');
+    snprintf(pickle, sizeof pickle, "%.*spytorch_model.bin", slash ? (int)(slash - file->name + 1) : 0,
+             file->name);
+    if (pretrained_join(other, base, pickle) && access(other, F_OK) == 0)
+        return pretrained_fault(message, UFORM_UNSUPPORTED, "weights in %s (pickle): save them as %s", pickle,
+                                file->name);
     return status;
 }
 
-/* The weights of `tower` named `name`, as it is or with the tower's prefix, and the shard that holds it. */
+/* The weights of `tower` named `name` in its weights file `index`, as it is or with the tower's prefix, and
+ * the shard that holds it. */
 static checkpoint_tensor_t const *weight(pretrained_t const *folder, pretrained_tower_t const *tower,
-                                         char const *name, pretrained_shard_t const **shard) {
-    pretrained_weights_t const *file = &folder->weights[tower->file];
+                                         size_t index, char const *name, pretrained_shard_t const **shard) {
+    pretrained_weights_t const *file = &folder->weights[index];
     char prefixed[PRETRAINED_NAME_LIMIT + 32];
     snprintf(prefixed, sizeof prefixed, "%s%s", tower->prefix, name);
     for (int pass = 0; pass < (tower->prefix[0] ? 2 : 1); ++pass)
@@ -271,6 +340,7 @@ typedef struct recipe {
     bool first_row;
     bool zero_row;                     /* a row of zeros first (the class token's unplaced position) */
     char scale[PRETRAINED_NAME_LIMIT]; /* a vector scaling the rows (LayerScale), or "" */
+    size_t file;                       /* the weights file that holds them */
 } recipe_t;
 
 /* The names of a tower's part, the block's parts after its layer's prefix; "weight" or "bias" after the
@@ -278,7 +348,7 @@ typedef struct recipe {
 static bool recipe_of(pretrained_tower_t const *tower, checkpoint_schema_tensor_t const *tensor,
                       recipe_t *recipe) {
     pretrained_names_t const *names = tower->names;
-    *recipe = (recipe_t){.count = 1};
+    *recipe = (recipe_t){.count = 1, .file = tower->file};
     char const *what = strrchr(tensor->name, '.') + 1; /* "weight" or "bias" for the norms and layers */
     char layer[64] = "";
     snprintf(layer, sizeof layer, names->layer, tower->blocks[tensor->block]);
@@ -319,7 +389,13 @@ static bool recipe_of(pretrained_tower_t const *tower, checkpoint_schema_tensor_
         snprintf(recipe->names[0], sizeof recipe->names[0], "%s.%s", names->input_norm, what);
         return names->input_norm != NULL;
     case CHECKPOINT_PART_PROJ:
-        whole = names->proj;
+    case CHECKPOINT_PART_PROJ_BIAS:
+        if (tower->dense) { /* a Dense module's Linear, in a file of its own */
+            recipe->file = tower->dense_file;
+            snprintf(recipe->names[0], sizeof recipe->names[0], "linear.%s", what);
+            return true;
+        }
+        whole = tensor->part == CHECKPOINT_PART_PROJ ? names->proj : names->proj_bias;
         break;
     case CHECKPOINT_PART_EMBED:
         whole = names->embed;
@@ -351,9 +427,6 @@ static bool recipe_of(pretrained_tower_t const *tower, checkpoint_schema_tensor_
         break;
     case CHECKPOINT_PART_CLS:
         whole = names->cls;
-        break;
-    case CHECKPOINT_PART_PROJ_BIAS:
-        whole = names->proj_bias;
         break;
     case CHECKPOINT_PART_RELATIVE_BIAS:
         whole = names->relative_bias;
@@ -462,7 +535,7 @@ static bool scale_rows(layout_t *layout, pretrained_tower_t const *tower, recipe
                        checkpoint_schema_tensor_t const *tensor, uint16_t *out) {
     pretrained_t const *folder = layout->folder;
     pretrained_shard_t const *shard = NULL;
-    checkpoint_tensor_t const *scale = weight(folder, tower, recipe->scale, &shard);
+    checkpoint_tensor_t const *scale = weight(folder, tower, recipe->file, recipe->scale, &shard);
     uint64_t rows = tensor->shape[0], columns = tensor->rank == 2 ? tensor->shape[1] : 1, elements = 1;
     for (size_t d = 0; scale && d < scale->rank; ++d)
         elements *= scale->shape[d];
@@ -471,7 +544,7 @@ static bool scale_rows(layout_t *layout, pretrained_tower_t const *tower, recipe
          scale->dtype != CHECKPOINT_BF16)) {
         layout->status =
             pretrained_fault(layout->message, UFORM_FORMAT, "%s: no scale %s of %llu values",
-                             folder->weights[tower->file].name, recipe->scale, (unsigned long long)rows);
+                             folder->weights[recipe->file].name, recipe->scale, (unsigned long long)rows);
         return false;
     }
     if (!out) return true;
@@ -508,17 +581,17 @@ static int layout_visit(checkpoint_schema_tensor_t const *tensor, void *context)
     /* Sizing checks every source, so that nothing is allocated for weights the file does not hold. */
     pretrained_t const *folder = layout->folder;
     pretrained_tower_t const *tower = strcmp(tensor->tower, "text") == 0 ? &folder->text : &folder->image;
-    char const *file = folder->weights[tower->file].name;
     recipe_t recipe;
     if (!recipe_of(tower, tensor, &recipe)) {
         layout->status = pretrained_fault(layout->message, UFORM_INTERNAL, "no weights for %s", tensor->name);
         return 1;
     }
+    char const *file = folder->weights[recipe.file].name;
     uint16_t *out = layout->data ? (uint16_t *)(void *)(layout->data + begin) : NULL;
     uint64_t filled = recipe.zero_row ? columns : 0; /* the zero row: the data is zeroed */
     for (size_t s = 0; s < recipe.count; ++s) {
         pretrained_shard_t const *shard = NULL;
-        checkpoint_tensor_t const *source = weight(folder, tower, recipe.names[s], &shard);
+        checkpoint_tensor_t const *source = weight(folder, tower, recipe.file, recipe.names[s], &shard);
         if (!source) {
             layout->status = pretrained_fault(layout->message, UFORM_FORMAT, "%s: no tensor %s (for %s)",
                                               file, recipe.names[s], tensor->name);
@@ -712,6 +785,26 @@ static uform_status_t read_folder(pretrained_t *folder, pretrained_model_t *mode
     /* The modules' settings over the configuration's. */
     if (sentence.pooled) info->text.transformer.pooling = sentence.pooling;
     if (sentence.modules) info->normalized = sentence.normalized;
+    if (sentence.dense) { /* the pooled state through the Dense module: the tower's projection */
+        uform_transformer_info_t *t = &info->text.transformer;
+        if (t->projection)
+            return pretrained_fault(message, UFORM_UNSUPPORTED,
+                                    "modules.json: a Dense module after %s's projection", info->family);
+        if (sentence.dense_in != t->hidden)
+            return pretrained_fault(
+                message, UFORM_FORMAT,
+                "modules.json: the Dense module's in_features %zu, not the pooled width %zu",
+                sentence.dense_in, t->hidden);
+        pretrained_weights_t *file = &folder->weights[folder->files];
+        snprintf(file->name, sizeof file->name, "%s", sentence.dense_weights);
+        file->in_root = true;
+        folder->text.dense = true;
+        folder->text.dense_file = folder->files++;
+        t->projection = true;
+        t->projection_bias = sentence.dense_bias;
+        t->projection_tanh = sentence.dense_tanh;
+        info->dims = sentence.dense_out;
+    }
     info->text.strip = sentence.modules && info->has_text; /* sentence-transformers strips every text */
     if (sentence.context < info->text.context) info->text.context = sentence.context;
     /* Clips through the image tower, as the engine's own models take them: PRETRAINED_VIDEO_FRAMES frames,

@@ -10,9 +10,10 @@
 
 /* The longest name of a weight the reader looks for, prefix included. */
 #define PRETRAINED_NAME_LIMIT 128
-/* Weights files a folder may have: one (model.safetensors), or one per tower (UForm 3); each may be sharded
- * over the files its index ("model.safetensors.index.json") names, as transformers saves large models. */
-#define PRETRAINED_FILES 2
+/* Weights files a folder may have: one (model.safetensors), or one per tower (UForm 3), and after them a
+ * sentence-transformers Dense module's; each may be sharded over the files its index
+ * ("model.safetensors.index.json") names, as transformers saves large models. */
+#define PRETRAINED_FILES 3
 /* The most files one weights file may be sharded over. */
 #define PRETRAINED_SHARDS_MAX 256
 
@@ -45,6 +46,9 @@ typedef struct pretrained_tower {
     char prefix[24];     /* tried before a name the file does not hold as it is: "bert." */
     size_t file;         /* its weights file */
     bool registers;      /* it has register tokens (names->registers) */
+    bool dense;          /* its projection is a sentence-transformers Dense module's ("linear.weight" and
+                            "linear.bias" in weights file dense_file), not a name of `names` */
+    size_t dense_file;
     size_t blocks[1024]; /* the stored block of each of the tower's blocks (UForm 3 skips some) */
 } pretrained_tower_t;
 
@@ -62,6 +66,8 @@ typedef struct pretrained_weights {
     char name[64];              /* "model.safetensors"; its index's name where that shards it */
     pretrained_shard_t *shards; /* [shard_count], malloc'ed: the file alone where it is whole */
     size_t shard_count;
+    bool in_root; /* `name` is in the folder given (a module's: "2_Dense/model.safetensors"), else in the
+                     Transformer module's folder */
 } pretrained_weights_t;
 
 typedef struct pretrained {

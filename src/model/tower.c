@@ -369,6 +369,9 @@ void tower_project(tower_t const *tower, uform_executor_t *executor, float const
                    size_t m, size_t n_out, float *y, size_t y_stride) {
     if (tower->proj.packed) {
         tower_linear(tower, executor, &tower->proj, x, x_stride, m, n_out, y, y_stride);
+        for (size_t r = 0; tower->settings.projection_tanh && r < m; ++r)
+            for (size_t c = 0; c < n_out; ++c)
+                y[r * y_stride + c] = tanhf(y[r * y_stride + c]);
         return;
     }
     for (size_t r = 0; r < m; ++r)

@@ -127,8 +127,9 @@ void tower_pool(tower_t const *tower, uform_executor_t *executor, float const *x
                 size_t items, uint32_t const *ids, void *scratch, float *pooled);
 size_t tower_head_scratch_bytes(tower_t const *tower, size_t tokens, size_t items);
 
-/* y [m, n_out] = the projection of x [m, hidden] (stride x_stride), its first n_out outputs; for a tower
- * without one (dims == hidden), x's first n_out columns as they are. */
+/* y [m, n_out] = the projection of x [m, hidden] (stride x_stride), its first n_out outputs (then their
+ * tanh with settings.projection_tanh); for a tower without one (dims == hidden), x's first n_out columns as
+ * they are. */
 void tower_project(tower_t const *tower, uform_executor_t *executor, float const *x, size_t x_stride,
                    size_t m, size_t n_out, float *y, size_t y_stride);
 

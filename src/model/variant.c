@@ -48,6 +48,7 @@ void variant_defaults(uform_transformer_info_t *transformer, bool text) {
     transformer->class_token = !text;
     transformer->registers = 0;
     transformer->relative_buckets = 0;
+    transformer->projection_tanh = false;
 }
 
 size_t variant_relative_bucket(long distance) {
@@ -132,7 +133,8 @@ uform_status_t variant_parse(json_t const *tower, uform_transformer_info_t *tran
         !read_bool(tower, "causal", &transformer->causal) ||
         !read_bool(tower, "projection", &transformer->projection) ||
         !read_bool(tower, "projection_bias", &transformer->projection_bias) ||
-        !read_bool(tower, "class_token", &transformer->class_token))
+        !read_bool(tower, "class_token", &transformer->class_token) ||
+        !read_bool(tower, "projection_tanh", &transformer->projection_tanh))
         return fault(message, "tower setting is not a boolean");
     if (!read_size(tower, "registers", 0, VARIANT_REGISTERS_MAX, &transformer->registers))
         return fault(message, "tower registers out of range");
@@ -145,6 +147,8 @@ uform_status_t variant_parse(json_t const *tower, uform_transformer_info_t *tran
         return fault(message, "register tokens follow a patch tower's class token");
     if (transformer->projection_bias && !transformer->projection)
         return fault(message, "a projection bias without projection");
+    if (transformer->projection_tanh && (!transformer->projection || !text))
+        return fault(message, "tanh after a projection is a projected text tower's");
     if (text && transformer->class_token) return fault(message, "a text tower has no class token");
     if (!transformer->class_token && transformer->pooling == UFORM_POOLING_FIRST && !text)
         return fault(message, "class pooling without a class token");
@@ -184,6 +188,7 @@ bool variant_write(json_t *tower, uform_transformer_info_t const *transformer, b
            write_bool(tower, "projection", transformer->projection, defaults.projection) &&
            write_bool(tower, "projection_bias", transformer->projection_bias, defaults.projection_bias) &&
            write_bool(tower, "class_token", transformer->class_token, defaults.class_token) &&
+           write_bool(tower, "projection_tanh", transformer->projection_tanh, defaults.projection_tanh) &&
            (transformer->registers == defaults.registers ||
             json_object_set_new(tower, "registers", json_integer((json_int_t)transformer->registers)) == 0) &&
            (transformer->relative_buckets == defaults.relative_buckets ||

@@ -64,6 +64,8 @@ class Family:
     prompts: tuple = ()  # ((name, text), ...): config_sentence_transformers.json's prompts
     default_prompt_name: str | None = None
     normalize_folder: bool = True  # whether 2_Normalize is written (an empty folder)
+    dense: int = 0  # a Dense module's out_features after the pooling (0: none)
+    dense_activation: str = "Tanh"  # its activation_function: torch.nn's Tanh or Identity
 
     @property
     def positions(self) -> int:
@@ -75,7 +77,8 @@ class Family:
                 f"{self.hidden_act}, {self.pooling} pooling{', Normalize' if self.normalize else ', no Normalize'}, "
                 f"max_seq_length {self.max_seq_length}"
                 + (f", prompts {dict(self.prompts)}" if self.prompts else "")
-                + (f", default prompt {self.default_prompt_name!r}" if self.default_prompt_name else ""))
+                + (f", default prompt {self.default_prompt_name!r}" if self.default_prompt_name else "")
+                + (f", Dense to {self.dense} ({self.dense_activation})" if self.dense else ""))
 
 
 WORDPIECE = "minilm-l6-v2-uncased"
@@ -101,6 +104,15 @@ FAMILIES = {
                                          "distilbert", 768, 12, 3072, 2, 512, "mean", True, WORDPIECE, seed=9),
     "all-mpnet-base-v2": Family("sentence-transformers/all-mpnet-base-v2, 2 of its 12 blocks", "mpnet", 768, 12,
                                 3072, 2, 384, "mean", True, MPNET, seed=10),
+    "labse": Family("sentence-transformers/LaBSE's modules (cls pooling, Dense 768 -> 768 with tanh, Normalize), "
+                    "2 of its 12 blocks, a smaller vocabulary", "bert", 768, 12, 3072, 2, 256, "cls", True, WORDPIECE,
+                    seed=11, dense=768),
+    "distiluse-base-multilingual-cased-v2": Family(
+        "sentence-transformers/distiluse-base-multilingual-cased-v2's modules (DistilBERT, mean pooling, Dense "
+        "768 -> 512 with tanh, no Normalize), 2 of its 6 blocks", "distilbert", 768, 12, 3072, 2, 128, "mean", False,
+        WORDPIECE, seed=12, dense=512),
+    "dense-identity": Family("a BERT whose Dense module (384 -> 256) has no activation and no bias", "bert", 384, 12, 1536, 1,
+                             128, "mean", True, WORDPIECE, seed=13, dense=256, dense_activation="Identity"),
     "default-prompt": Family("a BERT whose config_sentence_transformers.json names a default prompt", "bert", 384, 12,
                              1536, 1, 256, "mean", True, WORDPIECE, seed=8,
                              prompts=(("query", "Represent this sentence for searching relevant passages: "),
@@ -246,6 +258,22 @@ def transformers_model(family: Family, vocabulary: int):
     return model
 
 
+def dense_module(family: Family):
+    """sentence-transformers' Dense module of `family`, its weights drawn under its seed and rounded to BF16."""
+    import torch
+    from sentence_transformers import models
+
+    activation = getattr(torch.nn, family.dense_activation)()
+    dense = models.Dense(family.hidden, family.dense, bias=family.dense_activation == "Tanh",
+                         activation_function=activation)
+    generator = torch.Generator().manual_seed(family.seed + 1000)
+    with torch.no_grad():
+        for name, tensor in dense.named_parameters():
+            scale = 0.05 if name.endswith("bias") else 1.5 / family.hidden ** 0.5  # tanh well off its linear part
+            tensor.copy_((scale * torch.randn(tensor.shape, generator=generator)).to(torch.bfloat16).float())
+    return dense
+
+
 def stamp_of(family: Family, tokenizer: Path) -> str:
     """What a written folder depends on: this script, the family, its tokenizer's files, the libraries."""
     digest = hashlib.sha256(Path(__file__).read_bytes())
@@ -284,6 +312,8 @@ def write_folder(name: str, out: Path, workdir: Path) -> Path:
         (parts / "tokenizer_config.json").write_text(json.dumps(settings, indent=2))
     transformer = models.Transformer(str(parts), max_seq_length=family.max_seq_length)
     modules = [transformer, models.Pooling(family.hidden, pooling_mode=family.pooling)]
+    if family.dense:
+        modules.append(dense_module(family))
     if family.normalize:
         modules.append(models.Normalize())
     embedder = SentenceTransformer(modules=modules, device="cpu", prompts=dict(family.prompts),

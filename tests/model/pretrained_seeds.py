@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes the seed corpus of fuzz/fuzz_pretrained.c: small folders of every family (BERT: a sentence-transformers
 one with mean pooling and Normalize, one with its weights in two shards and prompts, one without modules, one of
-RoBERTa's positions with cls pooling; a DistilBERT; an MPNet; CLIP; SigLIP, with a WordPiece tokenizer.json and with a SentencePiece
+RoBERTa's positions with cls pooling, one with a Dense module; a DistilBERT; an MPNet; CLIP; SigLIP, with a WordPiece tokenizer.json and with a SentencePiece
 model and its tokenizer_config.json; UForm 3), the others each with a small WordPiece tokenizer.json, packed as the target reads its input: per file, its index in the target's FILES (1 byte), its length (2 bytes, little-endian)
 and its bytes. Run once by hand: python3 tests/model/pretrained_seeds.py tests/fuzz-corpus/pretrained"""
 import json
@@ -14,7 +14,8 @@ import numpy as np
 FILES = ["config.json", "modules.json", "1_Pooling/config.json", "sentence_bert_config.json", "tokenizer.json",
          "model.safetensors", "text_encoder.safetensors", "image_encoder.safetensors", "preprocessor_config.json",
          "model.safetensors.index.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
-         "config_sentence_transformers.json", "spiece.model", "tokenizer_config.json"]
+         "config_sentence_transformers.json", "spiece.model", "tokenizer_config.json", "2_Dense/config.json",
+         "2_Dense/model.safetensors"]
 HIDDEN, HEADS, MLP, DEPTH, POSITIONS = 8, 2, 16, 1, 16
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "a", "cat", "sits", "on", "the", "mat", "##s", ".", "<s>", "</s>"]
 
@@ -283,6 +284,16 @@ def main() -> int:
                             "activation": "gelu", "pad_token_id": 0, "sinusoidal_pos_embds": False},
             "modules.json": modules, "1_Pooling/config.json": {"pooling_mode_mean_tokens": True},
             "tokenizer.json": tokenizer(bert), "model.safetensors": distilbert_weights(10)},
+        "sentence-transformers-dense.bin": {
+            "config.json": config("bert", 0),
+            "modules.json": modules[:2] + [{"idx": 2, "name": "2", "path": "2_Dense",
+                                            "type": "sentence_transformers.models.Dense"}],
+            "1_Pooling/config.json": {"pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False},
+            "2_Dense/config.json": {"in_features": HIDDEN, "out_features": 4, "bias": True,
+                                    "activation_function": "torch.nn.modules.activation.Tanh"},
+            "2_Dense/model.safetensors": safetensors({"linear.weight": np.random.default_rng(12).normal(0, 0.3, (4, HIDDEN)),
+                                                      "linear.bias": np.random.default_rng(13).normal(0, 0.1, 4)}),
+            "tokenizer.json": tokenizer(bert), "model.safetensors": bert_weights(12)},
         "mpnet.bin": {
             "config.json": {"model_type": "mpnet", "hidden_size": HIDDEN, "num_hidden_layers": DEPTH,
                             "num_attention_heads": HEADS, "intermediate_size": MLP, "vocab_size": len(VOCAB),

@@ -221,6 +221,8 @@ static int setup(void **state) {
     if (mkdir(path, 0700) != 0) return -1;
     snprintf(path, sizeof path, "%s/2_Normalize", folder);
     if (mkdir(path, 0700) != 0) return -1;
+    snprintf(path, sizeof path, "%s/2_Dense", folder);
+    if (mkdir(path, 0700) != 0) return -1;
     return 0;
 }
 
@@ -237,13 +239,17 @@ static int teardown(void **state) {
                                  "tiny.safetensors",
                                  "model.safetensors.index.json",
                                  "model-00001-of-00002.safetensors",
-                                 "model-00002-of-00002.safetensors"};
+                                 "model-00002-of-00002.safetensors",
+                                 "2_Dense/config.json",
+                                 "2_Dense/pytorch_model.bin"};
     for (size_t i = 0; i < sizeof files / sizeof files[0]; ++i)
         remove_file(files[i]);
     char path[512];
     snprintf(path, sizeof path, "%s/1_Pooling", folder);
     rmdir(path);
     snprintf(path, sizeof path, "%s/2_Normalize", folder);
+    rmdir(path);
+    snprintf(path, sizeof path, "%s/2_Dense", folder);
     rmdir(path);
     rmdir(folder);
     return 0;
@@ -480,6 +486,29 @@ static void dense_module(void) {
         "[{\"idx\":0,\"name\":\"0\",\"path\":\"\",\"type\":\"sentence_transformers.models.Transformer\"},"
         "{\"idx\":1,\"name\":\"1\",\"path\":\"2_Dense\",\"type\":\"sentence_transformers.models.Dense\"}]");
 }
+/* A Dense module after the pooling, its config.json `config`. */
+static void dense_after_pooling(char const *config) {
+    write_text(
+        "modules.json",
+        "[{\"idx\":0,\"name\":\"0\",\"path\":\"\",\"type\":\"sentence_transformers.models.Transformer\"},"
+        "{\"idx\":1,\"name\":\"1\",\"path\":\"1_Pooling\",\"type\":\"sentence_transformers.models.Pooling\"},"
+        "{\"idx\":2,\"name\":\"2\",\"path\":\"2_Dense\",\"type\":\"sentence_transformers.models.Dense\"}]");
+    write_text("2_Dense/config.json", config);
+}
+static void dense_relu(void) {
+    dense_after_pooling("{\"in_features\": 64, \"out_features\": 32, \"bias\": true, "
+                        "\"activation_function\": \"torch.nn.modules.activation.ReLU\"}");
+}
+static void dense_other_width(void) {
+    dense_after_pooling("{\"in_features\": 32, \"out_features\": 32}");
+}
+static void dense_without_weights(void) {
+    dense_after_pooling("{\"in_features\": 64, \"out_features\": 32}");
+}
+static void dense_pickled(void) {
+    dense_after_pooling("{\"in_features\": 64, \"out_features\": 32}");
+    write_text("2_Dense/pytorch_model.bin", "PK");
+}
 static void max_pooling(void) {
     write_text("1_Pooling/config.json", "{\"pooling_mode_max_tokens\": true}");
 }
@@ -586,7 +615,12 @@ static void damaged_folders_fail_clearly(void **state) {
         {"pickled weights", pickled_weights, UFORM_UNSUPPORTED, "pytorch_model.bin"},
         {"weights not safetensors", weights_not_safetensors, UFORM_FORMAT, "model.safetensors"},
         {"a missing tensor", missing_tensor, UFORM_FORMAT, "value.bias"},
-        {"a Dense module", dense_module, UFORM_UNSUPPORTED, "Dense"},
+        {"a Dense module before the pooling", dense_module, UFORM_UNSUPPORTED, "Dense"},
+        {"a Dense module of ReLU", dense_relu, UFORM_UNSUPPORTED,
+         "activation_function torch.nn.modules.activation.ReLU"},
+        {"a Dense module of another width", dense_other_width, UFORM_FORMAT, "in_features 32"},
+        {"a Dense module without weights", dense_without_weights, UFORM_IO, "2_Dense/model.safetensors"},
+        {"a Dense module of pickled weights", dense_pickled, UFORM_UNSUPPORTED, "2_Dense/pytorch_model.bin"},
         {"max pooling", max_pooling, UFORM_UNSUPPORTED, "pooling"},
         {"cls pooling without the mean key", cls_without_mean_key, UFORM_UNSUPPORTED, "pooling"},
         {"a module outside the folder", escaping_module, UFORM_FORMAT, "modules.json"},
@@ -614,6 +648,8 @@ static void damaged_folders_fail_clearly(void **state) {
         remove_file("model.safetensors.index.json");
         remove_file(shard_names[0]);
         remove_file(shard_names[1]);
+        remove_file("2_Dense/config.json");
+        remove_file("2_Dense/pytorch_model.bin");
         faults[i].damage();
         uform_model_t *model = NULL;
         uform_model_load_args_t args = {.executor = executor, .path = folder, .model = &model};

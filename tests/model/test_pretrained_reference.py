@@ -264,9 +264,15 @@ def check_token_vectors(report, uform: str, name: str, family, folder: Path, mod
                         workdir: Path) -> None:
     """`uform encode --tokens`: each token's vector against sentence-transformers' token embeddings (the
     transformer's last states, before pooling: cosine >= COSINE each, the command's being unit vectors where
-    the folder normalizes), and its byte span in the text."""
+    the folder normalizes; where the folder has a Dense module, the command projects each token through it as
+    it projects the pooled state, and the reference's token embeddings go through the folder's own module),
+    and its byte span in the text."""
     import numpy as np
     import pretrained_support as support
+    import torch
+    from sentence_transformers import models
+
+    dense = next((module for module in model if isinstance(module, models.Dense)), None)
 
     prompt = dict(family.prompts).get(family.default_prompt_name, "") if family.default_prompt_name else ""
     support.write_manifest(workdir / f"{name}.tokens.jsonl", texts)
@@ -278,7 +284,11 @@ def check_token_vectors(report, uform: str, name: str, family, folder: Path, mod
         return
     worst, wrong_counts, wrong_spans, tokens = 1.0, [], [], 0
     for index, (text, row) in enumerate(zip(texts, rows, strict=True)):
-        reference = model.encode(text, output_value="token_embeddings").numpy().astype(np.float64)
+        reference = model.encode(text, output_value="token_embeddings")
+        if dense is not None:
+            with torch.no_grad():
+                reference = dense({"sentence_embedding": reference})["sentence_embedding"]
+        reference = reference.numpy().astype(np.float64)
         ours = np.asarray(row["tokens"], dtype=np.float64)
         if ours.shape != reference.shape:
             wrong_counts.append(f"text {index}: {ours.shape} against {reference.shape}")

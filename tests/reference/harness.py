@@ -113,7 +113,8 @@ class uform_transformer_info_t(Struct):
                 ("input_norm", ctypes.c_bool), ("final_norm", ctypes.c_bool), ("activation", ctypes.c_int),
                 ("rotary", ctypes.c_bool), ("causal", ctypes.c_bool), ("pooling", ctypes.c_int),
                 ("projection", ctypes.c_bool), ("projection_bias", ctypes.c_bool), ("class_token", ctypes.c_bool),
-                ("registers", c_size), ("relative_buckets", c_size)]
+                ("registers", c_size), ("relative_buckets", c_size),
+                ("projection_tanh", ctypes.c_bool)]
 
 
 class _text_info(Struct):

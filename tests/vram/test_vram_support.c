@@ -93,6 +93,13 @@ static void bert_family_text_runs(void **state) {
     text->relative_buckets = 32;
     assert_mentions(vram_tower_refusal(&info, "text"), "relative position");
     assert_mentions(vram_model_refusal(&info), "relative position");
+    /* A Dense module's tanh after the projection (LaBSE's) is host-only too. */
+    strcpy(info.family, "bert");
+    text->relative_buckets = 0;
+    text->projection = text->projection_bias = text->projection_tanh = true;
+    assert_mentions(vram_tower_refusal(&info, "text"), "tanh");
+    text->projection_tanh = false; /* a Dense module without activation: a projection with bias, which runs */
+    assert_null(vram_tower_refusal(&info, "text"));
 }
 
 static void clip_siglip_uform3_text_run(void **state) {
