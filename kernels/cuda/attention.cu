@@ -11,6 +11,9 @@
  *                             from a matrix whose every element is its own row index, which tells which
  *                             row each element of this lane's fragments belongs to (whatever the
  *                             architecture's fragment layout is).
+ * With a bias by relative position (the kernel's `biased` instance), each lane first adds, in place in
+ * its S row, the bias of its query row's distance from each key to the scaled score, both in log2 units:
+ * S = S scale log2(e) + bias[row - key] log2(e), and the softmax then reads S unscaled.
  * Keys past the item's length (and past the query, when causal) score -inf; their K and V rows are
  * zeros, never read from memory. Query rows past the length are computed on zeros and not written.
  *
@@ -133,11 +136,15 @@ typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> fragment_accumulato
 
 /* qkv [tokens][3 * heads * 64], out [tokens][heads * 64], both BF16. Block (x, y, z): query tile
  * gridDim.x - 1 - x (the long causal tiles start first), items y, y + gridDim.y, ..., head z.
- * 4 blocks per SM, as many as the shared memory allows: 128 registers (a few bytes spill), which ran
- * about 10% faster on an H200 than the 158 the compiler takes unbounded. */
+ * `biased`: bias [heads][bias_stride] F32, head h's bias at distance d (query row minus key row) at
+ * bias[h * bias_stride + d] (cuda_attention's); the instance without one reads and adds nothing. 4 blocks
+ * per SM, as many as the shared memory allows: 128 registers (a few bytes spill), which ran about 10%
+ * faster on an H200 than the 158 the compiler takes unbounded. */
+template <bool biased>
 static __global__ void __launch_bounds__(THREADS, 4)
     attention_kernel(uint16_t *out, float *lse, uint16_t const *qkv, int32_t const *offsets, size_t items,
-                     int heads, bool causal, bool rotary, float scale_log2, bool vector) {
+                     int heads, bool causal, bool rotary, float scale_log2, bool vector, float const *bias,
+                     size_t bias_stride) {
     __shared__ attention_shared shared;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int row = lane & 15, half = lane >> 4; /* this lane's row of its warp's 16, and half of the 64 columns */
@@ -171,6 +178,7 @@ static __global__ void __launch_bounds__(THREADS, 4)
             wmma::fill_fragment(o[f], 0.0f);
 
         int q_index = q_first + warp * 16 + row;                               /* position in the item */
+        int bias_row = q_index < length ? q_index : length - 1; /* rows past the item: any row of it */
         int key_limit = causal && q_index + 1 < length ? q_index + 1 : length; /* keys [0, key_limit) */
         int key_end = causal && q_first + TILE < length ? q_first + TILE : length;
         bool active = q_first + warp * 16 < length;
@@ -200,12 +208,23 @@ static __global__ void __launch_bounds__(THREADS, 4)
             __syncwarp();
 
             /* Online softmax of this lane's 32 scores: row `row`, columns 32 half .. 32 half + 31. */
-            float const *mine = scores + row * LD_F32 + 32 * half;
+            float *mine = scores + row * LD_F32 + 32 * half;
             int key = k_first + 32 * half;
+            float factor = scale_log2; /* what turns S into log2-scaled logits */
+            if (biased) {
+                /* The bias of the distance bias_row - (key + c), real keys only: every such distance is
+                 * within the item's, -(length - 1) .. length - 1. */
+                float const *table = bias + (size_t)head * bias_stride;
+#pragma unroll
+                for (int c = 0; c < 32; ++c)
+                    if (key + c < key_limit)
+                        mine[c] = fmaf(table[bias_row - (key + c)], LOG2E, mine[c] * scale_log2);
+                factor = 1.0f;
+            }
             float tile_max = -INFINITY;
 #pragma unroll
             for (int c = 0; c < 32; ++c)
-                if (key + c < key_limit) tile_max = fmaxf(tile_max, mine[c] * scale_log2);
+                if (key + c < key_limit) tile_max = fmaxf(tile_max, mine[c] * factor);
             tile_max = fmaxf(tile_max, __shfl_xor_sync(CUDA_FULL_MASK, tile_max, 16));
             float new_max = fmaxf(max, tile_max);
             float base = new_max == -INFINITY ? 0.0f : new_max; /* a row with no key yet stays at zero */
@@ -213,7 +232,7 @@ static __global__ void __launch_bounds__(THREADS, 4)
             eight_bf16_t weights[4];
 #pragma unroll
             for (int c = 0; c < 32; ++c) {
-                float weight = key + c < key_limit ? exp2f(mine[c] * scale_log2 - base) : 0.0f;
+                float weight = key + c < key_limit ? exp2f(mine[c] * factor - base) : 0.0f;
                 uint16_t bits = bf16_bits(weight);
                 weights[c >> 3].bits[c & 7] = bits;
                 tile_sum += bf16_value(bits);
@@ -278,31 +297,41 @@ static __global__ void __launch_bounds__(THREADS, 4)
     }
 }
 
-/* The launch of attention_kernel, with or without the log-sum-exp. */
+/* The launch of attention_kernel, with or without the log-sum-exp, with or without a bias. */
 static cudaError_t attention_launch(uint16_t *out, float *lse, uint16_t const *qkv, int32_t const *offsets,
                                     size_t items, size_t heads, size_t max_length, bool causal, bool rotary,
-                                    float scale, cudaStream_t stream) {
+                                    float scale, float const *bias, size_t bias_stride, cudaStream_t stream) {
     if (items == 0 || heads == 0 || max_length == 0) return cudaSuccess;
-    if (heads > 65535 || max_length > (size_t)INT_MAX - TILE || !(scale > 0.0f)) return cudaErrorInvalidValue;
+    if (heads > 65535 || max_length > (size_t)INT_MAX - TILE || !(scale > 0.0f) ||
+        (bias && bias_stride < 2 * max_length - 1))
+        return cudaErrorInvalidValue;
     size_t tiles = (max_length + TILE - 1) / TILE;
     bool vector = (uintptr_t)qkv % 16 == 0 && (uintptr_t)out % 16 == 0;
     dim3 grid((unsigned)tiles, (unsigned)(items < 65535 ? items : 65535), (unsigned)heads);
-    attention_kernel<<<grid, THREADS, 0, stream>>>(out, lse, qkv, offsets, items, (int)heads, causal, rotary,
-                                                   scale * LOG2E, vector);
+    if (bias)
+        attention_kernel<true><<<grid, THREADS, 0, stream>>>(out, lse, qkv, offsets, items, (int)heads,
+                                                             causal, rotary, scale * LOG2E, vector, bias,
+                                                             bias_stride);
+    else
+        attention_kernel<false><<<grid, THREADS, 0, stream>>>(out, lse, qkv, offsets, items, (int)heads,
+                                                              causal, rotary, scale * LOG2E, vector, NULL, 0);
     return cuda_launched();
 }
 
 extern "C" cudaError_t cuda_attention(uint16_t *out, uint16_t const *qkv, int32_t const *offsets,
                                       size_t items, size_t heads, size_t max_length, bool causal, bool rotary,
-                                      float scale, cudaStream_t stream) {
-    return attention_launch(out, NULL, qkv, offsets, items, heads, max_length, causal, rotary, scale, stream);
+                                      float scale, float const *bias, size_t bias_stride,
+                                      cudaStream_t stream) {
+    return attention_launch(out, NULL, qkv, offsets, items, heads, max_length, causal, rotary, scale, bias,
+                            bias_stride, stream);
 }
 
 extern "C" cudaError_t cuda_attention_lse(uint16_t *out, float *lse, uint16_t const *qkv,
                                           int32_t const *offsets, size_t items, size_t heads,
                                           size_t max_length, bool causal, bool rotary, float scale,
                                           cudaStream_t stream) {
-    return attention_launch(out, lse, qkv, offsets, items, heads, max_length, causal, rotary, scale, stream);
+    return attention_launch(out, lse, qkv, offsets, items, heads, max_length, causal, rotary, scale, NULL, 0,
+                            stream);
 }
 
 /* ---- The backward pass ------------------------------------------------------------------------------ *

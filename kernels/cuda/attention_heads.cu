@@ -10,7 +10,9 @@
  *   online softmax               the warp's max and sum over the tile (shuffles), running max and sum in F32;
  *   o = o correction + sum_c p_c v_c   lane l accumulates columns l, l + 32, ... of its row, p_c broadcast
  *                                from lane c.
- * Keys past the item's length (and past the query, when causal) weigh nothing. No [L, L] matrix in memory.
+ * Keys past the item's length (and past the query, when causal) weigh nothing. With a bias by relative
+ * position (the kernel's `biased` instance), lane c adds its key's, bias[row - key] log2(e), to its scaled
+ * score before the max. No [L, L] matrix in memory.
  * Tolerance against the scalar path on the same BF16 inputs: 2e-2 relative to max|v|, as cuda_attention. */
 #include <climits>
 
@@ -39,15 +41,19 @@ static __device__ __forceinline__ void heads_load(uint16_t *tile, uint16_t const
 }
 
 /* qkv [tokens][3 * heads * head], out [tokens][heads * head], both BF16. Block (x, y, z): query rows
- * 8x .. 8x + 7, items y, y + gridDim.y, ..., head z. */
+ * 8x .. 8x + 7, items y, y + gridDim.y, ..., head z. `biased`: bias [heads][bias_stride] F32, head h's
+ * bias at distance d (query row minus key row) at bias[h * bias_stride + d] (cuda_attention's). */
+template <bool biased>
 static __global__ void __launch_bounds__(HEADS_THREADS)
     attention_heads_kernel(uint16_t *out, uint16_t const *qkv, int32_t const *offsets, size_t items,
-                           int heads, int head, bool causal, float scale_log2) {
+                           int heads, int head, bool causal, float scale_log2, float const *bias,
+                           size_t bias_stride) {
     __shared__ heads_shared shared;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int head_index = blockIdx.z, q_first = blockIdx.x * HEADS_WARPS, q_index = q_first + warp;
     size_t out_stride = (size_t)heads * head, qkv_stride = 3 * out_stride;
     float *q = shared.q + warp * CUDA_KERNELS_HEAD_MAX; /* [head] */
+    float const *table = biased ? bias + (size_t)head_index * bias_stride : NULL; /* at distance 0 */
 
     for (size_t item = blockIdx.y; item < items; item += gridDim.y) {
         int first = offsets[item], length = offsets[item + 1] - first;
@@ -78,7 +84,10 @@ static __global__ void __launch_bounds__(HEADS_THREADS)
             for (int d = 0; d < head; ++d)
                 score = __fmaf_rn(q[d], bf16_value(shared.k[lane * HEADS_LD + d]), score);
             bool valid = key < key_limit;
-            float scaled = valid ? score * scale_log2 : -INFINITY, tile_max = scaled;
+            float scaled = valid ? score * scale_log2 : -INFINITY;
+            if (biased && valid) /* q_index and key both in the item: |q_index - key| < length */
+                scaled = fmaf(table[q_index - key], HEADS_LOG2E, scaled);
+            float tile_max = scaled;
             for (int offset = 16; offset > 0; offset >>= 1)
                 tile_max = fmaxf(tile_max, __shfl_xor_sync(CUDA_FULL_MASK, tile_max, offset));
             float new_max = fmaxf(max, tile_max);
@@ -114,18 +123,26 @@ static __global__ void __launch_bounds__(HEADS_THREADS)
 
 extern "C" cudaError_t cuda_attention_heads(uint16_t *out, uint16_t const *qkv, int32_t const *offsets,
                                             size_t items, size_t heads, size_t head, size_t max_length,
-                                            bool causal, bool rotary, float scale, cudaStream_t stream) {
+                                            bool causal, bool rotary, float scale, float const *bias,
+                                            size_t bias_stride, cudaStream_t stream) {
     if (head == CUDA_KERNELS_HEAD)
-        return cuda_attention(out, qkv, offsets, items, heads, max_length, causal, rotary, scale, stream);
+        return cuda_attention(out, qkv, offsets, items, heads, max_length, causal, rotary, scale, bias,
+                              bias_stride, stream);
     if (items == 0 || heads == 0 || max_length == 0) return cudaSuccess;
     if (rotary || head == 0 || head > CUDA_KERNELS_HEAD_MAX || heads > 65535 ||
-        max_length > (size_t)INT_MAX - HEADS_WARPS || !(scale > 0.0f))
+        max_length > (size_t)INT_MAX - HEADS_WARPS || !(scale > 0.0f) ||
+        (bias && bias_stride < 2 * max_length - 1))
         return cudaErrorInvalidValue;
     size_t tiles = (max_length + HEADS_WARPS - 1) / HEADS_WARPS;
     if (tiles > INT_MAX) return cudaErrorInvalidValue;
     dim3 grid((unsigned)tiles, (unsigned)(items < 65535 ? items : 65535), (unsigned)heads);
-    attention_heads_kernel<<<grid, HEADS_THREADS, 0, stream>>>(out, qkv, offsets, items, (int)heads,
-                                                               (int)head, causal, scale * HEADS_LOG2E);
+    float scale_log2 = scale * HEADS_LOG2E;
+    if (bias)
+        attention_heads_kernel<true><<<grid, HEADS_THREADS, 0, stream>>>(
+            out, qkv, offsets, items, (int)heads, (int)head, causal, scale_log2, bias, bias_stride);
+    else
+        attention_heads_kernel<false><<<grid, HEADS_THREADS, 0, stream>>>(
+            out, qkv, offsets, items, (int)heads, (int)head, causal, scale_log2, NULL, 0);
     return cuda_launched();
 }
 

@@ -123,24 +123,32 @@ cudaError_t cuda_convert(void *out, size_t out_stride, float *scales, float cons
  * - rotary: q and k rotated before the scores, pairs (i, i + 32) of each head by the angle
  *   p * 10000^(-2i/64) at position p (kernels.h's rope), in F32;
  * - causal: row r attends to rows <= r of its item; else to every row of its item;
- * - scale: 1/sqrt(64).
+ * - scale: 1/sqrt(64);
+ * - bias: NULL, or a bias by relative position (MPNet's), F32 [heads][bias_stride]: head h's at distance
+ *   d = r - c (query row r, key row c, both counted from the item's first row) is bias[h * bias_stride +
+ *   d], read for d from -(max_length - 1) to max_length - 1 (`bias` points at head 0's distance 0; its
+ *   table reaches max_length - 1 either way, bias_stride >= 2 * max_length - 1). It is added in F32 to
+ *   the scaled score of every real key, before the causal mask and the softmax (kernels.h's
+ *   kernel_attention_t.bias). Without one the kernel reads and adds nothing.
  * Online softmax over tiles of keys with F32 accumulation; no [L, L] matrix in memory. The products run
  * on BF16 tensor cores: rotated q and k, and the softmax weights, are rounded to BF16 before them.
- * Items may be empty; heads > 65535 or a scale that is not positive answers cudaErrorInvalidValue.
- * Tolerance against the scalar path on the same (BF16-rounded) inputs: 2e-2 relative to max|v|. */
+ * Items may be empty; heads > 65535, a scale that is not positive or a bias_stride below 2 * max_length
+ * - 1 answers cudaErrorInvalidValue. Tolerance against the scalar path on the same (BF16-rounded) inputs:
+ * 2e-2 relative to max|v|. */
 cudaError_t cuda_attention(uint16_t *out, uint16_t const *qkv, int32_t const *offsets, size_t items,
                            size_t heads, size_t max_length, bool causal, bool rotary, float scale,
-                           cudaStream_t stream);
+                           float const *bias, size_t bias_stride, cudaStream_t stream);
 
 /* cuda_attention for heads of `head` columns, 1 .. CUDA_KERNELS_HEAD_MAX: qkv BF16 [tokens, 3 * heads *
  * head], out BF16 [tokens, heads * head], head h at columns h * head of each third; `scale` multiplies the
- * scores (1/sqrt(head) for every family the engine reads). Heads of 64 run cuda_attention itself; other
- * widths run a SIMT kernel with F32 products and the same online softmax, without rotary positions
- * (rotary with another width, a head of 0 or past the maximum, heads > 65535 or a scale that is not
- * positive: cudaErrorInvalidValue). Tolerance as cuda_attention's. */
+ * scores (1/sqrt(head) for every family the engine reads); `bias` and `bias_stride` as cuda_attention's.
+ * Heads of 64 run cuda_attention itself; other widths run a SIMT kernel with F32 products and the same
+ * online softmax, without rotary positions (rotary with another width, a head of 0 or past the maximum,
+ * heads > 65535, a scale that is not positive or a bias_stride below 2 * max_length - 1:
+ * cudaErrorInvalidValue). Tolerance as cuda_attention's. */
 cudaError_t cuda_attention_heads(uint16_t *out, uint16_t const *qkv, int32_t const *offsets, size_t items,
                                  size_t heads, size_t head, size_t max_length, bool causal, bool rotary,
-                                 float scale, cudaStream_t stream);
+                                 float scale, float const *bias, size_t bias_stride, cudaStream_t stream);
 
 /* The attention of the attention-pooling head (SigLIP's image pooling): for each item (rows [offsets[i],
  * offsets[i + 1]) of qkv, BF16 [tokens, 3 * heads * head] as a block's, its k and v thirds read) and head h,

@@ -87,8 +87,8 @@ cudaError_t cuda_assemble_tokens_backward(float *d_patches, float *d_cls, float 
 
 /* ---- Attention ------------------------------------------------------------------------------------- */
 
-/* cuda_attention, also writing lse [tokens, heads] (F32): per query row and head, the log2 of its
- * softmax denominator in the log2-scaled units the kernel works in (max + log2(sum), scores scaled by
+/* cuda_attention without a bias, also writing lse [tokens, heads] (F32): per query row and head, the log2 of
+ * its softmax denominator in the log2-scaled units the kernel works in (max + log2(sum), scores scaled by
  * scale * log2(e)), which the backward pass recomputes the probabilities from. */
 cudaError_t cuda_attention_lse(uint16_t *out, float *lse, uint16_t const *qkv, int32_t const *offsets,
                                size_t items, size_t heads, size_t max_length, bool causal, bool rotary,

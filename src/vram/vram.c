@@ -6,7 +6,9 @@
 #include <string.h>
 
 #include "executor.h"
+#include "kernels.h"
 #include "model.h"
+#include "variant.h"
 #include "vram.h"
 #include "vram_support.h"
 
@@ -385,9 +387,51 @@ static float const *carve_f32(carve_t *carve, char const *name, size_t count) {
     return target;
 }
 
+/* The bias by relative position: text.relative_bias [buckets, heads] (BF16, at `name`) read back to the
+ * host, where each head's table over the distances of items of up to `rows` rows, -(rows - 1) .. rows - 1,
+ * is made by variant_relative_bucket as the host path makes it, then copied into its place: F32 [heads][2
+ * rows - 1]. Synchronous on the carve's stream. */
+static void carve_relative(carve_t *carve, vram_tower_t *tower, char const *name, size_t buckets,
+                           size_t heads, size_t rows) {
+    checkpoint_tensor_t const *tensor = carve_tensor(carve, name, buckets * heads);
+    if (buckets != VARIANT_RELATIVE_BUCKETS || rows == 0) {
+        carve->failed = true;
+        return;
+    }
+    size_t const span = 2 * rows - 1;
+    float *table = carve_take(carve, heads * span * sizeof(float));
+    tower->relative = carve->base ? table + (rows - 1) : NULL; /* head 0's distance 0 */
+    tower->relative_stride = span;
+    tower->relative_rows = rows;
+    if (!carve->base || !tensor || carve->failed) return;
+    uint16_t *weights = malloc(buckets * heads * sizeof *weights);
+    float *host = malloc(heads * span * sizeof *host);
+    bool ok = weights && host &&
+              cudaMemcpyAsync(weights, carve->raw + tensor->begin, buckets * heads * sizeof *weights,
+                              cudaMemcpyDeviceToHost, carve->stream) == cudaSuccess &&
+              cudaStreamSynchronize(carve->stream) == cudaSuccess;
+    if (ok) {
+        for (size_t at = 0; at < span; ++at) {
+            uint16_t const *row = weights + variant_relative_bucket((long)at - (long)(rows - 1)) * heads;
+            for (size_t h = 0; h < heads; ++h)
+                host[h * span + at] = bf16_to_f32(row[h]);
+        }
+        ok = cudaMemcpyAsync(table, host, heads * span * sizeof *host, cudaMemcpyHostToDevice,
+                             carve->stream) == cudaSuccess &&
+             cudaStreamSynchronize(carve->stream) == cudaSuccess;
+    }
+    if (!ok) {
+        cudaGetLastError();
+        carve->failed = true;
+    }
+    free(weights);
+    free(host);
+}
+
 typedef struct carve_walk {
     carve_t *carve;
     vram_tower_t *tower;
+    size_t rows; /* the most rows of an item: a text tower's context */
 } carve_walk_t;
 
 /* One tensor of the tower's schema into its place: matrices BF16 as stored, vectors F32. */
@@ -448,6 +492,8 @@ static int carve_visit(checkpoint_schema_tensor_t const *tensor, void *context) 
     } else if (tensor->part == CHECKPOINT_PART_POS || tensor->part == CHECKPOINT_PART_TEXT_POSITIONS) {
         tower->pos = carve_f32(carve, tensor->name, n * k);
         tower->positions = n;
+    } else if (tensor->part == CHECKPOINT_PART_RELATIVE_BIAS) {
+        carve_relative(carve, tower, tensor->name, n, k, walk->rows);
     } else { /* a part the schema of a tower has not */
         carve->failed = true;
     }
@@ -466,7 +512,7 @@ static bool carve_tower(carve_t *carve, vram_tower_t *tower, uform_model_info_t 
     if (!tower->blocks &&
         !(tower->blocks = calloc(transformer->depth ? transformer->depth : 1, sizeof *tower->blocks)))
         return false;
-    carve_walk_t walk = {carve, tower};
+    carve_walk_t walk = {carve, tower, strcmp(name, "text") == 0 ? info->text.context : 0};
     checkpoint_schema_tower(info, name, carve_visit, &walk);
     return true;
 }
@@ -651,7 +697,8 @@ static uform_status_t forward_block(vram_device_t *device, vram_tower_t const *t
                                   CUDA_LINEAR_BF16, message)) != UFORM_OK)
         return status;
     VRAM_TRY(cuda_attention_heads(layout->h, layout->qkv, offsets, items, tower->heads, head, max_length,
-                                  causal, rotary, (float)(1.0 / sqrt((double)head)), stream),
+                                  causal, rotary, (float)(1.0 / sqrt((double)head)), tower->relative,
+                                  tower->relative_stride, stream),
              "cannot launch attention");
     if ((status = vram_linear_run(device, &block->out, tokens, layout->h, x, hidden, CUDA_LINEAR_RESIDUAL,
                                   message)) != UFORM_OK)
@@ -679,6 +726,8 @@ uform_status_t vram_forward(vram_device_t *device, vram_tower_t const *tower, fl
     forward_layout_t layout = forward_layout(tower, scratch, tokens, &bytes);
     cudaStream_t stream = device->stream;
     uform_status_t status = UFORM_OK;
+    if (tower->relative && max_length > tower->relative_rows)
+        return *message = "an item is longer than the text tower's context", UFORM_INTERNAL;
     if (tower->settings.input_norm)
         VRAM_TRY(forward_norm(tower, NULL, x, x, tower->input_norm, tower->input_norm_bias, tokens, stream),
                  "cannot launch the norm");

@@ -14,7 +14,9 @@
  *
  * A VRAM model holds, per device, every tower's weights in one device allocation: BF16 matrices
  * `[out, in]` as the checkpoint stores them (cuBLASLt reads them in place, 256-byte aligned) and norms,
- * biases, class tokens and positions converted to F32. The raw checkpoint bytes are not kept.
+ * biases, class tokens and positions converted to F32; a text tower's bias by relative position as each
+ * head's F32 table over every distance its items can have (built on the host at load). The raw
+ * checkpoint bytes are not kept.
  *
  * Everything below the entry points exists only in builds with CUDA (UFORM_WITH_CUDA); a build without
  * it has the entry points from src/vram/vram_executor.c, answering UFORM_UNSUPPORTED. The CUDA
@@ -213,6 +215,12 @@ typedef struct vram_tower {
     /* text */
     uint16_t const *embed;   /* BF16 [257, hidden], or [vocab, hidden] for a tower that reads tokens */
     float const *token_type; /* [hidden], the token type's row, or NULL */
+    /* With settings.relative_buckets: each head's bias by relative position (cuda_attention's bias) for
+     * items of up to relative_rows rows, head h's at distance d at relative[h * relative_stride + d], d from
+     * -(relative_rows - 1) to relative_rows - 1: text.relative_bias [buckets, heads] at
+     * variant_relative_bucket(d), the host path's buckets. NULL without. */
+    float const *relative;
+    size_t relative_stride, relative_rows;
     /* image and audio */
     vram_linear_t head_qkv, head_out, head_up, head_down; /* the attention-pooling head's (pooling "head") */
     float const *probe, *head_norm, *head_norm_bias;      /* [hidden] each */

@@ -5,10 +5,10 @@
  * The block's settings every tower may have on the device: RMSNorm or LayerNorm with biases, pre- or
  * post-norm, input and final norms, the three GELUs, heads of 1 to 256 columns, a projection with or
  * without bias, or none. Besides, it runs:
- * - text towers that read tokens (BERT family, XLM-RoBERTa, CLIP's, SigLIP's and UForm 3's text towers):
- *   learned positions with their offset or rotary ones (heads of 64), the token type's row, causal or
- *   bidirectional attention, first, last, mean and end-of-text pooling; text read as bytes with the
- *   engine's own settings only;
+ * - text towers that read tokens (BERT family, XLM-RoBERTa, MPNet, CLIP's, SigLIP's and UForm 3's text
+ *   towers): learned positions with their offset or rotary ones (heads of 64), the token type's row, a
+ *   bias by relative position (MPNet's), causal or bidirectional attention, first, last, mean and
+ *   end-of-text pooling; text read as bytes with the engine's own settings only;
  * - image towers with a class token, register tokens or not, pooled at the class token (the engine's,
  *   CLIP's, UForm 3's), and image towers of patches alone pooled by the attention-pooling head (SigLIP's),
  *   their items prepared on the host as host executors prepare them (Pillow's resampling included);
@@ -16,8 +16,8 @@
  *   patches pooled at the class token; other towers' pixels prepared on the host as image files are,
  *   where the host can read them (vram_pixels_refusal);
  * - audio towers with the engine's own settings.
- * It does not run image towers pooled by the mean, the attention-pooling head over a class token or
- * registers, or text towers with a bias by relative position (MPNet's). */
+ * It does not run image towers pooled by the mean, or the attention-pooling head over a class token or
+ * registers. */
 #pragma once
 
 #include "uform.h"

@@ -1,12 +1,12 @@
 /* The CUDA kernels (kernels/cuda/cuda_kernels.h) against the scalar CPU path (kernels.h) on random inputs
  * from fixed seeds: conversions, gathers and convert bitwise; RMSNorm, normalize, text_choose, attention
- * and the cuBLASLt linear layers within the tolerances the header gives; and the kernels of training
- * (kernels/cuda/cuda_train.h): GELU and RMSNorm backward, bias gradients, the towers' input gradients
- * bitwise, attention backward against the scalar path's, the backward products of linear layers, the
- * next-byte and contrastive losses against the RAM trainer's formulas in double, and AdamW bitwise the RAM
- * trainer's from the same stored values (skipping a non-finite loss or norm). Each case printing its largest
- * error and, when it fails, the function, the case, the element and both values. Output padding and the
- * rows after each output are checked untouched.
+ * (with and without a bias by relative position) and the cuBLASLt linear layers within the tolerances the
+ * header gives; and the kernels of training (kernels/cuda/cuda_train.h): GELU and RMSNorm backward, bias
+ * gradients, the towers' input gradients bitwise, attention backward against the scalar path's, the
+ * backward products of linear layers, the next-byte and contrastive losses against the RAM trainer's
+ * formulas in double, and AdamW bitwise the RAM trainer's from the same stored values (skipping a
+ * non-finite loss or norm). Each case printing its largest error and, when it fails, the function, the
+ * case, the element and both values. Output padding and the rows after each output are checked untouched.
  *
  * Without the CUDA libraries (cuda_library_load: the driver first), without a CUDA device, or with one
  * older than compute capability 9.0, which the kernels are not built for, the program says why and exits
@@ -699,12 +699,48 @@ static void rope_rows(void (*rope)(float *x, size_t heads, size_t position), flo
         }
 }
 
+/* Each head's bias by relative position for items of up to `rows` rows (at least 1), values of magnitude
+ * 1 to 3 and either sign, so that a wrong sign, offset or head shows: the host's [heads][span] as
+ * kernels.h's scalar attention may read it (span: 2 rows + KERNEL_ATTENTION_BIAS_LANES - 2, distance 0 at
+ * rows - 1), and the device's with exactly the distances cuda_attention reads, -(rows - 1) .. rows - 1
+ * (stride 2 rows - 1, no room between heads), between 64 NaNs on either side (device_alloc's bytes), so
+ * that a read past any head's table changes or poisons an output. */
+typedef struct bias_tables {
+    float *host;         /* [heads][span] */
+    size_t span;         /* the host's stride */
+    float *device_base;  /* what to free */
+    float const *device; /* head 0's distance 0 */
+    size_t stride;       /* the device's: 2 rows - 1 */
+} bias_tables_t;
+
+static bias_tables_t bias_tables_make(size_t heads, size_t rows) {
+    rows = rows ? rows : 1;
+    bias_tables_t tables = {.span = 2 * rows + KERNEL_ATTENTION_BIAS_LANES - 2, .stride = 2 * rows - 1};
+    tables.host = host_alloc(heads * tables.span * sizeof(float));
+    float *packed = host_alloc(heads * tables.stride * sizeof(float));
+    for (size_t h = 0; h < heads; ++h)
+        for (size_t i = 0; i < tables.span; ++i) {
+            float magnitude = random_uniform(1.0f, 3.0f);
+            tables.host[h * tables.span + i] = random_below(2) ? -magnitude : magnitude;
+            if (i < tables.stride) packed[h * tables.stride + i] = tables.host[h * tables.span + i];
+        }
+    tables.device_base = device_alloc((heads * tables.stride + 128) * sizeof(float));
+    CUDA_CHECK(cudaMemcpy(tables.device_base + 64, packed, heads * tables.stride * sizeof(float),
+                          cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaDeviceSynchronize());
+    tables.device = tables.device_base + 64 + (rows - 1);
+    free(packed);
+    return tables;
+}
+
 /* One attention case: items of `lengths` packed end to end, qkv BF16 [tokens, 3 * heads * 64] with
  * values in [-1, 1] and q, k scaled by `amplitude`. The scalar reference runs on the same BF16 values:
- * rope at each row's position in its item when `rotary`, then kernels.h's attention per head. With
+ * rope at each row's position in its item when `rotary`, then kernels.h's attention per head, with a bias
+ * by relative position when `biased` (bias_tables_make's, the same values on both sides). With
  * `misaligned`, qkv and out start 2 bytes past a 16-byte boundary (the kernel's scalar loads). */
 static void attention_case_head(size_t const *lengths, size_t items, size_t heads, size_t head, bool causal,
-                                bool rotary, float amplitude, bool misaligned, char const *label) {
+                                bool rotary, float amplitude, bool misaligned, bool biased,
+                                char const *label) {
     size_t width = 3 * heads * head, hidden = heads * head, *offsets, max_length;
     float const score_scale = (float)(1.0 / sqrt((double)head));
     int32_t *offsets32;
@@ -720,6 +756,8 @@ static void attention_case_head(size_t const *lengths, size_t items, size_t head
             if (i >= 2 * hidden) max_v = fmax(max_v, fabs(reference_in[row * width + i]));
         }
     if (rotary) rope_rows(kernels_scalar()->rope, reference_in, offsets, items, heads);
+    bias_tables_t tables = {0};
+    if (biased) tables = bias_tables_make(heads, max_length);
     float *expected = host_alloc((tokens ? tokens : 1) * hidden * sizeof(float));
     for (size_t h = 0; h < heads; ++h) {
         kernel_attention_t a = {
@@ -734,6 +772,7 @@ static void attention_case_head(size_t const *lengths, size_t items, size_t head
             .items = items,
             .causal = causal,
             .scale = score_scale,
+            .bias = biased ? tables.host + h * tables.span + (max_length ? max_length - 1 : 0) : NULL,
         };
         kernels_scalar()->attention(&a, 0, items);
     }
@@ -745,16 +784,17 @@ static void attention_case_head(size_t const *lengths, size_t items, size_t head
     CUDA_CHECK(cudaDeviceSynchronize());
     int32_t *offsets_device = device_copy(offsets32, (items + 1) * sizeof(int32_t));
     char name[160];
-    snprintf(name, sizeof name, "cuda_attention%s %s%s%s%s, amplitude %g, %zu heads of %zu",
+    snprintf(name, sizeof name, "cuda_attention%s %s%s%s%s%s, amplitude %g, %zu heads of %zu",
              head == HEAD ? "" : "_heads", label, causal ? ", causal" : "", rotary ? ", rotary" : "",
-             misaligned ? ", misaligned" : "", (double)amplitude, heads, head);
+             misaligned ? ", misaligned" : "", biased ? ", biased" : "", (double)amplitude, heads, head);
     if (head == HEAD)
         ran(cuda_attention(out_base + shift, qkv_base + shift, offsets_device, items, heads, max_length,
-                           causal, rotary, score_scale, stream),
+                           causal, rotary, score_scale, tables.device, tables.stride, stream),
             "cuda_attention", name);
     else
         ran(cuda_attention_heads(out_base + shift, qkv_base + shift, offsets_device, items, heads, head,
-                                 max_length, causal, rotary, score_scale, stream),
+                                 max_length, causal, rotary, score_scale, tables.device, tables.stride,
+                                 stream),
             "cuda_attention_heads", name);
     uint16_t *out = host_alloc(((tokens + 1) * hidden + 8) * sizeof(uint16_t));
     CUDA_CHECK(
@@ -766,13 +806,15 @@ static void attention_case_head(size_t const *lengths, size_t items, size_t head
     for (size_t i = 0; i < (tokens + 1) * hidden + 8; ++i)
         if ((i < shift || i >= shift + tokens * hidden) && out[i] != 0xffff)
             fail_msg("%s wrote element %zu outside the output (%zu tokens of %zu)", name, i, tokens, hidden);
-    free(offsets), free(offsets32), free(qkv), free(reference_in), free(expected), free(out);
+    free(offsets), free(offsets32), free(qkv), free(reference_in), free(expected), free(out),
+        free(tables.host);
     device_free(qkv_base), device_free(out_base), device_free(offsets_device);
+    if (biased) device_free(tables.device_base);
 }
 
 static void attention_case(size_t const *lengths, size_t items, size_t heads, bool causal, bool rotary,
                            float amplitude, bool misaligned, char const *label) {
-    attention_case_head(lengths, items, heads, HEAD, causal, rotary, amplitude, misaligned, label);
+    attention_case_head(lengths, items, heads, HEAD, causal, rotary, amplitude, misaligned, false, label);
 }
 
 /* The pretrained families' heads (cuda_attention_heads): 32 (all-MiniLM-L6-v2), 80, 96, 128, an odd 40
@@ -784,18 +826,45 @@ static void attention_heads_match_scalar(void **state) {
     size_t const heads_of[] = {32, 80, 96, 128, 40, 1, 256};
     for (size_t h = 0; h < COUNT(heads_of); ++h)
         for (int causal = 0; causal < 2; ++causal)
-            attention_case_head(lengths, COUNT(lengths), 3, heads_of[h], causal, false, 3.0f, false,
+            attention_case_head(lengths, COUNT(lengths), 3, heads_of[h], causal, false, 3.0f, false, false,
                                 "lengths 1 7 31 32 33 197 0 77");
-    attention_case_head(lengths, COUNT(lengths), 2, 32, false, false, 1.0f, true,
+    attention_case_head(lengths, COUNT(lengths), 2, 32, false, false, 1.0f, true, false,
                         "lengths 1 7 31 32 33 197 0 77");
     size_t const many[] = {600, 5};
-    attention_case_head(many, COUNT(many), 12, 32, false, false, 1.0f, false, "lengths 600 5");
-    assert_int_equal(cuda_attention_heads(NULL, NULL, NULL, 1, 1, 32, 1, false, true, 0.1f, stream),
+    attention_case_head(many, COUNT(many), 12, 32, false, false, 1.0f, false, false, "lengths 600 5");
+    assert_int_equal(cuda_attention_heads(NULL, NULL, NULL, 1, 1, 32, 1, false, true, 0.1f, NULL, 0, stream),
                      cudaErrorInvalidValue);
-    assert_int_equal(cuda_attention_heads(NULL, NULL, NULL, 1, 1, 257, 1, false, false, 0.1f, stream),
-                     cudaErrorInvalidValue);
-    assert_int_equal(cuda_attention_heads(NULL, NULL, NULL, 0, 1, 32, 1, false, false, 0.1f, stream),
+    assert_int_equal(
+        cuda_attention_heads(NULL, NULL, NULL, 1, 1, 257, 1, false, false, 0.1f, NULL, 0, stream),
+        cudaErrorInvalidValue);
+    assert_int_equal(cuda_attention_heads(NULL, NULL, NULL, 0, 1, 32, 1, false, false, 0.1f, NULL, 0, stream),
                      cudaSuccess);
+}
+
+/* The bias by relative position (MPNet's) on both kernels: heads of 64 (the tensor cores; rotary and
+ * misaligned too) and of 32 and 80 (SIMT), items of 1, 17, 64, 65 and 130 rows (one tile, one and a row,
+ * three tiles of 64 keys) and an empty one, causal and not, against the scalar attention with the same
+ * table; a table whose stride cannot hold every distance refused. */
+static void attention_bias_matches_scalar(void **state) {
+    (void)state;
+    random_seed(19);
+    size_t const lengths[] = {1, 17, 64, 0, 65, 130};
+    size_t const heads_of[] = {HEAD, 32, 80};
+    char const *label = "lengths 1 17 64 0 65 130";
+    for (size_t h = 0; h < COUNT(heads_of); ++h)
+        for (int causal = 0; causal < 2; ++causal)
+            attention_case_head(lengths, COUNT(lengths), 3, heads_of[h], causal, false, 1.0f, false, true,
+                                label);
+    attention_case_head(lengths, COUNT(lengths), 2, HEAD, true, true, 1.0f, false, true, label);
+    attention_case_head(lengths, COUNT(lengths), 2, HEAD, false, false, 3.0f, true, true, label);
+    attention_case_head(lengths, COUNT(lengths), 2, 32, true, false, 3.0f, true, true, label);
+    size_t const single[] = {1};
+    attention_case_head(single, 1, 1, HEAD, false, false, 1.0f, false, true, "one item of 1");
+    static float const table[7];
+    for (size_t h = 0; h < COUNT(heads_of); ++h)
+        assert_int_equal(cuda_attention_heads(NULL, NULL, NULL, 1, 1, heads_of[h], 4, false, false, 0.1f,
+                                              table + 3, 6, stream),
+                         cudaErrorInvalidValue);
 }
 
 /* The input rows of a text that reads tokens: the token's row, the token type's, then the position's,
@@ -979,9 +1048,10 @@ static void attention_many_and_long(void **state) {
     size_t const long_items[] = {2100, 33};
     attention_case(long_items, COUNT(long_items), 2, true, true, 1.0f, false, "lengths 2100 33");
     attention_case(long_items, COUNT(long_items), 2, false, true, 1.0f, false, "lengths 2100 33");
-    assert_int_equal(cuda_attention(NULL, NULL, NULL, 1, 70000, 1, false, false, 0.125f, stream),
+    assert_int_equal(cuda_attention(NULL, NULL, NULL, 1, 70000, 1, false, false, 0.125f, NULL, 0, stream),
                      cudaErrorInvalidValue);
-    assert_int_equal(cuda_attention(NULL, NULL, NULL, 0, 3, 1, false, false, 0.125f, stream), cudaSuccess);
+    assert_int_equal(cuda_attention(NULL, NULL, NULL, 0, 3, 1, false, false, 0.125f, NULL, 0, stream),
+                     cudaSuccess);
 }
 
 /* ---- Linear layers ------------------------------------------------------------------------------ */
@@ -1978,6 +2048,7 @@ int main(void) {
         cmocka_unit_test(attention_matches_scalar),
         cmocka_unit_test(attention_many_and_long),
         cmocka_unit_test(attention_heads_match_scalar),
+        cmocka_unit_test(attention_bias_matches_scalar),
         cmocka_unit_test(attention_probe_matches_host),
         cmocka_unit_test(embed_tokens_and_segment_means_bitwise),
         cmocka_unit_test(linear_matches_scalar),

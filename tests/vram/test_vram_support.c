@@ -1,10 +1,10 @@
 /* Which towers the VRAM path runs (src/vram/vram_support.h), without a device: the engine's own model, the
  * text towers of the pretrained families (BERT's post-norm with heads of 32, XLM-RoBERTa's offset
- * positions, CLIP's causal end-of-text pooling, SigLIP's padded last-position pooling through a projection
- * with bias, UForm 3's), CLIP's, UForm 3's (register tokens included) and SigLIP's (the attention-pooling
- * head) image towers, and the refusals that name what is missing: mean pooling of image tokens, the head
- * over a class token, pixels with Pillow's geometry, registers or the head, text towers read as bytes with
- * other settings, a model none of whose towers runs. */
+ * positions, MPNet's bias by relative position, CLIP's causal end-of-text pooling, SigLIP's padded
+ * last-position pooling through a projection with bias, UForm 3's), CLIP's, UForm 3's (register tokens
+ * included) and SigLIP's (the attention-pooling head) image towers, and the refusals that name what is
+ * missing: mean pooling of image tokens, the head over a class token, pixels with Pillow's geometry,
+ * registers or the head, text towers read as bytes with other settings, a model none of whose towers runs. */
 #include <string.h>
 
 #include "fixtures.h"
@@ -87,13 +87,20 @@ static void bert_family_text_runs(void **state) {
             tokens_text(&info, heads[h][0], heads[h][1], poolings[p]);
             assert_null(vram_tower_refusal(&info, "text"));
         }
-    /* MPNet's bias by relative position is host-only: named, and the model (text alone) refused. */
+    /* MPNet: no token type, a bias by relative position on every block's attention (heads of 64, both
+     * kernels' widths); a text tower read as bytes with one is not the engine's own. */
     strcpy(info.family, "mpnet");
     info.text.token_type = false;
-    text->relative_buckets = 32;
-    assert_mentions(vram_tower_refusal(&info, "text"), "relative position");
-    assert_mentions(vram_model_refusal(&info), "relative position");
-    /* A Dense module's tanh after the projection (LaBSE's) is host-only too. */
+    for (size_t h = 0; h < 5; ++h) {
+        tokens_text(&info, heads[h][0], heads[h][1], UFORM_POOLING_MEAN);
+        text->relative_buckets = 32;
+        assert_null(vram_tower_refusal(&info, "text"));
+        assert_null(vram_model_refusal(&info));
+    }
+    uform_model_info_t bytes = engine_model();
+    bytes.text.transformer.relative_buckets = 32;
+    assert_mentions(vram_tower_refusal(&bytes, "text"), "engine's own settings");
+    /* A Dense module's tanh after the projection (LaBSE's) is host-only. */
     strcpy(info.family, "bert");
     text->relative_buckets = 0;
     text->projection = text->projection_bias = text->projection_tanh = true;
