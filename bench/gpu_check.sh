@@ -17,8 +17,8 @@
 # timeout, which must end its step and the other's with UFORM_DEVICE within the timeout of each one's
 # collective, the mesh unusable after; and the pretrained families the VRAM path takes (text towers:
 # all-MiniLM-L6-v2, BGE, E5, a last-token pooling BERT, all-mpnet-base-v2 (its bias by relative position) and
-# multilingual E5 as tests/model/pretrained_folders.py writes them, CLIP's and SigLIP's as tests/model/test_families_reference.py --folders-only does, UForm 3's
-# where PyPI's uform imports): each folder's text embeddings, and CLIP's and UForm 3's image embeddings of
+# multilingual E5 as tests/model/pretrained_folders.py writes them, CLIP's and SigLIP's as
+# tests/model/test_families_reference.py --folders-only does, UForm 3's where PyPI's uform imports): each folder's text embeddings, and CLIP's and UForm 3's image embeddings of
 # PNG files, on a VRAM executor against a RAM executor's, cosine >= 0.9999 per item, and items/s of both
 # (bench/bench_families.c). Meant to finish in under 8
 # minutes on an H200 (each stage has a limit and the whole a budget), writing its figures to one file:
