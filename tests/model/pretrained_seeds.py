@@ -36,12 +36,8 @@ def bert_weights(seed: int, prefix: str = "") -> bytes:
     return safetensors(bert_tensors(seed, prefix))
 
 
-def distilbert_weights(seed: int) -> bytes:
-    """bert_tensors' values under DistilBertModel's names, without the token types."""
-    renames = [("encoder.layer.", "transformer.layer."), ("attention.self.query", "attention.q_lin"),
-               ("attention.self.key", "attention.k_lin"), ("attention.self.value", "attention.v_lin"),
-               ("attention.output.dense", "attention.out_lin"), ("attention.output.LayerNorm", "sa_layer_norm"),
-               ("intermediate.dense", "ffn.lin1"), ("output.dense", "ffn.lin2"), ("output.LayerNorm", "output_layer_norm")]
+def renamed_without_token_types(seed: int, renames: list) -> dict:
+    """bert_tensors' values without the token types, each name with the `renames` (old, new) applied in order."""
     tensors = {}
     for name, value in bert_tensors(seed).items():
         if "token_type" in name:
@@ -49,22 +45,25 @@ def distilbert_weights(seed: int) -> bytes:
         for old, new in renames:
             name = name.replace(old, new)
         tensors[name] = value
-    return safetensors(tensors)
+    return tensors
+
+
+def distilbert_weights(seed: int) -> bytes:
+    """bert_tensors' values under DistilBertModel's names, without the token types."""
+    return safetensors(renamed_without_token_types(seed, [
+        ("encoder.layer.", "transformer.layer."), ("attention.self.query", "attention.q_lin"),
+        ("attention.self.key", "attention.k_lin"), ("attention.self.value", "attention.v_lin"),
+        ("attention.output.dense", "attention.out_lin"), ("attention.output.LayerNorm", "sa_layer_norm"),
+        ("intermediate.dense", "ffn.lin1"), ("output.dense", "ffn.lin2"), ("output.LayerNorm", "output_layer_norm")]))
 
 
 def mpnet_weights(seed: int) -> bytes:
     """bert_tensors' values under MPNetModel's names, without the token types, with the bias by relative
     position [32, heads]."""
-    renames = [("attention.self.query", "attention.attn.q"), ("attention.self.key", "attention.attn.k"),
-               ("attention.self.value", "attention.attn.v"), ("attention.output.dense", "attention.attn.o"),
-               ("attention.output.LayerNorm", "attention.LayerNorm")]
-    tensors = {}
-    for name, value in bert_tensors(seed).items():
-        if "token_type" in name:
-            continue
-        for old, new in renames:
-            name = name.replace(old, new)
-        tensors[name] = value
+    tensors = renamed_without_token_types(seed, [
+        ("attention.self.query", "attention.attn.q"), ("attention.self.key", "attention.attn.k"),
+        ("attention.self.value", "attention.attn.v"), ("attention.output.dense", "attention.attn.o"),
+        ("attention.output.LayerNorm", "attention.LayerNorm")])
     tensors["encoder.relative_attention_bias.weight"] = np.random.default_rng(seed).normal(0, 1, (32, HEADS))
     return safetensors(tensors)
 
