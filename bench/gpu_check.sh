@@ -16,10 +16,11 @@
 # multi-rank mode or staged through pinned memory, are printed), and a rank injected late past the mesh's
 # timeout, which must end its step and the other's with UFORM_DEVICE within the timeout of each one's
 # collective, the mesh unusable after; and the pretrained families the VRAM path takes (text towers:
-# all-MiniLM-L6-v2, BGE, E5, a last-token pooling BERT, all-mpnet-base-v2 (its bias by relative position) and
-# multilingual E5 as tests/model/pretrained_folders.py writes them, CLIP's and SigLIP's as
-# tests/model/test_families_reference.py --folders-only does, UForm 3's where PyPI's uform imports): each folder's text embeddings, and CLIP's and UForm 3's image embeddings of
-# PNG files, on a VRAM executor against a RAM executor's, cosine >= 0.9999 per item, and items/s of both
+# all-MiniLM-L6-v2, BGE, E5, a last-token pooling BERT, all-mpnet-base-v2 (its bias by relative position),
+# LaBSE (a Dense module with tanh) and multilingual E5 as tests/model/pretrained_folders.py writes them,
+# CLIP's and SigLIP's as tests/model/test_families_reference.py --folders-only does, UForm 3's where PyPI's
+# uform imports): each folder's text embeddings, and CLIP's and UForm 3's image embeddings of PNG files, on
+# a VRAM executor against a RAM executor's, cosine >= 0.9999 per item, and items/s of both
 # (bench/bench_families.c). Meant to finish in under 8
 # minutes on an H200 (each stage has a limit and the whole a budget), writing its figures to one file:
 # $OUT/gpu_check.txt, or build-gpu/gpu_check.txt.
@@ -167,7 +168,7 @@ FAMILIES=$OUTDIR/families
 mkdir -p "$FAMILIES"
 families_folders() { # random weights at published shapes, BF16-valued, as the CPU path's reference tests make
     # them; multilingual E5 last (its tokenizer is trained on a corpus first)
-    for family in all-minilm-l6-v2 bge-small-en-v1.5 e5-base last-token all-mpnet-base-v2; do
+    for family in all-minilm-l6-v2 bge-small-en-v1.5 e5-base last-token all-mpnet-base-v2 labse; do
         python3 tests/model/pretrained_folders.py "$family" "$FAMILIES/$family" --workdir "$FAMILIES/work" ||
             echo "folder $family: not written"
     done
@@ -201,7 +202,7 @@ PYTHON
 families_check() { # every folder written: VRAM = RAM per text and image; a refused tower prints why
     local failed=0 folder code images=()
     [ -s "$FAMILIES/images/list.txt" ] && images=(--images "$FAMILIES/images/list.txt")
-    for folder in all-minilm-l6-v2 bge-small-en-v1.5 e5-base last-token all-mpnet-base-v2 multilingual-e5-small \
+    for folder in all-minilm-l6-v2 bge-small-en-v1.5 e5-base last-token all-mpnet-base-v2 labse multilingual-e5-small \
         reference/clip reference/siglip reference/uform3; do
         [ -f "$FAMILIES/$folder/config.json" ] || continue
         build-gpu/bench/bench_families "$FAMILIES/$folder" --texts 512 --seconds 1 "${images[@]}"

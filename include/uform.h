@@ -536,12 +536,11 @@ UFORM_EXPORT uform_status_t uform_hub_folder(char const *id, char *folder, size_
  * and UFORM_UNSUPPORTED in builds without CUDA (after checking the path). Of a pretrained family's folder
  * or converted checkpoint it places the text towers that read tokens (MPNet's bias by relative position
  * included) and the image towers (every family's: CLIP's, SigLIP's, UForm 3's), and towers with the
- * engine's own settings; the verbs of a tower it does not place (an image tower pooled by the mean, a text
- * tower with a Dense module's tanh) answer UFORM_UNSUPPORTED naming the setting it lacks, and a model with
- * no tower it places is refused so at load; image_encode_pixels of a model with Pillow's resampling,
- * register tokens or the attention-pooling head prepares the pixels on the host, as image files are, and
- * answers UFORM_UNSUPPORTED for pixels in device memory (docs/DESIGN.md, "Pretrained families on VRAM
- * executors"). */
+ * engine's own settings; the verbs of a tower it does not place (an image tower pooled by the mean) answer
+ * UFORM_UNSUPPORTED naming the setting it lacks, and a model with no tower it places is refused so at load;
+ * image_encode_pixels of a model with Pillow's resampling, register tokens or the attention-pooling head
+ * prepares the pixels on the host, as image files are, and answers UFORM_UNSUPPORTED for pixels in device
+ * memory (docs/DESIGN.md, "Pretrained families on VRAM executors"). */
 UFORM_EXPORT uform_status_t uform_model_load_vram(uform_model_load_args_t const *args);
 
 /* Takes the model a final, successful load produced: the caller then owns it. Answers NULL if the

@@ -104,6 +104,10 @@ cudaError_t cuda_layernorm(uint16_t *y_bf16, size_t y_bf16_stride, float *y_f32,
  * zero. Tolerance 1e-6 relative. */
 cudaError_t cuda_normalize(float *x, size_t stride, size_t rows, size_t columns, cudaStream_t stream);
 
+/* x[i] = tanh(x[i]) for n F32 values, in place (a projection's tanh: sentence-transformers' Dense module).
+ * Tolerance against glibc's tanhf: 2 ulp. */
+cudaError_t cuda_tanh(float *x, size_t n, cudaStream_t stream);
+
 /* Writes `rows` F32 rows of `columns` as `scalar` (0 F32, 1 BF16, 2 F16, 3 I8, the values of
  * uform_scalar_t): BF16 and F16 round to nearest even; I8 per row with scale = max|x| / 127 (0 for a
  * zero row), q = round(x / scale) half away from zero, the scale in scales[r] (device). Bitwise equal

@@ -103,6 +103,19 @@ extern "C" cudaError_t cuda_normalize(float *x, size_t stride, size_t rows, size
     return cuda_launched();
 }
 
+/* ---- tanh --------------------------------------------------------------------------------------- */
+
+static __global__ void tanh_kernel(float *x, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        x[i] = tanhf(x[i]);
+}
+
+extern "C" cudaError_t cuda_tanh(float *x, size_t n, cudaStream_t stream) {
+    if (n == 0) return cudaSuccess;
+    tanh_kernel<<<cuda_blocks(n, CUDA_THREADS), CUDA_THREADS, 0, stream>>>(x, n);
+    return cuda_launched();
+}
+
 /* ---- text_choose -------------------------------------------------------------------------------- */
 
 /* One block per item: each warp computes the logits of some legal bytes (a dot product over `hidden`

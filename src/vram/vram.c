@@ -826,6 +826,8 @@ uform_status_t vram_project_rows(vram_device_t *device, vram_tower_t const *towe
         uform_status_t status =
             vram_linear_run(device, &narrowed, m, x_bf16, projected, width, CUDA_LINEAR_F32, message);
         if (status != UFORM_OK) return status;
+        if (tower->settings.projection_tanh)
+            VRAM_TRY(cuda_tanh(projected, m * width, device->stream), "cannot launch tanh");
     } else { /* no projection: the states' first columns, as tower_project gives them */
         VRAM_TRY(cudaMemcpy2DAsync(projected, width * sizeof(float), x, tower->hidden * sizeof(float),
                                    width * sizeof(float), m, cudaMemcpyDeviceToDevice, device->stream),

@@ -56,9 +56,6 @@ static char const *text_refusal(uform_model_info_t const *info) {
     }
     if (text->pooling == UFORM_POOLING_HEAD)
         return "the VRAM path has no attention-pooling head on text towers: load it on a host executor";
-    if (text->projection_tanh)
-        return "the VRAM path has no tanh after the projection (a Dense module's): load it on a host "
-               "executor";
     if (text->head == 0 || text->head > VARIANT_HEAD_MAX)
         return "the VRAM path runs heads of 1 to 256 columns: load it on a host executor";
     if (text->rotary && text->head != 64)

@@ -8,7 +8,8 @@
  * - text towers that read tokens (BERT family, XLM-RoBERTa, MPNet, CLIP's, SigLIP's and UForm 3's text
  *   towers): learned positions with their offset or rotary ones (heads of 64), the token type's row, a
  *   bias by relative position (MPNet's), causal or bidirectional attention, first, last, mean and
- *   end-of-text pooling; text read as bytes with the engine's own settings only;
+ *   end-of-text pooling, tanh after the projection (a Dense module's); text read as bytes with the
+ *   engine's own settings only;
  * - image towers with a class token, register tokens or not, pooled at the class token (the engine's,
  *   CLIP's, UForm 3's), and image towers of patches alone pooled by the attention-pooling head (SigLIP's),
  *   their items prepared on the host as host executors prepare them (Pillow's resampling included);

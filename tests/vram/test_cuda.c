@@ -545,6 +545,28 @@ static void normalize_matches_scalar(void **state) {
     }
 }
 
+/* cuda_tanh against glibc's tanhf, within 2 ulp of it: values over [-12, 12] (both saturations), zeros,
+ * and a count that is no multiple of a block. */
+static void tanh_matches_tanhf(void **state) {
+    (void)state;
+    random_seed(44);
+    size_t const n = 3 * 256 + 17;
+    float *x = floats_uniform(n, -12.0f, 12.0f);
+    x[0] = 0.0f, x[1] = -0.0f, x[2] = 1e-30f;
+    float *x_device = device_copy(x, n * sizeof(float));
+    ran(cuda_tanh(x_device, n, stream), "cuda_tanh", "values over [-12, 12]");
+    float *y = host_copy(x_device, n * sizeof(float));
+    check_t check = check_start(n, "cuda_tanh, %zu values", n);
+    for (size_t i = 0; i < n; ++i) {
+        float expected = tanhf(x[i]);
+        check_value(&check, i, y[i], expected,
+                    2.0 * (nextafterf(fabsf(expected), INFINITY) - fabsf(expected)));
+    }
+    check_end(&check);
+    free(x), free(y);
+    device_free(x_device);
+}
+
 /* ---- convert ------------------------------------------------------------------------------------ */
 
 typedef struct convert_shape {
@@ -2043,6 +2065,7 @@ int main(void) {
         cmocka_unit_test(rmsnorm_matches_scalar),
         cmocka_unit_test(layernorm_matches_scalar),
         cmocka_unit_test(normalize_matches_scalar),
+        cmocka_unit_test(tanh_matches_tanhf),
         cmocka_unit_test(convert_bitwise),
         cmocka_unit_test(choose_matches_scalar),
         cmocka_unit_test(attention_matches_scalar),
