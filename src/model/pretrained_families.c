@@ -25,23 +25,32 @@ static uform_status_t head_width(uform_transformer_info_t *t, char const *file, 
     return UFORM_OK;
 }
 
+/* A size of a config object: its key, its range, its default (SIZE_MAX: required) and where it goes. */
+typedef struct size_key {
+    char const *key;
+    size_t low, high, fallback, *value;
+} size_key_t;
+
+/* Each of `count` sizes in turn (pretrained_size): the first fault ends the reading. */
+static uform_status_t read_sizes(json_t const *config, char const *file, size_key_t const *sizes,
+                                 size_t count, char const **message) {
+    uform_status_t status = UFORM_OK;
+    for (size_t i = 0; i < count && status == UFORM_OK; ++i)
+        status = pretrained_size(config, file, sizes[i].key, sizes[i].low, sizes[i].high, sizes[i].fallback,
+                                 sizes[i].value, message);
+    return status;
+}
+
 static uform_status_t transformer_sizes(json_t const *config, char const *file, sizes_defaults_t defaults,
                                         uform_transformer_info_t *t, char const **message) {
-    struct {
-        char const *key;
-        size_t low, high, fallback, *value;
-    } const sizes[] = {
+    size_key_t const sizes[] = {
         {"hidden_size", 8, 65536, defaults.hidden, &t->hidden},
         {"num_hidden_layers", 1, 1024, defaults.depth, &t->depth},
         {"num_attention_heads", 1, 1024, defaults.heads, &t->heads},
         {"intermediate_size", 1, 1u << 20, defaults.mlp, &t->mlp},
     };
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; ++i) {
-        uform_status_t status = pretrained_size(config, file, sizes[i].key, sizes[i].low, sizes[i].high,
-                                                sizes[i].fallback, sizes[i].value, message);
-        if (status != UFORM_OK) return status;
-    }
-    return head_width(t, file, message);
+    uform_status_t status = read_sizes(config, file, sizes, sizeof sizes / sizeof sizes[0], message);
+    return status == UFORM_OK ? head_width(t, file, message) : status;
 }
 
 /* The blocks stored as they are: block i is stored block i. */
@@ -113,16 +122,13 @@ static uform_status_t bert_family(pretrained_t *folder, json_t const *config, ch
     uform_status_t status = transformer_sizes(
         config, file, (sizes_defaults_t){SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX}, t, message);
     size_t pad = 0, types = 0;
-    if (status == UFORM_OK)
-        status =
-            pretrained_size(config, file, "vocab_size", 1, 1u << 24, SIZE_MAX, &info->text.vocab, message);
-    if (status == UFORM_OK)
-        status = pretrained_size(config, file, "max_position_embeddings", 1, 1u << 20, SIZE_MAX,
-                                 &info->text.positions, message);
-    if (status == UFORM_OK)
-        status = pretrained_size(config, file, "type_vocab_size", 0, 1u << 16, 2, &types, message);
-    if (status == UFORM_OK)
-        status = pretrained_size(config, file, "pad_token_id", 0, 1u << 24, 0, &pad, message);
+    size_key_t const sizes[] = {
+        {"vocab_size", 1, 1u << 24, SIZE_MAX, &info->text.vocab},
+        {"max_position_embeddings", 1, 1u << 20, SIZE_MAX, &info->text.positions},
+        {"type_vocab_size", 0, 1u << 16, 2, &types},
+        {"pad_token_id", 0, 1u << 24, 0, &pad},
+    };
+    if (status == UFORM_OK) status = read_sizes(config, file, sizes, sizeof sizes / sizeof sizes[0], message);
     if (status == UFORM_OK)
         status = pretrained_activation(config, file, "hidden_act", UFORM_ACTIVATION_GELU_ERF, &t->activation,
                                        message);
@@ -169,10 +175,7 @@ static uform_status_t distilbert_family(pretrained_t *folder, json_t const *conf
     uform_model_info_t *info = &folder->info;
     uform_transformer_info_t *t = &info->text.transformer;
     static char const file[] = "config.json";
-    struct {
-        char const *key;
-        size_t low, high, fallback, *value;
-    } const sizes[] = {
+    size_key_t const sizes[] = {
         {"dim", 8, 65536, 768, &t->hidden},
         {"n_layers", 1, 1024, 6, &t->depth},
         {"n_heads", 1, 1024, 12, &t->heads},
@@ -181,10 +184,7 @@ static uform_status_t distilbert_family(pretrained_t *folder, json_t const *conf
         {"max_position_embeddings", 1, 1u << 20, 512, &info->text.positions},
         {"pad_token_id", 0, 1u << 24, 0, &info->text.pad_id},
     };
-    uform_status_t status = UFORM_OK;
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0] && status == UFORM_OK; ++i)
-        status = pretrained_size(config, file, sizes[i].key, sizes[i].low, sizes[i].high, sizes[i].fallback,
-                                 sizes[i].value, message);
+    uform_status_t status = read_sizes(config, file, sizes, sizeof sizes / sizeof sizes[0], message);
     if (status == UFORM_OK)
         status = pretrained_activation(config, file, "activation", UFORM_ACTIVATION_GELU_ERF, &t->activation,
                                        message);
@@ -229,14 +229,12 @@ static uform_status_t mpnet_family(pretrained_t *folder, json_t const *config, c
     uform_status_t status =
         transformer_sizes(config, file, (sizes_defaults_t){768, 12, 12, 3072}, t, message);
     size_t buckets = 0;
-    if (status == UFORM_OK)
-        status = pretrained_size(config, file, "vocab_size", 1, 1u << 24, 30527, &info->text.vocab, message);
-    if (status == UFORM_OK)
-        status = pretrained_size(config, file, "max_position_embeddings", 3, 1u << 20, 512,
-                                 &info->text.positions, message);
-    if (status == UFORM_OK)
-        status = pretrained_size(config, file, "relative_attention_num_buckets", 1, 1u << 16,
-                                 VARIANT_RELATIVE_BUCKETS, &buckets, message);
+    size_key_t const sizes[] = {
+        {"vocab_size", 1, 1u << 24, 30527, &info->text.vocab},
+        {"max_position_embeddings", 3, 1u << 20, 512, &info->text.positions},
+        {"relative_attention_num_buckets", 1, 1u << 16, VARIANT_RELATIVE_BUCKETS, &buckets},
+    };
+    if (status == UFORM_OK) status = read_sizes(config, file, sizes, sizeof sizes / sizeof sizes[0], message);
     if (status == UFORM_OK)
         status = pretrained_activation(config, file, "hidden_act", UFORM_ACTIVATION_GELU_ERF, &t->activation,
                                        message);
