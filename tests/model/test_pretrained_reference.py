@@ -164,17 +164,25 @@ def prompt_flags(uform: str) -> dict:
             if re.search(pattern, text)}
 
 
-def check_converted(report, uform: str, name: str, folder: Path, texts: list, engine, workdir: Path) -> None:
+def has_convert(uform: str) -> bool:
+    """Whether `uform --help` names the convert verb (the self-check's stand-in has none)."""
+    import subprocess
+
+    help_text = subprocess.run([uform, "--help"], capture_output=True, text=True).stdout
+    return re.search(r"^\s*convert\b", help_text, re.MULTILINE) is not None
+
+
+def check_converted(report, uform: str, name: str, folder: Path, texts: list, engine, workdir: Path,
+                    convert: bool) -> None:
     """`uform convert FOLDER OUT.safetensors` writes one checkpoint whose embeddings of the texts are the folder's,
     bit for bit (the block's settings, the tokenizer and the modules travel in its metadata). Left out where the
-    command has no convert (the self-check's stand-in)."""
+    command has no convert (`convert` false: the self-check's stand-in)."""
     import subprocess
 
     import numpy as np
     import pretrained_support as support
 
-    help_text = subprocess.run([uform, "--help"], capture_output=True, text=True).stdout
-    if not re.search(r"^\s*convert\b", help_text, re.MULTILINE):
+    if not convert:
         print(f"  --   {name}: the command has no convert: its checkpoint is not checked", flush=True)
         return
     checkpoint = workdir / f"{name}.safetensors"
@@ -309,7 +317,8 @@ def check_token_vectors(report, uform: str, name: str, family, folder: Path, mod
                  "; ".join(wrong_spans[:PRINTED_FAILURES]))
 
 
-def check_family(report, uform: str, name: str, workdir: Path, corpus_part: list, flags: dict) -> None:
+def check_family(report, uform: str, name: str, workdir: Path, corpus_part: list, flags: dict,
+                 convert: bool) -> None:
     import pretrained_support as support
 
     family = pretrained_folders.FAMILIES[name]
@@ -333,7 +342,7 @@ def check_family(report, uform: str, name: str, workdir: Path, corpus_part: list
     report.check(f"{name}: the command loads the folder and embeds {len(texts)} texts", True,
                  f"folder and reference {built - started:.1f} s, the command {ran - built:.1f} s")
     compare(report, name, texts, reference, engine)
-    check_converted(report, uform, name, folder, texts, engine, workdir)
+    check_converted(report, uform, name, folder, texts, engine, workdir, convert)
     check_prompts(report, uform, name, family, folder, model, texts[:24] + texts[-4:], workdir, flags)
     kept = [text for text, late in zip(texts, support.versioned(texts), strict=True) if not late]
     check_token_vectors(report, uform, name, family, folder, model, kept[:32] + kept[-3:], workdir)
@@ -350,9 +359,10 @@ def run_checks(uform: str, workdir: Path, names: list):
     report = uform_reference.Report()
     flags = prompt_flags(uform)
     print(f"prompt flags of `uform encode`: {', '.join(flags) or 'none'}", flush=True)
+    convert = has_convert(uform)
     corpus_part = corpus_texts(workdir)
     for name in names:
-        check_family(report, uform, name, workdir, corpus_part, flags)
+        check_family(report, uform, name, workdir, corpus_part, flags, convert)
     return report
 
 
